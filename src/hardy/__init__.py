@@ -1,0 +1,24 @@
+"""hardy: pipelines of plain Python functions that survive native crashes.
+
+    from hardy import node, Pipeline, Engine
+
+The public surface is re-exported here; everything else is an implementation detail.
+"""
+
+from .engine import Engine
+from .errors import (CycleError, DuplicateOutputError, Failed, GraphError, HardyError, MapError,
+                     MissingInputError, NodeCrashed, NodeError, NodeTimeout, UnknownInputError,
+                     UnknownOutputError)
+from .node import Node, node
+from .observe import CallbackContext, PipelineCallback
+from .pipeline import Pipeline, PipelineNode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed",
+    "PipelineCallback", "CallbackContext",
+    "HardyError", "GraphError", "CycleError", "DuplicateOutputError", "MissingInputError",
+    "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError",
+    "__version__",
+]

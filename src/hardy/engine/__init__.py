@@ -1,0 +1,7 @@
+"""Where calls run: the Engine, the results sink, and the in-process executors."""
+
+from .core import Engine, Results
+from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor, run_chunk
+
+__all__ = ["Engine", "Results", "Executor", "SequentialExecutor", "ThreadedExecutor", "AsyncExecutor",
+           "run_chunk"]

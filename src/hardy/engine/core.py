@@ -1,0 +1,196 @@
+"""The Engine: the one place that decides where calls run.
+
+`Engine` holds configuration and the executors it creates lazily (thread pools, the worker-process
+pool). `Results` is the sink every executor writes to: it keeps each item's outputs at its input
+position, turns failures into `Failed` placeholders, stops early under on_error="raise" and feeds
+the progress bar and map-item callbacks. Nothing computed is discarded: a MapError carries it all.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ..errors import Failed, NodeDefinitionError, NodeError
+from ..node import Node
+from ..observe.progress import MapProgress
+from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
+
+if TYPE_CHECKING:
+    from ..observe.callbacks import Events
+    from ..plan import Plan
+
+_NODE_EXECUTORS = ("sequential", "threaded", "async")
+_MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
+
+
+class Results:
+    """Where executors put each item's outcome, by index."""
+
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None):
+        self.values: list[Any] = [None] * n
+        self.failures: dict[int, NodeError] = {}
+        self.stop = False
+        self._raise = on_error == "raise"
+        self.progress = progress
+        self.events = events
+        self._started: dict[int, float] = {}
+
+    def ok(self, i: int, out: dict[str, Any]) -> None:
+        self.values[i] = out
+        self.progress.done += 1
+        if self.events:
+            start = self._started.pop(i, None)
+            self.events.emit("on_map_item_end", i, time.perf_counter() - start if start else 0.0)
+
+    def fail(self, i: int, err: NodeError) -> None:
+        err.item = i
+        self.failures[i] = err
+        self.values[i] = Failed(err)
+        self.progress.failed += 1
+        if self._raise:
+            self.stop = True
+        if self.events:
+            self._started.pop(i, None)
+            self.events.emit("on_map_item_error", i, err)
+
+    def started(self, i: int) -> None:
+        """An item was handed to a worker (or is about to run here)."""
+        if self.events:
+            self._started[i] = time.perf_counter()
+            self.events.emit("on_map_item_start", i)
+
+    def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
+        if not self.events:
+            return plan.run
+        run, started = plan.run, self.started
+
+        def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
+            started(i)
+            return run(item, i)
+        return observed
+
+    def async_runner(self, plan: "Plan") -> Callable[..., Any]:
+        assert plan.arun is not None
+        if not self.events:
+            return plan.arun
+        arun, started = plan.arun, self.started
+
+        async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
+            started(i)
+            return await arun(item, i)
+        return observed
+
+
+class Engine:
+    """Where nodes and map items execute.
+
+    node_executor: how independent nodes of one run execute ("sequential", "threaded", "async").
+    map_executor: how the items of a map execute ("sequential", "threaded", "async", "process",
+    or an executor object such as a Dask or Ray executor).
+    workers: threads, concurrent coroutines or worker processes (default: by executor).
+    The remaining options configure worker processes (see `hardy.workers`).
+    """
+
+    def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
+                 workers: int | None = None, *, start_method: str | None = None,
+                 preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
+                 max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
+                 cache: Any = None):
+        if node_executor not in _NODE_EXECUTORS:
+            raise NodeDefinitionError(
+                f"Engine(node_executor={node_executor!r}) is not one of {_NODE_EXECUTORS}; "
+                "worker processes are chosen per map (map_executor='process') or per node (@node(isolate=True)).")
+        if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS:
+            raise NodeDefinitionError(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
+                                      "or an executor object.")
+        if workers is not None and workers < 1:
+            raise NodeDefinitionError(f"Engine(workers={workers}) must be at least 1.")
+        self.node_executor = node_executor
+        self.map_executor_spec = map_executor
+        self.workers = workers
+        self.process_options: dict[str, Any] = dict(
+            start_method=start_method, preload=tuple(preload), preload_libs=tuple(preload_libs),
+            max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
+        self.cache = cache
+        self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
+        self._node_pool: ThreadPoolExecutor | None = None
+        self._process_pool: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
+        state = self.__dict__.copy()
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None)
+        if not isinstance(self.map_executor_spec, str):
+            state["map_executor_spec"] = "sequential"
+        return state
+
+    def __repr__(self) -> str:
+        return (f"Engine(node_executor={self.node_executor!r}, map_executor={self.map_executor_spec!r}, "
+                f"workers={self.workers})")
+
+    # --- what plans look like --------------------------------------------------------------------
+
+    def plan_mode(self, for_map: bool) -> str:
+        if self.node_executor == "async" or (for_map and self.map_executor.mode == "async"):
+            return "async"
+        return self.node_executor
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one node call on the engine's node thread pool (the "threaded" node executor)."""
+        if self._node_pool is None:
+            self._node_pool = ThreadPoolExecutor(self.workers or min(32, (os.cpu_count() or 1) + 4),
+                                                 thread_name_prefix="hardy-node")
+        return self._node_pool.submit(fn, *args, **kwargs)
+
+    def node_function(self, node: Node) -> Callable[..., Any]:
+        """The callable a plan uses for `node`: the function itself, or a call into a worker."""
+        if node.isolate:
+            return self.process_pool().isolated(node)
+        return node.func
+
+    # --- executors -------------------------------------------------------------------------------
+
+    @property
+    def map_executor(self) -> Executor:
+        if self._map_executor is None:
+            spec = self.map_executor_spec
+            if spec == "threaded":
+                self._map_executor = ThreadedExecutor(self.workers)
+            elif spec == "async":
+                self._map_executor = AsyncExecutor(self.workers)
+            elif spec == "process":
+                self._map_executor = self.process_pool()
+            else:
+                self._map_executor = SequentialExecutor()
+        return self._map_executor
+
+    def process_pool(self) -> Any:
+        if self._process_pool is None:
+            from ..workers.pool import WorkerPool
+            self._process_pool = WorkerPool(workers=self.workers, **self.process_options)
+        return self._process_pool
+
+    def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
+        self.map_executor.run_items(plan, items, results)
+
+    def close(self) -> None:
+        """Stop worker processes and threads. Engines also close at interpreter exit."""
+        if self._map_executor is not None and self._map_executor is not self._process_pool:
+            self._map_executor.close()
+        if self._process_pool is not None:
+            self._process_pool.close()
+            self._process_pool = None
+        if self._node_pool is not None:
+            self._node_pool.shutdown(wait=True)
+            self._node_pool = None
+        if isinstance(self.map_executor_spec, str):
+            self._map_executor = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

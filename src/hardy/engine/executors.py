@@ -1,0 +1,112 @@
+"""In-process map executors: where the items of a map run.
+
+An executor receives the compiled Plan, the list of item inputs and a `Results` sink, and runs
+chunks of items through `plan.run`. It never interprets the pipeline itself, so run/map/nesting/
+errors exist once (plan.py, engine/core.py) and executors differ only in *where* a chunk runs.
+Executors that run elsewhere (worker processes, Dask, Ray) implement the same two-method protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from ..errors import NodeError
+from ..plan import Plan, run_sync
+
+if TYPE_CHECKING:
+    from .core import Results
+
+
+class Executor(Protocol):
+    """Runs the items of a map. `mode` is the plan flavour it needs ("sequential" or "async")."""
+
+    mode: str
+
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: "Results") -> None:
+    """The one loop that runs items in this process: results and failures go to the sink."""
+    run = results.runner(plan)
+    ok, fail = results.ok, results.fail
+    for i in indices:
+        if results.stop:
+            return
+        try:
+            out = run(items[i], i)
+        except NodeError as err:
+            fail(i, err)
+        else:
+            ok(i, out)
+
+
+class SequentialExecutor:
+    mode = "sequential"
+
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+        run_chunk(plan, items, range(len(items)), results)
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadedExecutor:
+    """Chunks of items on a thread pool: for I/O-bound nodes and native code that releases the GIL."""
+
+    mode = "sequential"
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or min(32, (os.cpu_count() or 1) + 4)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
+        n = len(items)
+        size = max(1, n // (self.workers * 4))
+        futures = [self._pool.submit(run_chunk, plan, items, range(s, min(n, s + size)), results)
+                   for s in range(0, n, size)]
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class AsyncExecutor:
+    """All items as coroutines on one event loop, at most `workers` at a time."""
+
+    mode = "async"
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers or 1024
+
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+        run_sync(self._run_all(plan, items, results))
+
+    async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+        gate = asyncio.Semaphore(self.workers)
+        arun = results.async_runner(plan)
+
+        async def one(i: int) -> None:
+            async with gate:
+                if results.stop:
+                    return
+                try:
+                    out = await arun(items[i], i)
+                except NodeError as err:
+                    results.fail(i, err)
+                else:
+                    results.ok(i, out)
+
+        await asyncio.gather(*(one(i) for i in range(len(items))))
+
+    def close(self) -> None:
+        pass

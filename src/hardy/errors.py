@@ -1,0 +1,227 @@
+"""Every error hardy raises, in one place.
+
+Each message answers three questions: what went wrong, where (node, input, item), and how to fix it.
+Errors that users catch by their built-in meaning also inherit from the matching built-in
+(`MissingInputError` is a `ValueError`), so existing `except ValueError:` code keeps working.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Sequence
+
+
+class HardyError(Exception):
+    """Base class of every error hardy raises on purpose."""
+
+
+# --- building a pipeline -------------------------------------------------------------------------
+
+
+class GraphError(HardyError, ValueError):
+    """The nodes of a pipeline do not form a valid graph."""
+
+
+class CycleError(GraphError):
+    def __init__(self, cycle: Sequence[str]):
+        self.cycle = list(cycle)
+        path = " -> ".join([*self.cycle, self.cycle[0]])
+        super().__init__(
+            f"the nodes form a cycle: {path}. Each node must only consume outputs of nodes that do not "
+            "(directly or indirectly) consume its own outputs; rename an output or split a node to break it."
+        )
+
+
+class DuplicateOutputError(GraphError):
+    def __init__(self, output: str, first: str, second: str):
+        self.output, self.nodes = output, (first, second)
+        super().__init__(
+            f"output {output!r} is produced by two nodes, {first!r} and {second!r}; "
+            "give one of them a different output_name."
+        )
+
+
+class SelfDependencyError(GraphError):
+    def __init__(self, node: str, name: str):
+        self.node, self.name = node, name
+        super().__init__(
+            f"node {node!r} consumes its own output {name!r}; rename the parameter or the output."
+        )
+
+
+class DuplicateNodeError(GraphError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(
+            f"two nodes are named {name!r} in the same pipeline (nested pipelines need distinct names); "
+            f"pass name=... to as_node() or Pipeline(name=...)."
+        )
+
+
+class NodeDefinitionError(HardyError, TypeError):
+    """A function cannot be used as a node (not callable, *args, bad output_name...)."""
+
+
+# --- calling a pipeline --------------------------------------------------------------------------
+
+
+def _closest(name: str, candidates: Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+class MissingInputError(HardyError, ValueError):
+    def __init__(self, missing: dict[str, list[str]], provided: Iterable[str], pipeline: str):
+        self.missing = missing
+        provided = list(provided)
+        parts = []
+        for name, consumers in missing.items():
+            parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)})"
+                         + _closest(name, provided))
+        super().__init__(
+            f"pipeline {pipeline!r} is missing input(s): {'; '.join(parts)}. "
+            f"Provided: {sorted(provided) or 'nothing'}. Pass them in inputs=... or with bind()."
+        )
+
+
+class UnknownInputError(HardyError, ValueError):
+    def __init__(self, unknown: Sequence[str], accepted: Iterable[str], pipeline: str):
+        self.unknown = list(unknown)
+        accepted = sorted(accepted)
+        hints = "".join(_closest(u, accepted) for u in self.unknown)
+        super().__init__(
+            f"pipeline {pipeline!r} got input(s) no node consumes: {self.unknown}{hints}. "
+            f"Accepted inputs: {accepted}."
+        )
+
+
+class UnknownInputWarning(UserWarning):
+    """Inputs were given that no node consumes: usually a typo."""
+
+
+class UnknownOutputError(HardyError, ValueError):
+    def __init__(self, name: str, available: Iterable[str], pipeline: str):
+        self.name = name
+        available = sorted(available)
+        super().__init__(
+            f"pipeline {pipeline!r} has no output {name!r}{_closest(name, available)}; "
+            f"its outputs are {available}."
+        )
+
+
+class MapInputError(HardyError, ValueError):
+    """map() was called with map_over / map_mode / lengths that do not fit."""
+
+
+# --- running nodes -------------------------------------------------------------------------------
+
+
+def summarize(values: dict[str, Any], limit: int = 60) -> str:
+    """A short, safe rendering of a node's inputs for error messages."""
+    parts = []
+    for key, value in values.items():
+        try:
+            text = repr(value)
+        except Exception:  # a broken __repr__ must not hide the real error
+            text = f"<{type(value).__name__}>"
+        if len(text) > limit:
+            text = text[: limit - 3] + "..."
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
+
+
+class NodeError(HardyError):
+    """A node failed for one run or one map item; the original exception is `__cause__`."""
+
+    def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
+                 reason: str | None = None):
+        self.node = node
+        self.inputs_summary = summarize(inputs) if inputs else ""
+        self.item = item
+        self.reason = reason
+        super().__init__()
+
+    def __str__(self) -> str:
+        where = f"node {self.node!r}"
+        if self.item is not None:
+            where += f" failed on item {self.item}"
+        else:
+            where += " failed"
+        if self.inputs_summary:
+            where += f" (inputs: {self.inputs_summary})"
+        cause = self.reason
+        if cause is None and self.__cause__ is not None:
+            cause = f"{type(self.__cause__).__name__}: {self.__cause__}"
+        return f"{where}: {cause}" if cause else where
+
+    def __reduce__(self):  # keep node/item/cause when crossing process boundaries
+        return (_rebuild_node_error, (type(self), self.__dict__.copy(), self.__cause__))
+
+
+def _rebuild_node_error(cls: type, state: dict, cause: BaseException | None) -> NodeError:
+    err = cls.__new__(cls)
+    Exception.__init__(err)
+    err.__dict__.update(state)
+    err.__cause__ = cause
+    return err
+
+
+class OutputCountError(NodeError):
+    """A node declared n outputs but returned something else."""
+
+
+class NodeCrashed(NodeError):
+    """The worker process running this item died (signal, abort, OOM kill, exit)."""
+
+    def __init__(self, node: str, item: int | None, reason: str, signal: str | None = None,
+                 exitcode: int | None = None, stack: str = ""):
+        super().__init__(node, None, item, reason)
+        self.signal, self.exitcode, self.stack = signal, exitcode, stack
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.stack:
+            text += "\nworker's Python stack at the crash:\n" + self.stack.rstrip()
+        return text
+
+
+class NodeTimeout(NodeCrashed):
+    """The item ran past its node's `timeout`; the worker running it was killed."""
+
+
+class MapError(HardyError):
+    """A map item failed with on_error="raise". Nothing computed is lost: see `results`."""
+
+    def __init__(self, results: list[Any], failures: dict[int, NodeError]):
+        self.results = results
+        self.failures = failures
+        first = failures[min(failures)]
+        done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
+        super().__init__(
+            f"{len(failures)} map item(s) failed; {done} of {len(results)} completed and are kept in "
+            f".results. First failure: {first}. Use on_error='continue' to run every item."
+        )
+        self.__cause__ = first
+
+
+class Failed:
+    """Stands in a map's result list in place of an item that failed (on_error="continue")."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: NodeError):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Failed({self.error})"
+
+    def __reduce__(self):
+        return (Failed, (self.error,))
+
+
+class HazardError(HardyError, RuntimeError):
+    """A fork was requested while something in this process makes forking unsafe."""
+
+
+class PicklingError(HardyError, TypeError):
+    """An input or node cannot be sent to a worker process."""

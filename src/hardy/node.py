@@ -1,0 +1,123 @@
+"""A node is a plain function plus the names that wire it into a pipeline.
+
+Inputs are the function's parameter names; outputs are declared with `output_name`. Everything the
+engine needs later (is it async? which parameters have defaults?) is read once, here, so that the
+per-call path never inspects a signature again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence, overload
+
+from .errors import NodeDefinitionError
+
+
+class Node:
+    """A function wired by name. Calling the node calls the function unchanged (handy in tests)."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        output_name: str | Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        cache: bool = True,
+        isolate: bool = False,
+        retries: int = 0,
+        timeout: float | None = None,
+    ):
+        if not callable(func):
+            raise NodeDefinitionError(
+                f"a node must wrap a callable, got {type(func).__name__} {func!r}; "
+                "decorate a function with @node or pass Pipeline(nodes=[...]) functions and pipelines only."
+            )
+        self.func = func
+        self.name: str = name or getattr(func, "__name__", type(func).__name__)
+        self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
+        self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None))
+        self.cache = cache
+        self.isolate = isolate
+        if retries < 0:
+            raise NodeDefinitionError(f"node {self.name!r}: retries must be >= 0, got {retries}")
+        if timeout is not None and timeout <= 0:
+            raise NodeDefinitionError(f"node {self.name!r}: timeout must be > 0 seconds, got {timeout}")
+        self.retries = retries
+        self.timeout = timeout
+        self.__doc__ = getattr(func, "__doc__", None)
+        self.__wrapped__ = func
+
+    @property
+    def output_name(self) -> str | tuple[str, ...]:
+        """HyperNodes' spelling: a string for one output, a tuple for several."""
+        return self.outputs[0] if len(self.outputs) == 1 else self.outputs
+
+    @property
+    def root_args(self) -> tuple[str, ...]:
+        """HyperNodes' name for the input parameter names."""
+        return self.inputs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Node({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+def _output_names(output_name: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
+    if output_name is None:
+        return (default,)
+    if isinstance(output_name, str):
+        return (output_name,)
+    names = tuple(output_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise NodeDefinitionError(
+            f"node {default!r}: output_name must be a string or a tuple of strings, got {output_name!r}")
+    if len(set(names)) != len(names):
+        raise NodeDefinitionError(f"node {default!r}: output_name repeats a name: {names}")
+    return names
+
+
+def _parameters(func: Callable[..., Any], name: str
+                ) -> tuple[tuple[str, ...], dict[str, Any], frozenset[str]]:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise NodeDefinitionError(f"node {name!r}: cannot read the signature of {func!r}: {exc}") from exc
+    inputs, defaults, kwonly = [], {}, set()
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise NodeDefinitionError(
+                f"node {name!r}: parameter {p.name!r} is *args/**kwargs; a node's inputs are wired by "
+                "name, so list each input as a named parameter.")
+        if p.kind is p.POSITIONAL_ONLY:
+            raise NodeDefinitionError(
+                f"node {name!r}: parameter {p.name!r} is positional-only; inputs are passed by name.")
+        inputs.append(p.name)
+        if p.kind is p.KEYWORD_ONLY:
+            kwonly.add(p.name)
+        if p.default is not p.empty:
+            defaults[p.name] = p.default
+    return tuple(inputs), defaults, frozenset(kwonly)
+
+
+@overload
+def node(func: Callable[..., Any]) -> Node: ...
+@overload
+def node(func: None = None, *, output_name: str | Sequence[str] | None = None, name: str | None = None,
+         cache: bool = True, isolate: bool = False, retries: int = 0,
+         timeout: float | None = None) -> Callable[[Callable[..., Any]], Node]: ...
+
+
+def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, timeout=None):
+    """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
+
+    `isolate=True` runs the node in a crash-containing worker process whatever the engine;
+    `retries` and `timeout` apply to crashes and hangs in such workers.
+    """
+    def wrap(f: Callable[..., Any]) -> Node:
+        return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, timeout=timeout)
+
+    return wrap(func) if func is not None else wrap

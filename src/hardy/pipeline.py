@@ -1,0 +1,296 @@
+"""Pipeline: the user's entry point — run one item, map over many, nest as a node.
+
+The constructor builds and validates the Graph once. Each call looks up a memoised Plan keyed by
+(the names provided, the outputs requested, the execution mode); the first call with a new key
+checks inputs and outputs and compiles the plan, every later call only executes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .engine.core import Engine, Results
+from .errors import (Failed, MapError, MapInputError, MissingInputError, NodeDefinitionError,
+                     UnknownInputError, UnknownInputWarning, UnknownOutputError)
+from .graph import Graph
+from .node import Node
+from .observe.callbacks import Events, PipelineCallback
+from .observe.progress import MapProgress, progress_wanted
+from .plan import Plan
+
+_DEFAULT_ENGINE = Engine()
+
+
+class Pipeline:
+    """A set of nodes wired by name, run with an Engine.
+
+    `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error.
+    """
+
+    def __init__(self, nodes: Sequence[Node | "Pipeline" | Callable[..., Any]], engine: Engine | None = None,
+                 name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
+                 cache: Any = None, strict: bool = False):
+        self.name = name or "pipeline"
+        self.graph = Graph(_as_node(n, i) for i, n in enumerate(nodes))
+        self._engine = engine or _DEFAULT_ENGINE
+        self.callbacks = list(callbacks or [])
+        self.cache = cache
+        self.strict = strict
+        self._bound: dict[str, Any] = {}
+        self._plans: dict[Any, Plan] = {}
+
+    # --- structure -------------------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.graph.nodes
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Names the pipeline needs from outside (bound ones included)."""
+        return self.graph.root_inputs
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.graph.outputs
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+        self._plans.clear()
+
+    @property
+    def bound_inputs(self) -> dict[str, Any]:
+        return dict(self._bound)
+
+    def bind(self, **values: Any) -> "Pipeline":
+        """Fix inputs for every later call; inputs given to run()/map() override them."""
+        self._bound.update(values)
+        return self
+
+    def unbind(self, *names: str) -> "Pipeline":
+        """Forget bound inputs (all of them when no name is given)."""
+        if not names:
+            self._bound.clear()
+        for n in names:
+            self._bound.pop(n, None)
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plans"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}: {len(self.graph.nodes)} nodes, inputs={list(self.inputs)})"
+
+    # --- run -------------------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, Any] | None = None,
+            output_name: str | Sequence[str] | None = None) -> dict[str, Any]:
+        """Run once. Returns {output: value} for every output (or just those in `output_name`)."""
+        values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
+        try:
+            plan = self._plans[(tuple(values), output_name, False)]
+        except (KeyError, TypeError):
+            plan = self._plan(values, output_name, for_map=False)
+        if self.callbacks:
+            events = Events(self.callbacks)
+            return events.pipeline(self.name, dict(values), lambda: plan.run(values))
+        return plan.run(values)
+
+    def _plan(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None,
+              for_map: bool) -> Plan:
+        names = tuple(values)
+        if output_name is None:
+            outputs = tuple(o for o in self.graph.outputs if o not in values)
+        elif isinstance(output_name, str):
+            outputs = (output_name,)
+        else:
+            outputs = tuple(output_name)
+        key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
+        if key in self._plans:
+            return self._plans[key]
+        for o in outputs:
+            if o not in self.graph.producer and o not in values:
+                raise UnknownOutputError(o, self.graph.outputs, self.name)
+        unknown = [n for n in names if n not in self.graph.consumers and n not in self.graph.producer]
+        if unknown:
+            err = UnknownInputError(unknown, self.graph.root_inputs, self.name)
+            if self.strict:
+                raise err
+            warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
+        mode = self._engine.plan_mode(for_map)
+        plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
+                    submit=self._engine.submit if mode == "threaded" else None)
+        missing: dict[str, list[str]] = {}
+        for step in plan.steps:
+            given = {p for p, _ in step.args}
+            for p in step.node.inputs:
+                if p not in given and p not in step.node.defaults:
+                    missing.setdefault(p, []).append(step.node.name)
+        if missing:
+            raise MissingInputError(missing, names, self.name)
+        if len(self._plans) > 256:  # callers that vary their input names endlessly: stay bounded
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def _node_function(self, node: Node) -> Callable[..., Any]:
+        func = self._engine.node_function(node)
+        if self.callbacks:
+            func = Events(self.callbacks).instrument(node, func)
+        return func
+
+    # --- map -------------------------------------------------------------------------------------
+
+    def map(self, inputs: Mapping[str, Any], map_over: str | Sequence[str], map_mode: str = "zip",
+            output_name: str | Sequence[str] | None = None, on_error: str = "raise",
+            progress: bool | None = None) -> list[dict[str, Any] | Failed]:
+        """Run once per item. `map_over` names the inputs that hold one value per item.
+
+        map_mode "zip" pairs the i-th values; "product" runs every combination. Results come back in
+        input order. on_error="raise" raises MapError (with every finished result) at the first
+        failure; "continue" runs everything and puts a `Failed` where an item failed.
+        """
+        values = {**self._bound, **inputs}
+        over = [map_over] if isinstance(map_over, str) else list(map_over)
+        if map_mode not in ("zip", "product"):
+            raise MapInputError(f"map_mode must be 'zip' or 'product', got {map_mode!r}.")
+        if on_error not in ("raise", "continue"):
+            raise MapInputError(f"on_error must be 'raise' or 'continue', got {on_error!r}.")
+        if not over:
+            raise MapInputError("map_over is empty: name at least one input that holds a list of values.")
+        for name in over:
+            if name not in values:
+                raise MapInputError(
+                    f"map_over names {name!r}, which is not among the inputs {sorted(values)} of pipeline "
+                    f"{self.name!r}; pass inputs={{{name!r}: [...]}} or fix the name.")
+        items = _items(values, over, map_mode)
+        plan = self._plan(values, output_name, for_map=True)
+        events = Events(self.callbacks) if self.callbacks else None
+        with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
+            results = Results(len(items), on_error, bar, events)
+            if events:
+                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events))
+            else:
+                self._engine.run_items(plan, items, results)
+        if results.failures and on_error == "raise":
+            raise MapError(results.values, results.failures)
+        return results.values
+
+    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict:
+        import time
+        events.emit("on_map_start", len(items))
+        start = time.perf_counter()
+        self._engine.run_items(plan, items, results)
+        events.emit("on_map_end", time.perf_counter() - start)
+        return {}
+
+    # --- nesting ---------------------------------------------------------------------------------
+
+    def as_node(self, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
+                output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
+                map_mode: str = "zip") -> "PipelineNode":
+        """This pipeline as one node of another. Mappings are {outer name: inner name} for inputs and
+        {inner name: outer name} for outputs; `map_over` (outer names) maps the inner pipeline over
+        lists and makes each output a list."""
+        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode)
+
+
+class PipelineNode(Node):
+    """A pipeline used as a node: its free inputs are the node's inputs, its outputs the node's."""
+
+    def __init__(self, pipeline: Pipeline, name: str | None, input_mapping: Mapping[str, str],
+                 output_mapping: Mapping[str, str], map_over: str | Sequence[str] | None, map_mode: str):
+        self.pipeline = pipeline
+        self.name = name or pipeline.name
+        inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
+        for outer, inner in input_mapping.items():
+            if inner not in pipeline.graph.consumers:
+                raise NodeDefinitionError(
+                    f"as_node({self.name!r}): input_mapping maps {outer!r} to {inner!r}, which no node of "
+                    f"pipeline {pipeline.name!r} consumes; its inputs are {list(pipeline.inputs)}.")
+        for inner in output_mapping:
+            if inner not in pipeline.graph.producer:
+                raise NodeDefinitionError(
+                    f"as_node({self.name!r}): output_mapping names {inner!r}, which pipeline "
+                    f"{pipeline.name!r} does not produce; its outputs are {list(pipeline.outputs)}.")
+        free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
+        self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
+        self._inner_outputs = tuple(pipeline.graph.outputs)
+        self.inputs = tuple(self._inner_inputs)
+        optional = {i for i in free if all(i in c.defaults for c in pipeline.graph.consumers.get(i, []))}
+        self.defaults = {inner_to_outer.get(i, i): None for i in optional}
+        self.kwonly = frozenset(self.inputs)
+        self.outputs = tuple(output_mapping.get(o, o) for o in self._inner_outputs)
+        over = [map_over] if isinstance(map_over, str) else list(map_over or [])
+        for o in over:
+            if o not in self._inner_inputs:
+                raise NodeDefinitionError(
+                    f"as_node({self.name!r}): map_over names {o!r}, which is not an input of this node "
+                    f"(its inputs are {list(self.inputs)}).")
+        self.map_over = [self._inner_inputs[o] for o in over]
+        self.map_mode = map_mode
+        self.is_async = False
+        self.cache = True
+        self.isolate = False
+        self.retries = 0
+        self.timeout = None
+        self.func = self._call
+
+    def _call(self, **kwargs: Any) -> Any:
+        inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}
+        if self.map_over:
+            rows = self.pipeline.map(inner, self.map_over, self.map_mode, progress=False)
+            out = tuple([row[o] for row in rows] for o in self._inner_outputs)
+        else:
+            result = self.pipeline.run(inner)
+            out = tuple(result[o] for o in self._inner_outputs)
+        return out[0] if len(out) == 1 else out
+
+    def __repr__(self) -> str:
+        return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+def _as_node(obj: Any, position: int) -> Node:
+    if isinstance(obj, Node):
+        return obj
+    if isinstance(obj, Pipeline):
+        return obj.as_node()
+    if callable(obj):
+        return Node(obj)
+    raise NodeDefinitionError(
+        f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
+        "functions decorated with @node, plain functions, or pipelines.")
+
+
+def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[str, Any]]:
+    seqs = []
+    for name in over:
+        v = values[name]
+        if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+            raise MapInputError(
+                f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
+                f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
+        seqs.append(list(v))
+    const = {k: v for k, v in values.items() if k not in over}
+    if mode == "zip":
+        lengths = {name: len(s) for name, s in zip(over, seqs)}
+        if len(set(lengths.values())) > 1:
+            raise MapInputError(
+                f"map_mode='zip' needs equally long inputs, got lengths {lengths}; "
+                "fix the lists or use map_mode='product' for every combination.")
+        if len(over) == 1:
+            name = over[0]
+            return [{**const, name: x} for x in seqs[0]]
+        combos: Iterable[tuple] = zip(*seqs)
+    else:
+        combos = itertools.product(*seqs)
+    return [{**const, **dict(zip(over, combo))} for combo in combos]
