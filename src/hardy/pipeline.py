@@ -142,7 +142,7 @@ class Pipeline:
         self._plans[key] = plan
         return plan
 
-    def _node_function(self, node: Node) -> Callable[..., Any]:
+    def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         func = self._engine.node_function(node)
         if self.callbacks:
             func = Events(self.callbacks).instrument(node, func)

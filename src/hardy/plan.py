@@ -37,7 +37,7 @@ from .errors import NodeError, OutputCountError, summarize
 from .graph import Graph
 from .node import Node
 
-Wrap = Callable[[Node], Callable[..., Any]]
+Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Plan:
                 var[name] = f"v{len(var)}"
                 lines.append(f"{var[name]} = _v[{name!r}]")
         for k, step in enumerate(self.steps):
-            func = self._wrap(step.node) if self._wrap else step.node.func
+            func = self._wrap(k, step.node) if self._wrap else step.node.func
             ns[f"f{k}"] = func
             for o in step.node.outputs:
                 var[o] = f"v{len(var)}"

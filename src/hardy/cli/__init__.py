@@ -1,2 +1,36 @@
+"""The `hardy` command. Subcommands live in their own modules and import their heavy parts lazily."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import __version__
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="hardy: pipelines of plain Python functions that survive native crashes.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hardy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """hardy: pipelines of plain Python functions that survive native crashes."""
+
+
+@app.command()
+def demo(items: int = typer.Option(3000, help="How many documents to generate."),
+         executor: str = typer.Option("process", help="sequential | threaded | process"),
+         workers: int = typer.Option(2, help="Worker threads or processes."),
+         progress: bool = typer.Option(True, help="Show the progress bar.")) -> None:
+    """Run a real example pipeline: clean -> tokenise -> statistics over generated documents."""
+    from .demo import run_demo
+    raise typer.Exit(run_demo(items, executor, workers, progress))
+
+
 def main() -> None:
-    pass
+    app()

@@ -96,7 +96,7 @@ class Engine:
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
                  workers: int | None = None, *, start_method: str | None = None,
-                 preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
+                 preload: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
                  cache: Any = None):
         if node_executor not in _NODE_EXECUTORS:
@@ -112,7 +112,7 @@ class Engine:
         self.map_executor_spec = map_executor
         self.workers = workers
         self.process_options: dict[str, Any] = dict(
-            start_method=start_method, preload=tuple(preload), preload_libs=tuple(preload_libs),
+            start_method=start_method, preload=tuple(preload),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor

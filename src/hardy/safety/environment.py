@@ -1,0 +1,98 @@
+"""The environment a worker process starts with, and the numba unique-id guard.
+
+Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
+machine N-fold; each worker gets cores ÷ workers unless the user already chose.
+
+Numba guard (seed 002): numba names compiled functions `qualname$<counter>`. The counter is
+per-process state, so two fresh processes compiling same-qualname functions draw the same ids, and
+with `cache=True` a later process that loads both caches can call the wrong body. Drawing ids from
+uuid4 makes every id globally unique. It replaces a private attribute, so it is applied only to
+numba versions known to use it in the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import itertools
+import os
+import sys
+import uuid
+from typing import Any
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+NUMBA_GUARD_RANGE = ((0, 55), (0, 64))  # [lowest, highest) minor versions checked to use _unique_ids
+
+
+def worker_environment(workers: int) -> dict[str, str]:
+    """Variables to set in each worker; anything the user set already is left alone."""
+    per_worker = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    env = {v: per_worker for v in THREAD_VARIABLES if v not in os.environ}
+    if "TOKENIZERS_PARALLELISM" not in os.environ:
+        env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+class _UniqueIds:
+    """An endless iterator of 128-bit random ids: no two processes ever draw the same one."""
+
+    def __iter__(self) -> "_UniqueIds":
+        return self
+
+    def __next__(self) -> int:
+        return uuid.uuid4().int
+
+
+def numba_guard_supported(version: str) -> bool:
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return False
+    low, high = NUMBA_GUARD_RANGE
+    return low <= (major, minor) < high
+
+
+def _patch_bytecode(module: Any) -> None:
+    numba = sys.modules.get("numba")
+    version = getattr(numba, "__version__", "0")
+    identity = getattr(module, "FunctionIdentity", None)
+    if identity is None or not isinstance(getattr(identity, "_unique_ids", None), itertools.count):
+        return  # internals changed: never patch what we do not recognise
+    if not numba_guard_supported(version):
+        import warnings
+        warnings.warn(f"hardy: numba {version} is outside the range the unique-id guard was checked "
+                      f"against; not patched", RuntimeWarning, stacklevel=2)
+        return
+    identity._unique_ids = _UniqueIds()
+
+
+class _NumbaHook(importlib.abc.MetaPathFinder):
+    """Patches numba.core.bytecode the moment it is imported, whoever imports it."""
+
+    target = "numba.core.bytecode"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.target:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _patch_bytecode(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_numba_guard() -> None:
+    """Apply the guard now if numba is loaded, else as soon as it is imported."""
+    module = sys.modules.get(_NumbaHook.target)
+    if module is not None:
+        _patch_bytecode(module)
+    elif not any(isinstance(f, _NumbaHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NumbaHook())

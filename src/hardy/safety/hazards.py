@@ -1,0 +1,129 @@
+"""Fork hazards: state in this process that a forked child would inherit broken.
+
+`fork()` copies memory but only the calling thread. Whatever another thread held (an OpenMP pool's
+barrier, a CUDA context, a tokenizer's rayon pool, a lock inside malloc) stays held forever in the
+child: the child hangs or crashes. These checks are cheap (microseconds; the CUDA probe ~10 ms and
+only when torch is imported with CUDA support) and run before any worker starts. hardy itself never
+forks a bare child unless asked (`start_method="fork"`), and then refuses when a hazard is present.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+
+from ..errors import HazardError
+from ..native.loaded import loaded_libraries, openmp_runtimes
+
+
+@dataclass(frozen=True)
+class Hazard:
+    kind: str       # "cuda", "openmp-pool", "openmp-runtimes", "tokenizers", "threads", "jax"
+    summary: str    # one line
+    detail: str     # why it breaks a forked child, and what hardy does about it
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.summary}. {self.detail}"
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _cuda_hazards() -> list[Hazard]:
+    found = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda"):
+        cuda = torch.cuda
+        if cuda.is_initialized():
+            found.append(Hazard("cuda", "torch has initialised CUDA in this process",
+                                "A forked child cannot re-initialise CUDA ('Cannot re-initialize CUDA in "
+                                "forked subprocess'); hardy starts workers with forkserver/spawn instead."))
+        elif getattr(cuda, "_is_compiled", lambda: False)() and _fork_probe_bad_cuda():
+            found.append(Hazard("cuda", "torch has probed CUDA (torch.cuda.is_available() or a device query)",
+                                "The probe already binds the CUDA driver to this process: a forked child is "
+                                "in torch's 'bad fork' state and fails on its first CUDA call."))
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        found.append(Hazard("cuda", "cupy is imported",
+                            "If cupy has touched the GPU, a forked child inherits an unusable CUDA context."))
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        backends = getattr(sys.modules.get("jax._src.xla_bridge"), "_backends", None)
+        if backends:
+            found.append(Hazard("jax", "jax has initialised its backends",
+                                "JAX runs internal thread pools; JAX documents os.fork() as incompatible."))
+    return found
+
+
+def _fork_probe_bad_cuda() -> bool:
+    """Fork a throwaway child that only reads torch's bad-fork flag and exits (~10 ms)."""
+    pid = os.fork()
+    if pid == 0:  # child: touch nothing, report, leave without running any finaliser
+        try:
+            import torch
+            os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
+
+
+def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
+    """Every reason, right now, why forking this process would give a broken child."""
+    found = _cuda_hazards() if probe_cuda else []
+    libs = loaded_libraries()
+    omp = openmp_runtimes(libs)
+    py_threads = threading.active_count()
+    os_threads = _os_threads()
+    if len(omp) > 1:
+        found.append(Hazard("openmp-runtimes", f"{len(omp)} OpenMP runtimes are loaded: "
+                            + ", ".join(os.path.basename(p) for p in omp),
+                            "Two runtimes each size their own thread pool (oversubscription) and can crash "
+                            "when both are active; install packages built against one runtime if you can."))
+    if omp and os_threads > py_threads:
+        found.append(Hazard("openmp-pool", f"an OpenMP runtime is loaded and {os_threads - py_threads} native "
+                            "thread(s) are running (an OpenMP pool that has already run a parallel region)",
+                            "A forked child inherits the pool's state but not its threads: its next parallel "
+                            "region waits forever (libgomp) or aborts."))
+    elif os_threads > py_threads:
+        found.append(Hazard("threads", f"{os_threads - py_threads} native thread(s) run outside Python",
+                            "A forked child gets only the forking thread; locks held by the others (malloc, "
+                            "rayon/TBB pools) stay locked in the child forever."))
+    if py_threads > 1:
+        found.append(Hazard("threads", f"{py_threads - 1} Python thread(s) besides this one are running",
+                            "A forked child gets only the forking thread; locks the others hold stay locked."))
+    if "tokenizers" in sys.modules and os.environ.get("TOKENIZERS_PARALLELISM", "").lower() not in (
+            "false", "0"):
+        found.append(Hazard("tokenizers", "HF tokenizers is imported with parallelism enabled",
+                            "If its rayon pool has run, a forked child deadlocks on first use; hardy's workers "
+                            "set TOKENIZERS_PARALLELISM=false unless you set it."))
+    return found
+
+
+def choose_start_method(requested: str | None) -> str:
+    """forkserver (Linux) or spawn by default; "fork" only when no hazard is present; "fork!" forces."""
+    import multiprocessing as mp
+    available = mp.get_all_start_methods()
+    if requested is None:
+        return "forkserver" if "forkserver" in available else "spawn"
+    if requested in ("fork", "fork!"):
+        hazards = fork_hazards()
+        if hazards and requested == "fork":
+            raise HazardError(
+                "start_method='fork' refused: forking this process now would give broken workers.\n  - "
+                + "\n  - ".join(str(h) for h in hazards)
+                + "\nUse the default (forkserver) or 'spawn', or start_method='fork!' to fork anyway.")
+        if hazards:
+            warnings.warn("start_method='fork!' with fork hazards present: "
+                          + "; ".join(h.summary for h in hazards), RuntimeWarning, stacklevel=3)
+        return "fork"
+    if requested not in available:
+        raise HazardError(f"start_method={requested!r} is not available here; choose one of {available}.")
+    return requested
