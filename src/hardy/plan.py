@@ -13,7 +13,7 @@ the parameter's default, and then *generates a Python function* that executes ex
             v2 = f1(v1)          # b = 2 * a
             ...
         except Exception as _e:
-            raise _fail(_s, _e, locals()) from _e
+            raise _fail(_s, _e, locals())
         return {'a': v1, 'b': v2, ...}
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
@@ -135,7 +135,7 @@ class Plan:
         body = "\n".join("        " + ln for ln in lines) or "        pass"
         head = "async def" if is_async else "def"
         src = (f"{head} _run(_v, _i=None):\n    _s = 0\n    try:\n{body}\n"
-               f"    except _Exception as _e:\n        raise _fail(_s, _e, locals()) from _e\n"
+               f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
                f"    return {{{result}}}\n")
         exec(compile(src, f"<hardy plan {self.graph_name}>", "exec"), ns)
         self.source = src
@@ -188,8 +188,9 @@ class Plan:
         k = getattr(exc, "_hardy_step", k)
         step = self.steps[k]
         node = step.node
-        if isinstance(exc, NodeError):  # raised inside a nested pipeline: keep it, add the path
-            exc.node = f"{node.name}/{exc.node}"
+        if isinstance(exc, NodeError):  # from a nested pipeline or a worker: keep it, add the path
+            if exc.node != node.name:
+                exc.node = f"{node.name}/{exc.node}"
             return exc
         inputs = {p: scope.get(self._vars[v]) for p, v in step.args}
         if isinstance(exc, _WrongOutputCount):
@@ -201,6 +202,7 @@ class Plan:
             return err
         err = NodeError(node.name, inputs)
         err.__cause__ = exc
+        err.__suppress_context__ = True
         return err
 
     def describe_inputs(self, item: Mapping[str, Any]) -> str:

@@ -41,12 +41,14 @@ class MapProgress:
 
     def __enter__(self) -> "MapProgress":
         if self.show:
+            from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[rate]}"),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                  TextColumn("{task.fields[failures]}"), transient=False,
+                                 console=Console(stderr=True),
                                  refresh_per_second=10)
             self._task = self._bar.add_task(self.label, total=self.total, rate="", failures="")
             self._bar.start()
@@ -57,9 +59,9 @@ class MapProgress:
     def _update(self) -> None:
         task = self._bar.tasks[0]
         elapsed = task.elapsed or 0.0
-        rate = f"{self.done / elapsed:,.0f} items/s" if elapsed > 0 else ""
+        rate = f"{(self.done + self.failed) / elapsed:,.0f} items/s" if elapsed > 0 else ""
         failures = f"[red]{self.failed} failed" if self.failed else ""
-        self._bar.update(self._task, completed=self.done, rate=rate, failures=failures)
+        self._bar.update(self._task, completed=self.done + self.failed, rate=rate, failures=failures)
 
     def _refresh(self) -> None:
         while not self._stop.wait(0.1):

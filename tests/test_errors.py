@@ -1,0 +1,218 @@
+"""Every error names what went wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from hardy import Engine, Failed, Pipeline, node
+from hardy.errors import (CycleError, DuplicateNodeError, DuplicateOutputError, GraphError, MapError,
+                          MapInputError, MissingInputError, NodeDefinitionError, NodeError,
+                          OutputCountError, SelfDependencyError, UnknownInputError, UnknownInputWarning,
+                          UnknownOutputError)
+
+
+@node(output_name="b")
+def f_ab(a):
+    return a
+
+
+@node(output_name="a")
+def f_ba(b):
+    return b
+
+
+def test_cycle_names_the_nodes():
+    with pytest.raises(CycleError) as exc:
+        Pipeline(nodes=[f_ab, f_ba])
+    assert set(exc.value.cycle) == {"f_ab", "f_ba"}
+    assert "f_ab" in str(exc.value) and "->" in str(exc.value)
+    assert isinstance(exc.value, GraphError)
+
+
+def test_duplicate_output_names_both_nodes():
+    @node(output_name="b")
+    def other(x):
+        return x
+
+    with pytest.raises(DuplicateOutputError, match="'f_ab' and 'other'"):
+        Pipeline(nodes=[f_ab, other])
+
+
+def test_self_dependency():
+    @node(output_name="x")
+    def grow(x):
+        return x + 1
+
+    with pytest.raises(SelfDependencyError, match="grow"):
+        Pipeline(nodes=[grow])
+
+
+def test_missing_input_suggests_the_typo_and_is_a_value_error():
+    @node(output_name="n")
+    def length(text):
+        return len(text)
+
+    p = Pipeline(nodes=[length], name="p")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownInputWarning)
+        with pytest.raises(MissingInputError) as exc:
+            p.run(inputs={"txet": "abc"})
+    msg = str(exc.value)
+    assert "'text'" in msg and "needed by 'length'" in msg and "did you mean 'txet'" in msg
+    assert isinstance(exc.value, ValueError)
+
+
+def test_unknown_input_warns_or_raises_when_strict():
+    p = Pipeline(nodes=[f_ab])
+    with pytest.warns(UnknownInputWarning, match="'aa'"):
+        p.run(inputs={"a": 1, "aa": 2})
+    strict = Pipeline(nodes=[f_ab], strict=True)
+    with pytest.raises(UnknownInputError, match="did you mean 'a'"):
+        strict.run(inputs={"a": 1, "aa": 2})
+
+
+def test_unknown_output():
+    with pytest.raises(UnknownOutputError, match="did you mean 'b'"):
+        Pipeline(nodes=[f_ab]).run(inputs={"a": 1}, output_name="bb")
+
+
+def test_node_error_names_node_inputs_and_keeps_cause():
+    @node(output_name="q")
+    def divide(x, y):
+        return x / y
+
+    with pytest.raises(NodeError) as exc:
+        Pipeline(nodes=[divide]).run(inputs={"x": 1, "y": 0})
+    err = exc.value
+    assert err.node == "divide" and err.item is None
+    assert isinstance(err.__cause__, ZeroDivisionError)
+    assert "x=1" in str(err) and "y=0" in str(err) and "ZeroDivisionError" in str(err)
+
+
+def test_node_error_in_map_names_the_item():
+    @node(output_name="q")
+    def divide(x):
+        return 1 / x
+
+    p = Pipeline(nodes=[divide])
+    with pytest.raises(MapError) as exc:
+        p.map(inputs={"x": [1, 2, 0, 4]}, map_over="x")
+    err = exc.value
+    assert list(err.failures) == [2]
+    assert err.failures[2].item == 2 and "item 2" in str(err)
+    assert err.results[:2] == [{"q": 1.0}, {"q": 0.5}]  # computed results are kept
+    assert isinstance(err.results[2], Failed)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "async"])
+def test_map_error_keeps_results_for_every_executor(executor):
+    @node(output_name="q")
+    def divide(x):
+        return 1 / x
+
+    p = Pipeline(nodes=[divide], engine=Engine(map_executor=executor, workers=2))
+    with pytest.raises(MapError) as exc:
+        p.map(inputs={"x": [1, 0, 2, 3]}, map_over="x")
+    assert exc.value.results[0] == {"q": 1.0}
+    out = p.map(inputs={"x": [1, 0, 2, 3]}, map_over="x", on_error="continue")
+    assert isinstance(out[1], Failed) and out[3] == {"q": 1 / 3}
+
+
+def test_wrong_number_of_outputs():
+    @node(output_name=("a", "b"))
+    def pair(x):
+        return x
+
+    with pytest.raises(OutputCountError, match=r"declared 2 outputs .* returned a int|returned 1"):
+        Pipeline(nodes=[pair]).run(inputs={"x": 1})
+
+    @node(output_name=("a", "b"))
+    def triple(x):
+        return x, x, x
+
+    with pytest.raises(OutputCountError, match="tuple of length 3"):
+        Pipeline(nodes=[triple]).run(inputs={"x": 1})
+
+    @node(output_name=("a", "b"))
+    def as_list(x):
+        return [x, x + 1]
+
+    assert Pipeline(nodes=[as_list]).run(inputs={"x": 1}) == {"a": 1, "b": 2}
+
+
+def test_zip_lengths_differ():
+    @node(output_name="s")
+    def add(a, b):
+        return a + b
+
+    with pytest.raises(MapInputError, match=r"\{'a': 2, 'b': 3\}"):
+        Pipeline(nodes=[add]).map(inputs={"a": [1, 2], "b": [1, 2, 3]}, map_over=["a", "b"])
+
+
+def test_map_over_not_an_input():
+    with pytest.raises(MapInputError, match="'aa'"):
+        Pipeline(nodes=[f_ab]).map(inputs={"a": [1]}, map_over="aa")
+
+
+def test_map_over_a_string_is_refused():
+    with pytest.raises(MapInputError, match="list"):
+        Pipeline(nodes=[f_ab]).map(inputs={"a": "abc"}, map_over="a")
+
+
+def test_bad_map_mode_and_on_error():
+    p = Pipeline(nodes=[f_ab])
+    with pytest.raises(MapInputError, match="'zip' or 'product'"):
+        p.map(inputs={"a": [1]}, map_over="a", map_mode="cartesian")
+    with pytest.raises(MapInputError, match="on_error"):
+        p.map(inputs={"a": [1]}, map_over="a", on_error="ignore")
+
+
+def test_non_callable_node():
+    with pytest.raises(NodeDefinitionError, match="item 1 is a int"):
+        Pipeline(nodes=[f_ab, 42])
+    with pytest.raises(NodeDefinitionError, match="callable"):
+        node(output_name="x")(42)
+
+
+def test_var_args_node_is_refused():
+    with pytest.raises(NodeDefinitionError, match=r"\*args"):
+        @node
+        def bad(*xs):
+            return xs
+
+
+def test_two_pipelines_nested_under_the_same_name():
+    inner1 = Pipeline(nodes=[f_ab], name="same")
+
+    @node(output_name="c")
+    def f_c(x):
+        return x
+
+    inner2 = Pipeline(nodes=[f_c], name="same")
+    with pytest.raises(DuplicateNodeError, match="'same'"):
+        Pipeline(nodes=[inner1, inner2])
+    Pipeline(nodes=[inner1.as_node(name="one"), inner2.as_node(name="two")])  # distinct names work
+
+
+def test_nested_error_names_the_path():
+    @node(output_name="q")
+    def boom(x):
+        raise RuntimeError("inner failure")
+
+    inner = Pipeline(nodes=[boom], name="inner")
+    outer = Pipeline(nodes=[inner.as_node(name="stage")])
+    with pytest.raises(NodeError) as exc:
+        outer.run(inputs={"x": 1})
+    assert exc.value.node == "stage/boom"
+    assert isinstance(exc.value.__cause__, RuntimeError)
+
+
+def test_bad_engine_options():
+    with pytest.raises(NodeDefinitionError, match="node_executor"):
+        Engine(node_executor="process")
+    with pytest.raises(NodeDefinitionError, match="map_executor"):
+        Engine(map_executor="gpu")
+    with pytest.raises(NodeDefinitionError, match="workers"):
+        Engine(workers=0)
