@@ -26,11 +26,14 @@ NUMBA_GUARD_RANGE = ((0, 55), (0, 64))  # [lowest, highest) minor versions check
 
 
 def worker_environment(workers: int) -> dict[str, str]:
-    """Variables to set in each worker; anything the user set already is left alone."""
+    """Variables to set in each worker: the caller's own value where it set one, else the cap.
+
+    Every variable is listed, user-set ones too, because a worker forks from a fork server whose
+    environment may date from an earlier pool: the worker must not inherit a stale value.
+    """
     per_worker = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
-    env = {v: per_worker for v in THREAD_VARIABLES if v not in os.environ}
-    if "TOKENIZERS_PARALLELISM" not in os.environ:
-        env["TOKENIZERS_PARALLELISM"] = "false"
+    env = {v: os.environ.get(v, per_worker) for v in THREAD_VARIABLES}
+    env["TOKENIZERS_PARALLELISM"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
     return env
 
 

@@ -310,20 +310,29 @@ class _Run:
                 continue
             if not self.retry and self.next_fresh >= len(self.items):
                 return
+            if w is not None and not w.process.is_alive():
+                log.warning("worker %d died while idle (%s); replacing it", w.number,
+                            describe_exit(w.process.exitcode)[1])
+                pool._replace(slot, stop=False)
+                w = None
             if w is None:
                 w = pool._start_worker(slot)
             chunk = self.next_chunk(w)
             if not chunk:
                 return
-            if self.plan_id not in w.plans:
-                w.send(self.plan_msg)
-                w.plans.add(self.plan_id)
+            data = pool._chunk_bytes(self.plan_id, self.items, chunk)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
             for i in chunk:
                 self.results.started(i)
-            w.send(pool._chunk_bytes(self.plan_id, self.items, chunk))
+            try:
+                if self.plan_id not in w.plans:
+                    w.send(self.plan_msg)
+                    w.plans.add(self.plan_id)
+                w.send(data)
+            except OSError:  # it died just now: its chunk goes back to the queue
+                self.on_death(w)
 
     def loop(self) -> None:
         pool = self.pool

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+NATIVE_SOURCE = r"""
+#include <signal.h>
+#include <stddef.h>
+
+/* Spins forever inside C: no Python bytecode runs, so only killing the process stops it. */
+void spin_forever(void) { volatile unsigned long x = 0; for (;;) { x++; } }
+
+/* Returns normally; the crash comes later, when the process exits and destructors run
+   (seed 000: a segfault during clean-up, after the work was done). */
+int work_then_crash_at_exit(int x) { return x * 2; }
+
+__attribute__((destructor)) static void crash_on_unload(void) {
+    volatile int *p = NULL;
+    *p = 42;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ELF shared library, compiled with gcc for the test run."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("gcc is needed to build the test's native library")
+    folder = tmp_path_factory.mktemp("native")
+    src = folder / "crashy.c"
+    src.write_text(NATIVE_SOURCE)
+    lib = folder / "libcrashy.so"
+    subprocess.run([cc, "-O0", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib

@@ -1,0 +1,280 @@
+"""Worker processes contain native crashes: real processes, real signals, a real gcc-built library.
+
+Every case crashes item K of a map of 20 items and checks that the other 19 results come back,
+that the failure names node, item, signal and (where one exists) the worker's Python stack, and
+that the same pool serves the next map.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hardy import Engine, Failed, NodeCrashed, NodeError, NodeTimeout, Pipeline, node
+from hardy.errors import HazardError, PicklingError
+
+K = 7
+N = 20
+
+
+def _crash(kind: str, lib: str) -> None:
+    if kind == "segv_signal":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "null_deref":
+        ctypes.string_at(0)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "exit3":
+        os._exit(3)
+    elif kind == "c_loop":
+        ctypes.CDLL(lib).spin_forever()
+    elif kind == "raise":
+        raise ValueError("plain Python error")
+    elif kind == "leak":
+        hoard = b"x" * (400 << 20)  # touched pages: really resident
+        time.sleep(10)
+        del hoard
+
+
+@node(output_name="y", timeout=2)
+def maybe_crash(x: int, kind: str, lib: str) -> int:
+    if x == K:
+        _crash(kind, lib)
+    return x * 10
+
+
+CASES = {
+    # kind: (error class, signal name, text in the message, expects a Python stack)
+    "segv_signal": (NodeCrashed, "SIGSEGV", "segmentation fault", True),
+    "null_deref": (NodeCrashed, "SIGSEGV", "segmentation fault", True),
+    "abort": (NodeCrashed, "SIGABRT", "abort", True),
+    "sigkill": (NodeCrashed, "SIGKILL", "out-of-memory", False),
+    "exit3": (NodeCrashed, None, "exited with code 3", False),
+    "c_loop": (NodeTimeout, "SIGKILL", "timeout of 2 s", True),
+    "raise": (NodeError, None, "plain Python error", False),
+    "leak": (NodeCrashed, "SIGKILL", "max_memory_per_worker", True),
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(map_executor="process", workers=2, max_memory_per_worker="300MB")
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_one_crash_costs_one_item(kind, engine, native_lib):
+    p = Pipeline(nodes=[maybe_crash], engine=engine)
+    out = p.map(inputs={"x": list(range(N)), "kind": kind, "lib": str(native_lib)}, map_over="x",
+                on_error="continue")
+    cls, signame, text, has_stack = CASES[kind]
+    assert [o["y"] for i, o in enumerate(out) if i != K] == [i * 10 for i in range(N) if i != K]
+    failed = out[K]
+    assert isinstance(failed, Failed)
+    err = failed.error
+    assert type(err) is cls, err
+    assert err.node == "maybe_crash" and err.item == K
+    assert text in str(err)
+    if cls is not NodeError:
+        assert err.signal == signame
+        assert ("maybe_crash" in err.stack) == has_stack, err.stack
+    # the pool keeps working for the next map
+    again = p.map(inputs={"x": [1, 2, 3], "kind": kind, "lib": str(native_lib)}, map_over="x")
+    assert [o["y"] for o in again] == [10, 20, 30]
+
+
+@node(output_name="y")
+def crash_once(x: int, marker: str) -> int:
+    if x == K and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def test_retries_rerun_a_transient_crash_on_a_fresh_worker(tmp_path):
+    flaky = node(output_name="y", retries=1)(crash_once.func)
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline(nodes=[flaky], engine=engine)
+        out = p.map(inputs={"x": list(range(N)), "marker": str(tmp_path / "m1")}, map_over="x")
+        assert [o["y"] for o in out] == list(range(N))
+        assert engine.process_pool().replaced == 1
+        # without retries the same transient crash is reported
+        p2 = Pipeline(nodes=[crash_once], engine=engine)
+        out = p2.map(inputs={"x": list(range(N)), "marker": str(tmp_path / "m2")}, map_over="x",
+                     on_error="continue")
+        assert isinstance(out[K], Failed) and isinstance(out[K].error, NodeCrashed)
+
+
+@node(output_name="y")
+def crash_at_exit(x: int, lib: str) -> int:
+    return ctypes.CDLL(lib).work_then_crash_at_exit(x)
+
+
+def test_crash_at_interpreter_exit_loses_nothing(native_lib):
+    # Proof the library really crashes at exit when a process leaves the normal way:
+    code = f"import ctypes; print(ctypes.CDLL({str(native_lib)!r}).work_then_crash_at_exit(2))"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert plain.returncode == -signal.SIGSEGV and plain.stdout.strip() == "4"
+    with Engine(map_executor="process", workers=2, max_tasks_per_worker=5) as engine:
+        p = Pipeline(nodes=[crash_at_exit], engine=engine)
+        out = p.map(inputs={"x": list(range(N)), "lib": str(native_lib)}, map_over="x")
+        assert [o["y"] for o in out] == [2 * i for i in range(N)]
+
+
+def test_workers_are_recycled_after_max_tasks():
+    @node(output_name="pid")
+    def pid(x):
+        return os.getpid()
+
+    with Engine(map_executor="process", workers=2, max_tasks_per_worker=4) as engine:
+        out = Pipeline(nodes=[pid], engine=engine).map(inputs={"x": list(range(24))}, map_over="x")
+        pids = [o["pid"] for o in out]
+        assert len(set(pids)) >= 6  # 24 items / 4 per worker
+        assert max(pids.count(p) for p in set(pids)) <= 4
+
+
+def test_isolated_node_runs_in_a_worker_whatever_the_executor():
+    @node(output_name="pid", isolate=True)
+    def where(x):
+        return os.getpid()
+
+    @node(output_name="ok")
+    def after(pid):
+        return pid != os.getpid()
+
+    with Engine() as engine:
+        p = Pipeline(nodes=[where, after], engine=engine)
+        assert p.run(inputs={"x": 1})["ok"] is True
+
+
+def test_isolated_node_crash_is_contained():
+    @node(output_name="y", isolate=True)
+    def crashy(x):
+        if x == 2:
+            ctypes.string_at(0)
+        return x
+
+    with Engine() as engine:
+        p = Pipeline(nodes=[crashy], engine=engine)
+        with pytest.raises(NodeCrashed) as exc:
+            p.run(inputs={"x": 2})
+        assert exc.value.node == "crashy" and exc.value.signal == "SIGSEGV"
+        out = p.map(inputs={"x": [1, 2, 3]}, map_over="x", on_error="continue")
+        assert out[0] == {"y": 1} and out[2] == {"y": 3} and isinstance(out[1], Failed)
+
+
+def test_unpicklable_input_is_named_before_any_worker_starts():
+    import threading
+
+    @node(output_name="y")
+    def use(x, lock):
+        return x
+
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline(nodes=[use], engine=engine)
+        with pytest.raises(PicklingError, match="input 'lock' of item 0"):
+            p.map(inputs={"x": [1, 2], "lock": threading.Lock()}, map_over="x")
+        assert engine.process_pool().pids() == []  # nothing was started
+
+
+def test_results_arrive_per_item_for_slow_items():
+    @node(output_name="t")
+    def slow(x):
+        time.sleep(0.3)
+        return time.monotonic()
+
+    class Arrivals:
+        def __init__(self):
+            self.at = {}
+
+        def __getattr__(self, name):
+            return lambda *a: None
+
+        def on_map_item_end(self, i, duration, ctx):
+            self.at[i] = time.monotonic()
+
+    arrivals = Arrivals()
+    with Engine(map_executor="process", workers=1) as engine:
+        engine.process_pool()._per_item[0] = 0  # irrelevant; first chunk is a probe of one item
+        p = Pipeline(nodes=[slow], engine=engine, callbacks=[arrivals])
+        out = p.map(inputs={"x": list(range(4))}, map_over="x")
+    for i, o in enumerate(out):  # each result reached the parent right after it was computed
+        assert arrivals.at[i] - o["t"] < 0.2
+
+
+def test_fork_is_refused_when_a_hazard_is_present():
+    import threading
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        with pytest.raises(HazardError, match="Python thread"):
+            Engine(map_executor="process", start_method="fork").process_pool()
+        with pytest.warns(RuntimeWarning, match="fork hazards"):
+            pool = Engine(map_executor="process", start_method="fork!").process_pool()
+        assert pool.start_method == "fork"
+        pool.close()
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_worker_environment_caps_threads_and_tokenizers(monkeypatch):
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # a user's own choice is kept
+
+    @node(output_name="env")
+    def env(x):
+        return {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+
+    with Engine(map_executor="process", workers=2) as engine:
+        out = Pipeline(nodes=[env], engine=engine).map(inputs={"x": [0]}, map_over="x")
+    per_worker = str(max(1, (os.cpu_count() or 1) // 2))
+    assert out[0]["env"] == {"OMP_NUM_THREADS": per_worker, "MKL_NUM_THREADS": "3",
+                             "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_a_worker_death_between_items_is_a_warning_not_an_error(caplog):
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline(nodes=[maybe_crash], engine=engine)
+        p.map(inputs={"x": [1], "kind": "raise", "lib": ""}, map_over="x")
+        pool = engine.process_pool()
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGKILL)  # dies idle: no item in flight
+        time.sleep(0.2)
+        out = p.map(inputs={"x": [1, 2], "kind": "raise", "lib": ""}, map_over="x")
+        assert [o["y"] for o in out] == [10, 20]
+
+
+def test_worker_script_runs_standalone(tmp_path, native_lib):
+    """A user's script with nodes in __main__ works under the default forkserver start."""
+    script = tmp_path / "pipeline.py"
+    script.write_text(textwrap.dedent(f"""
+        import ctypes
+        from hardy import Engine, Failed, Pipeline, node
+
+        @node(output_name="y")
+        def f(x):
+            if x == 3:
+                ctypes.string_at(0)
+            return x + 1
+
+        if __name__ == "__main__":
+            with Engine(map_executor="process", workers=2) as e:
+                out = Pipeline(nodes=[f], engine=e).map(inputs={{"x": list(range(6))}}, map_over="x",
+                                                       on_error="continue")
+            print([o if isinstance(o, Failed) else o["y"] for o in out][:3],
+                  type(out[3]).__name__, out[3].error.signal)
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[1, 2, 3] Failed SIGSEGV"
