@@ -22,7 +22,7 @@ from typing import Any
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-NUMBA_GUARD_RANGE = ((0, 55), (0, 64))  # [lowest, highest) minor versions checked to use _unique_ids
+NUMBA_GUARD_RANGE = ((0, 55), (0, 69))  # [lowest, highest): versions whose FunctionIdentity was read
 
 
 def worker_environment(workers: int) -> dict[str, str]:

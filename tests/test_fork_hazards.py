@@ -1,0 +1,111 @@
+"""Fork hazards with real native runtimes: torch's OpenMP pool (CPU build) and the numba guard.
+
+Each scenario runs in a fresh interpreter, so the state it creates (an OpenMP pool, torch
+imported) is exactly what a user's process would have, and this test process stays clean.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hardy.safety import fork_hazards, numba_guard_supported, worker_environment
+
+
+def run_script(code: str, timeout: float = 240) -> str:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_no_hazard_in_a_plain_process():
+    assert [h for h in fork_hazards() if h.kind in ("cuda", "openmp-pool", "tokenizers")] == []
+
+
+def test_torch_openmp_pool_is_detected_and_avoided():
+    pytest.importorskip("torch")
+    out = run_script("""
+        import time
+        import torch
+        from hardy import Engine, NodeTimeout, Pipeline, node, Failed
+        from hardy.errors import HazardError
+        from hardy.safety import fork_hazards
+
+        torch.set_num_threads(2)
+        a = torch.randn(512, 512)
+        (a @ a).sum()                       # the OpenMP pool is now alive in this process
+        kinds = {h.kind for h in fork_hazards()}
+        assert "openmp-pool" in kinds, kinds
+
+        @node(output_name="s", timeout=10)
+        def matmul(x):
+            b = torch.full((256, 256), float(x))
+            return float((b @ b).sum())
+
+        expected = [256 * 256 * 256 * float(x * x) for x in range(6)]
+        with Engine(map_executor="process", workers=2, preload=["torch"]) as e:
+            out = Pipeline(nodes=[matmul], engine=e).map(inputs={"x": list(range(6))}, map_over="x")
+        assert [o["s"] for o in out] == expected, out
+        print("forkserver: ok")
+
+        try:
+            Engine(map_executor="process", start_method="fork").process_pool()
+        except HazardError as exc:
+            assert "openmp-pool" in str(exc)
+            print("fork: refused")
+
+        # Forcing a bare fork shows the hazard is real: the child hangs in libgomp, and the
+        # node's timeout turns the hang into NodeTimeout instead of a pipeline stuck forever.
+        import warnings
+        warnings.simplefilter("ignore")
+        fast = node(output_name="s", timeout=3)(matmul.func)
+        with Engine(map_executor="process", workers=1, start_method="fork!") as e:
+            out = Pipeline(nodes=[fast], engine=e).map(inputs={"x": [1]}, map_over="x", on_error="continue")
+        assert isinstance(out[0], Failed) and isinstance(out[0].error, NodeTimeout), out
+        print("fork!: hung child killed")
+    """)
+    assert out.split("\n")[:3] == ["forkserver: ok", "fork: refused", "fork!: hung child killed"]
+
+
+def test_preloaded_torch_workers_start_fast():
+    pytest.importorskip("torch")
+    out = run_script("""
+        import time
+        import torch
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def ident(x):
+            return x
+
+        with Engine(map_executor="process", workers=1, preload=["torch"]) as warm:
+            Pipeline(nodes=[ident], engine=warm).map(inputs={"x": [0]}, map_over="x")  # fork server up
+            starts = []
+            for _ in range(5):
+                with Engine(map_executor="process", workers=1, preload=["torch"]) as e:
+                    p = Pipeline(nodes=[ident], engine=e)
+                    t = time.perf_counter()
+                    p.map(inputs={"x": [1]}, map_over="x")
+                    starts.append(time.perf_counter() - t)
+        print(sorted(starts)[len(starts) // 2])
+    """)
+    median = float(out.strip())
+    assert median < 0.15, f"worker start + first item took {median * 1000:.0f} ms"
+
+
+def test_worker_environment_leaves_user_settings():
+    env = worker_environment(2)
+    assert env["TOKENIZERS_PARALLELISM"] in ("false", *filter(None, [__import__("os").environ.get(
+        "TOKENIZERS_PARALLELISM")]))
+    assert set(env) >= {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"}
+
+
+def test_numba_guard_version_range():
+    assert numba_guard_supported("0.60.0")
+    assert not numba_guard_supported("0.40.1")
+    assert not numba_guard_supported("1.2.0")
+    assert not numba_guard_supported("dev")
