@@ -278,3 +278,39 @@ def test_worker_script_runs_standalone(tmp_path, native_lib):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[1, 2, 3] Failed SIGSEGV"
+
+
+class Model:
+    """Stands for an expensive model: counts how often it is built in each process."""
+
+    builds = 0
+
+    def __init__(self, scale: int):
+        Model.builds += 1
+        self.scale = scale
+
+    def predict(self, x: int) -> tuple[int, int, int]:
+        return x * self.scale, os.getpid(), Model.builds
+
+
+def test_stateful_resource_is_built_once_per_worker():
+    from hardy import stateful
+
+    model = stateful(Model)(3)
+    assert Model.builds == 0  # constructing the handle loads nothing
+
+    @node(output_name="pred")
+    def predict(x, model):
+        return model.predict(x)
+
+    with Engine(map_executor="process", workers=2) as engine:
+        out = Pipeline(nodes=[predict], engine=engine).map(inputs={"x": list(range(40)), "model": model},
+                                                            map_over="x")
+    assert [o["pred"][0] for o in out] == [3 * x for x in range(40)]
+    per_worker = {}
+    for _, pid, builds in (o["pred"] for o in out):
+        per_worker.setdefault(pid, set()).add(builds)
+    assert all(b == {1} for b in per_worker.values()), per_worker  # built once in each worker
+    assert Model.builds == 0  # and never in the parent
+    assert Pipeline(nodes=[predict]).run(inputs={"x": 2, "model": model})["pred"][0] == 6
+    assert Model.builds == 1

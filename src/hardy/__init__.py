@@ -12,11 +12,12 @@ from .errors import (CycleError, DuplicateOutputError, Failed, GraphError, Hardy
 from .node import Node, node
 from .observe import CallbackContext, PipelineCallback
 from .pipeline import Pipeline, PipelineNode
+from .stateful import stateful
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed",
+    "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful",
     "PipelineCallback", "CallbackContext",
     "HardyError", "GraphError", "CycleError", "DuplicateOutputError", "MissingInputError",
     "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError",

@@ -76,7 +76,8 @@ def run_demo(items: int, executor: str, workers: int, progress: bool) -> int:
     table.add_row("time", f"{elapsed:.2f} s ({len(results) / elapsed:,.0f} docs/s)")
     console.print(table)
     for i, r in failed:
-        console.print(f"[red]item {i}[/]: {r.error}".split("\n")[0])
+        console.print(f"[red]item {i}[/] cost one item, nothing else:", markup=True)
+        console.print(str(r.error), markup=False, highlight=False)
     if crashy and len(failed) != 1:
         console.print("[red]expected exactly one crashed item[/]")
         return 1
