@@ -199,6 +199,15 @@ def test_hypernodes_compat_names():
     assert issubclass(hn.PipelineCallback, object) and hn.CallbackContext().depth == 0
 
 
+def test_import_hardy_stays_light():
+    import subprocess
+    import sys
+    code = ("import sys, hardy; heavy = {'rich', 'typer', 'asyncio', 'multiprocessing', 'cloudpickle', "
+            "'concurrent.futures', 'numpy'} & set(sys.modules); print(sorted(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 # --- property-based: random DAGs ------------------------------------------------------------------
 
 @st.composite

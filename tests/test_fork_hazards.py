@@ -26,6 +26,7 @@ def test_no_hazard_in_a_plain_process():
     assert [h for h in fork_hazards() if h.kind in ("cuda", "openmp-pool", "tokenizers")] == []
 
 
+@pytest.mark.slow
 def test_torch_openmp_pool_is_detected_and_avoided():
     pytest.importorskip("torch")
     out = run_script("""
@@ -71,6 +72,7 @@ def test_torch_openmp_pool_is_detected_and_avoided():
     assert out.split("\n")[:3] == ["forkserver: ok", "fork: refused", "fork!: hung child killed"]
 
 
+@pytest.mark.slow
 def test_preloaded_torch_workers_start_fast():
     pytest.importorskip("torch")
     out = run_script("""

@@ -187,6 +187,20 @@ def test_unpicklable_input_is_named_before_any_worker_starts():
         assert engine.process_pool().pids() == []  # nothing was started
 
 
+def test_unpicklable_node_is_named():
+    import threading
+    lock = threading.Lock()
+
+    @node(output_name="y")
+    def guarded(x):
+        with lock:
+            return x
+
+    with Engine(map_executor="process", workers=1) as engine:
+        with pytest.raises(PicklingError, match="node 'guarded' cannot be sent to a worker"):
+            Pipeline(nodes=[guarded], engine=engine).map(inputs={"x": [1]}, map_over="x")
+
+
 def test_results_arrive_per_item_for_slow_items():
     @node(output_name="t")
     def slow(x):
@@ -244,6 +258,7 @@ def test_worker_environment_caps_threads_and_tokenizers(monkeypatch):
 
 
 def test_a_worker_death_between_items_is_a_warning_not_an_error(caplog):
+    caplog.set_level("WARNING", logger="hardy.workers")
     with Engine(map_executor="process", workers=1) as engine:
         p = Pipeline(nodes=[maybe_crash], engine=engine)
         p.map(inputs={"x": [1], "kind": "raise", "lib": ""}, map_over="x")
@@ -253,6 +268,7 @@ def test_a_worker_death_between_items_is_a_warning_not_an_error(caplog):
         time.sleep(0.2)
         out = p.map(inputs={"x": [1, 2], "kind": "raise", "lib": ""}, map_over="x")
         assert [o["y"] for o in out] == [10, 20]
+    assert "died while idle (worker died from SIGKILL" in caplog.text
 
 
 def test_worker_script_runs_standalone(tmp_path, native_lib):

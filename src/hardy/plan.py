@@ -28,7 +28,6 @@ independent async nodes are gathered).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -87,7 +86,7 @@ class Plan:
     def _compile(self) -> None:
         ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
-                              "_gather": asyncio.gather, "_submit": self._submit, "_t": _thread_call}
+                              "_submit": self._submit, "_t": _thread_call}
         var: dict[str, str] = {}
         lines: list[str] = []
         for name in self.provided:
@@ -100,6 +99,9 @@ class Plan:
             for o in step.node.outputs:
                 var[o] = f"v{len(var)}"
         is_async = self.mode == "async"
+        if is_async:
+            import asyncio  # only async plans pay for importing asyncio
+            ns["_gather"] = asyncio.gather
         by_level: dict[int, list[int]] = {}
         for k, s in enumerate(self.steps):
             by_level.setdefault(s.level, []).append(k)
@@ -269,6 +271,8 @@ def run_sync(coro: Any) -> Any:
     A loop per thread is reused (creating one per call costs ~50 µs). When this thread already runs
     a loop (a notebook), the coroutine runs on a helper thread's loop instead of failing.
     """
+    import asyncio
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -29,7 +28,10 @@ class Resource:
         object.__setattr__(self, "_cls", cls)
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
-        object.__setattr__(self, "_key", key or uuid.uuid4().hex)
+        if key is None:
+            import uuid
+            key = uuid.uuid4().hex
+        object.__setattr__(self, "_key", key)
 
     @property
     def instance(self) -> Any:

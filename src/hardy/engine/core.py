@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import Failed, NodeDefinitionError, NodeError
@@ -116,7 +115,7 @@ class Engine:
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
-        self._node_pool: ThreadPoolExecutor | None = None
+        self._node_pool: Any = None
         self._process_pool: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -141,6 +140,7 @@ class Engine:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one node call on the engine's node thread pool (the "threaded" node executor)."""
         if self._node_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
             self._node_pool = ThreadPoolExecutor(self.workers or min(32, (os.cpu_count() or 1) + 4),
                                                  thread_name_prefix="hardy-node")
         return self._node_pool.submit(fn, *args, **kwargs)

@@ -8,9 +8,7 @@ Executors that run elsewhere (worker processes, Dask, Ray) implement the same tw
 
 from __future__ import annotations
 
-import asyncio
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ..errors import NodeError
@@ -62,10 +60,11 @@ class ThreadedExecutor:
 
     def __init__(self, workers: int | None = None):
         self.workers = workers or min(32, (os.cpu_count() or 1) + 4)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Any = None
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
         if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
         n = len(items)
         size = max(1, n // (self.workers * 4))
@@ -92,6 +91,7 @@ class AsyncExecutor:
         run_sync(self._run_all(plan, items, results))
 
     async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+        import asyncio
         gate = asyncio.Semaphore(self.workers)
         arun = results.async_runner(plan)
 
