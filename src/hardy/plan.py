@@ -217,14 +217,19 @@ def _check_outputs(value: Any, n: int) -> tuple:
     raise _WrongOutputCount(value)
 
 
+def _tag(exc: Exception, k: int) -> None:
+    """Remember which step raised, for errors that surface away from their step (gather, futures)."""
+    try:
+        exc._hardy_step = k  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+
+
 async def _mark_step(k: int, coro: Any) -> Any:
     try:
         return await coro
     except Exception as exc:
-        try:
-            exc._hardy_step = k  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        _tag(exc, k)
         raise
 
 
@@ -232,10 +237,7 @@ def _thread_call(k: int, func: Callable[..., Any], *args: Any, **kwargs: Any) ->
     try:
         return func(*args, **kwargs)
     except Exception as exc:
-        try:
-            exc._hardy_step = k  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        _tag(exc, k)
         raise
 
 
