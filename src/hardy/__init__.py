@@ -16,8 +16,16 @@ from .stateful import stateful
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The cache (sqlite3, pickle, hmac) loads on first use, keeping `import hardy` fast.
+    if name == "DiskCache":
+        from .cache import DiskCache
+        return DiskCache
+    raise AttributeError(f"module 'hardy' has no attribute {name!r}")
+
 __all__ = [
-    "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful",
+    "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful", "DiskCache",
     "PipelineCallback", "CallbackContext",
     "HardyError", "GraphError", "CycleError", "DuplicateOutputError", "MissingInputError",
     "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError",

@@ -40,6 +40,7 @@ class Pipeline:
         self.strict = strict
         self._bound: dict[str, Any] = {}
         self._plans: dict[Any, Plan] = {}
+        self._with_cache: dict[int, Pipeline] = {}
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -85,7 +86,19 @@ class Pipeline:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_plans"] = {}
+        state["_with_cache"] = {}
         return state
+
+    def with_cache(self, cache: Any) -> "Pipeline":
+        """This pipeline using `cache` (itself, if it has a cache of its own already)."""
+        if self.cache is not None:
+            return self
+        copy = self._with_cache.get(id(cache))
+        if copy is None:
+            copy = Pipeline.__new__(Pipeline)
+            copy.__dict__.update(self.__dict__, cache=cache, _plans={}, _with_cache={})
+            self._with_cache[id(cache)] = copy
+        return copy
 
     def __repr__(self) -> str:
         return f"Pipeline({self.name!r}: {len(self.graph.nodes)} nodes, inputs={list(self.inputs)})"
@@ -128,7 +141,8 @@ class Pipeline:
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
         mode = self._engine.plan_mode(for_map)
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
-                    submit=self._engine.submit if mode == "threaded" else None)
+                    submit=self._engine.submit if mode == "threaded" else None,
+                    cache=self.cache if self.cache is not None else self._engine.cache)
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
             given = {p for p, _ in step.args}
@@ -244,6 +258,14 @@ class PipelineNode(Node):
         self.retries = 0
         self.timeout = None
         self.func = self._call
+
+    def with_cache(self, cache: Any) -> "PipelineNode":
+        """This node with its inner pipeline caching into `cache`: each inner node and map item is
+        cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
+        copy = PipelineNode.__new__(PipelineNode)
+        copy.__dict__.update(self.__dict__, pipeline=self.pipeline.with_cache(cache), cache=False)
+        copy.func = copy._call
+        return copy
 
     def _call(self, **kwargs: Any) -> Any:
         inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}

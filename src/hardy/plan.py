@@ -48,6 +48,9 @@ class Step:
     level: int
 
 
+MISS = object()  # "not in the cache": a node whose result slot holds this must run
+
+
 class _WrongOutputCount(Exception):
     def __init__(self, value: Any):
         self.value = value
@@ -57,7 +60,8 @@ class Plan:
     """The pruned, ordered, compiled steps for (provided names, requested outputs, mode)."""
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
-                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None):
+                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
+                 cache: Any = None):
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -68,6 +72,7 @@ class Plan:
         self.has_async = any(s.node.is_async for s in self.steps)
         self._wrap = wrap
         self._submit = submit
+        self.cache = cache
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self._compile()
@@ -76,32 +81,40 @@ class Plan:
         # The generated functions are rebuilt on the other side: cheap, and keeps pickles small.
         # A thread pool cannot travel; a plan rebuilt in a worker runs its nodes sequentially there.
         return {"graph": self.graph, "provided": self.provided, "outputs": self.outputs,
-                "mode": "async" if self.mode == "async" else "sequential", "wrap": None}
+                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"])
+        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"])
 
     # --- code generation -------------------------------------------------------------------------
 
     def _compile(self) -> None:
         ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
-                              "_submit": self._submit, "_t": _thread_call}
-        var: dict[str, str] = {}
+                              "_submit": self._submit, "_t": _thread_call, "_MISS": MISS}
+        cache = self.cache
+        is_async = self.mode == "async"
+        if is_async:
+            import asyncio  # only async plans pay for importing asyncio
+            ns["_gather"] = asyncio.gather
+        var: dict[str, str] = {}   # value name -> local holding its value
+        kvar: dict[str, str] = {}  # value name -> local holding its cache key
         lines: list[str] = []
         for name in self.provided:
             if name in self.inputs or name in self.outputs:
                 var[name] = f"v{len(var)}"
                 lines.append(f"{var[name]} = _v[{name!r}]")
+        cached = [False] * len(self.steps)
         for k, step in enumerate(self.steps):
-            func = self._wrap(k, step.node) if self._wrap else step.node.func
-            ns[f"f{k}"] = func
+            node = step.node
+            if cache is not None and hasattr(node, "with_cache"):
+                node = node.with_cache(cache)  # a nested pipeline caches its own nodes
+            ns[f"f{k}"] = self._wrap(k, node) if self._wrap else node.func
             for o in step.node.outputs:
                 var[o] = f"v{len(var)}"
-        is_async = self.mode == "async"
-        if is_async:
-            import asyncio  # only async plans pay for importing asyncio
-            ns["_gather"] = asyncio.gather
+            cached[k] = cache is not None and node.cache
+        if cache is not None:
+            lines += self._cache_prelude(ns, cached, var, kvar)
         by_level: dict[int, list[int]] = {}
         for k, s in enumerate(self.steps):
             by_level.setdefault(s.level, []).append(k)
@@ -109,32 +122,44 @@ class Plan:
             ks = by_level[level]
             concurrent = len(ks) > 1 and (self.mode == "threaded" or
                                           (is_async and sum(self.steps[k].node.is_async for k in ks) > 1))
+            if cache is None and not concurrent:  # the plain straight line: nothing in between
+                for k in ks:
+                    lines.append(f"_s = {k}")
+                    lines += self._store(k, self._call(k, var, is_async), var)
+                continue
+            for k in ks:  # look up what the cache has; _r{k} is _MISS where the node must run
+                lines.append(f"_s = {k}")
+                lines += self._lookup(k, kvar) if cached[k] else [f"_r{k} = _MISS"]
             if not concurrent:
                 for k in ks:
-                    lines.append(f"_s = {k}")
-                    call = self._call_expr(k, var)
-                    if self.steps[k].node.is_async:
-                        call = f"await {call}" if is_async else f"_await({call})"
-                    lines += self._store(k, call, var)
+                    lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = {self._call(k, var, is_async, cached[k])}"]
             elif self.mode == "threaded":
                 for k in ks:
-                    lines.append(f"_p{k} = _submit(_t, {k}, f{k}{self._call_args(k, var, lead=True)})")
+                    fill = f"_fill, c{k}, f{k}" if cached[k] else f"f{k}"
+                    lines.append(f"if _r{k} is _MISS: _p{k} = _submit(_t, {k}, {fill}"
+                                 f"{self._call_args(k, var, lead=True)})")
                 for k in ks:
-                    lines.append(f"_s = {k}")
-                    lines += self._store(k, f"_p{k}.result()", var)
-            else:  # async: gather the async nodes of this level, then run its sync nodes
-                aks = [k for k in ks if self.steps[k].node.is_async]
-                calls = ", ".join(f"_mark({k}, {self._call_expr(k, var)})" for k in aks)
-                lines.append(f"_s = {aks[0]}")
-                lines.append(f"_r = await _gather({calls})")
-                for j, k in enumerate(aks):
-                    lines += self._store(k, f"_r[{j}]", var, check_step=True)
+                    lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = _p{k}.result()"]
+            else:  # async: gather this level's async nodes, then run its sync ones
+                lines.append("_todo = []")
                 for k in ks:
-                    if k not in aks:
-                        lines.append(f"_s = {k}")
-                        lines += self._store(k, self._call_expr(k, var), var)
+                    if self.steps[k].node.is_async:
+                        lines.append(f"if _r{k} is _MISS: _todo.append(({k}, _mark({k}, "
+                                     f"{self._call(k, var, True, cached[k], raw=True)})))")
+                lines += ["_s = _todo[0][0] if _todo else _s",
+                          "_res = dict(zip([j for j, _ in _todo], await _gather(*[c for _, c in _todo])))"]
+                for k in ks:
+                    if self.steps[k].node.is_async:
+                        lines.append(f"if _r{k} is _MISS: _r{k} = _res[{k}]")
+                    else:
+                        lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = {self._call(k, var, True, cached[k])}"]
+            for k in ks:
+                lines.append(f"_s = {k}")
+                lines += self._store(k, f"_r{k}", var)
+                if cache is not None:
+                    lines += self._output_keys(k, cached[k], var, kvar)
         result = ", ".join(f"{o!r}: {var[o]}" for o in self.outputs)
-        body = "\n".join("        " + ln for ln in lines) or "        pass"
+        body = "\n".join("        " + ln for ln in _without_repeated_steps(lines)) or "        pass"
         head = "async def" if is_async else "def"
         src = (f"{head} _run(_v, _i=None):\n    _s = 0\n    try:\n{body}\n"
                f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
@@ -147,6 +172,89 @@ class Plan:
             self.run = lambda v, i=None: run_sync(self.arun(v, i))
         else:
             self.run = ns["_run"]
+
+    # Caching, compiled in. A node's key is blake2b(its fingerprint + the keys of its arguments),
+    # where an input's key is the hash of its value and an intermediate's key is its producer's key
+    # (a Merkle chain, as in Bazel or Nix): intermediates are never re-hashed, so a warm run costs
+    # one key derivation and one lookup per node, whatever the size of the values in between. Only
+    # outputs of uncached nodes are keyed by value. Keys that need nothing computed are fetched in
+    # one query per item.
+
+    def _cache_prelude(self, ns: dict[str, Any], cached: list[bool], var: dict[str, str],
+                       kvar: dict[str, str]) -> list[str]:
+        import hashlib
+
+        from .cache.disk import node_fingerprint
+        from .hashing import FORMAT, digest
+        cache = self.cache
+        ns.update(_b2=hashlib.blake2b, _hv=cache.input_key, _fill=cache.fill, _afill=cache.afill,
+                  _hit=cache.lookup, _fetch=cache.fetch)
+        lines: list[str] = []
+        first_use: dict[str, int] = {}
+        for k, step in enumerate(self.steps):
+            for _, v in step.args:
+                first_use.setdefault(v, k)
+        for name in self.provided:
+            if name in first_use and any(cached[k] for k, s in enumerate(self.steps) if any(
+                    v == name for _, v in s.args)):
+                kvar[name] = f"k{len(kvar)}"
+                lines += [f"_s = {first_use[name]}", f"{kvar[name]} = _hv({var[name]}, {name!r})"]
+        for k, step in enumerate(self.steps):
+            if cached[k]:
+                given = ",".join(p for p, _ in step.args)
+                ns[f"_fp{k}"] = digest(FORMAT, node_fingerprint(step.node), given.encode())
+        # steps whose keys need no node to run first can be fetched together
+        known = set(kvar)
+        early = []
+        for k, step in enumerate(self.steps):
+            if cached[k] and all(v in known for _, v in step.args):
+                early.append(k)
+                known.update(step.node.outputs)
+        self._early = set(early) if len(early) > 1 else set()
+        if self._early:
+            for k in early:
+                lines += [f"_s = {k}", self._key_line(k, kvar)]
+                for o in self.steps[k].node.outputs:
+                    kvar.setdefault(o, self._output_key(k, o))
+            lines.append(f"_found = _fetch(({', '.join(f'c{k}' for k in early)},))")
+        return lines
+
+    def _output_key(self, k: int, o: str) -> str:
+        outs = self.steps[k].node.outputs
+        return f"c{k}" if len(outs) == 1 else f"_b2(c{k} + {o.encode()!r}, digest_size=16).digest()"
+
+    def _key_line(self, k: int, kvar: Mapping[str, str]) -> str:
+        parts = " + ".join([f"_fp{k}", *(kvar[v] for _, v in self.steps[k].args)])
+        return f"c{k} = _b2({parts}, digest_size=16).digest()"
+
+    def _lookup(self, k: int, kvar: Mapping[str, str]) -> list[str]:
+        if k in self._early:
+            return [f"_r{k} = _found.get(c{k}, _MISS)"]
+        return [self._key_line(k, kvar), f"_r{k} = _hit(c{k})"]
+
+    def _output_keys(self, k: int, cached: bool, var: Mapping[str, str], kvar: dict[str, str]) -> list[str]:
+        """Keys of this step's outputs, for cached consumers further down."""
+        lines = []
+        for o in self.steps[k].node.outputs:
+            if o in kvar or not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
+                continue
+            kvar[o] = f"k{len(kvar)}"
+            lines.append(f"{kvar[o]} = {self._output_key(k, o) if cached else f'_hv({var[o]}, {o!r})'}")
+        return lines
+
+    def _call(self, k: int, var: Mapping[str, str], is_async: bool, cached: bool = False,
+              raw: bool = False) -> str:
+        """The expression that runs step k (and stores its result in the cache when `cached`);
+        `raw` leaves an async node's coroutine un-awaited (for gathering)."""
+        node = self.steps[k].node
+        if cached:
+            fill = "_afill" if node.is_async else "_fill"
+            call = f"{fill}(c{k}, f{k}{self._call_args(k, var, lead=True)})"
+        else:
+            call = self._call_expr(k, var)
+        if node.is_async and not raw:
+            call = f"await {call}" if is_async else f"_await({call})"
+        return call
 
     @property
     def graph_name(self) -> str:
@@ -173,13 +281,12 @@ class Plan:
     def _call_expr(self, k: int, var: Mapping[str, str]) -> str:
         return f"f{k}({self._call_args(k, var)})"
 
-    def _store(self, k: int, expr: str, var: Mapping[str, str], check_step: bool = False) -> list[str]:
+    def _store(self, k: int, expr: str, var: Mapping[str, str]) -> list[str]:
         outs = self.steps[k].node.outputs
         if len(outs) == 1:
             return [f"{var[outs[0]]} = {expr}"]
         targets = ", ".join(var[o] for o in outs)
-        pre = [f"_s = {k}"] if check_step else []
-        return pre + [f"_r{k} = {expr}",
+        return [*([f"_r{k} = {expr}"] if expr != f"_r{k}" else []),
                       f"if _r{k}.__class__ is not tuple or len(_r{k}) != {len(outs)}: "
                       f"_r{k} = _outs(_r{k}, {len(outs)})",
                       f"{targets} = _r{k}"]
@@ -209,6 +316,18 @@ class Plan:
 
     def describe_inputs(self, item: Mapping[str, Any]) -> str:
         return summarize({k: item[k] for k in self.inputs if k in item})
+
+
+def _without_repeated_steps(lines: list[str]) -> list[str]:
+    """Drop `_s = k` lines that repeat the step already recorded (the code is straight-line)."""
+    out, current = [], None
+    for ln in lines:
+        if ln.startswith("_s = "):
+            if ln == current:
+                continue
+            current = ln
+        out.append(ln)
+    return out
 
 
 def _check_outputs(value: Any, n: int) -> tuple:

@@ -29,6 +29,7 @@ from ..graph import Graph
 from ..node import Node
 from ..plan import Plan
 from ..safety.environment import worker_environment
+from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import worker as worker_main
 from .crash import describe_exit, read_stack
@@ -41,17 +42,6 @@ STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SI
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _forkserver_lock = threading.Lock()
 _forkserver_preload: tuple[str, ...] | None = None
-
-
-def parse_size(size: int | str | None) -> int | None:
-    """"2GB", "512M", 1_000_000 -> bytes."""
-    if size is None or isinstance(size, int):
-        return size
-    text = size.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def rss(pid: int) -> int:
