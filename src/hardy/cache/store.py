@@ -181,8 +181,7 @@ class LocalStore:
             yield EntryInfo(key, size, created, accessed, file is None)
 
     def clear(self) -> None:
-        for info in list(self.entries()):
-            self.delete(info.key)
+        self._run("DELETE FROM entries")
         self.sweep(0)
 
     def sweep(self, older_than: float = 3600.0) -> int:

@@ -32,5 +32,10 @@ def demo(items: int = typer.Option(3000, help="How many documents to generate.")
     raise typer.Exit(run_demo(items, executor, workers, progress))
 
 
+from .cache import app as cache_app  # noqa: E402
+
+app.add_typer(cache_app, name="cache")
+
+
 def main() -> None:
     app()

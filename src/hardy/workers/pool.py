@@ -192,7 +192,7 @@ class WorkerPool:
         shipped = self._plan_ids.get(plan)
         if shipped is None:
             try:
-                spec = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs), protocol=5)
+                spec = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache), protocol=5)
             except Exception as exc:
                 raise PicklingError(_unpicklable_node(plan, exc)) from exc
             self._next_plan += 1

@@ -83,8 +83,8 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str]) -> N
             except EOFError:
                 break
             if msg[0] == "plan":
-                graph, provided, outputs = cloudpickle.loads(msg[2])
-                plans[msg[1]] = Plan(graph, provided, outputs, "sequential",
+                graph, provided, outputs, cache = cloudpickle.loads(msg[2])
+                plans[msg[1]] = Plan(graph, provided, outputs, "sequential", cache=cache,
                                      wrap=lambda k, n: _marked(status, k, n.func))
             elif msg[0] == "chunk":
                 _run_chunk(conn, plans[msg[1]], msg[2], status)
