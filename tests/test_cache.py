@@ -388,19 +388,24 @@ def test_damaged_index_is_moved_aside(tmp_path):
 
 # --- many processes -------------------------------------------------------------------------------
 
-HAMMER = """
-import os, random, sys, time
-from hardy import DiskCache, Pipeline, node
+VALUE_NODE = """
+from hardy import node
 
 @node(output_name="v")
 def value(x: int, size: int) -> bytes:
     return (str(x).encode() + b":") * size
+"""
+
+HAMMER = VALUE_NODE + """
+import json, os, random, sys, time
+from hardy import DiskCache, Pipeline
 
 cache = DiskCache(sys.argv[1])
 p = Pipeline(nodes=[value], cache=cache)
 me, deadline = int(sys.argv[2]), time.time() + float(sys.argv[3])
 rng = random.Random(me)
 rounds = wrong = 0
+used = set()
 while time.time() < deadline:
     shared = [rng.randrange(200) for _ in range(20)]       # keys every process uses
     own = [10_000 * (me + 1) + rng.randrange(200) for _ in range(5)]  # keys only this one uses
@@ -408,25 +413,34 @@ while time.time() < deadline:
         size = 3 if x % 3 else 30_000                       # inline entries and blob files
         if p.run(inputs={"x": x, "size": size})["v"] != (str(x).encode() + b":") * size:
             wrong += 1
+        used.add(x)
     rounds += 1
-print(rounds, wrong, cache.rejected)
+print(json.dumps([rounds, wrong, cache.rejected, sorted(used)]))
 """
 
 
 @pytest.mark.slow
 def test_eight_processes_hammering_the_same_cache(tmp_path):
+    import json
     seconds = 10
     procs = [subprocess.Popen([sys.executable, "-c", HAMMER, str(tmp_path / "c"), str(i), str(seconds)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
     results = [p.communicate(timeout=120) for p in procs]
+    used = set()
     for (out, err), proc in zip(results, procs):
         assert proc.returncode == 0, err  # 0 exceptions
-        rounds, wrong, rejected = map(int, out.split())
+        rounds, wrong, rejected, xs = json.loads(out)
         assert rounds > 0 and wrong == 0 and rejected == 0
-    # 0 lost entries: every key any process computed is in the cache and verifies
+        used.update(xs)
+    # 0 lost entries: every value any process computed is served from the cache here
+    ns: dict = {}
+    exec(VALUE_NODE, ns)
     cache = DiskCache(tmp_path / "c")
-    report = cache.verify()
-    assert report.bad == [] and report.checked >= 200
+    p = Pipeline(nodes=[ns["value"]], cache=cache)
+    for x in sorted(used):
+        p.run(inputs={"x": x, "size": 3 if x % 3 else 30_000})
+    assert cache.misses == 0 and cache.hits == len(used) and len(used) > 200
+    assert cache.verify().bad == []
 
 
 KILLED_WRITER = """

@@ -238,8 +238,13 @@ _LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get("purelib"), syscon
 
 
 def is_user_module(module_name: str | None) -> bool:
-    """User code is whatever is not the standard library, an installed package, or hardy itself."""
-    if not module_name or module_name == "builtins" or module_name.split(".")[0] == "hardy":
+    """User code is whatever is not the standard library, an installed package, or hardy itself.
+
+    Code of unknown origin (exec'd, no module) counts as user code: it is hashed by its content.
+    """
+    if not module_name:
+        return True
+    if module_name == "builtins" or module_name.split(".")[0] == "hardy":
         return False
     if module_name == "__main__":
         return True
@@ -333,10 +338,15 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+# Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
+# `from __future__ import annotations`, inherited by exec() from its caller, do not count.
+_SEMANTIC_FLAGS = 0x3FF
+
+
 def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
     out(b"code" + _len(len(code.co_code)) + code.co_code)
     out(repr((code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount,
-              code.co_flags)).encode())
+              code.co_flags & _SEMANTIC_FLAGS)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code(const, out)
