@@ -18,7 +18,7 @@ from rich.console import Console
 from core import measure, table
 
 HERE = Path(__file__).resolve().parent
-PEERS = ["hypernodes==0.4.8", "pipefunc==0.93.2"]
+PEERS = ["hypernodes==0.4.8", "pipefunc==0.93.2", "joblib", "pandas"]
 
 
 def environment() -> str:
@@ -26,7 +26,7 @@ def environment() -> str:
     python = folder / "bin" / "python"
     if not python.exists():
         venv.create(folder, with_pip=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS, "-e", str(HERE.parent)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *PEERS, "-e", str(HERE.parent)], check=True)
     return str(python)
 
 
