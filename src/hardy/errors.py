@@ -223,5 +223,9 @@ class HazardError(HardyError, RuntimeError):
     """A fork was requested while something in this process makes forking unsafe."""
 
 
+class WorkerStartError(HardyError, RuntimeError):
+    """Worker processes die before they run anything (a failing preload, a broken environment)."""
+
+
 class PicklingError(HardyError, TypeError):
     """An input or node cannot be sent to a worker process."""

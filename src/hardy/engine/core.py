@@ -90,12 +90,14 @@ class Engine:
     map_executor: how the items of a map execute ("sequential", "threaded", "async", "process",
     or an executor object such as a Dask or Ray executor).
     workers: threads, concurrent coroutines or worker processes (default: by executor).
-    The remaining options configure worker processes (see `hardy.workers`).
+    The remaining options configure worker processes (see `hardy.workers`): `preload` modules are
+    imported once in the fork server; `preload_libs` (directories or package names) have their
+    shared libraries loaded in dependency order in every worker (`hardy.native.preload`).
     """
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
                  workers: int | None = None, *, start_method: str | None = None,
-                 preload: Sequence[str] = (),
+                 preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
                  cache: Any = None):
         if node_executor not in _NODE_EXECUTORS:
@@ -111,7 +113,7 @@ class Engine:
         self.map_executor_spec = map_executor
         self.workers = workers
         self.process_options: dict[str, Any] = dict(
-            start_method=start_method, preload=tuple(preload),
+            start_method=start_method, preload=tuple(preload), preload_libs=tuple(preload_libs),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor

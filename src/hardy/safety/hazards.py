@@ -89,7 +89,7 @@ def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
                             "when both are active; install packages built against one runtime if you can."))
     if omp and os_threads > py_threads:
         found.append(Hazard("openmp-pool", f"an OpenMP runtime is loaded and {os_threads - py_threads} native "
-                            "thread(s) are running (an OpenMP pool that has already run a parallel region)",
+                            "thread(s) are running (typically the pool of a parallel region that has run)",
                             "A forked child inherits the pool's state but not its threads: its next parallel "
                             "region waits forever (libgomp) or aborts."))
     elif os_threads > py_threads:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import cloudpickle
 
-from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, PicklingError
+from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, PicklingError, WorkerStartError
 from ..graph import Graph
 from ..node import Node
 from ..plan import Plan
@@ -60,7 +60,7 @@ def rss(pid: int) -> int:
 class _Worker:
     """One worker process, its pipe, its status words and its faulthandler file."""
 
-    def __init__(self, ctx: Any, folder: str, number: int, env: dict[str, str]):
+    def __init__(self, ctx: Any, folder: str, number: int, env: dict[str, str], preload_libs: tuple[str, ...]):
         self.number = number
         self.status_path = os.path.join(folder, f"status-{number}")
         self.fault_path = os.path.join(folder, f"fault-{number}.txt")
@@ -69,13 +69,14 @@ class _Worker:
         self._mm, self.status = worker_main.open_status(self.status_path)
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=worker_main.main, name=f"hardy-worker-{number}", daemon=True,
-                                   args=(child, self.status_path, self.fault_path, env))
+                                   args=(child, self.status_path, self.fault_path, env, preload_libs))
         self.process.start()
         child.close()
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
         self.tasks = 0
+        self.started_any = False
         self.chunk_size = 0
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
@@ -133,11 +134,13 @@ class WorkerPool:
     mode = "sequential"
 
     def __init__(self, workers: int | None = None, start_method: str | None = None,
-                 preload: Sequence[str] = (), max_tasks_per_worker: int | None = None,
+                 preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
+                 max_tasks_per_worker: int | None = None,
                  max_memory_per_worker: int | str | None = None):
         self.size = workers or os.cpu_count() or 1
         self.start_method = choose_start_method(start_method)
         self.preload = tuple(preload)
+        self.preload_libs = tuple(preload_libs)
         self.max_tasks = max_tasks_per_worker
         self.max_memory = parse_size(max_memory_per_worker)
         if self.max_tasks is not None and self.max_tasks < 1:
@@ -153,6 +156,7 @@ class WorkerPool:
         self._node_plans: dict[tuple[int, tuple[str, ...]], Plan] = {}
         self._per_item: dict[int, float] = {}
         self.replaced = 0
+        self.start_failures = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # --- workers ---------------------------------------------------------------------------------
@@ -161,7 +165,7 @@ class WorkerPool:
         if self.start_method == "forkserver":
             _ensure_forkserver(self._ctx, ("hardy.workers.worker", *self.preload), self.env)
         self._started += 1
-        w = _Worker(self._ctx, self._folder, self._started, self.env)
+        w = _Worker(self._ctx, self._folder, self._started, self.env, self.preload_libs)
         self._workers[slot] = w
         return w
 
@@ -364,6 +368,8 @@ class _Run:
             while w.conn.poll():
                 msg = pickle.loads(w.conn.recv_bytes())
                 _, batch, done, elapsed = msg
+                w.started_any = True
+                self.pool.start_failures = 0
                 for i, ok, value in batch:
                     w.unsent.pop(i, None)
                     if ok:
@@ -440,6 +446,14 @@ class _Run:
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,
                           exitcode=w.process.exitcode, stack=stack)
                 self.results.fail(in_flight, err)
+        elif w.tasks == 0 and not w.started_any:
+            pool.start_failures += 1
+            if pool.start_failures >= 3:  # dies before running anything: retrying would loop forever
+                pool._replace(slot, stop=False)
+                raise WorkerStartError(
+                    f"worker processes die before running anything ({text}; 3 in a row). A module in "
+                    f"preload=, a library in preload_libs= or the worker environment fails to load: see the "
+                    f"worker's error above. {read_stack(w.fault_path)}".strip())
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept", text)
         if w.unsent:  # innocent items whose results had not been sent yet: run them again

@@ -65,13 +65,18 @@ def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]
     return call
 
 
-def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str]) -> None:
+def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
+         preload_libs: tuple[str, ...] = ()) -> None:
     os.environ.update(env)
     fault_file = open(fault_path, "w")
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
     install_numba_guard()
+    if preload_libs:  # seed 001: dependencies first, so each library finds what it needs
+        from ..native.libs import preload
+        preload(packages=[p for p in preload_libs if not os.path.isdir(p)],
+                paths=[p for p in preload_libs if os.path.isdir(p)])
     _, status = open_status(status_path)
     status[ITEM] = -1
     status[STEP] = -1

@@ -1,0 +1,192 @@
+"""`hardy doctor`, `hardy repeat`, `hardy libs` and `hardy wheel`: the native-environment tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+wheel_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Patch a wheel reproducibly, or verify one against its RECORD.")
+
+_SEVERITY_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
+
+
+def _ci(lo: float, hi: float) -> str:
+    return f"{lo:.0%}–{hi:.0%}"
+
+
+def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-separated modules: with --repeat, "
+                                                  "the import-order crash matrix; without, imported here first."),
+           import_: Optional[str] = typer.Option(None, "--import", help="Comma-separated modules to import in "
+                                                 "this process before examining it."),
+           then: Optional[str] = typer.Option(None, "--then", help="Python code to run after the imports "
+                                              "(crash matrix only)."),
+           repeat: int = typer.Option(0, "--repeat", "-n", help="Fresh interpreters per cell of the crash matrix."),
+           jobs: int = typer.Option(2, "--jobs", "-j", help="Interpreters run at once (crash matrix)."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Diagnose this Python environment; with --imports a,b --repeat N, find the import order that crashes.
+
+    Exit code: 0 all fine, 1 warnings, 2 errors (or, for the matrix, 1 if any cell crashed).
+    """
+    from ..doctor import examine, import_matrix
+    if imports and repeat:
+        modules = [m.strip() for m in imports.split(",") if m.strip()]
+        cells = import_matrix(modules, then=then, repeat=repeat, jobs=jobs,
+                              on_cell=None if as_json else lambda c: console.print(
+                                  f"  {c.label:<40} {c.failures}/{c.runs} crashed", highlight=False))
+        if as_json:
+            typer.echo(json.dumps([{"modules": c.modules, "runs": c.runs, "crashes": c.crashes, "stages": c.stages,
+                                    "rate": c.rate, "ci95": c.interval} for c in cells]))
+        else:
+            t = Table(title=f"import-order crash matrix ({repeat} fresh interpreters per row)"
+                      + (f", then: {then}" if then else ""))
+            for col in ("imports", "crashed", "rate", "95% CI", "signals", "when"):
+                t.add_column(col)
+            for c in cells:
+                style = "red" if c.failures else ""
+                t.add_row(c.label, f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
+                          ", ".join(f"{k} x{v}" for k, v in c.crashes.items()) or "-",
+                          ", ".join(f"{k} x{v}" for k, v in c.stages.items()) or "-", style=style)
+            console.print(t)
+        raise typer.Exit(1 if any(c.failures for c in cells) else 0)
+    mods = [m.strip() for m in (import_ or imports or "").split(",") if m.strip()]
+    report = examine(mods)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), default=str))
+        raise typer.Exit(report.exit_code)
+    console.print(f"[bold]Python[/] {report.python}\n[bold]Platform[/] {report.platform}")
+    if report.imported:
+        console.print(f"[bold]Imported first[/] {', '.join(report.imported)}")
+    t = Table(title="native-heavy packages")
+    t.add_column("package")
+    t.add_column("version")
+    for name, version in report.packages.items():
+        t.add_row(name, version or "[dim]not installed[/]")
+    console.print(t)
+    t = Table(title="runtimes and threads")
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row("OpenMP runtimes loaded", "\n".join(report.openmp) or "none")
+    t.add_row("BLAS libraries loaded", "\n".join(report.blas) or "none")
+    for k, v in {**report.threads, **report.cuda}.items():
+        t.add_row(k, str(v))
+    console.print(t)
+    t = Table(title="findings")
+    t.add_column("")
+    t.add_column("topic")
+    t.add_column("finding")
+    for f in report.findings:
+        t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.topic, f.message)
+    console.print(t)
+    raise typer.Exit(report.exit_code)
+
+
+def repeat(ctx: typer.Context,
+           n: int = typer.Option(30, "-n", help="How many runs."),
+           jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once."),
+           stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="Stop at the first failing run."),
+           timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a run counts as hung "
+                                                   "and is killed (with its process group)."),
+           logs: Optional[str] = typer.Option(None, "--logs", help="Keep each failing run's stdout/stderr here.")
+           ) -> None:
+    """Run a command N times in fresh processes and measure its crash rate: hardy repeat -n 30 -- CMD ARGS...
+
+    Each run sees HARDY_RUN_INDEX=1..N. Exit code 1 if any run failed.
+    """
+    from ..repeat import repeat as run_repeat
+    command = list(ctx.args)
+    if not command:
+        raise typer.BadParameter("give the command after --, e.g. hardy repeat -n 30 -- python pipeline.py")
+    width = len(str(n))
+
+    def line(r, total) -> None:
+        mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
+        extra = f"  log: {r.log}" if r.log else ""
+        console.print(f"run {r.index:0{width}d}/{total} {mark} {r.outcome:<28} {r.seconds:6.2f} s{extra}",
+                      highlight=False)
+
+    report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
+                        on_run=line)
+    console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True)
+    t = Table()
+    t.add_column("outcome")
+    t.add_column("runs", justify="right")
+    for outcome, count in sorted(report.counts.items(), key=lambda kv: -kv[1]):
+        t.add_row(outcome, str(count))
+    console.print(t)
+    lo, hi = report.interval
+    console.print(f"failure rate {report.failures}/{len(report.runs)} = {report.rate:.1%} (95% CI {_ci(lo, hi)})")
+    raise typer.Exit(1 if report.failures else 0)
+
+
+def libs(paths: List[str] = typer.Argument(None, help="Directories to index (default: every sys.path entry)."),
+         package: List[str] = typer.Option([], "--package", "-p", help="Index these (namespace) packages, "
+                                           "e.g. nvidia."),
+         order: bool = typer.Option(False, "--order", help="Print the preload order (dependencies first)."),
+         preload: bool = typer.Option(False, "--preload", help="dlopen them in that order, here, as a test."),
+         as_json: bool = typer.Option(False, "--json")) -> None:
+    """Index ELF shared libraries: report unresolvable DT_NEEDED and the order to preload them.
+
+    Exit code 2 if a needed library is found nowhere, 1 if cycles were found.
+    """
+    from ..native.libs import analyse, package_dirs, scan
+    from ..native.libs import preload as do_preload
+    search = [p for p in sys.path if p and os.path.isdir(p)]
+    dirs = [*(paths or []), *package_dirs(package)] or search
+    plan = analyse(scan(dirs), search=search)
+    if as_json:
+        typer.echo(json.dumps({"order": [lib.path for lib in plan.order],
+                               "missing": [{"library": m.library.path, "needed": m.needed, "elsewhere": m.elsewhere}
+                                           for m in plan.missing],
+                               "needs_preload": [{"library": m.library.path, "needed": m.needed,
+                                                  "provided_by": m.elsewhere} for m in plan.needs_preload],
+                               "cycles": plan.cycles}))
+    else:
+        console.print(f"{len(plan.order)} libraries indexed under {len(dirs)} directories")
+        for m in plan.missing:
+            console.print(f"[red]missing[/] {m}", highlight=False)
+        for m in plan.needs_preload:
+            console.print(f"[yellow]needs preload[/] {m.library.path} needs {m.needed}, which only {m.elsewhere} "
+                          "has: load it first (hardy libs --order)", highlight=False)
+        for c in plan.cycles:
+            console.print(f"[yellow]cycle[/] {' -> '.join(c)}", highlight=False)
+        if order:
+            for i, lib in enumerate(plan.order, 1):
+                console.print(f"{i:4d}  {lib.soname:<40} {lib.path}", highlight=False)
+    if preload:
+        loaded = do_preload(paths=dirs)
+        console.print(f"preloaded {len(loaded)} libraries")
+    raise typer.Exit(2 if plan.missing else (1 if plan.cycles else 0))
+
+
+@wheel_app.command("patch")
+def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to patch."),
+                patch_dir: str = typer.Option(..., "--patch-dir", help="Unified diffs, applied in name order."),
+                suffix: str = typer.Option(..., "--suffix", help="Local version label: VERSION+SUFFIX."),
+                dest_dir: str = typer.Option(..., "--dest-dir", help="Where the patched wheel is written.")) -> None:
+    """Unpack, apply the patches, set VERSION+SUFFIX, regenerate RECORD, repack."""
+    from ..wheel import WheelError, patch_wheel
+    try:
+        out = patch_wheel(wheel, patch_dir, suffix, dest_dir)
+    except WheelError as exc:
+        console.print(f"[red]error[/] {exc}", highlight=False)
+        raise typer.Exit(2)
+    console.print(f"wrote {out}", highlight=False)
+
+
+@wheel_app.command("verify")
+def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -> None:
+    """Check every file's sha256 and size against RECORD. Exit code 1 on any mismatch."""
+    from ..wheel import verify_wheel
+    result = verify_wheel(wheel)
+    for p in result.problems:
+        console.print(f"[red]bad[/] {p}", highlight=False)
+    console.print(f"checked {result.checked} files, {len(result.problems)} problems")
+    raise typer.Exit(1 if result.problems else 0)

@@ -1,0 +1,180 @@
+"""Shared libraries across split `sys.path` layouts: what is missing, and the order to load them.
+
+Seed 001: under Bazel every wheel has its own `sys.path` directory, so `libcusparse` cannot find
+`libnvJitLink` (its DT_NEEDED) by itself — the dynamic loader only searches RPATH/RUNPATH,
+`LD_LIBRARY_PATH` as it was at process start, and the system directories. What does work: load the
+dependencies first, by full path, in topological order. The loader then finds each DT_NEEDED among
+the libraries already loaded (it matches their SONAME), whatever RTLD_LOCAL/GLOBAL says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .elf import Library, read_library
+
+SYSTEM_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+               "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib")
+
+
+def scan(paths: Iterable[str]) -> list[Library]:
+    """Every ELF shared library under `paths` (recursively), each real file once."""
+    seen: set[str] = set()
+    found = []
+    for root in paths:
+        if not os.path.isdir(root):
+            continue
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")]
+            for name in files:
+                if ".so" not in name:
+                    continue
+                full = os.path.join(folder, name)
+                real = os.path.realpath(full)
+                if real in seen:
+                    continue
+                seen.add(real)
+                lib = read_library(full)
+                if lib is not None:
+                    found.append(lib)
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def system_libraries() -> frozenset[str]:
+    """Names the dynamic loader finds by itself: its cache, LD_LIBRARY_PATH and the system dirs."""
+    names: set[str] = set()
+    for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        names.update(line.split()[0] for line in out.splitlines()[1:] if line.strip())
+        break
+    dirs = [*filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")), *SYSTEM_DIRS]
+    for d in dirs:
+        try:
+            names.update(os.listdir(d))
+        except OSError:
+            pass
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class Missing:
+    library: Library
+    needed: str
+    elsewhere: str | None  # a directory that has it, though the loader will not look there
+
+    def __str__(self) -> str:
+        where = f"; it is in {self.elsewhere}, which the loader does not search" if self.elsewhere else ""
+        return f"{self.library.path} needs {self.needed}: not found{where}"
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    order: list[Library]           # dependencies first
+    missing: list[Missing]         # DT_NEEDED nothing provides
+    needs_preload: list[Missing]   # DT_NEEDED only another indexed directory provides
+    cycles: list[list[str]]
+
+
+def analyse(libraries: Sequence[Library], search: Sequence[str] = ()) -> LoadPlan:
+    """Resolve every DT_NEEDED the way the loader would, and order the libraries for preloading.
+
+    `search`: more directories to look in for a missing library (to say where it is).
+    """
+    by_name: dict[str, Library] = {}
+    for lib in libraries:
+        by_name.setdefault(lib.soname, lib)
+        by_name.setdefault(os.path.basename(lib.path), lib)
+    system = system_libraries()
+    missing, needs_preload = [], []
+    edges: dict[str, list[Library]] = {}
+    for lib in libraries:
+        deps = []
+        for need in lib.needed:
+            dirs = lib.rpath + lib.runpath
+            if any(os.path.exists(os.path.join(d, need)) for d in dirs):
+                continue  # the loader finds it through RPATH/RUNPATH
+            provider = by_name.get(need)
+            if provider is not None:
+                deps.append(provider)
+                if provider.directory != lib.directory:
+                    needs_preload.append(Missing(lib, need, provider.directory))
+                continue
+            if need in system:
+                continue
+            missing.append(Missing(lib, need, _find(need, search)))
+        edges[lib.path] = deps
+    order, cycles = _topological(libraries, edges)
+    return LoadPlan(order, missing, needs_preload, cycles)
+
+
+def _find(name: str, search: Sequence[str]) -> str | None:
+    for root in search:
+        for folder, _, files in os.walk(root):
+            if name in files:
+                return folder
+    return None
+
+
+def _topological(libraries: Sequence[Library], edges: dict[str, list[Library]]) -> tuple[list[Library], list[list[str]]]:
+    state: dict[str, int] = {}
+    order: list[Library] = []
+    cycles: list[list[str]] = []
+
+    def visit(lib: Library, path: list[Library]) -> None:
+        s = state.get(lib.path)
+        if s == 2:
+            return
+        if s == 1:  # a cycle: report it, do not loop on it
+            names = [p.soname for p in path[path.index(lib):]]
+            if names not in cycles:
+                cycles.append(names)
+            return
+        state[lib.path] = 1
+        for dep in edges.get(lib.path, []):
+            visit(dep, [*path, dep])
+        state[lib.path] = 2
+        order.append(lib)
+
+    for lib in sorted(libraries, key=lambda lb: lb.path):
+        visit(lib, [lib])
+    return order, cycles
+
+
+def package_dirs(packages: Sequence[str]) -> list[str]:
+    """Every directory of each (possibly namespace) package, across all of sys.path."""
+    dirs = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            raise ModuleNotFoundError(f"package {name!r} is not importable from this interpreter's sys.path")
+        dirs += list(spec.submodule_search_locations or [os.path.dirname(spec.origin or "")])
+    return dirs
+
+
+def preload(packages: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str]:
+    """dlopen every library under the packages / directories, dependencies first. Returns the paths.
+
+    A library that still fails to load raises OSError naming it and what it is missing.
+    """
+    dirs = [*package_dirs(packages), *paths]
+    plan = analyse(scan(dirs), search=[p for p in sys.path if p])
+    loaded = []
+    for lib in plan.order:
+        try:
+            ctypes.CDLL(lib.path)
+        except OSError as exc:
+            lacking = [str(m) for m in plan.missing if m.library.path == lib.path]
+            raise OSError(f"preloading {lib.path} failed: {exc}" + (f" ({'; '.join(lacking)})" if lacking else "")) from exc
+        loaded.append(lib.path)
+    return loaded

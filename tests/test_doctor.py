@@ -1,0 +1,271 @@
+"""The doctor's tools on real processes, real ELF libraries built with gcc, and a real wheel."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hardy import Engine, Pipeline, node
+from hardy.doctor import import_matrix
+from hardy.errors import WorkerStartError
+from hardy.repeat import repeat, wilson
+
+
+def hardy_cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, **kw)
+
+
+# --- repeat ---------------------------------------------------------------------------------------
+
+FLAKY = "import os, signal\nif int(os.environ['HARDY_RUN_INDEX']) % 3 == 0:\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+
+
+def test_repeat_counts_a_fixed_crash_fraction_exactly(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    report = repeat([sys.executable, str(script)], n=12, jobs=2, logs=tmp_path / "logs")
+    assert report.counts == {"success": 8, "SIGSEGV": 4}
+    assert [r.index for r in report.runs if not r.ok] == [3, 6, 9, 12]
+    assert report.interval == wilson(4, 12)
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["run-03.log", "run-06.log", "run-09.log",
+                                                                      "run-12.log"]
+    lo, hi = wilson(4, 12)
+    assert 0.13 < lo < 0.14 and 0.60 < hi < 0.61  # the textbook Wilson interval for 4/12
+
+
+def test_repeat_cli_shell_exit_codes_timeouts_and_exit_status(tmp_path):
+    shell = hardy_cli("repeat", "-n", "3", "--", "sh", "-c", "exit 139")
+    assert shell.returncode == 1
+    assert shell.stdout.count("SIGSEGV (shell exit 139)") == 4  # three runs and the summary row
+    ok = hardy_cli("repeat", "-n", "2", "--", "true")
+    assert ok.returncode == 0 and "failure rate 0/2" in ok.stdout
+    hung = hardy_cli("repeat", "-n", "2", "--timeout", "0.5", "--", "sleep", "30")
+    assert hung.returncode == 1 and hung.stdout.count("timeout") >= 2
+    code = hardy_cli("repeat", "-n", "2", "--", "sh", "-c", "exit 3")
+    assert "exit 3" in code.stdout
+
+
+def test_repeat_stops_on_first_failure(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    report = repeat([sys.executable, str(script)], n=30, jobs=1, stop_on_failure=True)
+    assert len(report.runs) == 3 and report.runs[-1].outcome == "SIGSEGV"
+
+
+# --- the import-order crash matrix ----------------------------------------------------------------
+
+def test_import_matrix_finds_the_order_that_crashes(tmp_path, native_lib, monkeypatch):
+    # modb crashes the interpreter at exit, but only when moda was imported before it (seed 000's shape)
+    (tmp_path / "moda.py").write_text("VALUE = 1\n")
+    (tmp_path / "modb.py").write_text(
+        "import ctypes, sys\n"
+        f"if 'moda' in sys.modules:\n    ctypes.CDLL({str(native_lib)!r})\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cells = {c.modules: c for c in import_matrix(["moda", "modb"], repeat=4)}
+    assert set(cells) == {("moda",), ("modb",), ("moda", "modb"), ("modb", "moda")}
+    culprit = cells[("moda", "modb")]
+    assert culprit.crashes == {"SIGSEGV": 4} and culprit.stages == {"at interpreter exit": 4}
+    assert all(c.failures == 0 for k, c in cells.items() if k != ("moda", "modb"))
+    # a crash inside the snippet is told apart from one at exit
+    snippet = import_matrix(["moda"], then="import ctypes; ctypes.string_at(0)", repeat=2)
+    assert snippet[0].stages == {"running the snippet": 2}
+
+
+def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
+    (tmp_path / "moda.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    out = hardy_cli("doctor", "--imports", "moda,json", "--repeat", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["modules"] for r in rows] == [["moda"], ["json"], ["moda", "json"], ["json", "moda"]]
+
+
+# --- the environment report -----------------------------------------------------------------------
+
+def test_doctor_json_lists_openmp_runtimes_and_hazards():
+    pytest.importorskip("torch")
+    out = hardy_cli("doctor", "--import", "numpy,torch", "--json", timeout=300)
+    report = json.loads(out.stdout)
+    assert report["imported"] == ["numpy", "torch"]
+    assert any("libgomp" in p for p in report["openmp"])
+    assert report["packages"]["torch"] and report["packages"]["numpy"]
+    assert report["cuda"] == {"torch_cuda_compiled": False, "torch_cuda_initialized": False}
+    topics = {f["topic"] for f in report["findings"]}
+    assert "versions" in topics and any(t.startswith("fork hazard") for t in topics)
+    assert out.returncode == {"ok": 0, "warning": 1, "error": 2}[report["worst"]]
+
+
+def test_doctor_reports_a_version_outside_the_known_range(monkeypatch):
+    import hardy.doctor as doctor
+    monkeypatch.setitem(doctor.KNOWN_RANGES, "numba", (((0, 1), (0, 2)), "a test internal"))
+    report = doctor.examine()
+    if report.packages.get("numba") is None:
+        pytest.skip("numba not installed")
+    assert any(f.severity == "warning" and "outside the range" in f.message for f in report.findings)
+    assert report.exit_code >= 1
+
+
+# --- shared libraries across split directories ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def split_libs(tmp_path_factory):
+    """libC needs libA needs libB, each in its own directory, no RPATH: a Bazel-style layout."""
+    root = tmp_path_factory.mktemp("split")
+    src = {"b": "int b(void){return 2;}", "a": "int b(void); int a(void){return b()+1;}",
+           "c": "int a(void); int c(void){return a()*10;}"}
+    for name in ("b", "a", "c"):
+        (root / name).mkdir()
+        (root / f"{name}.c").write_text(src[name])
+    build = [("b", []), ("a", ["-L", str(root / "b"), "-lB"]), ("c", ["-L", str(root / "a"), "-lA"])]
+    for name, extra in build:
+        upper = name.upper()
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(root / name / f"lib{upper}.so"),
+                        f"-Wl,-soname,lib{upper}.so", str(root / f"{name}.c"), *extra], check=True)
+    return root
+
+
+def test_libs_order_missing_and_preload(split_libs):
+    dirs = [str(split_libs / d) for d in ("c", "a", "b")]
+    libc = str(split_libs / "c" / "libC.so")
+    naive = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({libc!r})"], capture_output=True,
+                           text=True)
+    assert naive.returncode != 0 and "libA.so: cannot open shared object file" in naive.stderr
+    order = hardy_cli("libs", *dirs, "--order")
+    assert order.returncode == 0, order.stdout + order.stderr
+    listed = [ln.split()[1] for ln in order.stdout.splitlines() if ln.startswith("   ")]
+    assert listed == ["libB.so", "libA.so", "libC.so"]
+    assert "needs preload" in order.stdout
+    fixed = subprocess.run([sys.executable, "-c", "import ctypes\nfrom hardy.native import preload\n"
+                            f"preload(paths={dirs!r})\nprint(ctypes.CDLL({libc!r}).c())"],
+                           capture_output=True, text=True)
+    assert fixed.stdout.strip() == "30", fixed.stderr
+    # only libC's directory indexed: libA is reported missing, with the directory that has it
+    missing = hardy_cli("libs", str(split_libs / "c"), "--json", env={**os.environ,
+                                                                    "PYTHONPATH": str(split_libs / "a")})
+    data = json.loads(missing.stdout)
+    assert missing.returncode == 2
+    assert data["missing"] == [{"library": libc, "needed": "libA.so", "elsewhere": str(split_libs / "a")}]
+
+
+@node(output_name="value")
+def call_libc(x: int, lib: str) -> int:
+    import ctypes
+    return ctypes.CDLL(lib).c() + x
+
+
+def test_engine_preloads_libraries_in_every_worker(split_libs):
+    dirs = [str(split_libs / d) for d in ("c", "a", "b")]
+    libc = str(split_libs / "c" / "libC.so")
+    with Engine(map_executor="process", workers=2, preload_libs=dirs) as e:
+        out = Pipeline(nodes=[call_libc], engine=e).map(inputs={"x": [1, 2], "lib": libc}, map_over="x")
+    assert [o["value"] for o in out] == [31, 32]
+    with Engine(map_executor="process", workers=1, preload_libs=[str(split_libs / "c")]) as e:
+        with pytest.raises(WorkerStartError, match="preload_libs"):
+            Pipeline(nodes=[call_libc], engine=e).map(inputs={"x": [1], "lib": libc}, map_over="x")
+
+
+def test_cycles_are_reported_not_looped_on(tmp_path):
+    (tmp_path / "x.c").write_text("int y(void); int x(void){return y();}")
+    (tmp_path / "y.c").write_text("int x(void); int y(void){return 1;} int y2(void){return x();}")
+
+    def gcc(lib: str, src: str, *extra: str) -> None:
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / lib), f"-Wl,-soname,{lib}",
+                        str(tmp_path / src), "-Wl,--no-as-needed", "-L", str(tmp_path), *extra], check=True)
+
+    gcc("libY.so", "y.c", "-Wl,--unresolved-symbols=ignore-all")  # a first libY, to link libX against
+    gcc("libX.so", "x.c", "-lY")
+    gcc("libY.so", "y.c", "-lX")                                   # libY needs libX needs libY
+    from hardy.native import analyse, scan
+    plan = analyse(scan([str(tmp_path)]))
+    assert plan.cycles and set(plan.cycles[0]) == {"libX.so", "libY.so"}
+    assert len(plan.order) == 2
+
+
+# --- wheels ---------------------------------------------------------------------------------------
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_wheel(folder: Path) -> Path:
+    files = {
+        "tinypkg/__init__.py": "def greet():\n    return 'hello'\n",
+        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = [[name, _record_hash(body.encode()), str(len(body.encode()))] for name, body in files.items()]
+    rows.append(["tinypkg-1.0.dist-info/RECORD", "", ""])
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    files["tinypkg-1.0.dist-info/RECORD"] = buf.getvalue()
+    path = folder / "tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, body in files.items():
+            zf.writestr(name, body)
+    return path
+
+
+PATCH = """--- a/tinypkg/__init__.py
++++ b/tinypkg/__init__.py
+@@ -1,2 +1,2 @@
+ def greet():
+-    return 'hello'
++    return 'hello, patched'
+"""
+
+
+def test_wheel_patch_installs_with_the_patched_behaviour(tmp_path):
+    wheel = build_wheel(tmp_path)
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "001-greet.patch").write_text(PATCH)
+    out = hardy_cli("wheel", "patch", "--wheel", str(wheel), "--patch-dir", str(patches), "--suffix", "stripe.5",
+                    "--dest-dir", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    patched = tmp_path / "out" / "tinypkg-1.0+stripe.5-py3-none-any.whl"
+    assert patched.exists()
+    assert hardy_cli("wheel", "verify", str(patched)).returncode == 0
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = str(env_dir / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(patched)], check=True)
+    run = subprocess.run([py, "-c", "import importlib.metadata as m, tinypkg; "
+                          "print(tinypkg.greet(), m.version('tinypkg'))"], capture_output=True, text=True)
+    assert run.stdout.strip() == "hello, patched 1.0+stripe.5", run.stderr
+
+
+def test_wheel_verify_catches_tampering_and_patch_refuses_bad_hunks(tmp_path):
+    wheel = build_wheel(tmp_path)
+    tampered = tmp_path / "tampered" / wheel.name
+    tampered.parent.mkdir()
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("__init__.py"):
+                data = data.replace(b"hello", b"HELLO")
+            dst.writestr(item, data)
+    bad = hardy_cli("wheel", "verify", str(tampered))
+    assert bad.returncode == 1 and "tinypkg/__init__.py: hash does not match RECORD" in bad.stdout
+    patches = tmp_path / "bad"
+    patches.mkdir()
+    (patches / "001.patch").write_text(PATCH.replace(" def greet():", " def greeting():"))
+    refused = hardy_cli("wheel", "patch", "--wheel", str(wheel), "--patch-dir", str(patches), "--suffix", "x",
+                        "--dest-dir", str(tmp_path / "out"))
+    assert refused.returncode == 2 and "does not apply" in refused.stdout and "tinypkg/__init__.py" in refused.stdout
+
+
+def test_help_explains_every_command():
+    for cmd in (["doctor"], ["repeat"], ["libs"], ["wheel", "patch"], ["wheel", "verify"], ["cache", "prune"]):
+        out = hardy_cli(*cmd, "--help")
+        assert out.returncode == 0 and "Usage" in out.stdout, cmd
