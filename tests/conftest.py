@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,3 +37,10 @@ def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lib = folder / "libcrashy.so"
     subprocess.run([cc, "-O0", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     return lib
+
+
+def needs_torch() -> None:
+    """Skip without torch. Never imports it here: torch's OpenMP pool would be a fork hazard in
+    this test process for every test that follows (those that use torch run it in a subprocess)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (pip install torch==2.13.0)")

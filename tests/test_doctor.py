@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_torch
+
 from hardy import Engine, Pipeline, node
 from hardy.doctor import import_matrix
 from hardy.errors import WorkerStartError
@@ -94,7 +96,7 @@ def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
 # --- the environment report -----------------------------------------------------------------------
 
 def test_doctor_json_lists_openmp_runtimes_and_hazards():
-    pytest.importorskip("torch")
+    needs_torch()
     out = hardy_cli("doctor", "--import", "numpy,torch", "--json", timeout=300)
     report = json.loads(out.stdout)
     assert report["imported"] == ["numpy", "torch"]

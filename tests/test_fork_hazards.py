@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from conftest import needs_torch
+
 from hardy.safety import fork_hazards, numba_guard_supported, worker_environment
 
 
@@ -28,7 +30,7 @@ def test_no_hazard_in_a_plain_process():
 
 @pytest.mark.slow
 def test_torch_openmp_pool_is_detected_and_avoided():
-    pytest.importorskip("torch")
+    needs_torch()
     out = run_script("""
         import time
         import torch
@@ -74,7 +76,7 @@ def test_torch_openmp_pool_is_detected_and_avoided():
 
 @pytest.mark.slow
 def test_preloaded_torch_workers_start_fast():
-    pytest.importorskip("torch")
+    needs_torch()
     out = run_script("""
         import time
         import torch
