@@ -13,17 +13,9 @@ N = 10_000
 
 
 def hardy(folder: str) -> float:
+    from _measure import three_nodes
     from hardy import DiskCache, Pipeline, node
-
-    @node(output_name="a")
-    def fa(x): return x + 1
-
-    @node(output_name="b")
-    def fb(a): return 2 * a
-
-    @node(output_name="c")
-    def fc(a, b): return a + b
-    p = Pipeline(nodes=[fa, fb, fc], cache=DiskCache(folder))
+    p = Pipeline(nodes=three_nodes(node), cache=DiskCache(folder))
     start = time.perf_counter()
     out = p.map(inputs={"x": list(range(N))}, map_over="x", progress=False)
     assert out[-1]["c"] == 3 * N
