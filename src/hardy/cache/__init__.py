@@ -1,6 +1,6 @@
 """The cache: content-addressed node results, verified before use, shared by any number of processes."""
 
 from .disk import CacheStats, DiskCache, VerifyReport, node_fingerprint
-from .store import EntryInfo, LocalStore, Store
+from .store import EntryInfo, FileStore, LocalStore, Store
 
-__all__ = ["DiskCache", "CacheStats", "VerifyReport", "node_fingerprint", "Store", "LocalStore", "EntryInfo"]
+__all__ = ["DiskCache", "CacheStats", "VerifyReport", "node_fingerprint", "Store", "LocalStore", "FileStore", "EntryInfo"]

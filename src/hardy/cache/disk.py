@@ -27,7 +27,7 @@ from ..hashing import DIGEST, FORMAT, UnhashableError, code_fingerprint, digest,
 from ..node import Node
 from ..plan import MISS
 from ..sizes import parse_size
-from .store import EntryInfo, LocalStore, Store
+from .store import EntryInfo, FileStore, LocalStore, Store
 
 log = logging.getLogger("hardy.cache")
 
@@ -59,12 +59,18 @@ class DiskCache:
     or machines), else a random key created 0600 in the directory on first use.
     single_flight: processes that miss on the same key wait for the first to compute it.
     max_size: bytes (or "10GB"); least recently used entries are evicted past it.
+    store: where entries live: the local SQLite + blob store by default, "files" for a directory
+    on a filesystem shared between machines (one file per entry, see FileStore), or any `Store`.
     """
 
     def __init__(self, path: str | os.PathLike[str] = ".hardy-cache", *, secret: bytes | str | None = None,
-                 single_flight: bool = False, max_size: int | str | None = None, store: Store | None = None):
+                 single_flight: bool = False, max_size: int | str | None = None, store: Store | str | None = None):
         self.path = os.path.abspath(os.fspath(path))
-        self.store: Store = store if store is not None else LocalStore(self.path)
+        if store is None:
+            store = LocalStore(self.path)
+        elif store == "files":
+            store = FileStore(self.path)
+        self.store: Store = store  # type: ignore[assignment]
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
         self.single_flight = single_flight

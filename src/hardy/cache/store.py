@@ -1,7 +1,9 @@
 """Where cache entries live. A store moves opaque bytes; it knows nothing of keys' meaning or MACs.
 
-`Store` is the interface a shared store (an fsspec filesystem, an object store) implements to put
-a cache on several machines; `LocalStore` is the local directory implementation:
+`Store` is the interface a shared store implements to put a cache on several machines.
+`FileStore` is one file per entry, for a directory on a shared filesystem (NFS, a cluster FS) where
+SQLite's locking cannot be trusted; it needs only atomic rename, so an fsspec or object-store
+version is the same class over another filesystem API. `LocalStore` is the fast local one:
 
     <dir>/index.sqlite   key -> small entries inline, or the name of a blob file; sizes; times
     <dir>/blobs/ab/cdef… large entries (> 256 KiB), written to a unique temporary name, then renamed
@@ -204,3 +206,68 @@ class LocalStore:
                     except OSError:
                         pass
         return removed
+
+
+class FileStore:
+    """One file per entry under <dir>/entries/ab/<key>: for a directory shared between machines.
+
+    Writes go to a unique temporary name and are renamed into place; readers see a whole entry or
+    none. Access times come from the filesystem (no write on read), so LRU order follows atime
+    where the mount records it, else creation order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        self.root = os.path.join(self.path, "entries")
+        os.makedirs(self.root, exist_ok=True)
+
+    def _file(self, key: bytes) -> str:
+        name = key.hex()
+        return os.path.join(self.root, name[:2], name)
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            with open(self._file(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, bytes]:
+        found = {}
+        for key in keys:
+            data = self.get(key)
+            if data is not None:
+                found[key] = data
+        return found
+
+    def put(self, key: bytes, data: bytes) -> None:
+        final = self._file(key)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = f"{final}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+
+    def delete(self, key: bytes) -> None:
+        try:
+            os.unlink(self._file(key))
+        except FileNotFoundError:
+            pass
+
+    def entries(self) -> Iterator[EntryInfo]:
+        found = []
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                if name.endswith(".tmp"):
+                    continue
+                try:
+                    st = os.stat(os.path.join(folder, name))
+                    found.append(EntryInfo(bytes.fromhex(name), st.st_size, st.st_mtime,
+                                           max(st.st_atime, st.st_mtime), False))
+                except (OSError, ValueError):
+                    continue
+        yield from sorted(found, key=lambda e: e.accessed)
+
+    def clear(self) -> None:
+        for info in list(self.entries()):
+            self.delete(info.key)

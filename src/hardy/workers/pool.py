@@ -22,13 +22,12 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-import cloudpickle
-
-from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, PicklingError, WorkerStartError
+from ..errors import NodeCrashed, NodeDefinitionError, NodeTimeout, WorkerStartError
 from ..graph import Graph
 from ..node import Node
 from ..plan import Plan
 from ..safety.environment import worker_environment
+from ..shipping import ship_items, ship_plan
 from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import worker as worker_main
@@ -195,24 +194,14 @@ class WorkerPool:
     def _ship(self, plan: Plan) -> tuple[int, bytes]:
         shipped = self._plan_ids.get(plan)
         if shipped is None:
-            try:
-                spec = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache), protocol=5)
-            except Exception as exc:
-                raise PicklingError(_unpicklable_node(plan, exc)) from exc
+            spec = ship_plan(plan)
             self._next_plan += 1
             shipped = (self._next_plan, pickle.dumps(("plan", self._next_plan, spec), protocol=5))
             self._plan_ids[plan] = shipped
         return shipped
 
     def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> bytes:
-        msg = ("chunk", plan_id, [(i, items[i]) for i in chunk])
-        try:
-            return pickle.dumps(msg, protocol=5)
-        except Exception:
-            try:
-                return cloudpickle.dumps(msg, protocol=5)
-            except Exception as exc:
-                raise PicklingError(_unpicklable_input(items[chunk[0]], chunk[0], exc)) from exc
+        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs))
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -461,28 +450,6 @@ class _Run:
         w.unsent = {}
         w.plan = None
         pool._replace(slot, stop=False)
-
-
-def _unpicklable_node(plan: Plan, exc: Exception) -> str:
-    for step in plan.steps:
-        try:
-            cloudpickle.dumps(step.node)
-        except Exception as node_exc:
-            return (f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}. Define it "
-                    "at module level or in an importable module, and keep unpicklable objects (locks, open "
-                    "files, clients) out of its closure: build them inside the node or with @stateful.")
-    return f"the pipeline cannot be sent to a worker process: {exc}"
-
-
-def _unpicklable_input(item: dict[str, Any], index: int, exc: Exception) -> str:
-    for name, value in item.items():
-        try:
-            cloudpickle.dumps(value)
-        except Exception as value_exc:
-            return (f"input {name!r} of item {index} ({type(value).__name__}) cannot be sent to a worker "
-                    f"process: {value_exc}. Pass data (or a path) instead, construct the object inside a "
-                    "node, or wrap its class with @hardy.stateful so each worker builds its own.")
-    return f"item {index} cannot be sent to a worker process: {exc}"
 
 
 def _ensure_forkserver(ctx: Any, preload: tuple[str, ...], env: dict[str, str]) -> None:

@@ -16,10 +16,9 @@ import sys
 import time
 from typing import Any, Callable
 
-import cloudpickle
-
 from ..errors import NodeError
 from ..plan import Plan
+from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -32,27 +31,6 @@ def open_status(path: str) -> tuple[mmap.mmap, Any]:
     with open(path, "r+b") as f:
         mm = mmap.mmap(f.fileno(), STATUS_SIZE)
     return mm, (ctypes.c_int64 * SLOTS).from_buffer(mm)
-
-
-def dumps(obj: Any) -> bytes:
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except Exception:
-        return cloudpickle.dumps(obj, protocol=5)
-
-
-class _RemoteError(Exception):
-    """Stands for an exception that could not be pickled back to the parent."""
-
-
-def _portable(err: NodeError) -> NodeError:
-    try:
-        pickle.dumps(err)
-        return err
-    except Exception:
-        cause = err.__cause__
-        err.__cause__ = _RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
-        return err
 
 
 def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,9 +66,7 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
             except EOFError:
                 break
             if msg[0] == "plan":
-                graph, provided, outputs, cache = cloudpickle.loads(msg[2])
-                plans[msg[1]] = Plan(graph, provided, outputs, "sequential", cache=cache,
-                                     wrap=lambda k, n: _marked(status, k, n.func))
+                plans[msg[1]] = build_plan(msg[2], wrap=lambda k, n: _marked(status, k, n.func))
             elif msg[0] == "chunk":
                 _run_chunk(conn, plans[msg[1]], msg[2], status)
             else:
@@ -113,7 +89,7 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
         try:
             batch.append((i, True, run(item, i)))
         except NodeError as err:
-            batch.append((i, False, _portable(err)))
+            batch.append((i, False, portable(err)))
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:

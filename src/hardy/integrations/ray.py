@@ -1,0 +1,90 @@
+"""`RayExecutor`: the items of a map as Ray tasks, one per chunk (`pip install "hardy[ray]"`).
+
+    Engine(map_executor=RayExecutor())                  # a local Ray instance, started on first use
+    Engine(map_executor=RayExecutor("head-node:6379"))  # an existing cluster
+
+Tasks run with `max_retries=0`: a crash is hardy's to classify and retry (the nodes' `retries`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from .remote import TaskExecutor
+
+
+class RayExecutor(TaskExecutor):
+    engine = "Ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None, ship_modules: Sequence[str] = (),
+                 init_kwargs: dict[str, Any] | None = None):
+        super().__init__(ship_modules)
+        self.address = address
+        self.n_workers = workers
+        self.init_kwargs = dict(init_kwargs or {})
+        self._started = False
+        self._tasks: dict[Any, Any] = {}
+
+    def _start(self) -> None:
+        import ray
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
+            if self.address:
+                ray.init(address=self.address, **kwargs)
+            else:  # "local": never attach to a stale cluster found through /tmp/ray; loopback only
+                kwargs.setdefault("_node_ip_address", "127.0.0.1")
+                ray.init(address="local", num_cpus=self.n_workers or os.cpu_count(), **kwargs)
+            self._started = True
+
+    def _remote(self, fn: Any) -> Any:
+        task = self._tasks.get(fn)
+        if task is None:
+            import ray
+            task = self._tasks[fn] = ray.remote(max_retries=0, num_cpus=1)(fn)
+        return task
+
+    def _workers(self) -> int:
+        import ray
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def _put(self, data: bytes) -> Any:
+        import ray
+        return ray.put(data)
+
+    def _submit(self, fn: Any, *args: Any) -> Any:
+        return self._remote(fn).remote(*args)
+
+    def _wait_any(self, futures: list[Any]) -> list[Any]:
+        import ray
+        done, _ = ray.wait(futures, num_returns=1)
+        return done
+
+    def _result(self, future: Any) -> Any:
+        import ray
+        return ray.get(future)
+
+    def _cancel(self, futures: list[Any]) -> None:
+        import ray
+        for f in futures:
+            ray.cancel(f, force=True)
+
+    def _is_crash(self, exc: BaseException) -> bool:
+        from ray import exceptions as rex
+        crash = tuple(getattr(rex, n) for n in ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError",
+                                                "LocalRayletDiedError") if hasattr(rex, n))
+        return isinstance(exc, crash)
+
+    def _cause(self, exc: BaseException) -> BaseException:
+        return getattr(exc, "cause", None) or exc
+
+    def close(self) -> None:
+        if self._started:
+            import ray
+            ray.shutdown()
+            self._started = False
+        self._tasks.clear()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tasks": {}, "_started": False}

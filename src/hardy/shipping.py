@@ -1,0 +1,92 @@
+"""What crosses a process (or machine) boundary: a plan's spec, chunks of items, results.
+
+A plan travels as its spec — graph, provided names, outputs, cache — pickled once with cloudpickle
+and compiled again on the other side (`build_plan`), never as generated code. Items travel with
+pickle (cloudpickle when they hold functions). Anything that cannot travel gets an error naming the
+node or the input and the remedy, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+
+from .errors import NodeError, PicklingError
+from .plan import Plan, Wrap
+
+
+def ship_plan(plan: Plan) -> bytes:
+    try:
+        return cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache), protocol=5)
+    except Exception as exc:
+        raise PicklingError(_unpicklable_node(plan, exc)) from exc
+
+
+def build_plan(spec: bytes, wrap: Wrap | None = None) -> Plan:
+    graph, provided, outputs, cache = cloudpickle.loads(spec)
+    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache)
+
+
+def dumps(obj: Any) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception:
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def ship_items(items: Sequence[dict[str, Any]], indices: Sequence[int],
+               wrap: Callable[[list[tuple[int, dict[str, Any]]]], Any] = lambda chunk: chunk) -> bytes:
+    """A chunk of (index, item) pairs, pickled; an unpicklable input is named with its item."""
+    msg = wrap([(i, items[i]) for i in indices])
+    try:
+        return dumps(msg)
+    except Exception as exc:
+        for i in indices:
+            for name, value in items[i].items():
+                try:
+                    cloudpickle.dumps(value)
+                except Exception as value_exc:
+                    raise PicklingError(
+                        f"input {name!r} of item {i} ({type(value).__name__}) cannot be sent to a worker "
+                        f"process: {value_exc}. Pass data (or a path) instead, construct the object inside a "
+                        "node, or wrap its class with @hardy.stateful so each worker builds its own.") from exc
+        raise PicklingError(f"items {list(indices)[:5]} cannot be sent to a worker process: {exc}") from exc
+
+
+def portable(err: NodeError) -> NodeError:
+    """The error, with its cause replaced by a description if the cause cannot be pickled."""
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:
+        cause = err.__cause__
+        err.__cause__ = RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
+        return err
+
+
+def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
+    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item."""
+    out: list[tuple[int, bool, Any]] = []
+    for i, item in chunk:
+        try:
+            out.append((i, True, plan.run(item, i)))
+        except NodeError as err:
+            out.append((i, False, portable(err)))
+    return out
+
+
+class RemoteError(Exception):
+    """Stands for an exception that could not be pickled back to the caller."""
+
+
+def _unpicklable_node(plan: Plan, exc: Exception) -> str:
+    for step in plan.steps:
+        try:
+            cloudpickle.dumps(step.node)
+        except Exception as node_exc:
+            return (f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}. Define it "
+                    "at module level or in an importable module, and keep unpicklable objects (locks, open "
+                    "files, clients) out of its closure: build them inside the node or with @stateful.")
+    return f"the pipeline cannot be sent to a worker process: {exc}"

@@ -1,0 +1,182 @@
+"""Maps on real distributed engines, on loopback: Dask (LocalCluster, and a scheduler and worker
+started from the command line) and a local Ray instance. Every cluster is torn down by process id."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node
+from hardy.errors import PicklingError
+
+pytest.importorskip("distributed")
+pytest.importorskip("ray")
+
+from hardy.integrations.dask import DaskExecutor  # noqa: E402
+from hardy.integrations.ray import RayExecutor  # noqa: E402
+from hardy.integrations.remote import WorkerImportError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@node(output_name="a")
+def add_one(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="b")
+def double_or_crash(a: int) -> int:
+    if a == 8:  # item 7
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 2 * a
+
+
+@node(output_name="c")
+def total(a: int, b: int) -> int:
+    return a + b
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dask_cli(tmp_path_factory):
+    """`dask scheduler` + `dask worker` from the command line: the same transport as a real cluster,
+    and a worker that does not share this process's sys.path."""
+    port = _free_port()
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    bin_dir = os.path.dirname(sys.executable)
+    dask = os.path.join(bin_dir, "dask") if os.path.exists(os.path.join(bin_dir, "dask")) else "dask"
+    sched = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([dask, "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2", "--nthreads", "1",
+                               "--no-dashboard", "--host", "127.0.0.1"], env=env, start_new_session=True,
+                              cwd=str(tmp_path_factory.mktemp("worker-cwd")),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from distributed import Client
+    client = Client(f"tcp://127.0.0.1:{port}", timeout="30s")
+    client.wait_for_workers(2, timeout=60)
+    yield client
+    client.close()
+    for p in (worker, sched):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+@pytest.fixture(scope="module")
+def executors(dask_cli):
+    made = {"dask-local": DaskExecutor(workers=2), "dask-cli": DaskExecutor(dask_cli), "ray": RayExecutor(workers=2)}
+    yield made
+    for ex in made.values():
+        ex.close()
+
+
+ENGINES = ["dask-local", "dask-cli", "ray"]
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_same_results_and_one_crash_costs_one_item(name, executors):
+    p = Pipeline(nodes=[add_one, double_or_crash, total], engine=Engine(map_executor=executors[name]))
+    out = p.map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
+    local = Pipeline(nodes=[add_one, double_or_crash, total])
+    expected = [local.run(inputs={"x": x}) for x in range(20) if x != 7]
+    assert [o for i, o in enumerate(out) if i != 7] == expected
+    err = out[7].error
+    assert isinstance(out[7], Failed) and isinstance(err, NodeCrashed)
+    assert err.node == "double_or_crash" and err.item == 7 and "died" in str(err)
+    # the engine keeps working
+    assert [o["c"] for o in p.map(inputs={"x": [1, 2]}, map_over="x")] == [6, 9]
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_per_item_errors_and_unpicklable_inputs(name, executors):
+    @node(output_name="y")
+    def inverse(x, lock=None):
+        return 1 / x
+
+    p = Pipeline(nodes=[inverse], engine=Engine(map_executor=executors[name]))
+    out = p.map(inputs={"x": [1, 0, 2]}, map_over="x", on_error="continue")
+    assert out[0] == {"y": 1.0} and out[2] == {"y": 0.5}
+    assert isinstance(out[1].error.__cause__, ZeroDivisionError) and out[1].error.item == 1
+    with pytest.raises(PicklingError, match="input 'lock' of item 0"):
+        p.map(inputs={"x": [1], "lock": threading.Lock()}, map_over="x")
+
+
+def test_cache_filled_on_one_engine_is_hit_on_another(executors, tmp_path):
+    calls = tmp_path / "calls"
+
+    @node(output_name="sq")
+    def square(x, log):
+        with open(log, "a") as f:
+            f.write("x\n")
+        return x * x
+
+    cache = DiskCache(tmp_path / "c")
+    xs = list(range(40))
+    inputs = {"x": xs, "log": str(calls)}
+    Pipeline(nodes=[square], cache=cache, engine=Engine(map_executor=executors["dask-local"])).map(
+        inputs=inputs, map_over="x")
+    assert len(calls.read_text().split()) == 40  # written by the Dask workers as items finished
+    for other in (Engine(map_executor=executors["ray"]), Engine(map_executor="process", workers=2), Engine()):
+        with other:
+            out = Pipeline(nodes=[square], cache=cache, engine=other).map(inputs=inputs, map_over="x")
+        assert [o["sq"] for o in out] == [x * x for x in xs]
+    assert len(calls.read_text().split()) == 40  # every other engine hit the cache
+
+
+def test_shared_file_store_across_engines(executors, tmp_path):
+    cache = DiskCache(tmp_path / "shared", store="files")
+    p = Pipeline(nodes=[add_one], cache=cache, engine=Engine(map_executor=executors["ray"]))
+    p.map(inputs={"x": list(range(30))}, map_over="x")
+    again = DiskCache(tmp_path / "shared", store="files")
+    Pipeline(nodes=[add_one], cache=again).map(inputs={"x": list(range(30))}, map_over="x")
+    assert again.hits == 30 and again.misses == 0
+
+
+MODULE = """
+from hardy import node
+
+def loud(text: str) -> str:  # a plain module function: pickled by reference, imported by the worker
+    return text.upper() + "!"
+
+@node(output_name="shouted")
+def shout(text: str) -> str:
+    return loud(text)
+"""
+
+
+def test_module_the_workers_cannot_import(dask_cli, tmp_path, monkeypatch):
+    pkg = tmp_path / "hardy_cli_only_mod.py"
+    pkg.write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not on the command-line worker
+    import hardy_cli_only_mod as mod
+    p = Pipeline(nodes=[mod.shout], engine=Engine(map_executor=DaskExecutor(dask_cli)))
+    with pytest.raises(WorkerImportError, match=r"hardy_cli_only_mod.*ship_modules=\['hardy_cli_only_mod'\]"):
+        p.map(inputs={"text": ["a", "b"]}, map_over="text")
+    shipped = Pipeline(nodes=[mod.shout], engine=Engine(
+        map_executor=DaskExecutor(dask_cli, ship_modules=["hardy_cli_only_mod"])))
+    assert shipped.map(inputs={"text": ["a", "b"]}, map_over="text") == [{"shouted": "A!"}, {"shouted": "B!"}]
+
+
+def test_throughput_is_chunked(executors):
+    xs = list(range(10_000))
+    for name in ("dask-local", "ray"):
+        p = Pipeline(nodes=[add_one, total.__class__(lambda a: a, "same")], engine=Engine(map_executor=executors[name]))
+        p.map(inputs={"x": xs}, map_over="x")
+        start = time.perf_counter()
+        out = p.map(inputs={"x": xs}, map_over="x")
+        assert len(out) == 10_000 and out[-1] == {"a": 10_000, "same": 10_000}
+        assert time.perf_counter() - start < 5  # one task per item would take 5-20 s here
