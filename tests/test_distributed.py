@@ -180,3 +180,35 @@ def test_throughput_is_chunked(executors):
         out = p.map(inputs={"x": xs}, map_over="x")
         assert len(out) == 10_000 and out[-1] == {"a": 10_000, "same": 10_000}
         assert time.perf_counter() - start < 5  # one task per item would take 5-20 s here
+
+
+def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+
+    @node(output_name=("b", "half"))
+    def split(a):
+        if a == 4:
+            raise ValueError("four")
+        return 2 * a, a / 2
+
+    cache = DiskCache(tmp_path / "c")
+    p = Pipeline(nodes=[add_one, split, double_or_crash.__class__(lambda b: b + 1, "c")], engine=DaftEngine(),
+                 cache=cache)
+    crashy = Pipeline(nodes=[add_one, double_or_crash, total], engine=DaftEngine())
+    out = crashy.map(inputs={"x": list(range(10))}, map_over="x", on_error="continue")
+    local = Pipeline(nodes=[add_one, double_or_crash, total])
+    assert [o for i, o in enumerate(out) if i != 7] == [local.run(inputs={"x": x}) for x in range(10) if x != 7]
+    assert isinstance(out[7].error, NodeCrashed) and out[7].error.node == "double_or_crash" and out[7].error.item == 7
+    out = p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
+    assert isinstance(out[3], Failed) and out[3].error.node == "split" and out[3].error.item == 3
+    assert out[5] == {"a": 6, "b": 12, "half": 3.0, "c": 13}
+    # the cache Daft filled serves the sequential engine, key for key
+    seq_cache = DiskCache(tmp_path / "c")
+    again = Pipeline(nodes=p.nodes, cache=seq_cache).map(inputs={"x": list(range(6))}, map_over="x",
+                                                          on_error="continue")
+    assert [o for i, o in enumerate(again) if i != 3] == [o for i, o in enumerate(out) if i != 3]
+    assert seq_cache.hits == 5 * 3 + 1  # every node of every good item, and item 3's add_one
+    with pytest.raises(PicklingError, match="input 'lock'"):
+        Pipeline(nodes=[add_one], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
+                                                           map_over="x")

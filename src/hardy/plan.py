@@ -182,12 +182,9 @@ class Plan:
 
     def _cache_prelude(self, ns: dict[str, Any], cached: list[bool], var: dict[str, str],
                        kvar: dict[str, str]) -> list[str]:
-        import hashlib
-
-        from .cache.disk import node_fingerprint
-        from .hashing import FORMAT, digest
+        from .cache.disk import call_fingerprint, call_key, output_key
         cache = self.cache
-        ns.update(_b2=hashlib.blake2b, _hv=cache.input_key, _fill=cache.fill, _afill=cache.afill,
+        ns.update(_ckey=call_key, _okey=output_key, _hv=cache.input_key, _fill=cache.fill, _afill=cache.afill,
                   _hit=cache.lookup, _fetch=cache.fetch)
         lines: list[str] = []
         first_use: dict[str, int] = {}
@@ -201,8 +198,7 @@ class Plan:
                 lines += [f"_s = {first_use[name]}", f"{kvar[name]} = _hv({var[name]}, {name!r})"]
         for k, step in enumerate(self.steps):
             if cached[k]:
-                given = ",".join(p for p, _ in step.args)
-                ns[f"_fp{k}"] = digest(FORMAT, node_fingerprint(step.node), given.encode())
+                ns[f"_fp{k}"] = call_fingerprint(step.node, [p for p, _ in step.args])
         # steps whose keys need no node to run first can be fetched together
         known = set(kvar)
         early = []
@@ -221,11 +217,11 @@ class Plan:
 
     def _output_key(self, k: int, o: str) -> str:
         outs = self.steps[k].node.outputs
-        return f"c{k}" if len(outs) == 1 else f"_b2(c{k} + {o.encode()!r}, digest_size=16).digest()"
+        return f"c{k}" if len(outs) == 1 else f"_okey(c{k}, {o!r}, {len(outs)})"
 
     def _key_line(self, k: int, kvar: Mapping[str, str]) -> str:
-        parts = " + ".join([f"_fp{k}", *(kvar[v] for _, v in self.steps[k].args)])
-        return f"c{k} = _b2({parts}, digest_size=16).digest()"
+        parts = ", ".join([f"_fp{k}", *(kvar[v] for _, v in self.steps[k].args)])
+        return f"c{k} = _ckey({parts})"
 
     def _lookup(self, k: int, kvar: Mapping[str, str]) -> list[str]:
         if k in self._early:

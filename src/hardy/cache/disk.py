@@ -21,7 +21,7 @@ import pickle
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ..hashing import DIGEST, FORMAT, UnhashableError, code_fingerprint, digest, hash_value
 from ..node import Node
@@ -246,6 +246,23 @@ class DiskCache:
 
     def clear(self) -> None:
         self.store.clear()
+
+
+# The key formulas (docs/caching.md). Compiled plans and the Daft engine both call these.
+
+def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
+    """A node's fingerprint with the names of the arguments it is given (defaults not given)."""
+    return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
+
+
+def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
+    """The key of one call: its fingerprint and its arguments' keys (16 bytes each)."""
+    return hashlib.blake2b(fingerprint + b"".join(arg_keys), digest_size=DIGEST).digest()
+
+
+def output_key(key: bytes, output: str, n_outputs: int) -> bytes:
+    """The key of one output of a call: the call's key itself, or derived for several outputs."""
+    return key if n_outputs == 1 else hashlib.blake2b(key + output.encode(), digest_size=DIGEST).digest()
 
 
 def node_fingerprint(node: Node) -> bytes:
