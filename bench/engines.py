@@ -1,0 +1,58 @@
+"""10,000 trivial items through the 3-node plan on each engine, in one run: `python bench/engines.py`.
+
+Each engine beside the local process executor; cold start = engine start plus the first map.
+Targets: Dask (2 local workers) >= 50,000 items/s, Ray >= 300,000 items/s, DaftEngine with process
+isolation >= 50,000 items/s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from _measure import three_nodes
+from hardy import Engine, Pipeline, node
+
+N = 10_000
+
+
+def measure(make_engine, repeats: int = 5) -> tuple[float, float]:
+    xs = list(range(N))
+    start = time.perf_counter()
+    engine = make_engine()
+    p = Pipeline(nodes=three_nodes(node), engine=engine)
+    p.map(inputs={"x": xs}, map_over="x", progress=False)
+    cold = time.perf_counter() - start
+    best = min(_timed(lambda: p.map(inputs={"x": xs}, map_over="x", progress=False)) for _ in range(repeats))
+    engine.close()
+    return cold, N / best
+
+
+def _timed(call) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.dask import DaskExecutor
+    from hardy.integrations.ray import RayExecutor
+    engines = {
+        "local process executor (2 workers)": lambda: Engine(map_executor="process", workers=2),
+        "Dask LocalCluster (2 workers)": lambda: Engine(map_executor=DaskExecutor(workers=2)),
+        "Ray, local (2 CPUs)": lambda: Engine(map_executor=RayExecutor(workers=2)),
+        "DaftEngine, native runner, process UDFs": lambda: DaftEngine(),
+    }
+    rows = {name: measure(make) for name, make in engines.items()}
+    local = rows["local process executor (2 workers)"][1]
+    t = Table(title=f"{N:,} trivial items x 3 nodes, {os.cpu_count()} cores")
+    for col in ("engine", "cold start + first map", "items/s (best of 5)", "vs local process executor"):
+        t.add_column(col, justify="right")
+    for name, (cold, rate) in rows.items():
+        t.add_row(name, f"{cold:.2f} s", f"{rate:,.0f}", f"{rate / local:.2f}x")
+    Console(width=120).print(t)
