@@ -212,3 +212,62 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     with pytest.raises(PicklingError, match="input 'lock'"):
         Pipeline(nodes=[add_one], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
                                                            map_over="x")
+
+
+RAY_DRIVER = """
+import os, signal, sys
+from hardy import Engine, Failed, Pipeline, node
+from hardy.integrations.ray import RayExecutor
+
+@node(output_name="where")
+def where(x):
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    import ray
+    return ray.get_runtime_context().get_node_id(), x * 2
+
+ex = RayExecutor(sys.argv[1])
+with Engine(map_executor=ex) as e:
+    out = Pipeline(nodes=[where], engine=e).map(inputs={"x": list(range(40))}, map_over="x", on_error="continue")
+ex.close()
+good = [o for o in out if not isinstance(o, Failed)]
+print(len({o["where"][0] for o in good}), [i for i, o in enumerate(out) if isinstance(o, Failed)],
+      out[5].error.node, [o["where"][1] for o in good] == [2 * x for x in range(40) if x != 5])
+"""
+
+
+@pytest.mark.slow
+def test_two_node_ray_cluster_on_loopback(tmp_path):
+    """A head on 127.0.0.2 and a worker node on 127.0.0.3: items run on both nodes, a crash costs one."""
+    psutil = pytest.importorskip("psutil")
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    import tempfile
+    temp = tempfile.mkdtemp(prefix="hr", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "hardy-test-token-0123456789abcdef",
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    try:
+        subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.2", f"--port={port}", "--num-cpus=1",
+                        "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
+                       env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run([ray_cli, "start", f"--address=127.0.0.2:{port}", "--node-ip-address=127.0.0.3",
+                        "--num-cpus=1"], env=env, check=True, capture_output=True, timeout=120)
+        run = subprocess.run([sys.executable, "-c", RAY_DRIVER, f"127.0.0.2:{port}"], env=env, capture_output=True,
+                             text=True, timeout=180)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip().splitlines()[-1] == "2 [5] where True"
+    finally:  # tear the cluster down by process id: everything started for this temp dir
+        doomed = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if any(str(temp) in a for a in (p.info["cmdline"] or [])):
+                    doomed += [p, *p.children(recursive=True)]
+            except psutil.Error:
+                pass
+        for p in doomed:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        import shutil
+        shutil.rmtree(temp, ignore_errors=True)
