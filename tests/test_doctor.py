@@ -95,17 +95,22 @@ def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
 
 # --- the environment report -----------------------------------------------------------------------
 
-def test_doctor_json_lists_openmp_runtimes_and_hazards():
+def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
     needs_torch()
-    out = hardy_cli("doctor", "--import", "numpy,torch", "--json", timeout=300)
+    # a module standing for user code that has run torch: its OpenMP pool is alive afterwards
+    (tmp_path / "used_torch.py").write_text("import torch\nx = torch.ones(256, 256)\n(x @ x).sum()\n")
+    out = hardy_cli("doctor", "--import", "numpy,used_torch", "--json", timeout=300,
+                    env={**os.environ, "PYTHONPATH": str(tmp_path)})
     report = json.loads(out.stdout)
-    assert report["imported"] == ["numpy", "torch"]
+    assert report["imported"] == ["numpy", "used_torch"]
     assert any("libgomp" in p for p in report["openmp"])
     assert report["packages"]["torch"] and report["packages"]["numpy"]
     assert report["cuda"] == {"torch_cuda_compiled": False, "torch_cuda_initialized": False}
-    topics = {f["topic"] for f in report["findings"]}
-    assert "versions" in topics and any(t.startswith("fork hazard") for t in topics)
-    assert out.returncode == {"ok": 0, "warning": 1, "error": 2}[report["worst"]]
+    assert report["threads"]["torch_threads"] >= 1
+    findings = {f["topic"]: f for f in report["findings"]}
+    assert "versions" in findings and "fork hazard: openmp-pool" in findings
+    assert findings["fork hazard: openmp-pool"]["severity"] == "warning"
+    assert out.returncode == {"ok": 0, "warning": 1, "error": 2}[report["worst"]] == 1
 
 
 def test_doctor_reports_a_version_outside_the_known_range(monkeypatch):
