@@ -98,7 +98,7 @@ def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
 def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
     needs_torch()
     # a module standing for user code that has run torch: its OpenMP pool is alive afterwards
-    (tmp_path / "used_torch.py").write_text("import torch\nx = torch.ones(256, 256)\n(x @ x).sum()\n")
+    (tmp_path / "used_torch.py").write_text("import torch\ntorch.set_num_threads(2)\nx = torch.randn(512, 512)\n(x @ x).sum()\n")
     out = hardy_cli("doctor", "--import", "numpy,used_torch", "--json", timeout=300,
                     env={**os.environ, "PYTHONPATH": str(tmp_path)})
     report = json.loads(out.stdout)

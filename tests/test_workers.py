@@ -274,7 +274,7 @@ def test_a_worker_death_between_items_is_a_warning_not_an_error(caplog):
 def test_worker_script_runs_standalone(tmp_path, native_lib):
     """A user's script with nodes in __main__ works under the default forkserver start."""
     script = tmp_path / "pipeline.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import ctypes
         from hardy import Engine, Failed, Pipeline, node
 
@@ -286,7 +286,7 @@ def test_worker_script_runs_standalone(tmp_path, native_lib):
 
         if __name__ == "__main__":
             with Engine(map_executor="process", workers=2) as e:
-                out = Pipeline(nodes=[f], engine=e).map(inputs={{"x": list(range(6))}}, map_over="x",
+                out = Pipeline(nodes=[f], engine=e).map(inputs={"x": list(range(6))}, map_over="x",
                                                        on_error="continue")
             print([o if isinstance(o, Failed) else o["y"] for o in out][:3],
                   type(out[3]).__name__, out[3].error.signal)

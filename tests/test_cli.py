@@ -1,0 +1,27 @@
+"""The `hardy` command as a newcomer meets it: --version and the demo of the README's first command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hardy import __version__
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"hardy {__version__}"
+
+
+def test_demo_runs_and_one_segfault_costs_one_document():
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "demo", "--items", "400", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "succeeded" in out.stdout and "399" in out.stdout
+    assert "SIGSEGV" in out.stdout and "item 200" in out.stdout
+
+
+def test_demo_with_threads_has_no_failure():
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "demo", "--items", "300", "--executor", "threaded",
+                          "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "failed" in out.stdout
