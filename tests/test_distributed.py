@@ -271,3 +271,32 @@ def test_two_node_ray_cluster_on_loopback(tmp_path):
                 pass
         import shutil
         shutil.rmtree(temp, ignore_errors=True)
+
+
+DAFT_ON_RAY = """
+import os, signal
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+import ray
+ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+from hardy import Failed, Pipeline, node
+from hardy.integrations.daft import DaftEngine
+
+@node(output_name="y")
+def f(x):
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x * 2
+
+out = Pipeline(nodes=[f], engine=DaftEngine(address="auto")).map(inputs={"x": list(range(6))}, map_over="x",
+                                                                 on_error="continue")
+print([o["y"] if not isinstance(o, Failed) else (o.error.node, o.error.item) for o in out])
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_daft_engine_on_ray():
+    pytest.importorskip("daft")
+    run = subprocess.run([sys.executable, "-c", DAFT_ON_RAY], capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[0, 2, 4, ('f', 3), 8, 10]"

@@ -4,6 +4,7 @@
     from hardy.integrations.daft import DaftEngine
     Pipeline(nodes=[...], engine=DaftEngine())          # Daft's native runner on this machine
     Pipeline(nodes=[...], engine=DaftEngine(address="ray://head:10001"))  # Daft on a Ray cluster
+    Pipeline(nodes=[...], engine=DaftEngine(address="auto"))  # Daft on the Ray this process runs
 
 How a map becomes a query: the items are cut into rows of ROW_ITEMS items (Daft's process UDFs
 cost ~25 µs per row and per UDF here, so one row per item would cap a 3-node pipeline near 13,000
@@ -129,7 +130,7 @@ class DaftExecutor:
             return
         if self.address:
             import daft
-            daft.context.set_runner_ray(address=self.address)
+            daft.set_runner_ray(address=None if self.address == "auto" else self.address, noop_if_initialized=True)
         self._ready = True
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
