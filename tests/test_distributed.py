@@ -57,7 +57,8 @@ def dask_cli(tmp_path_factory):
     env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
     bin_dir = os.path.dirname(sys.executable)
     dask = os.path.join(bin_dir, "dask") if os.path.exists(os.path.join(bin_dir, "dask")) else "dask"
-    sched = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+    sched = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
+                              "--dashboard-address", "127.0.0.1:0"],
                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([dask, "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2", "--nthreads", "1",
                                "--no-dashboard", "--host", "127.0.0.1"], env=env, start_new_session=True,
