@@ -1,6 +1,6 @@
 """A Plan is what one call of a pipeline needs, compiled into the cheapest form to execute.
 
-Given the names the caller provides and the outputs it wants, `Plan.build` prunes the graph to the
+Given the names the caller provides and the outputs it wants, `Plan(...)` prunes the graph to the
 nodes needed, orders them, resolves every node input to a provided value, another node's output or
 the parameter's default, and then *generates a Python function* that executes exactly those steps:
 
@@ -23,7 +23,8 @@ implementation of "run the nodes of one item", whatever the engine.
 
 Three emission modes share one generator: "sequential" (straight line), "threaded" (independent
 nodes of a dependency level are submitted to a thread pool) and "async" (an `async def` whose
-independent async nodes are gathered).
+independent async nodes are gathered). With a cache, the same generator adds key derivation and
+lookups around each call (see `_cache_prelude`); without one, none of that code exists.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import NodeError, OutputCountError, summarize
+from .errors import NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
 
@@ -69,7 +70,6 @@ class Plan:
         self.steps = _resolve(graph, set(self.provided), self.outputs)
         given = set(self.provided)
         self.inputs = tuple(dict.fromkeys(v for s in self.steps for _, v in s.args if v in given))
-        self.has_async = any(s.node.is_async for s in self.steps)
         self._wrap = wrap
         self._submit = submit
         self.cache = cache
@@ -309,9 +309,6 @@ class Plan:
         err.__cause__ = exc
         err.__suppress_context__ = True
         return err
-
-    def describe_inputs(self, item: Mapping[str, Any]) -> str:
-        return summarize({k: item[k] for k in self.inputs if k in item})
 
 
 def _without_repeated_steps(lines: list[str]) -> list[str]:
