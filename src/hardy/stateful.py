@@ -73,5 +73,4 @@ def stateful(cls: type[T]) -> Callable[..., T]:
     def make(*args: Any, **kwargs: Any) -> Any:
         return Resource(cls, args, kwargs)
 
-    make.__hardy_stateful__ = cls  # type: ignore[attr-defined]
     return make

@@ -23,7 +23,7 @@ import cloudpickle
 
 from ..errors import HardyError, NodeCrashed
 from ..plan import Plan
-from ..shipping import build_plan, dumps, portable, run_items_here, ship_items, ship_plan
+from ..shipping import build_plan, dumps, run_items_here, ship_items, ship_plan
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
@@ -189,4 +189,4 @@ class TaskExecutor:
         return cause if isinstance(cause, BaseException) else exc
 
 
-__all__ = ["TaskExecutor", "run_chunk_remote", "run_step_remote", "WorkerImportError", "portable"]
+__all__ = ["TaskExecutor", "run_chunk_remote", "run_step_remote", "WorkerImportError"]
