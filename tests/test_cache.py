@@ -566,3 +566,18 @@ def test_large_arrays_hash_fast_enough():
     hash_value(a)
     assert time.perf_counter() - start < 0.1  # the 10 ms target is measured in bench/, not asserted
 
+
+
+def test_engine_level_cache_and_pipeline_override(tmp_path, counter):
+    @node(output_name="y")
+    def inc(x):
+        counter("inc")
+        return x + 1
+
+    engine_cache, own_cache = DiskCache(tmp_path / "engine"), DiskCache(tmp_path / "own")
+    engine = Engine(cache=engine_cache)
+    Pipeline(nodes=[inc], engine=engine).run(inputs={"x": 1})
+    Pipeline(nodes=[inc], engine=engine).run(inputs={"x": 1})
+    assert counter.calls() == ["inc"] and engine_cache.stats().entries == 1
+    Pipeline(nodes=[inc], engine=engine, cache=own_cache).run(inputs={"x": 1})  # the pipeline's wins
+    assert counter.calls() == ["inc", "inc"] and own_cache.stats().entries == 1
