@@ -210,9 +210,13 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
                                                           on_error="continue")
     assert [o for i, o in enumerate(again) if i != 3] == [o for i, o in enumerate(out) if i != 3]
     assert seq_cache.hits == 5 * 3 + 1  # every node of every good item, and item 3's add_one
+    @node(output_name="y")
+    def use_lock(x, lock):
+        return x
+
     with pytest.raises(PicklingError, match="input 'lock'"):
-        Pipeline(nodes=[add_one], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
-                                                           map_over="x")
+        Pipeline(nodes=[use_lock], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
+                                                            map_over="x")
 
 
 RAY_DRIVER = """

@@ -187,6 +187,21 @@ def test_unpicklable_input_is_named_before_any_worker_starts():
         assert engine.process_pool().pids() == []  # nothing was started
 
 
+def test_inputs_no_node_reads_are_not_shipped():
+    import threading
+    import warnings
+
+    @node(output_name="y")
+    def ident(x):
+        return x
+
+    with Engine(map_executor="process", workers=1) as engine, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unknown input is a warning, not a pickling error
+        out = Pipeline(nodes=[ident], engine=engine).map(inputs={"x": [1, 2], "unused": threading.Lock()},
+                                                          map_over="x")
+    assert out == [{"y": 1}, {"y": 2}]
+
+
 def test_unpicklable_node_is_named():
     import threading
     lock = threading.Lock()

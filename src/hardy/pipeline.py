@@ -186,8 +186,9 @@ class Pipeline:
                 raise MapInputError(
                     f"map_over names {name!r}, which is not among the inputs {sorted(values)} of pipeline "
                     f"{self.name!r}; pass inputs={{{name!r}: [...]}} or fix the name.")
-        items = _items(values, over, map_mode)
         plan = self._plan(values, output_name, for_map=True)
+        used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
+        items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
         events = Events(self.callbacks) if self.callbacks else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events)
