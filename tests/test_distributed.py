@@ -79,7 +79,9 @@ def dask_cli(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def executors(dask_cli):
-    made = {"dask-local": DaskExecutor(workers=2), "dask-cli": DaskExecutor(dask_cli), "ray": RayExecutor(workers=2)}
+    # The command-line worker does not see this test directory: this module's nodes travel by value.
+    made = {"dask-local": DaskExecutor(workers=2), "dask-cli": DaskExecutor(dask_cli, ship_modules=[__name__]),
+            "ray": RayExecutor(workers=2)}
     yield made
     for ex in made.values():
         ex.close()

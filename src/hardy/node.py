@@ -8,6 +8,7 @@ per-call path never inspects a signature again.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, Callable, Sequence, overload
 
 from .errors import NodeDefinitionError
@@ -62,8 +63,45 @@ class Node:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A node defined at module level travels by reference, as a plain function would: the
+        # worker imports its module, so crash stacks show the user's real file and line, not
+        # cloudpickle's "<dynamic-code>". Nodes from __main__, closures and modules registered to
+        # travel by value (ship_modules=) are pickled whole.
+        if type(self) is Node and _importable_as(self):
+            return (_node_by_reference, (self.func.__module__, self.func.__qualname__))
+        return super().__reduce_ex__(protocol)
+
     def __repr__(self) -> str:
         return f"Node({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+def _importable_as(n: Node) -> bool:
+    module_name = getattr(n.func, "__module__", None)
+    qualname = getattr(n.func, "__qualname__", "")
+    if not module_name or module_name == "__main__" or "<locals>" in qualname:
+        return False
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, "__spec__", None) is None:
+        return False
+    try:
+        import cloudpickle.cloudpickle as cp
+        if cp._is_registered_pickle_by_value(module):
+            return False
+    except (ImportError, AttributeError):
+        pass
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    return target is n
+
+
+def _node_by_reference(module_name: str, qualname: str) -> Node:
+    import importlib
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
 
 
 def _output_names(output_name: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
