@@ -1,7 +1,9 @@
 """What crosses a process (or machine) boundary: a plan's spec, chunks of items, results.
 
 A plan travels as its spec — graph, provided names, outputs, cache — pickled once with cloudpickle
-and compiled again on the other side (`build_plan`), never as generated code. Items travel with
+and compiled again on the other side (`build_plan`), never as generated code. Nodes defined at
+module level travel by reference, like plain functions (the worker imports the user's module, and
+crash stacks keep real file names); `ship_modules=` sends a module by value. Items travel with
 pickle (cloudpickle when they hold functions). Anything that cannot travel gets an error naming the
 node or the input and the remedy, before anything is sent.
 """
