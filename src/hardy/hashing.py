@@ -89,7 +89,7 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
         out(b"Y" + _len(len(v)) + v)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
         out(b"K" + _qualname(t))
-        _nested(v.__cache_key__(), out, active)
+        _encode(v.__cache_key__(), out, active)
     elif isinstance(v, (bool, int, float, str, bytes)):  # subclasses: the class, then the base value
         base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
         out(b"B" + _qualname(t))
@@ -138,7 +138,7 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
         _fields(v, [a.name for a in t.__attrs_attrs__], out, active)
     elif hasattr(v, "model_dump") and hasattr(t, "model_fields"):  # pydantic v2
         out(b"PY" + _qualname(t))
-        _nested((v.model_dump(), getattr(v, "__pydantic_private__", None)), out, active)
+        _encode((v.model_dump(), getattr(v, "__pydantic_private__", None)), out, active)
     elif is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__")):
         state = dict(getattr(v, "__dict__", {}))
         for cls in t.__mro__:
@@ -148,7 +148,7 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
         if not state and not hasattr(v, "__dict__"):
             raise UnhashableError(_cannot(t))
         out(b"O" + _qualname(t))
-        _nested(state, out, active)
+        _encode(state, out, active)
     else:
         raise UnhashableError(_cannot(t))
 
@@ -171,10 +171,6 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
     h = hashlib.blake2b(digest_size=DIGEST)
     _encode(v, h.update, active)
     return h.digest()
-
-
-def _nested(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    _encode(v, out, active)
 
 
 def _fields(v: Any, names: list[str], out: Callable[[bytes], Any], active: set[int]) -> None:

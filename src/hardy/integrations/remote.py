@@ -118,7 +118,7 @@ class TaskExecutor:
                 self._cancel(list(pending))
                 return
         if crashed:
-            self._isolate(plan, spec, handle, items, sorted(crashed), results)
+            self._isolate(plan, handle, items, sorted(crashed), results)
 
     def _deliver(self, rows: list[tuple[int, bool, Any]], results: Any) -> None:
         for i, ok, value in rows:
@@ -127,7 +127,7 @@ class TaskExecutor:
             else:
                 results.fail(i, value)
 
-    def _isolate(self, plan: Plan, spec: Any, handle: Any, items: Sequence[dict[str, Any]],
+    def _isolate(self, plan: Plan, handle: Any, items: Sequence[dict[str, Any]],
                  suspects: list[int], results: Any) -> None:
         """A chunk's worker died: run its items one per task to find the one(s) that kill it.
 

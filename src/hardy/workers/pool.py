@@ -22,9 +22,11 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from ..engine.core import Results
 from ..errors import NodeCrashed, NodeDefinitionError, NodeTimeout, WorkerStartError
 from ..graph import Graph
 from ..node import Node
+from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..safety.environment import worker_environment
 from ..shipping import ship_items, ship_plan
@@ -216,8 +218,6 @@ class WorkerPool:
         def call(*args: Any, **kwargs: Any) -> Any:
             item = dict(zip(node.inputs, args))
             item.update(kwargs)
-            from ..engine.core import Results
-            from ..observe.progress import MapProgress
             with self._lock:
                 key = (id(node), tuple(item))
                 plan = self._node_plans.get(key)
