@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node
+from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node, stateful
 from hardy.errors import PicklingError
 
 pytest.importorskip("distributed")
@@ -203,6 +203,8 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     local = Pipeline(nodes=[add_one, double_or_crash, total])
     assert [o for i, o in enumerate(out) if i != 7] == [local.run(inputs={"x": x}) for x in range(10) if x != 7]
     assert isinstance(out[7].error, NodeCrashed) and out[7].error.node == "double_or_crash" and out[7].error.item == 7
+    assert out[7].error.signal == "SIGSEGV" and "test_distributed.py" in out[7].error.stack, out[7].error
+    assert "in double_or_crash" in out[7].error.stack and "daft" not in out[7].error.stack
     out = p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
     assert isinstance(out[3], Failed) and out[3].error.node == "split" and out[3].error.item == 3
     assert out[5] == {"a": 6, "b": 12, "half": 3.0, "c": 13}
@@ -219,6 +221,34 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     with pytest.raises(PicklingError, match="input 'lock'"):
         Pipeline(nodes=[use_lock], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
                                                             map_over="x")
+
+
+@stateful
+class Model:
+    """Records each construction, with the process that made it."""
+
+    def __init__(self, log: str):
+        self.pid = os.getpid()
+        with open(log, "a") as f:
+            f.write(f"{self.pid}\n")
+
+
+@node(output_name="pid")
+def built_by(x: int, model) -> int:
+    return model.pid
+
+
+def test_daft_engine_builds_stateful_resources_once_per_udf_process(tmp_path):
+    """@stateful resources are the UDF class's state: built in its constructor, once per Daft
+    worker process, never in the driver."""
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+    log = tmp_path / "built.txt"
+    p = Pipeline(nodes=[built_by], engine=DaftEngine())
+    out = p.map(inputs={"x": list(range(2000)), "model": Model(str(log))}, map_over="x")
+    built = log.read_text().split()
+    assert {o["pid"] for o in out} == {int(b) for b in built}  # every process that ran items built it once
+    assert len(built) == len(set(built)) and os.getpid() not in {int(b) for b in built}
 
 
 RAY_DRIVER = """

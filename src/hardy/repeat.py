@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .workers.crash import describe_exit
+from .crash import describe_exit
 
 
 @dataclass(frozen=True)

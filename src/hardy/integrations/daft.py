@@ -1,216 +1,226 @@
-"""`DaftEngine`: a pipeline as a Daft query, each node a process-isolated Daft batch UDF
-(`pip install "hardy[daft]"`).
+"""`DaftEngine`: a map as one Daft query whose UDF runs the compiled plan in Daft's worker
+processes (`pip install "hardy[daft]"`).
 
     from hardy.integrations.daft import DaftEngine
-    Pipeline(nodes=[...], engine=DaftEngine())          # Daft's native runner on this machine
+    Pipeline(nodes=[...], engine=DaftEngine())                           # Daft's native runner here
+    Pipeline(nodes=[...], engine=DaftEngine(gpus=1, max_concurrency=2))  # Daft's resources per worker
     Pipeline(nodes=[...], engine=DaftEngine(address="ray://head:10001"))  # Daft on a Ray cluster
-    Pipeline(nodes=[...], engine=DaftEngine(address="auto"))  # Daft on the Ray this process runs
 
-How a map becomes a query: the items are cut into rows of ROW_ITEMS items (Daft's process UDFs
-cost ~25 µs per row and per UDF here, so one row per item would cap a 3-node pipeline near 13,000
-items/s); every value travels in a binary column as a pickled list of per-item cells
-`(ok, value, key)`, so Daft's process workers are really used for Python objects (Daft isolates
-only UDFs whose columns are Arrow types); each node is a `daft.func.batch` UDF with
-`use_process=True` over its argument columns, in dependency order. A failed node puts its
-NodeError in the cell and every node below passes it on, so errors stay per item. Cache keys are
-the same as every other engine's (inputs by value, intermediates by their producer's key), so a
-cache filled here is hit elsewhere and the other way round. `@stateful` resources are built once
-per UDF process, on first use.
+How a map becomes a query: the items are cut into rows of up to ROW_ITEMS items, each row one
+pickled chunk in a binary column, and one `@daft.cls(use_process=True)` UDF runs each chunk through
+the same compiled plan as every other engine (results, per-item errors, cache keys and cache writes
+identical; `integrations/remote.py`). Python values travel as binary, an Arrow type, so Daft's
+process workers are really used (Daft isolates only UDFs whose columns are Arrow types: seed 003's
+`force_spawn_method`, by construction). The UDF instance, one per Daft worker process, compiles
+the plan and builds the map's `@stateful` resources once, in its constructor.
+
+Why one UDF for the whole plan and not one per node: Daft 0.7 starts a fresh Python process for
+every process-isolated UDF in every query (~0.15-0.2 s each, mostly importing Daft), and those starts
+run one after another along the query, so a UDF per node would cost that once per node per map.
 
 A UDF process that crashes fails the whole query. hardy then bisects the items (the halves that
-succeed deliver their results) down to the item that crashes, and runs that item's nodes one
-prefix at a time to name the node: that item becomes a NodeCrashed, every other item completes.
+succeed deliver their results) down to the item that crashes, retries it per the nodes' `retries`,
+and runs its nodes one per query to name the node: that item becomes a NodeCrashed carrying the
+Python stack the dying process wrote; every other item completes.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
 import pickle
+import shutil
+import sys
+import tempfile
 from typing import Any, Sequence
 
+import cloudpickle
+import daft
+
+from ..crash import read_stack
 from ..engine.core import Engine
-from ..errors import NodeCrashed, NodeError, OutputCountError
 from ..plan import Plan
-from ..shipping import portable, ship_items, ship_plan
+from ..shipping import dumps, ship_items
+from ..stateful import Resource
+from .remote import RemoteExecutor, run_chunk_remote
+
+ROW_ITEMS = 256  # items per Daft row: rows are Daft's unit of batching and of spreading work
 
 
-ROW_ITEMS = 256  # items per Daft row (see the module docstring)
+def DaftEngine(address: str | None = None, *, gpus: float = 0, cpus: float | None = None,
+               max_concurrency: int | None = None, ship_modules: Sequence[str] = (), **engine_options: Any) -> Engine:
+    """An Engine whose maps run as Daft queries (see the module docstring). `gpus`, `cpus` and
+    `max_concurrency` are Daft's resource requests for each UDF worker process."""
+    return Engine(map_executor=DaftExecutor(address, gpus=gpus, cpus=cpus, max_concurrency=max_concurrency,
+                                            ship_modules=ship_modules), **engine_options)
 
 
-def DaftEngine(address: str | None = None, use_process: bool = True, **engine_options: Any) -> Engine:
-    """An Engine whose maps run as Daft queries (see the module docstring)."""
-    return Engine(map_executor=DaftExecutor(address=address, use_process=use_process), **engine_options)
+class _Stage:
+    """The UDF class: one instance per Daft worker process (see the module docstring)."""
+
+    def __init__(self, spec: bytes, paths: list[str], resources: bytes):
+        from .remote import _plan_for
+        _prepare_worker(paths)
+        self.spec = spec
+        _plan_for(spec)
+        for resource in cloudpickle.loads(resources):
+            resource.instance  # built here, once per worker, like any @daft.cls model
+
+    @daft.method.batch(return_dtype=daft.DataType.binary())
+    def run(self, chunks: Any) -> list[bytes]:
+        return [run_chunk_remote(self.spec, chunk) for chunk in chunks.to_pylist()]
 
 
-def _dumps(obj: Any) -> bytes:
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except Exception:
-        import cloudpickle
-        return cloudpickle.dumps(obj, protocol=5)
-
-
-def _node_udf(plan: Plan, k: int, use_process: bool) -> Any:
-    """Step k as a Daft batch UDF: (index row, argument rows...) -> result row, a row being a
-    pickled list of per-item cells (ok, value, key)."""
-    import daft
-
-    step = plan.steps[k]
-    node, cache = step.node, plan.cache
-    params = [p for p, _ in step.args]
-    picks = []  # for each argument: (its producer's output index or None, its producer's output count)
-    for _, v in step.args:
-        producer = next((s.node for s in plan.steps if v in s.node.outputs), None)
-        several = producer is not None and len(producer.outputs) > 1
-        picks.append((producer.outputs.index(v), len(producer.outputs)) if several else (None, 1))
-    names = [v for _, v in step.args]
-    fingerprint = None
-    if cache is not None and node.cache:
-        from ..cache.disk import call_fingerprint
-        fingerprint = call_fingerprint(node, params)
-
-    def one(i: int, cells: list[tuple]) -> tuple:
-        from ..cache.disk import call_key, output_key
-        from ..plan import MISS
-        args, keys = {}, []
-        for p, name, cell, (pick, n) in zip(params, names, cells, picks):
-            ok, value, key = cell
-            if not ok:
-                return cell  # a failure upstream: passed on unchanged
-            if pick is not None:  # one output of a several-output producer
-                value = value[pick]
-                key = output_key(key, name, n) if key is not None else None
-            args[p] = value
-            keys.append(key if key is not None or cache is None else cache.input_key(value, name))
+def _call_here(calls: Any) -> list[bytes]:
+    """The one-off UDF: each row a pickled (paths, stack file, pickled (fn, args)); the pickled
+    result or exception."""
+    out = []
+    for raw in calls.to_pylist():
+        paths, stack_file, call = pickle.loads(raw)
+        _prepare_worker(paths, stack_file)
+        fn, args = cloudpickle.loads(call)
         try:
-            key = call_key(fingerprint, *keys) if fingerprint is not None else None
-            value = cache.lookup(key) if key is not None else MISS
-            if value is MISS:
-                value = node.func(**args)
-                if len(node.outputs) > 1 and (not isinstance(value, (tuple, list))
-                                              or len(value) != len(node.outputs)):
-                    raise OutputCountError(node.name, args, i, f"declared {len(node.outputs)} outputs "
-                                           f"{node.outputs} but returned {type(value).__name__}")
-                if key is not None:
-                    cache.put(key, value)
-            if key is None and cache is not None:
-                key = cache.input_key(value, node.outputs[0])  # an uncached node: keyed by value
-            return (True, value, key)
-        except NodeError as err:
-            err.item = i
-            return (False, portable(err), None)
+            out.append(cloudpickle.dumps((True, fn(*args))))
         except Exception as exc:
-            err = NodeError(node.name, args, i)
-            err.__cause__ = exc
-            return (False, portable(err), None)
-
-    def run_batch(index: Any, *columns: Any) -> list[bytes]:
-        rows = [c.to_pylist() for c in columns]
-        out = []
-        for r, raw_index in enumerate(index.to_pylist()):
-            arg_rows = [pickle.loads(col[r]) for col in rows]
-            out.append(_dumps([one(i, [a[j] for a in arg_rows]) for j, i in enumerate(pickle.loads(raw_index))]))
-        return out
-
-    run_batch.__name__ = f"hardy_{node.name}"
-    return daft.func.batch(return_dtype=daft.DataType.binary(), use_process=use_process)(run_batch)
+            out.append(cloudpickle.dumps((False, exc)))
+    return out
 
 
-class DaftExecutor:
+_STACK_FILE: list[Any] = []  # the open file faulthandler writes to (it must stay open)
+
+
+def _prepare_worker(paths: list[str], stack_file: str | None = None) -> None:
+    """In a Daft UDF process: the driver's import paths (Daft starts UDF processes with
+    `python -m`, which does not carry sys.path over, so a pipeline's own modules would not import);
+    a crash's Python stack, in a file the driver reads (Daft drops a dead UDF process's output);
+    and a process that leaves without the interpreter's teardown."""
+    import faulthandler
+    sys.path.extend(p for p in paths if p not in sys.path)
+    if stack_file:
+        _STACK_FILE[:] = [open(stack_file, "w")]
+        faulthandler.enable(file=_STACK_FILE[0])
+    else:
+        faulthandler.enable()
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main, "name", None) == "daft.execution.udf_worker":
+        atexit.register(_leave_quietly)
+
+
+def _leave_quietly() -> None:
+    """Runs after the atexit handlers registered later (the user's) and skips the rest of the
+    interpreter's teardown: where native libraries crash after the work is done (seed 000; Daft
+    itself, 4 runs in 20), and ~20 ms of every process UDF in every query."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+_DAFT_LOG = logging.getLogger("daft_local_execution")
+
+
+class _QuietCrashes(logging.Filter):
+    """Daft logs an ERROR for every query that fails; while hardy bisects a crash that is a dozen
+    lines for one item, which hardy reports once, as that item's NodeCrashed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Error when running pipeline node")
+                    and message.endswith((" hardy", " _call_here")))
+
+
+class DaftExecutor(RemoteExecutor):
     """The map executor behind DaftEngine."""
 
-    mode = "sequential"
+    engine = "Daft"
 
-    def __init__(self, address: str | None = None, use_process: bool = True):
+    def __init__(self, address: str | None = None, *, gpus: float = 0, cpus: float | None = None,
+                 max_concurrency: int | None = None, ship_modules: Sequence[str] = ()):
+        super().__init__(ship_modules)
         self.address = address
-        self.use_process = use_process
+        self.resources = {"gpus": gpus, "cpus": cpus, "max_concurrency": max_concurrency}
         self._ready = False
+        self._stacks: str | None = None
 
     def _start(self) -> None:
         if self._ready:
             return
+        if not any(isinstance(f, _QuietCrashes) for f in _DAFT_LOG.filters):
+            _DAFT_LOG.addFilter(_QuietCrashes())
+        # Every process UDF imports Daft again, and each import pings Daft's telemetry (~30 ms a
+        # query, and a thread that waits on the network); the user's own setting wins.
+        os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")
         if self.address:
-            import daft
             daft.set_runner_ray(address=None if self.address == "auto" else self.address, noop_if_initialized=True)
         self._ready = True
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
-        ship_plan(plan)  # hardy's clear error for an unpicklable node, before Daft's
-        if items:
-            ship_items(items, [0])
-        self._start()
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
+        resources = [v for v in (items[0].values() if items else ()) if isinstance(v, Resource)]
+        stage = daft.cls(_Stage, use_process=True, name_override="hardy", **self._udf_resources())(
+            spec, self._paths(), dumps(resources))
         for i in range(len(items)):
             results.started(i)
-        self._run(plan, items, list(range(len(items))), results, len(plan.steps))
+        self._run(plan, spec, stage, items, list(range(len(items))), results)
 
-    def _query(self, plan: Plan, items: Sequence[dict[str, Any]], indices: list[int], upto: int) -> Any:
-        import daft
-        cache = plan.cache
-        provided = [n for n in plan.provided if n in plan.inputs or n in plan.outputs]
-        rows = [indices[s:s + ROW_ITEMS] for s in range(0, len(indices), ROW_ITEMS)]
-        binary = daft.DataType.binary()
-        columns: dict[str, Any] = {"__index": daft.Series.from_pylist([_dumps(r) for r in rows], name="__index",
-                                                                      dtype=binary)}
-        for name in provided:
-            cells = [_dumps([(True, items[i][name], cache.input_key(items[i][name], name) if cache else None)
-                             for i in r]) for r in rows]
-            columns[name] = daft.Series.from_pylist(cells, name=name, dtype=binary)
-        df = daft.from_pydict(columns)
-        producer_col: dict[str, str] = {n: n for n in provided}
-        for k, step in enumerate(plan.steps[:upto]):
-            udf = _node_udf(plan, k, self.use_process)
-            col = f"__step{k}"
-            df = df.with_column(col, udf(daft.col("__index"), *(daft.col(producer_col[v]) for _, v in step.args)))
-            for o in step.node.outputs:
-                producer_col[o] = col
-        wanted = sorted({producer_col[o] for o in plan.outputs if o in producer_col} | {"__index"})
-        return df.select(*wanted).to_pydict(), producer_col
-
-    def _run(self, plan: Plan, items: Sequence[dict[str, Any]], indices: list[int], results: Any, upto: int) -> None:
+    def _run(self, plan: Plan, spec: bytes, stage: Any, items: Sequence[dict[str, Any]], indices: list[int],
+             results: Any) -> None:
         if not indices or results.stop:
             return
-        try:
-            table, producer_col = self._query(plan, items, indices, upto)
-        except Exception as exc:
-            if "UDF process" not in str(exc) and "closed the connection" not in str(exc):
-                raise
-            if len(indices) > 1:  # bisect: the half without the crash delivers its results
-                mid = len(indices) // 2
-                self._run(plan, items, indices[:mid], results, upto)
-                self._run(plan, items, indices[mid:], results, upto)
-            else:
-                results.fail(indices[0], self._diagnose(plan, items, indices[0], str(exc)))
-            return
-        for r, raw_index in enumerate(table["__index"]):
-            per_col = {col: pickle.loads(table[col][r]) for col in table if col != "__index"}
-            for j, i in enumerate(pickle.loads(raw_index)):
-                outputs, failure = {}, None
-                for o in plan.outputs:
-                    ok, value, _ = per_col[producer_col[o]][j]
-                    if not ok:
-                        failure = value
-                        break
-                    node = next(s.node for s in plan.steps if o in s.node.outputs)
-                    outputs[o] = value if len(node.outputs) == 1 else value[node.outputs.index(o)]
-                if failure is not None:
-                    results.fail(i, failure)
-                else:
-                    results.ok(i, outputs)
-
-    def _diagnose(self, plan: Plan, items: Sequence[dict[str, Any]], i: int, reported: str) -> NodeCrashed:
-        """The item crashes its UDF process: the shortest prefix of nodes that crashes names the node."""
-        for k in range(1, len(plan.steps) + 1):
-            if not all(self._crashes(plan, items, i, k) for _ in range(2)):  # twice: not a leftover
+        attempts = 1 + max((s.node.retries for s in plan.steps), default=0) if len(indices) == 1 else 1
+        rows = [ship_items(items, indices[s:s + ROW_ITEMS]) for s in range(0, len(indices), ROW_ITEMS)]
+        for _ in range(attempts):
+            df = daft.from_pydict({"chunk": daft.Series.from_pylist(rows, name="chunk", dtype=daft.DataType.binary())})
+            try:
+                out = df.select(stage.run(daft.col("chunk"))).to_pydict()["chunk"]
+            except Exception as exc:
+                if not self._is_crash(exc):
+                    raise self._translate(exc) from exc
                 continue
-            return NodeCrashed(plan.steps[k - 1].node.name, i, f"the Daft UDF process running it died: {reported}")
-        return NodeCrashed("?", i, f"a Daft UDF process died on this item ({reported}), but no prefix of its "
-                                   "nodes crashes when run alone")
+            for raw in out:
+                self._deliver(pickle.loads(raw), results)
+            return
+        if len(indices) > 1:  # bisect: the half without the crash delivers its results
+            mid = len(indices) // 2
+            self._run(plan, spec, stage, items, indices[:mid], results)
+            self._run(plan, spec, stage, items, indices[mid:], results)
+        else:
+            results.fail(indices[0], self._diagnose(plan, spec, items[indices[0]], indices[0]))
 
-    def _crashes(self, plan: Plan, items: Sequence[dict[str, Any]], i: int, upto: int) -> bool:
-        try:
-            self._query(plan, items, [i], upto)
-            return False
-        except Exception:
-            return True
+    def _paths(self) -> list[str]:
+        """The driver's import paths, for UDF processes on this machine (a Ray cluster's workers
+        have their own: install the code there, or `ship_modules=`)."""
+        return [] if self.address else [p for p in sys.path if p]
+
+    def _udf_resources(self) -> dict[str, Any]:
+        return {k: v for k, v in self.resources.items() if v}
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        udf = daft.func.batch(return_dtype=daft.DataType.binary(), use_process=True,
+                              **self._udf_resources())(_call_here)
+        call = pickle.dumps((self._paths(), self._stack_file(), cloudpickle.dumps((fn, args))))
+        df = daft.from_pydict({"call": daft.Series.from_pylist([call], name="call", dtype=daft.DataType.binary())})
+        ok, value = cloudpickle.loads(df.select(udf(daft.col("call"))).to_pydict()["call"][0])
+        if not ok:
+            raise value
+        return value
+
+    def _stack_file(self) -> str | None:
+        """Where a diagnosis call's process writes its stack if it dies (on this machine only)."""
+        if self.address:
+            return None
+        if self._stacks is None:
+            self._stacks = tempfile.mkdtemp(prefix="hardy-daft-")
+        return os.path.join(self._stacks, "call.txt")
+
+    def _crash_report(self, exc: BaseException) -> tuple[str, str]:
+        said = str(exc).split(", stdout:")[0]  # Daft's copy of the dead process's output is empty
+        stack_file = self._stack_file()
+        return said, read_stack(stack_file) if stack_file else ""
+
+    def _is_crash(self, exc: BaseException) -> bool:
+        return "UDF process" in str(exc) or "closed the connection" in str(exc)
 
     def close(self) -> None:
-        pass
+        if self._stacks is not None:
+            shutil.rmtree(self._stacks, ignore_errors=True)
+            self._stacks = None

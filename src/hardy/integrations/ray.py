@@ -9,6 +9,7 @@ Tasks run with `max_retries=0`: a crash is hardy's to classify and retry (the no
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Sequence
 
 from .remote import TaskExecutor
@@ -33,8 +34,11 @@ class RayExecutor(TaskExecutor):
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
             if self.address:
                 ray.init(address=self.address, **kwargs)
-            else:  # "local": never attach to a stale cluster found through /tmp/ray; loopback only
+            else:  # "local": never attach to a stale cluster found through /tmp/ray; loopback only.
+                # Workers on this machine import what the driver imports (multiprocessing and Dask's
+                # LocalCluster do the same); a cluster's workers need the code installed.
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
+                kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
                 ray.init(address="local", num_cpus=self.n_workers or os.cpu_count(), **kwargs)
             self._started = True
 

@@ -24,6 +24,7 @@ import cloudpickle
 from ..errors import HardyError, NodeCrashed
 from ..plan import Plan
 from ..shipping import build_plan, dumps, run_items_here, ship_items, ship_plan
+from ..crash import signal_in_stack
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
@@ -58,8 +59,9 @@ class WorkerImportError(HardyError, ModuleNotFoundError):
     """The engine's workers cannot import a module the pipeline's code needs."""
 
 
-class TaskExecutor:
-    """A map executor on an engine that runs Python functions as tasks (see the module docstring)."""
+class RemoteExecutor:
+    """What every engine-backed map executor shares: shipping with hardy's own errors first,
+    delivering per-item rows, naming the node behind a crash, translating the engine's errors."""
 
     mode = "sequential"
     engine = "engine"
@@ -69,29 +71,103 @@ class TaskExecutor:
 
     # --- what an engine provides ---------------------------------------------------------------
 
-    def _start(self) -> None: raise NotImplementedError
-    def _workers(self) -> int: raise NotImplementedError
-    def _put(self, data: bytes) -> Any: raise NotImplementedError
-    def _submit(self, fn: Any, *args: Any) -> Any: raise NotImplementedError
-    def _wait_any(self, futures: list[Any]) -> list[Any]: raise NotImplementedError
-    def _result(self, future: Any) -> Any: raise NotImplementedError
-    def _cancel(self, futures: list[Any]) -> None: raise NotImplementedError
-    def _is_crash(self, exc: BaseException) -> bool: raise NotImplementedError
+    def _start(self) -> None:
+        """Connect to (or start) the engine; called before every map, cheap once started."""
+        raise NotImplementedError
+
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
+        """Run every item, delivering to `results`."""
+        raise NotImplementedError
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """Run fn(*args) on one of the engine's workers; its result, or the engine's error."""
+        raise NotImplementedError
+
+    def _is_crash(self, exc: BaseException) -> bool:
+        """Whether the engine's error means the worker process died."""
+        raise NotImplementedError
+
     def close(self) -> None: raise NotImplementedError
 
     def _cause(self, exc: BaseException) -> BaseException:
         """The user-level exception inside an engine's wrapper, if any."""
         return exc
 
+    def _crash_report(self, exc: BaseException) -> tuple[str, str]:
+        """What the engine said of the worker whose death `_call` just raised, and that worker's
+        Python stack where the engine lets hardy see it."""
+        return str(exc), ""
+
     # --- the shared part -----------------------------------------------------------------------
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
-        for name in self.ship_modules:
+        # cloudpickle's by-value registry is process-wide: `ship_modules` apply to this map only
+        extra = [name for name in self.ship_modules if name not in cloudpickle.list_registry_pickle_by_value()]
+        for name in extra:
             cloudpickle.register_pickle_by_value(importlib.import_module(name))
-        spec = ship_plan(plan)  # a clear error before anything is submitted
-        if items:
-            ship_items(items, [0])
-        self._start()
+        try:
+            spec = ship_plan(plan)  # hardy's clear error for anything that cannot travel, first
+            if items:
+                ship_items(items, [0])
+            self._start()
+            self._run_map(plan, spec, items, results)
+        finally:
+            for name in extra:
+                cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
+
+    def _deliver(self, rows: list[tuple[int, bool, Any]], results: Any) -> None:
+        for i, ok, value in rows:
+            if ok:
+                results.ok(i, value)
+            else:
+                results.fail(i, value)
+
+    def _diagnose(self, plan: Plan, handle: Any, item: dict[str, Any], i: int) -> NodeCrashed:
+        """Run the item one node per call: the call whose worker dies names the node."""
+        values = dict(item)
+        for k, step in enumerate(plan.steps):
+            try:
+                out = self._call(run_step_remote, handle, k, values)
+            except Exception as exc:
+                if self._is_crash(exc):
+                    said, stack = self._crash_report(exc)
+                    name, hint = signal_in_stack(stack)
+                    return NodeCrashed(step.node.name, i, f"the {self.engine} worker running it died"
+                                       + (f" ({hint})" if hint else "") + f": {said}", signal=name, stack=stack)
+                return NodeCrashed(step.node.name, i, f"{self.engine} failed running it alone: "
+                                                      f"{type(exc).__name__}: {exc}")
+            values.update(zip(step.node.outputs, out))
+        return NodeCrashed("?", i, f"the {self.engine} worker running this item died, but no single node "
+                                   "crashes when run alone (a crash that depends on timing or state)")
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        cause = self._cause(exc)
+        missing = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
+        if missing is None and "No module named" in str(exc):
+            missing = str(exc).split("No module named", 1)[1].split()[0].strip("'\"")
+        if missing:
+            return WorkerImportError(
+                f"the {self.engine} workers cannot import module {missing!r}, which the pipeline's code comes "
+                f"from. Install it on the workers, or ship it by value: "
+                f"{type(self).__name__}(..., ship_modules=[{missing.split('.')[0]!r}]).")
+        return cause if isinstance(cause, BaseException) else exc
+
+
+class TaskExecutor(RemoteExecutor):
+    """A map executor on an engine that runs Python functions as tasks (see the module docstring):
+    an engine says how to start, submit a function, wait, and what its "a worker died" errors are."""
+
+    def _workers(self) -> int: raise NotImplementedError
+    def _put(self, data: bytes) -> Any: raise NotImplementedError
+    def _submit(self, fn: Any, *args: Any) -> Any: raise NotImplementedError
+    def _wait_any(self, futures: list[Any]) -> list[Any]: raise NotImplementedError
+    def _result(self, future: Any) -> Any: raise NotImplementedError
+    def _cancel(self, futures: list[Any]) -> None: raise NotImplementedError
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        return self._result(self._submit(fn, *args))
+
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
         handle = self._put(spec)
         n = len(items)
         size = max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers())))))
@@ -119,13 +195,6 @@ class TaskExecutor:
                 return
         if crashed:
             self._isolate(plan, handle, items, sorted(crashed), results)
-
-    def _deliver(self, rows: list[tuple[int, bool, Any]], results: Any) -> None:
-        for i, ok, value in rows:
-            if ok:
-                results.ok(i, value)
-            else:
-                results.fail(i, value)
 
     def _isolate(self, plan: Plan, handle: Any, items: Sequence[dict[str, Any]],
                  suspects: list[int], results: Any) -> None:
@@ -161,32 +230,5 @@ class TaskExecutor:
         self._deliver(rows, results)
         return True
 
-    def _diagnose(self, plan: Plan, handle: Any, item: dict[str, Any], i: int) -> NodeCrashed:
-        """Run the item one node per task: the task that dies names the node."""
-        values = dict(item)
-        for k, step in enumerate(plan.steps):
-            try:
-                out = self._result(self._submit(run_step_remote, handle, k, values))
-            except Exception as exc:
-                if self._is_crash(exc):
-                    return NodeCrashed(step.node.name, i, f"the {self.engine} worker running it died: {exc}")
-                return NodeCrashed(step.node.name, i, f"{self.engine} failed running it alone: "
-                                                      f"{type(exc).__name__}: {exc}")
-            values.update(zip(step.node.outputs, out))
-        return NodeCrashed("?", i, f"the {self.engine} worker running this item died, but no single node "
-                                   "crashes when run alone (a crash that depends on timing or state)")
 
-    def _translate(self, exc: BaseException) -> BaseException:
-        cause = self._cause(exc)
-        missing = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
-        if missing is None and "No module named" in str(exc):
-            missing = str(exc).split("No module named", 1)[1].split()[0].strip("'\"")
-        if missing:
-            return WorkerImportError(
-                f"the {self.engine} workers cannot import module {missing!r}, which the pipeline's code comes "
-                f"from. Install it on the workers, or ship it by value: "
-                f"{type(self).__name__}(..., ship_modules=[{missing.split('.')[0]!r}]).")
-        return cause if isinstance(cause, BaseException) else exc
-
-
-__all__ = ["TaskExecutor", "run_chunk_remote", "run_step_remote", "WorkerImportError"]
+__all__ = ["RemoteExecutor", "TaskExecutor", "run_chunk_remote", "run_step_remote", "WorkerImportError"]

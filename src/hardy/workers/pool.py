@@ -33,7 +33,7 @@ from ..shipping import ship_items, ship_plan
 from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import worker as worker_main
-from .crash import describe_exit, read_stack
+from ..crash import describe_exit, read_stack
 
 log = logging.getLogger("hardy.workers")
 
