@@ -46,7 +46,7 @@ if __name__ == "__main__":
         "local process executor (2 workers)": lambda: Engine(map_executor="process", workers=2),
         "Dask LocalCluster (2 workers)": lambda: Engine(map_executor=DaskExecutor(workers=2)),
         "Ray, local (2 CPUs)": lambda: Engine(map_executor=RayExecutor(workers=2)),
-        "DaftEngine, native runner, process UDFs": lambda: DaftEngine(),
+        "DaftEngine, native runner, process UDF": lambda: DaftEngine(),
     }
     rows = {name: measure(make) for name, make in engines.items()}
     local = rows["local process executor (2 workers)"][1]
