@@ -49,8 +49,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+INSTALLED = """
+import os, signal
+from hardy import node
+
+@node(output_name="y")
+def cube_or_crash(x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x ** 3
+"""
+
+
 @pytest.fixture(scope="module")
-def dask_cli(tmp_path_factory):
+def installed_dir(tmp_path_factory):
+    """A module installed on the command-line worker (its PYTHONPATH), not in this process."""
+    folder = tmp_path_factory.mktemp("site")
+    (folder / "hardy_installed_mod.py").write_text(INSTALLED)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dask_cli(tmp_path_factory, installed_dir):
     """`dask scheduler` + `dask worker` from the command line: the same transport as a real cluster,
     and a worker that does not share this process's sys.path."""
     port = _free_port()
@@ -61,7 +81,8 @@ def dask_cli(tmp_path_factory):
                               "--dashboard-address", "127.0.0.1:0"],
                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([dask, "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2", "--nthreads", "1",
-                               "--no-dashboard", "--host", "127.0.0.1"], env=env, start_new_session=True,
+                               "--no-dashboard", "--host", "127.0.0.1"],
+                              env={**env, "PYTHONPATH": str(installed_dir)}, start_new_session=True,
                               cwd=str(tmp_path_factory.mktemp("worker-cwd")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     from distributed import Client
@@ -172,6 +193,16 @@ def test_module_the_workers_cannot_import(dask_cli, tmp_path, monkeypatch):
     shipped = Pipeline(nodes=[mod.shout], engine=Engine(
         map_executor=DaskExecutor(dask_cli, ship_modules=["hardy_cli_only_mod"])))
     assert shipped.map(inputs={"text": ["a", "b"]}, map_over="text") == [{"shouted": "A!"}, {"shouted": "B!"}]
+
+
+def test_cli_worker_imports_code_installed_there(dask_cli, installed_dir, monkeypatch):
+    """The pipeline's module travels by reference and the worker imports its own installed copy."""
+    monkeypatch.syspath_prepend(str(installed_dir))
+    import hardy_installed_mod as mod
+    p = Pipeline(nodes=[mod.cube_or_crash], engine=Engine(map_executor=DaskExecutor(dask_cli)))
+    out = p.map(inputs={"x": list(range(8))}, map_over="x", on_error="continue")
+    assert [o["y"] for i, o in enumerate(out) if i != 3] == [x ** 3 for x in range(8) if x != 3]
+    assert out[3].error.node == "cube_or_crash" and out[3].error.item == 3
 
 
 def test_throughput_is_chunked(executors):
