@@ -282,6 +282,21 @@ def test_daft_engine_builds_stateful_resources_once_per_udf_process(tmp_path):
     assert len(built) == len(set(built)) and os.getpid() not in {int(b) for b in built}
 
 
+@node(output_name="pid")
+def slow_pid(x: int) -> int:
+    time.sleep(0.02)
+    return os.getpid()
+
+
+def test_daft_engine_spreads_a_small_map_over_its_processes():
+    """Even 64 items become several rows, so Daft's UDF processes share them."""
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+    out = Pipeline(nodes=[slow_pid], engine=DaftEngine(max_concurrency=2)).map(inputs={"x": list(range(64))},
+                                                                               map_over="x")
+    assert len({o["pid"] for o in out}) == 2
+
+
 RAY_DRIVER = """
 import os, signal, sys
 from hardy import Engine, Failed, Pipeline, node

@@ -6,8 +6,10 @@ processes (`pip install "hardy[daft]"`).
     Pipeline(nodes=[...], engine=DaftEngine(gpus=1, max_concurrency=2))  # Daft's resources per worker
     Pipeline(nodes=[...], engine=DaftEngine(address="ray://head:10001"))  # Daft on a Ray cluster
 
-How a map becomes a query: the items are cut into rows of up to ROW_ITEMS items, each row one
-pickled chunk in a binary column, and one `@daft.cls(use_process=True)` UDF runs each chunk through
+How a map becomes a query: the items are cut into rows, each row one pickled chunk in a binary
+column (at least 4 rows per UDF process that can run at once, at most ROW_ITEMS items each: a row
+is one call of the UDF, the unit Daft spreads over its processes), and one
+`@daft.cls(use_process=True)` UDF runs each chunk through
 the same compiled plan as every other engine (results, per-item errors, cache keys and cache writes
 identical; `integrations/remote.py`). Python values travel as binary, an Arrow type, so Daft's
 process workers are really used (Daft isolates only UDFs whose columns are Arrow types: seed 003's
@@ -45,7 +47,7 @@ from ..shipping import dumps, ship_items
 from ..stateful import Resource
 from .remote import RemoteExecutor, run_chunk_remote
 
-ROW_ITEMS = 256  # items per Daft row: rows are Daft's unit of batching and of spreading work
+ROW_ITEMS = 2500  # items per Daft row at most; a row is one call of the UDF, Daft's unit of spreading work
 
 
 def DaftEngine(address: str | None = None, *, gpus: float = 0, cpus: float | None = None,
@@ -67,7 +69,7 @@ class _Stage:
         for resource in cloudpickle.loads(resources):
             resource.instance  # built here, once per worker, like any @daft.cls model
 
-    @daft.method.batch(return_dtype=daft.DataType.binary())
+    @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)
     def run(self, chunks: Any) -> list[bytes]:
         return [run_chunk_remote(self.spec, chunk) for chunk in chunks.to_pylist()]
 
@@ -167,7 +169,8 @@ class DaftExecutor(RemoteExecutor):
         if not indices or results.stop:
             return
         attempts = 1 + max((s.node.retries for s in plan.steps), default=0) if len(indices) == 1 else 1
-        rows = [ship_items(items, indices[s:s + ROW_ITEMS]) for s in range(0, len(indices), ROW_ITEMS)]
+        size = max(1, min(ROW_ITEMS, -(-len(indices) // (4 * self._workers()))))
+        rows = [ship_items(items, indices[s:s + size]) for s in range(0, len(indices), size)]
         for _ in range(attempts):
             df = daft.from_pydict({"chunk": daft.Series.from_pylist(rows, name="chunk", dtype=daft.DataType.binary())})
             try:
@@ -185,6 +188,15 @@ class DaftExecutor(RemoteExecutor):
             self._run(plan, spec, stage, items, indices[mid:], results)
         else:
             results.fail(indices[0], self._diagnose(plan, spec, items[indices[0]], indices[0]))
+
+    def _workers(self) -> int:
+        """How many UDF processes can run at once: at least 4 rows each, so that none idles."""
+        if self.resources["max_concurrency"]:
+            return self.resources["max_concurrency"]
+        ray = sys.modules.get("ray")
+        if self.address and ray is not None and ray.is_initialized():
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        return os.cpu_count() or 1
 
     def _paths(self) -> list[str]:
         """The driver's import paths, for UDF processes on this machine (a Ray cluster's workers
