@@ -277,9 +277,9 @@ def test_daft_engine_builds_stateful_resources_once_per_udf_process(tmp_path):
     log = tmp_path / "built.txt"
     p = Pipeline(nodes=[built_by], engine=DaftEngine())
     out = p.map(inputs={"x": list(range(2000)), "model": Model(str(log))}, map_over="x")
-    built = log.read_text().split()
-    assert {o["pid"] for o in out} == {int(b) for b in built}  # every process that ran items built it once
-    assert len(built) == len(set(built)) and os.getpid() not in {int(b) for b in built}
+    built = [int(b) for b in log.read_text().split()]
+    assert {o["pid"] for o in out} <= set(built)  # every process that ran items had built it,
+    assert len(built) == len(set(built)) and os.getpid() not in built  # once, and never the driver
 
 
 @node(output_name="pid")
