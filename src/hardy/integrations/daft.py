@@ -9,12 +9,12 @@ processes (`pip install "hardy[daft]"`).
 How a map becomes a query: the items are cut into rows, each row one pickled chunk in a binary
 column (at least 4 rows per UDF process that can run at once, at most ROW_ITEMS items each: a row
 is one call of the UDF, the unit Daft spreads over its processes), and one
-`@daft.cls(use_process=True)` UDF runs each chunk through
-the same compiled plan as every other engine (results, per-item errors, cache keys and cache writes
-identical; `integrations/remote.py`). Python values travel as binary, an Arrow type, so Daft's
-process workers are really used (Daft isolates only UDFs whose columns are Arrow types: seed 003's
-`force_spawn_method`, by construction). The UDF instance, one per Daft worker process, compiles
-the plan and builds the map's `@stateful` resources once, in its constructor.
+`@daft.cls(use_process=True)` UDF runs each chunk through the same compiled plan as every other
+engine (results, per-item errors, cache keys and cache writes identical; `integrations/remote.py`).
+Python values travel as binary, an Arrow type, so Daft's process workers are really used (Daft
+isolates only UDFs whose columns are Arrow types: seed 003's `force_spawn_method`, by construction).
+The UDF instance, one per Daft worker process, compiles the plan and builds the map's `@stateful`
+resources once, in its constructor.
 
 Why one UDF for the whole plan and not one per node: Daft 0.7 starts a fresh Python process for
 every process-isolated UDF in every query (~0.15-0.2 s each, mostly importing Daft), and those starts
@@ -45,7 +45,7 @@ from ..engine.core import Engine
 from ..plan import Plan
 from ..shipping import dumps, ship_items
 from ..stateful import Resource
-from .remote import RemoteExecutor, run_chunk_remote
+from .remote import RemoteExecutor, plan_for, run_chunk_remote
 
 ROW_ITEMS = 2500  # items per Daft row at most; a row is one call of the UDF, Daft's unit of spreading work
 
@@ -62,10 +62,9 @@ class _Stage:
     """The UDF class: one instance per Daft worker process (see the module docstring)."""
 
     def __init__(self, spec: bytes, paths: list[str], resources: bytes):
-        from .remote import _plan_for
         _prepare_worker(paths)
         self.spec = spec
-        _plan_for(spec)
+        plan_for(spec)
         for resource in cloudpickle.loads(resources):
             resource.instance  # built here, once per worker, like any @daft.cls model
 

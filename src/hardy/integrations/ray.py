@@ -38,7 +38,8 @@ class RayExecutor(TaskExecutor):
                 # Workers on this machine import what the driver imports (multiprocessing and Dask's
                 # LocalCluster do the same); a cluster's workers need the code installed.
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
-                kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+                paths = os.pathsep.join(p for p in sys.path if p)
+                kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": paths}})
                 ray.init(address="local", num_cpus=self.n_workers or os.cpu_count(), **kwargs)
             self._started = True
 

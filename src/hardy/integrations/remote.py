@@ -30,7 +30,8 @@ _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
 
 
-def _plan_for(spec: bytes) -> Plan:
+def plan_for(spec: bytes) -> Plan:
+    """The plan a spec describes, compiled once per process."""
     key = hashlib.blake2b(spec, digest_size=16).digest()
     plan = _PLANS.get(key)
     if plan is None:
@@ -45,12 +46,12 @@ def _plan_for(spec: bytes) -> Plan:
 def run_chunk_remote(spec: bytes, chunk: bytes) -> bytes:
     """Runs on the engine's worker: the chunk's items through the plan. Chunks and results travel
     as one pickle each, so the engine moves bytes instead of walking thousands of small objects."""
-    return dumps(run_items_here(_plan_for(spec), pickle.loads(chunk)))
+    return dumps(run_items_here(plan_for(spec), pickle.loads(chunk)))
 
 
 def run_step_remote(spec: bytes, k: int, values: dict[str, Any]) -> tuple:
     """Runs on the engine's worker: step k alone, on the values computed so far (diagnosis only)."""
-    step = _plan_for(spec).steps[k]
+    step = plan_for(spec).steps[k]
     out = step.node.func(**{p: values[v] for p, v in step.args})
     return (out,) if len(step.node.outputs) == 1 else tuple(out)
 
