@@ -216,3 +216,37 @@ def test_bad_engine_options():
         Engine(map_executor="gpu")
     with pytest.raises(NodeDefinitionError, match="workers"):
         Engine(workers=0)
+
+
+MISSING_ENGINES = """
+import sys
+for name in ("daft", "distributed", "ray"):
+    sys.modules[name] = None  # as if the extra were not installed
+from hardy import Engine, Pipeline, node
+from hardy.integrations.dask import DaskExecutor
+from hardy.integrations.ray import RayExecutor
+
+@node(output_name="y")
+def f(x):
+    return x
+
+for make in (lambda: DaskExecutor(), lambda: RayExecutor()):
+    try:
+        Pipeline(nodes=[f], engine=Engine(map_executor=make())).map(inputs={"x": [1]}, map_over="x")
+    except ImportError as exc:
+        print(exc)
+try:
+    import hardy.integrations.daft
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_an_engine_that_is_not_installed_names_the_extra():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", MISSING_ENGINES], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert [line.split("Install it with: ")[-1] for line in lines] == [
+        'pip install "hardy[dask]"', 'pip install "hardy[ray]"', 'pip install "hardy[daft]"'], lines

@@ -38,14 +38,15 @@ import tempfile
 from typing import Any, Sequence
 
 import cloudpickle
-import daft
 
 from ..crash import read_stack
 from ..engine.core import Engine
 from ..plan import Plan
 from ..shipping import dumps, ship_items
 from ..stateful import Resource
-from .remote import RemoteExecutor, plan_for, run_chunk_remote
+from .remote import RemoteExecutor, plan_for, require, run_chunk_remote
+
+daft = require("daft", "daft")
 
 ROW_ITEMS = 2500  # items per Daft row at most; a row is one call of the UDF, Daft's unit of spreading work
 

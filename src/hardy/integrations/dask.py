@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from .remote import TaskExecutor
+from .remote import TaskExecutor, require
 
 
 class DaskExecutor(TaskExecutor):
@@ -30,6 +30,7 @@ class DaskExecutor(TaskExecutor):
     def _start(self) -> None:
         if self.client is not None:
             return
+        require("distributed", "dask")
         import dask
         from distributed import Client, LocalCluster
         if isinstance(self.address, Client):

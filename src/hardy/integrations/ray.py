@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .remote import TaskExecutor
+from .remote import TaskExecutor, require
 
 
 class RayExecutor(TaskExecutor):
@@ -28,7 +28,7 @@ class RayExecutor(TaskExecutor):
         self._tasks: dict[Any, Any] = {}
 
     def _start(self) -> None:
-        import ray
+        ray = require("ray", "ray")
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}

@@ -56,6 +56,15 @@ def run_step_remote(spec: bytes, k: int, values: dict[str, Any]) -> tuple:
     return (out,) if len(step.node.outputs) == 1 else tuple(out)
 
 
+def require(module: str, extra: str) -> Any:
+    """Import an engine's package, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"hardy's {extra} integration needs the {module!r} package, which cannot be imported "
+                          f"here ({exc}). Install it with: pip install \"hardy[{extra}]\"") from exc
+
+
 class WorkerImportError(HardyError, ModuleNotFoundError):
     """The engine's workers cannot import a module the pipeline's code needs."""
 
@@ -232,4 +241,5 @@ class TaskExecutor(RemoteExecutor):
         return True
 
 
-__all__ = ["RemoteExecutor", "TaskExecutor", "run_chunk_remote", "run_step_remote", "WorkerImportError"]
+__all__ = ["RemoteExecutor", "TaskExecutor", "WorkerImportError", "require", "run_chunk_remote",
+           "run_step_remote"]
