@@ -581,3 +581,36 @@ def test_engine_level_cache_and_pipeline_override(tmp_path, counter):
     assert counter.calls() == ["inc"] and engine_cache.stats().entries == 1
     Pipeline(nodes=[inc], engine=engine, cache=own_cache).run(inputs={"x": 1})  # the pipeline's wins
     assert counter.calls() == ["inc", "inc"] and own_cache.stats().entries == 1
+
+
+def test_keyed_stages_key_every_node_as_the_whole_plan(tmp_path):
+    """A plan cut into keyed stages (how DaftEngine gives nodes their own UDF) derives every cache
+    key exactly as the whole plan does: multi-output and uncached producers included."""
+    from hardy.plan import KEYS, Plan
+
+    @node(output_name="a")
+    def inc(x):
+        return x + 1
+
+    @node(output_name=("b", "h"))
+    def split(a):
+        return 2 * a, a / 2
+
+    @node(output_name="c", cache=False)
+    def uncached(b):
+        return b + 1
+
+    @node(output_name="d")
+    def join(c, h, x):
+        return c + h + x
+
+    graph = Pipeline(nodes=[inc, split, uncached, join]).graph
+    cache = DiskCache(tmp_path / "c")
+    whole = Plan(graph, ["x"], ["a", "b", "h", "c", "d"], cache=cache, keyed=True).run({"x": 3})
+    first = Plan(graph, ["x"], ["b", "h"], cache=DiskCache(tmp_path / "other"), keyed=True).run({"x": 3})
+    second = Plan(graph, ["x", "b", "h"], ["d"], cache=cache, keyed=True)
+    hits = cache.hits
+    out = second.run({"x": 3, **first})
+    assert out["d"] == whole["d"] == 14.0 and out[KEYS]["d"] == whole[KEYS]["d"]
+    assert cache.hits == hits + 1  # the second stage found the whole plan's entry for join
+    assert first[KEYS]["h"] == whole[KEYS]["h"] and "a" not in first

@@ -235,6 +235,8 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     assert [o for i, o in enumerate(out) if i != 7] == [local.run(inputs={"x": x}) for x in range(10) if x != 7]
     assert isinstance(out[7].error, NodeCrashed) and out[7].error.node == "double_or_crash" and out[7].error.item == 7
     assert out[7].error.signal == "SIGSEGV" and "test_distributed.py" in out[7].error.stack, out[7].error
+    from daft.runners import get_or_infer_runner_type
+    assert get_or_infer_runner_type() == "native"  # even when this process has started Ray (earlier tests)
     assert "in double_or_crash" in out[7].error.stack and "daft" not in out[7].error.stack
     out = p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
     assert isinstance(out[3], Failed) and out[3].error.node == "split" and out[3].error.item == 3
@@ -280,6 +282,45 @@ def test_daft_engine_builds_stateful_resources_once_per_udf_process(tmp_path):
     built = [int(b) for b in log.read_text().split()]
     assert {o["pid"] for o in out} <= set(built)  # every process that ran items had built it,
     assert len(built) == len(set(built)) and os.getpid() not in built  # once, and never the driver
+
+
+@node(output_name=("b", "b_pid"))
+def double_where(a: int, model) -> tuple:
+    if a == 8:  # item 7
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 2 * a, model.pid
+
+
+@node(output_name="a_pid")
+def where_a(a: int) -> int:
+    return os.getpid()
+
+
+def test_daft_engine_gives_a_node_its_own_udf(tmp_path):
+    """node_resources cuts the plan into stages, one UDF each: the same results, crash isolation
+    and cache keys as the whole plan in one place; a resource is built only where it is used."""
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+    log = tmp_path / "built.txt"
+    nodes = [add_one, where_a, double_where, total]
+    cache = DiskCache(tmp_path / "c")
+    engine = DaftEngine(node_resources={"double_where": {"max_concurrency": 1}})
+    inputs = {"x": list(range(12)), "model": Model(str(log))}
+    out = Pipeline(nodes=nodes, engine=engine, cache=cache).map(inputs=inputs, map_over="x", on_error="continue")
+    err = out[7].error
+    assert isinstance(err, NodeCrashed) and err.node == "double_where" and err.item == 7 and err.signal == "SIGSEGV"
+    good = [o for i, o in enumerate(out) if i != 7]
+    assert [o["c"] for o in good] == [3 * (x + 1) for x in range(12) if x != 7]
+    built = {int(b) for b in log.read_text().split()}
+    assert {o["b_pid"] for o in good} <= built and not {o["a_pid"] for o in good} & built
+    seq = DiskCache(tmp_path / "c")  # every node of every good item is hit, key for key
+    Pipeline(nodes=nodes, cache=seq).map(inputs={**inputs, "x": [x for x in range(12) if x != 7]}, map_over="x")
+    assert (seq.hits, seq.misses) == (11 * 4, 0)
+    with pytest.raises(ValueError, match="did you mean 'double_where'"):
+        Pipeline(nodes=nodes, engine=DaftEngine(node_resources={"double_wher": {"gpus": 1}})).map(
+            inputs=inputs, map_over="x")
+    with pytest.raises(ValueError, match="unknown option 'gpu'"):
+        DaftEngine(node_resources={"double_where": {"gpu": 1}})
 
 
 @node(output_name="pid")
@@ -370,9 +411,16 @@ def f(x):
         os.kill(os.getpid(), signal.SIGSEGV)
     return x * 2
 
+@node(output_name="z")
+def inc(y):
+    return y + 1
+
 out = Pipeline(nodes=[f], engine=DaftEngine(address="auto")).map(inputs={"x": list(range(6))}, map_over="x",
                                                                  on_error="continue")
 print([o["y"] if not isinstance(o, Failed) else (o.error.node, o.error.item) for o in out])
+staged = DaftEngine(address="auto", node_resources={"inc": {"cpus": 1}})  # two UDFs, two actor pools
+out = Pipeline(nodes=[f, inc], engine=staged).map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
+print([o["z"] if not isinstance(o, Failed) else (o.error.node, o.error.item) for o in out])
 ray.shutdown()
 """
 
@@ -382,4 +430,4 @@ def test_daft_engine_on_ray():
     pytest.importorskip("daft")
     run = subprocess.run([sys.executable, "-c", DAFT_ON_RAY], capture_output=True, text=True, timeout=200)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1] == "[0, 2, 4, ('f', 3), 8, 10]"
+    assert run.stdout.strip().splitlines()[-2:] == ["[0, 2, 4, ('f', 3), 8, 10]", "[1, 3, 5, ('f', 3), 9, 11]"]

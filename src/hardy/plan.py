@@ -50,6 +50,7 @@ class Step:
 
 
 MISS = object()  # "not in the cache": a node whose result slot holds this must run
+KEYS = "__hardy_keys__"  # in a keyed plan's values and results: {value name: its cache key}
 
 
 class _WrongOutputCount(Exception):
@@ -62,7 +63,11 @@ class Plan:
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
                  mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
-                 cache: Any = None):
+                 cache: Any = None, keyed: bool = False):
+        """`keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
+        in several places): it takes the cache keys of provided values from `values[KEYS]`, where
+        an earlier stage computed them, and returns the keys of its outputs under `KEYS`, so every
+        node is keyed exactly as in the whole plan run at once."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -73,6 +78,7 @@ class Plan:
         self._wrap = wrap
         self._submit = submit
         self.cache = cache
+        self.keyed = keyed and cache is not None
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self._compile()
@@ -81,10 +87,11 @@ class Plan:
         # The generated functions are rebuilt on the other side: cheap, and keeps pickles small.
         # A thread pool cannot travel; a plan rebuilt in a worker runs its nodes sequentially there.
         return {"graph": self.graph, "provided": self.provided, "outputs": self.outputs,
-                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache}
+                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache, "keyed": self.keyed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"])
+        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"],
+                      keyed=state["keyed"])
 
     # --- code generation -------------------------------------------------------------------------
 
@@ -159,6 +166,8 @@ class Plan:
                 if cache is not None:
                     lines += self._output_keys(k, cached[k], var, kvar)
         result = ", ".join(f"{o!r}: {var[o]}" for o in self.outputs)
+        if self.keyed:
+            result += f", {KEYS!r}: {{{', '.join(f'{o!r}: {kvar[o]}' for o in self.outputs)}}}"
         body = "\n".join("        " + ln for ln in _without_repeated_steps(lines)) or "        pass"
         head = "async def" if is_async else "def"
         src = (f"{head} _run(_v, _i=None):\n    _s = 0\n    try:\n{body}\n"
@@ -191,11 +200,17 @@ class Plan:
         for k, step in enumerate(self.steps):
             for _, v in step.args:
                 first_use.setdefault(v, k)
+        if self.keyed:
+            lines.append(f"_pk = _v.get({KEYS!r}) or {{}}")
         for name in self.provided:
-            if name in first_use and any(cached[k] for k, s in enumerate(self.steps) if any(
+            wanted = self.keyed and name in self.outputs
+            if wanted or name in first_use and any(cached[k] for k, s in enumerate(self.steps) if any(
                     v == name for _, v in s.args)):
                 kvar[name] = f"k{len(kvar)}"
-                lines += [f"_s = {first_use[name]}", f"{kvar[name]} = _hv({var[name]}, {name!r})"]
+                key = f"_hv({var[name]}, {name!r})"
+                if self.keyed:
+                    key = f"_pk.get({name!r}) or {key}"
+                lines += [f"_s = {first_use.get(name, 0)}", f"{kvar[name]} = {key}"]
         for k, step in enumerate(self.steps):
             if cached[k]:
                 ns[f"_fp{k}"] = call_fingerprint(step.node, [p for p, _ in step.args])
@@ -232,7 +247,8 @@ class Plan:
         """Keys of this step's outputs, for cached consumers further down."""
         lines = []
         for o in self.steps[k].node.outputs:
-            if o in kvar or not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
+            wanted = self.keyed and o in self.outputs
+            if o in kvar or not wanted and not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
                 continue
             kvar[o] = f"k{len(kvar)}"
             lines.append(f"{kvar[o]} = {self._output_key(k, o) if cached else f'_hv({var[o]}, {o!r})'}")

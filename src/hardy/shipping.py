@@ -21,14 +21,14 @@ from .plan import Plan, Wrap
 
 def ship_plan(plan: Plan) -> bytes:
     try:
-        return cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache), protocol=5)
+        return cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
 
 def build_plan(spec: bytes, wrap: Wrap | None = None) -> Plan:
-    graph, provided, outputs, cache = cloudpickle.loads(spec)
-    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache)
+    graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
+    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed)
 
 
 def dumps(obj: Any) -> bytes:

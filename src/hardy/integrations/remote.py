@@ -93,6 +93,10 @@ class RemoteExecutor:
         """Run fn(*args) on one of the engine's workers; its result, or the engine's error."""
         raise NotImplementedError
 
+    def _call_step(self, handle: Any, k: int, values: dict[str, Any], node: Any) -> Any:
+        """Run step k of the shipped plan alone, on the values computed so far (diagnosis)."""
+        return self._call(run_step_remote, handle, k, values)
+
     def _is_crash(self, exc: BaseException) -> bool:
         """Whether the engine's error means the worker process died."""
         raise NotImplementedError
@@ -137,7 +141,7 @@ class RemoteExecutor:
         values = dict(item)
         for k, step in enumerate(plan.steps):
             try:
-                out = self._call(run_step_remote, handle, k, values)
+                out = self._call_step(handle, k, values, step.node)
             except Exception as exc:
                 if self._is_crash(exc):
                     said, stack = self._crash_report(exc)
