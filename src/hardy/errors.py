@@ -65,7 +65,8 @@ class NodeDefinitionError(HardyError, TypeError):
 # --- calling a pipeline --------------------------------------------------------------------------
 
 
-def _closest(name: str, candidates: Iterable[str]) -> str:
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """The hint appended to an error about a misspelt name: " (did you mean 'x'?)", or ""."""
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
@@ -77,7 +78,7 @@ class MissingInputError(HardyError, ValueError):
         parts = []
         for name, consumers in missing.items():
             parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)})"
-                         + _closest(name, provided))
+                         + did_you_mean(name, provided))
         super().__init__(
             f"pipeline {pipeline!r} is missing input(s): {'; '.join(parts)}. "
             f"Provided: {sorted(provided) or 'nothing'}. Pass them in inputs=... or with bind()."
@@ -88,7 +89,7 @@ class UnknownInputError(HardyError, ValueError):
     def __init__(self, unknown: Sequence[str], accepted: Iterable[str], pipeline: str):
         self.unknown = list(unknown)
         accepted = sorted(accepted)
-        hints = "".join(_closest(u, accepted) for u in self.unknown)
+        hints = "".join(did_you_mean(u, accepted) for u in self.unknown)
         super().__init__(
             f"pipeline {pipeline!r} got input(s) no node consumes: {self.unknown}{hints}. "
             f"Accepted inputs: {accepted}."
@@ -104,7 +105,7 @@ class UnknownOutputError(HardyError, ValueError):
         self.name = name
         available = sorted(available)
         super().__init__(
-            f"pipeline {pipeline!r} has no output {name!r}{_closest(name, available)}; "
+            f"pipeline {pipeline!r} has no output {name!r}{did_you_mean(name, available)}; "
             f"its outputs are {available}."
         )
 

@@ -46,14 +46,13 @@ import cloudpickle
 
 from ..crash import read_stack
 from ..engine.core import Engine
-from ..errors import _closest
+from ..errors import did_you_mean
 from ..plan import KEYS, Plan
 from ..shipping import dumps, run_items_here, ship_items, ship_plan
 from ..stateful import Resource
 from .remote import RemoteExecutor, plan_for, require, run_step_remote
 
 daft = require("daft", "daft")
-from daft.runners import _get_runner  # noqa: E402  (after the check that Daft is installed)
 
 ROW_ITEMS = 2500  # items per Daft row at most; a row is one call of the UDF, Daft's unit of spreading work
 
@@ -197,8 +196,11 @@ class DaftExecutor(RemoteExecutor):
         # whenever this process has joined a Ray cluster, for any reason.
         if self.address:
             daft.set_runner_ray(address=None if self.address == "auto" else self.address, noop_if_initialized=True)
-        elif _get_runner() is None:
-            daft.set_runner_native()
+        else:
+            try:
+                daft.set_runner_native()
+            except daft.exceptions.DaftCoreException:
+                pass  # a runner is set already (by the user, or an earlier map): it stays
         self._ready = True
 
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
@@ -222,7 +224,7 @@ class DaftExecutor(RemoteExecutor):
         if unknown:
             name = sorted(unknown)[0]
             raise ValueError(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
-                             f"{_closest(name, [n.name for n in plan.graph.nodes])}.")
+                             f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
         groups: list[tuple[dict[str, Any], list[Any]]] = []
         for step in plan.steps:
             options = self.node_resources.get(step.node.name, self.resources)
