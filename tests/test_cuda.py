@@ -1,5 +1,6 @@
-"""CUDA in the parent, CUDA nodes in workers (seed 003). Needs an NVIDIA GPU and a CUDA build of torch;
-skipped elsewhere (CI has neither). Runs in a fresh interpreter so this test process never touches CUDA."""
+"""CUDA in the parent, CUDA nodes in workers (seed 003) and in a Daft GPU stage. Needs an NVIDIA GPU
+and a CUDA build of torch; skipped elsewhere (CI has neither). Each scenario runs in a fresh
+interpreter, so this test process never touches CUDA."""
 
 from __future__ import annotations
 
@@ -57,16 +58,56 @@ print("fork!: items failed:", message.splitlines()[0])
 """
 
 
-def test_cuda_parent_and_cuda_nodes_in_workers():
+DAFT_GPU_STAGE = """
+import os, sys
+import torch
+if not torch.cuda.is_available():
+    sys.exit(77)
+from hardy import Pipeline, node
+from hardy.integrations.daft import DaftEngine
+
+torch.ones(1, device="cuda")  # CUDA initialised in the driver, as in seed 003
+
+@node(output_name="ids")
+def tokenize(text):
+    return [float(ord(c)) for c in text]
+
+@node(output_name="norm")
+def embed(ids):
+    t = torch.tensor(ids, device="cuda")
+    return round(float(t.norm().item()), 3), torch.cuda.get_device_name(0), os.getpid()
+
+texts = ["hardy", "survives", "native", "code"] * 8
+engine = DaftEngine(node_resources={"embed": {"gpus": 1}})  # tokenize in CPU workers, embed in a GPU one
+out = Pipeline(nodes=[tokenize, embed], engine=engine).map(inputs={"text": texts}, map_over="text")
+norms = [o["norm"][0] for o in out]
+assert norms == [round(sum(ord(c) ** 2 for c in t) ** 0.5, 3) for t in texts], norms
+assert {o["norm"][2] for o in out}.isdisjoint({os.getpid()})
+print("daft gpu stage: ok on", out[0]["norm"][1])
+"""
+
+
+def run_cuda_script(script: str) -> str:
     if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")):
         pytest.skip("no NVIDIA GPU on this machine")
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                           timeout=240)
     if proc.returncode == 77:
         pytest.skip("torch here has no CUDA (a CPU build, or no driver)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     print(proc.stdout)
-    assert proc.stdout.splitlines()[:3] == ["probe: detected", "forkserver: ok", "fork: refused"]
-    assert proc.stdout.splitlines()[3].startswith("fork!: items failed:")
+    return proc.stdout
+
+
+def test_cuda_parent_and_cuda_nodes_in_workers():
+    out = run_cuda_script(SCRIPT).splitlines()
+    assert out[:3] == ["probe: detected", "forkserver: ok", "fork: refused"]
+    assert out[3].startswith("fork!: items failed:")
+
+
+def test_daft_gpu_stage_beside_cpu_stage():
+    if importlib.util.find_spec("daft") is None:
+        pytest.skip("daft is not installed")
+    assert run_cuda_script(DAFT_GPU_STAGE).splitlines()[-1].startswith("daft gpu stage: ok on NVIDIA")
