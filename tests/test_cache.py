@@ -614,3 +614,30 @@ def test_keyed_stages_key_every_node_as_the_whole_plan(tmp_path):
     assert out["d"] == whole["d"] == 14.0 and out[KEYS]["d"] == whole[KEYS]["d"]
     assert cache.hits == hits + 1  # the second stage found the whole plan's entry for join
     assert first[KEYS]["h"] == whole[KEYS]["h"] and "a" not in first
+
+
+def test_many_connections_opening_a_fresh_index_at_once(tmp_path):
+    """Workers of every engine open the index at the same moment on a map's first items; on a fresh
+    index SQLite can refuse the switch to WAL at once ("database is locked", no busy wait). Seen in
+    Daft UDF processes; here 16 connections race on each of 200 fresh indexes (threads: the same
+    race, at a fraction of the cost of processes)."""
+    import threading
+    from hardy.cache.store import LocalStore
+    errors: list[Exception] = []
+    for n in range(200):
+        stores = [LocalStore(tmp_path / str(n)) for _ in range(16)]
+        barrier = threading.Barrier(len(stores))
+
+        def put(store: LocalStore) -> None:
+            barrier.wait()
+            try:
+                store.put(bytes(16), b"x")
+            except Exception as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []

@@ -86,18 +86,33 @@ class LocalStore:
     def _open(self) -> sqlite3.Connection:
         for attempt in range(2):
             try:
-                conn = sqlite3.connect(self._db, timeout=60, isolation_level=None, check_same_thread=False)
+                return self._connect()
+            except sqlite3.DatabaseError as exc:
+                if attempt or "locked" in str(exc):
+                    raise
+                self._quarantine(exc)
+        raise AssertionError("unreachable")
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the index, set up. When several processes open a fresh index at once,
+        switching it to WAL can answer "database is locked" at once, without waiting for the busy
+        timeout (a lock upgrade SQLite refuses rather than risk a deadlock): that is retried."""
+        delay, deadline = 0.002, time.monotonic() + 60
+        while True:
+            conn = sqlite3.connect(self._db, timeout=60, isolation_level=None, check_same_thread=False)
+            try:
                 conn.execute("PRAGMA busy_timeout=60000")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("CREATE TABLE IF NOT EXISTS entries (key BLOB PRIMARY KEY, data BLOB, file TEXT, "
                              "size INTEGER, created REAL, accessed REAL) WITHOUT ROWID")
                 return conn
-            except sqlite3.DatabaseError as exc:
-                if attempt or "locked" in str(exc):
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
-                self._quarantine(exc)
-        raise AssertionError("unreachable")
+                time.sleep(delay)
+                delay = min(2 * delay, 0.1)
 
     def _quarantine(self, exc: Exception) -> None:
         """A damaged index is moved aside (entries are lost, never served wrong) and started anew."""
