@@ -73,15 +73,13 @@ class _Stage:
 
     def __init__(self, spec: bytes, last: bool, paths: list[str], resources: bytes):
         _prepare_worker(paths)
-        self.spec, self.last = spec, last
-        plan_for(spec)
+        self.plan, self.last = plan_for(spec), last
         for resource in cloudpickle.loads(resources):
             resource.instance  # built here, once per worker, like any @daft.cls model
 
     @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)
     def run(self, states: Any) -> list[bytes]:
-        plan = plan_for(self.spec)
-        return [dumps(run_stage(plan, pickle.loads(raw), self.last)) for raw in states.to_pylist()]
+        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last)) for raw in states.to_pylist()]
 
 
 def run_stage(plan: Plan, rows: list[tuple[int, bool, Any]], last: bool) -> list[tuple[int, bool, Any]]:

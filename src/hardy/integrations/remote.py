@@ -1,7 +1,10 @@
-"""The part every task-based engine shares: chunks of items through the compiled plan, as tasks.
+"""The part every engine shares: chunks of items through the compiled plan, on the engine's workers.
 
-An engine only says how to start, how to submit a function, how to wait and what its "a worker
-died" errors look like (`TaskExecutor`'s abstract methods). The rest is here, once:
+`RemoteExecutor` is what every engine-backed executor shares (shipping with hardy's errors first,
+delivering per-item rows, naming the node behind a crash, import errors); `DaftExecutor` builds on
+it directly, since a Daft map is one query. `TaskExecutor` adds running a map as tasks: Dask and Ray
+only say how to start, how to submit a function, how to wait and what their "a worker died" errors
+look like. For tasks:
 
 1. the plan's spec is shipped once (the engine's object store), items in chunks of a few thousand;
 2. each task compiles the plan on the worker (memoised per spec) and runs its chunk, returning
@@ -21,10 +24,10 @@ from typing import Any, Sequence
 
 import cloudpickle
 
+from ..crash import signal_in_stack
 from ..errors import HardyError, NodeCrashed
 from ..plan import Plan
 from ..shipping import build_plan, dumps, run_items_here, ship_items, ship_plan
-from ..crash import signal_in_stack
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
