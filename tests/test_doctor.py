@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import venv
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -115,7 +109,7 @@ def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
 
 def test_doctor_reports_a_version_outside_the_known_range(monkeypatch):
     import hardy.doctor as doctor
-    monkeypatch.setitem(doctor.KNOWN_RANGES, "numba", (((0, 1), (0, 2)), "a test internal"))
+    monkeypatch.setitem(doctor.KNOWN_RANGES, "numba", (">=0.1,<0.2", "a test internal"))
     report = doctor.examine()
     if report.packages.get("numba") is None:
         pytest.skip("numba not installed")
@@ -197,79 +191,6 @@ def test_cycles_are_reported_not_looped_on(tmp_path):
     plan = analyse(scan([str(tmp_path)]))
     assert plan.cycles and set(plan.cycles[0]) == {"libX.so", "libY.so"}
     assert len(plan.order) == 2
-
-
-# --- wheels ---------------------------------------------------------------------------------------
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def build_wheel(folder: Path) -> Path:
-    files = {
-        "tinypkg/__init__.py": "def greet():\n    return 'hello'\n",
-        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    rows = [[name, _record_hash(body.encode()), str(len(body.encode()))] for name, body in files.items()]
-    rows.append(["tinypkg-1.0.dist-info/RECORD", "", ""])
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    files["tinypkg-1.0.dist-info/RECORD"] = buf.getvalue()
-    path = folder / "tinypkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, body in files.items():
-            zf.writestr(name, body)
-    return path
-
-
-PATCH = """--- a/tinypkg/__init__.py
-+++ b/tinypkg/__init__.py
-@@ -1,2 +1,2 @@
- def greet():
--    return 'hello'
-+    return 'hello, patched'
-"""
-
-
-def test_wheel_patch_installs_with_the_patched_behaviour(tmp_path):
-    wheel = build_wheel(tmp_path)
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    (patches / "001-greet.patch").write_text(PATCH)
-    out = hardy_cli("wheel", "patch", "--wheel", str(wheel), "--patch-dir", str(patches), "--suffix", "stripe.5",
-                    "--dest-dir", str(tmp_path / "out"))
-    assert out.returncode == 0, out.stdout + out.stderr
-    patched = tmp_path / "out" / "tinypkg-1.0+stripe.5-py3-none-any.whl"
-    assert patched.exists()
-    assert hardy_cli("wheel", "verify", str(patched)).returncode == 0
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    py = str(env_dir / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(patched)], check=True)
-    run = subprocess.run([py, "-c", "import importlib.metadata as m, tinypkg; "
-                          "print(tinypkg.greet(), m.version('tinypkg'))"], capture_output=True, text=True)
-    assert run.stdout.strip() == "hello, patched 1.0+stripe.5", run.stderr
-
-
-def test_wheel_verify_catches_tampering_and_patch_refuses_bad_hunks(tmp_path):
-    wheel = build_wheel(tmp_path)
-    tampered = tmp_path / "tampered" / wheel.name
-    tampered.parent.mkdir()
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tampered, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item.filename)
-            if item.filename.endswith("__init__.py"):
-                data = data.replace(b"hello", b"HELLO")
-            dst.writestr(item, data)
-    bad = hardy_cli("wheel", "verify", str(tampered))
-    assert bad.returncode == 1 and "tinypkg/__init__.py: hash does not match RECORD" in bad.stdout
-    patches = tmp_path / "bad"
-    patches.mkdir()
-    (patches / "001.patch").write_text(PATCH.replace(" def greet():", " def greeting():"))
-    refused = hardy_cli("wheel", "patch", "--wheel", str(wheel), "--patch-dir", str(patches), "--suffix", "x",
-                        "--dest-dir", str(tmp_path / "out"))
-    assert refused.returncode == 2 and "does not apply" in refused.stdout and "tinypkg/__init__.py" in refused.stdout
 
 
 def test_help_explains_every_command():

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .native.loaded import loaded_libraries, openmp_runtimes
 from .repeat import classify, wilson
-from .safety.environment import NUMBA_GUARD_RANGE
+from .safety.environment import NUMBA_GUARD_RANGE, version_in
 from .safety.hazards import fork_hazards
 
 # distribution name -> import name
@@ -31,10 +31,10 @@ PACKAGES = {"torch": "torch", "numba": "numba", "llvmlite": "llvmlite", "tokeniz
             "cuml": "cuml", "cupy": "cupy", "jax": "jax", "daft": "daft", "numpy": "numpy", "scipy": "scipy",
             "scikit-learn": "sklearn"}
 
-# Internals hardy touches, and the versions it was checked against: [lowest, highest) (major, minor).
+# Internals hardy touches, and the versions it was checked against (PEP 440 specifiers).
 KNOWN_RANGES = {
     "numba": (NUMBA_GUARD_RANGE, "FunctionIdentity._unique_ids (the unique-id guard)"),
-    "torch": (((1, 10), (2, 15)), "torch.cuda._is_in_bad_fork (the CUDA fork probe)"),
+    "torch": (">=1.10,<2.15", "torch.cuda._is_in_bad_fork (the CUDA fork probe)"),
 }
 
 BLAS = ("libopenblas", "libscipy_openblas", "libmkl_rt", "libmkl_core", "libblis", "libflexiblas", "libcblas",
@@ -75,14 +75,6 @@ class Report:
         return d
 
 
-def _version_tuple(version: str) -> tuple[int, int] | None:
-    try:
-        major, minor = version.split("+")[0].split(".")[:2]
-        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-    except ValueError:
-        return None
-
-
 def examine(imports: Sequence[str] = ()) -> Report:
     """Import `imports` here, then describe this process (see the module docstring)."""
     report = Report(python=sys.version.split()[0] + f" ({sys.executable})",
@@ -98,15 +90,14 @@ def examine(imports: Sequence[str] = ()) -> Report:
             report.packages[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             report.packages[dist] = None
-    for dist, ((low, high), what) in KNOWN_RANGES.items():
+    for dist, (specifier, what) in KNOWN_RANGES.items():
         version = report.packages.get(dist)
         if version is None:
             continue
-        vt = _version_tuple(version)
-        if vt is None or not (low <= vt < high):
+        if not version_in(version, specifier):
             report.findings.append(Finding(
-                "warning", "versions", f"{dist} {version} is outside the range hardy checked for {what}: "
-                f"{low[0]}.{low[1]} to before {high[0]}.{high[1]}; hardy leaves it unpatched"))
+                "warning", "versions", f"{dist} {version} is outside the range hardy checked for {what} "
+                f"({specifier}); hardy leaves it unpatched"))
         else:
             report.findings.append(Finding("ok", "versions", f"{dist} {version}: {what} is known to be safe"))
     libs = loaded_libraries()

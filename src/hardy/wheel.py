@@ -1,25 +1,37 @@
-"""Patching a wheel reproducibly (seed 001's wheel_patcher.py, done properly), and verifying one.
+"""Patching a wheel reproducibly, verifying one, and serving a folder of them as a package index.
 
-`patch_wheel` unpacks a wheel, applies the unified diffs of a directory in name order (a hunk that
-does not apply is an error naming the file and the line), gives the result the version
-`VERSION+SUFFIX` (a PEP 440 local label: the dist-info directory is renamed and METADATA updated),
-regenerates RECORD with sha256 hashes and sizes, and repacks it with the original tags.
+A team that must patch a library (a CUDA wheel whose loader preloads its libraries in the wrong
+order, say) needs three things: the patched wheel, proof that nothing else changed, and an index
+that pip and Bazel's rules_python can install it from. Each step stands on a maintained tool
+rather than code of our own:
+
+- diffs are applied by `git apply`: it handles multi-file diffs with or without `diff` lines,
+  "\\ No newline at end of file", new and deleted files and mode changes, and names the file and
+  line of a hunk that does not apply;
+- the wheel is packed by the `wheel` project's `WheelFile`, which writes RECORD (sha256, size),
+  keeps each file's mode (a CUDA wheel's `ptxas` stays executable) and orders dist-info last;
+- names and versions are parsed by `packaging` (PEP 427 file names, PEP 440 local labels, PEP 503
+  project names).
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
+import html
 import io
 import os
 import re
+import shutil
+import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+# 1980-01-01, the earliest time a zip file can hold: every file gets it, so the same inputs give
+# byte-identical wheels.
+_EPOCH = 315532800
 
 
 class WheelError(Exception):
@@ -32,152 +44,172 @@ class VerifyResult:
     problems: list[str]
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _dist_info(root: Path) -> Path:
-    found = [p for p in root.iterdir() if p.name.endswith(".dist-info") and p.is_dir()]
-    if len(found) != 1:
-        raise WheelError(f"expected one .dist-info directory in the wheel, found {[p.name for p in found]}")
-    return found[0]
+def _git() -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise WheelError("applying patches needs git ('git apply'), which is not on PATH: install git "
+                         "(e.g. apt-get install git) and run again")
+    return git
 
 
 def apply_patch(root: Path, patch_file: Path) -> list[str]:
-    """Apply one unified diff under `root`. Returns the files it changed."""
-    text = patch_file.read_text()
-    changed = []
-    lines = text.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith("--- "):
-            i += 1
-            continue
-        if i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
-            raise WheelError(f"{patch_file.name}: '---' line {i + 1} is not followed by '+++'")
-        target = lines[i + 1][4:].split("\t")[0].strip()
-        rel = target.split("/", 1)[1] if target.startswith(("a/", "b/")) else target
-        path = root / rel
-        if not path.is_file():
-            raise WheelError(f"{patch_file.name}: patches {rel}, which is not in the wheel")
-        original = path.read_text().splitlines(keepends=True)
-        result: list[str] = []
-        cursor = 0
-        i += 2
-        while i < len(lines) and lines[i].startswith("@@"):
-            m = _HUNK.match(lines[i])
-            if not m:
-                raise WheelError(f"{patch_file.name}: malformed hunk header at line {i + 1}: {lines[i].strip()}")
-            start = int(m.group(1)) - 1 if int(m.group(2) or 1) else int(m.group(1))
-            result += original[cursor:start]
-            cursor = start
-            i += 1
-            while i < len(lines) and lines[i][:1] in (" ", "-", "+", "\\"):
-                tag, body = lines[i][:1], lines[i][1:]
-                if tag == "\\":  # "\ No newline at end of file"
-                    if result:
-                        result[-1] = result[-1].rstrip("\n")
-                elif tag in (" ", "-"):
-                    have = original[cursor] if cursor < len(original) else None
-                    if have is None or have.rstrip("\n") != body.rstrip("\n"):
-                        raise WheelError(
-                            f"{patch_file.name}: hunk at line {m.group(1)} of {rel} does not apply: line "
-                            f"{cursor + 1} is {have!r}, the patch expects {body!r}")
-                    if tag == " ":
-                        result.append(have)
-                    cursor += 1
-                else:
-                    result.append(body)
-                i += 1
-        result += original[cursor:]
-        path.write_text("".join(result))
-        changed.append(rel)
-    if not changed:
-        raise WheelError(f"{patch_file.name} contains no unified diff")
-    return changed
+    """Apply one unified diff under `root` with `git apply`; returns the files it changed.
+
+    Paths may carry the `a/` and `b/` prefixes of git and `diff -ru a b` (stripped) or none."""
+    git, patch_file = _git(), Path(patch_file).resolve()
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(root).resolve().parent)}
+    errors = []
+    for strip in (1, 0):
+        apply = [git, "apply", f"-p{strip}", "--whitespace=nowarn"]
+        check = subprocess.run([*apply, "--check", "--numstat", str(patch_file)],
+                               cwd=root, env=env, capture_output=True, text=True)
+        if check.returncode == 0 and check.stdout.strip():
+            subprocess.run([*apply, str(patch_file)], cwd=root, env=env, check=True, capture_output=True)
+            return [line.split("\t", 2)[2] for line in check.stdout.splitlines()]
+        errors.append(check.stderr.strip() or "no unified diff found")
+    raise WheelError(f"{patch_file.name} does not apply: {errors[0]}")
+
+
+def _fix_version(root: Path, name: str, new_version: str) -> None:
+    """Rename the dist-info directory to the new version and set METADATA's Version."""
+    found = [p for p in root.iterdir() if p.name.endswith(".dist-info") and p.is_dir()]
+    if len(found) != 1:
+        raise WheelError(f"expected one .dist-info directory in the wheel, found {[p.name for p in found]}")
+    info = root / f"{name}-{new_version}.dist-info"
+    found[0].rename(info)
+    (info / "RECORD").unlink(missing_ok=True)  # WheelFile writes a new one
+    meta = info / "METADATA"
+    text = meta.read_text()
+    if not re.search(r"^Version: .*$", text, flags=re.M):
+        raise WheelError("METADATA has no Version field")
+    meta.write_text(re.sub(r"^Version: .*$", f"Version: {new_version}", text, count=1, flags=re.M))
+
+
+def _extract(wheel: Path, root: Path) -> None:
+    """Unzip keeping each file's mode (zipfile alone drops it: CPython issue 59999)."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            target = Path(zf.extract(info, root))
+            mode = info.external_attr >> 16 & 0o777
+            if mode and not info.is_dir():
+                target.chmod(mode)
+
+
+def _pack(root: Path, out: Path) -> None:
+    from wheel.wheelfile import WheelFile
+
+    for path in root.rglob("*"):
+        os.utime(path, (_EPOCH, _EPOCH))
+    previous = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = str(_EPOCH)  # RECORD's own timestamp
+    try:
+        with WheelFile(out, "w") as wf:
+            wf.write_files(str(root))
+    finally:
+        if previous is None:
+            del os.environ["SOURCE_DATE_EPOCH"]
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = previous
 
 
 def patch_wheel(wheel: str | os.PathLike[str], patch_dir: str | os.PathLike[str], suffix: str,
                 dest_dir: str | os.PathLike[str]) -> Path:
-    """The patched wheel's path (see the module docstring)."""
+    """Apply the `.patch`/`.diff` files of `patch_dir` in name order and repack as VERSION+SUFFIX.
+
+    The local label keeps the patched wheel distinguishable from upstream's everywhere (pip's
+    resolver, `importlib.metadata`, an index), while `==VERSION+SUFFIX` pins it exactly."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
     wheel, patch_dir, dest = Path(wheel), Path(patch_dir), Path(dest_dir)
-    if not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", suffix):
-        raise WheelError(f"suffix {suffix!r} is not a PEP 440 local label (letters, digits, dots)")
-    parts = wheel.name[:-4].split("-")
-    if len(parts) < 5:
-        raise WheelError(f"{wheel.name} is not named NAME-VERSION-PYTHON-ABI-PLATFORM.whl")
-    name, version, tags = parts[0], parts[1], parts[-3:]
-    new_version = f"{version}.{suffix}" if "+" in version else f"{version}+{suffix}"
+    try:
+        _, version, _, _ = parse_wheel_filename(wheel.name)
+        new_version = str(Version(f"{version}.{suffix}" if version.local else f"{version}+{suffix}"))
+    except InvalidWheelFilename as exc:
+        raise WheelError(f"{wheel.name} is not a wheel file name (NAME-VERSION-PYTHON-ABI-PLATFORM.whl): {exc}")
+    except InvalidVersion:
+        raise WheelError(f"suffix {suffix!r} is not a PEP 440 local label (letters, digits, dots)") from None
     patches = sorted(p for p in patch_dir.iterdir() if p.suffix in (".patch", ".diff"))
     if not patches:
         raise WheelError(f"no .patch or .diff files in {patch_dir}")
+    name, rest = wheel.name.split("-", 1)
+    tags = rest.split("-", 1)[1]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(root)
+        _extract(wheel, root)
         for p in patches:
             apply_patch(root, p)
-        info = _dist_info(root)
-        new_info = root / f"{name}-{new_version}.dist-info"
-        info.rename(new_info)
-        meta = new_info / "METADATA"
-        text = meta.read_text()
-        if not re.search(r"^Version: .*$", text, flags=re.M):
-            raise WheelError("METADATA has no Version field")
-        meta.write_text(re.sub(r"^Version: .*$", f"Version: {new_version}", text, count=1, flags=re.M))
-        record = new_info / "RECORD"
-        rows = []
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            rel = path.relative_to(root).as_posix()
-            if path == record:
-                continue
-            data = path.read_bytes()
-            rows.append([rel, _record_hash(data), str(len(data))])
-        rows.append([record.relative_to(root).as_posix(), "", ""])
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        record.write_text(buf.getvalue())
+        _fix_version(root, name, new_version)
         dest.mkdir(parents=True, exist_ok=True)
-        out = dest / f"{name}-{new_version}-{'-'.join(tags)}.whl"
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-            # dist-info last, as wheel builders do; fixed timestamps keep the output reproducible
-            files = sorted(rows, key=lambda r: (r[0].startswith(new_info.name), r[0]))
-            for rel, *_ in files:
-                zi = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
-                zi.external_attr = 0o644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                zf.writestr(zi, (root / rel).read_bytes())
+        out = dest / f"{name}-{new_version}-{tags}"
+        _pack(root, out)
     return out
 
 
 def verify_wheel(wheel: str | os.PathLike[str]) -> VerifyResult:
-    """Check every file against RECORD (hash and size); list files RECORD does not mention."""
+    """Check every file against RECORD (hash and size); list files RECORD does not mention.
+
+    All problems are collected (not just the first, as an installer stops at), so one run shows
+    everything a patch or a hand edit changed."""
+    from wheel.wheelfile import urlsafe_b64encode
+
     problems = []
     with zipfile.ZipFile(wheel) as zf:
         names = [n for n in zf.namelist() if not n.endswith("/")]
         records = [n for n in names if n.endswith(".dist-info/RECORD")]
         if len(records) != 1:
             return VerifyResult(0, [f"expected one RECORD, found {records}"])
-        listed = {}
-        for row in csv.reader(io.StringIO(zf.read(records[0]).decode())):
-            if row:
-                listed[row[0]] = row
+        listed = {row[0]: row for row in csv.reader(io.StringIO(zf.read(records[0]).decode())) if row}
         for n in names:
             row = listed.get(n)
             if row is None:
                 problems.append(f"{n}: not in RECORD")
-                continue
-            if n == records[0]:
-                continue
-            data = zf.read(n)
-            if row[1] != _record_hash(data):
-                problems.append(f"{n}: hash does not match RECORD")
-            elif row[2] and int(row[2]) != len(data):
-                problems.append(f"{n}: size {len(data)} but RECORD says {row[2]}")
-        for n in listed:
-            if n not in names:
-                problems.append(f"{n}: in RECORD but missing from the wheel")
+            elif n != records[0]:
+                data = zf.read(n)
+                digest = "sha256=" + urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+                if row[1] != digest:
+                    problems.append(f"{n}: hash does not match RECORD")
+                elif row[2] and int(row[2]) != len(data):
+                    problems.append(f"{n}: size {len(data)} but RECORD says {row[2]}")
+        problems += [f"{n}: in RECORD but missing from the wheel" for n in listed if n not in names]
     return VerifyResult(len(names), problems)
 
 
-__all__ = ["patch_wheel", "verify_wheel", "apply_patch", "WheelError", "VerifyResult"]
+def build_index(folder: str | os.PathLike[str]) -> Path:
+    """Write a PEP 503 simple index of the wheels and sdists in `folder`; returns its `simple/` path.
+
+    pip installs from it with `--index-url file://FOLDER/simple` (or over any static web server),
+    and so does Bazel's rules_python; links carry `#sha256=` so installers check each download."""
+    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+    folder = Path(folder).resolve()
+    projects: dict[str, list[tuple[str, str]]] = {}
+    for f in sorted(folder.iterdir()):
+        try:
+            if f.name.endswith(".whl"):
+                name = parse_wheel_filename(f.name)[0]
+            elif f.name.endswith((".tar.gz", ".zip")):
+                name = parse_sdist_filename(f.name)[0]
+            else:
+                continue
+        except ValueError as exc:
+            raise WheelError(f"{f.name} is not a distribution file name: {exc}") from None
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        projects.setdefault(canonicalize_name(name), []).append((f.name, digest))
+    if not projects:
+        raise WheelError(f"no wheels or sdists in {folder}")
+    simple = folder / "simple"
+    simple.mkdir(exist_ok=True)
+    page = "<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" content=\"1.0\">" \
+           "<title>{title}</title></head><body>\n{links}\n</body></html>\n"
+    links = [f'<a href="{html.escape(p)}/">{html.escape(p)}</a>' for p in projects]
+    (simple / "index.html").write_text(page.format(title="Simple index", links="<br>\n".join(links)))
+    for project, files in projects.items():
+        (simple / project).mkdir(exist_ok=True)
+        links = [f'<a href="../../{html.escape(n)}#sha256={d}">{html.escape(n)}</a>' for n, d in files]
+        (simple / project / "index.html").write_text(page.format(title=f"Links for {project}",
+                                                                 links="<br>\n".join(links)))
+    return simple
+
+
+__all__ = ["patch_wheel", "verify_wheel", "apply_patch", "build_index", "WheelError", "VerifyResult"]

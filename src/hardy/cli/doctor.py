@@ -13,7 +13,7 @@ from rich.table import Table
 
 console = Console()
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Patch a wheel reproducibly, or verify one against its RECORD.")
+                        help="Patch a wheel reproducibly, verify one against its RECORD, serve a folder as an index.")
 
 _SEVERITY_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
 
@@ -190,3 +190,15 @@ def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -
         console.print(f"[red]bad[/] {p}", highlight=False)
     console.print(f"checked {result.checked} files, {len(result.problems)} problems")
     raise typer.Exit(1 if result.problems else 0)
+
+
+@wheel_app.command("index")
+def wheel_index(folder: str = typer.Argument(..., help="A folder of wheels (and sdists).")) -> None:
+    """Write a PEP 503 simple index (FOLDER/simple) for pip --index-url file://FOLDER/simple."""
+    from ..wheel import WheelError, build_index
+    try:
+        simple = build_index(folder)
+    except WheelError as exc:
+        console.print(f"[red]error[/] {exc}", highlight=False)
+        raise typer.Exit(2)
+    console.print(f"wrote {simple}; install with: pip install --index-url {simple.as_uri()} NAME", highlight=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-NUMBA_GUARD_RANGE = ((0, 55), (0, 69))  # [lowest, highest): versions whose FunctionIdentity was read
+NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
 
 
 def worker_environment(workers: int) -> dict[str, str]:
@@ -47,13 +47,20 @@ class _UniqueIds:
         return uuid.uuid4().int
 
 
-def numba_guard_supported(version: str) -> bool:
+def version_in(version: str, specifier: str) -> bool:
+    """Local labels (`2.11.0+cu130`) and pre-releases count as their release: the ranges hardy keeps
+    are of internals it reads, which a local build or a release candidate shares with its release."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
     try:
-        major, minor = (int(p) for p in version.split(".")[:2])
-    except ValueError:
+        return SpecifierSet(specifier).contains(Version(version).public, prereleases=True)
+    except InvalidVersion:
         return False
-    low, high = NUMBA_GUARD_RANGE
-    return low <= (major, minor) < high
+
+
+def numba_guard_supported(version: str) -> bool:
+    return version_in(version, NUMBA_GUARD_RANGE)
 
 
 def _patch_bytecode(module: Any) -> None:
