@@ -104,6 +104,10 @@ def test_node_error_in_map_names_the_item():
     assert err.failures[2].item == 2 and "item 2" in str(err)
     assert err.results[:2] == [{"q": 1.0}, {"q": 0.5}]  # computed results are kept
     assert isinstance(err.results[2], Failed)
+    assert err.results[3] is None and len(err.results) == 4  # one entry per item, None if not run
+    assert "2 of 4 completed" in str(err) and "None for an item not run" in str(err)
+    assert repr(err.results[2]) == ("Failed(NodeError(\"node 'divide' failed on item 2 (inputs: x=0): "
+                                    "ZeroDivisionError: division by zero\"))")
 
 
 @pytest.mark.parametrize("executor", ["sequential", "threaded", "async"])

@@ -155,6 +155,9 @@ class NodeError(HardyError):
             cause = f"{type(self.__cause__).__name__}: {self.__cause__}"
         return f"{where}: {cause}" if cause else where
 
+    def __repr__(self) -> str:  # a list of Failed entries should read as what went wrong
+        return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
+
     def __reduce__(self):  # keep node/item/cause when crossing process boundaries
         return (_rebuild_node_error, (type(self), self.__dict__.copy(), self.__cause__))
 
@@ -199,8 +202,9 @@ class MapError(HardyError):
         first = failures[min(failures)]
         done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
         super().__init__(
-            f"{len(failures)} map item(s) failed; {done} of {len(results)} completed and are kept in "
-            f".results. First failure: {first}. Use on_error='continue' to run every item."
+            f"{len(failures)} map item(s) failed; {done} of {len(results)} completed. .results has one "
+            f"entry per item: the result, a Failed, or None for an item not run. First failure: {first}. "
+            f"Use on_error='continue' to run every item."
         )
         self.__cause__ = first
 
@@ -214,7 +218,7 @@ class Failed:
         self.error = error
 
     def __repr__(self) -> str:
-        return f"Failed({self.error})"
+        return f"Failed({self.error!r})"
 
     def __reduce__(self):
         return (Failed, (self.error,))

@@ -6,7 +6,7 @@ import typer
 
 from .. import __version__
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="hardy: pipelines of plain Python functions that survive native crashes.")
 
 

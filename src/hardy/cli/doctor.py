@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-wheel_app = typer.Typer(add_completion=False, no_args_is_help=True,
+wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Patch a wheel reproducibly, verify one against its RECORD, serve a folder as an index.")
 
 _SEVERITY_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
@@ -78,6 +78,10 @@ def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-
     for k, v in {**report.threads, **report.cuda}.items():
         t.add_row(k, str(v))
     console.print(t)
+    if not report.findings:
+        console.print("[green]nothing to report[/]: no fork hazard, no unresolvable library, no version "
+                      "outside a checked range")
+        raise typer.Exit(0)
     t = Table(title="findings")
     t.add_column("")
     t.add_column("topic")
