@@ -33,21 +33,52 @@ def test_async_nodes_work_with_the_sequential_executor():
     assert Pipeline(nodes=[wait_a, wait_b, add]).run(inputs={"x": 1}) == {"slow_a": 2, "slow_b": 3, "sum": 5}
 
 
+class Overlap:
+    """Counts how many awaits are in flight at once: concurrency observed, not inferred from timing."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+
+    async def wait(self, seconds: float) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await asyncio.sleep(seconds)
+        self.now -= 1
+
+
 def test_async_map_runs_40_waits_concurrently():
-    p = Pipeline(nodes=[wait_a], engine=Engine(map_executor="async"))
-    start = time.perf_counter()
+    overlap = Overlap()
+
+    @node(output_name="slow_a")
+    async def wait_counted(x):
+        await overlap.wait(0.05)
+        return x + 1
+
+    p = Pipeline(nodes=[wait_counted], engine=Engine(map_executor="async"))
     out = p.map(inputs={"x": list(range(40))}, map_over="x")
-    elapsed = time.perf_counter() - start
     assert [o["slow_a"] for o in out] == list(range(1, 41))
-    assert elapsed < 0.5, elapsed  # sequentially it would be 40 x 50 ms = 2 s
+    assert overlap.most == 40
 
 
 def test_async_node_executor_gathers_independent_nodes():
-    p = Pipeline(nodes=[wait_a, wait_b, add], engine=Engine(node_executor="async"))
-    p.run(inputs={"x": 0})
-    start = time.perf_counter()
+    overlap = Overlap()
+
+    @node(output_name="slow_a")
+    async def a(x):
+        await overlap.wait(0.05)
+        return x + 1
+
+    @node(output_name="slow_b")
+    async def b(x):
+        await overlap.wait(0.05)
+        return x + 2
+
+    p = Pipeline(nodes=[a, b, add], engine=Engine(node_executor="async"))
     assert p.run(inputs={"x": 1})["sum"] == 5
-    assert time.perf_counter() - start < 0.09  # both 50 ms waits overlap
+    assert overlap.most == 2
+    overlap.most = 0
+    Pipeline(nodes=[a, b, add]).run(inputs={"x": 1})
+    assert overlap.most == 1  # the same nodes under the default executor run one after the other
 
 
 def test_async_works_inside_a_running_event_loop():
