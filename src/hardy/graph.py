@@ -7,6 +7,7 @@ re-check: a Plan can trust the graph.
 
 from __future__ import annotations
 
+import graphlib
 from typing import Iterable
 
 from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError
@@ -43,32 +44,14 @@ class Graph:
         return [self.producer[i] for i in n.inputs if i in self.producer]
 
     def _topological_order(self) -> tuple[Node, ...]:
-        """Depth-first order; on a back edge, report the cycle by its node names."""
-        state: dict[int, int] = {}  # id(node) -> 1 visiting, 2 done
-        order: list[Node] = []
-        for root in self.nodes:
-            if state.get(id(root)):
-                continue
-            stack: list[tuple[Node, int]] = [(root, 0)]
-            path: list[Node] = [root]
-            state[id(root)] = 1
-            while stack:
-                n, i = stack[-1]
-                deps = self.dependencies(n)
-                if i < len(deps):
-                    stack[-1] = (n, i + 1)
-                    d = deps[i]
-                    s = state.get(id(d))
-                    if s == 1:
-                        cycle = path[path.index(d):]
-                        raise CycleError([c.name for c in reversed(cycle)])
-                    if s is None:
-                        state[id(d)] = 1
-                        stack.append((d, 0))
-                        path.append(d)
-                else:
-                    stack.pop()
-                    path.pop()
-                    state[id(n)] = 2
-                    order.append(n)
-        return tuple(order)
+        """Dependencies first, and otherwise the order the nodes were declared in (the standard
+        library's `graphlib` does the sorting; a cycle is reported by its node names)."""
+        sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
+        position = {id(n): k for k, n in enumerate(self.nodes)}
+        for k, n in enumerate(self.nodes):
+            sorter.add(k, *(position[id(d)] for d in self.dependencies(n)))
+        try:
+            return tuple(self.nodes[k] for k in sorter.static_order())
+        except graphlib.CycleError as exc:
+            cycle = exc.args[1][:-1]  # graphlib repeats the first node at the end
+            raise CycleError([self.nodes[k].name for k in reversed(cycle)]) from None
