@@ -21,7 +21,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from .native.loaded import loaded_libraries, openmp_runtimes
+from .native.loaded import thread_pools
 from .repeat import classify, wilson
 from .safety.environment import NUMBA_GUARD_RANGE, version_in
 from .safety.hazards import fork_hazards
@@ -37,8 +37,6 @@ KNOWN_RANGES = {
     "torch": (">=1.10,<2.15", "torch.cuda._is_in_bad_fork (the CUDA fork probe)"),
 }
 
-BLAS = ("libopenblas", "libscipy_openblas", "libmkl_rt", "libmkl_core", "libblis", "libflexiblas", "libcblas",
-        "libblas")
 SEVERITY = {"ok": 0, "warning": 1, "error": 2}
 
 
@@ -100,12 +98,13 @@ def examine(imports: Sequence[str] = ()) -> Report:
                 f"({specifier}); hardy leaves it unpatched"))
         else:
             report.findings.append(Finding("ok", "versions", f"{dist} {version}: {what} is known to be safe"))
-    libs = loaded_libraries()
-    report.openmp = openmp_runtimes(libs)
-    report.blas = [p for p in libs if os.path.basename(p).startswith(BLAS)]
+    pools = thread_pools()
+    report.openmp = [p["filepath"] for p in pools if p["user_api"] == "openmp"]
+    report.blas = [p["filepath"] for p in pools if p["user_api"] == "blas"]
     report.threads = {
         "os_threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None,
         "python_threads": threading.active_count(),
+        **{f"{p['internal_api']} threads ({os.path.basename(p['filepath'])})": p["num_threads"] for p in pools},
         "cpu_count": os.cpu_count(),
         **{v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                           "TOKENIZERS_PARALLELISM")},

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import sys
-
-_OPENMP = re.compile(r"^lib(gomp|iomp5|omp)([-.][\w.-]*)?\.so")
-
+from typing import Any
 
 class _PhdrInfo(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p),
@@ -40,7 +37,17 @@ def loaded_libraries() -> list[str]:
     return names
 
 
-def openmp_runtimes(libraries: list[str] | None = None) -> list[str]:
-    """The OpenMP runtimes among the loaded libraries (torch bundles its own libgomp copy)."""
-    libs = loaded_libraries() if libraries is None else libraries
-    return [p for p in libs if _OPENMP.match(os.path.basename(p))]
+def thread_pools() -> list[dict[str, Any]]:
+    """The OpenMP and BLAS runtimes loaded in this process, as threadpoolctl finds them: each with
+    its `user_api` ("openmp" or "blas"), `internal_api`, `filepath`, `version` and `num_threads`.
+
+    threadpoolctl is the maintained answer to "which runtimes are loaded and how many threads will
+    each use" (scikit-learn and numpy's test suites rely on it); it also knows each runtime's symbol
+    for reading and setting its thread count, which a list of library names does not."""
+    from threadpoolctl import threadpool_info
+    return threadpool_info()
+
+
+def openmp_runtimes() -> list[str]:
+    """Paths of the loaded OpenMP runtimes (torch bundles its own libgomp copy, numba may load another)."""
+    return [p["filepath"] for p in thread_pools() if p["user_api"] == "openmp"]

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import HazardError
-from ..native.loaded import loaded_libraries, openmp_runtimes
+from ..native.loaded import openmp_runtimes
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,7 @@ def _fork_probe_bad_cuda() -> bool:
 def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
     """Every reason, right now, why forking this process would give a broken child."""
     found = _cuda_hazards() if probe_cuda else []
-    libs = loaded_libraries()
-    omp = openmp_runtimes(libs)
+    omp = openmp_runtimes()
     py_threads = threading.active_count()
     os_threads = _os_threads()
     if len(omp) > 1:
