@@ -4,8 +4,8 @@ order crashes it.
 `examine()` reports versions of the native-heavy packages (and whether hardy's patches of their
 internals are known to be safe there), the OpenMP/BLAS runtimes loaded, threads, CUDA state, fork
 hazards and shared libraries that cannot be resolved. `import_matrix()` runs each module alone and
-each ordered pair in fresh interpreters N times (seed 000: `import torch` before `cuml` segfaulted
-10-30 % of runs, at exit) and says where each crash happened: during the imports, during the
+each ordered pair in fresh interpreters N times (in the incident behind it, `import torch` before `cuml`
+segfaulted 10-30 % of runs, at exit) and says where each crash happened: during the imports, during the
 snippet, or at interpreter exit.
 """
 

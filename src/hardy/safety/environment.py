@@ -3,7 +3,7 @@
 Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
 machine N-fold; each worker gets cores ÷ workers unless the user already chose.
 
-Numba guard (seed 002): numba names compiled functions `qualname$<counter>`. The counter is
+Numba guard: numba names compiled functions `qualname$<counter>`. The counter is
 per-process state, so two fresh processes compiling same-qualname functions draw the same ids, and
 with `cache=True` a later process that loads both caches can call the wrong body. Drawing ids from
 uuid4 makes every id globally unique. It replaces a private attribute, so it is applied only to
