@@ -123,7 +123,9 @@ class Pipeline:
         """This pipeline reporting to `callbacks` (a nested pipeline reports to its parent's)."""
         if list(callbacks) == self.callbacks:
             return self
-        return self._copy(callbacks=list(callbacks))
+        copy = self._copy()
+        copy.callbacks = list(callbacks)
+        return copy
 
     def _using(self, engine: Engine | None) -> "Pipeline":
         """This pipeline run by `engine` for one call (`run(engine=...)`), its plans kept per engine."""
