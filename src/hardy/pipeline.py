@@ -153,7 +153,7 @@ class Pipeline:
         `engine` runs this call on another engine without changing the pipeline's."""
         if engine is not None and engine is not self._engine:
             return self._using(engine).run(inputs, output_name)
-        values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
+        values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
         try:
             plan = self._plans[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
@@ -247,12 +247,12 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
-        events = Events(self.callbacks) if self.callbacks else None
+        events = Events(self.callbacks, self.name, items) if self.callbacks else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events)
             if events:
                 events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
-                                self._node_ids)
+                                self._node_ids, announce=False)
             else:
                 self._engine.run_items(plan, items, results)
         if results.failures and on_error == "raise":

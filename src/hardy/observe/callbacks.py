@@ -101,10 +101,18 @@ def current_context() -> CallbackContext:
 
 
 class Events:
-    """Fans one event out to a pipeline's callbacks, each call guarded by the same context."""
+    """Fans one event out to a pipeline's callbacks, each call guarded by the same context.
 
-    def __init__(self, callbacks: Sequence[PipelineCallback]):
+    A map reports as HyperNodes' does: on_map_start, then for each item on_map_item_start and the
+    item's own on_pipeline_start/_end (with that item's inputs and outputs) around its node events,
+    then on_map_end; `pipeline_id` and `items` (given for a map) name what the item events report.
+    """
+
+    def __init__(self, callbacks: Sequence[PipelineCallback], pipeline_id: str = "",
+                 items: Sequence[dict[str, Any]] = ()):
         self.callbacks = tuple(callbacks)
+        self.pipeline_id = pipeline_id
+        self.items = items
 
     def emit(self, event: str, *args: Any) -> None:
         ctx = current_context()
@@ -112,7 +120,9 @@ class Events:
             getattr(cb, event)(*args, ctx)
 
     def pipeline(self, pipeline_id: str, inputs: dict, call: Callable[[], dict],
-                 node_ids: Sequence[str] = ()) -> dict:
+                 node_ids: Sequence[str] = (), announce: bool = True) -> dict:
+        """Runs `call` as pipeline `pipeline_id` in the callback context; `announce=False` (a map,
+        whose items announce themselves) emits no on_pipeline_start/_end of its own."""
         token = None
         if _context.get() is None:
             token = _context.set(CallbackContext())
@@ -120,16 +130,29 @@ class Events:
         ctx.set_pipeline_metadata(pipeline_id, {"total_nodes": len(node_ids), "pipeline_name": pipeline_id,
                                                 "node_ids": list(node_ids)})
         ctx.push_pipeline(pipeline_id)
-        self.emit("on_pipeline_start", pipeline_id, inputs)
+        if announce:
+            self.emit("on_pipeline_start", pipeline_id, inputs)
         start = time.perf_counter()
         try:
             out = call()
-            self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
+            if announce:
+                self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
             return out
         finally:
             ctx.pop_pipeline()
             if token is not None:
                 _context.reset(token)
+
+    def item_started(self, i: int) -> None:
+        self.emit("on_map_item_start", i)
+        self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
+
+    def item_done(self, i: int, outputs: dict, duration: float) -> None:
+        self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
+        self.emit("on_map_item_end", i, duration)
+
+    def item_failed(self, i: int, error: Exception) -> None:
+        self.emit("on_map_item_error", i, error)
 
     def nested(self, child_id: str, call: Callable[[], Any]) -> Any:
         """Run a nested pipeline's call between on_nested_pipeline_start and _end."""

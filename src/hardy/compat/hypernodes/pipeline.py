@@ -29,11 +29,25 @@ class Pipeline(HardyPipeline):
     @property
     def callbacks(self) -> list[PipelineCallback]:
         """The pipeline's own callbacks, then its engine's (where HyperNodes keeps them)."""
+        if self._inherited:
+            return self._own_callbacks
         return [*self._own_callbacks, *getattr(self.engine, "callbacks", ())]
 
     @callbacks.setter
     def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
         self._own_callbacks = list(callbacks)
+        self._inherited = False
+
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+        """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
+        copy = self._copy()
+        copy._own_callbacks, copy._inherited = list(callbacks), True
+        return copy
+
+    @property
+    def unfulfilled_args(self) -> tuple[str, ...]:
+        """Sorted by name, as HyperNodes lists them."""
+        return tuple(sorted(super().unfulfilled_args))
 
     def run(self, inputs: Mapping[str, Any] | None = None, output_name: str | Sequence[str] | None = None,
             engine: Any = None, **kwargs: Any) -> dict[str, Any]:
