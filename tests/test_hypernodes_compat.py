@@ -308,6 +308,67 @@ outer = Pipeline(nodes=[inner.as_node(name="inner_node"), fb], engine=SeqEngine(
 out = outer.run(inputs={"x": 1})
 result = {"out": out, "events": rec.events}
 ''',
+    "nested_cache_flag": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, node
+
+calls = []
+
+@node(output_name="a")
+def fa(x):
+    calls.append(x)
+    return x + 1
+
+inner = Pipeline(nodes=[fa])
+seen = {}
+for flag in (True, False):
+    calls.clear()
+    outer = Pipeline(nodes=[inner.as_node(name="n", cache=flag)],
+                     engine=SeqEngine(cache=DiskCache(TMP + f"/c{flag}")))
+    outs = [outer.run(inputs={"x": 1}), outer.run(inputs={"x": 1}), outer.map(inputs={"x": [1, 2]}, map_over="x")]
+    seen[str(flag)] = [outs, list(calls)]
+result = seen
+''',
+    "map_cached_events": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, node
+from hypernodes.callbacks import PipelineCallback
+
+class Recorder(PipelineCallback):
+    def __init__(self): self.events = []
+    def on_node_cached(self, node_id, signature, ctx): self.events.append(["node_cached", node_id])
+    def on_map_item_cached(self, i, signature, ctx): self.events.append(["item_cached", i])
+    def on_node_start(self, node_id, inputs, ctx): self.events.append(["node_start", node_id])
+
+@node(output_name="y")
+def inc(x): return x + 1
+
+rec = Recorder()
+p = Pipeline(nodes=[inc], engine=SeqEngine(cache=DiskCache(TMP + "/c"), callbacks=[rec]))
+p.map(inputs={"x": [1, 2]}, map_over="x")
+first, rec.events = rec.events, []
+out = p.map(inputs={"x": [1, 2, 3]}, map_over="x")
+result = {"first": first, "second": rec.events, "out": out}
+''',
+    "cache_key_objects": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, node
+
+class Config:
+    def __init__(self, name, noise):
+        self.name, self.noise = name, noise
+    def __cache_key__(self):
+        return self.name
+
+calls = []
+
+@node(output_name="y")
+def use(cfg: Config) -> str:
+    calls.append(cfg.noise)
+    return cfg.name
+
+p = Pipeline(nodes=[use], engine=SeqEngine(cache=DiskCache(TMP + "/c")))
+outs = [p.run(inputs={"cfg": Config("a", 1)}), p.run(inputs={"cfg": Config("a", 2)}),
+        p.run(inputs={"cfg": Config("b", 3)})]
+result = {"outs": outs, "computed": calls}
+''',
     "stateful_docs": '''
 from hypernodes import Pipeline, node, stateful
 

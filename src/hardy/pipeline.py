@@ -271,15 +271,13 @@ class Pipeline:
 
     def as_node(self, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
-                map_mode: str = "zip", cache: bool = True, on_error: str = "raise") -> "PipelineNode":
+                map_mode: str = "zip", on_error: str = "raise") -> "PipelineNode":
         """This pipeline as one node of another. Mappings are {outer name: inner name} for inputs and
         {inner name: outer name} for outputs; with an output_mapping only the mapped outputs are the
         node's outputs (HyperNodes' rule). `map_over` (outer names) maps the inner pipeline over
         lists and makes each output a list; `on_error="continue"` puts a `Failed` in those lists
-        where an inner item failed instead of failing the node. `cache=False` stops the node's
-        inner nodes from being cached."""
-        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode,
-                            cache=cache, on_error=on_error)
+        where an inner item failed instead of failing the node."""
+        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode, on_error)
 
 
 class PipelineNode(Node):
@@ -287,7 +285,7 @@ class PipelineNode(Node):
 
     def __init__(self, pipeline: Pipeline, name: str | None, input_mapping: Mapping[str, str],
                  output_mapping: Mapping[str, str], map_over: str | Sequence[str] | None, map_mode: str,
-                 cache: bool = True, on_error: str = "raise"):
+                 on_error: str = "raise"):
         self.pipeline = pipeline
         self.name = name or pipeline.name
         inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
@@ -323,7 +321,6 @@ class PipelineNode(Node):
         self.on_error = on_error
         self.is_async = False
         self.cache = True
-        self._cache_inner = cache
         self.isolate = False
         self.retries = 0
         self.timeout = None
@@ -332,7 +329,7 @@ class PipelineNode(Node):
     def with_cache(self, cache: Any) -> "PipelineNode":
         """This node with its inner pipeline caching into `cache`: each inner node and map item is
         cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
-        return self._copy(self.pipeline.with_cache(cache) if self._cache_inner else self.pipeline, cache=False)
+        return self._copy(self.pipeline.with_cache(cache), cache=False)
 
     def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "PipelineNode":
         """This node with its inner pipeline reporting to `callbacks`."""

@@ -68,7 +68,10 @@ class Pipeline(HardyPipeline):
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
                 map_mode: str = "zip", name: str | None = None, cache: bool = True,
                 on_error: str = "raise") -> PipelineNode:
-        return super().as_node(name, input_mapping, output_mapping, map_over, map_mode, cache, on_error)
+        """HyperNodes' argument order. `cache=False` turns off HyperNodes' entry for the nested
+        node's whole result; hardy caches a nested pipeline per inner node only (inner nodes opt
+        out with `@node(cache=False)`), so there is no such entry and nothing to turn off."""
+        return super().as_node(name, input_mapping, output_mapping, map_over, map_mode, on_error)
 
     def visualize(self, filename: str | None = None, engine: str = "js", depth: int | None = 1,
                   separate_outputs: bool = False, show_types: bool = False, orient: str = "TB",
