@@ -162,17 +162,23 @@ def to_dot(sc: Scene, theme: Theme, orient: str = "TB") -> str:
                 f"fillcolor={q(getattr(theme, b.kind))}, peripheries={peripheries}];")
 
     lines = [f"digraph {q(sc.name)} {{", f"  rankdir={orient}; bgcolor={q(theme.background)};",
+             f"  graph [fontname={q(theme.font.split(',')[0])}, fontsize=12, fontcolor={q(theme.text)}];",
              f"  node [fontname={q(theme.font.split(',')[0])}, fontsize=12, color={q(theme.border)}, "
              f"fontcolor={q(theme.text)}];",
              f"  edge [color={q(theme.edge)}, fontcolor={q(theme.edge)}, fontsize=10];"]
-    for b in sc.boxes.values():
-        if not b.cluster:
-            lines.append("  " + node_line(b))
-    for k, (cid, label) in enumerate(sc.clusters.items()):
-        lines.append(f"  subgraph cluster_{k} {{ label={q(label)}; style=\"filled,rounded\"; "
-                     f"fillcolor={q(theme.cluster)};")
-        lines += ["    " + node_line(b) for b in sc.boxes.values() if b.cluster == cid]
-        lines.append("  }")
+    numbers = {cid: k for k, cid in enumerate(sc.clusters)}
+
+    def frame(cid: str, indent: str) -> None:
+        """The boxes of frame `cid` ("" = top level), then the frames nested in it, recursively."""
+        lines.extend(indent + node_line(b) for b in sc.boxes.values() if b.cluster == cid)
+        for child in sc.clusters:
+            if child.rpartition("/")[0] == cid:
+                lines.append(f"{indent}subgraph cluster_{numbers[child]} {{ label={q(sc.clusters[child])}; "
+                             f"style=\"filled,rounded\"; fillcolor={q(theme.cluster)};")
+                frame(child, indent + "  ")
+                lines.append(indent + "}")
+
+    frame("", "  ")
     lines += [f"  {q(a)} -> {q(b)} [label={q(v)}];" for a, b, v in sc.edges]
     lines.append("}")
     return "\n".join(lines) + "\n"
