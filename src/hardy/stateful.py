@@ -18,7 +18,18 @@ _instances: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-class Resource:
+class _HandleClass(type):
+    """Class attributes the handle class lacks (constants, static and class methods) are the
+    decorated class's, so `Model.DEFAULT_PATH` works as before decorating."""
+
+    def __getattr__(cls, name: str) -> Any:
+        wrapped = type.__getattribute__(cls, "_cls")
+        if wrapped is object:
+            raise AttributeError(name)
+        return getattr(wrapped, name)
+
+
+class Resource(metaclass=_HandleClass):
     """A handle on a lazily built instance; attribute access and calls go to the instance.
 
     `@stateful` returns a subclass of this named like the decorated class, so `Model("bert")` is a
@@ -80,6 +91,6 @@ def _handle(cls: type[Resource], args: tuple, kwargs: dict, key: str) -> Resourc
 
 def stateful(cls: type[T]) -> type[T]:
     """Class decorator: instances are built lazily, once per process (see module docstring)."""
-    return type(cls.__name__, (Resource,), {  # type: ignore[return-value]
+    return _HandleClass(cls.__name__, (Resource,), {  # type: ignore[return-value]
         "__slots__": (), "_cls": cls, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__})
