@@ -506,6 +506,15 @@ def f(x, k=2): return x * k
 
 result = outcome(lambda: Pipeline(nodes=[f]).run(inputs={"x": 1}))
 ''',
+    "cache_keys_tell_types_apart": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, node
+
+@node(output_name="kind")
+def kind(x): return type(x).__name__
+
+p = Pipeline(nodes=[kind], engine=SeqEngine(cache=DiskCache(TMP + "/c")))
+result = [p.run(inputs={"x": 1})["kind"], p.run(inputs={"x": "1"})["kind"]]
+''',
 }
 
 
@@ -610,3 +619,10 @@ def test_defaults_make_inputs_optional_where_hypernodes_requires_them(both: tupl
     theirs, ours = both
     assert theirs["default_values"] == {"raises": ["ValueError"]}
     assert ours["default_values"] == {"ok": {"y": 2}}
+
+
+@pytest.mark.slow
+def test_cache_never_answers_a_str_with_an_int_result_where_hypernodes_does(both: tuple[dict, dict]) -> None:
+    theirs, ours = both
+    assert theirs["cache_keys_tell_types_apart"] == ["int", "int"]  # "1" got the cached result of 1
+    assert ours["cache_keys_tell_types_apart"] == ["int", "str"]

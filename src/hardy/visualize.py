@@ -5,7 +5,7 @@
 boxes and labelled edges (`Scene`), and then either handed to a system Graphviz `dot` when one is
 installed, or laid out here with grandalf's Sugiyama layout (pure Python) and written as SVG, with
 PNG from resvg (a self-contained Rust wheel): `pip install "hardy[viz]"` is enough on a machine
-without Graphviz or Cairo. Why these libraries: docs/visualize.md.
+without Graphviz or Cairo. Why these libraries: docs/architecture.md ("Drawings without Graphviz").
 """
 
 from __future__ import annotations
@@ -186,8 +186,12 @@ def to_dot(sc: Scene, theme: Theme, orient: str = "TB") -> str:
 
 def layout(sc: Scene, orient: str = "TB") -> tuple[float, float]:
     """Places every box (grandalf's Sugiyama layering); returns the drawing's width and height."""
-    from grandalf.graphs import Edge, Graph, Vertex
-    from grandalf.layouts import SugiyamaLayout
+    try:
+        from grandalf.graphs import Edge, Graph, Vertex
+        from grandalf.layouts import SugiyamaLayout
+    except ImportError as exc:
+        raise ImportError('drawing a pipeline without a system Graphviz needs grandalf: pip install "hardy[viz]" '
+                          "(or install Graphviz's `dot`)") from exc
 
     class View:
         def __init__(self, box: Box):
