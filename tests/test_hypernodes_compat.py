@@ -626,3 +626,36 @@ def test_cache_never_answers_a_str_with_an_int_result_where_hypernodes_does(both
     theirs, ours = both
     assert theirs["cache_keys_tell_types_apart"] == ["int", "int"]  # "1" got the cached result of 1
     assert ours["cache_keys_tell_types_apart"] == ["int", "str"]
+
+
+# --- hardy only: HyperNodes' engine arguments land on hardy's engines -------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_daft_and_dask_engines_take_hypernodes_arguments(tmp_path):
+    pytest.importorskip("daft")
+    pytest.importorskip("distributed")
+    from hardy.compat.hypernodes import DiskCache, Pipeline, PipelineCallback, node
+    from hardy.compat.hypernodes.engines import DaftEngine, DaskEngine
+
+    class Items(PipelineCallback):
+        def __init__(self):
+            self.done = []
+
+        def on_map_item_end(self, item_index, duration, ctx):
+            self.done.append(item_index)
+
+    @node(output_name="y")
+    def square(x: int) -> int:
+        return x * x
+
+    items = Items()
+    daft_engine = DaftEngine(use_batch_udf=True, default_daft_config={"max_concurrency": 1, "use_process": True},
+                             cache=DiskCache(str(tmp_path / "c")), callbacks=[items])
+    assert daft_engine.map_executor.resources["max_concurrency"] == 1
+    p = Pipeline(nodes=[square], engine=daft_engine)
+    assert p.map(inputs={"x": [1, 2, 3]}, map_over="x") == [{"y": 1}, {"y": 4}, {"y": 9}]
+    assert sorted(items.done) == [0, 1, 2]
+    with DaskEngine(scheduler="processes", num_workers=1) as dask_engine:
+        assert p.with_engine(dask_engine).map(inputs={"x": [4, 5]}, map_over="x") == [{"y": 16}, {"y": 25}]
