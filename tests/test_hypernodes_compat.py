@@ -659,3 +659,23 @@ def test_daft_and_dask_engines_take_hypernodes_arguments(tmp_path):
     assert sorted(items.done) == [0, 1, 2]
     with DaskEngine(scheduler="processes", num_workers=1) as dask_engine:
         assert p.with_engine(dask_engine).map(inputs={"x": [4, 5]}, map_over="x") == [{"y": 16}, {"y": 25}]
+
+
+def test_readme_visualize_call_writes_a_drawing(tmp_path):
+    """HyperNodes' README: `featurizer.visualize(filename=..., engine="graphviz", separate_outputs=True,
+    depth=None)` writes the file (here with or without a system Graphviz) and returns None."""
+    import xml.etree.ElementTree as ET
+
+    from hardy.compat.hypernodes import Pipeline, node
+
+    @node(output_name="features")
+    def featurize(text: str) -> dict:
+        return {"len": len(text)}
+
+    featurizer = Pipeline(nodes=[featurize], name="featurizer")
+    target = tmp_path / "outputs" / "cache_walkthrough.svg"
+    target.parent.mkdir()
+    assert featurizer.visualize(filename=str(target), engine="graphviz", separate_outputs=True, depth=None) is None
+    titles = {t.text for t in ET.parse(target).iter("{http://www.w3.org/2000/svg}title")}
+    assert {"featurize", "input:text", "output:features"} <= titles
+    assert "<svg" in featurizer.visualize(engine="js")._repr_html_()
