@@ -133,8 +133,7 @@ class Pipeline:
             return self
         copy = self._with_engine.get(id(engine))
         if copy is None or copy._engine is not engine:
-            copy = self._with_engine[id(engine)] = self._copy(_engine=engine)
-        copy._bound = self._bound
+            copy = self._with_engine[id(engine)] = self._copy(_engine=engine)  # shares the bound inputs
         return copy
 
     def _copy(self, **changes: Any) -> "Pipeline":

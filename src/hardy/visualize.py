@@ -185,7 +185,30 @@ def to_dot(sc: Scene, theme: Theme, orient: str = "TB") -> str:
 
 
 def layout(sc: Scene, orient: str = "TB") -> tuple[float, float]:
-    """Places every box (grandalf's Sugiyama layering); returns the drawing's width and height."""
+    """Places every box and edge route; returns the drawing's width and height."""
+    pad = 30.0 + (_LINE_H + 12) * _nesting(sc)  # room for the frames of expanded pipelines
+    if not sc.boxes:
+        return 2 * pad, 2 * pad
+    centres, routes = _sugiyama(sc, orient in ("LR", "RL"))
+
+    def turn(point: tuple[float, float]) -> tuple[float, float]:
+        x, y = (point[1], point[0]) if orient in ("LR", "RL") else point
+        return (-x if orient == "RL" else x, -y if orient == "BT" else y)
+
+    for bid, xy in centres.items():
+        sc.boxes[bid].x, sc.boxes[bid].y = turn(xy)
+    left = min(b.x - b.width / 2 for b in sc.boxes.values()) - pad
+    top = min(b.y - b.height / 2 for b in sc.boxes.values()) - pad
+    for b in sc.boxes.values():
+        b.x, b.y = b.x - left, b.y - top
+    sc.routes = {k: [(x - left, y - top) for x, y in map(turn, points)] for k, points in enumerate(routes)}
+    return (max(b.x + b.width / 2 for b in sc.boxes.values()) + pad,
+            max(b.y + b.height / 2 for b in sc.boxes.values()) + pad)
+
+
+def _sugiyama(sc: Scene, across: bool) -> tuple[dict[str, tuple[float, float]], list[list[tuple[float, float]]]]:
+    """grandalf's layered layout, top to bottom (`across`: boxes measured turned by 90 degrees):
+    each box's centre, and each edge's bend points; separate components side by side."""
     try:
         from grandalf.graphs import Edge, Graph, Vertex
         from grandalf.layouts import SugiyamaLayout
@@ -193,55 +216,34 @@ def layout(sc: Scene, orient: str = "TB") -> tuple[float, float]:
         raise ImportError('drawing a pipeline without a system Graphviz needs grandalf: pip install "hardy[viz]" '
                           "(or install Graphviz's `dot`)") from exc
 
-    class View:
-        def __init__(self, box: Box):
-            self.w, self.h = (box.height, box.width) if orient in ("LR", "RL") else (box.width, box.height)
-            self.xy = (0.0, 0.0)
-
-    class Route:
-        points: list[tuple[float, float]] = []
+    class View:  # what grandalf reads (w, h) and writes (xy, setpath)
+        def __init__(self, w: float = 0.0, h: float = 0.0):
+            self.w, self.h, self.xy = w, h, (0.0, 0.0)
+            self.points: list[tuple[float, float]] = []
 
         def setpath(self, points: list[tuple[float, float]]) -> None:
             self.points = list(points)
 
-    vertices = {bid: Vertex(bid) for bid in sc.boxes}
-    for bid, v in vertices.items():
-        v.view = View(sc.boxes[bid])
-    edges = []
-    for a, b, _ in sc.edges:
-        edges.append(Edge(vertices[a], vertices[b]))
-        edges[-1].view = Route()
-    graph = Graph(list(vertices.values()), edges)
+    vertices = {}
+    for bid, box in sc.boxes.items():
+        vertices[bid] = Vertex(bid)
+        vertices[bid].view = View(*((box.height, box.width) if across else (box.width, box.height)))
+    edges = [Edge(vertices[a], vertices[b]) for a, b, _ in sc.edges]
+    for e in edges:
+        e.view = View()
     offset = 0.0
-    for component in graph.C:
+    for component in Graph(list(vertices.values()), edges).C:
         sug = SugiyamaLayout(component)
         sug.xspace, sug.yspace = 40, 60 + 20 * _nesting(sc)
         sug.init_all()
         sug.draw()
-        xs = [v.view.xy[0] - v.view.w / 2 for v in component.sV]
-        left = min(xs)
-        shift = offset - left
+        shift = offset - min(v.view.xy[0] - v.view.w / 2 for v in component.sV)
         for v in component.sV:
             v.view.xy = (v.view.xy[0] + shift, v.view.xy[1])
         for e in component.sE:
             e.view.points = [(x + shift, y) for x, y in e.view.points]
         offset = max(v.view.xy[0] + v.view.w / 2 for v in component.sV) + 60
-
-    def turn(point: tuple[float, float]) -> tuple[float, float]:
-        x, y = (point[1], point[0]) if orient in ("LR", "RL") else point
-        return (-x if orient == "RL" else x, -y if orient == "BT" else y)
-
-    for bid, v in vertices.items():
-        sc.boxes[bid].x, sc.boxes[bid].y = turn(v.view.xy)
-    pad = 30.0 + (_LINE_H + 12) * _nesting(sc)  # room for the frames of expanded pipelines
-    left = min(b.x - b.width / 2 for b in sc.boxes.values()) - pad
-    top = min(b.y - b.height / 2 for b in sc.boxes.values()) - pad
-    for b in sc.boxes.values():
-        b.x, b.y = b.x - left, b.y - top
-    for k, e in enumerate(edges):
-        sc.routes[k] = [(x - left, y - top) for x, y in map(turn, e.view.points[1:-1])]
-    return (max(b.x + b.width / 2 for b in sc.boxes.values()) + pad,
-            max(b.y + b.height / 2 for b in sc.boxes.values()) + pad)
+    return {bid: v.view.xy for bid, v in vertices.items()}, [e.view.points[1:-1] for e in edges]
 
 
 def _nesting(sc: Scene) -> int:
@@ -320,10 +322,10 @@ def _svg_box(b: Box, theme: Theme) -> str:
                   f'fill="none" stroke="{theme.border}"/>') if b.kind == "pipeline" else ""
         shape = (f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="7" fill="{fill}" '
                  f'stroke="{theme.border}"/>{double}')
+    bold = ' font-weight="bold"' if b.kind in ("function", "pipeline") else ""  # the node's name, line 1
     text = "".join(
-        f'<text x="{b.x:.1f}" y="{y + 7 + (k + 1) * _LINE_H - 4:.1f}" text-anchor="middle" fill="{theme.text}"'
-        f'{" font-weight=" + chr(34) + "bold" + chr(34) if k == 0 and b.kind in ("function", "pipeline") else ""}>'
-        f"{e(line)}</text>" for k, line in enumerate(b.lines))
+        f'<text x="{b.x:.1f}" y="{y + 3 + (k + 1) * _LINE_H:.1f}" text-anchor="middle" fill="{theme.text}"'
+        f'{bold if k == 0 else ""}>{e(line)}</text>' for k, line in enumerate(b.lines))
     return f'<g class="node {b.kind}" id="{e(b.id)}"><title>{e(b.id)}</title>{shape}{text}</g>'
 
 
