@@ -302,7 +302,7 @@ def _svg_edge(a: Box, b: Box, via: list[tuple[float, float]], value: str, theme:
         else:
             path.append(f"C{x1:.1f},{(y1 + y2) / 2:.1f} {x2:.1f},{(y1 + y2) / 2:.1f} {x2:.1f},{y2:.1f}")
     (x1, y1), (x2, y2) = points[-2], points[-1]
-    lx, ly = (x1 + x2) / 2 + 5, (y1 + y2) / 2
+    lx, ly = ((x1 + x2) / 2, (y1 + y2) / 2 - 5) if across else ((x1 + x2) / 2 + 5, (y1 + y2) / 2)
     return (f'<g class="edge"><title>{e(a.id)}-&gt;{e(b.id)}</title>'
             f'<path d="{" ".join(path)}" fill="none" stroke="{theme.edge}" stroke-width="1.4" '
             f'marker-end="url(#arrow)"/>'
