@@ -173,11 +173,12 @@ def test_callbacks_receive_pipeline_node_and_item_events():
                           ("node_end", "inv", {"y": 0.5}), ("pipeline_end", "cb")]
     rec.events.clear()
     p.map(inputs={"x": [1, 0]}, map_over="x", on_error="continue")
-    kinds = [e[0] for e in rec.events]
-    assert kinds[:3] == ["pipeline_start", "map_start", "item_start"]
+    kinds = [e[0] for e in rec.events]  # HyperNodes' shape: each item is a run of the pipeline
+    assert kinds[:4] == ["map_start", "item_start", "pipeline_start", "node_start"]
+    assert kinds[4:6] == ["node_end", "pipeline_end"]
     assert ("item_end", 0) in rec.events and ("item_error", 1) in rec.events
     assert ("error", "inv", "ZeroDivisionError") in rec.events
-    assert kinds[-2:] == ["map_end", "pipeline_end"]
+    assert kinds[-1] == "map_end"
 
 
 def test_no_callbacks_means_uninstrumented_plans():
@@ -222,8 +223,8 @@ def test_hypernodes_compat_names():
     assert issubclass(hn.CycleError, hn.HyperNodesError)
     try:
         hn.Pipeline(nodes=[dbl]).run(inputs={})
-    except hn.DependencyError as exc:
-        assert "x" in str(exc)
+    except ValueError as exc:  # HyperNodes 0.4.8 raises ValueError("Missing required input(s): ...")
+        assert str(exc).startswith("Missing required input(s): ['x']")
     else:
         raise AssertionError("missing input not reported")
     assert dbl.root_args == ("x",) and dbl.output_name == "doubled"

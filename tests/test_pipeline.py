@@ -158,15 +158,14 @@ def test_nested_pipeline_with_mappings():
     inner = Pipeline(nodes=[clean, count], name="inner")
     prep = inner.as_node(name="prep", input_mapping={"doc": "text"}, output_mapping={"cleaned": "doc_clean"})
     assert prep.inputs == ("doc",)
-    assert prep.outputs == ("doc_clean", "count")
+    assert prep.outputs == ("doc_clean",)  # HyperNodes' rule: with a mapping, only mapped outputs
 
     @node(output_name="loud")
     def shout(doc_clean):
         return doc_clean.upper()
 
     outer = Pipeline(nodes=[prep, shout])
-    assert outer.run(inputs={"doc": " Hello World "}) == {"doc_clean": "hello world", "count": 2,
-                                                          "loud": "HELLO WORLD"}
+    assert outer.run(inputs={"doc": " Hello World "}) == {"doc_clean": "hello world", "loud": "HELLO WORLD"}
 
 
 def test_nested_pipeline_mapped_over_a_list():
@@ -208,3 +207,118 @@ def test_map_continue_returns_failed_in_place():
     assert isinstance(out[1], Failed)
     assert out[1].error.item == 1 and out[1].error.node == "invert"
     assert isinstance(out[1].error.__cause__, ZeroDivisionError)
+
+
+# --- HyperNodes' fluent API, engines per call, nested maps that keep going ------------------------
+
+
+def test_with_engine_with_name_and_unfulfilled_args_chain():
+    p = Pipeline(nodes=[add_one, double])
+    engine = Engine(node_executor="threaded")
+    assert p.with_name("calc").with_engine(engine) is p
+    assert p.name == "calc" and p.engine is engine
+    assert p.unfulfilled_args == ("x",) and p.bind(x=1).unfulfilled_args == ()
+    assert p.run() == {"a": 2, "b": 4}
+
+
+def test_run_and_map_on_another_engine_leave_the_pipeline_as_it_was():
+    p = Pipeline(nodes=[add_one, double])
+    threads = Engine(map_executor="threaded", workers=2)
+    assert p.run(inputs={"x": 1}, engine=threads) == {"a": 2, "b": 4}
+    assert p.map(inputs={"x": [1, 2]}, map_over="x", engine=threads) == [{"a": 2, "b": 4}, {"a": 3, "b": 6}]
+    assert p.engine is not threads
+    p.bind(x=[5, 6])
+    assert p.map(map_over="x", engine=threads) == [{"a": 6, "b": 12}, {"a": 7, "b": 14}]  # lists may be bound
+
+
+def test_nested_map_on_error_continue_keeps_a_crashed_item_as_failed():
+    """A segfault inside a nested map costs that one inner item, not the outer item or the run."""
+    import os
+    import signal
+
+    from hardy import NodeCrashed
+
+    @node(output_name="sq")
+    def square(v):
+        if v == 3:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return v * v
+
+    with Engine(map_executor="process", workers=2) as engine:
+        inner = Pipeline(nodes=[square], name="inner", engine=engine)
+        keep_going = inner.as_node(name="squares", input_mapping={"vs": "v"}, output_mapping={"sq": "sqs"},
+                                   map_over="vs", on_error="continue")
+        out = Pipeline(nodes=[keep_going]).run(inputs={"vs": [1, 2, 3, 4]})["sqs"]
+        assert out[:2] == [1, 4] and out[3] == 16
+        assert isinstance(out[2], Failed) and isinstance(out[2].error, NodeCrashed)
+        assert out[2].error.signal == "SIGSEGV" and out[2].error.item == 2
+
+        strict = inner.as_node(name="squares", input_mapping={"vs": "v"}, map_over="vs")
+        outer = Pipeline(nodes=[strict])
+        rows = outer.map(inputs={"vs": [[1, 2], [3], [4]]}, map_over="vs", on_error="continue")
+        assert rows[0] == {"sq": [1, 4]} and rows[2] == {"sq": [16]}
+        assert isinstance(rows[1], Failed) and rows[1].error.node == "squares"  # the outer item, reported
+
+
+def test_callbacks_see_cached_nodes_and_nested_pipelines(tmp_path):
+    from hardy import DiskCache, PipelineCallback
+
+    class Recorder(PipelineCallback):
+        def __init__(self):
+            self.events = []
+
+        def on_node_start(self, node_id, inputs, ctx):
+            self.events.append(("start", node_id, ctx.depth))
+
+        def on_node_cached(self, node_id, signature, ctx):
+            self.events.append(("cached", node_id, len(signature)))
+
+        def on_map_item_cached(self, item_index, signature, ctx):
+            self.events.append(("item_cached", item_index))
+
+        def on_nested_pipeline_start(self, parent_id, child_pipeline_id, ctx):
+            self.events.append(("nested", parent_id, child_pipeline_id))
+
+    rec = Recorder()
+    inner = Pipeline(nodes=[add_one], name="inner")
+    p = Pipeline(nodes=[inner.as_node(name="inc"), double], name="outer", callbacks=[rec],
+                 cache=DiskCache(tmp_path / "c"))
+    p.run(inputs={"x": 1})
+    assert rec.events == [("start", "inc", 1), ("nested", "outer", "inner"), ("start", "add_one", 2),
+                          ("start", "double", 1)]
+    rec.events.clear()
+    p.map(inputs={"x": [1]}, map_over="x")
+    assert ("cached", "double", 32) in rec.events and ("item_cached", 0) in rec.events
+    assert ("cached", "add_one", 32) in rec.events  # the nested pipeline's node, from its own cache lookup
+
+
+def test_stateful_returns_the_class_and_honours_its_cache_key():
+    import cloudpickle
+
+    from hardy import stateful
+
+    @stateful
+    class Model:
+        built = 0
+
+        def __init__(self, path):
+            Model.built += 1
+            self.path = path
+
+        def __cache_key__(self):
+            return ("model", self.path)
+
+    m = Model("a")
+    assert isinstance(m, Model) and Model.__name__ == "Model" and Model.built == 0  # class attributes too
+    assert m.__cache_key__() == ("model", "a") and m.path == "a"
+    again = cloudpickle.loads(cloudpickle.dumps(m))  # travels as (class, arguments, key), never the object
+    assert isinstance(again, Model) and again.path == "a"
+
+
+def test_daft_engine_is_importable_from_hardy_without_importing_daft_first():
+    import subprocess
+    import sys
+    code = ("import sys, hardy; assert 'daft' not in sys.modules; from hardy import DaftEngine; "
+            "print(DaftEngine.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "hardy.integrations.daft"

@@ -18,10 +18,14 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # The cache (sqlite3, pickle, hmac) loads on first use, keeping `import hardy` fast.
+    # The cache (sqlite3, pickle, hmac) and Daft load on first use, keeping `import hardy` fast;
+    # DaftEngine stays out of __all__ so that `import *` works without the daft extra.
     if name == "DiskCache":
         from .cache import DiskCache
         return DiskCache
+    if name == "DaftEngine":
+        from .integrations.daft import DaftEngine
+        return DaftEngine
     raise AttributeError(f"module 'hardy' has no attribute {name!r}")
 
 __all__ = [

@@ -79,8 +79,8 @@ class MissingInputError(HardyError, ValueError):
         for name, consumers in missing.items():
             parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)})"
                          + did_you_mean(name, provided))
-        super().__init__(
-            f"pipeline {pipeline!r} is missing input(s): {'; '.join(parts)}. "
+        super().__init__(  # begins with HyperNodes' words, for code that matches on them
+            f"Missing required input(s): {sorted(missing)} of pipeline {pipeline!r}: {'; '.join(parts)}. "
             f"Provided: {sorted(provided) or 'nothing'}. Pass them in inputs=... or with bind()."
         )
 

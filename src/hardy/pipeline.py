@@ -41,6 +41,7 @@ class Pipeline:
         self._bound: dict[str, Any] = {}
         self._plans: dict[Any, Plan] = {}
         self._with_cache: dict[int, Pipeline] = {}
+        self._with_engine: dict[int, Pipeline] = {}
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -70,6 +71,26 @@ class Pipeline:
     def bound_inputs(self) -> dict[str, Any]:
         return dict(self._bound)
 
+    @property
+    def unfulfilled_args(self) -> tuple[str, ...]:
+        """The inputs a call must still provide: the pipeline's inputs that are not bound."""
+        return tuple(i for i in self.graph.root_inputs if i not in self._bound)
+
+    def with_engine(self, engine: Engine) -> "Pipeline":
+        """Use `engine` from now on; returns the pipeline for chaining (HyperNodes' spelling)."""
+        self.engine = engine
+        return self
+
+    def with_name(self, name: str) -> "Pipeline":
+        self.name = name
+        return self
+
+    def visualize(self, filename: str | None = None, depth: int | None = 1, **options: Any) -> Any:
+        """A drawing of the pipeline (see `hardy.visualize.visualize`): displays in notebooks, and
+        `filename` saves it as .svg, .png, .html or .dot."""
+        from .visualize import visualize
+        return visualize(self, filename=filename, depth=depth, **options)
+
     def bind(self, **values: Any) -> "Pipeline":
         """Fix inputs for every later call; inputs given to run()/map() override them."""
         self._bound.update(values)
@@ -85,8 +106,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_plans"] = {}
-        state["_with_cache"] = {}
+        state.update(_plans={}, _with_cache={}, _with_engine={})
         return state
 
     def with_cache(self, cache: Any) -> "Pipeline":
@@ -95,9 +115,30 @@ class Pipeline:
             return self
         copy = self._with_cache.get(id(cache))
         if copy is None:
-            copy = Pipeline.__new__(Pipeline)
-            copy.__dict__.update(self.__dict__, cache=cache, _plans={}, _with_cache={})
+            copy = self._copy(cache=cache)
             self._with_cache[id(cache)] = copy
+        return copy
+
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+        """This pipeline reporting to `callbacks` (a nested pipeline reports to its parent's)."""
+        if list(callbacks) == self.callbacks:
+            return self
+        copy = self._copy()
+        copy.callbacks = list(callbacks)
+        return copy
+
+    def _using(self, engine: Engine | None) -> "Pipeline":
+        """This pipeline run by `engine` for one call (`run(engine=...)`), its plans kept per engine."""
+        if engine is None or engine is self._engine:
+            return self
+        copy = self._with_engine.get(id(engine))
+        if copy is None or copy._engine is not engine:
+            copy = self._with_engine[id(engine)] = self._copy(_engine=engine)  # shares the bound inputs
+        return copy
+
+    def _copy(self, **changes: Any) -> "Pipeline":
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__, _plans={}, _with_cache={}, _with_engine={}, **changes)
         return copy
 
     def __repr__(self) -> str:
@@ -106,17 +147,24 @@ class Pipeline:
     # --- run -------------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, Any] | None = None,
-            output_name: str | Sequence[str] | None = None) -> dict[str, Any]:
-        """Run once. Returns {output: value} for every output (or just those in `output_name`)."""
-        values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
+            output_name: str | Sequence[str] | None = None, engine: Engine | None = None) -> dict[str, Any]:
+        """Run once. Returns {output: value} for every output (or just those in `output_name`).
+        `engine` runs this call on another engine without changing the pipeline's."""
+        if engine is not None and engine is not self._engine:
+            return self._using(engine).run(inputs, output_name)
+        values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
         try:
             plan = self._plans[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         if self.callbacks:
             events = Events(self.callbacks)
-            return events.pipeline(self.name, dict(values), lambda: plan.run(values))
+            return events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
         return plan.run(values)
+
+    @property
+    def _node_ids(self) -> list[str]:
+        return [n.name for n in self.graph.order]
 
     def _plan(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None,
               for_map: bool) -> Plan:
@@ -142,7 +190,8 @@ class Pipeline:
         mode = self._engine.plan_mode(for_map)
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
-                    cache=self.cache if self.cache is not None else self._engine.cache)
+                    cache=self.cache if self.cache is not None else self._engine.cache,
+                    on_cached=self._on_cached if self.callbacks else None)
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
             given = {p for p, _ in step.args}
@@ -157,24 +206,32 @@ class Pipeline:
         return plan
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
+        if self.callbacks and isinstance(node, PipelineNode):
+            node = node.with_callbacks(self.callbacks)
         func = self._engine.node_function(node)
         if self.callbacks:
             func = Events(self.callbacks).instrument(node, func)
         return func
 
+    def _on_cached(self, node_name: str, key: bytes, item: int | None) -> None:
+        Events(self.callbacks).cached(node_name, key, item)
+
     # --- map -------------------------------------------------------------------------------------
 
-    def map(self, inputs: Mapping[str, Any], map_over: str | Sequence[str], map_mode: str = "zip",
-            output_name: str | Sequence[str] | None = None, on_error: str = "raise",
-            progress: bool | None = None) -> list[dict[str, Any] | Failed]:
+    def map(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
+            map_mode: str = "zip", output_name: str | Sequence[str] | None = None, on_error: str = "raise",
+            progress: bool | None = None, engine: Engine | None = None) -> list[dict[str, Any] | Failed]:
         """Run once per item. `map_over` names the inputs that hold one value per item.
 
         map_mode "zip" pairs the i-th values; "product" runs every combination. Results come back in
         input order. on_error="raise" raises MapError (with every finished result) at the first
-        failure; "continue" runs everything and puts a `Failed` where an item failed.
+        failure; "continue" runs everything and puts a `Failed` where an item failed. The lists may
+        also be bound (`bind(texts=[...]).map(map_over="texts")`).
         """
-        values = {**self._bound, **inputs}
-        over = [map_over] if isinstance(map_over, str) else list(map_over)
+        if engine is not None and engine is not self._engine:
+            return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
+        values = {**self._bound, **(inputs or {})}
+        over = [map_over] if isinstance(map_over, str) else list(map_over or [])
         if map_mode not in ("zip", "product"):
             raise MapInputError(f"map_mode must be 'zip' or 'product', got {map_mode!r}.")
         if on_error not in ("raise", "continue"):
@@ -189,11 +246,12 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
-        events = Events(self.callbacks) if self.callbacks else None
+        events = Events(self.callbacks, self.name, items) if self.callbacks else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events)
             if events:
-                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events))
+                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
+                                self._node_ids, announce=False)
             else:
                 self._engine.run_items(plan, items, results)
         if results.failures and on_error == "raise":
@@ -212,18 +270,21 @@ class Pipeline:
 
     def as_node(self, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
-                map_mode: str = "zip") -> "PipelineNode":
+                map_mode: str = "zip", on_error: str = "raise") -> "PipelineNode":
         """This pipeline as one node of another. Mappings are {outer name: inner name} for inputs and
-        {inner name: outer name} for outputs; `map_over` (outer names) maps the inner pipeline over
-        lists and makes each output a list."""
-        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode)
+        {inner name: outer name} for outputs; with an output_mapping only the mapped outputs are the
+        node's outputs (HyperNodes' rule). `map_over` (outer names) maps the inner pipeline over
+        lists and makes each output a list; `on_error="continue"` puts a `Failed` in those lists
+        where an inner item failed instead of failing the node."""
+        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode, on_error)
 
 
 class PipelineNode(Node):
     """A pipeline used as a node: its free inputs are the node's inputs, its outputs the node's."""
 
     def __init__(self, pipeline: Pipeline, name: str | None, input_mapping: Mapping[str, str],
-                 output_mapping: Mapping[str, str], map_over: str | Sequence[str] | None, map_mode: str):
+                 output_mapping: Mapping[str, str], map_over: str | Sequence[str] | None, map_mode: str,
+                 on_error: str = "raise"):
         self.pipeline = pipeline
         self.name = name or pipeline.name
         inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
@@ -237,9 +298,12 @@ class PipelineNode(Node):
                 raise NodeDefinitionError(
                     f"as_node({self.name!r}): output_mapping names {inner!r}, which pipeline "
                     f"{pipeline.name!r} does not produce; its outputs are {list(pipeline.outputs)}.")
+        if on_error not in ("raise", "continue"):
+            raise NodeDefinitionError(
+                f"as_node({self.name!r}): on_error must be 'raise' or 'continue', got {on_error!r}.")
         free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
         self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
-        self._inner_outputs = tuple(pipeline.graph.outputs)
+        self._inner_outputs = tuple(o for o in pipeline.graph.outputs if not output_mapping or o in output_mapping)
         self.inputs = tuple(self._inner_inputs)
         optional = {i for i in free if all(i in c.defaults for c in pipeline.graph.consumers.get(i, []))}
         self.defaults = {inner_to_outer.get(i, i): None for i in optional}
@@ -253,6 +317,7 @@ class PipelineNode(Node):
                     f"(its inputs are {list(self.inputs)}).")
         self.map_over = [self._inner_inputs[o] for o in over]
         self.map_mode = map_mode
+        self.on_error = on_error
         self.is_async = False
         self.cache = True
         self.isolate = False
@@ -263,20 +328,34 @@ class PipelineNode(Node):
     def with_cache(self, cache: Any) -> "PipelineNode":
         """This node with its inner pipeline caching into `cache`: each inner node and map item is
         cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
+        return self._copy(self.pipeline.with_cache(cache), cache=False)
+
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "PipelineNode":
+        """This node with its inner pipeline reporting to `callbacks`."""
+        return self._copy(self.pipeline.with_callbacks(callbacks))
+
+    def _copy(self, pipeline: Pipeline, **changes: Any) -> "PipelineNode":
         copy = PipelineNode.__new__(PipelineNode)
-        copy.__dict__.update(self.__dict__, pipeline=self.pipeline.with_cache(cache), cache=False)
+        copy.__dict__.update(self.__dict__, pipeline=pipeline, **changes)
         copy.func = copy._call
         return copy
 
     def _call(self, **kwargs: Any) -> Any:
         inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}
-        if self.map_over:
-            rows = self.pipeline.map(inner, self.map_over, self.map_mode, progress=False)
-            out = tuple([row[o] for row in rows] for o in self._inner_outputs)
+        if self.pipeline.callbacks:
+            out = Events(self.pipeline.callbacks).nested(self.pipeline.name, lambda: self._run(inner))
         else:
-            result = self.pipeline.run(inner)
-            out = tuple(result[o] for o in self._inner_outputs)
+            out = self._run(inner)
         return out[0] if len(out) == 1 else out
+
+    def _run(self, inner: dict[str, Any]) -> tuple:
+        wanted = list(self._inner_outputs)
+        if self.map_over:
+            rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
+                                     on_error=self.on_error, progress=False)
+            return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
+        result = self.pipeline.run(inner, output_name=wanted)
+        return tuple(result[o] for o in wanted)
 
     def __repr__(self) -> str:
         return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"

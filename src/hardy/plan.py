@@ -63,8 +63,10 @@ class Plan:
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
                  mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
-                 cache: Any = None, keyed: bool = False):
-        """`keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
+                 cache: Any = None, keyed: bool = False,
+                 on_cached: Callable[[str, bytes, int | None], None] | None = None):
+        """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
+        `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
         in several places): it takes the cache keys of provided values from `values[KEYS]`, where
         an earlier stage computed them, and returns the keys of its outputs under `KEYS`, so every
         node is keyed exactly as in the whole plan run at once."""
@@ -79,6 +81,7 @@ class Plan:
         self._submit = submit
         self.cache = cache
         self.keyed = keyed and cache is not None
+        self._on_cached = on_cached
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self._compile()
@@ -98,7 +101,8 @@ class Plan:
     def _compile(self) -> None:
         ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
-                              "_submit": self._submit, "_t": _thread_call, "_MISS": MISS}
+                              "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
+                              "_oncached": self._on_cached}
         cache = self.cache
         is_async = self.mode == "async"
         if is_async:
@@ -240,8 +244,12 @@ class Plan:
 
     def _lookup(self, k: int, kvar: Mapping[str, str]) -> list[str]:
         if k in self._early:
-            return [f"_r{k} = _found.get(c{k}, _MISS)"]
-        return [self._key_line(k, kvar), f"_r{k} = _hit(c{k})"]
+            lines = [f"_r{k} = _found.get(c{k}, _MISS)"]
+        else:
+            lines = [self._key_line(k, kvar), f"_r{k} = _hit(c{k})"]
+        if self._on_cached is not None:
+            lines.append(f"if _r{k} is not _MISS: _oncached({self.steps[k].node.name!r}, c{k}, _i)")
+        return lines
 
     def _output_keys(self, k: int, cached: bool, var: Mapping[str, str], kvar: dict[str, str]) -> list[str]:
         """Keys of this step's outputs, for cached consumers further down."""

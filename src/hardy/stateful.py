@@ -9,9 +9,8 @@ one model per worker, and nothing CUDA-bound ever crosses a process boundary).
 
 from __future__ import annotations
 
-import functools
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -19,19 +18,33 @@ _instances: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-class Resource:
-    """A handle on a lazily built instance; attribute access and calls go to the instance."""
+class _HandleClass(type):
+    """Class attributes the handle class lacks (constants, static and class methods) are the
+    decorated class's, so `Model.DEFAULT_PATH` works as before decorating."""
 
-    __slots__ = ("_cls", "_args", "_kwargs", "_key")
+    def __getattr__(cls, name: str) -> Any:
+        wrapped = type.__getattribute__(cls, "_cls")
+        if wrapped is object:
+            raise AttributeError(name)
+        return getattr(wrapped, name)
 
-    def __init__(self, cls: type, args: tuple, kwargs: dict, key: str | None = None):
-        object.__setattr__(self, "_cls", cls)
+
+class Resource(metaclass=_HandleClass):
+    """A handle on a lazily built instance; attribute access and calls go to the instance.
+
+    `@stateful` returns a subclass of this named like the decorated class, so `Model("bert")` is a
+    handle and `isinstance(handle, Model)` holds, as in HyperNodes.
+    """
+
+    __slots__ = ("_args", "_kwargs", "_key")
+    _cls: type = object  # the decorated class, set on each subclass by `stateful`
+    __hypernode_stateful__ = True  # HyperNodes' marker, for code that checks it
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        import uuid
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
-        if key is None:
-            import uuid
-            key = uuid.uuid4().hex
-        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_key", uuid.uuid4().hex)
 
     @property
     def instance(self) -> Any:
@@ -54,10 +67,13 @@ class Resource:
         return self.instance(*args, **kwargs)
 
     def __reduce__(self) -> tuple:
-        return (Resource, (self._cls, self._args, self._kwargs, self._key))
+        return (_handle, (type(self), self._args, self._kwargs, self._key))
 
-    def __cache_key__(self) -> tuple:
-        """What identifies the resource for caching: its class and constructor arguments."""
+    def __cache_key__(self) -> Any:
+        """What identifies the resource for caching: the class's own `__cache_key__()` when it
+        defines one (this builds the object), else its class and constructor arguments."""
+        if hasattr(self._cls, "__cache_key__"):
+            return self.instance.__cache_key__()
         return (f"{self._cls.__module__}.{self._cls.__qualname__}", self._args,
                 tuple(sorted(self._kwargs.items())))
 
@@ -66,11 +82,15 @@ class Resource:
         return f"<{self._cls.__qualname__} resource ({built}) args={self._args!r}>"
 
 
-def stateful(cls: type[T]) -> Callable[..., T]:
+def _handle(cls: type[Resource], args: tuple, kwargs: dict, key: str) -> Resource:
+    handle = Resource.__new__(cls)
+    for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key)):
+        object.__setattr__(handle, name, value)
+    return handle
+
+
+def stateful(cls: type[T]) -> type[T]:
     """Class decorator: instances are built lazily, once per process (see module docstring)."""
-
-    @functools.wraps(cls, updated=())
-    def make(*args: Any, **kwargs: Any) -> Any:
-        return Resource(cls, args, kwargs)
-
-    return make
+    return _HandleClass(cls.__name__, (Resource,), {  # type: ignore[return-value]
+        "__slots__": (), "_cls": cls, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__})

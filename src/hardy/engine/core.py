@@ -42,7 +42,7 @@ class Results:
         self.progress.done += 1
         if self.events:
             start = self._started.pop(i, None)
-            self.events.emit("on_map_item_end", i, time.perf_counter() - start if start else 0.0)
+            self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
 
     def fail(self, i: int, err: NodeError) -> None:
         err.item = i
@@ -53,13 +53,13 @@ class Results:
             self.stop = True
         if self.events:
             self._started.pop(i, None)
-            self.events.emit("on_map_item_error", i, err)
+            self.events.item_failed(i, err)
 
     def started(self, i: int) -> None:
         """An item was handed to a worker (or is about to run here)."""
         if self.events:
             self._started[i] = time.perf_counter()
-            self.events.emit("on_map_item_start", i)
+            self.events.item_started(i)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events:

@@ -1,0 +1,122 @@
+"""HyperNodes' Pipeline, node and DualNode as thin layers over hardy's.
+
+What this layer changes, and only this: HyperNodes' argument order (`as_node`, `node("out")`),
+callbacks taken from the engine, a node's own exception raised as itself (hardy wraps it in a
+NodeError naming node and inputs; that text is added to the exception as a note), no progress bar
+unless a ProgressCallback asks for one, and `visualize()`'s HyperNodes arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from ...errors import MapError, NodeError
+from ...node import Node
+from ...observe import PipelineCallback
+from ...pipeline import Pipeline as HardyPipeline
+from ...pipeline import PipelineNode
+from .engines import SeqEngine
+
+
+class Pipeline(HardyPipeline):
+    """`Pipeline(nodes, engine=None, name=None)`; callbacks and cache may also be given here."""
+
+    def __init__(self, nodes: Sequence[Any], engine: Any = None, name: str | None = None,
+                 cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None, strict: bool = False):
+        super().__init__(nodes, engine=engine or SeqEngine(), name=name, callbacks=callbacks, cache=cache,
+                         strict=strict)
+
+    @property
+    def callbacks(self) -> list[PipelineCallback]:
+        """The pipeline's own callbacks, then its engine's (where HyperNodes keeps them)."""
+        if self._inherited:
+            return self._own_callbacks
+        return [*self._own_callbacks, *getattr(self.engine, "callbacks", ())]
+
+    @callbacks.setter
+    def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
+        self._own_callbacks = list(callbacks)
+        self._inherited = False
+
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+        """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
+        copy = self._copy()
+        copy._own_callbacks, copy._inherited = list(callbacks), True
+        return copy
+
+    @property
+    def unfulfilled_args(self) -> tuple[str, ...]:
+        """Sorted by name, as HyperNodes lists them."""
+        return tuple(sorted(super().unfulfilled_args))
+
+    def run(self, inputs: Mapping[str, Any] | None = None, output_name: str | Sequence[str] | None = None,
+            engine: Any = None, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return super().run(inputs, output_name, engine)
+        except NodeError as err:
+            raise _original(err) from None
+
+    def map(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
+            map_mode: str = "zip", output_name: str | Sequence[str] | None = None, engine: Any = None,
+            on_error: str = "raise", progress: bool = False, **kwargs: Any) -> list[Any]:
+        try:
+            return super().map(inputs, map_over, map_mode, output_name, on_error, progress, engine)
+        except MapError as err:
+            raise _original(err.failures[min(err.failures)]) from None
+
+    def as_node(self, input_mapping: Mapping[str, str] | None = None,  # type: ignore[override]
+                output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
+                map_mode: str = "zip", name: str | None = None, cache: bool = True,
+                on_error: str = "raise") -> PipelineNode:
+        """HyperNodes' argument order. `cache=False` turns off HyperNodes' entry for the nested
+        node's whole result; hardy caches a nested pipeline per inner node only (inner nodes opt
+        out with `@node(cache=False)`), so there is no such entry and nothing to turn off."""
+        return super().as_node(name, input_mapping, output_mapping, map_over, map_mode, on_error)
+
+    def visualize(self, filename: str | None = None, engine: str = "js", depth: int | None = 1,
+                  separate_outputs: bool = False, show_types: bool = False, orient: str = "TB",
+                  flatten: bool = False, show_legend: bool = False, style: Any = "default", **kwargs: Any) -> Any:
+        """HyperNodes' arguments on hardy's drawing; `engine` ("js"/"graphviz") picks nothing here:
+        hardy draws one SVG either way, and `filename` chooses the format by its suffix."""
+        drawing = super().visualize(None, depth=None if flatten else depth, orient=orient, style=style)
+        if filename is None:
+            return drawing
+        drawing.save(filename)
+        return None
+
+
+def _original(err: NodeError) -> BaseException:
+    """The node's own exception (HyperNodes raises it unwrapped), with hardy's report as a note.
+    A crash or timeout has no exception of its own: it stays a NodeCrashed (ExecutionError)."""
+    cause = err.__cause__
+    if not isinstance(cause, Exception):
+        return err
+    if hasattr(cause, "add_note"):
+        cause.add_note(f"hardy: {err}")
+    return cause
+
+
+def node(output_name: str | Sequence[str] | Callable[..., Any] | None = None, cache: bool = True,
+         **options: Any) -> Any:
+    """`@node`, `@node("out")`, `@node(output_name=("a", "b"), cache=False)`. hardy's own options
+    (`isolate`, `retries`, `timeout`) are accepted too."""
+    if callable(output_name):
+        return Node(output_name, cache=cache, **options)
+    return lambda func: Node(func, output_name, cache=cache, **options)
+
+
+class DualNode(Node):
+    """A node with a one-item function (`singular`) and a batch function (`batch`). hardy runs
+    `singular` per item, in every engine, so that a failing or crashing item costs only itself;
+    `batch` is kept on the node for code that calls it directly."""
+
+    def __init__(self, output_name: str | Sequence[str], singular: Callable[..., Any],
+                 batch: Callable[..., Any], cache: bool = True):
+        name = getattr(singular, "__name__", "dual_node")
+        for suffix in ("_singular", "_one", "_single"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+        super().__init__(singular, output_name, name=name, cache=cache)
+        self.singular, self.batch = singular, batch
+        self.is_dual_node = True
