@@ -47,16 +47,3 @@ def read_stack(path: str, limit: int = 4000) -> str:
         return ""
     kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY)]
     return "\n".join(kept)[-limit:]
-
-
-_FAULTHANDLER_HEADERS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-                         "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
-
-
-def signal_in_stack(stack: str) -> tuple[str | None, str]:
-    """(signal name, explanation) from faulthandler's header, for engines that report a dead worker
-    without its exit status; (None, "") when the stack names none."""
-    for header, name in _FAULTHANDLER_HEADERS.items():
-        if f"Fatal Python error: {header}" in stack:
-            return name, f"{name}: {_HINTS[name]}"
-    return None, ""

@@ -12,6 +12,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .engine.core import Engine, Results
+from .policy import check_timeouts
 from .errors import (Failed, MapError, MapInputError, MissingInputError, NodeDefinitionError,
                      UnknownInputError, UnknownInputWarning, UnknownOutputError)
 from .graph import Graph
@@ -143,6 +144,7 @@ class Pipeline:
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache)
+        check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
             given = {p for p, _ in step.args}
@@ -257,6 +259,8 @@ class PipelineNode(Node):
         self.cache = True
         self.isolate = False
         self.retries = 0
+        self.retry_on = ()
+        self.backoff = 0.0
         self.timeout = None
         self.func = self._call
 

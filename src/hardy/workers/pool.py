@@ -133,6 +133,7 @@ class WorkerPool:
     """
 
     mode = "sequential"
+    enforces_timeouts = True  # a worker that runs past a node's timeout is killed
 
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
