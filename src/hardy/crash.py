@@ -1,8 +1,13 @@
-"""Turning a dead worker into a sentence a user can act on."""
+"""Turning a dead worker, or this process dying in a map, into a sentence a user can act on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+import threading
+from typing import Any, Callable, Iterator, Sequence
 
 _HINTS = {
     "SIGSEGV": "segmentation fault in native code",
@@ -47,3 +52,117 @@ def read_stack(path: str, limit: int = 4000) -> str:
         return ""
     kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY)]
     return "\n".join(kept)[-limit:]
+
+
+# --- last words: a callback between a fatal signal and faulthandler's stack ---------------------
+
+FATAL_SIGNALS = ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
+LAST_WORDS_LIMIT = 2  # seconds: a callback that hangs in a corrupted process is ended by SIGALRM
+
+
+def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FATAL_SIGNALS) -> Callable[[], None]:
+    """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
+    installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
+    of it). Python cannot do this itself: its handlers run between bytecodes, after the process
+    is dead. Returns the function that puts the previous handlers back."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int) -> None:
+        libc.alarm(LAST_WORDS_LIMIT)
+        try:
+            callback(signum)
+        finally:
+            libc.alarm(0)
+            libc.signal(signum, previous[signum])
+            getattr(libc, "raise")(signum)  # blocked in this handler: delivered to the previous one as it returns
+
+    c_handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(handler)
+    for name in signals:
+        signum = int(getattr(signal, name))
+        previous[signum] = libc.signal(signum, ctypes.cast(c_handler, ctypes.c_void_p))
+
+    def undo() -> None:
+        for signum, old in previous.items():
+            libc.signal(signum, old)
+        _alive.pop(id(c_handler), None)
+    _alive[id(c_handler)] = c_handler
+    return undo
+
+
+_alive: dict[int, Any] = {}  # installed C handlers must outlive the call that made them
+
+
+# --- a crash of this process during an in-process map -------------------------------------------
+#
+# Sequential, threaded and async maps run nodes in this process: a segfault there ends the
+# interpreter, and without a word (rc 139) unless faulthandler is on. For the duration of such a
+# map hardy turns faulthandler on (unless the user configured it) and puts a small handler in
+# front of it that first names the node and the item, found in the frame of the plan's generated
+# function (its `_s` is the step, `_i` the item), and says what would have contained the crash;
+# faulthandler then prints the stack and the process dies of the same signal. Nothing is paid per
+# item: the handler reads what the plan already keeps.
+
+_installed: dict[str, Any] = {}  # while an in-process map runs: "depth" and "undo"
+_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def reported_crashes(executor: str) -> Iterator[None]:
+    """Around an in-process map: a fatal signal prints node, item, the hint and the stack."""
+    import faulthandler
+    with _guard:
+        mine = not _installed and not faulthandler.is_enabled()
+        if mine:
+            _install(executor)
+        elif _installed:
+            _installed["depth"] += 1
+    try:
+        yield
+    finally:
+        with _guard:
+            if _installed:
+                _installed["depth"] -= 1
+                if _installed["depth"] == 0:
+                    _uninstall()
+
+
+def _install(executor: str) -> None:
+    import faulthandler
+    faulthandler.enable(all_threads=True)
+    _installed.update(depth=1, undo=on_fatal_signal(lambda signum: _last_words(signum, executor)))
+
+
+def _uninstall() -> None:
+    import faulthandler
+    _installed["undo"]()
+    faulthandler.disable()
+    _installed.clear()
+
+
+def _last_words(signum: int, executor: str) -> None:
+    name = signal.Signals(signum).name
+    where = _in_flight()
+    text = (f"\nhardy: {where or 'a node'} crashed this process with {name} ({_HINTS.get(name, name)}).\n"
+            f"hardy: map_executor={executor!r} runs nodes in this process, so the crash ends it; "
+            f"map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n")
+    os.write(2, text.encode(errors="replace"))
+
+
+def _in_flight() -> str:
+    """'node N on item I' for each plan function running in this process, the crashing thread first."""
+    frames = [sys._getframe()] + [f for t, f in sys._current_frames().items() if t != threading.get_ident()]
+    found = []
+    for frame in frames:
+        f = frame
+        while f is not None and not f.f_code.co_filename.startswith("<hardy plan"):
+            f = f.f_back
+        if f is None:
+            continue
+        plan, step, item = getattr(f.f_globals.get("_fail"), "__self__", None), f.f_locals.get("_s"), f.f_locals.get("_i")
+        node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
+        found.append(f"node {node!r}" + (f" on item {item}" if item is not None else ""))
+    return "; ".join(found)
