@@ -12,8 +12,8 @@ column (at least 4 rows per UDF process that can run at once, at most ROW_ITEMS 
 is one call of the UDF, the unit Daft spreads over its processes), and a `@daft.cls(use_process=True)`
 UDF runs each chunk through the same compiled plan as every other engine (results, per-item errors,
 cache keys and cache writes identical), in hardy's worker process under the UDF process
-(`integrations/remote.py`: crashes and timeouts cost one item, as with map_executor="process"). Python values travel as binary, an
-Arrow type, so Daft's process workers are really used (Daft isolates only UDFs whose columns are
+(`integrations/remote.py`: crashes and timeouts cost one item, as with map_executor="process").
+Python values travel as binary, an Arrow type, so Daft's process workers are really used (Daft isolates only UDFs whose columns are
 Arrow types: seed 003's `force_spawn_method`, by construction). The UDF instance, one per Daft
 worker process, compiles its plan once; `@stateful` resources are built once in the hardy worker
 that runs the nodes.
@@ -25,8 +25,8 @@ engine), and items carry their values from stage to stage. Why not one UDF per n
 0.7 starts a fresh Python process for every process-isolated UDF in every query (~0.15 s, mostly
 importing Daft), one after another along the query, so each UDF costs that per map.
 
-A crashing item no longer fails the whole query (Daft would fail it, and hardy had to bisect the
-items, running innocents again): the UDF process survives it. UDFs run with Daft's retries off
+A crashing item does not fail the query (a dead UDF process fails a whole Daft query, which would
+leave hardy to bisect the items, running innocents again): the UDF process survives it. UDFs run with Daft's retries off
 (`max_retries=0`): on Ray, Daft would otherwise restart a crashing actor four times per query.
 """
 

@@ -234,11 +234,13 @@ class WorkerPool:
             out = results.values[0]
             return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
 
+        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
         if node.is_async:
             import asyncio
 
             async def acall(*args: Any, **kwargs: Any) -> Any:
                 return await asyncio.to_thread(call, *args, **kwargs)
+            acall.enforces_policy = True  # type: ignore[attr-defined]
             return acall
         return call
 
