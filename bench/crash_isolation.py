@@ -20,6 +20,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from _measure import engines
 from hardy import Engine, Pipeline, node
 
 N, CULPRIT = 450, 200
@@ -59,27 +60,15 @@ def measure(engine: Engine) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    from hardy.integrations.daft import DaftExecutor
-    from hardy.integrations.dask import DaskExecutor
-    from hardy.integrations.ray import RayExecutor
-    engines = {
-        "local process executor": lambda: Engine(map_executor="process", workers=2),
-        "Dask LocalCluster": lambda: Engine(map_executor=DaskExecutor(workers=2)),
-        "Ray, local": lambda: Engine(map_executor=RayExecutor(workers=2)),
-        "Daft, native runner": lambda: Engine(map_executor=DaftExecutor(max_concurrency=2)),
-    }
-    t = Table(title=f"{N} digits-like items, item {CULPRIT} segfaults; 2 workers, {os.cpu_count()} cores; "
+    t = Table(title=f"{N} digits-like items, item {CULPRIT} segfaults; {os.cpu_count()} cores; "
                     f"hardy from {os.path.dirname(__import__('hardy').__file__)}")
     for col in ("engine", "cold start + first map", "no crash", "with the crash", "ratio", "culprit ran",
                 "innocents run again"):
         t.add_column(col, justify="right")
-    for name, make in engines.items():
+    for name, make in engines().items():
         engine = make()
         m = measure(engine)
         engine.close()
-        if not isinstance(engine.map_executor_spec, str):
-            engine.map_executor_spec.close()
         t.add_row(name, f"{m['cold']:.2f} s", f"{m['plain']:.2f} s", f"{m['crash']:.2f} s",
                   f"{m['crash'] / m['plain']:.2f}x", f"{m['culprit']}", f"{m['innocents']}")
     Console(width=140).print(t)

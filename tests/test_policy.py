@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hardy import Engine, Failed, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy import Engine, Failed, NodeTimeout, Pipeline, node
 from hardy.errors import NodeDefinitionError
 from hardy.policy import BACKOFF_MAX, delay
 
@@ -84,8 +84,6 @@ def engines():
     yield made
     for engine in made.values():
         engine.close()
-        if not isinstance(engine.map_executor_spec, str):
-            engine.map_executor_spec.close()
 
 
 def _map(engine: Engine, n: Any, tmp_path) -> tuple[list, list[int]]:

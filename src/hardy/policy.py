@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import time
 from typing import Any, Callable, Iterable
 
@@ -35,6 +34,7 @@ def delay(backoff: float, retry: int) -> float:
     """Seconds to wait before retry number `retry` (1-based)."""
     if not backoff:
         return 0.0
+    import random  # only retries with a backoff pay for importing it
     d = min(BACKOFF_MAX, backoff * 2 ** (retry - 1))
     return d * (0.5 + random.random() / 2)
 
