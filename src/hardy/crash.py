@@ -17,6 +17,8 @@ _HINTS = {
     "SIGFPE": "arithmetic fault in native code",
     "SIGILL": "illegal instruction: a binary built for another CPU",
     "SIGTERM": "terminated from outside",
+    "SIGALRM": "an alarm: the node's own signal.alarm, or a crash in a native thread that left hardy's "
+               "crash handler no way to run (it gives up after LAST_WORDS_LIMIT seconds)",
 }
 
 
@@ -162,7 +164,8 @@ def _in_flight() -> str:
             f = f.f_back
         if f is None:
             continue
-        plan, step, item = getattr(f.f_globals.get("_fail"), "__self__", None), f.f_locals.get("_s"), f.f_locals.get("_i")
+        plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
+        step, item = f.f_locals.get("_s"), f.f_locals.get("_i")
         node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
         found.append(f"node {node!r}" + (f" on item {item}" if item is not None else ""))
     return "; ".join(found)

@@ -13,10 +13,10 @@ is one call of the UDF, the unit Daft spreads over its processes), and a `@daft.
 UDF runs each chunk through the same compiled plan as every other engine (results, per-item errors,
 cache keys and cache writes identical), in hardy's worker process under the UDF process
 (`integrations/remote.py`: crashes and timeouts cost one item, as with map_executor="process").
-Python values travel as binary, an Arrow type, so Daft's process workers are really used (Daft isolates only UDFs whose columns are
-Arrow types: seed 003's `force_spawn_method`, by construction). The UDF instance, one per Daft
-worker process, compiles its plan once; `@stateful` resources are built once in the hardy worker
-that runs the nodes.
+Python values travel as binary, an Arrow type, so Daft's process workers are really used (Daft
+isolates only UDFs whose columns are Arrow types: seed 003's `force_spawn_method`, by construction).
+The UDF instance, one per Daft worker process, compiles its plan once; `@stateful` resources are
+built once in the hardy worker that runs the nodes.
 
 One UDF runs the whole plan unless `node_resources` gives nodes their own Daft resources: the plan
 is then cut into stages where the resources change, each stage a UDF of its own running a keyed
@@ -26,8 +26,9 @@ engine), and items carry their values from stage to stage. Why not one UDF per n
 importing Daft), one after another along the query, so each UDF costs that per map.
 
 A crashing item does not fail the query (a dead UDF process fails a whole Daft query, which would
-leave hardy to bisect the items, running innocents again): the UDF process survives it. UDFs run with Daft's retries off
-(`max_retries=0`): on Ray, Daft would otherwise restart a crashing actor four times per query.
+leave hardy to bisect the items, running innocents again): the UDF process survives it. UDFs run
+with Daft's retries off (`max_retries=0`): on Ray, Daft would otherwise restart a crashing actor
+four times per query.
 """
 
 from __future__ import annotations
@@ -38,11 +39,9 @@ import pickle
 import sys
 from typing import Any, Mapping, Sequence
 
-
 from ..engine.core import Engine
-from ..errors import did_you_mean
+from ..errors import NodeCrashed, did_you_mean
 from ..plan import KEYS, Plan
-from ..errors import NodeCrashed
 from ..shipping import dumps, ship_items, ship_plan
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
