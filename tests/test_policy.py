@@ -124,6 +124,10 @@ def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor
     assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
     assert 'map_executor="process" or @node(isolate=True) contains it' in run.stderr
     assert f'File "{script}", line 8 in fragile' in run.stderr  # faulthandler's stack, the user's frame
+    if executor == "sequential":  # faulthandler the user turned on is left alone: its stack, no words of hardy's
+        run = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == -11 and "hardy:" not in run.stderr and "line 8 in fragile" in run.stderr
 
 
 @pytest.mark.parametrize("executor", IN_PROCESS + CONTAINED)
