@@ -7,7 +7,7 @@ submit a function, how to wait and what their "a worker died" errors look like. 
 
 1. the plan's spec is shipped once (the engine's object store), items in chunks of a few thousand;
 2. each task runs its chunk through `run_contained`: hardy's own worker machinery (the process
-   executor's pool, one worker process) on the engine's worker, so the failure policy is the
+   executor's pool, one worker process per task thread) on the engine's worker, so the failure policy is the
    process executor's exactly: a crash or a timeout (the worker is killed) costs the item that
    caused it, after its node's `retries`, named with node, signal and the Python stack; the items
    that completed keep their results and never run again; the engine never sees a dead worker.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import pickle
+import threading
 from typing import Any, Sequence
 
 import cloudpickle
@@ -57,19 +58,21 @@ def run_chunk_remote(spec: bytes, chunk: bytes) -> bytes:
     return dumps(run_contained(plan_for(spec), pickle.loads(chunk)))
 
 
-_POOL: list[Any] = []  # this engine worker's hardy worker pool, started on first use
+_here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
 
 
 def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
-    """(index, ok, outputs or NodeError) per item, each item run in hardy's worker process here."""
-    if not _POOL:
+    """(index, ok, outputs or NodeError) per item, each item run in hardy's worker process here:
+    one worker per thread that runs tasks, started on its first chunk and kept."""
+    pool = getattr(_here, "pool", None)
+    if pool is None:
         import multiprocessing as mp
         # Dask's workers are daemonic processes, which multiprocessing forbids to start children
         # (so that none outlives them); hardy's pool stops its worker itself, at exit.
         mp.current_process()._config.pop("daemon", None)
-        _POOL.append(WorkerPool(workers=1))
+        pool = _here.pool = WorkerPool(workers=1)
     results = Results(len(chunk), "continue", MapProgress(len(chunk), "chunk", False))
-    _POOL[0].run_items(plan, [item for _, item in chunk], results)
+    pool.run_items(plan, [item for _, item in chunk], results)
     rows: list[tuple[int, bool, Any]] = []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
