@@ -148,9 +148,12 @@ def _uninstall() -> None:
 def _last_words(signum: int, executor: str) -> None:
     name = signal.Signals(signum).name
     where = _in_flight()
-    text = (f"\nhardy: {where or 'a node'} crashed this process with {name} ({_HINTS.get(name, name)}).\n"
-            f"hardy: map_executor={executor!r} runs nodes in this process, so the crash ends it; "
-            f"map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n")
+    what = f"{name} ({_HINTS.get(name, name)})"
+    text = (f"\nhardy: {where} crashed this process with {what}.\n" if where else
+            f"\nhardy: this process crashed with {what} while a map was running.\n")
+    text += (
+        f"hardy: map_executor={executor!r} runs nodes in this process, so the crash ends it; "
+        f"map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n")
     os.write(2, text.encode(errors="replace"))
 
 
