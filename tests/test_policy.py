@@ -163,6 +163,20 @@ def test_a_timeout_nothing_enforces_is_refused_when_the_plan_is_built(engines, e
         Pipeline(nodes=[hangs]).run(inputs={"x": 1, "log": str(tmp_path / "runs.txt")})
 
 
+@node(output_name="y", retries=1, backoff=6)
+def patient(x: int, log: str) -> int:
+    if x != K:
+        time.sleep(0.5)  # 7 items on 2 workers: ~2 s of work, less than the 3-6 s of backoff
+    return crash_once.func(x, log)
+
+
+def test_a_crash_retry_waits_out_its_backoff_while_the_other_items_run(engines, tmp_path):
+    out, runs = _map(engines["process"], patient, tmp_path)
+    order = [int(v) for v in (tmp_path / "runs.txt").read_text().split()]
+    assert [o["y"] for o in out] == [10 * x for x in range(N)] and runs[K] == 2
+    assert order[-1] == K and order.index(K) < len(order) - 1  # retried after every other item, not at once
+
+
 def test_backoff_doubles_with_jitter_up_to_its_cap():
     for retry in range(1, 12):
         nominal = min(BACKOFF_MAX, 0.5 * 2 ** (retry - 1))
