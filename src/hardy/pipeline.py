@@ -12,7 +12,6 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .engine.core import Engine, Results
-from .policy import check_timeouts
 from .errors import (Failed, MapError, MapInputError, MissingInputError, NodeDefinitionError,
                      UnknownInputError, UnknownInputWarning, UnknownOutputError)
 from .graph import Graph
@@ -20,6 +19,7 @@ from .node import Node
 from .observe.callbacks import Events, PipelineCallback
 from .observe.progress import MapProgress, progress_wanted
 from .plan import Plan
+from .policy import check_timeouts
 
 _DEFAULT_ENGINE = Engine()
 
