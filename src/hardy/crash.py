@@ -101,60 +101,59 @@ _alive: dict[int, Any] = {}  # installed C handlers must outlive the call that m
 # --- a crash of this process during an in-process map -------------------------------------------
 #
 # Sequential, threaded and async maps run nodes in this process: a segfault there ends the
-# interpreter, and without a word (rc 139) unless faulthandler is on. For the duration of such a
-# map hardy turns faulthandler on (unless the user configured it) and puts a small handler in
-# front of it that first names the node and the item, found in the frame of the plan's generated
-# function (its `_s` is the step, `_i` the item), and says what would have contained the crash;
-# faulthandler then prints the stack and the process dies of the same signal. Nothing is paid per
-# item: the handler reads what the plan already keeps.
+# interpreter, without a word (rc 139) unless faulthandler is on. While such a map runs, a fatal
+# signal first makes hardy name the node and the item (read from the frame of the plan's generated
+# function: its `_s` is the step, `_i` the item, so nothing is paid per item), print the Python
+# stack as faulthandler would, and say what would have contained the crash; then the process dies
+# of the same signal. The handler is installed once, at the first in-process map, and is inert
+# outside maps (it hands the signal straight to whatever handled it before): installing and
+# removing C handlers around every map would cost a small map ~40x its time. A faulthandler the
+# user turned on speaks instead of hardy.
 
-_installed: dict[str, Any] = {}  # while an in-process map runs: "depth" and "undo"
+_maps = {"running": 0, "executor": ""}  # the in-process maps running now, and the executor's name
+_installed: list[Callable[[], None]] = []
 _guard = threading.Lock()
 
 
 @contextlib.contextmanager
 def reported_crashes(executor: str) -> Iterator[None]:
-    """Around an in-process map: a fatal signal prints node, item, the hint and the stack."""
-    import faulthandler
+    """Around an in-process map: a fatal signal prints node, item, the stack and the remedy."""
     with _guard:
-        mine = not _installed and not faulthandler.is_enabled()
-        if mine:
-            _install(executor)
-        elif _installed:
-            _installed["depth"] += 1
+        if not _installed:
+            _installed.append(on_fatal_signal(_last_words))
+        _maps["running"] += 1
+        _maps["executor"] = executor
     try:
         yield
     finally:
         with _guard:
-            if _installed:
-                _installed["depth"] -= 1
-                if _installed["depth"] == 0:
-                    _uninstall()
+            _maps["running"] -= 1
 
 
-def _install(executor: str) -> None:
+def _last_words(signum: int) -> None:
     import faulthandler
-    faulthandler.enable(all_threads=True)
-    _installed.update(depth=1, undo=on_fatal_signal(lambda signum: _last_words(signum, executor)))
-
-
-def _uninstall() -> None:
-    import faulthandler
-    _installed["undo"]()
-    faulthandler.disable()
-    _installed.clear()
-
-
-def _last_words(signum: int, executor: str) -> None:
+    if not _maps["running"] or faulthandler.is_enabled():
+        return
     name = signal.Signals(signum).name
     where = _in_flight()
     what = f"{name} ({_HINTS.get(name, name)})"
     text = (f"\nhardy: {where} crashed this process with {what}.\n" if where else
             f"\nhardy: this process crashed with {what} while a map was running.\n")
-    text += (
-        f"hardy: map_executor={executor!r} runs nodes in this process, so the crash ends it; "
-        f"map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n")
     os.write(2, text.encode(errors="replace"))
+    os.write(2, _stack().encode(errors="replace"))
+    os.write(2, (f"hardy: map_executor={_maps['executor']!r} runs nodes in this process, so the crash ends it; "
+                 "map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n"
+                 ).encode())
+
+
+def _stack() -> str:
+    """faulthandler's dump of every thread, without the frames of this handler."""
+    import faulthandler
+    import tempfile
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return "".join(ln for ln in f if __file__ not in ln)
 
 
 def _in_flight() -> str:
