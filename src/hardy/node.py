@@ -47,7 +47,8 @@ class Node:
         self.isolate = arguments.flag(owner, "isolate", isolate)
         # the failure policy (hardy/policy.py): the same under every executor
         self.retries: int = arguments.whole_number(owner, "retries", retries, 0)
-        self.retry_on = arguments.exception_types(owner, retry_on) if retry_on != () else ()
+        self.retry_on: tuple[type[Exception], ...] = (
+            arguments.exception_types(owner, retry_on) if retry_on != () else ())
         if self.retry_on and not self.retries:
             raise NodeDefinitionError(f"{owner}: retry_on={retry_on!r} has no effect with retries=0; "
                                       "say how many times to retry, e.g. retries=3.")
