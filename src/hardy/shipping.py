@@ -68,17 +68,6 @@ def portable(err: NodeError) -> NodeError:
         return err
 
 
-def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
-    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item."""
-    out: list[tuple[int, bool, Any]] = []
-    for i, item in chunk:
-        try:
-            out.append((i, True, plan.run(item, i)))
-        except NodeError as err:
-            out.append((i, False, portable(err)))
-    return out
-
-
 class RemoteError(Exception):
     """Stands for an exception that could not be pickled back to the caller."""
 

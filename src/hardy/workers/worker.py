@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import NodeError
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
@@ -50,6 +51,8 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
+    on_fatal_signal(lambda signum: _last_words(conn), (*FATAL_SIGNALS, "SIGUSR1"))
     install_numba_guard()
     if preload_libs:  # seed 001: dependencies first, so each library finds what it needs
         from ..native.libs import preload
@@ -79,10 +82,14 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
         os._exit(0)
 
 
+_unsent: list[tuple[int, bool, Any]] = []  # results of the current chunk not sent yet
+_sending = [False]
+
+
 def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
     run = plan.run
     start = last = time.monotonic()
-    batch: list[tuple[int, bool, Any]] = []
+    batch = _unsent
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
@@ -94,12 +101,18 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
             _send(conn, batch, False, 0.0)
-            batch = []
             last = now
     _send(conn, batch, True, time.monotonic() - start)
 
 
+def _last_words(conn: Any) -> None:
+    """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+    if _unsent and not _sending[0]:
+        _send(conn, _unsent, False, 0.0)
+
+
 def _send(conn: Any, batch: list[tuple[int, bool, Any]], done: bool, elapsed: float) -> None:
+    """Send the batch and empty it."""
     try:
         data = dumps(("results", batch, done, elapsed))
     except Exception:  # one unpicklable output must not cost the others
@@ -113,4 +126,7 @@ def _send(conn: Any, batch: list[tuple[int, bool, Any]], done: bool, elapsed: fl
                                 f"{type(exc).__name__}: {exc}")
                 fixed.append((i, False, err))
         data = dumps(("results", fixed, done, elapsed))
+    _sending[0] = True
     conn.send_bytes(data)
+    _sending[0] = False
+    batch.clear()
