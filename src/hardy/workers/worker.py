@@ -1,7 +1,9 @@
 """The worker process: receive a plan once, run chunks of items, report each result.
 
 Kept import-light because it is imported in the fork server: each worker forks from there already
-holding this module (and whatever `preload` named), so it starts in milliseconds.
+holding this module (and whatever `preload` named), so it starts in milliseconds. Results travel
+pickled one item at a time inside each batch, so a result that cannot be pickled here, or unpickled
+in the parent, fails its own item and nothing else.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import sys
 import time
 from typing import Any, Callable
 
+from multiprocessing.connection import Connection
+
 from ..errors import NodeError
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
+from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
@@ -43,9 +48,25 @@ def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]
     return call
 
 
-def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
-         preload_libs: tuple[str, ...] = ()) -> None:
+def run(fd: int) -> None:
+    """A worker's life, however it was started: `fd` is its socket to the parent process.
+
+    The first message says where its status words and faulthandler file are, its environment,
+    and the parent's sys.path and working directory: the worker imports the user's modules as
+    the parent does, but never re-runs the parent's `__main__`.
+    """
+    conn = Connection(fd)
+    try:
+        status_path, fault_path, env, preload_libs, sys_path, cwd = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        os._exit(0)
+    watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
     os.environ.update(env)
+    sys.path[:] = sys_path
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
     fault_file = open(fault_path, "w")
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
@@ -58,7 +79,7 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
     _, status = open_status(status_path)
     status[ITEM] = -1
     status[STEP] = -1
-    plans: dict[int, Plan] = {}
+    plans: dict[int, tuple[Plan, dict[str, str]] | str] = {}
     try:
         while True:
             try:
@@ -66,7 +87,7 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
             except EOFError:
                 break
             if msg[0] == "plan":
-                plans[msg[1]] = build_plan(msg[2], wrap=lambda k, n: _marked(status, k, n.func))
+                plans[msg[1]] = _load_plan(msg[2], status)
             elif msg[0] == "chunk":
                 _run_chunk(conn, plans[msg[1]], msg[2], status)
             else:
@@ -79,17 +100,34 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
         os._exit(0)
 
 
-def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
-    run = plan.run
+def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
+    """The plan and which node produces each output; or why it cannot be loaded here."""
+    try:
+        plan = build_plan(spec, wrap=lambda k, n: _marked(status, k, n.func))
+    except Exception as exc:
+        return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
+                "its nodes must come from the script or a module importable from the parent's sys.path "
+                "(a module loaded from elsewhere can be sent by value with "
+                "cloudpickle.register_pickle_by_value)")
+    return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
+
+
+def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
+               items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
     start = last = time.monotonic()
-    batch: list[tuple[int, bool, Any]] = []
+    batch: list[tuple[int, bool, bytes]] = []
+    if isinstance(loaded, str):
+        batch = [(i, False, dumps(NodeError("<pipeline>", None, i, loaded))) for i, _ in items]
+        items = []
+    else:
+        plan, producers = loaded
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
         try:
-            batch.append((i, True, run(item, i)))
+            batch.append(_pack(producers, i, plan.run(item, i)))
         except NodeError as err:
-            batch.append((i, False, portable(err)))
+            batch.append((i, False, dumps(portable(err))))
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
@@ -99,18 +137,22 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
     _send(conn, batch, True, time.monotonic() - start)
 
 
-def _send(conn: Any, batch: list[tuple[int, bool, Any]], done: bool, elapsed: float) -> None:
+def _pack(producers: dict[str, str], i: int, out: dict[str, Any]) -> tuple[int, bool, bytes]:
+    """One item's outputs, pickled on their own: one that cannot travel fails only its item."""
     try:
-        data = dumps(("results", batch, done, elapsed))
-    except Exception:  # one unpicklable output must not cost the others
-        fixed = []
-        for i, ok, value in batch:
+        return i, True, dumps(out)
+    except Exception:
+        for name, value in out.items():
             try:
                 dumps(value)
-                fixed.append((i, ok, value))
             except Exception as exc:
-                err = NodeError("<output>", None, i, f"the result could not be pickled back to the parent: "
-                                f"{type(exc).__name__}: {exc}")
-                fixed.append((i, False, err))
-        data = dumps(("results", fixed, done, elapsed))
-    conn.send_bytes(data)
+                err = NodeError(producers.get(name, name), None, i,
+                                f"its output {name!r} ({type(value).__module__}.{type(value).__qualname__}) "
+                                f"cannot be pickled back to the parent process ({type(exc).__name__}: {exc}); "
+                                "return plain data (numbers, arrays, dicts, paths) or make the type picklable")
+                return i, False, dumps(err)
+        raise
+
+
+def _send(conn: Any, batch: list[tuple[int, bool, bytes]], done: bool, elapsed: float) -> None:
+    conn.send_bytes(pickle.dumps(("results", batch, done, elapsed), protocol=5))
