@@ -77,6 +77,7 @@ class _Worker:
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0
+        self.resend: list[int] = []  # items whose batch could not be unpickled here
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
 
@@ -402,25 +403,39 @@ class _Run:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
             while w.conn.poll():
-                msg = pickle.loads(w.conn.recv_bytes())
-                _, batch, done, elapsed = msg
+                _, marks, values, done, elapsed = pickle.loads(w.conn.recv_bytes())
                 w.started_any = True
                 self.pool.start_failures = 0
-                for i, ok, blob in batch:
-                    w.unsent.pop(i, None)
+                if isinstance(values, bytes):  # a whole batch, pickled at once
                     try:
-                        value = pickle.loads(blob)
-                    except Exception as exc:
-                        ok, value = False, self.unreadable(i, blob, exc)
-                    if ok:
-                        self.results.ok(i, value)
-                    else:
-                        self.results.fail(i, value)
-                if done:
+                        values = pickle.loads(values)
+                    except Exception:  # one of them cannot be read here: ask for each on its own
+                        w.resend.extend(i for i, _ in marks)
+                        marks = values = []
+                    self.take(w, marks, values)
+                else:  # resent items, each pickled on its own
+                    self.take(w, marks, values, each=True)
+                if done and w.resend:
+                    w.send(pickle.dumps(("resend", w.resend)))
+                    w.resend = []
+                elif done:
                     self.chunk_done(w, elapsed)
         except (EOFError, OSError):
             return False
         return True
+
+    def take(self, w: _Worker, marks: list[tuple[int, bool]], values: list[Any], each: bool = False) -> None:
+        for (i, ok), value in zip(marks, values):
+            w.unsent.pop(i, None)
+            if each:
+                try:
+                    value = pickle.loads(value)
+                except Exception as exc:
+                    ok, value = False, self.unreadable(i, value, exc)
+            if ok:
+                self.results.ok(i, value)
+            else:
+                self.results.fail(i, value)
 
     def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
         """The error for a result this process cannot unpickle: node, item and the types involved."""

@@ -1,9 +1,8 @@
 """The worker process: receive a plan once, run chunks of items, report each result.
 
 Kept import-light because it is imported in the fork server: each worker forks from there already
-holding this module (and whatever `preload` named), so it starts in milliseconds. Results travel
-pickled one item at a time inside each batch, so a result that cannot be pickled here, or unpickled
-in the parent, fails its own item and nothing else.
+holding this module (and whatever `preload` named), so it starts in milliseconds. A result that
+cannot be pickled here, or unpickled in the parent, fails its own item and nothing else (`_send`).
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ def run(fd: int) -> None:
     status[ITEM] = -1
     status[STEP] = -1
     plans: dict[int, tuple[Plan, dict[str, str]] | str] = {}
+    held: dict[int, tuple[bool, Any]] = {}  # the last chunk's outcomes, until the next chunk
     try:
         while True:
             try:
@@ -89,7 +89,9 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = _load_plan(msg[2], status)
             elif msg[0] == "chunk":
-                _run_chunk(conn, plans[msg[1]], msg[2], status)
+                _run_chunk(conn, plans[msg[1]], msg[2], status, held)
+            elif msg[0] == "resend":
+                _resend(conn, held, msg[1])
             else:
                 break
     finally:
@@ -113,46 +115,71 @@ def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
-    start = last = time.monotonic()
-    batch: list[tuple[int, bool, bytes]] = []
+               items: list[tuple[int, dict[str, Any]]], status: Any, held: dict[int, tuple[bool, Any]]) -> None:
+    held.clear()
     if isinstance(loaded, str):
-        batch = [(i, False, dumps(NodeError("<pipeline>", None, i, loaded))) for i, _ in items]
-        items = []
-    else:
-        plan, producers = loaded
+        held.update((i, (False, NodeError("<pipeline>", None, i, loaded))) for i, _ in items)
+        _send(conn, list(held.items()), {}, True, 0.0)
+        return
+    plan, producers = loaded
+    start = last = time.monotonic()
+    batch: list[tuple[int, tuple[bool, Any]]] = []
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
         try:
-            batch.append(_pack(producers, i, plan.run(item, i)))
+            outcome = (True, plan.run(item, i))
         except NodeError as err:
-            batch.append((i, False, dumps(portable(err))))
+            outcome = (False, portable(err))
+        held[i] = outcome
+        batch.append((i, outcome))
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
-            _send(conn, batch, False, 0.0)
+            _send(conn, batch, producers, False, 0.0)
             batch = []
             last = now
-    _send(conn, batch, True, time.monotonic() - start)
+    _send(conn, batch, producers, True, time.monotonic() - start)
 
 
-def _pack(producers: dict[str, str], i: int, out: dict[str, Any]) -> tuple[int, bool, bytes]:
-    """One item's outputs, pickled on their own: one that cannot travel fails only its item."""
-    try:
-        return i, True, dumps(out)
+def _send(conn: Any, batch: list[tuple[int, tuple[bool, Any]]], producers: dict[str, str],
+          done: bool, elapsed: float) -> None:
+    """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
+    if the parent cannot unpickle the batch, it asks for those items again one by one (`resend`)."""
+    marks = [(i, ok) for i, (ok, _) in batch]
+    try:  # the parent has its own __main__: plain pickle is right unless it refuses
+        values = pickle.dumps([value for _, (_, value) in batch], protocol=5)
     except Exception:
-        for name, value in out.items():
-            try:
-                dumps(value)
-            except Exception as exc:
-                err = NodeError(producers.get(name, name), None, i,
-                                f"its output {name!r} ({type(value).__module__}.{type(value).__qualname__}) "
-                                f"cannot be pickled back to the parent process ({type(exc).__name__}: {exc}); "
-                                "return plain data (numbers, arrays, dicts, paths) or make the type picklable")
-                return i, False, dumps(err)
-        raise
+        fixed = [_picklable(producers, i, ok, value) for i, (ok, value) in batch]
+        marks = [(i, ok) for i, ok, _ in fixed]
+        values = dumps([value for _, _, value in fixed])
+    conn.send_bytes(pickle.dumps(("results", marks, values, done, elapsed), protocol=5))
 
 
-def _send(conn: Any, batch: list[tuple[int, bool, bytes]], done: bool, elapsed: float) -> None:
-    conn.send_bytes(pickle.dumps(("results", batch, done, elapsed), protocol=5))
+def _resend(conn: Any, held: dict[int, tuple[bool, Any]], items: list[int]) -> None:
+    """The items of the last chunk again, each pickled on its own, so each is read on its own."""
+    marks, values = [], []
+    for i in items:
+        ok, value = _picklable({}, i, *held[i])[1:]
+        marks.append((i, ok))
+        values.append(dumps(value))
+    conn.send_bytes(pickle.dumps(("results", marks, values, True, 0.0), protocol=5))
+
+
+def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> tuple[int, bool, Any]:
+    """(item, ok, value), the value replaced by an error naming node and type if it cannot travel."""
+    try:
+        dumps(value)
+        return i, ok, value
+    except Exception:
+        pass
+    for name, part in (value.items() if ok else ()):
+        try:
+            dumps(part)
+        except Exception as exc:
+            return i, False, NodeError(
+                producers.get(name, name), None, i,
+                f"its output {name!r} ({type(part).__module__}.{type(part).__qualname__}) cannot be "
+                f"pickled back to the parent process ({type(exc).__name__}: {exc}); return plain data "
+                "(numbers, arrays, dicts, paths) or make the type picklable")
+    return i, False, NodeError("?", None, i, f"the result of item {i} cannot be pickled back to the parent")
