@@ -17,6 +17,14 @@ dying worker can never leave something locked that the others need):
     ("stop",)            ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
 """
 
-from .pool import WorkerPool
+from typing import Any
 
 __all__ = ["WorkerPool"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: fork servers and workers import hardy.workers.* without the parent-side pool.
+    if name == "WorkerPool":
+        from .pool import WorkerPool
+        return WorkerPool
+    raise AttributeError(name)
