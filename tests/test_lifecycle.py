@@ -5,7 +5,6 @@ re-running the user's script, reachable by nobody else. Real processes, real sig
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -13,13 +12,15 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
 import psutil
 import pytest
 
-from hardy import Engine, Failed, NodeCrashed, NodeError, NodeTimeout, Pipeline, node
+from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy.errors import WorkerStartError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 GONE_WITHIN = 20  # seconds: a generous bound for "every process has ended", not a timing claim
@@ -110,6 +111,15 @@ def test_engines_with_different_preloads_and_caps_work_in_any_order_and_at_once(
     assert _gone(sorted(servers)) == []  # each server closed with its last pool
 
 
+def test_a_preload_that_fails_is_named_and_other_engines_keep_working():
+    with Engine(map_executor="process", workers=1, preload=["colorsys"]) as good:
+        assert _seen(good, 1)
+        with Engine(map_executor="process", workers=1, preload=["no_such_module_here"]) as bad:
+            with pytest.raises(WorkerStartError, match="preload module 'no_such_module_here' failed to import"):
+                _seen(bad, 1)
+        assert _seen(good, 1)
+
+
 # --- 2. nothing outlives the parent --------------------------------------------------------------
 
 HANGING_PARENT = """
@@ -171,6 +181,57 @@ def test_processes_a_node_starts_end_with_its_worker(tmp_path, how, error):
         else:
             assert type(out[0].error) is error
     assert _gone([int(marker.read_text())]) == []  # killed with the worker, or at close
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork!"])
+def test_every_start_method_kills_a_crashed_workers_children(tmp_path, start_method):
+    marker = tmp_path / "child"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "fork!" warns when a hazard is present
+        engine = Engine(map_executor="process", workers=1, start_method=start_method)
+    with engine:
+        out = Pipeline(nodes=[start_child_then], engine=engine).map(
+            inputs={"x": [5, 6], "how": "crash", "marker": str(marker)}, map_over="x", on_error="continue")
+        assert [type(o.error) for o in out] == [NodeCrashed, NodeCrashed]
+    assert _gone([int(marker.read_text())]) == []
+
+
+INTERRUPTED_PARENT = """
+    import os, signal, sys, time
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def slow(x, marker):
+        if x == 1:
+            open(marker, "w").write("1")
+            time.sleep(1000)
+        return x
+
+    engine = Engine(map_executor="process", workers=2)
+    p = Pipeline(nodes=[slow], engine=engine)
+    try:
+        p.map(inputs={"x": [0, 1, 2], "marker": sys.argv[1]}, map_over="x")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print([o["y"] for o in p.map(inputs={"x": [5, 6], "marker": ""}, map_over="x")], flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_the_map_and_the_pool_serves_the_next(tmp_path):
+    script = _script(tmp_path, INTERRUPTED_PARENT)
+    marker = tmp_path / "started"
+    parent = subprocess.Popen([sys.executable, str(script), str(marker)], env=_env(tmp_path),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(marker)
+        family = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        os.kill(parent.pid, signal.SIGINT)
+        out, _ = parent.communicate(timeout=60)
+        assert out.splitlines() == ["interrupted", "[5, 6]"]
+        assert parent.returncode == 0
+        assert _gone(family) == []
+    finally:
+        parent.kill()
 
 
 # --- 3. no __main__ guard ------------------------------------------------------------------------

@@ -196,7 +196,8 @@ _lock = threading.Lock()
 def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> Launcher:
     """The launcher for these settings, shared with pools that use the same ones."""
     _watch_sigterm()
-    key = (start_method, preload if start_method == "forkserver" else (), tuple(sorted(env.items())))
+    key: tuple[Any, ...] = (start_method, preload if start_method == "forkserver" else (),
+                            tuple(sorted(env.items())))
     if start_method == "fork":  # never shared: each pool reaps its own forks
         key += (id(user),)
     with _lock:

@@ -392,8 +392,8 @@ class _Run:
         except BaseException:
             # Interrupted (Ctrl-C, a PicklingError): workers still busy would answer into the next
             # map, so they are replaced.
-            for slot, w in enumerate(pool._workers):
-                if w is not None and w.busy and pool._owners[slot] is self:
+            for slot, held in enumerate(pool._workers):
+                if held is not None and held.busy and pool._owners[slot] is self:
                     pool._replace(slot, stop=False)
             raise
         finally:

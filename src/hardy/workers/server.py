@@ -77,8 +77,10 @@ def _preload(modules: list[str]) -> str | None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except BaseException:
-            return f"preload module {name!r} failed to import in the fork server:\n{traceback.format_exc()}"
+        except BaseException as exc:
+            return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
+                    f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
+                    + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
     return None
 
 

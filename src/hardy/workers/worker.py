@@ -127,6 +127,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
+        outcome: tuple[bool, Any]
         try:
             outcome = (True, plan.run(item, i))
         except NodeError as err:
