@@ -24,8 +24,7 @@ import threading
 import time
 
 import psutil
-from rich.console import Console
-from rich.table import Table
+from workers import show, timed  # bench/workers.py
 
 from hardy import Engine, Pipeline, node
 
@@ -121,12 +120,6 @@ def isolated_threads(rows: list) -> None:
     rows.append(("", "4 calls from 4 threads", f"{both:.2f} s", f"{both / one:.2f}x one call (4.00x if serialised)"))
 
 
-def timed(call) -> float:
-    t = time.perf_counter()
-    call()
-    return time.perf_counter() - t
-
-
 rows: list = []
 for sig in (signal.SIGKILL, signal.SIGTERM):
     samples = [parent_death(sig) for _ in range(5)]
@@ -134,9 +127,4 @@ for sig in (signal.SIGKILL, signal.SIGTERM):
                  f"{statistics.median(samples) * 1000:.0f} ms", f"max {max(samples) * 1000:.0f} ms of 5"))
 second_preload(rows)
 isolated_threads(rows)
-table = Table(title=f"worker lifecycle, {os.cpu_count()} cores")
-for col in ("what", "how", "result", "note"):
-    table.add_column(col)
-for r in rows:
-    table.add_row(*r)
-Console(width=130).print(table)
+show("worker lifecycle", rows)

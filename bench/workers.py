@@ -111,14 +111,18 @@ def starts(rows: list) -> None:
                  f"{(crash - normal) * 1000:.0f} ms", f"of which start ~{start * 1000:.0f} ms"))
 
 
-if __name__ == "__main__":
-    rows: list = []
-    cpu_bound(rows)
-    throughput(rows)
-    starts(rows)
-    t = Table(title=f"process executor, {os.cpu_count()} cores")
+def show(title: str, rows: list) -> None:
+    t = Table(title=f"{title}, {os.cpu_count()} cores")
     for col in ("work", "how", "result", "ratio"):
         t.add_column(col)
     for r in rows:
         t.add_row(*r)
     Console(width=130).print(t)
+
+
+if __name__ == "__main__":
+    rows: list = []
+    cpu_bound(rows)
+    throughput(rows)
+    starts(rows)
+    show("process executor", rows)
