@@ -76,7 +76,8 @@ def _seen(engine: Engine, n: int = 4) -> set:
 
 
 @pytest.mark.timeout(120)
-def test_engines_with_different_preloads_and_caps_work_in_any_order_and_at_once():
+def test_engines_with_different_preloads_and_caps_work_in_any_order_and_at_once(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an earlier import may have set it
     cores = os.cpu_count() or 1
     a = Engine(map_executor="process", workers=1, preload=["colorsys"])
     b = Engine(map_executor="process", workers=2, preload=["wave"])
@@ -109,6 +110,22 @@ def test_engines_with_different_preloads_and_caps_work_in_any_order_and_at_once(
     c.close()
     b.close()
     assert _gone(sorted(servers)) == []  # each server closed with its last pool
+
+
+@node(output_name="value")
+def env_value(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_workers_get_the_environment_of_now_not_of_the_servers_start(monkeypatch):
+    with Engine(map_executor="process", workers=1) as first:
+        assert _seen(first, 1)
+        monkeypatch.setenv("HARDY_SET_LATER", "yes")
+        with Engine(map_executor="process", workers=1) as second:
+            out = Pipeline(nodes=[env_value], engine=second).map(inputs={"name": ["HARDY_SET_LATER"]},
+                                                                   map_over="name")
+            assert second.process_pool()._launcher is first.process_pool()._launcher
+    assert out == [{"value": "yes"}]
 
 
 def test_a_preload_that_fails_is_named_and_other_engines_keep_working():

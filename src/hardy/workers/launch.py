@@ -108,6 +108,7 @@ class ForkServer:
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
         ours, theirs = socket.socketpair()
+        status: Connection | None = None
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(self.address)
@@ -117,6 +118,9 @@ class ForkServer:
                 reduction.sendfds(s, [theirs.fileno()])
             kind, value = pickle.loads(status.recv_bytes())
         except (OSError, EOFError) as exc:
+            ours.close()
+            if status is not None:
+                status.close()
             code = self.process.poll()
             raise WorkerStartError(
                 f"the fork server ({self.label}) "

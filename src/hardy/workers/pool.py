@@ -69,7 +69,8 @@ class _Worker:
             f.write(b"\xff" * worker_main.STATUS_SIZE)  # -1 in every slot
         self._mm, self.status = worker_main.open_status(self.status_path)
         self.process, self.conn = launcher.start_worker()
-        self.send(pickle.dumps((self.status_path, self.fault_path, env, preload_libs,
+        # this process's environment now (a fork server's dates from its start), with the caps
+        self.send(pickle.dumps((self.status_path, self.fault_path, {**os.environ, **env}, preload_libs,
                                 list(sys.path), os.getcwd())))
         self.plans: set[int] = set()
         self.plan: Plan | None = None

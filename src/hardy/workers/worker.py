@@ -50,9 +50,9 @@ def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]
 def run(fd: int) -> None:
     """A worker's life, however it was started: `fd` is its socket to the parent process.
 
-    The first message says where its status words and faulthandler file are, its environment,
-    and the parent's sys.path and working directory: the worker imports the user's modules as
-    the parent does, but never re-runs the parent's `__main__`.
+    The first message says where its status words and faulthandler file are, and gives the
+    parent's current environment (plus thread caps), sys.path and working directory: the worker
+    imports the user's modules as the parent does, but never re-runs the parent's `__main__`.
     """
     conn = Connection(fd)
     try:
@@ -60,6 +60,7 @@ def run(fd: int) -> None:
     except (EOFError, OSError):
         os._exit(0)
     watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
+    os.environ.clear()
     os.environ.update(env)
     sys.path[:] = sys_path
     try:
