@@ -78,7 +78,7 @@ class _Worker:
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0
-        self.resend: list[int] = []  # items whose batch could not be unpickled here
+        self.resend = False  # a batch of its results could not be unpickled here
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
 
@@ -404,35 +404,40 @@ class _Run:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
             while w.conn.poll():
-                _, marks, values, done, elapsed = pickle.loads(w.conn.recv_bytes())
+                data = w.conn.recv_bytes()
+                done, each, elapsed = worker_main.HEADER.unpack_from(data)
                 w.started_any = True
                 self.pool.start_failures = 0
-                if isinstance(values, bytes):  # a whole batch, pickled at once
-                    try:
-                        values = pickle.loads(values)
-                    except Exception:  # one of them cannot be read here: ask for each on its own
-                        w.resend.extend(i for i, _ in marks)
-                        marks = values = []
-                    self.take(w, marks, values)
-                else:  # resent items, each pickled on its own
-                    self.take(w, marks, values, each=True)
-                if done and w.resend:
-                    w.send(pickle.dumps(("resend", w.resend)))
-                    w.resend = []
+                try:
+                    batch = pickle.loads(memoryview(data)[worker_main.HEADER.size:])
+                except Exception:  # one result cannot be read here: at chunk end, ask for each alone
+                    w.resend = True
+                    batch = []
+                if each:
+                    self.take_each(w, batch)
+                else:
+                    for i, ok, value in batch:
+                        w.unsent.pop(i, None)
+                        if ok:
+                            self.results.ok(i, value)
+                        else:
+                            self.results.fail(i, value)
+                if done and w.resend:  # the items with no result yet are those of unreadable batches
+                    w.send(pickle.dumps(("resend", list(w.unsent))))
+                    w.resend = False
                 elif done:
                     self.chunk_done(w, elapsed)
         except (EOFError, OSError):
             return False
         return True
 
-    def take(self, w: _Worker, marks: list[tuple[int, bool]], values: list[Any], each: bool = False) -> None:
-        for (i, ok), value in zip(marks, values):
+    def take_each(self, w: _Worker, batch: list[tuple[int, bool, bytes]]) -> None:
+        for i, ok, blob in batch:
             w.unsent.pop(i, None)
-            if each:
-                try:
-                    value = pickle.loads(value)
-                except Exception as exc:
-                    ok, value = False, self.unreadable(i, value, exc)
+            try:
+                value = pickle.loads(blob)
+            except Exception as exc:
+                ok, value = False, self.unreadable(i, blob, exc)
             if ok:
                 self.results.ok(i, value)
             else:

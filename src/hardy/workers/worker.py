@@ -13,6 +13,7 @@ import mmap
 import os
 import pickle
 import signal
+import struct
 import sys
 import time
 from typing import Any, Callable
@@ -29,6 +30,7 @@ from .lifeline import kill_group, watch_peer
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
+HEADER = struct.Struct("??d")  # before each batch of results: chunk done, pickled item by item, elapsed
 
 
 def open_status(path: str) -> tuple[mmap.mmap, Any]:
@@ -80,7 +82,7 @@ def run(fd: int) -> None:
     status[ITEM] = -1
     status[STEP] = -1
     plans: dict[int, tuple[Plan, dict[str, str]] | str] = {}
-    held: dict[int, tuple[bool, Any]] = {}  # the last chunk's outcomes, until the next chunk
+    sent: list[list[Any]] = []  # the last chunk's batches of results, until the next chunk
     try:
         while True:
             try:
@@ -90,9 +92,9 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = _load_plan(msg[2], status)
             elif msg[0] == "chunk":
-                _run_chunk(conn, plans[msg[1]], msg[2], status, held)
+                _run_chunk(conn, plans[msg[1]], msg[2], status, sent)
             elif msg[0] == "resend":
-                _resend(conn, held, msg[1])
+                _resend(conn, sent, msg[1])
             else:
                 break
     finally:
@@ -116,56 +118,49 @@ def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any, held: dict[int, tuple[bool, Any]]) -> None:
-    held.clear()
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]]) -> None:
+    sent.clear()
     if isinstance(loaded, str):
-        held.update((i, (False, NodeError("<pipeline>", None, i, loaded))) for i, _ in items)
-        _send(conn, list(held.items()), {}, True, 0.0)
+        _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
         return
     plan, producers = loaded
     start = last = time.monotonic()
-    batch: list[tuple[int, tuple[bool, Any]]] = []
+    batch: list[tuple[int, bool, Any]] = []
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
-        outcome: tuple[bool, Any]
         try:
-            outcome = (True, plan.run(item, i))
+            batch.append((i, True, plan.run(item, i)))
         except NodeError as err:
-            outcome = (False, portable(err))
-        held[i] = outcome
-        batch.append((i, outcome))
+            batch.append((i, False, portable(err)))
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
-            _send(conn, batch, producers, False, 0.0)
+            _send(conn, batch, producers, False, 0.0, sent)
             batch = []
             last = now
-    _send(conn, batch, producers, True, time.monotonic() - start)
+    _send(conn, batch, producers, True, time.monotonic() - start, sent)
 
 
-def _send(conn: Any, batch: list[tuple[int, tuple[bool, Any]]], producers: dict[str, str],
-          done: bool, elapsed: float) -> None:
+def _send(conn: Any, batch: list[tuple[int, bool, Any]], producers: dict[str, str], done: bool,
+          elapsed: float, sent: list[list[Any]]) -> None:
     """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
-    if the parent cannot unpickle the batch, it asks for those items again one by one (`resend`)."""
-    marks = [(i, ok) for i, (ok, _) in batch]
-    try:  # the parent has its own __main__: plain pickle is right unless it refuses
-        values = pickle.dumps([value for _, (_, value) in batch], protocol=5)
+    if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),
+    so the chunk's batches are kept in `sent` until the next chunk."""
+    try:
+        data = pickle.dumps(batch, protocol=5)  # the parent has its own __main__: no need for dumps()
     except Exception:
-        fixed = [_picklable(producers, i, ok, value) for i, (ok, value) in batch]
-        marks = [(i, ok) for i, ok, _ in fixed]
-        values = dumps([value for _, _, value in fixed])
-    conn.send_bytes(pickle.dumps(("results", marks, values, done, elapsed), protocol=5))
+        batch[:] = [_picklable(producers, i, ok, value) for i, ok, value in batch]
+        data = dumps(batch)
+    sent.append(batch)
+    conn.send_bytes(HEADER.pack(done, False, elapsed) + data)
 
 
-def _resend(conn: Any, held: dict[int, tuple[bool, Any]], items: list[int]) -> None:
-    """The items of the last chunk again, each pickled on its own, so each is read on its own."""
-    marks, values = [], []
-    for i in items:
-        ok, value = _picklable({}, i, *held[i])[1:]
-        marks.append((i, ok))
-        values.append(dumps(value))
-    conn.send_bytes(pickle.dumps(("results", marks, values, True, 0.0), protocol=5))
+def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
+    """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
+    outcomes = {i: (ok, value) for batch in sent for i, ok, value in batch}
+    data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1])) for i in items], protocol=5)
+    conn.send_bytes(HEADER.pack(True, True, 0.0) + data)
 
 
 def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> tuple[int, bool, Any]:
