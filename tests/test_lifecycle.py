@@ -203,10 +203,8 @@ def test_processes_a_node_starts_end_with_its_worker(tmp_path, how, error):
 @pytest.mark.parametrize("start_method", ["spawn", "fork!"])
 def test_every_start_method_kills_a_crashed_workers_children(tmp_path, start_method):
     marker = tmp_path / "child"
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), Engine(map_executor="process", workers=1, start_method=start_method) as engine:
         warnings.simplefilter("ignore")  # "fork!" warns when a hazard is present
-        engine = Engine(map_executor="process", workers=1, start_method=start_method)
-    with engine:
         out = Pipeline(nodes=[start_child_then], engine=engine).map(
             inputs={"x": [5, 6], "how": "crash", "marker": str(marker)}, map_over="x", on_error="continue")
         assert [type(o.error) for o in out] == [NodeCrashed, NodeCrashed]
