@@ -92,9 +92,10 @@ def _answer(listener: socket.socket, config: dict, failure: str | None,
     except OSError:
         return
     with sock:
-        _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-        if uid != os.getuid():
-            return
+        if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the 0700 folder and the key remain
+            _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+            if uid != os.getuid():
+                return
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", AUTH_TIMEOUT, 0))
         conn = Connection(os.dup(sock.fileno()))
         try:
