@@ -134,13 +134,15 @@ class ForkServer:
         return WorkerProcess(value, status.fileno(), lambda: _exit_status(status), status.close), \
             Connection(ours.detach())
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
         try:
             assert self.process.stdin is not None
             self.process.stdin.close()
         except OSError:
             pass
+        if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
+            return
         try:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
@@ -188,7 +190,7 @@ class Forker:
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         return WorkerProcess(pid, pidfd, collect, lambda: os.close(pidfd)), Connection(ours.detach())
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -225,12 +227,12 @@ def release(user: object, launcher: Launcher) -> None:
     launcher.stop()
 
 
-def _stop_everything() -> None:
-    """Kill every worker's group and stop every server, without waiting on anything held."""
+def _stop_everything(wait: bool = True) -> None:
+    """Kill every worker's group and stop every server; takes no lock, so a signal handler may."""
     for w in list(_live):
         kill_group(w.pid)
     for launcher in list(_launchers.values()):
-        launcher.stop()
+        launcher.stop(wait)
 
 
 def _watch_sigterm() -> None:
@@ -241,7 +243,7 @@ def _watch_sigterm() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    _stop_everything()
+    _stop_everything(wait=False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)  # end as SIGTERM would have: same exit status
 
