@@ -63,6 +63,7 @@ def serve() -> None:
                 else:
                     _answer(listener, config, failure, children, closing)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent's death signal must not cut this short
         for pid in children:
             kill_group(pid)
         for pid in list(children):
