@@ -92,8 +92,11 @@ def second_preload(rows: list) -> None:
         other = statistics.median(first_map(["wave"]) for _ in range(7))
     rows.append(("first map of a 2nd engine", "same preload: shares the live server", f"{shared * 1000:.0f} ms",
                  "a worker start"))
+    floor = statistics.median(timed(lambda: subprocess.run([sys.executable, "-c", "pass"])) for _ in range(7))
     rows.append(("", "another preload: its own server, side by side", f"{other * 1000:.0f} ms",
                  f"+{(other - shared) * 1000:.0f} ms for the server"))
+    rows.append(("", "floor: `python -c pass`, any fresh process", f"{floor * 1000:.0f} ms",
+                 f"server = {(other - shared) / floor:.1f}x the floor"))
 
 
 @node(output_name="t", isolate=True)
