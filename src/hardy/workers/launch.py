@@ -230,7 +230,7 @@ def release(user: object, launcher: Launcher) -> None:
 def _stop_everything(wait: bool = True) -> None:
     """Kill every worker's group and stop every server; takes no lock, so a signal handler may."""
     for w in list(_live):
-        kill_group(w.pid)
+        w.kill()  # only while it runs: an ended worker's pid may name someone else by now
     for launcher in list(_launchers.values()):
         launcher.stop(wait)
 
