@@ -19,6 +19,7 @@ from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExec
 
 if TYPE_CHECKING:
     from ..observe.callbacks import Events
+    from ..observe.report import _Live
     from ..plan import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
@@ -28,7 +29,9 @@ _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
 class Results:
     """Where executors put each item's outcome, by index."""
 
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None):
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
+                 live: "_Live | None" = None):
+        self.live = live  # the run report being recorded (only with events: the recorder is a callback)
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
@@ -43,6 +46,8 @@ class Results:
         if self.events:
             start = self._started.pop(i, None)
             self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
+            if self.live:
+                self.live.item_end(i, True)
 
     def fail(self, i: int, err: NodeError) -> None:
         err.item = i
@@ -54,11 +59,15 @@ class Results:
         if self.events:
             self._started.pop(i, None)
             self.events.item_failed(i, err)
+            if self.live:
+                self.live.item_end(i, False)
 
-    def started(self, i: int) -> None:
-        """An item was handed to a worker (or is about to run here)."""
+    def started(self, i: int, worker: int | None = None) -> None:
+        """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
         if self.events:
             self._started[i] = time.perf_counter()
+            if self.live:
+                self.live.item_start(i, worker)
             self.events.item_started(i)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
@@ -93,13 +102,16 @@ class Engine:
     The remaining options configure worker processes (see `hardy.workers`): `preload` modules are
     imported once in the fork server; `preload_libs` (directories or package names) have their
     shared libraries loaded in dependency order in every worker (`hardy.native.preload`).
+    `report=True` records a run report of every call (`Pipeline.report()`); `report_dir` (or the
+    environment variable HARDY_REPORT_DIR, read here) also writes each one there as JSON.
+    Recording instruments node calls like a callback does, so it is off by default.
     """
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None):
+                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None):
         if node_executor not in _NODE_EXECUTORS:
             raise NodeDefinitionError(
                 f"Engine(node_executor={node_executor!r}) is not one of {_NODE_EXECUTORS}; "
@@ -116,6 +128,8 @@ class Engine:
             start_method=start_method, preload=tuple(preload), preload_libs=tuple(preload_libs),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
+        self.report_dir = report_dir or os.environ.get("HARDY_REPORT_DIR") or None
+        self.reporting = report or self.report_dir is not None
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
         self._process_pool: Any = None
@@ -123,7 +137,8 @@ class Engine:
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
         state = self.__dict__.copy()
-        state.update(_map_executor=None, _node_pool=None, _process_pool=None)
+        # A copy inside a worker records nothing: the caller's report collects the worker's events.
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None, reporting=False, report_dir=None)
         if not isinstance(self.map_executor_spec, str):
             state["map_executor_spec"] = "sequential"
         return state
@@ -177,6 +192,13 @@ class Engine:
 
     def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
+
+    def worker_counts(self) -> dict[str, Any]:
+        """Worker processes started, died and recycled so far, and the peak memory of those alive."""
+        pool = self._process_pool
+        if pool is None:
+            return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
+        return pool.counts()
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""

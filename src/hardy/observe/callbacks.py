@@ -92,6 +92,11 @@ class PipelineCallback:
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
 
 
+def in_call() -> bool:
+    """Whether this runs inside an observed call (a nested pipeline), not at the top level."""
+    return _context.get() is not None
+
+
 def current_context() -> CallbackContext:
     ctx = _context.get()
     if ctx is None:

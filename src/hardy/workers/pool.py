@@ -58,6 +58,18 @@ def rss(pid: int) -> int:
             return 0
 
 
+def peak_rss(pid: int) -> int:
+    """The most resident memory a process has had (VmHWM), in bytes; 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 class _Worker:
     """One worker process, its pipe, its status words and its faulthandler file."""
 
@@ -157,6 +169,7 @@ class WorkerPool:
         self._node_plans: dict[tuple[int, tuple[str, ...]], Plan] = {}
         self._per_item: dict[int, float] = {}
         self.replaced = 0
+        self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
         self.start_failures = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -187,6 +200,12 @@ class WorkerPool:
                 w.close_files()
         self._workers[slot] = None
         self.replaced += 1
+        self.recycled += stop
+
+    def counts(self) -> dict[str, Any]:
+        """For run reports: workers started, died, recycled; peak RSS of the live ones by pid."""
+        return {"started": self._started, "died": self.replaced - self.recycled, "recycled": self.recycled,
+                "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()}}
 
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w is not None and w.process.pid]
@@ -308,7 +327,7 @@ class _Run:
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
             for i in chunk:
-                self.results.started(i)
+                self.results.started(i, w.process.pid)
             try:
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
