@@ -68,7 +68,7 @@ class Results:
             self._started[i] = time.perf_counter()
             if self.live:
                 self.live.item_start(i, worker)
-            self.events.item_started(i)
+            self.events.item_started(i, worker)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events:

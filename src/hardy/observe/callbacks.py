@@ -148,7 +148,9 @@ class Events:
             if token is not None:
                 _context.reset(token)
 
-    def item_started(self, i: int) -> None:
+    def item_started(self, i: int, worker: int | None = None) -> None:
+        """`worker`: the pid of the worker process the item was handed to (None: this process)."""
+        current_context().set("hardy.worker_pid", worker)
         self.emit("on_map_item_start", i)
         self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
