@@ -17,7 +17,7 @@ from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputEr
 from .graph import Graph
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call
-from .observe.progress import MapProgress, progress_wanted
+from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
 from .observe.report import Recorder, RunReport
 from .plan import Plan
 
@@ -223,7 +223,7 @@ class Pipeline:
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache,
-                    on_cached=self._on_cached if self._observers else None)
+                    on_cached=self._on_cached)
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
             given = {p for p, _ in step.args}
@@ -247,7 +247,10 @@ class Pipeline:
         return func
 
     def _on_cached(self, node_name: str, key: bytes, item: int | None) -> None:
-        Events(self._observers).cached(node_name, key, item)
+        count_cached()
+        observers = self._observers
+        if observers:
+            Events(observers).cached(node_name, key, item)
 
     # --- map -------------------------------------------------------------------------------------
 
@@ -389,7 +392,7 @@ class PipelineNode(Node):
         wanted = list(self._inner_outputs)
         if self.map_over:
             rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
-                                     on_error=self.on_error, progress=False)
+                                     on_error=self.on_error, progress=nested_progress())
             return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
         result = self.pipeline.run(inner, output_name=wanted)
         return tuple(result[o] for o in wanted)
