@@ -14,7 +14,6 @@ when it ends: one display however deep the nesting.
 from __future__ import annotations
 
 import contextvars
-import html
 import os
 import sys
 import threading
@@ -190,6 +189,7 @@ class _NotebookView(_View):
             self._bars.remove(bar)
 
     def update(self) -> None:
+        import html
         rows = []
         for bar in list(self._bars):
             n = bar.done + bar.failed

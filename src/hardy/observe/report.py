@@ -13,9 +13,6 @@ renderings of that data, so `hardy report run.json` renders a report written by 
 
 from __future__ import annotations
 
-import datetime
-import html
-import json
 import math
 import os
 import threading
@@ -142,6 +139,7 @@ def _slug(name: str) -> str:
 
 
 def _stamp(t: float) -> str:
+    import datetime
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
@@ -164,6 +162,7 @@ def _failure(i: int, err: "NodeError") -> dict[str, Any]:
 
 def _build(live: _Live, failures: dict[int, "NodeError"], workers: dict[str, Any], svg: str | None,
            names: list[str]) -> dict[str, Any]:
+    import datetime
     wall = live.wall
     nodes = [{"name": name, "calls": s.calls, "cached": s.cached, "failures": s.failures,
               "total_s": sum(s.times), "mean_s": sum(s.times) / len(s.times) if s.times else 0.0,
@@ -188,6 +187,7 @@ class RunReport:
 
     @classmethod
     def load(cls, path: str | Path) -> "RunReport":
+        import json
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except ValueError:
@@ -207,6 +207,7 @@ class RunReport:
         if suffix not in (".html", ".json"):
             raise ValueError(f"cannot save a run report as {path.name!r}: use a .html or .json file name.")
         path.parent.mkdir(parents=True, exist_ok=True)
+        import json
         text = to_html(self.data) if suffix == ".html" else json.dumps(self.data, indent=1)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
@@ -282,6 +283,7 @@ table.fail th{background:#fecaca} pre{font-size:12px;background:#f8fafc;padding:
 
 
 def to_html(d: dict[str, Any]) -> str:
+    import html
     e = html.escape
     parts = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>hardy report: {e(d['pipeline'])}"
              f"</title><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
@@ -294,12 +296,14 @@ def to_html(d: dict[str, Any]) -> str:
 
 
 def _dag_html(dag: dict[str, Any]) -> str:
+    import html
     if dag.get("svg"):
         return f"<div class=\"dag\">{dag['svg']}</div>"  # hardy's own drawing: every label in it is escaped
     return "<ol>" + "".join(f"<li>{html.escape(n)}</li>" for n in dag["nodes"]) + "</ol>"
 
 
 def _nodes_html(nodes: list[dict[str, Any]]) -> str:
+    import html
     e = html.escape
     longest = max((n["total_s"] for n in nodes), default=0.0) or 1.0
     rows = ["<table><tr><th>node</th><th>calls</th><th>cache hits</th><th>failures</th><th>total</th>"
@@ -316,6 +320,7 @@ def _nodes_html(nodes: list[dict[str, Any]]) -> str:
 
 
 def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:
+    import html
     e = html.escape
     lanes = sorted({t[1] for t in timeline})
     if not lanes:
@@ -338,6 +343,7 @@ def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:
 
 
 def _failures_html(failures: list[dict[str, Any]]) -> str:
+    import html
     if not failures:
         return "<p>none</p>"
     e = html.escape
