@@ -89,6 +89,16 @@ class PipelineCallback:
         return None
 
 
+NODE_EVENTS = ("on_node_start", "on_node_end", "on_error")
+_NO_OPS = {name: getattr(PipelineCallback, name) for name in vars(PipelineCallback) if name.startswith("on_")}
+
+
+@functools.lru_cache(maxsize=None)
+def _listened(cls: type) -> frozenset[str]:
+    """The events a callback class overrides (a method it lacks is not listened to either)."""
+    return frozenset(e for e, no_op in _NO_OPS.items() if getattr(cls, e, no_op) is not no_op)
+
+
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
 
 
@@ -118,11 +128,28 @@ class Events:
         self.callbacks = tuple(callbacks)
         self.pipeline_id = pipeline_id
         self.items = items
+        self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
+
+    def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
+        """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
+        overrides costs one dict lookup, and node events nobody listens to are not even produced."""
+        found = self._handlers.get(event)
+        if found is None:
+            found = self._handlers[event] = tuple(getattr(cb, event) for cb in self.callbacks
+                                                  if event in _listened(type(cb)))
+        return found
+
+    def listens(self, *events: str) -> bool:
+        return any(self.handlers(e) for e in events)
 
     def emit(self, event: str, *args: Any) -> None:
-        ctx = current_context()
-        for cb in self.callbacks:
-            getattr(cb, event)(*args, ctx)
+        handlers = self._handlers.get(event)
+        if handlers is None:
+            handlers = self.handlers(event)
+        if handlers:
+            ctx = current_context()
+            for handler in handlers:
+                handler(*args, ctx)
 
     def pipeline(self, pipeline_id: str, inputs: dict, call: Callable[[], dict],
                  node_ids: Sequence[str] = (), announce: bool = True) -> dict:
@@ -150,9 +177,11 @@ class Events:
 
     def item_started(self, i: int, worker: int | None = None) -> None:
         """`worker`: the pid of the worker process the item was handed to (None: this process)."""
-        current_context().set("hardy.worker_pid", worker)
-        self.emit("on_map_item_start", i)
-        self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
+        if self.handlers("on_map_item_start"):
+            current_context().set("hardy.worker_pid", worker)
+            self.emit("on_map_item_start", i)
+        if self.handlers("on_pipeline_start"):
+            self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
     def item_done(self, i: int, outputs: dict, duration: float) -> None:
         self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
@@ -177,7 +206,10 @@ class Events:
             self.emit("on_map_item_cached", item, signature)
 
     def instrument(self, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
-        """`func` (the node's function, or its call into a worker), wrapped to report events."""
+        """`func` (the node's function, or its call into a worker), wrapped to report events;
+        `func` itself when no callback listens to node events."""
+        if not self.listens(*NODE_EVENTS):
+            return func
         name, params = node.name, node.inputs
 
         def outputs(value: Any) -> dict:
