@@ -12,8 +12,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import Failed, NodeDefinitionError, NodeError
+from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
 from ..node import Node
+from ..observe.callbacks import current_context
 from ..observe.progress import MapProgress
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 
@@ -40,16 +41,26 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
 
-    def ok(self, i: int, out: dict[str, Any]) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        """Item i succeeded; `records` are its node events logged in `worker` (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
         if self.events:
+            if records:
+                self._replay(i, records, worker, None)
             start = self._started.pop(i, None)
             self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
             if self.live:
                 self.live.item_end(i, True)
 
-    def fail(self, i: int, err: NodeError) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        if self.events and records:
+            self._replay(i, records, worker, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+        elif self.events and worker is not None and isinstance(err, NodeCrashed):  # died mid-node: no record
+            data = current_context().data
+            data.update({"hardy.worker_pid": worker, "hardy.item": i})
+            self.events.emit("on_error", err.node, err)
+            data["hardy.item"] = None
         err.item = i
         self.failures[i] = err
         self.values[i] = Failed(err)
@@ -61,6 +72,15 @@ class Results:
             self.events.item_failed(i, err)
             if self.live:
                 self.live.item_end(i, False)
+
+    def _replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None) -> None:
+        assert self.events is not None
+        self.events.replay(i, records, worker, error)
+        if self.live:
+            from ..observe.nodelog import ITEM
+            for _, code, start, end, pid in records:
+                if code == ITEM:
+                    self.live.item_ran(i, start, end, pid)
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""

@@ -190,6 +190,29 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
+    def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None) -> None:
+        """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
+        here; `error` is the item's failure, reported for the node that raised it. The context
+        carries `hardy.worker_pid`, `hardy.item` and `hardy.event_ns` (the wall-clock start and
+        end in nanoseconds) for callbacks that place events in time (OpenTelemetry)."""
+        from .nodelog import CACHED, END, ERROR
+        ctx = current_context()
+        ctx.data.update({"hardy.worker_pid": worker, "hardy.item": i})
+        for name, code, start, end, detail in records:
+            if name is None:
+                continue
+            ctx.data["hardy.event_ns"] = (start, end)
+            if code == CACHED:
+                self.emit("on_node_cached", name, detail)
+                self.emit("on_map_item_cached", i, detail)
+                continue
+            self.emit("on_node_start", name, {})
+            if code == END:
+                self.emit("on_node_end", name, {}, (end - start) / 1e9)
+            elif code == ERROR:
+                self.emit("on_error", name, error if error is not None else RuntimeError("failed in a worker"))
+        ctx.data.update({"hardy.event_ns": None, "hardy.item": None})
+
     def nested(self, child_id: str, call: Callable[[], Any]) -> Any:
         """Run a nested pipeline's call between on_nested_pipeline_start and _end."""
         parent = current_context().current_pipeline_id or ""

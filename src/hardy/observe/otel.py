@@ -44,29 +44,31 @@ class OpenTelemetryCallback(PipelineCallback):
 
     # --- span bookkeeping ---------------------------------------------------------------------------
 
-    def _start(self, kind: str, name: str, attributes: dict[str, Any], push: bool = True) -> Any:
+    def _start(self, kind: str, name: str, attributes: dict[str, Any], push: bool = True,
+               parent: Any = None, start_time: int | None = None) -> Any:
         stack = self._stack.get()
-        if kind == "item":  # siblings, even when a process map has started several in this thread
-            stack = tuple(entry for entry in stack if entry[0] != "item")
-        parent = stack[-1][1] if stack else (self._outer[-1] if self._outer else None)
-        stack = self._stack.get()
+        if parent is None:
+            candidates = stack
+            if kind == "item":  # siblings, even when a process map has started several in this thread
+                candidates = tuple(entry for entry in stack if entry[0] != "item")
+            parent = candidates[-1][1] if candidates else (self._outer[-1] if self._outer else None)
         context = self._trace.set_span_in_context(parent) if parent is not None else None
-        span = self._tracer.start_span(name, context=context, attributes=attributes)
+        span = self._tracer.start_span(name, context=context, attributes=attributes, start_time=start_time)
         if push:
             self._stack.set((*stack, (kind, span)))
         return span
 
-    def _end(self, kind: str, error: BaseException | None = None) -> Any:
+    def _end(self, kind: str, error: BaseException | None = None, end_time: int | None = None) -> Any:
         stack = self._stack.get()
         for k in range(len(stack) - 1, -1, -1):
             if stack[k][0] == kind:
                 span = stack[k][1]
                 self._stack.set(stack[:k] + stack[k + 1:])
-                self._finish(span, error)
+                self._finish(span, error, end_time)
                 return span
         return None
 
-    def _finish(self, span: Any, error: BaseException | None) -> None:
+    def _finish(self, span: Any, error: BaseException | None, end_time: int | None = None) -> None:
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
             span.record_exception(error)
@@ -74,7 +76,7 @@ class OpenTelemetryCallback(PipelineCallback):
             signal = getattr(error, "signal", None)
             if signal:
                 span.set_attribute("hardy.signal", signal)
-        span.end()
+        span.end(end_time=end_time)
 
     def _top(self) -> str | None:
         stack = self._stack.get()
@@ -143,17 +145,33 @@ class OpenTelemetryCallback(PipelineCallback):
 
     # --- nodes --------------------------------------------------------------------------------------
 
+    # Node events replayed from a worker (nodelog.py) carry their item, pid and wall-clock times in
+    # the context: their spans hang under that item's span and keep the worker's timing.
+
+    def _node_span(self, node_id: str, ctx: CallbackContext, cached: bool, push: bool, **attributes: Any) -> Any:
+        times = ctx.get("hardy.event_ns")
+        item = ctx.get("hardy.item")
+        parent = self._items.get(self._map_key(item)) if item is not None else None
+        return self._start("node", f"hardy.node {node_id}",
+                           {"hardy.node": node_id, "hardy.cache_hit": cached,
+                            "hardy.worker.pid": (ctx.get("hardy.worker_pid") if times else None) or os.getpid(),
+                            **attributes}, push=push, parent=parent, start_time=times[0] if times else None)
+
     def on_node_start(self, node_id: str, inputs: dict, ctx: CallbackContext) -> None:
-        self._start("node", f"hardy.node {node_id}", {"hardy.node": node_id, "hardy.cache_hit": False,
-                                                       "hardy.worker.pid": os.getpid()})
+        self._node_span(node_id, ctx, cached=False, push=True)
+
+    def _end_time(self, ctx: CallbackContext) -> int | None:
+        times = ctx.get("hardy.event_ns")
+        return times[1] if times else None
 
     def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
-        self._end("node")
+        self._end("node", end_time=self._end_time(ctx))
 
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
-        self._end("node", error)
+        if self._top() != "node":  # a crash reported by the parent: the node's span never started
+            self._node_span(node_id, ctx, cached=False, push=True)
+        self._end("node", error, end_time=self._end_time(ctx))
 
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
-        span = self._start("node", f"hardy.node {node_id}", {"hardy.node": node_id, "hardy.cache_hit": True,
-                                                              "hardy.cache_key": signature}, push=False)
-        span.end()
+        span = self._node_span(node_id, ctx, cached=True, push=False, **{"hardy.cache_key": signature})
+        span.end(end_time=self._end_time(ctx))

@@ -47,6 +47,7 @@ class _Live:
         self.t0 = time.perf_counter()
         self.nodes: dict[str, _NodeStats] = {}
         self.started: dict[int, tuple[float, str]] = {}
+        self.ended: dict[int, float] = {}
         self.timeline: list[tuple[int, str, float, float, bool]] = []
         self.lock = threading.Lock()
         self.workers_before: dict[str, Any] = {}
@@ -63,10 +64,16 @@ class _Live:
         name = threading.current_thread().name if worker is None else f"pid {worker}"
         self.started[i] = (time.perf_counter() - self.t0, name)
 
+    def item_ran(self, i: int, start_ns: int, end_ns: int, pid: int) -> None:
+        """When and where item i really ran (logged by its worker): replaces the dispatch time."""
+        self.started[i] = (start_ns / 1e9 - self.wall_start, f"pid {pid}")
+        self.ended[i] = end_ns / 1e9 - self.wall_start
+
     def item_end(self, i: int, ok: bool) -> None:
         begun = self.started.pop(i, None)
+        end = self.ended.pop(i, None) if self.ended else None
         if begun is not None and len(self.timeline) < TIMELINE_LIMIT:
-            self.timeline.append((i, begun[1], begun[0], time.perf_counter() - self.t0, ok))
+            self.timeline.append((i, begun[1], begun[0], time.perf_counter() - self.t0 if end is None else end, ok))
 
 
 class Recorder(PipelineCallback):
