@@ -26,9 +26,10 @@ def ship_plan(plan: Plan) -> bytes:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
 
-def build_plan(spec: bytes, wrap: Wrap | None = None) -> Plan:
+def build_plan(spec: bytes, wrap: Wrap | None = None,
+               on_cached: Callable[[str, bytes, int | None], None] | None = None) -> Plan:
     graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
-    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed)
+    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
 
 
 def dumps(obj: Any) -> bytes:

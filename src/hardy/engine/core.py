@@ -41,21 +41,22 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = (), worker: int | None = None) -> None:
-        """Item i succeeded; `records` are its node events logged in `worker` (nodelog.py)."""
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+        """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
         if self.events:
             if records:
-                self._replay(i, records, worker, None)
+                self._replay(i, records, None)
             start = self._started.pop(i, None)
             self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
             if self.live:
                 self.live.item_end(i, True)
 
     def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker that died running it."""
         if self.events and records:
-            self._replay(i, records, worker, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+            self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
         elif self.events and worker is not None and isinstance(err, NodeCrashed):  # died mid-node: no record
             data = current_context().data
             data.update({"hardy.worker_pid": worker, "hardy.item": i})
@@ -73,14 +74,12 @@ class Results:
             if self.live:
                 self.live.item_end(i, False)
 
-    def _replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None) -> None:
+    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
         assert self.events is not None
-        self.events.replay(i, records, worker, error)
+        _, _, start, end, pid = records[-1]  # the item's own record closes them
+        self.events.replay(i, records, pid, error)
         if self.live:
-            from ..observe.nodelog import ITEM
-            for _, code, start, end, pid in records:
-                if code == ITEM:
-                    self.live.item_ran(i, start, end, pid)
+            self.live.item_ran(i, start, end, pid)
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""

@@ -2,13 +2,14 @@
 carried back with the results they belong to.
 
 A worker cannot call the parent's callbacks, so when the parent listens to node events it asks the
-worker to log them: each node call becomes one record `(node, code, start_ns, end_ns, detail)`,
-and each item one more, `(None, ITEM, start_ns, end_ns, pid)`. The records of an item travel in
-the same message as its result, and the parent replays them (`Events.replay`) just before it
-delivers the result, so callbacks see an item's node events in order, between its
-`on_map_item_start` and `on_map_item_end`, with the durations measured in the worker. Wall-clock
-nanoseconds let OpenTelemetry spans and the report's timeline show when things really happened.
-When nobody listens, nothing is logged: the worker's plan is the plain one.
+worker for a *logged* plan (the same plan built with `LOG.wrapper()`, each node call recorded).
+Each call becomes one record `(node, code, start_ns, end_ns, detail)` and each item one more,
+`(None, ITEM, start_ns, end_ns, pid)`. An item's records travel in its result row
+`(i, ok, value, records)`, and the parent replays them (`Events.replay`) just before it delivers
+the result, so callbacks see an item's node events in order, between its `on_map_item_start`
+and `on_map_item_end`, with the durations measured in the worker; wall-clock nanoseconds let
+OpenTelemetry spans and the report's timeline show when things really happened. When nobody
+listens the worker runs the plain plan: nothing is logged, nothing is checked.
 """
 
 from __future__ import annotations
@@ -24,80 +25,60 @@ Record = tuple  # (node name or None, code, start_ns, end_ns, detail)
 
 
 class NodeLog:
-    """The node events of the items run in this process since the last `take`."""
+    """The records of the item running in this process."""
 
     def __init__(self) -> None:
-        self.on = False
-        self.item = -1
-        self.pid = 0
-        self.records: dict[int, list[Record]] = {}
-
-    def switch(self, on: bool) -> None:
-        """Log (or not) the chunks that follow, as the parent asked."""
-        self.on = on
-        self.pid = os.getpid()  # this process's, not the fork server's that created LOG
-        self.records = {}
+        self.records: list[Record] = []
+        self.start = 0
 
     def wrap(self, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
-        """`func`, logging its calls while `on` (the plan is compiled once, logging is per chunk)."""
+        """`func`, recording each call."""
         name, clock, log = node.name, time.time_ns, self
 
         if node.is_async:
             async def logged_async(*args: Any, **kwargs: Any) -> Any:
-                if not log.on:
-                    return await func(*args, **kwargs)
                 start = clock()
                 try:
                     value = await func(*args, **kwargs)
                 except Exception:
-                    log.add(name, ERROR, start, clock(), None)
+                    log.records.append((name, ERROR, start, clock(), None))
                     raise
-                log.add(name, END, start, clock(), None)
+                log.records.append((name, END, start, clock(), None))
                 return value
             return logged_async
 
         def logged(*args: Any, **kwargs: Any) -> Any:
-            if not log.on:
-                return func(*args, **kwargs)
             start = clock()
             try:
                 value = func(*args, **kwargs)
             except Exception:
-                log.add(name, ERROR, start, clock(), None)
+                log.records.append((name, ERROR, start, clock(), None))
                 raise
-            log.add(name, END, start, clock(), None)
+            log.records.append((name, END, start, clock(), None))
             return value
         return logged
 
+    def wrapper(self, wrap: Callable[[int, Node], Callable[..., Any]] | None = None
+                ) -> Callable[[int, Node], Callable[..., Any]]:
+        """A plan's `wrap` that records each node call (around what `wrap` gives, if any); build the
+        logged plan with it and `on_cached=LOG.cached`."""
+        return lambda k, n: self.wrap(n, wrap(k, n) if wrap else n.func)
+
     def cached(self, name: str, key: bytes, item: int | None) -> None:
-        """The plan's cache-hit hook."""
-        if self.on:
-            now = time.time_ns()
-            self.add(name, CACHED, now, now, key.hex() if isinstance(key, bytes) else str(key))
+        """The logged plan's cache-hit hook."""
+        now = time.time_ns()
+        self.records.append((name, CACHED, now, now, key.hex() if isinstance(key, bytes) else str(key)))
 
-    def add(self, name: str | None, code: int, start: int, end: int, detail: Any) -> None:
-        records = self.records.get(self.item)
-        if records is None:
-            records = self.records[self.item] = []
-        records.append((name, code, start, end, detail))
+    def begin(self) -> None:
+        self.records = []
+        self.start = time.time_ns()
 
-    def run(self, run: Callable[[dict[str, Any], int], Any], item: dict[str, Any], i: int) -> Any:
-        """`run(item, i)` as item i, its own span logged around the node records."""
-        self.item = i
-        if not self.on:
-            return run(item, i)
-        start = time.time_ns()
-        try:
-            return run(item, i)
-        finally:
-            self.add(None, ITEM, start, time.time_ns(), self.pid)
-
-    def take(self) -> dict[int, list[Record]] | None:
-        """The records gathered so far, by item (None when not logging), and a fresh start."""
-        if not self.on:
-            return None
-        records, self.records = self.records, {}
+    def end(self) -> list[Record]:
+        """The item's records, closed by its own (ITEM) record naming this process."""
+        records = self.records
+        records.append((None, ITEM, self.start, time.time_ns(), os.getpid()))
+        self.records = []
         return records
 
 
-LOG = NodeLog()  # one per process: the plans built in a worker share it
+LOG = NodeLog()  # one per process: every logged plan built here records into it
