@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
 from ..node import Node
-from ..observe.callbacks import current_context
+from ..observe.callbacks import NODE_EVENTS
 from ..observe.progress import MapProgress
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 
@@ -33,6 +33,8 @@ class Results:
     def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
                  live: "_Live | None" = None):
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
+        # Executors that run items elsewhere log node events there only when someone listens.
+        self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
@@ -58,10 +60,7 @@ class Results:
         if self.events and records:
             self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
         elif self.events and worker is not None and isinstance(err, NodeCrashed):  # died mid-node: no record
-            data = current_context().data
-            data.update({"hardy.worker_pid": worker, "hardy.item": i})
-            self.events.emit("on_error", err.node, err)
-            data["hardy.item"] = None
+            self.events.crashed(i, err, worker)
         err.item = i
         self.failures[i] = err
         self.values[i] = Failed(err)

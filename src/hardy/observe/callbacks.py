@@ -31,6 +31,13 @@ class CallbackContext:
         self.data[key] = value
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A value set by a callback, or one of hardy's item-scoped values: `hardy.item` (the map
+        item the current event belongs to), `hardy.worker_pid` (the worker process it ran in, None
+        for this process) and `hardy.event_ns` (wall-clock start and end, in nanoseconds, of a
+        node event that happened in a worker and is replayed here)."""
+        scope = _scope.get()
+        if key in scope:
+            return scope[key]
         return self.data.get(key, default)
 
     def get_pipeline_metadata(self, pipeline_id: str) -> dict[str, Any]:
@@ -100,6 +107,11 @@ def _listened(cls: type) -> frozenset[str]:
 
 
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
+
+
+# Item-scoped values live in a contextvar, not in the shared `data`: the items of an async map
+# interleave on one thread, each in its own task (and so its own copy of this variable).
+_scope: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("hardy_scope", default={})
 
 
 def in_call() -> bool:
@@ -176,10 +188,11 @@ class Events:
                 _context.reset(token)
 
     def item_started(self, i: int, worker: int | None = None) -> None:
-        """`worker`: the pid of the worker process the item was handed to (None: this process)."""
-        if self.handlers("on_map_item_start"):
-            current_context().set("hardy.worker_pid", worker)
-            self.emit("on_map_item_start", i)
+        """`worker`: the pid of the worker process the item was handed to (None: this process).
+        The context's `hardy.item` names the item that the node events which follow belong to
+        (in this thread or task; a worker's events are replayed with theirs, see `replay`)."""
+        _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
+        self.emit("on_map_item_start", i)
         if self.handlers("on_pipeline_start"):
             self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
@@ -193,15 +206,13 @@ class Events:
     def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None) -> None:
         """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
         here; `error` is the item's failure, reported for the node that raised it. The context
-        carries `hardy.worker_pid`, `hardy.item` and `hardy.event_ns` (the wall-clock start and
-        end in nanoseconds) for callbacks that place events in time (OpenTelemetry)."""
+        carries their item-scoped values (see `CallbackContext.get`)."""
         from .nodelog import CACHED, END, ERROR
-        ctx = current_context()
-        ctx.data.update({"hardy.worker_pid": worker, "hardy.item": i})
+        token = _scope.set({})
         for name, code, start, end, detail in records:
             if name is None:
                 continue
-            ctx.data["hardy.event_ns"] = (start, end)
+            _scope.set({"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": (start, end)})
             if code == CACHED:
                 self.emit("on_node_cached", name, detail)
                 self.emit("on_map_item_cached", i, detail)
@@ -211,7 +222,14 @@ class Events:
                 self.emit("on_node_end", name, {}, (end - start) / 1e9)
             elif code == ERROR:
                 self.emit("on_error", name, error if error is not None else RuntimeError("failed in a worker"))
-        ctx.data.update({"hardy.event_ns": None, "hardy.item": None})
+        _scope.reset(token)
+
+    def crashed(self, i: int, error: Exception, worker: int) -> None:
+        """Item i's worker died running `error.node`: the node's on_error, the worker's own log
+        having died with it."""
+        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
+        self.emit("on_error", error.node, error)  # type: ignore[attr-defined]
+        _scope.reset(token)
 
     def nested(self, child_id: str, call: Callable[[], Any]) -> Any:
         """Run a nested pipeline's call between on_nested_pipeline_start and _end."""

@@ -148,10 +148,12 @@ class OpenTelemetryCallback(PipelineCallback):
     # Node events replayed from a worker (nodelog.py) carry their item, pid and wall-clock times in
     # the context: their spans hang under that item's span and keep the worker's timing.
 
-    def _node_span(self, node_id: str, ctx: CallbackContext, cached: bool, push: bool, **attributes: Any) -> Any:
+    def _node_span(self, node_id: str, ctx: CallbackContext, cached: bool, push: bool, by_item: bool = False,
+                   **attributes: Any) -> Any:
         times = ctx.get("hardy.event_ns")
         item = ctx.get("hardy.item")
-        parent = self._items.get(self._map_key(item)) if item is not None else None
+        by_item = by_item or times is not None  # from a worker: under its item, not this thread's stack
+        parent = self._items.get(self._map_key(item)) if by_item and item is not None else None
         return self._start("node", f"hardy.node {node_id}",
                            {"hardy.node": node_id, "hardy.cache_hit": cached,
                             "hardy.worker.pid": (ctx.get("hardy.worker_pid") if times else None) or os.getpid(),
@@ -169,7 +171,7 @@ class OpenTelemetryCallback(PipelineCallback):
 
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
         if self._top() != "node":  # a crash reported by the parent: the node's span never started
-            self._node_span(node_id, ctx, cached=False, push=True)
+            self._node_span(node_id, ctx, cached=False, push=True, by_item=True)
         self._end("node", error, end_time=self._end_time(ctx))
 
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
