@@ -68,6 +68,8 @@ def test_process_map_report_names_the_crash_its_signal_and_the_workers():
         pids = set(engine.process_pool().pids())
     crash = next(f for f in d["failures"] if f["item"] == 7)
     assert crash["node"] == "score" and crash["signal"] == "SIGSEGV" and "score" in crash["stack"]
+    raised = next(f for f in d["failures"] if f["item"] == 3)  # its traceback came back as text
+    assert raised["error"] == "ValueError" and "in score" in raised["stack"] and "raise ValueError" in raised["stack"]
     assert d["workers"]["died"] == 1 and d["workers"]["started"] >= 2 and d["workers"]["recycled"] == 0
     assert set(d["workers"]["peak_rss"]) == {str(p) for p in pids}
     assert all(v > 1 << 20 for v in d["workers"]["peak_rss"].values())

@@ -59,12 +59,16 @@ def ship_items(items: Sequence[dict[str, Any]], indices: Sequence[int],
 
 
 def portable(err: NodeError) -> NodeError:
-    """The error, with its cause replaced by a description if the cause cannot be pickled."""
+    """The error, with its cause replaced by a description if the cause cannot be pickled, and the
+    cause's traceback kept as text in `stack` (a traceback object does not pickle)."""
+    cause = err.__cause__
+    if cause is not None and not getattr(err, "stack", ""):
+        import traceback
+        err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     try:
         pickle.dumps(err)
         return err
     except Exception:
-        cause = err.__cause__
         err.__cause__ = RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
         return err
 
