@@ -110,3 +110,13 @@ def test_items_from_worker_processes_carry_pid_and_signal(traced):
     assert {s.attributes["hardy.worker.pid"] for s in items.values()}.isdisjoint({os.getpid()})
     crashed = items[7]
     assert crashed.status.status_code == StatusCode.ERROR and crashed.attributes["hardy.signal"] == "SIGSEGV"
+    for i, item in items.items():  # node spans came back from the workers, timed there
+        nodes = children[item.context.span_id]
+        if i == 7:  # the worker died in score: its span comes from the parent, with the signal
+            assert [(n.name, n.attributes["hardy.signal"]) for n in nodes] == [("hardy.node score", "SIGSEGV")]
+            continue
+        assert [n.name for n in nodes] == ["hardy.node prepare", "hardy.node score"]
+        assert {n.attributes["hardy.worker.pid"] for n in nodes} == {item.attributes["hardy.worker.pid"]}
+        first, second = nodes
+        assert first.start_time <= first.end_time <= second.start_time <= second.end_time
+        assert (second.status.status_code == StatusCode.ERROR) == (i == 4)

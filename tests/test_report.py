@@ -68,6 +68,9 @@ def test_process_map_report_names_the_crash_its_signal_and_the_workers():
         pids = set(engine.process_pool().pids())
     crash = next(f for f in d["failures"] if f["item"] == 7)
     assert crash["node"] == "score" and crash["signal"] == "SIGSEGV" and "score" in crash["stack"]
+    nodes = {n["name"]: n for n in d["nodes"]}  # node events came back from the workers
+    assert nodes["prepare"]["calls"] == 19  # item 7's own log died with its worker
+    assert nodes["score"]["calls"] == 20 and nodes["score"]["failures"] == 2  # a ValueError and the crash
     raised = next(f for f in d["failures"] if f["item"] == 3)  # its traceback came back as text
     assert raised["error"] == "ValueError" and "in score" in raised["stack"] and "raise ValueError" in raised["stack"]
     assert d["workers"]["died"] == 1 and d["workers"]["started"] >= 2 and d["workers"]["recycled"] == 0

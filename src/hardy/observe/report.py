@@ -335,14 +335,14 @@ def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:
     row, left, width = 18, 110, 800
     scale = width / max(wall, max(t[3] for t in timeline), 1e-9)
     out = [f"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{left + width + 10}\" "
-           f"height=\"{row * len(lanes) + 24}\" font-size=\"11\">"]
+           f"height=\"{row * len(lanes) + 24}\" font-size=\"11\" shape-rendering=\"crispEdges\">"]
     lane_of = {name: k for k, name in enumerate(lanes)}
     for name, k in lane_of.items():
         out.append(f"<text x=\"0\" y=\"{k * row + 13}\">{e(name)}</text>")
     for i, worker, start, end, ok in timeline:
-        x, w = left + start * scale, max(1.0, (end - start) * scale)
+        x, w = round(left + start * scale), max(2, round((end - start) * scale))
         colour = "#22c55e" if ok else "#ef4444"
-        out.append(f"<rect x=\"{x:.1f}\" y=\"{lane_of[worker] * row + 2}\" width=\"{w:.1f}\" height=\"{row - 4}\" "
+        out.append(f"<rect x=\"{x}\" y=\"{lane_of[worker] * row + 2}\" width=\"{w}\" height=\"{row - 4}\" "
                    f"fill=\"{colour}\"><title>item {i}: {_ms(end - start)}</title></rect>")
     out.append(f"<text x=\"{left}\" y=\"{row * len(lanes) + 18}\">0 s</text>"
                f"<text x=\"{left + width - 40}\" y=\"{row * len(lanes) + 18}\">{wall:.3f} s</text></svg>")

@@ -221,8 +221,10 @@ class WorkerPool:
             self._plan_ids[plan] = shipped
         return shipped
 
-    def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> bytes:
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs))
+    def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
+                     log: bool = False) -> bytes:
+        """`log`: the worker logs node events (observe/nodelog.py) because the parent listens."""
+        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log))
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -282,6 +284,7 @@ class _Run:
         self.attempts: dict[int, int] = {}
         self.per_item = pool._per_item.get(self.plan_id)
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
+        self.log = results.log_nodes
         if items:  # fail before any worker starts if the first item cannot travel
             pool._chunk_bytes(self.plan_id, items, [0])
 
@@ -322,7 +325,7 @@ class _Run:
             chunk = self.next_chunk(w)
             if not chunk:
                 return
-            data = pool._chunk_bytes(self.plan_id, self.items, chunk)
+            data = pool._chunk_bytes(self.plan_id, self.items, chunk, self.log)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
@@ -378,12 +381,12 @@ class _Run:
                 _, batch, done, elapsed = msg
                 w.started_any = True
                 self.pool.start_failures = 0
-                for i, ok, value in batch:
+                for i, ok, value, *records in batch:  # records: the item's node events, when logged
                     w.unsent.pop(i, None)
                     if ok:
-                        self.results.ok(i, value)
+                        self.results.ok(i, value, *records)
                     else:
-                        self.results.fail(i, value)
+                        self.results.fail(i, value, *records)
                 if done:
                     self.chunk_done(w, elapsed)
         except (EOFError, OSError):
@@ -453,7 +456,7 @@ class _Run:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,
                           exitcode=w.process.exitcode, stack=stack)
-                self.results.fail(in_flight, err)
+                self.results.fail(in_flight, err, worker=w.process.pid)
         elif w.tasks == 0 and not w.started_any:
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies before running anything: retrying would loop forever

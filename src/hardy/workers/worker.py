@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import NodeError
 from ..plan import Plan
+from ..observe.nodelog import LOG
 from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
 
@@ -58,7 +59,7 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
     _, status = open_status(status_path)
     status[ITEM] = -1
     status[STEP] = -1
-    plans: dict[int, Plan] = {}
+    plans: dict[int, list[Any]] = {}  # id -> [spec, plan, the logged plan once asked for]
     try:
         while True:
             try:
@@ -66,9 +67,9 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
             except EOFError:
                 break
             if msg[0] == "plan":
-                plans[msg[1]] = build_plan(msg[2], wrap=lambda k, n: _marked(status, k, n.func))
+                plans[msg[1]] = [msg[2], build_plan(msg[2], wrap=lambda k, n: _marked(status, k, n.func)), None]
             elif msg[0] == "chunk":
-                _run_chunk(conn, plans[msg[1]], msg[2], status)
+                _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, msg[3])
             else:
                 break
     finally:
@@ -79,17 +80,30 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
         os._exit(0)
 
 
-def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
+def _plan(entry: list[Any], log: bool, status: Any) -> Plan:
+    """The plain plan, or (when the parent listens to node events) the logged one, built once."""
+    if not log:
+        return entry[1]
+    if entry[2] is None:
+        entry[2] = build_plan(entry[0], wrap=LOG.wrapper(lambda k, n: _marked(status, k, n.func)),
+                              on_cached=LOG.cached)
+    return entry[2]
+
+
+def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any, log: bool) -> None:
     run = plan.run
     start = last = time.monotonic()
-    batch: list[tuple[int, bool, Any]] = []
+    batch: list[tuple] = []
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
+        if log:
+            LOG.begin()
         try:
-            batch.append((i, True, run(item, i)))
+            row: tuple = (i, True, run(item, i))
         except NodeError as err:
-            batch.append((i, False, portable(err)))
+            row = (i, False, portable(err))
+        batch.append((*row, LOG.end()) if log else row)
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
@@ -99,18 +113,18 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
     _send(conn, batch, True, time.monotonic() - start)
 
 
-def _send(conn: Any, batch: list[tuple[int, bool, Any]], done: bool, elapsed: float) -> None:
+def _send(conn: Any, batch: list[tuple], done: bool, elapsed: float) -> None:
     try:
         data = dumps(("results", batch, done, elapsed))
     except Exception:  # one unpicklable output must not cost the others
         fixed = []
-        for i, ok, value in batch:
+        for i, ok, value, *records in batch:
             try:
                 dumps(value)
-                fixed.append((i, ok, value))
+                fixed.append((i, ok, value, *records))
             except Exception as exc:
                 err = NodeError("<output>", None, i, f"the result could not be pickled back to the parent: "
                                 f"{type(exc).__name__}: {exc}")
-                fixed.append((i, False, err))
+                fixed.append((i, False, err, *records))
         data = dumps(("results", fixed, done, elapsed))
     conn.send_bytes(data)
