@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
 from ..node import Node
-from ..observe.callbacks import NODE_EVENTS
+from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.progress import MapProgress
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 
@@ -35,6 +35,7 @@ class Results:
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
         # Executors that run items elsewhere log node events there only when someone listens.
         self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
+        self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
@@ -50,10 +51,11 @@ class Results:
         if self.events:
             if records:
                 self._replay(i, records, None)
-            start = self._started.pop(i, None)
-            self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
-            if self.live:
-                self.live.item_end(i, True)
+            if self._watch_items:
+                start = self._started.pop(i, None)
+                self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
+                if self.live:
+                    self.live.item_end(i, True)
 
     def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker that died running it."""
@@ -67,7 +69,7 @@ class Results:
         self.progress.failed += 1
         if self._raise:
             self.stop = True
-        if self.events:
+        if self.events and self._watch_items:
             self._started.pop(i, None)
             self.events.item_failed(i, err)
             if self.live:
@@ -75,18 +77,20 @@ class Results:
 
     def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
         assert self.events is not None
-        _, _, start, end, pid = records[-1]  # the item's own record closes them
+        _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
         self.events.replay(i, records, pid, error)
         if self.live:
             self.live.item_ran(i, start, end, pid)
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
-        if self.events:
+        if self._watch_items:
             self._started[i] = time.perf_counter()
             if self.live:
                 self.live.item_start(i, worker)
             self.events.item_started(i, worker)
+        elif worker is None and self.events:
+            self.events.in_item(i)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events:

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..node import Node
+from .nodelog import CACHED, END, ERROR, FIELDS
 
 
 class CallbackContext:
@@ -97,6 +98,7 @@ class PipelineCallback:
 
 
 NODE_EVENTS = ("on_node_start", "on_node_end", "on_error")
+ITEM_EVENTS = ("on_map_item_start", "on_pipeline_start", "on_pipeline_end", "on_map_item_end", "on_map_item_error")
 _NO_OPS = {name: getattr(PipelineCallback, name) for name in vars(PipelineCallback) if name.startswith("on_")}
 
 
@@ -141,6 +143,7 @@ class Events:
         self.pipeline_id = pipeline_id
         self.items = items
         self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
+        self._replayed: tuple[tuple[Callable[..., None], ...], ...] | None = None
 
     def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
         """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
@@ -196,6 +199,11 @@ class Events:
         if self.handlers("on_pipeline_start"):
             self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
+    def in_item(self, i: int) -> None:
+        """The node events that follow in this thread or task belong to item i (no item event is
+        listened to, so `item_started` is not called)."""
+        _scope.set({"hardy.item": i, "hardy.worker_pid": None})
+
     def item_done(self, i: int, outputs: dict, duration: float) -> None:
         self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
         self.emit("on_map_item_end", i, duration)
@@ -207,22 +215,34 @@ class Events:
         """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
         here; `error` is the item's failure, reported for the node that raised it. The context
         carries their item-scoped values (see `CallbackContext.get`)."""
-        from .nodelog import CACHED, END, ERROR
-        token = _scope.set({})
-        for name, code, start, end, detail in records:
-            if name is None:
-                continue
-            _scope.set({"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": (start, end)})
-            if code == CACHED:
-                self.emit("on_node_cached", name, detail)
-                self.emit("on_map_item_cached", i, detail)
-                continue
-            self.emit("on_node_start", name, {})
-            if code == END:
-                self.emit("on_node_end", name, {}, (end - start) / 1e9)
-            elif code == ERROR:
-                self.emit("on_error", name, error if error is not None else RuntimeError("failed in a worker"))
-        _scope.reset(token)
+        replayed = self._replayed
+        if replayed is None:
+            replayed = self._replayed = tuple(self.handlers(e) for e in (
+                "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
+        starts, ends, errors, cached, items_cached = replayed
+        ctx = current_context()
+        scope: dict[str, Any] = {"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": None}
+        token = _scope.set(scope)
+        try:
+            for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
+                name, code, start, end, detail = records[k:k + FIELDS]
+                scope["hardy.event_ns"] = (start, end)
+                if code == CACHED:
+                    for handler in cached:
+                        handler(name, detail, ctx)
+                    for handler in items_cached:
+                        handler(i, detail, ctx)
+                    continue
+                for handler in starts:
+                    handler(name, {}, ctx)
+                if code == END:
+                    for handler in ends:
+                        handler(name, {}, (end - start) / 1e9, ctx)
+                elif code == ERROR:
+                    for handler in errors:
+                        handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
+        finally:
+            _scope.reset(token)
 
     def crashed(self, i: int, error: Exception, worker: int) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log
