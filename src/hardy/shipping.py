@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import cloudpickle
 
 from .errors import NodeError, PicklingError
+from .observe.nodelog import LOG
 from .plan import Plan, Wrap
 
 
@@ -73,14 +74,18 @@ def portable(err: NodeError) -> NodeError:
         return err
 
 
-def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
-    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item."""
-    out: list[tuple[int, bool, Any]] = []
+def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple]:
+    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item, and
+    the item's node records as a fourth element when `log` (a logged plan: observe/nodelog.py)."""
+    out: list[tuple] = []
     for i, item in chunk:
+        if log:
+            LOG.begin()
         try:
-            out.append((i, True, plan.run(item, i)))
+            row: tuple = (i, True, plan.run(item, i))
         except NodeError as err:
-            out.append((i, False, portable(err)))
+            row = (i, False, portable(err))
+        out.append((*row, LOG.end()) if log else row)
     return out
 
 

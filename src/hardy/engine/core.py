@@ -58,7 +58,8 @@ class Results:
                     self.live.item_end(i, True)
 
     def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
-        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker that died running it."""
+        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
+        running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and records:
             self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
         elif self.events and worker is not None and isinstance(err, NodeCrashed):  # died mid-node: no record

@@ -26,30 +26,32 @@ import cloudpickle
 
 from ..crash import signal_in_stack
 from ..errors import HardyError, NodeCrashed
+from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..shipping import build_plan, dumps, run_items_here, ship_items, ship_plan
 
-_PLANS: dict[bytes, Plan] = {}
+_PLANS: dict[tuple[bytes, bool], Plan] = {}
 CHUNK_MAX = 5000
 
 
-def plan_for(spec: bytes) -> Plan:
-    """The plan a spec describes, compiled once per process."""
-    key = hashlib.blake2b(spec, digest_size=16).digest()
+def plan_for(spec: bytes, log: bool = False) -> Plan:
+    """The plan a spec describes, compiled once per process; `log`: its logged form (nodelog.py)."""
+    key = (hashlib.blake2b(spec, digest_size=16).digest(), log)
     plan = _PLANS.get(key)
     if plan is None:
         from ..safety.environment import install_numba_guard
         install_numba_guard()
         if len(_PLANS) > 64:
             _PLANS.clear()
-        plan = _PLANS[key] = build_plan(spec)
+        plan = _PLANS[key] = build_plan(spec, wrap=LOG.wrapper(), on_cached=LOG.cached) if log else build_plan(spec)
     return plan
 
 
-def run_chunk_remote(spec: bytes, chunk: bytes) -> bytes:
+def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
     """Runs on the engine's worker: the chunk's items through the plan. Chunks and results travel
-    as one pickle each, so the engine moves bytes instead of walking thousands of small objects."""
-    return dumps(run_items_here(plan_for(spec), pickle.loads(chunk)))
+    as one pickle each, so the engine moves bytes instead of walking thousands of small objects.
+    `log`: the parent listens to node events, which travel back in the rows (nodelog.py)."""
+    return dumps(run_items_here(plan_for(spec, log), pickle.loads(chunk), log))
 
 
 def run_step_remote(spec: bytes, k: int, values: dict[str, Any]) -> tuple:
@@ -132,12 +134,12 @@ class RemoteExecutor:
             for name in extra:
                 cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
 
-    def _deliver(self, rows: list[tuple[int, bool, Any]], results: Any) -> None:
-        for i, ok, value in rows:
+    def _deliver(self, rows: list[tuple], results: Any) -> None:
+        for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
-                results.ok(i, value)
+                results.ok(i, value, *records)
             else:
-                results.fail(i, value)
+                results.fail(i, value, *records)
 
     def _diagnose(self, plan: Plan, handle: Any, item: dict[str, Any], i: int) -> NodeCrashed:
         """Run the item one node per call: the call whose worker dies names the node."""
@@ -193,7 +195,7 @@ class TaskExecutor(RemoteExecutor):
             chunk = list(range(start, min(n, start + size)))
             for i in chunk:
                 results.started(i)
-            pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk))] = chunk
+            pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk), results.log_nodes)] = chunk
         crashed: list[int] = []
         while pending:
             for fut in self._wait_any(list(pending)):
@@ -219,7 +221,8 @@ class TaskExecutor(RemoteExecutor):
 
         First all at once; the items whose task still died (the culprit, and innocents that shared
         its worker) then run one at a time, up to 1 + the nodes' `retries` times each."""
-        pending = {self._submit(run_chunk_remote, handle, ship_items(items, [i])): i for i in suspects}
+        log = results.log_nodes
+        pending = {self._submit(run_chunk_remote, handle, ship_items(items, [i]), log): i for i in suspects}
         again: list[int] = []
         while pending:
             for fut in self._wait_any(list(pending)):
@@ -231,10 +234,10 @@ class TaskExecutor(RemoteExecutor):
             if results.stop:
                 return
             for _ in range(attempts):
-                if self._try_deliver(self._submit(run_chunk_remote, handle, ship_items(items, [i])), results):
+                if self._try_deliver(self._submit(run_chunk_remote, handle, ship_items(items, [i]), log), results):
                     break
             else:
-                results.fail(i, self._diagnose(plan, handle, items[i], i))
+                results.fail(i, self._diagnose(plan, handle, items[i], i), worker=0)
 
     def _try_deliver(self, fut: Any, results: Any) -> bool:
         """Deliver a task's rows; False if its worker died."""

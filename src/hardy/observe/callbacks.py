@@ -226,6 +226,8 @@ class Events:
         try:
             for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
                 name, code, start, end, detail = records[k:k + FIELDS]
+                if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
+                    continue
                 scope["hardy.event_ns"] = (start, end)
                 if code == CACHED:
                     for handler in cached:
@@ -247,7 +249,7 @@ class Events:
     def crashed(self, i: int, error: Exception, worker: int) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log
         having died with it."""
-        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
+        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker or None})
         self.emit("on_error", error.node, error)  # type: ignore[attr-defined]
         _scope.reset(token)
 
