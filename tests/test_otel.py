@@ -120,3 +120,24 @@ def test_items_from_worker_processes_carry_pid_and_signal(traced):
         first, second = nodes
         assert first.start_time <= first.end_time <= second.start_time <= second.end_time
         assert (second.status.status_code == StatusCode.ERROR) == (i == 4)
+
+
+@node(output_name="y", retries=1)
+def crash_once(x: int, marker: str) -> int:
+    if x == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def test_a_retried_item_says_so(traced, tmp_path):
+    provider, exporter = traced
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline([crash_once], callbacks=[OpenTelemetryCallback(provider)], engine=engine)
+        out = p.map(inputs={"x": [0, 1, 2, 3], "marker": str(tmp_path / "crashed")}, map_over="x")
+    assert [o["y"] for o in out] == [0, 1, 2, 3]
+    nodes = [s for s in exporter.get_finished_spans() if s.name == "hardy.node crash_once"]
+    by_item = {s.parent.span_id: s.attributes["hardy.retry"] for s in nodes}
+    items = {s.context.span_id: s.attributes["hardy.item"] for s in exporter.get_finished_spans()
+             if s.name.startswith("hardy.item")}
+    assert {items[parent]: retry for parent, retry in by_item.items()} == {0: 0, 1: 0, 2: 1, 3: 0}

@@ -43,6 +43,7 @@ class Results:
         self.progress = progress
         self.events = events
         self._started: dict[int, float] = {}
+        self.retries: dict[int, int] = {}
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
@@ -63,7 +64,7 @@ class Results:
         if self.events and records:
             self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
         elif self.events and worker is not None and isinstance(err, NodeCrashed):  # died mid-node: no record
-            self.events.crashed(i, err, worker)
+            self.events.crashed(i, err, worker, self.retries.get(i, 0))
         err.item = i
         self.failures[i] = err
         self.values[i] = Failed(err)
@@ -76,10 +77,14 @@ class Results:
             if self.live:
                 self.live.item_end(i, False)
 
+    def retried(self, i: int) -> None:
+        """Item i's worker died and the item runs again (its nodes' `retries`)."""
+        self.retries[i] = self.retries.get(i, 0) + 1
+
     def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
         assert self.events is not None
         _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
-        self.events.replay(i, records, pid, error)
+        self.events.replay(i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
         if self.live:
             self.live.item_ran(i, start, end, pid)
 

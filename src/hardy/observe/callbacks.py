@@ -34,8 +34,9 @@ class CallbackContext:
     def get(self, key: str, default: Any = None) -> Any:
         """A value set by a callback, or one of hardy's item-scoped values: `hardy.item` (the map
         item the current event belongs to), `hardy.worker_pid` (the worker process it ran in, None
-        for this process) and `hardy.event_ns` (wall-clock start and end, in nanoseconds, of a
-        node event that happened in a worker and is replayed here)."""
+        for this process), `hardy.event_ns` (wall-clock start and end, in nanoseconds, of a
+        node event that happened in a worker and is replayed here) and `hardy.retry` (how many
+        times the item ran before, on workers that died)."""
         scope = _scope.get()
         if key in scope:
             return scope[key]
@@ -211,7 +212,8 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None) -> None:
+    def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None,
+               retry: int = 0) -> None:
         """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
         here; `error` is the item's failure, reported for the node that raised it. The context
         carries their item-scoped values (see `CallbackContext.get`)."""
@@ -221,7 +223,8 @@ class Events:
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
         starts, ends, errors, cached, items_cached = replayed
         ctx = current_context()
-        scope: dict[str, Any] = {"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": None}
+        scope: dict[str, Any] = {"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": None,
+                                 "hardy.retry": retry}
         token = _scope.set(scope)
         try:
             for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
@@ -246,10 +249,10 @@ class Events:
         finally:
             _scope.reset(token)
 
-    def crashed(self, i: int, error: Exception, worker: int) -> None:
+    def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log
         having died with it."""
-        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker or None})
+        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker or None, "hardy.retry": retry})
         self.emit("on_error", error.node, error)  # type: ignore[attr-defined]
         _scope.reset(token)
 

@@ -156,7 +156,8 @@ class OpenTelemetryCallback(PipelineCallback):
         parent = self._items.get(self._map_key(item)) if by_item and item is not None else None
         return self._start("node", f"hardy.node {node_id}",
                            {"hardy.node": node_id, "hardy.cache_hit": cached,
-                            "hardy.worker.pid": (ctx.get("hardy.worker_pid") if times else None) or os.getpid(),
+                            "hardy.worker.pid": (ctx.get("hardy.worker_pid") if by_item else None) or os.getpid(),
+                            "hardy.retry": ctx.get("hardy.retry") or 0,
                             **attributes}, push=push, parent=parent, start_time=times[0] if times else None)
 
     def on_node_start(self, node_id: str, inputs: dict, ctx: CallbackContext) -> None:

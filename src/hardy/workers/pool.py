@@ -452,6 +452,7 @@ class _Run:
             if self.attempts[in_flight] <= retries:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
+                self.results.retried(in_flight)
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,
