@@ -25,6 +25,7 @@ from hardy.integrations.ray import RayExecutor  # noqa: E402
 from hardy.integrations.remote import WorkerImportError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
+HARDY_ROOT = os.path.dirname(os.path.dirname(hardy.__file__))  # hardy itself is installed on every worker
 
 
 @node(output_name="a")
@@ -42,9 +43,6 @@ def double_or_crash(a: int) -> int:
 @node(output_name="c")
 def total(a: int, b: int) -> int:
     return a + b
-
-
-HARDY_SRC = os.path.dirname(os.path.dirname(hardy.__file__))  # the worker runs the hardy under test
 
 
 def _free_port() -> int:
@@ -86,7 +84,7 @@ def dask_cli(tmp_path_factory, installed_dir):
                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([dask, "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2", "--nthreads", "1",
                                "--no-dashboard", "--host", "127.0.0.1"],
-                              env={**env, "PYTHONPATH": os.pathsep.join([str(installed_dir), HARDY_SRC])},
+                              env={**env, "PYTHONPATH": os.pathsep.join([str(installed_dir), HARDY_ROOT])},
                               start_new_session=True,
                               cwd=str(tmp_path_factory.mktemp("worker-cwd")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

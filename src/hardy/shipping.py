@@ -74,21 +74,6 @@ def portable(err: NodeError) -> NodeError:
         return err
 
 
-def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple]:
-    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item, and
-    the item's node records as a fourth element when `log` (a logged plan: observe/nodelog.py)."""
-    out: list[tuple] = []
-    for i, item in chunk:
-        if log:
-            LOG.begin()
-        try:
-            row: tuple = (i, True, plan.run(item, i))
-        except NodeError as err:
-            row = (i, False, portable(err))
-        out.append((*row, LOG.end()) if log else row)
-    return out
-
-
 class RemoteError(Exception):
     """Stands for an exception that could not be pickled back to the caller."""
 

@@ -85,3 +85,10 @@ class NodeLog:
 
 
 LOG = NodeLog()  # one per process: every logged plan built here records into it
+
+
+def item_record(pid: int) -> list[Any]:
+    """The records of an item whose worker `pid` died running it: only the item's own (its node
+    records died with the worker); the caller reports the node it died in."""
+    now = time.time_ns()
+    return [None, ITEM, now, now, pid]

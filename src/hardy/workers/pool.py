@@ -34,6 +34,7 @@ from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import worker as worker_main
 from ..crash import describe_exit, read_stack
+from ..policy import delay
 
 log = logging.getLogger("hardy.workers")
 
@@ -145,6 +146,7 @@ class WorkerPool:
     """
 
     mode = "sequential"
+    enforces_timeouts = True  # a worker that runs past a node's timeout is killed
 
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
@@ -253,11 +255,13 @@ class WorkerPool:
             out = results.values[0]
             return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
 
+        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
         if node.is_async:
             import asyncio
 
             async def acall(*args: Any, **kwargs: Any) -> Any:
                 return await asyncio.to_thread(call, *args, **kwargs)
+            acall.enforces_policy = True  # type: ignore[attr-defined]
             return acall
         return call
 
@@ -281,6 +285,7 @@ class _Run:
         self.plan_id, self.plan_msg = pool._ship(plan)
         self.next_fresh = 0
         self.retry: deque[list[int]] = deque()
+        self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
         self.attempts: dict[int, int] = {}
         self.per_item = pool._per_item.get(self.plan_id)
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
@@ -289,8 +294,12 @@ class _Run:
             pool._chunk_bytes(self.plan_id, items, [0])
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
-        if self.retry:
-            return self.retry.popleft()
+        now = time.monotonic()
+        for chunk in self.retry:  # the first one not waiting out a backoff delay
+            if self.due.get(chunk[0], 0.0) <= now:
+                self.retry.remove(chunk)
+                self.due.pop(chunk[0], None)
+                return chunk
         remaining = len(self.items) - self.next_fresh
         if remaining <= 0:
             return None
@@ -345,13 +354,16 @@ class _Run:
             while True:
                 self.assign()
                 busy = [w for w in pool._workers if w is not None and w.busy]
+                if not busy and self.retry:  # only retries waiting out their backoff
+                    time.sleep(max(0.0, min(self.due.values(), default=0.0) - time.monotonic()))
+                    continue
                 if not busy:
                     return
                 waitables: dict[Any, _Worker] = {}
                 for w in busy:
                     waitables[w.conn] = w
                     waitables[w.process.sentinel] = w
-                ready = wait(list(waitables), timeout=TICK if self.limited else None)
+                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else None)
                 dead = []
                 for obj in ready:
                     w = waitables[obj]
@@ -453,6 +465,8 @@ class _Run:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
                 self.results.retried(in_flight)
+                if node.backoff:
+                    self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,

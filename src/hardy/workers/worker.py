@@ -16,9 +16,10 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import NodeError
-from ..plan import Plan
 from ..observe.nodelog import LOG
+from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
 
@@ -51,6 +52,8 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
+    on_fatal_signal(lambda signum: _last_words(conn), (*FATAL_SIGNALS, "SIGUSR1"))
     install_numba_guard()
     if preload_libs:  # seed 001: dependencies first, so each library finds what it needs
         from ..native.libs import preload
@@ -80,6 +83,10 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
         os._exit(0)
 
 
+_unsent: list[tuple] = []  # results of the current chunk not sent yet
+_sending = [False]
+
+
 def _plan(entry: list[Any], log: bool, status: Any) -> Plan:
     """The plain plan, or (when the parent listens to node events) the logged one, built once."""
     if not log:
@@ -91,9 +98,10 @@ def _plan(entry: list[Any], log: bool, status: Any) -> Plan:
 
 
 def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any, log: bool) -> None:
+    """`log`: each row also carries the item's node records (observe/nodelog.py)."""
     run = plan.run
     start = last = time.monotonic()
-    batch: list[tuple] = []
+    batch = _unsent
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
@@ -108,12 +116,18 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
             _send(conn, batch, False, 0.0)
-            batch = []
             last = now
     _send(conn, batch, True, time.monotonic() - start)
 
 
+def _last_words(conn: Any) -> None:
+    """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+    if _unsent and not _sending[0]:
+        _send(conn, _unsent, False, 0.0)
+
+
 def _send(conn: Any, batch: list[tuple], done: bool, elapsed: float) -> None:
+    """Send the batch and empty it."""
     try:
         data = dumps(("results", batch, done, elapsed))
     except Exception:  # one unpicklable output must not cost the others
@@ -127,4 +141,7 @@ def _send(conn: Any, batch: list[tuple], done: bool, elapsed: float) -> None:
                                 f"{type(exc).__name__}: {exc}")
                 fixed.append((i, False, err, *records))
         data = dumps(("results", fixed, done, elapsed))
+    _sending[0] = True
     conn.send_bytes(data)
+    _sending[0] = False
+    batch.clear()
