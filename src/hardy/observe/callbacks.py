@@ -195,8 +195,13 @@ class Events:
         """`worker`: the pid of the worker process the item was handed to (None: this process).
         The context's `hardy.item` names the item that the node events which follow belong to
         (in this thread or task; a worker's events are replayed with theirs, see `replay`)."""
-        _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
-        self.emit("on_map_item_start", i)
+        starts = self.handlers("on_map_item_start")
+        if worker is None or starts:  # a worker's node events come with their own item (`replay`)
+            _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
+        if starts:
+            ctx = current_context()
+            for handler in starts:
+                handler(i, ctx)
         if self.handlers("on_pipeline_start"):
             self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
@@ -206,8 +211,13 @@ class Events:
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
     def item_done(self, i: int, outputs: dict, duration: float) -> None:
-        self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
-        self.emit("on_map_item_end", i, duration)
+        ends, item_ends = self.handlers("on_pipeline_end"), self.handlers("on_map_item_end")
+        if ends or item_ends:
+            ctx = current_context()
+            for handler in ends:
+                handler(self.pipeline_id, outputs, duration, ctx)
+            for handler in item_ends:
+                handler(i, duration, ctx)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
