@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from test_visualize import _png_pixels
 
 from hardy import DiskCache, Engine, HardyError, NodeError, Pipeline, node
 from hardy.observe.report import RunReport
+from test_visualize import _png_pixels
 
 PAYLOAD = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
 

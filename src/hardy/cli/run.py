@@ -129,13 +129,11 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
                 rows = [_single(pipeline, values, engine)]
     except HardyError as exc:
         _fail_usage(str(exc))
-    out = open(output, "w", encoding="utf-8") if output else sys.stdout
-    try:
-        for i, row in enumerate(rows):
-            out.write(_line(i, row) + "\n")
-    finally:
-        if output:
-            out.close()
+    lines = "".join(_line(i, row) + "\n" for i, row in enumerate(rows))
+    if output:
+        Path(output).write_text(lines, encoding="utf-8")
+    else:
+        sys.stdout.write(lines)
     if report:
         pipeline.report().save(report)
     failed = sum(1 for i, row in enumerate(rows) if not isinstance(row, dict))

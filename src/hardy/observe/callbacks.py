@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
-from typing import Any, Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, FIELDS
@@ -114,7 +115,8 @@ _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVa
 
 # Item-scoped values live in a contextvar, not in the shared `data`: the items of an async map
 # interleave on one thread, each in its own task (and so its own copy of this variable).
-_scope: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("hardy_scope", default={})
+_scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "hardy_scope", default=MappingProxyType({}))
 
 
 def in_call() -> bool:

@@ -225,10 +225,11 @@ class RunReport:
         yield from _rich_tables(self.data)
 
     def __str__(self) -> str:
+        import io
+
         from rich.console import Console
-        console = Console(width=120, record=True, file=open(os.devnull, "w"), color_system=None)
+        console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
         console.print(self)
-        console.file.close()
         return console.export_text()
 
     def __repr__(self) -> str:
