@@ -91,3 +91,11 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')
     out = _hardy_run(tmp_path, *args)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+
+
+def test_run_keeps_the_pipelines_own_engine(tmp_path):
+    (tmp_path / "own.py").write_text(FLOWS.replace('name="flows")', 'name="flows", engine=Engine(map_executor="process"))')
+                                     .replace("from hardy import Pipeline, node", "from hardy import Engine, Pipeline, node"))
+    out = _hardy_run(tmp_path, "own:pipeline", "--set", "x=[12, 13]", "--map-over", "x", "--report", "r.json")
+    assert out.returncode == 1, out.stderr  # item 1 segfaulted a worker process, not this command
+    assert json.loads((tmp_path / "r.json").read_text())["failures"][0]["signal"] == "SIGSEGV"

@@ -99,14 +99,14 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         set_: list[str] = typer.Option([], "--set", help="An input NAME=VALUE (JSON or text); repeatable."),
         inputs: Optional[str] = typer.Option(None, "--inputs", help="JSONL file: one object of inputs per item."),
         map_over: list[str] = typer.Option([], "--map-over", help="Inputs that hold one value per item."),
-        executor: str = typer.Option("sequential", help="sequential | threaded | async | process"),
+        executor: Optional[str] = typer.Option(None, help="sequential | threaded | async | process "
+                                                "(default: the pipeline's own engine's)"),
         workers: Optional[int] = typer.Option(None, help="Worker threads or processes."),
         cache: Optional[str] = typer.Option(None, help="A DiskCache directory."),
         report: Optional[str] = typer.Option(None, help="Write the run report: FILE.html or FILE.json."),
         output: Optional[str] = typer.Option(None, help="Write the JSONL results here instead of stdout."),
         progress: Optional[bool] = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
-    from ..engine import Engine
     from ..errors import HardyError
     pipeline = load_pipeline(target)
     values = parse_sets(set_)
@@ -115,7 +115,7 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         columns, over = read_items(inputs, over)
         values.update(columns)
     try:
-        engine = Engine(map_executor=executor, workers=workers, report=report is not None)
+        engine = _engine(pipeline.engine, executor, workers, report is not None)
     except HardyError as exc:
         _fail_usage(str(exc))
     if cache:
@@ -141,6 +141,13 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         typer.echo(f"hardy: {failed} of {len(rows)} item(s) failed" + (f"; see {report}" if report else ""),
                    err=True)
     raise typer.Exit(1 if failed else 0)
+
+
+def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:
+    """The pipeline's own engine's settings, with what the command line changes."""
+    from ..engine import Engine
+    return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor_spec,
+                  workers=workers or own.workers, cache=own.cache, report=report, **own.process_options)
 
 
 def _single(pipeline: Any, values: dict[str, Any], engine: Any) -> Any:
