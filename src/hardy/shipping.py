@@ -16,7 +16,6 @@ from typing import Any, Callable, Sequence
 import cloudpickle
 
 from .errors import NodeError, PicklingError
-from .observe.nodelog import LOG
 from .plan import Plan, Wrap
 
 
