@@ -12,12 +12,13 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .engine.core import Engine, Results
-from .errors import (Failed, MapError, MapInputError, MissingInputError, NodeDefinitionError,
-                     UnknownInputError, UnknownInputWarning, UnknownOutputError)
+from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputError, NodeDefinitionError,
+                     NodeError, UnknownInputError, UnknownInputWarning, UnknownOutputError)
 from .graph import Graph
 from .node import Node
-from .observe.callbacks import Events, PipelineCallback
-from .observe.progress import MapProgress, progress_wanted
+from .observe.callbacks import Events, PipelineCallback, in_call
+from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
+from .observe.report import Recorder, RunReport
 from .plan import Plan
 from .policy import check_timeouts
 
@@ -43,6 +44,7 @@ class Pipeline:
         self._plans: dict[Any, Plan] = {}
         self._with_cache: dict[int, Pipeline] = {}
         self._with_engine: dict[int, Pipeline] = {}
+        self._recorder = Recorder()  # shared with this pipeline's per-engine and per-cache copies
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -107,7 +109,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_plans={}, _with_cache={}, _with_engine={})
+        state.update(_plans={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
     def with_cache(self, cache: Any) -> "Pipeline":
@@ -158,10 +160,40 @@ class Pipeline:
             plan = self._plans[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
-        if self.callbacks:
-            events = Events(self.callbacks)
-            return events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+        if self.callbacks or self._engine.reporting:
+            return self._observed_run(values, plan)
         return plan.run(values)
+
+    def _observed_run(self, values: dict[str, Any], plan: Plan) -> dict[str, Any]:
+        events = Events(self._observers)
+        live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
+        if live is None:
+            return events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+        live.item_start(0, None)
+        try:
+            out = events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+        except NodeError as err:
+            live.item_end(0, False)
+            self._recorder.end(self, {0: err})
+            raise
+        live.item_end(0, True)
+        self._recorder.end(self, {})
+        return out
+
+    @property
+    def _observers(self) -> list[PipelineCallback]:
+        """The callbacks, and the report recorder when the engine records reports."""
+        return [*self.callbacks, self._recorder] if self._engine.reporting else self.callbacks
+
+    def report(self) -> RunReport:
+        """The report of the last `run` or `map` (see `hardy.observe.report`): per node, per item,
+        per worker. `print()` it, `.save("run.html")` or `.to_dict()`."""
+        if self._recorder.last is None:
+            raise HardyError(
+                f"pipeline {self.name!r} has no run report yet: reports are recorded when the engine asks "
+                "for them, Engine(report=True) or Engine(report_dir=...) (or HARDY_REPORT_DIR), "
+                "then run() or map() once.")
+        return self._recorder.last
 
     @property
     def _node_ids(self) -> list[str]:
@@ -192,7 +224,7 @@ class Pipeline:
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache,
-                    on_cached=self._on_cached if self.callbacks else None)
+                    on_cached=self._on_cached)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
@@ -208,15 +240,19 @@ class Pipeline:
         return plan
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
-        if self.callbacks and isinstance(node, PipelineNode):
-            node = node.with_callbacks(self.callbacks)
+        observers = self._observers
+        if observers and isinstance(node, PipelineNode):
+            node = node.with_callbacks(observers)
         func = self._engine.node_function(node)
-        if self.callbacks:
-            func = Events(self.callbacks).instrument(node, func)
+        if observers:
+            func = Events(observers).instrument(node, func)
         return func
 
     def _on_cached(self, node_name: str, key: bytes, item: int | None) -> None:
-        Events(self.callbacks).cached(node_name, key, item)
+        count_cached()
+        observers = self._observers
+        if observers:
+            Events(observers).cached(node_name, key, item)
 
     # --- map -------------------------------------------------------------------------------------
 
@@ -248,14 +284,18 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
-        events = Events(self.callbacks, self.name, items) if self.callbacks else None
+        observers = self._observers
+        events = Events(observers, self.name, items) if observers else None
+        live = self._recorder.begin(self, "map", len(items)) if self._engine.reporting and not in_call() else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
-            results = Results(len(items), on_error, bar, events)
+            results = Results(len(items), on_error, bar, events, live)
             if events:
                 events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
                                 self._node_ids, announce=False)
             else:
                 self._engine.run_items(plan, items, results)
+        if live is not None:
+            self._recorder.end(self, results.failures)
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values
@@ -356,7 +396,7 @@ class PipelineNode(Node):
         wanted = list(self._inner_outputs)
         if self.map_over:
             rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
-                                     on_error=self.on_error, progress=False)
+                                     on_error=self.on_error, progress=nested_progress())
             return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
         result = self.pipeline.run(inner, output_name=wanted)
         return tuple(result[o] for o in wanted)
