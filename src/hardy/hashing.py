@@ -23,7 +23,6 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import logging
 import math
 import os
 import re
@@ -236,7 +235,8 @@ def _library_encoder(v: Any, t: type) -> Callable[[Any, Callable[[bytes], Any], 
         return _encode_partial
     if isinstance(v, re.Pattern):
         return lambda p, out, active: out(b"RE" + _len(p.flags) + repr(p.pattern).encode())
-    if isinstance(v, logging.Logger):  # a module's logger: what it records is not a result
+    logging = sys.modules.get("logging")
+    if logging is not None and isinstance(v, logging.Logger):  # what a logger records is no result
         return lambda lg, out, active: out(b"LG" + lg.name.encode())
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(v, torch.nn.Module):

@@ -18,7 +18,7 @@ from .graph import Graph
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback
 from .observe.progress import MapProgress, progress_wanted
-from .plan import Plan
+from .plan import KEYS, Plan
 
 _DEFAULT_ENGINE = Engine()
 
@@ -189,6 +189,8 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
+        if plan.cache is not None and items:
+            _share_input_keys(plan, items, over, self.name)
         events = Events(self.callbacks) if self.callbacks else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events)
@@ -292,6 +294,26 @@ def _as_node(obj: Any, position: int) -> Node:
     raise NodeDefinitionError(
         f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")
+
+
+def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
+    """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
+    the items) and the first item's own ones: a value that cannot be hashed fails the map here,
+    once, before any item runs, instead of failing every item the same way."""
+    from .hashing import UnhashableError
+    first, shared = items[0], {}
+    for name in plan.hashed_inputs:
+        try:
+            key = plan.cache.input_key(first[name], name)
+        except UnhashableError as exc:
+            users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
+            raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
+                                  f"this map: {exc}", exc.culprit, exc.path) from None
+        if name not in over:
+            shared[name] = key
+    if shared:
+        for item in items:
+            item[KEYS] = shared
 
 
 def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[str, Any]]:

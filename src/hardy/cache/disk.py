@@ -176,7 +176,9 @@ class DiskCache:
         try:
             return hash_value(value)
         except UnhashableError as exc:
-            raise UnhashableError(f"input {name!r}: {exc}") from None
+            kind = type(value)
+            raise UnhashableError(f"input {name!r} (a {kind.__module__}.{kind.__qualname__}): "
+                                  f"{exc.describe(name)}", exc.culprit, exc.path) from None
 
     def lookup(self, key: bytes) -> Any:
         return self.get(key, MISS)
@@ -251,8 +253,12 @@ class DiskCache:
 # The key formulas (docs/caching.md). Compiled plans and the Daft engine both call these.
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
-    """A node's fingerprint with the names of the arguments it is given (defaults not given)."""
-    return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
+    """A node's fingerprint with the names of the arguments it is given (defaults not given).
+    Raised when a plan is built: a global the key cannot hash is named with its node."""
+    try:
+        return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
+    except UnhashableError as exc:
+        raise UnhashableError(f"node {node.name!r} cannot be cached: {exc}") from None
 
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
