@@ -130,7 +130,7 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
     elif t is bytes:
         out(b"Y" + _len(len(v)) + v)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
-        out(b"K" + _qualname(t))
+        out(b"K" + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b""))
         _encode(v.__cache_key__(), out, active)
     elif isinstance(v, (bool, int, float, str, bytes)):  # subclasses: the class, then the base value
         base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
@@ -415,6 +415,12 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
             if isinstance(target, (types.FunctionType, property)):
                 out(name.encode())
                 _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
+            elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
+                out(name.encode())
+                try:
+                    _encode(member, out, set())
+                except UnhashableError:  # a class-level cache or registry: state, not configuration
+                    out(b"?")
         return
     code = getattr(func, "__code__", None)
     if code is None:
@@ -462,16 +468,14 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], ch
     elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
         _fingerprint(value.__func__, out, seen)
         _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
-    else:
-        if is_user_module(type(value).__module__) and not isinstance(value, (types.BuiltinFunctionType,)):
-            _fingerprint(type(value), out, seen)  # its methods are code the node runs
+    else:  # a value; an instance of a user class is keyed by its class's code too (see _object)
         try:
             _encode(value, out, set())
         except UnhashableError as exc:
-            where = getattr(reader, "__qualname__", "?")
-            raise UnhashableError(
-                f"{exc.describe(name)} (read by {getattr(reader, '__module__', '?')}.{where} as a "
-                f"{'global' if '.' not in name else 'module attribute'})") from None
+            kind = "module attribute" if "." in name else "global"
+            reader_name = f"{getattr(reader, '__module__', '?')}.{getattr(reader, '__qualname__', '?')}"
+            raise UnhashableError(f"{reader_name} reads the {kind} {name!r}: {exc.describe(name)}", exc.culprit,
+                                  exc.path) from None
 
 
 def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: dict[int, int],
@@ -581,6 +585,8 @@ def _global_names(code: types.CodeType) -> set[str]:
             names |= _global_names(const)
     return names
 
+
+_CLASS_DATA = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
 
 # Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
 # `from __future__ import annotations`, inherited by exec() from its caller, do not count.
