@@ -351,3 +351,41 @@ def test_scikit_learn_estimators_hash_by_parameters_and_fitted_state():
     out = json.loads(subprocess.run([sys.executable, "-c", SKLEARN_SCRIPT], check=True, capture_output=True,
                                     text=True).stdout.strip().splitlines()[-1])
     assert out == {k: True for k in out} and len(out) == 6, out
+
+
+def test_settings_changed_after_a_run_take_effect(tmp_path):
+    from hardy import PipelineCallback
+
+    ran = []
+
+    @node(output_name="y")
+    def double(x):
+        ran.append(x)
+        return 2 * x
+
+    class Seen(PipelineCallback):
+        def __init__(self):
+            self.nodes = []
+
+        def on_node_end(self, node_id, outputs, duration, ctx):
+            self.nodes.append(node_id)
+
+    p = Pipeline(nodes=[double])
+    assert p.run(inputs={"x": 1}) == {"y": 2}
+    p.cache = DiskCache(tmp_path / "a")  # set after a first run: used from the next call on
+    p.run(inputs={"x": 1})
+    p.run(inputs={"x": 1})
+    assert ran == [1, 1] and p.cache.stats().entries == 1
+    seen = Seen()
+    p.callbacks.append(seen)
+    p.map(inputs={"x": [5, 6]}, map_over="x")
+    assert seen.nodes == ["double", "double"]
+    p.cache = None
+    p.engine = Engine(cache=DiskCache(tmp_path / "b"))  # the engine's cache now applies
+    p.run(inputs={"x": 3})
+    assert p.engine.cache.stats().entries == 1
+    p.engine.cache = None  # changed on the engine itself
+    before = len(ran)
+    p.run(inputs={"x": 3})
+    p.run(inputs={"x": 3})
+    assert len(ran) == before + 2

@@ -40,6 +40,7 @@ class Pipeline:
         self.strict = strict
         self._bound: dict[str, Any] = {}
         self._plans: dict[Any, Plan] = {}
+        self._settings: tuple = ()  # what the memoised plans were compiled with (see _memo)
         self._with_cache: dict[int, Pipeline] = {}
 
     # --- structure -------------------------------------------------------------------------------
@@ -64,7 +65,6 @@ class Pipeline:
     @engine.setter
     def engine(self, engine: Engine) -> None:
         self._engine = engine
-        self._plans.clear()
 
     @property
     def bound_inputs(self) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class Pipeline:
         """Run once. Returns {output: value} for every output (or just those in `output_name`)."""
         values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
         try:
-            plan = self._plans[(tuple(values), output_name, False)]
+            plan = self._memo()[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         if self.callbacks:
@@ -128,8 +128,9 @@ class Pipeline:
         else:
             outputs = tuple(output_name)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
-        if key in self._plans:
-            return self._plans[key]
+        plans = self._memo()
+        if key in plans:
+            return plans[key]
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
@@ -155,6 +156,18 @@ class Pipeline:
             self._plans.clear()
         self._plans[key] = plan
         return plan
+
+    def _memo(self) -> dict[Any, Plan]:
+        """The memoised plans, forgotten when a setting compiled into them changed since (the cache,
+        the engine or its executors, the callbacks): assigning `p.cache` or appending a callback
+        after a first run takes effect."""
+        engine = self._engine
+        now = (self.cache, engine, engine.cache, engine.node_executor, engine.map_executor_spec, *self.callbacks)
+        if now != self._settings:
+            self._plans.clear()
+            self._with_cache.clear()
+            self._settings = now
+        return self._plans
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         func = self._engine.node_function(node)
