@@ -41,6 +41,7 @@ class Pipeline:
         self._bound: dict[str, Any] = {}
         self._plans: dict[Any, Plan] = {}
         self._settings: tuple = ()  # what the memoised plans were compiled with (see _memo)
+        self._reports = True  # sums up cache faults after each call; not the copies nested in a map
         self._with_cache: dict[int, Pipeline] = {}
 
     # --- structure -------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ class Pipeline:
         copy = self._with_cache.get(id(cache))
         if copy is None:
             copy = Pipeline.__new__(Pipeline)
-            copy.__dict__.update(self.__dict__, cache=cache, _plans={}, _with_cache={})
+            copy.__dict__.update(self.__dict__, cache=cache, _plans={}, _with_cache={}, _reports=False)
             self._with_cache[id(cache)] = copy
         return copy
 
@@ -116,6 +117,11 @@ class Pipeline:
         if self.callbacks:
             events = Events(self.callbacks)
             return events.pipeline(self.name, dict(values), lambda: plan.run(values))
+        if plan.cache is not None and self._reports:
+            try:
+                return plan.run(values)
+            finally:
+                plan.cache.report()
         return plan.run(values)
 
     def _plan(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None,
@@ -207,10 +213,14 @@ class Pipeline:
         events = Events(self.callbacks) if self.callbacks else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events)
-            if events:
-                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events))
-            else:
-                self._engine.run_items(plan, items, results)
+            try:
+                if events:
+                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events))
+                else:
+                    self._engine.run_items(plan, items, results)
+            finally:
+                if plan.cache is not None and self._reports:
+                    plan.cache.report()  # what the cache could not do, in one warning per map
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values

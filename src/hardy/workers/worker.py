@@ -96,6 +96,8 @@ def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], s
             _send(conn, batch, False, 0.0)
             batch = []
             last = now
+    if plan.cache is not None:
+        plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, True, time.monotonic() - start)
 
 
