@@ -311,19 +311,25 @@ class DiskCache:
 
     def prune(self, max_size: int | str | None = None, older_than: float | None = None) -> int:
         """Delete entries not used for `older_than` seconds, then least recently used ones until the
-        cache holds at most `max_size` bytes. Returns how many entries were deleted."""
+        cache holds at most `max_size` bytes; then unreferenced files and stale locks. Returns how
+        many entries were deleted. A fault (even deleting needs room in SQLite's journal) stops it
+        there, counted for `report()`, never raised: pruning also runs inside `put`."""
         limit = parse_size(max_size)
-        es = self.entries()  # least recently used first
-        now, deleted, total = time.time(), 0, sum(e.size for e in es)
-        for e in es:
-            if (older_than is not None and now - e.accessed > older_than) or (limit is not None and total > limit):
-                self.store.delete(e.key)
-                total -= e.size
-                deleted += 1
-        if isinstance(self.store, LocalStore):
-            self.store.sweep()
-        else:
-            sweep_locks(os.path.join(self.path, "locks"))
+        deleted = 0
+        try:
+            es = self.entries()  # least recently used first
+            now, total = time.time(), sum(e.size for e in es)
+            for e in es:
+                if (older_than is not None and now - e.accessed > older_than) or (limit is not None and total > limit):
+                    self.store.delete(e.key)
+                    total -= e.size
+                    deleted += 1
+            if isinstance(self.store, LocalStore):
+                self.store.sweep()
+            else:
+                sweep_locks(os.path.join(self.path, "locks"))
+        except FAULTS as exc:
+            self._fault("pruned", exc)
         return deleted
 
     def clear(self) -> None:
