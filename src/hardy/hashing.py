@@ -369,6 +369,9 @@ def is_user_module(module_name: str | None) -> bool:
     """
     if not module_name:
         return True
+    known = _USER.get(module_name)
+    if known is not None:
+        return known
     if module_name == "builtins" or module_name.split(".")[0] == "hardy":
         return False
     if module_name == "__main__":
@@ -378,8 +381,14 @@ def is_user_module(module_name: str | None) -> bool:
     if module is None or path is None:
         return module_name not in sys.builtin_module_names and module_name not in sys.stdlib_module_names
     path = os.path.realpath(path)
-    return not any(path.startswith(os.path.realpath(root) + os.sep) for root in _LIBRARY_ROOTS) \
+    user = not any(path.startswith(root + os.sep) for root in _REAL_ROOTS) \
         and "site-packages" not in path and "dist-packages" not in path
+    _USER[module_name] = user  # a loaded module's file does not move: resolving it once is enough
+    return user
+
+
+_REAL_ROOTS = tuple(os.path.realpath(root) for root in _LIBRARY_ROOTS)
+_USER: dict[str, bool] = {}
 
 
 def _package_version(module_name: str) -> str:
@@ -524,6 +533,7 @@ def _imported(module_name: str) -> Any:
     return module
 
 
+@functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
 def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]:
     """The attribute chains the code (and its nested code) reads, from the bytecode:
     `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
