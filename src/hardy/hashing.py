@@ -213,15 +213,20 @@ def _object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], A
     """An object by its class (the class's code too, for a user class: methods change results) and
     its fields; a field that cannot be hashed is reported by its attribute path."""
     t = type(v)
-    out(tag + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b"") + _len(len(fields)))
+    out(tag + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b""))
     _guard(v, active)
+    _attributes(fields, out, active)
+    active.discard(id(v))
+
+
+def _attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(_len(len(fields)))
     for name, x in fields.items():
         _encode(name, out, active)
         try:
             _encode(x, out, active)
         except UnhashableError as exc:
             raise exc.at(f".{name}") from None
-    active.discard(id(v))
 
 
 # --- library types: registered, or known by module without importing it ------------------------
@@ -274,13 +279,8 @@ def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) 
     config = {k: x for k, x in vars(m).items() if k not in _TORCH_INTERNALS}
     _object(m, b"TM", config, out, active)
     for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
-        out(tag + _len(len(members)))
-        for name, x in members.items():
-            _encode(name, out, active)
-            try:
-                _encode(x, out, active)
-            except UnhashableError as exc:
-                raise exc.at(f".{name}") from None
+        out(tag)
+        _attributes(members, out, active)
 
 
 def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
