@@ -143,6 +143,21 @@ def test_instances_key_by_their_class_code():
     assert hash_value(Scaler(2)) != before
 
 
+def test_decorated_helpers_key_by_the_code_they_wrap():
+    import functools
+
+    def make(offset):
+        @functools.lru_cache
+        def helper(x):
+            return x + offset
+
+        def uses(x):
+            return helper(x)
+        return uses
+
+    assert code_fingerprint(make(1)) == code_fingerprint(make(1)) != code_fingerprint(make(2))
+
+
 CONFIG = {"b": 2, "a": 1}
 LOCK = threading.Lock()
 

@@ -409,6 +409,10 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
         return
     seen[id(obj)] = len(seen)
     func = getattr(obj, "__func__", obj)  # bound methods: the function (its instance is an input)
+    if not isinstance(func, (types.FunctionType, type)) and getattr(func, "__wrapped__", None) is not None:
+        out(b"wraps:" + _qualname(type(func)))  # lru_cache, a Node: the code it wraps
+        _fingerprint(func.__wrapped__, out, seen)
+        return
     module = getattr(func, "__module__", None)
     if not is_user_module(module):
         name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
@@ -473,7 +477,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], ch
         if is_user_module(value.__name__):
             _module_attributes(value, out, seen, chains, name, reader)
     elif isinstance(value, (types.FunctionType, type)) or hasattr(value, "__wrapped__"):
-        _fingerprint(getattr(value, "func", value) if hasattr(value, "inputs") else value, out, seen)
+        _fingerprint(value, out, seen)
     elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
         _fingerprint(value.__func__, out, seen)
         _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
@@ -492,17 +496,16 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
     """What a function reaches through a user module: each attribute chain, followed through
     submodules to the first object that is not one. Read without a chain (`getattr(m, name)`,
     passed along as a value), the module counts by all the functions and classes it defines."""
-    if not chains:
+    if not chains or () in chains:
         if id(module) in seen:
             out(b"@" + _len(seen[id(module)]))
-            return
-        seen[id(module)] = len(seen)
-        for attr, value in sorted(vars(module).items()):
-            if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
-                out(b"a:" + attr.encode())
-                _fingerprint(value, out, seen)
-        return
-    for chain in sorted(chains):
+        else:
+            seen[id(module)] = len(seen)
+            for attr, value in sorted(vars(module).items()):
+                if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
+                    out(b"a:" + attr.encode())
+                    _fingerprint(value, out, seen)
+    for chain in sorted(c for c in chains if c):
         target, path = module, name
         for attr in chain:
             if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
@@ -512,10 +515,8 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
         out(b"." + path.encode())
         if target is _ABSENT:
             out(b"absent")
-        elif isinstance(target, types.ModuleType):
-            out(b"mod:" + target.__name__.encode())
-        else:
-            _reference(target, out, seen, (), path, reader)
+        else:  # a user module the chain ends at is read as a value: all of it counts
+            _reference(target, out, seen, ((),) if isinstance(target, types.ModuleType) else (), path, reader)
 
 
 _ABSENT = object()

@@ -114,15 +114,14 @@ class Pipeline:
             plan = self._memo()[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
-        if self.callbacks:
-            events = Events(self.callbacks)
-            return events.pipeline(self.name, dict(values), lambda: plan.run(values))
-        if plan.cache is not None and self._reports:
-            try:
-                return plan.run(values)
-            finally:
-                plan.cache.report()
-        return plan.run(values)
+        try:
+            if self.callbacks:
+                events = Events(self.callbacks)
+                return events.pipeline(self.name, dict(values), lambda: plan.run(values))
+            return plan.run(values)
+        finally:
+            if plan.cache is not None and self._reports:
+                plan.cache.report()  # what the cache could not do, in one warning
 
     def _plan(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None,
               for_map: bool) -> Plan:
