@@ -205,3 +205,14 @@ def test_a_locked_index_is_a_fault_not_a_failure(tmp_path, caplog, monkeypatch):
         blocker.close()
     [warning] = cache_warnings(caplog)
     assert "index locked past the timeout" in warning
+
+
+def test_disk_full_in_worker_processes_fails_no_item(tiny_disk):
+    from hardy import Engine
+
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline(nodes=[make_blob], engine=engine, cache=DiskCache(tiny_disk / "c"))
+        out = p.map(inputs={"x": list(range(30)), "size": 300_000}, map_over="x")
+    assert [o["blob"] for o in out] == [bytes([x]) * 300_000 for x in range(30)]
+    assert 0 < DiskCache(tiny_disk / "c").stats().entries < 30
+    assert files(tiny_disk, "*.tmp") == [] and files(tiny_disk, "index.sqlite.damaged-*") == []
