@@ -61,7 +61,10 @@ class Store(Protocol):
 def is_corruption(exc: sqlite3.Error) -> bool:
     """Only a damaged file is corruption; a full disk, a read-only mount, missing permission, an I/O
     error or a lock held past the timeout are faults of the environment, and leave the index alone."""
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; before, only the message tells
+    if code is None:
+        return "malformed" in str(exc) or "not a database" in str(exc)
+    return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
 def remove_quietly(path: str) -> None:
