@@ -251,6 +251,21 @@ def test_error_summaries_say_not_computed_yet(tmp_path):
     assert "features=(not computed yet)" in str(info.value) and "None" not in str(info.value)
 
 
+def test_ordinary_module_level_values_hash():
+    import argparse
+    import logging
+    import re
+    import types
+
+    import numpy as np
+
+    values = [re.compile("a+", re.I), re.compile("a+"), range(3), range(4), types.SimpleNamespace(lr=0.1),
+              types.SimpleNamespace(lr=0.2), argparse.Namespace(lr=0.1), logging.getLogger("a"),
+              logging.getLogger("b"), np.dtype("float32"), np.dtype("float64")]
+    assert len({hash_value(v) for v in values}) == len(values)
+    assert hash_value(re.compile("a+", re.I)) == hash_value(re.compile("a+", re.I))
+
+
 def test_registered_library_types_hash_by_what_identifies_them():
     from hardy.hashing import _REGISTRY, register
 
@@ -315,6 +330,7 @@ def fresh(seed):
     return Net().eval()
 out["same_init"] = len({DiskCache.input_key(fresh(0), "m"), DiskCache.input_key(fresh(0), "m")})
 out["other_init"] = len({DiskCache.input_key(fresh(0), "m"), DiskCache.input_key(fresh(1), "m")})
+out["devices"] = len({DiskCache.input_key(v, "d") for v in (torch.device("cpu"), torch.device("meta"), torch.float32)})
 model.encoder._session = threading.Lock()
 try:
     run("unhashable")
@@ -330,7 +346,7 @@ def test_torch_modules_hash_by_class_configuration_and_weights(tmp_path):
     out = json.loads(subprocess.run([sys.executable, "-c", TORCH_SCRIPT, str(tmp_path / "c")], check=True,
                                     capture_output=True, text=True).stdout.strip().splitlines()[-1])
     assert (out["cold"], out["warm"], out["weights"], out["buffer"], out["mode"], out["back"]) == (20, 0, 20, 20, 20, 0)
-    assert out["same_init"] == 1 and out["other_init"] == 2
+    assert out["same_init"] == 1 and out["other_init"] == 2 and out["devices"] == 3
     assert "model.encoder._session is a _thread.lock" in out["error"] and "__main__.Net" in out["error"]
     assert out["ran"] == 0
 

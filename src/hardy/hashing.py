@@ -239,11 +239,20 @@ def _library_encoder(v: Any, t: type) -> Callable[[Any, Callable[[bytes], Any], 
     if t is functools.partial:
         return _encode_partial
     if isinstance(v, re.Pattern):
-        return lambda p, out, active: out(b"RE" + _len(p.flags) + repr(p.pattern).encode())
+        return _registered(lambda p: (p.pattern, p.flags))
+    if t is range:
+        return _registered(lambda r: (r.start, r.stop, r.step))
+    if isinstance(v, types.SimpleNamespace) or t.__module__ == "argparse" and t.__name__ == "Namespace":
+        return _registered(vars)  # configuration objects
     logging = sys.modules.get("logging")
     if logging is not None and isinstance(v, logging.Logger):  # what a logger records is no result
-        return lambda lg, out, active: out(b"LG" + lg.name.encode())
+        return _registered(lambda lg: lg.name)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.dtype):
+        return _registered(lambda d: (d.str, str(d.descr)))
     torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, (torch.device, torch.dtype)):  # DEVICE = torch.device("cuda")
+        return _registered(str)
     if torch is not None and isinstance(v, torch.nn.Module):
         return _encode_torch_module
     sklearn_base = sys.modules.get("sklearn.base")
