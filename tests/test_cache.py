@@ -467,7 +467,9 @@ def value(x: int) -> bytes:
 
 p = Pipeline(nodes=[value], cache=DiskCache(sys.argv[1]))
 start = int(sys.argv[2])
-for x in range(start, start + 10_000):
+p.run(inputs={"x": start})
+print("writing", flush=True)
+for x in range(start + 1, start + 10_000):
     p.run(inputs={"x": x})
 """
 
@@ -476,14 +478,16 @@ for x in range(start, start + 10_000):
 def test_writers_killed_mid_write_never_leave_a_served_corrupt_value(tmp_path):
     rng = random.Random(3)
     for batch in range(10):  # 100 writers, 10 at a time, each SIGKILLed at a random moment
-        procs = [subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "c"), str(i * 50)])
-                 for i in range(10)]
-        time.sleep(0.6)  # interpreter start-up, then writing
+        procs = [subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "c"), str(i * 50)],
+                                  stdout=subprocess.PIPE, text=True) for i in range(10)]
+        for p in procs:
+            assert p.stdout.readline() == "writing\n"  # started, whatever the machine's load
         for p in procs:
             time.sleep(rng.uniform(0, 0.05))
             p.send_signal(signal.SIGKILL)
         for p in procs:
             p.wait()
+            p.stdout.close()
     cache = DiskCache(tmp_path / "c")
     served = 0
     for e in cache.entries():
