@@ -34,15 +34,15 @@ class Pipeline:
                  cache: Any = None, strict: bool = False):
         self.name = name or "pipeline"
         self.graph = Graph(_as_node(n, i) for i, n in enumerate(nodes))
+        self._plans: dict[Any, Plan] = {}
+        self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
+        self._engine_settings: tuple = ()  # the engine's, when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
         self.strict = strict
         self._bound: dict[str, Any] = {}
-        self._plans: dict[Any, Plan] = {}
-        self._settings: tuple = ()  # what the memoised plans were compiled with (see _memo)
         self._reports = True  # sums up cache faults after each call; not the copies nested in a map
-        self._with_cache: dict[int, Pipeline] = {}
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -66,6 +66,32 @@ class Pipeline:
     @engine.setter
     def engine(self, engine: Engine) -> None:
         self._engine = engine
+        self._forget_plans()
+
+    # Settings compiled into plans: changing one after a run makes the next call compile anew.
+
+    @property
+    def cache(self) -> Any:
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: Any) -> None:
+        self._cache = cache
+        self._forget_plans()
+
+    @property
+    def callbacks(self) -> list[PipelineCallback]:
+        """A list: appending to it (or assigning a new one) takes effect from the next call."""
+        return self._callbacks
+
+    @callbacks.setter
+    def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
+        self._callbacks = _Callbacks(callbacks, self._forget_plans)
+        self._forget_plans()
+
+    def _forget_plans(self) -> None:
+        self._plans.clear()
+        self._with_cache.clear()
 
     @property
     def bound_inputs(self) -> dict[str, Any]:
@@ -97,7 +123,7 @@ class Pipeline:
         copy = self._with_cache.get(id(cache))
         if copy is None:
             copy = Pipeline.__new__(Pipeline)
-            copy.__dict__.update(self.__dict__, cache=cache, _plans={}, _with_cache={}, _reports=False)
+            copy.__dict__.update(self.__dict__, _cache=cache, _plans={}, _with_cache={}, _reports=False)
             self._with_cache[id(cache)] = copy
         return copy
 
@@ -111,12 +137,14 @@ class Pipeline:
         """Run once. Returns {output: value} for every output (or just those in `output_name`)."""
         values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
         try:
-            plan = self._memo()[(tuple(values), output_name, False)]
-        except (KeyError, TypeError):
+            if self._engine.cache is not self._engine_settings[0]:
+                raise KeyError  # the engine's cache changed since: see _plan
+            plan = self._plans[(tuple(values), output_name, False)]
+        except (KeyError, TypeError, IndexError):
             plan = self._plan(values, output_name, for_map=False)
         try:
-            if self.callbacks:
-                events = Events(self.callbacks)
+            if self._callbacks:
+                events = Events(self._callbacks)
                 return events.pipeline(self.name, dict(values), lambda: plan.run(values))
             return plan.run(values)
         finally:
@@ -133,9 +161,12 @@ class Pipeline:
         else:
             outputs = tuple(output_name)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
-        plans = self._memo()
-        if key in plans:
-            return plans[key]
+        engine = self._engine
+        if (engine.cache, engine.node_executor, engine.map_executor_spec) != self._engine_settings:
+            self._forget_plans()  # an engine setting compiled into the plans changed after a run
+            self._engine_settings = (engine.cache, engine.node_executor, engine.map_executor_spec)
+        if key in self._plans:
+            return self._plans[key]
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
@@ -161,18 +192,6 @@ class Pipeline:
             self._plans.clear()
         self._plans[key] = plan
         return plan
-
-    def _memo(self) -> dict[Any, Plan]:
-        """The memoised plans, forgotten when a setting compiled into them changed since (the cache,
-        the engine or its executors, the callbacks): assigning `p.cache` or appending a callback
-        after a first run takes effect."""
-        engine = self._engine
-        now = (self.cache, engine, engine.cache, engine.node_executor, engine.map_executor_spec, *self.callbacks)
-        if now != self._settings:
-            self._plans.clear()
-            self._with_cache.clear()
-            self._settings = now
-        return self._plans
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         func = self._engine.node_function(node)
@@ -316,6 +335,30 @@ def _as_node(obj: Any, position: int) -> Node:
     raise NodeDefinitionError(
         f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")
+
+
+class _Callbacks(list):
+    """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
+    the pipeline compile its plans anew."""
+
+    def __init__(self, callbacks: Sequence[PipelineCallback], changed: Callable[[], None]):
+        super().__init__(callbacks)
+        self._changed = changed
+
+
+def _notifying(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def changed(self: _Callbacks, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        self._changed()
+        return result
+    return changed
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+              "__delitem__", "__iadd__"):
+    setattr(_Callbacks, _name, _notifying(_name))
 
 
 def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
