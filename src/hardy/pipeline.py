@@ -37,7 +37,7 @@ class Pipeline:
         self._plans: dict[Any, Plan] = {}
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
-        self._engine_settings: tuple = ()  # the engine's, when the memoised plans were compiled
+        self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
         self.strict = strict
@@ -137,10 +137,10 @@ class Pipeline:
         """Run once. Returns {output: value} for every output (or just those in `output_name`)."""
         values = {**self._bound, **inputs} if self._bound else (inputs if inputs is not None else {})
         try:
-            if self._engine.cache is not self._engine_settings[0]:
-                raise KeyError  # the engine's cache changed since: see _plan
+            if self._engine.cache is not self._engine_cache:
+                raise KeyError  # `p.engine.cache = ...` since: see _plan
             plan = self._plans[(tuple(values), output_name, False)]
-        except (KeyError, TypeError, IndexError):
+        except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         try:
             if self._callbacks:
@@ -161,10 +161,9 @@ class Pipeline:
         else:
             outputs = tuple(output_name)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
-        engine = self._engine
-        if (engine.cache, engine.node_executor, engine.map_executor_spec) != self._engine_settings:
-            self._forget_plans()  # an engine setting compiled into the plans changed after a run
-            self._engine_settings = (engine.cache, engine.node_executor, engine.map_executor_spec)
+        if self._engine.cache is not self._engine_cache:  # set on the engine after a run
+            self._forget_plans()
+            self._engine_cache = self._engine.cache
         if key in self._plans:
             return self._plans[key]
         for o in outputs:
