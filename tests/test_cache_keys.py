@@ -419,3 +419,24 @@ def test_settings_changed_after_a_run_take_effect(tmp_path):
     p.run(inputs={"x": 3})
     p.run(inputs={"x": 3})
     assert len(ran) == before + 2
+
+
+LOCAL_IMPORT = """
+import sys
+from hardy import node
+from hardy.cache.disk import call_fingerprint
+
+@node(output_name="y")
+def embed(x):
+    import torch  # imported in the worker that runs the node, never in the parent
+    return torch.tensor([x]).sum().item()
+
+call_fingerprint(embed, ["x"])
+print("torch" in sys.modules)
+"""
+
+
+def test_a_library_imported_inside_a_node_is_not_imported_to_key_it():
+    needs_torch()
+    out = subprocess.run([sys.executable, "-c", LOCAL_IMPORT], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

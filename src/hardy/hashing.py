@@ -389,11 +389,15 @@ def is_user_module(module_name: str | None) -> bool:
     path = getattr(module, "__file__", None)
     if module is None or path is None:
         return module_name not in sys.builtin_module_names and module_name not in sys.stdlib_module_names
-    path = os.path.realpath(path)
-    user = not any(path.startswith(root + os.sep) for root in _REAL_ROOTS) \
-        and "site-packages" not in path and "dist-packages" not in path
+    user = _is_user_file(path)
     _USER[module_name] = user  # a loaded module's file does not move: resolving it once is enough
     return user
+
+
+def _is_user_file(path: str) -> bool:
+    path = os.path.realpath(path)
+    return not any(path.startswith(root + os.sep) for root in _REAL_ROOTS) \
+        and "site-packages" not in path and "dist-packages" not in path
 
 
 _REAL_ROOTS = tuple(os.path.realpath(root) for root in _LIBRARY_ROOTS)
@@ -532,15 +536,20 @@ _ABSENT = object()
 
 
 def _imported(module_name: str) -> Any:
-    """The module an import inside a function binds (imported now if the function has not run yet)."""
+    """The module an import inside a function binds. One not imported yet is imported now only if
+    it is user code: a library imported inside a node (`import torch` there, to keep the parent
+    process free of its threads) must stay unimported here; it counts by name."""
     module = sys.modules.get(module_name)
-    if module is None:
-        import importlib
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:  # the node itself will fail the same way when it runs
+    if module is not None:
+        return module
+    import importlib.util
+    try:
+        top = importlib.util.find_spec(module_name.split(".")[0])  # a top-level name: no code runs
+        if top is None or top.origin is None or not _is_user_file(top.origin):
             return _ABSENT
-    return module
+        return importlib.import_module(module_name)
+    except Exception:  # the node itself will fail the same way when it runs
+        return _ABSENT
 
 
 @functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
