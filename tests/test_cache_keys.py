@@ -3,6 +3,7 @@ code a node can run invalidates it; what cannot be hashed is an error before any
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -377,7 +378,8 @@ print(json.dumps(out))
 
 
 def test_scikit_learn_estimators_hash_by_parameters_and_fitted_state():
-    pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install scikit-learn)")
+    if importlib.util.find_spec("sklearn") is None:  # not imported here: its OpenMP runtime would be a fork hazard
+        pytest.skip("scikit-learn is not installed (pip install scikit-learn)")
     out = json.loads(subprocess.run([sys.executable, "-c", SKLEARN_SCRIPT], check=True, capture_output=True,
                                     text=True).stdout.strip().splitlines()[-1])
     assert out == {k: True for k in out} and len(out) == 6, out
