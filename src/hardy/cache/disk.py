@@ -172,7 +172,7 @@ class DiskCache:
         reason = None
         if len(entry) < HEADER or entry[:3] != MAGIC:
             reason = "not a hardy entry or truncated header"
-        elif entry[3] != VERSION or entry[4:4 + KEY_ID] != self.key_id:
+        elif entry[3] != VERSION or entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
             self.skipped += 1  # another hardy version's, or another secret's: theirs to keep
             self._theirs.add(key)
             return MISS
