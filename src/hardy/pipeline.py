@@ -19,7 +19,7 @@ from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
 from .observe.report import Recorder, RunReport
-from .plan import Plan
+from .plan import KEYS, Plan
 from .policy import check_timeouts
 
 _DEFAULT_ENGINE = Engine()
@@ -36,15 +36,17 @@ class Pipeline:
                  cache: Any = None, strict: bool = False):
         self.name = name or "pipeline"
         self.graph = Graph(_as_node(n, i) for i, n in enumerate(nodes))
+        self._plans: dict[Any, Plan] = {}
+        self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
+        self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
         self.strict = strict
         self._bound: dict[str, Any] = {}
-        self._plans: dict[Any, Plan] = {}
-        self._with_cache: dict[int, Pipeline] = {}
         self._with_engine: dict[int, Pipeline] = {}
         self._recorder = Recorder()  # shared with this pipeline's per-engine and per-cache copies
+        self._reports = True  # sums up cache faults after each call; not the copies nested in a map
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -68,7 +70,32 @@ class Pipeline:
     @engine.setter
     def engine(self, engine: Engine) -> None:
         self._engine = engine
+        self._forget_plans()
+
+    # Settings compiled into plans: changing one after a run makes the next call compile anew.
+
+    @property
+    def cache(self) -> Any:
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: Any) -> None:
+        self._cache = cache
+        self._forget_plans()
+
+    @property
+    def callbacks(self) -> list[PipelineCallback]:
+        """A list: appending to it (or assigning a new one) takes effect from the next call."""
+        return self._callbacks
+
+    @callbacks.setter
+    def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
+        self._callbacks = _Callbacks(callbacks, self._forget_plans)
+        self._forget_plans()
+
+    def _forget_plans(self) -> None:
         self._plans.clear()
+        self._with_cache.clear()
 
     @property
     def bound_inputs(self) -> dict[str, Any]:
@@ -118,7 +145,7 @@ class Pipeline:
             return self
         copy = self._with_cache.get(id(cache))
         if copy is None:
-            copy = self._copy(cache=cache)
+            copy = self._copy(_cache=cache, _reports=False)
             self._with_cache[id(cache)] = copy
         return copy
 
@@ -157,12 +184,18 @@ class Pipeline:
             return self._using(engine).run(inputs, output_name)
         values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
         try:
+            if self._engine.cache is not self._engine_cache:
+                raise KeyError  # `p.engine.cache = ...` since: see _plan
             plan = self._plans[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
-        if self.callbacks or self._engine.reporting:
-            return self._observed_run(values, plan)
-        return plan.run(values)
+        try:
+            if self.callbacks or self._engine.reporting:
+                return self._observed_run(values, plan)
+            return plan.run(values)
+        finally:
+            if plan.cache is not None and self._reports:
+                plan.cache.report()  # what the cache could not do, in one warning
 
     def _observed_run(self, values: dict[str, Any], plan: Plan) -> dict[str, Any]:
         events = Events(self._observers)
@@ -209,6 +242,9 @@ class Pipeline:
         else:
             outputs = tuple(output_name)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
+        if self._engine.cache is not self._engine_cache:  # set on the engine after a run
+            self._forget_plans()
+            self._engine_cache = self._engine.cache
         if key in self._plans:
             return self._plans[key]
         for o in outputs:
@@ -284,16 +320,22 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
+        if plan.cache is not None and items:
+            _share_input_keys(plan, items, over, self.name)
         observers = self._observers
         events = Events(observers, self.name, items) if observers else None
         live = self._recorder.begin(self, "map", len(items)) if self._engine.reporting and not in_call() else None
         with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
             results = Results(len(items), on_error, bar, events, live)
-            if events:
-                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
-                                self._node_ids, announce=False)
-            else:
-                self._engine.run_items(plan, items, results)
+            try:
+                if events:
+                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
+                                    self._node_ids, announce=False)
+                else:
+                    self._engine.run_items(plan, items, results)
+            finally:
+                if plan.cache is not None and self._reports:
+                    plan.cache.report()  # what the cache could not do, in one warning per map
         if live is not None:
             self._recorder.end(self, results.failures)
         if results.failures and on_error == "raise":
@@ -415,6 +457,50 @@ def _as_node(obj: Any, position: int) -> Node:
     raise NodeDefinitionError(
         f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")
+
+
+class _Callbacks(list):
+    """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
+    the pipeline compile its plans anew."""
+
+    def __init__(self, callbacks: Sequence[PipelineCallback], changed: Callable[[], None]):
+        super().__init__(callbacks)
+        self._changed = changed
+
+
+def _notifying(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def changed(self: _Callbacks, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        self._changed()
+        return result
+    return changed
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+              "__delitem__", "__iadd__"):
+    setattr(_Callbacks, _name, _notifying(_name))
+
+
+def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
+    """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
+    the items) and the first item's own ones: a value that cannot be hashed fails the map here,
+    once, before any item runs, instead of failing every item the same way."""
+    from .hashing import UnhashableError
+    first, shared = items[0], {}
+    for name in plan.hashed_inputs:
+        try:
+            key = plan.cache.input_key(first[name], name)
+        except UnhashableError as exc:
+            users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
+            raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
+                                  f"this map: {exc}", exc.culprit, exc.path) from None
+        if name not in over:
+            shared[name] = key
+    if shared:
+        for item in items:
+            item[KEYS] = shared
 
 
 def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[str, Any]]:

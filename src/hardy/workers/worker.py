@@ -166,6 +166,8 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         if now - last >= FLUSH_EVERY:
             _send(conn, batch, producers, False, 0.0, sent)
             last = now
+    if plan.cache is not None:
+        plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, time.monotonic() - start, sent)
 
 
