@@ -54,7 +54,7 @@ import chain_a
 from joblib.func_inspect import get_func_code
 import joblib
 from hardy import node
-from hardy.cache.disk import call_fingerprint
+from hardy.cache.keys import call_fingerprint
 
 @node(output_name="y")
 def chained(x):

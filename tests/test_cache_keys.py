@@ -426,7 +426,7 @@ def test_settings_changed_after_a_run_take_effect(tmp_path):
 LOCAL_IMPORT = """
 import sys
 from hardy import node
-from hardy.cache.disk import call_fingerprint
+from hardy.cache.keys import call_fingerprint
 
 @node(output_name="y")
 def embed(x):

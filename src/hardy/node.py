@@ -79,6 +79,12 @@ class Node:
             return (_node_by_reference, (self.func.__module__, self.func.__qualname__))
         return super().__reduce_ex__(protocol)
 
+    def fingerprint(self) -> bytes:
+        """The node's identity for caching: its code (transitively), its outputs and the key format.
+        A pipeline used as a node overrides it with its inner nodes' fingerprints."""
+        from .hashing import FORMAT, code_fingerprint, digest
+        return digest(FORMAT, b"node", code_fingerprint(self.func), repr(self.outputs).encode())
+
     def __repr__(self) -> str:
         return f"Node({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
 

@@ -443,6 +443,13 @@ class PipelineNode(Node):
         result = self.pipeline.run(inner, output_name=wanted)
         return tuple(result[o] for o in wanted)
 
+    def fingerprint(self) -> bytes:
+        from .hashing import FORMAT, digest, hash_value
+        inner = sorted(n.fingerprint() for n in self.pipeline.graph.nodes)
+        return digest(FORMAT, b"pipeline", *inner, repr((self.inputs, self.outputs, self.map_over,
+                                                          self.map_mode)).encode(),
+                      hash_value(self.pipeline.bound_inputs))
+
     def __repr__(self) -> str:
         return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
 

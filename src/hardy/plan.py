@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
 from .errors import NOT_COMPUTED, NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
@@ -50,7 +51,6 @@ class Step:
     level: int
 
 
-MISS = object()  # "not in the cache": a node whose result slot holds this must run
 KEYS = "__hardy_keys__"  # in a keyed plan's values and results: {value name: its cache key}
 
 
@@ -64,7 +64,7 @@ class Plan:
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
                  mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
-                 cache: Any = None, keyed: bool = False,
+                 cache: PlanCache | None = None, keyed: bool = False,
                  on_cached: Callable[[str, bytes, int | None], None] | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
         `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
@@ -197,7 +197,6 @@ class Plan:
 
     def _cache_prelude(self, ns: dict[str, Any], cached: list[bool], var: dict[str, str],
                        kvar: dict[str, str]) -> list[str]:
-        from .cache.disk import call_fingerprint, call_key, output_key
         cache = self.cache
         ns.update(_ckey=call_key, _okey=output_key, _hv=cache.input_key, _fill=cache.fill, _afill=cache.afill,
                   _hit=cache.lookup, _fetch=cache.fetch)

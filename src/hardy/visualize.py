@@ -110,19 +110,19 @@ def _add(s: Scene, pipeline: "Pipeline", prefix: str, depth: int | None, sources
     `bound` inputs (of a nested pipeline) are written in their consumers' boxes rather than drawn
     as boxes of their own, which would sit inside the nested pipeline's frame beside the outer
     pipeline's inputs."""
-    from .pipeline import PipelineNode
     sources = dict(sources)
     for n in pipeline.graph.order:
-        if isinstance(n, PipelineNode) and (depth is None or depth > 1):
+        nested = getattr(n, "pipeline", None) is not None  # a PipelineNode (drawn without importing it)
+        if nested and (depth is None or depth > 1):
             sources.update(_expand(s, n, prefix, depth, sources))
             continue
         lines = [n.name, "→ " + ", ".join(n.outputs)]
         if bound.intersection(n.inputs):
             lines.append("bound: " + ", ".join(i for i in n.inputs if i in bound))
-        if isinstance(n, PipelineNode) and n.map_over:
+        if nested and n.map_over:
             outer = {inner: outer for outer, inner in n._inner_inputs.items()}
             lines.append("map over: " + ", ".join(outer[m] for m in n.map_over))
-        box = Box(prefix + n.name, lines, "pipeline" if isinstance(n, PipelineNode) else "function",
+        box = Box(prefix + n.name, lines, "pipeline" if nested else "function",
                   prefix.rstrip("/"))
         s.boxes[box.id] = box
         for i in n.inputs:

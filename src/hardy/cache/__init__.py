@@ -1,6 +1,6 @@
 """The cache: content-addressed node results, verified before use, shared by any number of processes."""
 
-from .disk import CacheStats, DiskCache, VerifyReport, node_fingerprint
+from .disk import CacheStats, DiskCache, VerifyReport
 from .store import EntryInfo, FileStore, LocalStore, Store
 
-__all__ = ["DiskCache", "CacheStats", "VerifyReport", "node_fingerprint", "Store", "LocalStore", "FileStore", "EntryInfo"]
+__all__ = ["DiskCache", "CacheStats", "VerifyReport", "Store", "LocalStore", "FileStore", "EntryInfo"]

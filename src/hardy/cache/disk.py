@@ -31,12 +31,11 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
-from ..hashing import DIGEST, FORMAT, UnhashableError, code_fingerprint, digest, hash_value
-from ..node import Node
-from ..plan import MISS
+from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size
+from .keys import MISS
 from .store import EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
 
 log = logging.getLogger("hardy.cache")
@@ -335,38 +334,6 @@ class DiskCache:
     def clear(self) -> None:
         self.store.clear()
         sweep_locks(os.path.join(self.path, "locks"))
-
-
-# The key formulas (docs/caching.md). Compiled plans and the Daft engine both call these.
-
-def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
-    """A node's fingerprint with the names of the arguments it is given (defaults not given).
-    Raised when a plan is built: a global the key cannot hash is named with its node."""
-    try:
-        return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
-    except UnhashableError as exc:
-        raise UnhashableError(f"node {node.name!r} cannot be cached: {exc}") from None
-
-
-def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
-    """The key of one call: its fingerprint and its arguments' keys (16 bytes each)."""
-    return hashlib.blake2b(fingerprint + b"".join(arg_keys), digest_size=DIGEST).digest()
-
-
-def output_key(key: bytes, output: str, n_outputs: int) -> bytes:
-    """The key of one output of a call: the call's key itself, or derived for several outputs."""
-    return key if n_outputs == 1 else hashlib.blake2b(key + output.encode(), digest_size=DIGEST).digest()
-
-
-def node_fingerprint(node: Node) -> bytes:
-    """The node's identity for caching: its code (transitively), outputs and a format version."""
-    from ..pipeline import PipelineNode
-    if isinstance(node, PipelineNode):
-        inner = sorted(node_fingerprint(n) for n in node.pipeline.graph.nodes)
-        return digest(FORMAT, b"pipeline", *inner, repr((node.inputs, node.outputs, node.map_over,
-                                                          node.map_mode)).encode(),
-                      hash_value(node.pipeline.bound_inputs))
-    return digest(FORMAT, b"node", code_fingerprint(node.func), repr(node.outputs).encode())
 
 
 def _reason(exc: BaseException) -> str:

@@ -231,8 +231,40 @@ class Engine:
     def node_function(self, node: Node) -> Callable[..., Any]:
         """The callable a plan uses for `node`: the function itself, or a call into a worker."""
         if node.isolate:
-            return self.process_pool().isolated(node)
+            return self._isolated(node)
         return node.func
+
+    def _isolated(self, node: Node) -> Callable[..., Any]:
+        """`node` as a function whose every call is a one-item map on this engine's worker pool
+        (@node(isolate=True)): crash reports, retries and timeouts are the pool's, written once."""
+        from ..graph import Graph
+        from ..plan import Plan
+        outputs = node.outputs
+        plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            item = dict(zip(node.inputs, args))
+            item.update(kwargs)
+            names = tuple(item)
+            plan = plans.get(names) or plans.setdefault(names, Plan(Graph([node]), names, outputs))
+            results = Results(1, "raise", MapProgress(1, node.name, False))
+            self.process_pool().run_items(plan, [item], results)
+            if results.failures:
+                err = results.failures[0]
+                err.item = None
+                raise err
+            out = results.values[0]
+            return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
+
+        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
+        if node.is_async:
+            import asyncio
+
+            async def acall(*args: Any, **kwargs: Any) -> Any:
+                return await asyncio.to_thread(call, *args, **kwargs)
+            acall.enforces_policy = True  # type: ignore[attr-defined]
+            return acall
+        return call
 
     # --- executors -------------------------------------------------------------------------------
 

@@ -20,13 +20,9 @@ import time
 import weakref
 from collections import deque
 from multiprocessing.connection import wait
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from ..engine.core import Results
 from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
-from ..graph import Graph
-from ..node import Node
-from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..safety.environment import worker_environment
 from ..shipping import globals_in, ship_items, ship_plan
@@ -171,7 +167,6 @@ class WorkerPool:
         self._freed = threading.Condition(self._lock)
         self._plan_ids: weakref.WeakKeyDictionary[Plan, tuple[int, bytes]] = weakref.WeakKeyDictionary()
         self._next_plan = 0
-        self._node_plans: dict[tuple[int, tuple[str, ...]], Plan] = {}
         self._per_item: dict[int, float] = {}
         self.replaced = 0
         self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
@@ -261,37 +256,6 @@ class WorkerPool:
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
         _Run(self, plan, items, results).loop()
-
-    def isolated(self, node: Node) -> Callable[..., Any]:
-        """`node` as a function whose every call runs in a worker (for @node(isolate=True))."""
-        outputs = node.outputs
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            item = dict(zip(node.inputs, args))
-            item.update(kwargs)
-            key = (id(node), tuple(item))
-            with self._lock:
-                plan = self._node_plans.get(key)
-                if plan is None:
-                    plan = self._node_plans[key] = Plan(Graph([node]), tuple(item), outputs)
-            results = Results(1, "raise", MapProgress(1, node.name, False))
-            _Run(self, plan, [item], results).loop()
-            if results.failures:
-                err = results.failures[0]
-                err.item = None
-                raise err
-            out = results.values[0]
-            return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
-
-        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
-        if node.is_async:
-            import asyncio
-
-            async def acall(*args: Any, **kwargs: Any) -> Any:
-                return await asyncio.to_thread(call, *args, **kwargs)
-            acall.enforces_policy = True  # type: ignore[attr-defined]
-            return acall
-        return call
 
     def close(self) -> None:
         """Stop every worker (a map still running in another thread loses its workers), then

@@ -1,0 +1,49 @@
+"""The key formulas of docs/caching.md, and what a compiled plan needs from a cache.
+
+A leaf module: it imports only hashing and node, so the plan generator (which calls these) and the
+stores (which keep entries under them) both stand on it and never on each other. Compiled plans,
+the Daft engine's keyed stages and `DiskCache` all call these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Protocol, Sequence
+
+from ..hashing import DIGEST, FORMAT, UnhashableError, digest
+from ..node import Node
+
+MISS: Any = object()  # "not in the cache": a node whose result slot holds this must run
+
+
+class PlanCache(Protocol):
+    """What a compiled plan calls on its cache (`DiskCache` is the implementation)."""
+
+    def input_key(self, value: Any, name: str) -> bytes: ...
+
+    def lookup(self, key: bytes) -> Any: ...
+
+    def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]: ...
+
+    def fill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    async def afill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
+    """A node's fingerprint with the names of the arguments it is given (defaults not given).
+    Raised when a plan is built: a global the key cannot hash is named with its node."""
+    try:
+        return digest(FORMAT, node.fingerprint(), ",".join(given).encode())
+    except UnhashableError as exc:
+        raise UnhashableError(f"node {node.name!r} cannot be cached: {exc}") from None
+
+
+def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
+    """The key of one call: its fingerprint and its arguments' keys (16 bytes each)."""
+    return hashlib.blake2b(fingerprint + b"".join(arg_keys), digest_size=DIGEST).digest()
+
+
+def output_key(key: bytes, output: str, n_outputs: int) -> bytes:
+    """The key of one output of a call: the call's key itself, or derived for several outputs."""
+    return key if n_outputs == 1 else hashlib.blake2b(key + output.encode(), digest_size=DIGEST).digest()

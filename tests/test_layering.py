@@ -1,0 +1,73 @@
+"""hardy's modules form layers that point one way: no import circle, lazy imports included.
+
+Read from the source with `ast` (every `import` and `from ... import` anywhere in a module, inside
+functions too), so a circle hidden behind a lazy import fails here as surely as a top-level one.
+Imports under `if TYPE_CHECKING:` are left out: they name types for the checker and never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path, modules: set[str]) -> set[str]:
+    """The hardy modules `path` imports; a package's `__init__` counts only when imported itself."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                 for stmt in block.body for n in ast.walk(stmt)}
+    for n in ast.walk(tree):
+        if id(n) in type_only:
+            continue
+        if isinstance(n, ast.Import):
+            found.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                anchor = package.rsplit(".", n.level - 1)[0] if n.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in n.names)  # `from . import x` may name a module
+    return {m for m in found if m in modules and m != me}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(SRC.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imported(p, modules) for p in paths}
+
+
+def test_the_graph_sees_lazy_imports_and_leaves_out_type_only_ones():
+    graph = import_graph()
+    assert "hardy.cache" in graph["hardy"]  # imported inside hardy.__getattr__ only
+    assert "hardy.workers.pool" in graph["hardy.engine.core"]  # imported inside a method
+    assert "hardy.pipeline" not in graph["hardy.visualize"]  # under `if TYPE_CHECKING:` only
+
+
+def test_no_import_cycles_between_hardy_modules():
+    graph = import_graph()
+    # A package's __init__ re-exports its modules; it is a facade, not a layer, so edges into a
+    # package's own __init__ from inside that package are the only ones left out.
+    for name, deps in graph.items():
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError("import cycle: " + " -> ".join(exc.args[1])) from None
+    assert len(order) == len(graph)
