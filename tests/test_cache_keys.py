@@ -442,3 +442,66 @@ def test_a_library_imported_inside_a_node_is_not_imported_to_key_it():
     needs_torch()
     out = subprocess.run([sys.executable, "-c", LOCAL_IMPORT], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+# Digests computed before value hashing became a registry: a cache filled by an earlier version
+# stays valid only while these do not move.
+PINNED = {
+    "none": (None, "738096e476d3c5447c3cb95c39bfc964"),
+    "true": (True, "0583525866ce6d4c711b8d319b34a247"),
+    "false": (False, "3662d6121c293c1c21dc4d3401650d44"),
+    "int": (42, "e4ef819a631bd78a5982b7622e8989cc"),
+    "bigint": (10**30, "b64c4e61304596946b3a1e288c3ea1f0"),
+    "float": (1.5, "006d1b449709649e263fb8db020c648a"),
+    "nan": (float("nan"), "73ae77c5a37db41ab38816b8c86539f4"),
+    "neg_zero": (-0.0, "a77b214b8490cc2b1a7d880efbfbcee5"),
+    "inf": (float("inf"), "555f0926addbfe2fdc3cc236d31b7dd2"),
+    "str": ("héllo", "1614ff2c1b903c66ea19478b6c1dd2ab"),
+    "bytes": (b"ab", "bb96c1ca758106c0a7a4874d10b93a9c"),
+    "tuple": ((1, "a"), "8bd76d34a985186abaea19fa2d633309"),
+    "list": ([1, 2.0, None], "4fc3bf3da4d035e2f1edcb370a7ff847"),
+    "empty_list": ([], "22fe82c164ca30440fb4cf52a6a6792b"),
+    "dict": ({"a": 1, "b": [2]}, "d091bd1db3460c2d048cdb8b7705acca"),
+    "set": ({1, 2, 3}, "7e8330286c8da38f2854037ae661ead2"),
+    "frozenset": (frozenset({"x"}), "4dfe8702353ffe8ef9bf16ff5add3b9b"),
+    "complex": (1 + 2j, "943b0aae5fede65cdafad82167dbf5a5"),
+    "bytearray": (bytearray(b"xy"), "4dcbc91bef4c58e37c0bbe1c5ce249a3"),
+    "memoryview": (memoryview(b"mv"), "5556d5b3eb1c3a36b2ab7cf6f4c89897"),
+    "nested": ({"k": (1, [2, {3}]), "d": {"x": None}}, "6482f9f502235cc484bdaa4a4aa51b4f"),
+}
+
+
+def _pinned_library_values() -> dict:
+    import datetime
+    import decimal
+    import functools
+    import http
+    import pathlib
+    import re
+
+    import numpy as np
+    import pandas as pd
+    return {
+        "intenum": (http.HTTPStatus.OK, "596a0715324e102cb7129d8a3fb1585a"),
+        "flag_enum": (re.RegexFlag.IGNORECASE, "5953e1dec96ad83438eac7943b05707c"),
+        "tuple_subclass": (os.terminal_size((80, 24)), "921ca3f899793ae4ba180fcba4bb7a41"),
+        "path": (pathlib.PurePosixPath("/a/b"), "a3e39713cf4ecd7ad1e960af442ad9a6"),
+        "date": (datetime.date(2024, 1, 2), "51df135f9d63e7a0aa25f377fb3ab108"),
+        "decimal": (decimal.Decimal("1.10"), "3aeabfd4e689a52fa52d02c71a8ba41e"),
+        "range": (range(1, 10, 2), "0673a85ee7b159e8f52f32655565b4ae"),
+        "regex": (re.compile("a+b", re.I), "38c102968e3a1a1338cfe7b8e4579d49"),
+        "partial_of_builtin": (functools.partial(max, 1), "5f835121554d44664338c53e14665181"),
+        "np_array": (np.arange(6, dtype=np.int32).reshape(2, 3), "e6dd08280acd2e86f020700f93e4368b"),
+        "np_scalar": (np.float64(2.5), "e0418fb0c3e97bfd23eac5973975dd82"),
+        "np_dtype": (np.dtype("float32"), "646fd81c2981f63fbfa8a52cb38703bc"),
+        "np_object": (np.array([1, "a"], dtype=object), "b98691325710fb9ccca5e95e0fa8af8c"),
+        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "1a6682e150dd14679ed10372f34c68b1"),
+        "pandas_series": (pd.Series([1.0, 2.0], name="s"), "da9bf861969f358a08ab253034dd2af3"),
+    }
+
+
+def test_value_digests_do_not_move():
+    """Keys written by earlier versions stay valid: the encoding of built-in and library values is pinned."""
+    moved = {name: hash_value(value).hex() for name, (value, pinned) in {**PINNED, **_pinned_library_values()}.items()
+             if hash_value(value).hex() != pinned}
+    assert moved == {}
