@@ -267,7 +267,9 @@ def test_ordinary_module_level_values_hash():
 
 
 def test_registered_library_types_hash_by_what_identifies_them():
-    from hardy.hashing import _REGISTRY, register
+    import collections
+
+    from hardy.hashing import _ENCODERS, _RESOLVED, register
 
     def event(is_set: bool) -> threading.Event:  # a library's class: no __cache_key__() to add
         e = threading.Event()
@@ -278,10 +280,17 @@ def test_registered_library_types_hash_by_what_identifies_them():
     with pytest.raises(UnhashableError):
         hash_value(event(True))
     register(threading.Event, threading.Event.is_set)
+    # built-in types sit in the same table: a registered subclass of one is hashed the registered way
+    ordered = collections.OrderedDict(a=1)
+    as_dict = hash_value(ordered)
+    register(collections.OrderedDict, lambda d: sorted(d.items()))
     try:
         assert hash_value(event(True)) == hash_value(event(True)) != hash_value(event(False))
+        assert hash_value(ordered) != as_dict
+        assert hash_value(ordered) == hash_value(collections.OrderedDict(a=1))
     finally:
-        del _REGISTRY[threading.Event]
+        del _ENCODERS[threading.Event], _ENCODERS[collections.OrderedDict]
+        _RESOLVED.clear()
 
 
 TORCH_SCRIPT = """
