@@ -183,7 +183,7 @@ class Plan:
         if not concurrent:
             for k in ks:
                 lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = "
-                          f"{self._call(k, is_async, self._cached[k])}"]
+                          f"{self._call(k, is_async, self._cached[k])}{self._comment(k)}"]
         elif self.mode == "threaded":
             lines += self._threaded(ks)
         else:
@@ -201,7 +201,7 @@ class Plan:
         for k, fut in zip(ks, futures):
             fill = f"_fill, {self._key[k]}, {self._fn[k]}" if self._cached[k] else self._fn[k]
             lines.append(f"if {self._res[k]} is _MISS: {fut} = _submit(_t, {k}, {fill}{self._call_args(k, lead=True)})"
-                         f"  # node {self.steps[k].node.name!r}")
+                         + self._comment(k))
         for k, fut in zip(ks, futures):
             lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = {fut}.result()"]
         return lines
@@ -212,7 +212,7 @@ class Plan:
         for k in ks:
             if self.steps[k].node.is_async:
                 lines.append(f"if {self._res[k]} is _MISS: _todo.append(({k}, _mark({k}, "
-                             f"{self._call(k, True, self._cached[k], raw=True)})))")
+                             f"{self._call(k, True, self._cached[k], raw=True)}))){self._comment(k)}")
         lines += ["_s = _todo[0][0] if _todo else _s",
                   "_res = dict(zip([j for j, _ in _todo], await _gather(*[c for _, c in _todo])))"]
         for k in ks:
@@ -220,7 +220,7 @@ class Plan:
                 lines.append(f"if {self._res[k]} is _MISS: {self._res[k]} = _res[{k}]")
             else:
                 lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = "
-                          f"{self._call(k, True, self._cached[k])}"]
+                          f"{self._call(k, True, self._cached[k])}{self._comment(k)}"]
         return lines
 
     def _function(self, lines: list[str]) -> str:
@@ -348,15 +348,19 @@ class Plan:
             return "".join(", " + a for a in parts)
         return ", ".join(parts)
 
+    def _comment(self, k: int) -> str:
+        return f"  # node {self.steps[k].node.name!r}"
+
     def _store(self, k: int, expr: str) -> list[str]:
+        """Unpack step k's result (`expr`: its call, or the local already holding it) into its outputs."""
         outs = self.steps[k].node.outputs
-        comment = f"  # node {self.steps[k].node.name!r}"
+        res = self._res[k]
+        comment = self._comment(k) if expr != res else ""
         if len(outs) == 1:
             return [f"{self._vars[outs[0]]} = {expr}{comment}"]
-        res = self._res[k]
         return [*([f"{res} = {expr}{comment}"] if expr != res else []),
                 f"if {res}.__class__ is not tuple or len({res}) != {len(outs)}: {res} = _outs({res}, {len(outs)})",
-                f"{', '.join(self._vars[o] for o in outs)} = {res}" + (comment if expr == res else "")]
+                f"{', '.join(self._vars[o] for o in outs)} = {res}"]
 
     # --- errors ----------------------------------------------------------------------------------
 
