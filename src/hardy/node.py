@@ -17,6 +17,8 @@ from .errors import NodeDefinitionError
 class Node:
     """A function wired by name. Calling the node calls the function unchanged (handy in tests)."""
 
+    gpus: float = 0  # GPUs (or a share of one) the node needs; pipelines used as nodes need none
+
     def __init__(
         self,
         func: Callable[..., Any],
@@ -27,6 +29,7 @@ class Node:
         isolate: bool = False,
         retries: int = 0,
         timeout: float | None = None,
+        gpus: float = 0,
     ):
         if not callable(func):
             raise NodeDefinitionError(
@@ -45,8 +48,12 @@ class Node:
             raise NodeDefinitionError(f"node {self.name!r}: retries must be >= 0, got {retries}")
         if timeout is not None and timeout <= 0:
             raise NodeDefinitionError(f"node {self.name!r}: timeout must be > 0 seconds, got {timeout}")
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+            raise NodeDefinitionError(f"node {self.name!r}: gpus must be a number >= 0 (1, or 0.5 for half a "
+                                      f"GPU), got {gpus!r}")
         self.retries = retries
         self.timeout = timeout
+        self.gpus = gpus
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
 
@@ -146,16 +153,19 @@ def node(func: Callable[..., Any]) -> Node: ...
 @overload
 def node(func: None = None, *, output_name: str | Sequence[str] | None = None, name: str | None = None,
          cache: bool = True, isolate: bool = False, retries: int = 0,
-         timeout: float | None = None) -> Callable[[Callable[..., Any]], Node]: ...
+         timeout: float | None = None, gpus: float = 0) -> Callable[[Callable[..., Any]], Node]: ...
 
 
-def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, timeout=None):
+def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, timeout=None, gpus=0):
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
     `isolate=True` runs the node in a crash-containing worker process whatever the engine;
-    `retries` and `timeout` apply to crashes and hangs in such workers.
+    `retries` and `timeout` apply to crashes, hangs and GPU out-of-memory in such workers.
+    `gpus=1` (or a share, 0.5) marks a GPU node: with `Engine(map_executor="process", gpus=...)` it
+    runs on GPU workers and the other nodes on CPU workers; DaftEngine gives it a GPU UDF.
     """
     def wrap(f: Callable[..., Any]) -> Node:
-        return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, timeout=timeout)
+        return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, timeout=timeout,
+                    gpus=gpus)
 
     return wrap(func) if func is not None else wrap

@@ -47,8 +47,9 @@ import cloudpickle
 from ..crash import read_stack
 from ..engine.core import Engine
 from ..errors import did_you_mean
-from ..plan import KEYS, Plan
+from ..plan import Plan
 from ..shipping import dumps, run_items_here, ship_items, ship_plan
+from ..stages import cut, merge
 from ..stateful import Resource
 from .remote import RemoteExecutor, plan_for, require, run_step_remote
 
@@ -90,11 +91,7 @@ def run_stage(plan: Plan, rows: list[tuple[int, bool, Any]], last: bool) -> list
     for i, ok, values in rows:
         if ok:
             _, ok, result = next(done)
-            if ok:
-                keys = result.pop(KEYS, {})
-                if not last:
-                    result = {**values, **result, KEYS: {**values.get(KEYS, {}), **keys}}
-            values = result
+            values = merge(values, result, last) if ok else result
         out.append((i, ok, values))
     return out
 
@@ -216,30 +213,22 @@ class DaftExecutor(RemoteExecutor):
         self._run(plan, spec, udfs, items, list(range(len(items))), results)
 
     def _stages(self, plan: Plan) -> list[tuple[dict[str, Any], Plan]]:
-        """The plan cut where the UDF options change, in step order: one stage is the plan itself;
-        several are keyed plans (every node keyed as in the whole plan; see `Plan`)."""
+        """The plan cut where the UDF options change (`hardy.stages.cut`, shared with the local
+        pool's GPU workers): one stage is the plan itself; several are keyed plans."""
         unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
         if unknown:
             name = sorted(unknown)[0]
             raise ValueError(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
                              f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
-        groups: list[tuple[dict[str, Any], list[Any]]] = []
-        for step in plan.steps:
-            options = self.node_resources.get(step.node.name, self.resources)
-            if groups and groups[-1][0] == options:
-                groups[-1][1].append(step)
-            else:
-                groups.append((options, [step]))
-        if len(groups) <= 1:
-            return [(self.resources, plan)]
-        stages, available = [], list(plan.provided)
-        for n, (options, steps) in enumerate(groups):
-            later = {v for _, rest in groups[n + 1:] for step in rest for _, v in step.args} | set(plan.outputs)
-            last = n == len(groups) - 1
-            outputs = list(plan.outputs) if last else [o for step in steps for o in step.node.outputs if o in later]
-            stages.append((options, Plan(plan.graph, available, outputs, cache=plan.cache, keyed=True)))
-            available += outputs
-        return stages
+        return [(self.resources if options is None else options, stage) for options, stage in cut(plan, self._options)]
+
+    def _options(self, node: Any) -> dict[str, Any]:
+        """A node's UDF options: its `node_resources` entry, else the engine's with the node's own
+        `@node(gpus=)`."""
+        if node.name in self.node_resources:
+            return self.node_resources[node.name]
+        gpus = getattr(node, "gpus", 0)
+        return {**self.resources, "gpus": gpus} if gpus else self.resources
 
     def _run(self, plan: Plan, spec: bytes, udfs: list[Any], items: Sequence[dict[str, Any]], indices: list[int],
              results: Any) -> None:
@@ -288,7 +277,7 @@ class DaftExecutor(RemoteExecutor):
         return self._call_with(self.resources, fn, *args)
 
     def _call_step(self, handle: Any, k: int, values: dict[str, Any], node: Any) -> Any:
-        return self._call_with(self.node_resources.get(node.name, self.resources), run_step_remote, handle, k, values)
+        return self._call_with(self._options(node), run_step_remote, handle, k, values)
 
     def _call_with(self, options: dict[str, Any], fn: Any, *args: Any) -> Any:
         one_off = {k: v for k, v in options.items() if k != "max_concurrency"}  # one row, one process
