@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from hardy import DiskCache, Engine, Failed, MapError, NodeError, Pipeline, node
+from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.doctor import runs_on
-from hardy.errors import CudaError, GpuOutOfMemory, NoGpuError
+from hardy.errors import CudaError, GpuOutOfMemory, NoGpuError, NodeDefinitionError
 from hardy.gpus import cuda_failure, gpu_slots, parse_smi
 from hardy.plan import Plan
 from hardy.stages import cut
@@ -239,7 +239,7 @@ def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):
     monkeypatch.setenv("HARDY_ASSUME_GPUS", "2")
     big = node(embed.func, output_name="embedding", name="big", gpus=2)
     with Engine(map_executor="process", workers=1, gpus="all") as engine:
-        with pytest.raises(NodeError, match="gpus=2.*one GPU"):
+        with pytest.raises(NodeDefinitionError, match="gpus=2.*one GPU"):
             Pipeline(nodes=[prepare, big], engine=engine).map(inputs={"x": [1]}, map_over="x")
 
 

@@ -51,12 +51,12 @@ def merge(values: dict[str, Any], result: dict[str, Any], last: bool) -> dict[st
 
 class _StageResults:
     """The sink an executor writes one stage's items to: failures and the last stage's outputs go
-    straight to the map's results (by the item's index in the map), earlier outputs are kept for
-    the next stage."""
+    to the map's results (by the item's index in the map); an earlier stage's outputs join the
+    item's values for the next stage."""
 
-    def __init__(self, results: Any, indices: Sequence[int], first: bool, last: bool):
-        self.results, self.indices, self.first, self.last = results, indices, first, last
-        self.outputs: dict[int, dict[str, Any]] = {}
+    def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool):
+        self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
+        self.alive: list[int] = []
 
     @property
     def stop(self) -> bool:
@@ -67,10 +67,12 @@ class _StageResults:
             self.results.started(self.indices[i])
 
     def ok(self, i: int, out: dict[str, Any]) -> None:
+        n = self.indices[i]
         if self.last:
-            self.results.ok(self.indices[i], out)
+            self.results.ok(n, merge(self.values[n], out, last=True))
         else:
-            self.outputs[i] = out
+            self.values[n] = merge(self.values[n], out, last=False)
+            self.alive.append(n)
 
     def fail(self, i: int, err: NodeError) -> None:
         self.results.fail(self.indices[i], err)
@@ -82,14 +84,11 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
     values = list(items)
     alive = list(range(len(items)))
     for n, (executor, stage) in enumerate(stages):
-        last = n == len(stages) - 1
-        sink = _StageResults(results, alive, first=n == 0, last=last)
+        sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1)
         executor.run_items(stage, [values[i] for i in alive], sink)
-        if results.stop or last:
+        if results.stop:
             return
-        for local in sorted(sink.outputs):
-            values[alive[local]] = merge(values[alive[local]], sink.outputs[local], last=False)
-        alive = [alive[local] for local in sorted(sink.outputs)]
+        alive = sorted(sink.alive)
 
 
 class StagedExecutor:

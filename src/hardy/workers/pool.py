@@ -137,8 +137,11 @@ class WorkerPool:
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None,
-                 max_memory_per_worker: int | str | None = None):
-        self.size = workers or os.cpu_count() or 1
+                 max_memory_per_worker: int | str | None = None, slot_env: Sequence[dict[str, str]] = ()):
+        """`slot_env`: variables for each worker on top of the worker environment, one dict per
+        worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
+        self.slot_env = list(slot_env)
+        self.size = len(self.slot_env) or workers or os.cpu_count() or 1
         self.start_method = choose_start_method(start_method)
         self.preload = tuple(preload)
         self.preload_libs = tuple(preload_libs)
@@ -166,7 +169,8 @@ class WorkerPool:
         if self.start_method == "forkserver":
             _ensure_forkserver(self._ctx, ("hardy.workers.worker", *self.preload), self.env)
         self._started += 1
-        w = _Worker(self._ctx, self._folder, self._started, self.env, self.preload_libs)
+        env = {**self.env, **self.slot_env[slot]} if self.slot_env else self.env
+        w = _Worker(self._ctx, self._folder, self._started, env, self.preload_libs)
         self._workers[slot] = w
         return w
 
