@@ -60,8 +60,8 @@ def throughput() -> None:
         with Engine(map_executor="process", gpus=[0], workers_per_gpu=per_gpu) as engine:
             pipeline = Pipeline(nodes=[gpu_matmul], engine=engine)
             pipeline.map(inputs={"seed": seeds[:8]}, map_over="seed", progress=False)  # workers up, CUDA ready
-            rates[per_gpu] = ITEMS / best(lambda: pipeline.map(inputs={"seed": seeds}, map_over="seed",
-                                                               progress=False))
+            rates[per_gpu] = ITEMS / best(lambda p=pipeline: p.map(inputs={"seed": seeds}, map_over="seed",
+                                                                   progress=False))
     matmul(0)
     loop = ITEMS / best(lambda: [matmul(s) for s in seeds])
     print(f"in-process loop: {loop:,.0f} items/s (1.00x)")

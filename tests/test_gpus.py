@@ -15,7 +15,7 @@ import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.doctor import runs_on
-from hardy.errors import CudaError, GpuOutOfMemory, NoGpuError, NodeDefinitionError
+from hardy.errors import CudaError, GpuOutOfMemory, NodeDefinitionError, NoGpuError
 from hardy.gpus import cuda_failure, gpu_slots, parse_smi
 from hardy.plan import Plan
 from hardy.stages import cut
@@ -127,7 +127,8 @@ def test_out_of_memory_is_retried_on_a_fresh_worker(tmp_path):
         out = Pipeline(nodes=[retried_allocate], engine=engine).map(
             inputs={"x": list(range(10)), "marker": marker}, map_over="x")
     assert all(not isinstance(o, Failed) for o in out)
-    assert out[5]["where"] != int(open(marker).read())  # the retry ran in another process
+    with open(marker) as f:
+        assert out[5]["where"] != int(f.read())  # the retry ran in another process
 
 
 def test_out_of_memory_without_retries_fails_the_item(tmp_path):
@@ -238,9 +239,9 @@ def test_stage_failures_raise_and_continue_and_isolated_gpu_nodes(monkeypatch):
 def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):
     monkeypatch.setenv("HARDY_ASSUME_GPUS", "2")
     big = node(embed.func, output_name="embedding", name="big", gpus=2)
-    with Engine(map_executor="process", workers=1, gpus="all") as engine:
-        with pytest.raises(NodeDefinitionError, match="gpus=2.*one GPU"):
-            Pipeline(nodes=[prepare, big], engine=engine).map(inputs={"x": [1]}, map_over="x")
+    with Engine(map_executor="process", workers=1, gpus="all") as engine, \
+            pytest.raises(NodeDefinitionError, match="gpus=2.*one GPU"):
+        Pipeline(nodes=[prepare, big], engine=engine).map(inputs={"x": [1]}, map_over="x")
 
 
 def test_the_cut_keeps_cache_keys_of_the_whole_plan(tmp_path, monkeypatch):

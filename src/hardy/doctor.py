@@ -21,8 +21,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from .native.loaded import thread_pools
 from .errors import NoGpuError
+from .native.loaded import thread_pools
 from .repeat import classify, wilson
 from .safety.environment import NUMBA_GUARD_RANGE, version_in
 from .safety.hazards import fork_hazards

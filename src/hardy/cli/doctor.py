@@ -100,7 +100,8 @@ def _print_gpus(gpu: dict) -> None:
     if not gpu.get("gpus"):
         t.add_row("GPUs", "[bold]no NVIDIA GPU[/] (see findings)")
     for g in gpu.get("gpus", []):
-        memory = f", {g['memory_free'] / 2**30:.1f} of {g['memory_total'] / 2**30:.1f} GiB free" if g["memory_total"] else ""
+        memory = (f", {g['memory_free'] / 2**30:.1f} of {g['memory_total'] / 2**30:.1f} GiB free"
+                  if g["memory_total"] else "")
         cc = f", compute capability {g['compute_capability']}" if g["compute_capability"] else ""
         t.add_row(f"GPU {g['index']}", f"{g['name']}{cc}{memory}")
     t.add_row("found through", gpu.get("source", "none"))
