@@ -97,8 +97,10 @@ class StagedExecutor:
 
     mode = "sequential"
 
-    def __init__(self, needs: Callable[[Node], Hashable], executor_for: Callable[[Hashable], Any]):
-        self.needs, self.executor_for = needs, executor_for
+    def __init__(self, needs: Callable[[Node], Hashable], executor_for: Callable[[Hashable], Any],
+                 enforces_timeouts: bool):
+        """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.policy`)."""
+        self.needs, self.executor_for, self.enforces_timeouts = needs, executor_for, enforces_timeouts
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
         stages = cut(plan, self.needs)
