@@ -215,12 +215,14 @@ class CudaError(NodeError):
 
 
 class GpuOutOfMemory(CudaError):
-    """The GPU ran out of memory in a node. With `@node(retries=N)` (`retries` here) the worker
-    retires and the item is retried on a fresh one, whose CUDA context starts with nothing allocated."""
+    """The GPU ran out of memory in a node. With `@node(retries=N, backoff=s)` (`retries`, `backoff`
+    here) the worker retires and the item is retried on a fresh one, whose CUDA context starts with
+    nothing allocated."""
 
-    def __init__(self, node: str, inputs: dict[str, Any] | None, stack: str, retries: int = 0):
+    def __init__(self, node: str, inputs: dict[str, Any] | None, stack: str, retries: int = 0,
+                 backoff: float = 0.0):
         super().__init__(node, inputs, stack)
-        self.retries = retries
+        self.retries, self.backoff = retries, backoff
         self.retires_worker = retries > 0
 
 

@@ -348,7 +348,7 @@ def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeEr
     frames = traceback.extract_tb(exc.__traceback__)
     stack = "".join(traceback.format_list([f for f in frames if not f.filename.startswith("<hardy plan")]))
     if kind == "oom":
-        return GpuOutOfMemory(node.name, inputs, stack, retries=node.retries)
+        return GpuOutOfMemory(node.name, inputs, stack, retries=node.retries, backoff=node.backoff)
     return CudaError(node.name, inputs, stack, sticky=kind == "sticky")
 
 

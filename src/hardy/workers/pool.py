@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from ..engine.core import Results
-from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
+from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..graph import Graph
 from ..node import Node
 from ..observe.progress import MapProgress
@@ -444,7 +444,7 @@ class _Run:
                         w.unsent.pop(i, None)
                         if ok:
                             self.results.ok(i, value)
-                        else:
+                        elif not self.retry_out_of_memory(i, value):
                             self.results.fail(i, value)
                 if done and w.resend:  # the items with no result yet are those of unreadable batches
                     w.send(pickle.dumps(("resend", list(w.unsent))))
@@ -464,8 +464,21 @@ class _Run:
                 ok, value = False, self.unreadable(i, blob, exc)
             if ok:
                 self.results.ok(i, value)
-            else:
+            elif not self.retry_out_of_memory(i, value):
                 self.results.fail(i, value)
+
+    def retry_out_of_memory(self, i: int, err: Any) -> bool:
+        """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has
+        nothing allocated) and the item runs again on a fresh worker, after the node's backoff."""
+        if not isinstance(err, GpuOutOfMemory) or self.attempts.get(i, 0) >= err.retries:
+            return False
+        self.attempts[i] = self.attempts.get(i, 0) + 1
+        log.warning("item %d: GPU out of memory in node %r; retrying on a fresh worker (%d of %d)", i, err.node,
+                    self.attempts[i], err.retries)
+        self.retry.appendleft([i])
+        if err.backoff:
+            self.due[i] = time.monotonic() + delay(err.backoff, self.attempts[i])
+        return True
 
     def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
         """The error for a result this process cannot unpickle: node, item and the types involved."""
@@ -551,6 +564,8 @@ class _Run:
                     f"worker processes die before running anything ({text}; 3 in a row). A module in "
                     f"preload=, a library in preload_libs= or the worker environment fails to load: see the "
                     f"worker's error above. {read_stack(w.fault_path)}".strip())
+        elif w.process.exitcode == worker_main.RETIRED:
+            log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept", text)
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
