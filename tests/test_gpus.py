@@ -185,9 +185,9 @@ def test_slots_from_counts_indices_and_visible_devices(monkeypatch):
         gpu_slots(3)
     with pytest.raises(NoGpuError, match=r"sees 2 GPU\(s\)"):
         gpu_slots([2])
-    with pytest.raises(NoGpuError, match="workers_per_gpu"):
+    with pytest.raises(NodeDefinitionError, match="workers_per_gpu"):
         gpu_slots("all", workers_per_gpu=0)
-    with pytest.raises(NoGpuError, match="'all', a number of GPUs"):
+    with pytest.raises(NodeDefinitionError, match="'all', a number of GPUs"):
         gpu_slots("some")
     monkeypatch.delenv("HARDY_ASSUME_GPUS")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # indices count among the devices this process may use
@@ -238,6 +238,8 @@ def test_stage_failures_raise_and_continue_and_isolated_gpu_nodes(monkeypatch):
 
 def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):
     monkeypatch.setenv("HARDY_ASSUME_GPUS", "2")
+    with pytest.raises(NodeDefinitionError, match="gpus=-1 is not valid"):
+        node(embed.func, output_name="embedding", gpus=-1)
     big = node(embed.func, output_name="embedding", name="big", gpus=2)
     with Engine(map_executor="process", workers=1, gpus="all") as engine, \
             pytest.raises(NodeDefinitionError, match="gpus=2.*one GPU"):
