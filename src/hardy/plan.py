@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import CudaError, GpuOutOfMemory, NodeError, OutputCountError
-from .gpus import cuda_failure
 from .graph import Graph
 from .node import Node
 from .policy import guard
@@ -340,6 +339,8 @@ class Plan:
 def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeError:
     """A NodeError, or for CUDA's errors a CudaError / GpuOutOfMemory holding the node's stack
     (the exception's traceback does not survive the trip back from a worker; the text does)."""
+    from .gpus import cuda_failure  # failures only: `import hardy` stays light
+
     kind = cuda_failure(exc)
     if kind is None:
         return NodeError(node.name, inputs)

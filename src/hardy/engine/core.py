@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import arguments
 from ..errors import Failed, NodeDefinitionError, NodeError
-from ..gpus import gpu_slots
 from ..node import Node
 from ..observe.progress import MapProgress
 from ..sizes import parse_size
@@ -156,7 +155,11 @@ class Engine:
             preload_libs=arguments.names("Engine", "preload_libs", preload_libs),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
-        self.gpu_slots = gpu_slots(gpus, workers_per_gpu)  # CUDA_VISIBLE_DEVICES of each GPU worker
+        arguments.whole_number("Engine", "workers_per_gpu", workers_per_gpu, 1)
+        self.gpu_slots: list[str] = []  # CUDA_VISIBLE_DEVICES of each GPU worker
+        if gpus:
+            from ..gpus import gpu_slots
+            self.gpu_slots = gpu_slots(gpus, workers_per_gpu)
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
         self._process_pool: Any = None
