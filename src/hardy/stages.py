@@ -54,28 +54,36 @@ class _StageResults:
     to the map's results (by the item's index in the map); an earlier stage's outputs join the
     item's values for the next stage."""
 
-    def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool):
+    def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool,
+                 records: dict[int, list[tuple]]):
         self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
+        self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
+        self.log_nodes = results.log_nodes
 
     @property
     def stop(self) -> bool:
         return self.results.stop
 
-    def started(self, i: int) -> None:
+    def started(self, i: int, worker: int | None = None) -> None:
         if self.first:
-            self.results.started(self.indices[i])
+            self.results.started(self.indices[i], worker)
 
-    def ok(self, i: int, out: dict[str, Any]) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
         n = self.indices[i]
         if self.last:
-            self.results.ok(n, merge(self.values[n], out, last=True))
+            self.results.ok(n, merge(self.values[n], out, last=True), [*self.records.pop(n, ()), *records])
         else:
             self.values[n] = merge(self.values[n], out, last=False)
+            self.records.setdefault(n, []).extend(records)
             self.alive.append(n)
 
-    def fail(self, i: int, err: NodeError) -> None:
-        self.results.fail(self.indices[i], err)
+    def retried(self, i: int) -> None:
+        self.results.retried(self.indices[i])
+
+    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        n = self.indices[i]
+        self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
 
 def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any]], results: Any) -> None:
@@ -83,8 +91,9 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)
     alive = list(range(len(items)))
+    records: dict[int, list[tuple]] = {}
     for n, (executor, stage) in enumerate(stages):
-        sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1)
+        sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1, records=records)
         executor.run_items(stage, [values[i] for i in alive], sink)
         if results.stop:
             return
