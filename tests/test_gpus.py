@@ -300,3 +300,21 @@ def test_nvidia_smi_output_and_architectures():
     assert runs_on("9.0", arches) and runs_on("8.9", arches)  # an sm_86 cubin runs on 8.9
     assert not runs_on("12.0", arches) and runs_on("12.0", [*arches, "compute_90"])  # PTX JIT
     assert not runs_on("3.7", arches)
+
+
+def test_node_events_of_every_stage_reach_the_callbacks_in_order(monkeypatch):
+    """Node events logged in each stage's workers are replayed once the item leaves its last stage."""
+    from hardy import PipelineCallback
+
+    class Nodes(PipelineCallback):
+        def __init__(self) -> None:
+            self.ends: dict[int, list[str]] = {}
+
+        def on_node_end(self, node_id, outputs, duration, ctx):
+            self.ends.setdefault(ctx.get("hardy.item"), []).append(node_id)
+
+    monkeypatch.setenv("HARDY_ASSUME_GPUS", "1")
+    seen = Nodes()
+    with Engine(map_executor="process", workers=1, gpus="all") as engine:
+        Pipeline(nodes=MIXED, engine=engine, callbacks=[seen]).map(inputs={"x": [1, 2, 3]}, map_over="x")
+    assert seen.ends == {i: ["prepare", "embed", "score"] for i in range(3)}
