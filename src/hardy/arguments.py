@@ -31,6 +31,13 @@ def seconds(owner: str, name: str, value: Any, optional: bool = False, zero: boo
     return float(value)
 
 
+def share(owner: str, name: str, value: Any, expected: str) -> float:
+    """A non-negative amount of a resource."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise _bad(owner, name, value, expected)
+    return float(value)
+
+
 def flag(owner: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _bad(owner, name, value, "True or False")

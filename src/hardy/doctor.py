@@ -21,6 +21,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from .errors import NoGpuError
 from .native.loaded import thread_pools
 from .repeat import classify, wilson
 from .safety.environment import NUMBA_GUARD_RANGE, version_in
@@ -57,6 +58,7 @@ class Report:
     blas: list[str] = field(default_factory=list)
     threads: dict[str, Any] = field(default_factory=dict)
     cuda: dict[str, Any] = field(default_factory=dict)
+    gpu: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -114,9 +116,11 @@ def examine(imports: Sequence[str] = ()) -> Report:
         report.threads["torch_threads"] = torch.get_num_threads()
         report.cuda = {"torch_cuda_compiled": torch.cuda._is_compiled(),
                        "torch_cuda_initialized": torch.cuda.is_initialized()}
-    for hazard in fork_hazards():
-        severity = "warning"
-        report.findings.append(Finding(severity, f"fork hazard: {hazard.kind}", f"{hazard.summary}. {hazard.detail}"))
+    hazards = fork_hazards()
+    for hazard in hazards:
+        report.findings.append(Finding("warning", f"fork hazard: {hazard.kind}", f"{hazard.summary}. {hazard.detail}"))
+    report.gpu, gpu_findings = examine_gpus([h.summary for h in hazards if h.kind == "cuda"])
+    report.findings += gpu_findings
     if report.imported:
         from .native.libs import analyse, scan
         dirs = _module_dirs(report.imported)
@@ -124,6 +128,127 @@ def examine(imports: Sequence[str] = ()) -> Report:
         for m in plan.missing:
             report.findings.append(Finding("error", "shared libraries", str(m)))
     return report
+
+
+def examine_gpus(cuda_hazards: Sequence[str] = ()) -> tuple[dict[str, Any], list[Finding]]:
+    """The GPUs the driver reports, the CUDA versions the installed torch/cupy were built for and
+    whether the driver runs them, the GPUs' compute capabilities against torch's architectures,
+    and what this process has done with CUDA; all without initialising CUDA here."""
+    from .gpus import ASSUME, inventory
+    found: list[Finding] = []
+    try:
+        inv = inventory()
+    except NoGpuError as exc:
+        return {"source": "none", "gpus": []}, [Finding("error", "gpu", str(exc))]
+    torch = sys.modules.get("torch")
+    built = {"torch": torch.version.cuda if torch is not None else _torch_built_for(),
+             "cupy": _cupy_built_for()}
+    info: dict[str, Any] = {
+        "source": inv.source, "driver": inv.driver, "cuda_driver": inv.cuda_driver,
+        "gpus": [asdict(g) for g in inv.gpus], "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "built_for_cuda": {k: v for k, v in built.items() if v}, "torch_architectures": [],
+        "cuda_in_this_process": "; ".join(cuda_hazards) or ("untouched" if torch is not None or "cupy" in sys.modules
+                                                            else "untouched (no CUDA library imported)")}
+    if inv.source == ASSUME:
+        found.append(Finding("warning", "gpu", f"{ASSUME}={os.environ[ASSUME]} declares GPUs nobody looked for "
+                             "(meant for tests of GPU slots on machines without one); unset it for real work"))
+        return info, found
+    if not inv.gpus:
+        found.append(Finding("ok", "gpu", f"no NVIDIA GPU: {inv.problem}. Engine(gpus=...) cannot start GPU "
+                             "workers here; every node runs on CPU"))
+        return info, found
+    for lib, version in info["built_for_cuda"].items():
+        found.append(_driver_runs(lib, version, inv.cuda_driver, inv.driver))
+    if built["torch"]:
+        info["torch_architectures"] = _torch_architectures(torch)
+        for g in inv.gpus:
+            if g.compute_capability and info["torch_architectures"]:
+                found.append(_architecture_finding(g.index, g.name, g.compute_capability, info["torch_architectures"]))
+    return info, found
+
+
+def _torch_built_for() -> str | None:
+    """torch.version.cuda read from torch's version.py: importing torch costs seconds and would
+    change the process being examined."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+            match = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", f.read(), re.M)
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def _cupy_built_for() -> str | None:
+    """cupy's wheels name their CUDA: cupy-cuda12x is CUDA 12, cupy-cuda118 is CUDA 11.8."""
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("cupy-cuda"):
+            tag = name[len("cupy-cuda"):]
+            return f"{tag[:-1]}.x" if tag.endswith("x") else f"{tag[:-1]}.{tag[-1]}"
+    return None
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in (text or "").split(".") if p.isdigit())
+
+
+def _driver_runs(lib: str, built: str, supported: str | None, driver: str | None) -> Finding:
+    have, need = _version(supported), _version(built)
+    if not have:
+        return Finding("warning", "gpu", f"{lib} was built for CUDA {built}; the driver's CUDA version is unknown")
+    if have[0] < need[0]:
+        return Finding("error", "gpu", f"{lib} was built for CUDA {built}, but driver {driver} runs CUDA up to "
+                       f"{supported}: CUDA calls fail ('driver too old'); update the driver or install a {lib} "
+                       f"built for CUDA {have[0]}")
+    if have < need:
+        return Finding("warning", "gpu", f"{lib} was built for CUDA {built}, driver {driver} runs CUDA up to "
+                       f"{supported}: minor-version compatibility runs it, except kernels compiled for the newer "
+                       "release (PTX)")
+    return Finding("ok", "gpu", f"{lib} built for CUDA {built}: driver {driver} runs CUDA up to {supported}")
+
+
+def _torch_architectures(torch: Any) -> list[str]:
+    """The architectures compiled into torch (`torch.cuda.get_arch_list()` without its CUDA probe);
+    when torch is not imported here, read in a child interpreter."""
+    if torch is not None:
+        flags = getattr(torch._C, "_cuda_getArchFlags", lambda: None)()
+    else:
+        import subprocess
+        code = "import torch, sys; sys.stdout.write(getattr(torch._C, '_cuda_getArchFlags', lambda: '')() or '')"
+        try:
+            flags = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            flags = ""
+    return (flags or "").split()
+
+
+def runs_on(capability: str, architectures: Sequence[str]) -> bool:
+    """Whether code built for `architectures` (sm_80, compute_90...) runs on a GPU of this compute
+    capability: a cubin runs on its major version from its minor up, PTX on anything newer."""
+    have = _version(capability)
+    for arch in architectures:
+        kind, _, number = arch.partition("_")
+        digits = "".join(ch for ch in number if ch.isdigit())
+        if not digits:
+            continue
+        built = divmod(int(digits), 10)
+        if kind == "sm" and built[0] == have[0] and built[1] <= have[1] or kind == "compute" and built <= have:
+            return True
+    return False
+
+
+def _architecture_finding(index: int, name: str, capability: str, architectures: list[str]) -> Finding:
+    if runs_on(capability, architectures):
+        return Finding("ok", "gpu", f"GPU {index} ({name}, compute capability {capability}) is among torch's "
+                       "architectures")
+    return Finding("error", "gpu", f"GPU {index} ({name}) has compute capability {capability}, which torch was not "
+                   f"built for ({' '.join(architectures)}): kernels fail with 'no kernel image is available for "
+                   "execution on the device'; install a torch wheel built for it")
 
 
 def _module_dirs(modules: Sequence[str]) -> list[str]:

@@ -204,6 +204,39 @@ class NodeTimeout(NodeCrashed):
     """The item ran past its node's `timeout`; the worker running it was killed."""
 
 
+class CudaError(NodeError):
+    """A CUDA call failed in a node; the CUDA library's exception is `__cause__`, the node's Python
+    stack is `stack`. `sticky` (illegal address, device-side assert, launch failure, ECC): every
+    later CUDA call of the process that ran it fails too, so a hardy worker retires before its next
+    item and a fresh one takes over."""
+
+    def __init__(self, node: str, inputs: dict[str, Any] | None, stack: str, sticky: bool = False):
+        super().__init__(node, inputs)
+        self.stack, self.sticky = stack, sticky
+        self.retires_worker = sticky  # a fresh worker is the only cure
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.sticky:
+            text += ("\n(a sticky CUDA error: the CUDA context of the process that ran this item is unusable; "
+                     "a hardy worker is replaced before its next item)")
+        if self.stack:
+            text += "\nnode's Python stack at the CUDA error:\n" + self.stack.rstrip()
+        return text
+
+
+class GpuOutOfMemory(CudaError):
+    """The GPU ran out of memory in a node. With `@node(retries=N, backoff=s)` (`retries`, `backoff`
+    here) the worker retires and the item is retried on a fresh one, whose CUDA context starts with
+    nothing allocated."""
+
+    def __init__(self, node: str, inputs: dict[str, Any] | None, stack: str, retries: int = 0,
+                 backoff: float = 0.0):
+        super().__init__(node, inputs, stack)
+        self.retries, self.backoff = retries, backoff
+        self.retires_worker = retries > 0
+
+
 class MapError(HardyError):
     """A map item failed with on_error="raise". Nothing computed is lost: see `results`."""
 
@@ -237,6 +270,10 @@ class Failed:
 
 class HazardError(HardyError, RuntimeError):
     """A fork was requested while something in this process makes forking unsafe."""
+
+
+class NoGpuError(HardyError, RuntimeError):
+    """GPU workers were asked for where no GPU can be found."""
 
 
 class WorkerStartError(HardyError, RuntimeError):

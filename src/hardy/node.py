@@ -18,6 +18,8 @@ from .errors import NodeDefinitionError
 class Node:
     """A function wired by name. Calling the node calls the function unchanged (handy in tests)."""
 
+    gpus: float = 0  # GPUs (or a share of one) the node needs; pipelines used as nodes need none
+
     def __init__(
         self,
         func: Callable[..., Any],
@@ -30,6 +32,7 @@ class Node:
         retry_on: type[Exception] | tuple[type[Exception], ...] = (),
         backoff: float = 0.0,
         timeout: float | None = None,
+        gpus: float = 0,
     ):
         if not callable(func):
             raise NodeDefinitionError(
@@ -54,6 +57,7 @@ class Node:
                                       "say how many times to retry, e.g. retries=3.")
         self.backoff: float = arguments.seconds(owner, "backoff", backoff, zero=True)
         self.timeout: float | None = arguments.seconds(owner, "timeout", timeout, optional=True)
+        self.gpus: float = arguments.share(owner, "gpus", gpus, "a number >= 0: 1 for a GPU, 0.5 for half of one")
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
 
@@ -171,20 +175,22 @@ def node(func: Callable[..., Any]) -> Node: ...
 def node(func: None = None, *, output_name: str | Sequence[str] | None = None, name: str | None = None,
          cache: bool = True, isolate: bool = False, retries: int = 0,
          retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
-         timeout: float | None = None) -> Callable[[Callable[..., Any]], Node]: ...
+         timeout: float | None = None, gpus: float = 0) -> Callable[[Callable[..., Any]], Node]: ...
 
 
 def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, retry_on=(),
-         backoff=0.0, timeout=None):
+         backoff=0.0, timeout=None, gpus=0):
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
     `isolate=True` runs the node in a crash-containing worker process whatever the engine.
     `retries` reruns it after a crash, a timeout or an exception listed in `retry_on`, waiting
     `backoff` seconds (doubling, with jitter) before each retry; `timeout` is seconds per attempt.
     The same rules hold under every executor: see `hardy.policy`.
+    `gpus=1` (or a share, 0.5) marks a GPU node: with `Engine(map_executor="process", gpus=...)` it
+    runs on GPU workers and the other nodes on CPU workers; DaftEngine gives it a GPU UDF.
     """
     def wrap(f: Callable[..., Any]) -> Node:
         return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, retry_on=retry_on,
-                    backoff=backoff, timeout=timeout)
+                    backoff=backoff, timeout=timeout, gpus=gpus)
 
     return wrap(func) if func is not None else wrap

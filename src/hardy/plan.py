@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
-from .errors import NOT_COMPUTED, NodeError, OutputCountError
+from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
 from .policy import guard
@@ -380,10 +380,27 @@ class Plan:
                 f"declared {len(node.outputs)} outputs {node.outputs} but returned {shape}; "
                 f"return a tuple of {len(node.outputs)} values"))
             return err
-        err = NodeError(node.name, inputs)
+        err = _error_for(node, inputs, exc)
         err.__cause__ = exc
         err.__suppress_context__ = True
         return err
+
+
+def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeError:
+    """A NodeError, or for CUDA's errors a CudaError / GpuOutOfMemory holding the node's stack
+    (the exception's traceback does not survive the trip back from a worker; the text does)."""
+    from .gpus import cuda_failure  # failures only: `import hardy` stays light
+
+    kind = cuda_failure(exc)
+    if kind is None:
+        return NodeError(node.name, inputs)
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    stack = "".join(traceback.format_list([f for f in frames if not f.filename.startswith("<hardy plan")]))
+    if kind == "oom":
+        return GpuOutOfMemory(node.name, inputs, stack, retries=node.retries, backoff=node.backoff)
+    return CudaError(node.name, inputs, stack, sticky=kind == "sticky")
 
 
 _PLAN_NUMBERS = itertools.count(1)  # each plan's code has its own file name, for linecache

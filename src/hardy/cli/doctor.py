@@ -78,6 +78,7 @@ def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-
     for k, v in {**report.threads, **report.cuda}.items():
         t.add_row(k, str(v))
     console.print(t)
+    _print_gpus(report.gpu)
     if not report.findings:
         console.print("[green]nothing to report[/]: no fork hazard, no unresolvable library, no version "
                       "outside a checked range")
@@ -90,6 +91,29 @@ def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-
         t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.topic, f.message)
     console.print(t)
     raise typer.Exit(report.exit_code)
+
+
+def _print_gpus(gpu: dict) -> None:
+    t = Table(title="GPUs")
+    t.add_column("what")
+    t.add_column("value")
+    if not gpu.get("gpus"):
+        t.add_row("GPUs", "[bold]no NVIDIA GPU[/] (see findings)")
+    for g in gpu.get("gpus", []):
+        memory = (f", {g['memory_free'] / 2**30:.1f} of {g['memory_total'] / 2**30:.1f} GiB free"
+                  if g["memory_total"] else "")
+        cc = f", compute capability {g['compute_capability']}" if g["compute_capability"] else ""
+        t.add_row(f"GPU {g['index']}", f"{g['name']}{cc}{memory}")
+    t.add_row("found through", gpu.get("source", "none"))
+    if gpu.get("driver"):
+        t.add_row("driver", f"{gpu['driver']} (CUDA up to {gpu.get('cuda_driver') or '?'})")
+    for lib, version in gpu.get("built_for_cuda", {}).items():
+        t.add_row(f"{lib} built for CUDA", version)
+    if gpu.get("torch_architectures"):
+        t.add_row("torch architectures", " ".join(gpu["torch_architectures"]))
+    t.add_row("CUDA_VISIBLE_DEVICES", str(gpu.get("CUDA_VISIBLE_DEVICES")))
+    t.add_row("CUDA in this process", gpu.get("cuda_in_this_process", "?"))
+    console.print(t)
 
 
 def repeat(ctx: typer.Context,

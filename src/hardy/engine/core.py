@@ -155,6 +155,16 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
         raise NodeDefinitionError(f"Engine(cache={cache!r}) is not a cache; pass DiskCache(path) or None.")
 
 
+def needs_gpu(node: Node) -> bool:
+    """Where the local pool runs a node: any share of a GPU (`@node(gpus=0.5)`) means a GPU worker,
+    whose share of its GPU is set by `workers_per_gpu`."""
+    if node.gpus > 1:
+        raise NodeDefinitionError(
+            f"node {node.name!r} asks for gpus={node.gpus:g}; a local GPU worker holds one GPU (or a share of "
+            "one, with workers_per_gpu). Split the work over items, or use DaftEngine for multi-GPU tasks.")
+    return node.gpus > 0
+
+
 class Engine:
     """Where nodes and map items execute.
 
@@ -168,13 +178,17 @@ class Engine:
     `report=True` records a run report of every call (`Pipeline.report()`); `report_dir` (or the
     environment variable HARDY_REPORT_DIR, read here) also writes each one there as JSON.
     Recording instruments node calls like a callback does, so it is off by default.
+    gpus: GPU workers for `@node(gpus=...)` nodes ("all", a count or indices such as [0, 1]),
+    `workers_per_gpu` on each GPU, each started with its CUDA_VISIBLE_DEVICES; the other nodes
+    run on `workers` CPU workers, which see no GPU (`docs/gpu.md`).
     """
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None):
+                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None,
+                 gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
         self.node_executor = node_executor
@@ -187,22 +201,30 @@ class Engine:
         self.cache = cache
         self.report_dir = report_dir or os.environ.get("HARDY_REPORT_DIR") or None
         self.reporting = report or self.report_dir is not None
+        arguments.whole_number("Engine", "workers_per_gpu", workers_per_gpu, 1)
+        self.gpu_slots: list[str] = []  # CUDA_VISIBLE_DEVICES of each GPU worker
+        if gpus:
+            from ..gpus import gpu_slots
+            self.gpu_slots = gpu_slots(gpus, workers_per_gpu)
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
         self._process_pool: Any = None
+        self._gpu_pool: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
         state = self.__dict__.copy()
         # A copy inside a worker records nothing: the caller's report collects the worker's events.
-        state.update(_map_executor=None, _node_pool=None, _process_pool=None, reporting=False, report_dir=None)
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _gpu_pool=None, reporting=False,
+                     report_dir=None)
         if not isinstance(self.map_executor_spec, str):
             state["map_executor_spec"] = "sequential"
         return state
 
     def __repr__(self) -> str:
+        gpus = f", gpu_slots={self.gpu_slots}" if self.gpu_slots else ""
         return (f"Engine(node_executor={self.node_executor!r}, map_executor={self.map_executor_spec!r}, "
-                f"workers={self.workers})")
+                f"workers={self.workers}{gpus})")
 
     # --- what plans look like --------------------------------------------------------------------
 
@@ -248,7 +270,7 @@ class Engine:
             names = tuple(item)
             plan = plans.get(names) or plans.setdefault(names, Plan(Graph([node]), names, outputs))
             results = Results(1, "raise", MapProgress(1, node.name, False))
-            self.process_pool().run_items(plan, [item], results)
+            self._pool_for(needs_gpu(node)).run_items(plan, [item], results)
             if results.failures:
                 err = results.failures[0]
                 err.item = None
@@ -276,6 +298,9 @@ class Engine:
                 self._map_executor = ThreadedExecutor(self.workers)
             elif spec == "async":
                 self._map_executor = AsyncExecutor(self.workers)
+            elif spec == "process" and self.gpu_slots:
+                from ..stages import StagedExecutor
+                self._map_executor = StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
             elif spec == "process":
                 self._map_executor = self.process_pool()
             else:
@@ -283,10 +308,25 @@ class Engine:
         return self._map_executor
 
     def process_pool(self) -> Any:
+        """The CPU workers; beside GPU workers they see no GPU (CUDA_VISIBLE_DEVICES="")."""
         if self._process_pool is None:
             from ..workers.pool import WorkerPool
-            self._process_pool = WorkerPool(workers=self.workers, **self.process_options)
+            hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * (self.workers or os.cpu_count() or 1) if self.gpu_slots else ()
+            self._process_pool = WorkerPool(workers=self.workers, slot_env=hidden, **self.process_options)
         return self._process_pool
+
+    def gpu_pool(self) -> Any:
+        """The GPU workers: one per slot, each seeing its own GPU."""
+        if self._gpu_pool is None:
+            from ..workers.pool import WorkerPool
+            self._gpu_pool = WorkerPool(slot_env=[{"CUDA_VISIBLE_DEVICES": d} for d in self.gpu_slots],
+                                        **self.process_options)
+        return self._gpu_pool
+
+    def _pool_for(self, gpu: bool) -> Any:
+        """GPU nodes go to GPU workers when the engine has some; without, to the CPU workers
+        (gpus=0 runs a GPU pipeline on CPU)."""
+        return self.gpu_pool() if gpu and self.gpu_slots else self.process_pool()
 
     def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
@@ -300,11 +340,12 @@ class Engine:
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""
-        if self._map_executor is not None and self._map_executor is not self._process_pool:
+        if self._map_executor is not None and self._map_executor not in (self._process_pool, self._gpu_pool):
             self._map_executor.close()
-        if self._process_pool is not None:
-            self._process_pool.close()
-            self._process_pool = None
+        for pool in (self._process_pool, self._gpu_pool):
+            if pool is not None:
+                pool.close()
+        self._process_pool = self._gpu_pool = None
         if self._node_pool is not None:
             self._node_pool.shutdown(wait=True)
             self._node_pool = None

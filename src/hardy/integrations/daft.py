@@ -18,7 +18,7 @@ isolates only UDFs whose columns are Arrow types: seed 003's `force_spawn_method
 The UDF instance, one per Daft worker process, compiles its plan once; `@stateful` resources are
 built once in the hardy worker that runs the nodes.
 
-One UDF runs the whole plan unless `node_resources` gives nodes their own Daft resources: the plan
+One UDF runs the whole plan unless `node_resources` (or `@node(gpus=)`) gives nodes their own Daft resources: the plan
 is then cut into stages where the resources change, each stage a UDF of its own running a keyed
 sub-plan (every node keyed exactly as in the whole plan, so the cache is shared with every other
 engine), and items carry their values from stage to stage. Why not one UDF per node always: Daft
@@ -41,8 +41,9 @@ from typing import Any, Mapping, Sequence
 
 from ..engine.core import Engine
 from ..errors import NodeCrashed, did_you_mean
-from ..plan import KEYS, Plan
+from ..plan import Plan
 from ..shipping import dumps, ship_items, ship_plan
+from ..stages import cut, merge
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
 daft = require("daft", "daft")
@@ -82,11 +83,7 @@ def run_stage(plan: Plan, rows: list[tuple], last: bool, log: bool = False) -> l
     for i, ok, values, *records in rows:
         if ok:
             _, ok, result, *more = next(done)
-            if ok:
-                keys = result.pop(KEYS, {})
-                if not last:
-                    result = {**values, **result, KEYS: {**values.get(KEYS, {}), **keys}}
-            values = result
+            values = merge(values, result, last) if ok else result
             records = [[*(records[0] if records else []), *more[0]]] if more else records
         out.append((i, ok, values, *records))
     return out
@@ -167,30 +164,21 @@ class DaftExecutor(RemoteExecutor):
         self._run(udfs, items, results)
 
     def _stages(self, plan: Plan) -> list[tuple[dict[str, Any], Plan]]:
-        """The plan cut where the UDF options change, in step order: one stage is the plan itself;
-        several are keyed plans (every node keyed as in the whole plan; see `Plan`)."""
+        """The plan cut where the UDF options change (`hardy.stages.cut`, shared with the local
+        pool's GPU workers): one stage is the plan itself; several are keyed plans."""
         unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
         if unknown:
             name = sorted(unknown)[0]
             raise ValueError(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
                              f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
-        groups: list[tuple[dict[str, Any], list[Any]]] = []
-        for step in plan.steps:
-            options = self.node_resources.get(step.node.name, self.resources)
-            if groups and groups[-1][0] == options:
-                groups[-1][1].append(step)
-            else:
-                groups.append((options, [step]))
-        if len(groups) <= 1:
-            return [(self.resources, plan)]
-        stages, available = [], list(plan.provided)
-        for n, (options, steps) in enumerate(groups):
-            later = {v for _, rest in groups[n + 1:] for step in rest for _, v in step.args} | set(plan.outputs)
-            last = n == len(groups) - 1
-            outputs = list(plan.outputs) if last else [o for step in steps for o in step.node.outputs if o in later]
-            stages.append((options, Plan(plan.graph, available, outputs, cache=plan.cache, keyed=True)))
-            available += outputs
-        return stages
+        return [(self.resources if options is None else options, stage) for options, stage in cut(plan, self._options)]
+
+    def _options(self, node: Any) -> dict[str, Any]:
+        """A node's UDF options: its `node_resources` entry, else the engine's with the node's own
+        `@node(gpus=)`."""
+        if node.name in self.node_resources:
+            return self.node_resources[node.name]
+        return {**self.resources, "gpus": node.gpus} if node.gpus else self.resources
 
     def _run(self, udfs: list[Any], items: Sequence[dict[str, Any]], results: Any) -> None:
         """The map as one query; should a UDF process itself die (Daft's own out-of-memory kill), once

@@ -22,7 +22,7 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Sequence
 
-from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
+from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..plan import Plan
 from ..safety.environment import worker_environment
 from ..shipping import globals_in, ship_items, ship_plan
@@ -148,8 +148,11 @@ class WorkerPool:
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None,
-                 max_memory_per_worker: int | str | None = None):
-        self.size = workers or os.cpu_count() or 1
+                 max_memory_per_worker: int | str | None = None, slot_env: Sequence[dict[str, str]] = ()):
+        """`slot_env`: variables for each worker on top of the worker environment, one dict per
+        worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
+        self.slot_env = list(slot_env)
+        self.size = len(self.slot_env) or workers or os.cpu_count() or 1
         self.start_method = choose_start_method(start_method)
         self.preload = tuple(preload)
         self.preload_libs = tuple(preload_libs)
@@ -182,7 +185,8 @@ class WorkerPool:
                 self._folder = tempfile.mkdtemp(prefix="pool-", dir=self._launcher.folder)
             self._started += 1
             number = self._started
-        w = _Worker(self._launcher, self._folder, number, self.env, self.preload_libs)
+        env = {**self.env, **self.slot_env[slot]} if self.slot_env else self.env
+        w = _Worker(self._launcher, self._folder, number, env, self.preload_libs)
         self._workers[slot] = w
         return w
 
@@ -426,7 +430,7 @@ class _Run:
                         w.unsent.pop(i, None)
                         if ok:
                             self.results.ok(i, value, *records)
-                        else:
+                        elif not self.retry_out_of_memory(i, value):
                             self.results.fail(i, value, *records)
                 if done and w.resend:  # the items with no result yet are those of unreadable batches
                     w.send(pickle.dumps(("resend", list(w.unsent))))
@@ -446,8 +450,21 @@ class _Run:
                 ok, value = False, self.unreadable(i, blob, exc)
             if ok:
                 self.results.ok(i, value)
-            else:
+            elif not self.retry_out_of_memory(i, value):
                 self.results.fail(i, value)
+
+    def retry_out_of_memory(self, i: int, err: Any) -> bool:
+        """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has
+        nothing allocated) and the item runs again on a fresh worker, after the node's backoff."""
+        if not isinstance(err, GpuOutOfMemory) or self.attempts.get(i, 0) >= err.retries:
+            return False
+        self.attempts[i] = self.attempts.get(i, 0) + 1
+        log.warning("item %d: GPU out of memory in node %r; retrying on a fresh worker (%d of %d)", i, err.node,
+                    self.attempts[i], err.retries)
+        self.retry.appendleft([i])
+        if err.backoff:
+            self.due[i] = time.monotonic() + delay(err.backoff, self.attempts[i])
+        return True
 
     def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
         """The error for a result this process cannot unpickle: node, item and the types involved."""
@@ -534,6 +551,8 @@ class _Run:
                     f"worker processes die before running anything ({text}; 3 in a row). A module in "
                     f"preload=, a library in preload_libs= or the worker environment fails to load: see the "
                     f"worker's error above. {read_stack(w.fault_path)}".strip())
+        elif w.process.exitcode == worker_main.RETIRED:
+            log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept", text)
         if w.unsent:  # innocent items whose results had not been sent yet: run them again

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from multiprocessing.connection import Connection
 
 from ..crash import FATAL_SIGNALS, on_fatal_signal
-from ..errors import NodeError
+from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
@@ -32,6 +32,7 @@ from .lifeline import kill_group, watch_peer
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
+RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 HEADER = struct.Struct("??d")  # before each batch of results: chunk done, pickled item by item, elapsed
 
 
@@ -87,6 +88,7 @@ def run(fd: int) -> None:
     status[ITEM] = -1
     status[STEP] = -1
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
+    code = 0
     try:
         while True:
             try:
@@ -96,7 +98,9 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
-                _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3])
+                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3]):
+                    code = RETIRED
+                    break
             elif msg[0] == "resend":
                 _resend(conn, sent, msg[1])
             else:
@@ -106,7 +110,7 @@ def run(fd: int) -> None:
         sys.stderr.flush()
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
-        os._exit(0)
+        os._exit(code)
 
 
 def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
@@ -140,12 +144,14 @@ _sending = [False]
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]], log: bool) -> None:
-    """`log`: each row also carries the item's node records (observe/nodelog.py)."""
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]], log: bool) -> bool:
+    """Run the items; `log`: each row also carries the item's node records (observe/nodelog.py).
+    False when the worker must retire: after a sticky CUDA error every later CUDA call here would
+    fail, so the rest of the chunk goes back to the parent unrun."""
     sent.clear()
     if isinstance(loaded, str):
         _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
-        return
+        return True
     plan, producers = loaded
     _producers.clear()
     _producers.update(producers)
@@ -160,6 +166,11 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
             row: tuple = (i, True, plan.run(item, i))
         except NodeError as err:
             row = (i, False, portable(err))
+            if isinstance(err, CudaError) and err.retires_worker:
+                batch.append((*row, LOG.end()) if log else row)
+                status[ITEM] = -1
+                _send(conn, batch, producers, False, 0.0, sent)
+                return False
         batch.append((*row, LOG.end()) if log else row)
         status[ITEM] = -1
         now = time.monotonic()
@@ -169,6 +180,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, time.monotonic() - start, sent)
+    return True
 
 
 def _last_words(conn: Any, sent: list[list[Any]]) -> None:
