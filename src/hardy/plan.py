@@ -37,7 +37,7 @@ import re
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
 from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, NodeError, OutputCountError
@@ -73,10 +73,12 @@ class Plan:
                  cache: PlanCache | None = None, keyed: bool = False,
                  on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
-        `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
-        in several places): it takes the cache keys of provided values from `values[KEYS]`, where
-        an earlier stage computed them, and returns the keys of its outputs under `KEYS`, so every
-        node is keyed exactly as in the whole plan run at once."""
+        `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one
+        stage of a larger one (an engine that runs a pipeline's nodes in several places): it takes
+        the cache keys of provided values from `values[KEYS]`, where an earlier stage computed them,
+        and returns the keys of its outputs under `KEYS`, so every node is keyed exactly as in the
+        whole plan run at once. `name` (the pipeline's) names the generated code's file in
+        tracebacks: `<hardy plan 'name' #3>`."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -198,11 +200,11 @@ class Plan:
     def _threaded(self, ks: list[int]) -> list[str]:
         """Submit the level's nodes to the thread pool, then collect them in order."""
         lines, futures = [], [_identifier(f"{self.steps[k].node.name}_future", self._taken) for k in ks]
-        for k, fut in zip(ks, futures):
+        for k, fut in zip(ks, futures, strict=True):
             fill = f"_fill, {self._key[k]}, {self._fn[k]}" if self._cached[k] else self._fn[k]
             lines.append(f"if {self._res[k]} is _MISS: {fut} = _submit(_t, {k}, {fill}{self._call_args(k, lead=True)})"
                          + self._comment(k))
-        for k, fut in zip(ks, futures):
+        for k, fut in zip(ks, futures, strict=True):
             lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = {fut}.result()"]
         return lines
 
@@ -301,7 +303,10 @@ class Plan:
 
     def _lookup(self, k: int) -> list[str]:
         res, key = self._res[k], self._key[k]
-        lines = [f"{res} = _found.get({key}, _MISS)"] if k in self._early else [self._key_line(k), f"{res} = _hit({key})"]
+        if k in self._early:
+            lines = [f"{res} = _found.get({key}, _MISS)"]
+        else:
+            lines = [self._key_line(k), f"{res} = _hit({key})"]
         if self._on_cached is not None:
             lines.append(f"if {res} is not _MISS: _oncached({self.steps[k].node.name!r}, {key}, _item)")
         return lines
