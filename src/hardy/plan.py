@@ -2,19 +2,24 @@
 
 Given the names the caller provides and the outputs it wants, `Plan(...)` prunes the graph to the
 nodes needed, orders them, resolves every node input to a provided value, another node's output or
-the parameter's default, and then *generates a Python function* that executes exactly those steps:
+the parameter's default, and then *generates a Python function* that executes exactly those steps.
+For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.explain()` shows:
 
-    def run(_v, _i=None):
+    def _run(_v, _item=None):
         _s = 0
         try:
-            v0 = _v['x']
-            v1 = f0(v0)          # a = x + 1
+            text = _v['text']
+            cleaned = f_clean(text)  # node 'clean'
             _s = 1
-            v2 = f1(v1)          # b = 2 * a
-            ...
-        except Exception as _e:
+            n_words = f_count(cleaned)  # node 'count'
+        except _Exception as _e:
             raise _fail(_s, _e, locals())
-        return {'a': v1, 'b': v2, ...}
+        return {'cleaned': cleaned, 'n words': n_words}
+
+Locals are named after the values they hold and node functions after their nodes (valid, unique
+identifiers); `_s` is the step running, for the error `_fail` builds; `_item` is the item's index in
+a map, for cache callbacks. The code is registered in `linecache` under its own file name
+(`<hardy plan 'pipeline' #3>`), so tracebacks and pdb show its lines.
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
 function is the cheapest walk CPython has (no dict lookups per argument, no loop, no branches).
