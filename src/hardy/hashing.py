@@ -498,33 +498,42 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
     if not is_user_module(module):
         name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
         out(b"lib:" + f"{module}.{name}@{_package_version(module or '')}".encode())
-        return
-    if isinstance(func, type):
-        out(b"class:" + _qualname(func))
-        for base in func.__mro__[1:]:
-            if is_user_module(base.__module__):
-                _fingerprint(base, out, seen)
-        for name, member in sorted(vars(func).items()):
-            target = getattr(member, "__func__", member)
-            if isinstance(target, (types.FunctionType, property)):
-                out(name.encode())
-                _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
-            elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
-                out(name.encode())
-                try:
-                    _encode(member, out, set())
-                except UnhashableError:  # a class-level cache or registry: state, not configuration
-                    out(b"?")
-        return
-    code = getattr(func, "__code__", None)
-    if code is None:
+    elif isinstance(func, type):
+        _fingerprint_class(func, out, seen)
+    elif getattr(func, "__code__", None) is None:
         call = getattr(type(func), "__call__", None)
         if call is None:
             raise UnhashableError(f"cannot fingerprint {func!r}: it is not a function")
         out(b"callable:" + _qualname(type(func)))
         _fingerprint(call, out, seen)
         _encode(func, out, set())
-        return
+    else:
+        _fingerprint_function(func, out, seen)
+
+
+def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user class: its user bases, its methods and properties, and its class-level configuration."""
+    out(b"class:" + _qualname(cls))
+    for base in cls.__mro__[1:]:
+        if is_user_module(base.__module__):
+            _fingerprint(base, out, seen)
+    for name, member in sorted(vars(cls).items()):
+        target = getattr(member, "__func__", member)
+        if isinstance(target, (types.FunctionType, property)):
+            out(name.encode())
+            _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
+        elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
+            out(name.encode())
+            try:
+                _encode(member, out, set())
+            except UnhashableError:  # a class-level cache or registry: state, not configuration
+                out(b"?")
+
+
+def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user function: its code and defaults, then what it reads (globals, closure cells, modules
+    it imports), each with the attribute chains the code reads from it."""
+    code = func.__code__
     _code(code, out)
     out(b"defaults")
     _encode((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
@@ -626,53 +635,58 @@ def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]
     `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
     Roots are globals ("g"), closure cells ("c") and modules imported inside the function
     ("import", top module): `from m import f` there, then `f.g`, is the chain m.f.g."""
-    import dis
     found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
     stack = [code]
     while stack:
         c = stack.pop()
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-        bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
-        root: tuple[str, str] | None = None
-        attrs: list[str] = []
-        importing: tuple[str, str] | None = None
-        prefix: tuple[str, ...] = ()
-        last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
-        for ins in dis.get_instructions(c):
-            op = ins.opname
-            if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
-                attrs.append(ins.argval)
-                continue
-            if root is not None:
-                found.setdefault(root, set()).add(tuple(attrs))
-                root = None
-            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-                root, attrs = ("g", ins.argval), []
-            elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
-                root, attrs = ("c", ins.argval), []
-            elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
-                root, chain = bound[ins.argval]
-                attrs = list(chain)
-            elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
-                importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
-                prefix = ()
-                found.setdefault(importing, set())
-                continue
-            elif op == "IMPORT_FROM" and importing is not None:
-                prefix = (*prefix, ins.argval)
-                found[importing].add(prefix)
-                continue
-            elif op.startswith("STORE_") and importing is not None:
-                bound[ins.argval] = (importing, prefix)
-                prefix = ()
-                continue
-            elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
-                continue
-            importing = None
-            last_const = ins.argval if op == "LOAD_CONST" else None
+        _scan_chains(c, found)
+    return found
+
+
+def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, ...]]]) -> None:
+    """Add the chains one code object (not its nested code) reads to `found`."""
+    import dis
+    bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
+    root: tuple[str, str] | None = None
+    attrs: list[str] = []
+    importing: tuple[str, str] | None = None
+    prefix: tuple[str, ...] = ()
+    last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
+    for ins in dis.get_instructions(c):
+        op = ins.opname
+        if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
+            attrs.append(ins.argval)
+            continue
         if root is not None:
             found.setdefault(root, set()).add(tuple(attrs))
-    return found
+            root = None
+        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            root, attrs = ("g", ins.argval), []
+        elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
+            root, attrs = ("c", ins.argval), []
+        elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
+            root, chain = bound[ins.argval]
+            attrs = list(chain)
+        elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
+            importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
+            prefix = ()
+            found.setdefault(importing, set())
+            continue
+        elif op == "IMPORT_FROM" and importing is not None:
+            prefix = (*prefix, ins.argval)
+            found[importing].add(prefix)
+            continue
+        elif op.startswith("STORE_") and importing is not None:
+            bound[ins.argval] = (importing, prefix)
+            prefix = ()
+            continue
+        elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
+            continue
+        importing = None
+        last_const = ins.argval if op == "LOAD_CONST" else None
+    if root is not None:
+        found.setdefault(root, set()).add(tuple(attrs))
 
 
 def _global_names(code: types.CodeType) -> set[str]:
