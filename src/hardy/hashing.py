@@ -198,7 +198,7 @@ def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int
     _encode(base(v) if base is not str else str.__str__(v), out, active)
 
 
-def _encode_sequence(v: list | tuple, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
     t = type(v)
     out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else _qualname(t)) + _len(len(v)))
     for i, x in enumerate(_guard(v, active)):
@@ -209,7 +209,7 @@ def _encode_sequence(v: list | tuple, out: Callable[[bytes], Any], active: set[i
     active.discard(id(v))
 
 
-def _encode_dict(v: dict, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """In insertion order: code can read it (next(iter(d)), json.dumps)."""
     out(b"M" + (b"" if type(v) is dict else _qualname(type(v))) + _len(len(v)))
     for k, x in _guard(v, active).items():
@@ -221,7 +221,7 @@ def _encode_dict(v: dict, out: Callable[[bytes], Any], active: set[int]) -> None
     active.discard(id(v))
 
 
-def _encode_set(v: set | frozenset, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """No order to read: the sorted digests of the members."""
     digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
     active.discard(id(v))
@@ -243,7 +243,7 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
 
 
-def _encode_path(v: os.PathLike, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"P" + _qualname(type(v)))
     _encode(os.fspath(v), out, active)
 
@@ -320,7 +320,7 @@ def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[byte
     return encode_registered
 
 
-def _encode_partial(v: functools.partial, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_partial(v: functools.partial[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"FP" + code_fingerprint(v.func))
     _encode((v.args, v.keywords), out, active)
 

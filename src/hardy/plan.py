@@ -344,7 +344,8 @@ class Plan:
     def _call_args(self, k: int, lead: bool = False) -> str:
         node = self.steps[k].node
         args = dict(self.steps[k].args)
-        positional, keyword = [], []
+        positional: list[str] = []
+        keyword: list[str] = []
         for p in node.inputs:
             if p not in args:
                 continue  # absent: the function's own default applies
