@@ -75,30 +75,25 @@ def test_torch_openmp_pool_is_detected_and_avoided():
 
 
 @pytest.mark.slow
-def test_preloaded_torch_workers_start_fast():
+def test_preloaded_torch_is_imported_once_in_the_fork_server_not_per_worker():
+    """Workers fork from a server that imported torch: they start holding it (how fast that is,
+    ~30 ms, is measured in bench/workers.py)."""
     needs_torch()
     out = run_script("""
-        import time
+        import sys
         import torch
         from hardy import Engine, Pipeline, node
 
         @node(output_name="y")
-        def ident(x):
-            return x
+        def held(x):
+            return "torch" in sys.modules  # this node never imports torch itself
 
-        with Engine(map_executor="process", workers=1, preload=["torch"]) as warm:
-            Pipeline(nodes=[ident], engine=warm).map(inputs={"x": [0]}, map_over="x")  # fork server up
-            starts = []
-            for _ in range(5):
-                with Engine(map_executor="process", workers=1, preload=["torch"]) as e:
-                    p = Pipeline(nodes=[ident], engine=e)
-                    t = time.perf_counter()
-                    p.map(inputs={"x": [1]}, map_over="x")
-                    starts.append(time.perf_counter() - t)
-        print(sorted(starts)[len(starts) // 2])
+        with Engine(map_executor="process", workers=1, preload=["torch"]) as e:
+            print(Pipeline(nodes=[held], engine=e).map(inputs={"x": [0]}, map_over="x")[0]["y"])
+        with Engine(map_executor="process", workers=1) as e:
+            print(Pipeline(nodes=[held], engine=e).map(inputs={"x": [0]}, map_over="x")[0]["y"])
     """)
-    median = float(out.strip())
-    assert median < 0.15, f"worker start + first item took {median * 1000:.0f} ms"
+    assert out.split() == ["True", "False"]
 
 
 def test_worker_environment_leaves_user_settings():
