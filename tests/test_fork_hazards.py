@@ -108,3 +108,29 @@ def test_numba_guard_version_range():
     assert not numba_guard_supported("0.40.1")
     assert not numba_guard_supported("1.2.0")
     assert not numba_guard_supported("dev")
+
+
+def test_forked_workers_get_their_thread_caps_through_threadpoolctl():
+    """Environment variables reach only runtimes loaded after them: a worker forked from a parent
+    whose OpenMP and OpenBLAS runtimes are loaded gets its cap through each runtime's own call."""
+    needs_torch()
+    out = run_script("""
+        import warnings
+        import numpy, torch
+        from threadpoolctl import threadpool_info
+        from hardy import Engine, Pipeline, node
+
+        warnings.simplefilter("ignore")  # fork! warns about the threads of this process
+
+        @node(output_name="threads")
+        def threads(x):
+            return sorted({p["user_api"]: p["num_threads"] for p in threadpool_info()}.items())
+
+        parent = sorted({p["user_api"]: p["num_threads"] for p in threadpool_info()}.items())
+        with Engine(map_executor="process", workers=2, start_method="fork!") as e:
+            out = Pipeline(nodes=[threads], engine=e).map(inputs={"x": [0, 1]}, map_over="x")
+        print(parent, out[0]["threads"])
+    """)
+    parent, child = out.strip().split("] [")
+    assert "('openmp', 2)" in parent and "('blas', 2)" in parent  # 2 cores: each runtime sized to both
+    assert "('openmp', 1)" in child and "('blas', 1)" in child    # 2 workers: one thread each

@@ -25,7 +25,7 @@ from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
-from ..safety.environment import install_numba_guard
+from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -67,6 +67,7 @@ def run(fd: int) -> None:
     watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
     os.environ.clear()
     os.environ.update(env)
+    cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
     sys.path[:] = sys_path
     try:
         os.chdir(cwd)
