@@ -26,10 +26,15 @@ _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
 
 
 class Results:
-    """Where executors put each item's outcome, by index."""
+    """Where executors put each item's outcome, by index.
 
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None):
+    Executors count items from 0; `offset` is the map's index of item 0 (a window of a streamed
+    map), added wherever an index leaves the sink: errors, callbacks and the plan's cache events."""
+
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
+                 offset: int = 0):
         self.values: list[Any] = [None] * n
+        self.offset = offset
         self.failures: dict[int, NodeError] = {}
         self.stop = False
         self._raise = on_error == "raise"
@@ -42,10 +47,10 @@ class Results:
         self.progress.done += 1
         if self.events:
             start = self._started.pop(i, None)
-            self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
+            self.events.item_done(i, self.offset + i, out, time.perf_counter() - start if start else 0.0)
 
     def fail(self, i: int, err: NodeError) -> None:
-        err.item = i
+        err.item = self.offset + i
         self.failures[i] = err
         self.values[i] = Failed(err)
         self.progress.failed += 1
@@ -53,33 +58,35 @@ class Results:
             self.stop = True
         if self.events:
             self._started.pop(i, None)
-            self.events.item_failed(i, err)
+            self.events.item_failed(self.offset + i, err)
 
     def started(self, i: int) -> None:
         """An item was handed to a worker (or is about to run here)."""
         if self.events:
             self._started[i] = time.perf_counter()
-            self.events.item_started(i)
+            self.events.item_started(i, self.offset + i)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
-        if not self.events:
+        if not self.events and not self.offset:
             return plan.run
-        run, started = plan.run, self.started
+        run, started, offset = plan.run, self.started if self.events else None, self.offset
 
         def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
-            started(i)
-            return run(item, i)
+            if started:
+                started(i)
+            return run(item, offset + i)
         return observed
 
     def async_runner(self, plan: "Plan") -> Callable[..., Any]:
         assert plan.arun is not None
-        if not self.events:
+        if not self.events and not self.offset:
             return plan.arun
-        arun, started = plan.arun, self.started
+        arun, started, offset = plan.arun, self.started if self.events else None, self.offset
 
         async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
-            started(i)
-            return await arun(item, i)
+            if started:
+                started(i)
+            return await arun(item, offset + i)
         return observed
 
 

@@ -11,10 +11,11 @@ processes report node events there, not here; map-item events always fire in the
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..node import Node
 
@@ -123,6 +124,14 @@ class Events:
                  node_ids: Sequence[str] = (), announce: bool = True) -> dict:
         """Runs `call` as pipeline `pipeline_id` in the callback context; `announce=False` (a map,
         whose items announce themselves) emits no on_pipeline_start/_end of its own."""
+        with self.opened(pipeline_id, inputs, node_ids, announce) as finish:
+            return finish(call())
+
+    @contextlib.contextmanager
+    def opened(self, pipeline_id: str, inputs: dict, node_ids: Sequence[str] = (),
+               announce: bool = True) -> Iterator[Callable[[dict], dict]]:
+        """Pipeline `pipeline_id` open in the callback context for the `with` block (a streamed map
+        stays open while it is consumed); the block reports its outputs through the yielded function."""
         token = None
         if _context.get() is None:
             token = _context.set(CallbackContext())
@@ -133,23 +142,26 @@ class Events:
         if announce:
             self.emit("on_pipeline_start", pipeline_id, inputs)
         start = time.perf_counter()
-        try:
-            out = call()
+
+        def finish(out: dict) -> dict:
             if announce:
                 self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
             return out
+        try:
+            yield finish
         finally:
             ctx.pop_pipeline()
             if token is not None:
                 _context.reset(token)
 
-    def item_started(self, i: int) -> None:
-        self.emit("on_map_item_start", i)
+    def item_started(self, i: int, index: int) -> None:
+        """Item `i` of `items`, which is item `index` of the map (they differ in a streamed map)."""
+        self.emit("on_map_item_start", index)
         self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
-    def item_done(self, i: int, outputs: dict, duration: float) -> None:
+    def item_done(self, i: int, index: int, outputs: dict, duration: float) -> None:
         self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
-        self.emit("on_map_item_end", i, duration)
+        self.emit("on_map_item_end", index, duration)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)

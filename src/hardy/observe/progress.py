@@ -28,12 +28,13 @@ def progress_wanted(explicit: bool | None) -> bool:
 
 
 class MapProgress:
-    """Counts items; when shown, renders the counts as a rich progress bar."""
+    """Counts items; when shown, renders the counts as a rich progress bar. A total of None (a
+    streamed map over a generator) shows done and rate without an ETA."""
 
-    def __init__(self, total: int, label: str, show: bool):
+    def __init__(self, total: int | None, label: str, show: bool):
         self.total = total
         self.label = label
-        self.show = show and total > 0
+        self.show = show and total != 0
         self.done = 0
         self.failed = 0
         self._stop = threading.Event()
