@@ -126,11 +126,12 @@ class Engine:
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
         self._process_pool: Any = None
+        self._window_runner: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
         state = self.__dict__.copy()
-        state.update(_map_executor=None, _node_pool=None, _process_pool=None)
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _window_runner=None)
         if not isinstance(self.map_executor_spec, str):
             state["map_executor_spec"] = "sequential"
         return state
@@ -185,8 +186,18 @@ class Engine:
     def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
 
+    def window_runner(self) -> Any:
+        """The thread that runs this engine's streamed maps (`Pipeline.imap`), one window at a time."""
+        if self._window_runner is None:
+            from .streaming import WindowRunner
+            self._window_runner = WindowRunner(self)
+        return self._window_runner
+
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""
+        if self._window_runner is not None:
+            self._window_runner.close()
+            self._window_runner = None
         if self._map_executor is not None and self._map_executor is not self._process_pool:
             self._map_executor.close()
         if self._process_pool is not None:

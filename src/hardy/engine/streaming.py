@@ -16,9 +16,9 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..errors import Failed, MapError
+from ..errors import Failed, MapError, NodeError
 from .core import Results
-from .executors import SequentialExecutor, run_chunk
+from .executors import SequentialExecutor
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -68,15 +68,21 @@ def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
     start = 0
     while chunk := list(itertools.islice(items, window)):
         results = make_results(start, chunk, Results)
-        for j in range(len(chunk)):
-            run_chunk(plan, chunk, range(j, j + 1), results)
+        run, ok, fail = results.runner(plan), results.ok, results.fail
+        for j, item in enumerate(chunk):  # run_chunk's loop, handing out each item as it is done
+            try:
+                out = run(item, j)
+            except NodeError as err:
+                fail(j, err)
+            else:
+                ok(j, out)
             yield results, j
         start += len(chunk)
 
 
 def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
              make_results: MakeResults) -> Iterator[tuple[Results, int]]:
-    runner = _Runner(engine, plan)
+    runner, stream = engine.window_runner(), _Stream(plan)
     start = 0
 
     def submit() -> bool:
@@ -88,15 +94,15 @@ def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wi
             results = make_results(start, chunk, Results)
         else:
             results = make_results(start, chunk, _Streamed)
-            results.finished = runner.finished
-        runner.todo.put((chunk, results))
+            results.finished = stream.finished
+        runner.todo.put((stream, chunk, results))
         start += len(chunk)
         return True
 
     try:
         pending = submit() + submit()
         while pending:
-            message = runner.finished.get()
+            message = stream.finished.get()
             if isinstance(message, BaseException):
                 raise message
             results, j = message
@@ -109,39 +115,61 @@ def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wi
                 for k in range(len(results.values)):
                     yield results, k
     finally:
-        runner.close()
+        runner.cancel(stream)
 
 
-class _Runner:
-    """The thread that feeds windows to the engine's executor, one after another."""
+class _Stream:
+    """One streamed map's side of the runner: its plan, where its windows report, whether it ended."""
 
-    def __init__(self, engine: "Engine", plan: "Plan"):
-        self.engine, self.plan = engine, plan
-        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, plan: "Plan"):
+        self.plan = plan
         self.finished: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
-        self.current: Results | None = None
+
+
+class WindowRunner:
+    """The thread that feeds streamed windows to an engine's executor, one after another.
+
+    One per engine, living as long as the engine, because what an executor starts from this
+    thread may be tied to it: Ray's node processes (and any child made with PR_SET_PDEATHSIG) are
+    killed when the thread that started them ends, so a thread per stream would kill them."""
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.current: tuple[_Stream, Results] | None = None
         self.thread = threading.Thread(target=self._loop, name="hardy-imap", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
-        while True:
-            job = self.todo.get()
-            if job is None or self.closed:
-                return
-            chunk, results = job
-            self.current = results
+        while (job := self.todo.get()) is not None:
+            stream, chunk, results = job
+            if isinstance(chunk, threading.Event):  # a stream waits for its windows to be over
+                chunk.set()
+                continue
+            if stream.closed:
+                continue
+            self.current = stream, results
             try:
-                self.engine.run_items(self.plan, chunk, results)
-            except BaseException as err:  # the executor itself failed: the caller raises it
-                self.finished.put(err)
-                return
-            self.finished.put((results, None))
+                self.engine.run_items(stream.plan, chunk, results)
+            except BaseException as err:  # the executor itself failed: that stream raises it
+                stream.closed = True
+                stream.finished.put(err)
+            else:
+                stream.finished.put((results, None))
+            self.current = None
+
+    def cancel(self, stream: _Stream) -> None:
+        """End `stream`: its queued windows are skipped and the one running stops at its executor's
+        next chunk boundary; returns when none of its windows runs any more."""
+        stream.closed = True
+        current = self.current
+        if current is not None and current[0] is stream:
+            current[1].stop = True
+        over = threading.Event()
+        self.todo.put((stream, over, None))
+        over.wait()
 
     def close(self) -> None:
-        """Stop after the window in progress (its executor stops at its next chunk boundary)."""
-        self.closed = True
-        if self.current is not None:
-            self.current.stop = True
         self.todo.put(None)
         self.thread.join()
