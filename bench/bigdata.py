@@ -1,11 +1,16 @@
 """Big maps and big values, each figure measured in a fresh child process, peers in the same run.
 
-    python bench/bigdata.py
+    python bench/bigdata.py [streaming] [transport] [hashing]     (default: all three)
 
 1. Streaming: parent peak RSS (ru_maxrss of a child that does only that) of a 2,000,000-item map
    consumed as `map`'s list, through `imap`, and a hand-built list of the same dicts (the floor
    for holding every result); then `imap` over 10,000,000 items from a generator (flat: the same
    peak as 2,000,000).
+2. Big values: 40 float64 arrays of 20 MB through 2 worker processes, in and back out (the node
+   returns its array) and in only (it returns a float): MB/s for hardy's process executor, joblib
+   (loky, with its automatic memmapping of inputs over 1 MB) and ProcessPoolExecutor.
+3. Hashing an 8 MB float64 array: blake2b (the old key hash), xxh3-128 and BLAKE3 where installed,
+   and hardy's `hash_value`.
 """
 
 from __future__ import annotations
@@ -66,9 +71,96 @@ def streaming(rows: list) -> None:
     rows.append(("", "interpreter + import hardy alone", f"{base:,.0f} MB", ""))
 
 
+TRANSPORT = """
+import concurrent.futures as cf, sys, time
+import numpy as np
+from hardy import Engine, Pipeline, node
+
+def echo(x):
+    return x
+
+def total(x):
+    return float(x[0])
+
+arrays = [np.full(20 * 2**20 // 8, float(i)) for i in range(40)]
+mb = sum(a.nbytes for a in arrays) / 2**20
+who, how = sys.argv[1], sys.argv[2]
+func = echo if how == "both" else total
+
+def run():
+    if who == "hardy":
+        return [o["y"] for o in p.map(inputs={"x": arrays}, map_over="x", progress=False)]
+    if who == "joblib":
+        return Parallel(n_jobs=2)(delayed(func)(a) for a in arrays)
+    return list(ex.map(func, arrays))
+
+if who == "hardy":
+    e = Engine(map_executor="process", workers=2)
+    p = Pipeline(nodes=[node(output_name="y")(func)], engine=e)
+elif who == "joblib":
+    from joblib import Parallel, delayed
+else:
+    ex = cf.ProcessPoolExecutor(2)
+run()  # workers up
+times = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    out = run()
+    times.append(time.perf_counter() - t0)
+    assert len(out) == 40 and (how != "both" or float(out[7][3]) == 7.0)
+print(mb / min(times))
+"""
+
+HASH = """
+import hashlib, time
+import numpy as np
+from hardy.hashing import hash_value
+a = np.random.default_rng(0).random(2**20)  # 8 MB
+mv = memoryview(a).cast("B")
+def best(f):
+    f()
+    return min(timed(f) for _ in range(20)) * 1e3
+def timed(f):
+    t = time.perf_counter(); f(); return time.perf_counter() - t
+print("blake2b (hashlib)", best(lambda: hashlib.blake2b(mv, digest_size=16).digest()))
+try:
+    import xxhash
+    print("xxh3-128 (xxhash)", best(lambda: xxhash.xxh3_128(mv).digest()))
+except ImportError:
+    pass
+try:
+    import blake3
+    print("BLAKE3 (blake3)", best(lambda: blake3.blake3(mv, max_threads=blake3.blake3.AUTO).digest(16)))
+except ImportError:
+    pass
+print("hardy hash_value", best(lambda: hash_value(a)))
+"""
+
+
+def transport(rows: list) -> None:
+    for how, label in [("both", "40 x 20 MB in and back out, 2 workers"), ("in", "40 x 20 MB in only")]:
+        rates = {who: child(TRANSPORT, who, how)[0] for who in ("hardy", "joblib", "ppe")}
+        rows.append((label, "hardy process executor", f"{rates['hardy']:,.0f} MB/s",
+                     f"{rates['hardy'] / rates['joblib']:.2f}x joblib"))
+        rows.append(("", "joblib (loky + memmapping)", f"{rates['joblib']:,.0f} MB/s", "1.00x"))
+        rows.append(("", "ProcessPoolExecutor", f"{rates['ppe']:,.0f} MB/s",
+                     f"{rates['ppe'] / rates['joblib']:.2f}x joblib"))
+
+
+def hashing(rows: list) -> None:
+    out = subprocess.run([sys.executable, "-c", HASH], capture_output=True, text=True, check=True).stdout
+    for k, line in enumerate(out.strip().splitlines()):
+        name, ms = line.rsplit(" ", 1)
+        rows.append(("hash an 8 MB float64 array" if k == 0 else "", name, f"{float(ms):.2f} ms",
+                     f"{8 / float(ms):,.1f} GB/s"))
+
+
 def main() -> None:
     rows: list = []
-    streaming(rows)
+    wanted = sys.argv[1:] or ["streaming", "transport", "hashing"]
+    for section in (streaming, transport, hashing):
+        if section.__name__ in wanted:
+            section(rows)
     table = Table(title="hardy: big maps and big values (peak RSS of a child process doing only that)")
     for col in ("work", "how", "peak RSS / result", "rate"):
         table.add_column(col)
