@@ -7,12 +7,29 @@ the plain loop only). Prints one JSON object: {framework: {"run_us": median, "ma
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 
 RUNS = 3000
 ITEMS = 10_000
+
+
+def engines() -> dict:
+    """{name: a function making an Engine}: the local process executor and each distributed engine
+    on this machine, 2 workers each where the engine lets one choose."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from hardy import Engine
+    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.dask import DaskExecutor
+    from hardy.integrations.ray import RayExecutor
+    return {
+        "local process executor (2 workers)": lambda: Engine(map_executor="process", workers=2),
+        "Dask LocalCluster (2 workers)": lambda: Engine(map_executor=DaskExecutor(workers=2)),
+        "Ray, local (2 CPUs)": lambda: Engine(map_executor=RayExecutor(workers=2)),
+        "DaftEngine, native runner, process UDF": lambda: DaftEngine(),
+    }
 
 
 def median_us(call, runs: int = RUNS) -> float:

@@ -14,8 +14,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from _measure import three_nodes
-from hardy import Engine, Pipeline, node
+from _measure import engines, three_nodes
+from hardy import Pipeline, node
 
 N = 10_000
 
@@ -39,18 +39,11 @@ def _timed(call) -> float:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from hardy.integrations.daft import DaftEngine
-    from hardy.integrations.dask import DaskExecutor
-    from hardy.integrations.ray import RayExecutor
-    engines = {
-        "local process executor (2 workers)": lambda: Engine(map_executor="process", workers=2),
-        "Dask LocalCluster (2 workers)": lambda: Engine(map_executor=DaskExecutor(workers=2)),
-        "Ray, local (2 CPUs)": lambda: Engine(map_executor=RayExecutor(workers=2)),
-        "DaftEngine, native runner, process UDF": lambda: DaftEngine(),
+    rows = {name: measure(make) for name, make in {
+        **engines(),
         "DaftEngine, node fb in its own UDF (3 UDFs)": lambda: DaftEngine(node_resources={"fb": {"cpus": 1}}),
-    }
-    rows = {name: measure(make) for name, make in engines.items()}
+    }.items()}
     local = rows["local process executor (2 workers)"][1]
     t = Table(title=f"{N:,} trivial items x 3 nodes, {os.cpu_count()} cores")
     for col in ("engine", "cold start + first map", "items/s (best of 5)", "vs local process executor"):

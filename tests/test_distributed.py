@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import hardy
 from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node, stateful
 from hardy.errors import PicklingError
 
@@ -24,6 +25,7 @@ from hardy.integrations.ray import RayExecutor  # noqa: E402
 from hardy.integrations.remote import WorkerImportError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
+HARDY_ROOT = os.path.dirname(os.path.dirname(hardy.__file__))  # hardy itself is installed on every worker
 
 
 @node(output_name="a")
@@ -82,7 +84,8 @@ def dask_cli(tmp_path_factory, installed_dir):
                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([dask, "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2", "--nthreads", "1",
                                "--no-dashboard", "--host", "127.0.0.1"],
-                              env={**env, "PYTHONPATH": str(installed_dir)}, start_new_session=True,
+                              env={**env, "PYTHONPATH": os.pathsep.join([str(installed_dir), HARDY_ROOT])},
+                              start_new_session=True,
                               cwd=str(tmp_path_factory.mktemp("worker-cwd")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     from distributed import Client

@@ -11,6 +11,7 @@ import inspect
 import sys
 from typing import Any, Callable, Sequence, overload
 
+from . import arguments
 from .errors import NodeDefinitionError
 
 
@@ -26,6 +27,8 @@ class Node:
         cache: bool = True,
         isolate: bool = False,
         retries: int = 0,
+        retry_on: type[Exception] | tuple[type[Exception], ...] = (),
+        backoff: float = 0.0,
         timeout: float | None = None,
     ):
         if not callable(func):
@@ -34,19 +37,23 @@ class Node:
                 "decorate a function with @node or pass Pipeline(nodes=[...]) functions and pipelines only."
             )
         self.func = func
-        self.name: str = name or getattr(func, "__name__", type(func).__name__)
+        self.name: str = _node_name(func, name, output_name)
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
             getattr(func, "__call__", None))
-        self.cache = cache
-        self.isolate = isolate
-        if retries < 0:
-            raise NodeDefinitionError(f"node {self.name!r}: retries must be >= 0, got {retries}")
-        if timeout is not None and timeout <= 0:
-            raise NodeDefinitionError(f"node {self.name!r}: timeout must be > 0 seconds, got {timeout}")
-        self.retries = retries
-        self.timeout = timeout
+        owner = f"node {self.name!r}"
+        self.cache = arguments.flag(owner, "cache", cache)
+        self.isolate = arguments.flag(owner, "isolate", isolate)
+        # the failure policy (hardy/policy.py): the same under every executor
+        self.retries: int = arguments.whole_number(owner, "retries", retries, 0)
+        self.retry_on: tuple[type[Exception], ...] = (
+            arguments.exception_types(owner, retry_on) if retry_on != () else ())
+        if self.retry_on and not self.retries:
+            raise NodeDefinitionError(f"{owner}: retry_on={retry_on!r} has no effect with retries=0; "
+                                      "say how many times to retry, e.g. retries=3.")
+        self.backoff: float = arguments.seconds(owner, "backoff", backoff, zero=True)
+        self.timeout: float | None = arguments.seconds(owner, "timeout", timeout, optional=True)
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
 
@@ -104,12 +111,23 @@ def _node_by_reference(module_name: str, qualname: str) -> Node:
     return target
 
 
+def _node_name(func: Callable[..., Any], name: str | None, output_name: Any) -> str:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise NodeDefinitionError(f"a node's name must be a non-empty string, got name={name!r}.")
+    found = name or getattr(func, "__name__", type(func).__name__)
+    if found == "<lambda>" and output_name is None:
+        raise NodeDefinitionError(
+            "a lambda node needs output_name=...: its output would be called '<lambda>', which no other "
+            "node can consume. Write node(lambda x: ..., output_name=\"y\") or use a named function.")
+    return found
+
+
 def _output_names(output_name: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
     if output_name is None:
         return (default,)
-    if isinstance(output_name, str):
+    if isinstance(output_name, str) and output_name:
         return (output_name,)
-    names = tuple(output_name)
+    names = tuple(output_name) if isinstance(output_name, (tuple, list)) else ()
     if not names or not all(isinstance(n, str) and n for n in names):
         raise NodeDefinitionError(
             f"node {default!r}: output_name must be a string or a tuple of strings, got {output_name!r}")
@@ -146,16 +164,21 @@ def node(func: Callable[..., Any]) -> Node: ...
 @overload
 def node(func: None = None, *, output_name: str | Sequence[str] | None = None, name: str | None = None,
          cache: bool = True, isolate: bool = False, retries: int = 0,
+         retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
          timeout: float | None = None) -> Callable[[Callable[..., Any]], Node]: ...
 
 
-def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, timeout=None):
+def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, retry_on=(),
+         backoff=0.0, timeout=None):
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
-    `isolate=True` runs the node in a crash-containing worker process whatever the engine;
-    `retries` and `timeout` apply to crashes and hangs in such workers.
+    `isolate=True` runs the node in a crash-containing worker process whatever the engine.
+    `retries` reruns it after a crash, a timeout or an exception listed in `retry_on`, waiting
+    `backoff` seconds (doubling, with jitter) before each retry; `timeout` is seconds per attempt.
+    The same rules hold under every executor: see `hardy.policy`.
     """
     def wrap(f: Callable[..., Any]) -> Node:
-        return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, timeout=timeout)
+        return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, retry_on=retry_on,
+                    backoff=backoff, timeout=timeout)
 
     return wrap(func) if func is not None else wrap

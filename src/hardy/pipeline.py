@@ -22,6 +22,7 @@ from .node import Node
 from .observe.callbacks import Events, PipelineCallback
 from .observe.progress import MapProgress, progress_wanted
 from .plan import Plan
+from .policy import check_timeouts
 
 _DEFAULT_ENGINE = Engine()
 
@@ -195,6 +196,7 @@ class Pipeline:
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache,
                     on_cached=self._on_cached if self.callbacks else None)
+        check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
             given = {p for p, _ in step.args}
@@ -374,6 +376,8 @@ class PipelineNode(Node):
         self.cache = True
         self.isolate = False
         self.retries = 0
+        self.retry_on = ()
+        self.backoff = 0.0
         self.timeout = None
         self.func = self._call
 

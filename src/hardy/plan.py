@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
+from .policy import guard
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -120,7 +121,7 @@ class Plan:
             node = step.node
             if cache is not None and hasattr(node, "with_cache"):
                 node = node.with_cache(cache)  # a nested pipeline caches its own nodes
-            ns[f"f{k}"] = self._wrap(k, node) if self._wrap else node.func
+            ns[f"f{k}"] = guard(step.node, self._wrap(k, node) if self._wrap else node.func)
             for o in step.node.outputs:
                 var[o] = f"v{len(var)}"
             cached[k] = cache is not None and node.cache

@@ -32,10 +32,43 @@ def build_plan(spec: bytes, wrap: Wrap | None = None) -> Plan:
 
 
 def dumps(obj: Any) -> bytes:
+    """pickle where it can; cloudpickle for functions, and for anything that names `__main__`:
+    workers never import the user's main script, so its classes and functions travel by value."""
     try:
-        return pickle.dumps(obj, protocol=5)
+        data = pickle.dumps(obj, protocol=5)
+        if b"__main__" not in data:
+            return data
     except Exception:
-        return cloudpickle.dumps(obj, protocol=5)
+        pass
+    return cloudpickle.dumps(obj, protocol=5)
+
+
+def globals_in(blob: bytes) -> list[str]:
+    """The classes and functions a pickle refers to (module.name), to name what failed to load."""
+    import pickletools
+    found: list[str] = []
+    pushed: list[str | None] = []
+    memo: list[str | None] = []
+    top: str | None = None  # the object on top of the stack, when it is a string
+    try:
+        for op, arg, _ in pickletools.genops(blob):
+            if op.name == "MEMOIZE":
+                memo.append(top)
+                continue
+            top = None
+            if op.name == "GLOBAL":
+                found.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(pushed) >= 2:
+                found.append(f"{pushed[-2]}.{pushed[-1]}")
+            elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                top = arg
+                pushed.append(top)
+            elif op.name in ("BINGET", "LONG_BINGET") and isinstance(arg, int) and arg < len(memo):
+                top = memo[arg]
+                pushed.append(top)
+    except Exception:  # a truncated or foreign pickle: report what was read
+        pass
+    return [g for g in dict.fromkeys(found) if not g.startswith(("builtins.", "copyreg.", "None"))]
 
 
 def ship_items(items: Sequence[dict[str, Any]], indices: Sequence[int],
@@ -66,17 +99,6 @@ def portable(err: NodeError) -> NodeError:
         cause = err.__cause__
         err.__cause__ = RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
         return err
-
-
-def run_items_here(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
-    """Run a chunk through a plan in this process: (index, ok, outputs or NodeError) per item."""
-    out: list[tuple[int, bool, Any]] = []
-    for i, item in chunk:
-        try:
-            out.append((i, True, plan.run(item, i)))
-        except NodeError as err:
-            out.append((i, False, portable(err)))
-    return out
 
 
 class RemoteError(Exception):

@@ -12,9 +12,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from .. import arguments
 from ..errors import Failed, NodeDefinitionError, NodeError
 from ..node import Node
 from ..observe.progress import MapProgress
+from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 
 if TYPE_CHECKING:
@@ -90,6 +92,36 @@ class Results:
         return observed
 
 
+_START_METHODS = (None, "forkserver", "spawn", "fork", "fork!")
+
+
+def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_method: Any, max_tasks: Any,
+                  max_memory: Any, cache: Any) -> None:
+    """One sentence per wrong Engine argument, raised where the Engine is made."""
+    if node_executor not in _NODE_EXECUTORS:
+        raise NodeDefinitionError(
+            f"Engine(node_executor={node_executor!r}) is not one of {_NODE_EXECUTORS}; "
+            "worker processes are chosen per map (map_executor='process') or per node (@node(isolate=True)).")
+    if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS or \
+            not isinstance(map_executor, str) and not hasattr(map_executor, "run_items"):
+        raise NodeDefinitionError(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
+                                  "or an executor object (DaskExecutor(), RayExecutor(), ...).")
+    arguments.whole_number("Engine", "workers", workers, 1, optional=True)
+    if start_method not in _START_METHODS:
+        raise NodeDefinitionError(f"Engine(start_method={start_method!r}) is not one of {_START_METHODS}; "
+                                  "leave it out for the safe default (forkserver).")
+    arguments.whole_number("Engine", "max_tasks_per_worker", max_tasks, 1, optional=True)
+    try:
+        memory = parse_size(max_memory)
+    except (ValueError, AttributeError, TypeError):
+        memory = -1
+    if memory is not None and (isinstance(memory, bool) or memory <= 0):
+        raise NodeDefinitionError(f"Engine(max_memory_per_worker={max_memory!r}) is not a size; give bytes or a "
+                                  "string such as '2GB' or '512M'.")
+    if cache is not None and not hasattr(cache, "lookup"):
+        raise NodeDefinitionError(f"Engine(cache={cache!r}) is not a cache; pass DiskCache(path) or None.")
+
+
 class Engine:
     """Where nodes and map items execute.
 
@@ -107,20 +139,14 @@ class Engine:
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
                  cache: Any = None):
-        if node_executor not in _NODE_EXECUTORS:
-            raise NodeDefinitionError(
-                f"Engine(node_executor={node_executor!r}) is not one of {_NODE_EXECUTORS}; "
-                "worker processes are chosen per map (map_executor='process') or per node (@node(isolate=True)).")
-        if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS:
-            raise NodeDefinitionError(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
-                                      "or an executor object.")
-        if workers is not None and workers < 1:
-            raise NodeDefinitionError(f"Engine(workers={workers}) must be at least 1.")
+        _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
+                      max_memory_per_worker, cache)
         self.node_executor = node_executor
         self.map_executor_spec = map_executor
         self.workers = workers
         self.process_options: dict[str, Any] = dict(
-            start_method=start_method, preload=tuple(preload), preload_libs=tuple(preload_libs),
+            start_method=start_method, preload=arguments.names("Engine", "preload", preload),
+            preload_libs=arguments.names("Engine", "preload_libs", preload_libs),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
@@ -146,6 +172,15 @@ class Engine:
         if self.node_executor == "async" or (for_map and self.map_executor.mode == "async"):
             return "async"
         return self.node_executor
+
+    def timeout_runner(self, for_map: bool) -> str | None:
+        """What calls nodes in this process, where a node's timeout could not stop it (see
+        `hardy.policy`); None when calls run where timeouts are enforced."""
+        if not for_map:
+            return "Pipeline.run"
+        if getattr(self.map_executor, "enforces_timeouts", False):
+            return None
+        return f"map_executor={self.map_executor_spec!r}"
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one node call on the engine's node thread pool (the "threaded" node executor)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from ..crash import reported_crashes
 from ..errors import NodeError
 from ..plan import Plan, run_sync
 
@@ -47,7 +48,8 @@ class SequentialExecutor:
     mode = "sequential"
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
-        run_chunk(plan, items, range(len(items)), results)
+        with reported_crashes("sequential"):
+            run_chunk(plan, items, range(len(items)), results)
 
     def close(self) -> None:
         pass
@@ -68,10 +70,11 @@ class ThreadedExecutor:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
         n = len(items)
         size = max(1, n // (self.workers * 4))
-        futures = [self._pool.submit(run_chunk, plan, items, range(s, min(n, s + size)), results)
-                   for s in range(0, n, size)]
-        for f in futures:
-            f.result()
+        with reported_crashes("threaded"):
+            futures = [self._pool.submit(run_chunk, plan, items, range(s, min(n, s + size)), results)
+                       for s in range(0, n, size)]
+            for f in futures:
+                f.result()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -88,7 +91,8 @@ class AsyncExecutor:
         self.workers = workers or 1024
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
-        run_sync(self._run_all(plan, items, results))
+        with reported_crashes("async"):
+            run_sync(self._run_all(plan, items, results))
 
     async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
         import asyncio

@@ -1,18 +1,21 @@
 """The part every engine shares: chunks of items through the compiled plan, on the engine's workers.
 
 `RemoteExecutor` is what every engine-backed executor shares (shipping with hardy's errors first,
-delivering per-item rows, naming the node behind a crash, import errors); `DaftExecutor` builds on
-it directly, since a Daft map is one query. `TaskExecutor` adds running a map as tasks: Dask and Ray
-only say how to start, how to submit a function, how to wait and what their "a worker died" errors
-look like. For tasks:
+delivering per-item rows, import errors); `DaftExecutor` builds on it directly, since a Daft map is
+one query. `TaskExecutor` adds running a map as tasks: Dask and Ray only say how to start, how to
+submit a function, how to wait and what their "a worker died" errors look like. For tasks:
 
 1. the plan's spec is shipped once (the engine's object store), items in chunks of a few thousand;
-2. each task compiles the plan on the worker (memoised per spec) and runs its chunk, returning
-   (index, ok, outputs or NodeError) per item — per-item errors never fail the task;
-3. a task whose worker died (a segfault, an OOM kill) loses its chunk, so its items are run again
-   one task each; an item that still kills its worker (after the nodes' `retries`) is run step by
-   step, one node per task, which names the node that crashes; it becomes a `NodeCrashed` for that
-   item alone, with what the engine reported. Every other item completes.
+2. each task runs its chunk through `run_contained`: hardy's own worker machinery (the process
+   executor's pool, one worker process per task thread) on the engine's worker, so the failure policy is the
+   process executor's exactly: a crash or a timeout (the worker is killed) costs the item that
+   caused it, after its node's `retries`, named with node, signal and the Python stack; the items
+   that completed keep their results and never run again; the engine never sees a dead worker.
+   Why not the engines' own machinery: Dask cannot stop a running task, Ray's forced cancel kills
+   its whole worker (the chunk with it), Daft has no per-call timeout, and none of them says which
+   item of a chunk killed it, so crash isolation there meant bisecting and rerunning innocents;
+3. per-item errors never fail the task; a task whose engine worker itself died (the engine's own
+   out-of-memory kill) is run once more, then its items fail naming the engine's report.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from __future__ import annotations
 import hashlib
 import importlib
 import pickle
+import threading
 from typing import Any, Sequence
 
 import cloudpickle
 
-from ..crash import signal_in_stack
+from ..engine.core import Results
 from ..errors import HardyError, NodeCrashed
+from ..observe.progress import MapProgress
 from ..plan import Plan
-from ..shipping import build_plan, dumps, run_items_here, ship_items, ship_plan
+from ..shipping import build_plan, dumps, portable, ship_items, ship_plan
+from ..workers.pool import WorkerPool
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
@@ -49,14 +55,31 @@ def plan_for(spec: bytes) -> Plan:
 def run_chunk_remote(spec: bytes, chunk: bytes) -> bytes:
     """Runs on the engine's worker: the chunk's items through the plan. Chunks and results travel
     as one pickle each, so the engine moves bytes instead of walking thousands of small objects."""
-    return dumps(run_items_here(plan_for(spec), pickle.loads(chunk)))
+    return dumps(run_contained(plan_for(spec), pickle.loads(chunk)))
 
 
-def run_step_remote(spec: bytes, k: int, values: dict[str, Any]) -> tuple:
-    """Runs on the engine's worker: step k alone, on the values computed so far (diagnosis only)."""
-    step = plan_for(spec).steps[k]
-    out = step.node.func(**{p: values[v] for p, v in step.args})
-    return (out,) if len(step.node.outputs) == 1 else tuple(out)
+_here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
+
+
+def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
+    """(index, ok, outputs or NodeError) per item, each item run in hardy's worker process here:
+    one worker per thread that runs tasks, started on its first chunk and kept."""
+    pool = getattr(_here, "pool", None)
+    if pool is None:
+        import multiprocessing as mp
+        # Dask's workers are daemonic processes, which multiprocessing forbids to start children
+        # (so that none outlives them); hardy's pool stops its worker itself, at exit.
+        mp.current_process()._config.pop("daemon", None)
+        pool = _here.pool = WorkerPool(workers=1)
+    results = Results(len(chunk), "continue", MapProgress(len(chunk), "chunk", False))
+    pool.run_items(plan, [item for _, item in chunk], results)
+    rows: list[tuple[int, bool, Any]] = []
+    for k, (i, _) in enumerate(chunk):
+        err = results.failures.get(k)
+        if err is not None:
+            err.item = i
+        rows.append((i, True, results.values[k]) if err is None else (i, False, portable(err)))
+    return rows
 
 
 def require(module: str, extra: str) -> Any:
@@ -74,10 +97,11 @@ class WorkerImportError(HardyError, ModuleNotFoundError):
 
 class RemoteExecutor:
     """What every engine-backed map executor shares: shipping with hardy's own errors first,
-    delivering per-item rows, naming the node behind a crash, translating the engine's errors."""
+    delivering per-item rows, translating the engine's errors."""
 
     mode = "sequential"
     engine = "engine"
+    enforces_timeouts = True  # chunks run in hardy's worker processes (run_contained)
 
     def __init__(self, ship_modules: Sequence[str] = ()):
         self.ship_modules = tuple(ship_modules)
@@ -92,14 +116,6 @@ class RemoteExecutor:
         """Run every item, delivering to `results`."""
         raise NotImplementedError
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        """Run fn(*args) on one of the engine's workers; its result, or the engine's error."""
-        raise NotImplementedError
-
-    def _call_step(self, handle: Any, k: int, values: dict[str, Any], node: Any) -> Any:
-        """Run step k of the shipped plan alone, on the values computed so far (diagnosis)."""
-        return self._call(run_step_remote, handle, k, values)
-
     def _is_crash(self, exc: BaseException) -> bool:
         """Whether the engine's error means the worker process died."""
         raise NotImplementedError
@@ -109,11 +125,6 @@ class RemoteExecutor:
     def _cause(self, exc: BaseException) -> BaseException:
         """The user-level exception inside an engine's wrapper, if any."""
         return exc
-
-    def _crash_report(self, exc: BaseException) -> tuple[str, str]:
-        """What the engine said of the worker whose death `_call` just raised, and that worker's
-        Python stack where the engine lets hardy see it."""
-        return str(exc), ""
 
     # --- the shared part -----------------------------------------------------------------------
 
@@ -139,24 +150,6 @@ class RemoteExecutor:
             else:
                 results.fail(i, value)
 
-    def _diagnose(self, plan: Plan, handle: Any, item: dict[str, Any], i: int) -> NodeCrashed:
-        """Run the item one node per call: the call whose worker dies names the node."""
-        values = dict(item)
-        for k, step in enumerate(plan.steps):
-            try:
-                out = self._call_step(handle, k, values, step.node)
-            except Exception as exc:
-                if self._is_crash(exc):
-                    said, stack = self._crash_report(exc)
-                    name, hint = signal_in_stack(stack)
-                    return NodeCrashed(step.node.name, i, f"the {self.engine} worker running it died"
-                                       + (f" ({hint})" if hint else "") + f": {said}", signal=name, stack=stack)
-                return NodeCrashed(step.node.name, i, f"{self.engine} failed running it alone: "
-                                                      f"{type(exc).__name__}: {exc}")
-            values.update(zip(step.node.outputs, out))
-        return NodeCrashed("?", i, f"the {self.engine} worker running this item died, but no single node "
-                                   "crashes when run alone (a crash that depends on timing or state)")
-
     def _translate(self, exc: BaseException) -> BaseException:
         cause = self._cause(exc)
         missing = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
@@ -181,9 +174,6 @@ class TaskExecutor(RemoteExecutor):
     def _result(self, future: Any) -> Any: raise NotImplementedError
     def _cancel(self, futures: list[Any]) -> None: raise NotImplementedError
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        return self._result(self._submit(fn, *args))
-
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
         handle = self._put(spec)
         n = len(items)
@@ -194,7 +184,7 @@ class TaskExecutor(RemoteExecutor):
             for i in chunk:
                 results.started(i)
             pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk))] = chunk
-        crashed: list[int] = []
+        lost: set[Any] = set()
         while pending:
             for fut in self._wait_any(list(pending)):
                 chunk = pending.pop(fut)
@@ -204,49 +194,19 @@ class TaskExecutor(RemoteExecutor):
                     if not self._is_crash(exc):
                         self._cancel(list(pending))
                         raise self._translate(exc) from exc
-                    crashed += chunk
+                    if fut in lost:  # the engine's worker died under this chunk twice
+                        for i in chunk:
+                            results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
+                                                                f"chunk died, twice: {exc}"))
+                    else:
+                        again = self._submit(run_chunk_remote, handle, ship_items(items, chunk))
+                        pending[again] = chunk
+                        lost.add(again)
                     continue
                 self._deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))
                 return
-        if crashed:
-            self._isolate(plan, handle, items, sorted(crashed), results)
-
-    def _isolate(self, plan: Plan, handle: Any, items: Sequence[dict[str, Any]],
-                 suspects: list[int], results: Any) -> None:
-        """A chunk's worker died: run its items one per task to find the one(s) that kill it.
-
-        First all at once; the items whose task still died (the culprit, and innocents that shared
-        its worker) then run one at a time, up to 1 + the nodes' `retries` times each."""
-        pending = {self._submit(run_chunk_remote, handle, ship_items(items, [i])): i for i in suspects}
-        again: list[int] = []
-        while pending:
-            for fut in self._wait_any(list(pending)):
-                i = pending.pop(fut)
-                if not self._try_deliver(fut, results):
-                    again.append(i)
-        attempts = 1 + max((s.node.retries for s in plan.steps), default=0)
-        for i in sorted(again):
-            if results.stop:
-                return
-            for _ in range(attempts):
-                if self._try_deliver(self._submit(run_chunk_remote, handle, ship_items(items, [i])), results):
-                    break
-            else:
-                results.fail(i, self._diagnose(plan, handle, items[i], i))
-
-    def _try_deliver(self, fut: Any, results: Any) -> bool:
-        """Deliver a task's rows; False if its worker died."""
-        try:
-            rows = pickle.loads(self._result(fut))
-        except Exception as exc:
-            if not self._is_crash(exc):
-                raise self._translate(exc) from exc
-            return False
-        self._deliver(rows, results)
-        return True
 
 
-__all__ = ["RemoteExecutor", "TaskExecutor", "WorkerImportError", "require", "run_chunk_remote",
-           "run_step_remote"]
+__all__ = ["RemoteExecutor", "TaskExecutor", "WorkerImportError", "require", "run_chunk_remote", "run_contained"]

@@ -1,22 +1,34 @@
 """Crash-containing worker processes.
 
-Data flow (parent = the process calling map; one duplex pipe per worker, no shared lock, so a
+Data flow (parent = the process calling map; one socket pair per worker, no shared lock, so a
 dying worker can never leave something locked that the others need):
 
-    parent (pool.py)                                   worker (worker.py)
+    parent (pool.py)                                   worker (worker.py), forked by a fork server
     ───────────────                                    ──────────────────
+    (paths, environ, sys.path, cwd) ── once ──────────►  set up; never imports the parent's __main__
     ("plan", id, spec)   ── once per worker per plan ──►  compile the plan locally
     ("chunk", id, items) ── one chunk at a time ───────►  for each item:
                                                             status[item] = i   (shared mmap)
                                                             status[step] = k, start time
                                                             run the compiled plan
-    results.ok / fail    ◄── ("results", [...], done) ──  batched every ≥5 ms, and at chunk end
-    sentinel readable    ◄── the worker died ──────────   faulthandler → its own file
+    results.ok / fail    ◄── header + pickled batch ────  batched every ≥5 ms, and at chunk end
+    ("resend", items)    ── a batch was unreadable ────►  those items again, one pickle each
+    exit status          ◄── from the fork server ─────   the worker died (its group is killed)
       → read status + faulthandler file: the item, node, signal and Python stack
       → that item fails (or is retried); unsent items are re-queued; the worker is replaced
     ("stop",)            ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
+
+How workers start and why nothing outlives the parent: `launch.py`, `server.py`, `lifeline.py`.
 """
 
-from .pool import WorkerPool
+from typing import Any
 
 __all__ = ["WorkerPool"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: fork servers and workers import hardy.workers.* without the parent-side pool.
+    if name == "WorkerPool":
+        from .pool import WorkerPool
+        return WorkerPool
+    raise AttributeError(name)

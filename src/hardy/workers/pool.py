@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -23,17 +23,19 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from ..engine.core import Results
-from ..errors import NodeCrashed, NodeDefinitionError, NodeTimeout, WorkerStartError
+from ..errors import NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..graph import Graph
 from ..node import Node
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..safety.environment import worker_environment
-from ..shipping import ship_items, ship_plan
+from ..shipping import globals_in, ship_items, ship_plan
 from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
+from . import launch
 from . import worker as worker_main
 from ..crash import describe_exit, read_stack
+from ..policy import delay
 
 log = logging.getLogger("hardy.workers")
 
@@ -41,8 +43,6 @@ TICK = 0.05            # seconds between deadline / memory checks while limits a
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_forkserver_lock = threading.Lock()
-_forkserver_preload: tuple[str, ...] | None = None
 
 
 def rss(pid: int) -> int:
@@ -61,24 +61,25 @@ def rss(pid: int) -> int:
 class _Worker:
     """One worker process, its pipe, its status words and its faulthandler file."""
 
-    def __init__(self, ctx: Any, folder: str, number: int, env: dict[str, str], preload_libs: tuple[str, ...]):
+    def __init__(self, launcher: launch.Launcher, folder: str, number: int, env: dict[str, str],
+                 preload_libs: tuple[str, ...]):
         self.number = number
         self.status_path = os.path.join(folder, f"status-{number}")
         self.fault_path = os.path.join(folder, f"fault-{number}.txt")
         with open(self.status_path, "wb") as f:
             f.write(b"\xff" * worker_main.STATUS_SIZE)  # -1 in every slot
         self._mm, self.status = worker_main.open_status(self.status_path)
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=worker_main.main, name=f"hardy-worker-{number}", daemon=True,
-                                   args=(child, self.status_path, self.fault_path, env, preload_libs))
-        self.process.start()
-        child.close()
+        self.process, self.conn = launcher.start_worker()
+        # this process's environment now (a fork server's dates from its start), with the caps
+        self.send(pickle.dumps((self.status_path, self.fault_path, {**os.environ, **env}, preload_libs,
+                                list(sys.path), os.getcwd())))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0
+        self.resend = False  # a batch of its results could not be unpickled here
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
 
@@ -90,18 +91,17 @@ class _Worker:
         self.conn.send_bytes(data)
 
     def kill(self, reason: str, detail: str) -> None:
-        """Ask faulthandler for the stack (works inside C loops too), then SIGKILL."""
+        """Ask faulthandler for the stack (works inside C loops too), then SIGKILL its group."""
         self.killed_for, self.kill_detail = reason, detail
-        pid = self.process.pid
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(self.process.pid, signal.SIGUSR1)
             deadline = time.monotonic() + STACK_GRACE
             while time.monotonic() < deadline and os.path.getsize(self.fault_path) == 0:
                 time.sleep(0.005)
             time.sleep(0.01)
-            os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, OSError):
             pass
+        self.process.kill()
 
     def stop(self, timeout: float = 2.0) -> None:
         try:
@@ -116,6 +116,7 @@ class _Worker:
 
     def close_files(self) -> None:
         self.conn.close()
+        self.process.close()
         del self.status
         self._mm.close()
         for p in (self.status_path, self.fault_path):
@@ -128,11 +129,13 @@ class _Worker:
 class WorkerPool:
     """Long-lived worker processes that run chunks of map items and single isolated node calls.
 
-    It is the "process" map executor and the runner of `@node(isolate=True)`. One lock serialises
-    use, so threads sharing an engine take turns (each turn still uses every worker).
+    It is the "process" map executor and the runner of `@node(isolate=True)`. Maps and isolated
+    calls from several threads share it: each claims the idle workers it has work for and hands
+    them back as soon as it has none, so N threads each calling an isolated node use N workers.
     """
 
     mode = "sequential"
+    enforces_timeouts = True  # a worker that runs past a node's timeout is killed
 
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
@@ -147,11 +150,13 @@ class WorkerPool:
         if self.max_tasks is not None and self.max_tasks < 1:
             raise NodeDefinitionError("max_tasks_per_worker must be at least 1")
         self.env = worker_environment(self.size)
-        self._ctx = mp.get_context(self.start_method)
-        self._folder = tempfile.mkdtemp(prefix="hardy-workers-")
+        self._launcher: launch.Launcher | None = None
+        self._folder = ""
         self._workers: list[_Worker | None] = [None] * self.size
+        self._owners: list[_Run | None] = [None] * self.size  # which map or call uses each worker
         self._started = 0
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
         self._plan_ids: weakref.WeakKeyDictionary[Plan, tuple[int, bytes]] = weakref.WeakKeyDictionary()
         self._next_plan = 0
         self._node_plans: dict[tuple[int, tuple[str, ...]], Plan] = {}
@@ -163,19 +168,21 @@ class WorkerPool:
     # --- workers ---------------------------------------------------------------------------------
 
     def _start_worker(self, slot: int) -> _Worker:
-        if self.start_method == "forkserver":
-            _ensure_forkserver(self._ctx, ("hardy.workers.worker", *self.preload), self.env)
-        self._started += 1
-        w = _Worker(self._ctx, self._folder, self._started, self.env, self.preload_libs)
+        with self._lock:
+            if self._launcher is None:
+                self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
+                self._folder = tempfile.mkdtemp(prefix="pool-", dir=self._launcher.folder)
+            self._started += 1
+            number = self._started
+        w = _Worker(self._launcher, self._folder, number, self.env, self.preload_libs)
         self._workers[slot] = w
         return w
 
     def start(self) -> None:
         """Start every worker now (otherwise they start on first use)."""
-        with self._lock:
-            for k in range(self.size):
-                if self._workers[k] is None:
-                    self._start_worker(k)
+        for k in range(self.size):
+            if self._workers[k] is None:
+                self._start_worker(k)
 
     def _replace(self, slot: int, stop: bool) -> None:
         w = self._workers[slot]
@@ -183,10 +190,31 @@ class WorkerPool:
             if stop:
                 w.stop()
             else:
+                w.process.kill()
                 w.process.join(1)
                 w.close_files()
         self._workers[slot] = None
         self.replaced += 1
+
+    def _claim(self, run: "_Run") -> list[int]:
+        """The slots `run` may use now: those it holds, plus every free one while it has work."""
+        with self._lock:
+            for slot, owner in enumerate(self._owners):
+                if owner is None and run.has_work():
+                    self._owners[slot] = run
+            return [slot for slot, owner in enumerate(self._owners) if owner is run]
+
+    def _release(self, run: "_Run", slots: Sequence[int]) -> None:
+        with self._lock:
+            for slot in slots:
+                if self._owners[slot] is run:
+                    self._owners[slot] = None
+            self._freed.notify_all()
+
+    def _wait_for_a_free_worker(self) -> None:
+        with self._lock:
+            if all(owner is not None for owner in self._owners):
+                self._freed.wait(1.0)
 
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w is not None and w.process.pid]
@@ -194,12 +222,15 @@ class WorkerPool:
     # --- shipping plans and items ----------------------------------------------------------------
 
     def _ship(self, plan: Plan) -> tuple[int, bytes]:
-        shipped = self._plan_ids.get(plan)
+        with self._lock:
+            shipped = self._plan_ids.get(plan)
+            if shipped is None:
+                self._next_plan += 1
+                plan_id = self._next_plan
         if shipped is None:
-            spec = ship_plan(plan)
-            self._next_plan += 1
-            shipped = (self._next_plan, pickle.dumps(("plan", self._next_plan, spec), protocol=5))
-            self._plan_ids[plan] = shipped
+            shipped = (plan_id, pickle.dumps(("plan", plan_id, ship_plan(plan)), protocol=5))
+            with self._lock:
+                shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
 
     def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> bytes:
@@ -208,8 +239,7 @@ class WorkerPool:
     # --- the map executor ------------------------------------------------------------------------
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
-        with self._lock:
-            _Run(self, plan, items, results).loop()
+        _Run(self, plan, items, results).loop()
 
     def isolated(self, node: Node) -> Callable[..., Any]:
         """`node` as a function whose every call runs in a worker (for @node(isolate=True))."""
@@ -218,13 +248,13 @@ class WorkerPool:
         def call(*args: Any, **kwargs: Any) -> Any:
             item = dict(zip(node.inputs, args))
             item.update(kwargs)
+            key = (id(node), tuple(item))
             with self._lock:
-                key = (id(node), tuple(item))
                 plan = self._node_plans.get(key)
                 if plan is None:
                     plan = self._node_plans[key] = Plan(Graph([node]), tuple(item), outputs)
-                results = Results(1, "raise", MapProgress(1, node.name, False))
-                _Run(self, plan, [item], results).loop()
+            results = Results(1, "raise", MapProgress(1, node.name, False))
+            _Run(self, plan, [item], results).loop()
             if results.failures:
                 err = results.failures[0]
                 err.item = None
@@ -232,24 +262,32 @@ class WorkerPool:
             out = results.values[0]
             return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
 
+        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
         if node.is_async:
             import asyncio
 
             async def acall(*args: Any, **kwargs: Any) -> Any:
                 return await asyncio.to_thread(call, *args, **kwargs)
+            acall.enforces_policy = True  # type: ignore[attr-defined]
             return acall
         return call
 
     def close(self) -> None:
+        """Stop every worker (a map still running in another thread loses its workers), then
+        give the fork server back: it stops once no other pool uses it."""
         with self._lock:
-            for k, w in enumerate(self._workers):
-                if w is not None:
-                    w.stop()
-                    self._workers[k] = None
+            workers = list(enumerate(self._workers))
+            self._workers = [None] * self.size
+            launcher, self._launcher = self._launcher, None
+        for _, w in workers:
+            if w is not None:
+                w.stop()
+        if launcher is not None:
             try:
                 os.rmdir(self._folder)
             except OSError:
                 pass
+            launch.release(self, launcher)
 
 
 class _Run:
@@ -260,6 +298,7 @@ class _Run:
         self.plan_id, self.plan_msg = pool._ship(plan)
         self.next_fresh = 0
         self.retry: deque[list[int]] = deque()
+        self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
         self.attempts: dict[int, int] = {}
         self.per_item = pool._per_item.get(self.plan_id)
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
@@ -267,8 +306,12 @@ class _Run:
             pool._chunk_bytes(self.plan_id, items, [0])
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
-        if self.retry:
-            return self.retry.popleft()
+        now = time.monotonic()
+        for chunk in self.retry:  # the first one not waiting out a backoff delay
+            if self.due.get(chunk[0], 0.0) <= now:
+                self.retry.remove(chunk)
+                self.due.pop(chunk[0], None)
+                return chunk
         remaining = len(self.items) - self.next_fresh
         if remaining <= 0:
             return None
@@ -283,16 +326,27 @@ class _Run:
         self.next_fresh += size
         return chunk
 
+    def backoff_left(self) -> float:
+        """Seconds until a retry may run, when there is no fresh item and every retry waits."""
+        if self.next_fresh < len(self.items) or not self.retry:
+            return 0.0
+        now = time.monotonic()
+        return max(0.0, min(self.due.get(chunk[0], 0.0) for chunk in self.retry) - now)
+
+    def has_work(self) -> bool:
+        return not self.results.stop and (bool(self.retry) or self.next_fresh < len(self.items))
+
     def assign(self) -> None:
+        """Give a chunk to every idle worker this run holds; hand back those it has no work for."""
         pool = self.pool
-        for slot in range(pool.size):
-            if self.results.stop:
-                return
+        unneeded = []
+        for slot in pool._claim(self):
             w = pool._workers[slot]
             if w is not None and w.busy:
                 continue
-            if not self.retry and self.next_fresh >= len(self.items):
-                return
+            if not self.has_work():
+                unneeded.append(slot)
+                continue
             if w is not None and not w.process.is_alive():
                 log.warning("worker %d died while idle (%s); replacing it", w.number,
                             describe_exit(w.process.exitcode)[1])
@@ -302,7 +356,8 @@ class _Run:
                 w = pool._start_worker(slot)
             chunk = self.next_chunk(w)
             if not chunk:
-                return
+                unneeded.append(slot)
+                continue
             data = pool._chunk_bytes(self.plan_id, self.items, chunk)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
@@ -316,20 +371,33 @@ class _Run:
                 w.send(data)
             except OSError:  # it died just now: its chunk goes back to the queue
                 self.on_death(w)
+        if unneeded:
+            pool._release(self, unneeded)
+
+    def mine(self) -> list[_Worker]:
+        pool = self.pool
+        return [w for w, owner in zip(pool._workers, pool._owners) if owner is self and w is not None]
 
     def loop(self) -> None:
         pool = self.pool
         try:
             while True:
                 self.assign()
-                busy = [w for w in pool._workers if w is not None and w.busy]
+                busy = [w for w in self.mine() if w.busy]
                 if not busy:
-                    return
+                    if not self.has_work():
+                        return
+                    backoff = self.backoff_left()
+                    if backoff:  # only retries waiting out their backoff delay (hardy.policy)
+                        time.sleep(backoff)
+                    else:
+                        pool._wait_for_a_free_worker()  # other threads' maps or calls hold them all
+                    continue
                 waitables: dict[Any, _Worker] = {}
                 for w in busy:
                     waitables[w.conn] = w
                     waitables[w.process.sentinel] = w
-                ready = wait(list(waitables), timeout=TICK if self.limited else None)
+                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else None)
                 dead = []
                 for obj in ready:
                     w = waitables[obj]
@@ -345,31 +413,65 @@ class _Run:
         except BaseException:
             # Interrupted (Ctrl-C, a PicklingError): workers still busy would answer into the next
             # map, so they are replaced.
-            for slot, w in enumerate(pool._workers):
-                if w is not None and w.busy:
-                    w.process.kill()
+            for slot, held in enumerate(pool._workers):
+                if held is not None and held.busy and pool._owners[slot] is self:
                     pool._replace(slot, stop=False)
             raise
+        finally:
+            pool._release(self, range(pool.size))
 
     def receive(self, w: _Worker) -> bool:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
             while w.conn.poll():
-                msg = pickle.loads(w.conn.recv_bytes())
-                _, batch, done, elapsed = msg
+                data = w.conn.recv_bytes()
+                done, each, elapsed = worker_main.HEADER.unpack_from(data)
                 w.started_any = True
                 self.pool.start_failures = 0
-                for i, ok, value in batch:
-                    w.unsent.pop(i, None)
-                    if ok:
-                        self.results.ok(i, value)
-                    else:
-                        self.results.fail(i, value)
-                if done:
+                try:
+                    batch = pickle.loads(memoryview(data)[worker_main.HEADER.size:])
+                except Exception:  # one result cannot be read here: at chunk end, ask for each alone
+                    w.resend = True
+                    batch = []
+                if each:
+                    self.take_each(w, batch)
+                else:
+                    for i, ok, value in batch:
+                        w.unsent.pop(i, None)
+                        if ok:
+                            self.results.ok(i, value)
+                        else:
+                            self.results.fail(i, value)
+                if done and w.resend:  # the items with no result yet are those of unreadable batches
+                    w.send(pickle.dumps(("resend", list(w.unsent))))
+                    w.resend = False
+                elif done:
                     self.chunk_done(w, elapsed)
         except (EOFError, OSError):
             return False
         return True
+
+    def take_each(self, w: _Worker, batch: list[tuple[int, bool, bytes]]) -> None:
+        for i, ok, blob in batch:
+            w.unsent.pop(i, None)
+            try:
+                value = pickle.loads(blob)
+            except Exception as exc:
+                ok, value = False, self.unreadable(i, blob, exc)
+            if ok:
+                self.results.ok(i, value)
+            else:
+                self.results.fail(i, value)
+
+    def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
+        """The error for a result this process cannot unpickle: node, item and the types involved."""
+        steps = self.plan.steps
+        producers = [s.node.name for s in steps if set(s.node.outputs) & set(self.plan.outputs)]
+        types = ", ".join(globals_in(blob)) or "unknown"
+        return NodeError(" / ".join(producers) or "?", None, i,
+                         f"its result was computed but cannot be unpickled in this process "
+                         f"({type(exc).__name__}: {exc}; types in it: {types}); make those types "
+                         "importable here the same way, or return plain data")
 
     def chunk_done(self, w: _Worker, elapsed: float) -> None:
         size = w.chunk_size
@@ -430,6 +532,8 @@ class _Run:
             if self.attempts[in_flight] <= retries:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
+                if node.backoff:
+                    self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,
@@ -450,34 +554,6 @@ class _Run:
         w.unsent = {}
         w.plan = None
         pool._replace(slot, stop=False)
-
-
-def _ensure_forkserver(ctx: Any, preload: tuple[str, ...], env: dict[str, str]) -> None:
-    """Start (or restart, when the preload list changes) the fork server with the worker env.
-
-    The fork server is started with fork+exec, so it is clean even when this process has CUDA or
-    an OpenMP pool. Modules it preloads are imported there once; every worker forks from it.
-    Thread caps are put in its environment so preloaded native libraries read them at load time.
-    """
-    global _forkserver_preload
-    from multiprocessing import forkserver
-    with _forkserver_lock:
-        if _forkserver_preload == preload and forkserver._forkserver._forkserver_pid is not None:
-            return
-        if forkserver._forkserver._forkserver_pid is not None:
-            forkserver._forkserver._stop()
-        ctx.set_forkserver_preload(list(preload))
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            forkserver.ensure_running()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        _forkserver_preload = preload
 
 
 def _close_at_exit(ref: "weakref.ref[WorkerPool]") -> None:

@@ -1,7 +1,8 @@
 """The worker process: receive a plan once, run chunks of items, report each result.
 
 Kept import-light because it is imported in the fork server: each worker forks from there already
-holding this module (and whatever `preload` named), so it starts in milliseconds.
+holding this module (and whatever `preload` named), so it starts in milliseconds. A result that
+cannot be pickled here, or unpickled in the parent, fails its own item and nothing else (`_send`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,25 @@ import mmap
 import os
 import pickle
 import signal
+import struct
 import sys
 import time
 from typing import Any, Callable
 
+from multiprocessing.connection import Connection
+
+from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import NodeError
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
+from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
+HEADER = struct.Struct("??d")  # before each batch of results: chunk done, pickled item by item, elapsed
 
 
 def open_status(path: str) -> tuple[mmap.mmap, Any]:
@@ -43,22 +50,42 @@ def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]
     return call
 
 
-def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
-         preload_libs: tuple[str, ...] = ()) -> None:
+def run(fd: int) -> None:
+    """A worker's life, however it was started: `fd` is its socket to the parent process.
+
+    The first message says where its status words and faulthandler file are, and gives the
+    parent's current environment (plus thread caps), sys.path and working directory: the worker
+    imports the user's modules as the parent does, but never re-runs the parent's `__main__`.
+    """
+    conn = Connection(fd)
+    try:
+        status_path, fault_path, env, preload_libs, sys_path, cwd = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        os._exit(0)
+    watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
+    os.environ.clear()
     os.environ.update(env)
+    sys.path[:] = sys_path
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
     fault_file = open(fault_path, "w")
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    sent: list[list[Any]] = []  # the last chunk's batches of results, until the next chunk
+    # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
+    on_fatal_signal(lambda signum: _last_words(conn, sent), (*FATAL_SIGNALS, "SIGUSR1"))
     install_numba_guard()
-    if preload_libs:  # seed 001: dependencies first, so each library finds what it needs
+    if preload_libs:  # dependencies first, so each library finds what it needs
         from ..native.libs import preload
         preload(packages=[p for p in preload_libs if not os.path.isdir(p)],
                 paths=[p for p in preload_libs if os.path.isdir(p)])
     _, status = open_status(status_path)
     status[ITEM] = -1
     status[STEP] = -1
-    plans: dict[int, Plan] = {}
+    plans: dict[int, tuple[Plan, dict[str, str]] | str] = {}
     try:
         while True:
             try:
@@ -66,51 +93,111 @@ def main(conn: Any, status_path: str, fault_path: str, env: dict[str, str],
             except EOFError:
                 break
             if msg[0] == "plan":
-                plans[msg[1]] = build_plan(msg[2], wrap=lambda k, n: _marked(status, k, n.func))
+                plans[msg[1]] = _load_plan(msg[2], status)
             elif msg[0] == "chunk":
-                _run_chunk(conn, plans[msg[1]], msg[2], status)
+                _run_chunk(conn, plans[msg[1]], msg[2], status, sent)
+            elif msg[0] == "resend":
+                _resend(conn, sent, msg[1])
             else:
                 break
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave without running atexit handlers or native destructors: a library that crashes
-        # while tearing down (seed 000) cannot take results with it, they were sent already.
+        # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(0)
 
 
-def _run_chunk(conn: Any, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> None:
-    run = plan.run
+def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
+    """The plan and which node produces each output; or why it cannot be loaded here."""
+    try:
+        plan = build_plan(spec, wrap=lambda k, n: _marked(status, k, n.func))
+    except Exception as exc:
+        return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
+                "its nodes must come from the script or a module importable from the parent's sys.path "
+                "(a module loaded from elsewhere can be sent by value with "
+                "cloudpickle.register_pickle_by_value)")
+    return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
+
+
+_unsent: list[tuple[int, bool, Any]] = []  # results of the current chunk not sent yet
+_producers: dict[str, str] = {}  # output -> node, of the plan running now
+_sending = [False]
+
+
+def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]]) -> None:
+    sent.clear()
+    if isinstance(loaded, str):
+        _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
+        return
+    plan, producers = loaded
+    _producers.clear()
+    _producers.update(producers)
     start = last = time.monotonic()
-    batch: list[tuple[int, bool, Any]] = []
+    batch = _unsent
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
         try:
-            batch.append((i, True, run(item, i)))
+            batch.append((i, True, plan.run(item, i)))
         except NodeError as err:
             batch.append((i, False, portable(err)))
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
-            _send(conn, batch, False, 0.0)
-            batch = []
+            _send(conn, batch, producers, False, 0.0, sent)
             last = now
-    _send(conn, batch, True, time.monotonic() - start)
+    _send(conn, batch, producers, True, time.monotonic() - start, sent)
 
 
-def _send(conn: Any, batch: list[tuple[int, bool, Any]], done: bool, elapsed: float) -> None:
+def _last_words(conn: Any, sent: list[list[Any]]) -> None:
+    """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+    if _unsent and not _sending[0]:
+        _send(conn, _unsent, _producers, False, 0.0, sent)
+
+
+def _send(conn: Any, batch: list[tuple[int, bool, Any]], producers: dict[str, str], done: bool,
+          elapsed: float, sent: list[list[Any]]) -> None:
+    """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
+    if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),
+    so the chunk's batches are kept in `sent` until the next chunk. The batch is emptied. While
+    this runs, last words stay silent: the batch is on its way already."""
+    _sending[0] = True
     try:
-        data = dumps(("results", batch, done, elapsed))
-    except Exception:  # one unpicklable output must not cost the others
-        fixed = []
-        for i, ok, value in batch:
-            try:
-                dumps(value)
-                fixed.append((i, ok, value))
-            except Exception as exc:
-                err = NodeError("<output>", None, i, f"the result could not be pickled back to the parent: "
-                                f"{type(exc).__name__}: {exc}")
-                fixed.append((i, False, err))
-        data = dumps(("results", fixed, done, elapsed))
-    conn.send_bytes(data)
+        try:
+            data = pickle.dumps(batch, protocol=5)  # the parent has its own __main__: no need for dumps()
+        except Exception:
+            batch[:] = [_picklable(producers, i, ok, value) for i, ok, value in batch]
+            data = dumps(batch)
+        sent.append(list(batch))
+        conn.send_bytes(HEADER.pack(done, False, elapsed) + data)
+        batch.clear()
+    finally:
+        _sending[0] = False
+
+
+def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
+    """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
+    outcomes = {i: (ok, value) for batch in sent for i, ok, value in batch}
+    data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1])) for i in items], protocol=5)
+    conn.send_bytes(HEADER.pack(True, True, 0.0) + data)
+
+
+def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> tuple[int, bool, Any]:
+    """(item, ok, value), the value replaced by an error naming node and type if it cannot travel."""
+    try:
+        dumps(value)
+        return i, ok, value
+    except Exception:
+        pass
+    for name, part in (value.items() if ok else ()):
+        try:
+            dumps(part)
+        except Exception as exc:
+            return i, False, NodeError(
+                producers.get(name, name), None, i,
+                f"its output {name!r} ({type(part).__module__}.{type(part).__qualname__}) cannot be "
+                f"pickled back to the parent process ({type(exc).__name__}: {exc}); return plain data "
+                "(numbers, arrays, dicts, paths) or make the type picklable")
+    return i, False, NodeError("?", None, i, f"the result of item {i} cannot be pickled back to the parent")

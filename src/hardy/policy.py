@@ -1,0 +1,121 @@
+"""The failure policy: what every executor does when a node fails, written once.
+
+A node's `retries`, `retry_on`, `backoff` and `timeout` mean the same under every executor:
+
+- an exception whose type is in `retry_on` is retried in place (the node call alone, in whatever
+  process it runs), after a backoff delay, up to `retries` times; other exceptions fail the item;
+- a crash (the worker process died) or a timeout (the worker was killed) reruns the item on a
+  fresh worker, after a backoff delay, up to the crashing node's `retries` times;
+- `timeout` (seconds per attempt) is enforced where a call can be stopped: worker processes are
+  killed (map_executor="process", isolate=True, and the chunks of Dask, Ray and Daft, which run in
+  hardy's workers there); async nodes are cancelled (asyncio). A plain function called in this
+  process cannot be stopped, so such a plan is refused when it is built, naming what enforces it.
+
+Backoff: the delay before retry n (1, 2, ...) is drawn uniformly from [d/2, d] with
+d = min(BACKOFF_MAX, backoff * 2**(n-1)): exponential, with jitter so that many items failing
+together (a flaky service) do not retry in lockstep. `backoff=0` (the default) retries at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+from .errors import NodeDefinitionError, NodeTimeout
+
+log = logging.getLogger("hardy.policy")
+
+BACKOFF_MAX = 60.0  # seconds: the longest delay before one retry
+
+
+def delay(backoff: float, retry: int) -> float:
+    """Seconds to wait before retry number `retry` (1-based)."""
+    if not backoff:
+        return 0.0
+    import random  # only retries with a backoff pay for importing it
+    d = min(BACKOFF_MAX, backoff * 2 ** (retry - 1))
+    return d * (0.5 + random.random() / 2)
+
+
+def guard(node: Any, func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` (the callable a plan uses for `node`) under the node's policy: retried on its
+    `retry_on` exceptions; an async node also stopped at its `timeout`. The function itself when
+    there is nothing to do, so ordinary nodes pay nothing per call; a callable that enforces the
+    policy itself (a call into a worker process) is left alone."""
+    if getattr(func, "enforces_policy", False):
+        return func
+    retry_on, timeout = getattr(node, "retry_on", ()), getattr(node, "timeout", None)
+    if node.is_async and (timeout or retry_on and node.retries):
+        return _async_guard(node, func, retry_on, timeout)
+    if retry_on and node.retries:
+        return _sync_guard(node, func, retry_on)
+    return func
+
+
+def _retrying(node: Any, retry: int, what: str) -> float:
+    wait = delay(node.backoff, retry)
+    log.warning("node %r: %s; retrying (%d of %d) in %.2g s", node.name, what, retry, node.retries, wait)
+    return wait
+
+
+def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type, ...]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        retry = 0
+        while True:
+            try:
+                return func(*args, **kwargs)
+            except retry_on as exc:
+                retry += 1
+                if retry > node.retries:
+                    raise
+                time.sleep(_retrying(node, retry, f"{type(exc).__name__}: {exc}"))
+    return call
+
+
+def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type, ...],
+                 timeout: float | None) -> Callable[..., Any]:
+    import asyncio
+
+    @functools.wraps(func)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        retry = 0
+        while True:
+            task = asyncio.ensure_future(func(*args, **kwargs))
+            try:
+                done, _ = await asyncio.wait([task], timeout=timeout)
+            except BaseException:
+                task.cancel()
+                raise
+            if not done:  # a timeout of our own, never confused with a TimeoutError the node raises
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                failure = f"ran past its timeout of {timeout:g} s and was cancelled"
+                if retry >= node.retries:
+                    raise NodeTimeout(node.name, None, failure)
+            else:
+                try:
+                    return task.result()
+                except retry_on as exc:
+                    if retry >= node.retries:
+                        raise
+                    failure = f"{type(exc).__name__}: {exc}"
+            retry += 1
+            await asyncio.sleep(_retrying(node, retry, failure))
+    return call
+
+
+def check_timeouts(nodes: Iterable[Any], runner: str | None) -> None:
+    """Refuse a plan whose node has a `timeout` nothing would enforce. `runner` names what runs
+    the plan's calls in this process (None: something that enforces timeouts runs them)."""
+    if runner is None:
+        return
+    for n in nodes:
+        if n.timeout and not n.is_async and not n.isolate:
+            raise NodeDefinitionError(
+                f"node {n.name!r} has timeout={n.timeout:g}, but {runner} calls it in this process, where a "
+                "running function cannot be stopped. Timeouts are enforced by worker processes: "
+                "map_executor='process', @node(isolate=True), or the Dask, Ray and Daft executors "
+                "(async nodes are cancelled under any executor). Remove timeout= or run it there.")

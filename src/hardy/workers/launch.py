@@ -1,0 +1,251 @@
+"""Starting worker processes, and making sure none outlives this process.
+
+hardy runs its own fork servers (`server.py`) instead of multiprocessing's single process-global
+one: one per distinct (start method, preload list, worker environment), side by side, each shared
+by the pools that need it and closed with the last of them. multiprocessing's can only be
+replaced by stopping it, which waits for a server whose children still hold its pipe (the old hang
+with two engines of different `preload=`), and its workers import the user's `__main__` again
+(scripts without a `__main__` guard, `python - < file`). Ours never do either.
+
+start_method:
+- "forkserver": workers fork from a server that imported `preload` once (milliseconds per worker).
+- "spawn": the server execs a fresh interpreter for each worker.
+- "fork": workers fork from this process (only when `fork_hazards()` finds nothing, or "fork!").
+
+A SIGTERM to this process (a scheduler, `kill`) first stops every server and worker it started,
+then ends the process as SIGTERM would have; SIGKILL is covered by the servers and workers
+themselves (`lifeline.py`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from typing import Any, Callable
+
+from ..errors import WorkerStartError
+from .lifeline import die_with_parent, kill_group
+
+_HARDY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s"
+SERVER_BOOT = _BOOT % "server import serve; serve()"
+WORKER_BOOT = _BOOT % "worker import run; %s"
+
+
+class WorkerProcess:
+    """The parent's view of one worker, however it started: pid, sentinel, exit code, kill."""
+
+    def __init__(self, pid: int, sentinel: int, collect: Callable[[], int | None], close: Callable[[], None]):
+        self.pid = pid
+        self.sentinel = sentinel  # readable once the worker has ended
+        self._collect, self._close = collect, close
+        self._ended = False
+        self.exitcode: int | None = None
+        _live.add(self)
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self._ended and wait([self.sentinel], timeout):
+            self._ended = True
+            self.exitcode = self._collect()
+
+    def is_alive(self) -> bool:
+        self.join(0)
+        return not self._ended
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group: the processes its nodes started go too."""
+        if self.is_alive():
+            kill_group(self.pid)
+
+    def close(self) -> None:
+        _live.discard(self)
+        self._close()
+
+
+_live: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
+
+
+class ForkServer:
+    """A hardy fork server process: started clean (fork+exec), reachable only by this process."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
+        self.folder = tempfile.mkdtemp(prefix="hardy-server-")  # 0700: nobody else may enter
+        self.address = os.path.join(self.folder, "socket")
+        self._key = os.urandom(32)
+        self.users: set[int] = set()
+        self.label = f"preload={list(preload)}" if preload else "no preload"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.address)
+        os.chmod(self.address, 0o600)
+        listener.listen(64)  # requests queue here while the server imports `preload`
+        config = dict(listen_fd=listener.fileno(), key=self._key, folder=self.folder, spawn=spawn,
+                      preload=["hardy.workers.worker", *preload], parent=os.getpid(), boot=WORKER_BOOT,
+                      pdeathsig=threading.current_thread() is threading.main_thread())
+        try:
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT], stdin=subprocess.PIPE,
+                                            pass_fds=[listener.fileno()], env={**os.environ, **env},
+                                            start_new_session=True)
+        finally:
+            listener.close()
+        assert self.process.stdin is not None
+        self.process.stdin.write(pickle.dumps(config))
+        self.process.stdin.flush()  # stays open: its end-of-file tells the server we are gone
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def start_worker(self) -> tuple[WorkerProcess, Connection]:
+        ours, theirs = socket.socketpair()
+        status: Connection | None = None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(self.address)
+                status = Connection(os.dup(s.fileno()))
+                answer_challenge(status, self._key)
+                deliver_challenge(status, self._key)
+                reduction.sendfds(s, [theirs.fileno()])
+            kind, value = pickle.loads(status.recv_bytes())
+        except (OSError, EOFError) as exc:
+            ours.close()
+            if status is not None:
+                status.close()
+            code = self.process.poll()
+            raise WorkerStartError(
+                f"the fork server ({self.label}) "
+                + (f"exited with code {code}" if code is not None else f"did not answer ({exc})")
+                + "; a module in preload= may crash on import: try importing it in a plain python") from exc
+        finally:
+            theirs.close()
+        if kind == "error":
+            status.close()
+            raise WorkerStartError(value)
+        return WorkerProcess(value, status.fileno(), lambda: _exit_status(status), status.close), \
+            Connection(ours.detach())
+
+    def stop(self, wait: bool = True) -> None:
+        """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        except OSError:
+            pass
+        if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
+            return
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _exit_status(status: Connection) -> int | None:
+    try:
+        kind, code = pickle.loads(status.recv_bytes())
+        return code if kind == "exit" else None
+    except (EOFError, OSError):
+        return None  # the server itself died: the worker went with it
+
+
+class Forker:
+    """start_method="fork": workers are forks of this process, reaped here."""
+
+    alive = True
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="hardy-workers-")
+        self.users: set[int] = set()
+
+    def start_worker(self) -> tuple[WorkerProcess, Connection]:
+        ours, theirs = socket.socketpair()
+        parent, main_thread = os.getpid(), threading.current_thread() is threading.main_thread()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                os.setsid()
+                if main_thread:  # PDEATHSIG follows the forking thread: only the main one lives long enough
+                    die_with_parent(parent)
+                from .worker import run
+                run(theirs.detach())
+            finally:
+                os._exit(1)
+        theirs.close()
+        pidfd = os.pidfd_open(pid)
+
+        def collect() -> int | None:
+            kill_group(pid)  # not reaped yet, so the group id still names only its processes
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return WorkerProcess(pid, pidfd, collect, lambda: os.close(pidfd)), Connection(ours.detach())
+
+    def stop(self, wait: bool = True) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+Launcher = ForkServer | Forker
+_launchers: dict[tuple[Any, ...], Launcher] = {}
+_lock = threading.Lock()
+
+
+def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> Launcher:
+    """The launcher for these settings, shared with pools that use the same ones."""
+    _watch_sigterm()
+    key: tuple[Any, ...] = (start_method, preload if start_method == "forkserver" else (),
+                            tuple(sorted(env.items())))
+    if start_method == "fork":  # never shared: each pool reaps its own forks
+        key += (id(user),)
+    with _lock:
+        launcher = _launchers.get(key)
+        if launcher is None or not launcher.alive:
+            launcher = _launchers[key] = (Forker() if start_method == "fork" else
+                                          ForkServer(key[1], env, spawn=start_method == "spawn"))
+        launcher.users.add(id(user))
+        return launcher
+
+
+def release(user: object, launcher: Launcher) -> None:
+    """`user` no longer needs the launcher; the last user stops it (its workers are gone by then)."""
+    with _lock:
+        launcher.users.discard(id(user))
+        if launcher.users:
+            return
+        for key, value in list(_launchers.items()):
+            if value is launcher:
+                del _launchers[key]
+    launcher.stop()
+
+
+def _stop_everything(wait: bool = True) -> None:
+    """Kill every worker's group and stop every server; takes no lock, so a signal handler may."""
+    for w in list(_live):
+        w.kill()  # only while it runs: an ended worker's pid may name someone else by now
+    for launcher in list(_launchers.values()):
+        launcher.stop(wait)
+
+
+def _watch_sigterm() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _stop_everything(wait=False)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # end as SIGTERM would have: same exit status
+
+
+atexit.register(_stop_everything)

@@ -1,0 +1,175 @@
+"""The fork server process: imports `preload` once, then forks one worker per authenticated request.
+
+Started clean by fork+exec (`launch.ForkServer`), so no CUDA context, OpenMP pool or lock of the
+user's process is ever inherited. Its standard input is a pipe only the parent process writes: it
+reads its configuration there, and end-of-file means the parent has closed it or died. Either way
+it kills every worker's process group, removes its folder and exits, so nothing outlives the user's
+process. It never waits on a child that is still running, so closing it cannot hang.
+
+Who may ask for a worker: the listening socket lives in a 0700 folder; each connection's peer uid
+(SO_PEERCRED) must be ours; and the peer must answer an HMAC challenge on a random key that only
+the parent holds (multiprocessing.connection's own challenge, both ways).
+
+Each exchange: the parent connects, both sides authenticate, the parent sends the worker's end of a
+socket pair (SCM_RIGHTS); the server forks and replies ("pid", pid), later ("exit", code).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import sys
+import traceback
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+from .lifeline import die_with_parent, kill_group
+
+AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def serve() -> None:
+    config = pickle.load(sys.stdin.buffer)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leave through the clean-up below
+    if config["pdeathsig"]:
+        die_with_parent(config["parent"], signal.SIGTERM)
+    listener = socket.socket(fileno=config["listen_fd"])
+    failure = _preload(config["preload"])
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, Connection] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ, "parent")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    sel.register(listener, selectors.EVENT_READ, "request")
+    closing = [0, wake_r, wake_w, listener.fileno()]
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.data == "parent":
+                    return  # end of file: the parent closed us or died
+                if key.data == "child":
+                    os.read(wake_r, 4096)
+                    _reap(children)
+                else:
+                    _answer(listener, config, failure, children, closing)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent's death signal must not cut this short
+        for pid in children:
+            kill_group(pid)
+        for pid in list(children):
+            _reap_one(pid, children)
+        shutil.rmtree(config["folder"], ignore_errors=True)
+        os._exit(0)
+
+
+def _preload(modules: list[str]) -> str | None:
+    """Import the preload modules; the error text if one fails (reported to every request)."""
+    import importlib
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:
+            return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
+                    f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
+                    + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
+    return None
+
+
+def _answer(listener: socket.socket, config: dict, failure: str | None,
+            children: dict[int, Connection], closing: list[int]) -> None:
+    """One request: check who asks, authenticate, fork a worker. A bad peer costs only its request."""
+    try:
+        sock, _ = listener.accept()
+    except OSError:
+        return
+    with sock:
+        if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the 0700 folder and the key remain
+            _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+            if uid != os.getuid():
+                return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", AUTH_TIMEOUT, 0))
+        conn = Connection(os.dup(sock.fileno()))
+        try:
+            deliver_challenge(conn, config["key"])
+            answer_challenge(conn, config["key"])
+            (fd,) = reduction.recvfds(sock, 1)
+        except Exception:  # wrong key, a peer that went away or stalls: refuse this one only
+            conn.close()
+            return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+        if failure:
+            conn.send_bytes(pickle.dumps(("error", failure)))
+            conn.close()
+            os.close(fd)
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _become_worker(fd, config, closing + [conn.fileno(), sock.fileno()]
+                               + [c.fileno() for c in children.values()])
+            finally:
+                os._exit(1)
+        os.close(fd)
+        children[pid] = conn
+        try:
+            conn.send_bytes(pickle.dumps(("pid", pid)))
+        except OSError:
+            pass
+
+
+def _become_worker(fd: int, config: dict, closing: list[int]) -> None:
+    server = os.getppid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for other in closing:
+        try:
+            os.close(other)
+        except OSError:
+            pass
+    os.setsid()  # its own process group: whatever its nodes start goes with it
+    die_with_parent(server)
+    if config["spawn"]:  # a fresh interpreter per worker: nothing of the server is inherited
+        os.set_inheritable(fd, True)
+        os.execv(sys.executable, [sys.executable, "-c", config["boot"] % f"run({fd})"])
+    from .worker import run
+    run(fd)
+
+
+def _reap(children: dict[int, Connection]) -> None:
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        _reap_one(info.si_pid, children)
+
+
+def _reap_one(pid: int, children: dict[int, Connection]) -> None:
+    """Kill what is left of the worker's group while its pid still names it, then collect it."""
+    kill_group(pid)
+    try:
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+    except ChildProcessError:
+        code = None
+    conn = children.pop(pid, None)
+    if conn is not None:
+        try:
+            conn.send_bytes(pickle.dumps(("exit", code)))
+        except OSError:
+            pass
+        conn.close()

@@ -1,0 +1,437 @@
+"""Worker processes and fork servers: started side by side, never outliving their parent, never
+re-running the user's script, reachable by nobody else. Real processes, real signals, real users.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy.errors import WorkerStartError
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+GONE_WITHIN = 20  # seconds: a generous bound for "every process has ended", not a timing claim
+
+
+def _gone(pids: list[int]) -> list[int]:
+    """Wait until none of `pids` runs (a zombie no one reaps counts as ended); those still running."""
+    deadline = time.monotonic() + GONE_WITHIN
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _wait_for(path: Path) -> str:
+    deadline = time.monotonic() + 60
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "user_script.py"
+    script.write_text(textwrap.dedent(body))
+    return script
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "PYTHONPATH": SRC, "TMPDIR": str(tmp)}
+
+
+# --- 1. fork servers side by side ----------------------------------------------------------------
+
+
+@node(output_name="seen")
+def what_worker_has(x: int) -> tuple[int, bool, bool, str]:
+    return os.getpid(), "colorsys" in sys.modules, "wave" in sys.modules, os.environ["OMP_NUM_THREADS"]
+
+
+def _seen(engine: Engine, n: int = 4) -> set:
+    out = Pipeline(nodes=[what_worker_has], engine=engine).map(inputs={"x": list(range(n))}, map_over="x")
+    return {o["seen"][1:] for o in out}
+
+
+@pytest.mark.timeout(120)
+def test_engines_with_different_preloads_and_caps_work_in_any_order_and_at_once(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # an earlier import may have set it
+    cores = os.cpu_count() or 1
+    a = Engine(map_executor="process", workers=1, preload=["colorsys"])
+    b = Engine(map_executor="process", workers=2, preload=["wave"])
+    want_a = {(True, False, str(max(1, cores)))}
+    want_b = {(False, True, str(max(1, cores // 2)))}
+    # the old hang: a second preload list while the first engine's workers live, then the first again
+    assert _seen(a) == want_a
+    assert _seen(b) == want_b
+    assert _seen(a) == want_a
+    servers = {a.process_pool()._launcher.process.pid, b.process_pool()._launcher.process.pid}
+    assert len(servers) == 2
+    seen: dict[str, set] = {}
+
+    def use(name: str, engine: Engine) -> None:
+        for _ in range(3):
+            seen.setdefault(name, set()).update(_seen(engine, 8))
+
+    threads = [threading.Thread(target=use, args=(n, e)) for n, e in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"a": want_a, "b": want_b}
+    # a third engine with a's settings shares a's server, which outlives a while it has workers
+    c = Engine(map_executor="process", workers=1, preload=["colorsys"])
+    assert _seen(c) == want_a
+    assert c.process_pool()._launcher is a.process_pool()._launcher
+    a.close()
+    assert _seen(c) == want_a and _seen(b) == want_b
+    c.close()
+    b.close()
+    assert _gone(sorted(servers)) == []  # each server closed with its last pool
+
+
+@node(output_name="value")
+def env_value(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_workers_get_the_environment_of_now_not_of_the_servers_start(monkeypatch):
+    with Engine(map_executor="process", workers=1) as first:
+        assert _seen(first, 1)
+        monkeypatch.setenv("HARDY_SET_LATER", "yes")
+        with Engine(map_executor="process", workers=1) as second:
+            out = Pipeline(nodes=[env_value], engine=second).map(inputs={"name": ["HARDY_SET_LATER"]},
+                                                                   map_over="name")
+            assert second.process_pool()._launcher is first.process_pool()._launcher
+    assert out == [{"value": "yes"}]
+
+
+def test_a_preload_that_fails_is_named_and_other_engines_keep_working():
+    with Engine(map_executor="process", workers=1, preload=["colorsys"]) as good:
+        assert _seen(good, 1)
+        with Engine(map_executor="process", workers=1, preload=["no_such_module_here"]) as bad:
+            with pytest.raises(WorkerStartError, match="preload module 'no_such_module_here' failed to import"):
+                _seen(bad, 1)
+        assert _seen(good, 1)
+
+
+# --- 2. nothing outlives the parent --------------------------------------------------------------
+
+HANGING_PARENT = """
+    import os, subprocess, sys, time
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y", timeout=600)
+    def hang(x, marker):
+        if x == 1:
+            child = subprocess.Popen(["sleep", "1000"])
+            with open(marker + ".tmp", "w") as f:
+                f.write(str(child.pid))
+            os.rename(marker + ".tmp", marker)
+            time.sleep(1000)
+        return x
+
+    engine = Engine(map_executor="process", workers=2)
+    Pipeline(nodes=[hang], engine=engine).map(inputs={"x": [0, 1, 2, 3], "marker": sys.argv[1]}, map_over="x")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_parent_ends_every_descendant(tmp_path, sig):
+    script = _script(tmp_path, HANGING_PARENT)
+    marker = tmp_path / "node-child"
+    parent = subprocess.Popen([sys.executable, str(script), str(marker)], env=_env(tmp_path))
+    try:
+        node_child = int(_wait_for(marker))
+        family = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        assert node_child in family and len(family) >= 4  # fork server, 2 workers, the node's child
+        os.kill(parent.pid, sig)
+        assert parent.wait(GONE_WITHIN) == -sig  # SIGTERM still ends it as SIGTERM does
+        assert _gone(family) == []
+        assert list((tmp_path / "tmp").iterdir()) == []  # nor any temporary file
+    finally:
+        parent.kill()
+
+
+@node(output_name="y", timeout=1)
+def start_child_then(x: int, how: str, marker: str) -> int:
+    child = subprocess.Popen(["sleep", "1000"])
+    Path(marker).write_text(str(child.pid))
+    if how == "hang":
+        time.sleep(1000)
+    elif how == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+@pytest.mark.parametrize("how, error", [("hang", NodeTimeout), ("crash", NodeCrashed), ("return", None)])
+def test_processes_a_node_starts_end_with_its_worker(tmp_path, how, error):
+    marker = tmp_path / "child"
+    with Engine(map_executor="process", workers=1) as engine:
+        out = Pipeline(nodes=[start_child_then], engine=engine).map(
+            inputs={"x": [5], "how": how, "marker": str(marker)}, map_over="x", on_error="continue")
+        if error is None:
+            assert out == [{"y": 5}]
+        else:
+            assert type(out[0].error) is error
+    assert _gone([int(marker.read_text())]) == []  # killed with the worker, or at close
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork!"])
+def test_every_start_method_kills_a_crashed_workers_children(tmp_path, start_method):
+    marker = tmp_path / "child"
+    with warnings.catch_warnings(), Engine(map_executor="process", workers=1, start_method=start_method) as engine:
+        warnings.simplefilter("ignore")  # "fork!" warns when a hazard is present
+        out = Pipeline(nodes=[start_child_then], engine=engine).map(
+            inputs={"x": [5, 6], "how": "crash", "marker": str(marker)}, map_over="x", on_error="continue")
+        assert [type(o.error) for o in out] == [NodeCrashed, NodeCrashed]
+    assert _gone([int(marker.read_text())]) == []
+
+
+INTERRUPTED_PARENT = """
+    import os, signal, sys, time
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def slow(x, marker):
+        if x == 1:
+            open(marker, "w").write("1")
+            time.sleep(1000)
+        return x
+
+    engine = Engine(map_executor="process", workers=2)
+    p = Pipeline(nodes=[slow], engine=engine)
+    try:
+        p.map(inputs={"x": [0, 1, 2], "marker": sys.argv[1]}, map_over="x")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print([o["y"] for o in p.map(inputs={"x": [5, 6], "marker": ""}, map_over="x")], flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_the_map_and_the_pool_serves_the_next(tmp_path):
+    script = _script(tmp_path, INTERRUPTED_PARENT)
+    marker = tmp_path / "started"
+    parent = subprocess.Popen([sys.executable, str(script), str(marker)], env=_env(tmp_path),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(marker)
+        family = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        os.kill(parent.pid, signal.SIGINT)
+        out, _ = parent.communicate(timeout=60)
+        assert out.splitlines() == ["interrupted", "[5, 6]"]
+        assert parent.returncode == 0
+        assert _gone(family) == []
+    finally:
+        parent.kill()
+
+
+# --- 3. no __main__ guard ------------------------------------------------------------------------
+
+UNGUARDED = """
+    import os
+    from hardy import Engine, Failed, Pipeline, node
+
+    print("top level ran in", "parent" if os.environ.get("HARDY_TEST_PARENT") else "a worker!", flush=True)
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    @node(output_name="q")
+    def shift(p):
+        if p.x == 2:
+            import ctypes
+            ctypes.string_at(0)
+        return Point(p.x + 10)
+
+    with Engine(map_executor="process", workers=2) as e:
+        out = Pipeline(nodes=[shift], engine=e).map(inputs={"p": [Point(i) for i in range(4)]}, map_over="p",
+                                                   on_error="continue")
+    print([o.error.signal if isinstance(o, Failed) else (type(o["q"]) is Point, o["q"].x) for o in out])
+"""
+EXPECTED = ["top level ran in parent", "[(True, 10), (True, 11), 'SIGSEGV', (True, 13)]"]
+
+
+def _run_user_code(tmp_path: Path, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**_env(tmp_path), "HARDY_TEST_PARENT": "1"}
+    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("how", ["script", "stdin", "-c"])
+def test_no_main_guard_is_needed(tmp_path, how):
+    code = textwrap.dedent(UNGUARDED)
+    if how == "script":
+        run = _run_user_code(tmp_path, [str(_script(tmp_path, UNGUARDED))])
+    elif how == "stdin":
+        run = _run_user_code(tmp_path, ["-"], stdin=code)
+    else:
+        run = _run_user_code(tmp_path, ["-c", code])
+    assert run.stdout.splitlines() == EXPECTED, run.stderr
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_node_from_a_module_workers_cannot_import_fails_with_the_cause_and_the_fix(tmp_path, monkeypatch):
+    import importlib.util
+    (tmp_path / "elsewhere.py").write_text("from hardy import node\n\n@node(output_name='y')\ndef f(x):\n    return x\n")
+    spec = importlib.util.spec_from_file_location("elsewhere", tmp_path / "elsewhere.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "elsewhere", module)  # loaded by path: not on sys.path
+    spec.loader.exec_module(module)
+    with Engine(map_executor="process", workers=1) as engine:
+        out = Pipeline(nodes=[module.f], engine=engine).map(inputs={"x": [1, 2]}, map_over="x",
+                                                            on_error="continue")
+    text = str(out[0].error)
+    assert "No module named 'elsewhere'" in text and "register_pickle_by_value" in text, text
+    assert "could not be loaded in the worker process" in str(out[1].error)
+
+
+def test_ipython_session_runs_a_process_map(tmp_path):
+    pytest.importorskip("IPython")
+    code = textwrap.dedent(UNGUARDED)
+    run = _run_user_code(tmp_path, ["-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", "-c", code])
+    assert run.stdout.splitlines() == EXPECTED, run.stdout + run.stderr
+
+
+# --- 4. results that cannot come back ------------------------------------------------------------
+
+
+def _refuse_outside(pid: int) -> object:
+    if os.getpid() != pid:
+        raise RuntimeError("this object only exists in the process that made it")
+    return Unloadable()
+
+
+class Unloadable:
+    """Pickles fine in the worker; unpickling it anywhere else raises (like a handle to a local GPU)."""
+
+    def __reduce__(self):
+        return _refuse_outside, (os.getpid(),)
+
+
+@node(output_name="out")
+def odd_results(x: int):
+    if x == 3:
+        return threading.Lock()  # cannot be pickled at all
+    if x == 5:
+        return Unloadable()  # cannot be unpickled in the parent
+    return x
+
+
+def test_a_result_that_cannot_come_back_fails_only_its_item():
+    with Engine(map_executor="process", workers=2) as engine:
+        out = Pipeline(nodes=[odd_results], engine=engine).map(inputs={"x": list(range(8))}, map_over="x",
+                                                                on_error="continue")
+    assert [o["out"] for i, o in enumerate(out) if i not in (3, 5)] == [0, 1, 2, 4, 6, 7]
+    lock, ghost = out[3].error, out[5].error
+    assert (lock.node, lock.item, ghost.node, ghost.item) == ("odd_results", 3, "odd_results", 5)
+    assert "_thread.lock" in str(lock) and "pickled back to the parent" in str(lock)
+    assert "cannot be unpickled in this process" in str(ghost) and "_refuse_outside" in str(ghost)
+    assert "only exists in the process that made it" in str(ghost)
+
+
+# --- 5. isolated calls from many threads ---------------------------------------------------------
+
+
+@node(output_name="met", isolate=True)
+def rendezvous(folder: str, n: int) -> tuple[int, bool]:
+    """Returns once `n` calls are inside workers at the same time (False if they never were)."""
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid(), len(os.listdir(folder)) >= n
+
+
+@pytest.mark.timeout(180)
+def test_isolated_calls_from_many_threads_use_every_worker(tmp_path):
+    n = 3
+    with Engine(workers=n) as engine:
+        p = Pipeline(nodes=[rendezvous], engine=engine)
+        out: list = []
+        threads = [threading.Thread(target=lambda: out.append(p.run(inputs={"folder": str(tmp_path), "n": n})))
+                   for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [met for _, met in (o["met"] for o in out)] == [True] * n
+    assert len({pid for pid, _ in (o["met"] for o in out)}) == n
+
+
+# --- 9. nobody else gets in ----------------------------------------------------------------------
+
+
+def _as_nobody(action) -> int:
+    """Run `action` in a forked child that has dropped to uid/gid nobody; its exit code."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os._exit(action())
+        except BaseException:
+            os._exit(99)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_cannot_reach_or_use_the_fork_server():
+    with Engine(map_executor="process", workers=1) as engine:
+        assert _seen(engine, 1)
+        server = engine.process_pool()._launcher
+        key = server._key
+
+        def connect() -> int:
+            try:
+                socket.socket(socket.AF_UNIX).connect(server.address)
+            except PermissionError:
+                return 13
+            return 0
+
+        assert _as_nobody(connect) == 13  # the 0700 folder keeps other users out
+        os.chmod(server.folder, 0o755)  # as if the folder's mode were lost: the peer check remains
+        os.chmod(server.address, 0o777)
+
+        def request_with_the_right_key() -> int:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(server.address)
+            try:
+                conn = Connection(s.detach())
+                answer_challenge(conn, key)
+                deliver_challenge(conn, key)
+            except (EOFError, OSError):
+                return 1  # the server hung up on a peer with another uid
+            return 0
+
+        assert _as_nobody(request_with_the_right_key) == 1
+        s = socket.socket(socket.AF_UNIX)  # same user, wrong key
+        s.connect(server.address)
+        with pytest.raises(AuthenticationError):
+            conn = Connection(s.detach())
+            answer_challenge(conn, b"not the key")
+        conn.close()
+        assert _seen(engine, 4)  # and the server serves its own pool as before
