@@ -29,7 +29,8 @@ from ..node import Node
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..safety.environment import worker_environment
-from ..shipping import globals_in, ship_items, ship_plan
+from .. import transport
+from ..shipping import dumps, globals_in, ship_items, ship_plan
 from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import launch
@@ -87,8 +88,8 @@ class _Worker:
     def busy(self) -> bool:
         return bool(self.unsent) or self.plan is not None
 
-    def send(self, data: bytes) -> None:
-        self.conn.send_bytes(data)
+    def send(self, data: bytes | transport.Packed) -> None:
+        transport.send(self.conn, b"", data if isinstance(data, transport.Packed) else transport.Packed(data))
 
     def kill(self, reason: str, detail: str) -> None:
         """Ask faulthandler for the stack (works inside C loops too), then SIGKILL its group."""
@@ -233,8 +234,9 @@ class WorkerPool:
                 shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
 
-    def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> bytes:
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs))
+    def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> transport.Packed:
+        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs),
+                          dump=lambda msg: transport.pack(msg, dumps))
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -303,7 +305,7 @@ class _Run:
         self.per_item = pool._per_item.get(self.plan_id)
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         if items:  # fail before any worker starts if the first item cannot travel
-            pool._chunk_bytes(self.plan_id, items, [0])
+            ship_items(items, [0])
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
         now = time.monotonic()
@@ -358,7 +360,7 @@ class _Run:
             if not chunk:
                 unneeded.append(slot)
                 continue
-            data = pool._chunk_bytes(self.plan_id, self.items, chunk)
+            data = pool._chunk(self.plan_id, self.items, chunk)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
@@ -370,6 +372,7 @@ class _Run:
                     w.plans.add(self.plan_id)
                 w.send(data)
             except OSError:  # it died just now: its chunk goes back to the queue
+                data.close()
                 self.on_death(w)
         if unneeded:
             pool._release(self, unneeded)
@@ -429,7 +432,9 @@ class _Run:
                 w.started_any = True
                 self.pool.start_failures = 0
                 try:
-                    batch = pickle.loads(memoryview(data)[worker_main.HEADER.size:])
+                    batch = transport.unpack(w.conn, memoryview(data)[worker_main.HEADER.size:])
+                except (EOFError, OSError):  # it died while passing its shared memory
+                    raise
                 except Exception:  # one result cannot be read here: at chunk end, ask for each alone
                     w.resend = True
                     batch = []

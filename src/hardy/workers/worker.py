@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import NodeError
 from ..plan import Plan
+from .. import transport
 from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
 from .lifeline import kill_group, watch_peer
@@ -89,7 +90,7 @@ def run(fd: int) -> None:
     try:
         while True:
             try:
-                msg = pickle.loads(conn.recv_bytes())
+                msg = transport.unpack(conn, memoryview(conn.recv_bytes()))
             except EOFError:
                 break
             if msg[0] == "plan":
@@ -166,15 +167,19 @@ def _send(conn: Any, batch: list[tuple[int, bool, Any]], producers: dict[str, st
     _sending[0] = True
     try:
         try:
-            data = pickle.dumps(batch, protocol=5)  # the parent has its own __main__: no need for dumps()
+            packed = transport.pack(batch, _plain)  # the parent has its own __main__: no need for dumps()
         except Exception:
             batch[:] = [_picklable(producers, i, ok, value) for i, ok, value in batch]
-            data = dumps(batch)
+            packed = transport.pack(batch, dumps)
         sent.append(list(batch))
-        conn.send_bytes(HEADER.pack(done, False, elapsed) + data)
+        transport.send(conn, HEADER.pack(done, False, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
+
+
+def _plain(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
+    return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
 
 
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
