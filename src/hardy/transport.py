@@ -17,11 +17,14 @@ bytes: a pickle starts with the PROTO opcode, a message with a segment with `MAG
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import os
 import pickle
 import socket
 import struct
+import weakref
 from typing import Any, Callable
 
 THRESHOLD = 1 << 20  # bytes: smaller buffers stay in the pickle
@@ -106,11 +109,32 @@ def unpack(conn: Any, view: memoryview) -> Any:
     if not fds:
         raise EOFError("the sender died before passing its shared-memory segment")
     try:
-        size = offsets[-2] + offsets[-1]
-        mm = mmap.mmap(fds[0], max(size, 1), flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        whole = _map(fds[0], offsets[-2] + offsets[-1])
     finally:
         for fd in fds:
             os.close(fd)
-    whole = memoryview(mm)
     buffers = [whole[offsets[2 * k]:offsets[2 * k] + offsets[2 * k + 1]] for k in range(count)]
     return pickle.loads(view[8 + 16 * count:], buffers=buffers)
+
+
+def _map(fd: int, size: int) -> memoryview:
+    """`fd`'s first `size` bytes mapped, as a view that unmaps itself when its last user is gone.
+    Not `mmap.mmap`: before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's
+    results alive at once would run the process out of descriptors."""
+    libc = _libc()
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mapping a shared-memory segment of {size} bytes: {os.strerror(err)}")
+    region = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(region, libc.munmap, addr, size)
+    return memoryview(region).cast("B")
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
