@@ -122,7 +122,7 @@ def _map(fd: int, size: int) -> memoryview:
     Not `mmap.mmap`: before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's
     results alive at once would run the process out of descriptors."""
     libc = _libc()
-    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd, 0)
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
         err = ctypes.get_errno()
         raise OSError(err, f"mapping a shared-memory segment of {size} bytes: {os.strerror(err)}")
