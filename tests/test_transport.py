@@ -63,6 +63,26 @@ def test_big_arrays_come_back_as_shared_pages_and_are_released(engine):
     assert _segments_mapped() == 0
 
 
+def test_an_input_shared_by_all_items_is_written_once(engine):
+    weights = np.full(4 * MB // 8, 0.5)
+
+    @node(output_name="y")
+    def weigh(x: float, w: np.ndarray) -> float:
+        return x * float(w.sum())
+
+    p = Pipeline(nodes=[weigh], engine=engine)
+    written = []
+    real = transport._segment
+    transport._segment = lambda raws: written.append(sum(r.nbytes for r in raws)) or real(raws)
+    try:
+        out = p.map(inputs={"x": [float(i) for i in range(64)], "w": weights}, map_over="x")
+    finally:
+        transport._segment = real
+    assert [o["y"] for o in out] == [i * 0.5 * weights.size for i in range(64)]
+    assert written == [weights.nbytes]  # once for the map, not once per chunk
+    assert _segment_fds() == 0
+
+
 def test_small_values_stay_in_the_pipe(engine):
     out = Pipeline(nodes=[scaled], engine=engine).map(inputs={"x": [np.ones(1000)] * 3, "k": 3.0}, map_over="x")
     assert float(out[2]["y"].sum()) == 3000.0 and _segments_mapped() == 0
@@ -92,12 +112,22 @@ def test_pack_and_unpack_across_a_socket():
     sender, receiver = Connection(a.detach()), Connection(b.detach())
     value = {"big": np.arange(transport.THRESHOLD // 8 + 1, dtype=np.int64), "small": np.arange(4), "n": 7}
     packed = transport.pack(value, dumps)
-    assert packed.data[:4] == transport.MAGIC and packed.fd is not None
+    assert packed.data[:4] == transport.MAGIC and len(packed.fds) == 1 and packed.owned
     transport.send(sender, b"", packed)
-    assert packed.fd is None  # the sender's descriptor is closed once sent
+    assert not packed.owned  # the sender's descriptor is closed once sent
     got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
     assert got["n"] == 7 and np.array_equal(got["big"], value["big"]) and np.array_equal(got["small"], value["small"])
     plain = transport.pack({"small": np.arange(4)}, dumps)
-    assert plain.fd is None and plain.data[:1] == b"\x80"
+    assert not plain.fds and plain.data[:1] == b"\x80"
+    weights = np.ones(transport.THRESHOLD // 8 * 2)
+    shared = transport.Shared([{"w": weights}], dumps)
+    first = transport.pack({"w": weights, "x": value["big"]}, dumps, shared)
+    second = transport.pack({"w": weights}, dumps, shared)
+    assert len(first.fds) == 2 and second.fds == first.fds[1:] and not second.owned  # written once
+    transport.send(sender, b"", first)
+    transport.send(sender, b"", second)
+    one, two = (transport.unpack(receiver, memoryview(receiver.recv_bytes())) for _ in range(2))
+    assert np.array_equal(one["x"], value["big"]) and float(one["w"].sum()) == float(two["w"].sum()) == weights.size
+    shared.close()
     sender.close()
     receiver.close()

@@ -234,9 +234,10 @@ class WorkerPool:
                 shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
 
-    def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int]) -> transport.Packed:
+    def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
+               shared: transport.Shared) -> transport.Packed:
         return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs),
-                          dump=lambda msg: transport.pack(msg, dumps))
+                          dump=lambda msg: transport.pack(msg, dumps, shared))
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -306,6 +307,7 @@ class _Run:
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         if items:  # fail before any worker starts if the first item cannot travel
             ship_items(items, [0])
+        self.shared = transport.Shared(_shared_values(items), dumps)
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
         now = time.monotonic()
@@ -360,7 +362,7 @@ class _Run:
             if not chunk:
                 unneeded.append(slot)
                 continue
-            data = pool._chunk(self.plan_id, self.items, chunk)
+            data = pool._chunk(self.plan_id, self.items, chunk, self.shared)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
@@ -421,6 +423,7 @@ class _Run:
                     pool._replace(slot, stop=False)
             raise
         finally:
+            self.shared.close()
             pool._release(self, range(pool.size))
 
     def receive(self, w: _Worker) -> bool:
@@ -565,3 +568,11 @@ def _close_at_exit(ref: "weakref.ref[WorkerPool]") -> None:
     pool = ref()
     if pool is not None:
         pool.close()
+
+
+def _shared_values(items: Sequence[dict[str, Any]]) -> list[Any]:
+    """The inputs every item holds as one same object (a map's constant inputs)."""
+    if len(items) < 2:
+        return []
+    first, last = items[0], items[-1]
+    return [v for k, v in first.items() if last.get(k, first) is v]
