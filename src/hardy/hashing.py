@@ -1,8 +1,9 @@
 """Deterministic fingerprints of values and of code, for cache keys.
 
-Values: a type-tagged canonical encoding fed to blake2b, so that `1`, `1.0`, `True` and `"1"` all
-differ, a list differs from a tuple, dicts and sets do not depend on insertion order, numpy arrays
-are hashed by dtype, shape and bytes (6.6 ms for 8 MB here), pandas objects by content (index and
+Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output), so that `1`, `1.0`,
+`True` and `"1"` all differ, a list differs from a tuple, dicts and sets do not depend on insertion
+order, numpy arrays are hashed by dtype, shape and bytes (about 1 ms for 8 MB here; why BLAKE3:
+docs/caching.md), pandas objects by content (index and
 dtypes included), dataclasses / attrs / pydantic models and plain objects by their fields (private
 state included). `__cache_key__()` overrides all of this. What cannot be encoded deterministically
 raises `UnhashableError`; there is no fallback to `id()` or `repr()` that could collide or vary.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import math
 import os
 import struct
@@ -25,7 +25,9 @@ import sysconfig
 import types
 from typing import Any, Callable
 
-FORMAT = b"hardy-key-1"
+from blake3 import blake3
+
+FORMAT = b"hardy-key-2"  # 2: BLAKE3 instead of blake2b
 DIGEST = 16
 
 
@@ -34,10 +36,10 @@ class UnhashableError(TypeError):
 
 
 def digest(*parts: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=DIGEST)
+    h = blake3()
     for p in parts:
         h.update(p)
-    return h.digest()
+    return h.digest(DIGEST)
 
 
 # --- values ---------------------------------------------------------------------------------------
@@ -45,9 +47,9 @@ def digest(*parts: bytes) -> bytes:
 
 def hash_value(value: Any) -> bytes:
     """A 16-byte digest of `value`'s content."""
-    h = hashlib.blake2b(digest_size=DIGEST)
+    h = blake3()
     encode(value, h.update)
-    return h.digest()
+    return h.digest(DIGEST)
 
 
 def encode(value: Any, out: Callable[[bytes], Any]) -> None:
@@ -168,9 +170,9 @@ def _guard(v: Any, active: set[int], ident: int | None = None) -> Any:
 
 
 def hash_value_in(v: Any, active: set[int]) -> bytes:
-    h = hashlib.blake2b(digest_size=DIGEST)
+    h = blake3()
     _encode(v, h.update, active)
-    return h.digest()
+    return h.digest(DIGEST)
 
 
 def _fields(v: Any, names: list[str], out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -260,9 +262,9 @@ def _package_version(module_name: str) -> str:
 
 def code_fingerprint(obj: Any) -> bytes:
     """What a function computes, as far as Python can see: a 16-byte digest (see module docstring)."""
-    h = hashlib.blake2b(digest_size=DIGEST)
+    h = blake3()
     _fingerprint(obj, h.update, {})
-    return h.digest()
+    return h.digest(DIGEST)
 
 
 def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:

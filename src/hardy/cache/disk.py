@@ -1,7 +1,7 @@
 """DiskCache: content-addressed node results that are verified before they are ever unpickled.
 
 Entry layout (bytes, whatever the store):  b"HRD" | format version (1 byte) | MAC (16 bytes) | pickle
-MAC = keyed blake2b(secret, FORMAT | entry key | pickle). It is the checksum and the signature at
+MAC = keyed BLAKE3(secret, FORMAT | entry key | pickle). It is the checksum and the signature at
 once: a truncated, zeroed or flipped entry, an entry copied under another key, or one written by
 anybody without the secret fails verification and is deleted, logged and recomputed. Nothing that
 fails is unpickled, so a crafted pickle in the cache directory never runs.
@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from blake3 import blake3
+
 from ..hashing import DIGEST, FORMAT, UnhashableError, code_fingerprint, digest, hash_value
 from ..node import Node
 from ..plan import MISS
@@ -32,7 +34,7 @@ from .store import EntryInfo, FileStore, LocalStore, Store
 log = logging.getLogger("hardy.cache")
 
 MAGIC = b"HRD"
-VERSION = 1
+VERSION = 2  # 2: keyed BLAKE3 MACs
 HEADER = len(MAGIC) + 1 + DIGEST
 
 
@@ -73,6 +75,7 @@ class DiskCache:
         self.store: Store = store  # type: ignore[assignment]
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
+        self._mac_key: bytes | None = None
         self.single_flight = single_flight
         self.max_size = parse_size(max_size)
         self._puts = 0
@@ -99,11 +102,12 @@ class DiskCache:
     # --- entries -----------------------------------------------------------------------------------
 
     def _mac(self, key: bytes, payload: bytes | memoryview) -> bytes:
-        h = hashlib.blake2b(key=self.secret, digest_size=DIGEST)
-        h.update(FORMAT)
+        if self._mac_key is None:  # keyed BLAKE3 takes exactly 32 bytes: derived from the secret
+            self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v2").digest()
+        h = blake3(FORMAT, key=self._mac_key)
         h.update(key)
         h.update(payload)
-        return h.digest()
+        return h.digest(DIGEST)
 
     def get(self, key: bytes, default: Any = None) -> Any:
         """The value stored under `key` if it verifies, else `default` (a bad entry is deleted)."""
@@ -257,12 +261,12 @@ def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
     """The key of one call: its fingerprint and its arguments' keys (16 bytes each)."""
-    return hashlib.blake2b(fingerprint + b"".join(arg_keys), digest_size=DIGEST).digest()
+    return blake3(fingerprint + b"".join(arg_keys)).digest(DIGEST)
 
 
 def output_key(key: bytes, output: str, n_outputs: int) -> bytes:
     """The key of one output of a call: the call's key itself, or derived for several outputs."""
-    return key if n_outputs == 1 else hashlib.blake2b(key + output.encode(), digest_size=DIGEST).digest()
+    return key if n_outputs == 1 else blake3(key + output.encode()).digest(DIGEST)
 
 
 def node_fingerprint(node: Node) -> bytes:
