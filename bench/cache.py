@@ -3,7 +3,9 @@
 Work: 10,000 items through 3 trivial nodes. Cold = empty cache directory, warm = the same map
 again in a new interpreter (what re-running a script costs). Targets: cold <= 1.5 s, warm >= 50,000
 items/s. Also hashing an 8 MB float64 array (target <= 10 ms) and a 100,000 x 10 DataFrame
-(<= 15 ms), against joblib.hash.
+(<= 15 ms), against joblib.hash; and deriving a node's key fingerprint (once per plan, not per
+item) when its helpers span 3 user modules reached as `a.f()`, against a self-contained node and
+against what joblib.Memory checks of a function (its own source, not its helpers).
 """
 
 from __future__ import annotations
@@ -34,6 +36,52 @@ def _t(f, x):
 print(json.dumps({"hardy": [best(hash_value, arr), best(hash_value, df)],
                   "joblib": [best(joblib.hash, arr), best(joblib.hash, df)]}))
 """
+
+
+# Three user modules: the node calls chain_a.step, which calls chain_b.step, which calls chain_c.
+CHAIN = {
+    "chain_a.py": "import chain_b\nSCALE = 3\ndef step(x):\n    return chain_b.step(x) * SCALE\n"
+                  "def unused(x):\n    return x\n",
+    "chain_b.py": "import chain_c\nfrom chain_c import OFFSET\ndef step(x):\n    return chain_c.step(x) + OFFSET\n",
+    "chain_c.py": "OFFSET = 1\nclass Norm:\n    def apply(self, x):\n        return x / 2\n"
+                  "def step(x):\n    return Norm().apply(x)\n",
+}
+
+KEYS = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import chain_a
+from joblib.func_inspect import get_func_code
+import joblib
+from hardy import node
+from hardy.cache.disk import call_fingerprint
+
+@node(output_name="y")
+def chained(x):
+    return chain_a.step(x)
+
+@node(output_name="y")
+def alone(x):
+    return x * 3 + 1
+
+def best(f):
+    f()
+    return min(_t(f) for _ in range(200))
+def _t(f):
+    t = time.perf_counter(); f(); return time.perf_counter() - t
+first = _t(lambda: call_fingerprint(chained, ["x"]))
+print(json.dumps({"first": first, "chain": best(lambda: call_fingerprint(chained, ["x"])),
+                  "alone": best(lambda: call_fingerprint(alone, ["x"])),
+                  "joblib": best(lambda: joblib.hash(get_func_code(chained.func)))}))
+"""
+
+
+def key_derivation(python: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        for name, text in CHAIN.items():
+            Path(folder, name).write_text(text)
+        out = subprocess.run([python, "-c", KEYS, folder], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def run(python: str, framework: str, folder: str) -> float:
@@ -68,3 +116,15 @@ if __name__ == "__main__":
     t2.add_row("8 MB float64 array", f"{h['hardy'][0] * 1000:.1f} ms", f"{h['joblib'][0] * 1000:.1f} ms")
     t2.add_row("100,000 x 10 DataFrame", f"{h['hardy'][1] * 1000:.1f} ms", f"{h['joblib'][1] * 1000:.1f} ms")
     console.print(t2)
+    k = key_derivation(python)
+    t3 = Table(title="a node's key fingerprint (once per plan)")
+    for col in ("node", "time", "vs self-contained node"):
+        t3.add_column(col, justify="right")
+    t3.add_row("hardy, helpers across 3 user modules, first plan", f"{k['first'] * 1e6:.0f} µs",
+               f"{k['first'] / k['alone']:.1f}x")
+    t3.add_row("hardy, helpers across 3 user modules, later plans", f"{k['chain'] * 1e6:.0f} µs",
+               f"{k['chain'] / k['alone']:.1f}x")
+    t3.add_row("hardy, self-contained", f"{k['alone'] * 1e6:.0f} µs", "1.0x")
+    t3.add_row("joblib.Memory's check (own source only)", f"{k['joblib'] * 1e6:.0f} µs",
+               f"{k['joblib'] / k['alone']:.1f}x")
+    console.print(t3)

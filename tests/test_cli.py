@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+
+import pytest
 
 from hardy import __version__
 
@@ -29,3 +32,70 @@ def test_demo_with_threads_has_no_failure():
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"succeeded\W+300\W", out.stdout) and re.search(r"failed\W+0\W", out.stdout), out.stdout
     assert "What happened" not in out.stdout
+
+
+FLOWS = """
+import os, signal
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def scale(x: int, factor: int = 2) -> int:
+    if x == 13:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x * factor
+
+pipeline = Pipeline([scale], name="flows")
+"""
+
+
+def _hardy_run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", "run", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp_path):
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"x": x}) + "\n" for x in (1, 13, 5)))
+    out = _hardy_run(tmp_path, "flows:pipeline", "--set", "factor=3", "--inputs", "items.jsonl", "--map-over", "x",
+                     "--executor", "process", "--workers", "2", "--report", "run.html")
+    assert out.returncode == 1, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines[0] == {"item": 0, "ok": True, "outputs": {"y": 3}} and lines[2]["outputs"] == {"y": 15}
+    assert lines[1]["ok"] is False and lines[1]["signal"] == "SIGSEGV" and lines[1]["node"] == "scale"
+    assert "1 of 3 item(s) failed; see run.html" in out.stderr
+    assert "worker died from SIGSEGV" in (tmp_path / "run.html").read_text()
+
+
+def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
+    (tmp_path / "flows.py").write_text(FLOWS)
+    for _ in range(2):
+        out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=[4, 5]", "--map-over", "x", "--cache", "c",
+                         "--output", "out.jsonl", "--report", "run.json")
+        assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert [json.loads(line)["outputs"]["y"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [8, 10]
+    assert json.loads((tmp_path / "run.json").read_text())["nodes"][0]["cached"] == 2  # the second run: hits
+    single = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=7")
+    assert single.returncode == 0 and json.loads(single.stdout) == {"item": 0, "ok": True, "outputs": {"y": 14}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["flows:nothing"], "has no attribute 'nothing'; pipelines there: ['pipeline']"),
+    (["nomodule:pipeline"], "cannot import 'nomodule'"),
+    (["flows:pipeline", "--set", "x"], "--set 'x' is not NAME=VALUE"),
+    (["flows:pipeline", "--set", "z=1"], "Missing required input(s): ['x']"),
+    (["flows:pipeline", "--inputs", "bad.jsonl"], "bad.jsonl line 2 is not JSON"),
+    (["flows:pipeline", "--executor", "gpu"], "Engine(map_executor='gpu') is not one of"),
+])
+def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')
+    out = _hardy_run(tmp_path, *args)
+    assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+
+
+def test_run_keeps_the_pipelines_own_engine(tmp_path):
+    (tmp_path / "own.py").write_text(FLOWS.replace('name="flows")', 'name="flows", engine=Engine(map_executor="process"))')
+                                     .replace("from hardy import Pipeline, node", "from hardy import Engine, Pipeline, node"))
+    out = _hardy_run(tmp_path, "own:pipeline", "--set", "x=[12, 13]", "--map-over", "x", "--report", "r.json")
+    assert out.returncode == 1, out.stderr  # item 1 segfaulted a worker process, not this command
+    assert json.loads((tmp_path / "r.json").read_text())["failures"][0]["signal"] == "SIGSEGV"

@@ -451,3 +451,31 @@ def test_imap_streams_a_generator_in_windows(name, executors):
     loose = list(p.imap(inputs={"x": iter(range(40))}, map_over="x", on_error="continue", ordered=False,
                         window=16))
     assert sorted(o["c"] for o in loose if not isinstance(o, Failed)) == [3 * (x + 1) for x in range(40) if x != 7]
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_node_events_come_back_from_the_engines_workers(name, executors):
+    from test_events import Log
+    log = Log()
+    p = Pipeline(nodes=[add_one, double_or_crash, total], engine=Engine(map_executor=executors[name]), callbacks=[log])
+    p.map(inputs={"x": list(range(10))}, map_over="x", on_error="continue")
+    expected = [(kind, n) for n in ("add_one", "double_or_crash", "total") for kind in ("start", "end")]
+    assert all(log.of_item(i) == expected for i in range(10) if i != 7)
+    assert os.getpid() not in {e[-1] for e in log.events if e[0] == "end"}  # the engine's workers' pids
+    assert [e[:3] for e in log.of_item(7)] == [("error", "double_or_crash", "NodeCrashed")]  # signal: if the engine says
+
+
+def test_daft_engine_node_events_from_one_and_several_udfs(tmp_path):
+    pytest.importorskip("daft")
+    from test_events import Log
+
+    from hardy.integrations.daft import DaftEngine
+    expected = [(kind, n) for n in ("add_one", "double_or_crash", "total") for kind in ("start", "end")]
+    for engine in (DaftEngine(), DaftEngine(node_resources={"double_or_crash": {"cpus": 0.5}})):
+        log = Log()
+        p = Pipeline(nodes=[add_one, double_or_crash, total], engine=engine, callbacks=[log],
+                     cache=DiskCache(tmp_path / "c"))
+        p.map(inputs={"x": [0, 1, 2]}, map_over="x")
+        assert [log.of_item(i) for i in range(3)] in ([expected] * 3, [[("cached", n) for n in
+                                                                      ("add_one", "double_or_crash", "total")]] * 3)
+        assert os.getpid() not in {e[-1] for e in log.events if e[0] in ("end", "cached")}

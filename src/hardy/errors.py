@@ -117,6 +117,17 @@ class MapInputError(HardyError, ValueError):
 # --- running nodes -------------------------------------------------------------------------------
 
 
+class _NotComputed:
+    """An input whose value did not exist yet when the node failed (its key could not be made,
+    or a node before it failed): shown as such, not as `None`, which would point at another bug."""
+
+    def __repr__(self) -> str:
+        return "(not computed yet)"
+
+
+NOT_COMPUTED = _NotComputed()
+
+
 def summarize(values: dict[str, Any], limit: int = 60) -> str:
     """A short, safe rendering of a node's inputs for error messages."""
     parts = []

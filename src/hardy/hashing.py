@@ -1,24 +1,30 @@
 """Deterministic fingerprints of values and of code, for cache keys.
 
-Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output), so that `1`, `1.0`,
-`True` and `"1"` all differ, a list differs from a tuple, dicts and sets do not depend on insertion
-order, numpy arrays are hashed by dtype, shape and bytes (about 1 ms for 8 MB here; why BLAKE3:
-docs/caching.md), pandas objects by content (index and
-dtypes included), dataclasses / attrs / pydantic models and plain objects by their fields (private
-state included). `__cache_key__()` overrides all of this. What cannot be encoded deterministically
-raises `UnhashableError`; there is no fallback to `id()` or `repr()` that could collide or vary.
+Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so that `1`, `1.0`, `True` and `"1"` all
+differ, a list differs from a tuple, dicts are hashed in insertion order (code can read the order)
+and sets independently of it, numpy arrays by dtype, shape and bytes (about 1 ms for 8 MB here), pandas
+objects by content (index and dtypes included), dataclasses / attrs / pydantic models and plain
+objects by their class's code and their fields (private state included), torch modules and
+scikit-learn estimators by class, configuration and weights. `__cache_key__()` overrides all of
+this, and `register()` teaches hashing a library type. What cannot be encoded deterministically
+raises `UnhashableError` naming the path to the part that cannot (`model.encoder._session`); there
+is no fallback to `id()` or `repr()` that could collide or vary.
 
 Code: a function's fingerprint covers its bytecode and constants (not its source text), its
-defaults, the globals and closure values it reads, and — transitively — the code of the functions
-and classes from user modules it calls. Library code is identified by name and package version.
+defaults, the globals and closure values it reads — following attribute chains read from the
+bytecode through user modules (`utils.clean`, `pkg.sub.fn`) and imports inside the function — and,
+transitively, the code of the user functions and classes reached that way. Library code is
+identified by name and package version.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import os
+import re
 import struct
 import sys
 import sysconfig
@@ -27,12 +33,47 @@ from typing import Any, Callable
 
 from blake3 import blake3
 
-FORMAT = b"hardy-key-2"  # 2: BLAKE3 instead of blake2b
+FORMAT = b"hardy-key-3"  # 3: BLAKE3 instead of blake2b
 DIGEST = 16
+
+FIXES = ("give the class a __cache_key__() method returning what identifies the object (e.g. its "
+         "constructor arguments), teach hardy a library type with hardy.hashing.register(type, function), "
+         "or opt the node out with @node(cache=False)")
 
 
 class UnhashableError(TypeError):
-    """A value has no deterministic encoding; the message says what and how to fix it."""
+    """A value has no deterministic encoding; the message says what, where and how to fix it.
+
+    `culprit` is the type that cannot be hashed and `path` the attribute / item path to it inside the
+    value that was being hashed, so the message can name `model.encoder._session`, not just a type.
+    """
+
+    def __init__(self, message: str, culprit: type | None = None, path: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.culprit, self.path, self.detail = culprit, path, message
+
+    def at(self, segment: str) -> "UnhashableError":
+        """The same error one level further out (`segment` is `.attr`, `[0]` or `['key']`)."""
+        self.path = (segment, *self.path)
+        self.args = (self.detail,)
+        return self
+
+    def describe(self, root: str) -> str:
+        """The message for a value known to the user as `root` (an input or global name)."""
+        where = root + "".join(self.path)
+        if self.culprit is None:
+            return f"{where}: {self.detail}"
+        return (f"{where} is a {self.culprit.__module__}.{self.culprit.__qualname__}, which has no "
+                f"deterministic content to hash; {FIXES}")
+
+
+_REGISTRY: dict[type, Callable[[Any], Any]] = {}
+
+
+def register(cls: type, identify: Callable[[Any], Any]) -> None:
+    """Hash instances of `cls` (and subclasses) by what `identify(value)` returns, itself hashed by
+    these rules: for library types that cannot have a `__cache_key__()` method of their own."""
+    _REGISTRY[cls] = identify
 
 
 def digest(*parts: bytes) -> bytes:
@@ -90,7 +131,7 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
     elif t is bytes:
         out(b"Y" + _len(len(v)) + v)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
-        out(b"K" + _qualname(t))
+        out(b"K" + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b""))
         _encode(v.__cache_key__(), out, active)
     elif isinstance(v, (bool, int, float, str, bytes)):  # subclasses: the class, then the base value
         base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
@@ -99,16 +140,25 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
     elif isinstance(v, (list, tuple)):
         out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else _qualname(t))
             + _len(len(v)))
-        for x in _guard(v, active):
-            _encode(x, out, active)
+        for i, x in enumerate(_guard(v, active)):
+            try:
+                _encode(x, out, active)
+            except UnhashableError as exc:
+                raise exc.at(f"[{i}]") from None
         active.discard(id(v))
-    elif t in (dict, set, frozenset) or isinstance(v, (dict, set, frozenset)):
-        # order-independent: the sorted digests of the members
-        tag = b"M" if isinstance(v, dict) else (b"Z" if isinstance(v, frozenset) else b"E")
-        members = v.items() if isinstance(v, dict) else v
-        digests = sorted(hash_value_in(m, active) for m in _guard(members, active, id(v)))
+    elif isinstance(v, dict):  # insertion order: code can read it (next(iter(d)), json.dumps)
+        out(b"M" + (b"" if t is dict else _qualname(t)) + _len(len(v)))
+        for k, x in _guard(v, active).items():
+            _encode(k, out, active)
+            try:
+                _encode(x, out, active)
+            except UnhashableError as exc:
+                raise exc.at(f"[{k!r}]") from None
         active.discard(id(v))
-        out(tag + _qualname(t) + _len(len(digests)) + b"".join(digests))
+    elif isinstance(v, (set, frozenset)):  # no order to read: the sorted digests of the members
+        digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
+        active.discard(id(v))
+        out((b"Z" if isinstance(v, frozenset) else b"E") + _qualname(t) + _len(len(digests)) + b"".join(digests))
     elif t is complex:
         out(b"C" + float.hex(v.real).encode() + b"," + float.hex(v.imag).encode() + b";")
     elif t is bytearray or t is memoryview:
@@ -133,39 +183,133 @@ def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # n
         out(b"R" + _qualname(t))
         _encode(repr(v), out, active)  # these reprs are exact and deterministic
     elif dataclasses.is_dataclass(v):
-        out(b"DC" + _qualname(t))
-        _fields(v, [f.name for f in dataclasses.fields(v)], out, active)
+        _object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
     elif hasattr(t, "__attrs_attrs__"):
-        out(b"AT" + _qualname(t))
-        _fields(v, [a.name for a in t.__attrs_attrs__], out, active)
+        _object(v, b"AT", {a.name: getattr(v, a.name) for a in t.__attrs_attrs__}, out, active)
     elif hasattr(v, "model_dump") and hasattr(t, "model_fields"):  # pydantic v2
-        out(b"PY" + _qualname(t))
-        _encode((v.model_dump(), getattr(v, "__pydantic_private__", None)), out, active)
-    elif is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__")):
-        state = dict(getattr(v, "__dict__", {}))
-        for cls in t.__mro__:
-            for s in getattr(cls, "__slots__", ()):
-                if isinstance(s, str) and hasattr(v, s) and s not in ("__dict__", "__weakref__"):
-                    state[s] = getattr(v, s)
-        if not state and not hasattr(v, "__dict__"):
-            raise UnhashableError(_cannot(t))
-        out(b"O" + _qualname(t))
-        _encode(state, out, active)
+        _object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
+                out, active)
     else:
-        raise UnhashableError(_cannot(t))
+        encoder = _library_encoder(v, t)
+        if encoder is not None:
+            encoder(v, out, active)
+        elif is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__")):
+            state = dict(getattr(v, "__dict__", {}))
+            for cls in t.__mro__:
+                for s in getattr(cls, "__slots__", ()):
+                    if isinstance(s, str) and hasattr(v, s) and s not in ("__dict__", "__weakref__"):
+                        state[s] = getattr(v, s)
+            if not state and not hasattr(v, "__dict__"):
+                raise _cannot(t)
+            _object(v, b"O", state, out, active)
+        else:
+            raise _cannot(t)
 
 
-def _cannot(t: type) -> str:
-    return (f"a {t.__module__}.{t.__qualname__} has no deterministic content to hash; give the class a "
-            "__cache_key__() method returning what identifies the object (e.g. its constructor "
-            "arguments), or opt the node out with @node(cache=False)")
+def _cannot(t: type) -> UnhashableError:
+    return UnhashableError(f"a {t.__module__}.{t.__qualname__} has no deterministic content to hash; {FIXES}", t)
 
 
-def _guard(v: Any, active: set[int], ident: int | None = None) -> Any:
-    ident = id(v) if ident is None else ident
-    if ident in active:
+def _object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    """An object by its class (the class's code too, for a user class: methods change results) and
+    its fields; a field that cannot be hashed is reported by its attribute path."""
+    t = type(v)
+    out(tag + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b""))
+    _guard(v, active)
+    _attributes(fields, out, active)
+    active.discard(id(v))
+
+
+def _attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(_len(len(fields)))
+    for name, x in fields.items():
+        _encode(name, out, active)
+        try:
+            _encode(x, out, active)
+        except UnhashableError as exc:
+            raise exc.at(f".{name}") from None
+
+
+# --- library types: registered, or known by module without importing it ------------------------
+
+
+def _library_encoder(v: Any, t: type) -> Callable[[Any, Callable[[bytes], Any], set[int]], None] | None:
+    for cls in t.__mro__:
+        if cls in _REGISTRY:
+            return _registered(_REGISTRY[cls])
+    if t is functools.partial:
+        return _encode_partial
+    if isinstance(v, re.Pattern):
+        return _registered(lambda p: (p.pattern, p.flags))
+    if t is range:
+        return _registered(lambda r: (r.start, r.stop, r.step))
+    if isinstance(v, types.SimpleNamespace) or t.__module__ == "argparse" and t.__name__ == "Namespace":
+        return _registered(vars)  # configuration objects
+    logging = sys.modules.get("logging")
+    if logging is not None and isinstance(v, logging.Logger):  # what a logger records is no result
+        return _registered(lambda lg: lg.name)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.dtype):
+        return _registered(lambda d: (d.str, str(d.descr)))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, (torch.device, torch.dtype)):  # DEVICE = torch.device("cuda")
+        return _registered(str)
+    if torch is not None and isinstance(v, torch.nn.Module):
+        return _encode_torch_module
+    sklearn_base = sys.modules.get("sklearn.base")
+    if sklearn_base is not None and isinstance(v, sklearn_base.BaseEstimator):
+        return _encode_estimator
+    if t.__module__.startswith("sklearn.") and hasattr(v, "__reduce__"):
+        return _encode_reduced  # the Cython parts of fitted estimators (a tree's nodes)
+    return None
+
+
+def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[bytes], Any], set[int]], None]:
+    def encode_registered(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+        out(b"RG" + _qualname(type(v)))
+        _encode(identify(v), out, active)
+    return encode_registered
+
+
+def _encode_partial(v: functools.partial, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"FP" + code_fingerprint(v.func))
+    _encode((v.args, v.keywords), out, active)
+
+
+_TORCH_INTERNALS: frozenset[str] | None = None
+
+
+def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A torch module: the code of each submodule's class, its configuration (the attributes it
+    was built with, `training` included) and its parameters and buffers by content; hooks and
+    torch's bookkeeping are left out."""
+    global _TORCH_INTERNALS
+    if _TORCH_INTERNALS is None:
+        _TORCH_INTERNALS = frozenset(vars(type(m).__mro__[-2]())) - {"training"}  # a bare torch.nn.Module
+    config = {k: x for k, x in vars(m).items() if k not in _TORCH_INTERNALS}
+    _object(m, b"TM", config, out, active)
+    for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
+        out(tag)
+        _attributes(members, out, active)
+
+
+def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scikit-learn estimator: its class, then its state (the parameters it was built with and
+    the fitted attributes, which scikit-learn keeps in the instance's __dict__)."""
+    state = v.__getstate__()
+    _object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
+
+
+def _encode_reduced(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    rebuild, args, *rest = v.__reduce__()
+    out(b"RD" + _qualname(type(v)))
+    _encode((args, rest[0] if rest else None), out, active)
+
+
+def _guard(v: Any, active: set[int]) -> Any:
+    if id(v) in active:
         raise UnhashableError("a value contains itself (a reference cycle); give it a __cache_key__()")
-    active.add(ident)
+    active.add(id(v))
     return v
 
 
@@ -173,13 +317,6 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
     h = blake3()
     _encode(v, h.update, active)
     return h.digest(DIGEST)
-
-
-def _fields(v: Any, names: list[str], out: Callable[[bytes], Any], active: set[int]) -> None:
-    marker = id(v)
-    _guard(v, active, marker)
-    _encode({n: getattr(v, n) for n in names}, out, active)
-    active.discard(marker)
 
 
 def _is_numpy(v: Any) -> bool:
@@ -242,6 +379,9 @@ def is_user_module(module_name: str | None) -> bool:
     """
     if not module_name:
         return True
+    known = _USER.get(module_name)
+    if known is not None:
+        return known
     if module_name == "builtins" or module_name.split(".")[0] == "hardy":
         return False
     if module_name == "__main__":
@@ -250,9 +390,19 @@ def is_user_module(module_name: str | None) -> bool:
     path = getattr(module, "__file__", None)
     if module is None or path is None:
         return module_name not in sys.builtin_module_names and module_name not in sys.stdlib_module_names
+    user = _is_user_file(path)
+    _USER[module_name] = user  # a loaded module's file does not move: resolving it once is enough
+    return user
+
+
+def _is_user_file(path: str) -> bool:
     path = os.path.realpath(path)
-    return not any(path.startswith(os.path.realpath(root) + os.sep) for root in _LIBRARY_ROOTS) \
+    return not any(path.startswith(root + os.sep) for root in _REAL_ROOTS) \
         and "site-packages" not in path and "dist-packages" not in path
+
+
+_REAL_ROOTS = tuple(os.path.realpath(root) for root in _LIBRARY_ROOTS)
+_USER: dict[str, bool] = {}
 
 
 def _package_version(module_name: str) -> str:
@@ -273,6 +423,10 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
         return
     seen[id(obj)] = len(seen)
     func = getattr(obj, "__func__", obj)  # bound methods: the function (its instance is an input)
+    if not isinstance(func, (types.FunctionType, type)) and getattr(func, "__wrapped__", None) is not None:
+        out(b"wraps:" + _qualname(type(func)))  # lru_cache, a Node: the code it wraps
+        _fingerprint(func.__wrapped__, out, seen)
+        return
     module = getattr(func, "__module__", None)
     if not is_user_module(module):
         name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
@@ -288,6 +442,12 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
             if isinstance(target, (types.FunctionType, property)):
                 out(name.encode())
                 _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
+            elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
+                out(name.encode())
+                try:
+                    _encode(member, out, set())
+                except UnhashableError:  # a class-level cache or registry: state, not configuration
+                    out(b"?")
         return
     code = getattr(func, "__code__", None)
     if code is None:
@@ -302,30 +462,150 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
     out(b"defaults")
     _encode((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
     globs = getattr(func, "__globals__", {})
+    chains = _chains(code)
     for name in sorted(_global_names(code)):
         if name in globs:
             out(b"g:" + name.encode())
-            _reference(globs[name], out, seen)
+            _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
         try:
-            _reference(cell.cell_contents, out, seen)
+            value = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned later in the enclosing function)
             out(b"empty")
+            continue
+        _reference(value, out, seen, chains.get(("c", name), ()), name, func)
+    for root in sorted(r for r in chains if r[0] == "import"):  # imports inside the function
+        out(b"i:" + root[1].encode())
+        module = _imported(root[1])
+        if module is not _ABSENT:
+            _reference(module, out, seen, chains[root], root[1], func)
 
 
-def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
-    """A global or closure value the code reads."""
+def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], chains: Any, name: str,
+               reader: Any) -> None:
+    """A global, closure value or imported module the code reads, with the attribute chains the
+    code reads from it: through a user module, what counts is what the chains reach."""
     if isinstance(value, types.ModuleType):
         out(b"mod:" + value.__name__.encode() + _package_version(value.__name__).encode())
-    elif isinstance(value, (types.FunctionType, types.MethodType, type)) or hasattr(value, "__wrapped__"):
-        _fingerprint(getattr(value, "func", value) if hasattr(value, "inputs") else value, out, seen)
-    else:
+        if is_user_module(value.__name__):
+            _module_attributes(value, out, seen, chains, name, reader)
+    elif isinstance(value, (types.FunctionType, type)) or hasattr(value, "__wrapped__"):
+        _fingerprint(value, out, seen)
+    elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
+        _fingerprint(value.__func__, out, seen)
+        _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
+    else:  # a value; an instance of a user class is keyed by its class's code too (see _object)
         try:
             _encode(value, out, set())
-        except UnhashableError:
-            # An object we cannot encode (a client, a lock): it is identified by its type only.
-            out(b"opaque:" + _qualname(type(value)))
+        except UnhashableError as exc:
+            kind = "module attribute" if "." in name else "global"
+            reader_name = f"{getattr(reader, '__module__', '?')}.{getattr(reader, '__qualname__', '?')}"
+            raise UnhashableError(f"{reader_name} reads the {kind} {name!r}: {exc.describe(name)}", exc.culprit,
+                                  exc.path) from None
+
+
+def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: dict[int, int],
+                       chains: Any, name: str, reader: Any) -> None:
+    """What a function reaches through a user module: each attribute chain, followed through
+    submodules to the first object that is not one. Read without a chain (`getattr(m, name)`,
+    passed along as a value), the module counts by all the functions and classes it defines."""
+    if not chains or () in chains:
+        if id(module) in seen:
+            out(b"@" + _len(seen[id(module)]))
+        else:
+            seen[id(module)] = len(seen)
+            for attr, value in sorted(vars(module).items()):
+                if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
+                    out(b"a:" + attr.encode())
+                    _fingerprint(value, out, seen)
+    for chain in sorted(c for c in chains if c):
+        target, path = module, name
+        for attr in chain:
+            if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
+                break
+            path += "." + attr
+            target = getattr(target, attr, _ABSENT)  # absent: the code fails the same way when it runs
+        out(b"." + path.encode())
+        if target is _ABSENT:
+            out(b"absent")
+        else:  # a user module the chain ends at is read as a value: all of it counts
+            _reference(target, out, seen, ((),) if isinstance(target, types.ModuleType) else (), path, reader)
+
+
+_ABSENT = object()
+
+
+def _imported(module_name: str) -> Any:
+    """The module an import inside a function binds. One not imported yet is imported now only if
+    it is user code: a library imported inside a node (`import torch` there, to keep the parent
+    process free of its threads) must stay unimported here; it counts by name."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    import importlib.util
+    try:
+        top = importlib.util.find_spec(module_name.split(".")[0])  # a top-level name: no code runs
+        if top is None or top.origin is None or not _is_user_file(top.origin):
+            return _ABSENT
+        return importlib.import_module(module_name)
+    except Exception:  # the node itself will fail the same way when it runs
+        return _ABSENT
+
+
+@functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
+def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]:
+    """The attribute chains the code (and its nested code) reads, from the bytecode:
+    `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
+    Roots are globals ("g"), closure cells ("c") and modules imported inside the function
+    ("import", top module): `from m import f` there, then `f.g`, is the chain m.f.g."""
+    import dis
+    found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
+        root: tuple[str, str] | None = None
+        attrs: list[str] = []
+        importing: tuple[str, str] | None = None
+        prefix: tuple[str, ...] = ()
+        last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
+        for ins in dis.get_instructions(c):
+            op = ins.opname
+            if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
+                attrs.append(ins.argval)
+                continue
+            if root is not None:
+                found.setdefault(root, set()).add(tuple(attrs))
+                root = None
+            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+                root, attrs = ("g", ins.argval), []
+            elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
+                root, attrs = ("c", ins.argval), []
+            elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
+                root, chain = bound[ins.argval]
+                attrs = list(chain)
+            elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
+                importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
+                prefix = ()
+                found.setdefault(importing, set())
+                continue
+            elif op == "IMPORT_FROM" and importing is not None:
+                prefix = (*prefix, ins.argval)
+                found[importing].add(prefix)
+                continue
+            elif op.startswith("STORE_") and importing is not None:
+                bound[ins.argval] = (importing, prefix)
+                prefix = ()
+                continue
+            elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
+                continue
+            importing = None
+            last_const = ins.argval if op == "LOAD_CONST" else None
+        if root is not None:
+            found.setdefault(root, set()).add(tuple(attrs))
+    return found
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -335,6 +615,8 @@ def _global_names(code: types.CodeType) -> set[str]:
             names |= _global_names(const)
     return names
 
+
+_CLASS_DATA = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
 
 # Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
 # `from __future__ import annotations`, inherited by exec() from its caller, do not count.

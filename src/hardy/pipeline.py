@@ -14,14 +14,15 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Sized
 
 from .engine.core import Engine, Results
 from .engine.executors import SequentialExecutor
-from .engine.streaming import stream
-from .errors import (Failed, MapError, MapInputError, MissingInputError, NodeDefinitionError,
-                     UnknownInputError, UnknownInputWarning, UnknownOutputError)
+from .engine.streaming import Shifted, stream
+from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputError, NodeDefinitionError,
+                     NodeError, UnknownInputError, UnknownInputWarning, UnknownOutputError)
 from .graph import Graph
 from .node import Node
-from .observe.callbacks import Events, PipelineCallback
-from .observe.progress import MapProgress, progress_wanted
-from .plan import Plan
+from .observe.callbacks import Events, PipelineCallback, in_call
+from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
+from .observe.report import Recorder, RunReport
+from .plan import KEYS, Plan
 from .policy import check_timeouts
 
 _DEFAULT_ENGINE = Engine()
@@ -38,14 +39,17 @@ class Pipeline:
                  cache: Any = None, strict: bool = False):
         self.name = name or "pipeline"
         self.graph = Graph(_as_node(n, i) for i, n in enumerate(nodes))
+        self._plans: dict[Any, Plan] = {}
+        self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
+        self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
         self.strict = strict
         self._bound: dict[str, Any] = {}
-        self._plans: dict[Any, Plan] = {}
-        self._with_cache: dict[int, Pipeline] = {}
         self._with_engine: dict[int, Pipeline] = {}
+        self._recorder = Recorder()  # shared with this pipeline's per-engine and per-cache copies
+        self._reports = True  # sums up cache faults after each call; not the copies nested in a map
 
     # --- structure -------------------------------------------------------------------------------
 
@@ -69,7 +73,32 @@ class Pipeline:
     @engine.setter
     def engine(self, engine: Engine) -> None:
         self._engine = engine
+        self._forget_plans()
+
+    # Settings compiled into plans: changing one after a run makes the next call compile anew.
+
+    @property
+    def cache(self) -> Any:
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: Any) -> None:
+        self._cache = cache
+        self._forget_plans()
+
+    @property
+    def callbacks(self) -> list[PipelineCallback]:
+        """A list: appending to it (or assigning a new one) takes effect from the next call."""
+        return self._callbacks
+
+    @callbacks.setter
+    def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
+        self._callbacks = _Callbacks(callbacks, self._forget_plans)
+        self._forget_plans()
+
+    def _forget_plans(self) -> None:
         self._plans.clear()
+        self._with_cache.clear()
 
     @property
     def bound_inputs(self) -> dict[str, Any]:
@@ -110,7 +139,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_plans={}, _with_cache={}, _with_engine={})
+        state.update(_plans={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
     def with_cache(self, cache: Any) -> "Pipeline":
@@ -119,7 +148,7 @@ class Pipeline:
             return self
         copy = self._with_cache.get(id(cache))
         if copy is None:
-            copy = self._copy(cache=cache)
+            copy = self._copy(_cache=cache, _reports=False)
             self._with_cache[id(cache)] = copy
         return copy
 
@@ -158,13 +187,49 @@ class Pipeline:
             return self._using(engine).run(inputs, output_name)
         values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
         try:
+            if self._engine.cache is not self._engine_cache:
+                raise KeyError  # `p.engine.cache = ...` since: see _plan
             plan = self._plans[(tuple(values), output_name, False)]
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
-        if self.callbacks:
-            events = Events(self.callbacks)
+        try:
+            if self.callbacks or self._engine.reporting:
+                return self._observed_run(values, plan)
+            return plan.run(values)
+        finally:
+            if plan.cache is not None and self._reports:
+                plan.cache.report()  # what the cache could not do, in one warning
+
+    def _observed_run(self, values: dict[str, Any], plan: Plan) -> dict[str, Any]:
+        events = Events(self._observers)
+        live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
+        if live is None:
             return events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
-        return plan.run(values)
+        live.item_start(0, None)
+        try:
+            out = events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+        except NodeError as err:
+            live.item_end(0, False)
+            self._recorder.end(self, {0: err})
+            raise
+        live.item_end(0, True)
+        self._recorder.end(self, {})
+        return out
+
+    @property
+    def _observers(self) -> list[PipelineCallback]:
+        """The callbacks, and the report recorder when the engine records reports."""
+        return [*self.callbacks, self._recorder] if self._engine.reporting else self.callbacks
+
+    def report(self) -> RunReport:
+        """The report of the last `run` or `map` (see `hardy.observe.report`): per node, per item,
+        per worker. `print()` it, `.save("run.html")` or `.to_dict()`."""
+        if self._recorder.last is None:
+            raise HardyError(
+                f"pipeline {self.name!r} has no run report yet: reports are recorded when the engine asks "
+                "for them, Engine(report=True) or Engine(report_dir=...) (or HARDY_REPORT_DIR), "
+                "then run() or map() once.")
+        return self._recorder.last
 
     @property
     def _node_ids(self) -> list[str]:
@@ -180,6 +245,9 @@ class Pipeline:
         else:
             outputs = tuple(output_name)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
+        if self._engine.cache is not self._engine_cache:  # set on the engine after a run
+            self._forget_plans()
+            self._engine_cache = self._engine.cache
         if key in self._plans:
             return self._plans[key]
         for o in outputs:
@@ -195,7 +263,7 @@ class Pipeline:
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache,
-                    on_cached=self._on_cached if self.callbacks else None)
+                    on_cached=self._on_cached)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
@@ -211,15 +279,19 @@ class Pipeline:
         return plan
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
-        if self.callbacks and isinstance(node, PipelineNode):
-            node = node.with_callbacks(self.callbacks)
+        observers = self._observers
+        if observers and isinstance(node, PipelineNode):
+            node = node.with_callbacks(observers)
         func = self._engine.node_function(node)
-        if self.callbacks:
-            func = Events(self.callbacks).instrument(node, func)
+        if observers:
+            func = Events(observers).instrument(node, func)
         return func
 
     def _on_cached(self, node_name: str, key: bytes, item: int | None) -> None:
-        Events(self.callbacks).cached(node_name, key, item)
+        count_cached()
+        observers = self._observers
+        if observers:
+            Events(observers).cached(node_name, key, item)
 
     # --- map -------------------------------------------------------------------------------------
 
@@ -237,14 +309,24 @@ class Pipeline:
             return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = _items(values, over, map_mode, lazy=False)
-        events = Events(self.callbacks, self.name, items) if self.callbacks else None
+        if plan.cache is not None and items:
+            _share_input_keys(plan, items, over, self.name)
+        observers = self._observers
+        events = Events(observers, self.name, items) if observers else None
+        live = self._recorder.begin(self, "map", n) if self._engine.reporting and not in_call() else None
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
-            results = Results(n, on_error, bar, events)
-            if events:
-                events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
-                                self._node_ids, announce=False)
-            else:
-                self._engine.run_items(plan, items, results)
+            results = Results(n, on_error, bar, events, live)
+            try:
+                if events:
+                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
+                                    self._node_ids, announce=False)
+                else:
+                    self._engine.run_items(plan, items, results)
+            finally:
+                if plan.cache is not None and self._reports:
+                    plan.cache.report()  # what the cache could not do, in one warning per map
+        if live is not None:
+            self._recorder.end(self, results.failures)
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values
@@ -269,23 +351,26 @@ class Pipeline:
         items, n = _items(values, over, map_mode, lazy=True)
         if window is None:
             window = 64 if isinstance(self._engine.map_executor, SequentialExecutor) else 1024
-        return self._stream(plan, values, items, n, window, ordered, on_error, progress)
+        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress)
 
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
-                window: int, ordered: bool, on_error: str, progress: bool | None) -> Iterator[Any]:
+                over: list[str], window: int, ordered: bool, on_error: str,
+                progress: bool | None) -> Iterator[Any]:
         import time
-        callbacks, name = self.callbacks, self.name
+        observers, name = self._observers, self.name
 
         def make_results(start: int, chunk: list, cls: type) -> Results:
-            events = Events(callbacks, name, chunk) if callbacks else None
+            if plan.cache is not None:
+                _share_input_keys(plan, chunk, over, name)
+            events = Events(observers, name, Shifted(chunk, start)) if observers else None
             return cls(len(chunk), on_error, bar, events, offset=start)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results)
-            if not callbacks:
+            if not observers:
                 yield from outcomes
                 return
-            events = Events(callbacks, name)
+            events = Events(observers, name)
             with events.opened(name, dict(values), self._node_ids, announce=False):
                 events.emit("on_map_start", n)
                 start = time.perf_counter()
@@ -408,7 +493,7 @@ class PipelineNode(Node):
         wanted = list(self._inner_outputs)
         if self.map_over:
             rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
-                                     on_error=self.on_error, progress=False)
+                                     on_error=self.on_error, progress=nested_progress())
             return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
         result = self.pipeline.run(inner, output_name=wanted)
         return tuple(result[o] for o in wanted)
@@ -427,6 +512,50 @@ def _as_node(obj: Any, position: int) -> Node:
     raise NodeDefinitionError(
         f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")
+
+
+class _Callbacks(list):
+    """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
+    the pipeline compile its plans anew."""
+
+    def __init__(self, callbacks: Sequence[PipelineCallback], changed: Callable[[], None]):
+        super().__init__(callbacks)
+        self._changed = changed
+
+
+def _notifying(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def changed(self: _Callbacks, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        self._changed()
+        return result
+    return changed
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+              "__delitem__", "__iadd__"):
+    setattr(_Callbacks, _name, _notifying(_name))
+
+
+def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
+    """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
+    the items) and the first item's own ones: a value that cannot be hashed fails the map here,
+    once, before any item runs, instead of failing every item the same way."""
+    from .hashing import UnhashableError
+    first, shared = items[0], {}
+    for name in plan.hashed_inputs:
+        try:
+            key = plan.cache.input_key(first[name], name)
+        except UnhashableError as exc:
+            users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
+            raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
+                                  f"this map: {exc}", exc.culprit, exc.path) from None
+        if name not in over:
+            shared[name] = key
+    if shared:
+        for item in items:
+            item[KEYS] = shared
 
 
 def _items(values: Mapping[str, Any], over: list[str], mode: str,

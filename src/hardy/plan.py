@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import NodeError, OutputCountError
+from .errors import NOT_COMPUTED, NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
 from .policy import guard
@@ -85,6 +85,7 @@ class Plan:
         self._on_cached = on_cached
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
+        self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
         self._compile()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -205,17 +206,19 @@ class Plan:
         for k, step in enumerate(self.steps):
             for _, v in step.args:
                 first_use.setdefault(v, k)
-        if self.keyed:
-            lines.append(f"_pk = _v.get({KEYS!r}) or {{}}")
+        # Keys of provided values may come with them (an earlier stage, or map() hashing an input
+        # shared by every item once): see `hashed_inputs`.
+        lines.append(f"_pk = _v.get({KEYS!r}) or _NOKEYS")
+        ns["_NOKEYS"] = {}
+        hashed = []
         for name in self.provided:
             wanted = self.keyed and name in self.outputs
             if wanted or name in first_use and any(cached[k] for k, s in enumerate(self.steps) if any(
                     v == name for _, v in s.args)):
                 kvar[name] = f"k{len(kvar)}"
-                key = f"_hv({var[name]}, {name!r})"
-                if self.keyed:
-                    key = f"_pk.get({name!r}) or {key}"
-                lines += [f"_s = {first_use.get(name, 0)}", f"{kvar[name]} = {key}"]
+                hashed.append(name)
+                lines += [f"_s = {first_use.get(name, 0)}", f"{kvar[name]} = _pk.get({name!r}) or _hv({var[name]}, {name!r})"]
+        self.hashed_inputs = tuple(hashed)
         for k, step in enumerate(self.steps):
             if cached[k]:
                 ns[f"_fp{k}"] = call_fingerprint(step.node, [p for p, _ in step.args])
@@ -322,7 +325,7 @@ class Plan:
             if exc.node != node.name:
                 exc.node = f"{node.name}/{exc.node}"
             return exc
-        inputs = {p: scope.get(self._vars[v]) for p, v in step.args}
+        inputs = {p: scope.get(self._vars[v], NOT_COMPUTED) for p, v in step.args}
         if isinstance(exc, _WrongOutputCount):
             got = exc.value
             shape = f"a {type(got).__name__} of length {len(got)}" if hasattr(got, "__len__") else repr(got)

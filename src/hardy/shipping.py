@@ -26,9 +26,10 @@ def ship_plan(plan: Plan) -> bytes:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
 
-def build_plan(spec: bytes, wrap: Wrap | None = None) -> Plan:
+def build_plan(spec: bytes, wrap: Wrap | None = None,
+               on_cached: Callable[[str, bytes, int | None], None] | None = None) -> Plan:
     graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
-    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed)
+    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -95,12 +96,16 @@ def ship_items(items: Sequence[dict[str, Any]], indices: Sequence[int],
 
 
 def portable(err: NodeError) -> NodeError:
-    """The error, with its cause replaced by a description if the cause cannot be pickled."""
+    """The error, with its cause replaced by a description if the cause cannot be pickled, and the
+    cause's traceback kept as text in `stack` (a traceback object does not pickle)."""
+    cause = err.__cause__
+    if cause is not None and not getattr(err, "stack", ""):
+        import traceback
+        err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     try:
         pickle.dumps(err)
         return err
     except Exception:
-        cause = err.__cause__
         err.__cause__ = RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
         return err
 

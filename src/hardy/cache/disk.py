@@ -1,23 +1,33 @@
 """DiskCache: content-addressed node results that are verified before they are ever unpickled.
 
-Entry layout (bytes, whatever the store):  b"HRD" | format version (1 byte) | MAC (16 bytes) | pickle
+Entry layout (bytes, whatever the store):
+    b"HRD" | format version (1 byte) | key id (8 bytes) | MAC (16 bytes) | pickle
 MAC = keyed BLAKE3(secret, FORMAT | entry key | pickle). It is the checksum and the signature at
-once: a truncated, zeroed or flipped entry, an entry copied under another key, or one written by
-anybody without the secret fails verification and is deleted, logged and recomputed. Nothing that
-fails is unpickled, so a crafted pickle in the cache directory never runs.
+once: a truncated, zeroed or flipped entry, or an entry copied under another key, fails verification
+and is deleted and recomputed. The key id (a keyed hash of nothing but the secret) tells an entry
+written under another secret — another user sharing the directory with a different
+HARDY_CACHE_KEY — from a damaged one: it is skipped, not deleted. Nothing that fails is unpickled,
+so a crafted pickle in the cache directory never runs.
+
+The cache never fails a node: a store that cannot be read or written (disk full, read-only mount,
+permission, I/O error, a lock held past its timeout) makes the node run uncached, and `report()`
+sums up what happened in one warning per map.
 
 See docs/caching.md for exactly what goes into a key.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import errno
 import fcntl
 import hashlib
 import hmac
 import logging
 import os
 import pickle
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,13 +39,15 @@ from ..hashing import DIGEST, FORMAT, UnhashableError, code_fingerprint, digest,
 from ..node import Node
 from ..plan import MISS
 from ..sizes import parse_size
-from .store import EntryInfo, FileStore, LocalStore, Store
+from .store import EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
 
 log = logging.getLogger("hardy.cache")
 
 MAGIC = b"HRD"
-VERSION = 2  # 2: keyed BLAKE3 MACs
-HEADER = len(MAGIC) + 1 + DIGEST
+VERSION = 3  # 3: keyed BLAKE3 MACs
+KEY_ID = 8
+HEADER = len(MAGIC) + 1 + KEY_ID + DIGEST
+FAULTS = (OSError, sqlite3.Error)  # what a store raises when its environment misbehaves
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class CacheStats:
 class VerifyReport:
     checked: int
     bad: list[str]
+    other_secret: int = 0  # entries written under another secret: kept, not checked
 
 
 class DiskCache:
@@ -79,7 +92,11 @@ class DiskCache:
         self.single_flight = single_flight
         self.max_size = parse_size(max_size)
         self._puts = 0
-        self.hits = self.misses = self.rejected = 0
+        self.hits = self.misses = self.rejected = self.skipped = 0
+        self._key_id: bytes | None = None
+        self._theirs: set[bytes] = set()  # keys whose entries another secret wrote: not overwritten
+        self._faults: collections.Counter[str] = collections.Counter()
+        self._reported = (0, 0)  # (rejected, skipped) at the last report
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "store": self.store, "secret": self._explicit_secret,
@@ -99,11 +116,42 @@ class DiskCache:
             self._secret = _secret_bytes(env) if env else _secret_file(self.path)
         return self._secret
 
+    @property
+    def key_id(self) -> bytes:
+        """Names the secret in each entry's header without revealing it."""
+        if self._key_id is None:
+            self._key_id = hashlib.blake2b(b"hardy-key-id", key=self.secret, digest_size=KEY_ID).digest()
+        return self._key_id
+
+    # --- faults: counted, summed up once, never raised into a node ----------------------------------
+
+    def _fault(self, action: str, exc: BaseException) -> None:
+        self._faults[f"could not be {action} ({_reason(exc)})"] += 1
+
+    def report(self) -> None:
+        """One warning for everything that went wrong since the last report (a map's worth): entries
+        that could not be read or written and why, damaged entries deleted, entries of another
+        secret skipped. Compiled plans' callers (a map, a worker's batch) call this at their end."""
+        rejected, skipped = self.rejected - self._reported[0], self.skipped - self._reported[1]
+        if not (self._faults or rejected or skipped):
+            return
+        parts = [f"{n} entr{'y' if n == 1 else 'ies'} {what}" for what, n in self._faults.most_common()]
+        if self._faults:
+            parts[-1] += "; those nodes ran uncached"
+        if rejected:
+            parts.append(f"{rejected} damaged entr{'y' if rejected == 1 else 'ies'} deleted and recomputed")
+        if skipped:
+            parts.append(f"{skipped} entr{'y' if skipped == 1 else 'ies'} written under another secret skipped "
+                         "(kept; set the same HARDY_CACHE_KEY for everybody sharing this directory to share them)")
+        log.warning("cache %s: %s", self.path, "; ".join(parts))
+        self._faults.clear()
+        self._reported = (self.rejected, self.skipped)
+
     # --- entries -----------------------------------------------------------------------------------
 
     def _mac(self, key: bytes, payload: bytes | memoryview) -> bytes:
         if self._mac_key is None:  # keyed BLAKE3 takes exactly 32 bytes: derived from the secret
-            self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v2").digest()
+            self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v3").digest()
         h = blake3(FORMAT, key=self._mac_key)
         h.update(key)
         h.update(payload)
@@ -111,24 +159,31 @@ class DiskCache:
 
     def get(self, key: bytes, default: Any = None) -> Any:
         """The value stored under `key` if it verifies, else `default` (a bad entry is deleted)."""
-        entry = self.store.get(key)
-        if entry is None:
+        try:
+            entry = self.store.get(key)
+            value = MISS if entry is None else self._load(key, entry)
+        except FAULTS as exc:
+            self._fault("read", exc)
+            value = MISS
+        if value is MISS:
             self.misses += 1
             return default
-        value = self._load(key, entry)
-        return default if value is MISS else value
+        return value
 
     def _load(self, key: bytes, entry: bytes) -> Any:
-        """Verify, then unpickle; a bad entry is deleted and logged, and MISS returned."""
+        """Verify, then unpickle. An entry of another secret or format is skipped (MISS); a bad
+        one is deleted (MISS); both are counted for `report()`."""
         reason = None
         if len(entry) < HEADER or entry[:3] != MAGIC:
             reason = "not a hardy entry or truncated header"
-        elif entry[3] != VERSION:
-            reason = f"format version {entry[3]}, expected {VERSION}"
+        elif entry[3] != VERSION or entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
+            self.skipped += 1  # another hardy version's, or another secret's: theirs to keep
+            self._theirs.add(key)
+            return MISS
         else:
             payload = memoryview(entry)[HEADER:]
-            if not hmac.compare_digest(entry[4:HEADER], self._mac(key, payload)):
-                reason = "MAC mismatch: truncated, corrupted, moved or written without this cache's key"
+            if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], self._mac(key, payload)):
+                reason = "MAC mismatch: truncated, corrupted or moved"
             else:
                 try:
                     value = pickle.loads(payload)
@@ -137,12 +192,18 @@ class DiskCache:
                 except Exception as exc:  # verified but unloadable: a class that changed since
                     reason = f"verified but could not be unpickled ({type(exc).__name__}: {exc})"
         self.rejected += 1
-        log.warning("cache entry %s rejected (%s); deleted, recomputing", key.hex(), reason)
-        self.store.delete(key)
+        log.debug("cache entry %s rejected (%s); deleted, recomputing", key.hex(), reason)
+        try:
+            self.store.delete(key)
+        except FAULTS as exc:
+            self._fault("deleted", exc)
         return MISS
 
     def put(self, key: bytes, value: Any) -> bool:
-        """Store `value`; False (and a log line) if it cannot be pickled — the run goes on uncached."""
+        """Store `value`; False if it cannot be pickled or stored — the run goes on uncached —
+        or if the entry under `key` is another secret's, which is left to its owner."""
+        if key in self._theirs:
+            return False
         try:
             payload = pickle.dumps(value, protocol=5)
         except Exception:
@@ -153,7 +214,11 @@ class DiskCache:
                 log.warning("result for cache key %s not cached: cannot pickle %s (%s)", key.hex(),
                             type(value).__name__, exc)
                 return False
-        self.store.put(key, MAGIC + bytes([VERSION]) + self._mac(key, payload) + payload)
+        try:
+            self.store.put(key, MAGIC + bytes([VERSION]) + self.key_id + self._mac(key, payload) + payload)
+        except FAULTS as exc:
+            self._fault("written", exc)
+            return False
         self._puts += 1
         if self.max_size is not None and self._puts % 256 == 0:
             self.prune(max_size=self.max_size)
@@ -161,13 +226,20 @@ class DiskCache:
 
     @contextlib.contextmanager
     def _flight(self, key: bytes) -> Iterator[None]:
-        """An exclusive flock per key: released by the kernel even if its holder is killed."""
-        folder = os.path.join(self.path, "locks")
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, key.hex()), os.O_CREAT | os.O_RDWR, 0o600)
+        """An exclusive flock per key: released by the kernel even if its holder is killed. The
+        holder removes the lock file once the value is stored (a process still waiting on it then
+        finds the value); a directory where locks cannot be made computes without one."""
+        path = os.path.join(self.path, "locks", key.hex())
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+            remove_quietly(path)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -180,7 +252,9 @@ class DiskCache:
         try:
             return hash_value(value)
         except UnhashableError as exc:
-            raise UnhashableError(f"input {name!r}: {exc}") from None
+            kind = type(value)
+            raise UnhashableError(f"input {name!r} (a {kind.__module__}.{kind.__qualname__}): "
+                                  f"{exc.describe(name)}", exc.culprit, exc.path) from None
 
     def lookup(self, key: bytes) -> Any:
         return self.get(key, MISS)
@@ -188,10 +262,13 @@ class DiskCache:
     def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]:
         """The verified values of those keys the cache has, in one store round trip."""
         found = {}
-        for key, entry in self.store.get_many(keys).items():
-            value = self._load(key, entry)
-            if value is not MISS:
-                found[key] = value
+        try:
+            for key, entry in self.store.get_many(keys).items():
+                value = self._load(key, entry)
+                if value is not MISS:
+                    found[key] = value
+        except FAULTS as exc:
+            self._fault("read", exc)
         self.misses += len(keys) - len(found)
         return found
 
@@ -225,38 +302,54 @@ class DiskCache:
                           newest_access=max((e.accessed for e in es), default=None))
 
     def verify(self) -> VerifyReport:
-        """Check every entry's MAC (and that it unpickles); bad ones are deleted."""
+        """Check every entry's MAC (and that it unpickles); bad ones are deleted, those written
+        under another secret counted and kept."""
         bad = []
         es = self.entries()
+        skipped = self.skipped
         for e in es:
-            if self.get(e.key, MISS) is MISS:
+            before = self.skipped
+            if self.get(e.key, MISS) is MISS and self.skipped == before:
                 bad.append(e.key.hex())
-        return VerifyReport(checked=len(es), bad=bad)
+        return VerifyReport(checked=len(es) - (self.skipped - skipped), bad=bad, other_secret=self.skipped - skipped)
 
     def prune(self, max_size: int | str | None = None, older_than: float | None = None) -> int:
         """Delete entries not used for `older_than` seconds, then least recently used ones until the
-        cache holds at most `max_size` bytes. Returns how many entries were deleted."""
+        cache holds at most `max_size` bytes; then unreferenced files and stale locks. Returns how
+        many entries were deleted. A fault (even deleting needs room in SQLite's journal) stops it
+        there, counted for `report()`, never raised: pruning also runs inside `put`."""
         limit = parse_size(max_size)
-        es = self.entries()  # least recently used first
-        now, deleted, total = time.time(), 0, sum(e.size for e in es)
-        for e in es:
-            if (older_than is not None and now - e.accessed > older_than) or (limit is not None and total > limit):
-                self.store.delete(e.key)
-                total -= e.size
-                deleted += 1
-        if isinstance(self.store, LocalStore):
-            self.store.sweep()
+        deleted = 0
+        try:
+            es = self.entries()  # least recently used first
+            now, total = time.time(), sum(e.size for e in es)
+            for e in es:
+                if (older_than is not None and now - e.accessed > older_than) or (limit is not None and total > limit):
+                    self.store.delete(e.key)
+                    total -= e.size
+                    deleted += 1
+            if isinstance(self.store, LocalStore):
+                self.store.sweep()
+            else:
+                sweep_locks(os.path.join(self.path, "locks"))
+        except FAULTS as exc:
+            self._fault("pruned", exc)
         return deleted
 
     def clear(self) -> None:
         self.store.clear()
+        sweep_locks(os.path.join(self.path, "locks"))
 
 
 # The key formulas (docs/caching.md). Compiled plans and the Daft engine both call these.
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
-    """A node's fingerprint with the names of the arguments it is given (defaults not given)."""
-    return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
+    """A node's fingerprint with the names of the arguments it is given (defaults not given).
+    Raised when a plan is built: a global the key cannot hash is named with its node."""
+    try:
+        return digest(FORMAT, node_fingerprint(node), ",".join(given).encode())
+    except UnhashableError as exc:
+        raise UnhashableError(f"node {node.name!r} cannot be cached: {exc}") from None
 
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
@@ -280,6 +373,25 @@ def node_fingerprint(node: Node) -> bytes:
     return digest(FORMAT, b"node", code_fingerprint(node.func), repr(node.outputs).encode())
 
 
+def _reason(exc: BaseException) -> str:
+    """A fault in a few words, the same for SQLite's and the filesystem's spelling of it."""
+    name = getattr(exc, "sqlite_errorname", "")
+    code = getattr(exc, "errno", None)
+    if name == "SQLITE_FULL" or code in (errno.ENOSPC, errno.EDQUOT):
+        return "disk full"
+    if name.startswith("SQLITE_READONLY") or code == errno.EROFS:
+        return "read-only"
+    if name.startswith("SQLITE_CANTOPEN"):
+        return "cannot open the index: read-only or no permission"
+    if name in ("SQLITE_PERM", "SQLITE_AUTH") or code in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if name.startswith("SQLITE_IOERR") or code == errno.EIO:
+        return "I/O error"
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return "index locked past the timeout"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _secret_bytes(secret: bytes | str) -> bytes:
     return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
 
@@ -297,13 +409,13 @@ def _secret_file(folder: str) -> bytes:
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32))
     try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
         os.link(tmp, path)
     except FileExistsError:
         pass
     finally:
-        os.unlink(tmp)
+        remove_quietly(tmp)
     with open(path, "rb") as f:
         return f.read()

@@ -15,6 +15,7 @@ more, and SQLite gives atomic, concurrent, crash-safe writes from any number of 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sqlite3
@@ -57,15 +58,74 @@ class Store(Protocol):
     def clear(self) -> None: ...
 
 
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """Only a damaged file is corruption; a full disk, a read-only mount, missing permission, an I/O
+    error or a lock held past the timeout are faults of the environment, and leave the index alone."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; before, only the message tells
+    if code is None:
+        return "malformed" in str(exc) or "not a database" in str(exc)
+    return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_file(final: str, data: bytes) -> None:
+    """Write to a unique temporary name, then rename into place: readers see the old file or the
+    new one, never half of one; the temporary file is removed if anything fails."""
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = f"{final}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def sweep_locks(folder: str) -> int:
+    """Remove lock files nobody holds (single flight's, left by killed holders). Returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+            removed += 1
+        except OSError:  # held: a computation is in flight
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 class LocalStore:
-    """A cache directory: a SQLite index plus blob files. Safe for many processes and threads."""
+    """A cache directory: a SQLite index plus blob files. Safe for many processes and threads.
+
+    Nothing is created until the first write, so opening a cache to look into it (or a prepared
+    cache on a read-only mount) leaves the filesystem as it was."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
         self.blobs = os.path.join(self.path, "blobs")
-        os.makedirs(self.blobs, exist_ok=True)
         self._db = os.path.join(self.path, "index.sqlite")
         self._local = threading.local()
+
+    def exists(self) -> bool:
+        return os.path.exists(self._db)
 
     def __getstate__(self) -> dict:
         return {"path": self.path}
@@ -88,7 +148,7 @@ class LocalStore:
             try:
                 return self._connect()
             except sqlite3.DatabaseError as exc:
-                if attempt or "locked" in str(exc):
+                if attempt or not is_corruption(exc):
                     raise
                 self._quarantine(exc)
         raise AssertionError("unreachable")
@@ -96,7 +156,15 @@ class LocalStore:
     def _connect(self) -> sqlite3.Connection:
         """A connection to the index, set up. When several processes open a fresh index at once,
         switching it to WAL can answer "database is locked" at once, without waiting for the busy
-        timeout (a lock upgrade SQLite refuses rather than risk a deadlock): that is retried."""
+        timeout (a lock upgrade SQLite refuses rather than risk a deadlock): that is retried. A
+        directory we cannot write to (a read-only mount of a prepared cache) is opened read-only."""
+        if os.path.exists(self._db) and not os.access(self.path, os.W_OK):  # (index first: it implies the folder)
+            # Nobody can write a read-only mount: the index is immutable (no -shm needed). A
+            # directory only we cannot write to is opened read-only, seeing others' writes.
+            mode = "immutable=1" if os.statvfs(self.path).f_flag & os.ST_RDONLY else "mode=ro"
+            return sqlite3.connect(f"file:{self._db}?{mode}", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        os.makedirs(self.path, exist_ok=True)
         delay, deadline = 0.002, time.monotonic() + 60
         while True:
             conn = sqlite3.connect(self._db, timeout=60, isolation_level=None, check_same_thread=False)
@@ -115,21 +183,28 @@ class LocalStore:
                 delay = min(2 * delay, 0.1)
 
     def _quarantine(self, exc: Exception) -> None:
-        """A damaged index is moved aside (entries are lost, never served wrong) and started anew."""
-        aside = f"{self._db}.damaged-{int(time.time())}-{uuid.uuid4().hex[:6]}"
+        """A damaged index is moved aside (its entries are lost, never served wrong) and a new one
+        started, at most once per clock hour: the aside name is the hour's, taken atomically with
+        link(), so processes that all find the damage at once move it once; the others reconnect."""
+        self._local.conn = None
+        aside = f"{self._db}.damaged-{time.strftime('%Y%m%d%H')}"
+        try:
+            os.link(self._db, aside)
+        except OSError:  # moved aside already this hour (or cannot be): leave it, run uncached if it stays bad
+            return
         log.warning("cache index %s is damaged (%s); moved to %s, starting a new one", self._db, exc, aside)
-        for suffix in ("", "-wal", "-shm"):
+        remove_quietly(self._db)
+        for suffix in ("-wal", "-shm"):
             try:
                 os.replace(self._db + suffix, aside + suffix)
             except OSError:
                 pass
-        self._local.conn = None
 
     def _run(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self._conn().execute(sql, args).fetchall()
         except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if not is_corruption(exc):
                 raise
             self._quarantine(exc)
             return self._conn().execute(sql, args).fetchall()
@@ -137,6 +212,8 @@ class LocalStore:
     # --- entries -----------------------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
+        if getattr(self._local, "conn", None) is None and not self.exists():
+            return None  # nothing written yet: a miss, without creating anything
         try:
             row = self._conn().execute("SELECT data, file, accessed FROM entries WHERE key = ?", (key,)).fetchone()
         except sqlite3.DatabaseError:
@@ -154,10 +231,15 @@ class LocalStore:
                 return None
         now = time.time()
         if now - (accessed or 0) > TOUCH_EVERY:
-            self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key))
+            try:
+                self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key))
+            except (sqlite3.Error, OSError):  # read-only or full: only LRU order suffers
+                pass
         return data
 
     def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, bytes]:
+        if getattr(self._local, "conn", None) is None and not self.exists():
+            return {}
         marks = ",".join("?" * len(keys))
         rows = self._run(f"SELECT key, data, file, accessed FROM entries WHERE key IN ({marks})", keys)
         found, now = {}, time.time()
@@ -176,12 +258,12 @@ class LocalStore:
         name = key.hex()
         name = os.path.join(name[:2], name)
         final = os.path.join(self.blobs, name)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        tmp = f"{final}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, final)  # readers see the old file or the new one, never half of one
-        self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, len(data), now, now))
+        write_file(final, data)
+        try:
+            self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, len(data), now, now))
+        except BaseException:  # no entry refers to the blob: do not leave it taking space
+            remove_quietly(final)
+            raise
 
     def delete(self, key: bytes) -> None:
         rows = self._run("DELETE FROM entries WHERE key = ? RETURNING file", (key,))
@@ -193,17 +275,23 @@ class LocalStore:
                     pass
 
     def entries(self) -> Iterator[EntryInfo]:
+        if not self.exists():
+            return
         for key, size, created, accessed, file in self._run(
                 "SELECT key, size, created, accessed, file FROM entries ORDER BY accessed"):
             yield EntryInfo(key, size, created, accessed, file is None)
 
     def clear(self) -> None:
-        self._run("DELETE FROM entries")
+        if self.exists():
+            self._run("DELETE FROM entries")
         self.sweep(0)
 
     def sweep(self, older_than: float = 3600.0) -> int:
-        """Remove blob files no entry refers to (left by a writer killed between rename and insert)
-        and temporary files older than `older_than` seconds. Returns how many were removed."""
+        """Remove blob files no entry refers to (left by a writer killed between rename and insert),
+        temporary files older than `older_than` seconds and lock files nobody holds. Returns how
+        many files were removed."""
+        if not self.exists():
+            return sweep_locks(os.path.join(self.path, "locks"))
         known = {f for (f,) in self._run("SELECT file FROM entries WHERE file IS NOT NULL")}
         removed, now = 0, time.time()
         for folder, _, files in os.walk(self.blobs):
@@ -220,7 +308,7 @@ class LocalStore:
                         removed += 1
                     except OSError:
                         pass
-        return removed
+        return removed + sweep_locks(os.path.join(self.path, "locks"))
 
 
 class FileStore:
@@ -234,7 +322,9 @@ class FileStore:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
         self.root = os.path.join(self.path, "entries")
-        os.makedirs(self.root, exist_ok=True)
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.root)
 
     def _file(self, key: bytes) -> str:
         name = key.hex()
@@ -256,12 +346,7 @@ class FileStore:
         return found
 
     def put(self, key: bytes, data: bytes) -> None:
-        final = self._file(key)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        tmp = f"{final}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, final)
+        write_file(self._file(key), data)
 
     def delete(self, key: bytes) -> None:
         try:

@@ -14,8 +14,13 @@ DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
 
 
 def _open(path: str):
+    """The cache in `path`; a directory holding none is said so (exit code 2), and left untouched."""
     from ..cache import DiskCache
-    return DiskCache(path)
+    cache = DiskCache(path)
+    if not cache.store.exists():
+        typer.echo(f"no hardy cache in {path}", err=True)
+        raise typer.Exit(2)
+    return cache
 
 
 def _when(ts: float | None) -> str:
@@ -55,6 +60,8 @@ def verify(path: str = DIR) -> None:
     """Check every entry's MAC; bad entries are deleted. Exit code 1 if any was bad."""
     report = _open(path).verify()
     typer.echo(f"checked {report.checked} entries, {len(report.bad)} bad (deleted)")
+    if report.other_secret:
+        typer.echo(f"{report.other_secret} entries written under another secret (HARDY_CACHE_KEY): kept, not checked")
     for key in report.bad:
         typer.echo(f"  bad: {key}")
     raise typer.Exit(1 if report.bad else 0)

@@ -13,14 +13,17 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import arguments
-from ..errors import Failed, NodeDefinitionError, NodeError
+from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
 from ..node import Node
+from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
+from ..observe.nodelog import ERROR, FIELDS
 from ..observe.progress import MapProgress
 from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 
 if TYPE_CHECKING:
     from ..observe.callbacks import Events
+    from ..observe.report import _Live
     from ..plan import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
@@ -31,42 +34,79 @@ class Results:
     """Where executors put each item's outcome, by index.
 
     Executors count items from 0; `offset` is the map's index of item 0 (a window of a streamed
-    map), added wherever an index leaves the sink: errors, callbacks and the plan's cache events."""
+    map), added wherever an index leaves the sink: errors, events, the run report and the plan's
+    cache events (a window's `Events` read their items by the map's index too)."""
 
     def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
-                 offset: int = 0):
-        self.values: list[Any] = [None] * n
+                 live: "_Live | None" = None, offset: int = 0):
         self.offset = offset
+        self.live = live  # the run report being recorded (only with events: the recorder is a callback)
+        # Executors that run items elsewhere log node events there only when someone listens.
+        self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
+        self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
+        self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
         self._raise = on_error == "raise"
         self.progress = progress
         self.events = events
         self._started: dict[int, float] = {}
+        self.retries: dict[int, int] = {}
 
-    def ok(self, i: int, out: dict[str, Any]) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+        """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
         if self.events:
-            start = self._started.pop(i, None)
-            self.events.item_done(i, self.offset + i, out, time.perf_counter() - start if start else 0.0)
+            if records:
+                self._replay(i, records, None)
+            if self._watch_items:
+                start = self._started.pop(i, None)
+                self.events.item_done(self.offset + i, out, time.perf_counter() - start if start else 0.0)
+                if self.live:
+                    self.live.item_end(self.offset + i, True)
 
-    def fail(self, i: int, err: NodeError) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
+        running it (0 where the engine does not say which), so that the node it died in reports."""
+        if self.events and (records or worker is not None):
+            if records:
+                self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+                worker = records[-1]
+            if isinstance(err, NodeCrashed) and ERROR not in records[1::FIELDS]:  # it died mid-node
+                self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
         err.item = self.offset + i
         self.failures[i] = err
         self.values[i] = Failed(err)
         self.progress.failed += 1
         if self._raise:
             self.stop = True
-        if self.events:
+        if self.events and self._watch_items:
             self._started.pop(i, None)
             self.events.item_failed(self.offset + i, err)
+            if self.live:
+                self.live.item_end(self.offset + i, False)
 
-    def started(self, i: int) -> None:
-        """An item was handed to a worker (or is about to run here)."""
-        if self.events:
+    def retried(self, i: int) -> None:
+        """Item i's worker died and the item runs again (its nodes' `retries`)."""
+        self.retries[i] = self.retries.get(i, 0) + 1
+
+    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
+        assert self.events is not None
+        _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
+        self.events.replay(self.offset + i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
+        if self.live:
+            self.live.item_ran(self.offset + i, start, end, pid)
+
+    def started(self, i: int, worker: int | None = None) -> None:
+        """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
+        if self._watch_items:
             self._started[i] = time.perf_counter()
-            self.events.item_started(i, self.offset + i)
+            if self.live:
+                self.live.item_start(self.offset + i, worker)
+            self.events.item_started(self.offset + i, worker)
+        elif worker is None and self.events:
+            self.events.in_item(self.offset + i)
 
     def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events and not self.offset:
@@ -132,13 +172,16 @@ class Engine:
     The remaining options configure worker processes (see `hardy.workers`): `preload` modules are
     imported once in the fork server; `preload_libs` (directories or package names) have their
     shared libraries loaded in dependency order in every worker (`hardy.native.preload`).
+    `report=True` records a run report of every call (`Pipeline.report()`); `report_dir` (or the
+    environment variable HARDY_REPORT_DIR, read here) also writes each one there as JSON.
+    Recording instruments node calls like a callback does, so it is off by default.
     """
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None):
+                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
         self.node_executor = node_executor
@@ -149,6 +192,8 @@ class Engine:
             preload_libs=arguments.names("Engine", "preload_libs", preload_libs),
             max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
         self.cache = cache
+        self.report_dir = report_dir or os.environ.get("HARDY_REPORT_DIR") or None
+        self.reporting = report or self.report_dir is not None
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
         self._process_pool: Any = None
@@ -157,7 +202,9 @@ class Engine:
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
         state = self.__dict__.copy()
-        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _window_runner=None)
+        # A copy inside a worker records nothing: the caller's report collects the worker's events.
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _window_runner=None, reporting=False,
+                     report_dir=None)
         if not isinstance(self.map_executor_spec, str):
             state["map_executor_spec"] = "sequential"
         return state
@@ -227,6 +274,13 @@ class Engine:
             from .streaming import WindowRunner
             self._window_runner = WindowRunner(self)
         return self._window_runner
+
+    def worker_counts(self) -> dict[str, Any]:
+        """Worker processes started, died and recycled so far, and the peak memory of those alive."""
+        pool = self._process_pool
+        if pool is None:
+            return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
+        return pool.counts()
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import Failed, MapError, NodeError
 from .core import Results
@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 
 Outcome = Any  # a result dict, or a Failed
 MakeResults = Callable[[int, list, type], Results]  # (first item's index, the items, the sink's class)
+
+
+class Shifted(Sequence):
+    """A window's items read by the map's index (what `Results` hands to a window's `Events`)."""
+
+    def __init__(self, items: list, start: int):
+        self.items, self.start = items, start
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.items[i - self.start]
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 class _Streamed(Results):

@@ -64,29 +64,31 @@ def DaftEngine(address: str | None = None, *, gpus: float = 0, cpus: float | Non
 class _Stage:
     """The UDF class: one instance per Daft worker process (see the module docstring)."""
 
-    def __init__(self, spec: bytes, last: bool, paths: list[str]):
+    def __init__(self, spec: bytes, last: bool, paths: list[str], log: bool = False):
         _prepare_worker(paths)
-        self.plan, self.last = plan_for(spec), last
+        self.plan, self.last, self.log = plan_for(spec), last, log
 
     @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)
     def run(self, states: Any) -> list[bytes]:
-        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last)) for raw in states.to_pylist()]
+        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last, self.log)) for raw in states.to_pylist()]
 
 
-def run_stage(plan: Plan, rows: list[tuple[int, bool, Any]], last: bool) -> list[tuple[int, bool, Any]]:
-    """One stage over a row of (index, ok, values so far or the NodeError): failed items pass
-    through; the last stage leaves each item's outputs, the others its values so far plus theirs."""
-    done = iter(run_contained(plan, [(i, values) for i, ok, values in rows if ok]))
+def run_stage(plan: Plan, rows: list[tuple], last: bool, log: bool = False) -> list[tuple]:
+    """One stage over a row of (index, ok, values so far or the NodeError[, node records so far]):
+    failed items pass through; the last stage leaves each item's outputs, the others its values so
+    far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's."""
+    done = iter(run_contained(plan, [(i, values) for i, ok, values, *_ in rows if ok], log))
     out = []
-    for i, ok, values in rows:
+    for i, ok, values, *records in rows:
         if ok:
-            _, ok, result = next(done)
+            _, ok, result, *more = next(done)
             if ok:
                 keys = result.pop(KEYS, {})
                 if not last:
                     result = {**values, **result, KEYS: {**values.get(KEYS, {}), **keys}}
             values = result
-        out.append((i, ok, values))
+            records = [[*(records[0] if records else []), *more[0]]] if more else records
+        out.append((i, ok, values, *records))
     return out
 
 
@@ -159,7 +161,7 @@ class DaftExecutor(RemoteExecutor):
         for n, (options, stage) in enumerate(stages):
             udf_class = daft.cls(_Stage, use_process=True, name_override="hardy", max_retries=0, **options)
             stage_spec = spec if stage is plan else ship_plan(stage)
-            udfs.append(udf_class(stage_spec, n == len(stages) - 1, self._paths()))
+            udfs.append(udf_class(stage_spec, n == len(stages) - 1, self._paths(), results.log_nodes))
         for i in range(len(items)):
             results.started(i)
         self._run(udfs, items, results)

@@ -30,6 +30,7 @@ import cloudpickle
 
 from ..engine.core import Results
 from ..errors import HardyError, NodeCrashed
+from ..observe.nodelog import item_record
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable, ship_items, ship_plan
@@ -52,18 +53,40 @@ def plan_for(spec: bytes) -> Plan:
     return plan
 
 
-def run_chunk_remote(spec: bytes, chunk: bytes) -> bytes:
+def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
     """Runs on the engine's worker: the chunk's items through the plan. Chunks and results travel
-    as one pickle each, so the engine moves bytes instead of walking thousands of small objects."""
-    return dumps(run_contained(plan_for(spec), pickle.loads(chunk)))
+    as one pickle each, so the engine moves bytes instead of walking thousands of small objects.
+    `log`: the caller listens to node events, which travel back in the rows (nodelog.py)."""
+    return dumps(run_contained(plan_for(spec), pickle.loads(chunk), log))
 
 
 _here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
 
 
-def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, bool, Any]]:
-    """(index, ok, outputs or NodeError) per item, each item run in hardy's worker process here:
-    one worker per thread that runs tasks, started on its first chunk and kept."""
+class _Rows(Results):
+    """A chunk's outcomes, with each item's node records (`log`) to send on to the caller's
+    Results; a worker's death is recorded as an item record naming it, so that the caller
+    reports the node it died in."""
+
+    def __init__(self, n: int, log: bool):
+        super().__init__(n, "continue", MapProgress(n, "chunk", False))
+        self.log_nodes = log
+        self.records: dict[int, list[Any]] = {}
+
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+        super().ok(i, out)
+        if records:
+            self.records[i] = list(records)
+
+    def fail(self, i: int, err: Any, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        super().fail(i, err)
+        if records or (worker is not None and self.log_nodes):
+            self.records[i] = list(records) or item_record(worker or 0)
+
+
+def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple]:
+    """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
+    process here: one worker per thread that runs tasks, started on its first chunk and kept."""
     pool = getattr(_here, "pool", None)
     if pool is None:
         import multiprocessing as mp
@@ -71,14 +94,15 @@ def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]]) -> list[t
         # (so that none outlives them); hardy's pool stops its worker itself, at exit.
         mp.current_process()._config.pop("daemon", None)
         pool = _here.pool = WorkerPool(workers=1)
-    results = Results(len(chunk), "continue", MapProgress(len(chunk), "chunk", False))
+    results = _Rows(len(chunk), log)
     pool.run_items(plan, [item for _, item in chunk], results)
-    rows: list[tuple[int, bool, Any]] = []
+    rows: list[tuple] = []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
         if err is not None:
             err.item = i
-        rows.append((i, True, results.values[k]) if err is None else (i, False, portable(err)))
+        row = (i, True, results.values[k]) if err is None else (i, False, portable(err))
+        rows.append((*row, results.records[k]) if k in results.records else row)
     return rows
 
 
@@ -143,12 +167,12 @@ class RemoteExecutor:
             for name in extra:
                 cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
 
-    def _deliver(self, rows: list[tuple[int, bool, Any]], results: Any) -> None:
-        for i, ok, value in rows:
+    def _deliver(self, rows: list[tuple], results: Any) -> None:
+        for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
-                results.ok(i, value)
+                results.ok(i, value, *records)
             else:
-                results.fail(i, value)
+                results.fail(i, value, *records)
 
     def _translate(self, exc: BaseException) -> BaseException:
         cause = self._cause(exc)
@@ -183,7 +207,7 @@ class TaskExecutor(RemoteExecutor):
             chunk = list(range(start, min(n, start + size)))
             for i in chunk:
                 results.started(i)
-            pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk))] = chunk
+            pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk), results.log_nodes)] = chunk
         lost: set[Any] = set()
         while pending:
             for fut in self._wait_any(list(pending)):
@@ -199,7 +223,7 @@ class TaskExecutor(RemoteExecutor):
                             results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
                                                                 f"chunk died, twice: {exc}"))
                     else:
-                        again = self._submit(run_chunk_remote, handle, ship_items(items, chunk))
+                        again = self._submit(run_chunk_remote, handle, ship_items(items, chunk), results.log_nodes)
                         pending[again] = chunk
                         lost.add(again)
                     continue

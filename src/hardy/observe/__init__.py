@@ -4,7 +4,17 @@ Both stay off the hot path when unused: with no callback registered, plans are c
 instrumentation, and progress costs one counter increment per item.
 """
 
+from typing import Any
+
 from .callbacks import CallbackContext, PipelineCallback
 from .progress import MapProgress
+from .report import RunReport
 
-__all__ = ["CallbackContext", "PipelineCallback", "MapProgress"]
+__all__ = ["CallbackContext", "PipelineCallback", "MapProgress", "RunReport", "OpenTelemetryCallback"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OpenTelemetryCallback":  # the otel extra is optional
+        from .otel import OpenTelemetryCallback
+        return OpenTelemetryCallback
+    raise AttributeError(f"module 'hardy.observe' has no attribute {name!r}")

@@ -15,9 +15,11 @@ import contextlib
 import contextvars
 import functools
 import time
-from typing import Any, Callable, Iterator, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..node import Node
+from .nodelog import CACHED, END, ERROR, FIELDS
 
 
 class CallbackContext:
@@ -32,6 +34,14 @@ class CallbackContext:
         self.data[key] = value
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A value set by a callback, or one of hardy's item-scoped values: `hardy.item` (the map
+        item the current event belongs to), `hardy.worker_pid` (the worker process it ran in, None
+        for this process), `hardy.event_ns` (wall-clock start and end, in nanoseconds, of a
+        node event that happened in a worker and is replayed here) and `hardy.retry` (how many
+        times the item ran before, on workers that died)."""
+        scope = _scope.get()
+        if key in scope:
+            return scope[key]
         return self.data.get(key, default)
 
     def get_pipeline_metadata(self, pipeline_id: str) -> dict[str, Any]:
@@ -90,7 +100,29 @@ class PipelineCallback:
         return None
 
 
+NODE_EVENTS = ("on_node_start", "on_node_end", "on_error")
+ITEM_EVENTS = ("on_map_item_start", "on_pipeline_start", "on_pipeline_end", "on_map_item_end", "on_map_item_error")
+_NO_OPS = {name: getattr(PipelineCallback, name) for name in vars(PipelineCallback) if name.startswith("on_")}
+
+
+@functools.lru_cache(maxsize=None)
+def _listened(cls: type) -> frozenset[str]:
+    """The events a callback class overrides (a method it lacks is not listened to either)."""
+    return frozenset(e for e, no_op in _NO_OPS.items() if getattr(cls, e, no_op) is not no_op)
+
+
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
+
+
+# Item-scoped values live in a contextvar, not in the shared `data`: the items of an async map
+# interleave on one thread, each in its own task (and so its own copy of this variable).
+_scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "hardy_scope", default=MappingProxyType({}))
+
+
+def in_call() -> bool:
+    """Whether this runs inside an observed call (a nested pipeline), not at the top level."""
+    return _context.get() is not None
 
 
 def current_context() -> CallbackContext:
@@ -114,11 +146,29 @@ class Events:
         self.callbacks = tuple(callbacks)
         self.pipeline_id = pipeline_id
         self.items = items
+        self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
+        self._replayed: tuple[tuple[Callable[..., None], ...], ...] | None = None
+
+    def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
+        """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
+        overrides costs one dict lookup, and node events nobody listens to are not even produced."""
+        found = self._handlers.get(event)
+        if found is None:
+            found = self._handlers[event] = tuple(getattr(cb, event) for cb in self.callbacks
+                                                  if event in _listened(type(cb)))
+        return found
+
+    def listens(self, *events: str) -> bool:
+        return any(self.handlers(e) for e in events)
 
     def emit(self, event: str, *args: Any) -> None:
-        ctx = current_context()
-        for cb in self.callbacks:
-            getattr(cb, event)(*args, ctx)
+        handlers = self._handlers.get(event)
+        if handlers is None:
+            handlers = self.handlers(event)
+        if handlers:
+            ctx = current_context()
+            for handler in handlers:
+                handler(*args, ctx)
 
     def pipeline(self, pipeline_id: str, inputs: dict, call: Callable[[], dict],
                  node_ids: Sequence[str] = (), announce: bool = True) -> dict:
@@ -154,17 +204,80 @@ class Events:
             if token is not None:
                 _context.reset(token)
 
-    def item_started(self, i: int, index: int) -> None:
-        """Item `i` of `items`, which is item `index` of the map (they differ in a streamed map)."""
-        self.emit("on_map_item_start", index)
-        self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
+    def item_started(self, i: int, worker: int | None = None) -> None:
+        """`worker`: the pid of the worker process the item was handed to (None: this process).
+        The context's `hardy.item` names the item that the node events which follow belong to
+        (in this thread or task; a worker's events are replayed with theirs, see `replay`)."""
+        starts = self.handlers("on_map_item_start")
+        if worker is None or starts:  # a worker's node events come with their own item (`replay`)
+            _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
+        if starts:
+            ctx = current_context()
+            for handler in starts:
+                handler(i, ctx)
+        if self.handlers("on_pipeline_start"):
+            self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
-    def item_done(self, i: int, index: int, outputs: dict, duration: float) -> None:
-        self.emit("on_pipeline_end", self.pipeline_id, outputs, duration)
-        self.emit("on_map_item_end", index, duration)
+    def in_item(self, i: int) -> None:
+        """The node events that follow in this thread or task belong to item i (no item event is
+        listened to, so `item_started` is not called)."""
+        _scope.set({"hardy.item": i, "hardy.worker_pid": None})
+
+    def item_done(self, i: int, outputs: dict, duration: float) -> None:
+        ends, item_ends = self.handlers("on_pipeline_end"), self.handlers("on_map_item_end")
+        if ends or item_ends:
+            ctx = current_context()
+            for handler in ends:
+                handler(self.pipeline_id, outputs, duration, ctx)
+            for handler in item_ends:
+                handler(i, duration, ctx)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
+
+    def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None,
+               retry: int = 0) -> None:
+        """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
+        here; `error` is the item's failure, reported for the node that raised it. The context
+        carries their item-scoped values (see `CallbackContext.get`)."""
+        replayed = self._replayed
+        if replayed is None:
+            replayed = self._replayed = tuple(self.handlers(e) for e in (
+                "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
+        starts, ends, errors, cached, items_cached = replayed
+        ctx = current_context()
+        scope: dict[str, Any] = {"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": None,
+                                 "hardy.retry": retry}
+        token = _scope.set(scope)
+        try:
+            for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
+                name, code, start, end, detail = records[k:k + FIELDS]
+                if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
+                    continue
+                scope["hardy.event_ns"] = (start, end)
+                if code == CACHED:
+                    for handler in cached:
+                        handler(name, detail, ctx)
+                    for handler in items_cached:
+                        handler(i, detail, ctx)
+                    continue
+                for handler in starts:
+                    handler(name, {}, ctx)
+                if code == END:
+                    for handler in ends:
+                        handler(name, {}, (end - start) / 1e9, ctx)
+                elif code == ERROR:
+                    for handler in errors:
+                        handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
+        finally:
+            _scope.reset(token)
+
+    def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
+        """Item i's worker died running `error.node`: the node's on_error, the worker's own log
+        having died with it."""
+        token = _scope.set({"hardy.item": i, "hardy.worker_pid": worker or None, "hardy.retry": retry})
+        self.emit("on_error", error.node, error)  # type: ignore[attr-defined]
+        _scope.reset(token)
 
     def nested(self, child_id: str, call: Callable[[], Any]) -> Any:
         """Run a nested pipeline's call between on_nested_pipeline_start and _end."""
@@ -182,7 +295,10 @@ class Events:
             self.emit("on_map_item_cached", item, signature)
 
     def instrument(self, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
-        """`func` (the node's function, or its call into a worker), wrapped to report events."""
+        """`func` (the node's function, or its call into a worker), wrapped to report events;
+        `func` itself when no callback listens to node events."""
+        if not self.listens(*NODE_EVENTS):
+            return func
         name, params = node.name, node.inputs
 
         def outputs(value: Any) -> dict:

@@ -1,16 +1,25 @@
-"""The live progress bar of a map: done/total, rate, ETA and failures.
+"""The live progress bar of a map: done/total, rate, ETA, failures and cache hits.
 
-The executors only bump counters (`done`, `failed`); a background refresher copies them into a
-`rich` bar ten times a second. That keeps the per-item cost at one attribute increment whether or
-not a bar is shown, and rich's import off the path of `import hardy`.
+The executors only bump counters (`done`, `failed`, `cached`); a background refresher copies them
+into a view ten times a second. That keeps the per-item cost at one attribute increment whether
+or not a bar is shown, and rich's import off the path of `import hardy`.
+
+Views: in a terminal a `rich` Progress; in a Jupyter kernel an HTML `<progress>` table updated in
+place through IPython's display handle, which needs nothing beyond the kernel itself (rich's own
+notebook display needs ipywidgets, and warns without it). A map that starts while another map's bar
+is shown in this process (a nested pipeline's map) becomes a row under it, indented, and leaves
+when it ends: one display however deep the nesting.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 import threading
+import time
 from types import TracebackType
+from typing import Any
 
 
 def progress_wanted(explicit: bool | None) -> bool:
@@ -19,7 +28,7 @@ def progress_wanted(explicit: bool | None) -> bool:
         return explicit
     if os.environ.get("HARDY_PROGRESS", "").lower() in ("0", "false", "no"):
         return False
-    if "ipykernel" in sys.modules:
+    if _in_notebook():
         return True
     try:
         return sys.stderr.isatty()
@@ -27,52 +36,180 @@ def progress_wanted(explicit: bool | None) -> bool:
         return False
 
 
+def nested_progress() -> bool:
+    """Whether a nested map should draw: only as a row under a bar already shown in this process."""
+    return _shown is not None
+
+
+def count_cached() -> None:
+    """A node call was answered from the cache: counted on the innermost bar of this context."""
+    bar = _current.get() or _shown
+    if bar is not None:
+        bar.cached += 1
+
+
+def _in_notebook() -> bool:
+    if "ipykernel" not in sys.modules:
+        return False
+    from IPython import get_ipython
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
 class MapProgress:
-    """Counts items; when shown, renders the counts as a rich progress bar. A total of None (a
-    streamed map over a generator) shows done and rate without an ETA."""
+    """Counts items; when shown, renders the counts (see the module docstring)."""
 
     def __init__(self, total: int | None, label: str, show: bool):
-        self.total = total
+        self.total = total  # None: a streamed map over inputs of unknown length (no ETA)
         self.label = label
         self.show = show and total != 0
         self.done = 0
         self.failed = 0
+        self.cached = 0
+        self.depth = 0
+        self.started = 0.0
+        self._view: _View | None = None
+        self._owner = False
+        self._token: contextvars.Token | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "MapProgress":
-        if self.show:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[failures]}"), transient=False,
-                                 console=Console(stderr=True),
-                                 refresh_per_second=10)
-            self._task = self._bar.add_task(self.label, total=self.total, rate="", failures="")
-            self._bar.start()
+        global _shown
+        outer = _current.get()
+        self._token = _current.set(self)
+        if not self.show:
+            return self
+        self.started = time.perf_counter()
+        with _lock:
+            parent = _shown
+            if parent is not None and parent._view is not None:
+                inner = outer is not None and outer.show and outer._view is parent._view
+                self.depth = 1 + (outer.depth if inner and outer is not None else 0)
+                self._view = parent._view
+            else:
+                self._view = _NotebookView() if _in_notebook() else _TerminalView()
+                self._owner = True
+                _shown = self
+        self._view.add(self)
+        if self._owner:
             self._thread = threading.Thread(target=self._refresh, name="hardy-progress", daemon=True)
             self._thread.start()
         return self
 
-    def _update(self) -> None:
-        task = self._bar.tasks[0]
-        elapsed = task.elapsed or 0.0
-        rate = f"{(self.done + self.failed) / elapsed:,.0f} items/s" if elapsed > 0 else ""
-        failures = f"[red]{self.failed} failed" if self.failed else ""
-        self._bar.update(self._task, completed=self.done + self.failed, rate=rate, failures=failures)
-
     def _refresh(self) -> None:
         while not self._stop.wait(0.1):
-            self._update()
+            assert self._view is not None
+            self._view.update()
+
+    def status(self) -> str:
+        """"1,234 items/s · 3 failed · 10 cache hits" (what follows the bar)."""
+        elapsed = time.perf_counter() - self.started
+        n = self.done + self.failed
+        parts = [f"{n / elapsed:,.0f} items/s"] if elapsed > 0 and n else []
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        if self.cached:
+            parts.append(f"{self.cached} cache hits")
+        return " · ".join(parts)
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.show:
-            self._stop.set()
-            if self._thread:
-                self._thread.join()
-            self._update()
-            self._bar.stop()
+        global _shown
+        if self._token is not None:
+            _current.reset(self._token)
+        if self._view is None:
+            return
+        if not self._owner:
+            self._view.remove(self)
+            return
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self._view.update()
+        self._view.close()
+        with _lock:
+            _shown = None
+
+
+_current: contextvars.ContextVar[MapProgress | None] = contextvars.ContextVar("hardy_progress", default=None)
+_shown: MapProgress | None = None  # the outermost bar shown in this process
+_lock = threading.Lock()
+
+
+class _View:
+    def add(self, bar: MapProgress) -> None: ...
+    def remove(self, bar: MapProgress) -> None: ...
+    def update(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _TerminalView(_View):
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                  TextColumn("{task.fields[status]}"), transient=False,
+                                  console=Console(stderr=True), refresh_per_second=10)
+        self._tasks: dict[MapProgress, Any] = {}
+        self._progress.start()
+
+    def add(self, bar: MapProgress) -> None:
+        from rich.markup import escape
+        self._tasks[bar] = self._progress.add_task("  " * bar.depth + escape(bar.label), total=bar.total, status="")
+
+    def remove(self, bar: MapProgress) -> None:
+        task = self._tasks.pop(bar, None)
+        if task is not None:
+            self._progress.remove_task(task)
+
+    def update(self) -> None:
+        for bar, task in list(self._tasks.items()):
+            status = bar.status().replace(f"{bar.failed} failed", f"[red]{bar.failed} failed[/red]")
+            self._progress.update(task, completed=bar.done + bar.failed, status=status)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class _NotebookView(_View):
+    def __init__(self) -> None:
+        from IPython.display import HTML, display
+        self._html = HTML
+        self._bars: list[MapProgress] = []
+        self._handle = display(HTML(""), display_id=True)
+
+    def add(self, bar: MapProgress) -> None:
+        self._bars.append(bar)
+
+    def remove(self, bar: MapProgress) -> None:
+        if bar in self._bars:
+            self._bars.remove(bar)
+
+    def update(self) -> None:
+        import html
+        rows = []
+        for bar in list(self._bars):
+            n = bar.done + bar.failed
+            elapsed = time.perf_counter() - bar.started
+            known = bar.total is not None
+            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if known and n and n < bar.total else ""
+            rate = f"{n / elapsed:,.0f} items/s" if not known and elapsed > 0 else ""
+            limit, total = (f' max="{bar.total}"', f"{bar.total:,}") if known else ("", "?")
+            rows.append(f"<tr><td style=\"padding-left:{12 * bar.depth}px\">{html.escape(bar.label)}</td>"
+                        f"<td><progress value=\"{n}\"{limit}></progress></td>"
+                        f"<td>{n:,}/{total}</td><td>{elapsed:,.1f} s</td>"
+                        f"<td>{eta or rate}</td>"
+                        f"<td>{html.escape(bar.status())}</td></tr>")
+        self._handle.update(self._html(f"<table class=\"hardy-progress\">{''.join(rows)}</table>"))
+
+    def close(self) -> None:
+        pass

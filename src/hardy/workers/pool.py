@@ -59,6 +59,18 @@ def rss(pid: int) -> int:
             return 0
 
 
+def peak_rss(pid: int) -> int:
+    """The most resident memory a process has had (VmHWM), in bytes; 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 class _Worker:
     """One worker process, its pipe, its status words and its faulthandler file."""
 
@@ -163,6 +175,7 @@ class WorkerPool:
         self._node_plans: dict[tuple[int, tuple[str, ...]], Plan] = {}
         self._per_item: dict[int, float] = {}
         self.replaced = 0
+        self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
         self.start_failures = 0
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -196,6 +209,12 @@ class WorkerPool:
                 w.close_files()
         self._workers[slot] = None
         self.replaced += 1
+        self.recycled += stop
+
+    def counts(self) -> dict[str, Any]:
+        """For run reports: workers started, died, recycled; peak RSS of the live ones by pid."""
+        return {"started": self._started, "died": self.replaced - self.recycled, "recycled": self.recycled,
+                "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()}}
 
     def _claim(self, run: "_Run") -> list[int]:
         """The slots `run` may use now: those it holds, plus every free one while it has work."""
@@ -235,8 +254,10 @@ class WorkerPool:
         return shipped
 
     def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
-               shared: transport.Shared) -> transport.Packed:
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs),
+               shared: transport.Shared, log: bool = False) -> transport.Packed:
+        """`log`: the worker logs node events (observe/nodelog.py) because the parent listens;
+        `shared`: the segments of the values every item of the map holds (written once)."""
+        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
                           dump=lambda msg: transport.pack(msg, dumps, shared))
 
     # --- the map executor ------------------------------------------------------------------------
@@ -305,6 +326,7 @@ class _Run:
         self.attempts: dict[int, int] = {}
         self.per_item = pool._per_item.get(self.plan_id)
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
+        self.log = results.log_nodes
         if items:  # fail before any worker starts if the first item cannot travel
             ship_items(items, [0])
         self.shared = transport.Shared(_shared_values(items), dumps)
@@ -362,12 +384,12 @@ class _Run:
             if not chunk:
                 unneeded.append(slot)
                 continue
-            data = pool._chunk(self.plan_id, self.items, chunk, self.shared)
+            data = pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
             for i in chunk:
-                self.results.started(i)
+                self.results.started(i, w.process.pid)
             try:
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
@@ -444,12 +466,12 @@ class _Run:
                 if each:
                     self.take_each(w, batch)
                 else:
-                    for i, ok, value in batch:
+                    for i, ok, value, *records in batch:  # records: the item's node events, when logged
                         w.unsent.pop(i, None)
                         if ok:
-                            self.results.ok(i, value)
+                            self.results.ok(i, value, *records)
                         else:
-                            self.results.fail(i, value)
+                            self.results.fail(i, value, *records)
                 if done and w.resend:  # the items with no result yet are those of unreadable batches
                     w.send(pickle.dumps(("resend", list(w.unsent))))
                     w.resend = False
@@ -540,13 +562,14 @@ class _Run:
             if self.attempts[in_flight] <= retries:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
+                self.results.retried(in_flight)
                 if node.backoff:
                     self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
                 err = cls(node.name if node else "?", in_flight, text, signal=signame,
                           exitcode=w.process.exitcode, stack=stack)
-                self.results.fail(in_flight, err)
+                self.results.fail(in_flight, err, worker=w.process.pid)
         elif w.tasks == 0 and not w.started_any:
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies before running anything: retrying would loop forever

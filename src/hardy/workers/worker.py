@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import NodeError
+from ..observe.nodelog import LOG
 from ..plan import Plan
 from .. import transport
 from ..shipping import build_plan, dumps, portable
@@ -86,7 +87,7 @@ def run(fd: int) -> None:
     _, status = open_status(status_path)
     status[ITEM] = -1
     status[STEP] = -1
-    plans: dict[int, tuple[Plan, dict[str, str]] | str] = {}
+    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
     try:
         while True:
             try:
@@ -94,9 +95,9 @@ def run(fd: int) -> None:
             except EOFError:
                 break
             if msg[0] == "plan":
-                plans[msg[1]] = _load_plan(msg[2], status)
+                plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
-                _run_chunk(conn, plans[msg[1]], msg[2], status, sent)
+                _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3])
             elif msg[0] == "resend":
                 _resend(conn, sent, msg[1])
             else:
@@ -109,10 +110,23 @@ def run(fd: int) -> None:
         os._exit(0)
 
 
-def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
-    """The plan and which node produces each output; or why it cannot be loaded here."""
+def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
+    """The plain plan, or (when the parent listens to node events) the logged one, built once."""
+    if not log or isinstance(entry[1], str):
+        return entry[1]
+    if entry[2] is None:
+        entry[2] = _load_plan(entry[0], status, log=True)
+    return entry[2]
+
+
+def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[str, str]] | str:
+    """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
+    plan records its node calls (observe/nodelog.py)."""
+    def marked(k: int, n: Any) -> Callable[..., Any]:
+        return _marked(status, k, n.func)
     try:
-        plan = build_plan(spec, wrap=lambda k, n: _marked(status, k, n.func))
+        plan = (build_plan(spec, wrap=LOG.wrapper(marked), on_cached=LOG.cached) if log
+                else build_plan(spec, wrap=marked))
     except Exception as exc:
         return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
                 "its nodes must come from the script or a module importable from the parent's sys.path "
@@ -121,13 +135,14 @@ def _load_plan(spec: bytes, status: Any) -> tuple[Plan, dict[str, str]] | str:
     return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
 
 
-_unsent: list[tuple[int, bool, Any]] = []  # results of the current chunk not sent yet
+_unsent: list[tuple] = []  # results of the current chunk not sent yet
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
 _sending = [False]
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]]) -> None:
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]], log: bool) -> None:
+    """`log`: each row also carries the item's node records (observe/nodelog.py)."""
     sent.clear()
     if isinstance(loaded, str):
         _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
@@ -140,15 +155,20 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     for i, item in items:
         status[STEP] = -1
         status[ITEM] = i
+        if log:
+            LOG.begin()
         try:
-            batch.append((i, True, plan.run(item, i)))
+            row: tuple = (i, True, plan.run(item, i))
         except NodeError as err:
-            batch.append((i, False, portable(err)))
+            row = (i, False, portable(err))
+        batch.append((*row, LOG.end()) if log else row)
         status[ITEM] = -1
         now = time.monotonic()
         if now - last >= FLUSH_EVERY:
             _send(conn, batch, producers, False, 0.0, sent)
             last = now
+    if plan.cache is not None:
+        plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, time.monotonic() - start, sent)
 
 
@@ -158,7 +178,7 @@ def _last_words(conn: Any, sent: list[list[Any]]) -> None:
         _send(conn, _unsent, _producers, False, 0.0, sent)
 
 
-def _send(conn: Any, batch: list[tuple[int, bool, Any]], producers: dict[str, str], done: bool,
+def _send(conn: Any, batch: list[tuple], producers: dict[str, str], done: bool,
           elapsed: float, sent: list[list[Any]]) -> None:
     """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
     if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),
@@ -169,7 +189,7 @@ def _send(conn: Any, batch: list[tuple[int, bool, Any]], producers: dict[str, st
         try:
             packed = transport.pack(batch, _plain)  # the parent has its own __main__: no need for dumps()
         except Exception:
-            batch[:] = [_picklable(producers, i, ok, value) for i, ok, value in batch]
+            batch[:] = [(*_picklable(producers, i, ok, value), *records) for i, ok, value, *records in batch]
             packed = transport.pack(batch, dumps)
         sent.append(list(batch))
         transport.send(conn, HEADER.pack(done, False, elapsed), packed)
@@ -184,7 +204,7 @@ def _plain(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
 
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
     """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
-    outcomes = {i: (ok, value) for batch in sent for i, ok, value in batch}
+    outcomes = {i: (ok, value) for batch in sent for i, ok, value, *_ in batch}  # node records stay behind
     data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1])) for i in items], protocol=5)
     conn.send_bytes(HEADER.pack(True, True, 0.0) + data)
 

@@ -1,0 +1,363 @@
+"""Run reports: what one `run`/`map` did, per node, per item and per worker.
+
+A `Recorder` is one more callback: it only exists when the engine records reports
+(`Engine(report=True)`, `report_dir=` or `HARDY_REPORT_DIR`), so a pipeline that records nothing
+keeps its uninstrumented plans. Node statistics come from node events (wherever the node ran:
+worker processes and remote engines send theirs back with their results); item timings, the
+worker of each item and failures come from the map's `Results` sink, which sees exactly the
+items of the top-level call (a nested map's items are not the caller's items).
+
+The report is plain data (`to_dict()` is JSON); the terminal table and the HTML page are
+renderings of that data, so `hardy report run.json` renders a report written by another process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .callbacks import CallbackContext, PipelineCallback
+
+if TYPE_CHECKING:
+    from ..errors import NodeError
+
+TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
+FORMAT = 1
+
+
+class _NodeStats:
+    __slots__ = ("calls", "cached", "failures", "times")
+
+    def __init__(self) -> None:
+        self.calls = self.cached = self.failures = 0
+        self.times = array("d")
+
+
+class _Live:
+    """The bookkeeping of the call being recorded."""
+
+    def __init__(self, pipeline: str, kind: str, items: int, engine: str):
+        self.pipeline, self.kind, self.items, self.engine = pipeline, kind, items, engine
+        self.wall_start = time.time()
+        self.t0 = time.perf_counter()
+        self.nodes: dict[str, _NodeStats] = {}
+        self.started: dict[int, tuple[float, str]] = {}
+        self.ended: dict[int, float] = {}
+        self.timeline: list[tuple[int, str, float, float, bool]] = []
+        self.lock = threading.Lock()
+        self.workers_before: dict[str, Any] = {}
+        self.wall = 0.0
+
+    def node(self, name: str) -> _NodeStats:
+        stats = self.nodes.get(name)
+        if stats is None:
+            with self.lock:
+                stats = self.nodes.setdefault(name, _NodeStats())
+        return stats
+
+    def item_start(self, i: int, worker: Any) -> None:
+        name = threading.current_thread().name if worker is None else f"pid {worker}"
+        self.started[i] = (time.perf_counter() - self.t0, name)
+
+    def item_ran(self, i: int, start_ns: int, end_ns: int, pid: int) -> None:
+        """When and where item i really ran (logged by its worker): replaces the dispatch time."""
+        self.started[i] = (start_ns / 1e9 - self.wall_start, f"pid {pid}")
+        self.ended[i] = end_ns / 1e9 - self.wall_start
+
+    def item_end(self, i: int, ok: bool) -> None:
+        begun = self.started.pop(i, None)
+        end = self.ended.pop(i, None) if self.ended else None
+        if begun is not None and len(self.timeline) < TIMELINE_LIMIT:
+            self.timeline.append((i, begun[1], begun[0], time.perf_counter() - self.t0 if end is None else end, ok))
+
+
+class Recorder(PipelineCallback):
+    """Collects the events of each top-level call of one pipeline into a `RunReport`."""
+
+    def __init__(self) -> None:
+        self.last: RunReport | None = None
+        self.live: _Live | None = None
+        self._dag: tuple[str | None, list[str]] | None = None
+
+    def begin(self, pipeline: Any, kind: str, items: int) -> _Live:
+        self.live = _Live(pipeline.name, kind, items, repr(pipeline.engine))
+        self.live.workers_before = pipeline.engine.worker_counts()
+        return self.live
+
+    def end(self, pipeline: Any, failures: dict[int, "NodeError"]) -> "RunReport":
+        live = self.live
+        assert live is not None
+        self.live = None
+        live.wall = time.perf_counter() - live.t0
+        engine = pipeline.engine
+        now = engine.worker_counts()
+        workers = {k: now[k] - live.workers_before[k] for k in ("started", "died", "recycled")}
+        workers["peak_rss"] = now["peak_rss"]
+        svg, names = self._drawing(pipeline)
+        report = RunReport(_build(live, failures, workers, svg, names))
+        self.last = report
+        if engine.report_dir:
+            report.save(Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json")
+        return report
+
+    def _drawing(self, pipeline: Any) -> tuple[str | None, list[str]]:
+        """The pipeline's DAG as SVG (once per pipeline: its structure never changes); None without
+        the viz extra, where the page lists the nodes instead."""
+        if self._dag is None:
+            names = [n.name for n in pipeline.graph.order]
+            try:
+                drawn = pipeline.visualize(depth=None).svg
+                svg: str | None = drawn[drawn.index("<svg"):]  # without Graphviz's XML prolog and DOCTYPE
+            except ImportError:
+                svg = None
+            self._dag = (svg, names)
+        return self._dag
+
+    # node events (from any thread, process or engine: see module docstring)
+
+    def _name(self, node_id: str, ctx: CallbackContext) -> str:
+        path = ctx.hierarchy_path[1:] if ctx.depth > 1 else []
+        return "/".join([*path, node_id])
+
+    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+        if self.live is not None:
+            stats = self.live.node(self._name(node_id, ctx))
+            stats.calls += 1
+            stats.times.append(duration)
+
+    def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
+        if self.live is not None:
+            self.live.node(self._name(node_id, ctx)).cached += 1
+
+    def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
+        if self.live is not None:
+            stats = self.live.node(self._name(node_id, ctx))
+            stats.calls += 1
+            stats.failures += 1
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60] or "pipeline"
+
+
+def _stamp(t: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def _p95(times: array) -> float:
+    if not times:
+        return 0.0
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _failure(i: int, err: "NodeError") -> dict[str, Any]:
+    import traceback
+    cause = err.__cause__
+    stack = getattr(err, "stack", "") or (
+        "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)) if cause else "")
+    return {"item": i, "node": err.node, "error": type(cause or err).__name__,
+            "message": str(cause) if cause is not None else (err.reason or str(err)),
+            "signal": getattr(err, "signal", None), "exitcode": getattr(err, "exitcode", None), "stack": stack}
+
+
+def _build(live: _Live, failures: dict[int, "NodeError"], workers: dict[str, Any], svg: str | None,
+           names: list[str]) -> dict[str, Any]:
+    import datetime
+    wall = live.wall
+    nodes = [{"name": name, "calls": s.calls, "cached": s.cached, "failures": s.failures,
+              "total_s": sum(s.times), "mean_s": sum(s.times) / len(s.times) if s.times else 0.0,
+              "p95_s": _p95(s.times)} for name, s in live.nodes.items()]
+    return {
+        "format": FORMAT, "pipeline": live.pipeline, "kind": live.kind, "engine": live.engine,
+        "started_at": datetime.datetime.fromtimestamp(live.wall_start, datetime.timezone.utc).isoformat(),
+        "wall_s": wall, "items": live.items, "failed": len(failures), "succeeded": live.items - len(failures),
+        "items_per_s": live.items / wall if wall > 0 else 0.0,
+        "nodes": nodes, "failures": [_failure(i, failures[i]) for i in sorted(failures)],
+        "workers": workers, "timeline": [list(t) for t in sorted(live.timeline)],
+        "dag": {"svg": svg, "nodes": names},
+    }
+
+
+class RunReport:
+    """The report of one call. `print(report)` shows tables, `.save("run.html"|"run.json")` writes
+    a self-contained page or the JSON, `.to_dict()` is the data itself."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunReport":
+        import json
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a hardy run report (written by Engine(report_dir=...) or "
+                             "report.save('run.json')).")
+        return cls(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def save(self, path: str | Path) -> Path:
+        """Writes .html (one file, viewable offline) or .json, by the file's suffix."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".html", ".json"):
+            raise ValueError(f"cannot save a run report as {path.name!r}: use a .html or .json file name.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import json
+        text = to_html(self.data) if suffix == ".html" else json.dumps(self.data, indent=1)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)  # a reader never sees half a report
+        return path
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield from _rich_tables(self.data)
+
+    def __str__(self) -> str:
+        import io
+
+        from rich.console import Console
+        console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+        console.print(self)
+        return console.export_text()
+
+    def __repr__(self) -> str:
+        d = self.data
+        return (f"<RunReport {d['kind']} of {d['pipeline']!r}: {d['succeeded']}/{d['items']} items ok, "
+                f"{d['wall_s']:.3f} s>")
+
+    def _repr_html_(self) -> str:
+        return to_html(self.data)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def _headline(d: dict[str, Any]) -> str:
+    w = d["workers"]
+    text = (f"{d['kind']} of {d['pipeline']!r} on {d['engine']}: {d['succeeded']} of {d['items']} items ok, "
+            f"{d['failed']} failed, {d['wall_s']:.3f} s wall, {d['items_per_s']:,.1f} items/s")
+    if w.get("started"):
+        text += f"; workers started {w['started']}, died {w['died']}, recycled {w['recycled']}"
+    return text
+
+
+def _rich_tables(d: dict[str, Any]) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    yield Text(_headline(d))
+    nodes = Table(title="nodes")
+    for col in ("node", "calls", "cache hits", "failures", "total", "mean", "p95"):
+        nodes.add_column(col, justify="left" if col == "node" else "right")
+    for n in d["nodes"]:
+        nodes.add_row(escape(n["name"]), str(n["calls"]), str(n["cached"]), str(n["failures"]),
+                      _ms(n["total_s"]), _ms(n["mean_s"]), _ms(n["p95_s"]))
+    yield nodes
+    if d["failures"]:
+        fails = Table(title="failures")
+        for col in ("item", "node", "error", "signal", "message"):
+            fails.add_column(col)
+        for f in d["failures"]:
+            fails.add_row(str(f["item"]), escape(f["node"]), escape(f["error"]), f["signal"] or "",
+                          escape(f["message"].splitlines()[0] if f["message"] else ""))
+        yield fails
+
+
+# --- the HTML page: no scripts, no external resources; every user-supplied string is escaped ----
+
+_CSS = """
+body{font-family:Helvetica,Arial,'DejaVu Sans',sans-serif;margin:24px;color:#0f172a;background:#fff}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:24px 0 8px}
+table{border-collapse:collapse;font-size:13px} td,th{padding:4px 10px;border-bottom:1px solid #e2e8f0;text-align:left}
+th{background:#f1f5f9} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.bar{background:#3b82f6;height:10px;display:inline-block}
+table.fail th{background:#fecaca} pre{font-size:12px;background:#f8fafc;padding:8px;white-space:pre-wrap;margin:4px 0}
+.summary{color:#334155;font-size:14px} .dag{overflow:auto;border:1px solid #e2e8f0;padding:8px;display:inline-block}
+"""
+
+
+def to_html(d: dict[str, Any]) -> str:
+    import html
+    e = html.escape
+    parts = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>hardy report: {e(d['pipeline'])}"
+             f"</title><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+             f"style-src 'unsafe-inline'; img-src data:\"><style>{_CSS}</style></head><body>",
+             f"<h1>{e(d['pipeline'])}</h1><p class=\"summary\">{e(_headline(d))}<br>started {e(d['started_at'])}</p>",
+             "<h2>pipeline</h2>", _dag_html(d["dag"]), "<h2>time per node</h2>", _nodes_html(d["nodes"]),
+             "<h2>timeline of items per worker</h2>", _timeline_svg(d["timeline"], d["wall_s"]),
+             f"<h2>failures ({len(d['failures'])})</h2>", _failures_html(d["failures"]), "</body></html>\n"]
+    return "\n".join(parts)
+
+
+def _dag_html(dag: dict[str, Any]) -> str:
+    import html
+    if dag.get("svg"):
+        return f"<div class=\"dag\">{dag['svg']}</div>"  # hardy's own drawing: every label in it is escaped
+    return "<ol>" + "".join(f"<li>{html.escape(n)}</li>" for n in dag["nodes"]) + "</ol>"
+
+
+def _nodes_html(nodes: list[dict[str, Any]]) -> str:
+    import html
+    e = html.escape
+    longest = max((n["total_s"] for n in nodes), default=0.0) or 1.0
+    rows = ["<table><tr><th>node</th><th>calls</th><th>cache hits</th><th>failures</th><th>total</th>"
+            "<th>mean</th><th>p95</th><th></th></tr>"]
+    for n in nodes:
+        width = max(1, round(300 * n["total_s"] / longest))
+        rows.append(f"<tr><td>{e(n['name'])}</td><td class=n>{n['calls']}</td><td class=n>{n['cached']}</td>"
+                    f"<td class=n>{n['failures']}</td><td class=n>{_ms(n['total_s'])}</td>"
+                    f"<td class=n>{_ms(n['mean_s'])}</td><td class=n>{_ms(n['p95_s'])}</td>"
+                    f"<td><span class=bar style=\"width:{width}px\"></span></td></tr>")
+    if not nodes:
+        rows.append("<tr><td colspan=8>no node events were recorded</td></tr>")
+    return "".join(rows) + "</table>"
+
+
+def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:
+    import html
+    e = html.escape
+    lanes = sorted({t[1] for t in timeline})
+    if not lanes:
+        return "<p>no items</p>"
+    row, left, width = 18, 110, 800
+    scale = width / max(wall, max(t[3] for t in timeline), 1e-9)
+    out = [f"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{left + width + 10}\" "
+           f"height=\"{row * len(lanes) + 24}\" font-size=\"11\" shape-rendering=\"crispEdges\">"]
+    lane_of = {name: k for k, name in enumerate(lanes)}
+    for name, k in lane_of.items():
+        out.append(f"<text x=\"0\" y=\"{k * row + 13}\">{e(name)}</text>")
+    for i, worker, start, end, ok in timeline:
+        x, w = round(left + start * scale), max(2, round((end - start) * scale))
+        colour = "#22c55e" if ok else "#ef4444"
+        out.append(f"<rect x=\"{x}\" y=\"{lane_of[worker] * row + 2}\" width=\"{w}\" height=\"{row - 4}\" "
+                   f"fill=\"{colour}\"><title>item {i}: {_ms(end - start)}</title></rect>")
+    out.append(f"<text x=\"{left}\" y=\"{row * len(lanes) + 18}\">0 s</text>"
+               f"<text x=\"{left + width - 40}\" y=\"{row * len(lanes) + 18}\">{wall:.3f} s</text></svg>")
+    return "".join(out)
+
+
+def _failures_html(failures: list[dict[str, Any]]) -> str:
+    import html
+    if not failures:
+        return "<p>none</p>"
+    e = html.escape
+    rows = ["<table class=fail><tr><th>item</th><th>node</th><th>error</th><th>signal</th><th>message</th></tr>"]
+    for f in failures:
+        stack = f"<details><summary>stack</summary><pre>{e(f['stack'])}</pre></details>" if f["stack"] else ""
+        rows.append(f"<tr><td class=n>{f['item']}</td><td>{e(f['node'])}</td><td>{e(f['error'])}</td>"
+                    f"<td>{e(f['signal'] or '')}</td><td><pre>{e(f['message'])}</pre>{stack}</td></tr>")
+    return "".join(rows) + "</table>"

@@ -1,0 +1,444 @@
+"""Keys follow user code however it is reached, and ML values hash out of the box: an edit to any
+code a node can run invalidates it; what cannot be hashed is an error before anything runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from conftest import needs_torch
+from hardy import DiskCache, Engine, Pipeline, node
+from hardy.hashing import UnhashableError, code_fingerprint, hash_value
+
+# Three user modules a node reaches only through attribute chains, a package, a class, a partial
+# and an import inside the function.
+PROJECT = {
+    "utils.py": """
+        import deep
+        def clean(x):
+            return deep.level(x) + {clean}
+        def scale(x, factor):
+            return x * factor * {scale}
+        def unrelated():
+            return {unrelated}
+    """,
+    "deep.py": """
+        def level(x):
+            return x * {deep}
+    """,
+    "pkg/__init__.py": "",
+    "pkg/sub.py": """
+        def fn(x):
+            return x - {sub}
+    """,
+    "models.py": """
+        class Model:
+            @staticmethod
+            def method(x):
+                return x + {method}
+    """,
+    "helpers/__init__.py": "",
+    "helpers/inner.py": """
+        def twice(x):
+            return 2 * x + {inner}
+    """,
+}
+
+SCRIPT = """
+import functools, json, os, sys
+sys.path.insert(0, sys.argv[1])
+import utils, pkg.sub
+from models import Model
+from hardy import DiskCache, Pipeline, node
+
+SCALED = functools.partial(utils.scale, factor=3)
+
+def log(name):
+    with open(os.environ["CALLS"], "a") as f:
+        f.write(name + "\\n")
+
+@node(output_name="a")
+def via_module(x):
+    log("a")
+    return utils.clean(x)
+
+@node(output_name="b")
+def via_package(x):
+    log("b")
+    return pkg.sub.fn(x)
+
+@node(output_name="c")
+def via_class(x):
+    log("c")
+    return Model.method(x)
+
+@node(output_name="d")
+def via_partial(x):
+    log("d")
+    return SCALED(x)
+
+@node(output_name="e")
+def via_local_import(x):
+    log("e")
+    from helpers.inner import twice
+    return twice(x)
+
+p = Pipeline(nodes=[via_module, via_package, via_class, via_partial, via_local_import],
+             cache=DiskCache(sys.argv[2]))
+print(json.dumps(p.run(inputs={"x": 10})))
+"""
+
+BASE = dict(clean=1, scale=1, unrelated=0, deep=1, sub=1, method=1, inner=1)
+
+
+def expected(v: dict[str, int]) -> dict[str, int]:
+    x = 10
+    return {"a": x * v["deep"] + v["clean"], "b": x - v["sub"], "c": x + v["method"],
+            "d": x * 3 * v["scale"], "e": 2 * x + v["inner"]}
+
+
+def test_edits_reached_through_modules_packages_classes_partials_and_local_imports(tmp_path):
+    src, calls = tmp_path / "src", tmp_path / "calls.txt"
+
+    def run(**changes: int) -> tuple[set[str], dict[str, int]]:
+        values = {**BASE, **changes}
+        for name, text in PROJECT.items():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_text(textwrap.dedent(text).format(**values))
+        calls.write_text("")
+        out = subprocess.run([sys.executable, "-c", SCRIPT, str(src), str(tmp_path / "c")], check=True,
+                             capture_output=True, text=True, env={**os.environ, "CALLS": str(calls)}).stdout
+        result = json.loads(out)
+        assert result == expected(values), changes  # never a stale result
+        return set(calls.read_text().split()), result
+
+    assert run()[0] == set("abcde")
+    assert run()[0] == set()
+    assert run(unrelated=5)[0] == set()  # code the nodes cannot reach invalidates nothing
+    assert run(clean=2)[0] == {"a"}
+    assert run(clean=2, deep=3)[0] == {"a"}  # two modules away, through utils
+    assert run(clean=2, deep=3, sub=4)[0] == {"b"}
+    assert run(clean=2, deep=3, sub=4, method=5)[0] == {"c"}
+    assert run(clean=2, deep=3, sub=4, method=5, scale=6)[0] == {"d"}
+    assert run(clean=2, deep=3, sub=4, method=5, scale=6, inner=7)[0] == {"e"}
+
+
+def test_instances_key_by_their_class_code():
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def apply(self, x):
+            return x * self.k
+
+    before = hash_value(Scaler(2))
+    Scaler.apply = lambda self, x: x + self.k  # what a re-run cell or an edited file does
+    assert hash_value(Scaler(2)) != before
+
+
+def test_decorated_helpers_key_by_the_code_they_wrap():
+    import functools
+
+    def make(offset):
+        @functools.lru_cache
+        def helper(x):
+            return x + offset
+
+        def uses(x):
+            return helper(x)
+        return uses
+
+    assert code_fingerprint(make(1)) == code_fingerprint(make(1)) != code_fingerprint(make(2))
+
+
+CONFIG = {"b": 2, "a": 1}
+LOCK = threading.Lock()
+
+
+def reads_lock(x):
+    with LOCK:
+        return x
+
+
+def test_a_global_that_cannot_be_hashed_fails_when_the_plan_is_built(tmp_path):
+    ran = []
+
+    @node(output_name="y")
+    def guarded(x):
+        ran.append(x)
+        return reads_lock(x)
+
+    p = Pipeline(nodes=[guarded], cache=DiskCache(tmp_path / "c"))
+    with pytest.raises(UnhashableError) as info:
+        p.map(inputs={"x": [1, 2, 3]}, map_over="x")
+    message = str(info.value)
+    for part in ("node 'guarded'", "LOCK", "_thread.lock", "test_cache_keys.reads_lock",
+                 "__cache_key__", "cache=False"):
+        assert part in message, part
+    assert ran == []
+    assert Pipeline(nodes=[node(output_name="y", cache=False)(guarded.func)],
+                    cache=DiskCache(tmp_path / "c")).map(inputs={"x": [1]}, map_over="x") == [{"y": 1}]
+
+
+def test_global_dict_order_is_part_of_the_key():
+    def first_key():
+        return next(iter(CONFIG))
+
+    before = code_fingerprint(first_key)
+    CONFIG.clear()
+    CONFIG.update({"a": 1, "b": 2})
+    try:
+        assert code_fingerprint(first_key) != before
+    finally:
+        CONFIG.clear()
+        CONFIG.update({"b": 2, "a": 1})
+
+
+class Session:
+    """A handle with no content to hash, deep inside an object."""
+
+    __slots__ = ()
+
+
+class Encoder:
+    def __init__(self):
+        self.width = 4
+        self._session = Session()
+
+
+class Model:
+    def __init__(self):
+        self.encoder = Encoder()
+
+
+def test_an_unhashable_input_fails_the_map_once_naming_class_and_path(tmp_path):
+    ran = []
+
+    @node(output_name="y")
+    def predict(x, model):
+        ran.append(x)
+        return x
+
+    p = Pipeline(nodes=[predict], cache=DiskCache(tmp_path / "c"))
+    with pytest.raises(UnhashableError) as info:
+        p.map(inputs={"x": list(range(50)), "model": Model()}, map_over="x")
+    message = str(info.value)
+    assert "model.encoder._session is a test_cache_keys.Session" in message
+    assert "node 'predict'" in message and "test_cache_keys.Model" in message
+    assert "__cache_key__" in message and "register" in message
+    assert ran == []
+
+
+def test_error_summaries_say_not_computed_yet(tmp_path):
+    @node(output_name="features")
+    def featurize(x):
+        return x
+
+    @node(output_name="y")
+    def predict(features, handle):
+        return features
+
+    p = Pipeline(nodes=[featurize, predict], cache=DiskCache(tmp_path / "c"))
+    with pytest.raises(Exception) as info:
+        p.run(inputs={"x": 1, "handle": Session()})
+    assert "features=(not computed yet)" in str(info.value) and "None" not in str(info.value)
+
+
+def test_ordinary_module_level_values_hash():
+    import argparse
+    import logging
+    import re
+    import types
+
+    import numpy as np
+
+    values = [re.compile("a+", re.I), re.compile("a+"), range(3), range(4), types.SimpleNamespace(lr=0.1),
+              types.SimpleNamespace(lr=0.2), argparse.Namespace(lr=0.1), logging.getLogger("a"),
+              logging.getLogger("b"), np.dtype("float32"), np.dtype("float64")]
+    assert len({hash_value(v) for v in values}) == len(values)
+    assert hash_value(re.compile("a+", re.I)) == hash_value(re.compile("a+", re.I))
+
+
+def test_registered_library_types_hash_by_what_identifies_them():
+    from hardy.hashing import _REGISTRY, register
+
+    def event(is_set: bool) -> threading.Event:  # a library's class: no __cache_key__() to add
+        e = threading.Event()
+        if is_set:
+            e.set()
+        return e
+
+    with pytest.raises(UnhashableError):
+        hash_value(event(True))
+    register(threading.Event, threading.Event.is_set)
+    try:
+        assert hash_value(event(True)) == hash_value(event(True)) != hash_value(event(False))
+    finally:
+        del _REGISTRY[threading.Event]
+
+
+TORCH_SCRIPT = """
+import json, os, sys, threading
+import torch
+from hardy import DiskCache, Pipeline, node
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.1))
+        self.head = torch.nn.Linear(8, 1)
+        self.register_buffer("scale", torch.ones(1))
+
+    def forward(self, x):
+        return self.head(self.encoder(x)) * self.scale
+
+calls = []
+
+@node(output_name="y")
+def predict(x, model):
+    calls.append(x)
+    with torch.no_grad():
+        return float(model(torch.full((1, 4), float(x))))
+
+torch.manual_seed(0)
+model = Net().eval()
+p = Pipeline(nodes=[predict], cache=DiskCache(sys.argv[1]))
+out = {}
+def run(label):
+    calls.clear()
+    p.map(inputs={"x": list(range(20)), "model": model}, map_over="x")
+    out[label] = len(calls)
+
+run("cold"); run("warm")
+with torch.no_grad():
+    model.head.weight += 1          # trained further: new weights
+run("weights")
+model.scale.fill_(2.0)             # a buffer
+run("buffer")
+model.train()                      # dropout on: behaves differently
+run("mode")
+model.eval(); run("back")          # the earlier state again: hits
+def fresh(seed):
+    torch.manual_seed(seed)
+    return Net().eval()
+out["same_init"] = len({DiskCache.input_key(fresh(0), "m"), DiskCache.input_key(fresh(0), "m")})
+out["other_init"] = len({DiskCache.input_key(fresh(0), "m"), DiskCache.input_key(fresh(1), "m")})
+out["devices"] = len({DiskCache.input_key(v, "d") for v in (torch.device("cpu"), torch.device("meta"), torch.float32)})
+model.encoder._session = threading.Lock()
+try:
+    run("unhashable")
+except TypeError as exc:
+    out["error"] = str(exc)
+    out["ran"] = len(calls)
+print(json.dumps(out))
+"""
+
+
+def test_torch_modules_hash_by_class_configuration_and_weights(tmp_path):
+    needs_torch()  # torch runs in its own process: its OpenMP pool would be a fork hazard here
+    out = json.loads(subprocess.run([sys.executable, "-c", TORCH_SCRIPT, str(tmp_path / "c")], check=True,
+                                    capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    assert (out["cold"], out["warm"], out["weights"], out["buffer"], out["mode"], out["back"]) == (20, 0, 20, 20, 20, 0)
+    assert out["same_init"] == 1 and out["other_init"] == 2 and out["devices"] == 3
+    assert "model.encoder._session is a _thread.lock" in out["error"] and "__main__.Net" in out["error"]
+    assert out["ran"] == 0
+
+
+SKLEARN_SCRIPT = """
+import json, sys
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.tree import DecisionTreeClassifier
+from hardy.hashing import hash_value
+
+X = np.random.default_rng(0).random((40, 3)); y = (X[:, 0] > 0.5).astype(int)
+def fitted(model, rows=40):
+    return model.fit(X[:rows], y[:rows])
+out = {
+    "params": hash_value(LogisticRegression(C=1.0)) != hash_value(LogisticRegression(C=2.0)),
+    "unfitted_vs_fitted": hash_value(LogisticRegression()) != hash_value(fitted(LogisticRegression())),
+    "refit_same": hash_value(fitted(LogisticRegression())) == hash_value(fitted(LogisticRegression())),
+    "other_data": hash_value(fitted(LogisticRegression())) != hash_value(fitted(LogisticRegression(), 30)),
+    "tree": hash_value(fitted(DecisionTreeClassifier(random_state=0)))
+            != hash_value(fitted(DecisionTreeClassifier(random_state=0), 30)),
+    "pipeline": hash_value(fitted(make_pipeline(StandardScaler(), LogisticRegression())))
+                != hash_value(fitted(make_pipeline(StandardScaler(), LogisticRegression()), 30)),
+}
+print(json.dumps(out))
+"""
+
+
+def test_scikit_learn_estimators_hash_by_parameters_and_fitted_state():
+    if importlib.util.find_spec("sklearn") is None:  # not imported here: its OpenMP runtime would be a fork hazard
+        pytest.skip("scikit-learn is not installed (pip install scikit-learn)")
+    out = json.loads(subprocess.run([sys.executable, "-c", SKLEARN_SCRIPT], check=True, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1])
+    assert out == {k: True for k in out} and len(out) == 6, out
+
+
+def test_settings_changed_after_a_run_take_effect(tmp_path):
+    from hardy import PipelineCallback
+
+    ran = []
+
+    @node(output_name="y")
+    def double(x):
+        ran.append(x)
+        return 2 * x
+
+    class Seen(PipelineCallback):
+        def __init__(self):
+            self.nodes = []
+
+        def on_node_end(self, node_id, outputs, duration, ctx):
+            self.nodes.append(node_id)
+
+    p = Pipeline(nodes=[double])
+    assert p.run(inputs={"x": 1}) == {"y": 2}
+    p.cache = DiskCache(tmp_path / "a")  # set after a first run: used from the next call on
+    p.run(inputs={"x": 1})
+    p.run(inputs={"x": 1})
+    assert ran == [1, 1] and p.cache.stats().entries == 1
+    seen = Seen()
+    p.callbacks.append(seen)
+    p.map(inputs={"x": [5, 6]}, map_over="x")
+    assert seen.nodes == ["double", "double"]
+    p.cache = None
+    p.engine = Engine(cache=DiskCache(tmp_path / "b"))  # the engine's cache now applies
+    p.run(inputs={"x": 3})
+    assert p.engine.cache.stats().entries == 1
+    p.engine.cache = None  # changed on the engine itself
+    before = len(ran)
+    p.run(inputs={"x": 3})
+    p.run(inputs={"x": 3})
+    assert len(ran) == before + 2
+
+
+LOCAL_IMPORT = """
+import sys
+from hardy import node
+from hardy.cache.disk import call_fingerprint
+
+@node(output_name="y")
+def embed(x):
+    import torch  # imported in the worker that runs the node, never in the parent
+    return torch.tensor([x]).sum().item()
+
+call_fingerprint(embed, ["x"])
+print("torch" in sys.modules)
+"""
+
+
+def test_a_library_imported_inside_a_node_is_not_imported_to_key_it():
+    needs_torch()
+    out = subprocess.run([sys.executable, "-c", LOCAL_IMPORT], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,124 @@
+"""Node events reach the parent's callbacks from every executor: in order per item, between the
+item's start and end, with the worker's pid and durations; cache hits and crashes included.
+Real threads, an event loop, real worker processes and a real segfault."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from hardy import DiskCache, Engine, Pipeline, PipelineCallback, node
+
+
+@node(output_name="a")
+def add_one(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="b")
+def double_or_crash(a: int) -> int:
+    if a == 8:  # item 7
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 2 * a
+
+
+@node(output_name="c")
+async def total(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+NODES = ["add_one", "double_or_crash", "total"]
+
+
+class Log(PipelineCallback):
+    """Every event, with the item and worker hardy attributes it to."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def _add(self, *event, ctx):
+        self.events.append((*event, ctx.get("hardy.item"), ctx.get("hardy.worker_pid") or os.getpid()))
+
+    def on_map_item_start(self, item_index, ctx):
+        self._add("item_start", item_index, ctx=ctx)
+
+    def on_map_item_end(self, item_index, duration, ctx):
+        self._add("item_end", item_index, ctx=ctx)
+
+    def on_map_item_error(self, item_index, error, ctx):
+        self._add("item_error", item_index, ctx=ctx)
+
+    def on_node_start(self, node_id, inputs, ctx):
+        self._add("start", node_id, ctx=ctx)
+
+    def on_node_end(self, node_id, outputs, duration, ctx):
+        assert duration > 0
+        self._add("end", node_id, ctx=ctx)
+
+    def on_node_cached(self, node_id, signature, ctx):
+        self._add("cached", node_id, ctx=ctx)
+
+    def on_error(self, node_id, error, ctx):
+        self._add("error", node_id, type(error).__name__, getattr(error, "signal", None), ctx=ctx)
+
+    def of_item(self, i: int) -> list[tuple]:
+        """Item i's events, in the order they were seen: they must sit between its start and end."""
+        mine = [e for e in self.events if (e[1] == i if e[0].startswith("item") else e[-2] == i)]
+        assert mine[0][0] == "item_start" and mine[-1][0] in ("item_end", "item_error"), mine
+        return [e[:-2] for e in mine[1:-1]]
+
+
+def _map(executor: str, n: int = 6, cache=None) -> Log:
+    log = Log()
+    with Engine(map_executor=executor, workers=2) as engine:
+        p = Pipeline([add_one, double_or_crash, total], engine=engine, callbacks=[log], cache=cache)
+        out = p.map(inputs={"x": [x for x in range(n) if executor == "process" or x != 7]}, map_over="x",
+                    on_error="continue")
+        assert [o["c"] for i, o in enumerate(out) if i != 7] == [3 * (x + 1) for x in range(n) if x != 7]
+    return log
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "async", "process"])
+def test_every_node_event_of_every_item_in_order(executor):
+    log = _map(executor)
+    expected = [(kind, name) for name in NODES for kind in ("start", "end")]
+    pids = set()
+    for i in range(6):
+        assert log.of_item(i) == expected
+        pids |= {e[-1] for e in log.events if e[-2] == i and e[0] in ("start", "end")}
+    if executor == "process":
+        assert os.getpid() not in pids and len(pids) >= 1
+    else:
+        assert pids == {os.getpid()}
+
+
+def test_cache_hits_and_a_crash_from_worker_processes(tmp_path):
+    cache = DiskCache(tmp_path / "c")
+    _map("process", n=10, cache=cache)
+    log = _map("process", n=10, cache=cache)
+    assert log.of_item(3) == [("cached", name) for name in NODES]
+    # the crashed item's own log died with its worker: the parent reports the node that killed it
+    assert log.of_item(7) == [("error", "double_or_crash", "NodeCrashed", "SIGSEGV")]
+
+
+def test_no_listener_for_node_events_means_no_node_events_logged():
+    class ItemsOnly(PipelineCallback):
+        def __init__(self):
+            self.items = 0
+
+        def on_map_item_end(self, item_index, duration, ctx):
+            self.items += 1
+
+    from hardy.engine.core import Results
+    from hardy.observe.callbacks import Events
+    from hardy.observe.progress import MapProgress
+    assert not Results(1, "raise", MapProgress(1, "", False), Events([ItemsOnly()])).log_nodes
+    assert Results(1, "raise", MapProgress(1, "", False), Events([Log()])).log_nodes
+    only = ItemsOnly()
+    with Engine(map_executor="process", workers=2) as engine:
+        Pipeline([add_one], engine=engine, callbacks=[only]).map(inputs={"x": list(range(5))}, map_over="x")
+    assert only.items == 5

@@ -1,0 +1,101 @@
+"""The progress bar where users see it: a real pseudo-terminal (nested maps as indented rows, cache
+hits and failures counted) and a real Jupyter kernel (no ipywidgets, no warning, a bar updated in
+place)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    from hardy import DiskCache, Pipeline, node
+
+    @node(output_name="y")
+    def slow(x: int) -> int:
+        time.sleep(0.05)
+        if x == 2:
+            raise ValueError("two")
+        return x
+
+    inner = Pipeline([slow], name="inner-items")
+    @node(output_name="n")
+    def count(ys: list) -> int:
+        return len(ys)
+
+    outer = Pipeline([inner.as_node(name="each", input_mapping={"xs": "x"}, output_mapping={"y": "ys"},
+                                    map_over="xs", on_error="continue"), count], name="outer-docs")
+    outer.map(inputs={"xs": [[2, 0, 1, 3, 4, 5]] * 3}, map_over="xs")
+    cached = Pipeline([slow], name="warm", cache=DiskCache(sys.argv[1]))
+    for _ in range(2):
+        cached.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
+""")
+
+
+def _in_terminal(tmp_path, code: str) -> str:
+    """Runs `code` with stderr on a real pseudo-terminal; returns what the terminal received."""
+    main, child = pty.openpty()
+    env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache")], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=child, env=env)
+    os.close(child)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(main)
+    assert proc.wait(timeout=120) == 0, received.decode(errors="replace")[-2000:]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", received.decode(errors="replace"))  # colours
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "\n", text)  # cursor moves: each redraw on its own lines
+
+
+def test_terminal_bar_nests_maps_and_counts_cache_hits_and_failures(tmp_path):
+    screen = _in_terminal(tmp_path, SCRIPT)
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    assert any(ln.startswith("outer-docs") for ln in lines)
+    nested = [ln for ln in lines if ln.startswith("  inner-items")]
+    assert nested and any("1 failed" in ln for ln in nested), screen[-3000:]
+    warm = [ln for ln in lines if ln.startswith("warm")]
+    assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in warm), warm[-5:]
+
+
+def test_notebook_bar_without_ipywidgets_or_warnings(tmp_path):
+    jupyter_client = pytest.importorskip("jupyter_client", reason="needs jupyter_client and ipykernel")
+    pytest.importorskip("ipykernel")
+    assert __import__("importlib").util.find_spec("ipywidgets") is None, "the point is to work without it"
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.kernel_spec  # noqa: B018 - fails early where no python3 kernel is installed
+    km.start_kernel(env={**os.environ}, cwd=str(tmp_path))
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        code = SCRIPT.replace("sys.argv[1]", repr(str(tmp_path / "cache"))).replace(
+            'outer.map(inputs={"xs": [[2, 0, 1, 3, 4, 5]] * 3}, map_over="xs")', "")
+        messages = []
+        client.execute(code)
+        while True:
+            msg = client.get_iopub_msg(timeout=60)
+            messages.append(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+    shown = [m["content"]["data"]["text/html"] for m in messages
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    streams = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert not errors and "ipywidgets" not in streams and "Warning" not in streams, (errors, streams)
+    assert any("<progress" in h and "6/6" in h and "1 failed" in h and "5 cache hits" in h for h in shown), shown[-3:]

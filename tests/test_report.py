@@ -1,0 +1,155 @@
+"""Run reports: real maps (in-process and through crashing worker processes), a real cache, real
+JSON files, and the HTML page loaded in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hardy import DiskCache, Engine, HardyError, NodeError, Pipeline, node
+from hardy.observe.report import RunReport
+from test_visualize import _png_pixels
+
+PAYLOAD = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
+
+
+@node(output_name="a")
+def prepare(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="b")
+def score(a: int) -> int:
+    if a == 4:
+        raise ValueError(PAYLOAD)
+    if a == 8:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return a * 2
+
+
+def pipeline(engine: Engine, **kw) -> Pipeline:
+    return Pipeline([prepare, score], engine=engine, name="scoring", **kw)
+
+
+def test_in_process_map_counts_calls_cache_hits_and_failures(tmp_path):
+    p = pipeline(Engine(report=True), cache=DiskCache(tmp_path / "c"))
+    items = [x for x in range(10) if x != 7]  # item 7 would segfault this test process
+    p.map(inputs={"x": items}, map_over="x", on_error="continue")
+    first = p.report().to_dict()
+    nodes = {n["name"]: n for n in first["nodes"]}
+    assert nodes["prepare"]["calls"] == 9 and nodes["prepare"]["cached"] == 0
+    assert nodes["score"]["calls"] == 9 and nodes["score"]["failures"] == 1
+    assert first["items"] == 9 and first["succeeded"] == 8 and first["failed"] == 1
+    [failure] = first["failures"]
+    assert failure["item"] == 3 and failure["node"] == "score" and failure["error"] == "ValueError"
+    assert failure["message"] == PAYLOAD and "in score" in failure["stack"] and failure["signal"] is None
+    assert 0 < nodes["score"]["p95_s"] <= nodes["score"]["total_s"]
+
+    p.map(inputs={"x": items}, map_over="x", on_error="continue")
+    again = {n["name"]: n for n in p.report().to_dict()["nodes"]}
+    assert again["prepare"]["cached"] == 9 and again["prepare"]["calls"] == 0
+    assert again["score"]["cached"] == 8 and again["score"]["calls"] == 1  # the failure was not cached
+    json.dumps(p.report().to_dict())
+
+
+def test_process_map_report_names_the_crash_its_signal_and_the_workers():
+    with Engine(map_executor="process", workers=2, report=True) as engine:
+        p = pipeline(engine)
+        out = p.map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
+        assert sum(1 for r in out if isinstance(r, dict)) == 18
+        d = p.report().to_dict()
+        pids = set(engine.process_pool().pids())
+    crash = next(f for f in d["failures"] if f["item"] == 7)
+    assert crash["node"] == "score" and crash["signal"] == "SIGSEGV" and "score" in crash["stack"]
+    nodes = {n["name"]: n for n in d["nodes"]}  # node events came back from the workers
+    assert nodes["prepare"]["calls"] == 19  # item 7's own log died with its worker
+    assert nodes["score"]["calls"] == 20 and nodes["score"]["failures"] == 2  # a ValueError and the crash
+    raised = next(f for f in d["failures"] if f["item"] == 3)  # its traceback came back as text
+    assert raised["error"] == "ValueError" and "in score" in raised["stack"] and "raise ValueError" in raised["stack"]
+    assert d["workers"]["died"] == 1 and d["workers"]["started"] >= 2 and d["workers"]["recycled"] == 0
+    assert set(d["workers"]["peak_rss"]) == {str(p) for p in pids}
+    assert all(v > 1 << 20 for v in d["workers"]["peak_rss"].values())
+    lanes = {worker for _, worker, *_ in d["timeline"]}
+    assert pids - {int(w.split()[1]) for w in lanes} == set() and len(d["timeline"]) == 20
+    assert {i for i, *_, ok in d["timeline"] if not ok} == {3, 7}
+
+
+def test_run_report_and_a_failed_run():
+    p = pipeline(Engine(report=True))
+    assert p.run(inputs={"x": 1}) == {"a": 2, "b": 4}
+    assert p.report().to_dict()["succeeded"] == 1
+    with pytest.raises(NodeError):
+        p.run(inputs={"x": 3})
+    d = p.report().to_dict()
+    assert d["kind"] == "run" and d["failed"] == 1 and d["failures"][0]["error"] == "ValueError"
+
+
+def test_without_recording_report_says_how_to_turn_it_on():
+    p = pipeline(Engine())
+    p.run(inputs={"x": 1})
+    with pytest.raises(HardyError, match=r"Engine\(report=True\)"):
+        p.report()
+
+
+def test_terminal_tables():
+    p = pipeline(Engine(report=True))
+    p.map(inputs={"x": [1, 2, 3]}, map_over="x", on_error="continue")
+    text = " ".join(str(p.report()).split())
+    assert "2 of 3 items ok, 1 failed" in text and "cache hits" in text
+    assert "ValueError" in text and "<script>" in text  # rich markup in a message is shown, not interpreted
+
+
+def test_report_dir_and_the_cli_renders_a_written_report(tmp_path):
+    code = ("from hardy import Pipeline, node\n"
+            "@node(output_name='y')\n"
+            "def double(x): return 2 * x\n"
+            "Pipeline([double], name='env dir').map(inputs={'x': [1, 2]}, map_over='x')\n")
+    env = {**os.environ, "HARDY_REPORT_DIR": str(tmp_path / "reports")}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    [written] = (tmp_path / "reports").glob("*.json")
+    assert written.name.startswith("env_dir-")
+    report = RunReport.load(written)
+    assert report.to_dict()["succeeded"] == 2 and report.to_dict()["nodes"][0]["calls"] == 2
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "report", str(written), "--html",
+                          str(tmp_path / "r.html")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "2 of 2 items ok" in " ".join(out.stdout.split()) and (tmp_path / "r.html").read_text().count("<svg") >= 2
+    bad = subprocess.run([sys.executable, "-m", "hardy.cli", "report", str(tmp_path / "r.html")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not a hardy run report" in bad.stderr
+
+
+def _chromium(*args: str, profile: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="Chromium is not installed (Debian: apt-get install chromium)")
+def test_html_page_escapes_everything_and_shows_the_dag_and_failures(tmp_path):
+    with Engine(map_executor="process", workers=2, report=True) as engine:
+        p = pipeline(engine)
+        p.map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
+        page = p.report().save(tmp_path / "run.html")
+    text = page.read_text()
+    assert "<script" not in text and "<img" not in text
+    assert re.search(r"<[a-z]+[^>]*\s(src|href)=", text) is None and "<link" not in text  # nothing to fetch
+    dom = _chromium("--dump-dom", page.as_uri(), profile=str(tmp_path / "p1")).stdout
+    assert "<title>hardy report: scoring</title>" in dom and "pwned" not in dom.split("</title>")[0]
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom and "SIGSEGV" in dom
+    shot = tmp_path / "shot.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1000,1400", page.as_uri(), profile=str(tmp_path / "p2"))
+    width, height, pixels = _png_pixels(shot.read_bytes())
+    colours = set(pixels)
+    assert bytes.fromhex("dbeafe") in colours  # the DAG's node boxes
+    assert bytes.fromhex("fecaca") in colours  # the failure table's header
+    assert bytes.fromhex("22c55e") in colours and bytes.fromhex("ef4444") in colours  # the timeline
