@@ -441,6 +441,23 @@ def test_daft_engine_on_ray():
     assert run.stdout.strip().splitlines()[-2:] == ["[0, 2, 4, ('f', 3), 8, 10]", "[1, 3, 5, ('f', 3), 9, 11]"]
 
 
+@pytest.mark.parametrize("name", [*ENGINES, "daft"])
+def test_imap_streams_a_generator_in_windows(name, executors):
+    if name == "daft":
+        pytest.importorskip("daft")
+        from hardy.integrations.daft import DaftEngine
+        engine = DaftEngine()
+    else:
+        engine = Engine(map_executor=executors[name])
+    p = Pipeline(nodes=[add_one, double_or_crash, total], engine=engine)
+    out = list(p.imap(inputs={"x": (x for x in range(40))}, map_over="x", on_error="continue", window=16))
+    assert [o["c"] for i, o in enumerate(out) if i != 7] == [3 * (x + 1) for x in range(40) if x != 7]
+    assert isinstance(out[7].error, NodeCrashed) and out[7].error.item == 7
+    loose = list(p.imap(inputs={"x": iter(range(40))}, map_over="x", on_error="continue", ordered=False,
+                        window=16))
+    assert sorted(o["c"] for o in loose if not isinstance(o, Failed)) == [3 * (x + 1) for x in range(40) if x != 7]
+
+
 @pytest.mark.parametrize("name", ENGINES)
 def test_node_events_come_back_from_the_engines_workers(name, executors):
     from test_events import Log
