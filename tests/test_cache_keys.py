@@ -453,30 +453,30 @@ def test_a_library_imported_inside_a_node_is_not_imported_to_key_it():
     assert out.stdout.strip() == "False"
 
 
-# Digests computed before value hashing became a registry: a cache filled by an earlier version
-# stays valid only while these do not move.
+# Digests (key format 3, BLAKE3) computed before value hashing became a registry: a cache filled by
+# an earlier version stays valid only while these do not move.
 PINNED = {
-    "none": (None, "738096e476d3c5447c3cb95c39bfc964"),
-    "true": (True, "0583525866ce6d4c711b8d319b34a247"),
-    "false": (False, "3662d6121c293c1c21dc4d3401650d44"),
-    "int": (42, "e4ef819a631bd78a5982b7622e8989cc"),
-    "bigint": (10**30, "b64c4e61304596946b3a1e288c3ea1f0"),
-    "float": (1.5, "006d1b449709649e263fb8db020c648a"),
-    "nan": (float("nan"), "73ae77c5a37db41ab38816b8c86539f4"),
-    "neg_zero": (-0.0, "a77b214b8490cc2b1a7d880efbfbcee5"),
-    "inf": (float("inf"), "555f0926addbfe2fdc3cc236d31b7dd2"),
-    "str": ("héllo", "1614ff2c1b903c66ea19478b6c1dd2ab"),
-    "bytes": (b"ab", "bb96c1ca758106c0a7a4874d10b93a9c"),
-    "tuple": ((1, "a"), "8bd76d34a985186abaea19fa2d633309"),
-    "list": ([1, 2.0, None], "4fc3bf3da4d035e2f1edcb370a7ff847"),
-    "empty_list": ([], "22fe82c164ca30440fb4cf52a6a6792b"),
-    "dict": ({"a": 1, "b": [2]}, "d091bd1db3460c2d048cdb8b7705acca"),
-    "set": ({1, 2, 3}, "7e8330286c8da38f2854037ae661ead2"),
-    "frozenset": (frozenset({"x"}), "4dfe8702353ffe8ef9bf16ff5add3b9b"),
-    "complex": (1 + 2j, "943b0aae5fede65cdafad82167dbf5a5"),
-    "bytearray": (bytearray(b"xy"), "4dcbc91bef4c58e37c0bbe1c5ce249a3"),
-    "memoryview": (memoryview(b"mv"), "5556d5b3eb1c3a36b2ab7cf6f4c89897"),
-    "nested": ({"k": (1, [2, {3}]), "d": {"x": None}}, "6482f9f502235cc484bdaa4a4aa51b4f"),
+    "none": (None, "34ab8b65c2622b75106dba567a23b032"),
+    "true": (True, "3d5ce082d3e6c13e406b078e5157bb6a"),
+    "false": (False, "542a1d6b133a93a2b22779029c14f780"),
+    "int": (42, "3f0883692869192e985c8f324f270280"),
+    "bigint": (10**30, "339e661877bab262649709feaf397988"),
+    "float": (1.5, "10e89e40829072e8e54de0990cab6c3f"),
+    "nan": (float("nan"), "665d1c692d80c38bee4d4137488d70b2"),
+    "neg_zero": (-0.0, "a594bd6ebc9b4bcf4071402ba6b8ba41"),
+    "inf": (float("inf"), "7652379dfa990afa6ed0e5f3e317b021"),
+    "str": ("héllo", "512774e3d725632c9ddec5e1ffcd0ab3"),
+    "bytes": (b"ab", "a38e64a514aa3da8d0e423b38267fc00"),
+    "tuple": ((1, "a"), "61b380ee6f3542843a50354decb66f08"),
+    "list": ([1, 2.0, None], "2f3d005ea23cb1cc5c2f68e9f940c940"),
+    "empty_list": ([], "a4ab81ab4318ea4199220b63d8f36d3d"),
+    "dict": ({"a": 1, "b": [2]}, "6ae25080605b1841687a6488fb5d5240"),
+    "set": ({1, 2, 3}, "b9ab840aadd001b3cc4d957209b3821a"),
+    "frozenset": (frozenset({"x"}), "a5a96139a8dc8f85f7a1b25ee247d93a"),
+    "complex": (1 + 2j, "85758725309220f0d976951da0e0d18e"),
+    "bytearray": (bytearray(b"xy"), "db4937fb1705c9fc89e8793a5116499b"),
+    "memoryview": (memoryview(b"mv"), "09d8dc690cc83a61aaa141bdfb889dd8"),
+    "nested": ({"k": (1, [2, {3}]), "d": {"x": None}}, "c28fe971efe027256192941c288e3ed8"),
 }
 
 
@@ -491,21 +491,21 @@ def _pinned_library_values() -> dict:
     import numpy as np
     import pandas as pd
     return {
-        "intenum": (http.HTTPStatus.OK, "596a0715324e102cb7129d8a3fb1585a"),
-        "flag_enum": (re.RegexFlag.IGNORECASE, "5953e1dec96ad83438eac7943b05707c"),
-        "tuple_subclass": (os.terminal_size((80, 24)), "921ca3f899793ae4ba180fcba4bb7a41"),
-        "path": (pathlib.PurePosixPath("/a/b"), "a3e39713cf4ecd7ad1e960af442ad9a6"),
-        "date": (datetime.date(2024, 1, 2), "51df135f9d63e7a0aa25f377fb3ab108"),
-        "decimal": (decimal.Decimal("1.10"), "3aeabfd4e689a52fa52d02c71a8ba41e"),
-        "range": (range(1, 10, 2), "0673a85ee7b159e8f52f32655565b4ae"),
-        "regex": (re.compile("a+b", re.I), "38c102968e3a1a1338cfe7b8e4579d49"),
-        "partial_of_builtin": (functools.partial(max, 1), "5f835121554d44664338c53e14665181"),
-        "np_array": (np.arange(6, dtype=np.int32).reshape(2, 3), "e6dd08280acd2e86f020700f93e4368b"),
-        "np_scalar": (np.float64(2.5), "e0418fb0c3e97bfd23eac5973975dd82"),
-        "np_dtype": (np.dtype("float32"), "646fd81c2981f63fbfa8a52cb38703bc"),
-        "np_object": (np.array([1, "a"], dtype=object), "b98691325710fb9ccca5e95e0fa8af8c"),
-        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "1a6682e150dd14679ed10372f34c68b1"),
-        "pandas_series": (pd.Series([1.0, 2.0], name="s"), "da9bf861969f358a08ab253034dd2af3"),
+        "intenum": (http.HTTPStatus.OK, "d65855d72e43b3a4968c40b68ab1c921"),
+        "flag_enum": (re.RegexFlag.IGNORECASE, "8a3ea9828e3d155c25291c462cae568e"),
+        "tuple_subclass": (os.terminal_size((80, 24)), "8b8ec931c432ec3a8a39ea27c9e48f97"),
+        "path": (pathlib.PurePosixPath("/a/b"), "5d7625271197503b519f1cbc4ea6d9f5"),
+        "date": (datetime.date(2024, 1, 2), "bcba9058e1d411643c1864c53548e443"),
+        "decimal": (decimal.Decimal("1.10"), "0673a0726749c43836cf4cff107d96c6"),
+        "range": (range(1, 10, 2), "563c3d03435f84a55ed679ac170495bd"),
+        "regex": (re.compile("a+b", re.I), "62ce18feeb8bcdb6ad63d41e982b2d7b"),
+        "partial_of_builtin": (functools.partial(max, 1), "26d7e128b42518484b633f58a3c13e85"),
+        "np_array": (np.arange(6, dtype=np.int32).reshape(2, 3), "064787f3a825730bc03ee293d7cf616b"),
+        "np_scalar": (np.float64(2.5), "7e8365dd22dc9345ae4d5996728b92a9"),
+        "np_dtype": (np.dtype("float32"), "e57302b8851e2e37f0b98cbb12efcf82"),
+        "np_object": (np.array([1, "a"], dtype=object), "e0c4ba8736d236dabe4e432f1eeb0393"),
+        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "c5611000c0d2409fb26de700c1d805b2"),
+        "pandas_series": (pd.Series([1.0, 2.0], name="s"), "589824bff318a575a0dbc7090924fc17"),
     }
 
 

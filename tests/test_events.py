@@ -113,7 +113,7 @@ def test_no_listener_for_node_events_means_no_node_events_logged():
         def on_map_item_end(self, item_index, duration, ctx):
             self.items += 1
 
-    from hardy.engine.core import Results
+    from hardy.engine.results import Results
     from hardy.observe.callbacks import Events
     from hardy.observe.progress import MapProgress
     assert not Results(1, "raise", MapProgress(1, "", False), Events([ItemsOnly()])).log_nodes

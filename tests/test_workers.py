@@ -239,8 +239,8 @@ def test_results_arrive_per_item_for_slow_items():
         engine.process_pool()._per_item[0] = 0  # irrelevant; first chunk is a probe of one item
         p = Pipeline(nodes=[slow], engine=engine, callbacks=[arrivals])
         out = p.map(inputs={"x": list(range(4))}, map_over="x")
-    for i, o in enumerate(out):  # each result reached the parent right after it was computed
-        assert arrivals.at[i] - o["t"] < 0.2
+    for i in range(3):  # each result reached the parent before the next item was done computing
+        assert arrivals.at[i] < out[i + 1]["t"]
 
 
 def test_fork_is_refused_when_a_hazard_is_present():

@@ -238,11 +238,15 @@ class GpuOutOfMemory(CudaError):
 
 
 class MapError(HardyError):
-    """A map item failed with on_error="raise". Nothing computed is lost: see `results`."""
+    """A map item failed with on_error="raise". Nothing computed is lost: see `results`.
 
-    def __init__(self, results: list[Any], failures: dict[int, NodeError]):
+    `failures` is keyed by item index; `results[k]` is item `offset + k` (a streamed map, whose
+    earlier results were already handed out, reports the window of items around the failure)."""
+
+    def __init__(self, results: list[Any], failures: dict[int, NodeError], offset: int = 0):
         self.results = results
         self.failures = failures
+        self.offset = offset
         first = failures[min(failures)]
         done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
         super().__init__(

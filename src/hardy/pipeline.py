@@ -8,10 +8,14 @@ checks inputs and outputs and compiles the plan, every later call only executes 
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Sized
 
-from .engine.core import Engine, Results
+from .engine.core import Engine
+from .engine.results import Results
+from .engine.executors import SequentialExecutor
+from .engine.streaming import Shifted, stream
 from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputError, NodeDefinitionError,
                      NodeError, UnknownInputError, UnknownInputWarning, UnknownOutputError)
 from .graph import Graph
@@ -309,10 +313,83 @@ class Pipeline:
         map_mode "zip" pairs the i-th values; "product" runs every combination. Results come back in
         input order. on_error="raise" raises MapError (with every finished result) at the first
         failure; "continue" runs everything and puts a `Failed` where an item failed. The lists may
-        also be bound (`bind(texts=[...]).map(map_over="texts")`).
+        also be bound (`bind(texts=[...]).map(map_over="texts")`). `imap` streams instead.
         """
         if engine is not None and engine is not self._engine:
             return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
+        values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
+        items, n = _items(values, over, map_mode, lazy=False)
+        if plan.cache is not None and items:
+            _share_input_keys(plan, items, over, self.name)
+        observers = self._observers
+        events = Events(observers, self.name, items) if observers else None
+        live = self._recorder.begin(self, "map", n) if self._engine.reporting and not in_call() else None
+        with MapProgress(n, self.name, progress_wanted(progress)) as bar:
+            results = Results(n, on_error, bar, events, live)
+            try:
+                if events:
+                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
+                                    self._node_ids, announce=False)
+                else:
+                    self._engine.run_items(plan, items, results)
+            finally:
+                if plan.cache is not None and self._reports:
+                    plan.cache.report()  # what the cache could not do, in one warning per map
+        if live is not None:
+            self._recorder.end(self, results.failures)
+        if results.failures and on_error == "raise":
+            raise MapError(results.values, results.failures)
+        return results.values
+
+    def imap(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
+             map_mode: str = "zip", output_name: str | Sequence[str] | None = None, on_error: str = "raise",
+             progress: bool | None = None, engine: Engine | None = None, ordered: bool = True,
+             window: int | None = None) -> Iterator[dict[str, Any] | Failed]:
+        """`map`, streamed: an iterator of results that pulls the inputs (any iterables, generators
+        included) as it goes, with at most about 3 × `window` items alive at once.
+
+        `ordered=False` yields results as they finish. A consumer that stops asking stops the
+        producers; closing the iterator (or leaving a `for` loop) stops the map. With
+        on_error="raise", the first failure reached raises MapError (`.offset` and `.results` give
+        the failure's window). `window` defaults to 1,024 items (64 on the sequential executor)."""
+        if engine is not None and engine is not self._engine:
+            return self._using(engine).imap(inputs, map_over, map_mode, output_name, on_error, progress,
+                                            ordered=ordered, window=window)
+        if window is not None and window < 1:
+            raise MapInputError(f"imap(window={window}) must be at least 1 item.")
+        values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
+        items, n = _items(values, over, map_mode, lazy=True)
+        if window is None:
+            window = 64 if isinstance(self._engine.map_executor, SequentialExecutor) else 1024
+        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress)
+
+    def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
+                over: list[str], window: int, ordered: bool, on_error: str,
+                progress: bool | None) -> Iterator[Any]:
+        import time
+        observers, name = self._observers, self.name
+
+        def make_results(start: int, chunk: list, cls: type) -> Results:
+            if plan.cache is not None:
+                _share_input_keys(plan, chunk, over, name)
+            events = Events(observers, name, Shifted(chunk, start)) if observers else None
+            return cls(len(chunk), on_error, bar, events, offset=start)
+
+        with MapProgress(n, name, progress_wanted(progress)) as bar:
+            outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results)
+            if not observers:
+                yield from outcomes
+                return
+            events = Events(observers, name)
+            with events.opened(name, dict(values), self._node_ids, announce=False):
+                events.emit("on_map_start", n)
+                start = time.perf_counter()
+                yield from outcomes
+                events.emit("on_map_end", time.perf_counter() - start)
+
+    def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
+                  output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:
+        """The checked arguments of a map: the inputs it uses, its plan, the names mapped over."""
         values = {**self._bound, **(inputs or {})}
         over = [map_over] if isinstance(map_over, str) else list(map_over or [])
         if map_mode not in ("zip", "product"):
@@ -328,28 +405,7 @@ class Pipeline:
                     f"{self.name!r}; pass inputs={{{name!r}: [...]}} or fix the name.")
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
-        items = _items({k: v for k, v in values.items() if k in used or k in over}, over, map_mode)
-        if plan.cache is not None and items:
-            _share_input_keys(plan, items, over, self.name)
-        observers = self._observers
-        events = Events(observers, self.name, items) if observers else None
-        live = self._recorder.begin(self, "map", len(items)) if self._engine.reporting and not in_call() else None
-        with MapProgress(len(items), self.name, progress_wanted(progress)) as bar:
-            results = Results(len(items), on_error, bar, events, live)
-            try:
-                if events:
-                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
-                                    self._node_ids, announce=False)
-                else:
-                    self._engine.run_items(plan, items, results)
-            finally:
-                if plan.cache is not None and self._reports:
-                    plan.cache.report()  # what the cache could not do, in one warning per map
-        if live is not None:
-            self._recorder.end(self, results.failures)
-        if results.failures and on_error == "raise":
-            raise MapError(results.values, results.failures)
-        return results.values
+        return {k: v for k, v in values.items() if k in used or k in over}, plan, over
 
     def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict:
         import time
@@ -519,7 +575,10 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
             item[KEYS] = shared
 
 
-def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[str, Any]]:
+def _items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: bool) -> tuple[Iterable[dict[str, Any]], int | None]:
+    """The items of a map and their number (None for inputs of unknown length): a list, or with
+    `lazy` an iterator that reads the inputs only as it is advanced."""
     seqs = []
     for name in over:
         v = values[name]
@@ -527,18 +586,49 @@ def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[s
             raise MapInputError(
                 f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
                 f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
-        seqs.append(list(v))
+        seqs.append(v if lazy or isinstance(v, Sized) else list(v))
     const = {k: v for k, v in values.items() if k not in over}
+    sized = all(isinstance(s, Sized) for s in seqs)
+    n = None
     if mode == "zip":
-        lengths = {name: len(s) for name, s in zip(over, seqs)}
-        if len(set(lengths.values())) > 1:
-            raise MapInputError(
-                f"map_mode='zip' needs equally long inputs, got lengths {lengths}; "
-                "fix the lists or use map_mode='product' for every combination.")
+        if sized:
+            lengths = {name: len(s) for name, s in zip(over, seqs)}
+            _check_lengths(lengths)
+            n = len(seqs[0])
         if len(over) == 1:
             name = over[0]
-            return [{**const, name: x} for x in seqs[0]]
-        combos: Iterable[tuple] = zip(*seqs)
+            if not lazy:
+                return [{**const, name: x} for x in seqs[0]], n
+            return ({**const, name: x} for x in seqs[0]), n
+        combos: Iterable[tuple] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:
+        if sized:
+            n = math.prod(len(s) for s in seqs)
         combos = itertools.product(*seqs)
-    return [{**const, **dict(zip(over, combo))} for combo in combos]
+    if not lazy:
+        return [{**const, **dict(zip(over, combo))} for combo in combos], n
+    return ({**const, **dict(zip(over, combo))} for combo in combos), n
+
+
+def _check_lengths(lengths: dict[str, int]) -> None:
+    if len(set(lengths.values())) > 1:
+        raise MapInputError(
+            f"map_mode='zip' needs equally long inputs, got lengths {lengths}; "
+            "fix the lists or use map_mode='product' for every combination.")
+
+
+def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple]:
+    """zip() that raises, naming the inputs, when iterables of unknown length turn out unequal."""
+    counted = 0
+    for combo in itertools.zip_longest(*seqs, fillvalue=_ENDED):
+        if _ENDED in combo:
+            ended = [n for n, x in zip(over, combo) if x is _ENDED]
+            longer = [n for n, x in zip(over, combo) if x is not _ENDED]
+            raise MapInputError(
+                f"map_mode='zip' needs equally long inputs: {ended} ended after {counted} items while "
+                f"{longer} went on; fix the inputs or use map_mode='product' for every combination.")
+        counted += 1
+        yield combo
+
+
+_ENDED = object()

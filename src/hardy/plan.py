@@ -240,7 +240,7 @@ class Plan:
                 f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
                 f"    return {{{result}}}\n")
 
-    # Caching, compiled in. A node's key is blake2b(its fingerprint + the keys of its arguments),
+    # Caching, compiled in. A node's key is BLAKE3(its fingerprint + the keys of its arguments),
     # where an input's key is the hash of its value and an intermediate's key is its producer's key
     # (a Merkle chain, as in Bazel or Nix): intermediates are never re-hashed, so a warm run costs
     # one key derivation and one lookup per node, whatever the size of the values in between. Only

@@ -32,16 +32,19 @@ def build_plan(spec: bytes, wrap: Wrap | None = None,
     return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
     """pickle where it can; cloudpickle for functions, and for anything that names `__main__`:
-    workers never import the user's main script, so its classes and functions travel by value."""
+    workers never import the user's main script, so its classes and functions travel by value.
+    `buffer_callback` is pickle's; it is called with None when a second attempt starts over."""
     try:
-        data = pickle.dumps(obj, protocol=5)
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
         if b"__main__" not in data:
             return data
     except Exception:
         pass
-    return cloudpickle.dumps(obj, protocol=5)
+    if buffer_callback is not None:
+        buffer_callback(None)
+    return cloudpickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
 
 
 def globals_in(blob: bytes) -> list[str]:
@@ -73,11 +76,12 @@ def globals_in(blob: bytes) -> list[str]:
 
 
 def ship_items(items: Sequence[dict[str, Any]], indices: Sequence[int],
-               wrap: Callable[[list[tuple[int, dict[str, Any]]]], Any] = lambda chunk: chunk) -> bytes:
-    """A chunk of (index, item) pairs, pickled; an unpicklable input is named with its item."""
+               wrap: Callable[[list[tuple[int, dict[str, Any]]]], Any] = lambda chunk: chunk,
+               dump: Callable[[Any], Any] = dumps) -> Any:
+    """A chunk of (index, item) pairs, pickled by `dump`; an unpicklable input is named with its item."""
     msg = wrap([(i, items[i]) for i in indices])
     try:
-        return dumps(msg)
+        return dump(msg)
     except Exception as exc:
         for i in indices:
             for name, value in items[i].items():

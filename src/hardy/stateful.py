@@ -3,8 +3,8 @@
 `@stateful` makes constructing the class cheap: `Model("bert")` returns a handle that records the
 constructor arguments. The real object is built on first use, once in each process that uses it,
 and reused for every item that process runs. Handles pickle as (class, arguments), never as the
-loaded object, so a worker process builds its own model instead of receiving a copy (seed 003:
-one model per worker, and nothing CUDA-bound ever crosses a process boundary).
+loaded object, so a worker process builds its own model instead of receiving a copy (one model
+per worker, and nothing CUDA-bound ever crosses a process boundary).
 """
 
 from __future__ import annotations

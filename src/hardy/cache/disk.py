@@ -2,7 +2,7 @@
 
 Entry layout (bytes, whatever the store):
     b"HRD" | format version (1 byte) | key id (8 bytes) | MAC (16 bytes) | pickle
-MAC = keyed blake2b(secret, FORMAT | entry key | pickle). It is the checksum and the signature at
+MAC = keyed BLAKE3(secret, FORMAT | entry key | pickle). It is the checksum and the signature at
 once: a truncated, zeroed or flipped entry, or an entry copied under another key, fails verification
 and is deleted and recomputed. The key id (a keyed hash of nothing but the secret) tells an entry
 written under another secret — another user sharing the directory with a different
@@ -33,6 +33,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from blake3 import blake3
+
 from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size
 from .keys import MISS
@@ -41,7 +43,7 @@ from .store import EntryInfo, FileStore, LocalStore, Store, remove_quietly, swee
 log = logging.getLogger("hardy.cache")
 
 MAGIC = b"HRD"
-VERSION = 2
+VERSION = 3  # 3: keyed BLAKE3 MACs
 KEY_ID = 8
 HEADER = len(MAGIC) + 1 + KEY_ID + DIGEST
 FAULTS = (OSError, sqlite3.Error)  # what a store raises when its environment misbehaves
@@ -85,6 +87,7 @@ class DiskCache:
         self.store: Store = store  # type: ignore[assignment]
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
+        self._mac_key: bytes | None = None
         self.single_flight = single_flight
         self.max_size = parse_size(max_size)
         self._puts = 0
@@ -146,11 +149,12 @@ class DiskCache:
     # --- entries -----------------------------------------------------------------------------------
 
     def _mac(self, key: bytes, payload: bytes | memoryview) -> bytes:
-        h = hashlib.blake2b(key=self.secret, digest_size=DIGEST)
-        h.update(FORMAT)
+        if self._mac_key is None:  # keyed BLAKE3 takes exactly 32 bytes: derived from the secret
+            self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v3").digest()
+        h = blake3(FORMAT, key=self._mac_key)
         h.update(key)
         h.update(payload)
-        return h.digest()
+        return h.digest(DIGEST)
 
     def get(self, key: bytes, default: Any = None) -> Any:
         """The value stored under `key` if it verifies, else `default` (a bad entry is deleted)."""

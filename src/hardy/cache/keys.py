@@ -7,8 +7,9 @@ the Daft engine's keyed stages and `DiskCache` all call these functions.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable, Protocol, Sequence
+
+from blake3 import blake3
 
 from ..hashing import DIGEST, FORMAT, UnhashableError, digest
 from ..node import Node
@@ -41,9 +42,9 @@ def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
     """The key of one call: its fingerprint and its arguments' keys (16 bytes each)."""
-    return hashlib.blake2b(fingerprint + b"".join(arg_keys), digest_size=DIGEST).digest()
+    return blake3(fingerprint + b"".join(arg_keys)).digest(DIGEST)
 
 
 def output_key(key: bytes, output: str, n_outputs: int) -> bytes:
     """The key of one output of a call: the call's key itself, or derived for several outputs."""
-    return key if n_outputs == 1 else hashlib.blake2b(key + output.encode(), digest_size=DIGEST).digest()
+    return key if n_outputs == 1 else blake3(key + output.encode()).digest(DIGEST)

@@ -1,6 +1,7 @@
 """Where calls run: the Engine, the results sink, and the in-process executors."""
 
-from .core import Engine, Results
+from .core import Engine
+from .results import Results
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor, run_chunk
 
 __all__ = ["Engine", "Results", "Executor", "SequentialExecutor", "ThreadedExecutor", "AsyncExecutor",

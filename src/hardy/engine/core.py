@@ -1,128 +1,28 @@
 """The Engine: the one place that decides where calls run.
 
 `Engine` holds configuration and the executors it creates lazily (thread pools, the worker-process
-pool). `Results` is the sink every executor writes to: it keeps each item's outputs at its input
-position, turns failures into `Failed` placeholders, stops early under on_error="raise" and feeds
-the progress bar and map-item callbacks. Nothing computed is discarded: a MapError carries it all.
+pools, the stream runner), and owns isolation: an `@node(isolate=True)` call is a one-item map on
+its pool. Every executor writes to a `Results` sink (results.py).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import arguments
-from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
+from ..errors import NodeDefinitionError
 from ..node import Node
-from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
-from ..observe.nodelog import ERROR, FIELDS
 from ..observe.progress import MapProgress
 from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
+from .results import Results
 
 if TYPE_CHECKING:
-    from ..observe.callbacks import Events
-    from ..observe.report import _Live
     from ..plan import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
 _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
-
-
-class Results:
-    """Where executors put each item's outcome, by index."""
-
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
-                 live: "_Live | None" = None):
-        self.live = live  # the run report being recorded (only with events: the recorder is a callback)
-        # Executors that run items elsewhere log node events there only when someone listens.
-        self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
-        self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
-        self.values: list[Any] = [None] * n
-        self.failures: dict[int, NodeError] = {}
-        self.stop = False
-        self._raise = on_error == "raise"
-        self.progress = progress
-        self.events = events
-        self._started: dict[int, float] = {}
-        self.retries: dict[int, int] = {}
-
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
-        """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
-        self.values[i] = out
-        self.progress.done += 1
-        if self.events:
-            if records:
-                self._replay(i, records, None)
-            if self._watch_items:
-                start = self._started.pop(i, None)
-                self.events.item_done(i, out, time.perf_counter() - start if start else 0.0)
-                if self.live:
-                    self.live.item_end(i, True)
-
-    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
-        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
-        running it (0 where the engine does not say which), so that the node it died in reports."""
-        if self.events and (records or worker is not None):
-            if records:
-                self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
-                worker = records[-1]
-            if isinstance(err, NodeCrashed) and ERROR not in records[1::FIELDS]:  # it died mid-node
-                self.events.crashed(i, err, worker or 0, self.retries.get(i, 0))
-        err.item = i
-        self.failures[i] = err
-        self.values[i] = Failed(err)
-        self.progress.failed += 1
-        if self._raise:
-            self.stop = True
-        if self.events and self._watch_items:
-            self._started.pop(i, None)
-            self.events.item_failed(i, err)
-            if self.live:
-                self.live.item_end(i, False)
-
-    def retried(self, i: int) -> None:
-        """Item i's worker died and the item runs again (its nodes' `retries`)."""
-        self.retries[i] = self.retries.get(i, 0) + 1
-
-    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
-        assert self.events is not None
-        _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
-        self.events.replay(i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
-        if self.live:
-            self.live.item_ran(i, start, end, pid)
-
-    def started(self, i: int, worker: int | None = None) -> None:
-        """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
-        if self._watch_items:
-            self._started[i] = time.perf_counter()
-            if self.live:
-                self.live.item_start(i, worker)
-            self.events.item_started(i, worker)
-        elif worker is None and self.events:
-            self.events.in_item(i)
-
-    def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
-        if not self.events:
-            return plan.run
-        run, started = plan.run, self.started
-
-        def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
-            started(i)
-            return run(item, i)
-        return observed
-
-    def async_runner(self, plan: "Plan") -> Callable[..., Any]:
-        assert plan.arun is not None
-        if not self.events:
-            return plan.arun
-        arun, started = plan.arun, self.started
-
-        async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
-            started(i)
-            return await arun(item, i)
-        return observed
 
 
 _START_METHODS = (None, "forkserver", "spawn", "fork", "fork!")
@@ -210,13 +110,14 @@ class Engine:
         self._node_pool: Any = None
         self._process_pool: Any = None
         self._gpu_pool: Any = None
+        self._window_runner: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
         state = self.__dict__.copy()
         # A copy inside a worker records nothing: the caller's report collects the worker's events.
-        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _gpu_pool=None, reporting=False,
-                     report_dir=None)
+        state.update(_map_executor=None, _node_pool=None, _process_pool=None, _gpu_pool=None, _window_runner=None,
+                     reporting=False, report_dir=None)
         if not isinstance(self.map_executor_spec, str):
             state["map_executor_spec"] = "sequential"
         return state
@@ -331,6 +232,13 @@ class Engine:
     def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
 
+    def window_runner(self) -> Any:
+        """The thread that runs this engine's streamed maps (`Pipeline.imap`), one window at a time."""
+        if self._window_runner is None:
+            from .streaming import WindowRunner
+            self._window_runner = WindowRunner(self)
+        return self._window_runner
+
     def worker_counts(self) -> dict[str, Any]:
         """Worker processes started, died and recycled so far, and the peak memory of those alive."""
         pool = self._process_pool
@@ -340,6 +248,9 @@ class Engine:
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""
+        if self._window_runner is not None:
+            self._window_runner.close()
+            self._window_runner = None
         if self._map_executor is not None and self._map_executor not in (self._process_pool, self._gpu_pool):
             self._map_executor.close()
         for pool in (self._process_pool, self._gpu_pool):

@@ -16,7 +16,7 @@ from ..errors import NodeError
 from ..plan import Plan, run_sync
 
 if TYPE_CHECKING:
-    from .core import Results
+    from .results import Results
 
 
 class Executor(Protocol):

@@ -14,7 +14,7 @@ UDF runs each chunk through the same compiled plan as every other engine (result
 cache keys and cache writes identical), in hardy's worker process under the UDF process
 (`integrations/remote.py`: crashes and timeouts cost one item, as with map_executor="process").
 Python values travel as binary, an Arrow type, so Daft's process workers are really used (Daft
-isolates only UDFs whose columns are Arrow types: seed 003's `force_spawn_method`, by construction).
+isolates only UDFs whose columns are Arrow types: what HyperNodes' `force_spawn_method` was for).
 The UDF instance, one per Daft worker process, compiles its plan once; `@stateful` resources are
 built once in the hardy worker that runs the nodes.
 
@@ -101,7 +101,7 @@ def _prepare_worker(paths: list[str]) -> None:
 
 def _leave_quietly() -> None:
     """Runs after the atexit handlers registered later (the user's) and skips the rest of the
-    interpreter's teardown: where native libraries crash after the work is done (seed 000; Daft
+    interpreter's teardown: where native libraries crash after the work is done (torch beside cuML did; Daft
     itself, 4 runs in 20), and ~20 ms of every process UDF in every query."""
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import cloudpickle
 
-from ..engine.core import Results
+from ..engine.results import Results
 from ..errors import HardyError, NodeCrashed
 from ..observe.nodelog import item_record
 from ..observe.progress import MapProgress

@@ -11,11 +11,12 @@ processes report node events there, not here; map-item events always fire in the
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import time
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, FIELDS
@@ -173,6 +174,14 @@ class Events:
                  node_ids: Sequence[str] = (), announce: bool = True) -> dict:
         """Runs `call` as pipeline `pipeline_id` in the callback context; `announce=False` (a map,
         whose items announce themselves) emits no on_pipeline_start/_end of its own."""
+        with self.opened(pipeline_id, inputs, node_ids, announce) as finish:
+            return finish(call())
+
+    @contextlib.contextmanager
+    def opened(self, pipeline_id: str, inputs: dict, node_ids: Sequence[str] = (),
+               announce: bool = True) -> Iterator[Callable[[dict], dict]]:
+        """Pipeline `pipeline_id` open in the callback context for the `with` block (a streamed map
+        stays open while it is consumed); the block reports its outputs through the yielded function."""
         token = None
         if _context.get() is None:
             token = _context.set(CallbackContext())
@@ -183,11 +192,13 @@ class Events:
         if announce:
             self.emit("on_pipeline_start", pipeline_id, inputs)
         start = time.perf_counter()
-        try:
-            out = call()
+
+        def finish(out: dict) -> dict:
             if announce:
                 self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
             return out
+        try:
+            yield finish
         finally:
             ctx.pop_pipeline()
             if token is not None:

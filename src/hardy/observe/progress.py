@@ -59,10 +59,10 @@ def _in_notebook() -> bool:
 class MapProgress:
     """Counts items; when shown, renders the counts (see the module docstring)."""
 
-    def __init__(self, total: int, label: str, show: bool):
-        self.total = total
+    def __init__(self, total: int | None, label: str, show: bool):
+        self.total = total  # None: a streamed map over inputs of unknown length (no ETA)
         self.label = label
-        self.show = show and total > 0
+        self.show = show and total != 0
         self.done = 0
         self.failed = 0
         self.cached = 0
@@ -200,10 +200,14 @@ class _NotebookView(_View):
         for bar in list(self._bars):
             n = bar.done + bar.failed
             elapsed = time.perf_counter() - bar.started
-            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if n and n < bar.total else ""
+            known = bar.total is not None
+            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if known and n and n < bar.total else ""
+            rate = f"{n / elapsed:,.0f} items/s" if not known and elapsed > 0 else ""
+            limit, total = (f' max="{bar.total}"', f"{bar.total:,}") if known else ("", "?")
             rows.append(f"<tr><td style=\"padding-left:{12 * bar.depth}px\">{html.escape(bar.label)}</td>"
-                        f"<td><progress value=\"{n}\" max=\"{bar.total}\"></progress></td>"
-                        f"<td>{n:,}/{bar.total:,}</td><td>{elapsed:,.1f} s</td><td>{eta}</td>"
+                        f"<td><progress value=\"{n}\"{limit}></progress></td>"
+                        f"<td>{n:,}/{total}</td><td>{elapsed:,.1f} s</td>"
+                        f"<td>{eta or rate}</td>"
                         f"<td>{html.escape(bar.status())}</td></tr>")
         self._handle.update(self._html(f"<table class=\"hardy-progress\">{''.join(rows)}</table>"))
 

@@ -18,6 +18,9 @@ dying worker can never leave something locked that the others need):
       → that item fails (or is retried); unsent items are re-queued; the worker is replaced
     ("stop",)            ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
 
+Chunks and result batches carry big array buffers (≥ 1 MiB) out of band: a memfd segment whose
+descriptor follows the message on the same socket, mapped by the receiver (`hardy.transport`).
+
 How workers start and why nothing outlives the parent: `launch.py`, `server.py`, `lifeline.py`.
 """
 

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..plan import Plan
 from ..safety.environment import worker_environment
-from ..shipping import globals_in, ship_items, ship_plan
+from .. import transport
+from ..shipping import dumps, globals_in, ship_items, ship_plan
 from ..sizes import parse_size
 from ..safety.hazards import choose_start_method
 from . import launch
@@ -95,8 +96,8 @@ class _Worker:
     def busy(self) -> bool:
         return bool(self.unsent) or self.plan is not None
 
-    def send(self, data: bytes) -> None:
-        self.conn.send_bytes(data)
+    def send(self, data: bytes | transport.Packed) -> None:
+        transport.send(self.conn, b"", data if isinstance(data, transport.Packed) else transport.Packed(data))
 
     def kill(self, reason: str, detail: str) -> None:
         """Ask faulthandler for the stack (works inside C loops too), then SIGKILL its group."""
@@ -251,10 +252,12 @@ class WorkerPool:
                 shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
 
-    def _chunk_bytes(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
-                     log: bool = False) -> bytes:
-        """`log`: the worker logs node events (observe/nodelog.py) because the parent listens."""
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log))
+    def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
+               shared: transport.Shared, log: bool = False) -> transport.Packed:
+        """`log`: the worker logs node events (observe/nodelog.py) because the parent listens;
+        `shared`: the segments of the values every item of the map holds (written once)."""
+        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
+                          dump=lambda msg: transport.pack(msg, dumps, shared))
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -293,7 +296,8 @@ class _Run:
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         self.log = results.log_nodes
         if items:  # fail before any worker starts if the first item cannot travel
-            pool._chunk_bytes(self.plan_id, items, [0])
+            ship_items(items, [0])
+        self.shared = transport.Shared(_shared_values(items), dumps)
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
         now = time.monotonic()
@@ -348,7 +352,7 @@ class _Run:
             if not chunk:
                 unneeded.append(slot)
                 continue
-            data = pool._chunk_bytes(self.plan_id, self.items, chunk, self.log)
+            data = pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
@@ -360,6 +364,7 @@ class _Run:
                     w.plans.add(self.plan_id)
                 w.send(data)
             except OSError:  # it died just now: its chunk goes back to the queue
+                data.close()
                 self.on_death(w)
         if unneeded:
             pool._release(self, unneeded)
@@ -408,6 +413,7 @@ class _Run:
                     pool._replace(slot, stop=False)
             raise
         finally:
+            self.shared.close()
             pool._release(self, range(pool.size))
 
     def receive(self, w: _Worker) -> bool:
@@ -419,7 +425,9 @@ class _Run:
                 w.started_any = True
                 self.pool.start_failures = 0
                 try:
-                    batch = pickle.loads(memoryview(data)[worker_main.HEADER.size:])
+                    batch = transport.unpack(w.conn, memoryview(data)[worker_main.HEADER.size:])
+                except (EOFError, OSError):  # it died while passing its shared memory
+                    raise
                 except Exception:  # one result cannot be read here: at chunk end, ask for each alone
                     w.resend = True
                     batch = []
@@ -566,3 +574,11 @@ def _close_at_exit(ref: "weakref.ref[WorkerPool]") -> None:
     pool = ref()
     if pool is not None:
         pool.close()
+
+
+def _shared_values(items: Sequence[dict[str, Any]]) -> list[Any]:
+    """The inputs every item holds as one same object (a map's constant inputs)."""
+    if len(items) < 2:
+        return []
+    first, last = items[0], items[-1]
+    return [v for k, v in first.items() if last.get(k, first) is v]

@@ -24,8 +24,9 @@ from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
+from .. import transport
 from ..shipping import build_plan, dumps, portable
-from ..safety.environment import install_numba_guard
+from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -67,6 +68,7 @@ def run(fd: int) -> None:
     watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
     os.environ.clear()
     os.environ.update(env)
+    cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
     sys.path[:] = sys_path
     try:
         os.chdir(cwd)
@@ -92,7 +94,7 @@ def run(fd: int) -> None:
     try:
         while True:
             try:
-                msg = pickle.loads(conn.recv_bytes())
+                msg = transport.unpack(conn, memoryview(conn.recv_bytes()))
             except EOFError:
                 break
             if msg[0] == "plan":
@@ -198,15 +200,19 @@ def _send(conn: Any, batch: list[tuple], producers: dict[str, str], done: bool,
     _sending[0] = True
     try:
         try:
-            data = pickle.dumps(batch, protocol=5)  # the parent has its own __main__: no need for dumps()
+            packed = transport.pack(batch, _plain)  # the parent has its own __main__: no need for dumps()
         except Exception:
             batch[:] = [(*_picklable(producers, i, ok, value), *records) for i, ok, value, *records in batch]
-            data = dumps(batch)
+            packed = transport.pack(batch, dumps)
         sent.append(list(batch))
-        conn.send_bytes(HEADER.pack(done, False, elapsed) + data)
+        transport.send(conn, HEADER.pack(done, False, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
+
+
+def _plain(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
+    return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
 
 
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:

@@ -1,0 +1,124 @@
+"""`Results`: the sink every executor writes a map's items to.
+
+It keeps each item's outputs at its input position, turns failures into `Failed` placeholders,
+stops early under on_error="raise" and feeds the progress bar, the map-item callbacks and the run
+report. Nothing computed is discarded: a MapError carries it all. It sits below the engine, the
+worker pool and the stream runner, which all hand it results.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ..errors import Failed, NodeCrashed, NodeError
+from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
+from ..observe.nodelog import ERROR, FIELDS
+from ..observe.progress import MapProgress
+
+if TYPE_CHECKING:
+    from ..observe.callbacks import Events
+    from ..observe.report import _Live
+    from ..plan import Plan
+
+
+class Results:
+    """Where executors put each item's outcome, by index.
+
+    Executors count items from 0; `offset` is the map's index of item 0 (a window of a streamed
+    map), added wherever an index leaves the sink: errors, events, the run report and the plan's
+    cache events (a window's `Events` read their items by the map's index too)."""
+
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
+                 live: "_Live | None" = None, offset: int = 0):
+        self.offset = offset
+        self.live = live  # the run report being recorded (only with events: the recorder is a callback)
+        # Executors that run items elsewhere log node events there only when someone listens.
+        self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
+        self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
+        self.values: list[Any] = [None] * n
+        self.failures: dict[int, NodeError] = {}
+        self.stop = False
+        self._raise = on_error == "raise"
+        self.progress = progress
+        self.events = events
+        self._started: dict[int, float] = {}
+        self.retries: dict[int, int] = {}
+
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+        """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
+        self.values[i] = out
+        self.progress.done += 1
+        if self.events:
+            if records:
+                self._replay(i, records, None)
+            if self._watch_items:
+                start = self._started.pop(i, None)
+                self.events.item_done(self.offset + i, out, time.perf_counter() - start if start else 0.0)
+                if self.live:
+                    self.live.item_end(self.offset + i, True)
+
+    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+        """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
+        running it (0 where the engine does not say which), so that the node it died in reports."""
+        if self.events and (records or worker is not None):
+            if records:
+                self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+                worker = records[-1]
+            if isinstance(err, NodeCrashed) and ERROR not in records[1::FIELDS]:  # it died mid-node
+                self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
+        err.item = self.offset + i
+        self.failures[i] = err
+        self.values[i] = Failed(err)
+        self.progress.failed += 1
+        if self._raise:
+            self.stop = True
+        if self.events and self._watch_items:
+            self._started.pop(i, None)
+            self.events.item_failed(self.offset + i, err)
+            if self.live:
+                self.live.item_end(self.offset + i, False)
+
+    def retried(self, i: int) -> None:
+        """Item i's worker died and the item runs again (its nodes' `retries`)."""
+        self.retries[i] = self.retries.get(i, 0) + 1
+
+    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
+        assert self.events is not None
+        _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
+        self.events.replay(self.offset + i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
+        if self.live:
+            self.live.item_ran(self.offset + i, start, end, pid)
+
+    def started(self, i: int, worker: int | None = None) -> None:
+        """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
+        if self._watch_items:
+            self._started[i] = time.perf_counter()
+            if self.live:
+                self.live.item_start(self.offset + i, worker)
+            self.events.item_started(self.offset + i, worker)
+        elif worker is None and self.events:
+            self.events.in_item(self.offset + i)
+
+    def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
+        if not self.events and not self.offset:
+            return plan.run
+        run, started, offset = plan.run, self.started if self.events else None, self.offset
+
+        def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
+            if started:
+                started(i)
+            return run(item, offset + i)
+        return observed
+
+    def async_runner(self, plan: "Plan") -> Callable[..., Any]:
+        assert plan.arun is not None
+        if not self.events and not self.offset:
+            return plan.arun
+        arun, started, offset = plan.arun, self.started if self.events else None, self.offset
+
+        async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
+            if started:
+                started(i)
+            return await arun(item, offset + i)
+        return observed

@@ -1,0 +1,188 @@
+"""Streaming maps (`Pipeline.imap`): inputs pulled lazily, a bounded number of items in flight.
+
+Every executor (in-process, worker processes, Dask, Ray, Daft) already runs a list of items into
+a `Results` sink, so a stream cuts the inputs into windows of `window` items and runs the windows
+one after another on a runner thread, the next window queued while one runs: the executor never
+idles at a window's edge, and no more than three windows of items and results are alive. The
+caller's thread is the only one that pulls the inputs (a generator is never touched by another
+thread) and it pulls a window only when it has consumed one: a consumer that stops asking stops
+the producers. The sequential executor needs no thread: items run one by one as they are asked for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from ..errors import Failed, MapError, NodeError
+from .results import Results
+from .executors import SequentialExecutor
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+    from .core import Engine
+
+Outcome = Any  # a result dict, or a Failed
+MakeResults = Callable[[int, list, type], Results]  # (first item's index, the items, the sink's class)
+
+
+class Shifted(Sequence):
+    """A window's items read by the map's index (what `Results` hands to a window's `Events`)."""
+
+    def __init__(self, items: list, start: int):
+        self.items, self.start = items, start
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.items[i - self.start]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class _Streamed(Results):
+    """A window's sink that also announces each finished item (for `ordered=False`); a subclass so
+    that ordinary maps pay nothing for it."""
+
+    finished: queue.SimpleQueue
+
+    def ok(self, i: int, out: dict[str, Any]) -> None:
+        super().ok(i, out)
+        self.finished.put((self, i))
+
+    def fail(self, i: int, err: Any) -> None:
+        super().fail(i, err)
+        self.finished.put((self, i))
+
+
+def stream(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
+           raise_on_error: bool, make_results: MakeResults) -> Iterator[Outcome]:
+    """Outcomes of `items`, in input order or (ordered=False) as they finish.
+
+    With `raise_on_error`, the first failure reached raises MapError; its `.results` are the
+    outcomes of that failure's window, whose first item is `.offset`."""
+    if isinstance(engine.map_executor, SequentialExecutor):
+        outcomes = _inline(plan, items, window, make_results)
+    else:
+        outcomes = _windows(engine, plan, items, window, ordered, make_results)
+    try:
+        for results, j in outcomes:
+            value = results.values[j]
+            if raise_on_error and type(value) is Failed:
+                raise MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
+            yield value
+    finally:
+        outcomes.close()
+
+
+def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
+            make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+    start = 0
+    while chunk := list(itertools.islice(items, window)):
+        results = make_results(start, chunk, Results)
+        run, ok, fail = results.runner(plan), results.ok, results.fail
+        for j, item in enumerate(chunk):  # run_chunk's loop, handing out each item as it is done
+            try:
+                out = run(item, j)
+            except NodeError as err:
+                fail(j, err)
+            else:
+                ok(j, out)
+            yield results, j
+        start += len(chunk)
+
+
+def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
+             make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+    runner, stream = engine.window_runner(), _Stream(plan)
+    start = 0
+
+    def submit() -> bool:
+        nonlocal start
+        chunk = list(itertools.islice(items, window))
+        if not chunk:
+            return False
+        if ordered:
+            results = make_results(start, chunk, Results)
+        else:
+            results = make_results(start, chunk, _Streamed)
+            results.finished = stream.finished
+        runner.todo.put((stream, chunk, results))
+        start += len(chunk)
+        return True
+
+    try:
+        pending = submit() + submit()
+        while pending:
+            message = stream.finished.get()
+            if isinstance(message, BaseException):
+                raise message
+            results, j = message
+            if j is not None:  # one item finished (ordered=False)
+                yield results, j
+                continue
+            pending -= 1
+            pending += submit()  # a window is done: let the next one in before handing this one out
+            if ordered:
+                for k in range(len(results.values)):
+                    yield results, k
+    finally:
+        runner.cancel(stream)
+
+
+class _Stream:
+    """One streamed map's side of the runner: its plan, where its windows report, whether it ended."""
+
+    def __init__(self, plan: "Plan"):
+        self.plan = plan
+        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+
+
+class WindowRunner:
+    """The thread that feeds streamed windows to an engine's executor, one after another.
+
+    One per engine, living as long as the engine, because what an executor starts from this
+    thread may be tied to it: Ray's node processes (and any child made with PR_SET_PDEATHSIG) are
+    killed when the thread that started them ends, so a thread per stream would kill them."""
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.current: tuple[_Stream, Results] | None = None
+        self.thread = threading.Thread(target=self._loop, name="hardy-imap", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (job := self.todo.get()) is not None:
+            stream, chunk, results = job
+            if isinstance(chunk, threading.Event):  # a stream waits for its windows to be over
+                chunk.set()
+                continue
+            if stream.closed:
+                continue
+            self.current = stream, results
+            try:
+                self.engine.run_items(stream.plan, chunk, results)
+            except BaseException as err:  # the executor itself failed: that stream raises it
+                stream.closed = True
+                stream.finished.put(err)
+            else:
+                stream.finished.put((results, None))
+            self.current = None
+
+    def cancel(self, stream: _Stream) -> None:
+        """End `stream`: its queued windows are skipped and the one running stops at its executor's
+        next chunk boundary; returns when none of its windows runs any more."""
+        stream.closed = True
+        current = self.current
+        if current is not None and current[0] is stream:
+            current[1].stop = True
+        over = threading.Event()
+        self.todo.put((stream, over, None))
+        over.wait()
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.thread.join()

@@ -1,0 +1,133 @@
+"""Big buffers cross between the parent and its workers through memfd segments, both ways.
+
+Checked on real worker processes: results are views of the shared pages (no copy), nothing ever
+appears in /dev/shm, and neither a worker segfaulting with segments in flight nor results being
+dropped leaves a mapping or a descriptor behind in the parent.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from hardy import Engine, Failed, NodeCrashed, Pipeline, node, transport  # noqa: F401 - the module
+
+pytestmark = pytest.mark.timeout(180)
+
+MB = 1 << 20
+
+
+@node(output_name="y")
+def scaled(x: np.ndarray, k: float) -> np.ndarray:
+    return x * k
+
+
+@node(output_name="y")
+def big_or_crash(x: np.ndarray) -> np.ndarray:
+    if x[0] == 3:  # its input is mapped here, other workers' results are on their way
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x + 1
+
+
+def _segments_mapped() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:hardy" in line for line in f)
+
+
+def _segment_fds() -> int:
+    return sum("memfd:hardy" in os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+               if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(map_executor="process", workers=2)
+    yield e
+    e.close()
+
+
+def test_big_arrays_come_back_as_shared_pages_and_are_released(engine):
+    arrays = [np.full(3 * MB // 8, float(i)) for i in range(6)]
+    shm_before = set(os.listdir("/dev/shm"))
+    out = Pipeline(nodes=[scaled], engine=engine).map(inputs={"x": arrays, "k": 2.0}, map_over="x")
+    assert [float(o["y"][17]) for o in out] == [2.0 * i for i in range(6)]
+    assert _segments_mapped() >= 1 and isinstance(out[0]["y"].base.base, memoryview)
+    out[0]["y"][0] = -1.0  # writable, like an unpickled array
+    assert set(os.listdir("/dev/shm")) == shm_before and _segment_fds() == 0
+    del out
+    gc.collect()
+    assert _segments_mapped() == 0
+
+
+def test_an_input_shared_by_all_items_is_written_once(engine):
+    weights = np.full(4 * MB // 8, 0.5)
+
+    @node(output_name="y")
+    def weigh(x: float, w: np.ndarray) -> float:
+        return x * float(w.sum())
+
+    p = Pipeline(nodes=[weigh], engine=engine)
+    written = []
+    real = transport._segment
+    transport._segment = lambda raws: written.append(sum(r.nbytes for r in raws)) or real(raws)
+    try:
+        out = p.map(inputs={"x": [float(i) for i in range(64)], "w": weights}, map_over="x")
+    finally:
+        transport._segment = real
+    assert [o["y"] for o in out] == [i * 0.5 * weights.size for i in range(64)]
+    assert written == [weights.nbytes]  # once for the map, not once per chunk
+    assert _segment_fds() == 0
+
+
+def test_small_values_stay_in_the_pipe(engine):
+    out = Pipeline(nodes=[scaled], engine=engine).map(inputs={"x": [np.ones(1000)] * 3, "k": 3.0}, map_over="x")
+    assert float(out[2]["y"].sum()) == 3000.0 and _segments_mapped() == 0
+
+
+def test_worker_crash_with_segments_in_flight_leaves_nothing(engine):
+    shm_before = set(os.listdir("/dev/shm"))
+    arrays = [np.full(2 * MB // 8, float(i)) for i in range(6)]
+    out = Pipeline(nodes=[big_or_crash], engine=engine).map(inputs={"x": arrays}, map_over="x",
+                                                              on_error="continue")
+    assert isinstance(out[3], Failed) and isinstance(out[3].error, NodeCrashed)
+    assert out[3].error.signal == "SIGSEGV"
+    assert [float(o["y"][0]) for i, o in enumerate(out) if i != 3] == [i + 1.0 for i in range(6) if i != 3]
+    del out
+    gc.collect()
+    assert set(os.listdir("/dev/shm")) == shm_before
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+
+
+def test_pack_and_unpack_across_a_socket():
+    import socket
+    from multiprocessing.connection import Connection
+
+    from hardy.shipping import dumps
+
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a.detach()), Connection(b.detach())
+    value = {"big": np.arange(transport.THRESHOLD // 8 + 1, dtype=np.int64), "small": np.arange(4), "n": 7}
+    packed = transport.pack(value, dumps)
+    assert packed.data[:4] == transport.MAGIC and len(packed.fds) == 1 and packed.owned
+    transport.send(sender, b"", packed)
+    assert not packed.owned  # the sender's descriptor is closed once sent
+    got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
+    assert got["n"] == 7 and np.array_equal(got["big"], value["big"]) and np.array_equal(got["small"], value["small"])
+    plain = transport.pack({"small": np.arange(4)}, dumps)
+    assert not plain.fds and plain.data[:1] == b"\x80"
+    weights = np.ones(transport.THRESHOLD // 8 * 2)
+    shared = transport.Shared([{"w": weights}], dumps)
+    first = transport.pack({"w": weights, "x": value["big"]}, dumps, shared)
+    second = transport.pack({"w": weights}, dumps, shared)
+    assert len(first.fds) == 2 and second.fds == first.fds[1:] and not second.owned  # written once
+    transport.send(sender, b"", first)
+    transport.send(sender, b"", second)
+    one, two = (transport.unpack(receiver, memoryview(receiver.recv_bytes())) for _ in range(2))
+    assert np.array_equal(one["x"], value["big"]) and float(one["w"].sum()) == float(two["w"].sum()) == weights.size
+    shared.close()
+    sender.close()
+    receiver.close()
