@@ -256,3 +256,17 @@ def test_each_plan_has_its_own_file_name_released_with_the_plan():
     del first
     gc.collect()
     assert linecache.getline(filename, 5) == ""
+
+
+def test_the_documented_plan_is_what_the_generator_writes():
+    """The example in plan.py's docstring and docs/architecture.md cannot drift from the generator."""
+    import textwrap
+    from pathlib import Path
+
+    import hardy.plan
+
+    written = Pipeline(nodes=[clean, count]).explain(inputs=["text"])
+    in_docstring = hardy.plan.__doc__.split("shows:\n\n")[1].split("\n\n")[0]
+    assert textwrap.dedent(in_docstring) + "\n" == written
+    architecture = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    assert "```text\n" + written + "```" in architecture
