@@ -7,6 +7,7 @@ code every run executes."""
 from __future__ import annotations
 
 import linecache
+import pickle
 import traceback
 
 import pytest
@@ -251,6 +252,8 @@ def test_each_plan_has_its_own_file_name_released_with_the_plan():
     first = Plan(p.graph, ["text"], ["cleaned"], name="words")
     second = Plan(p.graph, ["text"], ["n words"], name="words")
     assert first.filename != second.filename
+    copy = pickle.loads(pickle.dumps(second))  # rebuilt on the other side, under its own name
+    assert copy.filename.startswith("<hardy plan 'words' #") and copy.filename != second.filename
     assert linecache.getline(second.filename, 5) == "        cleaned = f_clean(text)  # node 'clean'\n"
     filename = first.filename
     del first

@@ -106,11 +106,12 @@ class Plan:
         # The generated functions are rebuilt on the other side: cheap, and keeps pickles small.
         # A thread pool cannot travel; a plan rebuilt in a worker runs its nodes sequentially there.
         return {"graph": self.graph, "provided": self.provided, "outputs": self.outputs,
-                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache, "keyed": self.keyed}
+                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache, "keyed": self.keyed,
+                "name": self.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"],
-                      keyed=state["keyed"])
+                      keyed=state["keyed"], name=state["name"])
 
     # --- code generation -------------------------------------------------------------------------
 
