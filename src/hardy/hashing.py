@@ -28,6 +28,7 @@ import re
 import struct
 import sys
 import sysconfig
+import threading
 import types
 from typing import Any, Callable
 
@@ -427,10 +428,19 @@ _LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
 }
 
 
+_LAZY_LOCK = threading.Lock()
+
+
 def _load_lazy() -> None:
-    for name in [n for n in _LAZY if n in sys.modules]:
-        for cls, encoder in _LAZY.pop(name)(sys.modules[name]):
-            _register(cls, encoder)
+    """Register the types of the libraries loaded since; a module leaves `_LAZY` only once its types
+    are in the table, so a thread hashing meanwhile waits instead of missing them."""
+    if not any(name in sys.modules for name in tuple(_LAZY)):
+        return
+    with _LAZY_LOCK:
+        for name in [n for n in _LAZY if n in sys.modules]:
+            for cls, encoder in _LAZY[name](sys.modules[name]):
+                _register(cls, encoder)
+            del _LAZY[name]
 
 
 # --- code -----------------------------------------------------------------------------------------
