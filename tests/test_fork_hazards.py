@@ -13,7 +13,6 @@ import textwrap
 import pytest
 
 from conftest import needs_torch
-
 from hardy.safety import fork_hazards, numba_guard_supported, worker_environment
 
 

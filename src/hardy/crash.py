@@ -7,7 +7,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 _HINTS = {
     "SIGSEGV": "segmentation fault in native code",

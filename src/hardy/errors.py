@@ -8,7 +8,8 @@ Errors that users catch by their built-in meaning also inherit from the matching
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 class HardyError(Exception):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from . import arguments
 from .errors import NodeDefinitionError, NoGpuError

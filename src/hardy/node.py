@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Callable, Sequence, overload
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 from . import arguments
 from .errors import NodeDefinitionError
@@ -44,7 +45,7 @@ class Node:
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-            getattr(func, "__call__", None))
+            getattr(func, "__call__", None))  # noqa: B004 - an instance's __call__ may be async
         owner = f"node {self.name!r}"
         self.cache = arguments.flag(owner, "cache", cache)
         self.isolate = arguments.flag(owner, "isolate", isolate)

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from .engine.core import Engine, Results
-from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputError, NodeDefinitionError,
-                     NodeError, UnknownInputError, UnknownInputWarning, UnknownOutputError)
+from .errors import (
+    Failed,
+    HardyError,
+    MapError,
+    MapInputError,
+    MissingInputError,
+    NodeDefinitionError,
+    NodeError,
+    UnknownInputError,
+    UnknownInputWarning,
+    UnknownOutputError,
+)
 from .graph import Graph
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call
@@ -31,7 +42,7 @@ class Pipeline:
     `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error.
     """
 
-    def __init__(self, nodes: Sequence[Node | "Pipeline" | Callable[..., Any]], engine: Engine | None = None,
+    def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: Any = None, strict: bool = False):
         self.name = name or "pipeline"
@@ -106,12 +117,12 @@ class Pipeline:
         """The inputs a call must still provide: the pipeline's inputs that are not bound."""
         return tuple(i for i in self.graph.root_inputs if i not in self._bound)
 
-    def with_engine(self, engine: Engine) -> "Pipeline":
+    def with_engine(self, engine: Engine) -> Pipeline:
         """Use `engine` from now on; returns the pipeline for chaining (HyperNodes' spelling)."""
         self.engine = engine
         return self
 
-    def with_name(self, name: str) -> "Pipeline":
+    def with_name(self, name: str) -> Pipeline:
         self.name = name
         return self
 
@@ -121,12 +132,12 @@ class Pipeline:
         from .visualize import visualize
         return visualize(self, filename=filename, depth=depth, **options)
 
-    def bind(self, **values: Any) -> "Pipeline":
+    def bind(self, **values: Any) -> Pipeline:
         """Fix inputs for every later call; inputs given to run()/map() override them."""
         self._bound.update(values)
         return self
 
-    def unbind(self, *names: str) -> "Pipeline":
+    def unbind(self, *names: str) -> Pipeline:
         """Forget bound inputs (all of them when no name is given)."""
         if not names:
             self._bound.clear()
@@ -139,7 +150,7 @@ class Pipeline:
         state.update(_plans={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
-    def with_cache(self, cache: Any) -> "Pipeline":
+    def with_cache(self, cache: Any) -> Pipeline:
         """This pipeline using `cache` (itself, if it has a cache of its own already)."""
         if self.cache is not None:
             return self
@@ -149,7 +160,7 @@ class Pipeline:
             self._with_cache[id(cache)] = copy
         return copy
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """This pipeline reporting to `callbacks` (a nested pipeline reports to its parent's)."""
         if list(callbacks) == self.callbacks:
             return self
@@ -157,7 +168,7 @@ class Pipeline:
         copy.callbacks = list(callbacks)
         return copy
 
-    def _using(self, engine: Engine | None) -> "Pipeline":
+    def _using(self, engine: Engine | None) -> Pipeline:
         """This pipeline run by `engine` for one call (`run(engine=...)`), its plans kept per engine."""
         if engine is None or engine is self._engine:
             return self
@@ -166,7 +177,7 @@ class Pipeline:
             copy = self._with_engine[id(engine)] = self._copy(_engine=engine)  # shares the bound inputs
         return copy
 
-    def _copy(self, **changes: Any) -> "Pipeline":
+    def _copy(self, **changes: Any) -> Pipeline:
         copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__, _plans={}, _with_cache={}, _with_engine={}, **changes)
         return copy
@@ -354,7 +365,7 @@ class Pipeline:
 
     def as_node(self, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
-                map_mode: str = "zip", on_error: str = "raise") -> "PipelineNode":
+                map_mode: str = "zip", on_error: str = "raise") -> PipelineNode:
         """This pipeline as one node of another. Mappings are {outer name: inner name} for inputs and
         {inner name: outer name} for outputs; with an output_mapping only the mapped outputs are the
         node's outputs (HyperNodes' rule). `map_over` (outer names) maps the inner pipeline over
@@ -411,16 +422,16 @@ class PipelineNode(Node):
         self.timeout = None
         self.func = self._call
 
-    def with_cache(self, cache: Any) -> "PipelineNode":
+    def with_cache(self, cache: Any) -> PipelineNode:
         """This node with its inner pipeline caching into `cache`: each inner node and map item is
         cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
         return self._copy(self.pipeline.with_cache(cache), cache=False)
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "PipelineNode":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
         """This node with its inner pipeline reporting to `callbacks`."""
         return self._copy(self.pipeline.with_callbacks(callbacks))
 
-    def _copy(self, pipeline: Pipeline, **changes: Any) -> "PipelineNode":
+    def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
         copy = PipelineNode.__new__(PipelineNode)
         copy.__dict__.update(self.__dict__, pipeline=pipeline, **changes)
         copy.func = copy._call

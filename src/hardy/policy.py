@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .errors import NodeDefinitionError, NodeTimeout
 

@@ -11,7 +11,8 @@ node or the input and the remedy, before anything is sent.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 

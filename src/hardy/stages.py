@@ -10,7 +10,8 @@ exactly as in the whole plan run at once, and the cache is shared with every oth
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 from .errors import NodeError
 from .node import Node

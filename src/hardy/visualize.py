@@ -81,7 +81,7 @@ class Scene:
     routes: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # edge index -> points
 
 
-def scene(pipeline: "Pipeline", depth: int | None = 1) -> Scene:
+def scene(pipeline: Pipeline, depth: int | None = 1) -> Scene:
     """The pipeline as boxes and edges; nested pipelines expanded `depth - 1` levels (None: all)."""
     s = Scene(pipeline.name)
     sources = {}
@@ -104,7 +104,7 @@ def scene(pipeline: "Pipeline", depth: int | None = 1) -> Scene:
     return s
 
 
-def _add(s: Scene, pipeline: "Pipeline", prefix: str, depth: int | None, sources: dict[str, str],
+def _add(s: Scene, pipeline: Pipeline, prefix: str, depth: int | None, sources: dict[str, str],
          bound: frozenset[str] = frozenset()) -> dict[str, str]:
     """Boxes and edges of `pipeline`'s nodes; returns {value name: id of the box producing it}.
     `bound` inputs (of a nested pipeline) are written in their consumers' boxes rather than drawn
@@ -394,7 +394,7 @@ class Drawing:
                 f"{len(self.scene.edges)} edges>")
 
 
-def visualize(pipeline: "Pipeline", filename: str | Path | None = None, depth: int | None = 1,
+def visualize(pipeline: Pipeline, filename: str | Path | None = None, depth: int | None = 1,
               orient: str = "TB", style: str | Theme = "default", use_dot: bool | None = None) -> Drawing:
     """Draw `pipeline`. `depth=1` shows nested pipelines as one box, `depth=2` opens them one level,
     `None` opens all. `orient` is TB, LR, BT or RL; `style` a name in STYLES or a Theme.

@@ -30,8 +30,9 @@ import pickle
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size

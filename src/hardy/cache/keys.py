@@ -8,7 +8,8 @@ the Daft engine's keyed stages and `DiskCache` all call these functions.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ..hashing import DIGEST, FORMAT, UnhashableError, digest
 from ..node import Node

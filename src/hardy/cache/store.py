@@ -22,8 +22,9 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 log = logging.getLogger("hardy.cache")
 

@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Inspect and maintain a hardy cache.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Inspect and maintain a hardy cache.")
 DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
 
 

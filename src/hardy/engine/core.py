@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import arguments
 from ..errors import Failed, NodeCrashed, NodeDefinitionError, NodeError
@@ -33,8 +34,8 @@ _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
 class Results:
     """Where executors put each item's outcome, by index."""
 
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
-                 live: "_Live | None" = None):
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
+                 live: _Live | None = None):
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
         # Executors that run items elsewhere log node events there only when someone listens.
         self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
@@ -103,7 +104,7 @@ class Results:
         elif worker is None and self.events:
             self.events.in_item(i)
 
-    def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    def runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events:
             return plan.run
         run, started = plan.run, self.started
@@ -113,7 +114,7 @@ class Results:
             return run(item, i)
         return observed
 
-    def async_runner(self, plan: "Plan") -> Callable[..., Any]:
+    def async_runner(self, plan: Plan) -> Callable[..., Any]:
         assert plan.arun is not None
         if not self.events:
             return plan.arun
@@ -328,7 +329,7 @@ class Engine:
         (gpus=0 runs a GPU pipeline on CPU)."""
         return self.gpu_pool() if gpu and self.gpu_slots else self.process_pool()
 
-    def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
 
     def worker_counts(self) -> dict[str, Any]:
@@ -352,7 +353,7 @@ class Engine:
         if isinstance(self.map_executor_spec, str):
             self._map_executor = None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

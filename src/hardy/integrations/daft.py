@@ -37,7 +37,8 @@ import atexit
 import os
 import pickle
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..engine.core import Engine
 from ..errors import NodeCrashed, did_you_mean

@@ -24,7 +24,8 @@ import hashlib
 import importlib
 import pickle
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+
 class _PhdrInfo(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p),
                 ("phdr", ctypes.c_void_p), ("phnum", ctypes.c_uint16)]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, FIELDS
@@ -104,7 +105,7 @@ ITEM_EVENTS = ("on_map_item_start", "on_pipeline_start", "on_pipeline_end", "on_
 _NO_OPS = {name: getattr(PipelineCallback, name) for name in vars(PipelineCallback) if name.startswith("on_")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _listened(cls: type) -> frozenset[str]:
     """The events a callback class overrides (a method it lacks is not listened to either)."""
     return frozenset(e for e, no_op in _NO_OPS.items() if getattr(cls, e, no_op) is not no_op)

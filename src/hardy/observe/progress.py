@@ -74,7 +74,7 @@ class MapProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "MapProgress":
+    def __enter__(self) -> MapProgress:
         global _shown
         outer = _current.get()
         self._token = _current.set(self)

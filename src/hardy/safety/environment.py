@@ -40,7 +40,7 @@ def worker_environment(workers: int) -> dict[str, str]:
 class _UniqueIds:
     """An endless iterator of 128-bit random ids: no two processes ever draw the same one."""
 
-    def __iter__(self) -> "_UniqueIds":
+    def __iter__(self) -> _UniqueIds:
         return self
 
     def __next__(self) -> int:

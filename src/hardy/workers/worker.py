@@ -16,16 +16,16 @@ import signal
 import struct
 import sys
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
-from ..shipping import build_plan, dumps, portable
 from ..safety.environment import install_numba_guard
+from ..shipping import build_plan, dumps, portable
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -72,7 +72,7 @@ def run(fd: int) -> None:
         os.chdir(cwd)
     except OSError:
         pass
-    fault_file = open(fault_path, "w")
+    fault_file = open(fault_path, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)

@@ -8,7 +8,7 @@ and its reason are in docs/hypernodes.md.
 
 from __future__ import annotations
 
-from typing import Protocol, Union
+from typing import Protocol
 
 from ...errors import CycleError, GraphError, HardyError, NodeError
 from ...node import Node
@@ -38,7 +38,7 @@ class HyperNode(Protocol):
     def root_args(self) -> tuple: ...
 
     @property
-    def output_name(self) -> Union[str, tuple]: ...
+    def output_name(self) -> str | tuple: ...
 
 
 def __getattr__(name: str) -> object:

@@ -8,7 +8,8 @@ unless a ProgressCallback asks for one, and `visualize()`'s HyperNodes arguments
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ...errors import MapError, NodeError
 from ...node import Node
@@ -38,7 +39,7 @@ class Pipeline(HardyPipeline):
         self._own_callbacks = list(callbacks)
         self._inherited = False
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
         copy = self._copy()
         copy._own_callbacks, copy._inherited = list(callbacks), True
