@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine.core import Engine, Results
 from .errors import (
@@ -32,6 +32,9 @@ from .observe.progress import MapProgress, count_cached, nested_progress, progre
 from .observe.report import Recorder, RunReport
 from .plan import KEYS, Plan
 from .policy import check_timeouts
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _DEFAULT_ENGINE = Engine()
 
@@ -177,7 +180,7 @@ class Pipeline:
             copy = self._with_engine[id(engine)] = self._copy(_engine=engine)  # shares the bound inputs
         return copy
 
-    def _copy(self, **changes: Any) -> Pipeline:
+    def _copy(self, **changes: Any) -> Self:
         copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__, _plans={}, _with_cache={}, _with_engine={}, **changes)
         return copy
@@ -208,7 +211,7 @@ class Pipeline:
             if plan.cache is not None and self._reports:
                 plan.cache.report()  # what the cache could not do, in one warning
 
-    def _observed_run(self, values: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    def _observed_run(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         events = Events(self._observers)
         live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
         if live is None:
@@ -353,7 +356,7 @@ class Pipeline:
             raise MapError(results.values, results.failures)
         return results.values
 
-    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict:
+    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict[str, Any]:
         import time
         events.emit("on_map_start", len(items))
         start = time.perf_counter()
@@ -445,7 +448,7 @@ class PipelineNode(Node):
             out = self._run(inner)
         return out[0] if len(out) == 1 else out
 
-    def _run(self, inner: dict[str, Any]) -> tuple:
+    def _run(self, inner: dict[str, Any]) -> tuple[Any, ...]:
         wanted = list(self._inner_outputs)
         if self.map_over:
             rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
@@ -477,7 +480,7 @@ def _as_node(obj: Any, position: int) -> Node:
         "functions decorated with @node, plain functions, or pipelines.")
 
 
-class _Callbacks(list):
+class _Callbacks(list[Any]):
     """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
     the pipeline compile its plans anew."""
 
@@ -507,9 +510,11 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
     once, before any item runs, instead of failing every item the same way."""
     from .hashing import UnhashableError
     first, shared = items[0], {}
+    cache = plan.cache
+    assert cache is not None  # only a cached plan hashes inputs
     for name in plan.hashed_inputs:
         try:
-            key = plan.cache.input_key(first[name], name)
+            key = cache.input_key(first[name], name)
         except UnhashableError as exc:
             users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
             raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
@@ -540,7 +545,7 @@ def _items(values: Mapping[str, Any], over: list[str], mode: str) -> list[dict[s
         if len(over) == 1:
             name = over[0]
             return [{**const, name: x} for x in seqs[0]]
-        combos: Iterable[tuple] = zip(*seqs)
+        combos: Iterable[tuple[Any, ...]] = zip(*seqs)
     else:
         combos = itertools.product(*seqs)
     return [{**const, **dict(zip(over, combo))} for combo in combos]

@@ -30,6 +30,8 @@ class PlanCache(Protocol):
 
     async def afill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
+    def report(self) -> None: ...
+
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
     """A node's fingerprint with the names of the arguments it is given (defaults not given).

@@ -49,7 +49,7 @@ class Results:
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
@@ -62,7 +62,7 @@ class Results:
                 if self.live:
                     self.live.item_end(i, True)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and (records or worker is not None):
@@ -87,7 +87,7 @@ class Results:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
+    def _replay(self, i: int, records: Sequence[Any], error: Exception | None) -> None:
         assert self.events is not None
         _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
         self.events.replay(i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
@@ -100,6 +100,7 @@ class Results:
             self._started[i] = time.perf_counter()
             if self.live:
                 self.live.item_start(i, worker)
+            assert self.events is not None  # items are watched only with events
             self.events.item_started(i, worker)
         elif worker is None and self.events:
             self.events.in_item(i)
@@ -122,7 +123,8 @@ class Results:
 
         async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
             started(i)
-            return await arun(item, i)
+            out: dict[str, Any] = await arun(item, i)
+            return out
         return observed
 
 
@@ -188,7 +190,7 @@ class Engine:
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None,
+                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
                  gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
@@ -337,7 +339,8 @@ class Engine:
         pool = self._process_pool
         if pool is None:
             return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
-        return pool.counts()
+        counts: dict[str, Any] = pool.counts()
+        return counts
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""
