@@ -22,7 +22,8 @@ from .plan import Plan, Wrap
 
 def ship_plan(plan: Plan) -> bytes:
     try:
-        return cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
+        spec: bytes = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
+        return spec
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
@@ -42,7 +43,8 @@ def dumps(obj: Any) -> bytes:
             return data
     except Exception:
         pass
-    return cloudpickle.dumps(obj, protocol=5)
+    by_value: bytes = cloudpickle.dumps(obj, protocol=5)
+    return by_value
 
 
 def globals_in(blob: bytes) -> list[str]:

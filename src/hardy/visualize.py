@@ -15,10 +15,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from .pipeline import Pipeline, PipelineNode
 
 _FONT_SIZE = 13
 _CHAR_W = 7.6  # average glyph width at that size (Helvetica / DejaVu Sans), for box sizes
@@ -119,9 +119,9 @@ def _add(s: Scene, pipeline: Pipeline, prefix: str, depth: int | None, sources: 
         lines = [n.name, "→ " + ", ".join(n.outputs)]
         if bound.intersection(n.inputs):
             lines.append("bound: " + ", ".join(i for i in n.inputs if i in bound))
-        if nested and n.map_over:
-            outer = {inner: outer for outer, inner in n._inner_inputs.items()}
-            lines.append("map over: " + ", ".join(outer[m] for m in n.map_over))
+        if nested and (pn := cast("PipelineNode", n)).map_over:
+            outer = {inner: outer for outer, inner in pn._inner_inputs.items()}
+            lines.append("map over: " + ", ".join(outer[m] for m in pn.map_over))
         box = Box(prefix + n.name, lines, "pipeline" if nested else "function",
                   prefix.rstrip("/"))
         s.boxes[box.id] = box
@@ -279,8 +279,8 @@ def to_svg(sc: Scene, theme: Theme, orient: str = "TB") -> str:
                    f"{e(sc.clusters[cid])}</text></g>")
     for k, (a, b, value) in enumerate(sc.edges):
         out.append(_svg_edge(sc.boxes[a], sc.boxes[b], sc.routes.get(k, []), value, theme, orient))
-    for b in sc.boxes.values():
-        out.append(_svg_box(b, theme))
+    for box in sc.boxes.values():
+        out.append(_svg_box(box, theme))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

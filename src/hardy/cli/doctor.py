@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ..repeat import RunOutcome
 
 console = Console()
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -92,7 +96,7 @@ def doctor(imports: str | None = typer.Option(None, "--imports", help="Comma-sep
     raise typer.Exit(report.exit_code)
 
 
-def _print_gpus(gpu: dict) -> None:
+def _print_gpus(gpu: dict[str, Any]) -> None:
     t = Table(title="GPUs")
     t.add_column("what")
     t.add_column("value")
@@ -133,7 +137,7 @@ def repeat(ctx: typer.Context,
         raise typer.BadParameter("give the command after --, e.g. hardy repeat -n 30 -- python pipeline.py")
     width = len(str(n))
 
-    def line(r, total) -> None:
+    def line(r: RunOutcome, total: int) -> None:
         mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
         extra = f"  log: {r.log}" if r.log else ""
         console.print(f"run {r.index:0{width}d}/{total} {mark} {r.outcome:<28} {r.seconds:6.2f} s{extra}",

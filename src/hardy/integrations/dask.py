@@ -88,5 +88,5 @@ class DaskExecutor(TaskExecutor):
             self._cluster.close()
         self.client = self._cluster = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "client": None, "_cluster": None}

@@ -70,7 +70,7 @@ class MapProgress:
         self.started = 0.0
         self._view: _View | None = None
         self._owner = False
-        self._token: contextvars.Token | None = None
+        self._token: contextvars.Token[MapProgress | None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -124,7 +124,7 @@ class Recorder(PipelineCallback):
         path = ctx.hierarchy_path[1:] if ctx.depth > 1 else []
         return "/".join([*path, node_id])
 
-    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         if self.live is not None:
             stats = self.live.node(self._name(node_id, ctx))
             stats.calls += 1
@@ -150,7 +150,7 @@ def _stamp(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _p95(times: array) -> float:
+def _p95(times: array[float]) -> float:
     if not times:
         return 0.0
     ordered = sorted(times)

@@ -50,7 +50,8 @@ def rss(pid: int) -> int:
     except (OSError, IndexError, ValueError):
         try:
             import psutil
-            return psutil.Process(pid).memory_info().rss
+            rss: int = psutil.Process(pid).memory_info().rss
+            return rss
         except Exception:
             return 0
 
@@ -535,7 +536,7 @@ class _Run:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
                 self.results.retried(in_flight)
-                if node.backoff:
+                if node is not None and node.backoff:  # retries > 0: there is a node
                     self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
