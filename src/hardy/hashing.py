@@ -29,7 +29,8 @@ import struct
 import sys
 import sysconfig
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from blake3 import blake3
 
@@ -52,7 +53,7 @@ class UnhashableError(TypeError):
         super().__init__(message)
         self.culprit, self.path, self.detail = culprit, path, message
 
-    def at(self, segment: str) -> "UnhashableError":
+    def at(self, segment: str) -> UnhashableError:
         """The same error one level further out (`segment` is `.attr`, `[0]` or `['key']`)."""
         self.path = (segment, *self.path)
         self.args = (self.detail,)

@@ -30,8 +30,9 @@ lookups around each call (see `_cache_prelude`); without one, none of that code 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
 from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, NodeError, OutputCountError

@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Failed, MapError, NodeError
-from .results import Results
 from .executors import SequentialExecutor
+from .results import Results
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -56,7 +57,7 @@ class _Streamed(Results):
         self.finished.put((self, i))
 
 
-def stream(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
+def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
            raise_on_error: bool, make_results: MakeResults) -> Iterator[Outcome]:
     """Outcomes of `items`, in input order or (ordered=False) as they finish.
 
@@ -76,7 +77,7 @@ def stream(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wind
         outcomes.close()
 
 
-def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
+def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
             make_results: MakeResults) -> Iterator[tuple[Results, int]]:
     start = 0
     while chunk := list(itertools.islice(items, window)):
@@ -93,7 +94,7 @@ def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
         start += len(chunk)
 
 
-def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
+def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
              make_results: MakeResults) -> Iterator[tuple[Results, int]]:
     runner, stream = engine.window_runner(), _Stream(plan)
     start = 0
@@ -134,7 +135,7 @@ def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wi
 class _Stream:
     """One streamed map's side of the runner: its plan, where its windows report, whether it ended."""
 
-    def __init__(self, plan: "Plan"):
+    def __init__(self, plan: Plan):
         self.plan = plan
         self.finished: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
@@ -147,7 +148,7 @@ class WindowRunner:
     thread may be tied to it: Ray's node processes (and any child made with PR_SET_PDEATHSIG) are
     killed when the thread that started them ends, so a thread per stream would kill them."""
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self.todo: queue.SimpleQueue = queue.SimpleQueue()
         self.current: tuple[_Stream, Results] | None = None

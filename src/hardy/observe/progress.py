@@ -70,11 +70,11 @@ class MapProgress:
         self.started = 0.0
         self._view: _View | None = None
         self._owner = False
-        self._token: contextvars.Token | None = None
+        self._token: contextvars.Token[MapProgress | None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "MapProgress":
+    def __enter__(self) -> MapProgress:
         global _shown
         outer = _current.get()
         self._token = _current.set(self)
