@@ -11,7 +11,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from .engine.core import Engine
 from .engine.executors import SequentialExecutor
@@ -40,6 +40,7 @@ from .policy import check_timeouts
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+_R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
 
@@ -374,7 +375,7 @@ class Pipeline:
         import time
         observers, name = self._observers, self.name
 
-        def make_results(start: int, chunk: list, cls: type) -> Results:
+        def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
@@ -582,8 +583,14 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
             item[KEYS] = shared
 
 
+@overload
 def _items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: bool) -> tuple[Iterable[dict[str, Any]], int | None]:
+           lazy: Literal[False]) -> tuple[list[dict[str, Any]], int]: ...
+@overload
+def _items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: Literal[True]) -> tuple[Iterator[dict[str, Any]], int | None]: ...
+def _items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: bool) -> tuple[list[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
     """The items of a map and their number (None for inputs of unknown length): a list, or with
     `lazy` an iterator that reads the inputs only as it is advanced."""
     seqs = []
@@ -595,13 +602,13 @@ def _items(values: Mapping[str, Any], over: list[str], mode: str,
                 f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
         seqs.append(v if lazy or isinstance(v, Sized) else list(v))
     const = {k: v for k, v in values.items() if k not in over}
-    sized = all(isinstance(s, Sized) for s in seqs)
+    sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
     n = None
     if mode == "zip":
         if sized:
-            lengths = {name: len(s) for name, s in zip(over, seqs)}
+            lengths = {name: len(s) for name, s in zip(over, cast("list[Sized]", seqs))}
             _check_lengths(lengths)
-            n = len(seqs[0])
+            n = len(cast(Sized, seqs[0]))
         if len(over) == 1:
             name = over[0]
             if not lazy:
@@ -610,7 +617,7 @@ def _items(values: Mapping[str, Any], over: list[str], mode: str,
         combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:
         if sized:
-            n = math.prod(len(s) for s in seqs)
+            n = math.prod(len(s) for s in cast("list[Sized]", seqs))
         combos = itertools.product(*seqs)
     if not lazy:
         return [{**const, **dict(zip(over, combo))} for combo in combos], n

@@ -46,7 +46,8 @@ def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> byt
         pass
     if buffer_callback is not None:
         buffer_callback(None)
-    return cloudpickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    by_value: bytes = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    return by_value
 
 
 def globals_in(blob: bytes) -> list[str]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import Failed, MapError, NodeError
 from .executors import SequentialExecutor
@@ -26,13 +26,19 @@ if TYPE_CHECKING:
     from .core import Engine
 
 Outcome = Any  # a result dict, or a Failed
-MakeResults = Callable[[int, list, type], Results]  # (first item's index, the items, the sink's class)
+R = TypeVar("R", bound=Results)
 
 
-class Shifted(Sequence):
+class MakeResults(Protocol):
+    """(first item's index, the items, the sink's class) -> a window's sink of that class."""
+
+    def __call__(self, start: int, chunk: list[dict[str, Any]], cls: type[R]) -> R: ...
+
+
+class Shifted(Sequence[dict[str, Any]]):
     """A window's items read by the map's index (what `Results` hands to a window's `Events`)."""
 
-    def __init__(self, items: list, start: int):
+    def __init__(self, items: list[dict[str, Any]], start: int):
         self.items, self.start = items, start
 
     def __getitem__(self, i: Any) -> Any:
@@ -46,14 +52,14 @@ class _Streamed(Results):
     """A window's sink that also announces each finished item (for `ordered=False`); a subclass so
     that ordinary maps pay nothing for it."""
 
-    finished: queue.SimpleQueue
+    finished: queue.SimpleQueue[Any]
 
-    def ok(self, i: int, out: dict[str, Any]) -> None:
-        super().ok(i, out)
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
+        super().ok(i, out, records)
         self.finished.put((self, i))
 
-    def fail(self, i: int, err: Any) -> None:
-        super().fail(i, err)
+    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
+        super().fail(i, err, records, worker)
         self.finished.put((self, i))
 
 
@@ -78,7 +84,7 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
 
 
 def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
-            make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+            make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     start = 0
     while chunk := list(itertools.islice(items, window)):
         results = make_results(start, chunk, Results)
@@ -95,7 +101,7 @@ def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
 
 
 def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
-             make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     runner, stream = engine.window_runner(), _Stream(plan)
     start = 0
 
@@ -104,11 +110,12 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
         chunk = list(itertools.islice(items, window))
         if not chunk:
             return False
+        results: Results
         if ordered:
             results = make_results(start, chunk, Results)
         else:
-            results = make_results(start, chunk, _Streamed)
-            results.finished = stream.finished
+            results = streamed = make_results(start, chunk, _Streamed)
+            streamed.finished = stream.finished
         runner.todo.put((stream, chunk, results))
         start += len(chunk)
         return True
@@ -137,7 +144,7 @@ class _Stream:
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+        self.finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
 
 
@@ -150,7 +157,7 @@ class WindowRunner:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.current: tuple[_Stream, Results] | None = None
         self.thread = threading.Thread(target=self._loop, name="hardy-imap", daemon=True)
         self.thread.start()

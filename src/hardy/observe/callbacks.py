@@ -179,8 +179,8 @@ class Events:
             return finish(call())
 
     @contextlib.contextmanager
-    def opened(self, pipeline_id: str, inputs: dict, node_ids: Sequence[str] = (),
-               announce: bool = True) -> Iterator[Callable[[dict], dict]]:
+    def opened(self, pipeline_id: str, inputs: dict[str, Any], node_ids: Sequence[str] = (),
+               announce: bool = True) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
         """Pipeline `pipeline_id` open in the callback context for the `with` block (a streamed map
         stays open while it is consumed); the block reports its outputs through the yielded function."""
         token = None
@@ -194,7 +194,7 @@ class Events:
             self.emit("on_pipeline_start", pipeline_id, inputs)
         start = time.perf_counter()
 
-        def finish(out: dict) -> dict:
+        def finish(out: dict[str, Any]) -> dict[str, Any]:
             if announce:
                 self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
             return out

@@ -201,7 +201,7 @@ class _NotebookView(_View):
             n = bar.done + bar.failed
             elapsed = time.perf_counter() - bar.started
             known = bar.total is not None
-            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if known and n and n < bar.total else ""
+            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if bar.total is not None and n and n < bar.total else ""
             rate = f"{n / elapsed:,.0f} items/s" if not known and elapsed > 0 else ""
             limit, total = (f' max="{bar.total}"', f"{bar.total:,}") if known else ("", "?")
             rows.append(f"<tr><td style=\"padding-left:{12 * bar.depth}px\">{html.escape(bar.label)}</td>"

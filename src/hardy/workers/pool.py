@@ -258,8 +258,9 @@ class WorkerPool:
                shared: transport.Shared, log: bool = False) -> transport.Packed:
         """`log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once)."""
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
-                          dump=lambda msg: transport.pack(msg, dumps, shared))
+        packed: transport.Packed = ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
+                                              dump=lambda msg: transport.pack(msg, dumps, shared))
+        return packed  # what `dump` returned
 
     # --- the map executor ------------------------------------------------------------------------
 
