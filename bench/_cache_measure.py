@@ -40,7 +40,8 @@ def joblib(folder: str) -> float:
 
 
 def pipefunc(folder: str) -> float:
-    from pipefunc import Pipeline, pipefunc as pf
+    from pipefunc import Pipeline
+    from pipefunc import pipefunc as pf
     fa = pf(output_name="a", cache=True)(lambda x: x + 1)
     fb = pf(output_name="b", cache=True)(lambda a: 2 * a)
     fc = pf(output_name="c", cache=True)(lambda a, b: a + b)

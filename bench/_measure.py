@@ -100,7 +100,8 @@ def hypernodes() -> dict:
 
 
 def pipefunc() -> dict:
-    from pipefunc import Pipeline, pipefunc as pf
+    from pipefunc import Pipeline
+    from pipefunc import pipefunc as pf
 
     fa = pf(output_name="a")(lambda x: x + 1)
     fb = pf(output_name="b")(lambda a: 2 * a)

@@ -36,4 +36,5 @@ def measure(python: str, names: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    Console(width=120).print(table(measure(sys.executable, ["plain", "hardy"]), "hardy vs a plain loop (3 trivial nodes)"))
+    rows = measure(sys.executable, ["plain", "hardy"])
+    Console(width=120).print(table(rows, "hardy vs a plain loop (3 trivial nodes)"))

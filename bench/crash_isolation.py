@@ -53,7 +53,8 @@ def measure(engine: Engine) -> dict[str, float]:
     cold = time.perf_counter() - start
     plain = statistics.median(run(False) for _ in range(3))
     crashed = statistics.median(run(True) for _ in range(3))
-    runs = [int(v) for v in open(log).read().split()]
+    with open(log) as f:
+        runs = [int(v) for v in f.read().split()]
     os.unlink(log)
     return {"cold": cold, "plain": plain, "crash": crashed, "culprit": runs.count(CULPRIT),
             "innocents": sum(1 for i in set(runs) if i != CULPRIT and runs.count(i) > 1)}

@@ -24,9 +24,9 @@ import threading
 import time
 
 import psutil
-from workers import show, timed  # bench/workers.py
 
 from hardy import Engine, Pipeline, node
+from workers import show, timed  # bench/workers.py
 
 HANGING_PARENT = textwrap.dedent("""
     import os, subprocess, sys, time

@@ -148,7 +148,7 @@ def starts(rows: list) -> None:
         for _ in range(7):
             with Engine(map_executor="process", workers=1, preload=preload) as e:
                 p = Pipeline(nodes=[ident], engine=e)
-                samples.append(timed(lambda: p.map(inputs={"x": [1]}, map_over="x")))
+                samples.append(timed(lambda p=p: p.map(inputs={"x": [1]}, map_over="x")))
         start = statistics.median(samples)
         crashy = Pipeline(nodes=[node(output_name="y")(crash_then_next)], engine=warm)
         crashy.map(inputs={"x": [1]}, map_over="x")

@@ -477,7 +477,7 @@ for x in range(start + 1, start + 10_000):
 @pytest.mark.slow
 def test_writers_killed_mid_write_never_leave_a_served_corrupt_value(tmp_path):
     rng = random.Random(3)
-    for batch in range(10):  # 100 writers, 10 at a time, each SIGKILLed at a random moment
+    for _ in range(10):  # 100 writers, 10 at a time, each SIGKILLed at a random moment
         procs = [subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "c"), str(i * 50)],
                                   stdout=subprocess.PIPE, text=True) for i in range(10)]
         for p in procs:
@@ -654,13 +654,14 @@ def test_many_connections_opening_a_fresh_index_at_once(tmp_path):
     Daft UDF processes; here 16 connections race on each of 200 fresh indexes (threads: the same
     race, at a fraction of the cost of processes)."""
     import threading
+
     from hardy.cache.store import LocalStore
     errors: list[Exception] = []
     for n in range(200):
         stores = [LocalStore(tmp_path / str(n)) for _ in range(16)]
         barrier = threading.Barrier(len(stores))
 
-        def put(store: LocalStore) -> None:
+        def put(store: LocalStore, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             try:
                 store.put(bytes(16), b"x")

@@ -472,9 +472,8 @@ def test_node_events_come_back_from_the_engines_workers(name, executors):
 
 def test_daft_engine_node_events_from_one_and_several_udfs(tmp_path):
     pytest.importorskip("daft")
-    from test_events import Log
-
     from hardy.integrations.daft import DaftEngine
+    from test_events import Log
     expected = [(kind, n) for n in ("add_one", "double_or_crash", "total") for kind in ("start", "end")]
     for engine in (DaftEngine(), DaftEngine(node_resources={"double_or_crash": {"cpus": 0.5}})):
         log = Log()

@@ -6,12 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import needs_torch
-
 from hardy import Engine, Pipeline, node
 from hardy.doctor import import_matrix
 from hardy.errors import WorkerStartError

@@ -7,10 +7,22 @@ import warnings
 import pytest
 
 from hardy import Engine, Failed, Pipeline, node
-from hardy.errors import (CycleError, DuplicateNodeError, DuplicateOutputError, GraphError, MapError,
-                          MapInputError, MissingInputError, NodeDefinitionError, NodeError,
-                          OutputCountError, SelfDependencyError, UnknownInputError, UnknownInputWarning,
-                          UnknownOutputError)
+from hardy.errors import (
+    CycleError,
+    DuplicateNodeError,
+    DuplicateOutputError,
+    GraphError,
+    MapError,
+    MapInputError,
+    MissingInputError,
+    NodeDefinitionError,
+    NodeError,
+    OutputCountError,
+    SelfDependencyError,
+    UnknownInputError,
+    UnknownInputWarning,
+    UnknownOutputError,
+)
 
 
 @node(output_name="b")

@@ -104,7 +104,7 @@ def test_threaded_node_executor_runs_independent_nodes_concurrently():
         return -x
 
     @node(output_name="both")
-    def join(l, r):
+    def join(l, r):  # noqa: E741 - parameter names are the inputs' names
         return (l, r)
 
     p = Pipeline(nodes=[left, right, join], engine=Engine(node_executor="threaded", workers=2))

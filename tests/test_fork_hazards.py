@@ -6,6 +6,7 @@ imported) is exactly what a user's process would have, and this test process sta
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,13 +14,13 @@ import textwrap
 import pytest
 
 from conftest import needs_torch
-
 from hardy.safety import fork_hazards, numba_guard_supported, worker_environment
+from hardy.safety.environment import THREAD_VARIABLES
 
 
-def run_script(code: str, timeout: float = 240) -> str:
+def run_script(code: str, timeout: float = 240, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -130,7 +131,7 @@ def test_forked_workers_get_their_thread_caps_through_threadpoolctl():
         with Engine(map_executor="process", workers=2, start_method="fork!") as e:
             out = Pipeline(nodes=[threads], engine=e).map(inputs={"x": [0, 1]}, map_over="x")
         print(parent, out[0]["threads"])
-    """)
+    """, env={k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES})  # no caps chosen by the user
     parent, child = out.strip().split("] [")
     assert "('openmp', 2)" in parent and "('blas', 2)" in parent  # 2 cores: each runtime sized to both
     assert "('openmp', 1)" in child and "('blas', 1)" in child    # 2 workers: one thread each

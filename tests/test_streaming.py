@@ -7,6 +7,7 @@ inputs up front or kept producing without a consumer would never return (the tes
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 
@@ -158,6 +159,34 @@ def test_callbacks_see_every_item_with_its_index_across_windows():
     assert rec.events[0] == ("start", None) and rec.events[-1] == ("done",)
     assert ends == [i for i in range(20) if i != 13] and ("error", 13) in rec.events
     p.engine.close()
+
+
+@node(output_name="y")
+def dies_at_five(x: int) -> int:
+    if x == 5:
+        os._exit(3)
+    return 3 * x
+
+
+def test_unordered_process_map_takes_node_records_and_worker_deaths():
+    class Nodes(PipelineCallback):
+        def __init__(self):
+            self.ended = 0
+
+        def on_node_end(self, node_id, outputs, duration, ctx):
+            self.ended += 1
+
+    rec = Nodes()  # node events are logged in the workers and sent back with each item
+    p = Pipeline(nodes=[dies_at_five], callbacks=[rec], engine=Engine(map_executor="process", workers=2))
+    try:
+        out = list(p.imap(inputs={"x": iter(range(20))}, map_over="x", on_error="continue", ordered=False,
+                          window=8))
+    finally:
+        p.engine.close()
+    failed = [o for o in out if isinstance(o, Failed)]
+    assert len(out) == 20 and len(failed) == 1 and failed[0].error.item == 5
+    assert sorted(o["y"] for o in out if not isinstance(o, Failed)) == [3 * x for x in range(20) if x != 5]
+    assert rec.ended >= 19
 
 
 def test_streamed_items_are_cached(tmp_path):

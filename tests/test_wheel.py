@@ -13,8 +13,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
 
 def hardy_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, **kw)

@@ -6,9 +6,20 @@ The public surface is re-exported here; everything else is an implementation det
 """
 
 from .engine import Engine
-from .errors import (CycleError, DuplicateOutputError, Failed, GraphError, HardyError, MapError,
-                     MissingInputError, NodeCrashed, NodeError, NodeTimeout, UnknownInputError,
-                     UnknownOutputError)
+from .errors import (
+    CycleError,
+    DuplicateOutputError,
+    Failed,
+    GraphError,
+    HardyError,
+    MapError,
+    MissingInputError,
+    NodeCrashed,
+    NodeError,
+    NodeTimeout,
+    UnknownInputError,
+    UnknownOutputError,
+)
 from .node import Node, node
 from .observe import CallbackContext, PipelineCallback
 from .pipeline import Pipeline, PipelineNode

@@ -52,7 +52,7 @@ def names(owner: str, name: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def exception_types(owner: str, value: Any) -> tuple[type[BaseException], ...]:
+def exception_types(owner: str, value: Any) -> tuple[type[Exception], ...]:
     types = value if isinstance(value, (tuple, list)) else (value,)
     if not all(isinstance(t, type) and issubclass(t, Exception) for t in types):
         raise _bad(owner, "retry_on", value, "an exception class or a tuple of them, e.g. retry_on=(OSError,)")

@@ -7,7 +7,11 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 _HINTS = {
     "SIGSEGV": "segmentation fault in native code",
@@ -110,7 +114,7 @@ _alive: dict[int, Any] = {}  # installed C handlers must outlive the call that m
 # removing C handlers around every map would cost a small map ~40x its time. A faulthandler the
 # user turned on speaks instead of hardy.
 
-_maps = {"running": 0, "executor": ""}  # the in-process maps running now, and the executor's name
+_maps: dict[str, Any] = {"running": 0, "executor": ""}  # the in-process maps running now, and the executor's name
 _installed: list[Callable[[], None]] = []
 _guard = threading.Lock()
 
@@ -161,7 +165,7 @@ def _in_flight() -> str:
     frames = [sys._getframe()] + [f for t, f in sys._current_frames().items() if t != threading.get_ident()]
     found = []
     for frame in frames:
-        f = frame
+        f: FrameType | None = frame
         while f is not None and not f.f_code.co_filename.startswith("<hardy plan"):
             f = f.f_back
         if f is None:

@@ -18,8 +18,9 @@ import os
 import platform
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import NoGpuError
 from .native.loaded import thread_pools
@@ -310,7 +311,7 @@ def import_matrix(modules: Sequence[str], then: str | None = None, repeat: int =
         cell = Cell(tuple(combo))
         script = _script(combo, then)
 
-        def one(_: int) -> tuple[str, str]:
+        def one(_: int, script: str = script) -> tuple[str, str]:
             try:
                 proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                       timeout=timeout)

@@ -8,7 +8,8 @@ Errors that users catch by their built-in meaning also inherit from the matching
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 class HardyError(Exception):
@@ -145,6 +146,8 @@ def summarize(values: dict[str, Any], limit: int = 60) -> str:
 class NodeError(HardyError):
     """A node failed for one run or one map item; the original exception is `__cause__`."""
 
+    stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
+
     def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
                  reason: str | None = None):
         self.node = node
@@ -169,11 +172,11 @@ class NodeError(HardyError):
     def __repr__(self) -> str:  # a list of Failed entries should read as what went wrong
         return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
 
-    def __reduce__(self):  # keep node/item/cause when crossing process boundaries
+    def __reduce__(self) -> tuple[Any, ...]:  # keep node/item/cause when crossing process boundaries
         return (_rebuild_node_error, (type(self), self.__dict__.copy(), self.__cause__))
 
 
-def _rebuild_node_error(cls: type, state: dict, cause: BaseException | None) -> NodeError:
+def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: BaseException | None) -> NodeError:
     err = cls.__new__(cls)
     Exception.__init__(err)
     err.__dict__.update(state)
@@ -268,7 +271,7 @@ class Failed:
     def __repr__(self) -> str:
         return f"Failed({self.error!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (Failed, (self.error,))
 
 

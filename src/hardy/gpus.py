@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 from . import arguments
 from .errors import NodeDefinitionError, NoGpuError
@@ -180,7 +181,7 @@ def gpu_slots(gpus: str | int | Sequence[int] | None, workers_per_gpu: int = 1) 
     elif gpus == "all":
         chosen = visible or None
     else:
-        wanted = list(gpus)
+        wanted: list[Any] = list(gpus)  # checked here: whatever the caller passed
         chosen = [visible[i] for i in wanted] if all(
             isinstance(i, int) and 0 <= i < len(visible) for i in wanted) and wanted else None
     if not chosen:

@@ -8,7 +8,7 @@ re-check: a Plan can trust the graph.
 from __future__ import annotations
 
 import graphlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError
 from .node import Node

@@ -1,9 +1,9 @@
 """Deterministic fingerprints of values and of code, for cache keys.
 
-Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so that `1`, `1.0`, `True` and `"1"` all
-differ, a list differs from a tuple, dicts are hashed in insertion order (code can read the order)
-and sets independently of it, numpy arrays by dtype, shape and bytes (about 1 ms for 8 MB here), pandas
-objects by content (index and dtypes included), dataclasses / attrs / pydantic models and plain
+Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so
+that `1`, `1.0`, `True` and `"1"` all differ, a list differs from a tuple, dicts are hashed in
+insertion order (code can read the order) and sets independently of it, numpy arrays by dtype,
+shape and bytes (about 1 ms for 8 MB here), pandas objects by content (index and dtypes included), dataclasses / attrs / pydantic models and plain
 objects by their class's code and their fields (private state included), torch modules and
 scikit-learn estimators by class, configuration and weights. `__cache_key__()` overrides all of
 this, and `register()` teaches hashing a library type. What cannot be encoded deterministically
@@ -30,7 +30,8 @@ import sys
 import sysconfig
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from blake3 import blake3
 
@@ -53,7 +54,7 @@ class UnhashableError(TypeError):
         super().__init__(message)
         self.culprit, self.path, self.detail = culprit, path, message
 
-    def at(self, segment: str) -> "UnhashableError":
+    def at(self, segment: str) -> UnhashableError:
         """The same error one level further out (`segment` is `.attr`, `[0]` or `['key']`)."""
         self.path = (segment, *self.path)
         self.args = (self.detail,)
@@ -512,7 +513,7 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
     elif isinstance(func, type):
         _fingerprint_class(func, out, seen)
     elif getattr(func, "__code__", None) is None:
-        call = getattr(type(func), "__call__", None)
+        call = getattr(type(func), "__call__", None)  # noqa: B004 - the method itself is fingerprinted
         if call is None:
             raise UnhashableError(f"cannot fingerprint {func!r}: it is not a function")
         out(b"callable:" + _qualname(type(func)))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Callable, Sequence, overload
+from collections.abc import Callable, Sequence
+from typing import Any, cast, overload
 
 from . import arguments
 from .errors import NodeDefinitionError
@@ -44,7 +45,7 @@ class Node:
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-            getattr(func, "__call__", None))
+            getattr(func, "__call__", None))  # noqa: B004 - an instance's __call__ may be async
         owner = f"node {self.name!r}"
         self.cache = arguments.flag(owner, "cache", cache)
         self.isolate = arguments.flag(owner, "isolate", isolate)
@@ -118,13 +119,13 @@ def _node_by_reference(module_name: str, qualname: str) -> Node:
     target: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
-    return target
+    return cast(Node, target)
 
 
 def _node_name(func: Callable[..., Any], name: str | None, output_name: Any) -> str:
     if name is not None and (not isinstance(name, str) or not name):
         raise NodeDefinitionError(f"a node's name must be a non-empty string, got name={name!r}.")
-    found = name or getattr(func, "__name__", type(func).__name__)
+    found = cast(str, name or getattr(func, "__name__", type(func).__name__))
     if found == "<lambda>" and output_name is None:
         raise NodeDefinitionError(
             "a lambda node needs output_name=...: its output would be called '<lambda>', which no other "
@@ -178,8 +179,10 @@ def node(func: None = None, *, output_name: str | Sequence[str] | None = None, n
          timeout: float | None = None, gpus: float = 0) -> Callable[[Callable[..., Any]], Node]: ...
 
 
-def node(func=None, *, output_name=None, name=None, cache=True, isolate=False, retries=0, retry_on=(),
-         backoff=0.0, timeout=None, gpus=0):
+def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[str] | None = None,
+         name: str | None = None, cache: bool = True, isolate: bool = False, retries: int = 0,
+         retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
+         timeout: float | None = None, gpus: float = 0) -> Node | Callable[[Callable[..., Any]], Node]:
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
     `isolate=True` runs the node in a crash-containing worker process whatever the engine.

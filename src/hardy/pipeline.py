@@ -10,14 +10,25 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from .engine.core import Engine
-from .engine.results import Results
 from .engine.executors import SequentialExecutor
+from .engine.results import Results
 from .engine.streaming import Shifted, stream
-from .errors import (Failed, HardyError, MapError, MapInputError, MissingInputError, NodeDefinitionError,
-                     NodeError, UnknownInputError, UnknownInputWarning, UnknownOutputError)
+from .errors import (
+    Failed,
+    HardyError,
+    MapError,
+    MapInputError,
+    MissingInputError,
+    NodeDefinitionError,
+    NodeError,
+    UnknownInputError,
+    UnknownInputWarning,
+    UnknownOutputError,
+)
 from .graph import Graph
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call
@@ -26,6 +37,10 @@ from .observe.report import Recorder, RunReport
 from .plan import KEYS, Plan
 from .policy import check_timeouts
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+_R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
 
@@ -35,7 +50,7 @@ class Pipeline:
     `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error.
     """
 
-    def __init__(self, nodes: Sequence[Node | "Pipeline" | Callable[..., Any]], engine: Engine | None = None,
+    def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: Any = None, strict: bool = False):
         self.name = name or "pipeline"
@@ -110,12 +125,12 @@ class Pipeline:
         """The inputs a call must still provide: the pipeline's inputs that are not bound."""
         return tuple(i for i in self.graph.root_inputs if i not in self._bound)
 
-    def with_engine(self, engine: Engine) -> "Pipeline":
+    def with_engine(self, engine: Engine) -> Pipeline:
         """Use `engine` from now on; returns the pipeline for chaining (HyperNodes' spelling)."""
         self.engine = engine
         return self
 
-    def with_name(self, name: str) -> "Pipeline":
+    def with_name(self, name: str) -> Pipeline:
         self.name = name
         return self
 
@@ -125,12 +140,12 @@ class Pipeline:
         from .visualize import visualize
         return visualize(self, filename=filename, depth=depth, **options)
 
-    def bind(self, **values: Any) -> "Pipeline":
+    def bind(self, **values: Any) -> Pipeline:
         """Fix inputs for every later call; inputs given to run()/map() override them."""
         self._bound.update(values)
         return self
 
-    def unbind(self, *names: str) -> "Pipeline":
+    def unbind(self, *names: str) -> Pipeline:
         """Forget bound inputs (all of them when no name is given)."""
         if not names:
             self._bound.clear()
@@ -143,7 +158,7 @@ class Pipeline:
         state.update(_plans={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
-    def with_cache(self, cache: Any) -> "Pipeline":
+    def with_cache(self, cache: Any) -> Pipeline:
         """This pipeline using `cache` (itself, if it has a cache of its own already)."""
         if self.cache is not None:
             return self
@@ -153,7 +168,7 @@ class Pipeline:
             self._with_cache[id(cache)] = copy
         return copy
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """This pipeline reporting to `callbacks` (a nested pipeline reports to its parent's)."""
         if list(callbacks) == self.callbacks:
             return self
@@ -161,7 +176,7 @@ class Pipeline:
         copy.callbacks = list(callbacks)
         return copy
 
-    def _using(self, engine: Engine | None) -> "Pipeline":
+    def _using(self, engine: Engine | None) -> Pipeline:
         """This pipeline run by `engine` for one call (`run(engine=...)`), its plans kept per engine."""
         if engine is None or engine is self._engine:
             return self
@@ -170,7 +185,7 @@ class Pipeline:
             copy = self._with_engine[id(engine)] = self._copy(_engine=engine)  # shares the bound inputs
         return copy
 
-    def _copy(self, **changes: Any) -> "Pipeline":
+    def _copy(self, **changes: Any) -> Self:
         copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__, _plans={}, _with_cache={}, _with_engine={}, **changes)
         return copy
@@ -210,7 +225,7 @@ class Pipeline:
         values = {**self._bound, **names} if self._bound else names
         return self._plan(values, output_name, for_map=False).source
 
-    def _observed_run(self, values: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    def _observed_run(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         events = Events(self._observers)
         live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
         if live is None:
@@ -369,7 +384,7 @@ class Pipeline:
         import time
         observers, name = self._observers, self.name
 
-        def make_results(start: int, chunk: list, cls: type) -> Results:
+        def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
@@ -407,7 +422,7 @@ class Pipeline:
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         return {k: v for k, v in values.items() if k in used or k in over}, plan, over
 
-    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict:
+    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict[str, Any]:
         import time
         events.emit("on_map_start", len(items))
         start = time.perf_counter()
@@ -419,7 +434,7 @@ class Pipeline:
 
     def as_node(self, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
-                map_mode: str = "zip", on_error: str = "raise") -> "PipelineNode":
+                map_mode: str = "zip", on_error: str = "raise") -> PipelineNode:
         """This pipeline as one node of another. Mappings are {outer name: inner name} for inputs and
         {inner name: outer name} for outputs; with an output_mapping only the mapped outputs are the
         node's outputs (HyperNodes' rule). `map_over` (outer names) maps the inner pipeline over
@@ -476,16 +491,16 @@ class PipelineNode(Node):
         self.timeout = None
         self.func = self._call
 
-    def with_cache(self, cache: Any) -> "PipelineNode":
+    def with_cache(self, cache: Any) -> PipelineNode:
         """This node with its inner pipeline caching into `cache`: each inner node and map item is
         cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
         return self._copy(self.pipeline.with_cache(cache), cache=False)
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "PipelineNode":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
         """This node with its inner pipeline reporting to `callbacks`."""
         return self._copy(self.pipeline.with_callbacks(callbacks))
 
-    def _copy(self, pipeline: Pipeline, **changes: Any) -> "PipelineNode":
+    def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
         copy = PipelineNode.__new__(PipelineNode)
         copy.__dict__.update(self.__dict__, pipeline=pipeline, **changes)
         copy.func = copy._call
@@ -499,7 +514,7 @@ class PipelineNode(Node):
             out = self._run(inner)
         return out[0] if len(out) == 1 else out
 
-    def _run(self, inner: dict[str, Any]) -> tuple:
+    def _run(self, inner: dict[str, Any]) -> tuple[Any, ...]:
         wanted = list(self._inner_outputs)
         if self.map_over:
             rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
@@ -531,7 +546,7 @@ def _as_node(obj: Any, position: int) -> Node:
         "functions decorated with @node, plain functions, or pipelines.")
 
 
-class _Callbacks(list):
+class _Callbacks(list[Any]):
     """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
     the pipeline compile its plans anew."""
 
@@ -561,9 +576,11 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
     once, before any item runs, instead of failing every item the same way."""
     from .hashing import UnhashableError
     first, shared = items[0], {}
+    cache = plan.cache
+    assert cache is not None  # only a cached plan hashes inputs
     for name in plan.hashed_inputs:
         try:
-            key = plan.cache.input_key(first[name], name)
+            key = cache.input_key(first[name], name)
         except UnhashableError as exc:
             users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
             raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
@@ -575,8 +592,14 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
             item[KEYS] = shared
 
 
+@overload
 def _items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: bool) -> tuple[Iterable[dict[str, Any]], int | None]:
+           lazy: Literal[False]) -> tuple[list[dict[str, Any]], int]: ...
+@overload
+def _items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: Literal[True]) -> tuple[Iterator[dict[str, Any]], int | None]: ...
+def _items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: bool) -> tuple[list[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
     """The items of a map and their number (None for inputs of unknown length): a list, or with
     `lazy` an iterator that reads the inputs only as it is advanced."""
     seqs = []
@@ -588,22 +611,22 @@ def _items(values: Mapping[str, Any], over: list[str], mode: str,
                 f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
         seqs.append(v if lazy or isinstance(v, Sized) else list(v))
     const = {k: v for k, v in values.items() if k not in over}
-    sized = all(isinstance(s, Sized) for s in seqs)
+    sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
     n = None
     if mode == "zip":
         if sized:
-            lengths = {name: len(s) for name, s in zip(over, seqs)}
+            lengths = {name: len(s) for name, s in zip(over, cast("list[Sized]", seqs))}
             _check_lengths(lengths)
-            n = len(seqs[0])
+            n = len(cast(Sized, seqs[0]))
         if len(over) == 1:
             name = over[0]
             if not lazy:
                 return [{**const, name: x} for x in seqs[0]], n
             return ({**const, name: x} for x in seqs[0]), n
-        combos: Iterable[tuple] = zip(*seqs) if sized else _zip_checked(over, seqs)
+        combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:
         if sized:
-            n = math.prod(len(s) for s in seqs)
+            n = math.prod(len(s) for s in cast("list[Sized]", seqs))
         combos = itertools.product(*seqs)
     if not lazy:
         return [{**const, **dict(zip(over, combo))} for combo in combos], n
@@ -617,17 +640,15 @@ def _check_lengths(lengths: dict[str, int]) -> None:
             "fix the lists or use map_mode='product' for every combination.")
 
 
-def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple]:
+def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple[Any, ...]]:
     """zip() that raises, naming the inputs, when iterables of unknown length turn out unequal."""
-    counted = 0
-    for combo in itertools.zip_longest(*seqs, fillvalue=_ENDED):
+    for counted, combo in enumerate(itertools.zip_longest(*seqs, fillvalue=_ENDED)):
         if _ENDED in combo:
             ended = [n for n, x in zip(over, combo) if x is _ENDED]
             longer = [n for n, x in zip(over, combo) if x is not _ENDED]
             raise MapInputError(
                 f"map_mode='zip' needs equally long inputs: {ended} ended after {counted} items while "
                 f"{longer} went on; fix the inputs or use map_mode='product' for every combination.")
-        counted += 1
         yield combo
 
 

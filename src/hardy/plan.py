@@ -41,8 +41,9 @@ import linecache
 import re
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
 from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, NodeError, OutputCountError

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .errors import NodeDefinitionError, NodeTimeout
 
@@ -35,7 +36,7 @@ def delay(backoff: float, retry: int) -> float:
     if not backoff:
         return 0.0
     import random  # only retries with a backoff pay for importing it
-    d = min(BACKOFF_MAX, backoff * 2 ** (retry - 1))
+    d: float = min(BACKOFF_MAX, backoff * 2 ** (retry - 1))
     return d * (0.5 + random.random() / 2)
 
 
@@ -60,7 +61,7 @@ def _retrying(node: Any, retry: int, what: str) -> float:
     return wait
 
 
-def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type, ...]) -> Callable[..., Any]:
+def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseException], ...]) -> Callable[..., Any]:
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
         retry = 0
@@ -75,7 +76,7 @@ def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type, ...])
     return call
 
 
-def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type, ...],
+def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseException], ...],
                  timeout: float | None) -> Callable[..., Any]:
     import asyncio
 

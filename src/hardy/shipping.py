@@ -11,7 +11,8 @@ node or the input and the remedy, before anything is sent.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 
@@ -21,7 +22,8 @@ from .plan import Plan, Wrap
 
 def ship_plan(plan: Plan) -> bytes:
     try:
-        return cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
+        spec: bytes = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
+        return spec
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
@@ -44,7 +46,8 @@ def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> byt
         pass
     if buffer_callback is not None:
         buffer_callback(None)
-    return cloudpickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    by_value: bytes = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    return by_value
 
 
 def globals_in(blob: bytes) -> list[str]:

@@ -10,7 +10,8 @@ exactly as in the whole plan run at once, and the cache is shared with every oth
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
 
 from .errors import NodeError
 from .node import Node
@@ -55,7 +56,7 @@ class _StageResults:
     item's values for the next stage."""
 
     def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool,
-                 records: dict[int, list[tuple]]):
+                 records: dict[int, list[Any]]):
         self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
         self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
@@ -63,13 +64,14 @@ class _StageResults:
 
     @property
     def stop(self) -> bool:
-        return self.results.stop
+        stop: bool = self.results.stop
+        return stop
 
     def started(self, i: int, worker: int | None = None) -> None:
         if self.first:
             self.results.started(self.indices[i], worker)
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         n = self.indices[i]
         if self.last:
             self.results.ok(n, merge(self.values[n], out, last=True), [*self.records.pop(n, ()), *records])
@@ -81,7 +83,7 @@ class _StageResults:
     def retried(self, i: int) -> None:
         self.results.retried(self.indices[i])
 
-    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
         n = self.indices[i]
         self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
@@ -91,7 +93,7 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)
     alive = list(range(len(items)))
-    records: dict[int, list[tuple]] = {}
+    records: dict[int, list[Any]] = {}
     for n, (executor, stage) in enumerate(stages):
         sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1, records=records)
         executor.run_items(stage, [values[i] for i in alive], sink)
@@ -100,13 +102,16 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
         alive = sorted(sink.alive)
 
 
-class StagedExecutor:
+K = TypeVar("K", bound=Hashable)
+
+
+class StagedExecutor(Generic[K]):
     """A map executor that sends each stage of a plan to the executor for what its nodes need
     (`executor_for(needs(node))`); a plan of one stage goes to its executor whole."""
 
     mode = "sequential"
 
-    def __init__(self, needs: Callable[[Node], Hashable], executor_for: Callable[[Hashable], Any],
+    def __init__(self, needs: Callable[[Node], K], executor_for: Callable[[K], Any],
                  enforces_timeouts: bool):
         """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.policy`)."""
         self.needs, self.executor_for, self.enforces_timeouts = needs, executor_for, enforces_timeouts

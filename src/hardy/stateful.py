@@ -66,7 +66,7 @@ class Resource(metaclass=_HandleClass):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.instance(*args, **kwargs)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_handle, (type(self), self._args, self._kwargs, self._key))
 
     def __cache_key__(self) -> Any:
@@ -82,7 +82,7 @@ class Resource(metaclass=_HandleClass):
         return f"<{self._cls.__qualname__} resource ({built}) args={self._args!r}>"
 
 
-def _handle(cls: type[Resource], args: tuple, kwargs: dict, key: str) -> Resource:
+def _handle(cls: type[Resource], args: tuple[Any, ...], kwargs: dict[str, Any], key: str) -> Resource:
     handle = Resource.__new__(cls)
     for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key)):
         object.__setattr__(handle, name, value)

@@ -25,7 +25,8 @@ import pickle
 import socket
 import struct
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 THRESHOLD = 1 << 20  # bytes: smaller buffers stay in the pickle
 MAGIC = b"HSEG"

@@ -15,10 +15,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
+    from .pipeline import Pipeline, PipelineNode
 
 _FONT_SIZE = 13
 _CHAR_W = 7.6  # average glyph width at that size (Helvetica / DejaVu Sans), for box sizes
@@ -81,7 +81,7 @@ class Scene:
     routes: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # edge index -> points
 
 
-def scene(pipeline: "Pipeline", depth: int | None = 1) -> Scene:
+def scene(pipeline: Pipeline, depth: int | None = 1) -> Scene:
     """The pipeline as boxes and edges; nested pipelines expanded `depth - 1` levels (None: all)."""
     s = Scene(pipeline.name)
     sources = {}
@@ -104,7 +104,7 @@ def scene(pipeline: "Pipeline", depth: int | None = 1) -> Scene:
     return s
 
 
-def _add(s: Scene, pipeline: "Pipeline", prefix: str, depth: int | None, sources: dict[str, str],
+def _add(s: Scene, pipeline: Pipeline, prefix: str, depth: int | None, sources: dict[str, str],
          bound: frozenset[str] = frozenset()) -> dict[str, str]:
     """Boxes and edges of `pipeline`'s nodes; returns {value name: id of the box producing it}.
     `bound` inputs (of a nested pipeline) are written in their consumers' boxes rather than drawn
@@ -119,9 +119,9 @@ def _add(s: Scene, pipeline: "Pipeline", prefix: str, depth: int | None, sources
         lines = [n.name, "→ " + ", ".join(n.outputs)]
         if bound.intersection(n.inputs):
             lines.append("bound: " + ", ".join(i for i in n.inputs if i in bound))
-        if nested and n.map_over:
-            outer = {inner: outer for outer, inner in n._inner_inputs.items()}
-            lines.append("map over: " + ", ".join(outer[m] for m in n.map_over))
+        if nested and (pn := cast("PipelineNode", n)).map_over:
+            outer = {inner: outer for outer, inner in pn._inner_inputs.items()}
+            lines.append("map over: " + ", ".join(outer[m] for m in pn.map_over))
         box = Box(prefix + n.name, lines, "pipeline" if nested else "function",
                   prefix.rstrip("/"))
         s.boxes[box.id] = box
@@ -279,8 +279,8 @@ def to_svg(sc: Scene, theme: Theme, orient: str = "TB") -> str:
                    f"{e(sc.clusters[cid])}</text></g>")
     for k, (a, b, value) in enumerate(sc.edges):
         out.append(_svg_edge(sc.boxes[a], sc.boxes[b], sc.routes.get(k, []), value, theme, orient))
-    for b in sc.boxes.values():
-        out.append(_svg_box(b, theme))
+    for box in sc.boxes.values():
+        out.append(_svg_box(box, theme))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -394,7 +394,7 @@ class Drawing:
                 f"{len(self.scene.edges)} edges>")
 
 
-def visualize(pipeline: "Pipeline", filename: str | Path | None = None, depth: int | None = 1,
+def visualize(pipeline: Pipeline, filename: str | Path | None = None, depth: int | None = 1,
               orient: str = "TB", style: str | Theme = "default", use_dot: bool | None = None) -> Drawing:
     """Draw `pipeline`. `depth=1` shows nested pipelines as one box, `depth=2` opens them one level,
     `None` opens all. `orient` is TB, LR, BT or RL; `style` a name in STYLES or a Theme.

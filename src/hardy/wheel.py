@@ -126,7 +126,8 @@ def patch_wheel(wheel: str | os.PathLike[str], patch_dir: str | os.PathLike[str]
         _, version, _, _ = parse_wheel_filename(wheel.name)
         new_version = str(Version(f"{version}.{suffix}" if version.local else f"{version}+{suffix}"))
     except InvalidWheelFilename as exc:
-        raise WheelError(f"{wheel.name} is not a wheel file name (NAME-VERSION-PYTHON-ABI-PLATFORM.whl): {exc}")
+        raise WheelError(f"{wheel.name} is not a wheel file name (NAME-VERSION-PYTHON-ABI-PLATFORM.whl): {exc}") \
+            from None
     except InvalidVersion:
         raise WheelError(f"suffix {suffix!r} is not a PEP 440 local label (letters, digits, dots)") from None
     patches = sorted(p for p in patch_dir.iterdir() if p.suffix in (".patch", ".diff"))

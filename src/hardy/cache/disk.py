@@ -30,8 +30,9 @@ import pickle
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from blake3 import blake3
 
@@ -97,13 +98,13 @@ class DiskCache:
         self._faults: collections.Counter[str] = collections.Counter()
         self._reported = (0, 0)  # (rejected, skipped) at the last report
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "store": self.store, "secret": self._explicit_secret,
                 "single_flight": self.single_flight, "max_size": self.max_size}
 
-    def __setstate__(self, s: dict) -> None:
-        self.__init__(s["path"], secret=s["secret"], single_flight=s["single_flight"], max_size=s["max_size"],
-                      store=s["store"])
+    def __setstate__(self, s: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]  # unpickling re-runs the constructor
+            s["path"], secret=s["secret"], single_flight=s["single_flight"], max_size=s["max_size"], store=s["store"])
 
     def __repr__(self) -> str:
         return f"DiskCache({self.path!r})"

@@ -7,7 +7,8 @@ the Daft engine's keyed stages and `DiskCache` all call these functions.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from blake3 import blake3
 
@@ -29,6 +30,8 @@ class PlanCache(Protocol):
     def fill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
     async def afill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def report(self) -> None: ...
 
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:

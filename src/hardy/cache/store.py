@@ -22,8 +22,9 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("hardy.cache")
 
@@ -56,6 +57,7 @@ class Store(Protocol):
     def delete(self, key: bytes) -> None: ...
     def entries(self) -> Iterator[EntryInfo]: ...
     def clear(self) -> None: ...
+    def exists(self) -> bool: ...
 
 
 def is_corruption(exc: sqlite3.Error) -> bool:
@@ -127,16 +129,16 @@ class LocalStore:
     def exists(self) -> bool:
         return os.path.exists(self._db)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]  # unpickling re-runs the constructor
 
     # --- connection per process and thread (never reused across fork) ---------------------------
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and self._local.generation == _generation:
             return conn
         conn = self._open()
@@ -200,7 +202,7 @@ class LocalStore:
             except OSError:
                 pass
 
-    def _run(self, sql: str, args: tuple = ()) -> list[tuple]:
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         try:
             return self._conn().execute(sql, args).fetchall()
         except sqlite3.DatabaseError as exc:
@@ -221,6 +223,7 @@ class LocalStore:
             row = rows[0] if rows else None
         if row is None:
             return None
+        data: bytes
         data, file, accessed = row
         if file is not None:
             try:

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import datetime
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Inspect and maintain a hardy cache.")
+if TYPE_CHECKING:
+    from ..cache import DiskCache
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Inspect and maintain a hardy cache.")
 DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
 
 
-def _open(path: str):
+def _open(path: str) -> DiskCache:
     """The cache in `path`; a directory holding none is said so (exit code 2), and left untouched."""
     from ..cache import DiskCache
     cache = DiskCache(path)

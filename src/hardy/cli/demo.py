@@ -16,8 +16,9 @@ from rich.table import Table
 
 from .. import Engine, Failed, Pipeline, node
 
-WORDS = ("tensor kernel cache worker graph signal fork thread token model batch shard vector "
-         "pipeline segment buffer stream queue crash native library import").split()
+WORDS = ["tensor", "kernel", "cache", "worker", "graph", "signal", "fork", "thread", "token", "model", "batch",
+         "shard", "vector", "pipeline", "segment", "buffer", "stream", "queue", "crash", "native", "library",
+         "import"]
 
 
 @node(output_name="cleaned")

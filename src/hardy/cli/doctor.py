@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ..repeat import RunOutcome
 
 console = Console()
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -22,11 +25,11 @@ def _ci(lo: float, hi: float) -> str:
     return f"{lo:.0%}–{hi:.0%}"
 
 
-def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-separated modules: with --repeat, "
+def doctor(imports: str | None = typer.Option(None, "--imports", help="Comma-separated modules: with --repeat, "
                                                   "the import-order crash matrix; without, imported here first."),
-           import_: Optional[str] = typer.Option(None, "--import", help="Comma-separated modules to import in "
+           import_: str | None = typer.Option(None, "--import", help="Comma-separated modules to import in "
                                                  "this process before examining it."),
-           then: Optional[str] = typer.Option(None, "--then", help="Python code to run after the imports "
+           then: str | None = typer.Option(None, "--then", help="Python code to run after the imports "
                                               "(crash matrix only)."),
            repeat: int = typer.Option(0, "--repeat", "-n", help="Fresh interpreters per cell of the crash matrix."),
            jobs: int = typer.Option(2, "--jobs", "-j", help="Interpreters run at once (crash matrix)."),
@@ -93,7 +96,7 @@ def doctor(imports: Optional[str] = typer.Option(None, "--imports", help="Comma-
     raise typer.Exit(report.exit_code)
 
 
-def _print_gpus(gpu: dict) -> None:
+def _print_gpus(gpu: dict[str, Any]) -> None:
     t = Table(title="GPUs")
     t.add_column("what")
     t.add_column("value")
@@ -120,9 +123,9 @@ def repeat(ctx: typer.Context,
            n: int = typer.Option(30, "-n", help="How many runs."),
            jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once."),
            stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="Stop at the first failing run."),
-           timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds before a run counts as hung "
+           timeout: float | None = typer.Option(None, "--timeout", help="Seconds before a run counts as hung "
                                                    "and is killed (with its process group)."),
-           logs: Optional[str] = typer.Option(None, "--logs", help="Keep each failing run's stdout/stderr here.")
+           logs: str | None = typer.Option(None, "--logs", help="Keep each failing run's stdout/stderr here.")
            ) -> None:
     """Run a command N times in fresh processes and measure its crash rate: hardy repeat -n 30 -- CMD ARGS...
 
@@ -134,7 +137,7 @@ def repeat(ctx: typer.Context,
         raise typer.BadParameter("give the command after --, e.g. hardy repeat -n 30 -- python pipeline.py")
     width = len(str(n))
 
-    def line(r, total) -> None:
+    def line(r: RunOutcome, total: int) -> None:
         mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
         extra = f"  log: {r.log}" if r.log else ""
         console.print(f"run {r.index:0{width}d}/{total} {mark} {r.outcome:<28} {r.seconds:6.2f} s{extra}",
@@ -154,8 +157,8 @@ def repeat(ctx: typer.Context,
     raise typer.Exit(1 if report.failures else 0)
 
 
-def libs(paths: List[str] = typer.Argument(None, help="Directories to index (default: every sys.path entry)."),
-         package: List[str] = typer.Option([], "--package", "-p", help="Index these (namespace) packages, "
+def libs(paths: list[str] = typer.Argument(None, help="Directories to index (default: every sys.path entry)."),
+         package: list[str] = typer.Option([], "--package", "-p", help="Index these (namespace) packages, "
                                            "e.g. nvidia."),
          order: bool = typer.Option(False, "--order", help="Print the preload order (dependencies first)."),
          preload: bool = typer.Option(False, "--preload", help="dlopen them in that order, here, as a test."),
@@ -205,7 +208,7 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to pat
         out = patch_wheel(wheel, patch_dir, suffix, dest_dir)
     except WheelError as exc:
         console.print(f"[red]error[/] {exc}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     console.print(f"wrote {out}", highlight=False)
 
 
@@ -228,5 +231,5 @@ def wheel_index(folder: str = typer.Argument(..., help="A folder of wheels (and 
         simple = build_index(folder)
     except WheelError as exc:
         console.print(f"[red]error[/] {exc}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     console.print(f"wrote {simple}; install with: pip install --index-url {simple.as_uri()} NAME", highlight=False)

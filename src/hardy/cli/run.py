@@ -11,7 +11,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -97,15 +97,15 @@ def _line(i: int, row: Any) -> str:
 
 def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
         set_: list[str] = typer.Option([], "--set", help="An input NAME=VALUE (JSON or text); repeatable."),
-        inputs: Optional[str] = typer.Option(None, "--inputs", help="JSONL file: one object of inputs per item."),
+        inputs: str | None = typer.Option(None, "--inputs", help="JSONL file: one object of inputs per item."),
         map_over: list[str] = typer.Option([], "--map-over", help="Inputs that hold one value per item."),
-        executor: Optional[str] = typer.Option(None, help="sequential | threaded | async | process "
+        executor: str | None = typer.Option(None, help="sequential | threaded | async | process "
                                                 "(default: the pipeline's own engine's)"),
-        workers: Optional[int] = typer.Option(None, help="Worker threads or processes."),
-        cache: Optional[str] = typer.Option(None, help="A DiskCache directory."),
-        report: Optional[str] = typer.Option(None, help="Write the run report: FILE.html or FILE.json."),
-        output: Optional[str] = typer.Option(None, help="Write the JSONL results here instead of stdout."),
-        progress: Optional[bool] = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
+        workers: int | None = typer.Option(None, help="Worker threads or processes."),
+        cache: str | None = typer.Option(None, help="A DiskCache directory."),
+        report: str | None = typer.Option(None, help="Write the run report: FILE.html or FILE.json."),
+        output: str | None = typer.Option(None, help="Write the JSONL results here instead of stdout."),
+        progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
     from ..errors import HardyError
     pipeline = load_pipeline(target)
@@ -159,7 +159,7 @@ def _single(pipeline: Any, values: dict[str, Any], engine: Any) -> Any:
 
 
 def report(path: str = typer.Argument(..., help="A report's JSON (Engine(report_dir=...) writes them)."),
-           html: Optional[str] = typer.Option(None, "--html", help="Also write it as a self-contained page.")) -> None:
+           html: str | None = typer.Option(None, "--html", help="Also write it as a self-contained page.")) -> None:
     """Show a saved run report as tables; --html renders the page."""
     from rich.console import Console
 

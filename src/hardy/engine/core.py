@@ -8,7 +8,8 @@ its pool. Every executor writes to a `Results` sink (results.py).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import arguments
 from ..errors import NodeDefinitionError
@@ -87,7 +88,7 @@ class Engine:
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike | None = None,
+                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
                  gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
@@ -229,7 +230,7 @@ class Engine:
         (gpus=0 runs a GPU pipeline on CPU)."""
         return self.gpu_pool() if gpu and self.gpu_slots else self.process_pool()
 
-    def run_items(self, plan: "Plan", items: Sequence[dict[str, Any]], results: Results) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
 
     def window_runner(self) -> Any:
@@ -244,7 +245,8 @@ class Engine:
         pool = self._process_pool
         if pool is None:
             return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
-        return pool.counts()
+        counts: dict[str, Any] = pool.counts()
+        return counts
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""
@@ -263,7 +265,7 @@ class Engine:
         if isinstance(self.map_executor_spec, str):
             self._map_executor = None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,7 +9,8 @@ Executors that run elsewhere (worker processes, Dask, Ray) implement the same tw
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..crash import reported_crashes
 from ..errors import NodeError
@@ -24,12 +25,12 @@ class Executor(Protocol):
 
     mode: str
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None: ...
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None: ...
 
     def close(self) -> None: ...
 
 
-def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: "Results") -> None:
+def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
     """The one loop that runs items in this process: results and failures go to the sink."""
     run = results.runner(plan)
     ok, fail = results.ok, results.fail
@@ -47,7 +48,7 @@ def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, resul
 class SequentialExecutor:
     mode = "sequential"
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         with reported_crashes("sequential"):
             run_chunk(plan, items, range(len(items)), results)
 
@@ -64,7 +65,7 @@ class ThreadedExecutor:
         self.workers = workers or min(32, (os.cpu_count() or 1) + 4)
         self._pool: Any = None
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
@@ -90,11 +91,11 @@ class AsyncExecutor:
     def __init__(self, workers: int | None = None):
         self.workers = workers or 1024
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         with reported_crashes("async"):
             run_sync(self._run_all(plan, items, results))
 
-    async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: "Results") -> None:
+    async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         import asyncio
         gate = asyncio.Semaphore(self.workers)
         arun = results.async_runner(plan)

@@ -9,7 +9,8 @@ worker pool and the stream runner, which all hand it results.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Failed, NodeCrashed, NodeError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
@@ -29,8 +30,8 @@ class Results:
     map), added wherever an index leaves the sink: errors, events, the run report and the plan's
     cache events (a window's `Events` read their items by the map's index too)."""
 
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: "Events | None" = None,
-                 live: "_Live | None" = None, offset: int = 0):
+    def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
+                 live: _Live | None = None, offset: int = 0):
         self.offset = offset
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
         # Executors that run items elsewhere log node events there only when someone listens.
@@ -45,7 +46,7 @@ class Results:
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
@@ -58,7 +59,7 @@ class Results:
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and (records or worker is not None):
@@ -83,7 +84,7 @@ class Results:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, i: int, records: Sequence[tuple], error: Exception | None) -> None:
+    def _replay(self, i: int, records: Sequence[Any], error: Exception | None) -> None:
         assert self.events is not None
         _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
         self.events.replay(self.offset + i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
@@ -96,11 +97,12 @@ class Results:
             self._started[i] = time.perf_counter()
             if self.live:
                 self.live.item_start(self.offset + i, worker)
+            assert self.events is not None  # items are watched only with events
             self.events.item_started(self.offset + i, worker)
         elif worker is None and self.events:
             self.events.in_item(self.offset + i)
 
-    def runner(self, plan: "Plan") -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    def runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events and not self.offset:
             return plan.run
         run, started, offset = plan.run, self.started if self.events else None, self.offset
@@ -111,7 +113,7 @@ class Results:
             return run(item, offset + i)
         return observed
 
-    def async_runner(self, plan: "Plan") -> Callable[..., Any]:
+    def async_runner(self, plan: Plan) -> Callable[..., Any]:
         assert plan.arun is not None
         if not self.events and not self.offset:
             return plan.arun
@@ -120,5 +122,6 @@ class Results:
         async def observed(item: dict[str, Any], i: int) -> dict[str, Any]:
             if started:
                 started(i)
-            return await arun(item, offset + i)
+            out: dict[str, Any] = await arun(item, offset + i)
+            return out
         return observed

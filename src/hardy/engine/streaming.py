@@ -14,24 +14,31 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import Failed, MapError, NodeError
-from .results import Results
 from .executors import SequentialExecutor
+from .results import Results
 
 if TYPE_CHECKING:
     from ..plan import Plan
     from .core import Engine
 
 Outcome = Any  # a result dict, or a Failed
-MakeResults = Callable[[int, list, type], Results]  # (first item's index, the items, the sink's class)
+R = TypeVar("R", bound=Results)
 
 
-class Shifted(Sequence):
+class MakeResults(Protocol):
+    """(first item's index, the items, the sink's class) -> a window's sink of that class."""
+
+    def __call__(self, start: int, chunk: list[dict[str, Any]], cls: type[R]) -> R: ...
+
+
+class Shifted(Sequence[dict[str, Any]]):
     """A window's items read by the map's index (what `Results` hands to a window's `Events`)."""
 
-    def __init__(self, items: list, start: int):
+    def __init__(self, items: list[dict[str, Any]], start: int):
         self.items, self.start = items, start
 
     def __getitem__(self, i: Any) -> Any:
@@ -45,18 +52,18 @@ class _Streamed(Results):
     """A window's sink that also announces each finished item (for `ordered=False`); a subclass so
     that ordinary maps pay nothing for it."""
 
-    finished: queue.SimpleQueue
+    finished: queue.SimpleQueue[Any]
 
-    def ok(self, i: int, out: dict[str, Any]) -> None:
-        super().ok(i, out)
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
+        super().ok(i, out, records)
         self.finished.put((self, i))
 
-    def fail(self, i: int, err: Any) -> None:
-        super().fail(i, err)
+    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
+        super().fail(i, err, records, worker)
         self.finished.put((self, i))
 
 
-def stream(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
+def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
            raise_on_error: bool, make_results: MakeResults) -> Iterator[Outcome]:
     """Outcomes of `items`, in input order or (ordered=False) as they finish.
 
@@ -76,8 +83,8 @@ def stream(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wind
         outcomes.close()
 
 
-def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
-            make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
+            make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     start = 0
     while chunk := list(itertools.islice(items, window)):
         results = make_results(start, chunk, Results)
@@ -93,8 +100,8 @@ def _inline(plan: "Plan", items: Iterator[dict[str, Any]], window: int,
         start += len(chunk)
 
 
-def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], window: int, ordered: bool,
-             make_results: MakeResults) -> Iterator[tuple[Results, int]]:
+def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
+             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     runner, stream = engine.window_runner(), _Stream(plan)
     start = 0
 
@@ -103,11 +110,12 @@ def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wi
         chunk = list(itertools.islice(items, window))
         if not chunk:
             return False
+        results: Results
         if ordered:
             results = make_results(start, chunk, Results)
         else:
-            results = make_results(start, chunk, _Streamed)
-            results.finished = stream.finished
+            results = streamed = make_results(start, chunk, _Streamed)
+            streamed.finished = stream.finished
         runner.todo.put((stream, chunk, results))
         start += len(chunk)
         return True
@@ -134,9 +142,9 @@ def _windows(engine: "Engine", plan: "Plan", items: Iterator[dict[str, Any]], wi
 class _Stream:
     """One streamed map's side of the runner: its plan, where its windows report, whether it ended."""
 
-    def __init__(self, plan: "Plan"):
+    def __init__(self, plan: Plan):
         self.plan = plan
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()
+        self.finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
 
 
@@ -147,9 +155,9 @@ class WindowRunner:
     thread may be tied to it: Ray's node processes (and any child made with PR_SET_PDEATHSIG) are
     killed when the thread that started them ends, so a thread per stream would kill them."""
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: Engine):
         self.engine = engine
-        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.current: tuple[_Stream, Results] | None = None
         self.thread = threading.Thread(target=self._loop, name="hardy-imap", daemon=True)
         self.thread.start()

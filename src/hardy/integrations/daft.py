@@ -37,7 +37,8 @@ import atexit
 import os
 import pickle
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..engine.core import Engine
 from ..errors import NodeCrashed, did_you_mean
@@ -69,12 +70,12 @@ class _Stage:
         _prepare_worker(paths)
         self.plan, self.last, self.log = plan_for(spec), last, log
 
-    @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)
+    @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)  # type: ignore[untyped-decorator]
     def run(self, states: Any) -> list[bytes]:
         return [dumps(run_stage(self.plan, pickle.loads(raw), self.last, self.log)) for raw in states.to_pylist()]
 
 
-def run_stage(plan: Plan, rows: list[tuple], last: bool, log: bool = False) -> list[tuple]:
+def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = False) -> list[tuple[Any, ...]]:
     """One stage over a row of (index, ok, values so far or the NodeError[, node records so far]):
     failed items pass through; the last stage leaves each item's outputs, the others its values so
     far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's."""
@@ -209,7 +210,8 @@ class DaftExecutor(RemoteExecutor):
     def _workers(self) -> int:
         """How many UDF processes can run at once: at least 4 rows each, so that none idles."""
         if self.resources.get("max_concurrency"):
-            return self.resources["max_concurrency"]
+            concurrency: int = self.resources["max_concurrency"]
+            return concurrency
         ray = sys.modules.get("ray")
         if self.address and ray is not None and ray.is_initialized():
             return max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -11,7 +11,8 @@ up to four workers before Dask gives up. On clusters you start, set it yourself 
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .remote import TaskExecutor, require
 
@@ -74,6 +75,7 @@ class DaskExecutor(TaskExecutor):
 
     def _is_crash(self, exc: BaseException) -> bool:
         from concurrent.futures import CancelledError
+
         from distributed import KilledWorker
         from distributed.comm.core import CommClosedError
         return isinstance(exc, (KilledWorker, CommClosedError, CancelledError)) or \
@@ -86,5 +88,5 @@ class DaskExecutor(TaskExecutor):
             self._cluster.close()
         self.client = self._cluster = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "client": None, "_cluster": None}

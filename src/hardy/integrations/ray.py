@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .remote import TaskExecutor, require
 
@@ -63,6 +64,7 @@ class RayExecutor(TaskExecutor):
 
     def _wait_any(self, futures: list[Any]) -> list[Any]:
         import ray
+        done: list[Any]
         done, _ = ray.wait(futures, num_returns=1)
         return done
 
@@ -91,5 +93,5 @@ class RayExecutor(TaskExecutor):
             self._started = False
         self._tasks.clear()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tasks": {}, "_started": False}

@@ -24,7 +24,8 @@ import hashlib
 import importlib
 import pickle
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 
@@ -73,18 +74,18 @@ class _Rows(Results):
         self.log_nodes = log
         self.records: dict[int, list[Any]] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[tuple] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         super().ok(i, out)
         if records:
             self.records[i] = list(records)
 
-    def fail(self, i: int, err: Any, records: Sequence[tuple] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: Any, records: Sequence[Any] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         if records or (worker is not None and self.log_nodes):
             self.records[i] = list(records) or item_record(worker or 0)
 
 
-def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple]:
+def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
     process here: one worker per thread that runs tasks, started on its first chunk and kept."""
     pool = getattr(_here, "pool", None)
@@ -92,11 +93,11 @@ def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool
         import multiprocessing as mp
         # Dask's workers are daemonic processes, which multiprocessing forbids to start children
         # (so that none outlives them); hardy's pool stops its worker itself, at exit.
-        mp.current_process()._config.pop("daemon", None)
+        mp.current_process()._config.pop("daemon", None)  # type: ignore[attr-defined]  # private, untyped
         pool = _here.pool = WorkerPool(workers=1)
     results = _Rows(len(chunk), log)
     pool.run_items(plan, [item for _, item in chunk], results)
-    rows: list[tuple] = []
+    rows: list[tuple[Any, ...]] = []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
         if err is not None:
@@ -167,7 +168,7 @@ class RemoteExecutor:
             for name in extra:
                 cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
 
-    def _deliver(self, rows: list[tuple], results: Any) -> None:
+    def _deliver(self, rows: list[tuple[Any, ...]], results: Any) -> None:
         for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
                 results.ok(i, value, *records)

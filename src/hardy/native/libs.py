@@ -15,8 +15,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .elf import Library, read_library
 
@@ -126,7 +126,8 @@ def _find(name: str, search: Sequence[str]) -> str | None:
     return None
 
 
-def _topological(libraries: Sequence[Library], edges: dict[str, list[Library]]) -> tuple[list[Library], list[list[str]]]:
+def _topological(libraries: Sequence[Library],
+                 edges: dict[str, list[Library]]) -> tuple[list[Library], list[list[str]]]:
     state: dict[str, int] = {}
     order: list[Library] = []
     cycles: list[list[str]] = []
@@ -175,6 +176,7 @@ def preload(packages: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str
             ctypes.CDLL(lib.path)
         except OSError as exc:
             lacking = [str(m) for m in plan.missing if m.library.path == lib.path]
-            raise OSError(f"preloading {lib.path} failed: {exc}" + (f" ({'; '.join(lacking)})" if lacking else "")) from exc
+            why = f" ({'; '.join(lacking)})" if lacking else ""
+            raise OSError(f"preloading {lib.path} failed: {exc}{why}") from exc
         loaded.append(lib.path)
     return loaded

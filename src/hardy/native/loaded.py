@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+
 class _PhdrInfo(ctypes.Structure):
     _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p),
                 ("phdr", ctypes.c_void_p), ("phnum", ctypes.c_uint16)]
@@ -45,7 +46,8 @@ def thread_pools() -> list[dict[str, Any]]:
     each use" (scikit-learn and numpy's test suites rely on it); it also knows each runtime's symbol
     for reading and setting its thread count, which a list of library names does not."""
     from threadpoolctl import threadpool_info
-    return threadpool_info()
+    info: list[dict[str, Any]] = threadpool_info()
+    return info
 
 
 def openmp_runtimes() -> list[str]:

@@ -15,8 +15,9 @@ import contextlib
 import contextvars
 import functools
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, FIELDS
@@ -77,11 +78,11 @@ class CallbackContext:
 class PipelineCallback:
     """Override what you need; every method is a no-op by default."""
 
-    def on_pipeline_start(self, pipeline_id: str, inputs: dict, ctx: CallbackContext) -> None: ...
-    def on_pipeline_end(self, pipeline_id: str, outputs: dict, duration: float,
+    def on_pipeline_start(self, pipeline_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None: ...
+    def on_pipeline_end(self, pipeline_id: str, outputs: dict[str, Any], duration: float,
                         ctx: CallbackContext) -> None: ...
-    def on_node_start(self, node_id: str, inputs: dict, ctx: CallbackContext) -> None: ...
-    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None: ...
+    def on_node_start(self, node_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None: ...
+    def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None: ...
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None: ...
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None: ...
     def on_nested_pipeline_start(self, parent_id: str, child_pipeline_id: str, ctx: CallbackContext) -> None: ...
@@ -105,7 +106,7 @@ ITEM_EVENTS = ("on_map_item_start", "on_pipeline_start", "on_pipeline_end", "on_
 _NO_OPS = {name: getattr(PipelineCallback, name) for name in vars(PipelineCallback) if name.startswith("on_")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _listened(cls: type) -> frozenset[str]:
     """The events a callback class overrides (a method it lacks is not listened to either)."""
     return frozenset(e for e, no_op in _NO_OPS.items() if getattr(cls, e, no_op) is not no_op)
@@ -155,7 +156,7 @@ class Events:
         found = self._handlers.get(event)
         if found is None:
             found = self._handlers[event] = tuple(getattr(cb, event) for cb in self.callbacks
-                                                  if event in _listened(type(cb)))
+                                                  if event in _listened(type(cb)))  # type: ignore[arg-type]  # mypy: a class is Hashable
         return found
 
     def listens(self, *events: str) -> bool:
@@ -170,16 +171,16 @@ class Events:
             for handler in handlers:
                 handler(*args, ctx)
 
-    def pipeline(self, pipeline_id: str, inputs: dict, call: Callable[[], dict],
-                 node_ids: Sequence[str] = (), announce: bool = True) -> dict:
+    def pipeline(self, pipeline_id: str, inputs: dict[str, Any], call: Callable[[], dict[str, Any]],
+                 node_ids: Sequence[str] = (), announce: bool = True) -> dict[str, Any]:
         """Runs `call` as pipeline `pipeline_id` in the callback context; `announce=False` (a map,
         whose items announce themselves) emits no on_pipeline_start/_end of its own."""
         with self.opened(pipeline_id, inputs, node_ids, announce) as finish:
             return finish(call())
 
     @contextlib.contextmanager
-    def opened(self, pipeline_id: str, inputs: dict, node_ids: Sequence[str] = (),
-               announce: bool = True) -> Iterator[Callable[[dict], dict]]:
+    def opened(self, pipeline_id: str, inputs: dict[str, Any], node_ids: Sequence[str] = (),
+               announce: bool = True) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
         """Pipeline `pipeline_id` open in the callback context for the `with` block (a streamed map
         stays open while it is consumed); the block reports its outputs through the yielded function."""
         token = None
@@ -193,7 +194,7 @@ class Events:
             self.emit("on_pipeline_start", pipeline_id, inputs)
         start = time.perf_counter()
 
-        def finish(out: dict) -> dict:
+        def finish(out: dict[str, Any]) -> dict[str, Any]:
             if announce:
                 self.emit("on_pipeline_end", pipeline_id, out, time.perf_counter() - start)
             return out
@@ -223,7 +224,7 @@ class Events:
         listened to, so `item_started` is not called)."""
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
-    def item_done(self, i: int, outputs: dict, duration: float) -> None:
+    def item_done(self, i: int, outputs: dict[str, Any], duration: float) -> None:
         ends, item_ends = self.handlers("on_pipeline_end"), self.handlers("on_map_item_end")
         if ends or item_ends:
             ctx = current_context()
@@ -235,7 +236,7 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, i: int, records: Sequence[tuple], worker: int | None, error: Exception | None = None,
+    def replay(self, i: int, records: Sequence[Any], worker: int | None, error: Exception | None = None,
                retry: int = 0) -> None:
         """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
         here; `error` is the item's failure, reported for the node that raised it. The context
@@ -301,10 +302,10 @@ class Events:
             return func
         name, params = node.name, node.inputs
 
-        def outputs(value: Any) -> dict:
+        def outputs(value: Any) -> dict[str, Any]:
             return {node.outputs[0]: value} if len(node.outputs) == 1 else dict(zip(node.outputs, value))
 
-        def inputs(args: tuple, kwargs: dict) -> dict:
+        def inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             return {**dict(zip(params, args)), **kwargs}
 
         if node.is_async:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .callbacks import CallbackContext, PipelineCallback
 
-_Stack = tuple  # of (kind, span), innermost last
+_Stack = tuple[tuple[str, Any], ...]  # of (kind, span), innermost last
 
 
 class OpenTelemetryCallback(PipelineCallback):
@@ -84,13 +84,13 @@ class OpenTelemetryCallback(PipelineCallback):
 
     # --- pipelines and maps -------------------------------------------------------------------------
 
-    def on_pipeline_start(self, pipeline_id: str, inputs: dict, ctx: CallbackContext) -> None:
+    def on_pipeline_start(self, pipeline_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None:
         if self._top() in ("item", "nested"):  # a map item, or a nested pipeline: its span exists already
             return
         span = self._start("run", f"hardy.run {pipeline_id}", {"hardy.pipeline": pipeline_id})
         self._outer.append(span)
 
-    def on_pipeline_end(self, pipeline_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_pipeline_end(self, pipeline_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         if self._top() not in ("item", "nested"):
             span = self._end("run")
             if span is not None:
@@ -160,14 +160,14 @@ class OpenTelemetryCallback(PipelineCallback):
                             "hardy.retry": ctx.get("hardy.retry") or 0,
                             **attributes}, push=push, parent=parent, start_time=times[0] if times else None)
 
-    def on_node_start(self, node_id: str, inputs: dict, ctx: CallbackContext) -> None:
+    def on_node_start(self, node_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None:
         self._node_span(node_id, ctx, cached=False, push=True)
 
     def _end_time(self, ctx: CallbackContext) -> int | None:
         times = ctx.get("hardy.event_ns")
         return times[1] if times else None
 
-    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         self._end("node", end_time=self._end_time(ctx))
 
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
@@ -176,5 +176,6 @@ class OpenTelemetryCallback(PipelineCallback):
         self._end("node", error, end_time=self._end_time(ctx))
 
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
-        span = self._node_span(node_id, ctx, cached=True, push=False, **{"hardy.cache_key": signature})
+        attributes: dict[str, Any] = {"hardy.cache_key": signature}
+        span = self._node_span(node_id, ctx, cached=True, push=False, **attributes)
         span.end(end_time=self._end_time(ctx))

@@ -70,11 +70,11 @@ class MapProgress:
         self.started = 0.0
         self._view: _View | None = None
         self._owner = False
-        self._token: contextvars.Token | None = None
+        self._token: contextvars.Token[MapProgress | None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "MapProgress":
+    def __enter__(self) -> MapProgress:
         global _shown
         outer = _current.get()
         self._token = _current.set(self)
@@ -201,7 +201,7 @@ class _NotebookView(_View):
             n = bar.done + bar.failed
             elapsed = time.perf_counter() - bar.started
             known = bar.total is not None
-            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if known and n and n < bar.total else ""
+            eta = f"ETA {(bar.total - n) * elapsed / n:,.1f} s" if bar.total is not None and n and n < bar.total else ""
             rate = f"{n / elapsed:,.0f} items/s" if not known and elapsed > 0 else ""
             limit, total = (f' max="{bar.total}"', f"{bar.total:,}") if known else ("", "?")
             rows.append(f"<tr><td style=\"padding-left:{12 * bar.depth}px\">{html.escape(bar.label)}</td>"

@@ -89,7 +89,7 @@ class Recorder(PipelineCallback):
         self.live.workers_before = pipeline.engine.worker_counts()
         return self.live
 
-    def end(self, pipeline: Any, failures: dict[int, "NodeError"]) -> "RunReport":
+    def end(self, pipeline: Any, failures: dict[int, NodeError]) -> RunReport:
         live = self.live
         assert live is not None
         self.live = None
@@ -124,7 +124,7 @@ class Recorder(PipelineCallback):
         path = ctx.hierarchy_path[1:] if ctx.depth > 1 else []
         return "/".join([*path, node_id])
 
-    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         if self.live is not None:
             stats = self.live.node(self._name(node_id, ctx))
             stats.calls += 1
@@ -150,14 +150,14 @@ def _stamp(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _p95(times: array) -> float:
+def _p95(times: array[float]) -> float:
     if not times:
         return 0.0
     ordered = sorted(times)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def _failure(i: int, err: "NodeError") -> dict[str, Any]:
+def _failure(i: int, err: NodeError) -> dict[str, Any]:
     import traceback
     cause = err.__cause__
     stack = getattr(err, "stack", "") or (
@@ -167,7 +167,7 @@ def _failure(i: int, err: "NodeError") -> dict[str, Any]:
             "signal": getattr(err, "signal", None), "exitcode": getattr(err, "exitcode", None), "stack": stack}
 
 
-def _build(live: _Live, failures: dict[int, "NodeError"], workers: dict[str, Any], svg: str | None,
+def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
            names: list[str]) -> dict[str, Any]:
     import datetime
     wall = live.wall
@@ -193,7 +193,7 @@ class RunReport:
         self.data = data
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunReport":
+    def load(cls, path: str | Path) -> RunReport:
         import json
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))

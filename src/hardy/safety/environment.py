@@ -58,7 +58,7 @@ def cap_loaded_runtimes() -> None:
 class _UniqueIds:
     """An endless iterator of 128-bit random ids: no two processes ever draw the same one."""
 
-    def __iter__(self) -> "_UniqueIds":
+    def __iter__(self) -> _UniqueIds:
         return self
 
     def __next__(self) -> int:

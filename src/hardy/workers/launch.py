@@ -30,9 +30,10 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import WorkerStartError
 from .lifeline import die_with_parent, kill_group
@@ -73,7 +74,7 @@ class WorkerProcess:
         self._close()
 
 
-_live: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
+_live: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
 
 
 class ForkServer:

@@ -18,7 +18,7 @@ import os
 import select
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 

@@ -19,20 +19,21 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import wait
-from typing import Any, Sequence
+from typing import Any
 
+from .. import transport
+from ..crash import describe_exit, read_stack
 from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..plan import Plan
+from ..policy import delay
 from ..safety.environment import worker_environment
-from .. import transport
+from ..safety.hazards import choose_start_method
 from ..shipping import dumps, globals_in, ship_items, ship_plan
 from ..sizes import parse_size
-from ..safety.hazards import choose_start_method
 from . import launch
 from . import worker as worker_main
-from ..crash import describe_exit, read_stack
-from ..policy import delay
 
 log = logging.getLogger("hardy.workers")
 
@@ -50,7 +51,8 @@ def rss(pid: int) -> int:
     except (OSError, IndexError, ValueError):
         try:
             import psutil
-            return psutil.Process(pid).memory_info().rss
+            rss: int = psutil.Process(pid).memory_info().rss
+            return rss
         except Exception:
             return 0
 
@@ -215,7 +217,7 @@ class WorkerPool:
         return {"started": self._started, "died": self.replaced - self.recycled, "recycled": self.recycled,
                 "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()}}
 
-    def _claim(self, run: "_Run") -> list[int]:
+    def _claim(self, run: _Run) -> list[int]:
         """The slots `run` may use now: those it holds, plus every free one while it has work."""
         with self._lock:
             for slot, owner in enumerate(self._owners):
@@ -223,7 +225,7 @@ class WorkerPool:
                     self._owners[slot] = run
             return [slot for slot, owner in enumerate(self._owners) if owner is run]
 
-    def _release(self, run: "_Run", slots: Sequence[int]) -> None:
+    def _release(self, run: _Run, slots: Sequence[int]) -> None:
         with self._lock:
             for slot in slots:
                 if self._owners[slot] is run:
@@ -256,8 +258,9 @@ class WorkerPool:
                shared: transport.Shared, log: bool = False) -> transport.Packed:
         """`log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once)."""
-        return ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
-                          dump=lambda msg: transport.pack(msg, dumps, shared))
+        packed: transport.Packed = ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
+                                              dump=lambda msg: transport.pack(msg, dumps, shared))
+        return packed  # what `dump` returned
 
     # --- the map executor ------------------------------------------------------------------------
 
@@ -495,9 +498,7 @@ class _Run:
             self.pool._per_item[self.plan_id] = self.per_item
         pool = self.pool
         slot = pool._workers.index(w)
-        if pool.max_tasks and w.tasks >= pool.max_tasks:
-            pool._replace(slot, stop=True)
-        elif pool.max_memory and rss(w.process.pid) > pool.max_memory:
+        if pool.max_tasks and w.tasks >= pool.max_tasks or pool.max_memory and rss(w.process.pid) > pool.max_memory:
             pool._replace(slot, stop=True)
 
     def check_limits(self, busy: list[_Worker]) -> None:
@@ -544,7 +545,7 @@ class _Run:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
                 self.results.retried(in_flight)
-                if node.backoff:
+                if node is not None and node.backoff:  # retries > 0: there is a node
                     self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
@@ -570,7 +571,7 @@ class _Run:
         pool._replace(slot, stop=False)
 
 
-def _close_at_exit(ref: "weakref.ref[WorkerPool]") -> None:
+def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:
     pool = ref()
     if pool is not None:
         pool.close()

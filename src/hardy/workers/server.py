@@ -27,6 +27,7 @@ import sys
 import traceback
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
 
 from .lifeline import die_with_parent, kill_group
 
@@ -85,7 +86,7 @@ def _preload(modules: list[str]) -> str | None:
     return None
 
 
-def _answer(listener: socket.socket, config: dict, failure: str | None,
+def _answer(listener: socket.socket, config: dict[str, Any], failure: str | None,
             children: dict[int, Connection], closing: list[int]) -> None:
     """One request: check who asks, authenticate, fork a worker. A bad peer costs only its request."""
     try:
@@ -127,7 +128,7 @@ def _answer(listener: socket.socket, config: dict, failure: str | None,
             pass
 
 
-def _become_worker(fd: int, config: dict, closing: list[int]) -> None:
+def _become_worker(fd: int, config: dict[str, Any], closing: list[int]) -> None:
     server = os.getppid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -16,17 +16,17 @@ import signal
 import struct
 import sys
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
+from .. import transport
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
-from .. import transport
-from ..shipping import build_plan, dumps, portable
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
+from ..shipping import build_plan, dumps, portable
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -74,7 +74,7 @@ def run(fd: int) -> None:
         os.chdir(cwd)
     except OSError:
         pass
-    fault_file = open(fault_path, "w")
+    fault_file = open(fault_path, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
@@ -117,11 +117,13 @@ def run(fd: int) -> None:
 
 def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
     """The plain plan, or (when the parent listens to node events) the logged one, built once."""
-    if not log or isinstance(entry[1], str):
-        return entry[1]
+    plain: tuple[Plan, dict[str, str]] | str = entry[1]
+    if not log or isinstance(plain, str):
+        return plain
     if entry[2] is None:
         entry[2] = _load_plan(entry[0], status, log=True)
-    return entry[2]
+    logged: tuple[Plan, dict[str, str]] | str = entry[2]
+    return logged
 
 
 def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[str, str]] | str:
@@ -140,7 +142,7 @@ def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[
     return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
 
 
-_unsent: list[tuple] = []  # results of the current chunk not sent yet
+_unsent: list[tuple[Any, ...]] = []  # results of the current chunk not sent yet
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
 _sending = [False]
 
@@ -165,7 +167,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         if log:
             LOG.begin()
         try:
-            row: tuple = (i, True, plan.run(item, i))
+            row: tuple[Any, ...] = (i, True, plan.run(item, i))
         except NodeError as err:
             row = (i, False, portable(err))
             if isinstance(err, CudaError) and err.retires_worker:
@@ -191,7 +193,7 @@ def _last_words(conn: Any, sent: list[list[Any]]) -> None:
         _send(conn, _unsent, _producers, False, 0.0, sent)
 
 
-def _send(conn: Any, batch: list[tuple], producers: dict[str, str], done: bool,
+def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], done: bool,
           elapsed: float, sent: list[list[Any]]) -> None:
     """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
     if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),

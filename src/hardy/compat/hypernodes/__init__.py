@@ -8,7 +8,7 @@ and its reason are in docs/hypernodes.md.
 
 from __future__ import annotations
 
-from typing import Protocol, Union
+from typing import Protocol
 
 from ...errors import CycleError, GraphError, HardyError, NodeError
 from ...node import Node
@@ -35,10 +35,10 @@ class HyperNode(Protocol):
     cache: bool
 
     @property
-    def root_args(self) -> tuple: ...
+    def root_args(self) -> tuple[str, ...]: ...
 
     @property
-    def output_name(self) -> Union[str, tuple]: ...
+    def output_name(self) -> str | tuple[str, ...]: ...
 
 
 def __getattr__(name: str) -> object:

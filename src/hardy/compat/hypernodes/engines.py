@@ -7,7 +7,8 @@ engine's callbacks. Work runs through hardy's executors: `DaskEngine` on a Dask 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ...engine import Engine
 from ...observe import PipelineCallback

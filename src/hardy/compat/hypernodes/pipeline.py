@@ -8,7 +8,8 @@ unless a ProgressCallback asks for one, and `visualize()`'s HyperNodes arguments
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ...errors import MapError, NodeError
 from ...node import Node
@@ -20,6 +21,9 @@ from .engines import SeqEngine
 
 class Pipeline(HardyPipeline):
     """`Pipeline(nodes, engine=None, name=None)`; callbacks and cache may also be given here."""
+
+    _own_callbacks: list[PipelineCallback]  # set by the `callbacks` setter (the base __init__ calls it)
+    _inherited: bool
 
     def __init__(self, nodes: Sequence[Any], engine: Any = None, name: str | None = None,
                  cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None, strict: bool = False):
@@ -38,7 +42,7 @@ class Pipeline(HardyPipeline):
         self._own_callbacks = list(callbacks)
         self._inherited = False
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> "Pipeline":
+    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
         copy = self._copy()
         copy._own_callbacks, copy._inherited = list(callbacks), True
@@ -56,7 +60,8 @@ class Pipeline(HardyPipeline):
         except NodeError as err:
             raise _original(err) from None
 
-    def map(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
+    def map(self, inputs: Mapping[str, Any] | None = None,  # type: ignore[override]  # HyperNodes' arguments
+            map_over: str | Sequence[str] | None = None,
             map_mode: str = "zip", output_name: str | Sequence[str] | None = None, engine: Any = None,
             on_error: str = "raise", progress: bool = False, **kwargs: Any) -> list[Any]:
         try:
@@ -73,7 +78,8 @@ class Pipeline(HardyPipeline):
         out with `@node(cache=False)`), so there is no such entry and nothing to turn off."""
         return super().as_node(name, input_mapping, output_mapping, map_over, map_mode, on_error)
 
-    def visualize(self, filename: str | None = None, engine: str = "js", depth: int | None = 1,
+    def visualize(self, filename: str | None = None,  # type: ignore[override]  # HyperNodes' arguments
+                  engine: str = "js", depth: int | None = 1,
                   separate_outputs: bool = False, show_types: bool = False, orient: str = "TB",
                   flatten: bool = False, show_legend: bool = False, style: Any = "default", **kwargs: Any) -> Any:
         """HyperNodes' arguments on hardy's drawing; `engine` ("js"/"graphviz") picks nothing here:

@@ -60,16 +60,16 @@ class TelemetryCallback(PipelineCallback):
         self.span_data.append({"name": name, "start_time": start, "duration": duration, "depth": ctx.depth,
                                "parent": ctx.current_pipeline_id, "cached": cached, "type": kind})
 
-    def on_pipeline_start(self, pipeline_id: str, inputs: dict, ctx: CallbackContext) -> None:
+    def on_pipeline_start(self, pipeline_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None:
         self._open("pipeline", pipeline_id, ctx)
 
-    def on_pipeline_end(self, pipeline_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_pipeline_end(self, pipeline_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         self._close("pipeline", pipeline_id, duration, ctx)
 
-    def on_node_start(self, node_id: str, inputs: dict, ctx: CallbackContext) -> None:
+    def on_node_start(self, node_id: str, inputs: dict[str, Any], ctx: CallbackContext) -> None:
         self._open("node", node_id, ctx)
 
-    def on_node_end(self, node_id: str, outputs: dict, duration: float, ctx: CallbackContext) -> None:
+    def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
         self._close("node", node_id, duration, ctx)
 
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
