@@ -2,13 +2,14 @@
 
 Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so
 that `1`, `1.0`, `True` and `"1"` all differ, a list differs from a tuple, dicts are hashed in
-insertion order (code can read the order) and sets independently of it, numpy arrays by dtype,
-shape and bytes (about 1 ms for 8 MB here), pandas objects by content (index and dtypes included), dataclasses / attrs / pydantic models and plain
-objects by their class's code and their fields (private state included), torch modules and
-scikit-learn estimators by class, configuration and weights. `__cache_key__()` overrides all of
-this, and `register()` teaches hashing a library type. What cannot be encoded deterministically
-raises `UnhashableError` naming the path to the part that cannot (`model.encoder._session`); there
-is no fallback to `id()` or `repr()` that could collide or vary.
+insertion order (code can read the order) and sets independently of it, numpy arrays by dtype, shape
+and bytes (about 1 ms for 8 MB here), pandas objects by content (index and dtypes included),
+dataclasses / attrs / pydantic models and plain objects by their class's code and their fields
+(private state included), torch modules and scikit-learn estimators by class, configuration and
+weights. `__cache_key__()` overrides all of this, and `register()` teaches hashing a library type.
+What cannot be encoded deterministically raises `UnhashableError` naming the path to the part that
+cannot (`model.encoder._session`); there is no fallback to `id()` or `repr()` that could collide
+or vary. Built-in, library and user types sit in one table keyed by type (`register()`).
 
 Code: a function's fingerprint covers its bytecode and constants (not its source text), its
 defaults, the globals and closure values it reads — following attribute chains read from the
