@@ -381,7 +381,7 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
     arr = np.ascontiguousarray(v)
     out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
         + (b"s" if isinstance(v, np.generic) else b"a"))
-    out(memoryview(arr).cast("B") if arr.size else b"")
+    out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
 
 
 def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -395,7 +395,7 @@ def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     if isinstance(v, pd.Index):
         v = v.to_series(index=None)
     rows = pd.util.hash_pandas_object(v, index=True).to_numpy()
-    out(memoryview(rows).cast("B") if rows.size else b"")
+    out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
 
 
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
@@ -614,7 +614,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
                 break
             path += "." + attr
-            target = getattr(target, attr, _ABSENT)  # absent: the code fails the same way when it runs
+            target = getattr(target, attr, _ABSENT)  # type: ignore[arg-type]  # absent: fails the same way when run
         out(b"." + path.encode())
         if target is _ABSENT:
             out(b"absent")

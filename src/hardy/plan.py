@@ -75,7 +75,7 @@ class Plan:
     """The pruned, ordered, compiled steps for (provided names, requested outputs, mode)."""
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
-                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
+                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable[..., Any] | None = None,
                  cache: PlanCache | None = None, keyed: bool = False,
                  on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
@@ -111,8 +111,8 @@ class Plan:
                 "name": self.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"],
-                      keyed=state["keyed"], name=state["name"])
+        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"],  # type: ignore[misc]
+                      cache=state["cache"], keyed=state["keyed"], name=state["name"])  # rebuilt, not restored
 
     # --- code generation -------------------------------------------------------------------------
 
@@ -132,8 +132,8 @@ class Plan:
         weakref.finalize(self, linecache.cache.pop, self.filename, None)
         exec(compile(self.source, self.filename, "exec"), ns)
         if self.mode == "async":
-            self.arun = ns["_run"]
-            self.run = lambda v, i=None: run_sync(self.arun(v, i))
+            arun = self.arun = ns["_run"]
+            self.run = lambda v, i=None: run_sync(arun(v, i))
         else:
             self.run = ns["_run"]
 
@@ -389,7 +389,7 @@ class Plan:
         if isinstance(exc, _WrongOutputCount):
             got = exc.value
             shape = f"a {type(got).__name__} of length {len(got)}" if hasattr(got, "__len__") else repr(got)
-            err = OutputCountError(node.name, inputs, reason=(
+            err: NodeError = OutputCountError(node.name, inputs, reason=(
                 f"declared {len(node.outputs)} outputs {node.outputs} but returned {shape}; "
                 f"return a tuple of {len(node.outputs)} values"))
             return err
@@ -450,7 +450,7 @@ def _without_repeated_steps(lines: list[str]) -> list[str]:
     return out
 
 
-def _check_outputs(value: Any, n: int) -> tuple:
+def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:
     if isinstance(value, list) and len(value) == n:
         return tuple(value)
     raise _WrongOutputCount(value)
