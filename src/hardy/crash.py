@@ -107,7 +107,7 @@ _alive: dict[int, Any] = {}  # installed C handlers must outlive the call that m
 # Sequential, threaded and async maps run nodes in this process: a segfault there ends the
 # interpreter, without a word (rc 139) unless faulthandler is on. While such a map runs, a fatal
 # signal first makes hardy name the node and the item (read from the frame of the plan's generated
-# function: its `_s` is the step, `_i` the item, so nothing is paid per item), print the Python
+# function: its `_s` is the step, `_item` the item, so nothing is paid per item), print the Python
 # stack as faulthandler would, and say what would have contained the crash; then the process dies
 # of the same signal. The handler is installed once, at the first in-process map, and is inert
 # outside maps (it hands the signal straight to whatever handled it before): installing and
@@ -171,7 +171,7 @@ def _in_flight() -> str:
         if f is None:
             continue
         plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
-        step, item = f.f_locals.get("_s"), f.f_locals.get("_i")
+        step, item = f.f_locals.get("_s"), f.f_locals.get("_item")
         node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
         found.append(f"node {node!r}" + (f" on item {item}" if item is not None else ""))
     return "; ".join(found)

@@ -1,14 +1,15 @@
 """Deterministic fingerprints of values and of code, for cache keys.
 
-Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so that `1`, `1.0`, `True` and `"1"` all
-differ, a list differs from a tuple, dicts are hashed in insertion order (code can read the order)
-and sets independently of it, numpy arrays by dtype, shape and bytes (about 1 ms for 8 MB here), pandas
-objects by content (index and dtypes included), dataclasses / attrs / pydantic models and plain
-objects by their class's code and their fields (private state included), torch modules and
-scikit-learn estimators by class, configuration and weights. `__cache_key__()` overrides all of
-this, and `register()` teaches hashing a library type. What cannot be encoded deterministically
-raises `UnhashableError` naming the path to the part that cannot (`model.encoder._session`); there
-is no fallback to `id()` or `repr()` that could collide or vary.
+Values: a type-tagged canonical encoding fed to BLAKE3 (128-bit output; why: docs/caching.md), so
+that `1`, `1.0`, `True` and `"1"` all differ, a list differs from a tuple, dicts are hashed in
+insertion order (code can read the order) and sets independently of it, numpy arrays by dtype, shape
+and bytes (about 1 ms for 8 MB here), pandas objects by content (index and dtypes included),
+dataclasses / attrs / pydantic models and plain objects by their class's code and their fields
+(private state included), torch modules and scikit-learn estimators by class, configuration and
+weights. `__cache_key__()` overrides all of this, and `register()` teaches hashing a library type.
+What cannot be encoded deterministically raises `UnhashableError` naming the path to the part that
+cannot (`model.encoder._session`); there is no fallback to `id()` or `repr()` that could collide
+or vary. Built-in, library and user types sit in one table keyed by type (`register()`).
 
 Code: a function's fingerprint covers its bytecode and constants (not its source text), its
 defaults, the globals and closure values it reads — following attribute chains read from the
@@ -28,6 +29,7 @@ import re
 import struct
 import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -68,13 +70,26 @@ class UnhashableError(TypeError):
                 f"deterministic content to hash; {FIXES}")
 
 
-_REGISTRY: dict[type, Callable[[Any], Any]] = {}
+Encoder = Callable[[Any, Callable[[bytes], Any], set[int]], None]  # (value, out, values being encoded)
+
+# Value hashing is a table keyed by type, looked up along the value's MRO (the most specific class
+# wins), as dask's `normalize_token`: built-in types are registered below with `_register`, library
+# types when their module is loaded (`_LAZY`), user types with `register`. Not functools.singledispatch:
+# subclasses of the scalar types must keep their own rule ahead of the MRO (`numpy.float64` is a float
+# first) for keys to stay what they were, and types of libraries not imported must cost nothing.
+_ENCODERS: dict[type, Encoder] = {}
+_RESOLVED: dict[type, Encoder] = {}  # type -> its encoder, once resolved
+
+
+def _register(cls: type, encoder: Encoder) -> None:
+    _ENCODERS[cls] = encoder
+    _RESOLVED.clear()
 
 
 def register(cls: type, identify: Callable[[Any], Any]) -> None:
     """Hash instances of `cls` (and subclasses) by what `identify(value)` returns, itself hashed by
     these rules: for library types that cannot have a `__cache_key__()` method of their own."""
-    _REGISTRY[cls] = identify
+    _register(cls, _registered(identify))
 
 
 def digest(*parts: bytes) -> bytes:
@@ -115,96 +130,164 @@ def _len(n: int) -> bytes:
     return struct.pack("<q", n)
 
 
-def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:  # noqa: C901 - one dispatch
+def _encode(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     t = type(v)
-    if v is None:
-        out(b"N")
-    elif t is bool:
-        out(b"T" if v else b"F")
-    elif t is int:
-        s = str(v).encode()
-        out(b"I" + _len(len(s)) + s)
-    elif t is float:
-        out(b"D" + (b"nan" if math.isnan(v) else float.hex(v).encode()) + b";")
-    elif t is str:
-        b = v.encode("utf-8", "surrogatepass")
-        out(b"S" + _len(len(b)) + b)
-    elif t is bytes:
-        out(b"Y" + _len(len(v)) + v)
+    exact = _EXACT.get(t)
+    if exact is not None:
+        exact(v, out, active)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
         out(b"K" + _qualname(t) + (code_fingerprint(t) if is_user_module(t.__module__) else b""))
         _encode(v.__cache_key__(), out, active)
-    elif isinstance(v, (bool, int, float, str, bytes)):  # subclasses: the class, then the base value
-        base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
-        out(b"B" + _qualname(t))
-        _encode(base(v) if base is not str else str.__str__(v), out, active)
-    elif isinstance(v, (list, tuple)):
-        out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else _qualname(t))
-            + _len(len(v)))
-        for i, x in enumerate(_guard(v, active)):
-            try:
-                _encode(x, out, active)
-            except UnhashableError as exc:
-                raise exc.at(f"[{i}]") from None
-        active.discard(id(v))
-    elif isinstance(v, dict):  # insertion order: code can read it (next(iter(d)), json.dumps)
-        out(b"M" + (b"" if t is dict else _qualname(t)) + _len(len(v)))
-        for k, x in _guard(v, active).items():
-            _encode(k, out, active)
-            try:
-                _encode(x, out, active)
-            except UnhashableError as exc:
-                raise exc.at(f"[{k!r}]") from None
-        active.discard(id(v))
-    elif isinstance(v, (set, frozenset)):  # no order to read: the sorted digests of the members
-        digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-        active.discard(id(v))
-        out((b"Z" if isinstance(v, frozenset) else b"E") + _qualname(t) + _len(len(digests)) + b"".join(digests))
-    elif t is complex:
-        out(b"C" + float.hex(v.real).encode() + b"," + float.hex(v.imag).encode() + b";")
-    elif t is bytearray or t is memoryview:
-        data = bytes(v)
-        out(b"A" + _len(len(data)) + data)
-    elif isinstance(v, enum.Enum):
-        out(b"En" + _qualname(t))
-        _encode(v.value, out, active)
-    elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)) or t is types.MethodType:
-        out(b"Fn" + code_fingerprint(v))
-    elif _is_numpy(v):
-        _encode_numpy(v, out, active)
-    elif _is_pandas(v):
-        _encode_pandas(v, out)
-    elif _is_torch(v):
-        out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
-        _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=_torch_bytes()).numpy(), out, active)
-    elif isinstance(v, os.PathLike):
-        out(b"P" + _qualname(t))
-        _encode(os.fspath(v), out, active)
-    elif type(v).__module__ in ("datetime", "decimal", "uuid", "fractions"):
-        out(b"R" + _qualname(t))
-        _encode(repr(v), out, active)  # these reprs are exact and deterministic
-    elif dataclasses.is_dataclass(v):
-        _object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
-    elif hasattr(t, "__attrs_attrs__"):
-        _object(v, b"AT", {a.name: getattr(v, a.name) for a in t.__attrs_attrs__}, out, active)
-    elif hasattr(v, "model_dump") and hasattr(t, "model_fields"):  # pydantic v2
-        _object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
-                out, active)
     else:
-        encoder = _library_encoder(v, t)
-        if encoder is not None:
-            encoder(v, out, active)
-        elif is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__")):
-            state = dict(getattr(v, "__dict__", {}))
-            for cls in t.__mro__:
-                for s in getattr(cls, "__slots__", ()):
-                    if isinstance(s, str) and hasattr(v, s) and s not in ("__dict__", "__weakref__"):
-                        state[s] = getattr(v, s)
-            if not state and not hasattr(v, "__dict__"):
-                raise _cannot(t)
-            _object(v, b"O", state, out, active)
-        else:
-            raise _cannot(t)
+        encoder = _RESOLVED.get(t)
+        if encoder is None:
+            encoder = _RESOLVED[t] = _resolve(t)
+        encoder(v, out, active)
+
+
+def _resolve(t: type) -> Encoder:
+    """The encoder for values of type `t`: a subclass of a scalar type by its rule, else the most
+    specific registered class of its MRO, else the first structural rule that applies."""
+    if issubclass(t, _SCALARS):
+        return _encode_scalar_subclass
+    _load_lazy()
+    for cls in t.__mro__:
+        if cls in _ENCODERS:
+            return _ENCODERS[cls]
+    return next((encoder for applies, encoder in _STRUCTURAL if applies(t)), _encode_plain_object)
+
+
+def _encode_none(v: None, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"N")
+
+
+def _encode_bool(v: bool, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"T" if v else b"F")
+
+
+def _encode_int(v: int, out: Callable[[bytes], Any], active: set[int]) -> None:
+    s = str(v).encode()
+    out(b"I" + _len(len(s)) + s)
+
+
+def _encode_float(v: float, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"D" + (b"nan" if math.isnan(v) else float.hex(v).encode()) + b";")
+
+
+def _encode_str(v: str, out: Callable[[bytes], Any], active: set[int]) -> None:
+    b = v.encode("utf-8", "surrogatepass")
+    out(b"S" + _len(len(b)) + b)
+
+
+def _encode_bytes(v: bytes, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"Y" + _len(len(v)) + v)
+
+
+def _encode_complex(v: complex, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"C" + float.hex(v.real).encode() + b"," + float.hex(v.imag).encode() + b";")
+
+
+def _encode_buffer(v: bytearray | memoryview, out: Callable[[bytes], Any], active: set[int]) -> None:
+    data = bytes(v)
+    out(b"A" + _len(len(data)) + data)
+
+
+_SCALARS = (bool, int, float, str, bytes)
+
+
+def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A subclass of a scalar type (an IntEnum, numpy.float64): the class, then the base value."""
+    base = next(b for b in _SCALARS if isinstance(v, b))
+    out(b"B" + _qualname(type(v)))
+    _encode(base(v) if base is not str else str.__str__(v), out, active)
+
+
+def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
+    t = type(v)
+    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else _qualname(t)) + _len(len(v)))
+    for i, x in enumerate(_guard(v, active)):
+        try:
+            _encode(x, out, active)
+        except UnhashableError as exc:
+            raise exc.at(f"[{i}]") from None
+    active.discard(id(v))
+
+
+def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    """In insertion order: code can read it (next(iter(d)), json.dumps)."""
+    out(b"M" + (b"" if type(v) is dict else _qualname(type(v))) + _len(len(v)))
+    for k, x in _guard(v, active).items():
+        _encode(k, out, active)
+        try:
+            _encode(x, out, active)
+        except UnhashableError as exc:
+            raise exc.at(f"[{k!r}]") from None
+    active.discard(id(v))
+
+
+def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    """No order to read: the sorted digests of the members."""
+    digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
+    active.discard(id(v))
+    out((b"Z" if isinstance(v, frozenset) else b"E") + _qualname(type(v)) + _len(len(digests)) + b"".join(digests))
+
+
+def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"En" + _qualname(type(v)))
+    _encode(v.value, out, active)
+
+
+def _encode_code(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"Fn" + code_fingerprint(v))
+
+
+def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    import torch
+    out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
+    _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
+
+
+def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"P" + _qualname(type(v)))
+    _encode(os.fspath(v), out, active)
+
+
+def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    out(b"R" + _qualname(type(v)))
+    _encode(repr(v), out, active)  # datetime, decimal, uuid, fractions: exact, deterministic reprs
+
+
+def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    _object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
+
+
+def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    _object(v, b"AT", {a.name: getattr(v, a.name) for a in type(v).__attrs_attrs__}, out, active)
+
+
+def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    _object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
+            out, active)
+
+
+def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """An instance of a user class by its state (slots included); anything else cannot be hashed."""
+    t = type(v)
+    if not (is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__"))):
+        raise _cannot(t)
+    state = dict(getattr(v, "__dict__", {}))
+    for cls in t.__mro__:
+        for s in getattr(cls, "__slots__", ()):
+            if isinstance(s, str) and hasattr(v, s) and s not in ("__dict__", "__weakref__"):
+                state[s] = getattr(v, s)
+    if not state and not hasattr(v, "__dict__"):
+        raise _cannot(t)
+    _object(v, b"O", state, out, active)
+
+
+_EXACT: dict[type, Encoder] = {type(None): _encode_none, bool: _encode_bool, int: _encode_int,
+                               float: _encode_float, str: _encode_str, bytes: _encode_bytes,
+                               complex: _encode_complex, bytearray: _encode_buffer, memoryview: _encode_buffer}
 
 
 def _cannot(t: type) -> UnhashableError:
@@ -234,37 +317,6 @@ def _attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set
 # --- library types: registered, or known by module without importing it ------------------------
 
 
-def _library_encoder(v: Any, t: type) -> Callable[[Any, Callable[[bytes], Any], set[int]], None] | None:
-    for cls in t.__mro__:
-        if cls in _REGISTRY:
-            return _registered(_REGISTRY[cls])
-    if t is functools.partial:
-        return _encode_partial
-    if isinstance(v, re.Pattern):
-        return _registered(lambda p: (p.pattern, p.flags))
-    if t is range:
-        return _registered(lambda r: (r.start, r.stop, r.step))
-    if isinstance(v, types.SimpleNamespace) or t.__module__ == "argparse" and t.__name__ == "Namespace":
-        return _registered(vars)  # configuration objects
-    logging = sys.modules.get("logging")
-    if logging is not None and isinstance(v, logging.Logger):  # what a logger records is no result
-        return _registered(lambda lg: lg.name)
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, np.dtype):
-        return _registered(lambda d: (d.str, str(d.descr)))
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(v, (torch.device, torch.dtype)):  # DEVICE = torch.device("cuda")
-        return _registered(str)
-    if torch is not None and isinstance(v, torch.nn.Module):
-        return _encode_torch_module
-    sklearn_base = sys.modules.get("sklearn.base")
-    if sklearn_base is not None and isinstance(v, sklearn_base.BaseEstimator):
-        return _encode_estimator
-    if t.__module__.startswith("sklearn.") and hasattr(v, "__reduce__"):
-        return _encode_reduced  # the Cython parts of fitted estimators (a tree's nodes)
-    return None
-
-
 def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[bytes], Any], set[int]], None]:
     def encode_registered(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
         out(b"RG" + _qualname(type(v)))
@@ -272,7 +324,7 @@ def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[byte
     return encode_registered
 
 
-def _encode_partial(v: functools.partial, out: Callable[[bytes], Any], active: set[int]) -> None:
+def _encode_partial(v: functools.partial[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"FP" + code_fingerprint(v.func))
     _encode((v.args, v.keywords), out, active)
 
@@ -320,11 +372,6 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
     return h.digest(DIGEST)
 
 
-def _is_numpy(v: Any) -> bool:
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(v, (np.ndarray, np.generic))
-
-
 def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import numpy as np
     if v.dtype.hasobject:
@@ -334,25 +381,10 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
     arr = np.ascontiguousarray(v)
     out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
         + (b"s" if isinstance(v, np.generic) else b"a"))
-    out(memoryview(arr).cast("B") if arr.size else b"")
+    out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
 
 
-def _is_torch(v: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(v, torch.Tensor)
-
-
-def _torch_bytes() -> Any:
-    import torch
-    return torch.uint8
-
-
-def _is_pandas(v: Any) -> bool:
-    pd = sys.modules.get("pandas")
-    return pd is not None and isinstance(v, (pd.DataFrame, pd.Series, pd.Index))
-
-
-def _encode_pandas(v: Any, out: Callable[[bytes], Any]) -> None:
+def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import pandas as pd
     meta: list[Any] = [type(v).__name__, v.shape]
     if isinstance(v, pd.DataFrame):
@@ -363,7 +395,54 @@ def _encode_pandas(v: Any, out: Callable[[bytes], Any]) -> None:
     if isinstance(v, pd.Index):
         v = v.to_series(index=None)
     rows = pd.util.hash_pandas_object(v, index=True).to_numpy()
-    out(memoryview(rows).cast("B") if rows.size else b"")
+    out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
+
+
+# Rules on what a type is rather than what it derives from, in order; after the registered classes.
+_STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
+    (lambda t: issubclass(t, os.PathLike), _encode_path),
+    (lambda t: t.__module__ in ("datetime", "decimal", "uuid", "fractions"), _encode_by_repr),
+    (dataclasses.is_dataclass, _encode_dataclass),
+    (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
+    (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
+    (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", _registered(vars)),
+    (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
+)
+
+for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dict, _encode_dict),
+                      (set, _encode_set), (frozenset, _encode_set), (enum.Enum, _encode_enum),
+                      (types.FunctionType, _encode_code), (types.BuiltinFunctionType, _encode_code),
+                      (types.MethodType, _encode_code), (type, _encode_code), (functools.partial, _encode_partial),
+                      (re.Pattern, _registered(lambda p: (p.pattern, p.flags))),
+                      (range, _registered(lambda r: (r.start, r.stop, r.step))),
+                      (types.SimpleNamespace, _registered(vars))):  # configuration objects
+    _register(_cls, _encoder)
+
+# Library types, registered when their module is first seen loaded: hashing imports none of them.
+_LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
+    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy),
+                         (np.dtype, _registered(lambda d: (d.str, str(d.descr))))),
+    "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas)),
+    "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
+                            (torch.device, _registered(str)), (torch.dtype, _registered(str))),  # torch.device("cuda")
+    "logging": lambda logging: ((logging.Logger, _registered(lambda lg: lg.name)),),  # what it records is no result
+    "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
+}
+
+
+_LAZY_LOCK = threading.Lock()
+
+
+def _load_lazy() -> None:
+    """Register the types of the libraries loaded since; a module leaves `_LAZY` only once its types
+    are in the table, so a thread hashing meanwhile waits instead of missing them."""
+    if not any(name in sys.modules for name in tuple(_LAZY)):
+        return
+    with _LAZY_LOCK:
+        for name in [n for n in _LAZY if n in sys.modules]:
+            for cls, encoder in _LAZY[name](sys.modules[name]):
+                _register(cls, encoder)
+            del _LAZY[name]
 
 
 # --- code -----------------------------------------------------------------------------------------
@@ -432,33 +511,42 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
     if not is_user_module(module):
         name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
         out(b"lib:" + f"{module}.{name}@{_package_version(module or '')}".encode())
-        return
-    if isinstance(func, type):
-        out(b"class:" + _qualname(func))
-        for base in func.__mro__[1:]:
-            if is_user_module(base.__module__):
-                _fingerprint(base, out, seen)
-        for name, member in sorted(vars(func).items()):
-            target = getattr(member, "__func__", member)
-            if isinstance(target, (types.FunctionType, property)):
-                out(name.encode())
-                _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
-            elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
-                out(name.encode())
-                try:
-                    _encode(member, out, set())
-                except UnhashableError:  # a class-level cache or registry: state, not configuration
-                    out(b"?")
-        return
-    code = getattr(func, "__code__", None)
-    if code is None:
-        call = getattr(type(func), "__call__", None)
+    elif isinstance(func, type):
+        _fingerprint_class(func, out, seen)
+    elif getattr(func, "__code__", None) is None:
+        call = getattr(type(func), "__call__", None)  # noqa: B004 - the method itself is fingerprinted
         if call is None:
             raise UnhashableError(f"cannot fingerprint {func!r}: it is not a function")
         out(b"callable:" + _qualname(type(func)))
         _fingerprint(call, out, seen)
         _encode(func, out, set())
-        return
+    else:
+        _fingerprint_function(func, out, seen)
+
+
+def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user class: its user bases, its methods and properties, and its class-level configuration."""
+    out(b"class:" + _qualname(cls))
+    for base in cls.__mro__[1:]:
+        if is_user_module(base.__module__):
+            _fingerprint(base, out, seen)
+    for name, member in sorted(vars(cls).items()):
+        target = getattr(member, "__func__", member)
+        if isinstance(target, (types.FunctionType, property)):
+            out(name.encode())
+            _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
+        elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
+            out(name.encode())
+            try:
+                _encode(member, out, set())
+            except UnhashableError:  # a class-level cache or registry: state, not configuration
+                out(b"?")
+
+
+def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user function: its code and defaults, then what it reads (globals, closure cells, modules
+    it imports), each with the attribute chains the code reads from it."""
+    code = func.__code__
     _code(code, out)
     out(b"defaults")
     _encode((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
@@ -526,7 +614,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
                 break
             path += "." + attr
-            target = getattr(target, attr, _ABSENT)  # absent: the code fails the same way when it runs
+            target = getattr(target, attr, _ABSENT)  # type: ignore[arg-type]  # absent: fails the same way when run
         out(b"." + path.encode())
         if target is _ABSENT:
             out(b"absent")
@@ -560,53 +648,58 @@ def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]
     `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
     Roots are globals ("g"), closure cells ("c") and modules imported inside the function
     ("import", top module): `from m import f` there, then `f.g`, is the chain m.f.g."""
-    import dis
     found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
     stack = [code]
     while stack:
         c = stack.pop()
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-        bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
-        root: tuple[str, str] | None = None
-        attrs: list[str] = []
-        importing: tuple[str, str] | None = None
-        prefix: tuple[str, ...] = ()
-        last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
-        for ins in dis.get_instructions(c):
-            op = ins.opname
-            if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
-                attrs.append(ins.argval)
-                continue
-            if root is not None:
-                found.setdefault(root, set()).add(tuple(attrs))
-                root = None
-            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-                root, attrs = ("g", ins.argval), []
-            elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
-                root, attrs = ("c", ins.argval), []
-            elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
-                root, chain = bound[ins.argval]
-                attrs = list(chain)
-            elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
-                importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
-                prefix = ()
-                found.setdefault(importing, set())
-                continue
-            elif op == "IMPORT_FROM" and importing is not None:
-                prefix = (*prefix, ins.argval)
-                found[importing].add(prefix)
-                continue
-            elif op.startswith("STORE_") and importing is not None:
-                bound[ins.argval] = (importing, prefix)
-                prefix = ()
-                continue
-            elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
-                continue
-            importing = None
-            last_const = ins.argval if op == "LOAD_CONST" else None
+        _scan_chains(c, found)
+    return found
+
+
+def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, ...]]]) -> None:
+    """Add the chains one code object (not its nested code) reads to `found`."""
+    import dis
+    bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
+    root: tuple[str, str] | None = None
+    attrs: list[str] = []
+    importing: tuple[str, str] | None = None
+    prefix: tuple[str, ...] = ()
+    last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
+    for ins in dis.get_instructions(c):
+        op = ins.opname
+        if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
+            attrs.append(ins.argval)
+            continue
         if root is not None:
             found.setdefault(root, set()).add(tuple(attrs))
-    return found
+            root = None
+        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            root, attrs = ("g", ins.argval), []
+        elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
+            root, attrs = ("c", ins.argval), []
+        elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
+            root, chain = bound[ins.argval]
+            attrs = list(chain)
+        elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
+            importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
+            prefix = ()
+            found.setdefault(importing, set())
+            continue
+        elif op == "IMPORT_FROM" and importing is not None:
+            prefix = (*prefix, ins.argval)
+            found[importing].add(prefix)
+            continue
+        elif op.startswith("STORE_") and importing is not None:
+            bound[ins.argval] = (importing, prefix)
+            prefix = ()
+            continue
+        elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
+            continue
+        importing = None
+        last_const = ins.argval if op == "LOAD_CONST" else None
+    if root is not None:
+        found.setdefault(root, set()).add(tuple(attrs))
 
 
 def _global_names(code: types.CodeType) -> set[str]:

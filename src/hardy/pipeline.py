@@ -216,6 +216,15 @@ class Pipeline:
             if plan.cache is not None and self._reports:
                 plan.cache.report()  # what the cache could not do, in one warning
 
+    def explain(self, inputs: Mapping[str, Any] | Sequence[str] | None = None,
+                output_name: str | Sequence[str] | None = None) -> str:
+        """The Python code `run(inputs, output_name)` executes: the plan hardy generates for that
+        call, one line per node call, with locals named after the values they hold. The same lines
+        appear in tracebacks and in pdb when a node fails inside the plan."""
+        names = dict.fromkeys(inputs or ())
+        values = {**self._bound, **names} if self._bound else names
+        return self._plan(values, output_name, for_map=False).source
+
     def _observed_run(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         events = Events(self._observers)
         live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
@@ -279,7 +288,7 @@ class Pipeline:
         plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                     submit=self._engine.submit if mode == "threaded" else None,
                     cache=self.cache if self.cache is not None else self._engine.cache,
-                    on_cached=self._on_cached)
+                    on_cached=self._on_cached, name=self.name)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:

@@ -2,19 +2,24 @@
 
 Given the names the caller provides and the outputs it wants, `Plan(...)` prunes the graph to the
 nodes needed, orders them, resolves every node input to a provided value, another node's output or
-the parameter's default, and then *generates a Python function* that executes exactly those steps:
+the parameter's default, and then *generates a Python function* that executes exactly those steps.
+For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.explain()` shows:
 
-    def run(_v, _i=None):
+    def _run(_v, _item=None):
         _s = 0
         try:
-            v0 = _v['x']
-            v1 = f0(v0)          # a = x + 1
+            text = _v['text']
+            cleaned = f_clean(text)  # node 'clean'
             _s = 1
-            v2 = f1(v1)          # b = 2 * a
-            ...
-        except Exception as _e:
+            n_words = f_count(cleaned)  # node 'count'
+        except _Exception as _e:
             raise _fail(_s, _e, locals())
-        return {'a': v1, 'b': v2, ...}
+        return {'cleaned': cleaned, 'n words': n_words}
+
+Locals are named after the values they hold and node functions after their nodes (valid, unique
+identifiers); `_s` is the step running, for the error `_fail` builds; `_item` is the item's index in
+a map, for cache callbacks. The code is registered in `linecache` under its own file name
+(`<hardy plan 'pipeline' #3>`), so tracebacks and pdb show its lines.
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
 function is the cheapest walk CPython has (no dict lookups per argument, no loop, no branches).
@@ -29,8 +34,14 @@ lookups around each call (see `_cache_prelude`); without one, none of that code 
 
 from __future__ import annotations
 
+import builtins
+import itertools
+import keyword
+import linecache
+import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +75,16 @@ class Plan:
     """The pruned, ordered, compiled steps for (provided names, requested outputs, mode)."""
 
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
-                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable | None = None,
+                 mode: str = "sequential", wrap: Wrap | None = None, submit: Callable[..., Any] | None = None,
                  cache: PlanCache | None = None, keyed: bool = False,
-                 on_cached: Callable[[str, bytes, int | None], None] | None = None):
+                 on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
-        `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one stage of a larger one (an engine that runs a pipeline's nodes
-        in several places): it takes the cache keys of provided values from `values[KEYS]`, where
-        an earlier stage computed them, and returns the keys of its outputs under `KEYS`, so every
-        node is keyed exactly as in the whole plan run at once."""
+        `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one
+        stage of a larger one (an engine that runs a pipeline's nodes in several places): it takes
+        the cache keys of provided values from `values[KEYS]`, where an earlier stage computed them,
+        and returns the keys of its outputs under `KEYS`, so every node is keyed exactly as in the
+        whole plan run at once. `name` (the pipeline's) names the generated code's file in
+        tracebacks: `<hardy plan 'name' #3>`."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -84,6 +97,7 @@ class Plan:
         self.cache = cache
         self.keyed = keyed and cache is not None
         self._on_cached = on_cached
+        self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -93,101 +107,140 @@ class Plan:
         # The generated functions are rebuilt on the other side: cheap, and keeps pickles small.
         # A thread pool cannot travel; a plan rebuilt in a worker runs its nodes sequentially there.
         return {"graph": self.graph, "provided": self.provided, "outputs": self.outputs,
-                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache, "keyed": self.keyed}
+                "mode": "async" if self.mode == "async" else "sequential", "cache": self.cache, "keyed": self.keyed,
+                "name": self.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"], cache=state["cache"],
-                      keyed=state["keyed"])
+        self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"],  # type: ignore[misc]
+                      cache=state["cache"], keyed=state["keyed"], name=state["name"])  # rebuilt, not restored
 
     # --- code generation -------------------------------------------------------------------------
 
     def _compile(self) -> None:
-        ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
-                              "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
-                              "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
-                              "_oncached": self._on_cached}
-        cache = self.cache
-        is_async = self.mode == "async"
-        if is_async:
-            import asyncio  # only async plans pay for importing asyncio
-            ns["_gather"] = asyncio.gather
-        var: dict[str, str] = {}   # value name -> local holding its value
-        kvar: dict[str, str] = {}  # value name -> local holding its cache key
-        lines: list[str] = []
-        for name in self.provided:
-            if name in self.inputs or name in self.outputs:
-                var[name] = f"v{len(var)}"
-                lines.append(f"{var[name]} = _v[{name!r}]")
-        cached = [False] * len(self.steps)
-        for k, step in enumerate(self.steps):
-            node = step.node
-            if cache is not None and hasattr(node, "with_cache"):
-                node = node.with_cache(cache)  # a nested pipeline caches its own nodes
-            ns[f"f{k}"] = guard(step.node, self._wrap(k, node) if self._wrap else node.func)
-            for o in step.node.outputs:
-                var[o] = f"v{len(var)}"
-            cached[k] = cache is not None and node.cache
-        if cache is not None:
-            lines += self._cache_prelude(ns, cached, var, kvar)
+        ns = self._namespace()
+        lines = self._name_locals(ns)
+        if self.cache is not None:
+            lines += self._cache_prelude(ns)
         by_level: dict[int, list[int]] = {}
         for k, s in enumerate(self.steps):
             by_level.setdefault(s.level, []).append(k)
         for level in sorted(by_level):
-            ks = by_level[level]
-            concurrent = len(ks) > 1 and (self.mode == "threaded" or
-                                          (is_async and sum(self.steps[k].node.is_async for k in ks) > 1))
-            if cache is None and not concurrent:  # the plain straight line: nothing in between
-                for k in ks:
-                    lines.append(f"_s = {k}")
-                    lines += self._store(k, self._call(k, var, is_async), var)
-                continue
-            for k in ks:  # look up what the cache has; _r{k} is _MISS where the node must run
-                lines.append(f"_s = {k}")
-                lines += self._lookup(k, kvar) if cached[k] else [f"_r{k} = _MISS"]
-            if not concurrent:
-                for k in ks:
-                    lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = {self._call(k, var, is_async, cached[k])}"]
-            elif self.mode == "threaded":
-                for k in ks:
-                    fill = f"_fill, c{k}, f{k}" if cached[k] else f"f{k}"
-                    lines.append(f"if _r{k} is _MISS: _p{k} = _submit(_t, {k}, {fill}"
-                                 f"{self._call_args(k, var, lead=True)})")
-                for k in ks:
-                    lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = _p{k}.result()"]
-            else:  # async: gather this level's async nodes, then run its sync ones
-                lines.append("_todo = []")
-                for k in ks:
-                    if self.steps[k].node.is_async:
-                        lines.append(f"if _r{k} is _MISS: _todo.append(({k}, _mark({k}, "
-                                     f"{self._call(k, var, True, cached[k], raw=True)})))")
-                lines += ["_s = _todo[0][0] if _todo else _s",
-                          "_res = dict(zip([j for j, _ in _todo], await _gather(*[c for _, c in _todo])))"]
-                for k in ks:
-                    if self.steps[k].node.is_async:
-                        lines.append(f"if _r{k} is _MISS: _r{k} = _res[{k}]")
-                    else:
-                        lines += [f"_s = {k}", f"if _r{k} is _MISS: _r{k} = {self._call(k, var, True, cached[k])}"]
-            for k in ks:
-                lines.append(f"_s = {k}")
-                lines += self._store(k, f"_r{k}", var)
-                if cache is not None:
-                    lines += self._output_keys(k, cached[k], var, kvar)
-        result = ", ".join(f"{o!r}: {var[o]}" for o in self.outputs)
-        if self.keyed:
-            result += f", {KEYS!r}: {{{', '.join(f'{o!r}: {kvar[o]}' for o in self.outputs)}}}"
-        body = "\n".join("        " + ln for ln in _without_repeated_steps(lines)) or "        pass"
-        head = "async def" if is_async else "def"
-        src = (f"{head} _run(_v, _i=None):\n    _s = 0\n    try:\n{body}\n"
-               f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
-               f"    return {{{result}}}\n")
-        exec(compile(src, f"<hardy plan {self.graph_name}>", "exec"), ns)
-        self.source = src
-        self._vars = var
-        if is_async:
-            self.arun = ns["_run"]
-            self.run = lambda v, i=None: run_sync(self.arun(v, i))
+            lines += self._level(by_level[level])
+        self.source = self._function(lines)
+        self.filename = f"<hardy plan {self.name!r} #{next(_PLAN_NUMBERS)}>"
+        linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
+        weakref.finalize(self, linecache.cache.pop, self.filename, None)
+        exec(compile(self.source, self.filename, "exec"), ns)
+        if self.mode == "async":
+            arun = self.arun = ns["_run"]
+            self.run = lambda v, i=None: run_sync(arun(v, i))
         else:
             self.run = ns["_run"]
+
+    def _namespace(self) -> dict[str, Any]:
+        """The generated function's globals: hardy's helpers, under names no local can take."""
+        ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
+                              "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
+                              "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
+                              "_oncached": self._on_cached}
+        if self.mode == "async":
+            import asyncio  # only async plans pay for importing asyncio
+            ns["_gather"] = asyncio.gather
+        return ns
+
+    def _name_locals(self, ns: dict[str, Any]) -> list[str]:
+        """Name each value's local after the value and each node's function after the node (unique,
+        valid identifiers), put the functions to call in `ns`; the lines reading the provided values."""
+        taken = set(ns) | _INTERNAL
+        self._vars: dict[str, str] = {}   # value name -> local holding its value
+        self._kvars: dict[str, str] = {}  # value name -> local holding its cache key
+        for name in self.provided:
+            if name in self.inputs or name in self.outputs:
+                self._vars[name] = _identifier(name, taken)
+        lines = [f"{self._vars[n]} = _v[{n!r}]" for n in self.provided if n in self._vars]
+        self._cached = [False] * len(self.steps)
+        self._fn: list[str] = []
+        for k, step in enumerate(self.steps):
+            node = step.node
+            if self.cache is not None and hasattr(node, "with_cache"):
+                node = node.with_cache(self.cache)  # a nested pipeline caches its own nodes
+            self._fn.append(_identifier(f"f_{step.node.name}", taken))
+            ns[self._fn[k]] = guard(step.node, self._wrap(k, node) if self._wrap else node.func)
+            for o in step.node.outputs:
+                self._vars[o] = _identifier(o, taken)
+            self._cached[k] = self.cache is not None and node.cache
+        self._res = [_identifier(f"{s.node.name}_result", taken) for s in self.steps]
+        self._key = [_identifier(f"{s.node.name}_key", taken) for s in self.steps]
+        self._taken = taken
+        return lines
+
+    def _level(self, ks: list[int]) -> list[str]:
+        """The lines for one dependency level: the plain straight line, or lookups, calls (concurrent
+        where the mode allows) and stores."""
+        is_async = self.mode == "async"
+        concurrent = len(ks) > 1 and (self.mode == "threaded" or
+                                      (is_async and sum(self.steps[k].node.is_async for k in ks) > 1))
+        lines: list[str] = []
+        if self.cache is None and not concurrent:  # the plain straight line: nothing in between
+            for k in ks:
+                lines.append(f"_s = {k}")
+                lines += self._store(k, self._call(k, is_async))
+            return lines
+        for k in ks:  # look up what the cache has; the result is _MISS where the node must run
+            lines.append(f"_s = {k}")
+            lines += self._lookup(k) if self._cached[k] else [f"{self._res[k]} = _MISS"]
+        if not concurrent:
+            for k in ks:
+                lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = "
+                          f"{self._call(k, is_async, self._cached[k])}{self._comment(k)}"]
+        elif self.mode == "threaded":
+            lines += self._threaded(ks)
+        else:
+            lines += self._gathered(ks)
+        for k in ks:
+            lines.append(f"_s = {k}")
+            lines += self._store(k, self._res[k])
+            if self.cache is not None:
+                lines += self._output_keys(k)
+        return lines
+
+    def _threaded(self, ks: list[int]) -> list[str]:
+        """Submit the level's nodes to the thread pool, then collect them in order."""
+        lines, futures = [], [_identifier(f"{self.steps[k].node.name}_future", self._taken) for k in ks]
+        for k, fut in zip(ks, futures, strict=True):
+            fill = f"_fill, {self._key[k]}, {self._fn[k]}" if self._cached[k] else self._fn[k]
+            lines.append(f"if {self._res[k]} is _MISS: {fut} = _submit(_t, {k}, {fill}{self._call_args(k, lead=True)})"
+                         + self._comment(k))
+        for k, fut in zip(ks, futures, strict=True):
+            lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = {fut}.result()"]
+        return lines
+
+    def _gathered(self, ks: list[int]) -> list[str]:
+        """Gather the level's async nodes, then run its sync ones."""
+        lines = ["_todo = []"]
+        for k in ks:
+            if self.steps[k].node.is_async:
+                lines.append(f"if {self._res[k]} is _MISS: _todo.append(({k}, _mark({k}, "
+                             f"{self._call(k, True, self._cached[k], raw=True)}))){self._comment(k)}")
+        lines += ["_s = _todo[0][0] if _todo else _s",
+                  "_res = dict(zip([j for j, _ in _todo], await _gather(*[c for _, c in _todo])))"]
+        for k in ks:
+            if self.steps[k].node.is_async:
+                lines.append(f"if {self._res[k]} is _MISS: {self._res[k]} = _res[{k}]")
+            else:
+                lines += [f"_s = {k}", f"if {self._res[k]} is _MISS: {self._res[k]} = "
+                          f"{self._call(k, True, self._cached[k])}{self._comment(k)}"]
+        return lines
+
+    def _function(self, lines: list[str]) -> str:
+        result = ", ".join(f"{o!r}: {self._vars[o]}" for o in self.outputs)
+        if self.keyed:
+            result += f", {KEYS!r}: {{{', '.join(f'{o!r}: {self._kvars[o]}' for o in self.outputs)}}}"
+        body = "\n".join("        " + ln for ln in _without_repeated_steps(lines)) or "        pass"
+        head = "async def" if self.mode == "async" else "def"
+        return (f"{head} _run(_v, _item=None):\n    _s = 0\n    try:\n{body}\n"
+                f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
+                f"    return {{{result}}}\n")
 
     # Caching, compiled in. A node's key is BLAKE3(its fingerprint + the keys of its arguments),
     # where an input's key is the hash of its value and an intermediate's key is its producer's key
@@ -196,103 +249,109 @@ class Plan:
     # outputs of uncached nodes are keyed by value. Keys that need nothing computed are fetched in
     # one query per item.
 
-    def _cache_prelude(self, ns: dict[str, Any], cached: list[bool], var: dict[str, str],
-                       kvar: dict[str, str]) -> list[str]:
+    def _cache_prelude(self, ns: dict[str, Any]) -> list[str]:
         cache = self.cache
+        assert cache is not None
         ns.update(_ckey=call_key, _okey=output_key, _hv=cache.input_key, _fill=cache.fill, _afill=cache.afill,
-                  _hit=cache.lookup, _fetch=cache.fetch)
-        lines: list[str] = []
+                  _hit=cache.lookup, _fetch=cache.fetch, _NOKEYS={})
+        # Keys of provided values may come with them (an earlier stage, or map() hashing an input
+        # shared by every item once): see `hashed_inputs`.
+        lines = [f"_pk = _v.get({KEYS!r}) or _NOKEYS"]
+        lines += self._input_keys()
+        self._fp = [""] * len(self.steps)
+        for k, step in enumerate(self.steps):
+            if self._cached[k]:
+                self._fp[k] = _identifier(f"{step.node.name}_fingerprint", self._taken)
+                ns[self._fp[k]] = call_fingerprint(step.node, [p for p, _ in step.args])
+        return lines + self._early_fetch()
+
+    def _input_keys(self) -> list[str]:
+        """Hash the provided values a cached node reads (or a keyed plan returns), once each."""
         first_use: dict[str, int] = {}
         for k, step in enumerate(self.steps):
             for _, v in step.args:
                 first_use.setdefault(v, k)
-        # Keys of provided values may come with them (an earlier stage, or map() hashing an input
-        # shared by every item once): see `hashed_inputs`.
-        lines.append(f"_pk = _v.get({KEYS!r}) or _NOKEYS")
-        ns["_NOKEYS"] = {}
-        hashed = []
+        read_by_cached = {v for k, s in enumerate(self.steps) if self._cached[k] for _, v in s.args}
+        lines, hashed = [], []
         for name in self.provided:
-            wanted = self.keyed and name in self.outputs
-            if wanted or name in first_use and any(cached[k] for k, s in enumerate(self.steps) if any(
-                    v == name for _, v in s.args)):
-                kvar[name] = f"k{len(kvar)}"
+            if self.keyed and name in self.outputs or name in first_use and name in read_by_cached:
+                self._kvars[name] = _identifier(f"{name}_key", self._taken)
                 hashed.append(name)
-                lines += [f"_s = {first_use.get(name, 0)}", f"{kvar[name]} = _pk.get({name!r}) or _hv({var[name]}, {name!r})"]
+                lines += [f"_s = {first_use.get(name, 0)}",
+                          f"{self._kvars[name]} = _pk.get({name!r}) or _hv({self._vars[name]}, {name!r})"]
         self.hashed_inputs = tuple(hashed)
-        for k, step in enumerate(self.steps):
-            if cached[k]:
-                ns[f"_fp{k}"] = call_fingerprint(step.node, [p for p, _ in step.args])
-        # steps whose keys need no node to run first can be fetched together
-        known = set(kvar)
+        return lines
+
+    def _early_fetch(self) -> list[str]:
+        """Steps whose keys need no node to run first are fetched together, in one query."""
+        known = set(self._kvars)
         early = []
         for k, step in enumerate(self.steps):
-            if cached[k] and all(v in known for _, v in step.args):
+            if self._cached[k] and all(v in known for _, v in step.args):
                 early.append(k)
                 known.update(step.node.outputs)
         self._early = set(early) if len(early) > 1 else set()
-        if self._early:
-            for k in early:
-                lines += [f"_s = {k}", self._key_line(k, kvar)]
-                for o in self.steps[k].node.outputs:
-                    kvar.setdefault(o, self._output_key(k, o))
-            lines.append(f"_found = _fetch(({', '.join(f'c{k}' for k in early)},))")
-        return lines
+        if not self._early:
+            return []
+        lines = []
+        for k in early:
+            lines += [f"_s = {k}", self._key_line(k)]
+            for o in self.steps[k].node.outputs:
+                self._kvars.setdefault(o, self._output_key(k, o))
+        return [*lines, f"_found = _fetch(({', '.join(self._key[k] for k in early)},))"]
 
     def _output_key(self, k: int, o: str) -> str:
         outs = self.steps[k].node.outputs
-        return f"c{k}" if len(outs) == 1 else f"_okey(c{k}, {o!r}, {len(outs)})"
+        return self._key[k] if len(outs) == 1 else f"_okey({self._key[k]}, {o!r}, {len(outs)})"
 
-    def _key_line(self, k: int, kvar: Mapping[str, str]) -> str:
-        parts = ", ".join([f"_fp{k}", *(kvar[v] for _, v in self.steps[k].args)])
-        return f"c{k} = _ckey({parts})"
+    def _key_line(self, k: int) -> str:
+        parts = ", ".join([self._fp[k], *(self._kvars[v] for _, v in self.steps[k].args)])
+        return f"{self._key[k]} = _ckey({parts})"
 
-    def _lookup(self, k: int, kvar: Mapping[str, str]) -> list[str]:
+    def _lookup(self, k: int) -> list[str]:
+        res, key = self._res[k], self._key[k]
         if k in self._early:
-            lines = [f"_r{k} = _found.get(c{k}, _MISS)"]
+            lines = [f"{res} = _found.get({key}, _MISS)"]
         else:
-            lines = [self._key_line(k, kvar), f"_r{k} = _hit(c{k})"]
+            lines = [self._key_line(k), f"{res} = _hit({key})"]
         if self._on_cached is not None:
-            lines.append(f"if _r{k} is not _MISS: _oncached({self.steps[k].node.name!r}, c{k}, _i)")
+            lines.append(f"if {res} is not _MISS: _oncached({self.steps[k].node.name!r}, {key}, _item)")
         return lines
 
-    def _output_keys(self, k: int, cached: bool, var: Mapping[str, str], kvar: dict[str, str]) -> list[str]:
+    def _output_keys(self, k: int) -> list[str]:
         """Keys of this step's outputs, for cached consumers further down."""
         lines = []
         for o in self.steps[k].node.outputs:
             wanted = self.keyed and o in self.outputs
-            if o in kvar or not wanted and not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
+            if o in self._kvars or not wanted and not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
                 continue
-            kvar[o] = f"k{len(kvar)}"
-            lines.append(f"{kvar[o]} = {self._output_key(k, o) if cached else f'_hv({var[o]}, {o!r})'}")
+            self._kvars[o] = _identifier(f"{o}_key", self._taken)
+            key = self._output_key(k, o) if self._cached[k] else f"_hv({self._vars[o]}, {o!r})"
+            lines.append(f"{self._kvars[o]} = {key}")
         return lines
 
-    def _call(self, k: int, var: Mapping[str, str], is_async: bool, cached: bool = False,
-              raw: bool = False) -> str:
+    def _call(self, k: int, is_async: bool, cached: bool = False, raw: bool = False) -> str:
         """The expression that runs step k (and stores its result in the cache when `cached`);
         `raw` leaves an async node's coroutine un-awaited (for gathering)."""
         node = self.steps[k].node
         if cached:
             fill = "_afill" if node.is_async else "_fill"
-            call = f"{fill}(c{k}, f{k}{self._call_args(k, var, lead=True)})"
+            call = f"{fill}({self._key[k]}, {self._fn[k]}{self._call_args(k, lead=True)})"
         else:
-            call = self._call_expr(k, var)
+            call = f"{self._fn[k]}({self._call_args(k)})"
         if node.is_async and not raw:
             call = f"await {call}" if is_async else f"_await({call})"
         return call
 
-    @property
-    def graph_name(self) -> str:
-        return ",".join(self.outputs)[:80]
-
-    def _call_args(self, k: int, var: Mapping[str, str], lead: bool = False) -> str:
+    def _call_args(self, k: int, lead: bool = False) -> str:
         node = self.steps[k].node
-        args = self.steps[k].args
-        given = {p for p, _ in args}
-        positional, keyword = [], []
+        args = dict(self.steps[k].args)
+        positional: list[str] = []
+        keyword: list[str] = []
         for p in node.inputs:
-            if p not in given:
+            if p not in args:
                 continue  # absent: the function's own default applies
-            v = var[dict(args)[p]]
+            v = self._vars[args[p]]
             if keyword or p in node.kwonly or len(positional) < node.inputs.index(p):
                 keyword.append(f"{p}={v}")
             else:
@@ -302,18 +361,19 @@ class Plan:
             return "".join(", " + a for a in parts)
         return ", ".join(parts)
 
-    def _call_expr(self, k: int, var: Mapping[str, str]) -> str:
-        return f"f{k}({self._call_args(k, var)})"
+    def _comment(self, k: int) -> str:
+        return f"  # node {self.steps[k].node.name!r}"
 
-    def _store(self, k: int, expr: str, var: Mapping[str, str]) -> list[str]:
+    def _store(self, k: int, expr: str) -> list[str]:
+        """Unpack step k's result (`expr`: its call, or the local already holding it) into its outputs."""
         outs = self.steps[k].node.outputs
+        res = self._res[k]
+        comment = self._comment(k) if expr != res else ""
         if len(outs) == 1:
-            return [f"{var[outs[0]]} = {expr}"]
-        targets = ", ".join(var[o] for o in outs)
-        return [*([f"_r{k} = {expr}"] if expr != f"_r{k}" else []),
-                      f"if _r{k}.__class__ is not tuple or len(_r{k}) != {len(outs)}: "
-                      f"_r{k} = _outs(_r{k}, {len(outs)})",
-                      f"{targets} = _r{k}"]
+            return [f"{self._vars[outs[0]]} = {expr}{comment}"]
+        return [*([f"{res} = {expr}{comment}"] if expr != res else []),
+                f"if {res}.__class__ is not tuple or len({res}) != {len(outs)}: {res} = _outs({res}, {len(outs)})",
+                f"{', '.join(self._vars[o] for o in outs)} = {res}"]
 
     # --- errors ----------------------------------------------------------------------------------
 
@@ -329,7 +389,7 @@ class Plan:
         if isinstance(exc, _WrongOutputCount):
             got = exc.value
             shape = f"a {type(got).__name__} of length {len(got)}" if hasattr(got, "__len__") else repr(got)
-            err = OutputCountError(node.name, inputs, reason=(
+            err: NodeError = OutputCountError(node.name, inputs, reason=(
                 f"declared {len(node.outputs)} outputs {node.outputs} but returned {shape}; "
                 f"return a tuple of {len(node.outputs)} values"))
             return err
@@ -356,9 +416,31 @@ def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeEr
     return CudaError(node.name, inputs, stack, sticky=kind == "sticky")
 
 
+_PLAN_NUMBERS = itertools.count(1)  # each plan's code has its own file name, for linecache
+# Names the generated code uses itself (and builtins it calls): no local takes them.
+_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", *keyword.kwlist,
+                       *dir(builtins)})
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    """`name` as a valid Python identifier not in `taken` (then taken): `clean text` -> `clean_text`,
+    a second `x` -> `x_2`, a keyword or builtin -> `dict_`."""
+    ident = re.sub(r"\W", "_", name)
+    if not ident or ident[0].isdigit():
+        ident = "v_" + ident
+    if ident in _INTERNAL:
+        ident += "_"
+    unique, n = ident, 2
+    while unique in taken:
+        unique, n = f"{ident}_{n}", n + 1
+    taken.add(unique)
+    return unique
+
+
 def _without_repeated_steps(lines: list[str]) -> list[str]:
-    """Drop `_s = k` lines that repeat the step already recorded (the code is straight-line)."""
-    out, current = [], None
+    """Drop `_s = k` lines that repeat the step already recorded (the code is straight-line and
+    starts at step 0)."""
+    out, current = [], "_s = 0"
     for ln in lines:
         if ln.startswith("_s = "):
             if ln == current:
@@ -368,7 +450,7 @@ def _without_repeated_steps(lines: list[str]) -> list[str]:
     return out
 
 
-def _check_outputs(value: Any, n: int) -> tuple:
+def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:
     if isinstance(value, list) and len(value) == n:
         return tuple(value)
     raise _WrongOutputCount(value)
