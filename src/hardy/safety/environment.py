@@ -20,6 +20,8 @@ import sys
 import uuid
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
@@ -38,19 +40,12 @@ def worker_environment(workers: int) -> dict[str, str]:
 
 
 def cap_loaded_runtimes() -> None:
-    """Apply this process's OMP/OpenBLAS/MKL caps to OpenMP and BLAS runtimes already loaded.
+    """Apply this process's OMP/OpenBLAS caps to OpenMP and BLAS runtimes already loaded.
 
     The variables reach only runtimes loaded after they are set: a worker forked from the parent
     (start_method="fork!") holds the parent's runtimes with the parent's thread counts. threadpoolctl
-    knows each runtime's own call for setting its thread count; it is imported only when one is
-    loaded, so a worker with none pays ~0.2 ms for looking."""
-    import re
-
-    from ..native.loaded import loaded_libraries
-    names = [os.path.basename(p) for p in loaded_libraries()]
-    if not any(re.match(r"lib(gomp|iomp5|omp|openblas|scipy_openblas|mkl_rt|blis)", n) for n in names):
-        return
-    from threadpoolctl import threadpool_limits
+    finds the loaded runtimes and calls each one's own setter (~0.2 ms when none is loaded); it is
+    imported with this module, in the fork server, so workers do not pay for the import."""
     caps = {"openmp": os.environ.get("OMP_NUM_THREADS"), "blas": os.environ.get("OPENBLAS_NUM_THREADS")}
     threadpool_limits(limits={api: int(n) for api, n in caps.items() if n and n.isdigit()})
 
