@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hardy import DiskCache, Engine, HardyError, NodeError, Pipeline, node
+from hardy import DiskCache, Engine, HardyError, MapError, NodeError, Pipeline, node
 from hardy.observe.report import RunReport
 from test_visualize import _png_pixels
 
@@ -79,6 +79,35 @@ def test_process_map_report_names_the_crash_its_signal_and_the_workers():
     lanes = {worker for _, worker, *_ in d["timeline"]}
     assert pids - {int(w.split()[1]) for w in lanes} == set() and len(d["timeline"]) == 20
     assert {i for i, *_, ok in d["timeline"] if not ok} == {3, 7}
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_imap_report_from_workers_streamed_in_windows(ordered):
+    with Engine(map_executor="process", workers=2, report=True) as engine:
+        p = pipeline(engine)
+        out = list(p.imap(inputs={"x": (x for x in range(20))}, map_over="x", on_error="continue",
+                          window=6, ordered=ordered))
+        d = p.report().to_dict()
+    assert len(out) == 20 and d["kind"] == "imap"
+    assert d["items"] == 20 and d["failed"] == 2 and d["succeeded"] == 18
+    assert {f["item"]: f["error"] for f in d["failures"]} == {3: "ValueError", 7: "NodeCrashed"}
+    assert next(f for f in d["failures"] if f["item"] == 7)["signal"] == "SIGSEGV"
+    nodes = {n["name"]: n for n in d["nodes"]}
+    assert nodes["score"]["calls"] == 20 and nodes["score"]["failures"] == 2
+    assert sorted(i for i, *_ in d["timeline"]) == list(range(20))
+
+
+def test_imap_report_covers_what_was_consumed_when_stopped_or_raised():
+    p = pipeline(Engine(map_executor="threaded", workers=2, report=True))
+    stream = p.imap(inputs={"x": [x for x in range(100) if x != 7]}, map_over="x", window=4)  # 7 segfaults
+    assert [next(stream)["b"] for _ in range(2)] == [2, 4]
+    stream.close()
+    d = p.report().to_dict()
+    assert d["kind"] == "imap" and d["items"] == 2 and d["failed"] == 0
+    with pytest.raises(MapError):
+        list(p.imap(inputs={"x": [0, 1, 2, 3]}, map_over="x"))
+    d = p.report().to_dict()
+    assert d["items"] == 4 and d["failed"] == 1 and d["failures"][0]["item"] == 3
 
 
 def test_run_report_and_a_failed_run():

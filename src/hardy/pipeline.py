@@ -40,6 +40,8 @@ from .policy import check_timeouts
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from .observe.report import _Live
+
 _R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
@@ -247,8 +249,9 @@ class Pipeline:
         return [*self.callbacks, self._recorder] if self._engine.reporting else self.callbacks
 
     def report(self) -> RunReport:
-        """The report of the last `run` or `map` (see `hardy.observe.report`): per node, per item,
-        per worker. `print()` it, `.save("run.html")` or `.to_dict()`."""
+        """The report of the last `run`, `map` or `imap` (see `hardy.observe.report`): per node,
+        per item, per worker; an `imap`'s once it ends or is closed. `print()` it,
+        `.save("run.html")` or `.to_dict()`."""
         if self._recorder.last is None:
             raise HardyError(
                 f"pipeline {self.name!r} has no run report yet: reports are recorded when the engine asks "
@@ -383,15 +386,18 @@ class Pipeline:
                 progress: bool | None) -> Iterator[Any]:
         import time
         observers, name = self._observers, self.name
+        live = self._recorder.begin(self, "imap", n or 0) if self._engine.reporting and not in_call() else None
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return cls(len(chunk), on_error, bar, events, offset=start)
+            return cls(len(chunk), on_error, bar, events, live, offset=start)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results)
+            if live is not None:
+                outcomes = self._recorded(outcomes, live)
             if not observers:
                 yield from outcomes
                 return
@@ -401,6 +407,25 @@ class Pipeline:
                 start = time.perf_counter()
                 yield from outcomes
                 events.emit("on_map_end", time.perf_counter() - start)
+
+    def _recorded(self, outcomes: Iterator[Any], live: _Live) -> Iterator[Any]:
+        """`outcomes`, noting the failures among them for the run report, which is complete when
+        the stream ends, raises or is closed (the report then covers the items handed out)."""
+        failures: dict[int, NodeError] = {}
+        seen = 0
+        try:
+            for value in outcomes:
+                seen += 1
+                if type(value) is Failed:
+                    failures[value.error.item] = value.error
+                yield value
+        except MapError as exc:
+            failures.update(exc.failures)
+            seen += len(exc.failures)
+            raise
+        finally:
+            live.items = seen
+            self._recorder.end(self, failures)
 
     def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
                   output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:
