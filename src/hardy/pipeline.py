@@ -415,9 +415,9 @@ class Pipeline:
         seen = 0
         try:
             for value in outcomes:
-                seen += 1
                 if type(value) is Failed:
-                    failures[value.error.item] = value.error
+                    failures[seen if value.error.item is None else value.error.item] = value.error
+                seen += 1
                 yield value
         except MapError as exc:
             failures.update(exc.failures)
