@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+from .engine.results import take_rows
 from .errors import NodeError
 from .node import Node
 from .plan import KEYS, Plan
@@ -70,6 +71,13 @@ class _StageResults:
     def started(self, i: int, worker: int | None = None) -> None:
         if self.first:
             self.results.started(self.indices[i], worker)
+
+    def handed(self, chunk: Sequence[int], worker: int) -> None:
+        if self.first:
+            self.results.handed([self.indices[i] for i in chunk], worker)
+
+    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
+        return take_rows(self, rows, unsent)
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         n = self.indices[i]

@@ -45,26 +45,60 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
+        # Whether handing out an item needs more than a timestamp (a start event or a report lane).
+        self._announce = events is not None and (live is not None or events.listens("on_map_item_start",
+                                                                                   "on_pipeline_start"))
+        # A subclass wrapping `ok` (a streamed window's) gets its `ok` called for each row of `take`.
+        self._wraps_ok = type(self).ok is not Results.ok
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
         if self.events:
-            if records:
-                self._replay(i, records, None)
-            if self._watch_items:
-                start = self._started.pop(i, None)
-                self.events.item_done(self.offset + i, out, time.perf_counter() - start if start else 0.0)
-                if self.live:
-                    self.live.item_end(self.offset + i, True)
+            self._observed([(i, True, out, records)], time.perf_counter())
+
+    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
+        """A worker's batch of rows `(i, ok, value[, records])`: each success delivered as `ok`
+        would, each row's item removed from `unsent`; the failures are returned, for the pool's
+        policy to retry or `fail` them. One loop per batch: in a map of fast items, this loop is
+        the parent's per-item cost, which bounds the whole map's throughput."""
+        if self._wraps_ok:
+            return take_rows(self, rows, unsent)
+        failed: list[tuple[Any, ...]] = []
+        values, pop = self.values, unsent.pop
+        for row in rows:
+            i = row[0]
+            pop(i, None)
+            if row[1]:
+                values[i] = row[2]
+            else:
+                failed.append(row)
+        self.progress.done += len(rows) - len(failed)
+        if self.events:
+            self._observed(rows if not failed else [row for row in rows if row[1]], time.perf_counter())
+        return failed
+
+    def _observed(self, rows: Sequence[tuple[Any, ...]], now: float) -> None:
+        """The events of successful rows delivered at `now`: each item's node records replayed,
+        then its end (the items' ends in one call: per item, events still come in order)."""
+        if self.log_nodes:  # rows carry node records only when they were asked for
+            logged = [(row[0], row[3]) for row in rows if len(row) > 3 and row[3]]
+            if logged:
+                self._replay(logged)
+        if self._watch_items:
+            started, offset = self._started.pop, self.offset
+            self.events.items_done([(offset + row[0], row[2], now - started(row[0], now)) for row in rows])  # type: ignore[union-attr]
+            if self.live:
+                for row in rows:
+                    self.live.item_end(offset + row[0], True)
 
     def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and (records or worker is not None):
             if records:
-                self._replay(i, records, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+                self._replay([(i, records)], err.__cause__ if isinstance(err.__cause__, Exception) else err)
                 worker = records[-1]
             if isinstance(err, NodeCrashed) and ERROR not in records[1::FIELDS]:  # it died mid-node
                 self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
@@ -84,12 +118,26 @@ class Results:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, i: int, records: Sequence[Any], error: Exception | None) -> None:
+    def _replay(self, logged: Sequence[tuple[int, Sequence[Any]]], error: Exception | None = None) -> None:
+        """Items' node records `(i, records)` replayed to the callbacks and the report."""
         assert self.events is not None
-        _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
-        self.events.replay(self.offset + i, records, pid, error, self.retries.get(i, 0) if self.retries else 0)
+        offset, retries = self.offset, self.retries
+        self.events.replay([(offset + i, records, retries.get(i, 0) if retries else 0) for i, records in logged],
+                           error)
         if self.live:
-            self.live.item_ran(self.offset + i, start, end, pid)
+            for i, records in logged:
+                _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
+                self.live.item_ran(offset + i, start, end, pid)
+
+    def handed(self, chunk: Sequence[int], worker: int) -> None:
+        """The items of `chunk` were handed to worker process `worker` (a pid) at once."""
+        if not self._watch_items:
+            return
+        if self._announce:
+            for i in chunk:
+                self.started(i, worker)
+        else:  # only their durations are wanted: one timestamp for the chunk
+            self._started.update(dict.fromkeys(chunk, time.perf_counter()))
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""
@@ -125,3 +173,16 @@ class Results:
             out: dict[str, Any] = await arun(item, offset + i)
             return out
         return observed
+
+
+def take_rows(sink: Any, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
+    """`Results.take` for any sink with `ok`: the failures are returned, the rest delivered."""
+    failed: list[tuple[Any, ...]] = []
+    ok, pop = sink.ok, unsent.pop
+    for row in rows:
+        pop(row[0], None)
+        if row[1]:
+            ok(row[0], row[2], row[3] if len(row) > 3 else ())
+        else:
+            failed.append(row)
+    return failed

@@ -149,6 +149,7 @@ class Events:
         self.items = items
         self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
         self._replayed: tuple[tuple[Callable[..., None], ...], ...] | None = None
+        self._item_ends: tuple[tuple[Callable[..., None], ...], ...] | None = None
 
     def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
         """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
@@ -224,52 +225,61 @@ class Events:
         listened to, so `item_started` is not called)."""
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
-    def item_done(self, i: int, outputs: dict[str, Any], duration: float) -> None:
-        ends, item_ends = self.handlers("on_pipeline_end"), self.handlers("on_map_item_end")
-        if ends or item_ends:
-            ctx = current_context()
+    def items_done(self, done: Sequence[tuple[int, dict[str, Any], float]]) -> None:
+        """Items finished, as (index, outputs, duration): each one's on_pipeline_end and
+        on_map_item_end (a batch per call: a fast map delivers thousands a second)."""
+        found = self._item_ends
+        if found is None:
+            found = self._item_ends = (self.handlers("on_pipeline_end"), self.handlers("on_map_item_end"))
+        ends, item_ends = found
+        if not (ends or item_ends):
+            return
+        ctx, pipeline_id = current_context(), self.pipeline_id
+        for i, outputs, duration in done:
             for handler in ends:
-                handler(self.pipeline_id, outputs, duration, ctx)
+                handler(pipeline_id, outputs, duration, ctx)
             for handler in item_ends:
                 handler(i, duration, ctx)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, i: int, records: Sequence[Any], worker: int | None, error: Exception | None = None,
-               retry: int = 0) -> None:
-        """Item i's node events, logged where it ran (`hardy.observe.nodelog`), as if they happened
-        here; `error` is the item's failure, reported for the node that raised it. The context
-        carries their item-scoped values (see `CallbackContext.get`)."""
+    def replay(self, logged: Sequence[tuple[int, Sequence[Any], int]], error: Exception | None = None) -> None:
+        """The node events of items `(index, records, retry)`, logged where they ran
+        (`hardy.observe.nodelog`), as if they happened here; `error` is the failure of the (one)
+        item, reported for the node that raised it. The context carries their item-scoped values
+        (see `CallbackContext.get`), set once for the batch and updated per item and event."""
         replayed = self._replayed
         if replayed is None:
             replayed = self._replayed = tuple(self.handlers(e) for e in (
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
         starts, ends, errors, cached, items_cached = replayed
         ctx = current_context()
-        scope: dict[str, Any] = {"hardy.item": i, "hardy.worker_pid": worker, "hardy.event_ns": None,
-                                 "hardy.retry": retry}
+        scope: dict[str, Any] = {"hardy.item": None, "hardy.worker_pid": None, "hardy.event_ns": None,
+                                 "hardy.retry": 0}
         token = _scope.set(scope)
         try:
-            for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
-                name, code, start, end, detail = records[k:k + FIELDS]
-                if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
-                    continue
-                scope["hardy.event_ns"] = (start, end)
-                if code == CACHED:
-                    for handler in cached:
-                        handler(name, detail, ctx)
-                    for handler in items_cached:
-                        handler(i, detail, ctx)
-                    continue
-                for handler in starts:
-                    handler(name, {}, ctx)
-                if code == END:
-                    for handler in ends:
-                        handler(name, {}, (end - start) / 1e9, ctx)
-                elif code == ERROR:
-                    for handler in errors:
-                        handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
+            for i, records, retry in logged:
+                scope["hardy.item"], scope["hardy.worker_pid"], scope["hardy.retry"] = i, records[-1], retry
+                for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
+                    name, code, start, end, detail = records[k:k + FIELDS]
+                    if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
+                        continue
+                    scope["hardy.event_ns"] = (start, end)
+                    if code == CACHED:
+                        for handler in cached:
+                            handler(name, detail, ctx)
+                        for handler in items_cached:
+                            handler(i, detail, ctx)
+                        continue
+                    for handler in starts:
+                        handler(name, {}, ctx)
+                    if code == END:
+                        for handler in ends:
+                            handler(name, {}, (end - start) / 1e9, ctx)
+                    elif code == ERROR:
+                        for handler in errors:
+                            handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
         finally:
             _scope.reset(token)
 

@@ -359,8 +359,7 @@ class _Run:
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
-            for i in chunk:
-                self.results.started(i, w.process.pid)
+            self.results.handed(chunk, w.process.pid)
             try:
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
@@ -437,12 +436,9 @@ class _Run:
                 if each:
                     self.take_each(w, batch)
                 else:
-                    for i, ok, value, *records in batch:  # records: the item's node events, when logged
-                        w.unsent.pop(i, None)
-                        if ok:
-                            self.results.ok(i, value, *records)
-                        elif not self.retry_out_of_memory(i, value):
-                            self.results.fail(i, value, *records)
+                    for i, _, err, *records in self.results.take(batch, w.unsent):  # the failures
+                        if not self.retry_out_of_memory(i, err):
+                            self.results.fail(i, err, *records)
                 if done and w.resend:  # the items with no result yet are those of unreadable batches
                     w.send(pickle.dumps(("resend", list(w.unsent))))
                     w.resend = False
