@@ -142,7 +142,7 @@ def test_a_hit_stays_readable_after_its_entry_is_deleted(cache, how):
 def test_format_3_entries_of_big_values_still_hit(cache):
     """An entry written before format 4 (the array inside its pickle) is served as it was."""
     payload = pickle.dumps(big(9), protocol=5)
-    cache.store.put(KEY, MAGIC + bytes([VERSION]) + cache.key_id + cache._mac(KEY, VERSION, [payload]) + payload)
+    cache.store.put(KEY, MAGIC + bytes([VERSION]) + cache.key_id + cache._mac(KEY, payload) + payload)
     got = cache.get(KEY)
     assert np.array_equal(got, big(9)) and cache.hits == 1 and mapped_file(got) is None
 

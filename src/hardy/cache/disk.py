@@ -44,7 +44,7 @@ import sqlite3
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,8 @@ log = logging.getLogger("hardy.cache")
 MAGIC = b"HRD"
 VERSION = 3  # 3: keyed BLAKE3 MACs (a value without big buffers)
 BUFFERS = 4  # a value whose big buffers follow its pickle, mapped on a hit
+TAG = bytes([BUFFERS])  # first in a format 4 entry's MAC: neither format's entry verifies as the other's
+FORMATS = (VERSION, BUFFERS)
 ALIGN = 64
 KEY_ID = 8
 HEADER = len(MAGIC) + 1 + KEY_ID + DIGEST
@@ -166,17 +168,28 @@ class DiskCache:
 
     # --- entries -----------------------------------------------------------------------------------
 
-    def _mac(self, key: bytes, version: int, body: list[Buffer]) -> bytes:
-        """Single-threaded like the key hash (BLAKE3's threads are a fork hazard): 11 ms for 80 MB."""
-        if self._mac_key is None:  # keyed BLAKE3 takes exactly 32 bytes: derived from the secret
-            self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v3").digest()
-        h = blake3(FORMAT, key=self._mac_key)
+    def _mac(self, key: bytes, payload: Buffer) -> bytes:
+        """A format 3 entry's MAC: the warm path's, one call per hit on a small value."""
+        h = blake3(FORMAT, key=self._mac_key or self._derive_mac_key())
         h.update(key)
-        if version != VERSION:  # format 3's MAC predates format 4 and stays as it was
-            h.update(bytes([version]))
+        h.update(payload)
+        return h.digest(DIGEST)
+
+    def _mac_pieces(self, key: bytes, body: Sequence[Buffer]) -> bytes:
+        """A format 4 entry's MAC: TAG first, then its body's pieces, hashed where they are.
+        Single-threaded like the key hash (BLAKE3's threads are a fork hazard): 11 ms for 80 MB,
+        5.7 ms with 2 threads on 2 cores."""
+        h = blake3(FORMAT, key=self._mac_key or self._derive_mac_key())
+        h.update(key)
+        h.update(TAG)
         for piece in body:
             h.update(piece)
         return h.digest(DIGEST)
+
+    def _derive_mac_key(self) -> bytes:
+        """Keyed BLAKE3 takes exactly 32 bytes: derived from the secret, once."""
+        self._mac_key = blake3(self.secret, derive_key_context="hardy cache entry MAC v3").digest()
+        return self._mac_key
 
     def get(self, key: bytes, default: Any = None) -> Any:
         """The value stored under `key` if it verifies, else `default` (a bad entry is deleted)."""
@@ -197,17 +210,18 @@ class DiskCache:
         reason = None
         if len(entry) < HEADER or entry[:3] != MAGIC:
             reason = "not a hardy entry or truncated header"
-        elif entry[3] not in (VERSION, BUFFERS) or entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
+        elif entry[3] not in FORMATS or entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
             self.skipped += 1  # another hardy version's, or another secret's: theirs to keep
             self._theirs.add(key)
             return MISS
         else:
-            whole = memoryview(entry)
-            if not hmac.compare_digest(bytes(whole[4 + KEY_ID:HEADER]), self._mac(key, entry[3], [whole[HEADER:]])):
+            version, body = entry[3], memoryview(entry)[HEADER:]
+            mac = self._mac(key, body) if version == VERSION else self._mac_pieces(key, (body,))
+            if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], mac):
                 reason = "MAC mismatch: truncated, corrupted or moved"
             else:
                 try:
-                    value = pickle.loads(whole[HEADER:]) if entry[3] == VERSION else _unpack(whole)
+                    value = pickle.loads(body) if version == VERSION else _unpack(memoryview(entry))
                     self.hits += 1
                     return value
                 except Exception as exc:  # verified but unloadable: a class that changed since
@@ -246,14 +260,14 @@ class DiskCache:
         """The entry for a pickle and its out-of-band buffers: format 3's bytes without buffers,
         else format 4's pieces, the buffers as they are (the store writes them one after another)."""
         if not big:
-            return MAGIC + bytes([VERSION]) + self.key_id + self._mac(key, VERSION, [payload]) + payload
+            return MAGIC + bytes([VERSION]) + self.key_id + self._mac(key, payload) + payload
         body: list[Buffer] = [struct.pack(f"<IQ{len(big)}Q", len(big), len(payload), *(b.nbytes for b in big)),
                               payload]
         end = HEADER + len(body[0]) + len(payload)
         for buf in big:
             body += [bytes(-end % ALIGN), buf]
             end += -end % ALIGN + buf.nbytes
-        return [MAGIC + bytes([BUFFERS]) + self.key_id + self._mac(key, BUFFERS, body), *body]
+        return [MAGIC + bytes([BUFFERS]) + self.key_id + self._mac_pieces(key, body), *body]
 
     @contextlib.contextmanager
     def _flight(self, key: bytes) -> Iterator[None]:
