@@ -58,7 +58,7 @@ class Shared:
         self.fds: dict[int, int] = {}
 
         def note(buf: pickle.PickleBuffer | None) -> bool:
-            raw = _big(buf)
+            raw = big_buffer(buf)
             if raw is not None:
                 self.owners[id(raw.obj)] = raw.obj
             return True
@@ -92,7 +92,7 @@ def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> 
         if buf is None:  # `dump` starts a second attempt: the first one's buffers are not used
             big.clear()
             return True
-        raw = _big(buf)
+        raw = big_buffer(buf)
         if raw is None:
             return True
         big.append(raw)
@@ -115,7 +115,7 @@ def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> 
                   owned=fd is not None)
 
 
-def _big(buf: pickle.PickleBuffer | None) -> memoryview | None:
+def big_buffer(buf: pickle.PickleBuffer | None) -> memoryview | None:
     """The buffer's bytes if it should travel out of band (big enough and contiguous)."""
     if buf is None:
         return None
@@ -175,7 +175,7 @@ def unpack(conn: Any, view: memoryview) -> Any:
         seg, start, n = layout[3 * k:3 * k + 3]
         sizes[seg] = max(sizes[seg], start + n)
     try:
-        whole = [_map(fd, size) for fd, size in zip(fds, sizes)]
+        whole = [map_fd(fd, size) for fd, size in zip(fds, sizes)]
     finally:
         for fd in fds:
             os.close(fd)
@@ -183,15 +183,17 @@ def unpack(conn: Any, view: memoryview) -> Any:
     return pickle.loads(view[12 + 24 * count:], buffers=buffers)
 
 
-def _map(fd: int, size: int) -> memoryview:
-    """`fd`'s first `size` bytes mapped, as a view that unmaps itself when its last user is gone.
+def map_fd(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:
+    """`fd`'s first `size` bytes mapped read-write, as a view that unmaps itself when its last user
+    is gone: MAP_SHARED for a segment both processes see, MAP_PRIVATE for a copy-on-write view of a
+    file (the cache's blob files: writes stay in this process). The descriptor may be closed at once.
     Not `mmap.mmap`: before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's
     results alive at once would run the process out of descriptors."""
     libc = _libc()
-    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
         err = ctypes.get_errno()
-        raise OSError(err, f"mapping a shared-memory segment of {size} bytes: {os.strerror(err)}")
+        raise OSError(err, f"mapping {size} bytes: {os.strerror(err)}")
     region = (ctypes.c_char * size).from_address(addr)
     weakref.finalize(region, libc.munmap, addr, size)
     return memoryview(region).cast("B")

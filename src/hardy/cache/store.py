@@ -8,6 +8,10 @@ version is the same class over another filesystem API. `LocalStore` is the fast 
     <dir>/index.sqlite   key -> small entries inline, or the name of a blob file; sizes; times
     <dir>/blobs/ab/cdef… large entries (> 256 KiB), written to a unique temporary name, then renamed
 
+A cache hit reads an entry through `view`: a blob file comes back as a private copy-on-write
+mapping, so the big arrays of an entry (DiskCache's format 4) are unpickled as views of the file's
+pages instead of being copied out of it.
+
 Why SQLite: the warm path is one lookup per node per item (30,000 for 10,000 items x 3 nodes); an
 indexed SELECT in WAL mode costs a few microseconds where opening one file per entry costs ten or
 more, and SQLite gives atomic, concurrent, crash-safe writes from any number of processes.
@@ -17,14 +21,17 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from ..transport import map_fd
 
 log = logging.getLogger("hardy.cache")
 
@@ -50,10 +57,20 @@ class EntryInfo:
     inline: bool
 
 
+Buffer = bytes | bytearray | memoryview
+Data = Buffer | Sequence[Buffer]  # an entry, or its pieces in order (written without joining them)
+B = TypeVar("B", bound=Buffer)
+
+
 class Store(Protocol):
+    """Opaque entries by key. `view` and `get_many` hand out entries for DiskCache to verify and
+    unpickle: any buffer, best one it may keep and write into without a copy (a private mapping);
+    `get` returns bytes. `put` takes an entry's bytes or its pieces (an entry with big buffers)."""
+
     def get(self, key: bytes) -> bytes | None: ...
-    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, bytes]: ...
-    def put(self, key: bytes, data: bytes) -> None: ...
+    def view(self, key: bytes) -> Buffer | None: ...
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]: ...
+    def put(self, key: bytes, data: Data) -> None: ...
     def delete(self, key: bytes) -> None: ...
     def entries(self) -> Iterator[EntryInfo]: ...
     def clear(self) -> None: ...
@@ -76,18 +93,41 @@ def remove_quietly(path: str) -> None:
         pass
 
 
-def write_file(final: str, data: bytes) -> None:
+def pieces(data: Data) -> Sequence[Buffer]:
+    return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+
+
+def write_file(final: str, data: Data) -> None:
     """Write to a unique temporary name, then rename into place: readers see the old file or the
     new one, never half of one; the temporary file is removed if anything fails."""
     os.makedirs(os.path.dirname(final), exist_ok=True)
     tmp = f"{final}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            for piece in pieces(data):
+                f.write(piece)
         os.replace(tmp, final)
     except BaseException:
         remove_quietly(tmp)
         raise
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def map_file(path: str) -> bytes | memoryview:
+    """A private copy-on-write mapping of the file: its pages are read from the page cache on first
+    touch, not copied; whoever holds it may write into it (numpy arrays unpickled over it are
+    writable) without changing the file. Replacing or deleting the file (atomic rename, unlink: all
+    the cache ever does to a blob) leaves the mapping as it was. No descriptor stays open."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        return map_fd(fd, size, mmap.MAP_PRIVATE) if size else b""
+    finally:
+        os.close(fd)
 
 
 def sweep_locks(folder: str) -> int:
@@ -214,6 +254,13 @@ class LocalStore:
     # --- entries -----------------------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
+        return self._get(key, read_file)
+
+    def view(self, key: bytes) -> Buffer | None:
+        """The entry; a blob file as a private mapping (`map_file`)."""
+        return self._get(key, map_file)
+
+    def _get(self, key: bytes, read: Callable[[str], B]) -> B | None:
         if getattr(self._local, "conn", None) is None and not self.exists():
             return None  # nothing written yet: a miss, without creating anything
         try:
@@ -223,12 +270,11 @@ class LocalStore:
             row = rows[0] if rows else None
         if row is None:
             return None
-        data: bytes
+        data: B
         data, file, accessed = row
         if file is not None:
             try:
-                with open(os.path.join(self.blobs, file), "rb") as f:
-                    data = f.read()
+                data = read(os.path.join(self.blobs, file))
             except OSError:
                 self.delete(key)
                 return None
@@ -240,30 +286,33 @@ class LocalStore:
                 pass
         return data
 
-    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
         if getattr(self._local, "conn", None) is None and not self.exists():
             return {}
         marks = ",".join("?" * len(keys))
         rows = self._run(f"SELECT key, data, file, accessed FROM entries WHERE key IN ({marks})", keys)
-        found, now = {}, time.time()
+        found: dict[bytes, Buffer] = {}
+        now = time.time()
         for key, data, file, accessed in rows:
             if file is not None or now - (accessed or 0) > TOUCH_EVERY:
-                data = self.get(key)  # files and stale access times: the one-by-one path
+                data = self.view(key)  # files and stale access times: the one-by-one path
             if data is not None:
                 found[key] = data
         return found
 
-    def put(self, key: bytes, data: bytes) -> None:
+    def put(self, key: bytes, data: Data) -> None:
         now = time.time()
-        if len(data) <= INLINE_MAX:
-            self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, data, len(data), now, now))
+        size = sum(memoryview(piece).nbytes for piece in pieces(data))
+        if size <= INLINE_MAX:
+            row = b"".join(pieces(data))
+            self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, row, size, now, now))
             return
         name = key.hex()
         name = os.path.join(name[:2], name)
         final = os.path.join(self.blobs, name)
         write_file(final, data)
         try:
-            self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, len(data), now, now))
+            self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, size, now, now))
         except BaseException:  # no entry refers to the blob: do not leave it taking space
             remove_quietly(final)
             raise
@@ -319,7 +368,9 @@ class FileStore:
 
     Writes go to a unique temporary name and are renamed into place; readers see a whole entry or
     none. Access times come from the filesystem (no write on read), so LRU order follows atime
-    where the mount records it, else creation order.
+    where the mount records it, else creation order. Entries are read, not mapped: a page of a
+    mapped NFS file deleted by another machine can fail to load later (SIGBUS); `view` reads into
+    a buffer of its own, one copy, which the caller may keep and write into.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -340,15 +391,26 @@ class FileStore:
         except FileNotFoundError:
             return None
 
-    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    def view(self, key: bytes) -> Buffer | None:
+        try:
+            with open(self._file(key), "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                done, view = 0, memoryview(data)
+                while done < len(data) and (n := f.readinto(view[done:])):
+                    done += n
+                return view[:done]
+        except FileNotFoundError:
+            return None
+
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
         found = {}
         for key in keys:
-            data = self.get(key)
+            data = self.view(key)
             if data is not None:
                 found[key] = data
         return found
 
-    def put(self, key: bytes, data: bytes) -> None:
+    def put(self, key: bytes, data: Data) -> None:
         write_file(self._file(key), data)
 
     def delete(self, key: bytes) -> None:
