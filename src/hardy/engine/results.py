@@ -45,9 +45,6 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
-        # Whether handing out an item needs more than a timestamp (a start event or a report lane).
-        self._announce = events is not None and (live is not None or events.listens("on_map_item_start",
-                                                                                   "on_pipeline_start"))
         # A subclass wrapping `ok` (a streamed window's) gets its `ok` called for each row of `take`.
         self._wraps_ok = type(self).ok is not Results.ok
 
@@ -133,11 +130,13 @@ class Results:
         """The items of `chunk` were handed to worker process `worker` (a pid) at once."""
         if not self._watch_items:
             return
-        if self._announce:
+        assert self.events is not None  # items are watched only with events
+        self._started.update(dict.fromkeys(chunk, time.perf_counter()))
+        offset = self.offset
+        if self.live:
             for i in chunk:
-                self.started(i, worker)
-        else:  # only their durations are wanted: one timestamp for the chunk
-            self._started.update(dict.fromkeys(chunk, time.perf_counter()))
+                self.live.item_start(offset + i, worker)
+        self.events.items_started([offset + i for i in chunk] if offset else chunk, worker)
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""

@@ -210,15 +210,33 @@ class Events:
         """`worker`: the pid of the worker process the item was handed to (None: this process).
         The context's `hardy.item` names the item that the node events which follow belong to
         (in this thread or task; a worker's events are replayed with theirs, see `replay`)."""
-        starts = self.handlers("on_map_item_start")
-        if worker is None or starts:  # a worker's node events come with their own item (`replay`)
-            _scope.set({"hardy.item": i, "hardy.worker_pid": worker})
-        if starts:
-            ctx = current_context()
-            for handler in starts:
-                handler(i, ctx)
+        if worker is not None:
+            self.items_started([i], worker)
+            return
+        _scope.set({"hardy.item": i, "hardy.worker_pid": None})
+        for handler in self.handlers("on_map_item_start"):
+            handler(i, current_context())
         if self.handlers("on_pipeline_start"):
             self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
+
+    def items_started(self, indices: Sequence[int], worker: int) -> None:
+        """Items handed to worker process `worker` together (a chunk): each one's
+        on_map_item_start and on_pipeline_start, the context naming the item and the worker."""
+        starts, pipeline_starts = self.handlers("on_map_item_start"), self.handlers("on_pipeline_start")
+        if not (starts or pipeline_starts):
+            return
+        ctx, items = current_context(), self.items
+        scope: dict[str, Any] = {"hardy.item": None, "hardy.worker_pid": worker}
+        token = _scope.set(scope)
+        try:
+            for i in indices:
+                scope["hardy.item"] = i
+                for handler in starts:
+                    handler(i, ctx)
+                for handler in pipeline_starts:
+                    handler(self.pipeline_id, dict(items[i]) if items else {}, ctx)
+        finally:
+            _scope.reset(token)
 
     def in_item(self, i: int) -> None:
         """The node events that follow in this thread or task belong to item i (no item event is
