@@ -4,6 +4,9 @@ A page's blocks run in order in one fresh interpreter (a later block may use an 
 names), in an empty working directory, the way a reader pastes them into a script. A block that
 cannot run here (it needs a cluster or a GPU) says so on the line above it:
 `<!-- not run: the reason -->`; the reason is required, so every exception is explained.
+
+Measured figures have one source, README.md's Performance section, shown verbatim on
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -41,3 +44,27 @@ def test_python_blocks_run_as_pasted(page: Path, tmp_path: Path) -> None:
     (tmp_path / "page.py").write_text(script)
     out = subprocess.run([sys.executable, "page.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, f"{page.name}: a Python block failed\n{out.stderr[-3000:]}"
+
+
+SECTION = re.compile(
+    r"<!-- --8<-- \[start:(?P<name>[\w-]+)\] -->\n(?P<text>.*?)<!-- --8<-- \[end:(?P=name)\] -->", re.S
+)
+INCLUDE = re.compile(r'^--8<-- "README\.md:(?P<name>[\w-]+)"$', re.M)
+
+
+def measured_section() -> str:
+    """README.md's Performance section, from its heading to the next one."""
+    return (ROOT / "README.md").read_text().split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_benchmarks_page_includes_the_whole_measured_section() -> None:
+    """A paragraph added to the Performance section outside the marked parts would miss the site."""
+    parts = {m["name"]: m["text"] for m in SECTION.finditer(measured_section())}
+    included = INCLUDE.findall((ROOT / "docs" / "benchmarks.md").read_text())
+    assert included == list(parts), (
+        "docs/benchmarks.md must include every marked part of README.md's Performance section, in order"
+    )
+    outside = SECTION.sub("", measured_section()).split()
+    assert not outside, (
+        f"README.md's Performance section has text outside the parts the docs include: {' '.join(outside)[:300]}"
+    )
