@@ -6,6 +6,8 @@ mkdocs.yml; a failure prints the tool's own findings.
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 import subprocess
 import sys
@@ -30,9 +32,31 @@ def test_mypy_passes_with_the_public_api_strict():
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr
 
 
-def test_docs_site_builds_strict(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs site, built once with `--strict` for the tests that read it."""
     if shutil.which("mkdocs") is None and run(sys.executable, "-m", "mkdocs", "--version").returncode != 0:
         pytest.fail('mkdocs is missing: pip install -e ".[test]" installs it')
-    out = run(sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"))
+    path = tmp_path_factory.mktemp("docs") / "site"
+    out = run(sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(path))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert (tmp_path / "site" / "api" / "index.html").read_text().count("doc-heading") > 20
+    return path
+
+
+def test_docs_site_builds_strict(site):
+    assert (site / "api" / "index.html").read_text().count("doc-heading") > 20
+
+
+def page_text(page: Path) -> str:
+    """A built page's visible text, whitespace collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page.read_text())).split())
+
+
+def test_benchmarks_page_shows_the_readme_tables(site):
+    """The figures on the site are the README's own, cell by cell: one source, nothing retyped."""
+    readme = (ROOT / "README.md").read_text().split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+    cells = {c for row in re.findall(r"^\|(.*)\|$", readme, re.M) for c in row.split("|")}
+    cells = {" ".join(c.replace("**", "").replace("`", "").split()) for c in cells} - {"", "---"}
+    shown = page_text(site / "benchmarks" / "index.html")
+    missing = sorted(c for c in cells if c not in shown)
+    assert len(cells) > 50 and not missing, f"docs/benchmarks.md does not show these README cells: {missing}"
