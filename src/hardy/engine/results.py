@@ -118,13 +118,11 @@ class Results:
     def _replay(self, logged: Sequence[tuple[int, Sequence[Any]]], error: Exception | None = None) -> None:
         """Items' node records `(i, records)` replayed to the callbacks and the report."""
         assert self.events is not None
-        offset, retries = self.offset, self.retries
-        self.events.replay([(offset + i, records, retries.get(i, 0) if retries else 0) for i, records in logged],
-                           error)
+        self.events.replay(logged, error, self.offset, self.retries)
         if self.live:
             for i, records in logged:
                 _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
-                self.live.item_ran(offset + i, start, end, pid)
+                self.live.item_ran(self.offset + i, start, end, pid)
 
     def handed(self, chunk: Sequence[int], worker: int) -> None:
         """The items of `chunk` were handed to worker process `worker` (a pid) at once."""

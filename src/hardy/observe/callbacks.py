@@ -262,11 +262,13 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, logged: Sequence[tuple[int, Sequence[Any], int]], error: Exception | None = None) -> None:
-        """The node events of items `(index, records, retry)`, logged where they ran
-        (`hardy.observe.nodelog`), as if they happened here; `error` is the failure of the (one)
-        item, reported for the node that raised it. The context carries their item-scoped values
-        (see `CallbackContext.get`), set once for the batch and updated per item and event."""
+    def replay(self, logged: Sequence[tuple[int, Sequence[Any]]], error: Exception | None = None, offset: int = 0,
+               retries: Mapping[int, int] | None = None) -> None:
+        """The node events of items `(i, records)` (the map's item `offset + i`), logged where they
+        ran (`hardy.observe.nodelog`), as if they happened here; `error` is the failure of the
+        (one) item, reported for the node that raised it; `retries`: runs before, per item. The
+        context carries their item-scoped values (see `CallbackContext.get`), set once for the
+        batch and updated per item and event: a fast map replays hundreds of thousands a second."""
         replayed = self._replayed
         if replayed is None:
             replayed = self._replayed = tuple(self.handlers(e) for e in (
@@ -277,25 +279,29 @@ class Events:
                                  "hardy.retry": 0}
         token = _scope.set(scope)
         try:
-            for i, records, retry in logged:
-                scope["hardy.item"], scope["hardy.worker_pid"], scope["hardy.retry"] = i, records[-1], retry
+            for i, records in logged:
+                item = offset + i
+                scope["hardy.item"], scope["hardy.worker_pid"] = item, records[-1]
+                if retries:
+                    scope["hardy.retry"] = retries.get(i, 0)
                 for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
                     name, code, start, end, detail = records[k:k + FIELDS]
                     if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
                         continue
                     scope["hardy.event_ns"] = (start, end)
-                    if code == CACHED:
+                    if code == END:
+                        for handler in starts:
+                            handler(name, {}, ctx)
+                        for handler in ends:
+                            handler(name, {}, (end - start) / 1e9, ctx)
+                    elif code == CACHED:
                         for handler in cached:
                             handler(name, detail, ctx)
                         for handler in items_cached:
-                            handler(i, detail, ctx)
-                        continue
-                    for handler in starts:
-                        handler(name, {}, ctx)
-                    if code == END:
-                        for handler in ends:
-                            handler(name, {}, (end - start) / 1e9, ctx)
+                            handler(item, detail, ctx)
                     elif code == ERROR:
+                        for handler in starts:
+                            handler(name, {}, ctx)
                         for handler in errors:
                             handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
         finally:
