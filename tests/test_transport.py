@@ -131,3 +131,29 @@ def test_pack_and_unpack_across_a_socket():
     shared.close()
     sender.close()
     receiver.close()
+
+
+def test_a_big_segment_is_written_in_pieces_and_mapped_as_one(monkeypatch):
+    import socket
+    from multiprocessing.connection import Connection
+
+    from hardy.shipping import dumps
+
+    monkeypatch.setattr(transport, "WRITERS", 3)  # as on a machine with 3 cores or more
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a.detach()), Connection(b.detach())
+    # Two buffers over three pieces: the second one straddles a boundary between pieces.
+    value = [np.arange(transport.PIECE // 8 * 2, dtype=np.int64), np.arange(transport.PIECE // 8 + 5, dtype=np.int64)]
+    packed = transport.pack(value, dumps)
+    assert len(packed.fds) == packed.owned == 3
+    transport.send(sender, b"", packed)
+    got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
+    assert all(np.array_equal(g, v) for g, v in zip(got, value))
+    assert _segments_mapped() == 3 and _segment_fds() == 0  # three pieces in one mapping
+    got[1][-1] = -1  # writable
+    del got
+    gc.collect()
+    assert _segments_mapped() == 0
+    sender.close()
+    receiver.close()
+
