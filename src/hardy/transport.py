@@ -1,11 +1,13 @@
 """Big buffers between the parent and its workers through shared memory, not through the pipe.
 
 A message is pickled with protocol 5; every buffer of at least `THRESHOLD` bytes that a value
-exposes (numpy arrays, torch CPU tensors, Arrow buffers, bytes-likes: whatever pickles a
-`PickleBuffer`) is taken out of band and copied once into a memfd segment, whose file descriptor
-follows the message over the worker's Unix socket (SCM_RIGHTS). The receiver maps the segment and
-unpickles views of it, so its arrays are the shared pages themselves: no copy into the pipe, out
-of it, or out of the pickle. Why memfd rather than /dev/shm files: a memfd has no name anyone
+exposes (numpy arrays and Arrow buffers pickle their memory as a `PickleBuffer`; with
+`shipping.dumps` and `shipping.out_of_band`, so do plain torch CPU tensors, bytes, bytearray and
+memoryview) is taken out of band and copied once into a memfd segment, whose file descriptors
+follow the message over the worker's Unix socket (SCM_RIGHTS). The receiver maps the segment and
+unpickles views of it, so its arrays and tensors are the shared pages themselves: no copy into the
+pipe, out of it, or out of the pickle (bytes and bytearray own their memory: they are copied out
+of the pages once). Why memfd rather than /dev/shm files: a memfd has no name anyone
 could guess or open, lives only as long as an open descriptor or mapping, and the kernel frees it
 when both sides are gone, so a worker killed mid-transfer (SIGSEGV, SIGKILL, the OOM killer)
 leaves nothing behind, which a named segment cannot promise. Below the threshold the pipe is
