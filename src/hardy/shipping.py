@@ -68,21 +68,19 @@ def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool
     big `PickleBuffer` out of band. numpy and Arrow pickle their memory as PickleBuffers; here the
     others do too: a plain CPU torch tensor of `THRESHOLD` bytes or more (`_reduce_tensor`), bytes,
     bytearray and memoryview. The C pickler writes bytes and bytearrays before any hook could see
-    them, so when a pickle comes out big, the big ones in its dicts, lists and tuples are wrapped
-    (`_lift`) and it is made again: a small pickle, the common case, costs no walk."""
-    data = _dump(obj, buffer_callback, by_value)
-    if len(data) < THRESHOLD:
-        return data
-    lifted = _lift(obj, {})
-    if lifted is obj:
-        return data
-    buffer_callback(None)
-    return _dump(lifted, buffer_callback, by_value)
+    them, so the first attempt stops where it would write a big one (`_Sink`), and the pickle is
+    made again with the big ones in its dicts, lists and tuples wrapped (`_lift`): a message with
+    none costs no walk."""
+    try:
+        return _dump(obj, buffer_callback, by_value, _Sink())
+    except _BigBytes:
+        buffer_callback(None)
+        return _dump(_lift(obj, {}), buffer_callback, by_value, io.BytesIO())
 
 
-def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool) -> bytes:
-    """One pickling, with the reductions of `_reductions` ahead of everyone else's."""
-    with io.BytesIO() as file:
+def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool, file: io.BytesIO) -> bytes:
+    """One pickling into `file`, with the reductions of `_reductions` ahead of everyone else's."""
+    with file:
         if by_value:
             _ByValue(file, protocol=5, buffer_callback=buffer_callback).dump(obj)
         else:
@@ -90,6 +88,21 @@ def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool) -> b
             pickler.dispatch_table = {**copyreg.dispatch_table, **_reductions()}
             pickler.dump(obj)
         return file.getvalue()
+
+
+class _BigBytes(Exception):
+    pass
+
+
+class _Sink(io.BytesIO):
+    """A pickle's file that refuses a big bytes or bytearray: the pickler hands it over whole
+    (anything over 64 KiB skips its frames), before the copy. A big str's UTF-8 comes the same
+    way; it is then pickled again for nothing, as no bytes were found to wrap."""
+
+    def write(self, data: Any) -> int:
+        if type(data) in (bytes, bytearray) and len(data) >= THRESHOLD:
+            raise _BigBytes
+        return super().write(data)
 
 
 class _ByValue(cloudpickle.Pickler):  # type: ignore[misc]
