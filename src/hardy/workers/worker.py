@@ -189,6 +189,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
 
 def _last_words(conn: Any, sent: list[list[Any]]) -> None:
     """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+    transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
     if _unsent and not _sending[0]:
         _send(conn, _unsent, _producers, False, 0.0, sent)
 
