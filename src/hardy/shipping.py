@@ -4,8 +4,10 @@ A plan travels as its spec — graph, provided names, outputs, cache — pickled
 and compiled again on the other side (`build_plan`), never as generated code. Nodes defined at
 module level travel by reference, like plain functions (the worker imports the user's module, and
 crash stacks keep real file names); `ship_modules=` sends a module by value. Items travel with
-pickle (cloudpickle when they hold functions). Anything that cannot travel gets an error naming the
-node or the input and the remedy, before anything is sent.
+pickle (cloudpickle when they hold functions); to and from hardy's own workers, big torch tensors
+and bytes-likes become out-of-band buffers like numpy's (`out_of_band`, `hardy.transport`).
+Anything that cannot travel gets an error naming the node or the input and the remedy, before
+anything is sent.
 """
 
 from __future__ import annotations
