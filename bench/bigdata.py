@@ -8,7 +8,8 @@
    peak as 2,000,000).
 2. Big values: 40 float64 arrays of 20 MB through 2 worker processes, in and back out (the node
    returns its array) and in only (it returns a float): MB/s for hardy's process executor, joblib
-   (loky, with its automatic memmapping of inputs over 1 MB) and ProcessPoolExecutor.
+   (loky, with its automatic memmapping of inputs over 1 MB) and ProcessPoolExecutor; then 40
+   torch float32 tensors and 40 bytes objects of 20 MB, in and back out, hardy and joblib.
 3. Hashing an 8 MB float64 array: blake2b (the old key hash), xxh3-128 and BLAKE3 where installed,
    and hardy's `hash_value`; a DiskCache hit on a node whose input and output are an 80 MB array.
 """
@@ -82,9 +83,15 @@ def echo(x):
 def total(x):
     return float(x[0])
 
-arrays = [np.full(20 * 2**20 // 8, float(i)) for i in range(40)]
-mb = sum(a.nbytes for a in arrays) / 2**20
-who, how = sys.argv[1], sys.argv[2]
+who, how, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "torch":
+    import torch
+    arrays = [torch.full((20 * 2**20 // 4,), float(i)) for i in range(40)]
+elif kind == "bytes":
+    arrays = [bytes([i]) * (20 * 2**20) for i in range(40)]
+else:
+    arrays = [np.full(20 * 2**20 // 8, float(i)) for i in range(40)]
+mb = 40 * 20
 func = echo if how == "both" else total
 
 def run():
@@ -153,12 +160,18 @@ print(big.nbytes / 2**30 / best)
 
 def transport(rows: list) -> None:
     for how, label in [("both", "40 x 20 MB in and back out, 2 workers"), ("in", "40 x 20 MB in only")]:
-        rates = {who: child(TRANSPORT, who, how)[0] for who in ("hardy", "joblib", "ppe")}
+        rates = {who: child(TRANSPORT, who, how, "numpy")[0] for who in ("hardy", "joblib", "ppe")}
         rows.append((label, "hardy process executor", f"{rates['hardy']:,.0f} MB/s",
                      f"{rates['hardy'] / rates['joblib']:.2f}x joblib"))
         rows.append(("", "joblib (loky + memmapping)", f"{rates['joblib']:,.0f} MB/s", "1.00x"))
         rows.append(("", "ProcessPoolExecutor", f"{rates['ppe']:,.0f} MB/s",
                      f"{rates['ppe'] / rates['joblib']:.2f}x joblib"))
+    for kind, label in [("torch", "40 x 20 MB torch float32 tensors in and out"),
+                        ("bytes", "40 x 20 MB bytes in and out")]:
+        rates = {who: child(TRANSPORT, who, "both", kind)[0] for who in ("hardy", "joblib")}
+        rows.append((label, "hardy process executor", f"{rates['hardy']:,.0f} MB/s",
+                     f"{rates['hardy'] / rates['joblib']:.2f}x joblib"))
+        rows.append(("", "joblib (loky; no memmapping for these)", f"{rates['joblib']:,.0f} MB/s", "1.00x"))
 
 
 def hashing(rows: list) -> None:

@@ -2,7 +2,8 @@
 
 Checked on real worker processes: results are views of the shared pages (no copy), nothing ever
 appears in /dev/shm, and neither a worker segfaulting with segments in flight nor results being
-dropped leaves a mapping or a descriptor behind in the parent.
+dropped leaves a mapping or a descriptor behind in the parent. torch tensors arrive as views of
+the segments on both sides; bytes, bytearray and memoryview cross out of band too, type kept.
 """
 
 from __future__ import annotations
@@ -31,6 +32,27 @@ def big_or_crash(x: np.ndarray) -> np.ndarray:
     if x[0] == 3:  # its input is mapped here, other workers' results are on their way
         os.kill(os.getpid(), signal.SIGSEGV)
     return x + 1
+
+
+@node(output_name="y")
+def tensor_back(x):
+    """The tensor back, and whether it arrived here as a view of a shared segment."""
+    return {"t": x, "shared_here": _in_segment(x.data_ptr())}
+
+
+@node(output_name="y")
+def same(x):
+    return x
+
+
+def _in_segment(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:hardy" in line:
+                lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
 
 
 def _segments_mapped() -> int:
@@ -131,3 +153,87 @@ def test_pack_and_unpack_across_a_socket():
     shared.close()
     sender.close()
     receiver.close()
+
+
+def test_a_big_segment_is_written_in_pieces_and_mapped_as_one(monkeypatch):
+    import socket
+    from multiprocessing.connection import Connection
+
+    from hardy.shipping import dumps
+
+    monkeypatch.setattr(transport, "WRITERS", 3)  # as on a machine with 3 cores or more
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a.detach()), Connection(b.detach())
+    # Two buffers over three pieces: the second one straddles a boundary between pieces.
+    value = [np.arange(transport.PIECE // 8 * 2, dtype=np.int64), np.arange(transport.PIECE // 8 + 5, dtype=np.int64)]
+    packed = transport.pack(value, dumps)
+    assert len(packed.fds) == packed.owned == 3
+    transport.send(sender, b"", packed)
+    got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
+    assert all(np.array_equal(g, v) for g, v in zip(got, value))
+    assert _segments_mapped() == 3 and _segment_fds() == 0  # three pieces in one mapping
+    got[1][-1] = -1  # writable
+    del got
+    gc.collect()
+    assert _segments_mapped() == 0
+    sender.close()
+    receiver.close()
+
+
+def test_torch_tensors_cross_as_shared_pages_both_ways(engine):
+    torch = pytest.importorskip("torch")
+    tensors = [torch.arange(MB, dtype=torch.float32),  # 4 MiB
+               torch.linspace(-1, 1, 2 * MB, dtype=torch.bfloat16).reshape(1024, 2048).requires_grad_()]
+    out = Pipeline(nodes=[tensor_back], engine=engine).map(inputs={"x": tensors}, map_over="x")
+    for sent, o in zip(tensors, out):
+        got = o["y"]["t"]
+        assert o["y"]["shared_here"] and _in_segment(got.data_ptr())  # no copy in the worker nor here
+        assert (got.dtype, got.shape, got.requires_grad) == (sent.dtype, sent.shape, sent.requires_grad)
+        assert torch.equal(got.detach(), sent.detach())
+    out[0]["y"]["t"][0] = -1.0  # writable
+    del out, o, got
+    gc.collect()
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+
+
+def test_bytes_likes_cross_out_of_band_and_keep_their_type(engine):
+    values = [bytes(range(256)) * (16 * 1024), bytearray(b"\x07" * (4 * MB)),
+              memoryview(np.arange(MB, dtype=np.int32).reshape(1024, 1024)).cast("B").cast("i", (1024, 1024))]
+    out = Pipeline(nodes=[same], engine=engine).map(inputs={"x": values}, map_over="x")
+    got = [o["y"] for o in out]
+    assert [type(g) for g in got] == [bytes, bytearray, memoryview]
+    assert got[0] == values[0] and got[1] == values[1]
+    assert (got[2].format, got[2].shape) == ("i", (1024, 1024)) and got[2].tobytes() == values[2].tobytes()
+    got[2][0, 0] = -1  # a view of the shared pages, writable
+    del out, got
+    gc.collect()
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+
+
+def test_only_big_plain_values_leave_the_pickle():
+    torch = pytest.importorskip("torch")
+    from hardy.shipping import dumps
+
+    for big in (torch.ones(MB), torch.ones(MB, dtype=torch.bfloat16), b"x" * (2 * MB), bytearray(2 * MB),
+                memoryview(bytearray(2 * MB))):
+        packed = transport.pack({"v": [big]}, dumps)
+        assert len(packed.data) < 1000 and len(packed.fds) == 1, type(big)
+        packed.close()
+    for stays in (torch.ones(1000), b"x" * 1000, bytearray(1000), torch.ones(1024, 1024)[:, ::2]):
+        packed = transport.pack({"v": stays}, dumps)  # small, or not contiguous: in the pickle as before
+        assert not packed.fds and len(packed.data) > 1000
+    weights = torch.ones(MB)
+    shared = transport.Shared([{"w": weights}], dumps)
+    first, second = (transport.pack({"w": weights}, dumps, shared) for _ in range(2))
+    assert first.fds == second.fds and not first.owned  # a tensor every item holds is written once
+    shared.close()
+
+
+def test_pickling_for_workers_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from hardy import transport; from hardy.shipping import dumps; import numpy as np; "
+            "transport.pack({'a': np.ones(2**18), 'b': b'x' * 2**21, 'm': memoryview(b'ab')}, dumps).close(); "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,15 +1,23 @@
 """Big buffers between the parent and its workers through shared memory, not through the pipe.
 
 A message is pickled with protocol 5; every buffer of at least `THRESHOLD` bytes that a value
-exposes (numpy arrays, torch CPU tensors, Arrow buffers, bytes-likes: whatever pickles a
-`PickleBuffer`) is taken out of band and copied once into a memfd segment, whose file descriptor
-follows the message over the worker's Unix socket (SCM_RIGHTS). The receiver maps the segment and
-unpickles views of it, so its arrays are the shared pages themselves: no copy into the pipe, out
-of it, or out of the pickle. Why memfd rather than /dev/shm files: a memfd has no name anyone
+exposes (numpy arrays and Arrow buffers pickle their memory as a `PickleBuffer`; with
+`shipping.dumps` and `shipping.out_of_band`, so do plain torch CPU tensors, bytes, bytearray and
+memoryview) is taken out of band and copied once into a memfd segment, whose file descriptors
+follow the message over the worker's Unix socket (SCM_RIGHTS). The receiver maps the segment and
+unpickles views of it, so its arrays and tensors are the shared pages themselves: no copy into the
+pipe, out of it, or out of the pickle (bytes and bytearray own their memory: they are copied out
+of the pages once). Why memfd rather than /dev/shm files: a memfd has no name anyone
 could guess or open, lives only as long as an open descriptor or mapping, and the kernel frees it
 when both sides are gone, so a worker killed mid-transfer (SIGSEGV, SIGKILL, the OOM killer)
 leaves nothing behind, which a named segment cannot promise. Below the threshold the pipe is
 cheaper than creating, sizing and mapping a segment (bench/bigdata.py).
+
+Copying into the segment is the sender's whole cost, and one memfd takes writes only as fast as
+one thread makes them (about 2.8 GB/s here: the kernel allocates a page per 4 KiB written). So a
+segment of 2 x `PIECE` or more is cut into up to `WRITERS` pieces, one memfd each, written by that
+many threads at once (write(2) lets go of the GIL); the receiver reserves one range of addresses
+and maps the pieces one after another into it, so a buffer that straddles two is still one view.
 
 A message without big buffers is the plain pickle, so both sides tell the two apart by the first
 bytes: a pickle starts with the PROTO opcode, a message with a segment with `MAGIC`.
@@ -24,28 +32,33 @@ import os
 import pickle
 import socket
 import struct
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 THRESHOLD = 1 << 20  # bytes: smaller buffers stay in the pickle
+PIECE = 4 << 20  # bytes: a segment is cut into pieces no smaller than this, written at once
+WRITERS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 MAGIC = b"HSEG"
 _ALIGN = 64
+_MAP_FIXED = 0x10  # <sys/mman.h> on Linux, as memfd is; the mmap module lacks it before 3.13
 
 
 class Packed:
-    """A pickled message and the memfd segments holding its big buffers: its own (closed once
-    sent, or by `close` if it will not be), then shared ones (`Shared`, which closes them)."""
+    """A pickled message and the memfd segments holding its big buffers: first the descriptors of
+    its own segment, `owned` of them (closed once sent, or by `close` if it will not be), then
+    those of shared ones (`Shared`, which closes them)."""
 
     __slots__ = ("data", "fds", "owned")
 
-    def __init__(self, data: bytes, fds: Sequence[int] = (), owned: bool = False):
+    def __init__(self, data: bytes, fds: Sequence[int] = (), owned: int = 0):
         self.data, self.fds, self.owned = data, list(fds), owned
 
     def close(self) -> None:
-        if self.owned:
-            os.close(self.fds[0])
-            self.owned = False
+        for fd in self.fds[:self.owned]:
+            os.close(fd)
+        self.owned = 0
 
 
 class Shared:
@@ -55,7 +68,7 @@ class Shared:
 
     def __init__(self, values: Sequence[Any], dump: Callable[..., bytes]):
         self.owners: dict[int, Any] = {}  # id -> the object exporting a shared buffer (kept alive)
-        self.fds: dict[int, int] = {}
+        self.fds: dict[int, list[int]] = {}
 
         def note(buf: pickle.PickleBuffer | None) -> bool:
             raw = big_buffer(buf)
@@ -68,18 +81,19 @@ class Shared:
             except Exception:  # it will fail with a clear error where the chunk is shipped
                 pass
 
-    def segment(self, raw: memoryview) -> int | None:
-        """The descriptor of the segment holding `raw`, if `raw` belongs to a shared value."""
+    def segment(self, raw: memoryview) -> list[int] | None:
+        """The descriptors of the segment holding `raw`, if `raw` belongs to a shared value."""
         if id(raw.obj) not in self.owners:
             return None
-        fd = self.fds.get(id(raw.obj))
-        if fd is None:
-            fd = self.fds[id(raw.obj)] = _segment([raw])[0]
-        return fd
+        fds = self.fds.get(id(raw.obj))
+        if fds is None:
+            fds = self.fds[id(raw.obj)] = _segment([raw])[0]
+        return fds
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
+        for fds in self.fds.values():
+            for fd in fds:
+                os.close(fd)
         self.fds.clear()
 
 
@@ -102,17 +116,18 @@ def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> 
     if not big:
         return Packed(data)
     own = [raw for raw in big if shared is None or shared.segment(raw) is None]
-    fd, starts = _segment(own) if own else (None, [])
+    fds, starts = _segment(own) if own else ([], [])
+    owned = len(fds)
+    # Where each buffer is: (its segment's first descriptor in the message, offset, size).
     where: dict[int, tuple[int, int]] = {id(raw): (0, start) for raw, start in zip(own, starts)}
-    fds = [fd] if fd is not None else []
     for raw in big:
         if id(raw) not in where:
-            assert shared is not None
-            fds.append(shared.segment(raw))  # type: ignore[arg-type]
-            where[id(raw)] = (len(fds) - 1, 0)
+            theirs = shared.segment(raw) if shared is not None else None
+            assert theirs is not None  # the others are in `own`
+            where[id(raw)] = (len(fds), 0)
+            fds += theirs
     layout = [v for raw in big for v in (*where[id(raw)], raw.nbytes)]
-    return Packed(MAGIC + struct.pack(f"<II{len(layout)}Q", len(big), len(fds), *layout) + data, fds,
-                  owned=fd is not None)
+    return Packed(MAGIC + struct.pack(f"<II{len(layout)}Q", len(big), len(fds), *layout) + data, fds, owned)
 
 
 def big_buffer(buf: pickle.PickleBuffer | None) -> memoryview | None:
@@ -126,23 +141,59 @@ def big_buffer(buf: pickle.PickleBuffer | None) -> memoryview | None:
     return raw if raw.nbytes >= THRESHOLD else None
 
 
-def _segment(raws: Sequence[memoryview]) -> tuple[int, list[int]]:
-    """A new memfd holding `raws` one after another (aligned), and where each starts."""
+def _segment(raws: Sequence[memoryview]) -> tuple[list[int], list[int]]:
+    """A new segment holding `raws` one after another (aligned), and where each starts. A big
+    segment is cut into pieces, one memfd each, written by as many threads at once: one memfd
+    takes writes no faster than one thread can make them, separate ones scale."""
     starts, size = [], 0
     for raw in raws:
         starts.append(size)
         size += -(-raw.nbytes // _ALIGN) * _ALIGN
-    fd = os.memfd_create("hardy", os.MFD_CLOEXEC)
+    pieces = max(1, min(WRITERS, size // PIECE))
+    step = -(-size // pieces // mmap.PAGESIZE) * mmap.PAGESIZE  # the receiver maps each piece on a page
+    bounds = [(lo, min(size, lo + step)) for lo in range(0, size, step)]
+    fds: list[int] = []
     try:
-        os.ftruncate(fd, size)
-        for raw, start in zip(raws, starts):  # write(2) into the segment: no page faults here
-            done = 0
-            while done < raw.nbytes:
-                done += os.pwrite(fd, raw[done:], start + done)
+        for lo, hi in bounds:
+            fds.append(os.memfd_create("hardy", os.MFD_CLOEXEC))
+            os.ftruncate(fds[-1], hi - lo)
+        _together([functools.partial(_fill, fd, lo, hi, raws, starts) for fd, (lo, hi) in zip(fds, bounds)])
     except BaseException:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         raise
-    return fd, starts
+    return fds, starts
+
+
+def _fill(fd: int, lo: int, hi: int, raws: Sequence[memoryview], starts: Sequence[int]) -> None:
+    """Write the bytes of the segment from `lo` to `hi` into `fd`, the piece holding them: with
+    write(2), which takes no page faults and lets go of the GIL."""
+    for raw, start in zip(raws, starts):
+        done, end = max(lo, start), min(hi, start + raw.nbytes)
+        while done < end:
+            done += os.pwrite(fd, raw[done - start:end - start], done - lo)
+
+
+def _together(jobs: Sequence[Callable[[], None]]) -> None:
+    """Run the jobs at once, the first in this thread; raise the first error once all are over.
+    Threads started per call, not a pool: a pool's idle threads do not survive a fork."""
+    errors: list[BaseException] = []
+
+    def run(job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as exc:  # raised in the calling thread below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(job,), daemon=True) for job in jobs[1:]]
+    for thread in threads:
+        thread.start()
+    try:
+        jobs[0]()
+    finally:
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
 
 
 def send(conn: Any, head: bytes, packed: Packed) -> None:
@@ -170,12 +221,9 @@ def unpack(conn: Any, view: memoryview) -> Any:
         for fd in fds:
             os.close(fd)
         raise EOFError("the sender died before passing its shared-memory segments")
-    sizes = [0] * n_fds
-    for k in range(count):
-        seg, start, n = layout[3 * k:3 * k + 3]
-        sizes[seg] = max(sizes[seg], start + n)
+    firsts = sorted(set(layout[::3]))  # a segment: its first descriptor and those up to the next one's
     try:
-        whole = [map_fd(fd, size) for fd, size in zip(fds, sizes)]
+        whole = {first: _map(fds[first:end]) for first, end in zip(firsts, [*firsts[1:], n_fds])}
     finally:
         for fd in fds:
             os.close(fd)
@@ -186,17 +234,45 @@ def unpack(conn: Any, view: memoryview) -> Any:
 def map_fd(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:
     """`fd`'s first `size` bytes mapped read-write, as a view that unmaps itself when its last user
     is gone: MAP_SHARED for a segment both processes see, MAP_PRIVATE for a copy-on-write view of a
-    file (the cache's blob files: writes stay in this process). The descriptor may be closed at once.
-    Not `mmap.mmap`: before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's
-    results alive at once would run the process out of descriptors."""
+    file (the cache's blob files: writes stay in this process). The descriptor may be closed at once."""
+    addr = _checked(_libc().mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0), size)
+    return _view(addr, size)
+
+
+def _map(fds: Sequence[int]) -> memoryview:
+    """The pieces of a segment mapped one after another, as one view (see `map_fd`)."""
     libc = _libc()
-    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+    sizes = [os.fstat(fd).st_size for fd in fds]
+    size = sum(sizes)
+    # Reserve the whole range (PROT_NONE: 0), then lay each piece over its part of it.
+    addr = _checked(libc.mmap(None, size, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0), size)
+    try:
+        at = addr
+        for fd, piece in zip(fds, sizes):
+            _checked(libc.mmap(at, piece, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0),
+                     size)
+            at += piece
+    except OSError:
+        libc.munmap(addr, size)
+        raise
+    return _view(addr, size)
+
+
+def _view(addr: int, size: int) -> memoryview:
+    """The mapping at `addr` as a view that unmaps it when its last user is gone. Not `mmap.mmap`:
+    before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's results alive at
+    once would run the process out of descriptors."""
+    region = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(region, _libc().munmap, addr, size)
+    return memoryview(region).cast("B")
+
+
+def _checked(addr: int | None, size: int) -> int:
     if addr in (None, ctypes.c_void_p(-1).value):
         err = ctypes.get_errno()
-        raise OSError(err, f"mapping {size} bytes: {os.strerror(err)}")
-    region = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(region, libc.munmap, addr, size)
-    return memoryview(region).cast("B")
+        raise OSError(err, f"mapping {size} bytes of shared memory or of a cache file: {os.strerror(err)}")
+    assert addr is not None
+    return addr
 
 
 @functools.lru_cache(maxsize=1)

@@ -299,7 +299,7 @@ class _Run:
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         self.log = results.log_nodes
         if items:  # fail before any worker starts if the first item cannot travel
-            ship_items(items, [0])
+            ship_items(items, [0], dump=_checked)
         self.shared = transport.Shared(_shared_values(items), dumps)
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
@@ -571,6 +571,12 @@ def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:
     pool = ref()
     if pool is not None:
         pool.close()
+
+
+def _checked(msg: Any) -> bytes:
+    """`msg` pickled as a chunk would be, but with its big buffers left out rather than copied in:
+    only whether it can travel is wanted."""
+    return dumps(msg, buffer_callback=lambda buf: False)
 
 
 def _shared_values(items: Sequence[dict[str, Any]]) -> list[Any]:

@@ -26,7 +26,7 @@ from ..errors import CudaError, NodeError
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
-from ..shipping import build_plan, dumps, portable
+from ..shipping import build_plan, dumps, out_of_band, portable
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
@@ -189,6 +189,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
 
 def _last_words(conn: Any, sent: list[list[Any]]) -> None:
     """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+    transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
     if _unsent and not _sending[0]:
         _send(conn, _unsent, _producers, False, 0.0, sent)
 
@@ -202,7 +203,7 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
     _sending[0] = True
     try:
         try:
-            packed = transport.pack(batch, _plain)  # the parent has its own __main__: no need for dumps()
+            packed = transport.pack(batch, out_of_band)  # the parent has its own __main__: no need for dumps()
         except Exception:
             batch[:] = [(*_picklable(producers, i, ok, value), *records) for i, ok, value, *records in batch]
             packed = transport.pack(batch, dumps)
@@ -211,10 +212,6 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
         batch.clear()
     finally:
         _sending[0] = False
-
-
-def _plain(obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
-    return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
 
 
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
