@@ -52,7 +52,6 @@ from blake3 import blake3
 
 from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size
-from ..transport import big_buffer
 from .keys import MISS
 from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
 
@@ -389,6 +388,8 @@ class DiskCache:
 def _dumps(value: Any, big: list[memoryview]) -> bytes:
     """`value` pickled (protocol 5, cloudpickle for what pickle cannot do); its buffers of at least
     `transport.THRESHOLD` bytes are left out of the pickle and appended to `big`, uncopied."""
+    from ..transport import big_buffer  # here: `import hardy` does not load the worker transport
+
     def out_of_band(buf: pickle.PickleBuffer) -> bool:
         raw = big_buffer(buf)
         if raw is None:

@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ..transport import map_fd
-
 log = logging.getLogger("hardy.cache")
 
 INLINE_MAX = 256 << 10
@@ -122,6 +120,7 @@ def map_file(path: str) -> bytes | memoryview:
     touch, not copied; whoever holds it may write into it (numpy arrays unpickled over it are
     writable) without changing the file. Replacing or deleting the file (atomic rename, unlink: all
     the cache ever does to a blob) leaves the mapping as it was. No descriptor stays open."""
+    from ..transport import map_fd  # here: `import hardy` does not load the worker transport
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
