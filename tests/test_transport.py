@@ -210,6 +210,32 @@ def test_bytes_likes_cross_out_of_band_and_keep_their_type(engine):
     assert _segments_mapped() == 0 and _segment_fds() == 0
 
 
+def _refuse_outside(pid: int) -> None:
+    if os.getpid() != pid:
+        raise RuntimeError("only exists in the worker that made it")
+
+
+class _Unloadable:
+    """Pickles in the worker, cannot be unpickled in the parent: its whole batch is sent again."""
+
+    def __reduce__(self):
+        return _refuse_outside, (os.getpid(),)
+
+
+@node(output_name="y")
+def view_or_ghost(x: int):
+    return _Unloadable() if x == 105 else memoryview(np.arange(4, dtype=np.int32) + x)
+
+
+def test_a_memoryview_keeps_its_type_when_its_batch_is_sent_again(engine):
+    out = Pipeline(nodes=[view_or_ghost], engine=engine).map(inputs={"x": list(range(200))}, map_over="x",
+                                                               on_error="continue")
+    assert isinstance(out[105], Failed) and "cannot be unpickled" in str(out[105].error)
+    got = [o["y"] for i, o in enumerate(out) if i != 105]
+    assert {(type(g), g.format) for g in got} == {(memoryview, "i")}
+    assert [g.tolist() for g in got] == [[i, i + 1, i + 2, i + 3] for i in range(200) if i != 105]
+
+
 def test_only_big_plain_values_leave_the_pickle():
     torch = pytest.importorskip("torch")
     from hardy.shipping import dumps
