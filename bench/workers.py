@@ -99,7 +99,7 @@ def _interleaved(e: Engine, pipelines: dict[str, Pipeline], items: list, rounds:
     for _ in range(rounds):
         for name, p in pipelines.items():
             before = cpu_seconds(workers)
-            best[name] = min(best[name], timed(lambda: p.map(inputs={"x": items}, map_over="x", progress=False)))
+            best[name] = min(best[name], timed(lambda p=p: p.map(inputs={"x": items}, map_over="x", progress=False)))
             for k, (a, b) in enumerate(zip(before, cpu_seconds(workers))):
                 cpu[name][k] += (b - a) / rounds
     return {name: (best[name], *cpu[name]) for name in pipelines}
