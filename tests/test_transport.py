@@ -180,6 +180,29 @@ def test_a_big_segment_is_written_in_pieces_and_mapped_as_one(monkeypatch):
     receiver.close()
 
 
+def test_more_segments_than_one_message_may_pass():
+    import socket
+    from multiprocessing.connection import Connection
+
+    from hardy.shipping import dumps
+
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a.detach()), Connection(b.detach())
+    weights = [np.full(transport.THRESHOLD // 8, float(k)) for k in range(transport.SCM_MAX_FD + 7)]
+    shared = transport.Shared([weights], dumps)
+    packed = transport.pack(weights, dumps, shared)  # a descriptor per array: more than one sendmsg takes
+    assert len(packed.fds) > transport.SCM_MAX_FD
+    transport.send(sender, b"", packed)
+    got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
+    assert [float(g[-1]) for g in got] == [float(k) for k in range(len(weights))]
+    shared.close()
+    del got
+    gc.collect()
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+    sender.close()
+    receiver.close()
+
+
 def test_torch_tensors_cross_as_shared_pages_both_ways(engine):
     torch = pytest.importorskip("torch")
     tensors = [torch.arange(MB, dtype=torch.float32),  # 4 MiB
