@@ -119,6 +119,31 @@ def test_a_format_4_entry_relabelled_format_3_does_not_verify(cache):
     assert cache.get(KEY, "miss") == "miss" and cache.rejected == 1
 
 
+@pytest.mark.parametrize("value", [list(range(100_000)), {"a": big(8), "n": list(range(100_000))}],
+                         ids=["format 3", "format 4"])
+def test_what_is_unpickled_is_what_was_verified(cache, value):
+    """Someone writing into the blob file in place between the check and the unpickling (a shared
+    directory's group-writable files) must not get their pickle run."""
+    cache.put(KEY, value)
+    path = blob(cache, KEY)
+    where = path.read_bytes().index(b"M" + (50_000).to_bytes(2, "little")) + 1  # the pickled int 50000
+    checks = {name: getattr(cache, name) for name in ("_mac", "_mac_pieces")}
+
+    def checked_then_changed(name: str) -> Any:
+        def check(*args: Any) -> bytes:
+            mac: bytes = checks[name](*args)
+            with open(path, "r+b") as f:
+                f.seek(where)
+                f.write((50_001).to_bytes(2, "little"))
+            return mac
+        return check
+
+    for name in checks:
+        setattr(cache, name, checked_then_changed(name))
+    got = cache.get(KEY)
+    assert (got if isinstance(got, list) else got["n"])[50_000] == 50_000
+
+
 def test_a_truncated_blob_is_rejected(cache):
     cache.put(KEY, big(7))
     path = blob(cache, KEY)

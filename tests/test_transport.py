@@ -180,6 +180,29 @@ def test_a_big_segment_is_written_in_pieces_and_mapped_as_one(monkeypatch):
     receiver.close()
 
 
+def test_more_segments_than_one_message_may_pass():
+    import socket
+    from multiprocessing.connection import Connection
+
+    from hardy.shipping import dumps
+
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a.detach()), Connection(b.detach())
+    weights = [np.full(transport.THRESHOLD // 8, float(k)) for k in range(transport.SCM_MAX_FD + 7)]
+    shared = transport.Shared([weights], dumps)
+    packed = transport.pack(weights, dumps, shared)  # a descriptor per array: more than one sendmsg takes
+    assert len(packed.fds) > transport.SCM_MAX_FD
+    transport.send(sender, b"", packed)
+    got = transport.unpack(receiver, memoryview(receiver.recv_bytes()))
+    assert [float(g[-1]) for g in got] == [float(k) for k in range(len(weights))]
+    shared.close()
+    del got
+    gc.collect()
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+    sender.close()
+    receiver.close()
+
+
 def test_torch_tensors_cross_as_shared_pages_both_ways(engine):
     torch = pytest.importorskip("torch")
     tensors = [torch.arange(MB, dtype=torch.float32),  # 4 MiB
@@ -208,6 +231,32 @@ def test_bytes_likes_cross_out_of_band_and_keep_their_type(engine):
     del out, got
     gc.collect()
     assert _segments_mapped() == 0 and _segment_fds() == 0
+
+
+def _refuse_outside(pid: int) -> None:
+    if os.getpid() != pid:
+        raise RuntimeError("only exists in the worker that made it")
+
+
+class _Unloadable:
+    """Pickles in the worker, cannot be unpickled in the parent: its whole batch is sent again."""
+
+    def __reduce__(self):
+        return _refuse_outside, (os.getpid(),)
+
+
+@node(output_name="y")
+def view_or_ghost(x: int):
+    return _Unloadable() if x == 105 else memoryview(np.arange(4, dtype=np.int32) + x)
+
+
+def test_a_memoryview_keeps_its_type_when_its_batch_is_sent_again(engine):
+    out = Pipeline(nodes=[view_or_ghost], engine=engine).map(inputs={"x": list(range(200))}, map_over="x",
+                                                               on_error="continue")
+    assert isinstance(out[105], Failed) and "cannot be unpickled" in str(out[105].error)
+    got = [o["y"] for i, o in enumerate(out) if i != 105]
+    assert {(type(g), g.format) for g in got} == {(memoryview, "i")}
+    assert [g.tolist() for g in got] == [[i, i + 1, i + 2, i + 3] for i in range(200) if i != 105]
 
 
 def test_only_big_plain_values_leave_the_pickle():

@@ -42,6 +42,7 @@ PIECE = 4 << 20  # bytes: a segment is cut into pieces no smaller than this, wri
 WRITERS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 MAGIC = b"HSEG"
 _ALIGN = 64
+SCM_MAX_FD = 253  # descriptors one sendmsg(2) may pass (Linux): more go in several messages
 _MAP_FIXED = 0x10  # <sys/mman.h> on Linux, as memfd is; the mmap module lacks it before 3.13
 
 
@@ -198,12 +199,14 @@ def _together(jobs: Sequence[Callable[[], None]]) -> None:
 
 def send(conn: Any, head: bytes, packed: Packed) -> None:
     """`head` + the message over `conn` (a multiprocessing Connection on a Unix socket), then the
-    segments' descriptors; the message's own is closed here: only the receiver holds it now."""
+    segments' descriptors, `SCM_MAX_FD` per message (a map's shared values, cut into pieces, can
+    pass more); the message's own are closed here: only the receiver holds them now."""
     try:
         conn.send_bytes(head + packed.data if head else packed.data)
         if packed.fds:
             with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                socket.send_fds(s, [b"F"], packed.fds)
+                for k in range(0, len(packed.fds), SCM_MAX_FD):
+                    socket.send_fds(s, [b"F"], packed.fds[k:k + SCM_MAX_FD])
     finally:
         packed.close()
 
@@ -215,8 +218,13 @@ def unpack(conn: Any, view: memoryview) -> Any:
         return pickle.loads(view)
     count, n_fds = struct.unpack_from("<II", view, 4)
     layout = struct.unpack_from(f"<{3 * count}Q", view, 12)
+    fds: list[int] = []
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        _, fds, _, _ = socket.recv_fds(s, 1, n_fds)
+        while len(fds) < n_fds:  # one byte per message of at most SCM_MAX_FD descriptors (`send`)
+            _, got, _, _ = socket.recv_fds(s, 1, min(SCM_MAX_FD, n_fds - len(fds)))
+            fds += got
+            if not got:
+                break
     if len(fds) != n_fds:
         for fd in fds:
             os.close(fd)

@@ -14,8 +14,9 @@ verification and is deleted and recomputed.
 Why format 4: a hit on an 80 MB array used to read the entry into memory, then unpickle a second
 copy of it. A format 4 entry is written piece by piece (the buffers from where they are, not joined
 into one bytes object); on a hit, the store maps the blob file privately (`Store.view`), the MAC is
-checked over the mapping and the buffers are unpickled as views of it: the arrays are the file's
-pages, copied only where the user writes into them (copy-on-write; the cache never changes). Both
+checked over a copy of the pickle (a file written into in place after the check cannot slip in
+another one) and over the mapped buffers, which are unpickled as views of it: the arrays are the
+file's pages, copied only where the user writes into them (copy-on-write; the cache never changes). Both
 formats are read: entries written before format 4 still hit; a hardy that knows only format 3
 skips (keeps) format 4 entries. The key id (a keyed hash of nothing but the secret) tells an entry
 written under another secret — another user sharing the directory with a different
@@ -214,13 +215,18 @@ class DiskCache:
             self._theirs.add(key)
             return MISS
         else:
-            version, body = entry[3], memoryview(entry)[HEADER:]
-            mac = self._mac(key, body) if version == VERSION else self._mac_pieces(key, (body,))
+            whole = memoryview(entry)
+            if entry[3] == VERSION:
+                body = _private(whole[HEADER:])
+                mac = self._mac(key, body)
+            else:
+                body, buffers = _split(whole)
+                mac = self._mac_pieces(key, (body, buffers))
             if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], mac):
                 reason = "MAC mismatch: truncated, corrupted or moved"
             else:
                 try:
-                    value = pickle.loads(body) if version == VERSION else _unpack(memoryview(entry))
+                    value = pickle.loads(body) if entry[3] == VERSION else _unpack(whole, body)
                     self.hits += 1
                     return value
                 except Exception as exc:  # verified but unloadable: a class that changed since
@@ -404,22 +410,37 @@ def _dumps(value: Any, big: list[memoryview]) -> bytes:
         return cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band)  # type: ignore[no-any-return]
 
 
-def _unpack(whole: memoryview) -> Any:
-    """A verified format 4 entry unpickled over views of its buffers: no copy. An entry in
-    read-only memory (a store's bytes) is copied once, so that arrays come back writable as from
-    any pickle."""
+def _private(view: memoryview) -> Buffer:
+    """`view`, copied unless it is memory of its own (bytes, a store's bytearray): the bytes that
+    are unpickled must be the bytes that were verified, and a mapped file can change in between
+    (anyone allowed to write into it in place could slip in a pickle that runs code)."""
+    return view if isinstance(view.obj, (bytes, bytearray)) else bytes(view)
+
+
+def _split(whole: memoryview) -> tuple[Buffer, memoryview]:
+    """A format 4 entry's body: its layout and pickle (`_private`), then its buffers where they
+    are (data: a change after the check changes values, runs nothing)."""
+    count, size = struct.unpack_from("<IQ", whole, HEADER) if len(whole) >= HEADER + 12 else (0, 0)
+    end = min(len(whole), HEADER + 12 + 8 * count + size)
+    return _private(whole[HEADER:end]), whole[end:]
+
+
+def _unpack(whole: memoryview, body: Buffer) -> Any:
+    """A verified format 4 entry unpickled over views of its buffers: no copy. `body` is its layout
+    and pickle (`_split`). An entry in read-only memory (a store's bytes) is copied once, so that
+    arrays come back writable as from any pickle."""
     if whole.readonly:
         whole = memoryview(bytearray(whole))
-    count, size = struct.unpack_from("<IQ", whole, HEADER)
-    start = HEADER + 12 + 8 * count
-    buffers, end = [], start + size
-    for n in struct.unpack_from(f"<{count}Q", whole, HEADER + 12):
+    count, size = struct.unpack_from("<IQ", body)
+    start = 12 + 8 * count
+    buffers, end = [], HEADER + start + size
+    for n in struct.unpack_from(f"<{count}Q", body, 12):
         end += -end % ALIGN
         buffers.append(whole[end:end + n])
         end += n
-    if end != len(whole):
+    if end != len(whole) or len(body) != start + size:
         raise ValueError(f"the layout ends at byte {end} of {len(whole)}")
-    return pickle.loads(whole[start:start + size], buffers=buffers)
+    return pickle.loads(memoryview(body)[start:], buffers=buffers)
 
 
 def _reason(exc: BaseException) -> str:

@@ -217,8 +217,15 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
     """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
     outcomes = {i: (ok, value) for batch in sent for i, ok, value, *_ in batch}  # node records stay behind
-    data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1])) for i in items], protocol=5)
+    data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1], buffer_callback=_in_band)) for i in items],
+                        protocol=5)
     conn.send_bytes(HEADER.pack(True, True, 0.0) + data)
+
+
+def _in_band(buf: Any) -> bool:
+    """A buffer_callback keeping every buffer in the pickle: with one, `dumps` pickles values as
+    `transport.pack` does (a memoryview stays a memoryview; without one, cloudpickle makes it bytes)."""
+    return True
 
 
 def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> tuple[int, bool, Any]:
