@@ -122,3 +122,25 @@ def test_no_listener_for_node_events_means_no_node_events_logged():
     with Engine(map_executor="process", workers=2) as engine:
         Pipeline([add_one], engine=engine, callbacks=[only]).map(inputs={"x": list(range(5))}, map_over="x")
     assert only.items == 5
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
+def test_item_events_name_their_item_in_the_context(executor):
+    class Items(PipelineCallback):
+        def __init__(self):
+            self.seen: list[tuple] = []
+
+        def on_map_item_start(self, item_index, ctx):
+            self.seen.append(("start", item_index, ctx.get("hardy.item")))
+
+        def on_pipeline_end(self, pipeline_id, outputs, duration, ctx):
+            self.seen.append(("pipeline_end", outputs["a"] - 1, ctx.get("hardy.item")))
+
+        def on_map_item_end(self, item_index, duration, ctx):
+            self.seen.append(("end", item_index, ctx.get("hardy.item")))
+
+    items = Items()
+    with Engine(map_executor=executor, workers=2) as engine:
+        Pipeline([add_one], engine=engine, callbacks=[items]).map(inputs={"x": list(range(40))}, map_over="x")
+    assert len(items.seen) == 120
+    assert all(i == in_ctx for _, i, in_ctx in items.seen), [e for e in items.seen if e[1] != e[2]]

@@ -253,11 +253,17 @@ class Events:
         if not (ends or item_ends):
             return
         ctx, pipeline_id = current_context(), self.pipeline_id
-        for i, outputs, duration in done:
-            for handler in ends:
-                handler(pipeline_id, outputs, duration, ctx)
-            for handler in item_ends:
-                handler(i, duration, ctx)
+        scope = dict(_scope.get())  # this thread's own (in-process items) or a batch's (workers')
+        token = _scope.set(scope)
+        try:
+            for i, outputs, duration in done:
+                scope["hardy.item"] = i
+                for handler in ends:
+                    handler(pipeline_id, outputs, duration, ctx)
+                for handler in item_ends:
+                    handler(i, duration, ctx)
+        finally:
+            _scope.reset(token)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
