@@ -219,6 +219,25 @@ def test_torch_tensors_cross_as_shared_pages_both_ways(engine):
     assert _segments_mapped() == 0 and _segment_fds() == 0
 
 
+@node(output_name="y")
+def arrow_back(x):
+    """The table back, and whether its column arrived here as a view of a shared segment."""
+    return {"t": x, "shared_here": _in_segment(x.column("v").chunk(0).buffers()[1].address)}
+
+
+def test_arrow_tables_cross_as_shared_pages_both_ways(engine):
+    pa = pytest.importorskip("pyarrow")
+    tables = [pa.table({"v": np.arange(MB, dtype=np.int64) + i, "w": np.full(MB, 0.5)}) for i in range(3)]
+    out = Pipeline(nodes=[arrow_back], engine=engine).map(inputs={"x": tables}, map_over="x")
+    for sent, o in zip(tables, out):
+        got = o["y"]["t"]
+        assert o["y"]["shared_here"] and _in_segment(got.column("v").chunk(0).buffers()[1].address)
+        assert got.equals(sent)
+    del out, o, got
+    gc.collect()
+    assert _segments_mapped() == 0 and _segment_fds() == 0
+
+
 def test_bytes_likes_cross_out_of_band_and_keep_their_type(engine):
     values = [bytes(range(256)) * (16 * 1024), bytearray(b"\x07" * (4 * MB)),
               memoryview(np.arange(MB, dtype=np.int32).reshape(1024, 1024)).cast("B").cast("i", (1024, 1024))]
