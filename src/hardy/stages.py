@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .engine.results import take_rows
 from .errors import NodeError
 from .node import Node
 from .plan import KEYS, Plan
@@ -77,7 +76,15 @@ class _StageResults:
             self.results.handed([self.indices[i] for i in chunk], worker)
 
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
-        return take_rows(self, rows, unsent)
+        """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
+        failed = []
+        for row in rows:
+            unsent.pop(row[0], None)
+            if row[1]:
+                self.ok(row[0], row[2], row[3] if len(row) > 3 else ())
+            else:
+                failed.append(row)
+        return failed
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         n = self.indices[i]

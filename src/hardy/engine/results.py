@@ -45,8 +45,6 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
-        # A subclass wrapping `ok` (a streamed window's) gets its `ok` called for each row of `take`.
-        self._wraps_ok = type(self).ok is not Results.ok
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
@@ -60,8 +58,6 @@ class Results:
         would, each row's item removed from `unsent`; the failures are returned, for the pool's
         policy to retry or `fail` them. One loop per batch: in a map of fast items, this loop is
         the parent's per-item cost, which bounds the whole map's throughput."""
-        if self._wraps_ok:
-            return take_rows(self, rows, unsent)
         failed: list[tuple[Any, ...]] = []
         values, pop = self.values, unsent.pop
         for row in rows:
@@ -171,15 +167,3 @@ class Results:
             return out
         return observed
 
-
-def take_rows(sink: Any, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
-    """`Results.take` for any sink with `ok`: the failures are returned, the rest delivered."""
-    failed: list[tuple[Any, ...]] = []
-    ok, pop = sink.ok, unsent.pop
-    for row in rows:
-        pop(row[0], None)
-        if row[1]:
-            ok(row[0], row[2], row[3] if len(row) > 3 else ())
-        else:
-            failed.append(row)
-    return failed
