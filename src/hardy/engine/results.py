@@ -45,6 +45,7 @@ class Results:
         self.events = events
         self._started: dict[int, float] = {}
         self.retries: dict[int, int] = {}
+        self._wraps_ok = type(self).ok is not Results.ok
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
@@ -59,7 +60,16 @@ class Results:
         policy to retry or `fail` them. One loop per batch: in a map of fast items, this loop is
         the parent's per-item cost, which bounds the whole map's throughput."""
         failed: list[tuple[Any, ...]] = []
-        values, pop = self.values, unsent.pop
+        pop = unsent.pop
+        if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
+            for row in rows:
+                pop(row[0], None)
+                if row[1]:
+                    self.ok(row[0], row[2], row[3] if len(row) > 3 else ())
+                else:
+                    failed.append(row)
+            return failed
+        values = self.values
         for row in rows:
             i = row[0]
             pop(i, None)

@@ -62,13 +62,6 @@ class _Streamed(Results):
         super().fail(i, err, records, worker)
         self.finished.put((self, i))
 
-    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
-        failed = super().take(rows, unsent)  # the failures are announced by `fail`, after the policy
-        for row in rows:
-            if row[1]:
-                self.finished.put((self, row[0]))
-        return failed
-
 
 def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
            raise_on_error: bool, make_results: MakeResults) -> Iterator[Outcome]:
