@@ -176,4 +176,3 @@ class Results:
             out: dict[str, Any] = await arun(item, offset + i)
             return out
         return observed
-
