@@ -51,8 +51,14 @@ class Results:
         """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
-        if self.events:
-            self._observed([(i, True, out, records)], time.perf_counter())
+        if self.events:  # `_observed` for one item run here (named in the context since its start)
+            if records:
+                self._replay([(i, records)])
+            if self._watch_items:
+                start = self._started.pop(i, None)
+                self.events.items_done([(self.offset + i, out, time.perf_counter() - start if start else 0.0)])
+                if self.live:
+                    self.live.item_end(self.offset + i, True)
 
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
         """A worker's batch of rows `(i, ok, value[, records])`: each success delivered as `ok`
@@ -83,15 +89,16 @@ class Results:
         return failed
 
     def _observed(self, rows: Sequence[tuple[Any, ...]], now: float) -> None:
-        """The events of successful rows delivered at `now`: each item's node records replayed,
-        then its end (the items' ends in one call: per item, events still come in order)."""
+        """The events of a worker's successful rows delivered at `now`: each item's node records
+        replayed, then its end (the items' ends in one call: per item, events still come in order)."""
         if self.log_nodes:  # rows carry node records only when they were asked for
             logged = [(row[0], row[3]) for row in rows if len(row) > 3 and row[3]]
             if logged:
                 self._replay(logged)
         if self._watch_items:
             started, offset = self._started.pop, self.offset
-            self.events.items_done([(offset + row[0], row[2], now - started(row[0], now)) for row in rows])  # type: ignore[union-attr]
+            self.events.items_done([(offset + row[0], row[2], now - started(row[0], now)) for row in rows],  # type: ignore[union-attr]
+                                   name_items=True)
             if self.live:
                 for row in rows:
                     self.live.item_end(offset + row[0], True)

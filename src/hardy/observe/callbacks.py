@@ -243,9 +243,11 @@ class Events:
         listened to, so `item_started` is not called)."""
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
-    def items_done(self, done: Sequence[tuple[int, dict[str, Any], float]]) -> None:
+    def items_done(self, done: Sequence[tuple[int, dict[str, Any], float]], name_items: bool = False) -> None:
         """Items finished, as (index, outputs, duration): each one's on_pipeline_end and
-        on_map_item_end (a batch per call: a fast map delivers thousands a second)."""
+        on_map_item_end (a batch per call: a fast map delivers thousands a second). `name_items`:
+        the context names each item while its end is delivered (a worker's batch; an item run here
+        is named already, since its start)."""
         found = self._item_ends
         if found is None:
             found = self._item_ends = (self.handlers("on_pipeline_end"), self.handlers("on_map_item_end"))
@@ -253,8 +255,8 @@ class Events:
         if not (ends or item_ends):
             return
         ctx, pipeline_id = current_context(), self.pipeline_id
-        scope = dict(_scope.get())  # this thread's own (in-process items) or a batch's (workers')
-        token = _scope.set(scope)
+        scope = dict(_scope.get()) if name_items else {}
+        token = _scope.set(scope) if name_items else None
         try:
             for i, outputs, duration in done:
                 scope["hardy.item"] = i
@@ -263,7 +265,8 @@ class Events:
                 for handler in item_ends:
                     handler(i, duration, ctx)
         finally:
-            _scope.reset(token)
+            if token is not None:
+                _scope.reset(token)
 
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
