@@ -144,3 +144,80 @@ def test_item_events_name_their_item_in_the_context(executor):
         Pipeline([add_one], engine=engine, callbacks=[items]).map(inputs={"x": list(range(40))}, map_over="x")
     assert len(items.seen) == 120
     assert all(i == in_ctx for _, i, in_ctx in items.seen), [e for e in items.seen if e[1] != e[2]]
+
+
+_attempts_dir = "HARDY_TEST_ATTEMPTS"
+
+
+@node(output_name="m")
+def flaky(x: int) -> int:
+    """Raises once per item 2 (counted in a file: each attempt may run in another worker)."""
+    marker = os.path.join(os.environ[_attempts_dir], f"{x}")
+    if x == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise TimeoutError("first attempt")
+    return x
+
+
+@node(output_name="n")
+def strict(m: int) -> int:
+    if m == 4:
+        raise ValueError("four")
+    return m
+
+
+@node(output_name="o")
+def last(n: int) -> int:
+    return n
+
+
+def test_sync_nodes_in_workers_failures_and_retries_in_order(tmp_path, monkeypatch):
+    """The common case (every item runs every node, decoded by slicing) beside an item whose node
+    raises and one whose node is retried (decoded entry by entry), in one map."""
+    monkeypatch.setenv(_attempts_dir, str(tmp_path))
+    flaky_retried = node(output_name="m", retries=1, retry_on=TimeoutError)(flaky.func)
+
+    class Timed(Log):
+        def on_node_end(self, node_id, outputs, duration, ctx):
+            start, end = ctx.get("hardy.event_ns")
+            assert duration > 0 and abs((end - start) / 1e9 - duration) < 1e-6
+            super().on_node_end(node_id, outputs, duration, ctx)
+
+        def on_error(self, node_id, error, ctx):
+            self._add("error", node_id, type(error).__name__, str(error), ctx=ctx)
+
+    log = Timed()
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline([flaky_retried, strict, last], engine=engine, callbacks=[log])
+        out = p.map(inputs={"x": list(range(300))}, map_over="x", on_error="continue")
+    assert [o["o"] for i, o in enumerate(out) if i != 4] == [x for x in range(300) if x != 4]
+    every = [(kind, name) for name in ("flaky", "strict", "last") for kind in ("start", "end")]
+    assert all(log.of_item(i) == every for i in range(300) if i not in (2, 4))
+    assert log.of_item(4) == [("start", "flaky"), ("end", "flaky"), ("start", "strict"),
+                              ("error", "strict", "ValueError", "four")]
+    assert log.of_item(2) == [("start", "flaky"), ("error", "flaky", "RuntimeError", "failed in a worker"), *every]
+    workers = {e[-1] for e in log.events if e[0] in ("start", "end")}
+    assert os.getpid() not in workers
+
+
+def test_a_log_decodes_alike_by_slicing_and_entry_by_entry():
+    """The parent cuts a regular batch by slicing; the general decoder must read it the same."""
+    from array import array
+
+    from hardy.observe.nodelog import ITEM, PAUSE, Records, _decoded, _regular
+
+    for steps in (1, 3):
+        data, t = [], 10**12
+        for i in (5, 6, 9):
+            data += (ITEM, i, t)
+            for k in range(steps):
+                data += (k, t + 10 * (k + 1))
+            t += 100
+        data += (PAUSE, t)
+        log = Records(tuple(f"n{k}" for k in range(steps)), array("q", data), [], 0, 1)
+        fast, slow = _regular(log.data, 3, 3 + 2 * steps, steps), _decoded(data, [])
+        assert log.events().regular
+        for field in ("items", "steps", "starts", "ends", "ran", "bounds"):
+            assert list(getattr(fast, field)) == list(getattr(slow, field)), field
+        assert list(log.by_item()) == [5, 6, 9]
+        assert [list(one.events().items) for one in log.by_item().values()] == [[5] * steps, [6] * steps, [9] * steps]

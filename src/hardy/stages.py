@@ -11,11 +11,14 @@ exactly as in the whole plan run at once, and the cache is shared with every oth
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import NodeError
 from .node import Node
 from .plan import KEYS, Plan
+
+if TYPE_CHECKING:
+    from .observe.nodelog import Records
 
 
 def cut(plan: Plan, needs: Callable[[Node], Any]) -> list[tuple[Any, Plan]]:
@@ -56,7 +59,7 @@ class _StageResults:
     item's values for the next stage."""
 
     def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool,
-                 records: dict[int, list[Any]]):
+                 records: dict[int, list[Records]]):
         self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
         self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
@@ -75,18 +78,21 @@ class _StageResults:
         if self.first:
             self.results.handed([self.indices[i] for i in chunk], worker)
 
-    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
+    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
+             records: Records | None = None) -> list[tuple[Any, ...]]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         failed = []
+        logs = records.by_item() if records is not None else {}
         for row in rows:
             unsent.pop(row[0], None)
+            log = logs.get(row[0])
             if row[1]:
-                self.ok(row[0], row[2], row[3] if len(row) > 3 else ())
+                self.ok(row[0], row[2], (log,) if log else ())
             else:
-                failed.append(row)
+                failed.append((*row, (log,)) if log else row)
         return failed
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         n = self.indices[i]
         if self.last:
             self.results.ok(n, merge(self.values[n], out, last=True), [*self.records.pop(n, ()), *records])
@@ -98,7 +104,7 @@ class _StageResults:
     def retried(self, i: int) -> None:
         self.results.retried(self.indices[i])
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         n = self.indices[i]
         self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
@@ -108,7 +114,7 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)
     alive = list(range(len(items)))
-    records: dict[int, list[Any]] = {}
+    records: dict[int, list[Records]] = {}
     for n, (executor, stage) in enumerate(stages):
         sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1, records=records)
         executor.run_items(stage, [values[i] for i in alive], sink)

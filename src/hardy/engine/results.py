@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Failed, NodeCrashed, NodeError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
-from ..observe.nodelog import ERROR, FIELDS
 from ..observe.progress import MapProgress
 
 if TYPE_CHECKING:
     from ..observe.callbacks import Events
+    from ..observe.nodelog import Records
     from ..observe.report import _Live
     from ..plan import Plan
 
@@ -47,33 +47,37 @@ class Results:
         self.retries: dict[int, int] = {}
         self._wraps_ok = type(self).ok is not Results.ok
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
-        """Item i succeeded; `records` are its node events, logged where it ran (nodelog.py)."""
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+        """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
         if self.events:  # `_observed` for one item run here (named in the context since its start)
             if records:
-                self._replay([(i, records)])
+                self._replay(records, item=i)
             if self._watch_items:
                 start = self._started.pop(i, None)
                 self.events.items_done([(self.offset + i, out, time.perf_counter() - start if start else 0.0)])
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
-    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any]) -> list[tuple[Any, ...]]:
-        """A worker's batch of rows `(i, ok, value[, records])`: each success delivered as `ok`
-        would, each row's item removed from `unsent`; the failures are returned, for the pool's
-        policy to retry or `fail` them. One loop per batch: in a map of fast items, this loop is
-        the parent's per-item cost, which bounds the whole map's throughput."""
+    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
+             records: Records | None = None) -> list[tuple[Any, ...]]:
+        """A worker's batch of rows `(i, ok, value)` and their node log: each success delivered as
+        `ok` would, each row's item removed from `unsent`; the failures are returned (with their
+        part of the log, unless replayed here already), for the pool's policy to retry or `fail`
+        them. One loop per batch: in a map of fast items, this loop is the parent's per-item
+        cost, which bounds the whole map's throughput."""
         failed: list[tuple[Any, ...]] = []
         pop = unsent.pop
         if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
+            logs = records.by_item() if records is not None else {}
             for row in rows:
                 pop(row[0], None)
+                log = logs.get(row[0])
                 if row[1]:
-                    self.ok(row[0], row[2], row[3] if len(row) > 3 else ())
+                    self.ok(row[0], row[2], (log,) if log else ())
                 else:
-                    failed.append(row)
+                    failed.append((*row, (log,)) if log else row)
             return failed
         values = self.values
         for row in rows:
@@ -85,16 +89,14 @@ class Results:
                 failed.append(row)
         self.progress.done += len(rows) - len(failed)
         if self.events:
+            if records is not None:  # the failures' node events too, with their errors
+                self._replay((records,), {row[0]: _cause(row[2]) for row in failed})
             self._observed(rows if not failed else [row for row in rows if row[1]], time.perf_counter())
         return failed
 
     def _observed(self, rows: Sequence[tuple[Any, ...]], now: float) -> None:
-        """The events of a worker's successful rows delivered at `now`: each item's node records
-        replayed, then its end (the items' ends in one call: per item, events still come in order)."""
-        if self.log_nodes:  # rows carry node records only when they were asked for
-            logged = [(row[0], row[3]) for row in rows if len(row) > 3 and row[3]]
-            if logged:
-                self._replay(logged)
+        """The ends of a worker's successful rows delivered at `now`, in one call (their node
+        events were replayed just before: per item, events still come in order)."""
         if self._watch_items:
             started, offset = self._started.pop, self.offset
             self.events.items_done([(offset + row[0], row[2], now - started(row[0], now)) for row in rows],  # type: ignore[union-attr]
@@ -103,15 +105,15 @@ class Results:
                 for row in rows:
                     self.live.item_end(offset + row[0], True)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and (records or worker is not None):
             if records:
-                self._replay([(i, records)], err.__cause__ if isinstance(err.__cause__, Exception) else err)
-                worker = records[-1]
-            if isinstance(err, NodeCrashed) and ERROR not in records[1::FIELDS]:  # it died mid-node
-                self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
+                self._replay(records, {i: _cause(err)}, item=i)
+                worker = records[-1].pid
+            if isinstance(err, NodeCrashed) and not any(log.raised() for log in records):
+                self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))  # it died mid-node
         err.item = self.offset + i
         self.failures[i] = err
         self.values[i] = Failed(err)
@@ -128,14 +130,12 @@ class Results:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, logged: Sequence[tuple[int, Sequence[Any]]], error: Exception | None = None) -> None:
-        """Items' node records `(i, records)` replayed to the callbacks and the report."""
+    def _replay(self, logs: Sequence[Records], errors: dict[int, Exception] | None = None,
+                item: int | None = None) -> None:
+        """Node logs replayed to the callbacks and the report; `errors`: of the items that failed;
+        `item`: the logs are that item's alone (as `Events.replay` has it)."""
         assert self.events is not None
-        self.events.replay(logged, error, self.offset, self.retries)
-        if self.live:
-            for i, records in logged:
-                _, _, start, end, pid = records[-5:]  # the item's own record closes them (nodelog.py)
-                self.live.item_ran(self.offset + i, start, end, pid)
+        self.events.replay(logs, errors, self.offset, self.retries, self.live.item_ran if self.live else None, item)
 
     def handed(self, chunk: Sequence[int], worker: int) -> None:
         """The items of `chunk` were handed to worker process `worker` (a pid) at once."""
@@ -183,3 +183,8 @@ class Results:
             out: dict[str, Any] = await arun(item, offset + i)
             return out
         return observed
+
+
+def _cause(err: NodeError) -> Exception:
+    """What a node raised, as callbacks' on_error reports it (the NodeError, where it lost that)."""
+    return err.__cause__ if isinstance(err.__cause__, Exception) else err

@@ -22,6 +22,7 @@ from .executors import SequentialExecutor
 from .results import Results
 
 if TYPE_CHECKING:
+    from ..observe.nodelog import Records
     from ..plan import Plan
     from .core import Engine
 
@@ -54,11 +55,11 @@ class _Streamed(Results):
 
     finished: queue.SimpleQueue[Any]
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         super().ok(i, out, records)
         self.finished.put((self, i))
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Any] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         super().fail(i, err, records, worker)
         self.finished.put((self, i))
 

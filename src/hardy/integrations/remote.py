@@ -31,7 +31,7 @@ import cloudpickle
 
 from ..engine.results import Results
 from ..errors import HardyError, NodeCrashed
-from ..observe.nodelog import item_record
+from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable, ship_items, ship_plan
@@ -65,24 +65,24 @@ _here = threading.local()  # per thread of the engine's worker (a Dask worker ru
 
 
 class _Rows(Results):
-    """A chunk's outcomes, with each item's node records (`log`) to send on to the caller's
-    Results; a worker's death is recorded as an item record naming it, so that the caller
+    """A chunk's outcomes, with each item's node log (`log`) to send on to the caller's
+    Results; a worker's death is logged as an item alone naming it, so that the caller
     reports the node it died in."""
 
     def __init__(self, n: int, log: bool):
         super().__init__(n, "continue", MapProgress(n, "chunk", False))
         self.log_nodes = log
-        self.records: dict[int, list[Any]] = {}
+        self.records: dict[int, list[Records]] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Any] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         super().ok(i, out)
         if records:
             self.records[i] = list(records)
 
-    def fail(self, i: int, err: Any, records: Sequence[Any] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: Any, records: Sequence[Records] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         if records or (worker is not None and self.log_nodes):
-            self.records[i] = list(records) or item_record(worker or 0)
+            self.records[i] = list(records) or [died(i, worker or 0)]
 
 
 def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:

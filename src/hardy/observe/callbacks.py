@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from ..node import Node
-from .nodelog import CACHED, END, ERROR, FIELDS
+from .nodelog import CACHED, END, Records
+from .nodelog import Events as LogEvents
 
 
 class CallbackContext:
@@ -119,6 +121,54 @@ _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVa
 # interleave on one thread, each in its own task (and so its own copy of this variable).
 _scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "hardy_scope", default=MappingProxyType({}))
+
+
+class _Replayed(Mapping[str, Any]):
+    """The item-scoped values of the node event being replayed (`Events.replay`), made when read:
+    most callbacks never read them, and the replay sets only which event it is."""
+
+    __slots__ = ("events", "event", "pid", "clock", "offset", "retries", "item")
+    KEYS = ("hardy.item", "hardy.worker_pid", "hardy.event_ns", "hardy.retry")
+
+    def __init__(self, offset: int, retries: Mapping[int, int] | None, item: int | None):
+        self.events: LogEvents | None = None
+        self.event = self.pid = self.clock = 0  # clock: the log's offset to wall-clock nanoseconds
+        self.offset, self.retries, self.item = offset, retries, item
+
+    def index(self, i: int) -> int:
+        """The sink's index of the log's item i (the item the logs were passed on for, if named)."""
+        return i if self.item is None else self.item
+
+    def __getitem__(self, key: str) -> Any:
+        events, e = self.events, self.event
+        assert events is not None
+        if key == "hardy.item":
+            return self.offset + self.index(events.items[e])
+        if key == "hardy.worker_pid":
+            return self.pid
+        if key == "hardy.event_ns":
+            return events.starts[e] + self.clock, events.ends[e] + self.clock
+        if key == "hardy.retry":
+            return self.retries.get(self.index(events.items[e]), 0) if self.retries else 0
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return len(self.KEYS)
+
+
+def _fanout(handlers: Sequence[Callable[..., None]]) -> Callable[..., None] | None:
+    """One callable for `handlers`: None for none, the handler itself for one (most often: a
+    replay's loop makes hundreds of thousands of these calls a second)."""
+    if len(handlers) < 2:
+        return handlers[0] if handlers else None
+
+    def each(*args: Any) -> None:
+        for handler in handlers:
+            handler(*args)
+    return each
 
 
 def in_call() -> bool:
@@ -271,50 +321,68 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, logged: Sequence[tuple[int, Sequence[Any]]], error: Exception | None = None, offset: int = 0,
-               retries: Mapping[int, int] | None = None) -> None:
-        """The node events of items `(i, records)` (the map's item `offset + i`), logged where they
-        ran (`hardy.observe.nodelog`), as if they happened here; `error` is the failure of the
-        (one) item, reported for the node that raised it; `retries`: runs before, per item. The
-        context carries their item-scoped values (see `CallbackContext.get`), set once for the
-        batch and updated per item and event: a fast map replays hundreds of thousands a second."""
-        replayed = self._replayed
-        if replayed is None:
-            replayed = self._replayed = tuple(self.handlers(e) for e in (
+    def replay(self, logs: Iterable[Records], errors: Mapping[int, Exception] | None = None, offset: int = 0,
+               retries: Mapping[int, int] | None = None,
+               on_item: Callable[[int, int, int, int], None] | None = None, item: int | None = None) -> None:
+        """The node events in `logs` (of items the map numbers from `offset`), logged where they ran
+        (`hardy.observe.nodelog`), as if they happened here; `errors`: the failures of the items
+        that failed, reported for the node that raised; `retries`: runs before, per item;
+        `on_item(item, start_ns, end_ns, pid)`: where and when each item ran; `item`: the logs are
+        of that item alone, passed on from where it ran (numbered there as another). The context's
+        item-scoped values (see `CallbackContext.get`) are read from the event being replayed
+        when asked for: a fast map replays hundreds of thousands of events a second."""
+        if self._replayed is None:
+            self._replayed = tuple(self.handlers(e) for e in (
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
-        starts, ends, errors, cached, items_cached = replayed
+        start, end = _fanout(self._replayed[0]), _fanout(self._replayed[1])
         ctx = current_context()
-        scope: dict[str, Any] = {"hardy.item": None, "hardy.worker_pid": None, "hardy.event_ns": None,
-                                 "hardy.retry": 0}
+        scope = _Replayed(offset, retries, item)
         token = _scope.set(scope)
         try:
-            for i, records in logged:
-                item = offset + i
-                scope["hardy.item"], scope["hardy.worker_pid"] = item, records[-1]
-                if retries:
-                    scope["hardy.retry"] = retries.get(i, 0)
-                for k in range(0, len(records) - FIELDS, FIELDS):  # the last record is the item's own
-                    name, code, start, end, detail = records[k:k + FIELDS]
-                    if name is None:  # an earlier stage's item record (a Daft engine with several UDFs)
-                        continue
-                    scope["hardy.event_ns"] = (start, end)
-                    if code == END:
-                        for handler in starts:
-                            handler(name, {}, ctx)
-                        for handler in ends:
-                            handler(name, {}, (end - start) / 1e9, ctx)
-                    elif code == CACHED:
-                        for handler in cached:
-                            handler(name, detail, ctx)
-                        for handler in items_cached:
-                            handler(item, detail, ctx)
-                    elif code == ERROR:
-                        for handler in starts:
-                            handler(name, {}, ctx)
-                        for handler in errors:
-                            handler(name, error if error is not None else RuntimeError("failed in a worker"), ctx)
+            for log in logs:
+                events = scope.events = log.events()
+                scope.pid, scope.clock = log.pid, log.offset
+                if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
+                    names = list(log.names) * len(events.ran)
+                    for e, name, seconds in zip(itertools.count(), names, events.seconds):
+                        scope.event = e
+                        end(name, {}, seconds, ctx)
+                else:
+                    self._replay_each(log, scope, errors, ctx)
+                if on_item:
+                    bounds = events.bounds
+                    for r, i in enumerate(events.ran):
+                        on_item(offset + scope.index(i), bounds[r] + log.offset, bounds[r + 1] + log.offset, log.pid)
         finally:
             _scope.reset(token)
+
+    def _replay_each(self, log: Records, scope: _Replayed, errors: Mapping[int, Exception] | None,
+                     ctx: CallbackContext) -> None:
+        """`replay` for one log, whatever its events."""
+        assert self._replayed is not None
+        starts, ends, raised, cached, items_cached = self._replayed
+        start, end = _fanout(starts), _fanout(ends)
+        events = log.events()
+        codes = events.codes if events.codes is not None else itertools.repeat(END)
+        for e, code, name, seconds in zip(itertools.count(), codes, map(log.names.__getitem__, events.steps),
+                                          events.seconds):
+            scope.event = e
+            if code == END:
+                if start:
+                    start(name, {}, ctx)
+                if end:
+                    end(name, {}, seconds, ctx)
+            elif code == CACHED:
+                for handler in cached:
+                    handler(name, events.details[e], ctx)
+                for handler in items_cached:
+                    handler(scope.offset + scope.index(events.items[e]), events.details[e], ctx)
+            else:
+                for handler in starts:
+                    handler(name, {}, ctx)
+                error = errors.get(scope.index(events.items[e])) if errors else None
+                for handler in raised:
+                    handler(name, error or RuntimeError("failed in a worker"), ctx)
 
     def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log

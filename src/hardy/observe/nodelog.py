@@ -1,95 +1,250 @@
-"""Node events recorded where nodes run (a worker process, a Dask or Ray task, a Daft UDF) and
-carried back with the results they belong to.
+"""Node events recorded where nodes run (a worker process) and carried back with the results they
+belong to.
 
 A worker cannot call the parent's callbacks, so when the parent listens to node events it asks the
-worker for a *logged* plan (the same plan built with `LOG.wrapper()`, each node call recorded).
-Each call becomes one record `node, code, start_ns, end_ns, detail` and each item one more,
-`None, ITEM, start_ns, end_ns, pid`, five fields each in one flat list per item (no tuple per
-record: fewer objects to pickle and for the garbage collector to walk). An item's records travel in
-its result row `(i, ok, value, records)`, and the parent replays them (`Events.replay`) just before it delivers
-the result, so callbacks see an item's node events in order, between its `on_map_item_start`
-and `on_map_item_end`, with the durations measured in the worker; wall-clock nanoseconds let
-OpenTelemetry spans and the report's timeline show when things really happened. When nobody
-listens the worker runs the plain plan: nothing is logged, nothing is checked.
+worker for a *logged* plan: the same plan, each node call also noting its step and start time.
+A fast map delivers hundreds of thousands of node events a second, and on a small machine the
+parent and its workers share the cores: what each does per event is as little as can be.
+
+- while items run, one flat list of integers: a node call appends `k, t` (step k started at t,
+  the worker's monotonic clock, read anyway to date the step for the parent's deadlines), and
+  ends where the next entry begins, so no second clock read is needed; an item appends
+  `ITEM, i, t` as it begins (which ends the item before it), the worker `PAUSE, t` before it
+  sends; the rare cases write more: `RAISED, t` (the node running raised), `CACHED, d` (the node
+  just noted was answered from the cache, its signature is `details[d]`), `SPAN, k, ok, start,
+  end` (an async node, whose calls may overlap, written whole when it ends);
+- each batch of results travels with the list as an array (`Records`: a byte string to pickle);
+  the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
+  its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
+  the batch's results.
+
+Callbacks so see an item's node events in order, between its `on_map_item_start` and
+`on_map_item_end`, with the durations measured in the worker; wall-clock nanoseconds (the worker's
+clock plus one offset per batch) let OpenTelemetry spans and the report's timeline show when
+things really happened. When nobody listens, the worker runs the plain plan: nothing is logged.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..node import Node
 
-END, ERROR, CACHED, ITEM = 0, 1, 2, 3
-FIELDS = 5  # per record: node name (None for the item's own), code, start_ns, end_ns, detail
+ITEM, PAUSE, RAISED, CACHED, SPAN = -1, -2, -3, -4, -5  # the codes of entries that are not a node's start
+END, ERROR = 0, 1  # an event's code: a node's end or error, or its cache hit (CACHED)
+
+
+class Records:
+    """The node log of some items that ran in one process, as it travels: the log (the worker's
+    list, as an array: one byte string to pickle), the plan's node names by step, the cache hits'
+    signatures, the offset that turns the worker's monotonic nanoseconds into wall-clock ones, the
+    worker's pid, and each event's duration in seconds (computed by the worker: the parent, which
+    replays every event, is a fast map's bottleneck). The parent decodes the rest (`events`), by
+    slicing where it can."""
+
+    __slots__ = ("names", "data", "details", "offset", "pid", "seconds", "_events")
+
+    def __init__(self, names: tuple[str, ...], data: array[int], details: list[str], offset: int, pid: int,
+                 seconds: array[float] | None = None):
+        self.names, self.data, self.details, self.offset, self.pid = names, data, details, offset, pid
+        self.seconds = seconds
+        self._events: Events | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Records, (self.names, self.data, self.details, self.offset, self.pid, self.seconds)
+
+    def events(self) -> Events:
+        """The log decoded (once). A batch where every item ran every node once, in order (no cache
+        hit, no failure, no async node: a fast map's usual batch) is cut by slicing, in C; any
+        other entry by entry. (Each entry that begins where that regular layout has one holds the
+        code the layout expects: so, entry by entry from the first, the log is that.)"""
+        if self._events is None:
+            data, steps = self.data, len(self.names)
+            width = 3 + 2 * steps
+            n = (len(data) - 2) // width
+            if (steps and len(data) == n * width + 2 and data[0::width].count(ITEM) == n
+                    and all(data[3 + 2 * k::width].count(k) == n for k in range(steps))):
+                self._events = _regular(data, n, width, steps)
+            else:
+                self._events = _decoded(data.tolist(), self.details)
+            events = self._events
+            events.seconds = self.seconds if self.seconds is not None else array(
+                "d", [(end - start) / 1e9 for start, end in zip(events.starts, events.ends)])
+        return self._events
+
+    def raised(self) -> bool:
+        """Whether a node raised (rather than the process dying in it)."""
+        codes = self.events().codes
+        return codes is not None and ERROR in codes
+
+    def by_item(self) -> dict[int, Records]:
+        """Each item's log alone (for a sink that passes items on one by one)."""
+        data, out = self.data, {}
+        begins = [p for p, code in enumerate(data) if code == ITEM]  # only codes are negative
+        for p, q in zip(begins, [*begins[1:], len(data) - 2]):
+            end = data[q + 2] if data[q] == ITEM else data[q + 1]
+            out[data[p + 1]] = Records(self.names, data[p:q] + array("q", (PAUSE, end)), self.details,
+                                       self.offset, self.pid)
+        return out
+
+
+class Events:
+    """A log decoded: per event its item, node (`steps`, indices into the names), code (None:
+    all END), start and end (the worker's nanoseconds), duration in seconds, and for a cache hit
+    its signature (`details`, by event); the items in the order they ran (`ran`), item r from
+    `bounds[r]` to `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
+
+    __slots__ = ("items", "steps", "codes", "starts", "ends", "seconds", "details", "ran", "bounds", "regular")
+
+    def __init__(self) -> None:
+        self.items, self.steps, self.starts, self.ends = array("q"), array("h"), array("q"), array("q")
+        self.seconds = array("d")
+        self.codes: array[int] | None = None
+        self.details: dict[int, str] = {}
+        self.ran, self.bounds = array("q"), array("q")
+        self.regular = False
+
+    def add(self, item: int, step: int, code: int, start: int, end: int, detail: str | None = None) -> None:
+        if code != END and self.codes is None:
+            self.codes = array("b", bytes(len(self.steps)))
+        if self.codes is not None:
+            self.codes.append(code)
+        if detail is not None:
+            self.details[len(self.steps)] = detail
+        self.items.append(item)
+        self.steps.append(step)
+        self.starts.append(start)
+        self.ends.append(end)
+
+
+def _regular(data: array[int], n: int, width: int, steps: int) -> Events:
+    out = Events()
+    out.regular = True
+    out.ran, out.bounds = data[1:-2:width], data[2::width]
+    out.bounds.append(data[-1])  # the end of the last item: an item ends where the next begins
+    if steps == 1:
+        out.items, out.starts, out.ends = out.ran, data[4::width], out.bounds[1:]
+        out.steps = array("h", bytes(2 * n))
+        return out
+    for field in ("items", "starts", "ends"):  # item by item, node by node
+        setattr(out, field, array("q", bytes(8 * n * steps)))
+    for k in range(steps):  # node k ends where node k + 1 (or the next item) begins
+        out.items[k::steps] = out.ran
+        out.starts[k::steps] = data[4 + 2 * k::width]
+        out.ends[k::steps] = data[6 + 2 * k::width] if k < steps - 1 else out.bounds[1:]
+    out.steps = array("h", range(steps)) * n
+    return out
+
+
+def _decoded(data: list[int], details: list[str]) -> Events:
+    out = Events()
+    for event in _entries(data):
+        if event[2] == ITEM:
+            out.ran.append(event[0])
+            out.bounds[-1:] = array("q", (event[3], event[4]))
+        else:
+            out.add(*event[:5], details[event[5]] if event[2] == CACHED else None)
+    return out
+
+
+def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(item, step, code, start, end, detail) per event of an irregular log, and (item, ITEM, ITEM,
+    start, end, 0) per item once it is over."""
+    item = node = -1
+    begun = start = 0
+    p = 0
+    while p < len(data):
+        code = data[p]
+        if code == CACHED:
+            yield item, node, CACHED, start, start, data[p + 1]
+            node, p = -1, p + 2
+            continue
+        if code == SPAN:
+            k, ok, s, e = data[p + 1:p + 5]
+            if node >= 0:  # the sync node before it ended before it began
+                yield item, node, END, start, s, 0
+            yield item, k, END if ok else ERROR, s, e, 0
+            node, p = -1, p + 5
+            continue
+        t = data[p + 2] if code == ITEM else data[p + 1]
+        if node >= 0:
+            yield item, node, ERROR if code == RAISED else END, start, t, 0
+            node = -1
+        if code >= 0:
+            node, start = code, t
+        elif code != RAISED:  # ITEM or PAUSE: the item running is over
+            if item >= 0:
+                yield item, ITEM, ITEM, begun, t, 0
+            item, begun = (data[p + 1], t) if code == ITEM else (-1, 0)
+        p += 3 if code == ITEM else 2
 
 
 class NodeLog:
-    """The records of the item running in this process."""
+    """The log of the items run in this process since it was last taken."""
 
     def __init__(self) -> None:
-        self.records: list[Any] = []
-        self.start = 0
-        self.pid = 0
+        self.data: list[int] = []
+        self.details: list[str] = []
+        self.steps: dict[str, int] = {}  # node name -> step, of the logged plan being built
 
-    def wrap(self, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
-        """`func`, recording each call."""
-        name, clock, log = node.name, time.time_ns, self
+    def note(self, k: int, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
+        """`func` (step k's), noting its calls: for a sync node, the caller (the worker) writes
+        `k, t` itself, where it reads the clock anyway; an async node's calls may overlap, so
+        each is written whole when it ends."""
+        self.steps[node.name] = k
+        if not node.is_async:
+            return func
+        add, clock = self.data.extend, time.monotonic_ns
 
-        if node.is_async:
-            async def logged_async(*args: Any, **kwargs: Any) -> Any:
-                start = clock()
-                try:
-                    value = await func(*args, **kwargs)
-                except Exception:
-                    log.records += (name, ERROR, start, clock(), None)
-                    raise
-                log.records += (name, END, start, clock(), None)
-                return value
-            return logged_async
-
-        def logged(*args: Any, **kwargs: Any) -> Any:
+        async def logged(*args: Any, **kwargs: Any) -> Any:
             start = clock()
             try:
-                value = func(*args, **kwargs)
+                value = await func(*args, **kwargs)
             except Exception:
-                log.records += (name, ERROR, start, clock(), None)
+                add((SPAN, k, 0, start, clock()))
                 raise
-            log.records += (name, END, start, clock(), None)
+            add((SPAN, k, 1, start, clock()))
             return value
         return logged
 
-    def wrapper(self, wrap: Callable[[int, Node], Callable[..., Any]] | None = None
-                ) -> Callable[[int, Node], Callable[..., Any]]:
-        """A plan's `wrap` that records each node call (around what `wrap` gives, if any); build the
-        logged plan with it and `on_cached=LOG.cached`, in the process that runs it."""
-        self.pid = os.getpid()
-        return lambda k, n: self.wrap(n, wrap(k, n) if wrap else n.func)
-
     def cached(self, name: str, key: bytes, item: int | None) -> None:
         """The logged plan's cache-hit hook."""
-        now = time.time_ns()
-        self.records += (name, CACHED, now, now, key.hex() if isinstance(key, bytes) else str(key))
+        self.details.append(key.hex() if isinstance(key, bytes) else str(key))
+        self.data += (self.steps[name], time.monotonic_ns(), CACHED, len(self.details) - 1)
 
-    def begin(self) -> None:
-        self.records = []
-        self.start = time.time_ns()
+    def raised(self) -> None:
+        """The node running raised (its item fails)."""
+        self.data += (RAISED, time.monotonic_ns())
 
-    def end(self) -> list[Any]:
-        """The item's records, closed by its own (ITEM) record naming this process."""
-        records = self.records
-        records += (None, ITEM, self.start, time.time_ns(), self.pid)
-        self.records = []
+    def take(self, names: tuple[str, ...], whole: bool = False) -> Records | None:
+        """The log since the last call (None if empty), its last item ended now; `whole`: only the
+        items that ended (a dying worker's last words come mid-item: that one's entries died
+        with it)."""
+        data = self.data
+        if whole and ITEM in data:  # only codes are negative: a value never reads as one
+            last = len(data) - 1 - data[::-1].index(ITEM)
+            now, data[last:] = data[last + 2], []
+        else:
+            now = time.monotonic_ns()
+        if not data:
+            return None
+        data += (PAUSE, now)
+        records = Records(names, array("q", data), self.details, time.time_ns() - time.monotonic_ns(), os.getpid())
+        records.seconds = records.events().seconds
+        data.clear()
+        self.details = []
         return records
 
 
 LOG = NodeLog()  # one per process: every logged plan built here records into it
 
 
-def item_record(pid: int) -> list[Any]:
-    """The records of an item whose worker `pid` died running it: only the item's own (its node
+def died(i: int, pid: int) -> Records:
+    """The log of item i whose worker `pid` died running it: only the item's own (its node
     records died with the worker); the caller reports the node it died in."""
     now = time.time_ns()
-    return [None, ITEM, now, now, pid]
+    return Records((), array("q", (ITEM, i, now, PAUSE, now)), [], 0, pid)

@@ -423,7 +423,7 @@ class _Run:
         try:
             while w.conn.poll():
                 data = w.conn.recv_bytes()
-                done, each, elapsed = worker_main.HEADER.unpack_from(data)
+                done, each, logged, elapsed = worker_main.HEADER.unpack_from(data)
                 w.started_any = True
                 self.pool.start_failures = 0
                 try:
@@ -432,25 +432,31 @@ class _Run:
                     raise
                 except Exception:  # one result cannot be read here: at chunk end, ask for each alone
                     w.resend = True
-                    batch = []
+                    batch, logged = [], False
+                unsent, free = w.unsent, done and not w.resend
+                if free:  # its next chunk goes first, to run while this batch is taken
+                    self.chunk_done(w, elapsed)
+                    if not self.results.stop:
+                        self.assign()
                 if each:
-                    self.take_each(w, batch)
+                    self.take_each(unsent, batch)
                 else:
-                    for i, _, err, *records in self.results.take(batch, w.unsent):  # the failures
+                    rows, records = batch if logged else (batch, None)
+                    for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
                         if not self.retry_out_of_memory(i, err):
-                            self.results.fail(i, err, *records)
-                if done and w.resend:  # the items with no result yet are those of unreadable batches
+                            self.results.fail(i, err, *log)
+                if free:  # what it sends next belongs to its next chunk (or, released, to another map)
+                    return True
+                if done:  # the items with no result yet are those of unreadable batches
                     w.send(pickle.dumps(("resend", list(w.unsent))))
                     w.resend = False
-                elif done:
-                    self.chunk_done(w, elapsed)
         except (EOFError, OSError):
             return False
         return True
 
-    def take_each(self, w: _Worker, batch: list[tuple[int, bool, bytes]]) -> None:
+    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes]]) -> None:
         for i, ok, blob in batch:
-            w.unsent.pop(i, None)
+            unsent.pop(i, None)
             try:
                 value = pickle.loads(blob)
             except Exception as exc:

@@ -23,6 +23,7 @@ from typing import Any
 from .. import transport
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
+from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
@@ -32,9 +33,9 @@ from .lifeline import kill_group, watch_peer
 # Shared status words, written by the worker, read by the parent after a death or for deadlines.
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
 STATUS_SIZE = 8 * SLOTS
-FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
+FLUSH_EVERY = 5_000_000  # nanoseconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
-HEADER = struct.Struct("??d")  # before each batch of results: chunk done, pickled item by item, elapsed
+HEADER = struct.Struct("???d")  # before each batch of results: chunk done, pickled item by item, logged, elapsed
 
 
 def open_status(path: str) -> tuple[mmap.mmap, Any]:
@@ -43,14 +44,29 @@ def open_status(path: str) -> tuple[mmap.mmap, Any]:
     return mm, (ctypes.c_int64 * SLOTS).from_buffer(mm)
 
 
-def _marked(status: Any, k: int, func: Callable[..., Any]) -> Callable[..., Any]:
+def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None = None) -> Callable[..., Any]:
+    """`func`, dating each call in the status words (for the parent's deadlines and crash
+    reports); `log`: also noted in the node log (observe/nodelog.py), with the same clock read."""
     clock = time.monotonic_ns
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    if log is None:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            status[STEP] = k
+            status[STEP_START] = clock()
+            return func(*args, **kwargs)
+        return call
+    note = log.extend
+
+    def logged(*args: Any, **kwargs: Any) -> Any:
         status[STEP] = k
-        status[STEP_START] = clock()
-        return func(*args, **kwargs)
-    return call
+        status[STEP_START] = now = clock()
+        note((k, now))
+        try:
+            return func(*args, **kwargs)
+        except BaseException:  # an attempt its node's policy may retry: the log says it raised
+            LOG.raised()
+            raise
+    return logged
 
 
 def run(fd: int) -> None:
@@ -130,10 +146,13 @@ def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[
     """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
     plan records its node calls (observe/nodelog.py)."""
     def marked(k: int, n: Any) -> Callable[..., Any]:
-        return _marked(status, k, n.func)
+        if not log:
+            return _marked(status, k, n.func)
+        if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
+            return LOG.note(k, n, _marked(status, k, n.func))
+        return _marked(status, k, LOG.note(k, n, n.func), LOG.data)
     try:
-        plan = (build_plan(spec, wrap=LOG.wrapper(marked), on_cached=LOG.cached) if log
-                else build_plan(spec, wrap=marked))
+        plan = build_plan(spec, wrap=marked, on_cached=LOG.cached if log else None)
     except Exception as exc:
         return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
                 "its nodes must come from the script or a module importable from the parent's sys.path "
@@ -144,14 +163,15 @@ def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[
 
 _unsent: list[tuple[Any, ...]] = []  # results of the current chunk not sent yet
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
+_names: list[tuple[str, ...] | None] = [None]  # its nodes by step, while its calls are logged
 _sending = [False]
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
                items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]], log: bool) -> bool:
-    """Run the items; `log`: each row also carries the item's node records (observe/nodelog.py).
-    False when the worker must retire: after a sticky CUDA error every later CUDA call here would
-    fail, so the rest of the chunk goes back to the parent unrun."""
+    """Run the items; `log`: their node calls are logged and each batch carries its log
+    (observe/nodelog.py). False when the worker must retire: after a sticky CUDA error every later
+    CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
     sent.clear()
     if isinstance(loaded, str):
         _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
@@ -159,31 +179,33 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     plan, producers = loaded
     _producers.clear()
     _producers.update(producers)
-    start = last = time.monotonic()
+    _names[0] = tuple(s.node.name for s in plan.steps) if log else None
+    note, clock = LOG.data.extend if log else None, time.monotonic_ns
+    start = last = clock()
     batch = _unsent
     for i, item in items:
+        now = clock()  # one clock read: when the last batch went, and when this item began
+        if now - last >= FLUSH_EVERY and batch:
+            _send(conn, batch, producers, False, 0.0, sent)
+            last = now = clock()
         status[STEP] = -1
         status[ITEM] = i
-        if log:
-            LOG.begin()
+        if note:
+            note((BEGINS, i, now))
         try:
-            row: tuple[Any, ...] = (i, True, plan.run(item, i))
+            batch.append((i, True, plan.run(item, i)))
         except NodeError as err:
-            row = (i, False, portable(err))
+            if note:
+                LOG.raised()
+            batch.append((i, False, portable(err)))
             if isinstance(err, CudaError) and err.retires_worker:
-                batch.append((*row, LOG.end()) if log else row)
                 status[ITEM] = -1
                 _send(conn, batch, producers, False, 0.0, sent)
                 return False
-        batch.append((*row, LOG.end()) if log else row)
         status[ITEM] = -1
-        now = time.monotonic()
-        if now - last >= FLUSH_EVERY:
-            _send(conn, batch, producers, False, 0.0, sent)
-            last = now
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
-    _send(conn, batch, producers, True, time.monotonic() - start, sent)
+    _send(conn, batch, producers, True, (clock() - start) / 1e9, sent)
     return True
 
 
@@ -191,24 +213,28 @@ def _last_words(conn: Any, sent: list[list[Any]]) -> None:
     """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
     transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
     if _unsent and not _sending[0]:
-        _send(conn, _unsent, _producers, False, 0.0, sent)
+        _send(conn, _unsent, _producers, False, 0.0, sent, dying=True)
 
 
 def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], done: bool,
-          elapsed: float, sent: list[list[Any]]) -> None:
-    """A batch of results, pickled at once (fast). A value that cannot be pickled fails its item;
+          elapsed: float, sent: list[list[Any]], dying: bool = False) -> None:
+    """A batch of results, pickled at once (fast), with the node log of its items when it is kept
+    (the items that ended only, if `dying`). A value that cannot be pickled fails its item;
     if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),
     so the chunk's batches are kept in `sent` until the next chunk. The batch is emptied. While
     this runs, last words stay silent: the batch is on its way already."""
     _sending[0] = True
     try:
+        names = _names[0]
+        records = LOG.take(names, whole=dying) if names is not None else None
+        message: Any = batch if names is None else (batch, records)
         try:
-            packed = transport.pack(batch, out_of_band)  # the parent has its own __main__: no need for dumps()
+            packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
         except Exception:
-            batch[:] = [(*_picklable(producers, i, ok, value), *records) for i, ok, value, *records in batch]
-            packed = transport.pack(batch, dumps)
+            batch[:] = [_picklable(producers, *row) for row in batch]
+            packed = transport.pack(message, dumps)
         sent.append(list(batch))
-        transport.send(conn, HEADER.pack(done, False, elapsed), packed)
+        transport.send(conn, HEADER.pack(done, False, names is not None, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
@@ -216,10 +242,10 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
 
 def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
     """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
-    outcomes = {i: (ok, value) for batch in sent for i, ok, value, *_ in batch}  # node records stay behind
+    outcomes = {i: (ok, value) for batch in sent for i, ok, value in batch}  # their node log stays behind
     data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1], buffer_callback=_in_band)) for i in items],
                         protocol=5)
-    conn.send_bytes(HEADER.pack(True, True, 0.0) + data)
+    conn.send_bytes(HEADER.pack(True, True, False, 0.0) + data)
 
 
 def _in_band(buf: Any) -> bool:
