@@ -199,7 +199,7 @@ class Events:
         self.items = items
         self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
         self._replayed: tuple[tuple[Callable[..., None], ...], ...] | None = None
-        self._item_ends: tuple[tuple[Callable[..., None], ...], ...] | None = None
+        self._item_ends: tuple[Callable[..., None] | None, Callable[..., None] | None] | None = None
 
     def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
         """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
@@ -300,9 +300,10 @@ class Events:
         is named already, since its start)."""
         found = self._item_ends
         if found is None:
-            found = self._item_ends = (self.handlers("on_pipeline_end"), self.handlers("on_map_item_end"))
-        ends, item_ends = found
-        if not (ends or item_ends):
+            found = self._item_ends = (_fanout(self.handlers("on_pipeline_end")),
+                                       _fanout(self.handlers("on_map_item_end")))
+        end, item_end = found
+        if not (end or item_end):
             return
         ctx, pipeline_id = current_context(), self.pipeline_id
         scope = dict(_scope.get()) if name_items else {}
@@ -310,10 +311,10 @@ class Events:
         try:
             for i, outputs, duration in done:
                 scope["hardy.item"] = i
-                for handler in ends:
-                    handler(pipeline_id, outputs, duration, ctx)
-                for handler in item_ends:
-                    handler(i, duration, ctx)
+                if end:
+                    end(pipeline_id, outputs, duration, ctx)
+                if item_end:
+                    item_end(i, duration, ctx)
         finally:
             if token is not None:
                 _scope.reset(token)
