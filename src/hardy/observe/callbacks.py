@@ -5,8 +5,9 @@ answered from the cache does not run: it reports `on_node_cached` (and, inside a
 `on_map_item_cached`) instead of start/end. A nested pipeline reports `on_nested_pipeline_start/end`
 around its own pipeline events, and its nodes report to the outer pipeline's callbacks.
 Node events are produced by wrapping each node function at plan-compile time (see `instrument`),
-which is why registering no callback costs nothing per call. Nodes that run inside worker
-processes report node events there, not here; map-item events always fire in the caller.
+which is why registering no callback costs nothing per call. Nodes that run in worker processes
+log their calls there, and the log is replayed here (`Events.replay`, `nodelog.py`) with the
+results it came with; map-item events always fire in the caller.
 """
 
 from __future__ import annotations

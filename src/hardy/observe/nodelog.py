@@ -4,7 +4,7 @@ belong to.
 A worker cannot call the parent's callbacks, so when the parent listens to node events it asks the
 worker for a *logged* plan: the same plan, each node call also noting its step and start time.
 A fast map delivers hundreds of thousands of node events a second, and on a small machine the
-parent and its workers share the cores: what each does per event is as little as can be.
+parent and its workers share the cores: what each does per event is as little as can be:
 
 - while items run, one flat list of integers: a node call appends `k, t` (step k started at t,
   the worker's monotonic clock, read anyway to date the step for the parent's deadlines), and
@@ -13,8 +13,9 @@ parent and its workers share the cores: what each does per event is as little as
   sends; the rare cases write more: `RAISED, t` (the node running raised), `CACHED, d` (the node
   just noted was answered from the cache, its signature is `details[d]`), `SPAN, k, ok, start,
   end` (an async node, whose calls may overlap, written whole when it ends);
-- each batch of results travels with the list as an array (`Records`: a byte string to pickle);
-  the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
+- each batch of results travels with the list as an array (`Records`: a byte string to pickle),
+  and the events' durations the worker computed from it; the parent cuts the list into one
+  array per field (`Records.events`, by slicing where it can) and
   its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
   the batch's results.
 
