@@ -346,9 +346,9 @@ class Events:
                 scope.pid, scope.clock = log.pid, log.offset
                 if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
                     names = list(log.names) * len(events.ran)
-                    for e, name, seconds in zip(itertools.count(), names, events.seconds):
+                    for e, name, began, ended in zip(itertools.count(), names, events.starts, events.ends):
                         scope.event = e
-                        end(name, {}, seconds, ctx)
+                        end(name, {}, (ended - began) / 1e9, ctx)
                 else:
                     self._replay_each(log, scope, errors, ctx)
                 if on_item:
@@ -366,14 +366,14 @@ class Events:
         start, end = _fanout(starts), _fanout(ends)
         events = log.events()
         codes = events.codes if events.codes is not None else itertools.repeat(END)
-        for e, code, name, seconds in zip(itertools.count(), codes, map(log.names.__getitem__, events.steps),
-                                          events.seconds):
+        for e, code, name, began, ended in zip(itertools.count(), codes, map(log.names.__getitem__, events.steps),
+                                               events.starts, events.ends):
             scope.event = e
             if code == END:
                 if start:
                     start(name, {}, ctx)
                 if end:
-                    end(name, {}, seconds, ctx)
+                    end(name, {}, (ended - began) / 1e9, ctx)
             elif code == CACHED:
                 for handler in cached:
                     handler(name, events.details[e], ctx)

@@ -6,16 +6,18 @@ worker for a *logged* plan: the same plan, each node call also noting its step a
 A fast map delivers hundreds of thousands of node events a second, and on a small machine the
 parent and its workers share the cores: what each does per event is as little as can be:
 
-- while items run, one flat list of integers: a node call appends `k, t` (step k started at t,
-  the worker's monotonic clock, read anyway to date the step for the parent's deadlines), and
-  ends where the next entry begins, so no second clock read is needed; an item appends
-  `ITEM, i, t` as it begins (which ends the item before it), the worker `PAUSE, t` before it
-  sends; the rare cases write more: `RAISED, t` (the node running raised), `CACHED, d` (the node
-  just noted was answered from the cache, its signature is `details[d]`), `SPAN, k, ok, start,
-  end` (an async node, whose calls may overlap, written whole when it ends);
-- each batch of results travels with the list as an array (`Records`: a byte string to pickle),
-  and the events' durations the worker computed from it; the parent cuts the list into one
-  array per field (`Records.events`, by slicing where it can) and
+- while items run, one flat list of integers. A node call appends its start time t (the
+  worker's monotonic clock, read anyway to date the step for the parent's deadlines): it is the
+  item's next step, and it ends where the next entry begins, so one integer and one clock read
+  per call are all it costs. An item appends `ITEM, i, t` as it begins (which ends the item
+  before it), the worker `PAUSE, t` before it sends. The rare cases write more, after a negative
+  code (a time is never negative): `RAISED, t` (the node running raised; a retry of it is the
+  same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits are looked up
+  before its misses run, or with async nodes, names its steps), `CACHED, d` (the step just named
+  was answered from the cache, its signature is `details[d]`), `SPAN, k, ok, start, end` (an
+  async node, whose calls may overlap, written whole when it ends);
+- each batch of results travels with the list as an array (`Records`: a byte string to pickle);
+  the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
   its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
   the batch's results.
 
@@ -35,46 +37,40 @@ from typing import Any
 
 from ..node import Node
 
-ITEM, PAUSE, RAISED, CACHED, SPAN = -1, -2, -3, -4, -5  # the codes of entries that are not a node's start
+ITEM, PAUSE, RAISED, CACHED, SPAN, STEP = -1, -2, -3, -4, -5, -6  # codes: entries that are not a bare start
 END, ERROR = 0, 1  # an event's code: a node's end or error, or its cache hit (CACHED)
 
 
 class Records:
     """The node log of some items that ran in one process, as it travels: the log (the worker's
     list, as an array: one byte string to pickle), the plan's node names by step, the cache hits'
-    signatures, the offset that turns the worker's monotonic nanoseconds into wall-clock ones, the
-    worker's pid, and each event's duration in seconds (computed by the worker: the parent, which
-    replays every event, is a fast map's bottleneck). The parent decodes the rest (`events`), by
-    slicing where it can."""
+    signatures, the offset that turns the worker's monotonic nanoseconds into wall-clock ones, and
+    the worker's pid. The parent decodes it (`events`), by slicing where it can."""
 
-    __slots__ = ("names", "data", "details", "offset", "pid", "seconds", "_events")
+    __slots__ = ("names", "data", "details", "offset", "pid", "_events")
 
-    def __init__(self, names: tuple[str, ...], data: array[int], details: list[str], offset: int, pid: int,
-                 seconds: array[float] | None = None):
+    def __init__(self, names: tuple[str, ...], data: array[int], details: list[str], offset: int, pid: int):
         self.names, self.data, self.details, self.offset, self.pid = names, data, details, offset, pid
-        self.seconds = seconds
         self._events: Events | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Records, (self.names, self.data, self.details, self.offset, self.pid, self.seconds)
+        return Records, (self.names, self.data, self.details, self.offset, self.pid)
 
     def events(self) -> Events:
         """The log decoded (once). A batch where every item ran every node once, in order (no cache
         hit, no failure, no async node: a fast map's usual batch) is cut by slicing, in C; any
-        other entry by entry. (Each entry that begins where that regular layout has one holds the
-        code the layout expects: so, entry by entry from the first, the log is that.)"""
+        other entry by entry. (Each entry that begins where that regular layout has one holds
+        what the layout expects, an ITEM code or a time: so, entry by entry from the first, the
+        log is that.)"""
         if self._events is None:
             data, steps = self.data, len(self.names)
-            width = 3 + 2 * steps
+            width = 3 + steps
             n = (len(data) - 2) // width
-            if (steps and len(data) == n * width + 2 and data[0::width].count(ITEM) == n
-                    and all(data[3 + 2 * k::width].count(k) == n for k in range(steps))):
+            if (n and steps and len(data) == n * width + 2 and data[0::width].count(ITEM) == n
+                    and all(min(data[3 + k::width]) >= 0 for k in range(steps))):
                 self._events = _regular(data, n, width, steps)
             else:
                 self._events = _decoded(data.tolist(), self.details)
-            events = self._events
-            events.seconds = self.seconds if self.seconds is not None else array(
-                "d", [(end - start) / 1e9 for start, end in zip(events.starts, events.ends)])
         return self._events
 
     def raised(self) -> bool:
@@ -95,15 +91,14 @@ class Records:
 
 class Events:
     """A log decoded: per event its item, node (`steps`, indices into the names), code (None:
-    all END), start and end (the worker's nanoseconds), duration in seconds, and for a cache hit
-    its signature (`details`, by event); the items in the order they ran (`ran`), item r from
-    `bounds[r]` to `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
+    all END), start and end (the worker's nanoseconds), and for a cache hit its signature
+    (`details`, by event); the items in the order they ran (`ran`), item r from `bounds[r]` to
+    `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
 
-    __slots__ = ("items", "steps", "codes", "starts", "ends", "seconds", "details", "ran", "bounds", "regular")
+    __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "ran", "bounds", "regular")
 
     def __init__(self) -> None:
         self.items, self.steps, self.starts, self.ends = array("q"), array("h"), array("q"), array("q")
-        self.seconds = array("d")
         self.codes: array[int] | None = None
         self.details: dict[int, str] = {}
         self.ran, self.bounds = array("q"), array("q")
@@ -128,15 +123,15 @@ def _regular(data: array[int], n: int, width: int, steps: int) -> Events:
     out.ran, out.bounds = data[1:-2:width], data[2::width]
     out.bounds.append(data[-1])  # the end of the last item: an item ends where the next begins
     if steps == 1:
-        out.items, out.starts, out.ends = out.ran, data[4::width], out.bounds[1:]
+        out.items, out.starts, out.ends = out.ran, data[3::width], out.bounds[1:]
         out.steps = array("h", bytes(2 * n))
         return out
     for field in ("items", "starts", "ends"):  # item by item, node by node
         setattr(out, field, array("q", bytes(8 * n * steps)))
     for k in range(steps):  # node k ends where node k + 1 (or the next item) begins
         out.items[k::steps] = out.ran
-        out.starts[k::steps] = data[4 + 2 * k::width]
-        out.ends[k::steps] = data[6 + 2 * k::width] if k < steps - 1 else out.bounds[1:]
+        out.starts[k::steps] = data[3 + k::width]
+        out.ends[k::steps] = data[4 + k::width] if k < steps - 1 else out.bounds[1:]
     out.steps = array("h", range(steps)) * n
     return out
 
@@ -156,7 +151,7 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(item, step, code, start, end, detail) per event of an irregular log, and (item, ITEM, ITEM,
     start, end, 0) per item once it is over."""
     item = node = -1
-    begun = start = 0
+    begun = start = following = 0  # following: the step a bare start time begins
     p = 0
     while p < len(data):
         code = data[p]
@@ -171,17 +166,20 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
             yield item, k, END if ok else ERROR, s, e, 0
             node, p = -1, p + 5
             continue
-        t = data[p + 2] if code == ITEM else data[p + 1]
+        k, t, width = ((following, code, 1) if code >= 0 else (data[p + 1], data[p + 2], 3) if code == STEP
+                       else (-1, data[p + 2], 3) if code == ITEM else (-1, data[p + 1], 2))
         if node >= 0:
             yield item, node, ERROR if code == RAISED else END, start, t, 0
+            if code == RAISED:
+                following = node  # a retry of the step that raised is that step again
             node = -1
-        if code >= 0:
-            node, start = code, t
+        if k >= 0:
+            node, start, following = k, t, k + 1
         elif code != RAISED:  # ITEM or PAUSE: the item running is over
             if item >= 0:
                 yield item, ITEM, ITEM, begun, t, 0
-            item, begun = (data[p + 1], t) if code == ITEM else (-1, 0)
-        p += 3 if code == ITEM else 2
+            item, begun, following = (data[p + 1], t, 0) if code == ITEM else (-1, 0, 0)
+        p += width
 
 
 class NodeLog:
@@ -194,7 +192,7 @@ class NodeLog:
 
     def note(self, k: int, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
         """`func` (step k's), noting its calls: for a sync node, the caller (the worker) writes
-        `k, t` itself, where it reads the clock anyway; an async node's calls may overlap, so
+        its start itself, where it reads the clock anyway; an async node's calls may overlap, so
         each is written whole when it ends."""
         self.steps[node.name] = k
         if not node.is_async:
@@ -215,10 +213,10 @@ class NodeLog:
     def cached(self, name: str, key: bytes, item: int | None) -> None:
         """The logged plan's cache-hit hook."""
         self.details.append(key.hex() if isinstance(key, bytes) else str(key))
-        self.data += (self.steps[name], time.monotonic_ns(), CACHED, len(self.details) - 1)
+        self.data += (STEP, self.steps[name], time.monotonic_ns(), CACHED, len(self.details) - 1)
 
     def raised(self) -> None:
-        """The node running raised (its item fails)."""
+        """The node running raised (its item fails, or the node's policy retries it)."""
         self.data += (RAISED, time.monotonic_ns())
 
     def take(self, names: tuple[str, ...], whole: bool = False) -> Records | None:
@@ -235,7 +233,6 @@ class NodeLog:
             return None
         data += (PAUSE, now)
         records = Records(names, array("q", data), self.details, time.time_ns() - time.monotonic_ns(), os.getpid())
-        records.seconds = records.events().seconds
         data.clear()
         self.details = []
         return records

@@ -25,6 +25,7 @@ from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import LOG
+from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, dumps, out_of_band, portable
@@ -44,9 +45,11 @@ def open_status(path: str) -> tuple[mmap.mmap, Any]:
     return mm, (ctypes.c_int64 * SLOTS).from_buffer(mm)
 
 
-def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None = None) -> Callable[..., Any]:
+def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None = None,
+            named: bool = False) -> Callable[..., Any]:
     """`func`, dating each call in the status words (for the parent's deadlines and crash
-    reports); `log`: also noted in the node log (observe/nodelog.py), with the same clock read."""
+    reports); `log`: also noted in the node log (observe/nodelog.py), with the same clock read,
+    as a bare start time (the item's next step) or, `named`, with its step."""
     clock = time.monotonic_ns
 
     if log is None:
@@ -55,12 +58,15 @@ def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None
             status[STEP_START] = clock()
             return func(*args, **kwargs)
         return call
-    note = log.extend
+    note: Callable[[int], None] = log.append
+    if named:
+        def note(now: int) -> None:
+            log.extend((STEP_NAMED, k, now))
 
     def logged(*args: Any, **kwargs: Any) -> Any:
         status[STEP] = k
         status[STEP_START] = now = clock()
-        note((k, now))
+        note(now)
         try:
             return func(*args, **kwargs)
         except BaseException:  # an attempt its node's policy may retry: the log says it raised
@@ -132,25 +138,28 @@ def run(fd: int) -> None:
 
 
 def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
-    """The plain plan, or (when the parent listens to node events) the logged one, built once."""
+    """The plain plan, or (when the parent listens to node events) the logged one, built once.
+    A plan whose steps may start out of order (a cache looks its hits up before its misses run;
+    async nodes are gathered) names each step in the log."""
     plain: tuple[Plan, dict[str, str]] | str = entry[1]
     if not log or isinstance(plain, str):
         return plain
     if entry[2] is None:
-        entry[2] = _load_plan(entry[0], status, log=True)
+        named = plain[0].cache is not None or any(s.node.is_async for s in plain[0].steps)
+        entry[2] = _load_plan(entry[0], status, log="named" if named else "bare")
     logged: tuple[Plan, dict[str, str]] | str = entry[2]
     return logged
 
 
-def _load_plan(spec: bytes, status: Any, log: bool = False) -> tuple[Plan, dict[str, str]] | str:
+def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
     """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
-    plan records its node calls (observe/nodelog.py)."""
+    plan notes its node calls (observe/nodelog.py), "bare" or "named" (see `_plan`)."""
     def marked(k: int, n: Any) -> Callable[..., Any]:
         if not log:
             return _marked(status, k, n.func)
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, _marked(status, k, n.func))
-        return _marked(status, k, LOG.note(k, n, n.func), LOG.data)
+        return _marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
     try:
         plan = build_plan(spec, wrap=marked, on_cached=LOG.cached if log else None)
     except Exception as exc:
