@@ -55,8 +55,7 @@ class Results:
             if records:
                 self._replay(records, item=i)
             if self._watch_items:
-                start = self._started.pop(i, None)
-                self.events.items_done([(self.offset + i, out, time.perf_counter() - start if start else 0.0)])
+                self.events.items_done([(i, True, out)], self.offset, self._started.pop, time.perf_counter())
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
@@ -98,12 +97,10 @@ class Results:
         """The ends of a worker's successful rows delivered at `now`, in one call (their node
         events were replayed just before: per item, events still come in order)."""
         if self._watch_items:
-            started, offset = self._started.pop, self.offset
-            self.events.items_done([(offset + row[0], row[2], now - started(row[0], now)) for row in rows],  # type: ignore[union-attr]
-                                   name_items=True)
+            self.events.items_done(rows, self.offset, self._started.pop, now, name_items=True)  # type: ignore[union-attr]
             if self.live:
                 for row in rows:
-                    self.live.item_end(offset + row[0], True)
+                    self.live.item_end(self.offset + row[0], True)
 
     def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died

@@ -294,11 +294,12 @@ class Events:
         listened to, so `item_started` is not called)."""
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
-    def items_done(self, done: Sequence[tuple[int, dict[str, Any], float]], name_items: bool = False) -> None:
-        """Items finished, as (index, outputs, duration): each one's on_pipeline_end and
-        on_map_item_end (a batch per call: a fast map delivers thousands a second). `name_items`:
-        the context names each item while its end is delivered (a worker's batch; an item run here
-        is named already, since its start)."""
+    def items_done(self, rows: Sequence[tuple[Any, ...]], offset: int, started: Callable[[int, float], float],
+                   now: float, name_items: bool = False) -> None:
+        """Items finished at `now`, as rows `(i, ok, outputs)` (item `offset + i`, handed out at
+        `started(i, now)`): each one's on_pipeline_end and on_map_item_end, in one loop (a fast
+        map delivers thousands a second). `name_items`: the context names each item while its end
+        is delivered (a worker's batch; an item run here is named already, since its start)."""
         found = self._item_ends
         if found is None:
             found = self._item_ends = (_fanout(self.handlers("on_pipeline_end")),
@@ -310,10 +311,11 @@ class Events:
         scope = dict(_scope.get()) if name_items else {}
         token = _scope.set(scope) if name_items else None
         try:
-            for i, outputs, duration in done:
+            for row in rows:
+                i, duration = offset + row[0], now - started(row[0], now)
                 scope["hardy.item"] = i
                 if end:
-                    end(pipeline_id, outputs, duration, ctx)
+                    end(pipeline_id, row[2], duration, ctx)
                 if item_end:
                     item_end(i, duration, ctx)
         finally:
