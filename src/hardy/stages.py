@@ -82,10 +82,10 @@ class _StageResults:
              records: Records | None = None) -> list[tuple[Any, ...]]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         failed = []
-        logs = records.by_item() if records is not None else {}
-        for row in rows:
+        logs = records.split() if records is not None else []
+        for r, row in enumerate(rows):
             unsent.pop(row[0], None)
-            log = logs.get(row[0])
+            log = logs[r] if r < len(logs) else None
             if row[1]:
                 self.ok(row[0], row[2], (log,) if log else ())
             else:

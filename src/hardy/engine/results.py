@@ -53,7 +53,7 @@ class Results:
         self.progress.done += 1
         if self.events:  # `_observed` for one item run here (named in the context since its start)
             if records:
-                self._replay(records, item=i)
+                self._replay(records, lambda r: i)
             if self._watch_items:
                 self.events.items_done([(i, True, out)], self.offset, self._started.pop, time.perf_counter())
                 if self.live:
@@ -69,10 +69,10 @@ class Results:
         failed: list[tuple[Any, ...]] = []
         pop = unsent.pop
         if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
-            logs = records.by_item() if records is not None else {}
-            for row in rows:
+            logs = records.split() if records is not None else []
+            for r, row in enumerate(rows):
                 pop(row[0], None)
-                log = logs.get(row[0])
+                log = logs[r] if r < len(logs) else None
                 if row[1]:
                     self.ok(row[0], row[2], (log,) if log else ())
                 else:
@@ -89,7 +89,7 @@ class Results:
         self.progress.done += len(rows) - len(failed)
         if self.events:
             if records is not None:  # the failures' node events too, with their errors
-                self._replay((records,), {row[0]: _cause(row[2]) for row in failed})
+                self._replay((records,), lambda r: rows[r][0], {row[0]: _cause(row[2]) for row in failed})
             self._observed(rows if not failed else [row for row in rows if row[1]], time.perf_counter())
         return failed
 
@@ -107,7 +107,7 @@ class Results:
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self.events and (records or worker is not None):
             if records:
-                self._replay(records, {i: _cause(err)}, item=i)
+                self._replay(records, lambda r: i, {i: _cause(err)})
                 worker = records[-1].pid
             if isinstance(err, NodeCrashed) and not any(log.raised() for log in records):
                 self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))  # it died mid-node
@@ -127,12 +127,12 @@ class Results:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, logs: Sequence[Records], errors: dict[int, Exception] | None = None,
-                item: int | None = None) -> None:
-        """Node logs replayed to the callbacks and the report; `errors`: of the items that failed;
-        `item`: the logs are that item's alone (as `Events.replay` has it)."""
+    def _replay(self, logs: Sequence[Records], which: Callable[[int], int],
+                errors: dict[int, Exception] | None = None) -> None:
+        """Node logs replayed to the callbacks and the report: `which(r)` is the item that ran
+        r-th; `errors`: of the items that failed."""
         assert self.events is not None
-        self.events.replay(logs, errors, self.offset, self.retries, self.live.item_ran if self.live else None, item)
+        self.events.replay(logs, which, errors, self.offset, self.retries, self.live.item_ran if self.live else None)
 
     def handed(self, chunk: Sequence[int], worker: int) -> None:
         """The items of `chunk` were handed to worker process `worker` (a pid) at once."""

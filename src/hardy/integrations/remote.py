@@ -82,7 +82,7 @@ class _Rows(Results):
     def fail(self, i: int, err: Any, records: Sequence[Records] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         if records or (worker is not None and self.log_nodes):
-            self.records[i] = list(records) or [died(i, worker or 0)]
+            self.records[i] = list(records) or [died(worker or 0)]
 
 
 def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:

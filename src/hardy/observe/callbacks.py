@@ -128,29 +128,25 @@ class _Replayed(Mapping[str, Any]):
     """The item-scoped values of the node event being replayed (`Events.replay`), made when read:
     most callbacks never read them, and the replay sets only which event it is."""
 
-    __slots__ = ("events", "event", "pid", "clock", "offset", "retries", "item")
+    __slots__ = ("events", "event", "pid", "clock", "offset", "retries", "which")
     KEYS = ("hardy.item", "hardy.worker_pid", "hardy.event_ns", "hardy.retry")
 
-    def __init__(self, offset: int, retries: Mapping[int, int] | None, item: int | None):
+    def __init__(self, which: Callable[[int], int], offset: int, retries: Mapping[int, int] | None):
         self.events: LogEvents | None = None
         self.event = self.pid = self.clock = 0  # clock: the log's offset to wall-clock nanoseconds
-        self.offset, self.retries, self.item = offset, retries, item
-
-    def index(self, i: int) -> int:
-        """The sink's index of the log's item i (the item the logs were passed on for, if named)."""
-        return i if self.item is None else self.item
+        self.which, self.offset, self.retries = which, offset, retries
 
     def __getitem__(self, key: str) -> Any:
         events, e = self.events, self.event
         assert events is not None
         if key == "hardy.item":
-            return self.offset + self.index(events.items[e])
+            return self.offset + self.which(events.items[e])
         if key == "hardy.worker_pid":
             return self.pid
         if key == "hardy.event_ns":
             return events.starts[e] + self.clock, events.ends[e] + self.clock
         if key == "hardy.retry":
-            return self.retries.get(self.index(events.items[e]), 0) if self.retries else 0
+            return self.retries.get(self.which(events.items[e]), 0) if self.retries else 0
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
@@ -325,14 +321,15 @@ class Events:
     def item_failed(self, i: int, error: Exception) -> None:
         self.emit("on_map_item_error", i, error)
 
-    def replay(self, logs: Iterable[Records], errors: Mapping[int, Exception] | None = None, offset: int = 0,
+    def replay(self, logs: Iterable[Records], which: Callable[[int], int],
+               errors: Mapping[int, Exception] | None = None, offset: int = 0,
                retries: Mapping[int, int] | None = None,
-               on_item: Callable[[int, int, int, int], None] | None = None, item: int | None = None) -> None:
-        """The node events in `logs` (of items the map numbers from `offset`), logged where they ran
-        (`hardy.observe.nodelog`), as if they happened here; `errors`: the failures of the items
-        that failed, reported for the node that raised; `retries`: runs before, per item;
-        `on_item(item, start_ns, end_ns, pid)`: where and when each item ran; `item`: the logs are
-        of that item alone, passed on from where it ran (numbered there as another). The context's
+               on_item: Callable[[int, int, int, int], None] | None = None) -> None:
+        """The node events in `logs`, logged where they ran (`hardy.observe.nodelog`), as if they
+        happened here. A log numbers its items in the order they ran: `which(r)` is the sink's
+        index of the r-th (the map's is `offset` more). `errors`: the failures of the items that
+        failed, by index, reported for the node that raised; `retries`: runs before, per index;
+        `on_item(item, start_ns, end_ns, pid)`: where and when each item ran. The context's
         item-scoped values (see `CallbackContext.get`) are read from the event being replayed
         when asked for: a fast map replays hundreds of thousands of events a second."""
         if self._replayed is None:
@@ -340,14 +337,14 @@ class Events:
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
         start, end = _fanout(self._replayed[0]), _fanout(self._replayed[1])
         ctx = current_context()
-        scope = _Replayed(offset, retries, item)
+        scope = _Replayed(which, offset, retries)
         token = _scope.set(scope)
         try:
             for log in logs:
                 events = scope.events = log.events()
                 scope.pid, scope.clock = log.pid, log.offset
                 if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
-                    names = list(log.names) * len(events.ran)
+                    names = list(log.names) * (len(events.bounds) - 1)
                     for e, name, began, ended in zip(itertools.count(), names, events.starts, events.ends):
                         scope.event = e
                         end(name, {}, (ended - began) / 1e9, ctx)
@@ -355,8 +352,8 @@ class Events:
                     self._replay_each(log, scope, errors, ctx)
                 if on_item:
                     bounds = events.bounds
-                    for r, i in enumerate(events.ran):
-                        on_item(offset + scope.index(i), bounds[r] + log.offset, bounds[r + 1] + log.offset, log.pid)
+                    for r in range(len(bounds) - 1):
+                        on_item(offset + which(r), bounds[r] + log.offset, bounds[r + 1] + log.offset, log.pid)
         finally:
             _scope.reset(token)
 
@@ -380,11 +377,11 @@ class Events:
                 for handler in cached:
                     handler(name, events.details[e], ctx)
                 for handler in items_cached:
-                    handler(scope.offset + scope.index(events.items[e]), events.details[e], ctx)
+                    handler(scope.offset + scope.which(events.items[e]), events.details[e], ctx)
             else:
                 for handler in starts:
                     handler(name, {}, ctx)
-                error = errors.get(scope.index(events.items[e])) if errors else None
+                error = errors.get(scope.which(events.items[e])) if errors else None
                 for handler in raised:
                     handler(name, error or RuntimeError("failed in a worker"), ctx)
 

@@ -9,13 +9,14 @@ parent and its workers share the cores: what each does per event is as little as
 - while items run, one flat list of integers. A node call appends its start time t (the
   worker's monotonic clock, read anyway to date the step for the parent's deadlines): it is the
   item's next step, and it ends where the next entry begins, so one integer and one clock read
-  per call are all it costs. An item appends `ITEM, i, t` as it begins (which ends the item
-  before it), the worker `PAUSE, t` before it sends. The rare cases write more, after a negative
-  code (a time is never negative): `RAISED, t` (the node running raised; a retry of it is the
-  same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits are looked up
-  before its misses run, or with async nodes, names its steps), `CACHED, d` (the step just named
-  was answered from the cache, its signature is `details[d]`), `SPAN, k, ok, start, end` (an
-  async node, whose calls may overlap, written whole when it ends);
+  per call are all it costs. An item appends `ITEM, t` as it begins, which also ends the item
+  before it; the worker appends `PAUSE, t` before it sends. Items are not named: they ran in the
+  order of the batch's rows, which say which items they are. The rare cases write more, after
+  their code (a negative number: a time never is one): `RAISED, t` (the node running raised; a retry
+  of it is the same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits
+  are looked up before its misses run, or with async nodes, names its steps), `CACHED, d` (the
+  step just named was answered from the cache, its signature is `details[d]`), `SPAN, k, ok,
+  start, end` (an async node, whose calls may overlap, written whole when it ends);
 - each batch of results travels with the list as an array (`Records`: a byte string to pickle);
   the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
   its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
@@ -32,13 +33,13 @@ from __future__ import annotations
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..node import Node
 
-ITEM, PAUSE, RAISED, CACHED, SPAN, STEP = -1, -2, -3, -4, -5, -6  # codes: entries that are not a bare start
-END, ERROR = 0, 1  # an event's code: a node's end or error, or its cache hit (CACHED)
+ITEM, PAUSE, RAISED, CACHED, SPAN, STEP = -1, -2, -3, -4, -5, -6  # codes of the entries that are not a bare start
+END, ERROR = 0, 1  # a decoded event's code: a node's end or error, its cache hit (CACHED), an item's span (ITEM)
 
 
 class Records:
@@ -57,17 +58,17 @@ class Records:
         return Records, (self.names, self.data, self.details, self.offset, self.pid)
 
     def events(self) -> Events:
-        """The log decoded (once). A batch where every item ran every node once, in order (no cache
-        hit, no failure, no async node: a fast map's usual batch) is cut by slicing, in C; any
-        other entry by entry. (Each entry that begins where that regular layout has one holds
-        what the layout expects, an ITEM code or a time: so, entry by entry from the first, the
-        log is that.)"""
+        """The log decoded (once), items numbered in the order they ran. A batch where every item
+        ran every node once, in order (no cache hit, no failure, no async node: a fast map's usual
+        batch) is cut by slicing, in C; any other entry by entry. (Each entry that begins where
+        that regular layout has one holds what the layout expects, an ITEM code or a time: so,
+        entry by entry from the first, the log is that.)"""
         if self._events is None:
             data, steps = self.data, len(self.names)
-            width = 3 + steps
+            width = 2 + steps
             n = (len(data) - 2) // width
             if (n and steps and len(data) == n * width + 2 and data[0::width].count(ITEM) == n
-                    and all(min(data[3 + k::width]) >= 0 for k in range(steps))):
+                    and all(min(data[2 + k::width]) >= 0 for k in range(steps))):
                 self._events = _regular(data, n, width, steps)
             else:
                 self._events = _decoded(data.tolist(), self.details)
@@ -78,30 +79,30 @@ class Records:
         codes = self.events().codes
         return codes is not None and ERROR in codes
 
-    def by_item(self) -> dict[int, Records]:
-        """Each item's log alone (for a sink that passes items on one by one)."""
-        data, out = self.data, {}
+    def split(self) -> list[Records]:
+        """Each item's log alone, in the order they ran (for a sink that passes items on one by one)."""
+        data, out = self.data, []
         begins = [p for p, code in enumerate(data) if code == ITEM]  # only codes are negative
         for p, q in zip(begins, [*begins[1:], len(data) - 2]):
-            end = data[q + 2] if data[q] == ITEM else data[q + 1]
-            out[data[p + 1]] = Records(self.names, data[p:q] + array("q", (PAUSE, end)), self.details,
-                                       self.offset, self.pid)
+            out.append(Records(self.names, data[p:q] + array("q", (PAUSE, data[q + 1])), self.details, self.offset,
+                               self.pid))
         return out
 
 
 class Events:
-    """A log decoded: per event its item, node (`steps`, indices into the names), code (None:
-    all END), start and end (the worker's nanoseconds), and for a cache hit its signature
-    (`details`, by event); the items in the order they ran (`ran`), item r from `bounds[r]` to
+    """A log decoded: per event its item (its place in the order they ran), node (`steps`,
+    indices into the names), code (None: all END), start and end (the worker's nanoseconds), and
+    for a cache hit its signature (`details`, by event); item r ran from `bounds[r]` to
     `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
 
-    __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "ran", "bounds", "regular")
+    __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "bounds", "regular")
 
     def __init__(self) -> None:
-        self.items, self.steps, self.starts, self.ends = array("q"), array("h"), array("q"), array("q")
+        self.items: Sequence[int] = array("q")
+        self.steps, self.starts, self.ends = array("h"), array("q"), array("q")
         self.codes: array[int] | None = None
         self.details: dict[int, str] = {}
-        self.ran, self.bounds = array("q"), array("q")
+        self.bounds = array("q")
         self.regular = False
 
     def add(self, item: int, step: int, code: int, start: int, end: int, detail: str | None = None) -> None:
@@ -111,7 +112,7 @@ class Events:
             self.codes.append(code)
         if detail is not None:
             self.details[len(self.steps)] = detail
-        self.items.append(item)
+        self.items.append(item)  # type: ignore[attr-defined]  # an array, where decoded entry by entry
         self.steps.append(step)
         self.starts.append(start)
         self.ends.append(end)
@@ -120,18 +121,17 @@ class Events:
 def _regular(data: array[int], n: int, width: int, steps: int) -> Events:
     out = Events()
     out.regular = True
-    out.ran, out.bounds = data[1:-2:width], data[2::width]
-    out.bounds.append(data[-1])  # the end of the last item: an item ends where the next begins
+    out.bounds = data[1::width]  # each item's begin, then PAUSE's time: an item ends where the next begins
     if steps == 1:
-        out.items, out.starts, out.ends = out.ran, data[3::width], out.bounds[1:]
+        out.items, out.starts, out.ends = range(n), data[2::width], out.bounds[1:]
         out.steps = array("h", bytes(2 * n))
         return out
     for field in ("items", "starts", "ends"):  # item by item, node by node
         setattr(out, field, array("q", bytes(8 * n * steps)))
     for k in range(steps):  # node k ends where node k + 1 (or the next item) begins
-        out.items[k::steps] = out.ran
-        out.starts[k::steps] = data[3 + k::width]
-        out.ends[k::steps] = data[4 + k::width] if k < steps - 1 else out.bounds[1:]
+        out.items[k::steps] = array("q", range(n))  # type: ignore[index]
+        out.starts[k::steps] = data[2 + k::width]
+        out.ends[k::steps] = data[3 + k::width] if k < steps - 1 else out.bounds[1:]
     out.steps = array("h", range(steps)) * n
     return out
 
@@ -140,7 +140,6 @@ def _decoded(data: list[int], details: list[str]) -> Events:
     out = Events()
     for event in _entries(data):
         if event[2] == ITEM:
-            out.ran.append(event[0])
             out.bounds[-1:] = array("q", (event[3], event[4]))
         else:
             out.add(*event[:5], details[event[5]] if event[2] == CACHED else None)
@@ -149,8 +148,9 @@ def _decoded(data: list[int], details: list[str]) -> Events:
 
 def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
     """(item, step, code, start, end, detail) per event of an irregular log, and (item, ITEM, ITEM,
-    start, end, 0) per item once it is over."""
+    start, end, 0) per item once it is over; items numbered in the order they ran."""
     item = node = -1
+    ran = 0
     begun = start = following = 0  # following: the step a bare start time begins
     p = 0
     while p < len(data):
@@ -167,7 +167,7 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
             node, p = -1, p + 5
             continue
         k, t, width = ((following, code, 1) if code >= 0 else (data[p + 1], data[p + 2], 3) if code == STEP
-                       else (-1, data[p + 2], 3) if code == ITEM else (-1, data[p + 1], 2))
+                       else (-1, data[p + 1], 2))
         if node >= 0:
             yield item, node, ERROR if code == RAISED else END, start, t, 0
             if code == RAISED:
@@ -178,7 +178,8 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
         elif code != RAISED:  # ITEM or PAUSE: the item running is over
             if item >= 0:
                 yield item, ITEM, ITEM, begun, t, 0
-            item, begun, following = (data[p + 1], t, 0) if code == ITEM else (-1, 0, 0)
+            item, begun, following = (ran, t, 0) if code == ITEM else (-1, 0, 0)
+            ran += code == ITEM
         p += width
 
 
@@ -224,9 +225,9 @@ class NodeLog:
         items that ended (a dying worker's last words come mid-item: that one's entries died
         with it)."""
         data = self.data
-        if whole and ITEM in data:  # only codes are negative: a value never reads as one
-            last = len(data) - 1 - data[::-1].index(ITEM)
-            now, data[last:] = data[last + 2], []
+        if whole and ITEM in data:  # the item running when the worker dies ends where it began
+            last = len(data) - 1 - data[::-1].index(ITEM)  # only codes are negative
+            now, data[last:] = data[last + 1], []
         else:
             now = time.monotonic_ns()
         if not data:
@@ -241,8 +242,8 @@ class NodeLog:
 LOG = NodeLog()  # one per process: every logged plan built here records into it
 
 
-def died(i: int, pid: int) -> Records:
-    """The log of item i whose worker `pid` died running it: only the item's own (its node
+def died(pid: int) -> Records:
+    """The log of an item whose worker `pid` died running it: only the item's own (its node
     records died with the worker); the caller reports the node it died in."""
     now = time.time_ns()
-    return Records((), array("q", (ITEM, i, now, PAUSE, now)), [], 0, pid)
+    return Records((), array("q", (ITEM, now, PAUSE, now)), [], 0, pid)

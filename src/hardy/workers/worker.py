@@ -200,7 +200,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         status[STEP] = -1
         status[ITEM] = i
         if note:
-            note((BEGINS, i, now))
+            note((BEGINS, now))  # an item begins (nodelog.py)
         try:
             batch.append((i, True, plan.run(item, i)))
         except NodeError as err:
