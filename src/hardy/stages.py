@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import NodeError
 from .node import Node
+from .observe.nodelog import one_by_one
 from .plan import KEYS, Plan
 
 if TYPE_CHECKING:
@@ -81,16 +82,7 @@ class _StageResults:
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
              records: Records | None = None) -> list[tuple[Any, ...]]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
-        failed = []
-        logs = records.split() if records is not None else []
-        for r, row in enumerate(rows):
-            unsent.pop(row[0], None)
-            log = logs[r] if r < len(logs) else None
-            if row[1]:
-                self.ok(row[0], row[2], (log,) if log else ())
-            else:
-                failed.append((*row, (log,)) if log else row)
-        return failed
+        return one_by_one(rows, unsent, records, self.ok)
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         n = self.indices[i]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Failed, NodeCrashed, NodeError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
+from ..observe.nodelog import one_by_one
 from ..observe.progress import MapProgress
 
 if TYPE_CHECKING:
@@ -66,18 +67,10 @@ class Results:
         part of the log, unless replayed here already), for the pool's policy to retry or `fail`
         them. One loop per batch: in a map of fast items, this loop is the parent's per-item
         cost, which bounds the whole map's throughput."""
+        if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
+            return one_by_one(rows, unsent, records, self.ok)
         failed: list[tuple[Any, ...]] = []
         pop = unsent.pop
-        if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
-            logs = records.split() if records is not None else []
-            for r, row in enumerate(rows):
-                pop(row[0], None)
-                log = logs[r] if r < len(logs) else None
-                if row[1]:
-                    self.ok(row[0], row[2], (log,) if log else ())
-                else:
-                    failed.append((*row, (log,)) if log else row)
-            return failed
         values = self.values
         for row in rows:
             i = row[0]

@@ -183,6 +183,21 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
         p += width
 
 
+def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: Records | None,
+               ok: Callable[[int, dict[str, Any], Sequence[Records]], None]) -> list[tuple[Any, ...]]:
+    """A worker's batch for a sink whose `ok` sees each success alone, with its item's own log:
+    each row's item leaves `unsent`; the failures are returned, each with its log."""
+    logs, failed = records.split() if records is not None else [], []
+    for r, row in enumerate(rows):
+        unsent.pop(row[0], None)
+        log = logs[r] if r < len(logs) else None
+        if row[1]:
+            ok(row[0], row[2], (log,) if log else ())
+        else:
+            failed.append((*row, (log,)) if log else row)
+    return failed
+
+
 class NodeLog:
     """The log of the items run in this process since it was last taken."""
 
