@@ -182,6 +182,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     (observe/nodelog.py). False when the worker must retire: after a sticky CUDA error every later
     CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
     sent.clear()
+    _names[0] = None
     if isinstance(loaded, str):
         _send(conn, [(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], {}, True, 0.0, sent)
         return True
