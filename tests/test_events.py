@@ -221,3 +221,44 @@ def test_a_log_decodes_alike_by_slicing_and_entry_by_entry():
             assert list(getattr(fast, field)) == list(getattr(slow, field)), field
         assert list(fast.items) == [r for r in range(3) for _ in range(steps)]
         assert [list(one.events().bounds) for one in log.split()] == [list(fast.bounds[r:r + 2]) for r in range(3)]
+
+
+@node(output_name=("p", "q"))
+def pair(a: int) -> tuple[int, ...]:
+    return (a,) if a == 3 else (a, a)  # item 2: one value for two outputs
+
+
+@node(output_name="r", timeout=0.3)
+async def hangs(a: int) -> int:
+    if a == 5:  # item 4
+        await asyncio.sleep(5)
+    return a
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_an_error_after_a_nodes_call_is_not_that_nodes_error(executor):
+    """A wrong output count is found once the node's call returned: the node ended (as in-process);
+    the item's error names its item in the context, from a worker too."""
+    class Errors(Log):
+        def on_map_item_error(self, item_index, error, ctx):
+            assert ctx.get("hardy.item") == item_index
+            super().on_map_item_error(item_index, error, ctx)
+
+    log = Errors()
+    with Engine(map_executor=executor, workers=2) as engine:
+        p = Pipeline([add_one, pair], engine=engine, callbacks=[log])
+        p.map(inputs={"x": list(range(5))}, map_over="x", on_error="continue")
+    every = [(kind, name) for name in ("add_one", "pair") for kind in ("start", "end")]
+    assert all(log.of_item(i) == every for i in range(5))
+    assert [e[1] for e in log.events if e[0] == "item_error"] == [2]
+
+
+def test_an_async_node_cancelled_at_its_timeout_in_a_worker_reports_its_own_error():
+    log = Log()
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline([add_one, hangs], engine=engine, callbacks=[log])
+        p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
+    assert log.of_item(4) == [("start", "add_one"), ("end", "add_one"), ("start", "hangs"),
+                              ("error", "hangs", "NodeTimeout", None)]
+    every = [(kind, name) for name in ("add_one", "hangs") for kind in ("start", "end")]
+    assert all(log.of_item(i) == every for i in range(6) if i != 4)

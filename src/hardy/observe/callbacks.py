@@ -319,7 +319,14 @@ class Events:
                 _scope.reset(token)
 
     def item_failed(self, i: int, error: Exception) -> None:
-        self.emit("on_map_item_error", i, error)
+        """Item i's on_map_item_error, the context naming the item (a worker's, whose scope is not set here)."""
+        if not self.handlers("on_map_item_error"):
+            return
+        token = _scope.set({**_scope.get(), "hardy.item": i})
+        try:
+            self.emit("on_map_item_error", i, error)
+        finally:
+            _scope.reset(token)
 
     def replay(self, logs: Iterable[Records], which: Callable[[int], int],
                errors: Mapping[int, Exception] | None = None, offset: int = 0,

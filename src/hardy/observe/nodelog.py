@@ -219,7 +219,7 @@ class NodeLog:
             start = clock()
             try:
                 value = await func(*args, **kwargs)
-            except Exception:
+            except BaseException:  # cancelled at its timeout too
                 add((SPAN, k, 0, start, clock()))
                 raise
             add((SPAN, k, 1, start, clock()))

@@ -204,9 +204,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
             note((BEGINS, now))  # an item begins (nodelog.py)
         try:
             batch.append((i, True, plan.run(item, i)))
-        except NodeError as err:
-            if note:
-                LOG.raised()
+        except NodeError as err:  # a node's call that raised logged it (an error between calls is no node's)
             batch.append((i, False, portable(err)))
             if isinstance(err, CudaError) and err.retires_worker:
                 status[ITEM] = -1
