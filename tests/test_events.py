@@ -195,7 +195,7 @@ def test_sync_nodes_in_workers_failures_and_retries_in_order(tmp_path, monkeypat
     assert all(log.of_item(i) == every for i in range(300) if i not in (2, 4))
     assert log.of_item(4) == [("start", "flaky"), ("end", "flaky"), ("start", "strict"),
                               ("error", "strict", "ValueError", "four")]
-    assert log.of_item(2) == [("start", "flaky"), ("error", "flaky", "RuntimeError", "failed in a worker"), *every]
+    assert log.of_item(2) == [("start", "flaky"), ("error", "flaky", "TimeoutError", "first attempt"), *every]
     workers = {e[-1] for e in log.events if e[0] in ("start", "end")}
     assert os.getpid() not in workers
 
@@ -262,3 +262,17 @@ def test_an_async_node_cancelled_at_its_timeout_in_a_worker_reports_its_own_erro
                               ("error", "hangs", "NodeTimeout", None)]
     every = [(kind, name) for name in ("add_one", "hangs") for kind in ("start", "end")]
     assert all(log.of_item(i) == every for i in range(6) if i != 4)
+
+
+def test_a_dying_workers_log_keeps_exactly_the_items_that_ended():
+    """Last words come mid-item (its entries died with it) or between items (none did)."""
+    from hardy.observe.nodelog import ITEM, NodeLog
+
+    for ended in (2, 3):
+        log = NodeLog()
+        for t in (100, 200, 300):
+            log.data += (ITEM, t, t + 10)  # an item begins, its one node starts
+        events = log.take(("n",), ended=ended).events()
+        assert len(events.bounds) - 1 == ended and list(events.items) == list(range(ended))
+        # the third item, running, ends the second where it began; ended, it ran until now
+        assert (events.bounds[-1] == 300) == (ended == 2)

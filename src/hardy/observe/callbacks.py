@@ -388,7 +388,7 @@ class Events:
             else:
                 for handler in starts:
                     handler(name, {}, ctx)
-                error = errors.get(scope.which(events.items[e])) if errors else None
+                error = (errors.get(scope.which(events.items[e])) if errors else None) or events.details.get(e)
                 for handler in raised:
                     handler(name, error or RuntimeError("failed in a worker"), ctx)
 

@@ -12,11 +12,12 @@ parent and its workers share the cores: what each does per event is as little as
   per call are all it costs. An item appends `ITEM, t` as it begins, which also ends the item
   before it; the worker appends `PAUSE, t` before it sends. Items are not named: they ran in the
   order of the batch's rows, which say which items they are. The rare cases write more, after
-  their code (a negative number: a time never is one): `RAISED, t` (the node running raised; a retry
-  of it is the same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits
+  their code (a negative number: a time never is one): `RAISED, t, d` (the node running raised
+  `details[d]`; a retry of it is the same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits
   are looked up before its misses run, or with async nodes, names its steps), `CACHED, d` (the
-  step just named was answered from the cache, its signature is `details[d]`), `SPAN, k, ok,
-  start, end` (an async node, whose calls may overlap, written whole when it ends);
+  step just named was answered from the cache, its signature is `details[d]`), `SPAN, k, e,
+  start, end` (an async node, whose calls may overlap, written whole when it ends; e is 0, or
+  1 + the index of what it raised in `details`);
 - each batch of results travels with the list as an array (`Records`: a byte string to pickle);
   the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
   its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
@@ -31,6 +32,7 @@ things really happened. When nobody listens, the worker runs the plain plan: not
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +52,7 @@ class Records:
 
     __slots__ = ("names", "data", "details", "offset", "pid", "_events")
 
-    def __init__(self, names: tuple[str, ...], data: array[int], details: list[str], offset: int, pid: int):
+    def __init__(self, names: tuple[str, ...], data: array[int], details: list[Any], offset: int, pid: int):
         self.names, self.data, self.details, self.offset, self.pid = names, data, details, offset, pid
         self._events: Events | None = None
 
@@ -92,7 +94,7 @@ class Records:
 class Events:
     """A log decoded: per event its item (its place in the order they ran), node (`steps`,
     indices into the names), code (None: all END), start and end (the worker's nanoseconds), and
-    for a cache hit its signature (`details`, by event); item r ran from `bounds[r]` to
+    for a cache hit its signature and for an error what was raised (`details`, by event); item r ran from `bounds[r]` to
     `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
 
     __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "bounds", "regular")
@@ -101,11 +103,11 @@ class Events:
         self.items: Sequence[int] = array("q")
         self.steps, self.starts, self.ends = array("h"), array("q"), array("q")
         self.codes: array[int] | None = None
-        self.details: dict[int, str] = {}
+        self.details: dict[int, Any] = {}
         self.bounds = array("q")
         self.regular = False
 
-    def add(self, item: int, step: int, code: int, start: int, end: int, detail: str | None = None) -> None:
+    def add(self, item: int, step: int, code: int, start: int, end: int, detail: Any = None) -> None:
         if code != END and self.codes is None:
             self.codes = array("b", bytes(len(self.steps)))
         if self.codes is not None:
@@ -136,19 +138,20 @@ def _regular(data: array[int], n: int, width: int, steps: int) -> Events:
     return out
 
 
-def _decoded(data: list[int], details: list[str]) -> Events:
+def _decoded(data: list[int], details: list[Any]) -> Events:
     out = Events()
     for event in _entries(data):
         if event[2] == ITEM:
             out.bounds[-1:] = array("q", (event[3], event[4]))
         else:
-            out.add(*event[:5], details[event[5]] if event[2] == CACHED else None)
+            out.add(*event[:5], None if event[5] is None else details[event[5]])
     return out
 
 
-def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
-    """(item, step, code, start, end, detail) per event of an irregular log, and (item, ITEM, ITEM,
-    start, end, 0) per item once it is over; items numbered in the order they ran."""
+def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int | None]]:
+    """(item, step, code, start, end, detail) per event of an irregular log (detail: an index into
+    the details, or None), and (item, ITEM, ITEM, start, end, None) per item once it is over;
+    items numbered in the order they ran."""
     item = node = -1
     ran = 0
     begun = start = following = 0  # following: the step a bare start time begins
@@ -160,16 +163,20 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
             node, p = -1, p + 2
             continue
         if code == SPAN:
-            k, ok, s, e = data[p + 1:p + 5]
+            k, raised, s, e = data[p + 1:p + 5]
             if node >= 0:  # the sync node before it ended before it began
-                yield item, node, END, start, s, 0
-            yield item, k, END if ok else ERROR, s, e, 0
+                yield item, node, END, start, s, None
+            yield item, k, ERROR if raised else END, s, e, raised - 1 if raised else None
             node, p = -1, p + 5
             continue
-        k, t, width = ((following, code, 1) if code >= 0 else (data[p + 1], data[p + 2], 3) if code == STEP
-                       else (-1, data[p + 1], 2))
+        if code >= 0:  # a bare start time
+            k, t, width = following, code, 1
+        elif code == STEP:
+            k, t, width = data[p + 1], data[p + 2], 3
+        else:  # ITEM, PAUSE or RAISED: a time (and what was raised)
+            k, t, width = -1, data[p + 1], 3 if code == RAISED else 2
         if node >= 0:
-            yield item, node, ERROR if code == RAISED else END, start, t, 0
+            yield item, node, ERROR if code == RAISED else END, start, t, data[p + 2] if code == RAISED else None
             if code == RAISED:
                 following = node  # a retry of the step that raised is that step again
             node = -1
@@ -177,7 +184,7 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int]]:
             node, start, following = k, t, k + 1
         elif code != RAISED:  # ITEM or PAUSE: the item running is over
             if item >= 0:
-                yield item, ITEM, ITEM, begun, t, 0
+                yield item, ITEM, ITEM, begun, t, None
             item, begun, following = (ran, t, 0) if code == ITEM else (-1, 0, 0)
             ran += code == ITEM
         p += width
@@ -203,7 +210,7 @@ class NodeLog:
 
     def __init__(self) -> None:
         self.data: list[int] = []
-        self.details: list[str] = []
+        self.details: list[Any] = []  # cache hits' signatures, what nodes raised
         self.steps: dict[str, int] = {}  # node name -> step, of the logged plan being built
 
     def note(self, k: int, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -213,16 +220,16 @@ class NodeLog:
         self.steps[node.name] = k
         if not node.is_async:
             return func
-        add, clock = self.data.extend, time.monotonic_ns
+        add, clock, log = self.data.extend, time.monotonic_ns, self
 
         async def logged(*args: Any, **kwargs: Any) -> Any:
             start = clock()
             try:
                 value = await func(*args, **kwargs)
-            except BaseException:  # cancelled at its timeout too
-                add((SPAN, k, 0, start, clock()))
+            except BaseException as exc:  # cancelled at its timeout too
+                add((SPAN, k, 1 + log.kept(exc), start, clock()))
                 raise
-            add((SPAN, k, 1, start, clock()))
+            add((SPAN, k, 0, start, clock()))
             return value
         return logged
 
@@ -231,16 +238,27 @@ class NodeLog:
         self.details.append(key.hex() if isinstance(key, bytes) else str(key))
         self.data += (STEP, self.steps[name], time.monotonic_ns(), CACHED, len(self.details) - 1)
 
-    def raised(self) -> None:
-        """The node running raised (its item fails, or the node's policy retries it)."""
-        self.data += (RAISED, time.monotonic_ns())
+    def raised(self, exc: BaseException) -> None:
+        """The node running raised `exc` (its item fails, or the node's policy retries it)."""
+        self.data += (RAISED, time.monotonic_ns(), self.kept(exc))
 
-    def take(self, names: tuple[str, ...], whole: bool = False) -> Records | None:
-        """The log since the last call (None if empty), its last item ended now; `whole`: only the
-        items that ended (a dying worker's last words come mid-item: that one's entries died
-        with it)."""
+    def kept(self, exc: BaseException) -> int:
+        """Where `exc` is kept in the details, to travel with the log: itself where it can be
+        pickled (callbacks see what the node raised, also for an attempt that was retried), else
+        its text."""
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        self.details.append(exc)
+        return len(self.details) - 1
+
+    def take(self, names: tuple[str, ...], ended: int | None = None) -> Records | None:
+        """The log since the last call (None if empty), its last item ended now; `ended`: how many
+        of its items ended (a dying worker's last words may come mid-item: the entries of the
+        item running died with it)."""
         data = self.data
-        if whole and ITEM in data:  # the item running when the worker dies ends where it began
+        if ended is not None and data.count(ITEM) > ended:  # that item ends where it began
             last = len(data) - 1 - data[::-1].index(ITEM)  # only codes are negative
             now, data[last:] = data[last + 1], []
         else:

@@ -69,8 +69,8 @@ def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None
         note(now)
         try:
             return func(*args, **kwargs)
-        except BaseException:  # an attempt its node's policy may retry: the log says it raised
-            LOG.raised()
+        except BaseException as exc:  # an attempt its node's policy may retry: the log says it raised
+            LOG.raised(exc)
             raise
     return logged
 
@@ -234,7 +234,7 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
     _sending[0] = True
     try:
         names = _names[0]
-        records = LOG.take(names, whole=dying) if names is not None else None
+        records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
         message: Any = batch if names is None else (batch, records)
         try:
             packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
