@@ -195,7 +195,7 @@ class Events:
         self.pipeline_id = pipeline_id
         self.items = items
         self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
-        self._replayed: tuple[tuple[Callable[..., None], ...], ...] | None = None
+        self._replayed: tuple[Callable[..., None] | None, ...] | None = None
         self._item_ends: tuple[Callable[..., None] | None, Callable[..., None] | None] | None = None
 
     def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
@@ -339,10 +339,10 @@ class Events:
         `on_item(item, start_ns, end_ns, pid)`: where and when each item ran. The context's
         item-scoped values (see `CallbackContext.get`) are read from the event being replayed
         when asked for: a fast map replays hundreds of thousands of events a second."""
-        if self._replayed is None:
-            self._replayed = tuple(self.handlers(e) for e in (
+        if self._replayed is None:  # one callable per event kind, for the whole map
+            self._replayed = tuple(_fanout(self.handlers(e)) for e in (
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
-        start, end = _fanout(self._replayed[0]), _fanout(self._replayed[1])
+        start, end = self._replayed[:2]
         ctx = current_context()
         scope = _Replayed(which, offset, retries)
         token = _scope.set(scope)
@@ -356,7 +356,7 @@ class Events:
                         scope.event = e
                         end(name, {}, (ended - began) / 1e9, ctx)
                 else:
-                    self._replay_each(log, scope, errors, ctx)
+                    self._replay_each(log.names, scope, errors, ctx)
                 if on_item:
                     bounds = events.bounds
                     for r in range(len(bounds) - 1):
@@ -364,15 +364,14 @@ class Events:
         finally:
             _scope.reset(token)
 
-    def _replay_each(self, log: Records, scope: _Replayed, errors: Mapping[int, Exception] | None,
+    def _replay_each(self, names: Sequence[str], scope: _Replayed, errors: Mapping[int, Exception] | None,
                      ctx: CallbackContext) -> None:
-        """`replay` for one log, whatever its events."""
-        assert self._replayed is not None
-        starts, ends, raised, cached, items_cached = self._replayed
-        start, end = _fanout(starts), _fanout(ends)
-        events = log.events()
+        """`replay` for the log in `scope`, whatever its events."""
+        assert self._replayed is not None and scope.events is not None
+        start, end, raised, cached, item_cached = self._replayed
+        events = scope.events
         codes = events.codes if events.codes is not None else itertools.repeat(END)
-        for e, code, name, began, ended in zip(itertools.count(), codes, map(log.names.__getitem__, events.steps),
+        for e, code, name, began, ended in zip(itertools.count(), codes, map(names.__getitem__, events.steps),
                                                events.starts, events.ends):
             scope.event = e
             if code == END:
@@ -381,16 +380,16 @@ class Events:
                 if end:
                     end(name, {}, (ended - began) / 1e9, ctx)
             elif code == CACHED:
-                for handler in cached:
-                    handler(name, events.details[e], ctx)
-                for handler in items_cached:
-                    handler(scope.offset + scope.which(events.items[e]), events.details[e], ctx)
+                if cached:
+                    cached(name, events.details[e], ctx)
+                if item_cached:
+                    item_cached(scope.offset + scope.which(events.items[e]), events.details[e], ctx)
             else:
-                for handler in starts:
-                    handler(name, {}, ctx)
+                if start:
+                    start(name, {}, ctx)
                 error = (errors.get(scope.which(events.items[e])) if errors else None) or events.details.get(e)
-                for handler in raised:
-                    handler(name, error or RuntimeError("failed in a worker"), ctx)
+                if raised:
+                    raised(name, error or RuntimeError("failed in a worker"), ctx)
 
     def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log
