@@ -204,23 +204,50 @@ def test_a_log_decodes_alike_by_slicing_and_entry_by_entry():
     """The parent cuts a regular batch by slicing; the general decoder must read it the same."""
     from array import array
 
-    from hardy.observe.nodelog import ITEM, PAUSE, Records, _decoded, _regular
+    from hardy.observe.nodelog import PAUSE, Records, _decoded, _regular
 
     for steps in (1, 3):
         data, t = [], 10**12
         for _ in range(3):
-            data += (ITEM, t)
-            for k in range(steps):
-                data.append(t + 10 * (k + 1))
+            data += [t + 10 * k for k in range(steps)]  # an item begins with its first node's start
             t += 100
         data += (PAUSE, t)
-        log = Records(tuple(f"n{k}" for k in range(steps)), array("q", data), [], 0, 1)
-        fast, slow = _regular(log.data, 3, 2 + steps, steps), _decoded(data, [])
+        log = Records(tuple(f"n{k}" for k in range(steps)), array("d", data), [], 0, 1)
+        fast, slow = _regular(log.data, 3, steps), _decoded(data, [], steps)
         assert log.events().regular
         for field in ("items", "steps", "starts", "ends", "bounds"):
             assert list(getattr(fast, field)) == list(getattr(slow, field)), field
         assert list(fast.items) == [r for r in range(3) for _ in range(steps)]
+        assert list(fast.bounds) == [10**12, 10**12 + 100, 10**12 + 200, t]
         assert [list(one.events().bounds) for one in log.split()] == [list(fast.bounds[r:r + 2]) for r in range(3)]
+
+
+def test_a_bare_log_tells_its_items_apart_without_naming_them():
+    """Items begin with their first node call; a retry is the same step again; a failed item
+    ends at FAILED, one that called no node is written whole."""
+    from array import array
+
+    from hardy.observe.nodelog import END, ERROR, FAILED, ITEM, PAUSE, RAISED, Records
+
+    data = [100, 110,  # item 0: both steps
+            200, RAISED, 205, 0, 206, 210,  # item 1: step 0 raised and was retried, then step 1
+            300, FAILED, 305,  # item 2: failed after step 0 (its output was wrong)
+            ITEM, 400, FAILED, 401,  # item 3: failed before any node call
+            500, 510, RAISED, 515, 1, FAILED, 516,  # item 4: step 1 raised, the item failed
+            600, 610, PAUSE, 700]  # item 5
+    log = Records(("a", "b"), array("d", data), [ValueError("x"), ValueError("y")], 0, 1)
+    events = log.events()
+    assert not events.regular
+    assert list(events.bounds) == [100, 200, 300, 400, 500, 600, 700]
+    got = [(i, k, c, s, e) for i, k, c, s, e in zip(events.items, events.steps, events.codes, events.starts,
+                                                     events.ends)]
+    assert got == [(0, 0, END, 100, 110), (0, 1, END, 110, 200), (1, 0, ERROR, 200, 205), (1, 0, END, 206, 210),
+                   (1, 1, END, 210, 300), (2, 0, END, 300, 305), (4, 0, END, 500, 510), (4, 1, ERROR, 510, 515),
+                   (5, 0, END, 600, 610), (5, 1, END, 610, 700)]
+    parts = log.split()  # each item until it ended: a failed one at FAILED, others where the next began
+    assert [list(one.events().bounds) for one in parts] == [[100, 200], [200, 300], [300, 305], [400, 401],
+                                                            [500, 516], [600, 700]]
+    assert [len(one.events().starts) for one in parts] == [2, 3, 1, 0, 2, 2]
 
 
 @node(output_name=("p", "q"))
@@ -266,13 +293,15 @@ def test_an_async_node_cancelled_at_its_timeout_in_a_worker_reports_its_own_erro
 
 def test_a_dying_workers_log_keeps_exactly_the_items_that_ended():
     """Last words come mid-item (its entries died with it) or between items (none did)."""
-    from hardy.observe.nodelog import ITEM, NodeLog
+    from hardy.observe.nodelog import NodeLog
 
     for ended in (2, 3):
         log = NodeLog()
         for t in (100, 200, 300):
-            log.data += (ITEM, t, t + 10)  # an item begins, its one node starts
-        events = log.take(("n",), ended=ended).events()
-        assert len(events.bounds) - 1 == ended and list(events.items) == list(range(ended))
+            log.data += (t, t + 10)  # an item begins with its first node call, then its second
+        if ended == 2:
+            log.data.pop()  # the third item died in its first node
+        events = log.take(("a", "b"), ended=ended).events()
+        assert len(events.bounds) - 1 == ended and list(events.items) == [r for r in range(ended) for _ in "ab"]
         # the third item, running, ends the second where it began; ended, it ran until now
         assert (events.bounds[-1] == 300) == (ended == 2)

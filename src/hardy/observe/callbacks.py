@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -126,15 +127,30 @@ _scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 
 class _Replayed(Mapping[str, Any]):
     """The item-scoped values of the node event being replayed (`Events.replay`), made when read:
-    most callbacks never read them, and the replay sets only which event it is."""
+    most callbacks never read them, so the replay sets nothing per event. Which event it is, is
+    where the replay's iterator over the events' node names stands (`cursor`)."""
 
-    __slots__ = ("events", "event", "pid", "clock", "offset", "retries", "which")
+    __slots__ = ("events", "cursor", "size", "pid", "clock", "offset", "retries", "which")
     KEYS = ("hardy.item", "hardy.worker_pid", "hardy.event_ns", "hardy.retry")
 
     def __init__(self, which: Callable[[int], int], offset: int, retries: Mapping[int, int] | None):
         self.events: LogEvents | None = None
-        self.event = self.pid = self.clock = 0  # clock: the log's offset to wall-clock nanoseconds
+        self.cursor: Iterator[str] = iter(())
+        self.size = self.pid = self.clock = 0  # clock: the log's offset to wall-clock nanoseconds
         self.which, self.offset, self.retries = which, offset, retries
+
+    def replaying(self, log: Records) -> Iterator[str]:
+        """The node name of each event of `log`, in order: the replay's loop walks them."""
+        events = self.events = log.events()
+        self.pid, self.clock = log.pid, log.offset
+        names = list(log.names) * (len(events.bounds) - 1) if events.regular else [
+            log.names[k] for k in events.steps]
+        self.size, self.cursor = len(names), iter(names)
+        return self.cursor
+
+    @property
+    def event(self) -> int:
+        return self.size - 1 - operator.length_hint(self.cursor)
 
     def __getitem__(self, key: str) -> Any:
         events, e = self.events, self.event
@@ -144,7 +160,7 @@ class _Replayed(Mapping[str, Any]):
         if key == "hardy.worker_pid":
             return self.pid
         if key == "hardy.event_ns":
-            return events.starts[e] + self.clock, events.ends[e] + self.clock
+            return int(events.starts[e]) + self.clock, int(events.ends[e]) + self.clock
         if key == "hardy.retry":
             return self.retries.get(self.which(events.items[e]), 0) if self.retries else 0
         raise KeyError(key)
@@ -348,32 +364,29 @@ class Events:
         token = _scope.set(scope)
         try:
             for log in logs:
-                events = scope.events = log.events()
-                scope.pid, scope.clock = log.pid, log.offset
+                names = scope.replaying(log)
+                events = scope.events
+                assert events is not None
                 if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
-                    names = list(log.names) * (len(events.bounds) - 1)
-                    for e, name, began, ended in zip(itertools.count(), names, events.starts, events.ends):
-                        scope.event = e
+                    for name, began, ended in zip(names, events.starts, events.ends):
                         end(name, {}, (ended - began) / 1e9, ctx)
                 else:
-                    self._replay_each(log.names, scope, errors, ctx)
+                    self._replay_each(names, scope, errors, ctx)
                 if on_item:
-                    bounds = events.bounds
+                    bounds = [int(t) + log.offset for t in events.bounds]
                     for r in range(len(bounds) - 1):
-                        on_item(offset + which(r), bounds[r] + log.offset, bounds[r + 1] + log.offset, log.pid)
+                        on_item(offset + which(r), bounds[r], bounds[r + 1], log.pid)
         finally:
             _scope.reset(token)
 
-    def _replay_each(self, names: Sequence[str], scope: _Replayed, errors: Mapping[int, Exception] | None,
+    def _replay_each(self, names: Iterator[str], scope: _Replayed, errors: Mapping[int, Exception] | None,
                      ctx: CallbackContext) -> None:
-        """`replay` for the log in `scope`, whatever its events."""
+        """`replay` for the log in `scope`, whatever its events (`names`: its cursor)."""
         assert self._replayed is not None and scope.events is not None
         start, end, raised, cached, item_cached = self._replayed
         events = scope.events
         codes = events.codes if events.codes is not None else itertools.repeat(END)
-        for e, code, name, began, ended in zip(itertools.count(), codes, map(names.__getitem__, events.steps),
-                                               events.starts, events.ends):
-            scope.event = e
+        for e, name, code, began, ended in zip(itertools.count(), names, codes, events.starts, events.ends):
             if code == END:
                 if start:
                     start(name, {}, ctx)

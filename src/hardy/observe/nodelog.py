@@ -9,19 +9,25 @@ parent and its workers share the cores: what each does per event is as little as
 - while items run, one flat list of integers. A node call appends its start time t (the
   worker's monotonic clock, read anyway to date the step for the parent's deadlines): it is the
   item's next step, and it ends where the next entry begins, so one integer and one clock read
-  per call are all it costs. An item appends `ITEM, t` as it begins, which also ends the item
-  before it; the worker appends `PAUSE, t` before it sends. Items are not named: they ran in the
-  order of the batch's rows, which say which items they are. The rare cases write more, after
-  their code (a negative number: a time never is one): `RAISED, t, d` (the node running raised
-  `details[d]`; a retry of it is the same step again), `STEP, k, t` (step k starts: a plan with a cache, whose hits
-  are looked up before its misses run, or with async nodes, names its steps), `CACHED, d` (the
-  step just named was answered from the cache, its signature is `details[d]`), `SPAN, k, e,
-  start, end` (an async node, whose calls may overlap, written whole when it ends; e is 0, or
-  1 + the index of what it raised in `details`);
-- each batch of results travels with the list as an array (`Records`: a byte string to pickle);
-  the parent cuts it into one array per field (`Records.events`, by slicing where it can) and
-  its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it delivers
-  the batch's results.
+  per call are all it costs. An item begins with its first node call: a start time after the
+  item running has started every step begins the next item (and ends the one before). The worker
+  appends `PAUSE, t` before it sends. Items are not named: they ran in the order of the batch's
+  rows, which say which items they are. The rare cases write more, after their code (a negative
+  number: a time never is one): `RAISED, t, d` (the node running raised `details[d]`; a retry of
+  it is the same step again), `FAILED, t` (the item running failed: it ends), `ITEM, t` (an item
+  begins: one that failed before any node call, and every item of a plan that names its steps),
+  `STEP, k, t` (step k starts: a plan with a cache, whose hits are looked up before its misses
+  run, or with async nodes, names its steps), `CACHED, d` (the step just named was answered from
+  the cache, its signature is `details[d]`), `SPAN, k, e, start, end` (an async node, whose calls
+  may overlap, written whole when it ends; e is 0, or 1 + the index of what it raised in
+  `details`);
+- each batch of results travels with the list as an array of doubles (`Records`: a byte string
+  to pickle); the parent cuts it into one array per field (`Records.events`, by slicing where it
+  can) and its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it
+  delivers the batch's results. Doubles, not 64-bit integers: a duration is then a float
+  subtraction and division, which costs the parent a third of what nanosecond counts (two-digit
+  Python ints) do, per event. A double holds a count of nanoseconds exactly up to 2**53 (104 days
+  after the machine booted), and to within a few nanoseconds for years after.
 
 Callbacks so see an item's node events in order, between its `on_map_item_start` and
 `on_map_item_end`, with the durations measured in the worker; wall-clock nanoseconds (the worker's
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -40,19 +47,20 @@ from typing import Any
 
 from ..node import Node
 
-ITEM, PAUSE, RAISED, CACHED, SPAN, STEP = -1, -2, -3, -4, -5, -6  # codes of the entries that are not a bare start
+ITEM, PAUSE, RAISED, CACHED, SPAN, STEP, FAILED = -1, -2, -3, -4, -5, -6, -7  # the entries that are not a bare start
 END, ERROR = 0, 1  # a decoded event's code: a node's end or error, its cache hit (CACHED), an item's span (ITEM)
 
 
 class Records:
     """The node log of some items that ran in one process, as it travels: the log (the worker's
-    list, as an array: one byte string to pickle), the plan's node names by step, the cache hits'
-    signatures, the offset that turns the worker's monotonic nanoseconds into wall-clock ones, and
-    the worker's pid. The parent decodes it (`events`), by slicing where it can."""
+    list, as an array of doubles: one byte string to pickle), the plan's node names by step, the
+    cache hits' signatures, the offset that turns the worker's monotonic nanoseconds into
+    wall-clock ones, and the worker's pid. The parent decodes it (`events`), by slicing where it
+    can."""
 
     __slots__ = ("names", "data", "details", "offset", "pid", "_events")
 
-    def __init__(self, names: tuple[str, ...], data: array[int], details: list[Any], offset: int, pid: int):
+    def __init__(self, names: tuple[str, ...], data: array[float], details: list[Any], offset: int, pid: int):
         self.names, self.data, self.details, self.offset, self.pid = names, data, details, offset, pid
         self._events: Events | None = None
 
@@ -62,19 +70,20 @@ class Records:
     def events(self) -> Events:
         """The log decoded (once), items numbered in the order they ran. A batch where every item
         ran every node once, in order (no cache hit, no failure, no async node: a fast map's usual
-        batch) is cut by slicing, in C; any other entry by entry. (Each entry that begins where
-        that regular layout has one holds what the layout expects, an ITEM code or a time: so,
-        entry by entry from the first, the log is that.)"""
+        batch) is nothing but start times, as many per item as the plan has steps, then PAUSE:
+        it is cut by slicing, in C. Any other is decoded entry by entry."""
         if self._events is None:
             data, steps = self.data, len(self.names)
-            width = 2 + steps
-            n = (len(data) - 2) // width
-            if (n and steps and len(data) == n * width + 2 and data[0::width].count(ITEM) == n
-                    and all(min(data[2 + k::width]) >= 0 for k in range(steps))):
-                self._events = _regular(data, n, width, steps)
+            body = len(data) - 2
+            if steps and body > 0 and body % steps == 0 and data[-2] == PAUSE and _times(data, body):
+                self._events = _regular(data, body // steps, steps)
             else:
-                self._events = _decoded(data.tolist(), self.details)
+                self._events = _decoded(self.entries(), self.details, steps)
         return self._events
+
+    def entries(self) -> list[int]:
+        """The log as the worker wrote it: integers."""
+        return list(map(int, self.data))
 
     def raised(self) -> bool:
         """Whether a node raised (rather than the process dying in it)."""
@@ -83,12 +92,11 @@ class Records:
 
     def split(self) -> list[Records]:
         """Each item's log alone, in the order they ran (for a sink that passes items on one by one)."""
-        data, out = self.data, []
-        begins = [p for p, code in enumerate(data) if code == ITEM]  # only codes are negative
-        for p, q in zip(begins, [*begins[1:], len(data) - 2]):
-            out.append(Records(self.names, data[p:q] + array("q", (PAUSE, data[q + 1])), self.details, self.offset,
-                               self.pid))
-        return out
+        data = self.data
+        spans = [(e[5], e[4]) for e in _entries(self.entries(), len(self.names)) if e[2] == ITEM]
+        ends = [p for p, _ in spans[1:]] + [len(data) - 2]
+        return [Records(self.names, data[p:q] + array("d", (PAUSE, end)), self.details, self.offset, self.pid)
+                for (p, end), q in zip(spans, ends)]
 
 
 class Events:
@@ -101,10 +109,10 @@ class Events:
 
     def __init__(self) -> None:
         self.items: Sequence[int] = array("q")
-        self.steps, self.starts, self.ends = array("h"), array("q"), array("q")
+        self.steps, self.starts, self.ends = array("h"), array("d"), array("d")
         self.codes: array[int] | None = None
         self.details: dict[int, Any] = {}
-        self.bounds = array("q")
+        self.bounds = array("d")
         self.regular = False
 
     def add(self, item: int, step: int, code: int, start: int, end: int, detail: Any = None) -> None:
@@ -120,41 +128,52 @@ class Events:
         self.ends.append(end)
 
 
-def _regular(data: array[int], n: int, width: int, steps: int) -> Events:
+_SIGN = 7 if sys.byteorder == "little" else 0  # where an int64 keeps its sign: its top byte
+
+
+def _times(data: array[float], n: int) -> bool:
+    """Whether the first n entries are all times, none a (negative) code: each one's top byte is
+    below 0x80. In C: `min()` would make an int object per entry, and cost as much as the rest of
+    the decoding."""
+    return data[:n].tobytes()[_SIGN::8].isascii()
+
+
+def _regular(data: array[float], n: int, steps: int) -> Events:
+    """A regular log's columns: its entries are the start times, item by item and node by node;
+    each node ends where the next entry begins, the last at PAUSE."""
     out = Events()
     out.regular = True
-    out.bounds = data[1::width]  # each item's begin, then PAUSE's time: an item ends where the next begins
+    body = n * steps
+    out.starts, out.ends, out.bounds = data[:body], data[1:body], data[0:body:steps]
+    out.ends.append(data[-1])
+    out.bounds.append(data[-1])
     if steps == 1:
-        out.items, out.starts, out.ends = range(n), data[2::width], out.bounds[1:]
-        out.steps = array("h", bytes(2 * n))
+        out.items, out.steps = range(n), array("h", bytes(2 * n))
         return out
-    for field in ("items", "starts", "ends"):  # item by item, node by node
-        setattr(out, field, array("q", bytes(8 * n * steps)))
-    for k in range(steps):  # node k ends where node k + 1 (or the next item) begins
-        out.items[k::steps] = array("q", range(n))  # type: ignore[index]
-        out.starts[k::steps] = data[2 + k::width]
-        out.ends[k::steps] = data[3 + k::width] if k < steps - 1 else out.bounds[1:]
+    items = array("q", bytes(8 * body))
+    for k in range(steps):
+        items[k::steps] = array("q", range(n))
+    out.items = items
     out.steps = array("h", range(steps)) * n
     return out
 
 
-def _decoded(data: list[int], details: list[Any]) -> Events:
+def _decoded(data: list[int], details: list[Any], steps: int) -> Events:
     out = Events()
-    for event in _entries(data):
+    for event in _entries(data, steps):
         if event[2] == ITEM:
-            out.bounds[-1:] = array("q", (event[3], event[4]))
+            out.bounds[-1:] = array("d", (event[3], event[4]))
         else:
             out.add(*event[:5], None if event[5] is None else details[event[5]])
     return out
 
 
-def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int | None]]:
-    """(item, step, code, start, end, detail) per event of an irregular log (detail: an index into
-    the details, or None), and (item, ITEM, ITEM, start, end, None) per item once it is over;
-    items numbered in the order they ran."""
+def _entries(data: list[int], steps: int) -> Iterator[tuple[int, int, int, int, int, int | None]]:
+    """(item, step, code, start, end, detail) per event of a log of a plan of `steps` steps
+    (detail: an index into the details, or None), and (item, ITEM, ITEM, start, end, p) per item
+    once it is over (p: where its entries begin); items numbered in the order they ran."""
     item = node = -1
-    ran = 0
-    begun = start = following = 0  # following: the step a bare start time begins
+    ran = begun = begun_at = start = following = 0  # following: the step a bare start time begins
     p = 0
     while p < len(data):
         code = data[p]
@@ -169,25 +188,22 @@ def _entries(data: list[int]) -> Iterator[tuple[int, int, int, int, int, int | N
             yield item, k, ERROR if raised else END, s, e, raised - 1 if raised else None
             node, p = -1, p + 5
             continue
-        if code >= 0:  # a bare start time
-            k, t, width = following, code, 1
-        elif code == STEP:
-            k, t, width = data[p + 1], data[p + 2], 3
-        else:  # ITEM, PAUSE or RAISED: a time (and what was raised)
-            k, t, width = -1, data[p + 1], 3 if code == RAISED else 2
-        if node >= 0:
+        t = code if code >= 0 else data[p + 2] if code == STEP else data[p + 1]
+        if node >= 0:  # the node running ends where this entry begins
             yield item, node, ERROR if code == RAISED else END, start, t, data[p + 2] if code == RAISED else None
             if code == RAISED:
                 following = node  # a retry of the step that raised is that step again
             node = -1
-        if k >= 0:
-            node, start, following = k, t, k + 1
-        elif code != RAISED:  # ITEM or PAUSE: the item running is over
-            if item >= 0:
-                yield item, ITEM, ITEM, begun, t, None
-            item, begun, following = (ran, t, 0) if code == ITEM else (-1, 0, 0)
-            ran += code == ITEM
-        p += width
+        begins = code == ITEM or code >= 0 and (item < 0 or following == steps)
+        if item >= 0 and (begins or code in (PAUSE, FAILED)):
+            yield item, ITEM, ITEM, begun, t, begun_at
+            item = -1
+        if begins:
+            item, begun, begun_at, following, ran = ran, t, p, 0, ran + 1
+        if code >= 0 or code == STEP:
+            node, start = following if code >= 0 else data[p + 1], t
+            following = node + 1
+        p += 1 if code >= 0 else 3 if code in (STEP, RAISED) else 2
 
 
 def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: Records | None,
@@ -253,20 +269,25 @@ class NodeLog:
         self.details.append(exc)
         return len(self.details) - 1
 
+    def failed(self, began: int | None) -> None:
+        """The item running failed: it ends now. `began`: when it began, for an item that called
+        no node (in a bare log, items begin with their first node call)."""
+        now = time.monotonic_ns()
+        self.data += (FAILED, now) if began is None else (ITEM, began, FAILED, now)
+
     def take(self, names: tuple[str, ...], ended: int | None = None) -> Records | None:
         """The log since the last call (None if empty), its last item ended now; `ended`: how many
         of its items ended (a dying worker's last words may come mid-item: the entries of the
-        item running died with it)."""
-        data = self.data
-        if ended is not None and data.count(ITEM) > ended:  # that item ends where it began
-            last = len(data) - 1 - data[::-1].index(ITEM)  # only codes are negative
-            now, data[last:] = data[last + 1], []
-        else:
-            now = time.monotonic_ns()
+        item running died with it, and the item before ended where it began)."""
+        data, now = self.data, time.monotonic_ns()
+        if ended is not None:
+            items = [e for e in _entries([*data, PAUSE, now], len(names)) if e[2] == ITEM]
+            if len(items) > ended:
+                now, data[items[ended][5]:] = items[ended][3], []
         if not data:
             return None
         data += (PAUSE, now)
-        records = Records(names, array("q", data), self.details, time.time_ns() - time.monotonic_ns(), os.getpid())
+        records = Records(names, array("d", data), self.details, time.time_ns() - time.monotonic_ns(), os.getpid())
         data.clear()
         self.details = []
         return records
@@ -279,4 +300,4 @@ def died(pid: int) -> Records:
     """The log of an item whose worker `pid` died running it: only the item's own (its node
     records died with the worker); the caller reports the node it died in."""
     now = time.time_ns()
-    return Records((), array("q", (ITEM, now, PAUSE, now)), [], 0, pid)
+    return Records((), array("d", (ITEM, now, PAUSE, now)), [], 0, pid)

@@ -145,10 +145,15 @@ def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str
     if not log or isinstance(plain, str):
         return plain
     if entry[2] is None:
-        named = plain[0].cache is not None or any(s.node.is_async for s in plain[0].steps)
-        entry[2] = _load_plan(entry[0], status, log="named" if named else "bare")
+        entry[2] = _load_plan(entry[0], status, log="named" if _named(plain[0]) else "bare")
     logged: tuple[Plan, dict[str, str]] | str = entry[2]
     return logged
+
+
+def _named(plan: Plan) -> bool:
+    """Whether the log of `plan` names its steps and its items: in a bare log, a start time is
+    the item's next step, and the first one the item's beginning (observe/nodelog.py)."""
+    return plan.cache is not None or not plan.steps or any(s.node.is_async for s in plan.steps)
 
 
 def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
@@ -190,7 +195,8 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     _producers.clear()
     _producers.update(producers)
     _names[0] = tuple(s.node.name for s in plan.steps) if log else None
-    note, clock = LOG.data.extend if log else None, time.monotonic_ns
+    named = log and _named(plan)
+    note, clock = LOG.data.extend if named else None, time.monotonic_ns  # bare: items begin with a node call
     start = last = clock()
     batch = _unsent
     for i, item in items:
@@ -205,6 +211,8 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         try:
             batch.append((i, True, plan.run(item, i)))
         except NodeError as err:  # a node's call that raised logged it (an error between calls is no node's)
+            if log:
+                LOG.failed(None if named or status[STEP] >= 0 else now)
             batch.append((i, False, portable(err)))
             if isinstance(err, CudaError) and err.retires_worker:
                 status[ITEM] = -1
