@@ -89,9 +89,10 @@ def cpu_bound(rows: list) -> None:
     rows.append(("", "ProcessPoolExecutor", f"{ppe:.2f} s", f"{seq / ppe:.2f}x faster than sequential"))
 
 
-def _interleaved(e: Engine, pipelines: dict[str, Pipeline], items: list, rounds: int = 15) -> dict:
+def _interleaved(e: Engine, pipelines: dict[str, Pipeline], items: list, rounds: int = 60) -> dict:
     """{name: (best wall time, parent CPU, workers' CPU)}: the variants take turns, map after map,
-    so that a machine shared with other jobs slows each alike; best of `rounds`, CPU summed."""
+    so that a machine shared with other jobs slows each alike; best of `rounds` (a map takes ~10 ms:
+    with 15, one run's ratio moved by ±5 points from the next), CPU averaged."""
     for p in pipelines.values():
         p.map(inputs={"x": items}, map_over="x", progress=False)  # warm: workers up, plans shipped
     workers = [psutil.Process(pid) for pid in e.process_pool().pids()]

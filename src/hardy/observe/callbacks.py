@@ -160,7 +160,7 @@ class _Replayed(Mapping[str, Any]):
         if key == "hardy.worker_pid":
             return self.pid
         if key == "hardy.event_ns":
-            return int(events.starts[e]) + self.clock, int(events.ends[e]) + self.clock
+            return round(events.starts[e] * 1e9) + self.clock, round(events.ends[e] * 1e9) + self.clock
         if key == "hardy.retry":
             return self.retries.get(self.which(events.items[e]), 0) if self.retries else 0
         raise KeyError(key)
@@ -369,11 +369,11 @@ class Events:
                 assert events is not None
                 if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
                     for name, began, ended in zip(names, events.starts, events.ends):
-                        end(name, {}, (ended - began) / 1e9, ctx)
+                        end(name, {}, ended - began, ctx)
                 else:
                     self._replay_each(names, scope, errors, ctx)
                 if on_item:
-                    bounds = [int(t) + log.offset for t in events.bounds]
+                    bounds = [round(t * 1e9) + log.offset for t in events.bounds]
                     for r in range(len(bounds) - 1):
                         on_item(offset + which(r), bounds[r], bounds[r + 1], log.pid)
         finally:
@@ -391,7 +391,7 @@ class Events:
                 if start:
                     start(name, {}, ctx)
                 if end:
-                    end(name, {}, (ended - began) / 1e9, ctx)
+                    end(name, {}, ended - began, ctx)
             elif code == CACHED:
                 if cached:
                     cached(name, events.details[e], ctx)

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import weakref
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
@@ -78,7 +79,7 @@ class _Worker:
         self.status_path = os.path.join(folder, f"status-{number}")
         self.fault_path = os.path.join(folder, f"fault-{number}.txt")
         with open(self.status_path, "wb") as f:
-            f.write(b"\xff" * worker_main.STATUS_SIZE)  # -1 in every slot
+            f.write(array("d", [-1.0] * worker_main.SLOTS).tobytes())
         self._mm, self.status = worker_main.open_status(self.status_path)
         self.process, self.conn = launcher.start_worker()
         # this process's environment now (a fork server's dates from its start), with the caps
@@ -504,15 +505,15 @@ class _Run:
             pool._replace(slot, stop=True)
 
     def check_limits(self, busy: list[_Worker]) -> None:
-        now = time.monotonic_ns()
+        now = time.monotonic()
         for w in busy:
             if not w.busy or not w.process.is_alive():
                 continue
-            item, step = w.status[worker_main.ITEM], w.status[worker_main.STEP]
+            item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
             if item >= 0 and 0 <= step < len(self.plan.steps):
                 timeout = self.plan.steps[step].node.timeout
                 started = w.status[worker_main.STEP_START]
-                if timeout and (now - started) / 1e9 > timeout:
+                if timeout and now - started > timeout:
                     w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
                     self.on_death(w)
                     continue
@@ -534,7 +535,7 @@ class _Run:
         signame, text = describe_exit(w.process.exitcode)
         if w.killed_for:
             signame, text = "SIGKILL", w.kill_detail
-        item, step = w.status[worker_main.ITEM], w.status[worker_main.STEP]
+        item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
         in_flight = item if item in w.unsent else None
         if in_flight is not None:
             del w.unsent[in_flight]

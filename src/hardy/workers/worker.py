@@ -31,10 +31,12 @@ from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, dumps, out_of_band, portable
 from .lifeline import kill_group, watch_peer
 
-# Shared status words, written by the worker, read by the parent after a death or for deadlines.
+# Shared status words, written by the worker, read by the parent after a death or for deadlines:
+# doubles, because the step's start is `time.monotonic()`, the clock of the node log (nodelog.py);
+# the item and the step are small integers, exact in a double.
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
 STATUS_SIZE = 8 * SLOTS
-FLUSH_EVERY = 5_000_000  # nanoseconds: fast items are batched, slow items are reported one by one
+FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 HEADER = struct.Struct("???d")  # before each batch of results: chunk done, pickled item by item, logged, elapsed
 
@@ -42,15 +44,15 @@ HEADER = struct.Struct("???d")  # before each batch of results: chunk done, pick
 def open_status(path: str) -> tuple[mmap.mmap, Any]:
     with open(path, "r+b") as f:
         mm = mmap.mmap(f.fileno(), STATUS_SIZE)
-    return mm, (ctypes.c_int64 * SLOTS).from_buffer(mm)
+    return mm, (ctypes.c_double * SLOTS).from_buffer(mm)
 
 
-def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None = None,
+def _marked(status: Any, k: int, func: Callable[..., Any], log: list[float] | None = None,
             named: bool = False) -> Callable[..., Any]:
     """`func`, dating each call in the status words (for the parent's deadlines and crash
     reports); `log`: also noted in the node log (observe/nodelog.py), with the same clock read,
     as a bare start time (the item's next step) or, `named`, with its step."""
-    clock = time.monotonic_ns
+    clock = time.monotonic
 
     if log is None:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -58,9 +60,9 @@ def _marked(status: Any, k: int, func: Callable[..., Any], log: list[int] | None
             status[STEP_START] = clock()
             return func(*args, **kwargs)
         return call
-    note: Callable[[int], None] = log.append
+    note: Callable[[float], None] = log.append
     if named:
-        def note(now: int) -> None:
+        def note(now: float) -> None:
             log.extend((STEP_NAMED, k, now))
 
     def logged(*args: Any, **kwargs: Any) -> Any:
@@ -196,7 +198,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     _producers.update(producers)
     _names[0] = tuple(s.node.name for s in plan.steps) if log else None
     named = log and _named(plan)
-    note, clock = LOG.data.extend if named else None, time.monotonic_ns  # bare: items begin with a node call
+    note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
     start = last = clock()
     batch = _unsent
     for i, item in items:
@@ -221,7 +223,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         status[ITEM] = -1
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
-    _send(conn, batch, producers, True, (clock() - start) / 1e9, sent)
+    _send(conn, batch, producers, True, clock() - start, sent)
     return True
 
 
