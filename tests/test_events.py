@@ -105,6 +105,73 @@ def test_cache_hits_and_a_crash_from_worker_processes(tmp_path):
     assert log.of_item(7) == [("error", "double_or_crash", "NodeCrashed", "SIGSEGV")]
 
 
+@node(output_name="q")
+def twice(x: int) -> int:
+    return 2 * x
+
+
+@node(output_name="r")
+def then_one_more(q: int) -> int:
+    return q + 1
+
+
+def test_cache_hits_name_their_node_whichever_plans_the_worker_ran_before(tmp_path):
+    """One worker runs several plans of one pipeline, and a node is a different step in each."""
+    log = Log()
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([add_one, twice, then_one_more], engine=engine, cache=DiskCache(tmp_path / "c"),
+                     callbacks=[log])
+        p.map(inputs={"x": [1]}, map_over="x")  # steps: add_one, twice, then_one_more
+        p.map(inputs={"x": [1]}, map_over="x", output_name="r")  # steps: twice, then_one_more
+        log.events.clear()
+        p.map(inputs={"x": [1]}, map_over="x")
+    assert log.of_item(0) == [("cached", name) for name in ("add_one", "twice", "then_one_more")]
+
+
+@node(output_name="a")
+def crash_on_five(x: int) -> int:
+    if x == 5:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def test_items_handed_again_after_a_crash_start_once():
+    """The items of a dead worker's chunk that had not run go to the next worker: they started
+    when they were first handed out."""
+    log = Log()
+    with Engine(map_executor="process", workers=1) as engine:
+        Pipeline([crash_on_five], engine=engine, callbacks=[log]).map(inputs={"x": list(range(100))}, map_over="x",
+                                                                     on_error="continue")
+    assert sorted(e[1] for e in log.events if e[0] == "item_start") == list(range(100))
+    assert all(log.of_item(i) == [("start", "crash_on_five"), ("end", "crash_on_five")] for i in range(100) if i != 5)
+
+
+def _refuse_outside(pid: int) -> None:
+    if os.getpid() != pid:
+        raise RuntimeError("only exists in the worker that made it")
+
+
+class _Unloadable:
+    def __reduce__(self):
+        return _refuse_outside, (os.getpid(),)
+
+
+@node(output_name="a")
+def ghost_on_five(x: int):
+    return _Unloadable() if x == 5 else x
+
+
+def test_a_batch_sent_again_item_by_item_keeps_each_items_node_events():
+    """The parent cannot unpickle one result: the worker sends its batch again, each item alone."""
+    log = Log()
+    with Engine(map_executor="process", workers=1) as engine:
+        Pipeline([ghost_on_five], engine=engine, callbacks=[log]).map(inputs={"x": list(range(40))}, map_over="x",
+                                                                     on_error="continue")
+    ran = [("start", "ghost_on_five"), ("end", "ghost_on_five")]
+    assert all(log.of_item(i) == ran for i in range(40))  # item 5's node ran; then it failed, unreadable
+    assert [e[1] for e in log.events if e[0] == "item_error"] == [5]
+
+
 def test_no_listener_for_node_events_means_no_node_events_logged():
     class ItemsOnly(PipelineCallback):
         def __init__(self):
@@ -124,8 +191,10 @@ def test_no_listener_for_node_events_means_no_node_events_logged():
     assert only.items == 5
 
 
-@pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
-def test_item_events_name_their_item_in_the_context(executor):
+@pytest.mark.parametrize("executor,call", [("sequential", "map"), ("threaded", "map"), ("process", "map"),
+                                           ("sequential", "imap"), ("process", "imap")])
+def test_item_events_name_their_item_in_the_context(executor, call):
+    """A map delivers a worker's batch at once; an unordered imap delivers its items one by one."""
     class Items(PipelineCallback):
         def __init__(self):
             self.seen: list[tuple] = []
@@ -141,7 +210,11 @@ def test_item_events_name_their_item_in_the_context(executor):
 
     items = Items()
     with Engine(map_executor=executor, workers=2) as engine:
-        Pipeline([add_one], engine=engine, callbacks=[items]).map(inputs={"x": list(range(40))}, map_over="x")
+        p = Pipeline([add_one], engine=engine, callbacks=[items])
+        if call == "map":
+            p.map(inputs={"x": list(range(40))}, map_over="x")
+        else:
+            list(p.imap(inputs={"x": list(range(40))}, map_over="x", ordered=False))
     assert len(items.seen) == 120
     assert all(i == in_ctx for _, i, in_ctx in items.seen), [e for e in items.seen if e[1] != e[2]]
 
@@ -151,9 +224,9 @@ _attempts_dir = "HARDY_TEST_ATTEMPTS"
 
 @node(output_name="m")
 def flaky(x: int) -> int:
-    """Raises once per item 2 (counted in a file: each attempt may run in another worker)."""
+    """Raises once for items 2 and 4 (counted in a file: each attempt may run in another worker)."""
     marker = os.path.join(os.environ[_attempts_dir], f"{x}")
-    if x == 2 and not os.path.exists(marker):
+    if x in (2, 4) and not os.path.exists(marker):
         open(marker, "w").close()
         raise TimeoutError("first attempt")
     return x
@@ -193,7 +266,9 @@ def test_sync_nodes_in_workers_failures_and_retries_in_order(tmp_path, monkeypat
     assert [o["o"] for i, o in enumerate(out) if i != 4] == [x for x in range(300) if x != 4]
     every = [(kind, name) for name in ("flaky", "strict", "last") for kind in ("start", "end")]
     assert all(log.of_item(i) == every for i in range(300) if i not in (2, 4))
-    assert log.of_item(4) == [("start", "flaky"), ("end", "flaky"), ("start", "strict"),
+    # item 4's retried attempt reports what it raised, not what failed the item later
+    assert log.of_item(4) == [("start", "flaky"), ("error", "flaky", "TimeoutError", "first attempt"),
+                              ("start", "flaky"), ("end", "flaky"), ("start", "strict"),
                               ("error", "strict", "ValueError", "four")]
     assert log.of_item(2) == [("start", "flaky"), ("error", "flaky", "TimeoutError", "first attempt"), *every]
     workers = {e[-1] for e in log.events if e[0] in ("start", "end")}

@@ -75,9 +75,9 @@ class _StageResults:
         if self.first:
             self.results.started(self.indices[i], worker)
 
-    def handed(self, chunk: Sequence[int], worker: int) -> None:
+    def handed(self, chunk: Sequence[int], worker: int, again: bool = False) -> None:
         if self.first:
-            self.results.handed([self.indices[i] for i in chunk], worker)
+            self.results.handed([self.indices[i] for i in chunk], worker, again)
 
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
              records: Records | None = None) -> list[tuple[Any, ...]]:

@@ -52,11 +52,12 @@ class Results:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
-        if self.events:  # `_observed` for one item run here (named in the context since its start)
+        if self.events:  # `_observed` for one item (one run here is named in the context since its start)
             if records:
                 self._replay(records, lambda r: i)
             if self._watch_items:
-                self.events.items_done([(i, True, out)], self.offset, self._started.pop, time.perf_counter())
+                self.events.items_done([(i, True, out)], self.offset, self._started.pop, time.perf_counter(),
+                                       name_items=not self.events.names(self.offset + i))
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
@@ -127,17 +128,19 @@ class Results:
         assert self.events is not None
         self.events.replay(logs, which, errors, self.offset, self.retries, self.live.item_ran if self.live else None)
 
-    def handed(self, chunk: Sequence[int], worker: int) -> None:
-        """The items of `chunk` were handed to worker process `worker` (a pid) at once."""
+    def handed(self, chunk: Sequence[int], worker: int, again: bool = False) -> None:
+        """The items of `chunk` were handed to worker process `worker` (a pid) at once; `again`:
+        they were handed before, to a worker that died (they started then)."""
         if not self._watch_items:
             return
         assert self.events is not None  # items are watched only with events
-        self._started.update(dict.fromkeys(chunk, time.perf_counter()))
         offset = self.offset
         if self.live:
             for i in chunk:
                 self.live.item_start(offset + i, worker)
-        self.events.items_started([offset + i for i in chunk] if offset else chunk, worker)
+        if not again:
+            self._started.update(dict.fromkeys(chunk, time.perf_counter()))
+            self.events.items_started([offset + i for i in chunk] if offset else chunk, worker)
 
     def started(self, i: int, worker: int | None = None) -> None:
         """An item was handed to worker process `worker` (a pid), or is about to run here (None)."""

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..node import Node
-from .nodelog import CACHED, END, Records
+from .nodelog import CACHED, END, ERROR, Records
 from .nodelog import Events as LogEvents
 
 
@@ -301,6 +301,10 @@ class Events:
         finally:
             _scope.reset(token)
 
+    def names(self, i: int) -> bool:
+        """Whether this thread's or task's context names item i already (it runs here)."""
+        return bool(_scope.get().get("hardy.item") == i)
+
     def in_item(self, i: int) -> None:
         """The node events that follow in this thread or task belong to item i (no item event is
         listened to, so `item_started` is not called)."""
@@ -386,6 +390,8 @@ class Events:
         start, end, raised, cached, item_cached = self._replayed
         events = scope.events
         codes = events.codes if events.codes is not None else itertools.repeat(END)
+        # an item's failure is its last error's: an attempt its node's policy retried raised its own
+        last_error = {events.items[e]: e for e, code in enumerate(events.codes or ()) if code == ERROR}
         for e, name, code, began, ended in zip(itertools.count(), names, codes, events.starts, events.ends):
             if code == END:
                 if start:
@@ -400,7 +406,9 @@ class Events:
             else:
                 if start:
                     start(name, {}, ctx)
-                error = (errors.get(scope.which(events.items[e])) if errors else None) or events.details.get(e)
+                item = events.items[e]
+                final = errors.get(scope.which(item)) if errors and last_error[item] == e else None
+                error = final or events.details.get(e)
                 if raised:
                     raised(name, error or RuntimeError("failed in a worker"), ctx)
 

@@ -45,7 +45,7 @@ import pickle
 import sys
 import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..node import Node
@@ -231,13 +231,11 @@ class NodeLog:
     def __init__(self) -> None:
         self.data: list[float] = []
         self.details: list[Any] = []  # cache hits' signatures, what nodes raised
-        self.steps: dict[str, int] = {}  # node name -> step, of the logged plan being built
 
     def note(self, k: int, node: Node, func: Callable[..., Any]) -> Callable[..., Any]:
         """`func` (step k's), noting its calls: for a sync node, the caller (the worker) writes
         its start itself, where it reads the clock anyway; an async node's calls may overlap, so
         each is written whole when it ends."""
-        self.steps[node.name] = k
         if not node.is_async:
             return func
         add, clock, log = self.data.extend, time.monotonic, self
@@ -253,10 +251,13 @@ class NodeLog:
             return value
         return logged
 
-    def cached(self, name: str, key: bytes, item: int | None) -> None:
-        """The logged plan's cache-hit hook."""
-        self.details.append(key.hex() if isinstance(key, bytes) else str(key))
-        self.data += (STEP, self.steps[name], time.monotonic(), CACHED, len(self.details) - 1)
+    def cache_hook(self, steps: Mapping[str, int]) -> Callable[[str, bytes, int | None], None]:
+        """A logged plan's cache-hit hook; `steps`: that plan's node names by step (a process
+        runs many plans, and a node may be a different step in each)."""
+        def cached(name: str, key: bytes, item: int | None) -> None:
+            self.details.append(key.hex() if isinstance(key, bytes) else str(key))
+            self.data += (STEP, steps[name], time.monotonic(), CACHED, len(self.details) - 1)
+        return cached
 
     def raised(self, exc: BaseException) -> None:
         """The node running raised `exc` (its item fails, or the node's policy retries it)."""

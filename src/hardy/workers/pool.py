@@ -22,7 +22,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import transport
 from ..crash import describe_exit, read_stack
@@ -35,6 +35,9 @@ from ..shipping import dumps, globals_in, ship_items, ship_plan
 from ..sizes import parse_size
 from . import launch
 from . import worker as worker_main
+
+if TYPE_CHECKING:
+    from ..observe.nodelog import Records
 
 log = logging.getLogger("hardy.workers")
 
@@ -352,6 +355,7 @@ class _Run:
                 w = None
             if w is None:
                 w = pool._start_worker(slot)
+            fresh = self.next_fresh
             chunk = self.next_chunk(w)
             if not chunk:
                 unneeded.append(slot)
@@ -360,7 +364,7 @@ class _Run:
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
-            self.results.handed(chunk, w.process.pid)
+            self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
             try:
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
@@ -455,17 +459,19 @@ class _Run:
             return False
         return True
 
-    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes]]) -> None:
-        for i, ok, blob in batch:
+    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, Records | None]]) -> None:
+        """Results sent again one by one (`worker._resend`), each with its node log."""
+        for i, ok, blob, log in batch:
             unsent.pop(i, None)
             try:
                 value = pickle.loads(blob)
             except Exception as exc:
                 ok, value = False, self.unreadable(i, blob, exc)
+            logs = (log,) if log is not None else ()
             if ok:
-                self.results.ok(i, value)
+                self.results.ok(i, value, logs)
             elif not self.retry_out_of_memory(i, value):
-                self.results.fail(i, value)
+                self.results.fail(i, value, logs)
 
     def retry_out_of_memory(self, i: int, err: Any) -> bool:
         """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has

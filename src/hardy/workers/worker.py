@@ -24,7 +24,7 @@ from .. import transport
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import ITEM as BEGINS
-from ..observe.nodelog import LOG
+from ..observe.nodelog import LOG, Records
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
@@ -102,7 +102,7 @@ def run(fd: int) -> None:
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
-    sent: list[list[Any]] = []  # the last chunk's batches of results, until the next chunk
+    sent: list[Sent] = []  # the last chunk's batches of results, until the next chunk
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
     on_fatal_signal(lambda signum: _last_words(conn, sent), (*FATAL_SIGNALS, "SIGUSR1"))
     install_numba_guard()
@@ -161,14 +161,17 @@ def _named(plan: Plan) -> bool:
 def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
     """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
     plan notes its node calls (observe/nodelog.py), "bare" or "named" (see `_plan`)."""
+    steps: dict[str, int] = {}
+
     def marked(k: int, n: Any) -> Callable[..., Any]:
+        steps[n.name] = k
         if not log:
             return _marked(status, k, n.func)
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, _marked(status, k, n.func))
         return _marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
     try:
-        plan = build_plan(spec, wrap=marked, on_cached=LOG.cached if log else None)
+        plan = build_plan(spec, wrap=marked, on_cached=LOG.cache_hook(steps) if log else None)
     except Exception as exc:
         return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
                 "its nodes must come from the script or a module importable from the parent's sys.path "
@@ -178,13 +181,14 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
 
 
 _unsent: list[tuple[Any, ...]] = []  # results of the current chunk not sent yet
+Sent = tuple[list[tuple[Any, ...]], Records | None]  # a batch of results sent, with its node log
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
 _names: list[tuple[str, ...] | None] = [None]  # its nodes by step, while its calls are logged
 _sending = [False]
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[list[Any]], log: bool) -> bool:
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[Sent], log: bool) -> bool:
     """Run the items; `log`: their node calls are logged and each batch carries its log
     (observe/nodelog.py). False when the worker must retire: after a sticky CUDA error every later
     CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
@@ -227,7 +231,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     return True
 
 
-def _last_words(conn: Any, sent: list[list[Any]]) -> None:
+def _last_words(conn: Any, sent: list[Sent]) -> None:
     """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
     transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
     if _unsent and not _sending[0]:
@@ -235,7 +239,7 @@ def _last_words(conn: Any, sent: list[list[Any]]) -> None:
 
 
 def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], done: bool,
-          elapsed: float, sent: list[list[Any]], dying: bool = False) -> None:
+          elapsed: float, sent: list[Sent], dying: bool = False) -> None:
     """A batch of results, pickled at once (fast), with the node log of its items when it is kept
     (the items that ended only, if `dying`). A value that cannot be pickled fails its item;
     if the parent cannot unpickle the batch, it asks for those items again one by one (`_resend`),
@@ -251,18 +255,23 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
         except Exception:
             batch[:] = [_picklable(producers, *row) for row in batch]
             packed = transport.pack(message, dumps)
-        sent.append(list(batch))
+        sent.append((list(batch), records))
         transport.send(conn, HEADER.pack(done, False, names is not None, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
 
 
-def _resend(conn: Any, sent: list[list[Any]], items: list[int]) -> None:
-    """Items of the last chunk again, each pickled on its own, so that each is read on its own."""
-    outcomes = {i: (ok, value) for batch in sent for i, ok, value in batch}  # their node log stays behind
-    data = pickle.dumps([(i, outcomes[i][0], dumps(outcomes[i][1], buffer_callback=_in_band)) for i in items],
-                        protocol=5)
+def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
+    """Items of the last chunk again, each pickled on its own, so that each is read on its own,
+    with its own node log (None when not logged)."""
+    outcomes: dict[int, tuple[bool, Any, Records | None]] = {}
+    for rows, records in sent:
+        logs = records.split() if records is not None else []  # in the order of the rows
+        for r, (i, ok, value) in enumerate(rows):
+            outcomes[i] = (ok, value, logs[r] if r < len(logs) else None)
+    data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
+                         for i in items for ok, value, log in [outcomes[i]]], protocol=5)
     conn.send_bytes(HEADER.pack(True, True, False, 0.0) + data)
 
 
