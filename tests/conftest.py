@@ -1,11 +1,26 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+
+def _refuse_outside(pid: int) -> object:
+    if os.getpid() != pid:
+        raise RuntimeError("this object only exists in the process that made it")
+    return Unloadable()
+
+
+class Unloadable:
+    """Pickles fine in the worker; unpickling it anywhere else raises (like a handle to a local GPU)."""
+
+    def __reduce__(self):
+        return _refuse_outside, (os.getpid(),)
+
 
 NATIVE_SOURCE = r"""
 #include <signal.h>

@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from conftest import Unloadable
 from hardy import DiskCache, Engine, Pipeline, PipelineCallback, node
 
 
@@ -146,19 +147,9 @@ def test_items_handed_again_after_a_crash_start_once():
     assert all(log.of_item(i) == [("start", "crash_on_five"), ("end", "crash_on_five")] for i in range(100) if i != 5)
 
 
-def _refuse_outside(pid: int) -> None:
-    if os.getpid() != pid:
-        raise RuntimeError("only exists in the worker that made it")
-
-
-class _Unloadable:
-    def __reduce__(self):
-        return _refuse_outside, (os.getpid(),)
-
-
 @node(output_name="a")
 def ghost_on_five(x: int):
-    return _Unloadable() if x == 5 else x
+    return Unloadable() if x == 5 else x
 
 
 def test_a_batch_sent_again_item_by_item_keeps_each_items_node_events():

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import Unloadable
 from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
 from hardy.errors import WorkerStartError
 
@@ -317,19 +318,6 @@ def test_ipython_session_runs_a_process_map(tmp_path):
 
 
 # --- 4. results that cannot come back ------------------------------------------------------------
-
-
-def _refuse_outside(pid: int) -> object:
-    if os.getpid() != pid:
-        raise RuntimeError("this object only exists in the process that made it")
-    return Unloadable()
-
-
-class Unloadable:
-    """Pickles fine in the worker; unpickling it anywhere else raises (like a handle to a local GPU)."""
-
-    def __reduce__(self):
-        return _refuse_outside, (os.getpid(),)
 
 
 @node(output_name="out")

@@ -15,6 +15,7 @@ import signal
 import numpy as np
 import pytest
 
+from conftest import Unloadable
 from hardy import Engine, Failed, NodeCrashed, Pipeline, node, transport  # noqa: F401 - the module
 
 pytestmark = pytest.mark.timeout(180)
@@ -252,21 +253,10 @@ def test_bytes_likes_cross_out_of_band_and_keep_their_type(engine):
     assert _segments_mapped() == 0 and _segment_fds() == 0
 
 
-def _refuse_outside(pid: int) -> None:
-    if os.getpid() != pid:
-        raise RuntimeError("only exists in the worker that made it")
-
-
-class _Unloadable:
-    """Pickles in the worker, cannot be unpickled in the parent: its whole batch is sent again."""
-
-    def __reduce__(self):
-        return _refuse_outside, (os.getpid(),)
-
-
 @node(output_name="y")
 def view_or_ghost(x: int):
-    return _Unloadable() if x == 105 else memoryview(np.arange(4, dtype=np.int32) + x)
+    """Item 105 cannot be unpickled in the parent: its whole batch is sent again."""
+    return Unloadable() if x == 105 else memoryview(np.arange(4, dtype=np.int32) + x)
 
 
 def test_a_memoryview_keeps_its_type_when_its_batch_is_sent_again(engine):
