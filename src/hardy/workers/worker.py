@@ -161,12 +161,12 @@ def _named(plan: Plan) -> bool:
 def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
     """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
     plan notes its node calls (observe/nodelog.py), "bare" or "named" (see `_plan`)."""
-    steps: dict[str, int] = {}
+    steps: dict[str, int] = {}  # its node names by step, for its cache hits' log entries
 
     def marked(k: int, n: Any) -> Callable[..., Any]:
-        steps[n.name] = k
         if not log:
             return _marked(status, k, n.func)
+        steps[n.name] = k
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, _marked(status, k, n.func))
         return _marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
