@@ -172,6 +172,28 @@ class _Replayed(Mapping[str, Any]):
         return len(self.KEYS)
 
 
+class _Ending(Mapping[str, Any]):
+    """The item-scoped values while a batch's item ends are delivered (`Events.items_done`):
+    the item is the row the loop's iterator has reached, read only when a callback asks."""
+
+    __slots__ = ("rows", "cursor", "offset", "base")
+
+    def __init__(self, rows: Sequence[tuple[Any, ...]], cursor: Iterator[tuple[Any, ...]], offset: int,
+                 base: Mapping[str, Any]):
+        self.rows, self.cursor, self.offset, self.base = rows, cursor, offset, base
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "hardy.item":
+            return self.offset + self.rows[len(self.rows) - 1 - operator.length_hint(self.cursor)][0]
+        return self.base[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**self.base, "hardy.item": None})
+
+    def __len__(self) -> int:
+        return len({**self.base, "hardy.item": None})
+
+
 def _fanout(handlers: Sequence[Callable[..., None]]) -> Callable[..., None] | None:
     """One callable for `handlers`: None for none, the handler itself for one (most often: a
     replay's loop makes hundreds of thousands of these calls a second)."""
@@ -310,12 +332,12 @@ class Events:
         listened to, so `item_started` is not called)."""
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
-    def items_done(self, rows: Sequence[tuple[Any, ...]], offset: int, started: Callable[[int, float], float],
+    def items_done(self, rows: Sequence[tuple[Any, ...]], offset: int, started: Sequence[float],
                    now: float, name_items: bool = False) -> None:
         """Items finished at `now`, as rows `(i, ok, outputs)` (item `offset + i`, handed out at
-        `started(i, now)`): each one's on_pipeline_end and on_map_item_end, in one loop (a fast
-        map delivers thousands a second). `name_items`: the context names each item while its end
-        is delivered (a worker's batch; an item run here is named already, since its start)."""
+        `started[i]`): each one's on_pipeline_end and on_map_item_end, in one loop (a fast map
+        delivers a million a second). `name_items`: the context names each item while its end is
+        delivered (a worker's batch; an item run here is named already, since its start)."""
         found = self._item_ends
         if found is None:
             found = self._item_ends = (_fanout(self.handlers("on_pipeline_end")),
@@ -324,12 +346,11 @@ class Events:
         if not (end or item_end):
             return
         ctx, pipeline_id = current_context(), self.pipeline_id
-        scope = dict(_scope.get()) if name_items else {}
-        token = _scope.set(scope) if name_items else None
+        cursor = iter(rows)
+        token = _scope.set(_Ending(rows, cursor, offset, _scope.get())) if name_items else None
         try:
-            for row in rows:
-                i, duration = offset + row[0], now - started(row[0], now)
-                scope["hardy.item"] = i
+            for row in cursor:
+                i, duration = offset + row[0], now - started[row[0]]
                 if end:
                     end(pipeline_id, row[2], duration, ctx)
                 if item_end:
