@@ -86,7 +86,7 @@ class Records:
         return self._events
 
     def entries(self) -> list[float]:
-        """The log as the worker wrote it (codes, indices and times, all floats now)."""
+        """The log as the worker wrote it: codes, indices and times, as floats."""
         return self.data.tolist()
 
     def raised(self) -> bool:
@@ -105,9 +105,10 @@ class Records:
 
 class Events:
     """A log decoded: per event its item (its place in the order they ran), node (`steps`,
-    indices into the names), code (None: all END), start and end (the worker's nanoseconds), and
-    for a cache hit its signature and for an error what was raised (`details`, by event); item r ran from `bounds[r]` to
-    `bounds[r + 1]`. `regular`: every item ran every node once, in order."""
+    indices into the names), code (None: all END), start and end (the worker's monotonic
+    seconds), and for a cache hit its signature and for an error what was raised (`details`, by
+    event); item r ran from `bounds[r]` to `bounds[r + 1]`. `regular`: every item ran every node
+    once, in order."""
 
     __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "bounds", "regular")
 
@@ -132,13 +133,13 @@ class Events:
         self.ends.append(end)
 
 
-_SIGN = 7 if sys.byteorder == "little" else 0  # where an int64 keeps its sign: its top byte
+_SIGN = 7 if sys.byteorder == "little" else 0  # where a double keeps its sign: its top byte
 
 
 def _times(data: array[float], n: int) -> bool:
     """Whether the first n entries are all times, none a (negative) code: each one's top byte is
-    below 0x80. In C: `min()` would make an int object per entry, and cost as much as the rest of
-    the decoding."""
+    below 0x80. In C: `min()` would make a float object per entry, and cost as much as the rest
+    of the decoding."""
     return data[:n].tobytes()[_SIGN::8].isascii()
 
 
