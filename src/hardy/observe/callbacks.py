@@ -125,6 +125,12 @@ _scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "hardy_scope", default=MappingProxyType({}))
 
 
+def _position(cursor: Iterator[Any], size: int) -> int:
+    """Where a loop over `cursor` (an iterator over a list of `size`) stands: the index of the
+    element it took last. The lazy scopes below read it instead of the loop storing it per element."""
+    return size - 1 - operator.length_hint(cursor)
+
+
 class _Replayed(Mapping[str, Any]):
     """The item-scoped values of the node event being replayed (`Events.replay`), made when read:
     most callbacks never read them, so the replay sets nothing per event. Which event it is, is
@@ -150,7 +156,7 @@ class _Replayed(Mapping[str, Any]):
 
     @property
     def event(self) -> int:
-        return self.size - 1 - operator.length_hint(self.cursor)
+        return _position(self.cursor, self.size)
 
     def __getitem__(self, key: str) -> Any:
         events, e = self.events, self.event
@@ -184,7 +190,7 @@ class _Ending(Mapping[str, Any]):
 
     def __getitem__(self, key: str) -> Any:
         if key == "hardy.item":
-            return self.offset + self.rows[len(self.rows) - 1 - operator.length_hint(self.cursor)][0]
+            return self.offset + self.rows[_position(self.cursor, len(self.rows))][0]
         return self.base[key]
 
     def __iter__(self) -> Iterator[str]:

@@ -212,14 +212,20 @@ def _entries(data: list[float], steps: int) -> Iterator[tuple[int, int, int, flo
         p += 1 if code >= 0 else 3 if code in (STEP, RAISED) else 2
 
 
+def row_logs(records: Records | None, n: int) -> list[Records | None]:
+    """The log of each of a batch's n rows alone (None for a row with none: the batch was not
+    logged, or its item did not run)."""
+    logs: list[Records | None] = list(records.split()) if records is not None else []
+    return logs[:n] + [None] * (n - len(logs))
+
+
 def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: Records | None,
                ok: Callable[[int, dict[str, Any], Sequence[Records]], None]) -> list[tuple[Any, ...]]:
     """A worker's batch for a sink whose `ok` sees each success alone, with its item's own log:
     each row's item leaves `unsent`; the failures are returned, each with its log."""
-    logs, failed = records.split() if records is not None else [], []
-    for r, row in enumerate(rows):
+    failed = []
+    for row, log in zip(rows, row_logs(records, len(rows))):
         unsent.pop(row[0], None)
-        log = logs[r] if r < len(logs) else None
         if row[1]:
             ok(row[0], row[2], (log,) if log else ())
         else:

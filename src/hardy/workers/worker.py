@@ -24,7 +24,7 @@ from .. import transport
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..observe.nodelog import ITEM as BEGINS
-from ..observe.nodelog import LOG, Records
+from ..observe.nodelog import LOG, Records, row_logs
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
@@ -267,9 +267,8 @@ def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
     with its own node log (None when not logged)."""
     outcomes: dict[int, tuple[bool, Any, Records | None]] = {}
     for rows, records in sent:
-        logs = records.split() if records is not None else []  # in the order of the rows
-        for r, (i, ok, value) in enumerate(rows):
-            outcomes[i] = (ok, value, logs[r] if r < len(logs) else None)
+        for (i, ok, value), log in zip(rows, row_logs(records, len(rows))):
+            outcomes[i] = (ok, value, log)
     data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
                          for i in items for ok, value, log in [outcomes[i]]], protocol=5)
     conn.send_bytes(HEADER.pack(True, True, False, 0.0) + data)
