@@ -38,7 +38,16 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 def serve() -> None:
     config = pickle.load(sys.stdin.buffer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leave through the clean-up below
+    serving = [True]
+
+    def leave(*_: Any) -> None:
+        """SIGTERM (the parent's death signal, sent as its pipe closes): leave through the clean-up
+        below, once. Raised inside that clean-up, it would cut it short and leave the folder."""
+        if serving[0]:
+            serving[0] = False
+            sys.exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
     if config["pdeathsig"]:
         die_with_parent(config["parent"], signal.SIGTERM)
     listener = socket.socket(fileno=config["listen_fd"])
@@ -57,6 +66,7 @@ def serve() -> None:
         while True:
             for key, _ in sel.select():
                 if key.data == "parent":
+                    serving[0] = False  # a SIGTERM from here on finds the clean-up under way
                     return  # end of file: the parent closed us or died
                 if key.data == "child":
                     os.read(wake_r, 4096)
@@ -64,6 +74,7 @@ def serve() -> None:
                 else:
                     _answer(listener, config, failure, children, closing)
     finally:
+        serving[0] = False
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent's death signal must not cut this short
         for pid in children:
             kill_group(pid)
