@@ -89,10 +89,12 @@ def cpu_bound(rows: list) -> None:
     rows.append(("", "ProcessPoolExecutor", f"{ppe:.2f} s", f"{seq / ppe:.2f}x faster than sequential"))
 
 
-def _interleaved(e: Engine, pipelines: dict[str, Pipeline], items: list, rounds: int = 60) -> dict:
+def _interleaved(e: Engine, pipelines: dict[str, Pipeline], items: list, rounds: int = 150) -> dict:
     """{name: (best wall time, parent CPU, workers' CPU)}: the variants take turns, map after map,
-    so that a machine shared with other jobs slows each alike; best of `rounds` (a map takes ~10 ms:
-    with 15, one run's ratio moved by ±5 points from the next), CPU averaged."""
+    so that a machine shared with other jobs slows each alike; best of `rounds`, CPU averaged.
+    A map takes ~10 ms: the best of 15 moved one run's ratio by ±5 points from the next, the best
+    of 60 still spread the node-event ratio from -5 % to -17 % over 16 runs; of 150, from -6 % to
+    -13 % over 10 (the best converges on the cost of a map undisturbed)."""
     for p in pipelines.values():
         p.map(inputs={"x": items}, map_over="x", progress=False)  # warm: workers up, plans shipped
     workers = [psutil.Process(pid) for pid in e.process_pool().pids()]
