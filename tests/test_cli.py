@@ -82,20 +82,35 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (["flows:nothing"], "has no attribute 'nothing'; pipelines there: ['pipeline']"),
     (["nomodule:pipeline"], "cannot import 'nomodule'"),
     (["flows:pipeline", "--set", "x"], "--set 'x' is not NAME=VALUE"),
-    (["flows:pipeline", "--set", "z=1"], "Missing required input(s): ['x']"),
+    (["flows:pipeline", "--set", "factor=1"], "Missing required input(s): ['x']"),
     (["flows:pipeline", "--inputs", "bad.jsonl"], "bad.jsonl line 2 is not JSON"),
     (["flows:pipeline", "--executor", "gpu"], "Engine(map_executor='gpu') is not one of"),
+    (["flows:pipeline", "--set", "x=1", "--set", "fctor=3"], "'fctor'"),
+    (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers'"),
+    (["flows:pipeline", "--set", "x=1", "--report", "run.txt"], "use a .html or .json file name"),
+    (["flows:pipeline", "--set", "x=1", "--output", "no/such/dir/out.jsonl"], "--output no/such/dir/out.jsonl: No such"),
 ])
 def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
-    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')
     out = _hardy_run(tmp_path, *args)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "ran").exists()  # told before any work
+
+
+def test_report_refuses_a_page_name_that_is_not_html(tmp_path):
+    (tmp_path / "r.json").write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "report", "r.json", "--html", "r.txt"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "use a .html file name" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_run_keeps_the_pipelines_own_engine(tmp_path):
-    (tmp_path / "own.py").write_text(FLOWS.replace('name="flows")', 'name="flows", engine=Engine(map_executor="process"))')
+    own = 'engine=Engine(map_executor="process", report_dir="reports")'
+    (tmp_path / "own.py").write_text(FLOWS.replace('name="flows")', f'name="flows", {own})')
                                      .replace("from hardy import Pipeline, node", "from hardy import Engine, Pipeline, node"))
     out = _hardy_run(tmp_path, "own:pipeline", "--set", "x=[12, 13]", "--map-over", "x", "--report", "r.json")
     assert out.returncode == 1, out.stderr  # item 1 segfaulted a worker process, not this command
     assert json.loads((tmp_path / "r.json").read_text())["failures"][0]["signal"] == "SIGSEGV"
+    kept = list((tmp_path / "reports").glob("flows-*.json"))  # its engine's report_dir: every run's JSON
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["failures"][0]["item"] == 1

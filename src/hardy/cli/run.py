@@ -7,18 +7,20 @@ pipeline, a malformed input line, an input no node takes); typer's own usage err
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NoReturn
 
 import typer
 
 USAGE = 2
 
 
-def _fail_usage(message: str) -> None:
+def _fail_usage(message: str) -> NoReturn:
     typer.echo(f"hardy: {message}", err=True)
     raise typer.Exit(USAGE)
 
@@ -101,13 +103,15 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         map_over: list[str] = typer.Option([], "--map-over", help="Inputs that hold one value per item."),
         executor: str | None = typer.Option(None, help="sequential | threaded | async | process "
                                                 "(default: the pipeline's own engine's)"),
-        workers: int | None = typer.Option(None, help="Worker threads or processes."),
+        workers: int | None = typer.Option(None, min=1, help="Worker threads or processes."),
         cache: str | None = typer.Option(None, help="A DiskCache directory."),
         report: str | None = typer.Option(None, help="Write the run report: FILE.html or FILE.json."),
         output: str | None = typer.Option(None, help="Write the JSONL results here instead of stdout."),
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
-    from ..errors import HardyError
+    from ..errors import HardyError, UnknownInputWarning
+    if report:
+        report_path(report)
     pipeline = load_pipeline(target)
     values = parse_sets(set_)
     over = [n for spec in map_over for n in spec.split(",") if n]
@@ -121,19 +125,18 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.with_cache(DiskCache(cache))
+    out = _opened(output)
     try:
-        with engine:
+        with engine, warnings.catch_warnings():
+            warnings.simplefilter("error", UnknownInputWarning)  # a typo in --set runs nothing
             if over:
                 rows = pipeline.map(values, map_over=over, on_error="continue", progress=progress, engine=engine)
             else:
                 rows = [_single(pipeline, values, engine)]
-    except HardyError as exc:
+    except (HardyError, UnknownInputWarning) as exc:
         _fail_usage(str(exc))
-    lines = "".join(_line(i, row) + "\n" for i, row in enumerate(rows))
-    if output:
-        Path(output).write_text(lines, encoding="utf-8")
-    else:
-        sys.stdout.write(lines)
+    with out as stream:
+        stream.write("".join(_line(i, row) + "\n" for i, row in enumerate(rows)))
     if report:
         pipeline.report().save(report)
     failed = sum(1 for i, row in enumerate(rows) if not isinstance(row, dict))
@@ -143,11 +146,29 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
     raise typer.Exit(1 if failed else 0)
 
 
+def report_path(path: str, suffixes: tuple[str, ...] = (".html", ".json")) -> None:
+    """A usage error, before anything runs, for a report file name `RunReport.save` would refuse."""
+    if Path(path).suffix.lower() not in suffixes:
+        _fail_usage(f"cannot write a run report as {path!r}: use a {' or '.join(suffixes)} file name")
+
+
+def _opened(output: str | None) -> contextlib.AbstractContextManager[IO[str]]:
+    """Where the results go: the --output file, opened before anything runs (a path that cannot be
+    written is a usage error, not a traceback after the work), or stdout."""
+    if not output:
+        return contextlib.nullcontext(sys.stdout)
+    try:
+        return open(output, "w", encoding="utf-8")  # noqa: SIM115 - closed once the results are written
+    except OSError as exc:
+        _fail_usage(f"--output {output}: {exc.strerror}")
+
+
 def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:
     """The pipeline's own engine's settings, with what the command line changes."""
     from ..engine import Engine
     return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor_spec,
-                  workers=workers or own.workers, cache=own.cache, report=report, **own.process_options)
+                  workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
+                  report_dir=own.report_dir, **own.process_options)
 
 
 def _single(pipeline: Any, values: dict[str, Any], engine: Any) -> Any:
@@ -164,6 +185,8 @@ def report(path: str = typer.Argument(..., help="A report's JSON (Engine(report_
     from rich.console import Console
 
     from ..observe.report import RunReport
+    if html:
+        report_path(html, (".html",))
     try:
         loaded = RunReport.load(path)
     except (OSError, ValueError) as exc:
