@@ -15,7 +15,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    from hardy import DiskCache, Pipeline, node
+    from hardy import DiskCache, Engine, Pipeline, node
 
     @node(output_name="y")
     def slow(x: int) -> int:
@@ -35,6 +35,9 @@ SCRIPT = textwrap.dedent("""
     cached = Pipeline([slow], name="warm", cache=DiskCache(sys.argv[1]))
     for _ in range(2):
         cached.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
+    with Engine(map_executor="process", workers=2) as engine:  # hits made in worker processes
+        workers = Pipeline([slow], name="warm-workers", cache=DiskCache(sys.argv[1]), engine=engine)
+        workers.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
 """)
 
 
@@ -68,6 +71,8 @@ def test_terminal_bar_nests_maps_and_counts_cache_hits_and_failures(tmp_path):
     assert nested and any("1 failed" in ln for ln in nested), screen[-3000:]
     warm = [ln for ln in lines if ln.startswith("warm")]
     assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in warm), warm[-5:]
+    in_workers = [ln for ln in lines if ln.startswith("warm-workers")]
+    assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in in_workers), in_workers[-5:]
 
 
 def test_notebook_bar_without_ipywidgets_or_warnings(tmp_path):

@@ -343,7 +343,7 @@ class Pipeline:
         events = Events(observers, self.name, items) if observers else None
         live = self._recorder.begin(self, "map", n) if self._engine.reporting and not in_call() else None
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
-            results = Results(n, on_error, bar, events, live)
+            results = Results(n, on_error, bar, events, live, cached=plan.cache is not None)
             try:
                 if events:
                     events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
@@ -392,7 +392,7 @@ class Pipeline:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return cls(len(chunk), on_error, bar, events, live, offset=start)
+            return cls(len(chunk), on_error, bar, events, live, offset=start, cached=plan.cache is not None)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results)

@@ -32,11 +32,14 @@ class Results:
     cache events (a window's `Events` read their items by the map's index too)."""
 
     def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
-                 live: _Live | None = None, offset: int = 0):
+                 live: _Live | None = None, offset: int = 0, cached: bool = False):
         self.offset = offset
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
-        # Executors that run items elsewhere log node events there only when someone listens.
-        self.log_nodes = events is not None and events.listens(*NODE_EVENTS, "on_node_cached", "on_map_item_cached")
+        # Executors that run items elsewhere log node events there only when someone listens, or
+        # when the bar shown counts the cache hits of a `cached` plan (made where the items run).
+        self._hits = cached and progress.show
+        self.log_nodes = self._hits or events is not None and events.listens(
+            *NODE_EVENTS, "on_node_cached", "on_map_item_cached")
         self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
@@ -54,6 +57,8 @@ class Results:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
+        if self._hits:
+            self._count_hits(records)
         if self.events:  # `_observed` for one item (one run here is named in the context since its start)
             if records:
                 self._replay(records, lambda r: i)
@@ -83,6 +88,8 @@ class Results:
             else:
                 failed.append(row)
         self.progress.done += len(rows) - len(failed)
+        if self._hits and records is not None:
+            self._count_hits((records,))
         if self.events:
             if records is not None:  # the failures' node events too, with their errors
                 self._replay((records,), lambda r: rows[r][0], {row[0]: _cause(row[2]) for row in failed})
@@ -101,6 +108,8 @@ class Results:
     def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
+        if self._hits:
+            self._count_hits(records)
         if self.events and (records or worker is not None):
             if records:
                 self._replay(records, lambda r: i, {i: _cause(err)})
@@ -117,6 +126,10 @@ class Results:
             self.events.item_failed(self.offset + i, err)
             if self.live:
                 self.live.item_end(self.offset + i, False)
+
+    def _count_hits(self, logs: Sequence[Records]) -> None:
+        """The bar counts the cache hits logged where items ran (here, the plan's own hook counts them)."""
+        self.progress.cached += sum(log.hits() for log in logs)
 
     def retried(self, i: int) -> None:
         """Item i's worker died and the item runs again (its nodes' `retries`)."""

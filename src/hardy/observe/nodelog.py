@@ -89,6 +89,10 @@ class Records:
         """The log as the worker wrote it: codes, indices and times, as floats."""
         return self.data.tolist()
 
+    def hits(self) -> int:
+        """How many node calls the cache answered: CACHED entries (no index or time is negative)."""
+        return self.data.count(CACHED)
+
     def raised(self) -> bool:
         """Whether a node raised (rather than the process dying in it)."""
         codes = self.events().codes
