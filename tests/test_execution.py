@@ -6,10 +6,12 @@ import asyncio
 import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardy import Engine, Node, Pipeline, PipelineCallback, node
+from hardy.observe.callbacks import in_call
 
 
 @node(output_name="slow_a")
@@ -181,12 +183,26 @@ def test_callbacks_receive_pipeline_node_and_item_events():
     assert kinds[-1] == "map_end"
 
 
-def test_no_callbacks_means_uninstrumented_plans():
-    p = Pipeline(nodes=[add])
+class Silent(PipelineCallback):
+    """Overrides no event (a base class of a user's callbacks, or one whose methods are commented out)."""
+
+
+@pytest.mark.parametrize("callbacks", [[], [Silent()]], ids=["none", "one-overriding-nothing"])
+def test_no_listening_callback_means_uninstrumented_plans(callbacks):
+    p = Pipeline(nodes=[add], callbacks=callbacks)
     p.run(inputs={"slow_a": 1, "slow_b": 2})
     plan = next(iter(p._plans.values()))
     assert "sum_ = f_add(slow_a, slow_b)  # node 'add'" in plan.source
     assert plan.run.__globals__["f_add"] is add.func  # the node function itself, no wrapper in between
+    seen = []
+
+    @node(output_name="y")
+    def probe(x: int) -> int:
+        seen.append(in_call())
+        return x
+
+    Pipeline([probe], callbacks=callbacks).map(inputs={"x": [1, 2]}, map_over="x")
+    assert seen == [False, False]  # nor is an event context opened around a map's items
 
 
 def test_progress_bar_renders_counts(capsys):

@@ -31,7 +31,7 @@ from .errors import (
 )
 from .graph import Graph
 from .node import Node
-from .observe.callbacks import Events, PipelineCallback, in_call
+from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
 from .observe.report import Recorder, RunReport
 from .plan import KEYS, Plan
@@ -245,8 +245,8 @@ class Pipeline:
 
     @property
     def _observers(self) -> list[PipelineCallback]:
-        """The callbacks, and the report recorder when the engine records reports."""
-        return [*self.callbacks, self._recorder] if self._engine.reporting else self.callbacks
+        """The callbacks that listen to something, and the report recorder when the engine records reports."""
+        return listening([*self.callbacks, self._recorder] if self._engine.reporting else self.callbacks)
 
     def report(self) -> RunReport:
         """The report of the last `run`, `map` or `imap` (see `hardy.observe.report`): per node,

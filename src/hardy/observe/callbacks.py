@@ -116,6 +116,12 @@ def _listened(cls: type) -> frozenset[str]:
     return frozenset(e for e, no_op in _NO_OPS.items() if getattr(cls, e, no_op) is not no_op)
 
 
+def listening(callbacks: Sequence[Any]) -> list[Any]:
+    """The callbacks that override some event: a pipeline compiles without events when none does,
+    so that a callback overriding nothing costs nothing, as no callback does."""
+    return [cb for cb in callbacks if _listened(type(cb))]
+
+
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
 
 
