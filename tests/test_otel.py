@@ -128,3 +128,6 @@ def test_a_retried_item_says_so(traced, tmp_path):
     items = {s.context.span_id: s.attributes["hardy.item"] for s in exporter.get_finished_spans()
              if s.name.startswith("hardy.item")}
     assert {items[parent]: retry for parent, retry in by_item.items()} == {0: 0, 1: 0, 2: 1, 3: 0}
+    pids = {s.context.span_id: s.attributes["hardy.worker.pid"] for s in exporter.get_finished_spans()
+            if s.name.startswith("hardy.item")}
+    assert all(pids[n.parent.span_id] == n.attributes["hardy.worker.pid"] for n in nodes)  # the replacement's
