@@ -51,6 +51,7 @@ def test_in_process_map_counts_calls_cache_hits_and_failures(tmp_path):
     assert failure["item"] == 3 and failure["node"] == "score" and failure["error"] == "ValueError"
     assert failure["message"] == PAYLOAD and "in score" in failure["stack"] and failure["signal"] is None
     assert 0 < nodes["score"]["p95_s"] <= nodes["score"]["total_s"]
+    assert nodes["score"]["peak_rss"] is None  # it ran in this process, not in a worker
 
     p.map(inputs={"x": items}, map_over="x", on_error="continue")
     again = {n["name"]: n for n in p.report().to_dict()["nodes"]}
@@ -76,6 +77,7 @@ def test_process_map_report_names_the_crash_its_signal_and_the_workers():
     assert d["workers"]["died"] == 1 and d["workers"]["started"] >= 2 and d["workers"]["recycled"] == 0
     assert set(d["workers"]["peak_rss"]) == {str(p) for p in pids}
     assert all(v > 1 << 20 for v in d["workers"]["peak_rss"].values())
+    assert nodes["score"]["peak_rss"] in d["workers"]["peak_rss"].values()  # of the workers that ran it
     lanes = {worker for _, worker, *_ in d["timeline"]}
     assert pids - {int(w.split()[1]) for w in lanes} == set() and len(d["timeline"]) == 20
     assert {i for i, *_, ok in d["timeline"] if not ok} == {3, 7}
@@ -125,6 +127,23 @@ def test_without_recording_report_says_how_to_turn_it_on():
     p.run(inputs={"x": 1})
     with pytest.raises(HardyError, match=r"Engine\(report=True\)"):
         p.report()
+
+
+@node(output_name="n")
+def hog(x: int) -> int:
+    block = b"\1" * (160 << 20)  # written, so resident
+    return len(block) + x
+
+
+def test_a_nodes_peak_worker_rss_in_the_tables_and_the_page(tmp_path):
+    with Engine(map_executor="process", workers=1, report=True) as engine:
+        p = Pipeline([hog], engine=engine, name="memory")
+        p.map(inputs={"x": [1, 2]}, map_over="x")
+    [n] = p.report().to_dict()["nodes"]
+    assert n["peak_rss"] >= 160 << 20
+    assert f"{n['peak_rss'] / 2**20:,.0f} MiB" in str(p.report())
+    page = p.report().save(tmp_path / "r.html").read_text()
+    assert "peak worker RSS" in page and f"{n['peak_rss'] / 2**20:,.0f} MiB" in page
 
 
 def test_terminal_tables():

@@ -140,7 +140,7 @@ class Results:
         """Node logs replayed to the callbacks and the report: `which(r)` is the item that ran
         r-th; `errors`: of the items that failed."""
         assert self.events is not None
-        self.events.replay(logs, which, errors, self.offset, self.retries, self.live.item_ran if self.live else None)
+        self.events.replay(logs, which, errors, self.offset, self.retries, self.live)
 
     def handed(self, chunk: Sequence[int], worker: int, again: bool = False) -> None:
         """The items of `chunk` were handed to worker process `worker` (a pid) at once; `again`:

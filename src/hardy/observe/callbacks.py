@@ -20,7 +20,7 @@ import operator
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, Records
@@ -119,7 +119,7 @@ def _listened(cls: type) -> frozenset[str]:
 def listening(callbacks: Sequence[Any]) -> list[Any]:
     """The callbacks that override some event: a pipeline compiles without events when none does,
     so that a callback overriding nothing costs nothing, as no callback does."""
-    return [cb for cb in callbacks if _listened(type(cb))]
+    return [cb for cb in callbacks if _listened(type(cb))]  # type: ignore[arg-type]  # mypy: a class is Hashable
 
 
 _context: contextvars.ContextVar[CallbackContext | None] = contextvars.ContextVar("hardy_ctx", default=None)
@@ -204,6 +204,14 @@ class _Ending(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len({**self.base, "hardy.item": None})
+
+
+class Ran(Protocol):
+    """Where a run report notes when and where work ran in worker processes (report.py's `_Live`)."""
+
+    def item_ran(self, i: int, start_ns: int, end_ns: int, pid: int) -> None: ...
+
+    def nodes_ran(self, names: Iterable[str], pid: int) -> None: ...
 
 
 def _fanout(handlers: Sequence[Callable[..., None]]) -> Callable[..., None] | None:
@@ -383,13 +391,12 @@ class Events:
 
     def replay(self, logs: Iterable[Records], which: Callable[[int], int],
                errors: Mapping[int, Exception] | None = None, offset: int = 0,
-               retries: Mapping[int, int] | None = None,
-               on_item: Callable[[int, int, int, int], None] | None = None) -> None:
+               retries: Mapping[int, int] | None = None, ran: Ran | None = None) -> None:
         """The node events in `logs`, logged where they ran (`hardy.observe.nodelog`), as if they
         happened here. A log numbers its items in the order they ran: `which(r)` is the sink's
         index of the r-th (the map's is `offset` more). `errors`: the failures of the items that
         failed, by index, reported for the node that raised; `retries`: runs before, per index;
-        `on_item(item, start_ns, end_ns, pid)`: where and when each item ran. The context's
+        `ran`: told where and when each item ran, and which nodes each worker ran. The context's
         item-scoped values (see `CallbackContext.get`) are read from the event being replayed
         when asked for: a fast map replays hundreds of thousands of events a second."""
         if self._replayed is None:  # one callable per event kind, for the whole map
@@ -409,10 +416,11 @@ class Events:
                         end(name, {}, ended - began, ctx)
                 else:
                     self._replay_each(names, scope, errors, ctx)
-                if on_item:
+                if ran:
                     bounds = [round(t * 1e9) + log.offset for t in events.bounds]
                     for r in range(len(bounds) - 1):
-                        on_item(offset + which(r), bounds[r], bounds[r + 1], log.pid)
+                        ran.item_ran(offset + which(r), bounds[r], bounds[r + 1], log.pid)
+                    ran.nodes_ran(log.names if events.regular else {log.names[k] for k in events.steps}, log.pid)
         finally:
             _scope.reset(token)
 

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from array import array
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ class _Live:
         self.started: dict[int, tuple[float, str]] = {}
         self.ended: dict[int, float] = {}
         self.timeline: list[tuple[int, str, float, float, bool]] = []
+        self.node_pids: dict[str, set[int]] = {}  # the worker processes each node ran in
         self.lock = threading.Lock()
         self.workers_before: dict[str, Any] = {}
         self.wall = 0.0
@@ -68,6 +70,11 @@ class _Live:
         """When and where item i really ran (logged by its worker): replaces the dispatch time."""
         self.started[i] = (start_ns / 1e9 - self.wall_start, f"pid {pid}")
         self.ended[i] = end_ns / 1e9 - self.wall_start
+
+    def nodes_ran(self, names: Iterable[str], pid: int) -> None:
+        """Worker `pid` ran `names` (once per batch of its results): the nodes' peak worker RSS."""
+        for name in names:
+            self.node_pids.setdefault(name, set()).add(pid)
 
     def item_end(self, i: int, ok: bool) -> None:
         begun = self.started.pop(i, None)
@@ -171,9 +178,12 @@ def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any],
            names: list[str]) -> dict[str, Any]:
     import datetime
     wall = live.wall
+    peaks = workers["peak_rss"]
     nodes = [{"name": name, "calls": s.calls, "cached": s.cached, "failures": s.failures,
               "total_s": sum(s.times), "mean_s": sum(s.times) / len(s.times) if s.times else 0.0,
-              "p95_s": _p95(s.times)} for name, s in live.nodes.items()]
+              "p95_s": _p95(s.times),
+              "peak_rss": max((peaks.get(str(pid), 0) for pid in live.node_pids.get(name, ())), default=0) or None}
+             for name, s in live.nodes.items()]
     return {
         "format": FORMAT, "pipeline": live.pipeline, "kind": live.kind, "engine": live.engine,
         "started_at": datetime.datetime.fromtimestamp(live.wall_start, datetime.timezone.utc).isoformat(),
@@ -245,6 +255,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
 
+def _mib(size: int | None) -> str:
+    """Bytes as MiB; a dash where unknown (a node run in this process, or by workers gone at the end)."""
+    return f"{size / 2**20:,.0f} MiB" if size else "—"
+
+
 def _headline(d: dict[str, Any]) -> str:
     w = d["workers"]
     text = (f"{d['kind']} of {d['pipeline']!r} on {d['engine']}: {d['succeeded']} of {d['items']} items ok, "
@@ -261,11 +276,11 @@ def _rich_tables(d: dict[str, Any]) -> Any:
 
     yield Text(_headline(d))
     nodes = Table(title="nodes")
-    for col in ("node", "calls", "cache hits", "failures", "total", "mean", "p95"):
+    for col in ("node", "calls", "cache hits", "failures", "total", "mean", "p95", "peak worker RSS"):
         nodes.add_column(col, justify="left" if col == "node" else "right")
     for n in d["nodes"]:
         nodes.add_row(escape(n["name"]), str(n["calls"]), str(n["cached"]), str(n["failures"]),
-                      _ms(n["total_s"]), _ms(n["mean_s"]), _ms(n["p95_s"]))
+                      _ms(n["total_s"]), _ms(n["mean_s"]), _ms(n["p95_s"]), _mib(n.get("peak_rss")))
     yield nodes
     if d["failures"]:
         fails = Table(title="failures")
@@ -315,15 +330,16 @@ def _nodes_html(nodes: list[dict[str, Any]]) -> str:
     e = html.escape
     longest = max((n["total_s"] for n in nodes), default=0.0) or 1.0
     rows = ["<table><tr><th>node</th><th>calls</th><th>cache hits</th><th>failures</th><th>total</th>"
-            "<th>mean</th><th>p95</th><th></th></tr>"]
+            "<th>mean</th><th>p95</th><th>peak worker RSS</th><th></th></tr>"]
     for n in nodes:
         width = max(1, round(300 * n["total_s"] / longest))
         rows.append(f"<tr><td>{e(n['name'])}</td><td class=n>{n['calls']}</td><td class=n>{n['cached']}</td>"
                     f"<td class=n>{n['failures']}</td><td class=n>{_ms(n['total_s'])}</td>"
                     f"<td class=n>{_ms(n['mean_s'])}</td><td class=n>{_ms(n['p95_s'])}</td>"
+                    f"<td class=n>{_mib(n.get('peak_rss'))}</td>"
                     f"<td><span class=bar style=\"width:{width}px\"></span></td></tr>")
     if not nodes:
-        rows.append("<tr><td colspan=8>no node events were recorded</td></tr>")
+        rows.append("<tr><td colspan=9>no node events were recorded</td></tr>")
     return "".join(rows) + "</table>"
 
 
