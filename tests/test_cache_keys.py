@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from conftest import needs_torch
-from hardy import DiskCache, Engine, Pipeline, node
+from hardy import DiskCache, Engine, NodeError, Pipeline, node
 from hardy.hashing import UnhashableError, code_fingerprint, hash_value
 
 # Three user modules a node reaches only through attribute chains, a package, a class, a partial
@@ -234,6 +234,46 @@ def test_an_unhashable_input_fails_the_map_once_naming_class_and_path(tmp_path):
     assert "node 'predict'" in message and "test_cache_keys.Model" in message
     assert "__cache_key__" in message and "register" in message
     assert ran == []
+
+
+def test_a_nested_maps_failed_items_key_the_node_that_reads_them(tmp_path):
+    """A nested map with on_error="continue" hands `Failed` placeholders on; a cached node reading
+    them is keyed by the failures: the same failure again is a hit, the item succeeding a miss."""
+    calls, broken = [], {3}
+
+    @node(output_name="y")
+    def double(z: int) -> int:
+        if z in broken:
+            raise ValueError(f"no {z}")
+        return 2 * z
+
+    @node(output_name="n")
+    def count_ok(ys: list) -> int:
+        calls.append(ys)
+        return sum(1 for y in ys if isinstance(y, int))
+
+    each = Pipeline([double], name="inner").as_node(name="each", input_mapping={"zs": "z"},
+                                                     output_mapping={"y": "ys"}, map_over="zs", on_error="continue")
+    p = Pipeline([each, count_ok], cache=DiskCache(tmp_path / "c"))
+    assert [p.run(inputs={"zs": [1, 2, 3]})["n"] for _ in range(2)] == [2, 2]
+    assert len(calls) == 1  # the second run found the result of the same failure
+    broken.clear()
+    assert p.run(inputs={"zs": [1, 2, 3]})["n"] == 3 and len(calls) == 2
+
+
+def test_an_unhashable_output_is_the_fault_of_the_cached_node_reading_it(tmp_path):
+    @node(output_name="handles", cache=False)
+    def open_handles(x: int) -> list:
+        return [Session()]
+
+    @node(output_name="n")
+    def count(handles: list) -> int:
+        return len(handles)
+
+    p = Pipeline([open_handles, count], cache=DiskCache(tmp_path / "c"))
+    with pytest.raises(NodeError) as info:
+        p.run(inputs={"x": 1})
+    assert info.value.node == "count" and "handles[0] is a test_cache_keys.Session" in str(info.value)
 
 
 def test_error_summaries_say_not_computed_yet(tmp_path):

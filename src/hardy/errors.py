@@ -274,6 +274,14 @@ class Failed:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Failed, (self.error,))
 
+    def __cache_key__(self) -> tuple[str, str, str, str]:
+        """What a cached node reading a nested map's results is keyed by where an item failed: the
+        failure as reported. The same failure again finds the node's result; the item succeeding
+        on a rerun changes the key, so the node runs anew."""
+        err, cause = self.error, self.error.__cause__
+        message = str(cause) if cause is not None else err.reason or str(err)
+        return "hardy.Failed", err.node, type(cause or err).__qualname__, message
+
 
 class HazardError(HardyError, RuntimeError):
     """A fork was requested while something in this process makes forking unsafe."""

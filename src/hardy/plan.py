@@ -326,8 +326,13 @@ class Plan:
             if o in self._kvars or not wanted and not any(o in dict(s.args).values() for s in self.steps[k + 1:]):
                 continue
             self._kvars[o] = _identifier(f"{o}_key", self._taken)
-            key = self._output_key(k, o) if self._cached[k] else f"_hv({self._vars[o]}, {o!r})"
-            lines.append(f"{self._kvars[o]} = {key}")
+            if self._cached[k]:
+                lines.append(f"{self._kvars[o]} = {self._output_key(k, o)}")
+                continue
+            # hashed for the cached node that reads it: a value that cannot be hashed is its input's fault
+            reader = next((j for j in range(k + 1, len(self.steps))
+                           if self._cached[j] and o in dict(self.steps[j].args).values()), k)
+            lines += [f"_s = {reader}", f"{self._kvars[o]} = _hv({self._vars[o]}, {o!r})"]
         return lines
 
     def _call(self, k: int, is_async: bool, cached: bool = False, raw: bool = False) -> str:
