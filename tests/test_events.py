@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -371,3 +372,51 @@ def test_a_dying_workers_log_keeps_exactly_the_items_that_ended():
         assert len(events.bounds) - 1 == ended and list(events.items) == [r for r in range(ended) for _ in "ab"]
         # the third item, running, ends the second where it began; ended, it ran until now
         assert (events.bounds[-1] == 300) == (ended == 2)
+
+
+
+class SlowToShip:
+    """An input whose pickling, in the parent, takes 0.3 s: in the call's time as the parent sees
+    it, never in the node's time in the worker."""
+
+    def __reduce__(self):
+        time.sleep(0.3)
+        return SlowToShip, ()
+
+
+@node(output_name="slept", isolate=True)
+def isolated_sleep(x: int, payload: SlowToShip) -> int:
+    if x == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(0.02)
+    return x
+
+
+@node(output_name="slept", isolate=True)
+async def isolated_async(x: int, payload: SlowToShip) -> int:
+    await asyncio.sleep(0.02)
+    return x
+
+
+class WhereAndHowLong(PipelineCallback):
+    def __init__(self):
+        self.ends, self.errors = [], []
+
+    def on_node_end(self, node_id, outputs, duration, ctx):
+        self.ends.append((ctx.get("hardy.worker_pid"), duration))
+
+    def on_error(self, node_id, error, ctx):
+        self.errors.append((ctx.get("hardy.worker_pid"), getattr(error, "signal", None)))
+
+
+@pytest.mark.parametrize("isolated", [isolated_sleep, isolated_async], ids=["sync", "async"])
+def test_an_isolated_nodes_events_name_its_worker_and_its_time_there(isolated):
+    seen = WhereAndHowLong()
+    p = Pipeline([isolated], callbacks=[seen])
+    p.map(inputs={"x": [0, 1, 3], "payload": SlowToShip()}, map_over="x")
+    assert len(seen.ends) == 3 and all(pid not in (None, os.getpid()) for pid, _ in seen.ends), seen.ends
+    assert all(0.02 <= duration < 0.3 for _, duration in seen.ends), seen.ends  # the worker's measure
+    if isolated is isolated_sleep:
+        p.map(inputs={"x": [2], "payload": SlowToShip()}, map_over="x", on_error="continue")
+        [(dead, signal_name)] = seen.errors
+        assert signal_name == "SIGSEGV" and dead not in (None, os.getpid())

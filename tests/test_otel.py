@@ -48,6 +48,14 @@ def test_a_run_nests_under_the_callers_span(traced):
     assert all(s.attributes["hardy.worker.pid"] == os.getpid() for s in children[run.context.span_id])
 
 
+def test_an_isolated_nodes_span_names_the_worker_it_ran_in(traced):
+    provider, exporter = traced
+    p = Pipeline([prepare, node(output_name="b", isolate=True)(score.func)], callbacks=[OpenTelemetryCallback(provider)])
+    p.run(inputs={"x": 1})
+    pids = {s.name: s.attributes["hardy.worker.pid"] for s in exporter.get_finished_spans() if "node" in s.name}
+    assert pids["hardy.node prepare"] == os.getpid() and pids["hardy.node score"] not in (None, os.getpid())
+
+
 def test_map_items_nodes_cache_hits_and_errors(traced, tmp_path):
     provider, exporter = traced
     p = Pipeline([prepare, score], callbacks=[OpenTelemetryCallback(provider)], name="scoring",

@@ -12,14 +12,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
-from ..errors import NodeDefinitionError
+from ..errors import NodeDefinitionError, NodeError
 from ..node import Node
+from ..observe.callbacks import ran_elsewhere
 from ..observe.progress import MapProgress
 from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 from .results import Results
 
 if TYPE_CHECKING:
+    from ..observe.nodelog import Records
     from ..plan import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
@@ -64,6 +66,31 @@ def needs_gpu(node: Node) -> bool:
             f"node {node.name!r} asks for gpus={node.gpus:g}; a local GPU worker holds one GPU (or a share of "
             "one, with workers_per_gpu). Split the work over items, or use DaftEngine for multi-GPU tasks.")
     return node.gpus > 0
+
+
+class _Call(Results):
+    """The sink of one isolated call: its outcome, and where the node ran and for how long, as
+    its worker measured it (the call is logged there: nodelog.py)."""
+
+    def __init__(self, name: str):
+        super().__init__(1, "raise", MapProgress(1, name, False))
+        self.log_nodes = True
+        self.where: tuple[int, float | None] | None = None
+
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+        super().ok(i, out)
+        self._ran(records)
+
+    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+        super().fail(i, err)
+        self._ran(records, worker)
+
+    def _ran(self, records: Sequence[Records], died_in: int | None = None) -> None:
+        if records:  # its last event is the last attempt's
+            events = records[-1].events()
+            self.where = records[-1].pid, events.ends[-1] - events.starts[-1] if len(events.starts) else None
+        elif died_in:
+            self.where = died_in, None
 
 
 class Engine:
@@ -166,13 +193,19 @@ class Engine:
         outputs = node.outputs
         plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
             item = dict(zip(node.inputs, args))
             item.update(kwargs)
             names = tuple(item)
             plan = plans.get(names) or plans.setdefault(names, Plan(Graph([node]), names, outputs))
-            results = Results(1, "raise", MapProgress(1, node.name, False))
+            results = _Call(node.name)
             self._pool_for(needs_gpu(node)).run_items(plan, [item], results)
+            return results
+
+        def settle(results: _Call) -> Any:
+            """The call's value or error, in the caller's context, which learns where it ran."""
+            if results.where is not None:
+                ran_elsewhere(*results.where)
             if results.failures:
                 err = results.failures[0]
                 err.item = None
@@ -180,12 +213,15 @@ class Engine:
             out = results.values[0]
             return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
 
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return settle(run(args, kwargs))
+
         call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
         if node.is_async:
             import asyncio
 
             async def acall(*args: Any, **kwargs: Any) -> Any:
-                return await asyncio.to_thread(call, *args, **kwargs)
+                return settle(await asyncio.to_thread(run, args, kwargs))
             acall.enforces_policy = True  # type: ignore[attr-defined]
             return acall
         return call

@@ -131,6 +131,18 @@ _scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "hardy_scope", default=MappingProxyType({}))
 
 
+# Where an isolated node's call ran (Engine._isolated says, `instrument` reports): (pid, seconds
+# it ran there, None where it died there), or None for a call run in this process.
+_elsewhere: contextvars.ContextVar[tuple[int, float | None] | None] = contextvars.ContextVar(
+    "hardy_elsewhere", default=None)
+
+
+def ran_elsewhere(pid: int, duration: float | None) -> None:
+    """The node call running in this context ran in worker process `pid`, for `duration` seconds
+    as the worker measured it (None: it died there): its end or error event says so."""
+    _elsewhere.set((pid, duration))
+
+
 def _position(cursor: Iterator[Any], size: int) -> int:
     """Where a loop over `cursor` (an iterator over a list of `size`) stands: the index of the
     element it took last. The lazy scopes below read it instead of the loop storing it per element."""
@@ -493,12 +505,13 @@ class Events:
             async def observed_async(*args: Any, **kwargs: Any) -> Any:
                 self.emit("on_node_start", name, inputs(args, kwargs))
                 start = time.perf_counter()
+                _elsewhere.set(None)
                 try:
                     value = await func(*args, **kwargs)
                 except Exception as exc:
-                    self.emit("on_error", name, exc)
+                    self._located("on_error", name, exc)
                     raise
-                self.emit("on_node_end", name, outputs(value), time.perf_counter() - start)
+                self._located("on_node_end", name, outputs(value), time.perf_counter() - start)
                 return value
             return observed_async
 
@@ -506,11 +519,28 @@ class Events:
         def observed(*args: Any, **kwargs: Any) -> Any:
             self.emit("on_node_start", name, inputs(args, kwargs))
             start = time.perf_counter()
+            _elsewhere.set(None)
             try:
                 value = func(*args, **kwargs)
             except Exception as exc:
-                self.emit("on_error", name, exc)
+                self._located("on_error", name, exc)
                 raise
-            self.emit("on_node_end", name, outputs(value), time.perf_counter() - start)
+            self._located("on_node_end", name, outputs(value), time.perf_counter() - start)
             return value
         return observed
+
+    def _located(self, event: str, *args: Any) -> None:
+        """`event` for a node call that may have run in a worker (`ran_elsewhere`): with its pid
+        in the context and, for an end, the duration the worker measured (not the trip there)."""
+        where = _elsewhere.get()
+        if where is None:
+            self.emit(event, *args)
+            return
+        pid, duration = where
+        if event == "on_node_end" and duration is not None:
+            args = (*args[:-1], duration)
+        token = _scope.set({**_scope.get(), "hardy.worker_pid": pid})
+        try:
+            self.emit(event, *args)
+        finally:
+            _scope.reset(token)

@@ -58,12 +58,16 @@ class OpenTelemetryCallback(PipelineCallback):
             self._stack.set((*stack, (kind, span)))
         return span
 
-    def _end(self, kind: str, error: BaseException | None = None, end_time: int | None = None) -> Any:
+    def _end(self, kind: str, error: BaseException | None = None, end_time: int | None = None,
+             pid: int | None = None) -> Any:
+        """`pid`: where it ran, learnt at its end (an isolated node's call)."""
         stack = self._stack.get()
         for k in range(len(stack) - 1, -1, -1):
             if stack[k][0] == kind:
                 span = stack[k][1]
                 self._stack.set(stack[:k] + stack[k + 1:])
+                if pid:
+                    span.set_attribute("hardy.worker.pid", pid)
                 self._finish(span, error, end_time)
                 return span
         return None
@@ -171,12 +175,12 @@ class OpenTelemetryCallback(PipelineCallback):
         return times[1] if times else None
 
     def on_node_end(self, node_id: str, outputs: dict[str, Any], duration: float, ctx: CallbackContext) -> None:
-        self._end("node", end_time=self._end_time(ctx))
+        self._end("node", end_time=self._end_time(ctx), pid=ctx.get("hardy.worker_pid"))
 
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
         if self._top() != "node":  # a crash reported by the parent: the node's span never started
             self._node_span(node_id, ctx, cached=False, push=True, by_item=True)
-        self._end("node", error, end_time=self._end_time(ctx))
+        self._end("node", error, end_time=self._end_time(ctx), pid=ctx.get("hardy.worker_pid"))
 
     def on_node_cached(self, node_id: str, signature: str, ctx: CallbackContext) -> None:
         attributes: dict[str, Any] = {"hardy.cache_key": signature}
