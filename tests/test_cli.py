@@ -88,7 +88,7 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (["flows:pipeline", "--set", "x=1", "--set", "fctor=3"], "'fctor'"),
     (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers'"),
     (["flows:pipeline", "--set", "x=1", "--report", "run.txt"], "use a .html or .json file name"),
-    (["flows:pipeline", "--set", "x=1", "--output", "no/such/dir/out.jsonl"], "--output no/such/dir/out.jsonl: No such"),
+    (["flows:pipeline", "--set", "x=1", "--output", "no/such/dir/out.jsonl"], "--output no/such/dir/out.jsonl: no directory"),
 ])
 def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
@@ -96,6 +96,13 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     out = _hardy_run(tmp_path, *args)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "ran").exists()  # told before any work
+
+
+def test_a_usage_error_leaves_an_earlier_results_file_as_it_was(tmp_path):
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "out.jsonl").write_text("yesterday's results\n")
+    out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=1", "--set", "fctor=3", "--output", "out.jsonl")
+    assert out.returncode == 2 and (tmp_path / "out.jsonl").read_text() == "yesterday's results\n"
 
 
 def test_report_refuses_a_page_name_that_is_not_html(tmp_path):

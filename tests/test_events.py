@@ -420,3 +420,18 @@ def test_an_isolated_nodes_events_name_its_worker_and_its_time_there(isolated):
         p.map(inputs={"x": [2], "payload": SlowToShip()}, map_over="x", on_error="continue")
         [(dead, signal_name)] = seen.errors
         assert signal_name == "SIGSEGV" and dead not in (None, os.getpid())
+
+
+def test_a_node_that_runs_an_isolated_node_inside_reports_as_itself():
+    inner = Pipeline([isolated_sleep], name="inner")
+
+    @node(output_name="z")
+    def outer(x: int) -> int:
+        out = inner.run(inputs={"x": x, "payload": None})["slept"]
+        time.sleep(0.1)
+        return out
+
+    seen = WhereAndHowLong()
+    Pipeline([outer], callbacks=[seen]).run(inputs={"x": 1})
+    [(pid, duration)] = seen.ends
+    assert pid is None and duration >= 0.1  # this process, its own time: not the inner call's

@@ -201,8 +201,10 @@ def test_no_listening_callback_means_uninstrumented_plans(callbacks):
         seen.append(in_call())
         return x
 
-    Pipeline([probe], callbacks=callbacks).map(inputs={"x": [1, 2]}, map_over="x")
-    assert seen == [False, False]  # nor is an event context opened around a map's items
+    probing = Pipeline([probe], callbacks=callbacks)
+    probing.map(inputs={"x": [1, 2]}, map_over="x")
+    probing.run(inputs={"x": 3})
+    assert seen == [False, False, False]  # nor is an event context opened around a map's items or a run
 
 
 def test_progress_bar_renders_counts(capsys):

@@ -169,6 +169,14 @@ class NodeError(HardyError):
             cause = f"{type(self.__cause__).__name__}: {self.__cause__}"
         return f"{where}: {cause}" if cause else where
 
+    def reported(self) -> dict[str, Any]:
+        """How reports show it (run reports, `hardy run`'s lines, a cache key): the node, what it
+        raised (type and message) or why hardy failed it, and the signal of a crash."""
+        cause = self.__cause__
+        return {"node": self.node, "error": type(cause or self).__name__,
+                "message": str(cause) if cause is not None else (self.reason or str(self)),
+                "signal": getattr(self, "signal", None)}
+
     def __repr__(self) -> str:  # a list of Failed entries should read as what went wrong
         return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
 
@@ -278,9 +286,8 @@ class Failed:
         """What a cached node reading a nested map's results is keyed by where an item failed: the
         failure as reported. The same failure again finds the node's result; the item succeeding
         on a rerun changes the key, so the node runs anew."""
-        err, cause = self.error, self.error.__cause__
-        message = str(cause) if cause is not None else err.reason or str(err)
-        return "hardy.Failed", err.node, type(cause or err).__qualname__, message
+        reported = self.error.reported()
+        return "hardy.Failed", reported["node"], reported["error"], reported["message"]
 
 
 class HazardError(HardyError, RuntimeError):

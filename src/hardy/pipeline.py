@@ -211,7 +211,7 @@ class Pipeline:
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         try:
-            if self.callbacks or self._engine.reporting:
+            if (self.callbacks or self._engine.reporting) and self._observers:
                 return self._observed_run(values, plan)
             return plan.run(values)
         finally:
@@ -281,9 +281,8 @@ class Pipeline:
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
-        unknown = [n for n in names if n not in self.graph.consumers and n not in self.graph.producer]
-        if unknown:
-            err = UnknownInputError(unknown, self.graph.root_inputs, self.name)
+        err = self._unknown_inputs(names)
+        if err is not None:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
@@ -305,6 +304,11 @@ class Pipeline:
             self._plans.clear()
         self._plans[key] = plan
         return plan
+
+    def _unknown_inputs(self, names: Iterable[str]) -> UnknownInputError | None:
+        """The error for inputs no node takes (usually a typo), or None."""
+        unknown = [n for n in names if n not in self.graph.consumers and n not in self.graph.producer]
+        return UnknownInputError(unknown, self.graph.root_inputs, self.name) if unknown else None
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         observers = self._observers

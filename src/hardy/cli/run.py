@@ -7,13 +7,12 @@ pipeline, a malformed input line, an input no node takes); typer's own usage err
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
+import os
 import sys
-import warnings
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 import typer
 
@@ -87,11 +86,7 @@ def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[s
 def _line(i: int, row: Any) -> str:
     from ..errors import Failed
     if isinstance(row, Failed):
-        err = row.error
-        cause = err.__cause__
-        record = {"item": i, "ok": False, "node": err.node, "error": type(cause or err).__name__,
-                  "message": str(cause) if cause is not None else (err.reason or str(err)),
-                  "signal": getattr(err, "signal", None)}
+        record = {"item": i, "ok": False, **row.error.reported()}
     else:
         record = {"item": i, "ok": True, "outputs": row}
     return json.dumps(record, default=repr)
@@ -109,15 +104,20 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         output: str | None = typer.Option(None, help="Write the JSONL results here instead of stdout."),
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
-    from ..errors import HardyError, UnknownInputWarning
+    from ..errors import HardyError
     if report:
         report_path(report)
+    if output:
+        output_path(output)
     pipeline = load_pipeline(target)
     values = parse_sets(set_)
     over = [n for spec in map_over for n in spec.split(",") if n]
     if inputs:
         columns, over = read_items(inputs, over)
         values.update(columns)
+    unknown = pipeline._unknown_inputs(values)
+    if unknown is not None:  # a typo in --set or in the input lines: nothing runs
+        _fail_usage(str(unknown))
     try:
         engine = _engine(pipeline.engine, executor, workers, report is not None)
     except HardyError as exc:
@@ -125,18 +125,19 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.with_cache(DiskCache(cache))
-    out = _opened(output)
     try:
-        with engine, warnings.catch_warnings():
-            warnings.simplefilter("error", UnknownInputWarning)  # a typo in --set runs nothing
+        with engine:
             if over:
                 rows = pipeline.map(values, map_over=over, on_error="continue", progress=progress, engine=engine)
             else:
                 rows = [_single(pipeline, values, engine)]
-    except (HardyError, UnknownInputWarning) as exc:
+    except HardyError as exc:
         _fail_usage(str(exc))
-    with out as stream:
-        stream.write("".join(_line(i, row) + "\n" for i, row in enumerate(rows)))
+    lines = "".join(_line(i, row) + "\n" for i, row in enumerate(rows))
+    if output:
+        Path(output).write_text(lines, encoding="utf-8")
+    else:
+        sys.stdout.write(lines)
     if report:
         pipeline.report().save(report)
     failed = sum(1 for i, row in enumerate(rows) if not isinstance(row, dict))
@@ -152,15 +153,17 @@ def report_path(path: str, suffixes: tuple[str, ...] = (".html", ".json")) -> No
         _fail_usage(f"cannot write a run report as {path!r}: use a {' or '.join(suffixes)} file name")
 
 
-def _opened(output: str | None) -> contextlib.AbstractContextManager[IO[str]]:
-    """Where the results go: the --output file, opened before anything runs (a path that cannot be
-    written is a usage error, not a traceback after the work), or stdout."""
-    if not output:
-        return contextlib.nullcontext(sys.stdout)
-    try:
-        return open(output, "w", encoding="utf-8")  # noqa: SIM115 - closed once the results are written
-    except OSError as exc:
-        _fail_usage(f"--output {output}: {exc.strerror}")
+def output_path(path: str) -> None:
+    """A usage error, before anything runs, for an --output file that cannot be written (checked
+    without creating or emptying it: a usage error leaves an earlier results file as it was)."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        _fail_usage(f"--output {path} is a directory")
+    if not folder.is_dir():
+        _fail_usage(f"--output {path}: no directory {str(folder)!r}")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        _fail_usage(f"--output {path}: not writable here")
 
 
 def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:

@@ -7,6 +7,7 @@ its pool. Every executor writes to a `Results` sink (results.py).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from .. import arguments
 from ..errors import NodeDefinitionError, NodeError
 from ..node import Node
-from ..observe.callbacks import ran_elsewhere
 from ..observe.progress import MapProgress
 from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
@@ -72,9 +72,9 @@ class _Call(Results):
     """The sink of one isolated call: its outcome, and where the node ran and for how long, as
     its worker measured it (the call is logged there: nodelog.py)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, located: bool):
         super().__init__(1, "raise", MapProgress(1, name, False))
-        self.log_nodes = True
+        self.log_nodes = located  # someone listens to the node's events
         self.where: tuple[int, float | None] | None = None
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
@@ -193,19 +193,16 @@ class Engine:
         outputs = node.outputs
         plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
 
-        def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any], located: bool = False) -> _Call:
             item = dict(zip(node.inputs, args))
             item.update(kwargs)
             names = tuple(item)
             plan = plans.get(names) or plans.setdefault(names, Plan(Graph([node]), names, outputs))
-            results = _Call(node.name)
+            results = _Call(node.name, located)
             self._pool_for(needs_gpu(node)).run_items(plan, [item], results)
             return results
 
         def settle(results: _Call) -> Any:
-            """The call's value or error, in the caller's context, which learns where it ran."""
-            if results.where is not None:
-                ran_elsewhere(*results.where)
             if results.failures:
                 err = results.failures[0]
                 err.item = None
@@ -216,13 +213,23 @@ class Engine:
         def call(*args: Any, **kwargs: Any) -> Any:
             return settle(run(args, kwargs))
 
+        def located(*args: Any, **kwargs: Any) -> tuple[tuple[int, float | None] | None, Callable[[], Any]]:
+            """Where the call ran and for how long there, and its outcome (for node events)."""
+            results = run(args, kwargs, located=True)
+            return results.where, functools.partial(settle, results)
+
         call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
+        call.located = located  # type: ignore[attr-defined]
         if node.is_async:
             import asyncio
 
             async def acall(*args: Any, **kwargs: Any) -> Any:
                 return settle(await asyncio.to_thread(run, args, kwargs))
+
+            async def alocated(*args: Any, **kwargs: Any) -> tuple[tuple[int, float | None] | None, Callable[[], Any]]:
+                return await asyncio.to_thread(located, *args, **kwargs)
             acall.enforces_policy = True  # type: ignore[attr-defined]
+            acall.located = alocated  # type: ignore[attr-defined]
             return acall
         return call
 

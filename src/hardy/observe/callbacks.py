@@ -131,18 +131,6 @@ _scope: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "hardy_scope", default=MappingProxyType({}))
 
 
-# Where an isolated node's call ran (Engine._isolated says, `instrument` reports): (pid, seconds
-# it ran there, None where it died there), or None for a call run in this process.
-_elsewhere: contextvars.ContextVar[tuple[int, float | None] | None] = contextvars.ContextVar(
-    "hardy_elsewhere", default=None)
-
-
-def ran_elsewhere(pid: int, duration: float | None) -> None:
-    """The node call running in this context ran in worker process `pid`, for `duration` seconds
-    as the worker measured it (None: it died there): its end or error event says so."""
-    _elsewhere.set((pid, duration))
-
-
 def _position(cursor: Iterator[Any], size: int) -> int:
     """Where a loop over `cursor` (an iterator over a list of `size`) stands: the index of the
     element it took last. The lazy scopes below read it instead of the loop storing it per element."""
@@ -432,7 +420,7 @@ class Events:
                     bounds = [round(t * 1e9) + log.offset for t in events.bounds]
                     for r in range(len(bounds) - 1):
                         ran.item_ran(offset + which(r), bounds[r], bounds[r + 1], log.pid)
-                    ran.nodes_ran(log.names if events.regular else {log.names[k] for k in events.steps}, log.pid)
+                    ran.nodes_ran(log.names if events.regular else [log.names[k] for k in set(events.steps)], log.pid)
         finally:
             _scope.reset(token)
 
@@ -500,39 +488,47 @@ class Events:
         def inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             return {**dict(zip(params, args)), **kwargs}
 
+        # A call into a worker (Engine._isolated) also says where it ran and for how long there.
+        located = getattr(func, "located", None)
+
         if node.is_async:
             @functools.wraps(func)
             async def observed_async(*args: Any, **kwargs: Any) -> Any:
                 self.emit("on_node_start", name, inputs(args, kwargs))
-                start = time.perf_counter()
-                _elsewhere.set(None)
+                start, where = time.perf_counter(), None
                 try:
-                    value = await func(*args, **kwargs)
+                    if located is None:
+                        value = await func(*args, **kwargs)
+                    else:
+                        where, outcome = await located(*args, **kwargs)
+                        value = outcome()
                 except Exception as exc:
-                    self._located("on_error", name, exc)
+                    self._located(where, "on_error", name, exc)
                     raise
-                self._located("on_node_end", name, outputs(value), time.perf_counter() - start)
+                self._located(where, "on_node_end", name, outputs(value), time.perf_counter() - start)
                 return value
             return observed_async
 
         @functools.wraps(func)
         def observed(*args: Any, **kwargs: Any) -> Any:
             self.emit("on_node_start", name, inputs(args, kwargs))
-            start = time.perf_counter()
-            _elsewhere.set(None)
+            start, where = time.perf_counter(), None
             try:
-                value = func(*args, **kwargs)
+                if located is None:
+                    value = func(*args, **kwargs)
+                else:
+                    where, outcome = located(*args, **kwargs)
+                    value = outcome()
             except Exception as exc:
-                self._located("on_error", name, exc)
+                self._located(where, "on_error", name, exc)
                 raise
-            self._located("on_node_end", name, outputs(value), time.perf_counter() - start)
+            self._located(where, "on_node_end", name, outputs(value), time.perf_counter() - start)
             return value
         return observed
 
-    def _located(self, event: str, *args: Any) -> None:
-        """`event` for a node call that may have run in a worker (`ran_elsewhere`): with its pid
-        in the context and, for an end, the duration the worker measured (not the trip there)."""
-        where = _elsewhere.get()
+    def _located(self, where: tuple[int, float | None] | None, event: str, *args: Any) -> None:
+        """`event` for a node call; `where` (pid, seconds) it ran in a worker: its pid in the context
+        and, for an end, the duration the worker measured (not the trip there; None: it died)."""
         if where is None:
             self.emit(event, *args)
             return

@@ -158,12 +158,12 @@ class OpenTelemetryCallback(PipelineCallback):
         item = ctx.get("hardy.item")
         by_item = by_item or times is not None  # from a worker: under its item, not this thread's stack
         parent = self._items.get(self._map_key(item)) if by_item and item is not None else None
-        pid = (ctx.get("hardy.worker_pid") if by_item else None) or os.getpid()
-        if parent is not None:  # where the item really ran: not known when it was handed to an engine,
-            parent.set_attribute("hardy.worker.pid", pid)  # nor the worker a retry replaced
+        worker = ctx.get("hardy.worker_pid") if by_item else None
+        if parent is not None and worker:  # where the item really ran: not known when it was handed
+            parent.set_attribute("hardy.worker.pid", worker)  # to an engine, nor the worker a retry replaced
         return self._start("node", f"hardy.node {node_id}",
                            {"hardy.node": node_id, "hardy.cache_hit": cached,
-                            "hardy.worker.pid": pid,
+                            "hardy.worker.pid": worker or os.getpid(),
                             "hardy.retry": ctx.get("hardy.retry") or 0,
                             **attributes}, push=push, parent=parent, start_time=times[0] if times else None)
 

@@ -169,9 +169,7 @@ def _failure(i: int, err: NodeError) -> dict[str, Any]:
     cause = err.__cause__
     stack = getattr(err, "stack", "") or (
         "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)) if cause else "")
-    return {"item": i, "node": err.node, "error": type(cause or err).__name__,
-            "message": str(cause) if cause is not None else (err.reason or str(err)),
-            "signal": getattr(err, "signal", None), "exitcode": getattr(err, "exitcode", None), "stack": stack}
+    return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None), "stack": stack}
 
 
 def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
