@@ -116,8 +116,10 @@ ENGINES = ["dask-local", "dask-cli", "ray"]
 
 @pytest.mark.parametrize("name", ENGINES)
 def test_same_results_and_one_crash_costs_one_item(name, executors):
-    p = Pipeline(nodes=[add_one, double_or_crash, total], engine=Engine(map_executor=executors[name]))
+    p = Pipeline(nodes=[add_one, double_or_crash, total], engine=Engine(map_executor=executors[name], report=True))
     out = p.map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
+    workers = p.report().to_dict()["workers"]  # hardy's worker processes on the engine's workers
+    assert workers["died"] == 1 and workers["started"] >= 1 and workers["peak_rss"], workers
     local = Pipeline(nodes=[add_one, double_or_crash, total])
     expected = [local.run(inputs={"x": x}) for x in range(20) if x != 7]
     assert [o for i, o in enumerate(out) if i != 7] == expected

@@ -39,6 +39,7 @@ from ..workers.pool import WorkerPool
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
+COUNTED = ("started", "died", "recycled")  # what happens to worker processes, as run reports count it
 
 
 def plan_for(spec: bytes) -> Plan:
@@ -55,10 +56,14 @@ def plan_for(spec: bytes) -> Plan:
 
 
 def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
-    """Runs on the engine's worker: the chunk's items through the plan. Chunks and results travel
-    as one pickle each, so the engine moves bytes instead of walking thousands of small objects.
-    `log`: the caller listens to node events, which travel back in the rows (nodelog.py)."""
-    return dumps(run_contained(plan_for(spec), pickle.loads(chunk), log))
+    """Runs on the engine's worker: the chunk's items through the plan, and what happened to
+    hardy's worker processes there meanwhile (for run reports). Chunks and results travel as one
+    pickle each, so the engine moves bytes instead of walking thousands of small objects. `log`:
+    the caller listens to node events, which travel back in the rows (nodelog.py)."""
+    before = _pool().counts()
+    rows = run_contained(plan_for(spec), pickle.loads(chunk), log)
+    after = _pool().counts()
+    return dumps((rows, {**{k: after[k] - before[k] for k in COUNTED}, "peak_rss": after["peak_rss"]}))
 
 
 _here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
@@ -85,18 +90,23 @@ class _Rows(Results):
             self.records[i] = list(records) or [died(worker or 0)]
 
 
-def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:
-    """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
-    process here: one worker per thread that runs tasks, started on its first chunk and kept."""
-    pool = getattr(_here, "pool", None)
+def _pool() -> WorkerPool:
+    """This thread's pool of one hardy worker process, started on its first chunk and kept."""
+    pool: WorkerPool | None = getattr(_here, "pool", None)
     if pool is None:
         import multiprocessing as mp
         # Dask's workers are daemonic processes, which multiprocessing forbids to start children
         # (so that none outlives them); hardy's pool stops its worker itself, at exit.
         mp.current_process()._config.pop("daemon", None)  # type: ignore[attr-defined]  # private, untyped
         pool = _here.pool = WorkerPool(workers=1)
+    return pool
+
+
+def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:
+    """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
+    process here (`_pool`)."""
     results = _Rows(len(chunk), log)
-    pool.run_items(plan, [item for _, item in chunk], results)
+    _pool().run_items(plan, [item for _, item in chunk], results)
     rows: list[tuple[Any, ...]] = []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
@@ -130,6 +140,17 @@ class RemoteExecutor:
 
     def __init__(self, ship_modules: Sequence[str] = ()):
         self.ship_modules = tuple(ship_modules)
+        self._counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
+
+    def counts(self) -> dict[str, Any]:
+        """hardy's worker processes on the engine's workers, as `WorkerPool.counts` (for run
+        reports): started, died and recycled so far, and the peak RSS each had at its last chunk."""
+        return {**self._counts, "peak_rss": dict(self._counts["peak_rss"])}
+
+    def _counted(self, counts: dict[str, Any]) -> None:
+        for k in COUNTED:
+            self._counts[k] += counts[k]
+        self._counts["peak_rss"].update(counts["peak_rss"])
 
     # --- what an engine provides ---------------------------------------------------------------
 
@@ -214,7 +235,7 @@ class TaskExecutor(RemoteExecutor):
             for fut in self._wait_any(list(pending)):
                 chunk = pending.pop(fut)
                 try:
-                    rows = pickle.loads(self._result(fut))
+                    rows, counts = pickle.loads(self._result(fut))
                 except Exception as exc:
                     if not self._is_crash(exc):
                         self._cancel(list(pending))
@@ -228,6 +249,7 @@ class TaskExecutor(RemoteExecutor):
                         pending[again] = chunk
                         lost.add(again)
                     continue
+                self._counted(counts)
                 self._deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))
