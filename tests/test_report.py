@@ -123,6 +123,31 @@ def test_run_report_and_a_failed_run():
     assert d["kind"] == "run" and d["failed"] == 1 and d["failures"][0]["error"] == "ValueError"
 
 
+def test_a_map_that_raised_counts_its_unrun_items_as_neither():
+    p = pipeline(Engine(report=True))
+    with pytest.raises(MapError):
+        p.map(inputs={"x": list(range(10))}, map_over="x")  # item 3 raises; 4 to 9 never run
+    d = p.report().to_dict()
+    assert (d["items"], d["succeeded"], d["failed"]) == (10, 3, 1)
+    assert "3 of 10 items ok, 1 failed, 6 not run" in " ".join(str(p.report()).split())
+
+
+def test_what_the_report_cannot_make_never_costs_the_results(tmp_path):
+    (tmp_path / "taken").write_text("a file where the reports' directory should be")
+
+    @node(output_name="n")
+    def undecodable(x: int) -> int:
+        raise ValueError(f"cannot parse {os.fsdecode(b'data_' + bytes([0xFF]) + b'.csv')}")  # a listdir name
+
+    p = Pipeline([undecodable], name="nul\x00in its name", engine=Engine(report_dir=tmp_path / "taken" / "reports"))
+    with pytest.warns(RuntimeWarning, match="could not be written"):
+        out = p.map(inputs={"x": [1, 2]}, map_over="x", on_error="continue")
+    assert len(out) == 2 and p.report().to_dict()["dag"]["svg"] is None  # Graphviz refused the name: a list
+    page = p.report().save(tmp_path / "r.html").read_text()
+    assert "data_\\udcff.csv" in page  # shown escaped
+    assert sorted(os.listdir(tmp_path)) == ["r.html", "taken"]  # and no temporary file left
+
+
 def test_without_recording_report_says_how_to_turn_it_on():
     p = pipeline(Engine())
     p.run(inputs={"x": 1})

@@ -358,7 +358,7 @@ class Pipeline:
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map
         if live is not None:
-            self._recorder.end(self, results.failures)
+            self._recorder.end(self, results.failures, results.progress.done)
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values

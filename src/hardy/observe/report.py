@@ -17,6 +17,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
@@ -96,7 +97,10 @@ class Recorder(PipelineCallback):
         self.live.workers_before = pipeline.engine.worker_counts()
         return self.live
 
-    def end(self, pipeline: Any, failures: dict[int, NodeError]) -> RunReport:
+    def end(self, pipeline: Any, failures: dict[int, NodeError], succeeded: int | None = None) -> RunReport:
+        """The report of the call that ends; `succeeded`: how many items did (a map stopped at its
+        first failure leaves some unrun: neither succeeded nor failed). Nothing here may cost the
+        call its results: a drawing or a report file that cannot be made is left out, with a warning."""
         live = self.live
         assert live is not None
         self.live = None
@@ -106,10 +110,16 @@ class Recorder(PipelineCallback):
         workers = {k: now[k] - live.workers_before[k] for k in ("started", "died", "recycled")}
         workers["peak_rss"] = now["peak_rss"]
         svg, names = self._drawing(pipeline)
-        report = RunReport(_build(live, failures, workers, svg, names))
+        report = RunReport(_build(live, failures, workers, svg, names,
+                                  live.items - len(failures) if succeeded is None else succeeded))
         self.last = report
         if engine.report_dir:
-            report.save(Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json")
+            path = Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
+            try:
+                report.save(path)
+            except (OSError, ValueError) as exc:  # a full disk, a read-only mount: the call's results stand
+                warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
+                              "pipeline.report() still has it", RuntimeWarning, stacklevel=2)
         return report
 
     def _drawing(self, pipeline: Any) -> tuple[str | None, list[str]]:
@@ -120,7 +130,7 @@ class Recorder(PipelineCallback):
             try:
                 drawn = pipeline.visualize(depth=None).svg
                 svg: str | None = drawn[drawn.index("<svg"):]  # without Graphviz's XML prolog and DOCTYPE
-            except ImportError:
+            except Exception:  # no viz extra, or Graphviz refusing a name: the page lists the nodes
                 svg = None
             self._dag = (svg, names)
         return self._dag
@@ -173,7 +183,7 @@ def _failure(i: int, err: NodeError) -> dict[str, Any]:
 
 
 def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
-           names: list[str]) -> dict[str, Any]:
+           names: list[str], succeeded: int) -> dict[str, Any]:
     import datetime
     wall = live.wall
     peaks = workers["peak_rss"]
@@ -185,7 +195,7 @@ def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any],
     return {
         "format": FORMAT, "pipeline": live.pipeline, "kind": live.kind, "engine": live.engine,
         "started_at": datetime.datetime.fromtimestamp(live.wall_start, datetime.timezone.utc).isoformat(),
-        "wall_s": wall, "items": live.items, "failed": len(failures), "succeeded": live.items - len(failures),
+        "wall_s": wall, "items": live.items, "failed": len(failures), "succeeded": succeeded,
         "items_per_s": live.items / wall if wall > 0 else 0.0,
         "nodes": nodes, "failures": [_failure(i, failures[i]) for i in sorted(failures)],
         "workers": workers, "timeline": [list(t) for t in sorted(live.timeline)],
@@ -225,8 +235,12 @@ class RunReport:
         import json
         text = to_html(self.data) if suffix == ".html" else json.dumps(self.data, indent=1)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)  # a reader never sees half a report
+        try:  # a message may hold what no UTF-8 can (a file name's undecodable bytes): shown escaped
+            tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+            os.replace(tmp, path)  # a reader never sees half a report
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
@@ -260,8 +274,10 @@ def _mib(size: int | None) -> str:
 
 def _headline(d: dict[str, Any]) -> str:
     w = d["workers"]
+    unrun = d["items"] - d["succeeded"] - d["failed"]  # a map that raised at its first failure
     text = (f"{d['kind']} of {d['pipeline']!r} on {d['engine']}: {d['succeeded']} of {d['items']} items ok, "
-            f"{d['failed']} failed, {d['wall_s']:.3f} s wall, {d['items_per_s']:,.1f} items/s")
+            f"{d['failed']} failed{f', {unrun} not run' if unrun > 0 else ''}, {d['wall_s']:.3f} s wall, "
+            f"{d['items_per_s']:,.1f} items/s")
     if w.get("started"):
         text += f"; workers started {w['started']}, died {w['died']}, recycled {w['recycled']}"
     return text
