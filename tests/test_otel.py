@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
 
-from hardy import DiskCache, Engine, Pipeline, node  # noqa: E402
+from hardy import DiskCache, Engine, MapError, Pipeline, node  # noqa: E402
 from hardy.observe import OpenTelemetryCallback  # noqa: E402
 from test_report import prepare, score  # noqa: E402  (x=3 raises ValueError, x=7 segfaults its worker)
 
@@ -139,3 +139,22 @@ def test_a_retried_item_says_so(traced, tmp_path):
     pids = {s.context.span_id: s.attributes["hardy.worker.pid"] for s in exporter.get_finished_spans()
             if s.name.startswith("hardy.item")}
     assert all(pids[n.parent.span_id] == n.attributes["hardy.worker.pid"] for n in nodes)  # the replacement's
+
+
+@pytest.mark.parametrize("stop", ["close", "raise"])
+def test_an_imap_stopped_early_ends_its_spans(traced, stop):
+    provider, exporter = traced
+    p = Pipeline([prepare, score], callbacks=[OpenTelemetryCallback(provider)], name="streamed")
+    stream = p.imap(inputs={"x": list(range(5))}, map_over="x", on_error="raise" if stop == "raise" else "continue")
+    if stop == "close":
+        next(stream)
+        stream.close()
+    else:
+        with pytest.raises(MapError):
+            list(stream)
+    p.run(inputs={"x": 1})
+    spans = exporter.get_finished_spans()
+    [streamed] = [s for s in spans if s.name == "hardy.map streamed"]
+    [run] = [s for s in spans if s.name == "hardy.run streamed"]
+    assert run.parent is None  # a trace of its own: not under a map span left open
+    assert all(s.parent.span_id == streamed.context.span_id for s in spans if s.name.startswith("hardy.item"))

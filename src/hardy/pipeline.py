@@ -409,8 +409,10 @@ class Pipeline:
             with events.opened(name, dict(values), self._node_ids, announce=False):
                 events.emit("on_map_start", n)
                 start = time.perf_counter()
-                yield from outcomes
-                events.emit("on_map_end", time.perf_counter() - start)
+                try:
+                    yield from outcomes
+                finally:  # also when the consumer stops early, or a failure raises: as a map's end
+                    events.emit("on_map_end", time.perf_counter() - start)
 
     def _recorded(self, outcomes: Iterator[Any], live: _Live) -> Iterator[Any]:
         """`outcomes`, noting the failures among them for the run report, which is complete when
