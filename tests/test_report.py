@@ -148,6 +148,22 @@ def test_what_the_report_cannot_make_never_costs_the_results(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["r.html", "taken"]  # and no temporary file left
 
 
+def test_a_map_where_everything_failed_lists_every_failure_and_shows_the_first(tmp_path):
+    @node(output_name="y")
+    def refuse(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    p = Pipeline([refuse], engine=Engine(report=True))
+    p.map(inputs={"x": list(range(150))}, map_over="x", on_error="continue")
+    failures = p.report().to_dict()["failures"]
+    assert [f["message"] for f in failures] == [f"bad {x}" for x in range(150)]
+    assert [bool(f["stack"]) for f in failures] == [True] * 100 + [False] * 50
+    shown = " ".join(str(p.report()).split())
+    assert "bad 99" in shown and "bad 100" not in shown and "and 50 more failures" in shown
+    page = p.report().save(tmp_path / "r.html").read_text()
+    assert "bad 99<" in page and "bad 100<" not in page and "and 50 more failures" in page
+
+
 def test_without_recording_report_says_how_to_turn_it_on():
     p = pipeline(Engine())
     p.run(inputs={"x": 1})

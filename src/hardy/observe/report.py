@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..errors import NodeError
 
 TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
+FAILURES_SHOWN = 100  # failures the tables and the page show, and whose stacks are kept: every one is listed
 FORMAT = 1
 
 
@@ -174,10 +175,12 @@ def _p95(times: array[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def _failure(i: int, err: NodeError) -> dict[str, Any]:
+def _failure(i: int, err: NodeError, with_stack: bool = True) -> dict[str, Any]:
+    """`with_stack`: keep its stack (a map where everything failed would otherwise make a report of
+    a kilobyte per item: the first failures' stacks tell what the rest do)."""
     import traceback
     cause = err.__cause__
-    stack = getattr(err, "stack", "") or (
+    stack = "" if not with_stack else getattr(err, "stack", "") or (
         "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)) if cause else "")
     return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None), "stack": stack}
 
@@ -197,7 +200,8 @@ def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any],
         "started_at": datetime.datetime.fromtimestamp(live.wall_start, datetime.timezone.utc).isoformat(),
         "wall_s": wall, "items": live.items, "failed": len(failures), "succeeded": succeeded,
         "items_per_s": live.items / wall if wall > 0 else 0.0,
-        "nodes": nodes, "failures": [_failure(i, failures[i]) for i in sorted(failures)],
+        "nodes": nodes,
+        "failures": [_failure(i, failures[i], k < FAILURES_SHOWN) for k, i in enumerate(sorted(failures))],
         "workers": workers, "timeline": [list(t) for t in sorted(live.timeline)],
         "dag": {"svg": svg, "nodes": names},
     }
@@ -263,6 +267,11 @@ class RunReport:
         return to_html(self.data)
 
 
+def _more(failures: list[dict[str, Any]]) -> str:
+    return (f"... and {len(failures) - FAILURES_SHOWN:,} more failures (every one is in the report's JSON, "
+            "with item, node, error and message)")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
@@ -300,10 +309,12 @@ def _rich_tables(d: dict[str, Any]) -> Any:
         fails = Table(title="failures")
         for col in ("item", "node", "error", "signal", "message"):
             fails.add_column(col)
-        for f in d["failures"]:
+        for f in d["failures"][:FAILURES_SHOWN]:
             fails.add_row(str(f["item"]), escape(f["node"]), escape(f["error"]), f["signal"] or "",
                           escape(f["message"].splitlines()[0] if f["message"] else ""))
         yield fails
+        if len(d["failures"]) > FAILURES_SHOWN:
+            yield Text(_more(d["failures"]))
 
 
 # --- the HTML page: no scripts, no external resources; every user-supplied string is escaped ----
@@ -386,8 +397,9 @@ def _failures_html(failures: list[dict[str, Any]]) -> str:
         return "<p>none</p>"
     e = html.escape
     rows = ["<table class=fail><tr><th>item</th><th>node</th><th>error</th><th>signal</th><th>message</th></tr>"]
-    for f in failures:
+    for f in failures[:FAILURES_SHOWN]:
         stack = f"<details><summary>stack</summary><pre>{e(f['stack'])}</pre></details>" if f["stack"] else ""
         rows.append(f"<tr><td class=n>{f['item']}</td><td>{e(f['node'])}</td><td>{e(f['error'])}</td>"
                     f"<td>{e(f['signal'] or '')}</td><td><pre>{e(f['message'])}</pre>{stack}</td></tr>")
-    return "".join(rows) + "</table>"
+    more = f"<p>{_more(failures)}</p>" if len(failures) > FAILURES_SHOWN else ""
+    return "".join(rows) + "</table>" + more
