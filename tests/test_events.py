@@ -435,3 +435,35 @@ def test_a_node_that_runs_an_isolated_node_inside_reports_as_itself():
     Pipeline([outer], callbacks=[seen]).run(inputs={"x": 1})
     [(pid, duration)] = seen.ends
     assert pid is None and duration >= 0.1  # this process, its own time: not the inner call's
+
+
+class Raises(PipelineCallback):
+    """An observer with a bug: its third node end and its second item start raise."""
+
+    def __init__(self):
+        self.ends = self.starts = 0
+
+    def on_node_end(self, node_id, outputs, duration, ctx):
+        self.ends += 1
+        if self.ends == 3:
+            raise RuntimeError("observer bug")
+
+    def on_map_item_start(self, item_index, ctx):
+        self.starts += 1
+        if self.starts == 2:
+            raise KeyError("observer bug")
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "async", "process"])
+def test_a_callback_that_raises_costs_no_result_and_blames_no_node(executor):
+    observer = Raises()
+    with Engine(map_executor=executor, workers=2, report=True) as engine:
+        p = Pipeline([add_one], engine=engine, callbacks=[observer])
+        with pytest.warns(RuntimeWarning) as warned:
+            out = p.map(inputs={"x": list(range(10))}, map_over="x")
+        assert [o["a"] for o in out] == list(range(1, 11))
+        assert (observer.ends, observer.starts) == (10, 10)  # it keeps getting events
+        assert p.report().to_dict()["nodes"][0]["calls"] == 10  # and so do the other callbacks
+    said = sorted(str(w.message) for w in warned if "observer bug" in str(w.message))
+    assert len(said) == 2 and "Raises.on_map_item_start raised KeyError" in said[0], said
+    assert "Raises.on_node_end raised RuntimeError: observer bug at " in said[1] and "test_events.py" in said[1]

@@ -18,6 +18,8 @@ import functools
 import itertools
 import operator
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -214,18 +216,6 @@ class Ran(Protocol):
     def nodes_ran(self, names: Iterable[str], pid: int) -> None: ...
 
 
-def _fanout(handlers: Sequence[Callable[..., None]]) -> Callable[..., None] | None:
-    """One callable for `handlers`: None for none, the handler itself for one (most often: a
-    replay's loop makes hundreds of thousands of these calls a second)."""
-    if len(handlers) < 2:
-        return handlers[0] if handlers else None
-
-    def each(*args: Any) -> None:
-        for handler in handlers:
-            handler(*args)
-    return each
-
-
 def in_call() -> bool:
     """Whether this runs inside an observed call (a nested pipeline), not at the top level."""
     return _context.get() is not None
@@ -255,6 +245,7 @@ class Events:
         self._handlers: dict[str, tuple[Callable[..., None], ...]] = {}
         self._replayed: tuple[Callable[..., None] | None, ...] | None = None
         self._item_ends: tuple[Callable[..., None] | None, Callable[..., None] | None] | None = None
+        self._warned: set[str] = set()
 
     def handlers(self, event: str) -> tuple[Callable[..., None], ...]:
         """The callbacks' methods for `event`, leaving out the inherited no-ops: an event nobody
@@ -275,7 +266,41 @@ class Events:
         if handlers:
             ctx = current_context()
             for handler in handlers:
-                handler(*args, ctx)
+                self._deliver(handler, event, *args, ctx)
+
+    def _deliver(self, handler: Callable[..., None], event: str, *args: Any) -> None:
+        try:
+            handler(*args)
+        except Exception as exc:
+            self._raised(handler, event, exc)
+
+    def _raised(self, handler: Callable[..., None], event: str, exc: Exception) -> None:
+        """A callback raised: a warning says which and where (once per callback method and call),
+        and the events go on, to it and to the others: observing a pipeline never costs its
+        results, nor blames a node for the observer's error. (Hot loops call handlers inline in a
+        `try`, which costs nothing until something raises.)"""
+        owner = getattr(handler, "__self__", None)
+        who = f"{type(owner).__qualname__}.{event}" if owner is not None else getattr(handler, "__qualname__", event)
+        if who in self._warned:
+            return
+        self._warned.add(who)
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        warnings.warn(f"hardy: callback {who} raised {type(exc).__name__}: {exc}{where}; the pipeline goes on "
+                      "(its results are not affected) and the callback keeps getting events", RuntimeWarning,
+                      stacklevel=2)
+
+    def _fanout(self, event: str) -> Callable[..., None] | None:
+        """One callable for the handlers of `event`: None for none, the handler itself for one
+        (most often: a replay's loop makes hundreds of thousands of these calls a second)."""
+        handlers = self.handlers(event)
+        if len(handlers) < 2:
+            return handlers[0] if handlers else None
+
+        def each(*args: Any) -> None:
+            for handler in handlers:
+                self._deliver(handler, event, *args)
+        return each
 
     def pipeline(self, pipeline_id: str, inputs: dict[str, Any], call: Callable[[], dict[str, Any]],
                  node_ids: Sequence[str] = (), announce: bool = True) -> dict[str, Any]:
@@ -320,7 +345,7 @@ class Events:
             return
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
         for handler in self.handlers("on_map_item_start"):
-            handler(i, current_context())
+            self._deliver(handler, "on_map_item_start", i, current_context())
         if self.handlers("on_pipeline_start"):
             self.emit("on_pipeline_start", self.pipeline_id, dict(self.items[i]) if self.items else {})
 
@@ -337,9 +362,9 @@ class Events:
             for i in indices:
                 scope["hardy.item"] = i
                 for handler in starts:
-                    handler(i, ctx)
+                    self._deliver(handler, "on_map_item_start", i, ctx)
                 for handler in pipeline_starts:
-                    handler(self.pipeline_id, dict(items[i]) if items else {}, ctx)
+                    self._deliver(handler, "on_pipeline_start", self.pipeline_id, dict(items[i]) if items else {}, ctx)
         finally:
             _scope.reset(token)
 
@@ -360,8 +385,7 @@ class Events:
         delivered (a worker's batch; an item run here is named already, since its start)."""
         found = self._item_ends
         if found is None:
-            found = self._item_ends = (_fanout(self.handlers("on_pipeline_end")),
-                                       _fanout(self.handlers("on_map_item_end")))
+            found = self._item_ends = (self._fanout("on_pipeline_end"), self._fanout("on_map_item_end"))
         end, item_end = found
         if not (end or item_end):
             return
@@ -372,9 +396,15 @@ class Events:
             for row in cursor:
                 i, duration = offset + row[0], now - started[row[0]]
                 if end:
-                    end(pipeline_id, row[2], duration, ctx)
+                    try:
+                        end(pipeline_id, row[2], duration, ctx)
+                    except Exception as exc:
+                        self._raised(end, "on_pipeline_end", exc)
                 if item_end:
-                    item_end(i, duration, ctx)
+                    try:
+                        item_end(i, duration, ctx)
+                    except Exception as exc:
+                        self._raised(item_end, "on_map_item_end", exc)
         finally:
             if token is not None:
                 _scope.reset(token)
@@ -400,7 +430,7 @@ class Events:
         item-scoped values (see `CallbackContext.get`) are read from the event being replayed
         when asked for: a fast map replays hundreds of thousands of events a second."""
         if self._replayed is None:  # one callable per event kind, for the whole map
-            self._replayed = tuple(_fanout(self.handlers(e)) for e in (
+            self._replayed = tuple(self._fanout(e) for e in (
                 "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
         start, end = self._replayed[:2]
         ctx = current_context()
@@ -413,7 +443,10 @@ class Events:
                 assert events is not None
                 if events.regular and end and not start:  # a fast map's usual batch, most listeners' need
                     for name, began, ended in zip(names, events.starts, events.ends):
-                        end(name, {}, ended - began, ctx)
+                        try:
+                            end(name, {}, ended - began, ctx)
+                        except Exception as exc:
+                            self._raised(end, "on_node_end", exc)
                 else:
                     self._replay_each(names, scope, errors, ctx)
                 if ran:
@@ -436,22 +469,23 @@ class Events:
         for e, name, code, began, ended in zip(itertools.count(), names, codes, events.starts, events.ends):
             if code == END:
                 if start:
-                    start(name, {}, ctx)
+                    self._deliver(start, "on_node_start", name, {}, ctx)
                 if end:
-                    end(name, {}, ended - began, ctx)
+                    self._deliver(end, "on_node_end", name, {}, ended - began, ctx)
             elif code == CACHED:
                 if cached:
-                    cached(name, events.details[e], ctx)
+                    self._deliver(cached, "on_node_cached", name, events.details[e], ctx)
                 if item_cached:
-                    item_cached(scope.offset + scope.which(events.items[e]), events.details[e], ctx)
+                    item = scope.offset + scope.which(events.items[e])
+                    self._deliver(item_cached, "on_map_item_cached", item, events.details[e], ctx)
             else:
                 if start:
-                    start(name, {}, ctx)
+                    self._deliver(start, "on_node_start", name, {}, ctx)
                 item = events.items[e]
                 final = errors.get(scope.which(item)) if errors and last_error[item] == e else None
                 error = final or events.details.get(e)
                 if raised:
-                    raised(name, error or RuntimeError("failed in a worker"), ctx)
+                    self._deliver(raised, "on_error", name, error or RuntimeError("failed in a worker"), ctx)
 
     def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log
