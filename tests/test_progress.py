@@ -35,6 +35,7 @@ SCRIPT = textwrap.dedent("""
     cached = Pipeline([slow], name="warm", cache=DiskCache(sys.argv[1]))
     for _ in range(2):
         cached.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
+    list(Pipeline([slow], name="unknown-length").imap(inputs={"x": (x for x in (0, 1, 3))}, map_over="x"))
     with Engine(map_executor="process", workers=2) as engine:  # hits made in worker processes
         workers = Pipeline([slow], name="warm-workers", cache=DiskCache(sys.argv[1]), engine=engine)
         workers.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
@@ -71,6 +72,8 @@ def test_terminal_bar_nests_maps_and_counts_cache_hits_and_failures(tmp_path):
     assert nested and any("1 failed" in ln for ln in nested), screen[-3000:]
     warm = [ln for ln in lines if ln.startswith("warm")]
     assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in warm), warm[-5:]
+    streamed = [ln for ln in lines if ln.startswith("unknown-length")]
+    assert streamed and not any("ETA" in ln for ln in streamed), streamed[-3:]  # no estimate to give
     in_workers = [ln for ln in lines if ln.startswith("warm-workers")]
     assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in in_workers), in_workers[-5:]
 

@@ -156,7 +156,7 @@ class _TerminalView(_View):
             TimeRemainingColumn,
         )
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                  TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TimeRemainingColumn(),
                                   TextColumn("{task.fields[status]}"), transient=False,
                                   console=Console(stderr=True), refresh_per_second=10)
         self._tasks: dict[MapProgress, Any] = {}
@@ -164,7 +164,8 @@ class _TerminalView(_View):
 
     def add(self, bar: MapProgress) -> None:
         from rich.markup import escape
-        self._tasks[bar] = self._progress.add_task("  " * bar.depth + escape(bar.label), total=bar.total, status="")
+        self._tasks[bar] = self._progress.add_task("  " * bar.depth + escape(bar.label), total=bar.total, status="",
+                                                 eta="" if bar.total is None else "ETA")  # unknown length: none
 
     def remove(self, bar: MapProgress) -> None:
         task = self._tasks.pop(bar, None)
