@@ -467,3 +467,32 @@ def test_a_callback_that_raises_costs_no_result_and_blames_no_node(executor):
     said = sorted(str(w.message) for w in warned if "observer bug" in str(w.message))
     assert len(said) == 2 and "Raises.on_map_item_start raised KeyError" in said[0], said
     assert "Raises.on_node_end raised RuntimeError: observer bug at " in said[1] and "test_events.py" in said[1]
+
+
+@node(output_name="y", retries=1)
+def crash_first_time(x: int, marker: str) -> int:
+    if x == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)  # every time: it fails once its retry crashed too
+    return x
+
+
+class ItemRetries(PipelineCallback):
+    def __init__(self):
+        self.ended, self.failed = {}, {}
+
+    def on_map_item_end(self, item_index, duration, ctx):
+        self.ended[item_index] = ctx.get("hardy.retry")
+
+    def on_map_item_error(self, item_index, error, ctx):
+        self.failed[item_index] = ctx.get("hardy.retry")
+
+
+def test_item_events_say_how_often_the_item_ran_before(tmp_path):
+    seen = ItemRetries()
+    with Engine(map_executor="process", workers=2) as engine:
+        p = Pipeline([crash_first_time], engine=engine, callbacks=[seen])
+        p.map(inputs={"x": [0, 1, 2, 3], "marker": str(tmp_path / "crashed")}, map_over="x", on_error="continue")
+    assert seen.ended == {0: 0, 1: 0, 2: 1} and seen.failed == {3: 1}

@@ -64,7 +64,7 @@ class Results:
                 self._replay(records, lambda r: i)
             if self._watch_items:
                 self.events.items_done([(i, True, out)], self.offset, self._started, time.perf_counter(),
-                                       name_items=not self.events.names(self.offset + i))
+                                       not self.events.names(self.offset + i), self.retries)
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
@@ -100,7 +100,7 @@ class Results:
         """The ends of a worker's successful rows delivered at `now`, in one call (their node
         events were replayed just before: per item, events still come in order)."""
         if self._watch_items:
-            self.events.items_done(rows, self.offset, self._started, now, name_items=True)  # type: ignore[union-attr]
+            self.events.items_done(rows, self.offset, self._started, now, True, self.retries)  # type: ignore[union-attr]
             if self.live:
                 for row in rows:
                     self.live.item_end(self.offset + row[0], True)
@@ -123,7 +123,7 @@ class Results:
         if self._raise:
             self.stop = True
         if self.events and self._watch_items:
-            self.events.item_failed(self.offset + i, err)
+            self.events.item_failed(self.offset + i, err, self.retries.get(i, 0))
             if self.live:
                 self.live.item_end(self.offset + i, False)
 

@@ -188,24 +188,26 @@ class _Replayed(Mapping[str, Any]):
 
 class _Ending(Mapping[str, Any]):
     """The item-scoped values while a batch's item ends are delivered (`Events.items_done`):
-    the item is the row the loop's iterator has reached, read only when a callback asks."""
+    the item is the row the loop's iterator has reached, read only when a callback asks, as is
+    how many times it ran before (`retries`, by row index)."""
 
-    __slots__ = ("rows", "cursor", "offset", "base")
+    __slots__ = ("rows", "cursor", "offset", "base", "retries")
 
     def __init__(self, rows: Sequence[tuple[Any, ...]], cursor: Iterator[tuple[Any, ...]], offset: int,
-                 base: Mapping[str, Any]):
-        self.rows, self.cursor, self.offset, self.base = rows, cursor, offset, base
+                 base: Mapping[str, Any], retries: Mapping[int, int]):
+        self.rows, self.cursor, self.offset, self.base, self.retries = rows, cursor, offset, base, retries
 
     def __getitem__(self, key: str) -> Any:
-        if key == "hardy.item":
-            return self.offset + self.rows[_position(self.cursor, len(self.rows))][0]
+        if key in ("hardy.item", "hardy.retry"):
+            i = self.rows[_position(self.cursor, len(self.rows))][0]
+            return self.offset + i if key == "hardy.item" else self.retries.get(i, 0)
         return self.base[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter({**self.base, "hardy.item": None})
+        return iter({**self.base, "hardy.item": None, "hardy.retry": None})
 
     def __len__(self) -> int:
-        return len({**self.base, "hardy.item": None})
+        return len({**self.base, "hardy.item": None, "hardy.retry": None})
 
 
 class Ran(Protocol):
@@ -378,11 +380,12 @@ class Events:
         _scope.set({"hardy.item": i, "hardy.worker_pid": None})
 
     def items_done(self, rows: Sequence[tuple[Any, ...]], offset: int, started: Sequence[float],
-                   now: float, name_items: bool = False) -> None:
+                   now: float, name_items: bool = False, retries: Mapping[int, int] = MappingProxyType({})) -> None:
         """Items finished at `now`, as rows `(i, ok, outputs)` (item `offset + i`, handed out at
         `started[i]`): each one's on_pipeline_end and on_map_item_end, in one loop (a fast map
         delivers a million a second). `name_items`: the context names each item while its end is
-        delivered (a worker's batch; an item run here is named already, since its start)."""
+        delivered (a worker's batch; an item run here is named already, since its start), with
+        its `retries` (runs before, on workers that died)."""
         found = self._item_ends
         if found is None:
             found = self._item_ends = (self._fanout("on_pipeline_end"), self._fanout("on_map_item_end"))
@@ -391,7 +394,7 @@ class Events:
             return
         ctx, pipeline_id = current_context(), self.pipeline_id
         cursor = iter(rows)
-        token = _scope.set(_Ending(rows, cursor, offset, _scope.get())) if name_items else None
+        token = _scope.set(_Ending(rows, cursor, offset, _scope.get(), retries)) if name_items else None
         try:
             for row in cursor:
                 i, duration = offset + row[0], now - started[row[0]]
@@ -409,11 +412,12 @@ class Events:
             if token is not None:
                 _scope.reset(token)
 
-    def item_failed(self, i: int, error: Exception) -> None:
-        """Item i's on_map_item_error, the context naming the item (a worker's, whose scope is not set here)."""
+    def item_failed(self, i: int, error: Exception, retry: int = 0) -> None:
+        """Item i's on_map_item_error, the context naming the item (a worker's, whose scope is not
+        set here) and how many times it ran before on workers that died."""
         if not self.handlers("on_map_item_error"):
             return
-        token = _scope.set({**_scope.get(), "hardy.item": i})
+        token = _scope.set({**_scope.get(), "hardy.item": i, "hardy.retry": retry})
         try:
             self.emit("on_map_item_error", i, error)
         finally:
