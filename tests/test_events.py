@@ -481,7 +481,10 @@ def crash_first_time(x: int, marker: str) -> int:
 
 class ItemRetries(PipelineCallback):
     def __init__(self):
-        self.ended, self.failed = {}, {}
+        self.ended, self.failed, self.errors = {}, {}, []
+
+    def on_error(self, node_id, error, ctx):
+        self.errors.append((ctx.get("hardy.item"), ctx.get("hardy.retry"), error.signal, ctx.get("hardy.worker_pid")))
 
     def on_map_item_end(self, item_index, duration, ctx):
         self.ended[item_index] = ctx.get("hardy.retry")
@@ -496,3 +499,6 @@ def test_item_events_say_how_often_the_item_ran_before(tmp_path):
         p = Pipeline([crash_first_time], engine=engine, callbacks=[seen])
         p.map(inputs={"x": [0, 1, 2, 3], "marker": str(tmp_path / "crashed")}, map_over="x", on_error="continue")
     assert seen.ended == {0: 0, 1: 0, 2: 1} and seen.failed == {3: 1}
+    # every attempt that died says so, the retried ones too
+    assert sorted(e[:3] for e in seen.errors) == [(2, 0, "SIGSEGV"), (3, 0, "SIGSEGV"), (3, 1, "SIGSEGV")]
+    assert all(pid not in (0, None, os.getpid()) for *_, pid in seen.errors)

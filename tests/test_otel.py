@@ -131,14 +131,18 @@ def test_a_retried_item_says_so(traced, tmp_path):
         p = Pipeline([crash_once], callbacks=[OpenTelemetryCallback(provider)], engine=engine)
         out = p.map(inputs={"x": [0, 1, 2, 3], "marker": str(tmp_path / "crashed")}, map_over="x")
     assert [o["y"] for o in out] == [0, 1, 2, 3]
-    nodes = [s for s in exporter.get_finished_spans() if s.name == "hardy.node crash_once"]
-    by_item = {s.parent.span_id: s.attributes["hardy.retry"] for s in nodes}
-    items = {s.context.span_id: s.attributes["hardy.item"] for s in exporter.get_finished_spans()
-             if s.name.startswith("hardy.item")}
-    assert {items[parent]: retry for parent, retry in by_item.items()} == {0: 0, 1: 0, 2: 1, 3: 0}
-    pids = {s.context.span_id: s.attributes["hardy.worker.pid"] for s in exporter.get_finished_spans()
-            if s.name.startswith("hardy.item")}
-    assert all(pids[n.parent.span_id] == n.attributes["hardy.worker.pid"] for n in nodes)  # the replacement's
+    spans = exporter.get_finished_spans()
+    items = {s.context.span_id: s for s in spans if s.name.startswith("hardy.item")}
+    attempts: dict[int, list] = {}  # item -> its node spans: (retry, signal, pid), in the order they ended
+    for n in (s for s in spans if s.name == "hardy.node crash_once"):
+        item = items[n.parent.span_id]
+        attempts.setdefault(item.attributes["hardy.item"], []).append(
+            (n.attributes["hardy.retry"], n.attributes.get("hardy.signal"), n.attributes["hardy.worker.pid"]))
+    assert {i: [a[:2] for a in runs] for i, runs in attempts.items()} == {
+        0: [(0, None)], 1: [(0, None)], 2: [(0, "SIGSEGV"), (1, None)], 3: [(0, None)]}  # the attempt that died too
+    (_, _, dead), (_, _, replacement) = attempts[2]
+    assert dead != replacement and {i.attributes["hardy.item"]: i.attributes["hardy.worker.pid"]
+                                    for i in items.values()}[2] == replacement  # the item ran in the replacement
 
 
 @pytest.mark.parametrize("stop", ["close", "raise"])

@@ -93,8 +93,8 @@ class _StageResults:
             self.records.setdefault(n, []).extend(records)
             self.alive.append(n)
 
-    def retried(self, i: int) -> None:
-        self.results.retried(self.indices[i])
+    def retried(self, i: int, err: NodeError, worker: int | None = None) -> None:
+        self.results.retried(self.indices[i], err, worker)
 
     def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
         n = self.indices[i]

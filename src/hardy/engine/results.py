@@ -131,8 +131,12 @@ class Results:
         """The bar counts the cache hits logged where items ran (here, the plan's own hook counts them)."""
         self.progress.cached += sum(log.hits() for log in logs)
 
-    def retried(self, i: int) -> None:
-        """Item i's worker died and the item runs again (its nodes' `retries`)."""
+    def retried(self, i: int, err: NodeError, worker: int | None = None) -> None:
+        """Item i's worker (pid `worker`) died of `err` and the item runs again (its node's
+        `retries`): the node's on_error for the attempt that died, with its signal."""
+        if self.events:
+            err.item = self.offset + i
+            self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
         self.retries[i] = self.retries.get(i, 0) + 1
 
     def _replay(self, logs: Sequence[Records], which: Callable[[int], int],

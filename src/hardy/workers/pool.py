@@ -550,16 +550,16 @@ class _Run:
             stack = read_stack(w.fault_path)
             retries = node.retries if node else 0
             self.attempts[in_flight] = self.attempts.get(in_flight, 0) + 1
+            cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
+            err = cls(node.name if node else "?", in_flight, text, signal=signame,
+                      exitcode=w.process.exitcode, stack=stack)
             if self.attempts[in_flight] <= retries:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
-                self.results.retried(in_flight)
+                self.results.retried(in_flight, err, w.process.pid)
                 if node is not None and node.backoff:  # retries > 0: there is a node
                     self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
-                cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
-                err = cls(node.name if node else "?", in_flight, text, signal=signame,
-                          exitcode=w.process.exitcode, stack=stack)
                 self.results.fail(in_flight, err, worker=w.process.pid)
         elif w.tasks == 0 and not w.started_any:
             pool.start_failures += 1
