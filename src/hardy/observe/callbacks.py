@@ -268,7 +268,10 @@ class Events:
         if handlers:
             ctx = current_context()
             for handler in handlers:
-                self._deliver(handler, event, *args, ctx)
+                try:  # inline, not `_deliver`: a node call emits two of these
+                    handler(*args, ctx)
+                except Exception as exc:
+                    self._raised(handler, event, exc)
 
     def _deliver(self, handler: Callable[..., None], event: str, *args: Any) -> None:
         try:
