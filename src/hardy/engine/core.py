@@ -285,13 +285,12 @@ class Engine:
 
     def worker_counts(self) -> dict[str, Any]:
         """Worker processes started, died and recycled so far, and the peak memory of those alive."""
-        counts: dict[str, Any] = {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
+        from ..workers.pool import COUNTED, add_counts
+        counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
         # this engine's pool, and the ones an engine's executor (Dask, Ray) keeps on that engine's workers
         sources: dict[int, Any] = {id(s): s for s in (self._process_pool, self._map_executor) if hasattr(s, "counts")}
         for source in sources.values():
-            more = source.counts()
-            counts = {**{k: counts[k] + more[k] for k in ("started", "died", "recycled")},
-                      "peak_rss": {**counts["peak_rss"], **more["peak_rss"]}}
+            add_counts(counts, source.counts())
         return counts
 
     def close(self) -> None:

@@ -35,11 +35,10 @@ from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import build_plan, dumps, portable, ship_items, ship_plan
-from ..workers.pool import WorkerPool
+from ..workers.pool import COUNTED, WorkerPool, add_counts
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
-COUNTED = ("started", "died", "recycled")  # what happens to worker processes, as run reports count it
 
 
 def plan_for(spec: bytes) -> Plan:
@@ -60,9 +59,10 @@ def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
     hardy's worker processes there meanwhile (for run reports). Chunks and results travel as one
     pickle each, so the engine moves bytes instead of walking thousands of small objects. `log`:
     the caller listens to node events, which travel back in the rows (nodelog.py)."""
-    before = _pool().counts()
+    pool = _pool()
+    before = pool.counts()
     rows = run_contained(plan_for(spec), pickle.loads(chunk), log)
-    after = _pool().counts()
+    after = pool.counts()
     return dumps((rows, {**{k: after[k] - before[k] for k in COUNTED}, "peak_rss": after["peak_rss"]}))
 
 
@@ -146,11 +146,6 @@ class RemoteExecutor:
         """hardy's worker processes on the engine's workers, as `WorkerPool.counts` (for run
         reports): started, died and recycled so far, and the peak RSS each had at its last chunk."""
         return {**self._counts, "peak_rss": dict(self._counts["peak_rss"])}
-
-    def _counted(self, counts: dict[str, Any]) -> None:
-        for k in COUNTED:
-            self._counts[k] += counts[k]
-        self._counts["peak_rss"].update(counts["peak_rss"])
 
     # --- what an engine provides ---------------------------------------------------------------
 
@@ -249,7 +244,7 @@ class TaskExecutor(RemoteExecutor):
                         pending[again] = chunk
                         lost.add(again)
                     continue
-                self._counted(counts)
+                add_counts(self._counts, counts)
                 self._deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))

@@ -47,6 +47,16 @@ STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SI
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+COUNTED = ("started", "died", "recycled")  # what happens to worker processes, as run reports count it
+
+
+def add_counts(total: dict[str, Any], more: dict[str, Any]) -> None:
+    """`more` (as `WorkerPool.counts` gives them) into `total`: counts summed, peaks updated."""
+    for k in COUNTED:
+        total[k] += more[k]
+    total["peak_rss"].update(more["peak_rss"])
+
+
 def rss(pid: int) -> int:
     """Resident memory of a process in bytes (0 if it is gone)."""
     try:
