@@ -49,14 +49,15 @@ _MACHINERY = ("/hardy/workers/", "/hardy/integrations/", "/multiprocessing/", "/
 def read_stack(path: str, limit: int = 4000) -> str:
     """The Python stack faulthandler wrote when the worker crashed (empty if none).
 
-    Frames of hardy's worker loop and of multiprocessing are dropped: the user's frames remain.
+    Frames of hardy's worker loop and of multiprocessing are dropped: the user's frames remain;
+    so are the native frames the worker's handler wrote (hardy.forensics.frames reads those).
     """
     try:
         with open(path, errors="replace") as f:
             lines = f.read().strip().splitlines()
     except OSError:
         return ""
-    kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY)]
+    kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY) and not ln.startswith("hardy-native: ")]
     return "\n".join(kept)[-limit:]
 
 

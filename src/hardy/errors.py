@@ -200,19 +200,40 @@ class NodeCrashed(NodeError):
     """The worker process running this item died (signal, abort, OOM kill, exit)."""
 
     def __init__(self, node: str, item: int | None, reason: str, signal: str | None = None,
-                 exitcode: int | None = None, stack: str = ""):
+                 exitcode: int | None = None, stack: str = "", native_frames: Sequence[Any] = (),
+                 native_stack: str = "", diagnosis: Sequence[str] = ()):
         super().__init__(node, None, item, reason)
         self.signal, self.exitcode, self.stack = signal, exitcode, stack
+        # the crashing thread's native frames (hardy.forensics.symbols.Frame), innermost first; their
+        # text as the message shows it; what they say about hazards hardy knows (hardy.forensics.diagnosis)
+        self.native_frames, self.native_stack, self.diagnosis = list(native_frames), native_stack, list(diagnosis)
 
     def __str__(self) -> str:
         text = super().__str__()
+        for line in getattr(self, "diagnosis", ()):
+            text += f"\ndiagnosis: {line}"
+        return text + self._stacks()
+
+    def _stacks(self) -> str:
+        text = ""
+        if getattr(self, "native_stack", ""):
+            text += "\nworker's native stack at the crash:\n" + self.native_stack.rstrip()
         if self.stack:
             text += "\nworker's Python stack at the crash:\n" + self.stack.rstrip()
         return text
 
 
 class NodeTimeout(NodeCrashed):
-    """The item ran past its node's `timeout`; the worker running it was killed."""
+    """The item ran past its node's `timeout`; the worker running it was killed. `stacks`: every
+    thread's stack just before the kill (Python + native with py-spy, else Python only), with a
+    first line saying which tool wrote it."""
+
+    stacks = ""
+
+    def _stacks(self) -> str:
+        if not self.stacks:
+            return super()._stacks()
+        return "\nworker's stacks before the kill:\n" + self.stacks.rstrip()
 
 
 class CudaError(NodeError):

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from .. import transport
 from ..crash import describe_exit, read_stack
 from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
+from ..forensics.frames import examine
+from ..forensics.stacks import hang_stacks
 from ..plan import Plan
 from ..policy import delay
 from ..safety.environment import worker_environment
@@ -107,6 +109,7 @@ class _Worker:
         self.resend = False  # a batch of its results could not be unpickled here
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
+        self.hang: tuple[str, str] = ("", "")  # py-spy's stacks before a kill for a timeout, or why none
 
     @property
     def busy(self) -> bool:
@@ -118,6 +121,8 @@ class _Worker:
     def kill(self, reason: str, detail: str) -> None:
         """Ask faulthandler for the stack (works inside C loops too), then SIGKILL its group."""
         self.killed_for, self.kill_detail = reason, detail
+        if reason == "timeout":
+            self.hang = hang_stacks(self.process.pid)
         try:
             os.kill(self.process.pid, signal.SIGUSR1)
             deadline = time.monotonic() + STACK_GRACE
@@ -561,8 +566,14 @@ class _Run:
             retries = node.retries if node else 0
             self.attempts[in_flight] = self.attempts.get(in_flight, 0) + 1
             cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
+            death = examine(w.fault_path, signame, text, node.name if node else "?", stack,
+                            w.hang if w.killed_for == "timeout" else None)
+            text = death.reason
             err = cls(node.name if node else "?", in_flight, text, signal=signame,
-                      exitcode=w.process.exitcode, stack=stack)
+                      exitcode=w.process.exitcode, stack=stack, native_frames=death.frames,
+                      native_stack=death.native_stack, diagnosis=death.diagnosis)
+            if isinstance(err, NodeTimeout):
+                err.stacks = death.stacks
             if self.attempts[in_flight] <= retries:
                 log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
                 self.retry.appendleft([in_flight])
@@ -582,7 +593,10 @@ class _Run:
         elif w.process.exitcode == worker_main.RETIRED:
             log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
-            log.warning("a worker died with no item in flight (%s); its results were already kept", text)
+            death = examine(w.fault_path, signame, text, "?", "", after_return=True)
+            log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
+                        "".join(f"\ndiagnosis: {d}" for d in death.diagnosis)
+                        + (f"\nnative stack:\n{death.native_stack}" if death.native_stack else ""))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
         w.unsent = {}

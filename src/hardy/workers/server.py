@@ -29,6 +29,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
+from ..forensics.handler import prepare as prepare_native_handler
 from .lifeline import die_with_parent, kill_group
 
 AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
@@ -52,6 +53,7 @@ def serve() -> None:
         die_with_parent(config["parent"], signal.SIGTERM)
     listener = socket.socket(fileno=config["listen_fd"])
     failure = _preload(config["preload"])
+    prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

@@ -23,6 +23,8 @@ from typing import Any
 from .. import transport
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
+from ..forensics import handler as native_handler
+from ..forensics.stacks import allow_tracing
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import LOG, Records, row_logs
 from ..observe.nodelog import STEP as STEP_NAMED
@@ -105,6 +107,8 @@ def run(fd: int) -> None:
     sent: list[Sent] = []  # the last chunk's batches of results, until the next chunk
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
     on_fatal_signal(lambda signum: _last_words(conn, sent), (*FATAL_SIGNALS, "SIGUSR1"))
+    native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
+    allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
     install_numba_guard()
     if preload_libs:  # dependencies first, so each library finds what it needs
         from ..native.libs import preload

@@ -1,0 +1,66 @@
+"""What a native stack says about the hazards hardy knows.
+
+Each rule reads the frames of a crash (or the text of a hung worker's stacks) and, when it
+matches, says which hazard it is and what to change. They name a cause only where the frames
+show it: a hang in an OpenMP barrier, a crash inside a CUDA library, a library loaded from another
+directory than this process loaded it from, a crash after the node had returned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+from ..native.loaded import loaded_libraries
+from .symbols import Frame
+
+_OPENMP_WAIT = re.compile(r"gomp_(team_)?barrier_wait|GOMP_barrier|gomp_mutex_lock_slow|__kmp_(suspend|wait)|"
+                          r"kmp_barrier|__kmp_fork_barrier")
+_LOCK = re.compile(r"pthread_mutex_lock|__lll_lock_wait|futex_wait")
+_ATFORK = re.compile(r"atfork|libgomp|libiomp|libomp")
+_CUDA = re.compile(r"^lib(cuda|cudart|cudnn\w*|cublas\w*|cufft|curand|cusparse|cusolver|nccl|nvrtc|nvJitLink)\b")
+
+
+def diagnose(frames: Sequence[Frame] = (), stacks: str = "", after_return: bool = False) -> list[str]:
+    """Sentences naming each matched hazard and its remedy (none when nothing matches)."""
+    text = "\n".join(map(str, frames)) + "\n" + stacks
+    found = []
+    if _OPENMP_WAIT.search(text) or (_LOCK.search(text) and _ATFORK.search(text)):
+        found.append("waits in an OpenMP barrier or lock: the fork-after-OpenMP hazard when this worker was forked "
+                     "from a process whose OpenMP pool had threads (they do not exist in the child, so it waits "
+                     "for ever). Remedy: start workers with start_method='forkserver' or 'spawn' (hardy's default "
+                     "unless 'fork' was asked for), or set OMP_NUM_THREADS=1 before the parent's first parallel "
+                     "region; `hardy doctor` lists the OpenMP runtimes loaded")
+    cuda = next((f for f in frames if f.library and _CUDA.match(f.name)), None)
+    if cuda is not None:
+        found.append(f"the crash is inside the CUDA stack ({cuda.short()}): check that the driver supports this "
+                     "CUDA version and that the CUDA libraries come from one install (`hardy doctor`, `hardy "
+                     "libs`); run CUDA nodes with map_executor='process' so one crash costs one item, and set "
+                     "CUDA_LAUNCH_BLOCKING=1 to make the failing kernel the one reported")
+    found += _elsewhere(frames)
+    if after_return:
+        culprit = next((f for f in frames if f.library), None)
+        where = f" in {culprit.short()}" if culprit else ""
+        found.append(f"crash at exit: the node had returned and its results were kept; the crash{where} came "
+                     "during clean-up (a destructor or a library's own thread), not from the item")
+    return found
+
+
+def _elsewhere(frames: Sequence[Frame]) -> list[str]:
+    """Libraries of the crash that this process loaded from another directory."""
+    here: dict[str, str] = {}
+    for path in loaded_libraries():
+        here.setdefault(os.path.basename(path), os.path.realpath(path))
+    said = []
+    for frame in frames:
+        if not frame.library:
+            continue
+        mine = here.get(frame.name)
+        theirs = os.path.realpath(frame.library)
+        if mine and os.path.dirname(mine) != os.path.dirname(theirs) and frame.name not in str(said):
+            said.append(f"{frame.name} was loaded from {os.path.dirname(theirs)} in the worker but from "
+                        f"{os.path.dirname(mine)} in this process: two copies of one library, the worker's from "
+                        "an unexpected directory (LD_LIBRARY_PATH, RPATH or import order; `hardy libs` shows "
+                        "which package ships each, preload_libs= pins one)")
+    return said

@@ -1,0 +1,120 @@
+"""A worker's crash record, read by the parent: native frames, and the sentence that names them.
+
+The record is the worker's faulthandler file: the native handler (`handler.py`) writes its
+`hardy-native:` lines there first, then faulthandler the Python stack.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .symbols import Frame, symbolise
+
+MARK = "hardy-native: "
+# The C runtime and the interpreter: a crash "in" them is named by the first frame outside them
+# (abort() is libc's, the assertion that called it is the library's), and a native stack is shown
+# down to the interpreter, whose own frames the Python stack already tells.
+_RUNTIME = re.compile(r"^(libc\.so|libpthread|ld-linux|libgcc_s|libstdc\+\+)")
+_INTERPRETER = re.compile(r"^(libpython|python\d|_ctypes\.|libffi\.)")
+
+
+def read_frames(text: str) -> list[Frame]:
+    """The crashing thread's native frames in a crash record's text, innermost first, named."""
+    frames: list[Frame] = []
+    for line in text.splitlines():
+        if not line.startswith(MARK):
+            continue
+        parts = line[len(MARK):].split(" ", 4)
+        if len(parts) != 5:
+            continue
+        try:
+            address, base = int(parts[0], 16), int(parts[1], 16)
+        except ValueError:
+            continue
+        frames.append(symbolise(address, base, parts[4], parts[3], caller=bool(frames)))
+    return frames
+
+
+def read_record(path: str) -> list[Frame]:
+    """`read_frames` of the record file at `path` (no frames if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return read_frames(f.read())
+    except OSError:
+        return []
+
+
+def own(frames: list[Frame]) -> list[Frame]:
+    """The frames below the interpreter: the native code a node called (the rest the Python
+    stack tells)."""
+    for k, frame in enumerate(frames):
+        if frame.library and _INTERPRETER.match(frame.name):
+            return frames[:k]
+    return frames
+
+
+def culprit(frames: list[Frame]) -> Frame | None:
+    """The frame a crash is named by: the first outside the C runtime (the caller of a
+    crashing memcpy or of abort()), or the first frame when all are in the runtime."""
+    mine = own(frames) or frames
+    return next((f for f in mine if not (f.library and _RUNTIME.match(f.name))), mine[0] if mine else None)
+
+
+_PY_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def python_site(stack: str) -> str:
+    """`x.py:8` for the innermost Python frame of a faulthandler stack ("" when there is none)."""
+    current = stack.find("Current thread")  # faulthandler lists the crashing thread under this title
+    found = _PY_FRAME.search(stack, max(current, 0))
+    return f"{os.path.basename(found.group(1))}:{found.group(2)}" if found else ""
+
+
+def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str, stack: str) -> str:
+    """`worker died from SIGSEGV in libfoo.so (crash_here+0x12), called from node 'embed' (x.py:8)`;
+    `reason` (the exit's plain description) when no native frame was recorded."""
+    frame = culprit(frames)
+    if frame is None or signame is None:
+        return reason
+    site = python_site(stack)
+    hint = reason.partition(" (")[2].rstrip(")")  # describe_exit's explanation of the signal
+    return (f"worker died from {signame} in {frame.short()}, called from node {node!r}"
+            + (f" ({site})" if site else "") + (f": {hint}" if hint else ""))
+
+
+def format_frames(frames: list[Frame], limit: int = 24) -> str:
+    """The native stack as the error shows it, numbered, innermost first."""
+    mine = own(frames)
+    lines = [f"  #{k} {f}" for k, f in enumerate(mine[:limit])]
+    hidden = len(frames) - len(lines)
+    if hidden:
+        lines.append(f"  ... {hidden} more frame(s), in the Python interpreter and below")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Death:
+    """What the parent makes of a dead worker's record: the first line, frames, diagnosis, stacks."""
+
+    reason: str
+    frames: list[Frame]
+    native_stack: str
+    diagnosis: list[str]
+    stacks: str = ""
+
+
+def examine(record: str, signame: str | None, reason: str, node: str, stack: str,
+            hang: tuple[str, str] | None = None, after_return: bool = False) -> Death:
+    """The death of a worker whose crash record is the file `record`. `hang`: for a worker killed
+    for running too long, (py-spy's stacks, why none) as `stacks.hang_stacks` gave them, the
+    Python stacks of `stack` standing in when py-spy gave none."""
+    from .diagnosis import diagnose
+    if hang is not None:
+        text, why = hang
+        stacks = text or (f"faulthandler, Python frames only ({why}):\n{stack}" if stack else "")
+        return Death(reason, [], "", diagnose(stacks=text), stacks)
+    frames = read_record(record)
+    return Death(crash_line(signame, reason, frames, node, stack), frames, format_frames(frames),
+                 diagnose(frames, after_return=after_return))

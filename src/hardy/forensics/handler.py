@@ -1,0 +1,205 @@
+"""The native fatal-signal handler of worker processes, and how it gets onto a machine.
+
+Python's own handlers run between bytecodes, after a crashed process is gone, and faulthandler
+(before 3.14) prints only Python frames. So workers install a small C handler in front of
+faulthandler's: on SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT it writes the crashing thread's
+return addresses, each as library + load base + the exported symbol `dladdr` knows, into the
+worker's crash record, then hands the signal on. The parent turns them into names (`symbols.py`).
+
+hardy is pure Python, so the handler reaches a machine in one of two ways, chosen at first use:
+- "native": `native_handler.c`, compiled once per user and source version with the system C
+  compiler (`$CC`, else `cc`/`gcc`; ~0.2 s) into hardy's cache folder, which must be the user's own
+  and writable by no one else (checked before it is loaded). Async-signal-safe: no malloc, a
+  warm-up `backtrace()` at install, an alternate stack, SA_RESETHAND.
+- "ctypes", when there is no compiler (or the build failed): the same steps written in Python and
+  installed through ctypes. It runs Python inside the signal handler, as hardy's last-words
+  callback already does: not async-signal-safe (a crash while the allocator's lock is held can
+  hang it; `crash.LAST_WORDS_LIMIT` then ends the process) and without an alternate stack, so a
+  stack overflow leaves no native frames. Shipping prebuilt binaries instead would mean one per
+  libc and CPU inside a pure-Python wheel; a compiler is on almost every machine that builds
+  native code, and the fallback covers the rest.
+`HARDY_NATIVE_HANDLER=ctypes` forces the fallback, `=off` installs neither.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
+SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+MAX_FRAMES = 64
+_PC_OFFSET = {"x86_64": 168, "aarch64": 440}  # the pc in a glibc ucontext_t (REG_RIP; mcontext.pc)
+
+
+def cache_folder() -> str:
+    """hardy's per-user cache folder for built helpers ($XDG_CACHE_HOME/hardy or ~/.cache/hardy)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hardy")
+
+
+def compiler() -> str | None:
+    """The C compiler to build the handler with, or None when this machine has none."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def _trusted(path: str) -> bool:
+    """Owned by this user and writable by no one else: safe to load into a process."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def build() -> tuple[str | None, str]:
+    """(path of the compiled handler, "") or (None, why there is none). Built once per user and
+    source version; a build by a concurrent process is atomic (written aside, then renamed)."""
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    tag = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
+    folder = os.path.join(cache_folder(), "native")
+    target = os.path.join(folder, f"handler-{tag}.so")
+    if os.path.exists(target):
+        ok = _trusted(folder) and _trusted(target)
+        return (target, "") if ok else (None, f"{target} or its folder is not this user's own (or others may "
+                                              "write it): not loaded; remove it")
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler found ($CC, cc, gcc)"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {folder}: {exc}"
+    if not _trusted(folder):
+        return None, f"{folder} is not this user's own (or others may write it)"
+    fd, scratch = tempfile.mkstemp(dir=folder, suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", scratch, SOURCE],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            return None, f"{cc} failed: {done.stderr.strip()[-300:]}"
+        os.chmod(scratch, 0o700)
+        os.replace(scratch, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{cc} failed: {exc}"
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return target, ""
+
+
+@functools.lru_cache(maxsize=1)
+def _native() -> tuple[Any, str]:
+    """The loaded C handler library (or None) and why not. The fork server calls this once, so
+    its workers start with the library loaded and `backtrace` warm."""
+    if os.environ.get("HARDY_NATIVE_HANDLER", "auto") != "auto":
+        return None, f"HARDY_NATIVE_HANDLER={os.environ['HARDY_NATIVE_HANDLER']}"
+    path, why = build()
+    if path is None:
+        return None, why
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        return None, f"{path} cannot be loaded: {exc}"
+    lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+    return lib, ""
+
+
+prepare = _native
+
+
+def mechanism() -> tuple[str, str]:
+    """("native" | "ctypes" | "off", why not native) as `install` would choose here."""
+    if os.environ.get("HARDY_NATIVE_HANDLER") == "off":
+        return "off", "HARDY_NATIVE_HANDLER=off"
+    lib, why = _native()
+    if lib is not None:
+        return "native", ""
+    if platform.machine() not in _PC_OFFSET:
+        return "off", f"{why}; the ctypes fallback knows no {platform.machine()} signal context"
+    return "ctypes", why
+
+
+def install(fd: int, signals: Sequence[str] = SIGNALS) -> str:
+    """Write native frames to `fd` on a fatal signal, then hand it to the handler installed before.
+    Returns the mechanism used ("native", "ctypes" or "off")."""
+    kind, _ = mechanism()
+    numbers = [int(getattr(signal, name)) for name in signals]
+    if kind == "native":
+        lib, _ = _native()
+        ok = lib.hardy_native_install(fd, (ctypes.c_int * len(numbers))(*numbers), len(numbers)) == 0
+        return "native" if ok else "off"
+    if kind == "ctypes":
+        _install_ctypes(fd, numbers)
+    return kind
+
+
+# --- the fallback: the same steps, in Python, through ctypes --------------------------------------
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+
+class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86_64, aarch64)
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+
+_SA_SIGINFO, _SA_RESETHAND = 4, 0x80000000
+_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_kept: list[Any] = []  # the installed callback and its buffers live as long as the process
+
+
+def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
+    libc = ctypes.CDLL(None)
+    libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    libc.dladdr.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+    frames = (ctypes.c_void_p * MAX_FRAMES)()
+    info = _DlInfo()
+    previous = {n: _SigAction() for n in numbers}
+    offset = _PC_OFFSET[platform.machine()]
+    libc.backtrace(frames, MAX_FRAMES)  # warm up: the first call loads libgcc_s
+
+    def frame(address: int) -> bytes:
+        known = libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info))
+        fname = (info.fname or b"?") if known else b"?"
+        return b"hardy-native: %#x %#x %#x %s %s\n" % (
+            address, (info.fbase or 0) if known else 0, (info.saddr or 0) if known else 0,
+            (info.sname or b"?") if known else b"?", fname or b"?")
+
+    def on_signal(signum: int, siginfo: int, context: int) -> None:
+        try:
+            pc = ctypes.c_size_t.from_address(context + offset).value
+            count = libc.backtrace(frames, MAX_FRAMES)
+            addresses = [frames[i] or 0 for i in range(count)]
+            chain = addresses[addresses.index(pc):] if pc in addresses else [pc]
+            os.write(fd, b"hardy-native: signal %#x\n" % signum + b"".join(map(frame, chain))
+                     + b"hardy-native: end\n")
+        finally:
+            libc.sigaction(signum, ctypes.byref(previous[signum]), None)
+            getattr(libc, "raise")(signum)
+
+    callback = _HANDLER(on_signal)
+    action = _SigAction()
+    action.handler = ctypes.cast(callback, ctypes.c_void_p).value
+    action.flags = _SA_SIGINFO | _SA_RESETHAND  # no alternate stack: the interpreter needs more than one
+    for n in numbers:
+        libc.sigaction(n, ctypes.byref(action), ctypes.byref(previous[n]))
+    _kept.append((callback, frames, info, previous, action, frame, on_signal))
+

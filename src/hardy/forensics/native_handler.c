@@ -1,0 +1,105 @@
+/* hardy's native fatal-signal handler: the crashing thread's return addresses, as library + offset
+ * (+ the exported symbol dladdr knows), written to the worker's crash record before faulthandler
+ * writes the Python stack. Async-signal-safe: no malloc, fixed buffers, backtrace() warmed up at
+ * install (its first call loads libgcc_s), an alternate stack, SA_RESETHAND. The parent symbolises
+ * the offsets after the death (hardy/forensics/symbols.py). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#define MAX_FRAMES 64
+static int out_fd = -1;
+static struct sigaction previous[65];
+static void *frames[MAX_FRAMES];
+static char line[1200];
+static char alt_stack[1 << 16];
+
+static size_t put(size_t n, const char *s) {
+    while (*s && n < sizeof line - 2) line[n++] = *s++;
+    return n;
+}
+
+static size_t hex(size_t n, uintptr_t v) {
+    char digits[2 + 2 * sizeof v];
+    int k = 0;
+    do { digits[k++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    n = put(n, "0x");
+    while (k && n < sizeof line - 2) line[n++] = digits[--k];
+    return n;
+}
+
+static uintptr_t crash_pc(void *context) {
+#if defined(__x86_64__)
+    return (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    return (uintptr_t)((ucontext_t *)context)->uc_mcontext.pc;
+#else
+    (void)context;
+    return 0;
+#endif
+}
+
+static void frame(uintptr_t address) {
+    Dl_info info;
+    memset(&info, 0, sizeof info);
+    int known = dladdr((void *)address, &info);
+    size_t n = put(0, "hardy-native: ");
+    n = hex(n, address);
+    n = put(n, " ");
+    n = hex(n, known ? (uintptr_t)info.dli_fbase : 0);
+    n = put(n, " ");
+    n = hex(n, known ? (uintptr_t)info.dli_saddr : 0);
+    n = put(n, " ");
+    n = put(n, known && info.dli_sname ? info.dli_sname : "?");
+    n = put(n, " ");
+    n = put(n, known && info.dli_fname && *info.dli_fname ? info.dli_fname : "?");
+    line[n++] = '\n';
+    (void)!write(out_fd, line, n);
+}
+
+static void on_signal(int sig, siginfo_t *info, void *context) {
+    int saved = errno;
+    (void)info;
+    if (out_fd >= 0) {
+        uintptr_t pc = crash_pc(context);
+        int count = backtrace(frames, MAX_FRAMES), start = count;
+        for (int i = 0; i < count; i++)
+            if ((uintptr_t)frames[i] == pc) { start = i; break; }
+        size_t n = put(0, "hardy-native: signal ");
+        n = hex(n, (uintptr_t)sig);
+        line[n++] = '\n';
+        (void)!write(out_fd, line, n);
+        if (start == count && pc) frame(pc);  /* no unwind info through the signal frame: the pc alone */
+        for (int i = start; i < count; i++) frame((uintptr_t)frames[i]);
+        (void)!write(out_fd, "hardy-native: end\n", 18);
+    }
+    sigaction(sig, &previous[sig], NULL);
+    raise(sig);  /* blocked while this runs: the previous handler (faulthandler's) gets it next */
+    errno = saved;
+}
+
+int hardy_native_install(int fd, const int *signals, int count) {
+    void *warm[4];
+    backtrace(warm, 4);
+    stack_t current;
+    if (sigaltstack(NULL, &current) == 0 && (current.ss_flags & SS_DISABLE)) {
+        stack_t mine = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack, .ss_flags = 0};
+        sigaltstack(&mine, NULL);
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+    out_fd = fd;
+    for (int i = 0; i < count; i++)
+        if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], &action, &previous[signals[i]]) != 0)
+            return -1;
+    return 0;
+}
