@@ -19,6 +19,7 @@ _OPENMP_WAIT = re.compile(r"gomp_(team_)?barrier_wait|GOMP_barrier|gomp_mutex_lo
                           r"kmp_barrier|__kmp_fork_barrier")
 _LOCK = re.compile(r"pthread_mutex_lock|__lll_lock_wait|futex_wait")
 _ATFORK = re.compile(r"atfork|libgomp|libiomp|libomp")
+_OPENMP_LIB = re.compile(r"\((libgomp|libiomp5|libomp)[.-]")
 _CUDA = re.compile(r"^lib(cuda|cudart|cudnn\w*|cublas\w*|cufft|curand|cusparse|cusolver|nccl|nvrtc|nvJitLink)\b")
 
 
@@ -26,7 +27,7 @@ def diagnose(frames: Sequence[Frame] = (), stacks: str = "", after_return: bool 
     """Sentences naming each matched hazard and its remedy (none when nothing matches)."""
     text = "\n".join(map(str, frames)) + "\n" + stacks
     found = []
-    if _OPENMP_WAIT.search(text) or (_LOCK.search(text) and _ATFORK.search(text)):
+    if _OPENMP_WAIT.search(text) or (_LOCK.search(text) and _ATFORK.search(text)) or _waits_in_openmp(stacks):
         found.append("waits in an OpenMP barrier or lock: the fork-after-OpenMP hazard when this worker was forked "
                      "from a process whose OpenMP pool had threads (they do not exist in the child, so it waits "
                      "for ever). Remedy: start workers with start_method='forkserver' or 'spawn' (hardy's default "
@@ -39,7 +40,7 @@ def diagnose(frames: Sequence[Frame] = (), stacks: str = "", after_return: bool 
                      "libs`); run CUDA nodes with map_executor='process' so one crash costs one item, and set "
                      "CUDA_LAUNCH_BLOCKING=1 to make the failing kernel the one reported")
     found += _elsewhere(frames)
-    if after_return:
+    if after_return and frames:
         culprit = next((f for f in frames if f.library), None)
         where = f" in {culprit.short()}" if culprit else ""
         found.append(f"crash at exit: the node had returned and its results were kept; the crash{where} came "
@@ -47,12 +48,22 @@ def diagnose(frames: Sequence[Frame] = (), stacks: str = "", after_return: bool 
     return found
 
 
+def _waits_in_openmp(stacks: str) -> bool:
+    """Whether a thread of py-spy's dump is stopped inside an OpenMP runtime (its innermost
+    frame there: their internal barrier functions are unnamed in a stripped libgomp)."""
+    for block in stacks.split("\nThread ")[1:]:
+        lines = block.splitlines()
+        if len(lines) > 1 and _OPENMP_LIB.search(lines[1]):
+            return True
+    return False
+
+
 def _elsewhere(frames: Sequence[Frame]) -> list[str]:
     """Libraries of the crash that this process loaded from another directory."""
     here: dict[str, str] = {}
     for path in loaded_libraries():
         here.setdefault(os.path.basename(path), os.path.realpath(path))
-    said = []
+    said: list[str] = []
     for frame in frames:
         if not frame.library:
             continue

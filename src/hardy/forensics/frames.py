@@ -66,10 +66,15 @@ _PY_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
 def python_site(stack: str) -> str:
-    """`x.py:8` for the innermost Python frame of a faulthandler stack ("" when there is none)."""
-    current = stack.find("Current thread")  # faulthandler lists the crashing thread under this title
-    found = _PY_FRAME.search(stack, max(current, 0))
-    return f"{os.path.basename(found.group(1))}:{found.group(2)}" if found else ""
+    """`x.py:8`: the innermost Python frame of the crashing thread in a faulthandler stack, or,
+    when that thread runs no Python (a library's own thread), of the main thread (listed last)."""
+    blocks = stack.split("\n\n")
+    current = [b for b in blocks if "Current thread" in b]
+    for block in current + blocks[::-1]:
+        found = _PY_FRAME.search(block)
+        if found:
+            return f"{os.path.basename(found.group(1))}:{found.group(2)}"
+    return ""
 
 
 def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str, stack: str) -> str:

@@ -10,7 +10,9 @@ hardy is pure Python, so the handler reaches a machine in one of two ways, chose
 - "native": `native_handler.c`, compiled once per user and source version with the system C
   compiler (`$CC`, else `cc`/`gcc`; ~0.2 s) into hardy's cache folder, which must be the user's own
   and writable by no one else (checked before it is loaded). Async-signal-safe: no malloc, a
-  warm-up `backtrace()` at install, an alternate stack, SA_RESETHAND.
+  warm-up `backtrace()` at install, an alternate stack; the first crashing thread writes, any other
+  waits (threads of an OpenMP team fault together; SA_RESETHAND would let the second one end the
+  process before the first has written: seen with torch's reductions).
 - "ctypes", when there is no compiler (or the build failed): the same steps written in Python and
   installed through ctypes. It runs Python inside the signal handler, as hardy's last-words
   callback already does: not async-signal-safe (a crash while the allocator's lock is held can
@@ -161,7 +163,7 @@ class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86_64, aarch64
                 ("restorer", ctypes.c_void_p)]
 
 
-_SA_SIGINFO, _SA_RESETHAND = 4, 0x80000000
+_SA_SIGINFO = 4
 _HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _kept: list[Any] = []  # the installed callback and its buffers live as long as the process
 
@@ -183,7 +185,13 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
             address, (info.fbase or 0) if known else 0, (info.saddr or 0) if known else 0,
             (info.sname or b"?") if known else b"?", fname or b"?")
 
+    entered: list[bool] = []
+
     def on_signal(signum: int, siginfo: int, context: int) -> None:
+        if entered:  # another thread is writing its record: wait for the process to end with it
+            while True:
+                libc.pause()
+        entered.append(True)
         try:
             pc = ctypes.c_size_t.from_address(context + offset).value
             count = libc.backtrace(frames, MAX_FRAMES)
@@ -198,7 +206,7 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
     callback = _HANDLER(on_signal)
     action = _SigAction()
     action.handler = ctypes.cast(callback, ctypes.c_void_p).value
-    action.flags = _SA_SIGINFO | _SA_RESETHAND  # no alternate stack: the interpreter needs more than one
+    action.flags = _SA_SIGINFO  # no alternate stack: the interpreter needs more than one gives
     for n in numbers:
         libc.sigaction(n, ctypes.byref(action), ctypes.byref(previous[n]))
     _kept.append((callback, frames, info, previous, action, frame, on_signal))

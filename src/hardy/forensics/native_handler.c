@@ -1,8 +1,12 @@
 /* hardy's native fatal-signal handler: the crashing thread's return addresses, as library + offset
  * (+ the exported symbol dladdr knows), written to the worker's crash record before faulthandler
  * writes the Python stack. Async-signal-safe: no malloc, fixed buffers, backtrace() warmed up at
- * install (its first call loads libgcc_s), an alternate stack, SA_RESETHAND. The parent symbolises
- * the offsets after the death (hardy/forensics/symbols.py). */
+ * install (its first call loads libgcc_s), an alternate stack. Not SA_RESETHAND: the threads of an
+ * OpenMP team often fault together (one bad tensor, four threads reading it), and the second would
+ * find the default action and end the process before the first had written anything. Instead the
+ * first thread in writes; any other waits for the process to end. A fault inside this handler,
+ * its signal blocked, is fatal at once (the kernel's rule), so it cannot loop.
+ * The parent symbolises the offsets after the death (hardy/forensics/symbols.py). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -19,6 +23,7 @@ static struct sigaction previous[65];
 static void *frames[MAX_FRAMES];
 static char line[1200];
 static char alt_stack[1 << 16];
+static int entered;
 
 static size_t put(size_t n, const char *s) {
     while (*s && n < sizeof line - 2) line[n++] = *s++;
@@ -66,6 +71,8 @@ static void frame(uintptr_t address) {
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
     (void)info;
+    if (__atomic_exchange_n(&entered, 1, __ATOMIC_SEQ_CST))
+        for (;;) pause();  /* another thread is writing its record; the process ends with it */
     if (out_fd >= 0) {
         uintptr_t pc = crash_pc(context);
         int count = backtrace(frames, MAX_FRAMES), start = count;
@@ -96,7 +103,7 @@ int hardy_native_install(int fd, const int *signals, int count) {
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_signal;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     out_fd = fd;
     for (int i = 0; i < count; i++)
         if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], &action, &previous[signals[i]]) != 0)

@@ -364,8 +364,9 @@ class _Run:
                 unneeded.append(slot)
                 continue
             if w is not None and not w.process.is_alive():
-                log.warning("worker %d died while idle (%s); replacing it", w.number,
-                            describe_exit(w.process.exitcode)[1])
+                signame, text = describe_exit(w.process.exitcode)
+                log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
+                            _after_return(w, signame, text))
                 pool._replace(slot, stop=False)
                 w = None
             if w is None:
@@ -593,15 +594,21 @@ class _Run:
         elif w.process.exitcode == worker_main.RETIRED:
             log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
-            death = examine(w.fault_path, signame, text, "?", "", after_return=True)
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
-                        "".join(f"\ndiagnosis: {d}" for d in death.diagnosis)
-                        + (f"\nnative stack:\n{death.native_stack}" if death.native_stack else ""))
+                        _after_return(w, signame, text))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
         w.unsent = {}
         w.plan = None
         pool._replace(slot, stop=False)
+
+
+def _after_return(w: _Worker, signame: str | None, text: str) -> str:
+    """What a worker's crash record says of a death outside any item: the diagnosis (a crash at
+    exit, in which library) and the native stack, as lines to add to the warning."""
+    death = examine(w.fault_path, signame, text, "?", "", after_return=True)
+    return "".join(f"\ndiagnosis: {d}" for d in death.diagnosis) + (
+        f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
 
 
 def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:

@@ -1,0 +1,309 @@
+"""Native crash forensics with real crashes and hangs in gcc-built libraries (and one in torch):
+the library and function a worker died in, its native stack, every thread's stack of a hung
+worker, and what those frames say about the hazards hardy knows."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_torch
+from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy.forensics import handler, stacks, symbols
+from hardy.forensics.frames import read_frames
+
+C_SOURCE = r"""
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* static: only the library's .symtab names it (dladdr sees exported symbols only) */
+__attribute__((noinline)) static int crash_inner(volatile int *p) { return *p + 1; }
+int crash_here(long address) { return crash_inner((volatile int *)address) * 2; }
+void check_or_abort(int ok) { if (!ok) abort(); }
+__attribute__((noinline)) static void inner_wait(void) { for (;;) sleep(1); }
+void hang_here(void) { inner_wait(); }
+static void *crash_later(void *arg) { (void)arg; usleep(200000); crash_inner(NULL); return NULL; }
+void start_crashing_thread(void) { pthread_t t; pthread_create(&t, NULL, crash_later, NULL); pthread_detach(t); }
+"""
+
+CPP_SOURCE = r"""
+namespace geo {
+template <class T> __attribute__((noinline)) T area(const T *side) { return side[0] * side[1]; }
+}
+extern "C" float crash_cpp(void) { return geo::area<float>((const float *)0); }
+"""
+
+OMP_SOURCE = r"""
+double parallel_sum(int n) {
+    double s = 0;
+    #pragma omp parallel for num_threads(4) reduction(+:s)
+    for (int i = 0; i < n; i++) s += i * 0.5;
+    return s;
+}
+"""
+
+
+def _compile(folder: Path, name: str, source: str, *flags: str, suffix: str = ".c") -> str:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("gcc is needed to build the crashing libraries of these tests")
+    src = folder / f"{name}{suffix}"
+    src.write_text(source)
+    lib = folder / name
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", *flags, "-o", str(lib), str(src)], check=True)
+    return str(lib)
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("forensics")
+    twin_a, twin_b = folder / "a", folder / "b"
+    twin_a.mkdir()
+    twin_b.mkdir()
+    return {
+        "c": _compile(folder, "libforensic.so", C_SOURCE, "-pthread"),
+        "cpp": _compile(folder, "libgeo.so", CPP_SOURCE, suffix=".cc"),
+        "cuda": _compile(folder, "libcublasLt.so.12", C_SOURCE, "-pthread"),  # a crash inside "cuBLAS"
+        "twin_a": _compile(twin_a, "libtwin.so", C_SOURCE, "-pthread"),
+        "twin_b": _compile(twin_b, "libtwin.so", C_SOURCE, "-pthread"),
+        "omp": _compile(folder, "libompsum.so", OMP_SOURCE, "-fopenmp"),
+    }
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(map_executor="process", workers=1)
+    yield e
+    e.close()
+
+
+@node(output_name="y")
+def call_native(x: int, lib: str, function: str) -> int:
+    if x == 1:
+        getattr(ctypes.CDLL(lib), function)(0)
+    return x
+
+
+def _crash(engine: Engine, lib: str, function: str) -> NodeCrashed:
+    out = Pipeline(nodes=[call_native], engine=engine).map(
+        inputs={"x": [0, 1, 2], "lib": lib, "function": function}, map_over="x", on_error="continue")
+    assert out[0] == {"y": 0} and out[2] == {"y": 2}
+    err = out[1].error
+    assert isinstance(err, NodeCrashed)
+    return err
+
+
+def test_a_segfault_names_the_library_and_the_static_function(engine, libs):
+    assert handler.mechanism()[0] == "native"  # gcc is here: the compiled handler
+    err = _crash(engine, libs["c"], "crash_here")
+    first = str(err).splitlines()[0]
+    assert "worker died from SIGSEGV in libforensic.so (crash_inner+0x" in first, first
+    assert "called from node 'call_native' (test_forensics.py:" in first, first
+    names = [f.function for f in err.native_frames[:2]]
+    assert names == ["crash_inner", "crash_here"], err.native_frames
+    assert err.native_frames[0].library == libs["c"] and err.native_frames[0].offset > 0
+    assert "worker's native stack at the crash:\n  #0 libforensic.so +0x" in str(err)
+
+
+def test_an_abort_is_named_by_the_library_that_called_it_not_libc(engine, libs):
+    err = _crash(engine, libs["c"], "check_or_abort")
+    first = str(err).splitlines()[0]
+    assert "SIGABRT in libforensic.so (check_or_abort+0x" in first, first
+    assert err.native_frames[0].name.startswith("libc.so")  # abort() itself is libc's
+
+
+def test_cpp_names_are_demangled(engine, libs):
+    err = _crash(engine, libs["cpp"], "crash_cpp")
+    assert "in libgeo.so (float geo::area<float>(float const*)+0x" in str(err).splitlines()[0], str(err)
+
+
+def test_a_crash_in_a_cuda_library_gets_the_cuda_advice(engine, libs):
+    err = _crash(engine, libs["cuda"], "crash_here")
+    assert "SIGSEGV in libcublasLt.so.12 (crash_inner" in str(err)
+    assert any("inside the CUDA stack (libcublasLt.so.12" in d and "CUDA_LAUNCH_BLOCKING=1" in d
+               for d in err.diagnosis), err.diagnosis
+
+
+def test_a_library_loaded_from_another_directory_than_here_is_named(engine, libs):
+    ctypes.CDLL(libs["twin_a"])  # this process has a/libtwin.so; the node loads b/libtwin.so
+    err = _crash(engine, libs["twin_b"], "crash_here")
+    said = [d for d in err.diagnosis if d.startswith("libtwin.so was loaded from")]
+    assert said and os.path.dirname(libs["twin_b"]) in said[0] and os.path.dirname(libs["twin_a"]) in said[0]
+    assert not any("loaded from" in d for d in _crash(engine, libs["c"], "crash_here").diagnosis)
+
+
+@node(output_name="y")
+def jit_crash(x: int) -> int:
+    import numba
+    import numpy as np
+
+    @numba.njit(boundscheck=False)
+    def scribble(a):
+        a[1 << 40] = 1.0  # far outside the array: a segfault inside JIT-compiled code
+        return a[0]
+    return int(scribble(np.zeros(2))) if x == 1 else x
+
+
+def test_a_frame_in_jit_code_says_so(engine):
+    out = Pipeline(nodes=[jit_crash], engine=engine).map(inputs={"x": [0, 1]}, map_over="x", on_error="continue")
+    err = out[1].error
+    assert err.native_frames[0].library == ""
+    assert "SIGSEGV in JIT-compiled code (no library: numba" in str(err).splitlines()[0], str(err)
+
+
+@node(output_name="y")
+def torch_sum(x: int) -> float:
+    import numpy as np
+    import torch
+    t = torch.ones(4)
+    if x == 1:  # strides far outside the buffer, which numpy does not check: torch's kernel reads there
+        t = torch.from_numpy(np.lib.stride_tricks.as_strided(np.ones(4, np.float32), (1 << 20,), (1 << 22,)))
+    return float(t.sum())
+
+
+@pytest.mark.slow
+def test_a_crash_inside_a_torch_kernel_is_named(engine):
+    needs_torch()
+    out = Pipeline(nodes=[torch_sum], engine=engine).map(inputs={"x": [0, 1]}, map_over="x", on_error="continue")
+    assert out[0] == {"y": 4.0}
+    first = str(out[1].error).splitlines()[0]
+    assert "SIGSEGV in libtorch_cpu.so (" in first and "at::native::" in first, first
+
+
+def test_without_a_compiler_the_ctypes_handler_names_the_crash(tmp_path, libs):
+    script = tmp_path / "nocc.py"
+    script.write_text(textwrap.dedent(f"""
+        import ctypes
+        from hardy import Engine, Pipeline, node
+        from hardy.forensics import handler
+        print(handler.mechanism())
+
+        @node(output_name="y")
+        def embed(x: int) -> int:
+            if x == 1:
+                ctypes.CDLL({libs["c"]!r}).crash_here(0)
+            return x
+
+        out = Pipeline(nodes=[embed], engine=Engine(map_executor="process", workers=1)).map(
+            inputs={{"x": [0, 1, 2]}}, map_over="x", on_error="continue")
+        print(out[0], out[2])
+        print(out[1].error)
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    env.update(PATH=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))  # no cc, no gcc, no built handler
+    run = subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, env=env,
+                         timeout=120)
+    lines = run.stdout.splitlines()
+    assert lines[0] == "('ctypes', 'no C compiler found ($CC, cc, gcc)')", run.stdout + run.stderr
+    assert lines[1] == "{'y': 0} {'y': 2}"
+    assert "worker died from SIGSEGV in libforensic.so (crash_inner+0x" in lines[2], run.stdout
+    assert not (tmp_path / "cache" / "hardy" / "native").exists() or not list((tmp_path / "cache").rglob("*.so"))
+
+
+def test_a_handler_others_may_write_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path, why = handler.build()
+    assert path is not None and why == "" and Path(path).stat().st_mode & 0o077 == 0
+    os.chmod(path, 0o777)
+    assert handler.build() == (None, f"{path} or its folder is not this user's own (or others may write it): "
+                                     "not loaded; remove it")
+    os.chmod(path, 0o700)
+    os.chown(path, 65534, 65534)  # another user's file
+    assert handler.build()[0] is None
+    os.chown(path, os.getuid(), os.getgid())
+    assert handler.build() == (path, "")
+
+
+def test_symbols_are_read_from_the_symtab_and_cached(libs):
+    text = "\n".join(["hardy-native: signal 0xb",
+                      f"hardy-native: 0x{0x10000 + 0x1000:x} 0x10000 0x0 ? {libs['c']}",
+                      "hardy-native: 0x1234 0x0 0x0 ? ?"])
+    frames = read_frames(text)
+    assert frames[0].library == libs["c"] and frames[0].offset == 0x1000
+    assert frames[1].library == "" and "JIT" in str(frames[1])
+    assert symbols.table(libs["c"]) is symbols.table(libs["c"])  # one read per build-id
+    assert symbols.demangle("_ZN3geo4areaIfEET_PKS1_") == "float geo::area<float>(float const*)"
+    assert symbols.demangle("crash_here") == "crash_here"
+
+
+@node(output_name="y", timeout=1)
+def hang(x: int, lib: str) -> int:
+    if x == 1:
+        ctypes.CDLL(lib).hang_here()
+    return x
+
+
+def test_a_hung_worker_s_stacks_come_from_py_spy(engine, libs):
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    out = Pipeline(nodes=[hang], engine=engine).map(inputs={"x": [0, 1, 2], "lib": libs["c"]}, map_over="x",
+                                                    on_error="continue")
+    assert out[0] == {"y": 0} and out[2] == {"y": 2}
+    err = out[1].error
+    assert isinstance(err, NodeTimeout)
+    assert err.stacks.startswith("py-spy dump --native"), err.stacks
+    assert "inner_wait (libforensic.so)" in err.stacks and "hang (test_forensics.py:" in err.stacks
+    assert "worker's stacks before the kill:\npy-spy" in str(err)
+
+
+def test_without_py_spy_the_python_stacks_say_why(engine, libs, monkeypatch):
+    monkeypatch.setattr(stacks, "py_spy", lambda: None)
+    out = Pipeline(nodes=[hang], engine=engine).map(inputs={"x": [1], "lib": libs["c"]}, map_over="x",
+                                                    on_error="continue")
+    err = out[0].error
+    assert err.stacks.startswith("faulthandler, Python frames only (py-spy is not installed"), err.stacks
+    assert "in hang" in err.stacks
+
+
+def test_a_hang_in_openmp_after_a_fork_is_named(tmp_path, libs):
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    script = tmp_path / "forkomp.py"
+    script.write_text(textwrap.dedent(f"""
+        import ctypes, warnings
+        from hardy import Engine, Pipeline, node
+        warnings.simplefilter("ignore")
+        lib = ctypes.CDLL({libs["omp"]!r})
+        lib.parallel_sum.restype = ctypes.c_double
+        lib.parallel_sum(1000)  # this process's OpenMP pool now has threads
+
+        @node(output_name="y", timeout=2)
+        def total(x: int) -> float:
+            f = ctypes.CDLL({libs["omp"]!r}).parallel_sum
+            f.restype = ctypes.c_double
+            return f(1000 + x)
+
+        engine = Engine(map_executor="process", workers=1, start_method="fork!")
+        out = Pipeline(nodes=[total], engine=engine).map(inputs={{"x": [1]}}, map_over="x", on_error="continue")
+        print(out[0].error)
+    """))
+    run = subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, timeout=120)
+    assert "node ran past its timeout of 2 s" in run.stdout, run.stdout + run.stderr
+    assert "diagnosis: waits in an OpenMP barrier or lock: the fork-after-OpenMP hazard" in run.stdout, run.stdout
+
+
+@node(output_name="y")
+def leaves_a_crashing_thread(x: int, lib: str) -> int:
+    ctypes.CDLL(lib).start_crashing_thread()
+    return x
+
+
+def test_a_crash_after_the_node_returned_keeps_the_result_and_names_the_library(libs, caplog):
+    with Engine(map_executor="process", workers=1) as e:
+        p = Pipeline(nodes=[leaves_a_crashing_thread], engine=e)
+        assert p.map(inputs={"x": [5], "lib": libs["c"]}, map_over="x") == [{"y": 5}]
+        import time
+        time.sleep(1.0)  # the library's thread crashes the idle worker
+        with caplog.at_level("WARNING", logger="hardy.workers"):
+            assert p.map(inputs={"x": [6], "lib": libs["c"]}, map_over="x") == [{"y": 6}]
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "died while idle" in said and "crash at exit: the node had returned and its results were kept" in said
+    assert "libforensic.so (crash_inner+0x" in said, said
