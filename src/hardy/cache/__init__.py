@@ -2,5 +2,7 @@
 
 from .disk import CacheStats, DiskCache, VerifyReport
 from .store import EntryInfo, FileStore, LocalStore, Store
+from .trust import UntrustedCacheError
 
-__all__ = ["DiskCache", "CacheStats", "VerifyReport", "Store", "LocalStore", "FileStore", "EntryInfo"]
+__all__ = ["DiskCache", "CacheStats", "VerifyReport", "Store", "LocalStore", "FileStore", "EntryInfo",
+           "UntrustedCacheError"]

@@ -44,7 +44,6 @@ import pickle
 import sqlite3
 import struct
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +54,7 @@ from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size
 from .keys import MISS
 from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
+from .trust import KEY_FILE, check_directory, load_key, make_cache_directory, user_key, user_key_folder
 
 log = logging.getLogger("hardy.cache")
 
@@ -90,7 +90,12 @@ class DiskCache:
     """A node-result cache in a directory shared by any number of processes.
 
     secret: the MAC key. By default `HARDY_CACHE_KEY` (any string; for a cache shared between users
-    or machines), else a random key created 0600 in the directory on first use.
+    or machines), else a random key created 0600 in the directory on first use (a shared cache:
+    the current user's own key). Whoever can write the key can run code in your runs, so a
+    directory or key someone else could have written is refused (`UntrustedCacheError`).
+    shared: a directory others may write too (a team's): its key file is never read, entries are
+    signed with `secret` / `HARDY_CACHE_KEY` if given (everyone who knows it is trusted), else with
+    the current user's own key (`$XDG_STATE_HOME/hardy/cache.key`): each user hits only their own.
     single_flight: processes that miss on the same key wait for the first to compute it.
     max_size: bytes (or "10GB"); least recently used entries are evicted past it.
     store: where entries live: the local SQLite + blob store by default, "files" for a directory
@@ -98,8 +103,11 @@ class DiskCache:
     """
 
     def __init__(self, path: str | os.PathLike[str] = ".hardy-cache", *, secret: bytes | str | None = None,
-                 single_flight: bool = False, max_size: int | str | None = None, store: Store | str | None = None):
+                 single_flight: bool = False, max_size: int | str | None = None, store: Store | str | None = None,
+                 shared: bool = False):
         self.path = os.path.abspath(os.fspath(path))
+        self.shared = shared
+        self._trusted = check_directory(self.path, shared)  # refused here if it exists and is not ours
         if store is None:
             store = LocalStore(self.path)
         elif store == "files":
@@ -107,6 +115,8 @@ class DiskCache:
         self.store: Store = store  # type: ignore[assignment]
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
+        if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
+            self._existing_key()
         self._mac_key: bytes | None = None
         self.single_flight = single_flight
         self.max_size = parse_size(max_size)
@@ -119,11 +129,12 @@ class DiskCache:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "store": self.store, "secret": self._explicit_secret,
-                "single_flight": self.single_flight, "max_size": self.max_size}
+                "single_flight": self.single_flight, "max_size": self.max_size, "shared": self.shared}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]  # unpickling re-runs the constructor
-            s["path"], secret=s["secret"], single_flight=s["single_flight"], max_size=s["max_size"], store=s["store"])
+            s["path"], secret=s["secret"], single_flight=s["single_flight"], max_size=s["max_size"], store=s["store"],
+            shared=s["shared"])
 
     def __repr__(self) -> str:
         return f"DiskCache({self.path!r})"
@@ -132,8 +143,33 @@ class DiskCache:
     def secret(self) -> bytes:
         if self._secret is None:
             env = os.environ.get("HARDY_CACHE_KEY")
-            self._secret = _secret_bytes(env) if env else _secret_file(self.path)
+            if env:
+                self._secret = _secret_bytes(env)
+            elif self.shared:
+                self._secret = user_key()
+            else:
+                self._trust(create=True)
+                self._secret = load_key(self.path, KEY_FILE)
         return self._secret
+
+    def _existing_key(self) -> None:
+        """Read (and so check) a key that exists already: refused here, in the constructor, not
+        inside a node's call. A missing one is made on the first write."""
+        if self.shared:
+            if os.path.lexists(user_key_folder()):
+                self._secret = user_key()
+        elif self._trusted and os.path.lexists(os.path.join(self.path, KEY_FILE)):
+            self._secret = load_key(self.path, KEY_FILE)
+
+    def _trust(self, create: bool = False) -> None:
+        """Check the directory (once it exists) before the first entry is read or written in this
+        process; `create`: make it first, private (0700) unless shared, then check it — a directory
+        someone else made in between is refused like one that was there."""
+        if self._trusted:
+            return
+        if create:
+            make_cache_directory(self.path, self.shared)
+        self._trusted = check_directory(self.path, self.shared)
 
     @property
     def key_id(self) -> bytes:
@@ -194,6 +230,8 @@ class DiskCache:
     def get(self, key: bytes, default: Any = None) -> Any:
         """The value stored under `key` if it verifies, else `default` (a bad entry is deleted)."""
         try:
+            if not self._trusted:
+                self._trust()
             entry = self.store.view(key)
             value = MISS if entry is None else self._load(key, entry)
         except FAULTS as exc:
@@ -252,6 +290,8 @@ class DiskCache:
                         type(value).__name__, exc)
             return False
         try:
+            if not self._trusted:
+                self._trust(create=True)
             self.store.put(key, self._entry(key, payload, big))
         except FAULTS as exc:
             self._fault("written", exc)
@@ -313,6 +353,8 @@ class DiskCache:
         """The verified values of those keys the cache has, in one store round trip."""
         found = {}
         try:
+            if not self._trusted:
+                self._trust()
             for key, entry in self.store.get_many(keys).items():
                 value = self._load(key, entry)
                 if value is not MISS:
@@ -464,28 +506,3 @@ def _reason(exc: BaseException) -> str:
 
 def _secret_bytes(secret: bytes | str) -> bytes:
     return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
-
-
-def _secret_file(folder: str) -> bytes:
-    """The directory's own key: created once, 0600, atomically (link() fails if it already exists)."""
-    path = os.path.join(folder, "secret.key")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        if len(data) == 32:
-            return data
-    except FileNotFoundError:
-        pass
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        remove_quietly(tmp)
-    with open(path, "rb") as f:
-        return f.read()

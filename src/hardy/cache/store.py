@@ -84,6 +84,11 @@ def is_corruption(exc: sqlite3.Error) -> bool:
     return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
+def blob_name(key: bytes) -> str:
+    name = key.hex()
+    return os.path.join(name[:2], name)
+
+
 def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
@@ -273,7 +278,7 @@ class LocalStore:
         data, file, accessed = row
         if file is not None:
             try:
-                data = read(os.path.join(self.blobs, file))
+                data = read(self._blob(key, file))
             except OSError:
                 self.delete(key)
                 return None
@@ -306,8 +311,7 @@ class LocalStore:
             row = b"".join(pieces(data))
             self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, row, size, now, now))
             return
-        name = key.hex()
-        name = os.path.join(name[:2], name)
+        name = blob_name(key)
         final = os.path.join(self.blobs, name)
         write_file(final, data)
         try:
@@ -321,9 +325,16 @@ class LocalStore:
         for (file,) in rows:
             if file:
                 try:
-                    os.unlink(os.path.join(self.blobs, file))
+                    os.unlink(self._blob(key, file))
                 except OSError:
                     pass
+
+    def _blob(self, key: bytes, file: str) -> str:
+        """The blob file of `key`, whose index row names `file`: always the key's own name, so an
+        index someone else wrote (a shared directory) cannot point a read or a delete elsewhere."""
+        if file != blob_name(key):
+            raise OSError(f"cache index row for {key.hex()} names {file!r}, not its blob")
+        return os.path.join(self.blobs, file)
 
     def entries(self) -> Iterator[EntryInfo]:
         if not self.exists():
@@ -345,6 +356,8 @@ class LocalStore:
             return sweep_locks(os.path.join(self.path, "locks"))
         known = {f for (f,) in self._run("SELECT file FROM entries WHERE file IS NOT NULL")}
         removed, now = 0, time.time()
+        if os.path.islink(self.blobs):  # planted in a shared directory: never walk (and delete) through it
+            raise OSError(f"{self.blobs} is a symbolic link")
         for folder, _, files in os.walk(self.blobs):
             for name in files:
                 full = os.path.join(folder, name)

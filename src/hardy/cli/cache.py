@@ -20,8 +20,12 @@ DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
 
 def _open(path: str) -> DiskCache:
     """The cache in `path`; a directory holding none is said so (exit code 2), and left untouched."""
-    from ..cache import DiskCache
-    cache = DiskCache(path)
+    from ..cache import DiskCache, UntrustedCacheError
+    try:
+        cache = DiskCache(path)
+    except UntrustedCacheError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
     if not cache.store.exists():
         typer.echo(f"no hardy cache in {path}", err=True)
         raise typer.Exit(2)

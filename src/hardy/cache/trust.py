@@ -1,0 +1,145 @@
+"""Who may write what a cache trusts: the cache directory and the secret that signs its entries.
+
+A cache entry is unpickled once its MAC verifies, so whoever can write the secret, or read it and
+write the directory, can run code in every run that uses the cache. The rules, checked before the
+secret is used (see docs/caching.md, "Trust"):
+
+- a private cache (the default): the directory must belong to the current user and be writable by
+  nobody else; its key, `<dir>/secret.key`, must be a regular file (not a symbolic link) of the
+  current user's that nobody else can read or write. It is created so on first use.
+- a shared cache (`DiskCache(path, shared=True)`, a team's directory others can write): the
+  directory's key is never read; entries are signed with the current user's own key, kept under
+  `$XDG_STATE_HOME/hardy/` (`~/.local/state/hardy/`), so each user hits only their own entries
+  and nobody can make another user's run unpickle anything, or with a secret the team shares
+  (`secret=` / `HARDY_CACHE_KEY`): then everyone who knows it is trusted to run code in
+  everyone's runs.
+
+Anything else is refused with `UntrustedCacheError`, which says what to do. Plain `os.lstat`/
+`O_NOFOLLOW` checks: no library does this (Python's own `tempfile` and ssh's `StrictModes` are the
+same few lines).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+
+from ..errors import HardyError
+
+KEY_FILE = "secret.key"
+KEY_SIZE = 32
+OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+OTHERS_ANY = stat.S_IRWXG | stat.S_IRWXO
+DOCS = "docs/caching.md#trust"
+
+
+class UntrustedCacheError(HardyError):
+    """A cache directory or key that someone else could have written: never used. Not an OSError:
+    the cache turns those into "ran uncached"; this one must be seen."""
+
+
+def refuse(what: str, path: str, why: str, fix: str) -> UntrustedCacheError:
+    return UntrustedCacheError(f"hardy cache {what} {path} {why}: whoever can write it could make your runs "
+                               f"unpickle code of their choosing, so it is not used. {fix} (see {DOCS})")
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def check_directory(path: str, shared: bool) -> bool:
+    """Whether `path` exists; raises if it may not be used as a cache directory by this user."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if shared:
+        return True
+    me = os.geteuid()
+    fix = (f"Use a directory of your own, or DiskCache({path!r}, shared=True) for a directory a team "
+           "writes together")
+    if st.st_uid != me:
+        raise refuse("directory", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
+    if st.st_mode & OTHERS_WRITE:
+        raise refuse("directory", path, f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})",
+                      f"Run `chmod go-w {path}` if only you write it, or use DiskCache({path!r}, shared=True)")
+    return True
+
+
+def make_cache_directory(path: str, shared: bool = False) -> None:
+    """Create `path` (and missing parents): 0700 for a private cache, whatever the umask."""
+    os.makedirs(path, mode=0o777 if shared else 0o700, exist_ok=True)
+
+
+def user_key_folder() -> str:
+    """Where the current user's own cache key lives: `$XDG_STATE_HOME/hardy`, else ~/.local/state/hardy."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "hardy")
+
+
+def load_key(folder: str, name: str) -> bytes:
+    """The key `folder/name`, created (32 random bytes, 0600, atomically) if absent; refused if it is
+    not a regular file of the current user's that nobody else can read or write."""
+    path = os.path.join(folder, name)
+    fix = ("Delete it if you did not make it, or pass DiskCache(..., secret=...) / set HARDY_CACHE_KEY "
+           "to a secret of your own")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _create_key(folder, path)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise refuse("key", path, "is a symbolic link", fix) from None
+        raise refuse("key", path, f"cannot be opened ({exc.strerror})", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse("key", path, "is not a regular file", fix)
+        if st.st_uid != os.geteuid():
+            raise refuse("key", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
+        if st.st_mode & OTHERS_ANY:
+            raise refuse("key", path, f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o})",
+                         f"Run `chmod 600 {path}` if you made it, or delete it")
+        data = os.read(fd, KEY_SIZE + 1)
+    finally:
+        os.close(fd)
+    if len(data) != KEY_SIZE:
+        raise refuse("key", path, f"holds {len(data)} bytes, not {KEY_SIZE}", "Delete it: a new one is made")
+    return data
+
+
+def _create_key(folder: str, path: str) -> bytes:
+    """32 random bytes into `path`, 0600: written under a unique name, then linked into place
+    (link() fails if another process made the key first; theirs is then read and checked)."""
+    make_cache_directory(folder)
+    tmp = f"{path}.{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(KEY_SIZE))
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return load_key(folder, os.path.basename(path))
+
+
+def user_key() -> bytes:
+    """The current user's own cache key (shared caches): its folder must be the user's, private."""
+    folder = user_key_folder()
+    if os.path.isdir(folder):
+        st = os.lstat(folder)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & OTHERS_WRITE:
+            raise refuse("key folder", folder, "is a symbolic link, someone else's or writable by others",
+                         "Make it yours and private (`chmod 700`), or set XDG_STATE_HOME, or pass "
+                         "DiskCache(..., secret=...)")
+    return load_key(folder, "cache.key")

@@ -1,0 +1,216 @@
+"""Another local user never gets code execution through the cache: real uids (setpriv), real files.
+
+The attacker (uid 65534) plants a key and MAC-valid entries whose pickle writes a PWNED file, in
+the ways a shared temporary directory or project folder allows; the victim's run (root here, as in
+CI) refuses the directory or key, or ignores what it did not sign, and never runs the pickle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hardy import Pipeline
+from hardy.cache import DiskCache, UntrustedCacheError
+from hardy.cache.keys import call_fingerprint, call_key
+from hardy.hashing import hash_value
+
+ATTACKER = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="needs root and setpriv to act as another uid")
+
+NODE = """
+from hardy import node
+
+@node(output_name="y")
+def double(x):
+    return 2 * x
+"""
+
+# What the attacker does as uid 65534 (with the standard library only: root's Python packages are
+# not theirs to read here): create the folder if needed, plant a key of their choosing (0644) and an
+# index holding an entry signed with it under the key of the victim's node call.
+PLANT = """
+import os, sqlite3, sys, time
+folder, mode = sys.argv[1], sys.argv[2]
+secret, key, entry = (bytes.fromhex(h) for h in sys.stdin.read().split())
+os.makedirs(folder, exist_ok=True)
+if mode == "plant-key":
+    with open(os.path.join(folder, "secret.key"), "wb") as f:
+        f.write(secret)
+    os.chmod(os.path.join(folder, "secret.key"), 0o644)
+db = sqlite3.connect(os.path.join(folder, "index.sqlite"))
+db.execute("CREATE TABLE IF NOT EXISTS entries (key BLOB PRIMARY KEY, data BLOB, file TEXT, size INTEGER, "
+           "created REAL, accessed REAL) WITHOUT ROWID")
+db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, entry, len(entry), time.time(), 0))
+db.commit()
+print("planted")
+"""
+
+
+class Pwn:
+    """Unpickling it runs code: writes the PWNED file, saying as whom."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (exec, (f"import os; open({self.path!r}, 'w').write('attacker code ran in uid %d' % os.getuid())",))
+
+
+def crafted(area: Path, secret: bytes) -> tuple[bytes, bytes]:
+    """The victim's call key for double(x=1), and a MAC-valid entry for it under `secret`."""
+    sys.path.insert(0, str(area))
+    try:
+        from victim_nodes import double
+        key = call_key(call_fingerprint(double, ["x"]), hash_value(1))
+    finally:
+        sys.path.remove(str(area))
+        sys.modules.pop("victim_nodes", None)
+    scratch = DiskCache(tempfile.mkdtemp(dir=area / "scratch"))
+    scratch._secret = secret
+    assert scratch.put(key, Pwn(area / "PWNED"))
+    return key, scratch.store.get(key)
+
+
+@pytest.fixture
+def area():
+    """A folder both users can reach (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="trust-"))
+    path.chmod(0o1777)  # like /tmp: anyone may create, only owners may remove
+    (path / "victim_nodes.py").write_text(NODE)
+    (path / "victim_nodes.py").chmod(0o644)
+    (path / "scratch").mkdir(mode=0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_attacker(area: Path, folder: Path, mode: str = "plant-key") -> None:
+    secret = os.urandom(32)
+    key, entry = crafted(area, secret)
+    out = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
+                          sys.executable, "-I", "-c", PLANT, str(folder), mode],
+                         input=f"{secret.hex()} {key.hex()} {entry.hex()}", text=True, capture_output=True,
+                         env={"PATH": os.environ["PATH"]}, timeout=120)
+    assert out.returncode == 0 and "planted" in out.stdout, out.stderr
+
+
+def victim_run(area: Path, cache: DiskCache) -> dict:
+    sys.path.insert(0, str(area))
+    try:
+        from victim_nodes import double
+        return Pipeline(nodes=[double], cache=cache).run(inputs={"x": 1})
+    finally:
+        sys.path.remove(str(area))
+        sys.modules.pop("victim_nodes", None)
+
+
+@needs_root
+def test_a_directory_another_user_made_first_is_refused(area, monkeypatch):
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    folder = area / "cache"
+    as_attacker(area, folder)  # they create the folder, plant secret.key (0644) and an entry
+    assert folder.stat().st_uid == ATTACKER
+    with pytest.raises(UntrustedCacheError, match=r"belongs to nobody \(uid 65534\).*shared=True"):
+        DiskCache(folder)
+    # with a team secret too: the directory is not ours
+    with pytest.raises(UntrustedCacheError):
+        DiskCache(folder, secret="team")
+    assert not (area / "PWNED").exists()
+
+
+@needs_root
+def test_a_group_writable_directory_is_refused_and_shared_mode_never_runs_their_entry(area, monkeypatch, caplog):
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(area / "root-state"))
+    folder = area / "project-cache"
+    folder.mkdir()
+    folder.chmod(0o777)  # a project folder the team (and so the attacker) can write
+    as_attacker(area, folder)
+    assert (folder / "secret.key").stat().st_uid == ATTACKER
+    with pytest.raises(UntrustedCacheError, match="writable by others.*chmod go-w"):
+        DiskCache(folder)
+    shared = DiskCache(folder, shared=True)  # signed with root's own key: theirs is never read
+    assert victim_run(area, shared) == {"y": 2}
+    assert shared.skipped == 1 and shared.hits == 0
+    assert not (area / "PWNED").exists()
+    # the entry is live: a run that trusted the planted key (as hardy did before) runs their code
+    naive = DiskCache(folder, shared=True)
+    naive._secret = (folder / "secret.key").read_bytes()
+    naive.get(naive.store.entries().__next__().key)
+    assert (area / "PWNED").read_text() == "attacker code ran in uid 0"
+    key = area / "root-state" / "hardy" / "cache.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+
+
+@needs_root
+def test_a_planted_entry_under_their_own_key_is_never_unpickled(area, monkeypatch):
+    """The attacker signs with their own user key in a shared directory: skipped, kept, not run."""
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(area / "root-state"))
+    folder = area / "team-cache"
+    folder.mkdir()
+    folder.chmod(0o777)
+    as_attacker(area, folder, mode="entry-only")
+    cache = DiskCache(folder, shared=True)
+    assert victim_run(area, cache) == {"y": 2} and cache.skipped == 1
+    assert victim_run(area, DiskCache(folder, shared=True)) == {"y": 2}
+    assert not (area / "PWNED").exists()
+
+
+@needs_root
+def test_a_symlinked_key_is_refused(area, monkeypatch):
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    theirs = area / "their-cache"
+    as_attacker(area, theirs)
+    mine = area / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "secret.key").symlink_to(theirs / "secret.key")
+    with pytest.raises(UntrustedCacheError, match="is a symbolic link"):
+        DiskCache(mine)
+    assert not (area / "PWNED").exists()
+
+
+@needs_root
+def test_a_key_folder_of_someone_else_is_refused(area, monkeypatch):
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    state = area / "nobody-state"  # the attacker's state folder, offered as ours
+    state.mkdir()
+    os.chown(state, ATTACKER, ATTACKER)
+    (state / "hardy").mkdir()
+    os.chown(state / "hardy", ATTACKER, ATTACKER)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    folder = area / "shared"
+    folder.mkdir(mode=0o777)
+    with pytest.raises(UntrustedCacheError, match="key folder"):
+        DiskCache(folder, shared=True)
+
+
+def test_a_key_others_can_read_is_refused(tmp_path, monkeypatch):
+    """Anyone who can read the key can sign entries: 0644 is refused, whoever owns it."""
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    folder = tmp_path / "c"
+    folder.mkdir(mode=0o700)
+    (folder / "secret.key").write_bytes(os.urandom(32))
+    (folder / "secret.key").chmod(0o644)
+    with pytest.raises(UntrustedCacheError, match=r"read or written by others \(mode 644\).*chmod 600"):
+        DiskCache(folder)
+
+
+def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    old = os.umask(0o002)  # user-private-group systems: new folders are group-writable
+    try:
+        cache = DiskCache(tmp_path / "c")
+        assert cache.put(b"k" * 16, 1) and cache.get(b"k" * 16) == 1
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "c" / "secret.key").stat().st_mode) == 0o600
+    assert DiskCache(tmp_path / "c").get(b"k" * 16) == 1
