@@ -494,6 +494,125 @@ result = {"top": [n for n in public if hasattr(hypernodes, n)],
                                            "visualize") if callable(getattr(hypernodes.Pipeline, m, None))],
           "styles": "default" in hypernodes.DESIGN_STYLES}
 ''',
+    "nested_exposure_rule": '''
+from hypernodes import Pipeline, node
+
+log = []
+
+@node(output_name="doubled")
+def double(x: int) -> int:
+    log.append("double")
+    return x * 2
+
+@node(output_name="incremented")
+def add_one(doubled: int) -> int:
+    return doubled + 1
+
+@node(output_name="result")
+def square(incremented: int) -> int:
+    return incremented ** 2
+
+inner = Pipeline(nodes=[double, add_one])
+two_level = Pipeline(nodes=[Pipeline(nodes=[Pipeline(nodes=[double]).as_node(), add_one]).as_node(), square])
+
+@node(output_name="a")
+def make_a(x):
+    log.append("a")
+    return x * 2
+
+@node(output_name="b")
+def make_b(a):
+    log.append("b")
+    return a * 3
+
+@node(output_name="c")
+def make_c(b):
+    log.append("c")
+    return b * 4
+
+@node(output_name="result")
+def use_first(first):
+    log.append("result")
+    return first + 100
+
+abc = Pipeline(nodes=[make_a, make_b, make_c])
+selective = Pipeline(nodes=[abc.as_node(output_mapping={"a": "first", "b": "second", "c": "third"}), use_first])
+result = {"used_some": Pipeline(nodes=[inner.as_node(), square]).run(inputs={"x": 5}),
+          "two_level": two_level.run(inputs={"x": 5}),
+          "unused": Pipeline(nodes=[inner.as_node()]).run(inputs={"x": 5})}
+log.clear()
+result["selective"] = [selective.run(inputs={"x": 5}), list(log)]
+log.clear()
+result["map"] = [selective.map(inputs={"x": [1, 2]}, map_over="x"), list(log)]
+''',
+    "pipeline_node_call": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="a")
+def make_a(x): return x * 2
+
+@node(output_name="b")
+def make_b(x): return x * 3
+
+@node(output_name="c")
+def make_c(x): return x * 4
+
+inner = Pipeline(nodes=[make_a, make_b, make_c])
+result = {"mapped": inner.as_node(output_mapping={"a": "first", "b": "second"})(x=5),
+          "all": Pipeline(nodes=[make_a, make_b]).as_node()(x=5),
+          "map_over": inner.as_node(map_over="xs", input_mapping={"xs": "x"},
+                                    output_mapping={"c": "cs"})(xs=[1, 2])}
+''',
+    "default_named_nested": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="result")
+def process_a(input: int) -> int:
+    return input * 2
+
+@node(output_name="result")
+def process_b(input: int) -> int:
+    return input * 3
+
+@node(output_name="combined")
+def combine(result_a: int, result_b: int) -> int:
+    return result_a + result_b
+
+a = Pipeline(nodes=[process_a]).as_node(output_mapping={"result": "result_a"})
+b = Pipeline(nodes=[process_b]).as_node(output_mapping={"result": "result_b"})
+outer = Pipeline(nodes=[a, b, combine])
+result = {"run": outer.run(inputs={"input": 5}), "map": outer.map(inputs={"input": [1, 2]}, map_over="input")}
+''',
+    "introspection": '''
+from hypernodes import Pipeline, node
+from hypernodes.pipeline_node import PipelineNode
+
+@node(output_name="doubled")
+def double(x: int) -> int:
+    return x * 2
+
+@node(output_name="total")
+def add(doubled: int, y: int) -> int:
+    return doubled + y
+
+@node(output_name="scaled")
+def scale(value: int, factor: int) -> int:
+    return value * factor
+
+inner = Pipeline(nodes=[double, add])
+plain = PipelineNode(pipeline=inner)
+named = PipelineNode(pipeline=inner, name="custom")
+bound = Pipeline(nodes=[double, add]).bind(x=5)
+mapped = Pipeline(nodes=[scale]).bind(factor=10).as_node(map_over="values", input_mapping={"values": "value"})
+result = {"root_args": inner.graph.root_args, "outputs": inner.graph.available_output_names,
+          "order": [n.name for n in inner.graph.execution_order],
+          "code_hash": [len(double.code_hash), double.code_hash == add.code_hash, len(plain.code_hash)],
+          "node": [named.name, list(plain.root_args), plain.output_name],
+          "bound": [bound.as_node().bound_inputs, bound.as_node(input_mapping={"outer_y": "y"}).unfulfilled_args,
+                    mapped.unfulfilled_args],
+          "repr": ["bound=" in repr(bound), "needs=" in repr(bound) and "y" in repr(bound)],
+          "run": Pipeline(nodes=[named]).run(inputs={"x": 1, "y": 2})}
+''',
 }
 
 # Deliberate differences (docs/hypernodes.md): checked here so the table stays true.

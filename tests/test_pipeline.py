@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hardy import Engine, Failed, Node, Pipeline, node
+from hardy.errors import NodeError
 
 
 @node(output_name="cleaned")
@@ -189,6 +190,54 @@ def test_nested_pipeline_uses_inner_bound_values():
     inner = Pipeline(nodes=[scale], name="scale").bind(factor=3)
     outer = Pipeline(nodes=[inner.as_node()])
     assert outer.run(inputs={"x": 2}) == {"y": 6}
+
+
+def test_nested_pipeline_computes_only_the_outputs_a_run_needs():
+    ran = []
+
+    @node(output_name="summary")
+    def summarize(text):
+        ran.append("summarize")
+        return text[:3]
+
+    @node(output_name="embedding")
+    def embed(text, model):  # the expensive branch; only it reads `model`
+        ran.append("embed")
+        return [len(text), model]
+
+    @node(output_name="title")
+    def titled(summary):
+        return summary.title()
+
+    inner = Pipeline(nodes=[summarize, embed], name="doc")
+    outer = Pipeline(nodes=[inner.as_node(), titled])
+    # `summary` is read downstream, `embedding` is not: it stays inside, is not computed, and its
+    # input is not required
+    assert outer.run(inputs={"text": "hello"}) == {"summary": "hel", "title": "Hel"}
+    assert ran == ["summarize"]
+    assert outer.run(inputs={"text": "ab", "model": "m"}, output_name="embedding") == {"embedding": [2, "m"]}
+    assert ran == ["summarize", "embed"]
+    assert outer.map(inputs={"text": ["ab", "cd"]}, map_over="text", output_name="title") == [
+        {"title": "Ab"}, {"title": "Cd"}]
+    alone = Pipeline(nodes=[inner.as_node()])  # nothing reads the outputs: all of them leave
+    assert alone.run(inputs={"text": "xy", "model": "m"}) == {"summary": "xy", "embedding": [2, "m"]}
+    assert inner.as_node()(text="xyz", model="m") == {"summary": "xyz", "embedding": [3, "m"]}
+
+
+def test_nested_pipelines_that_keep_the_default_name_are_numbered():
+    @node(output_name="y")
+    def inc(x):
+        raise ValueError("boom")
+
+    @node(output_name="z")
+    def neg(x):
+        return -x
+
+    outer = Pipeline(nodes=[Pipeline(nodes=[neg]), Pipeline(nodes=[inc])])
+    assert [n.name for n in outer.nodes] == ["pipeline", "pipeline_2"]
+    with pytest.raises(NodeError) as exc:
+        outer.run(inputs={"x": -1})
+    assert exc.value.node == "pipeline_2/inc"  # the error tells which of the two failed
 
 
 def test_node_class_directly():

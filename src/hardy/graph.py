@@ -39,6 +39,39 @@ class Graph:
         self.root_inputs: tuple[str, ...] = tuple(dict.fromkeys(
             i for n in self.order for i in n.inputs if i not in self.producer))
         self.outputs: tuple[str, ...] = tuple(o for n in self.order for o in n.outputs)
+        hidden = self._kept_inside()
+        # What a run returns when it names no output: every output but those kept inside nested pipelines.
+        self.exposed: tuple[str, ...] = tuple(o for o in self.outputs if o not in hidden)
+
+    # HyperNodes' names for the graph's introspection, with its sorting and list types.
+
+    @property
+    def root_args(self) -> list[str]:
+        """The inputs from outside, sorted."""
+        return sorted(self.root_inputs)
+
+    @property
+    def available_output_names(self) -> list[str]:
+        """Every output, sorted."""
+        return sorted(self.outputs)
+
+    @property
+    def execution_order(self) -> list[Node]:
+        """The nodes, dependencies first."""
+        return list(self.order)
+
+    def _kept_inside(self) -> set[str]:
+        """HyperNodes' rule for nested pipelines: when other nodes read some of a nested pipeline's
+        outputs, only those leave it; the rest are intermediate results of the inner pipeline (not
+        returned, and not computed unless a run names them). When none or all are read, all leave."""
+        hidden: set[str] = set()
+        for n in self.nodes:
+            if getattr(n, "pipeline", None) is None:
+                continue
+            read = [o for o in n.outputs if o in self.consumers]
+            if read and len(read) < len(n.outputs):
+                hidden.update(o for o in n.outputs if o not in read)
+        return hidden
 
     def dependencies(self, n: Node) -> list[Node]:
         return [self.producer[i] for i in n.inputs if i in self.producer]

@@ -72,6 +72,18 @@ class Node:
         """HyperNodes' name for the input parameter names."""
         return self.inputs
 
+    @property
+    def code_hash(self) -> str:
+        """HyperNodes' name for the node's identity in cache keys (its code, transitively, and its
+        outputs): a 64-digit hex digest of `fingerprint()`."""
+        from blake3 import blake3
+        return blake3(self.fingerprint()).hexdigest()
+
+    def narrowed(self, outputs: tuple[str, ...]) -> Node:
+        """The node computing only `outputs` (a run needs no more of it). A function returns all
+        its outputs at once, so it is itself; a nested pipeline skips the inner nodes not needed."""
+        return self
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 

@@ -34,7 +34,7 @@ from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
 from .observe.report import Recorder, RunReport
-from .plan import KEYS, Plan
+from .plan import KEYS, Plan, resolve
 from .policy import check_timeouts
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ class Pipeline:
     def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: Any = None, strict: bool = False):
-        self.name = name or "pipeline"
-        self.graph = Graph(_as_node(n, i) for i, n in enumerate(nodes))
+        self.name = name or DEFAULT_NAME
+        self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(nodes)]))
         self._plans: dict[Any, Plan] = {}
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
@@ -82,6 +82,7 @@ class Pipeline:
 
     @property
     def outputs(self) -> tuple[str, ...]:
+        """Every output a call may name (`run()` without `output_name` returns `graph.exposed`)."""
         return self.graph.outputs
 
     @property
@@ -193,13 +194,16 @@ class Pipeline:
         return copy
 
     def __repr__(self) -> str:
-        return f"Pipeline({self.name!r}: {len(self.graph.nodes)} nodes, inputs={list(self.inputs)})"
+        bound = f", bound=[{', '.join(self._bound)}]" if self._bound else ""
+        needs = f", needs=[{', '.join(self.unfulfilled_args)}]" if self.unfulfilled_args else ""
+        return f"Pipeline({self.name!r}: {len(self.graph.nodes)} nodes{bound}{needs})"
 
     # --- run -------------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, Any] | None = None,
             output_name: str | Sequence[str] | None = None, engine: Engine | None = None) -> dict[str, Any]:
-        """Run once. Returns {output: value} for every output (or just those in `output_name`).
+        """Run once. Returns {output: value} for every output (or just those in `output_name`); a
+        nested pipeline's outputs that no other node reads stay inside it when others are read.
         `engine` runs this call on another engine without changing the pipeline's."""
         if engine is not None and engine is not self._engine:
             return self._using(engine).run(inputs, output_name)
@@ -267,7 +271,7 @@ class Pipeline:
               for_map: bool) -> Plan:
         names = tuple(values)
         if output_name is None:
-            outputs = tuple(o for o in self.graph.outputs if o not in values)
+            outputs = tuple(o for o in self.graph.exposed if o not in values)
         elif isinstance(output_name, str):
             outputs = (output_name,)
         else:
@@ -470,16 +474,22 @@ class Pipeline:
         {inner name: outer name} for outputs; with an output_mapping only the mapped outputs are the
         node's outputs (HyperNodes' rule). `map_over` (outer names) maps the inner pipeline over
         lists and makes each output a list; `on_error="continue"` puts a `Failed` in those lists
-        where an inner item failed instead of failing the node."""
-        return PipelineNode(self, name, input_mapping or {}, output_mapping or {}, map_over, map_mode, on_error)
+        where an inner item failed instead of failing the node. Of the node's outputs, a run
+        computes only those it needs (read by other nodes, or asked for)."""
+        return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
+
+
+DEFAULT_NAME = "pipeline"  # nested pipelines that keep it are numbered (pipeline, pipeline_2, ...)
 
 
 class PipelineNode(Node):
-    """A pipeline used as a node: its free inputs are the node's inputs, its outputs the node's."""
+    """A pipeline used as a node: its free inputs are the node's inputs, its exposed outputs the
+    node's. Called directly, it returns {output: value}, as HyperNodes' does."""
 
-    def __init__(self, pipeline: Pipeline, name: str | None, input_mapping: Mapping[str, str],
-                 output_mapping: Mapping[str, str], map_over: str | Sequence[str] | None, map_mode: str,
-                 on_error: str = "raise"):
+    def __init__(self, pipeline: Pipeline, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
+                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
+                 map_mode: str = "zip", on_error: str = "raise"):
+        input_mapping, output_mapping = input_mapping or {}, output_mapping or {}
         self.pipeline = pipeline
         self.name = name or pipeline.name
         inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
@@ -498,7 +508,8 @@ class PipelineNode(Node):
                 f"as_node({self.name!r}): on_error must be 'raise' or 'continue', got {on_error!r}.")
         free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
         self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
-        self._inner_outputs = tuple(o for o in pipeline.graph.outputs if not output_mapping or o in output_mapping)
+        self._inner_outputs = (tuple(o for o in pipeline.graph.outputs if o in output_mapping) if output_mapping
+                               else pipeline.graph.exposed)
         self.inputs = tuple(self._inner_inputs)
         optional = {i for i in free if all(i in c.defaults for c in pipeline.graph.consumers.get(i, []))}
         self.defaults = {inner_to_outer.get(i, i): None for i in optional}
@@ -537,6 +548,37 @@ class PipelineNode(Node):
         copy.func = copy._call
         return copy
 
+    def narrowed(self, outputs: tuple[str, ...]) -> PipelineNode:
+        """This node computing only `outputs`: the inner pipeline runs just the nodes they need,
+        and the node takes just the inputs those nodes read."""
+        if outputs == self.outputs:
+            return self
+        outer_of = dict(zip(self._inner_outputs, self.outputs))
+        inner_outputs = tuple(i for i, o in outer_of.items() if o in outputs)
+        graph = self.pipeline.graph
+        provided = {*self._inner_inputs.values(), *self.pipeline._bound}
+        read = {v for s in resolve(graph, provided, inner_outputs) for _, v in s.args}
+        inner_inputs = {o: i for o, i in self._inner_inputs.items() if i in read or i in self.map_over}
+        return self._copy(self.pipeline, _inner_outputs=inner_outputs, outputs=outputs, _inner_inputs=inner_inputs,
+                          inputs=tuple(inner_inputs), kwonly=frozenset(inner_inputs),
+                          defaults={k: v for k, v in self.defaults.items() if k in inner_inputs})
+
+    @property
+    def bound_inputs(self) -> dict[str, Any]:
+        """The inner pipeline's bound inputs (HyperNodes' name)."""
+        return self.pipeline.bound_inputs
+
+    @property
+    def unfulfilled_args(self) -> tuple[str, ...]:
+        """The inputs the outer pipeline must provide, by their outer names (HyperNodes' name)."""
+        return self.inputs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if args:
+            raise TypeError(f"pipeline node {self.name!r} takes its inputs by name: {list(self.inputs)}")
+        out = self._call(**kwargs)
+        return dict(zip(self.outputs, (out,) if len(self.outputs) == 1 else out))
+
     def _call(self, **kwargs: Any) -> Any:
         inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}
         if self.pipeline.callbacks:
@@ -563,6 +605,23 @@ class PipelineNode(Node):
 
     def __repr__(self) -> str:
         return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+def _numbered(nodes: list[Node]) -> list[Node]:
+    """Nested pipelines that kept the default name, numbered so that their names (in errors,
+    events and reports) tell them apart: pipeline, pipeline_2, ... (HyperNodes runs them as they are)."""
+    taken, seen, out = {n.name for n in nodes}, False, []
+    for n in nodes:
+        if isinstance(n, PipelineNode) and n.name == DEFAULT_NAME:
+            if seen:
+                number = 2
+                while f"{DEFAULT_NAME}_{number}" in taken:
+                    number += 1
+                n = n._copy(n.pipeline, name=f"{DEFAULT_NAME}_{number}")
+                taken.add(n.name)
+            seen = True
+        out.append(n)
+    return out
 
 
 def _as_node(obj: Any, position: int) -> Node:

@@ -89,7 +89,7 @@ class Plan:
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
         self.mode = mode
-        self.steps = _resolve(graph, set(self.provided), self.outputs)
+        self.steps = resolve(graph, set(self.provided), self.outputs)
         given = set(self.provided)
         self.inputs = tuple(dict.fromkeys(v for s in self.steps for _, v in s.args if v in given))
         self._wrap = wrap
@@ -485,21 +485,21 @@ def _thread_call(k: int, func: Callable[..., Any], *args: Any, **kwargs: Any) ->
         raise
 
 
-def _resolve(graph: Graph, provided: set[str], outputs: Sequence[str]) -> tuple[Step, ...]:
-    """The steps needed for `outputs`, in dependency order; raises nothing (see Pipeline)."""
-    needed: set[int] = set()
-    stack = [graph.producer[o] for o in outputs if o not in provided]
-    while stack:
-        n = stack.pop()
-        if id(n) in needed:
-            continue
-        needed.add(id(n))
-        stack.extend(graph.producer[i] for i in n.inputs if i in graph.producer and i not in provided)
+def resolve(graph: Graph, provided: set[str], outputs: Sequence[str]) -> tuple[Step, ...]:
+    """The steps needed for `outputs`, in dependency order; raises nothing (see Pipeline). Each
+    step's node is narrowed to the outputs the run needs, so a nested pipeline computes only those."""
+    wanted, chosen = set(outputs), {}
+    for n in reversed(graph.order):
+        if any(o in wanted and o not in provided for o in n.outputs):
+            narrowed = n.narrowed(tuple(o for o in n.outputs if o in wanted))
+            chosen[id(n)] = narrowed
+            wanted.update(narrowed.inputs)
     steps: list[Step] = []
     level_of: dict[str, int] = {}
     for n in graph.order:
-        if id(n) not in needed:
+        if id(n) not in chosen:
             continue
+        n = chosen[id(n)]
         args = tuple((p, p) for p in n.inputs if p in provided or p in graph.producer)
         level = 1 + max((level_of.get(v, -1) for _, v in args), default=-1)
         for o in n.outputs:
