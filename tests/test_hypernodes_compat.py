@@ -613,6 +613,103 @@ result = {"root_args": inner.graph.root_args, "outputs": inner.graph.available_o
           "repr": ["bound=" in repr(bound), "needs=" in repr(bound) and "y" in repr(bound)],
           "run": Pipeline(nodes=[named]).run(inputs={"x": 1, "y": 2})}
 ''',
+    "map_cached_context": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, PipelineCallback, node
+
+events = []
+
+class Tracker(PipelineCallback):
+    def on_node_cached(self, node_id, signature, ctx):
+        events.append(["cached", node_id, bool(ctx.get("_in_map")), ctx.get("_map_item_index")])
+
+    def on_node_start(self, node_id, inputs, ctx):
+        events.append(["start", node_id, bool(ctx.get("_in_map")), ctx.get("_map_item_index")])
+
+    def on_map_item_cached(self, item_index, signature, ctx):
+        events.append(["item_cached", item_index])
+
+@node(output_name="doubled")
+def double(item: int) -> int:
+    return item * 2
+
+p = Pipeline(nodes=[double], engine=SeqEngine(cache=DiskCache(path=TMP + "/c"), callbacks=[Tracker()]))
+runs = []
+for items in ([1, 2, 3], [1, 2, 3], [1, 2, 4]):
+    events.clear()
+    runs.append([p.map(inputs={"item": items}, map_over="item"), list(events)])
+events.clear()
+p.run(inputs={"item": 1})
+result = {"maps": runs, "run_after_map": events}
+''',
+    "cache_private_attributes": '''
+from hypernodes import Pipeline, SeqEngine, DiskCache, node
+
+log = []
+
+class Processor:
+    def __init__(self, config):
+        self.config = config
+        self._internal_counter = 0
+        self._cache = {}
+
+class Client:
+    def __init__(self, model):
+        self.model = model
+        self._session = open(__file__)  # unhashable private state, as HyperNodes' docs show
+
+@node(output_name="result")
+def process(processor, value: int) -> int:
+    log.append(["process", processor.config, value])
+    return value * 2
+
+@node(output_name="answer")
+def ask(client, prompt: str) -> str:
+    log.append(["ask", client.model])
+    return client.model + ":" + prompt
+
+p = Pipeline(nodes=[process], engine=SeqEngine(cache=DiskCache(path=TMP + "/c")))
+busy = Processor("v1")
+busy._internal_counter, busy._cache = 100, {"some": "data"}
+runs = [p.run(inputs={"processor": Processor("v1"), "value": 5}),
+        p.run(inputs={"processor": busy, "value": 5}),
+        p.run(inputs={"processor": Processor("v2"), "value": 5})]
+q = Pipeline(nodes=[ask], engine=SeqEngine(cache=DiskCache(path=TMP + "/q")))
+runs += [q.run(inputs={"client": Client("m"), "prompt": "hi"}), q.run(inputs={"client": Client("m"), "prompt": "hi"})]
+result = {"runs": runs, "computed": log}
+''',
+    "stateful_lazy_instance": '''
+from hypernodes import stateful
+
+@stateful
+class Model:
+    def __init__(self, value: int):
+        self.value = value
+
+m = Model(value=42)
+before = m._instance is None
+result = [Model.__hypernode_stateful__, before, m.value, m._instance is not None]
+''',
+    "callback_supported_engines": '''
+from hypernodes import Pipeline, PipelineCallback, SeqEngine, node
+
+class DaftOnly(PipelineCallback):
+    @property
+    def supported_engines(self):
+        return ["DaftEngine"]
+
+class SeqOnly(PipelineCallback):
+    @property
+    def supported_engines(self):
+        return ["SeqEngine"]
+
+@node(output_name="y")
+def f(x): return x + 1
+
+refused = Pipeline(nodes=[f], engine=SeqEngine(callbacks=[DaftOnly()]))
+result = {"run": outcome(lambda: refused.run(inputs={"x": 1})),
+          "map": outcome(lambda: refused.map(inputs={"x": [1]}, map_over="x")),
+          "accepted": Pipeline(nodes=[f], engine=SeqEngine(callbacks=[SeqOnly()])).run(inputs={"x": 1})}
+''',
 }
 
 # Deliberate differences (docs/hypernodes.md): checked here so the table stays true.
@@ -798,3 +895,26 @@ def test_readme_visualize_call_writes_a_drawing(tmp_path):
     titles = {t.text for t in ET.parse(target).iter("{http://www.w3.org/2000/svg}title")}
     assert {"featurize", "input:text", "output:features"} <= titles
     assert "<svg" in featurizer.visualize(engine="js")._repr_html_()
+
+
+def test_only_compat_keys_leave_private_attributes_out(tmp_path):
+    """HyperNodes' keying (public attributes) holds through hardy.compat.hypernodes; hardy's own
+    DiskCache keeps private state in the key, and refuses state it cannot hash."""
+    import threading
+
+    from hardy import DiskCache as HardyDiskCache
+    from hardy.compat.hypernodes import DiskCache
+    from hardy.hashing import UnhashableError
+
+    class Client:
+        def __init__(self, model, session):
+            self.model, self._session = model, session
+
+    ours = DiskCache(str(tmp_path / "compat"))
+    assert ours.input_key(Client("m", 1), "client") == ours.input_key(Client("m", 2), "client")
+    assert ours.input_key(Client("m", threading.Lock()), "client") == ours.input_key(Client("m", 1), "client")
+    assert ours.input_key(Client("m", 1), "client") != ours.input_key(Client("n", 1), "client")
+    strict = HardyDiskCache(str(tmp_path / "hardy"))
+    assert strict.input_key(Client("m", 1), "client") != strict.input_key(Client("m", 2), "client")
+    with pytest.raises(UnhashableError, match="_session"):
+        strict.input_key(Client("m", threading.Lock()), "client")

@@ -6,7 +6,8 @@ insertion order (code can read the order) and sets independently of it, numpy ar
 and bytes (about 1 ms for 8 MB here), pandas objects by content (index and dtypes included),
 dataclasses / attrs / pydantic models and plain objects by their class's code and their fields
 (private state included), torch modules and scikit-learn estimators by class, configuration and
-weights. `__cache_key__()` overrides all of this, and `register()` teaches hashing a library type.
+weights (`hash_public` leaves plain objects' private attributes out: HyperNodes' documented rule,
+for hardy.compat.hypernodes). `__cache_key__()` overrides all of this, and `register()` teaches hashing a library type.
 What cannot be encoded deterministically raises `UnhashableError` naming the path to the part that
 cannot (`model.encoder._session`); there is no fallback to `id()` or `repr()` that could collide
 or vary. Built-in, library and user types sit in one table keyed by type (`register()`).
@@ -20,6 +21,7 @@ identified by name and package version.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -107,6 +109,21 @@ def hash_value(value: Any) -> bytes:
     h = blake3()
     encode(value, h.update)
     return h.digest(DIGEST)
+
+
+_PUBLIC_ONLY = contextvars.ContextVar("hardy_public_only", default=False)
+
+
+def hash_public(value: Any) -> bytes:
+    """`hash_value`, but a plain object (an instance of a user class without `__cache_key__`) is
+    keyed by its class and its public attributes only: `_cache`, `_session`, `_client` neither change
+    the key nor stop one from being made. HyperNodes keys objects this way; hardy's own keys keep
+    private state, because results can depend on it."""
+    token = _PUBLIC_ONLY.set(True)
+    try:
+        return hash_value(value)
+    finally:
+        _PUBLIC_ONLY.reset(token)
 
 
 def encode(value: Any, out: Callable[[bytes], Any]) -> None:
@@ -282,6 +299,8 @@ def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) 
                 state[s] = getattr(v, s)
     if not state and not hasattr(v, "__dict__"):
         raise _cannot(t)
+    if _PUBLIC_ONLY.get():
+        state = {k: x for k, x in state.items() if not k.startswith("_")}
     _object(v, b"O", state, out, active)
 
 

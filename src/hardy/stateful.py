@@ -57,6 +57,11 @@ class Resource(metaclass=_HandleClass):
                     obj = _instances[self._key] = self._cls(*self._args, **self._kwargs)
         return obj
 
+    @property
+    def _instance(self) -> Any:
+        """HyperNodes' view of the handle: the object once this process has built it, else None."""
+        return _instances.get(self._key)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.instance, name)
 

@@ -336,11 +336,13 @@ class DiskCache:
 
     # --- what compiled plans call (see Plan._cache_prelude) ----------------------------------------
 
-    @staticmethod
-    def input_key(value: Any, name: str) -> bytes:
+    hash_value = staticmethod(hash_value)  # how values are keyed (hardy.compat.hypernodes's leaves private state out)
+
+    @classmethod
+    def input_key(cls, value: Any, name: str) -> bytes:
         """The key of an input value: its content hash."""
         try:
-            return hash_value(value)
+            return cls.hash_value(value)
         except UnhashableError as exc:
             kind = type(value)
             raise UnhashableError(f"input {name!r} (a {kind.__module__}.{kind.__qualname__}): "

@@ -29,6 +29,9 @@ from .nodelog import CACHED, END, ERROR, Records
 from .nodelog import Events as LogEvents
 
 
+_HYPERNODES_KEYS = ("_in_map", "_map_item_index")  # HyperNodes' callbacks read these from the context
+
+
 class CallbackContext:
     """State shared by all callbacks of one top-level call; tracks the nesting of pipelines."""
 
@@ -45,10 +48,14 @@ class CallbackContext:
         item the current event belongs to), `hardy.worker_pid` (the worker process it ran in, None
         for this process), `hardy.event_ns` (wall-clock start and end, in nanoseconds, of a
         node event that happened in a worker and is replayed here) and `hardy.retry` (how many
-        times the item ran before, on workers that died)."""
+        times the item ran before, on workers that died). HyperNodes' `_in_map` and
+        `_map_item_index` say the same as `hardy.item`."""
         scope = _scope.get()
         if key in scope:
             return scope[key]
+        if key in _HYPERNODES_KEYS and key not in self.data:  # HyperNodes' names for the map item
+            item = scope.get("hardy.item")
+            return item is not None if key == "_in_map" else item
         return self.data.get(key, default)
 
     def get_pipeline_metadata(self, pipeline_id: str) -> dict[str, Any]:
@@ -319,9 +326,9 @@ class Events:
                announce: bool = True) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
         """Pipeline `pipeline_id` open in the callback context for the `with` block (a streamed map
         stays open while it is consumed); the block reports its outputs through the yielded function."""
-        token = None
-        if _context.get() is None:
-            token = _context.set(CallbackContext())
+        token = scope = None
+        if _context.get() is None:  # a top-level call: no item of an earlier map is current
+            token, scope = _context.set(CallbackContext()), _scope.set(MappingProxyType({}))
         ctx = current_context()
         ctx.set_pipeline_metadata(pipeline_id, {"total_nodes": len(node_ids), "pipeline_name": pipeline_id,
                                                 "node_ids": list(node_ids)})
@@ -338,8 +345,9 @@ class Events:
             yield finish
         finally:
             ctx.pop_pipeline()
-            if token is not None:
+            if token is not None and scope is not None:
                 _context.reset(token)
+                _scope.reset(scope)
 
     def item_started(self, i: int, worker: int | None = None) -> None:
         """`worker`: the pid of the worker process the item was handed to (None: this process).

@@ -17,9 +17,21 @@ _EXECUTORS = {"sequential": "sequential", "async": "async", "threaded": "threade
 _DAFT_OPTIONS = ("gpus", "cpus", "max_concurrency")
 
 
-def _reporting(engine: Engine, callbacks: Sequence[PipelineCallback] | None) -> Engine:
+def _reporting(engine: Engine, callbacks: Sequence[PipelineCallback] | None, name: str) -> Engine:
+    """`engine` with HyperNodes' callbacks and name (which a callback's `supported_engines` lists)."""
     engine.callbacks = list(callbacks or [])  # type: ignore[attr-defined]
+    engine.hypernodes_name = name  # type: ignore[attr-defined]
     return engine
+
+
+def check_callbacks(callbacks: Sequence[PipelineCallback], engine: Engine) -> None:
+    """HyperNodes refuses to run with a callback whose `supported_engines` leaves the engine out."""
+    name = getattr(engine, "hypernodes_name", type(engine).__name__)
+    for cb in callbacks:
+        supported = getattr(cb, "supported_engines", None)
+        if supported and name not in supported:
+            raise ValueError(f"Callback {type(cb).__name__} is not compatible with engine {name}. "
+                             f"Supported engines: {supported}")
 
 
 class SeqEngine(Engine):
@@ -27,7 +39,7 @@ class SeqEngine(Engine):
 
     def __init__(self, cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None):
         super().__init__(cache=cache)
-        _reporting(self, callbacks)
+        _reporting(self, callbacks, "SeqEngine")
 
 
 def HypernodesEngine(node_executor: str = "sequential", map_executor: str = "sequential",
@@ -40,7 +52,7 @@ def HypernodesEngine(node_executor: str = "sequential", map_executor: str = "seq
         node_mode = "sequential"
     engine = Engine(node_executor=node_mode, map_executor=_EXECUTORS.get(map_executor, map_executor),
                     workers=max_workers, cache=cache)
-    return _reporting(engine, callbacks)
+    return _reporting(engine, callbacks, "HypernodesEngine")
 
 
 def DaskEngine(scheduler: str = "threads", num_workers: int | None = None, workload_type: str = "mixed",
@@ -49,7 +61,7 @@ def DaskEngine(scheduler: str = "threads", num_workers: int | None = None, workl
     """Maps run on a local Dask cluster of `num_workers` processes. `scheduler`, `workload_type` and
     `npartitions` are accepted for compatibility; hardy sizes its Dask tasks from measured item times."""
     from ...integrations.dask import DaskExecutor
-    return _reporting(Engine(map_executor=DaskExecutor(workers=num_workers), cache=cache), callbacks)
+    return _reporting(Engine(map_executor=DaskExecutor(workers=num_workers), cache=cache), callbacks, "DaskEngine")
 
 
 def DaftEngine(use_batch_udf: bool = True, default_daft_config: Mapping[str, Any] | None = None,
@@ -62,7 +74,7 @@ def DaftEngine(use_batch_udf: bool = True, default_daft_config: Mapping[str, Any
     from ...integrations.daft import DaftEngine as HardyDaftEngine
     config = dict(default_daft_config or {})
     options = {k: config[k] for k in _DAFT_OPTIONS if k in config}
-    return _reporting(HardyDaftEngine(cache=cache, **options), callbacks)
+    return _reporting(HardyDaftEngine(cache=cache, **options), callbacks, "DaftEngine")
 
 
 __all__ = ["SeqEngine", "DaskEngine", "DaftEngine", "HypernodesEngine"]

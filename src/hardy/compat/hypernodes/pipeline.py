@@ -16,7 +16,7 @@ from ...node import Node
 from ...observe import PipelineCallback
 from ...pipeline import Pipeline as HardyPipeline
 from ...pipeline import PipelineNode
-from .engines import SeqEngine
+from .engines import SeqEngine, check_callbacks
 
 
 class Pipeline(HardyPipeline):
@@ -55,6 +55,7 @@ class Pipeline(HardyPipeline):
 
     def run(self, inputs: Mapping[str, Any] | None = None, output_name: str | Sequence[str] | None = None,
             engine: Any = None, **kwargs: Any) -> dict[str, Any]:
+        check_callbacks(self.callbacks, engine or self.engine)
         try:
             return super().run(inputs, output_name, engine)
         except NodeError as err:
@@ -64,6 +65,7 @@ class Pipeline(HardyPipeline):
             map_over: str | Sequence[str] | None = None,
             map_mode: str = "zip", output_name: str | Sequence[str] | None = None, engine: Any = None,
             on_error: str = "raise", progress: bool = False, **kwargs: Any) -> list[Any]:
+        check_callbacks(self.callbacks, engine or self.engine)
         try:
             return super().map(inputs, map_over, map_mode, output_name, on_error, progress, engine)
         except MapError as err:
