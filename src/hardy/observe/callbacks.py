@@ -28,7 +28,6 @@ from ..node import Node
 from .nodelog import CACHED, END, ERROR, Records
 from .nodelog import Events as LogEvents
 
-
 _HYPERNODES_KEYS = ("_in_map", "_map_item_index")  # HyperNodes' callbacks read these from the context
 
 
