@@ -20,6 +20,8 @@ class Node:
     """A function wired by name. Calling the node calls the function unchanged (handy in tests)."""
 
     gpus: float = 0  # GPUs (or a share of one) the node needs; pipelines used as nodes need none
+    batch_size: int = 0  # items per call of `batch` in a map; 0: called once per item
+    batch: Callable[..., Any] | None = None  # the function on lists (docs/batching.md)
 
     def __init__(
         self,
@@ -34,6 +36,7 @@ class Node:
         backoff: float = 0.0,
         timeout: float | None = None,
         gpus: float = 0,
+        batch_size: int | None = None,
     ):
         if not callable(func):
             raise NodeDefinitionError(
@@ -59,6 +62,12 @@ class Node:
         self.backoff: float = arguments.seconds(owner, "backoff", backoff, zero=True)
         self.timeout: float | None = arguments.seconds(owner, "timeout", timeout, optional=True)
         self.gpus: float = arguments.share(owner, "gpus", gpus, "a number >= 0: 1 for a GPU, 0.5 for half of one")
+        if batch_size is not None:
+            self.batch_size = arguments.whole_number(owner, "batch_size", batch_size, 1)
+            if self.is_async:
+                raise NodeDefinitionError(f"{owner}: batch_size= needs a plain function; an async node's items "
+                                          "already run concurrently. Drop batch_size= or make it a def.")
+            self.batch = func  # it takes one list per parameter and returns one list per output
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
 
@@ -188,13 +197,15 @@ def node(func: Callable[..., Any]) -> Node: ...
 def node(func: None = None, *, output_name: str | Sequence[str] | None = None, name: str | None = None,
          cache: bool = True, isolate: bool = False, retries: int = 0,
          retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
-         timeout: float | None = None, gpus: float = 0) -> Callable[[Callable[..., Any]], Node]: ...
+         timeout: float | None = None, gpus: float = 0,
+         batch_size: int | None = None) -> Callable[[Callable[..., Any]], Node]: ...
 
 
 def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[str] | None = None,
          name: str | None = None, cache: bool = True, isolate: bool = False, retries: int = 0,
          retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
-         timeout: float | None = None, gpus: float = 0) -> Node | Callable[[Callable[..., Any]], Node]:
+         timeout: float | None = None, gpus: float = 0,
+         batch_size: int | None = None) -> Node | Callable[[Callable[..., Any]], Node]:
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
     `isolate=True` runs the node in a crash-containing worker process whatever the engine.
@@ -203,9 +214,13 @@ def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[
     The same rules hold under every executor: see `hardy.policy`.
     `gpus=1` (or a share, 0.5) marks a GPU node: with `Engine(map_executor="process", gpus=...)` it
     runs on GPU workers and the other nodes on CPU workers; DaftEngine gives it a GPU UDF.
+    `batch_size=64` makes a batched node: the function takes one list per parameter and returns
+    one list (a tuple of lists for several outputs) with an entry per item; a map calls it with up
+    to 64 items at once, `run()` with lists of one, and caching, errors and crashes stay per item
+    (`docs/batching.md`).
     """
     def wrap(f: Callable[..., Any]) -> Node:
         return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, retry_on=retry_on,
-                    backoff=backoff, timeout=timeout, gpus=gpus)
+                    backoff=backoff, timeout=timeout, gpus=gpus, batch_size=batch_size)
 
     return wrap(func) if func is not None else wrap

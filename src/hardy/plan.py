@@ -77,14 +77,16 @@ class Plan:
     def __init__(self, graph: Graph, provided: Sequence[str], outputs: Sequence[str],
                  mode: str = "sequential", wrap: Wrap | None = None, submit: Callable[..., Any] | None = None,
                  cache: PlanCache | None = None, keyed: bool = False,
-                 on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None):
+                 on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None,
+                 calls: dict[str, Callable[..., Any]] | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
         `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one
         stage of a larger one (an engine that runs a pipeline's nodes in several places): it takes
         the cache keys of provided values from `values[KEYS]`, where an earlier stage computed them,
         and returns the keys of its outputs under `KEYS`, so every node is keyed exactly as in the
         whole plan run at once. `name` (the pipeline's) names the generated code's file in
-        tracebacks: `<hardy plan 'name' #3>`."""
+        tracebacks: `<hardy plan 'name' #3>`. `calls` gives named nodes the callable to use as it
+        is, unwrapped (a batched node's results handed out per item: `hardy.batching`)."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -97,6 +99,7 @@ class Plan:
         self.cache = cache
         self.keyed = keyed and cache is not None
         self._on_cached = on_cached
+        self._calls = calls or {}
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
@@ -165,7 +168,7 @@ class Plan:
             if self.cache is not None and hasattr(node, "with_cache"):
                 node = node.with_cache(self.cache)  # a nested pipeline caches its own nodes
             self._fn.append(_identifier(f"f_{step.node.name}", taken))
-            ns[self._fn[k]] = guard(step.node, self._wrap(k, node) if self._wrap else node.func)
+            ns[self._fn[k]] = self._calls.get(step.node.name) or self._function_for(k, node)
             for o in step.node.outputs:
                 self._vars[o] = _identifier(o, taken)
             self._cached[k] = self.cache is not None and node.cache
@@ -173,6 +176,14 @@ class Plan:
         self._key = [_identifier(f"{s.node.name}_key", taken) for s in self.steps]
         self._taken = taken
         return lines
+
+    def _function_for(self, k: int, node: Node) -> Callable[..., Any]:
+        """What step k calls per item: the node's function, instrumented (`wrap`) and under its
+        failure policy; a batched node's function on lists of one item."""
+        func = guard(node, self._wrap(k, node) if self._wrap else node.func)
+        if node.batch is not None and node.batch is node.func:
+            return one_item(func, node.name, len(node.outputs))
+        return func
 
     def _level(self, ks: list[int]) -> list[str]:
         """The lines for one dependency level: the plain straight line, or lookups, calls (concurrent
@@ -453,6 +464,40 @@ def _without_repeated_steps(lines: list[str]) -> list[str]:
             current = ln
         out.append(ln)
     return out
+
+
+def one_item(func: Callable[..., Any], name: str, outputs: int) -> Callable[..., Any]:
+    """A batched node's function called for one item: each argument as a list of one, the entry
+    of each output list taken back (`Pipeline.run`, and maps whose executor does not batch)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = func(*[[a] for a in args], **{p: [a] for p, a in kwargs.items()})
+        columns = batch_outputs(out, name, outputs, 1)
+        return columns[0][0] if outputs == 1 else tuple(c[0] for c in columns)
+    return call
+
+
+class BatchShapeError(ValueError):
+    """A batched node's function returned something other than one entry per item and output."""
+
+
+def batch_outputs(out: Any, name: str, outputs: int, n: int) -> Sequence[Any]:
+    """The output columns of a batched call over `n` items: one sequence per output (a list, an
+    array, a tensor: anything with a length and items), each of length `n`."""
+    columns = (out,) if outputs == 1 else out
+    if outputs > 1 and (not isinstance(columns, (tuple, list)) or len(columns) != outputs):
+        raise BatchShapeError(f"batched node {name!r} declares {outputs} outputs and must return a tuple of "
+                              f"{outputs} lists, got {type(out).__name__}")
+    for column in columns:
+        try:
+            length = len(column)
+        except TypeError:
+            length = -1
+        if length != n or isinstance(column, (str, bytes, dict)):
+            got = f"a {type(column).__name__}" + (f" of length {length}" if length >= 0 else "")
+            raise BatchShapeError(
+                f"batched node {name!r} was called with {n} item(s) and returned {got}; return one list "
+                f"(or array) with an entry per item{', per output' if outputs > 1 else ''}, in the items' order")
+    return columns
 
 
 def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from .observe.nodelog import Records
 
 
-def cut(plan: Plan, needs: Callable[[Node], Any]) -> list[tuple[Any, Plan]]:
+def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[Any, Plan]]:
     """(what the stage needs, its plan) in step order; one stage is the plan itself. `needs(node)`
     may return any value that compares with ==: consecutive steps with equal needs share a stage.
-    A plan with no step (every output provided) is one stage that needs None."""
+    A plan with no step (every output provided) is one stage that needs None. `options` go to
+    each stage's `Plan` (a batched plan's parts: `hardy.batching`)."""
     groups: list[tuple[Any, list[Any]]] = []
     for step in plan.steps:
         wanted = needs(step.node)
@@ -40,7 +41,7 @@ def cut(plan: Plan, needs: Callable[[Node], Any]) -> list[tuple[Any, Plan]]:
         later = {v for _, rest in groups[n + 1:] for step in rest for _, v in step.args} | set(plan.outputs)
         last = n == len(groups) - 1
         outputs = list(plan.outputs) if last else [o for step in steps for o in step.node.outputs if o in later]
-        stages.append((wanted, Plan(plan.graph, available, outputs, cache=plan.cache, keyed=True)))
+        stages.append((wanted, Plan(plan.graph, available, outputs, cache=plan.cache, keyed=True, **options)))
         available += outputs
     return stages
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..batching import Batched, batched
 from ..crash import reported_crashes
 from ..errors import NodeError
 from ..plan import Plan, run_sync
@@ -32,6 +33,10 @@ class Executor(Protocol):
 
 def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
     """The one loop that runs items in this process: results and failures go to the sink."""
+    group = batched(plan)
+    if group is not None:
+        _run_batched(group, items, indices, results)
+        return
     run = results.runner(plan)
     ok, fail = results.ok, results.fail
     for i in indices:
@@ -43,6 +48,35 @@ def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, resul
             fail(i, err)
         else:
             ok(i, out)
+
+
+def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
+    """`run_chunk` for a plan with batched nodes: items a group at a time (`hardy.batching`)."""
+    events, offset, seen = results.events, results.offset, set()
+
+    def at(i: int) -> None:  # node events that follow belong to item i; its start event the first time
+        if i in seen:
+            events.in_item(offset + i)  # type: ignore[union-attr]  # `at` is given only with events
+        else:
+            seen.add(i)
+            results.started(i)
+    ok, fail = results.ok, results.fail
+    for i, done, value in group.run([(i, items[i]) for i in indices], at if events else None, offset=offset):
+        if done:
+            ok(i, value)
+        else:
+            fail(i, value)
+        if results.stop:
+            return
+
+
+def chunk_size(plan: Plan, size: int) -> int:
+    """`size` items per chunk, made a whole number of a batched plan's groups so that its
+    batches are full."""
+    group = batched(plan)
+    if group is None:
+        return size
+    return max(1, -(-size // group.group)) * group.group
 
 
 class SequentialExecutor:
@@ -70,7 +104,7 @@ class ThreadedExecutor:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
         n = len(items)
-        size = max(1, n // (self.workers * 4))
+        size = chunk_size(plan, max(1, n // (self.workers * 4)))
         with reported_crashes("threaded"):
             futures = [self._pool.submit(run_chunk, plan, items, range(s, min(n, s + size)), results)
                        for s in range(0, n, size)]

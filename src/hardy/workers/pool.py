@@ -25,6 +25,7 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from .. import transport
+from ..batching import batched
 from ..crash import describe_exit, read_stack
 from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
 from ..forensics.frames import examine
@@ -315,6 +316,8 @@ class _Run:
         self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
         self.attempts: dict[int, int] = {}
         self.per_item = pool._per_item.get(self.plan_id)
+        group = batched(plan)
+        self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         self.log = results.log_nodes
         if items:  # fail before any worker starts if the first item cannot travel
@@ -336,6 +339,8 @@ class _Run:
         else:
             size = int(CHUNK_TARGET / max(self.per_item, 1e-7))
         size = max(1, min(size, -(-remaining // (2 * self.pool.size))))
+        if self.group:
+            size = min(remaining, -(-size // self.group) * self.group)
         if self.pool.max_tasks:
             size = max(1, min(size, self.pool.max_tasks - w.tasks))
         chunk = list(range(self.next_fresh, self.next_fresh + size))
@@ -526,13 +531,32 @@ class _Run:
         if pool.max_tasks and w.tasks >= pool.max_tasks or pool.max_memory and rss(w.process.pid) > pool.max_memory:
             pool._replace(slot, stop=True)
 
+    def split(self, w: _Worker, signame: str, text: str) -> int | None:
+        """A worker died in a batched node's call (docs/batching.md): its batch is the first group
+        of the items it had not answered (those before had their results sent, last words
+        included). A batch of one is the culprit, returned to fail (or retry) as any item in flight;
+        a bigger one is split in halves, each run again as a chunk of its own on a fresh worker;
+        the items after it, which never reached the call, go back as one chunk."""
+        unsent = list(w.unsent)
+        suspects, rest = unsent[:self.group], unsent[self.group:]
+        if len(suspects) == 1:
+            return suspects[0]
+        half = len(suspects) // 2
+        log.info("a batch of %d items died (%s: %s); running it again in halves", len(suspects), signame, text)
+        self.retry.appendleft(suspects[half:])
+        self.retry.appendleft(suspects[:half])
+        if rest:
+            self.retry.append(rest)
+        w.unsent = {}
+        return None
+
     def check_limits(self, busy: list[_Worker]) -> None:
         now = time.monotonic()
         for w in busy:
             if not w.busy or not w.process.is_alive():
                 continue
             item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
-            if item >= 0 and 0 <= step < len(self.plan.steps):
+            if (item >= 0 or item == worker_main.BATCH) and 0 <= step < len(self.plan.steps):
                 timeout = self.plan.steps[step].node.timeout
                 started = w.status[worker_main.STEP_START]
                 if timeout and now - started > timeout:
@@ -559,6 +583,8 @@ class _Run:
             signame, text = "SIGKILL", w.kill_detail
         item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
         in_flight = item if item in w.unsent else None
+        if item == worker_main.BATCH and w.unsent:
+            in_flight = self.split(w, signame, text)
         if in_flight is not None:
             del w.unsent[in_flight]
             steps = self.plan.steps
@@ -583,6 +609,8 @@ class _Run:
                     self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
             else:
                 self.results.fail(in_flight, err, worker=w.process.pid)
+        elif item == worker_main.BATCH:
+            pass  # a batch it died in is queued again in halves (`split`)
         elif w.tasks == 0 and not w.started_any:
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies before running anything: retrying would loop forever

@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .. import transport
+from ..batching import Batched, batched
 from ..crash import FATAL_SIGNALS, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..forensics import handler as native_handler
@@ -37,6 +38,7 @@ from .lifeline import kill_group, watch_peer
 # doubles, because the step's start is `time.monotonic()`, the clock of the node log (nodelog.py);
 # the item and the step are small integers, exact in a double.
 ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
+BATCH = -2  # ITEM while a batched node's call runs: the parent splits the batch if the worker dies
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
@@ -148,7 +150,7 @@ def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str
     A plan whose steps may start out of order (a cache looks its hits up before its misses run;
     async nodes are gathered) names each step in the log."""
     plain: tuple[Plan, dict[str, str]] | str = entry[1]
-    if not log or isinstance(plain, str):
+    if not log or isinstance(plain, str) or batched(plain[0]) is not None:  # batched: not logged (docs/batching.md)
         return plain
     if entry[2] is None:
         entry[2] = _load_plan(entry[0], status, log="named" if _named(plain[0]) else "bare")
@@ -204,6 +206,9 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     plan, producers = loaded
     _producers.clear()
     _producers.update(producers)
+    group = batched(plan)
+    if group is not None:
+        return _run_batched(conn, group, plan, items, status, sent)
     _names[0] = tuple(s.node.name for s in plan.steps) if log else None
     named = log and _named(plan)
     note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
@@ -232,6 +237,41 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, clock() - start, sent)
+    return True
+
+
+def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any,
+                 sent: list[Sent]) -> bool:
+    """`_run_chunk` for a plan with batched nodes (`hardy.batching`): the status words name the
+    item running, or BATCH and the node while a batch call runs; a group's results are sent as
+    soon as they exist, so a crash in a later batch costs none of them."""
+    clock = time.monotonic
+    start = last = clock()
+    batch = _unsent
+
+    def at(i: int) -> None:
+        status[STEP] = -1
+        status[ITEM] = i
+
+    def calling(k: int) -> None:
+        status[ITEM] = BATCH
+        status[STEP] = k
+        status[STEP_START] = clock()
+
+    for i, ok, value in group.run(items, at, calling):
+        batch.append((i, True, value) if ok else (i, False, portable(value)))
+        if not ok and isinstance(value, CudaError) and value.retires_worker:
+            status[ITEM] = -1
+            _send(conn, batch, _producers, False, 0.0, sent)
+            return False
+        now = clock()
+        if now - last >= FLUSH_EVERY:
+            _send(conn, batch, _producers, False, 0.0, sent)
+            last = clock()
+    status[ITEM] = -1
+    if plan.cache is not None:
+        plan.cache.report()
+    _send(conn, batch, _producers, True, clock() - start, sent)
     return True
 
 
