@@ -55,6 +55,8 @@ class _Part:
                  step: int):
         self.node, self.plan, self.probe, self.call, self.step = node, plan, probe, call, step
         self.args: tuple[tuple[str, str], ...] = plan.steps[0].args if node is not None else ()
+        # a node with a one-item function of its own (a DualNode's `singular`) uses it for one item
+        self.one = guard(node, node.func) if node is not None and node.batch is not node.func else None
 
 
 class Batched:
@@ -144,7 +146,9 @@ class Batched:
                         yield i, False, err
                     continue
                 done[i] = self._merge(values, out, last)
-        outcomes = self._call(part, [values for _, values in todo], calling) if todo else []
+        size = part.node.batch_size if part.node is not None else 1
+        outcomes = [outcome for start in range(0, len(todo), size)
+                    for outcome in self._call(part, [values for _, values in todo[start:start + size]], calling)]
         here = self._here
         for (i, values), outcome in zip(todo, outcomes, strict=True):
             if at is not None:
@@ -170,6 +174,8 @@ class Batched:
         try:
             if calling is not None:
                 calling(part.step)
+            if n == 1 and part.one is not None:
+                return [(True, part.one(**{p: column[0] for p, column in columns.items()}))]
             out = batch_outputs(part.call(**columns), part.node.name, outputs, n)
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
             return [(False, exc)] * n

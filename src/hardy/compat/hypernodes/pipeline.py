@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ... import arguments
 from ...errors import MapError, NodeError
 from ...node import Node
 from ...observe import PipelineCallback
@@ -114,17 +115,50 @@ def node(output_name: str | Sequence[str] | Callable[..., Any] | None = None, ca
 
 
 class DualNode(Node):
-    """A node with a one-item function (`singular`) and a batch function (`batch`). hardy runs
-    `singular` per item, in every engine, so that a failing or crashing item costs only itself;
-    `batch` is kept on the node for code that calls it directly."""
+    """A node with a one-item function (`singular`) and a batch function (`batch`), as in
+    HyperNodes: `run()` calls `singular`; a map calls `batch` on up to `batch_size` items at once
+    (a hardy batched node, docs/batching.md): one list per parameter, except `@stateful` resources,
+    passed as themselves, as HyperNodes passes them; a batch of one item calls `singular`. Its
+    results, cache entries and errors stay per item, and a batch call that raises or crashes is
+    split until the failing item is found."""
 
     def __init__(self, output_name: str | Sequence[str], singular: Callable[..., Any],
-                 batch: Callable[..., Any], cache: bool = True):
+                 batch: Callable[..., Any], cache: bool = True, batch_size: int = 64):
         name = getattr(singular, "__name__", "dual_node")
         for suffix in ("_singular", "_one", "_single"):
             if name.endswith(suffix):
                 name = name[: -len(suffix)]
                 break
         super().__init__(singular, output_name, name=name, cache=cache)
-        self.singular, self.batch = singular, batch
+        self.singular = singular
+        self.batch_function = batch
+        self.batch_size = arguments.whole_number(f"DualNode {name!r}", "batch_size", batch_size, 1)
+        self.batch = _Batch(batch, self.inputs)
         self.is_dual_node = True
+
+    def fingerprint(self) -> bytes:
+        """Both functions' code: a change to either is a different node."""
+        from ...hashing import FORMAT, code_fingerprint, digest
+        return digest(FORMAT, b"dual", code_fingerprint(self.singular), code_fingerprint(self.batch_function),
+                      repr(self.outputs).encode())
+
+
+class _Batch:
+    """HyperNodes' calling convention for a batch function: arguments by position, in the order
+    of the singular function's parameters; a `@stateful` resource as itself, other values as
+    lists; an Arrow array or a numpy array returned is taken as a list."""
+
+    def __init__(self, func: Callable[..., Any], inputs: Sequence[str]):
+        self.func, self.inputs = func, tuple(inputs)
+
+    def __call__(self, **columns: list[Any]) -> Any:
+        args = [_resource_or_list(columns[p]) for p in self.inputs if p in columns]
+        out = self.func(*args)
+        if hasattr(out, "to_pylist"):
+            return out.to_pylist()
+        return out.tolist() if hasattr(out, "tolist") else out
+
+
+def _resource_or_list(column: list[Any]) -> Any:
+    first = column[0]
+    return first if getattr(type(first), "__hypernode_stateful__", False) else column
