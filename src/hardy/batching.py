@@ -215,10 +215,10 @@ def _entries(column: Any) -> list[Any]:
 def batched(plan: Plan) -> Batched | None:
     """The batched form of `plan`, made once per plan; None when it has no batched node, or is
     async (whose items run concurrently, one call each)."""
-    found: Batched | None = plan.__dict__.get("_batched", False)
-    if found is False:
-        found = Batched(plan) if plan.mode != "async" and any(s.node.batch is not None for s in plan.steps) else None
-        plan._batched = found  # type: ignore[attr-defined]
+    if "_batched" not in plan.__dict__:
+        plan.__dict__["_batched"] = (Batched(plan) if plan.mode != "async" and
+                                     any(s.node.batch is not None for s in plan.steps) else None)
+    found: Batched | None = plan.__dict__["_batched"]
     return found
 
 

@@ -531,7 +531,7 @@ class _Run:
         if pool.max_tasks and w.tasks >= pool.max_tasks or pool.max_memory and rss(w.process.pid) > pool.max_memory:
             pool._replace(slot, stop=True)
 
-    def split(self, w: _Worker, signame: str, text: str) -> int | None:
+    def split(self, w: _Worker, signame: str | None, text: str) -> int | None:
         """A worker died in a batched node's call (docs/batching.md): its batch is the first group
         of the items it had not answered (those before had their results sent, last words
         included). A batch of one is the culprit, returned to fail (or retry) as any item in flight;
