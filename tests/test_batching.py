@@ -176,7 +176,7 @@ def test_torch_embed_pipeline_local_executors(executor, monkeypatch):
     crash = executor == "process"
     monkeypatch.setenv("HARDY_TEST_SEGFAULT", "1" if crash else "0")  # workers inherit it
     texts = [*TEXTS[:37], POISON, *TEXTS[37:]]
-    with Engine(map_executor=executor, workers=2) as engine:
+    with Engine(map_executor=executor, workers=2, preload=["torch"]) as engine:
         out = Pipeline(nodes=NODES, engine=engine).map(inputs={"text": texts}, map_over="text",
                                                        on_error="continue")
     _check_embed_run(out, texts, crashed=crash, parent=os.getpid(), in_workers=executor == "process")
@@ -208,7 +208,7 @@ def test_a_segfault_in_a_batch_costs_one_item_and_each_half_runs_on_a_fresh_work
     monkeypatch.setenv("HARDY_TEST_SEGFAULT", "1")
     texts = [*TEXTS[:8], POISON, *TEXTS[8:15]]  # the poison in the second batch (items 8-15)
     retried = node(embed.func, output_name=embed.outputs, name="embed", batch_size=8, retries=2)
-    with Engine(map_executor="process", workers=2, report=True) as engine:
+    with Engine(map_executor="process", workers=2, report=True, preload=["torch"]) as engine:  # fresh workers fork ready
         p = Pipeline(nodes=[tokenize, retried, score], engine=engine)
         out = p.map(inputs={"text": texts}, map_over="text", on_error="continue")
         report = p.report().to_dict()

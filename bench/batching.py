@@ -1,0 +1,323 @@
+"""The embed pipeline, batched: `python bench/batching.py` (`N=5000` for a quicker run).
+
+20,000 generated documents: tokenize (per item, CPU) -> embed (a torch EmbeddingBag + MLP built
+here, one CPU thread per process) -> score (per item), all in one run:
+
+- the plain single-process loop, per item and batched (64 per model call): the floors;
+- hardy per item and hardy batched (`@node(batch_size=64)`), process executor, 2 workers;
+- Ray Data (`map` + `map_batches`, 2 CPUs) and Daft (row functions + a batch UDF class);
+- HyperNodes 0.4.8, `DualNode` on its `DaftEngine`, from the side environment in HN_PYTHON (a
+  venv with `hypernodes==0.4.8` and `daft<0.7`; skipped when absent);
+
+then hardy batched again with one poisoned document whose tokens make the embed call segfault (a
+real NULL read), the same document through Ray Data, Daft and HyperNodes, and a warm cached re-run
+(its batch calls counted). Throughput is warm (each engine started and run once on a small map),
+the best of `REPEATS` maps. Ratios against the plain loops and against each peer are printed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")
+os.environ.setdefault("DAFT_PROGRESS_BAR", "0")
+
+N = int(os.environ.get("N", "20000"))
+REPEATS = int(os.environ.get("REPEATS", "2"))
+BATCH = 64
+VOCAB = 20_000
+POISON_ID = VOCAB  # the token only the poisoned document has: the embed call that sees it segfaults
+HN_PYTHON = os.environ.get("HN_PYTHON", "/tmp/hn26-venv/bin/python")
+
+# --- the work: the same functions for every framework (this file is imported by the side runs) ---
+
+WORDS = [f"w{k}" for k in range(5000)]
+
+
+def documents(n: int, poisoned: int | None = None) -> list[str]:
+    import random
+    rng = random.Random(0)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) for _ in range(n)]
+    if poisoned is not None:
+        docs[poisoned] = "POISON " + docs[poisoned]
+    return docs
+
+
+def tokenize(text: str) -> list[int]:
+    """Word ids by a stable hash (CRC-32: the same in every process, unlike `hash`)."""
+    return [POISON_ID if w == "POISON" else zlib.crc32(w.encode()) % (VOCAB - 1) + 1 for w in text.split()]
+
+
+_model: list = []
+
+
+def model():
+    """EmbeddingBag(20,000 x 64, mean) + MLP(64-128-64), built once per process, seeded."""
+    if not _model:
+        import torch
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+
+        class Embedder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bag = torch.nn.EmbeddingBag(VOCAB + 1, 64, mode="mean")
+                self.mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+
+            def forward(self, docs):
+                flat = torch.tensor([i for d in docs for i in d], dtype=torch.long)
+                lengths = torch.tensor([len(d) for d in docs])
+                offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+                return self.mlp(self.bag(flat, offsets))
+        _model.append(Embedder().eval())
+    return _model[0]
+
+
+def embed_many(ids: list[list[int]]) -> list:
+    """The model on a batch; a batch holding the poisoned document segfaults."""
+    import torch
+    if any(POISON_ID in d for d in ids):
+        ctypes.string_at(0)
+    with torch.no_grad():
+        return model()(ids).numpy()
+
+
+def embed_one(ids: list[int]):
+    return embed_many([ids])[0]
+
+
+def score(embedding) -> float:
+    import numpy as np
+    e = np.asarray(embedding, dtype=np.float32)
+    return float(e @ e)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+def timed(call) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = call()
+    return time.perf_counter() - t, out
+
+
+def best(call, repeats: int = REPEATS) -> tuple[float, object]:
+    runs = [timed(call) for _ in range(repeats)]
+    return min(runs, key=lambda r: r[0])
+
+
+def plain_per_item(docs):
+    return [score(embed_one(tokenize(d))) for d in docs]
+
+
+def plain_batched(docs):
+    out = []
+    for s in range(0, len(docs), BATCH):
+        vectors = embed_many([tokenize(d) for d in docs[s:s + BATCH]])
+        out += [score(v) for v in vectors]
+    return out
+
+
+def hardy_pipeline(batched: bool, engine):
+    from hardy import Pipeline, node
+    calls = Path(tempfile.mktemp(prefix="hardy-batch-calls-"))
+
+    @node(output_name="ids")
+    def tok(text):
+        return tokenize(text)
+
+    if batched:
+        @node(output_name="embedding", batch_size=BATCH)
+        def embed(ids):
+            if os.environ.get("HARDY_BENCH_COUNT"):
+                with open(os.environ["HARDY_BENCH_COUNT"], "a") as f:
+                    f.write(f"{len(ids)}\n")
+            return embed_many(ids)
+    else:
+        @node(output_name="embedding")
+        def embed(ids):
+            return embed_one(ids)
+
+    @node(output_name="score")
+    def sc(embedding):
+        return score(embedding)
+    return Pipeline(nodes=[tok, embed, sc], engine=engine), calls
+
+
+def hardy_map(p, docs):
+    return p.map(inputs={"text": docs}, map_over="text", output_name="score", on_error="continue", progress=False)
+
+
+def ray_data(docs, warm=True):
+    import ray
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    class Embed:
+        def __call__(self, batch):
+            batch["embedding"] = list(embed_many(list(batch["ids"])))
+            return batch
+    ds = (ray.data.from_items([{"text": d} for d in docs])
+          .map(lambda row: {"ids": tokenize(row["text"])})
+          .map_batches(Embed, batch_size=BATCH, concurrency=2, batch_format="pandas")
+          .map(lambda row: {"score": score(row["embedding"])}))
+    return [r["score"] for r in ds.take_all()]
+
+
+def daft_run(docs):
+    import daft
+
+    @daft.func(return_dtype=daft.DataType.list(daft.DataType.int64()))
+    def tok(text: str):
+        return tokenize(text)
+
+    @daft.cls(max_concurrency=2, use_process=True)
+    class Embed:
+        @daft.method.batch(return_dtype=daft.DataType.list(daft.DataType.float32()), batch_size=BATCH)
+        def embed(self, ids):
+            return [row.tolist() for row in embed_many(ids.to_pylist())]
+
+    @daft.func(return_dtype=daft.DataType.float64())
+    def sc(embedding: list):
+        return score(embedding)
+    df = daft.from_pydict({"text": docs})
+    df = df.with_column("ids", tok(df["text"]))
+    df = df.with_column("embedding", Embed().embed(df["ids"]))
+    df = df.with_column("score", sc(df["embedding"]))
+    return df.select("score").to_pydict()["score"]
+
+
+HN_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {here!r})
+from batching import documents, tokenize, embed_many, embed_one, score
+from hypernodes import Pipeline, DualNode, node
+from hypernodes.engines import DaftEngine
+
+@node(output_name="ids")
+def tok(text): return tokenize(text)
+def embed_single(ids): return [float(v) for v in embed_one(ids)]
+def embed_batch(ids): return [[float(v) for v in row] for row in embed_many(ids.to_pylist())]
+@node(output_name="score")
+def sc(embedding):
+    import numpy as np
+    return score(np.asarray(embedding))
+p = Pipeline(nodes=[tok, DualNode(output_name="embedding", singular=embed_single, batch=embed_batch), sc],
+             engine=DaftEngine())
+docs = documents({n}, {poisoned})
+p.map(inputs={{"text": docs[:500]}}, map_over="text", output_name="score")
+t = time.perf_counter()
+try:
+    out = p.map(inputs={{"text": docs}}, map_over="text", output_name="score")
+    print(json.dumps({{"s": time.perf_counter() - t, "results": len(out)}}))
+except BaseException as e:
+    print(json.dumps({{"s": time.perf_counter() - t, "results": 0, "error": type(e).__name__}}))
+"""
+
+
+def side(kind: str, poisoned: int | None, timeout: float = 900) -> dict:
+    """A peer in a child process (a segfault there must not end this run): seconds and results."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if kind == "hypernodes":
+        if not os.path.exists(HN_PYTHON):
+            return {"skipped": "no side environment (HN_PYTHON)"}
+        code, python = HN_SCRIPT.format(here=here, n=N, poisoned=poisoned), HN_PYTHON
+    else:
+        code = (f"import json, sys, time; sys.path.insert(0, {here!r}); import batching as b\n"
+                f"docs = b.documents({N}, {poisoned}); run = b.{kind}\n"
+                f"run(docs[:500])\nt = time.perf_counter()\n"
+                f"try:\n    out = run(docs); print(json.dumps({{'s': time.perf_counter() - t, 'results': len(out)}}))\n"
+                f"except BaseException as e:\n"
+                f"    print(json.dumps({{'s': time.perf_counter() - t, 'results': 0, 'error': type(e).__name__}}))\n")
+        python = sys.executable
+    t = time.perf_counter()
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"s": timeout, "results": 0, "error": f"no answer in {timeout:.0f} s"}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"s": time.perf_counter() - t, "results": 0, "error": f"process died ({done.returncode})"}
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hardy import DiskCache, Engine, Failed, NodeCrashed
+    docs = documents(N)
+    rows: dict[str, dict] = {}
+    model()
+    rows["plain loop, per item (1 process)"] = {"s": best(lambda: plain_per_item(docs))[0], "results": N}
+    reference = plain_batched(docs)
+    rows["plain loop, batched 64 (1 process)"] = {"s": best(lambda: plain_batched(docs))[0], "results": N}
+
+    engine = Engine(map_executor="process", workers=2, preload=["torch"])
+    for batched in (False, True):
+        p, _ = hardy_pipeline(batched, engine)
+        hardy_map(p, docs[:500])
+        s, out = best(lambda p=p: hardy_map(p, docs))
+        name = "hardy, batched 64 (2 workers)" if batched else "hardy, per item (2 workers)"
+        ok = [o for o in out if not isinstance(o, Failed)]
+        assert len(ok) == N and max(abs(a["score"] - b) for a, b in zip(ok, reference)) < 1e-3 * max(reference)
+        rows[name] = {"s": s, "results": len(ok)}
+
+    p, _ = hardy_pipeline(True, engine)
+    poisoned = documents(N, poisoned=N // 3)
+    s, out = timed(lambda: hardy_map(p, poisoned))
+    crashed = [o.error for o in out if isinstance(o, Failed)]
+    assert len(crashed) == 1 and isinstance(crashed[0], NodeCrashed) and crashed[0].item == N // 3, crashed
+    rows["hardy, batched 64, 1 poisoned document"] = {"s": s, "results": N - len(crashed), "crashed": len(crashed)}
+
+    for name, kind in (("Ray Data, map + map_batches(64) (2 CPUs)", "ray_data"),
+                       ("Daft, row UDFs + batch UDF(64) (2 processes)", "daft_run"),
+                       ("HyperNodes 0.4.8 DualNode on DaftEngine", "hypernodes")):
+        rows[name] = side(kind, None)
+        rows[name + ", 1 poisoned document"] = side(kind, N // 3, timeout=300)
+
+    # a warm cached re-run: every item's embedding comes from its own entry
+    count = tempfile.mktemp(prefix="hardy-batch-count-")
+    os.environ["HARDY_BENCH_COUNT"] = count
+    cached = Engine(map_executor="process", workers=2, preload=["torch"], cache=DiskCache(tempfile.mkdtemp()))
+    p, _ = hardy_pipeline(True, cached)
+    cold, _ = timed(lambda: hardy_map(p, docs))
+    calls_cold = len(Path(count).read_text().split())
+    warm, out = timed(lambda: hardy_map(p, docs))
+    calls_warm = len(Path(count).read_text().split()) - calls_cold
+    rows["hardy, batched 64, cache cold"] = {"s": cold, "results": N, "batch calls": calls_cold}
+    rows["hardy, batched 64, cache warm re-run"] = {"s": warm, "results": len(out), "batch calls": calls_warm}
+    engine.close()
+    cached.close()
+
+    batched_s = rows["hardy, batched 64 (2 workers)"]["s"]
+    t = Table(title=f"{N:,} documents: tokenize -> embed (torch, 1 thread/process) -> score, "
+                    f"{os.cpu_count()} cores")
+    for col in ("run", "time", "docs/s", "results", "hardy batched is"):
+        t.add_column(col, justify="right")
+    for name, r in rows.items():
+        if "skipped" in r:
+            t.add_row(name, "-", "-", r["skipped"], "")
+            continue
+        note = f"{r['results']:,}" + (f" ({r['error']})" if r.get("error") else "") + \
+            (f", {r['crashed']} NodeCrashed" if r.get("crashed") else "") + \
+            (f", {r['batch calls']} batch calls" if "batch calls" in r else "")
+        rate = r["results"] / r["s"] if r["results"] else 0
+        ratio = f"{r['s'] / batched_s:.2f}x faster" if r["results"] == N and "poisoned" not in name else ""
+        t.add_row(name, f"{r['s']:.2f} s", f"{rate:,.0f}", note, ratio)
+    Console(width=140).print(t)
+    clean = batched_s
+    print(f"poisoned / clean (hardy batched): {rows['hardy, batched 64, 1 poisoned document']['s'] / clean:.2f}x")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
