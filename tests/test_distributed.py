@@ -140,7 +140,7 @@ def test_per_item_errors_and_unpicklable_inputs(name, executors):
     out = p.map(inputs={"x": [1, 0, 2]}, map_over="x", on_error="continue")
     assert out[0] == {"y": 1.0} and out[2] == {"y": 0.5}
     assert isinstance(out[1].error.__cause__, ZeroDivisionError) and out[1].error.item == 1
-    with pytest.raises(PicklingError, match="input 'lock' of item 0"):
+    with pytest.raises(PicklingError, match="input 'lock' \\(_thread.lock, given to every item\\)"):
         p.map(inputs={"x": [1], "lock": threading.Lock()}, map_over="x")
 
 

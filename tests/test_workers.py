@@ -184,7 +184,7 @@ def test_unpicklable_input_is_named_before_any_worker_starts():
 
     with Engine(map_executor="process", workers=2) as engine:
         p = Pipeline(nodes=[use], engine=engine)
-        with pytest.raises(PicklingError, match="input 'lock' of item 0"):
+        with pytest.raises(PicklingError, match="input 'lock' \\(_thread.lock, given to every item\\)"):
             p.map(inputs={"x": [1, 2], "lock": threading.Lock()}, map_over="x")
         assert engine.process_pool().pids() == []  # nothing was started
 

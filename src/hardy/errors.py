@@ -223,6 +223,12 @@ class NodeCrashed(NodeError):
         return text
 
 
+class ShippingError(NodeError):
+    """One item's input or result could not cross between the calling process and the worker:
+    it cannot be pickled here, or unpickled (its class imported, its state rebuilt) there. It
+    costs that item only; `reason` names the input or output, its type and why."""
+
+
 class NodeTimeout(NodeCrashed):
     """The item ran past its node's `timeout`; the worker running it was killed. `stacks`: every
     thread's stack just before the kill (Python + native with py-spy, else Python only), with a

@@ -218,6 +218,19 @@ def unpack(conn: Any, view: memoryview) -> Any:
         return pickle.loads(view)
     count, n_fds = struct.unpack_from("<II", view, 4)
     layout = struct.unpack_from(f"<{3 * count}Q", view, 12)
+    fds = receive_fds(conn, n_fds)
+    firsts = sorted(set(layout[::3]))  # a segment: its first descriptor and those up to the next one's
+    try:
+        whole = {first: _map(fds[first:end]) for first, end in zip(firsts, [*firsts[1:], n_fds])}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    buffers = [whole[layout[3 * k]][layout[3 * k + 1]:layout[3 * k + 1] + layout[3 * k + 2]] for k in range(count)]
+    return pickle.loads(view[12 + 24 * count:], buffers=buffers)
+
+
+def receive_fds(conn: Any, n_fds: int) -> list[int]:
+    """The `n_fds` descriptors `send` passed after a message on `conn`."""
     fds: list[int] = []
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
         while len(fds) < n_fds:  # one byte per message of at most SCM_MAX_FD descriptors (`send`)
@@ -229,14 +242,7 @@ def unpack(conn: Any, view: memoryview) -> Any:
         for fd in fds:
             os.close(fd)
         raise EOFError("the sender died before passing its shared-memory segments")
-    firsts = sorted(set(layout[::3]))  # a segment: its first descriptor and those up to the next one's
-    try:
-        whole = {first: _map(fds[first:end]) for first, end in zip(firsts, [*firsts[1:], n_fds])}
-    finally:
-        for fd in fds:
-            os.close(fd)
-    buffers = [whole[layout[3 * k]][layout[3 * k + 1]:layout[3 * k + 1] + layout[3 * k + 2]] for k in range(count)]
-    return pickle.loads(view[12 + 24 * count:], buffers=buffers)
+    return fds
 
 
 def map_fd(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:

@@ -43,7 +43,7 @@ from typing import Any
 from ..engine.core import Engine
 from ..errors import NodeCrashed, did_you_mean
 from ..plan import Plan
-from ..shipping import dumps, ship_items, ship_plan
+from ..shipping import Pickled, dumps, item_error, ship_each, ship_plan
 from ..stages import cut, merge
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
@@ -79,11 +79,14 @@ def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = F
     """One stage over a row of (index, ok, values so far or the NodeError[, node records so far]):
     failed items pass through; the last stage leaves each item's outputs, the others its values so
     far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's."""
-    done = iter(run_contained(plan, [(i, values) for i, ok, values, *_ in rows if ok], log))
+    done = iter(run_contained(plan, [(i, Pickled(values) if type(values) is bytes else values)
+                                     for i, ok, values, *_ in rows if ok], log))
     out = []
     for i, ok, values, *records in rows:
         if ok:
             _, ok, result, *more = next(done)
+            if ok and not last and type(values) is bytes:  # the item as shipped: read only once it ran
+                values = pickle.loads(values)
             values = merge(values, result, last) if ok else result
             records = [[*(records[0] if records else []), *more[0]]] if more else records
         out.append((i, ok, values, *records))
@@ -162,7 +165,7 @@ class DaftExecutor(RemoteExecutor):
             udfs.append(udf_class(stage_spec, n == len(stages) - 1, self._paths(), results.log_nodes))
         for i in range(len(items)):
             results.started(i)
-        self._run(udfs, items, results)
+        self._run(plan, udfs, items, results)
 
     def _stages(self, plan: Plan) -> list[tuple[dict[str, Any], Plan]]:
         """The plan cut where the UDF options change (`hardy.stages.cut`, shared with the local
@@ -181,13 +184,19 @@ class DaftExecutor(RemoteExecutor):
             return self.node_resources[node.name]
         return {**self.resources, "gpus": node.gpus} if node.gpus else self.resources
 
-    def _run(self, udfs: list[Any], items: Sequence[dict[str, Any]], results: Any) -> None:
+    def _run(self, plan: Plan, udfs: list[Any], items: Sequence[dict[str, Any]], results: Any) -> None:
         """The map as one query; should a UDF process itself die (Daft's own out-of-memory kill), once
         more, then its items fail naming Daft's report."""
         size = max(1, min(ROW_ITEMS, -(-len(items) // (4 * self._workers()))))
-        rows = [ship_items(items, range(s, min(len(items), s + size)),
-                           wrap=lambda chunk: [(i, True, item) for i, item in chunk])
-                for s in range(0, len(items), size)]
+        rows = []
+        for s in range(0, len(items), size):  # an item that cannot be pickled fails here, alone
+            blobs, bad = ship_each(items, range(s, min(len(items), s + size)))
+            for i, why in bad.items():
+                results.fail(i, item_error(plan, i, why))
+            if blobs:  # each item's own pickle, opened only in hardy's worker (`shipping.Pickled`)
+                rows.append(pickle.dumps([(i, True, blob) for i, blob in blobs], protocol=5))
+        if not rows:
+            return
         for attempt in range(2):
             state = daft.col("state")
             for udf in udfs:

@@ -42,8 +42,7 @@ class DaskExecutor(TaskExecutor):
         else:
             with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
                 self._cluster = LocalCluster(n_workers=self.n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                                             processes=True, dashboard_address="127.0.0.1:0",
-                                             host="127.0.0.1")
+                                             processes=False, dashboard_address="127.0.0.1:0")
                 self.client = Client(self._cluster)
         self._own_client = True
 

@@ -5,7 +5,10 @@ delivering per-item rows, import errors); `DaftExecutor` builds on it directly, 
 one query. `TaskExecutor` adds running a map as tasks: Dask and Ray only say how to start, how to
 submit a function, how to wait and what their "a worker died" errors look like. For tasks:
 
-1. the plan's spec is shipped once (the engine's object store), items in chunks of a few thousand;
+1. the plan's spec is shipped once (the engine's object store), items in chunks of a few thousand,
+   each item pickled on its own: one that cannot be fails alone here, and the engine's worker
+   passes the others on unopened (`shipping.Pickled`), so an item whose class that machine cannot
+   import, or whose unpickling raises or crashes, fails alone in hardy's worker process;
 2. each task runs its chunk through `run_contained`: hardy's own worker machinery (the process
    executor's pool, one worker process per task thread) on the engine's worker, so the failure policy is the
    process executor's exactly: a crash or a timeout (the worker is killed) costs the item that
@@ -34,7 +37,7 @@ from ..errors import HardyError, NodeCrashed
 from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
-from ..shipping import build_plan, dumps, portable, ship_items, ship_plan
+from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
 from ..workers.pool import COUNTED, WorkerPool, add_counts
 
 _PLANS: dict[bytes, Plan] = {}
@@ -61,7 +64,7 @@ def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
     the caller listens to node events, which travel back in the rows (nodelog.py)."""
     pool = _pool()
     before = pool.counts()
-    rows = run_contained(plan_for(spec), pickle.loads(chunk), log)
+    rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log)
     after = pool.counts()
     return dumps((rows, {**{k: after[k] - before[k] for k in COUNTED}, "peak_rss": after["peak_rss"]}))
 
@@ -102,7 +105,7 @@ def _pool() -> WorkerPool:
     return pool
 
 
-def run_contained(plan: Plan, chunk: list[tuple[int, dict[str, Any]]], log: bool = False) -> list[tuple[Any, ...]]:
+def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False) -> list[tuple[Any, ...]]:
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
     process here (`_pool`)."""
     results = _Rows(len(chunk), log)
@@ -176,13 +179,19 @@ class RemoteExecutor:
             cloudpickle.register_pickle_by_value(importlib.import_module(name))
         try:
             spec = ship_plan(plan)  # hardy's clear error for anything that cannot travel, first
-            if items:
-                ship_items(items, [0])
+            check_constants(items)
             self._start()
             self._run_map(plan, spec, items, results)
         finally:
             for name in extra:
                 cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
+
+    def _ship(self, plan: Plan, items: Sequence[dict[str, Any]], chunk: Sequence[int], results: Any) -> bytes | None:
+        """The chunk for a task (`shipping.ship_each`); its items that cannot be pickled fail here."""
+        blobs, bad = ship_each(items, chunk)
+        for i, why in bad.items():
+            results.fail(i, item_error(plan, i, why))
+        return pickle.dumps(blobs, protocol=5) if blobs else None
 
     def _deliver(self, rows: list[tuple[Any, ...]], results: Any) -> None:
         for i, ok, value, *records in rows:  # records: the item's node events, when logged
@@ -220,15 +229,19 @@ class TaskExecutor(RemoteExecutor):
         n = len(items)
         size = max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers())))))
         pending: dict[Any, list[int]] = {}
+        shipped: dict[Any, bytes] = {}
         for start in range(0, n, size):
             chunk = list(range(start, min(n, start + size)))
             for i in chunk:
                 results.started(i)
-            pending[self._submit(run_chunk_remote, handle, ship_items(items, chunk), results.log_nodes)] = chunk
+            blob = self._ship(plan, items, chunk, results)
+            if blob is not None:
+                fut = self._submit(run_chunk_remote, handle, blob, results.log_nodes)
+                pending[fut], shipped[fut] = chunk, blob
         lost: set[Any] = set()
         while pending:
             for fut in self._wait_any(list(pending)):
-                chunk = pending.pop(fut)
+                chunk, blob = pending.pop(fut), shipped.pop(fut)
                 try:
                     rows, counts = pickle.loads(self._result(fut))
                 except Exception as exc:
@@ -240,8 +253,8 @@ class TaskExecutor(RemoteExecutor):
                             results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
                                                                 f"chunk died, twice: {exc}"))
                     else:
-                        again = self._submit(run_chunk_remote, handle, ship_items(items, chunk), results.log_nodes)
-                        pending[again] = chunk
+                        again = self._submit(run_chunk_remote, handle, blob, results.log_nodes)
+                        pending[again], shipped[again] = chunk, blob
                         lost.add(again)
                     continue
                 add_counts(self._counts, counts)

@@ -14,12 +14,19 @@ start_method:
 
 A SIGTERM to this process (a scheduler, `kill`) first stops every server and worker it started,
 then ends the process as SIGTERM would have; SIGKILL is covered by the servers and workers
-themselves (`lifeline.py`).
+themselves (`lifeline.py`), which watch for the end of their pipe to this process. A child that
+this process forks (`multiprocessing`'s fork, `os.fork`) would hold those pipes open and keep them
+alive after a SIGKILL of this one: so a fork child lets go of them at once (`_forked`).
+
+A fork server imports `preload` before it answers: one whose import blocks fails the map after
+`PRELOAD_TIMEOUT` seconds (the environment variable HARDY_PRELOAD_TIMEOUT, default 120), naming
+the module; a warning names it after `PRELOAD_WARN` seconds.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
 import shutil
@@ -38,9 +45,28 @@ from typing import Any
 from ..errors import WorkerStartError
 from .lifeline import die_with_parent, kill_group
 
+log = logging.getLogger("hardy.workers")
+
 _HARDY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s"
 SERVER_BOOT = _BOOT % "server import serve; serve()"
+IMPORTING = "importing"  # the file in a server's folder naming the preload module it imports now
+
+
+def _preload_timeout() -> float:
+    text = os.environ.get("HARDY_PRELOAD_TIMEOUT", "120")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # (nan too)
+        raise WorkerStartError(f"HARDY_PRELOAD_TIMEOUT={text!r} is not a number of seconds above 0; "
+                               "set it to one (the default is 120), or unset it")
+    return value
+
+
+PRELOAD_TIMEOUT = _preload_timeout()
+PRELOAD_WARN = 10.0  # seconds: a server still importing `preload` then is named in a warning
 WORKER_BOOT = _BOOT % "worker import run; %s"
 
 
@@ -82,6 +108,7 @@ class ForkServer:
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
         self.folder = tempfile.mkdtemp(prefix="hardy-server-")  # 0700: nobody else may enter
+        _starting.add(self.folder)  # removed by a SIGTERM handler until the server owns it
         self.address = os.path.join(self.folder, "socket")
         self._key = os.urandom(32)
         self.users: set[int] = set()
@@ -94,12 +121,18 @@ class ForkServer:
                       preload=["hardy.workers.worker", *preload], parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
         try:
-            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT], stdin=subprocess.PIPE,
+            # the folder in its arguments: a server that never gets its configuration still removes it
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, self.folder], stdin=subprocess.PIPE,
                                             pass_fds=[listener.fileno()], env={**os.environ, **env},
                                             start_new_session=True)
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         finally:
             listener.close()
+            _starting.discard(self.folder)
         assert self.process.stdin is not None
+        _ends.add(self.process.stdin)
         self.process.stdin.write(pickle.dumps(config))
         self.process.stdin.flush()  # stays open: its end-of-file tells the server we are gone
 
@@ -114,6 +147,7 @@ class ForkServer:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(self.address)
                 status = Connection(os.dup(s.fileno()))
+                self._wait_for_preload(status)
                 answer_challenge(status, self._key)
                 deliver_challenge(status, self._key)
                 reduction.sendfds(s, [theirs.fileno()])
@@ -133,7 +167,38 @@ class ForkServer:
             status.close()
             raise WorkerStartError(value)
         return WorkerProcess(value, status.fileno(), lambda: _exit_status(status), status.close), \
-            Connection(ours.detach())
+            _parent_end(Connection(ours.detach()))
+
+    def _importing(self) -> str:
+        """The preload module the server imports now ("" once it is done, or before it began)."""
+        try:
+            with open(os.path.join(self.folder, IMPORTING)) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _wait_for_preload(self, status: Connection) -> None:
+        """Until the server answers (a server that dies ends the connection too): after
+        PRELOAD_WARN seconds a warning names the module it imports; after PRELOAD_TIMEOUT the
+        server is killed and the map fails naming it."""
+        if wait([status], min(PRELOAD_WARN, PRELOAD_TIMEOUT)):
+            return
+        module = self._importing()
+        if module:
+            log.warning("the fork server has been importing preload module %r for %g s (it fails after %g s: "
+                        "HARDY_PRELOAD_TIMEOUT)", module, PRELOAD_WARN, PRELOAD_TIMEOUT)
+        if wait([status], max(0.0, PRELOAD_TIMEOUT - PRELOAD_WARN)):
+            return
+        module = self._importing()
+        self.process.kill()  # (its workers: none could start)
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        what = f"preload module {module!r}" if module else f"the fork server ({self.label})"
+        raise WorkerStartError(
+            f"{what} did not finish importing within {PRELOAD_TIMEOUT:g} s, so no worker could start: its import "
+            "blocks (waiting on a lock, a network service, input?). Import it in a plain python to see "
+            "where, leave it out of preload=, or raise the limit with the environment variable "
+            "HARDY_PRELOAD_TIMEOUT (seconds).")
 
     def stop(self, wait: bool = True) -> None:
         """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
@@ -166,7 +231,6 @@ class Forker:
     alive = True
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="hardy-workers-")
         self.users: set[int] = set()
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
@@ -189,10 +253,10 @@ class Forker:
         def collect() -> int | None:
             kill_group(pid)  # not reaped yet, so the group id still names only its processes
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        return WorkerProcess(pid, pidfd, collect, lambda: os.close(pidfd)), Connection(ours.detach())
+        return WorkerProcess(pid, pidfd, collect, lambda: os.close(pidfd)), _parent_end(Connection(ours.detach()))
 
     def stop(self, wait: bool = True) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Nothing to stop: its workers are the pools' to stop, and it has no files."""
 
 
 Launcher = ForkServer | Forker
@@ -234,6 +298,43 @@ def _stop_everything(wait: bool = True) -> None:
         w.kill()  # only while it runs: an ended worker's pid may name someone else by now
     for launcher in list(_launchers.values()):
         launcher.stop(wait)
+    for folder in list(_starting):  # a server being started: it has not read where its folder is yet
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_starting: set[str] = set()  # folders of fork servers being started
+_ends: weakref.WeakSet[Any] = weakref.WeakSet()  # this process's ends of its servers' and workers' pipes
+
+
+def _parent_end(conn: Connection) -> Connection:
+    """`conn`, this process's end of a worker's socket, let go of by fork children (`_forked`)."""
+    _ends.add(conn)
+    return conn
+
+
+def _forked() -> None:
+    """In a child forked from this process: the servers, workers and pipes are the parent's. The
+    child lets go of its copies of the pipes (its ends now read /dev/null, so that no later close
+    can hit a reused descriptor), so that their end-of-file still tells servers and workers when
+    the parent dies, and it forgets them all, so that its exit stops nothing of the parent's.
+    Its pools start workers of their own if it maps (`pool._forked`)."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for end in list(_ends):
+            if not end.closed:
+                os.dup2(null, end.fileno(), inheritable=False)
+        for w in list(_live):
+            if not w._ended:
+                os.dup2(null, w.sentinel, inheritable=False)  # (its server's status socket, or a pidfd)
+                w._ended = True  # not ours to kill or reap
+    finally:
+        os.close(null)
+    _ends.clear()
+    _live.clear()
+    _launchers.clear()
+    _starting.clear()
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
 
 
 def _watch_sigterm() -> None:
@@ -250,3 +351,4 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 atexit.register(_stop_everything)
+os.register_at_fork(after_in_child=_forked)

@@ -14,7 +14,6 @@ import os
 import pickle
 import signal
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -27,14 +26,33 @@ from typing import TYPE_CHECKING, Any
 from .. import transport
 from ..batching import batched
 from ..crash import describe_exit, read_stack
-from ..errors import GpuOutOfMemory, NodeCrashed, NodeDefinitionError, NodeError, NodeTimeout, WorkerStartError
+from ..errors import (
+    GpuOutOfMemory,
+    NodeCrashed,
+    NodeDefinitionError,
+    NodeError,
+    NodeTimeout,
+    ShippingError,
+    WorkerStartError,
+)
 from ..forensics.frames import examine
 from ..forensics.stacks import hang_stacks
 from ..plan import Plan
 from ..policy import delay
 from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
-from ..shipping import dumps, globals_in, ship_items, ship_plan
+from ..shipping import (
+    Pickled,
+    check_constants,
+    described,
+    dumps,
+    globals_in,
+    item_error,
+    readers,
+    seal,
+    ship_items,
+    ship_plan,
+)
 from ..sizes import parse_size
 from . import launch
 from . import worker as worker_main
@@ -87,20 +105,23 @@ def peak_rss(pid: int) -> int:
 
 
 class _Worker:
-    """One worker process, its pipe, its status words and its faulthandler file."""
+    """One worker process, its pipe, its status words and its faulthandler file.
 
-    def __init__(self, launcher: launch.Launcher, folder: str, number: int, env: dict[str, str],
+    The status words and the faulthandler file are memfds passed to the worker with its first
+    message: files with no name, gone with the last process holding them, so that no death of
+    either side (a SIGKILL of this process included) can leave one behind."""
+
+    def __init__(self, launcher: launch.Launcher, number: int, env: dict[str, str],
                  preload_libs: tuple[str, ...]):
         self.number = number
-        self.status_path = os.path.join(folder, f"status-{number}")
-        self.fault_path = os.path.join(folder, f"fault-{number}.txt")
-        with open(self.status_path, "wb") as f:
-            f.write(array("d", [-1.0] * worker_main.SLOTS).tobytes())
-        self._mm, self.status = worker_main.open_status(self.status_path)
+        self._fds = [os.memfd_create("worker-status", os.MFD_CLOEXEC), os.memfd_create("worker-fault", os.MFD_CLOEXEC)]
+        os.write(self._fds[0], array("d", [-1.0] * worker_main.SLOTS).tobytes())
+        self.fault_path = f"/proc/self/fd/{self._fds[1]}"  # read by path, here, after a death
+        self._mm, self.status = worker_main.open_status(self._fds[0])
         self.process, self.conn = launcher.start_worker()
         # this process's environment now (a fork server's dates from its start), with the caps
-        self.send(pickle.dumps((self.status_path, self.fault_path, {**os.environ, **env}, preload_libs,
-                                list(sys.path), os.getcwd())))
+        transport.send(self.conn, b"", transport.Packed(
+            pickle.dumps(({**os.environ, **env}, preload_libs, list(sys.path), os.getcwd())), self._fds))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
@@ -150,11 +171,9 @@ class _Worker:
         self.process.close()
         del self.status
         self._mm.close()
-        for p in (self.status_path, self.fault_path):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
 
 class WorkerPool:
@@ -185,7 +204,6 @@ class WorkerPool:
             raise NodeDefinitionError("max_tasks_per_worker must be at least 1")
         self.env = worker_environment(self.size)
         self._launcher: launch.Launcher | None = None
-        self._folder = ""
         self._workers: list[_Worker | None] = [None] * self.size
         self._owners: list[_Run | None] = [None] * self.size  # which map or call uses each worker
         self._started = 0
@@ -198,6 +216,7 @@ class WorkerPool:
         self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
         self.start_failures = 0
         atexit.register(_close_at_exit, weakref.ref(self))
+        _pools.add(self)
 
     # --- workers ---------------------------------------------------------------------------------
 
@@ -205,11 +224,10 @@ class WorkerPool:
         with self._lock:
             if self._launcher is None:
                 self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
-                self._folder = tempfile.mkdtemp(prefix="pool-", dir=self._launcher.folder)
             self._started += 1
             number = self._started
         env = {**self.env, **self.slot_env[slot]} if self.slot_env else self.env
-        w = _Worker(self._launcher, self._folder, number, env, self.preload_libs)
+        w = _Worker(self._launcher, number, env, self.preload_libs)
         self._workers[slot] = w
         return w
 
@@ -274,18 +292,36 @@ class WorkerPool:
                 shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
 
-    def _chunk(self, plan_id: int, items: Sequence[dict[str, Any]], chunk: list[int],
-               shared: transport.Shared, log: bool = False) -> transport.Packed:
-        """`log`: the worker logs node events (observe/nodelog.py) because the parent listens;
-        `shared`: the segments of the values every item of the map holds (written once)."""
-        packed: transport.Packed = ship_items(items, chunk, lambda pairs: ("chunk", plan_id, pairs, log),
-                                              dump=lambda msg: transport.pack(msg, dumps, shared))
-        return packed  # what `dump` returned
+    def _chunk(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
+               sealed: int = 0) -> tuple[transport.Packed | None, dict[int, str]]:
+        """The chunk's message, less the items that cannot be pickled (returned apart, with why);
+        `log`: the worker logs node events (observe/nodelog.py) because the parent listens;
+        `shared`: the segments of the values every item of the map holds (written once);
+        `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
+        sent alone)."""
+        packed: tuple[transport.Packed | None, dict[int, str]] = ship_items(
+            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed),
+            dump=lambda msg: transport.pack(msg, dumps, shared))
+        return packed  # what `dump` returned, and the items left out
 
     # --- the map executor ------------------------------------------------------------------------
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
         _Run(self, plan, items, results).loop()
+
+    def _forget(self) -> None:
+        """In a fork child: the workers are the parent's (launch.py let go of their pipes); this
+        process starts its own if it maps."""
+        for w in self._workers:
+            if w is not None:
+                for fd in w._fds:
+                    os.close(fd)
+                w._fds = []
+        self._workers = [None] * self.size
+        self._owners = [None] * self.size
+        self._launcher = None
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
 
     def close(self) -> None:
         """Stop every worker (a map still running in another thread loses its workers), then
@@ -298,30 +334,27 @@ class WorkerPool:
             if w is not None:
                 w.stop()
         if launcher is not None:
-            try:
-                os.rmdir(self._folder)
-            except OSError:
-                pass
             launch.release(self, launcher)
 
 
 class _Run:
     """One map (or one isolated call) through the pool: the scheduling loop and its bookkeeping."""
 
-    def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[dict[str, Any]], results: Any):
+    def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: Any):
         self.pool, self.plan, self.items, self.results = pool, plan, items, results
         self.plan_id, self.plan_msg = pool._ship(plan)
         self.next_fresh = 0
         self.retry: deque[list[int]] = deque()
         self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
         self.attempts: dict[int, int] = {}
+        self.sealed: dict[int, int] = {}  # items sent again sealed (`send_sealed`), and how
         self.per_item = pool._per_item.get(self.plan_id)
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
         self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
         self.log = results.log_nodes
-        if items:  # fail before any worker starts if the first item cannot travel
-            ship_items(items, [0], dump=_checked)
+        if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
+            check_constants(items)
         self.shared = transport.Shared(_shared_values(items), dumps)
 
     def next_chunk(self, w: _Worker) -> list[int] | None:
@@ -377,11 +410,10 @@ class _Run:
             if w is None:
                 w = pool._start_worker(slot)
             fresh = self.next_fresh
-            chunk = self.next_chunk(w)
-            if not chunk:
+            chunk, data = self.shippable_chunk(w)
+            if data is None:
                 unneeded.append(slot)
                 continue
-            data = pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log)
             w.plan = self.plan
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
@@ -396,6 +428,24 @@ class _Run:
                 self.on_death(w)
         if unneeded:
             pool._release(self, unneeded)
+
+    def shippable_chunk(self, w: _Worker) -> tuple[list[int], transport.Packed | None]:
+        """The next chunk for `w` and its message; items that cannot be pickled fail here, alone."""
+        while True:
+            chunk = self.next_chunk(w)
+            if not chunk:
+                return [], None
+            if chunk[0] in self.sealed:
+                data, bad = self.pool._chunk(self.plan_id, {i: seal(self.items[i]) for i in chunk}, chunk,
+                                             self.shared, self.log, sealed=self.sealed[chunk[0]])
+            else:
+                data, bad = self.pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log)
+            for i, why in bad.items():
+                self.results.fail(i, item_error(self.plan, i, why))
+            if data is not None:
+                return [i for i in chunk if i not in bad], data
+            if not self.has_work():
+                return [], None
 
     def mine(self) -> list[_Worker]:
         pool = self.pool
@@ -449,9 +499,14 @@ class _Run:
         try:
             while w.conn.poll():
                 data = w.conn.recv_bytes()
-                done, each, logged, elapsed = worker_main.HEADER.unpack_from(data)
+                done, each, logged, unread, elapsed = worker_main.HEADER.unpack_from(data)
                 w.started_any = True
                 self.pool.start_failures = 0
+                if unread:  # its chunk could not be unpickled there: it goes again, sealed
+                    chunk = list(w.unsent)
+                    w.plan, w.unsent = None, {}
+                    self.send_sealed(chunk, pickle.loads(memoryview(data)[worker_main.HEADER.size:]))
+                    return True
                 try:
                     batch = transport.unpack(w.conn, memoryview(data)[worker_main.HEADER.size:])
                 except (EOFError, OSError):  # it died while passing its shared memory
@@ -506,6 +561,21 @@ class _Run:
         if err.backoff:
             self.due[i] = time.monotonic() + delay(err.backoff, self.attempts[i])
         return True
+
+    def send_sealed(self, chunk: list[int], why: str, alone: bool = False) -> None:
+        """A chunk that could not be unpickled in the worker, or whose unpickling killed it, or
+        that killed it while its results were pickled: sent again (first) sealed, so that each
+        item's inputs are opened one by one (`alone`: and each result is sent alone), and the item
+        at fault fails alone (`worker._open`, `died_between_items`). A sealed chunk that fails so
+        (nothing an item holds can make it) fails its items: no loop."""
+        if self.sealed.get(chunk[0], 0) >= 1 + alone:
+            for i in chunk:
+                self.results.fail(i, ShippingError(readers(self.plan, ""), None, i, f"its chunk could not be "
+                                                   f"unpickled in the worker process, even sealed: {why}"))
+            return
+        self.sealed.update(dict.fromkeys(chunk, 1 + alone))
+        size = -(-len(chunk) // (2 * self.pool.size))  # in pieces, for every worker to share: it runs last
+        self.retry.extendleft(reversed([chunk[k:k + size] for k in range(0, len(chunk), size)]))
 
     def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
         """The error for a result this process cannot unpickle: node, item and the types involved."""
@@ -585,7 +655,11 @@ class _Run:
         in_flight = item if item in w.unsent else None
         if item == worker_main.BATCH and w.unsent:
             in_flight = self.split(w, signame, text)
-        if in_flight is not None:
+        if in_flight is not None and step <= worker_main.OPENING:  # unpickling one input of a sealed item
+            del w.unsent[in_flight]
+            self.died_opening(in_flight, worker_main.OPENING - step, (signame, text, w.process.exitcode,
+                                                                        read_stack(w.fault_path)))
+        elif in_flight is not None:
             del w.unsent[in_flight]
             steps = self.plan.steps
             node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
@@ -611,14 +685,16 @@ class _Run:
                 self.results.fail(in_flight, err, worker=w.process.pid)
         elif item == worker_main.BATCH:
             pass  # a batch it died in is queued again in halves (`split`)
-        elif w.tasks == 0 and not w.started_any:
+        elif item in (worker_main.READING, worker_main.SENDING, worker_main.LOADING) and w.unsent:
+            self.died_between_items(w, item, step, (signame, text, w.process.exitcode, read_stack(w.fault_path)))
+        elif w.status[worker_main.READY] != 1.0:  # (preload= modules load in the fork server, which says so)
             pool.start_failures += 1
-            if pool.start_failures >= 3:  # dies before running anything: retrying would loop forever
+            if pool.start_failures >= 3:  # dies setting up: retrying would loop forever
                 pool._replace(slot, stop=False)
                 raise WorkerStartError(
-                    f"worker processes die before running anything ({text}; 3 in a row). A module in "
-                    f"preload=, a library in preload_libs= or the worker environment fails to load: see the "
-                    f"worker's error above. {read_stack(w.fault_path)}".strip())
+                    f"worker processes die while setting up, before reading any work ({text}; 3 in a row). A "
+                    f"library in preload_libs= or the worker environment fails to load: see the worker's "
+                    f"error above. {read_stack(w.fault_path)}".strip())
         elif w.process.exitcode == worker_main.RETIRED:
             log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
@@ -629,6 +705,50 @@ class _Run:
         w.unsent = {}
         w.plan = None
         pool._replace(slot, stop=False)
+
+
+    def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
+        """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""
+        signame, text, exitcode, stack = crash
+        item = self.items[i]
+        if isinstance(item, Pickled):
+            what = f"input (types in it: {', '.join(globals_in(item.blob)) or 'builtins only'})"
+        else:
+            name = list(item)[k] if k < len(item) else "?"
+            what = f"input {name!r} ({described(item.get(name))})"
+        self.results.fail(i, NodeCrashed(readers(self.plan, what), i, f"the worker process died ({text}) while "
+                                         f"unpickling its {what}, before the node ran", signal=signame,
+                                         exitcode=exitcode, stack=stack))
+
+    def died_between_items(self, w: _Worker, doing: int, count: int,
+                           crash: tuple[str | None, str, int | None, str]) -> None:
+        """The worker died with no node running: unpickling a chunk (READING: it is sent again
+        sealed), pickling a batch of `count` results (SENDING: those items run again sealed, each
+        result sent alone; an item alone fails), or loading the pipeline (LOADING: the chunk's
+        items fail, as when loading raises). `w.unsent` keeps the innocent items."""
+        unsent = list(w.unsent)
+        signame, text, exitcode, stack = crash
+        if doing == worker_main.READING:
+            w.unsent = {}
+            self.send_sealed(unsent, f"the worker process died ({text}) unpickling it")
+            return
+        if doing == worker_main.LOADING:
+            w.unsent = {}
+            for i in unsent:
+                self.results.fail(i, NodeCrashed("<pipeline>", i, f"the worker process died ({text}) while loading "
+                                                 "the pipeline (unpickling its nodes, importing their modules)",
+                                                 signal=signame, exitcode=exitcode, stack=stack))
+            return
+        batch = unsent[:max(1, count)]
+        w.unsent = dict.fromkeys(unsent[len(batch):])
+        if len(batch) > 1:
+            self.send_sealed(batch, f"the worker process died ({text}) pickling their results", alone=True)
+            return
+        producers = [s.node.name for s in self.plan.steps if set(s.node.outputs) & set(self.plan.outputs)]
+        self.results.fail(batch[0], NodeCrashed(
+            " / ".join(producers) or "?", batch[0], f"the worker process died ({text}) while pickling the item's "
+            "result to send it back, after its nodes ran; return plain data (numbers, arrays, dicts, paths)",
+            signal=signame, exitcode=exitcode, stack=stack))
 
 
 def _after_return(w: _Worker, signame: str | None, text: str) -> str:
@@ -645,15 +765,18 @@ def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:
         pool.close()
 
 
-def _checked(msg: Any) -> bytes:
-    """`msg` pickled as a chunk would be, but with its big buffers left out rather than copied in:
-    only whether it can travel is wanted."""
-    return dumps(msg, buffer_callback=lambda buf: False)
+_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+def _forked() -> None:
+    for pool in list(_pools):
+        pool._forget()
 
 
-def _shared_values(items: Sequence[dict[str, Any]]) -> list[Any]:
+os.register_at_fork(after_in_child=_forked)
+
+
+def _shared_values(items: Sequence[Any]) -> list[Any]:
     """The inputs every item holds as one same object (a map's constant inputs)."""
-    if len(items) < 2:
+    if len(items) < 2 or not isinstance(items[0], dict):
         return []
     first, last = items[0], items[-1]
     return [v for k, v in first.items() if last.get(k, first) is v]

@@ -37,7 +37,7 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def serve() -> None:
-    config = pickle.load(sys.stdin.buffer)
+    folder = sys.argv[1]  # known before anything can fail: whatever happens next, it is removed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     serving = [True]
 
@@ -49,22 +49,23 @@ def serve() -> None:
             sys.exit(0)
 
     signal.signal(signal.SIGTERM, leave)
-    if config["pdeathsig"]:
-        die_with_parent(config["parent"], signal.SIGTERM)
-    listener = socket.socket(fileno=config["listen_fd"])
-    failure = _preload(config["preload"])
-    prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, Connection] = {}
-    sel = selectors.DefaultSelector()
-    sel.register(0, selectors.EVENT_READ, "parent")
-    sel.register(wake_r, selectors.EVENT_READ, "child")
-    sel.register(listener, selectors.EVENT_READ, "request")
-    closing = [0, wake_r, wake_w, listener.fileno()]
     try:
+        config = pickle.load(sys.stdin.buffer)  # end of file: the parent died before sending it
+        if config["pdeathsig"]:
+            die_with_parent(config["parent"], signal.SIGTERM)
+        listener = socket.socket(fileno=config["listen_fd"])
+        failure = _preload(config["preload"], folder, serving)
+        prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        sel = selectors.DefaultSelector()
+        sel.register(0, selectors.EVENT_READ, "parent")
+        sel.register(wake_r, selectors.EVENT_READ, "child")
+        sel.register(listener, selectors.EVENT_READ, "request")
+        closing = [0, wake_r, wake_w, listener.fileno()]
         while True:
             for key, _ in sel.select():
                 if key.data == "parent":
@@ -82,20 +83,28 @@ def serve() -> None:
             kill_group(pid)
         for pid in list(children):
             _reap_one(pid, children)
-        shutil.rmtree(config["folder"], ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
 
-def _preload(modules: list[str]) -> str | None:
-    """Import the preload modules; the error text if one fails (reported to every request)."""
+def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None:
+    """Import the preload modules; the error text if one fails (reported to every request). The
+    module being imported is named in the folder's IMPORTING file, for the parent to name one
+    whose import blocks (`launch.ForkServer`)."""
     import importlib
+    note = os.path.join(folder, "importing")  # launch.IMPORTING
     for name in modules:
+        with open(note, "w") as f:
+            f.write(name)
         try:
             importlib.import_module(name)
         except BaseException as exc:
+            if not serving[0]:  # the SystemExit of `leave`: the parent's SIGTERM
+                raise
             return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
                     f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
                     + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
+    os.unlink(note)
     return None
 
 

@@ -31,23 +31,29 @@ from ..observe.nodelog import LOG, Records, row_logs
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
-from ..shipping import build_plan, dumps, out_of_band, portable
+from ..shipping import build_plan, dumps, open_input, out_of_band, portable, unopened
 from .lifeline import kill_group, watch_peer
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines:
 # doubles, because the step's start is `time.monotonic()`, the clock of the node log (nodelog.py);
-# the item and the step are small integers, exact in a double.
-ITEM, STEP, STEP_START, SLOTS = 0, 1, 2, 4
+# the item and the step are small integers, exact in a double. READY turns 1 once the worker is set
+# up (so a death before is its setup's: preload_libs, the environment; a death after never is).
+# Between items, ITEM says what the worker does: IDLE, READING a message (a chunk's items are
+# unpickled then), or SENDING results (pickled then), and STEP how many results that batch holds.
+ITEM, STEP, STEP_START, READY, SLOTS = 0, 1, 2, 3, 4
+IDLE, READING, SENDING, LOADING = -1, -3, -4, -5  # LOADING: the pipeline, its nodes' modules
 BATCH = -2  # ITEM while a batched node's call runs: the parent splits the batch if the worker dies
+OPENING = -2  # STEP while a sealed item's input k is unpickled: OPENING - k (ITEM is the item)
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
-HEADER = struct.Struct("???d")  # before each batch of results: chunk done, pickled item by item, logged, elapsed
+# Before each batch of results: chunk done, pickled item by item, logged, the chunk could not be
+# unpickled here (the batch is then why), elapsed.
+HEADER = struct.Struct("????d")
 
 
-def open_status(path: str) -> tuple[mmap.mmap, Any]:
-    with open(path, "r+b") as f:
-        mm = mmap.mmap(f.fileno(), STATUS_SIZE)
+def open_status(fd: int) -> tuple[mmap.mmap, Any]:
+    mm = mmap.mmap(fd, STATUS_SIZE)
     return mm, (ctypes.c_double * SLOTS).from_buffer(mm)
 
 
@@ -90,7 +96,8 @@ def run(fd: int) -> None:
     """
     conn = Connection(fd)
     try:
-        status_path, fault_path, env, preload_libs, sys_path, cwd = pickle.loads(conn.recv_bytes())
+        env, preload_libs, sys_path, cwd = pickle.loads(conn.recv_bytes())
+        status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
     watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
@@ -102,7 +109,7 @@ def run(fd: int) -> None:
         os.chdir(cwd)
     except OSError:
         pass
-    fault_file = open(fault_path, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
+    fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
@@ -116,21 +123,27 @@ def run(fd: int) -> None:
         from ..native.libs import preload
         preload(packages=[p for p in preload_libs if not os.path.isdir(p)],
                 paths=[p for p in preload_libs if os.path.isdir(p)])
-    _, status = open_status(status_path)
-    status[ITEM] = -1
+    _, status = open_status(status_fd)
+    os.close(status_fd)  # (the mapping stays)
+    status[ITEM] = IDLE
     status[STEP] = -1
+    status[READY] = 1.0
+    _status[0] = status
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
     code = 0
     try:
         while True:
             try:
-                msg = transport.unpack(conn, memoryview(conn.recv_bytes()))
+                data = conn.recv_bytes()
             except EOFError:
                 break
+            msg = _read(conn, data, status)
+            if msg is None:
+                continue
             if msg[0] == "plan":
                 plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
-                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3]):
+                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3], msg[4]):
                     code = RETIRED
                     break
             elif msg[0] == "resend":
@@ -143,6 +156,23 @@ def run(fd: int) -> None:
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(code)
+
+
+def _read(conn: Any, data: bytes, status: Any) -> Any:
+    """The message in `data`; None if it could not be unpickled here (a chunk's item whose class
+    this process cannot import, or whose rebuilding raises): the parent is told, and sends the
+    chunk again sealed (`_open`). Should the unpickling crash the process instead, the status
+    words say it died READING, with the same outcome."""
+    status[ITEM] = READING
+    try:
+        return transport.unpack(conn, memoryview(data))
+    except EOFError:  # the parent died while passing the message's segments
+        raise
+    except Exception as exc:  # whatever a __setstate__ raises (an OSError too) costs its item alone
+        conn.send_bytes(HEADER.pack(True, False, False, True, 0.0) + pickle.dumps(f"{type(exc).__name__}: {exc}"))
+        return None
+    finally:
+        status[ITEM] = IDLE
 
 
 def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
@@ -176,6 +206,7 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, _marked(status, k, n.func))
         return _marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
+    before, status[ITEM] = status[ITEM], LOADING
     try:
         plan = build_plan(spec, wrap=marked, on_cached=LOG.cache_hook(steps) if log else None)
     except Exception as exc:
@@ -183,6 +214,8 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
                 "its nodes must come from the script or a module importable from the parent's sys.path "
                 "(a module loaded from elsewhere can be sent by value with "
                 "cloudpickle.register_pickle_by_value)")
+    finally:
+        status[ITEM] = before
     return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
 
 
@@ -191,13 +224,18 @@ Sent = tuple[list[tuple[Any, ...]], Records | None]  # a batch of results sent, 
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
 _names: list[tuple[str, ...] | None] = [None]  # its nodes by step, while its calls are logged
 _sending = [False]
+_status: list[Any] = [None]  # the status words, for `_send`
 
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
-               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[Sent], log: bool) -> bool:
+               items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[Sent], log: bool,
+               sealed: int = 0) -> bool:
     """Run the items; `log`: their node calls are logged and each batch carries its log
-    (observe/nodelog.py). False when the worker must retire: after a sticky CUDA error every later
-    CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
+    (observe/nodelog.py); `sealed`: the chunk is sent again after it could not be unpickled whole,
+    so each item's inputs are opened one by one (`_open`), and, 2, after its results could not be
+    pickled without a crash: each result is then sent alone. False when
+    the worker must retire: after a sticky CUDA error every later CUDA call here would fail, so
+    the rest of the chunk goes back to the parent unrun."""
     sent.clear()
     _names[0] = None
     if isinstance(loaded, str):
@@ -208,6 +246,17 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     _producers.update(producers)
     group = batched(plan)
     if group is not None:
+        if sealed:  # opened first; an input that cannot be fails its item (sent with the first results)
+            opened = []
+            for i, item in items:
+                status[ITEM] = i
+                value = _open(plan, i, item, status)
+                if isinstance(value, NodeError):
+                    _unsent.append((i, False, value))
+                else:
+                    opened.append((i, value))
+            status[ITEM] = IDLE
+            items = opened
         return _run_batched(conn, group, plan, items, status, sent)
     _names[0] = tuple(s.node.name for s in plan.steps) if log else None
     named = log and _named(plan)
@@ -216,11 +265,16 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     batch = _unsent
     for i, item in items:
         now = clock()  # one clock read: when the last batch went, and when this item began
-        if now - last >= FLUSH_EVERY and batch:
+        if batch and (sealed == 2 or now - last >= FLUSH_EVERY):
             _send(conn, batch, producers, False, 0.0, sent)
             last = now = clock()
         status[STEP] = -1
         status[ITEM] = i
+        if sealed:
+            item = _open(plan, i, item, status)
+            if isinstance(item, NodeError):
+                batch.append((i, False, item))
+                continue
         if note:
             note((BEGINS, now))  # an item begins (nodelog.py)
         try:
@@ -230,10 +284,10 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
                 LOG.failed(None if named or status[STEP] >= 0 else now)
             batch.append((i, False, portable(err)))
             if isinstance(err, CudaError) and err.retires_worker:
-                status[ITEM] = -1
+                status[ITEM] = IDLE
                 _send(conn, batch, producers, False, 0.0, sent)
                 return False
-        status[ITEM] = -1
+        status[ITEM] = IDLE
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, clock() - start, sent)
@@ -275,6 +329,25 @@ def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, d
     return True
 
 
+def _open(plan: Plan, i: int, item: Any, status: Any) -> Any:
+    """A sealed item's inputs, each unpickled on its own (STEP says which, should one crash the
+    worker); the error naming the input that cannot be."""
+    parts = list(item.items()) if isinstance(item, dict) else [(None, item)]
+    opened = {}
+    for k, (name, value) in enumerate(parts):
+        status[STEP] = OPENING - k
+        try:
+            value = open_input(value)
+        except Exception as exc:  # whatever a __setstate__ raises
+            return unopened(plan, i, name, item[name] if name is not None else item, exc)
+        if name is None:  # a whole item, as an engine's task shipped it (`shipping.Pickled`)
+            status[STEP] = -1
+            return value
+        opened[name] = value
+    status[STEP] = -1
+    return opened
+
+
 def _last_words(conn: Any, sent: list[Sent]) -> None:
     """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
     transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
@@ -290,6 +363,9 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
     so the chunk's batches are kept in `sent` until the next chunk. The batch is emptied. While
     this runs, last words stay silent: the batch is on its way already."""
     _sending[0] = True
+    status = _status[0]
+    if not dying:  # (a dying worker's status words name the item that killed it)
+        status[ITEM], status[STEP] = SENDING, len(batch)
     try:
         names = _names[0]
         records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
@@ -300,10 +376,12 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
             batch[:] = [_picklable(producers, *row) for row in batch]
             packed = transport.pack(message, dumps)
         sent.append((list(batch), records))
-        transport.send(conn, HEADER.pack(done, False, names is not None, elapsed), packed)
+        transport.send(conn, HEADER.pack(done, False, names is not None, False, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
+        if not dying:
+            status[ITEM], status[STEP] = IDLE, -1
 
 
 def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
@@ -315,7 +393,7 @@ def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
             outcomes[i] = (ok, value, log)
     data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
                          for i in items for ok, value, log in [outcomes[i]]], protocol=5)
-    conn.send_bytes(HEADER.pack(True, True, False, 0.0) + data)
+    conn.send_bytes(HEADER.pack(True, True, False, False, 0.0) + data)
 
 
 def _in_band(buf: Any) -> bool:
