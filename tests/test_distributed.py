@@ -14,8 +14,9 @@ import time
 import pytest
 
 import hardy
+from conftest import Unloadable
 from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node, stateful
-from hardy.errors import PicklingError
+from hardy.errors import PicklingError, ShippingError
 
 pytest.importorskip("distributed")
 pytest.importorskip("ray")
@@ -142,6 +143,54 @@ def test_per_item_errors_and_unpicklable_inputs(name, executors):
     assert isinstance(out[1].error.__cause__, ZeroDivisionError) and out[1].error.item == 1
     with pytest.raises(PicklingError, match="input 'lock' \\(_thread.lock, given to every item\\)"):
         p.map(inputs={"x": [1], "lock": threading.Lock()}, map_over="x")
+
+
+class SegfaultsWhenUnpickled:
+    def __reduce__(self):
+        import ctypes
+        return ctypes.string_at, (0,)  # a null-pointer read wherever it is unpickled
+
+
+@node(output_name="y")
+def plus_one(x):
+    return x + 1
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_poison_input_costs_its_item(name, executors):
+    items: list = list(range(12))
+    items[3], items[5], items[9] = threading.Lock(), Unloadable(), SegfaultsWhenUnpickled()
+    out = Pipeline(nodes=[plus_one], engine=Engine(map_executor=executors[name])).map(
+        inputs={"x": items}, map_over="x", on_error="continue")
+    assert [o for i, o in enumerate(out) if i not in (3, 5, 9)] == [{"y": x + 1} for x in range(12) if x not in (3, 5, 9)]
+    lock, unloadable, crash = out[3].error, out[5].error, out[9].error
+    assert isinstance(lock, ShippingError) and lock.item == 3 and "input 'x' (_thread.lock)" in str(lock)
+    assert isinstance(unloadable, ShippingError) and unloadable.item == 5 and unloadable.node == "plus_one"
+    assert "conftest._refuse_outside" in str(unloadable)  # the type, as its pickle names it
+    # the command-line worker cannot import the test's conftest; elsewhere unpickling it raises
+    assert ("No module named 'conftest'" if name == "dask-cli" else "this object only exists") in str(unloadable)
+    assert isinstance(crash, NodeCrashed) and crash.item == 9 and crash.signal == "SIGSEGV"
+    assert "while unpickling its input" in str(crash) and "preload" not in str(crash)
+
+
+NO_MAIN_GUARD = """
+from hardy import Engine, Pipeline, node
+from hardy.integrations.dask import DaskExecutor
+
+@node(output_name="y")
+def double(x):
+    return 2 * x
+
+with Engine(map_executor=DaskExecutor(workers=2)) as engine:
+    print([o["y"] for o in Pipeline(nodes=[double], engine=engine).map(inputs={"x": [1, 2, 3]}, map_over="x")])
+"""
+
+
+def test_dask_executor_in_a_script_without_a_main_guard(tmp_path):
+    done = subprocess.run([sys.executable, "-"], input=NO_MAIN_GUARD, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": HARDY_ROOT, "TMPDIR": str(tmp_path)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[2, 4, 6]"
 
 
 def test_cache_filled_on_one_engine_is_hit_on_another(executors, tmp_path):

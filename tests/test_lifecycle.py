@@ -423,3 +423,143 @@ def test_another_user_cannot_reach_or_use_the_fork_server():
             answer_challenge(conn, b"not the key")
         conn.close()
         assert _seen(engine, 4)  # and the server serves its own pool as before
+
+
+# --- 5. no orphan, no leftover, no silent hang, in the corners --------------------------------
+
+THREAD_THEN_FORK_CHILD = """
+    import multiprocessing, sys, threading, time
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def hang_on_one(x):
+        if x == 1:
+            time.sleep(1000)
+        return x
+
+    def use():  # an engine used from a thread: its fork server cannot ask for PR_SET_PDEATHSIG
+        engine = Engine(map_executor="process", workers=2)
+        Pipeline(nodes=[hang_on_one], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x")
+
+    threading.Thread(target=use, daemon=True).start()
+    time.sleep(2)
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(1000,))
+    child.start()
+    print(child.pid, flush=True)
+    time.sleep(1000)
+"""
+
+
+def test_an_engine_used_from_a_thread_leaves_no_orphan_beside_a_fork_child(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=_env(tmp_path))
+    parent.stdin.write(textwrap.dedent(THREAD_THEN_FORK_CHILD))
+    parent.stdin.close()
+    try:
+        fork_child = int(parent.stdout.readline())
+        hardy = [p.pid for p in psutil.Process(parent.pid).children(recursive=True) if p.pid != fork_child]
+        assert len(hardy) >= 3  # the fork server and its 2 workers, one of them hung
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert _gone(hardy) == []  # while the fork child lives on
+        assert psutil.Process(fork_child).is_running()
+        assert list((tmp_path / "tmp").iterdir()) == []
+    finally:
+        parent.kill()
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+
+
+FORKED_WORKERS = """
+    import sys, time, warnings
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def hang_on_one(x):
+        if x == 1:
+            print("hung", flush=True)
+            time.sleep(1000)
+        return x
+
+    warnings.simplefilter("ignore")
+    engine = Engine(map_executor="process", workers=2, start_method="fork!")
+    Pipeline(nodes=[hang_on_one], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x")
+"""
+
+
+def test_fork_start_method_leaves_no_file_when_the_parent_is_killed(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=_env(tmp_path))
+    parent.stdin.write(textwrap.dedent(FORKED_WORKERS))
+    parent.stdin.close()
+    try:
+        assert parent.stdout.readline().strip() == "hung"
+        workers = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        assert len(workers) == 2
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert _gone(workers) == []
+        assert list((tmp_path / "tmp").iterdir()) == []  # status words and crash records are memfds
+    finally:
+        parent.kill()
+
+
+def test_a_fork_server_that_never_gets_its_configuration_removes_its_folder(tmp_path):
+    """The parent killed between starting its server and writing its configuration."""
+    from hardy.workers.launch import SERVER_BOOT
+    folder = tmp_path / "hardy-server-x"
+    folder.mkdir()
+    (folder / "socket").write_text("")
+    server = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, str(folder)], stdin=subprocess.PIPE,
+                              env=_env(tmp_path))
+    server.stdin.close()  # as the parent's death closes it
+    assert server.wait(GONE_WITHIN) == 0
+    assert not folder.exists()
+
+
+def test_sigterm_while_the_server_starts_leaves_no_folder(tmp_path):
+    import random
+    script = _script(tmp_path, """
+        from hardy import Engine, Pipeline, node
+        @node(output_name="y")
+        def f(x):
+            return x
+        engine = Engine(map_executor="process", workers=1)
+        print("mapping", flush=True)
+        Pipeline(nodes=[f], engine=engine).map(inputs={"x": [0, 1]}, map_over="x")
+    """)
+    for _ in range(10):
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=_env(tmp_path))
+        parent.stdout.readline()
+        time.sleep(random.uniform(0, 0.05))  # somewhere in the server's start
+        parent.terminate()
+        parent.wait(GONE_WITHIN)
+        deadline = time.monotonic() + GONE_WITHIN  # a server still running cleans up as it ends
+        while list((tmp_path / "tmp").iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path):
+    (tmp_path / "hardy_blocking_mod.py").write_text("import time\ntime.sleep(1000)\n")
+    script = _script(tmp_path, """
+        from hardy import Engine, Pipeline, node
+        @node(output_name="y")
+        def f(x):
+            return x
+        try:
+            Pipeline(nodes=[f], engine=Engine(map_executor="process", workers=1, preload=["hardy_blocking_mod"])).map(
+                inputs={"x": [0, 1]}, map_over="x")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        print(Pipeline(nodes=[f], engine=Engine(map_executor="process", workers=1)).map(inputs={"x": [2]}, map_over="x"))
+    """)
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), "HARDY_PRELOAD_TIMEOUT": "15"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.strip().splitlines()
+    assert first.startswith("WorkerStartError preload module 'hardy_blocking_mod' did not finish importing within 15 s")
+    assert "HARDY_PRELOAD_TIMEOUT" in first
+    assert second == "[{'y': 2}]"  # the next engine is not held up
+    assert "importing preload module 'hardy_blocking_mod'" in done.stderr  # the warning came first
+    assert list((tmp_path / "tmp").iterdir()) == []
