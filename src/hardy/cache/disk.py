@@ -100,11 +100,27 @@ class DiskCache:
     max_size: bytes (or "10GB"); least recently used entries are evicted past it.
     store: where entries live: the local SQLite + blob store by default, "files" for a directory
     on a filesystem shared between machines (one file per entry, see FileStore), or any `Store`.
+
+    path may also be a bucket, "s3://bucket/prefix" (`pip install 'hardy[s3]'`), shared by every
+    machine given the same secret: `storage_options` are s3fs's (endpoint_url, key, secret...),
+    `local` the directory read through in front of it (default ".hardy-cache"). A secret is then
+    required (secret= or HARDY_CACHE_KEY): a per-directory one would share nothing. With
+    single_flight, machines also wait for each other (a lease object per key). See
+    docs/caching.md, "Shared caches".
     """
 
     def __init__(self, path: str | os.PathLike[str] = ".hardy-cache", *, secret: bytes | str | None = None,
                  single_flight: bool = False, max_size: int | str | None = None, store: Store | str | None = None,
-                 shared: bool = False):
+                 shared: bool = False, storage_options: dict[str, Any] | None = None,
+                 local: str | os.PathLike[str] | None = None):
+        url = os.fspath(path)
+        remote = "://" in url and store is None
+        if remote:
+            secret = secret if secret is not None else os.environ.get("HARDY_CACHE_KEY") or None
+            if secret is None:
+                raise ValueError(f"DiskCache({url!r}) is shared by every machine that uses the bucket: give them "
+                                 "one secret, DiskCache(..., secret=...) or HARDY_CACHE_KEY (docs/caching.md)")
+            path = local if local is not None else ".hardy-cache"
         self.path = os.path.abspath(os.fspath(path))
         self.shared = shared
         self._trusted = check_directory(self.path, shared)  # refused here if it exists and is not ours
@@ -126,6 +142,10 @@ class DiskCache:
         self._theirs: set[bytes] = set()  # keys whose entries another secret wrote: not overwritten
         self._faults: collections.Counter[str] = collections.Counter()
         self._reported = (0, 0)  # (rejected, skipped) at the last report
+        if remote:
+            from .objectstore import BucketStore, SharedStore
+            namespace = f"{FORMAT.decode()}/{self.key_id.hex()}"
+            self.store = SharedStore(LocalStore(self.path), BucketStore(url, namespace, storage_options))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "store": self.store, "secret": self._explicit_secret,
@@ -188,11 +208,14 @@ class DiskCache:
         that could not be read or written and why, damaged entries deleted, entries of another
         secret skipped. Compiled plans' callers (a map, a worker's batch) call this at their end."""
         rejected, skipped = self.rejected - self._reported[0], self.skipped - self._reported[1]
-        if not (self._faults or rejected or skipped):
+        settle = getattr(self.store, "settle", None)  # a shared store: its publications, what it could not do
+        shared: list[str] = settle() if settle is not None else []
+        if not (self._faults or rejected or skipped or shared):
             return
         parts = [f"{n} entr{'y' if n == 1 else 'ies'} {what}" for what, n in self._faults.most_common()]
         if self._faults:
             parts[-1] += "; those nodes ran uncached"
+        parts += shared
         if rejected:
             parts.append(f"{rejected} damaged entr{'y' if rejected == 1 else 'ies'} deleted and recomputed")
         if skipped:
@@ -372,7 +395,8 @@ class DiskCache:
             value = func(*args, **kwargs)
             self.put(key, value)
             return value
-        with self._flight(key):
+        lease = getattr(self.store, "lease", None)  # a shared store's: machines wait for each other too
+        with self._flight(key), (lease(key) if lease is not None else contextlib.nullcontext()):
             value = self.get(key, MISS)
             if value is MISS:
                 value = func(*args, **kwargs)
@@ -422,8 +446,9 @@ class DiskCache:
                     self.store.delete(e.key)
                     total -= e.size
                     deleted += 1
-            if isinstance(self.store, LocalStore):
-                self.store.sweep()
+            sweep = getattr(self.store, "sweep", None)  # LocalStore's, and a shared store's local one
+            if sweep is not None:
+                sweep()
             else:
                 sweep_locks(os.path.join(self.path, "locks"))
         except FAULTS as exc:

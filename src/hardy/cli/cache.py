@@ -16,11 +16,17 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Inspect and maintain a hardy cache.")
 DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
+REMOTE = typer.Option(None, "--remote", help="Maintain the entries in a bucket instead, s3://bucket/prefix "
+                      "(those signed with HARDY_CACHE_KEY; credentials as for any AWS client: AWS_* variables).")
+ENDPOINT = typer.Option(None, "--endpoint-url", help="With --remote: an S3-compatible server's URL.")
 
 
-def _open(path: str) -> DiskCache:
-    """The cache in `path`; a directory holding none is said so (exit code 2), and left untouched."""
+def _open(path: str, remote: str | None = None, endpoint: str | None = None) -> DiskCache:
+    """The cache in `path`, or the entries in the bucket `remote` (nothing local is read or made);
+    a directory or bucket prefix holding none is said so (exit code 2), and left untouched."""
     from ..cache import DiskCache, UntrustedCacheError
+    if remote is not None:
+        return _open_remote(path, remote, endpoint)
     try:
         cache = DiskCache(path)
     except UntrustedCacheError as exc:
@@ -32,18 +38,45 @@ def _open(path: str) -> DiskCache:
     return cache
 
 
+def _open_remote(path: str, url: str, endpoint: str | None) -> DiskCache:
+    """The bucket's entries as a cache of their own: listed by shard in parallel, verified with the
+    secret, deleted only with If-Match on the ETag listed or read (docs/caching.md)."""
+    import os
+
+    from ..cache import DiskCache
+    from ..cache.objectstore import BucketStore, Unavailable
+    from ..hashing import FORMAT
+    secret = os.environ.get("HARDY_CACHE_KEY")
+    if not secret:
+        typer.echo("--remote needs HARDY_CACHE_KEY, the secret the bucket's entries are signed with", err=True)
+        raise typer.Exit(2)
+    cache = DiskCache(path, secret=secret)
+    options = {"endpoint_url": endpoint} if endpoint else {}
+    try:
+        cache.store = BucketStore(url, f"{FORMAT.decode()}/{cache.key_id.hex()}", options)
+        found = cache.store.exists()
+    except (ValueError, Unavailable) as exc:
+        typer.echo(f"cannot use {url}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not found:
+        typer.echo(f"no hardy cache entries for this HARDY_CACHE_KEY in {url}", err=True)
+        raise typer.Exit(2)
+    return cache
+
+
 def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds") if ts else "-"
 
 
 @app.command()
-def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json")) -> None:
+def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json"), remote: str = REMOTE,
+          endpoint: str = ENDPOINT) -> None:
     """Entries, bytes, inline vs file entries, age."""
-    s = _open(path).stats()
+    s = _open(path, remote, endpoint).stats()
     if as_json:
         typer.echo(json.dumps(s.__dict__))
         return
-    t = Table(title=f"cache {path}")
+    t = Table(title=f"cache {remote or path}")
     t.add_column("what")
     t.add_column("value", justify="right")
     for k, v in (("entries", s.entries), ("bytes", f"{s.bytes:,}"), ("inline in the index", s.inline),
@@ -54,20 +87,21 @@ def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json")) -> Non
 
 
 @app.command("ls")
-def list_entries(path: str = DIR, limit: int = typer.Option(50, help="Show at most this many.")) -> None:
+def list_entries(path: str = DIR, limit: int = typer.Option(50, help="Show at most this many."),
+                 remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, least recently used first."""
     t = Table()
     for col in ("key", "bytes", "where", "created", "last access"):
         t.add_column(col)
-    for e in _open(path).entries()[:limit]:
-        t.add_row(e.key.hex(), f"{e.size:,}", "index" if e.inline else "file", _when(e.created), _when(e.accessed))
+    for e in _open(path, remote, endpoint).entries()[:limit]:
+        t.add_row(e.key.hex(), f"{e.size:,}", "index" if e.inline else "bucket" if remote else "file", _when(e.created), _when(e.accessed))
     Console().print(t)
 
 
 @app.command()
-def verify(path: str = DIR) -> None:
+def verify(path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Check every entry's MAC; bad entries are deleted. Exit code 1 if any was bad."""
-    report = _open(path).verify()
+    report = _open(path, remote, endpoint).verify()
     typer.echo(f"checked {report.checked} entries, {len(report.bad)} bad (deleted)")
     if report.other_secret:
         typer.echo(f"{report.other_secret} entries written under another secret (HARDY_CACHE_KEY): kept, not checked")
@@ -79,10 +113,12 @@ def verify(path: str = DIR) -> None:
 @app.command()
 def prune(path: str = DIR,
           max_size: str = typer.Option(None, help="Keep at most this much, e.g. 10GB (least recently used go)."),
-          older_than: float = typer.Option(None, help="Delete entries unused for this many days.")) -> None:
+          older_than: float = typer.Option(None, help="Delete entries unused for this many days (--remote: "
+                                                      "created that long ago: a bucket keeps no access times)."),
+          remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Evict least recently used entries and entries not used for a while."""
     days = None if older_than is None else older_than * 86400
-    n = _open(path).prune(max_size=max_size, older_than=days)
+    n = _open(path, remote, endpoint).prune(max_size=max_size, older_than=days)
     typer.echo(f"deleted {n} entries")
 
 

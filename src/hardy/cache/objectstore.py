@@ -1,0 +1,539 @@
+"""Cache entries in an object store (the S3 API, through fsspec's s3fs): one cache for many machines.
+
+    <prefix>/<key format>/<key id>/<k[:2]>/<key>    one object per entry, bytes as DiskCache made them
+    <prefix>/leases/<key format>/<key id>/<key>     single flight's leases (only with single_flight)
+
+The key format (`hardy-key-3`) and the key id (which secret signed the entry) are in the path, so
+entries of other formats or secrets are never even fetched; the two hex digits shard the keys for
+listing in parallel. There is no index object and nothing is listed on the hot path: a lookup is
+one GET, a publication one PUT.
+
+Why these mechanisms:
+- Publication is a create-only write (`If-None-Match: *`): a second writer of the same entry gets
+  412, which is success (entries of a key are interchangeable: any verified one is right), and a
+  409 `ConditionalRequestConflict` (two conditional writes in flight) is retried with jitter. An
+  object is never overwritten, so a reader never sees a mix of two bodies.
+- Nothing the bucket says is trusted: DiskCache verifies each entry's MAC before unpickling, as for
+  a local one (a bucket has many writers; an ETag is a checksum anyone can compute). A damaged
+  entry is deleted with `If-Match` on the ETag that was read, so a good entry published since
+  by someone else is never the one deleted.
+- The remote side never fails a node: an unreachable, slow (timeouts below), throttling (503
+  SlowDown: retried with backoff by botocore and s3fs, then given up) or misconfigured store
+  (credentials or bucket missing) makes lookups miss and publications wait for another run; the
+  local store in front goes on working, and `settle()` tells DiskCache's one warning per map what
+  happened. After a failure that says the store is unusable, it is left alone for `DOWN_FOR`
+  seconds: a map over a dead server does not pay a timeout per item.
+- s3fs rather than boto3 directly: fsspec's `storage_options` are how pandas, Dask and Ray name a
+  bucket's credentials and endpoint, and its event loop gives concurrent requests (publishing in
+  the background, fetching a batch of keys at once) without a thread per request.
+
+`SharedStore` is what `DiskCache("s3://bucket/prefix", ...)` uses: the local store in front, read
+through (a remote hit is downloaded once, then served from local disk, big arrays mapped), and
+the bucket behind, published to in the background. `BucketStore` alone is the bucket as a `Store`
+(what `hardy cache ... --remote` maintains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from .store import INLINE_MAX, Buffer, Data, EntryInfo, LocalStore, pieces
+
+T = TypeVar("T")
+CONNECT_TIMEOUT = 3.0  # seconds to open a connection: a loopback or in-region server needs milliseconds
+READ_TIMEOUT = 20.0  # seconds without a byte on an open connection: a stalled server, not a big entry
+ATTEMPTS = 3  # botocore's tries per request (standard mode: 503 SlowDown, 500s, connection errors)
+DOWN_FOR = 30.0  # seconds the bucket is left alone after a failure that says it is unusable
+CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: retried this often, with jittered backoff
+LEASE_TTL = 60.0  # seconds a single-flight lease lives unless renewed (renewed every third of it)
+UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+            "InvalidToken", "AllAccessDisabled", "SlowDown", "ServiceUnavailable", "InternalError", "503", "500"}
+
+
+class Unavailable(OSError):
+    """The bucket cannot be used now (unreachable, too slow, throttling, credentials, no bucket)."""
+
+
+def code_of(exc: BaseException) -> str:
+    """The S3 error code behind an exception (s3fs translates botocore's into OSErrors, keeping the
+    original as the cause); the exception's type name for what never reached the server."""
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            return str(response["Error"].get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+    return type(exc.__cause__ or exc).__name__
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{code_of(exc)}: {text}"[:160]
+
+
+class BucketStore:
+    """Entries as objects under `s3://bucket/prefix/<namespace>/`: a `Store` over the S3 API.
+
+    `namespace` is `<key format>/<key id hex>` (DiskCache makes it). `storage_options` go to
+    `s3fs.S3FileSystem` (endpoint_url, key, secret, anon, client_kwargs...), over hardy's timeouts.
+    `concurrency` bounds the requests in flight (listing shards, fetching a batch, publishing)."""
+
+    def __init__(self, url: str, namespace: str, storage_options: dict[str, Any] | None = None, *,
+                 concurrency: int = 32):
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("s3", "s3a") or not rest.strip("/"):
+            raise ValueError(f"{url!r} is not an object-store URL hardy knows: use s3://bucket/prefix "
+                             "(any S3-compatible server through storage_options={'endpoint_url': ...})")
+        self.url = url.rstrip("/")
+        self.bucket, _, prefix = rest.strip("/").partition("/")
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.root = f"{self.prefix}{namespace}"
+        self.namespace = namespace
+        self.storage_options = dict(storage_options or {})
+        self.concurrency = concurrency
+        self._setup()
+
+    def _setup(self) -> None:
+        self._fs: Any = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._etags: dict[bytes, str] = {}  # from listings: what `delete` makes its deletion conditional on
+        self._down_until = 0.0
+        self._problems: collections.Counter[str] = collections.Counter()
+        self._pending: set[Future[None]] = set()
+        self._room: threading.BoundedSemaphore = threading.BoundedSemaphore(4 * self.concurrency)
+        self._gate: asyncio.Semaphore | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix, "namespace": self.namespace,
+                "storage_options": self.storage_options, "concurrency": self.concurrency}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __repr__(self) -> str:
+        return f"BucketStore({self.url!r})"
+
+    # --- the client, per process --------------------------------------------------------------------
+
+    @property
+    def fs(self) -> Any:
+        """The s3fs filesystem of this process (a forked child makes its own: event loops and
+        connections never cross a fork)."""
+        if self._fs is None or self._pid != os.getpid():
+            try:
+                import s3fs
+            except ImportError:
+                raise Unavailable("the object-store cache needs s3fs: pip install 'hardy[s3]'") from None
+            options = dict(self.storage_options)
+            config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                      "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},
+                      **options.pop("config_kwargs", {})}
+            fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **options)
+            fs.retries = 2  # s3fs's own loop around botocore's: SlowDown once more, after a pause
+            if self._pid:  # a forked child: the parent's publications are the parent's
+                self._setup()
+            self._fs, self._pid = fs, os.getpid()
+        return self._fs
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        from fsspec.asyn import sync
+        return sync(self.fs.loop, lambda: coro)  # type: ignore[no-any-return]
+
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.concurrency)
+        async with self._gate:
+            return await self.fs._call_s3(method, Bucket=self.bucket, **kwargs)
+
+    def path(self, key: bytes) -> str:
+        name = key.hex()
+        return f"{self.root}/{name[:2]}/{name}"
+
+    def lease_path(self, key: bytes) -> str:
+        return f"{self.prefix}leases/{self.namespace}/{key.hex()}"
+
+    # --- faults ------------------------------------------------------------------------------------
+
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _failed(self, action: str, exc: BaseException) -> Unavailable:
+        """Count a failure for `settle()`; one that says the bucket is unusable leaves it alone for
+        DOWN_FOR seconds. Returned as `Unavailable` for the caller to raise or swallow."""
+        code = code_of(exc)
+        if not hasattr(exc, "response") and not hasattr(exc.__cause__, "response") or code in UNUSABLE:
+            self._down_until = time.monotonic() + DOWN_FOR
+        with self._lock:
+            self._problems[f"could not be {action} ({_reason(exc)})"] += 1
+        return Unavailable(f"{self.url}: {_reason(exc)}")
+
+    def _skipped(self, action: str) -> Unavailable:
+        with self._lock:
+            self._problems[f"not {action} (the store failed less than {DOWN_FOR:.0f} s before)"] += 1
+        return Unavailable(f"{self.url}: left alone after a failure")
+
+    def settle(self, timeout: float = 300.0) -> list[str]:
+        """Wait for the publications in flight (at most `timeout` seconds), then hand over and forget
+        what went wrong since the last call, in the words of DiskCache's warning."""
+        deadline = time.monotonic() + timeout
+        for fut in list(self._pending):
+            try:
+                fut.result(max(0.0, deadline - time.monotonic()))
+            except Exception:  # counted by _publish; a timeout leaves it running
+                pass
+        with self._lock:
+            parts = [f"{n} entr{'y' if n == 1 else 'ies'} {what}" for what, n in self._problems.most_common()]
+            self._problems.clear()
+        if parts:
+            parts[-1] += f" at {self.url}; the local cache was used"
+        return parts
+
+    # --- entries -----------------------------------------------------------------------------------
+
+    async def _fetch(self, key: bytes) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None if there is none. Raises Unavailable."""
+        if self.down():
+            raise self._skipped("looked up")
+        try:
+            resp = await self._call("get_object", Key=self.path(key))
+            async with resp["Body"] as body:
+                data = await body.read()
+        except FileNotFoundError as exc:
+            if code_of(exc) != "NoSuchBucket":
+                return None
+            raise self._failed("looked up", exc) from None
+        except Exception as exc:
+            raise self._failed("looked up", exc) from None
+        return data, resp["ETag"]
+
+    async def _fetch_many(self, keys: tuple[bytes, ...]) -> dict[bytes, tuple[bytes, str]]:
+        """Those of `keys` the bucket has, fetched concurrently; failures count, never raise."""
+        got = await asyncio.gather(*(self._fetch(k) for k in keys), return_exceptions=True)
+        return {k: g for k, g in zip(keys, got) if isinstance(g, tuple)}
+
+    async def _publish(self, key: bytes, body: bytes) -> None:
+        """Create-only: 412 (someone published this entry) is success, 409 is retried with jitter."""
+        if self.down():
+            raise self._skipped("published")
+        for attempt in range(CONFLICT_TRIES):
+            try:
+                await self._call("put_object", Key=self.path(key), Body=body, IfNoneMatch="*")
+                return
+            except Exception as exc:
+                code = code_of(exc)
+                if code == "PreconditionFailed":
+                    return
+                if code != "ConditionalRequestConflict" or attempt == CONFLICT_TRIES - 1:
+                    raise self._failed("published", exc) from None
+                await asyncio.sleep(random.uniform(0, 0.05 * 2 ** attempt))
+
+    async def _delete_if(self, key: bytes, etag: str) -> bool:
+        """Delete the object only if it is still the one read (its ETag): False if it changed."""
+        try:
+            await self._call("delete_object", Key=self.path(key), IfMatch=etag)
+            return True
+        except FileNotFoundError:  # gone already
+            return False
+        except Exception as exc:
+            if code_of(exc) == "PreconditionFailed":
+                return False  # re-published since: that entry is not the damaged one
+            raise self._failed("deleted", exc) from None
+
+    def fetch(self, key: bytes) -> tuple[bytes, str] | None:
+        return self._run(self._fetch(key))
+
+    def fetch_many(self, keys: tuple[bytes, ...]) -> dict[bytes, tuple[bytes, str]]:
+        if self.down():
+            self._skipped("looked up")
+            return {}
+        return self._run(self._fetch_many(keys))
+
+    def publish(self, key: bytes, data: Data) -> None:
+        """Publish in the background (at most 4 × concurrency waiting: a bucket slower than the
+        computation slows the computation, never fills memory). `settle()` waits for them."""
+        if self.down():
+            self._skipped("published")
+            return
+        body = b"".join(pieces(data))  # the caller's buffers may change once it returns
+        loop = self.fs.loop
+        self._room.acquire()
+        fut = asyncio.run_coroutine_threadsafe(self._publish(key, body), loop)
+        self._pending.add(fut)
+        fut.add_done_callback(self._published)
+
+    def _published(self, fut: Future[None]) -> None:
+        self._pending.discard(fut)
+        self._room.release()
+
+    def delete_if(self, key: bytes, etag: str) -> bool:
+        return self._run(self._delete_if(key, etag))
+
+    # --- Store: the bucket alone (what `hardy cache ... --remote` maintains) -----------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        got = self.fetch(key)
+        if got is None:
+            return None
+        self._etags[key] = got[1]
+        return got[0]
+
+    view = get
+
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
+        found = self.fetch_many(keys)
+        self._etags.update({k: etag for k, (_, etag) in found.items()})
+        return {k: data for k, (data, _) in found.items()}
+
+    def put(self, key: bytes, data: Data) -> None:
+        self._run(self._publish(key, b"".join(pieces(data))))
+
+    def delete(self, key: bytes) -> None:
+        """Delete only the object last read or listed under `key`; one replaced since stays."""
+        etag = self._etags.pop(key, None)
+        if etag is not None:
+            self.delete_if(key, etag)
+
+    def exists(self) -> bool:
+        try:
+            return bool(self._run(self._call("list_objects_v2", Prefix=self.root + "/", MaxKeys=1)).get("KeyCount"))
+        except Exception as exc:
+            raise self._failed("listed", exc) from None
+
+    def entries(self) -> Iterator[EntryInfo]:
+        """Every entry, oldest first: the 256 shards listed concurrently. Object stores keep no
+        access time: created and accessed are both the object's LastModified."""
+        found = []
+        for obj in self._run(self._list_all()):
+            name = obj["Key"].rpartition("/")[2]
+            try:
+                key = bytes.fromhex(name)
+            except ValueError:
+                continue
+            self._etags[key] = obj["ETag"]
+            when = obj["LastModified"].timestamp()
+            found.append(EntryInfo(key, obj["Size"], when, when, False))
+        yield from sorted(found, key=lambda e: e.created)
+
+    async def _list_all(self) -> list[dict[str, Any]]:
+        shards = await asyncio.gather(*(self._list(f"{self.root}/{i:02x}/") for i in range(256)))
+        return [obj for shard in shards for obj in shard]
+
+    async def _list(self, prefix: str) -> list[dict[str, Any]]:
+        objects, token = [], None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            try:
+                page = await self._call("list_objects_v2", Prefix=prefix, **more)
+            except Exception as exc:
+                raise self._failed("listed", exc) from None
+            objects += page.get("Contents", [])
+            token = page.get("NextContinuationToken")
+            if not token:
+                return objects
+
+    def clear(self) -> None:
+        for info in list(self.entries()):
+            self.delete(info.key)
+
+    # --- single flight across machines -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lease(self, key: bytes, ttl: float = LEASE_TTL) -> Iterator[None]:
+        """Hold the lease of `key` while computing it, or wait until its entry is published.
+
+        The lease is an object created with If-None-Match (one holder), renewed every ttl/3 with
+        If-Match on its ETag, and taken over with If-Match once the server's clock says it has not
+        been renewed for `ttl` seconds (its holder died): expiry is judged by the server's
+        LastModified and Date, so the machines' clocks need not agree. Returns (enters) when this
+        process holds the lease or the entry exists; any failure enters without a lease (the
+        node computes; duplicated work is only time)."""
+        if self.down():
+            yield
+            return
+        held = self._run(self._acquire(key, ttl))
+        if held is None:
+            yield
+            return
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(key, held, ttl, stop), daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            renewer.join()
+            self.settle()  # the entry is published before the lease goes: waiters then find it
+            with contextlib.suppress(Exception):
+                self.delete_lease(key, held[0])
+
+    def delete_lease(self, key: bytes, etag: str) -> None:
+        self._run(self._call("delete_object", Key=self.lease_path(key), IfMatch=etag))
+
+    async def _acquire(self, key: bytes, ttl: float) -> list[str] | None:
+        """[the lease's ETag] once held; None when the entry exists or the bucket fails."""
+        body = json.dumps({"holder": f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                           "ttl": ttl}).encode()
+        path, delay = self.lease_path(key), 0.05
+        try:
+            while True:
+                with contextlib.suppress(FileNotFoundError):
+                    await self._call("head_object", Key=self.path(key))
+                    return None  # published: no need to compute
+                condition = await self._expired(path)
+                if condition is not None:
+                    try:
+                        put = await self._call("put_object", Key=path, Body=body, **condition)
+                        return [put["ETag"]]
+                    except Exception as exc:
+                        if code_of(exc) not in ("PreconditionFailed", "ConditionalRequestConflict"):
+                            raise
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(2 * delay, ttl / 10, 1.0)
+        except Exception as exc:
+            self._failed("single-flighted", exc)
+            return None
+
+    async def _expired(self, path: str) -> dict[str, str] | None:
+        """The condition to take the lease with: none there (If-None-Match) or expired (If-Match on
+        its ETag); None while someone holds it."""
+        try:
+            resp = await self._call("get_object", Key=path)
+            async with resp["Body"] as b:
+                held = json.loads(await b.read())
+        except FileNotFoundError:
+            return {"IfNoneMatch": "*"}
+        from email.utils import parsedate_to_datetime
+        now = parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
+        if now - resp["LastModified"].timestamp() > float(held.get("ttl", LEASE_TTL)):
+            return {"IfMatch": resp["ETag"]}
+        return None
+
+    def _renew(self, key: bytes, held: list[str], ttl: float, stop: threading.Event) -> None:
+        body = json.dumps({"holder": "renewed", "ttl": ttl}).encode()
+        while not stop.wait(ttl / 3):
+            try:
+                put = self._run(self._call("put_object", Key=self.lease_path(key), Body=body, IfMatch=held[0]))
+                held[0] = put["ETag"]
+            except Exception:  # taken over or unreachable: computing on costs only time
+                return
+
+
+class SharedStore:
+    """A local store in front of a bucket: reads go local first, then to the bucket (a remote hit
+    is written locally and served from there: big entries come back mapped); writes go local, then
+    are published in the background. Local faults are raised as from any store (DiskCache counts
+    them); the bucket's are counted by the bucket and reported through `settle()`, never raised.
+
+    The bucket is only deleted from for an entry this thread has just fetched from it and DiskCache
+    found damaged (conditionally on the ETag read): evicting or clearing the local copy never
+    touches the shared one."""
+
+    def __init__(self, local: LocalStore, bucket: BucketStore):
+        self.local = local
+        self.bucket = bucket
+        self._fresh = threading.local()  # {key: ETag} of the entries the last read fetched
+        _live.add(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"local": self.local, "bucket": self.bucket}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["local"], state["bucket"])  # type: ignore[misc]
+
+    def _fetched(self) -> dict[bytes, str]:
+        fresh: dict[bytes, str] | None = getattr(self._fresh, "etags", None)
+        if fresh is None:
+            fresh = self._fresh.etags = {}
+        return fresh
+
+    def _keep(self, key: bytes, data: bytes, etag: str) -> Buffer:
+        """A fetched entry: written locally (unverified: DiskCache deletes it here and in the bucket
+        if its MAC fails), served as the local store serves it (a big one mapped)."""
+        self._fetched()[key] = etag
+        try:
+            self.local.put(key, data)
+        except OSError:  # a full local disk: serve what was fetched
+            return data
+        return (self.local.view(key) or data) if len(data) > INLINE_MAX else data
+
+    def get(self, key: bytes) -> bytes | None:
+        data = self.view(key)
+        return None if data is None else bytes(data)
+
+    def view(self, key: bytes) -> Buffer | None:
+        self._fetched().clear()
+        data = self.local.view(key)
+        if data is not None:
+            return data
+        try:
+            got = self.bucket.fetch(key)
+        except Unavailable:
+            return None
+        return None if got is None else self._keep(key, *got)
+
+    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
+        self._fetched().clear()
+        found = self.local.get_many(keys)
+        missing = tuple(k for k in keys if k not in found)
+        if missing:
+            for key, (data, etag) in self.bucket.fetch_many(missing).items():
+                found[key] = self._keep(key, data, etag)
+        return found
+
+    def put(self, key: bytes, data: Data) -> None:
+        self._fetched().clear()
+        try:
+            self.local.put(key, data)
+        finally:  # a full local disk still shares the result
+            self.bucket.publish(key, data)
+
+    def delete(self, key: bytes) -> None:
+        self.local.delete(key)
+        etag = self._fetched().pop(key, None)
+        if etag is not None:
+            try:
+                self.bucket.delete_if(key, etag)
+            except Unavailable:
+                pass
+
+    def entries(self) -> Iterator[EntryInfo]:
+        return self.local.entries()
+
+    def clear(self) -> None:
+        self.local.clear()
+
+    def exists(self) -> bool:
+        return self.local.exists()
+
+    def sweep(self, older_than: float = 3600.0) -> int:
+        return self.local.sweep(older_than)
+
+    def settle(self) -> list[str]:
+        return self.bucket.settle()
+
+    def lease(self, key: bytes) -> contextlib.AbstractContextManager[None]:
+        return self.bucket.lease(key)
+
+
+_live: weakref.WeakSet[SharedStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_all() -> None:
+    """Publications still in flight when the interpreter exits are given a few seconds."""
+    for store in list(_live):
+        if store.bucket._pending and store.bucket._pid == os.getpid():
+            store.bucket.settle(timeout=10.0)
