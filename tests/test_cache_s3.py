@@ -500,14 +500,15 @@ def test_cli_remote_stats_ls_verify_prune(s3, bucket, tmp_path):
     cache = cache_for(s3, bucket, tmp_path / "a")
     Pipeline(nodes=[triple], cache=cache, engine=SEQ).map(inputs={"x": list(range(6))}, map_over="x")
     names = s3.keys(bucket)
+    good = s3.client.get_object(Bucket=bucket, Key=names[0])["Body"].read()
     s3.client.delete_object(Bucket=bucket, Key=names[0])
-    s3.client.put_object(Bucket=bucket, Key=names[0], Body=b"HRD" + b"\0" * 40)
-    env = {**os.environ, "HARDY_CACHE_KEY": SECRET, "AWS_ACCESS_KEY_ID": "testing",
+    s3.client.put_object(Bucket=bucket, Key=names[0], Body=good[:-1] + bytes([good[-1] ^ 1]))
+    env = {**os.environ, "HARDY_CACHE_KEY": SECRET, "AWS_ACCESS_KEY_ID": "testing", "COLUMNS": "200",
            "AWS_SECRET_ACCESS_KEY": "testing", "PYTHONPATH": os.pathsep.join(sys.path)}
     remote = ["--remote", f"s3://{bucket}/team", "--endpoint-url", s3.endpoint]
 
     def hardy(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hardy", "cache", *args, *remote], env=env,
+        return subprocess.run([sys.executable, "-m", "hardy.cli", "cache", *args, *remote], env=env,
                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
     stats = json.loads(hardy("stats", "--json").stdout)

@@ -116,8 +116,8 @@ class BucketStore:
         self._gate: asyncio.Semaphore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix, "namespace": self.namespace,
-                "storage_options": self.storage_options, "concurrency": self.concurrency}
+        return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix,
+                "namespace": self.namespace, "storage_options": self.storage_options, "concurrency": self.concurrency}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -334,7 +334,7 @@ class BucketStore:
     async def _list(self, prefix: str) -> list[dict[str, Any]]:
         objects, token = [], None
         while True:
-            more = {"ContinuationToken": token} if token else {}
+            more: dict[str, str] = {"ContinuationToken": token} if token else {}
             try:
                 page = await self._call("list_objects_v2", Prefix=prefix, **more)
             except Exception as exc:

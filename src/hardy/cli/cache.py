@@ -94,7 +94,8 @@ def list_entries(path: str = DIR, limit: int = typer.Option(50, help="Show at mo
     for col in ("key", "bytes", "where", "created", "last access"):
         t.add_column(col)
     for e in _open(path, remote, endpoint).entries()[:limit]:
-        t.add_row(e.key.hex(), f"{e.size:,}", "index" if e.inline else "bucket" if remote else "file", _when(e.created), _when(e.accessed))
+        where = "index" if e.inline else "bucket" if remote else "file"
+        t.add_row(e.key.hex(), f"{e.size:,}", where, _when(e.created), _when(e.accessed))
     Console().print(t)
 
 
