@@ -544,8 +544,10 @@ def _pinned_library_values() -> dict:
         "np_scalar": (np.float64(2.5), "7e8365dd22dc9345ae4d5996728b92a9"),
         "np_dtype": (np.dtype("float32"), "e57302b8851e2e37f0b98cbb12efcf82"),
         "np_object": (np.array([1, "a"], dtype=object), "e0c4ba8736d236dabe4e432f1eeb0393"),
-        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "c5611000c0d2409fb26de700c1d805b2"),
-        "pandas_series": (pd.Series([1.0, 2.0], name="s"), "589824bff318a575a0dbc7090924fc17"),
+        # re-pinned when labels, object values and attrs became typed (the old keys let a column `1`
+        # be served for a column `"1"`): a cache's pandas entries were recomputed once
+        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "f22f3cb3fa26cf688cf9f111aaf08da0"),
+        "pandas_series": (pd.Series([1.0, 2.0], name="s"), "2d91c1c20ff7243af03664d6a252c9f6"),
     }
 
 

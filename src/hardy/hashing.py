@@ -21,6 +21,7 @@ identified by name and package version.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import enum
@@ -227,6 +228,8 @@ def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any]
             _encode(x, out, active)
         except UnhashableError as exc:
             raise exc.at(f"[{i}]") from None
+    if t not in (list, tuple):
+        _container_state(v, out, active)
     active.discard(id(v))
 
 
@@ -239,14 +242,30 @@ def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int
             _encode(x, out, active)
         except UnhashableError as exc:
             raise exc.at(f"[{k!r}]") from None
+    if type(v) is not dict:
+        _container_state(v, out, active)
     active.discard(id(v))
 
 
 def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """No order to read: the sorted digests of the members."""
     digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-    active.discard(id(v))
     out((b"Z" if isinstance(v, frozenset) else b"E") + _qualname(type(v)) + _len(len(digests)) + b"".join(digests))
+    if type(v) not in (set, frozenset):
+        _container_state(v, out, active)
+    active.discard(id(v))
+
+
+def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """What a subclass of a built-in container holds besides its items, which code can read: its
+    attributes, and a defaultdict's `default_factory` (`d["new"]` is 0 or [] by it)."""
+    fields = dict(getattr(v, "__dict__", None) or {})
+    factory = getattr(v, "default_factory", _ABSENT) if isinstance(v, collections.defaultdict) else _ABSENT
+    if factory is not _ABSENT:
+        fields["default_factory"] = factory
+    if fields:  # nothing for a plain subclass (a named tuple): its keys stay what they were
+        out(b"@")
+        _attributes(fields, out, active)
 
 
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -261,6 +280,8 @@ def _encode_code(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
 def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import torch
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
+    if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
+        out(b"|" + _qualname(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
     _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
 
 
@@ -392,7 +413,15 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
 
 
 def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """dtype, shape, memory order and bytes. A subclass adds its class (np.matrix multiplies as
+    matrices, a recarray reads fields as attributes), a masked array its mask and fill value."""
     import numpy as np
+    if type(v) is not np.ndarray and not isinstance(v, np.generic):
+        out(b"NS" + _qualname(type(v)))
+        if isinstance(v, np.ma.MaskedArray):
+            _encode_numpy(np.ma.getmaskarray(v), out, active)
+            _encode(v.fill_value, out, active)
+        v = v.view(np.ndarray)
     if v.dtype.hasobject:
         out(b"NO" + str(v.shape).encode())
         _encode(v.tolist(), out, active)
@@ -400,21 +429,76 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
     arr = np.ascontiguousarray(v)
     out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
         + (b"s" if isinstance(v, np.generic) else b"a"))
+    if not (isinstance(v, np.generic) or v.flags.c_contiguous):  # strides code can read (ravel("K"), .flags)
+        out(b"F" if v.flags.f_contiguous else b"K")
+    if v.dtype.kind in "mM":  # datetime64 / timedelta64: no buffer format of their own
+        arr = arr.reshape(-1).view(np.uint8)
     out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
 
 
 def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A frame, series or index by everything code can read: class, names and labels (typed: a
+    column `1` is not a column `"1"`), `attrs`, each column's dtype (a categorical's categories and
+    order) and values (object columns typed like Python values)."""
     import pandas as pd
-    meta: list[Any] = [type(v).__name__, v.shape]
-    if isinstance(v, pd.DataFrame):
-        meta += [list(map(str, v.columns)), [str(d) for d in v.dtypes], str(v.index.dtype), v.index.names]
-    else:
-        meta += [str(v.dtype), str(v.name), str(getattr(v, "index", v).dtype)]
-    out(b"PD" + repr(meta).encode())
+    out(b"PD" + _qualname(type(v)))
+    if isinstance(v, pd.api.extensions.ExtensionArray):  # a Categorical, a nullable or Arrow array
+        _encode_pandas_values(pd.Series(v, copy=False), out, active)
+        return
     if isinstance(v, pd.Index):
-        v = v.to_series(index=None)
-    rows = pd.util.hash_pandas_object(v, index=True).to_numpy()
-    out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
+        _encode_pandas_values(v, out, active)
+        _encode(list(v.names), out, active)
+        return
+    _encode(dict(v.attrs), out, active)
+    _encode_pandas(v.index, out, active)
+    if isinstance(v, pd.Series):
+        _encode(v.name, out, active)
+        _encode_pandas_values(v, out, active)
+        return
+    _encode_pandas(v.columns, out, active)
+    for i in range(v.shape[1]):
+        _encode_pandas_values(v.iloc[:, i], out, active)
+
+
+def _encode_pandas_values(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """One column's (or an index's) dtype and values."""
+    import numpy as np
+    import pandas as pd
+    dtype = v.dtype
+    out(b"pv" + str(dtype).encode() + _len(len(v)))
+    if isinstance(dtype, pd.CategoricalDtype):
+        out(b"T" if dtype.ordered else b"F")
+        _encode_pandas(dtype.categories, out, active)
+        _encode_numpy(np.asarray(v.cat.codes if isinstance(v, pd.Series) else v.codes), out, active)
+    elif isinstance(dtype, np.dtype) and not isinstance(v, pd.MultiIndex):
+        _encode_numpy(v.to_numpy(), out, active)  # object columns element by element, typed
+    elif isinstance(v, pd.MultiIndex):
+        _encode(list(v), out, active)
+    else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow): pandas' own row hashes
+        rows = pd.util.hash_pandas_object(v, index=False).to_numpy()
+        out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
+
+
+def _encode_arrow(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A pyarrow table, batch or array: its Arrow IPC stream (schema with metadata, chunks, nulls)."""
+    import pyarrow as pa
+    batch = v if isinstance(v, (pa.Table, pa.RecordBatch)) else pa.table({"": v})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write(batch)
+    out(b"AR" + _qualname(type(v)))
+    out(memoryview(sink.getvalue()))  # type: ignore[arg-type]  # a pyarrow Buffer is a buffer
+
+
+def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scipy.sparse matrix or array: class and format (csr and csc differ for code that reads
+    `.indices`), shape, dtype, block size, then its entries in stored order (explicit zeros too)."""
+    import numpy as np
+    coo = v.tocoo(copy=False)
+    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
+    out(b"SP" + _qualname(type(v)) + f"{v.format}{v.shape}{v.dtype.str}{getattr(v, 'blocksize', '')}".encode())
+    for part in (*coords, coo.data):
+        _encode_numpy(np.asarray(part), out, active)
 
 
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
@@ -434,18 +518,27 @@ for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dic
                       (types.MethodType, _encode_code), (type, _encode_code), (functools.partial, _encode_partial),
                       (re.Pattern, _registered(lambda p: (p.pattern, p.flags))),
                       (range, _registered(lambda r: (r.start, r.stop, r.step))),
-                      (types.SimpleNamespace, _registered(vars))):  # configuration objects
+                      (types.SimpleNamespace, _registered(vars)),  # configuration objects
+                      # what a dataclass's generated __init__ holds for a field with a default_factory
+                      (type(dataclasses._HAS_DEFAULT_FACTORY), _registered(lambda _: "default_factory"))):  # type: ignore[attr-defined]
     _register(_cls, _encoder)
 
 # Library types, registered when their module is first seen loaded: hashing imports none of them.
 _LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
     "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy),
                          (np.dtype, _registered(lambda d: (d.str, str(d.descr))))),
-    "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas)),
+    "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
+                          (pd.api.extensions.ExtensionArray, _encode_pandas)),
     "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
                             (torch.device, _registered(str)), (torch.dtype, _registered(str))),  # torch.device("cuda")
     "logging": lambda logging: ((logging.Logger, _registered(lambda lg: lg.name)),),  # what it records is no result
     "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
+    "pyarrow": lambda pa: ((pa.Table, _encode_arrow), (pa.RecordBatch, _encode_arrow), (pa.Array, _encode_arrow),
+                           (pa.ChunkedArray, _encode_arrow), (pa.DataType, _registered(str)),
+                           (pa.Schema, _registered(lambda sc: sc.serialize().to_pybytes())),
+                           (pa.Scalar, _registered(lambda x: (str(x.type), x.as_py())))),
+    "scipy.sparse": lambda sp: tuple((cls, _encode_sparse) for cls in (sp.spmatrix, getattr(sp, "sparray", None))
+                                     if cls is not None),
 }
 
 
@@ -511,9 +604,19 @@ def _package_version(module_name: str) -> str:
 
 def code_fingerprint(obj: Any) -> bytes:
     """What a function computes, as far as Python can see: a 16-byte digest (see module docstring)."""
-    h = blake3()
-    _fingerprint(obj, h.update, {})
-    return h.digest(DIGEST)
+    busy: set[int] = _BUSY.__dict__.setdefault("ids", set())
+    if id(obj) in busy:  # Config.DEFAULT = Config(): the class's value hashes the class being hashed
+        return b"self:" + _qualname(obj if isinstance(obj, type) else type(obj))
+    busy.add(id(obj))
+    try:
+        h = blake3()
+        _fingerprint(obj, h.update, {})
+        return h.digest(DIGEST)
+    finally:
+        busy.discard(id(obj))
+
+
+_BUSY = threading.local()
 
 
 def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
@@ -530,6 +633,10 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
     if not is_user_module(module):
         name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
         out(b"lib:" + f"{module}.{name}@{_package_version(module or '')}".encode())
+    elif isinstance(func, _BUILTIN_CODE):  # tuple.__new__ (a named tuple's __new__ reads it): C code, by name
+        owner = getattr(func, "__objclass__", None) or getattr(func, "__self__", None)
+        where = _qualname(owner) if isinstance(owner, type) else str(module).encode()
+        out(b"builtin:" + where + b"." + func.__name__.encode())
     elif isinstance(func, type):
         _fingerprint_class(func, out, seen)
     elif getattr(func, "__code__", None) is None:
@@ -544,22 +651,32 @@ def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) ->
 
 
 def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
-    """A user class: its user bases, its methods and properties, and its class-level configuration."""
+    """A user class: its user bases and metaclass, its methods and properties (cached ones and
+    `lru_cache`d ones by the function they wrap), nested classes, and its class-level values by
+    content (`Model.THRESHOLD`, a class-level array or configured instance), like globals."""
     out(b"class:" + _qualname(cls))
-    for base in cls.__mro__[1:]:
+    for base in (*cls.__mro__[1:], type(cls)):
         if is_user_module(base.__module__):
             _fingerprint(base, out, seen)
     for name, member in sorted(vars(cls).items()):
-        target = getattr(member, "__func__", member)
-        if isinstance(target, (types.FunctionType, property)):
+        target = getattr(member, "__func__", member)  # staticmethod, classmethod
+        if isinstance(target, (property, functools.cached_property)):
+            target = target.fget if isinstance(target, property) else target.func
+        if isinstance(target, (types.FunctionType, type)) or hasattr(target, "__wrapped__"):
             out(name.encode())
-            _fingerprint(target.fget if isinstance(target, property) else target, out, seen)
-        elif type(member) in _CLASS_DATA and not name.startswith("__"):  # Model.THRESHOLD
+            if target is not None:
+                _fingerprint(target, out, seen)
+        elif not name.startswith("__") and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
             try:
                 _encode(member, out, set())
-            except UnhashableError:  # a class-level cache or registry: state, not configuration
+            except UnhashableError:  # a class-level cache, lock or registry: state, not configuration
                 out(b"?")
+
+
+_BUILTIN_CODE = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
+                 types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # __slots__ fields: per instance
 
 
 def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
@@ -728,8 +845,6 @@ def _global_names(code: types.CodeType) -> set[str]:
             names |= _global_names(const)
     return names
 
-
-_CLASS_DATA = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
 
 # Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
 # `from __future__ import annotations`, inherited by exec() from its caller, do not count.

@@ -1,0 +1,156 @@
+"""Edits of what a node reaches through classes change its key, across fresh processes: real files
+edited between two runs of a user's script. A comment-only edit changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+# module -> (source, the edit: (old, new)); each module's node `step` reaches the construct
+CASES = {
+    "cached_prop": ('''
+import functools
+
+class Model:
+    @functools.cached_property
+    def scale(self):
+        return 2
+
+def step(x):
+    return Model().scale * x
+''', ("return 2", "return 3")),
+    "lru_method": ('''
+import functools
+
+class Model:
+    @functools.lru_cache(maxsize=None)
+    def scale(self, k):
+        return 2 * k
+
+def step(x):
+    return Model().scale(x)
+''', ("return 2 * k", "return 3 * k")),
+    "cache_static": ('''
+import functools
+
+class Model:
+    @staticmethod
+    @functools.cache
+    def scale(k):
+        return 2 * k
+
+def step(x):
+    return Model.scale(x)
+''', ("return 2 * k", "return 3 * k")),
+    "nested_class": ('''
+class Model:
+    class Config:
+        FACTOR = 2
+
+def step(x):
+    return Model.Config.FACTOR * x
+''', ("FACTOR = 2", "FACTOR = 3")),
+    "class_array": ('''
+import numpy as np
+
+class Model:
+    WEIGHTS = np.array([1.0, 2.0])
+
+def step(x):
+    return Model.WEIGHTS.sum() * x
+''', ("[1.0, 2.0]", "[1.0, 3.0]")),
+    "class_instance": ('''
+class Settings:
+    def __init__(self, factor):
+        self.factor = factor
+
+class Model:
+    SETTINGS = Settings(factor=2)
+
+def step(x):
+    return Model.SETTINGS.factor * x
+''', ("factor=2)", "factor=3)")),
+    "self_instance": ('''
+class Config:
+    def __init__(self, factor):
+        self.factor = factor
+
+Config.DEFAULT = Config(2)
+
+def step(x):
+    return Config.DEFAULT.factor * x
+''', ("Config(2)", "Config(3)")),
+    "init_subclass": ('''
+class Base:
+    registry = {}
+    def __init_subclass__(cls, factor=1, **kw):
+        super().__init_subclass__(**kw)
+        cls.factor = factor * 2
+
+class Model(Base, factor=1):
+    pass
+
+def step(x):
+    return Model.factor * x
+''', ("factor * 2", "factor * 3")),
+    "dataclass_factory": ('''
+import dataclasses
+
+@dataclasses.dataclass
+class Options:
+    weights: list = dataclasses.field(default_factory=lambda: [1, 2])
+
+def step(x):
+    return sum(Options().weights) * x
+''', ("[1, 2]", "[1, 3]")),
+    "namedtuple_default": ('''
+import typing
+
+class Options(typing.NamedTuple):
+    factor: int = 2
+
+def step(x):
+    return Options().factor * x
+''', ("int = 2", "int = 3")),
+    "control": ('''
+class Model:
+    FACTOR = 2
+
+def step(x):
+    return Model.FACTOR * x  # a comment
+''', ("# a comment", "# another comment")),
+}
+
+SCRIPT = """
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+from hardy import node
+from hardy.cache.keys import call_fingerprint
+keys = {}
+for name in sys.argv[2].split(","):
+    step = node(output_name="y")(importlib.import_module(name).step)
+    assert step.func(1) is not None
+    keys[name] = call_fingerprint(step, ["x"]).hex()
+print(json.dumps(keys))
+"""
+
+
+def fingerprints(folder: Path) -> dict[str, str]:
+    out = subprocess.run([sys.executable, "-", str(folder), ",".join(CASES)], input=SCRIPT, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_edits_reached_through_classes_change_the_key_in_a_fresh_process(tmp_path):
+    for name, (source, _) in CASES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    before = fingerprints(tmp_path)  # also: dataclass default_factory and NamedTuple defaults hash
+    for name, (source, (old, new)) in CASES.items():
+        assert old in source
+        (tmp_path / f"{name}.py").write_text(source.replace(old, new))
+    after = fingerprints(tmp_path)
+    changed = {name for name in CASES if before[name] != after[name]}
+    assert changed == set(CASES) - {"control"}

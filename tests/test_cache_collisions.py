@@ -1,0 +1,226 @@
+"""The collision table: pairs of values a node can tell apart get distinct keys; pairs it cannot
+tell apart get equal ones. The pairs an adversarial review found sharing a key, the ones Hamilton
+and pipefunc fixed in the field, and Arrow, torch and scipy.sparse values."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from hardy.hashing import hash_value
+
+DISTINCT, EQUAL = "distinct", "equal"
+
+
+class Tagged(dict):
+    """A dict subclass code reads an attribute of."""
+
+
+class Labels(list):
+    pass
+
+
+class Empty:
+    pass
+
+
+class AlsoEmpty:
+    pass
+
+
+class Scale:
+    """A stateful callable (pipefunc keyed these by __hash__, which changes between interpreters)."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def __call__(self, x: float) -> float:
+        return self.factor * x
+
+
+class Point(typing.NamedTuple):
+    x: int
+    y: int = 0
+
+
+def tagged(extra: object = None) -> Tagged:
+    d = Tagged(a=1)
+    if extra is not None:
+        d.unit = extra
+    return d
+
+
+def labels(name: str | None) -> Labels:
+    lst = Labels([1, 2])
+    if name:
+        lst.name = name
+    return lst
+
+
+def np():
+    import numpy
+    return numpy
+
+
+def pd():
+    return pytest.importorskip("pandas")
+
+
+def pa():
+    return pytest.importorskip("pyarrow")
+
+
+def torch():
+    return pytest.importorskip("torch")
+
+
+def sp():
+    return pytest.importorskip("scipy.sparse")
+
+
+def masked(mask, fill=None):
+    return np().ma.masked_array([1.0, 2.0, 6.0], mask=mask, fill_value=fill)
+
+
+def frame(**columns):
+    return pd().DataFrame(columns)
+
+
+def with_attrs(df, **attrs):
+    df.attrs.update(attrs)
+    return df
+
+
+def table(metadata=None):
+    return pa().table({"a": [1, 2]}, metadata=metadata)
+
+
+def sparse(fmt, data=(1.0, 2.0)):
+    return sp().coo_matrix((list(data), ([0, 1], [1, 0])), shape=(2, 2)).asformat(fmt)
+
+
+# (name, what to build the two values, expected)
+PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
+    # what the review found sharing a key
+    ("masked: only the mask differs", lambda: (masked([0, 0, 1]), masked([0, 1, 0])), DISTINCT),
+    ("masked: only the fill value differs", lambda: (masked([0, 0, 1], 1.0), masked([0, 0, 1], 2.0)), DISTINCT),
+    ("masked vs its data", lambda: (masked([0, 0, 0]), np().array([1.0, 2.0, 6.0])), DISTINCT),
+    ("np.matrix vs ndarray", lambda: (np().matrix([[1, 2], [3, 4]]), np().array([[1, 2], [3, 4]])), DISTINCT),
+    ("recarray vs structured array", lambda: (
+        np().rec.fromrecords([(1, 2.0)], names="a,b"),
+        np().rec.fromrecords([(1, 2.0)], names="a,b").view(np().ndarray)), DISTINCT),
+    ("defaultdict(int) vs defaultdict(list)",
+     lambda: (collections.defaultdict(int, a=1), collections.defaultdict(list, a=1)), DISTINCT),
+    ("dict subclass: an extra attribute", lambda: (tagged("kg"), tagged()), DISTINCT),
+    ("dict subclass: the attribute's value", lambda: (tagged("kg"), tagged("g")), DISTINCT),
+    ("list subclass: an attribute", lambda: (labels("ids"), labels(None)), DISTINCT),
+    ("object column: 1 vs '1'", lambda: (frame(a=pd().Series([1], dtype=object)),
+                                         frame(a=pd().Series(["1"], dtype=object))), DISTINCT),
+    ("object column: b'x' vs 'x'", lambda: (frame(a=[b"x"]), frame(a=["x"])), DISTINCT),
+    ("object column: a tuple vs its str", lambda: (frame(a=pd().Series([(1, 2)], dtype=object)),
+                                                   frame(a=["(1, 2)"])), DISTINCT),
+    ("column name 1 vs '1'", lambda: (pd().DataFrame({1: [1]}), pd().DataFrame({"1": [1]})), DISTINCT),
+    ("Series name 1 vs '1'", lambda: (pd().Series([1], name=1), pd().Series([1], name="1")), DISTINCT),
+    ("DataFrame.attrs", lambda: (with_attrs(frame(a=[1]), unit="m"), frame(a=[1])), DISTINCT),
+    ("object Index 1 vs '1'", lambda: (pd().Index([1], dtype=object), pd().Index(["1"])), DISTINCT),
+    ("frame index 1 vs '1'", lambda: (pd().DataFrame({"a": [1]}, index=pd().Index([1], dtype=object)),
+                                      pd().DataFrame({"a": [1]}, index=["1"])), DISTINCT),
+    ("ordered vs unordered categorical", lambda: (pd().Categorical(["a", "b"], ordered=True),
+                                                  pd().Categorical(["a", "b"], ordered=False)), DISTINCT),
+    ("categorical column: ordered vs not", lambda: (
+        frame(a=pd().Categorical(["a", "b"], ordered=True)), frame(a=pd().Categorical(["a", "b"]))), DISTINCT),
+    ("categorical: an unused category", lambda: (pd().Series(pd().Categorical(["a"], categories=["a", "b"])),
+                                                 pd().Series(pd().Categorical(["a"]))), DISTINCT),
+    # the review's controls, keyed apart already
+    ("-0.0 vs 0.0", lambda: (-0.0, 0.0), DISTINCT),
+    ("np.float64(1.5) vs 1.5", lambda: (np().float64(1.5), 1.5), DISTINCT),
+    ("np.int32(1) vs np.int64(1)", lambda: (np().int32(1), np().int64(1)), DISTINCT),
+    ("the same instant in two time zones", lambda: (
+        datetime.datetime(2024, 1, 1, 12, tzinfo=datetime.timezone.utc),
+        datetime.datetime(2024, 1, 1, 13, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))), DISTINCT),
+    ("tz-aware column: two time zones", lambda: (
+        pd().Series(pd().to_datetime(["2024-01-01 12:00"]).tz_localize("UTC")),
+        pd().Series(pd().to_datetime(["2024-01-01 12:00"]).tz_localize("UTC").tz_convert("Europe/Paris"))),
+     DISTINCT),
+    # Hamilton: objects with an empty __dict__, arrays and frames that share bytes
+    ("empty __dict__, two classes", lambda: (Empty(), AlsoEmpty()), DISTINCT),
+    ("empty __dict__, one class", lambda: (Empty(), Empty()), EQUAL),
+    ("same bytes, another shape", lambda: (np().zeros(4), np().zeros((2, 2))), DISTINCT),
+    ("same bytes, another dtype", lambda: (np().array([1, 0], dtype=np().int32),
+                                           np().array([1], dtype=np().int64)), DISTINCT),
+    ("same bytes, another column name", lambda: (frame(a=[1, 2]), frame(b=[1, 2])), DISTINCT),
+    ("same bytes, int vs datetime column", lambda: (
+        frame(a=np().array([0], dtype="int64")), frame(a=np().array([0], dtype="datetime64[ns]"))), DISTINCT),
+    ("C vs Fortran order", lambda: (np().arange(6.0).reshape(2, 3), np().asfortranarray(np().arange(6.0).reshape(2, 3))),
+     DISTINCT),
+    ("equal frames built twice", lambda: (frame(a=[1, 2], b=["x", None]), frame(a=[1, 2], b=["x", None])), EQUAL),
+    ("equal masked arrays", lambda: (masked([0, 1, 0]), masked([0, 1, 0])), EQUAL),
+    # pipefunc: stateful callables by their state, not by __hash__
+    ("callables with the same state", lambda: (Scale(2.0), Scale(2.0)), EQUAL),
+    ("callables with another state", lambda: (Scale(2.0), Scale(3.0)), DISTINCT),
+    # containers
+    ("NamedTuple vs tuple", lambda: (Point(1, 2), (1, 2)), DISTINCT),
+    ("OrderedDict vs dict", lambda: (collections.OrderedDict(a=1), {"a": 1}), DISTINCT),
+    ("set vs frozenset", lambda: ({1}, frozenset({1})), DISTINCT),
+    ("RangeIndex vs an Index of the same ints", lambda: (pd().RangeIndex(3), pd().Index([0, 1, 2])), DISTINCT),
+    ("datetime64 units", lambda: (np().datetime64(1, "s"), np().datetime64(1, "ms")), DISTINCT),
+    # pyarrow
+    ("arrow int32 vs int64", lambda: (pa().array([1, 2], pa().int32()), pa().array([1, 2], pa().int64())), DISTINCT),
+    ("arrow null vs 0", lambda: (pa().array([None, 1]), pa().array([0, 1])), DISTINCT),
+    ("arrow schema metadata", lambda: (table({"unit": "m"}), table()), DISTINCT),
+    ("arrow table built twice", lambda: (table(), table()), EQUAL),
+    ("arrow string vs large_string", lambda: (pa().array(["a"], pa().string()), pa().array(["a"], pa().large_string())),
+     DISTINCT),
+    # torch
+    ("torch float32 vs float64", lambda: (torch().ones(2, dtype=torch().float32),
+                                          torch().ones(2, dtype=torch().float64)), DISTINCT),
+    ("torch requires_grad", lambda: (torch().ones(2, requires_grad=True), torch().ones(2)), DISTINCT),
+    ("torch Parameter vs tensor", lambda: (torch().nn.Parameter(torch().ones(2)), torch().ones(2, requires_grad=True)),
+     DISTINCT),
+    ("torch device cpu vs cuda", lambda: (torch().device("cpu"), torch().device("cuda")), DISTINCT),
+    ("torch tensor built twice", lambda: (torch().arange(4), torch().arange(4)), EQUAL),
+    # scipy.sparse
+    ("sparse csr vs csc", lambda: (sparse("csr"), sparse("csc")), DISTINCT),
+    ("sparse csr vs coo", lambda: (sparse("csr"), sparse("coo")), DISTINCT),
+    ("sparse matrix vs array", lambda: (sparse("csr"), sp().csr_array(sparse("csr"))), DISTINCT),
+    ("sparse values", lambda: (sparse("csr"), sparse("csr", (1.0, 3.0))), DISTINCT),
+    ("sparse explicit zero", lambda: (sparse("csr", (1.0, 0.0)), sp().csr_matrix(sparse("csr", (1.0, 0.0)).toarray())),
+     DISTINCT),
+    ("sparse built twice", lambda: (sparse("csc"), sparse("csc")), EQUAL),
+]
+
+
+@pytest.mark.parametrize(("make", "expected"), [(m, e) for _, m, e in PAIRS], ids=[n for n, _, _ in PAIRS])
+def test_collision_table(make, expected):
+    a, b = make()
+    assert (hash_value(a) != hash_value(b)) == (expected == DISTINCT)
+
+
+def test_the_table_is_large_enough():
+    assert len(PAIRS) >= 40 and sum(e == EQUAL for _, _, e in PAIRS) >= 5
+
+
+def test_keys_are_the_same_in_every_interpreter(tmp_path):
+    """pipefunc keyed stateful callables by __hash__: different per interpreter (hash
+    randomisation). Keys here come out the same in fresh processes with different hash seeds."""
+    script = tmp_path / "keys.py"
+    script.write_text(
+        "import collections, json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_cache_collisions import Scale, tagged\n"
+        "from hardy.hashing import hash_value\n"
+        "values = [Scale(2.0), {'b', 'a', 'c'}, frozenset({('x', 1), ('y', 2)}), tagged('kg'),\n"
+        "          collections.defaultdict(int, a=1)]\n"
+        "print(json.dumps([hash_value(v).hex() for v in values]))\n")
+    runs = [subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    assert json.loads(runs[0].stdout) == json.loads(runs[1].stdout)
