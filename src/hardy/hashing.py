@@ -559,6 +559,76 @@ def _load_lazy() -> None:
 
 # --- code -----------------------------------------------------------------------------------------
 
+
+class Reach:
+    """What a set of fingerprints read, to tell cheaply whether it still holds: each global,
+    module attribute, class attribute and module imported inside a function that the code
+    reaches, as (namespace, name, the object found there), and the user modules reached. A
+    notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
+    put another object under a name; `changed()` is one dict lookup and an identity test per
+    name. A value changed in place (a global list appended to) keeps its object: not seen."""
+
+    __slots__ = ("reads", "modules")
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[Any, str, Any]] = []
+        self.modules: set[str] = set()
+
+    def changed(self) -> bool:
+        for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
+            if namespace.get(name, _ABSENT) is not found:
+                return True
+        return False
+
+
+_RECORDING = threading.local()
+
+
+def recording(reach: Reach | None) -> Any:
+    """Make this thread's fingerprints note what they read into `reach` (None: stop); returns the
+    previous recorder, to restore."""
+    previous = getattr(_RECORDING, "reach", None)
+    _RECORDING.reach = reach
+    return previous
+
+
+def _read(namespace: Any, name: str) -> None:
+    reach = getattr(_RECORDING, "reach", None)
+    if reach is not None:
+        reach.reads.append((namespace, name, namespace.get(name, _ABSENT)))
+
+
+def _module_reached(name: str | None) -> None:
+    reach = getattr(_RECORDING, "reach", None)
+    if reach is not None and name and name != "__main__" and name in sys.modules:
+        reach.modules.add(name)
+
+
+def module_stamp(module: types.ModuleType) -> dict[str, bytes]:
+    """What a module defines, as loaded in this process: each function's and class's code (not
+    the values it reads) and each constant (numbers, strings, tuples of them). Two processes with
+    equal stamps run the same code from the module; a module's mutable state (a dict filled at
+    run time) is not part of it."""
+    stamp = {}
+    for name, value in vars(module).items():
+        if name.startswith("__"):
+            continue
+        h = blake3()
+        if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
+            for member in (vars(value).values() if isinstance(value, type) else (value,)):
+                code = getattr(getattr(member, "__func__", member), "__code__", None)
+                if code is not None:
+                    _code(code, h.update)
+        elif isinstance(value, (type(None), bool, int, float, complex, str, bytes, tuple)):
+            try:
+                _encode(value, h.update, set())
+            except UnhashableError:
+                continue
+        else:
+            continue
+        stamp[name] = h.digest(DIGEST)
+    return stamp
+
 _LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
                                     sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
                         if p})
@@ -655,6 +725,10 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, i
     `lru_cache`d ones by the function they wrap), nested classes, and its class-level values by
     content (`Model.THRESHOLD`, a class-level array or configured instance), like globals."""
     out(b"class:" + _qualname(cls))
+    _module_reached(cls.__module__)
+    members = vars(cls)
+    for name in members:
+        _read(members, name)
     for base in (*cls.__mro__[1:], type(cls)):
         if is_user_module(base.__module__):
             _fingerprint(base, out, seen)
@@ -688,6 +762,10 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int
     _encode((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
     globs = getattr(func, "__globals__", {})
     chains = _chains(code)
+    _module_reached(getattr(func, "__module__", None))
+    for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
+        if kind == "g":
+            _read(globs, name)
     for name in sorted(_global_names(code)):
         if name in globs:
             out(b"g:" + name.encode())
@@ -703,6 +781,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int
     for root in sorted(r for r in chains if r[0] == "import"):  # imports inside the function
         out(b"i:" + root[1].encode())
         module = _imported(root[1])
+        _read(sys.modules, root[1])
         if module is not _ABSENT:
             _reference(module, out, seen, chains[root], root[1], func)
 
@@ -714,6 +793,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], ch
     if isinstance(value, types.ModuleType):
         out(b"mod:" + value.__name__.encode() + _package_version(value.__name__).encode())
         if is_user_module(value.__name__):
+            _module_reached(value.__name__)
             _module_attributes(value, out, seen, chains, name, reader)
     elif isinstance(value, (types.FunctionType, type)) or hasattr(value, "__wrapped__"):
         _fingerprint(value, out, seen)
@@ -740,6 +820,8 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             out(b"@" + _len(seen[id(module)]))
         else:
             seen[id(module)] = len(seen)
+            for attr in vars(module):
+                _read(vars(module), attr)  # a module read whole: any name it binds again counts
             for attr, value in sorted(vars(module).items()):
                 if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
                     out(b"a:" + attr.encode())
@@ -750,6 +832,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
                 break
             path += "." + attr
+            _read(vars(target), attr)
             target = getattr(target, attr, _ABSENT)  # type: ignore[arg-type]  # absent: fails the same way when run
         out(b"." + path.encode())
         if target is _ABSENT:

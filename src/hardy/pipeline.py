@@ -30,6 +30,7 @@ from .errors import (
     UnknownOutputError,
 )
 from .graph import Graph
+from .hashing import Reach, UnhashableError, recording
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
@@ -58,6 +59,7 @@ class Pipeline:
         self.name = name or DEFAULT_NAME
         self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(nodes)]))
         self._plans: dict[Any, Plan] = {}
+        self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
         self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
@@ -117,6 +119,7 @@ class Pipeline:
 
     def _forget_plans(self) -> None:
         self._plans.clear()
+        self._reaches.clear()
         self._with_cache.clear()
 
     @property
@@ -158,7 +161,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_plans={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
+        state.update(_plans={}, _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
     def with_cache(self, cache: Any) -> Pipeline:
@@ -190,7 +193,7 @@ class Pipeline:
 
     def _copy(self, **changes: Any) -> Self:
         copy = type(self).__new__(type(self))
-        copy.__dict__.update(self.__dict__, _plans={}, _with_cache={}, _with_engine={}, **changes)
+        copy.__dict__.update(self.__dict__, _plans={}, _reaches={}, _with_cache={}, _with_engine={}, **changes)
         return copy
 
     def __repr__(self) -> str:
@@ -212,6 +215,8 @@ class Pipeline:
             if self._engine.cache is not self._engine_cache:
                 raise KeyError  # `p.engine.cache = ...` since: see _plan
             plan = self._plans[(tuple(values), output_name, False)]
+            if self._stale((tuple(values), output_name, False)):
+                raise KeyError  # compiled again below
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         try:
@@ -281,7 +286,9 @@ class Pipeline:
             self._forget_plans()
             self._engine_cache = self._engine.cache
         if key in self._plans:
-            return self._plans[key]
+            if not self._stale(key):
+                return self._plans[key]
+            self._forget_plans()
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
@@ -290,11 +297,7 @@ class Pipeline:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
-        mode = self._engine.plan_mode(for_map)
-        plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
-                    submit=self._engine.submit if mode == "threaded" else None,
-                    cache=self.cache if self.cache is not None else self._engine.cache,
-                    on_cached=self._on_cached, name=self.name)
+        plan, reach = self._compile(names, outputs, for_map)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing: dict[str, list[str]] = {}
         for step in plan.steps:
@@ -307,7 +310,32 @@ class Pipeline:
         if len(self._plans) > 256:  # callers that vary their input names endlessly: stay bounded
             self._plans.clear()
         self._plans[key] = plan
+        self._reaches[key] = reach
         return plan
+
+    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> tuple[Plan, Reach | None]:
+        """A new plan, and what its nodes reach if it must be checked for code edits (`_stale`):
+        a plan whose keys hold code, or one that runs in other processes."""
+        mode = self._engine.plan_mode(for_map)
+        cache = self.cache if self.cache is not None else self._engine.cache
+        reach = Reach() if cache is not None or (for_map and self._engine.timeout_runner(True) is None) else None
+        previous = recording(reach)
+        try:
+            plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
+                        submit=self._engine.submit if mode == "threaded" else None,
+                        cache=cache, on_cached=self._on_cached, name=self.name)
+            if reach is not None and cache is None:
+                _reached(plan)
+        finally:
+            recording(previous)
+        return plan, reach
+
+    def _stale(self, key: Any) -> bool:
+        """Whether a global, helper, class or module the memoised plan's nodes reach has been
+        rebound since it was compiled (a notebook cell run again, `importlib.reload`): then the
+        plan is compiled again, its keys made again, and it is shipped to workers again."""
+        reach = self._reaches.get(key)
+        return reach is not None and reach.changed()
 
     def _unknown_inputs(self, names: Iterable[str]) -> UnknownInputError | None:
         """The error for inputs no node takes (usually a typo), or None."""
@@ -743,3 +771,13 @@ def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple[A
 
 
 _ENDED = object()
+
+
+def _reached(plan: Plan) -> None:
+    """Note what the nodes of an uncached plan reach (their fingerprints, as a cache would key
+    them, made while `recording`); a node that cannot be fingerprinted is noted as far as it could."""
+    for step in plan.steps:
+        try:
+            step.node.fingerprint()
+        except UnhashableError:
+            pass

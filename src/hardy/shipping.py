@@ -23,13 +23,15 @@ from typing import Any
 import cloudpickle
 
 from .errors import NodeError, PicklingError, ShippingError
+from .hashing import Reach, UnhashableError, is_user_module, module_stamp, recording
 from .plan import Plan, Wrap
 from .transport import THRESHOLD
 
 
 def ship_plan(plan: Plan) -> bytes:
     try:
-        spec: bytes = cloudpickle.dumps((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed), protocol=5)
+        spec: bytes = cloudpickle.dumps((_Modules(_stamps(plan)), plan.graph, plan.provided, plan.outputs, plan.cache,
+                                         plan.keyed), protocol=5)
         return spec
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
@@ -37,8 +39,54 @@ def ship_plan(plan: Plan) -> bytes:
 
 def build_plan(spec: bytes, wrap: Wrap | None = None,
                on_cached: Callable[[str, bytes, int | None], None] | None = None) -> Plan:
-    graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
+    _, graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
     return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
+
+
+def _stamps(plan: Plan) -> dict[str, dict[str, bytes]]:
+    """The stamps (`module_stamp`) of the user modules the plan's nodes reach, as the parent has them now."""
+    reach = Reach()
+    previous = recording(reach)
+    try:
+        for step in plan.steps:
+            try:
+                step.node.fingerprint()
+            except UnhashableError:
+                pass
+    finally:
+        recording(previous)
+    return {name: module_stamp(sys.modules[name]) for name in sorted(reach.modules)
+            if name in sys.modules and is_user_module(name)}
+
+
+class _Modules:
+    """First in a plan's spec: unpickled before the nodes, in the worker, it makes the user
+    modules there the parent's (`_same_modules`), so that nodes travelling by reference find
+    the code the parent runs."""
+
+    def __init__(self, stamps: dict[str, dict[str, bytes]]):
+        self.stamps = stamps
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_same_modules, (self.stamps,))
+
+
+def _same_modules(stamps: dict[str, dict[str, bytes]]) -> None:
+    """A module the parent reloaded (or a notebook changed) since this worker imported it is
+    reloaded here; one that still differs (its file edited since the parent loaded it) is an
+    error naming it, never other code run in its place."""
+    import importlib
+    for name, stamp in stamps.items():
+        module = sys.modules.get(name) or importlib.import_module(name)
+        if module_stamp(module) == stamp:
+            continue
+        module = importlib.reload(module)
+        mine = module_stamp(module)
+        if mine != stamp:
+            what = sorted(n for n in {*stamp, *mine} if stamp.get(n) != mine.get(n))
+            raise ImportError(f"module {name!r} differs between the parent and this worker ({', '.join(what[:5])}): "
+                              "its file was edited since the parent loaded it, or the parent changed it in memory; "
+                              f"importlib.reload({name}) in the parent (or restore the file) and map again")
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:

@@ -1,0 +1,150 @@
+"""Never stale in one process: a pipeline that is called again after its code changed (a global
+reassigned, a helper redefined, a module reloaded, a notebook cell run again) computes — and keys —
+with the new code, on in-process and process executors, with and without a cache. Real scripts,
+real edited files, a real Jupyter kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+EDIT_BETWEEN_MAPS = """
+from hardy import DiskCache, Engine, Pipeline, node
+import sys
+
+FACTOR = 2
+
+def helper(x):
+    return 100 * x + 1
+
+@node(output_name="y")
+def scaled(x):
+    return helper(x) * FACTOR
+
+executor, cache = sys.argv[1], sys.argv[2]
+p = Pipeline([scaled], engine=Engine(map_executor=executor), cache=DiskCache(cache) if cache != "-" else None)
+first = p.map(inputs={"x": [1, 1]}, map_over="x")
+
+FACTOR = 3
+
+def helper(x):
+    return 1000 * x + 1
+
+second = p.map(inputs={"x": [1, 1]}, map_over="x")
+third = p.run(inputs={"x": 1})
+print([r["y"] for r in first], [r["y"] for r in second], third["y"])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_global_reassigned_and_a_helper_redefined_between_two_maps(tmp_path, executor, cached):
+    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
+                         input=EDIT_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[202, 202] [3003, 3003] 3003"
+
+
+MODULE = """
+OFFSET = {offset}
+
+def helper(x):
+    return x + OFFSET
+"""
+
+RELOAD = """
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+import helpers
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="y")
+def shifted(x):
+    return helpers.helper(x)
+
+engine = Engine(map_executor="process")
+cache = DiskCache(sys.argv[2]) if sys.argv[2] != "-" else None
+p = Pipeline([shifted], engine=engine, cache=cache)
+first = p.map(inputs={"x": [1, 2]}, map_over="x")
+with open(sys.argv[1] + "/helpers.py", "w") as f:
+    f.write(sys.argv[3])
+importlib.reload(helpers)
+second = p.map(inputs={"x": [1, 2]}, map_over="x")
+other = Pipeline([shifted], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")  # the same workers
+print([r["y"] for r in first], [r["y"] for r in second], [r["y"] for r in other])
+"""
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_importlib_reload_between_two_process_maps_on_one_engine(tmp_path, cached):
+    (tmp_path / "helpers.py").write_text(MODULE.format(offset=10))
+    out = subprocess.run([sys.executable, "-", str(tmp_path), str(tmp_path / "c") if cached else "-",
+                          MODULE.format(offset=1000)], input=RELOAD, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[11, 12] [1001, 1002] [1001, 1002]"
+
+
+def test_a_module_edited_on_disk_but_not_reloaded_is_never_run_by_a_fresh_worker(tmp_path):
+    """The parent runs the code it loaded; a worker that would import the edited file instead
+    refuses, naming the module, rather than compute something else."""
+    (tmp_path / "helpers.py").write_text(MODULE.format(offset=10))
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import helpers
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def shifted(x):
+            return helpers.helper(x)
+
+        with open(sys.argv[1] + "/helpers.py", "w") as f:
+            f.write(sys.argv[2])
+        p = Pipeline([shifted], engine=Engine(map_executor="process"))
+        out = p.map(inputs={"x": [1]}, map_over="x", on_error="continue")
+        print(p.run(inputs={"x": 1})["y"], type(out[0]).__name__, "helpers" in str(getattr(out[0], "error", out[0])))
+    """)
+    out = subprocess.run([sys.executable, "-", str(tmp_path), MODULE.format(offset=1000)], input=script, text=True,
+                         capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "11 Failed True", out.stdout
+
+
+CELLS = [
+    "import os, sys\nsys.path.insert(0, {src!r})\nfrom hardy import DiskCache, Engine, Pipeline, node",
+    "FACTOR = 2\ndef helper(x):\n    return 100 * x + 1",
+    "@node(output_name='y')\ndef scaled(x):\n    return helper(x) * FACTOR",
+    "p = Pipeline([scaled], engine=Engine(map_executor='process'), cache={cache})",
+    "print([r['y'] for r in p.map(inputs={{'x': [1, 1]}}, map_over='x')])",
+    "FACTOR = 3\ndef helper(x):\n    return 1000 * x + 1",  # the helper cell, edited and run again
+    "print([r['y'] for r in p.map(inputs={{'x': [1, 1]}}, map_over='x')])",
+]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_notebook_cell_run_again(tmp_path, cached):
+    """A real ipykernel: the cell defining a helper and a global is edited and run again, then
+    the map cell: the process executor's workers compute with the new ones, and the cache keys them."""
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        printed = []
+        cache = f"DiskCache({str(tmp_path / 'c')!r})" if cached else "None"
+        for cell in CELLS:
+            reply = kc.execute_interactive(cell.format(src=SRC, cache=cache), timeout=240,
+                                           output_hook=lambda msg: printed.append(msg["content"].get("text", ""))
+                                           if msg["msg_type"] == "stream" else None)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        assert "".join(printed).split() == ["[202,", "202]", "[3003,", "3003]"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
