@@ -214,3 +214,45 @@ def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path, monkeypat
     assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "c" / "secret.key").stat().st_mode) == 0o600
     assert DiskCache(tmp_path / "c").get(b"k" * 16) == 1
+
+
+# A process holding a hit on a 32 MB array from a blob file; another user truncates the file; the
+# holder then reads every element. A mapped file truncated under its mapping kills its reader (SIGBUS).
+HOLDER = """
+import sys
+import numpy as np
+from hardy.cache import DiskCache
+cache = DiskCache(sys.argv[1], shared=True, secret="team")
+value = cache.get(bytes(16))
+print("mapped" if bytes(16).hex() in open("/proc/self/maps").read() else "copied", flush=True)
+sys.stdin.readline()  # the file is truncated meanwhile
+print(int(value.sum()), cache.hits, flush=True)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("owner", ["theirs", "mine"])
+def test_a_hit_survives_another_user_truncating_its_blob(area, owner):
+    np = pytest.importorskip("numpy")
+    folder = area / "team"
+    folder.mkdir(mode=0o777)
+    array = np.ones(4 << 20, dtype=np.int64)  # 32 MB
+    assert DiskCache(folder, shared=True, secret="team").put(bytes(16), array)
+    blob = folder / "blobs" / "00" / ("00" * 16)
+    if owner == "theirs":  # a teammate's entry: their file, which they may truncate
+        os.chown(blob, ATTACKER, ATTACKER)
+        blob.chmod(0o644)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == ("copied" if owner == "theirs" else "mapped")
+        cut = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
+                              "truncate", "-s", "0", str(blob)], capture_output=True, text=True)
+        # ours is read-only to everyone: they cannot; theirs they can, and the holder has a copy
+        assert (cut.returncode == 0) == (owner == "theirs"), cut.stderr
+        assert (blob.stat().st_size == 0) == (owner == "theirs")
+        out, _ = holder.communicate("go\n", timeout=60)
+    finally:
+        holder.kill()
+    assert holder.returncode == 0, f"the reader died with {holder.returncode}"
+    assert out.split() == [str(4 << 20), "1"]

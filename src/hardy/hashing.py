@@ -34,7 +34,7 @@ import sys
 import sysconfig
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from blake3 import blake3
@@ -604,15 +604,15 @@ def _module_reached(name: str | None) -> None:
         reach.modules.add(name)
 
 
-def module_stamp(module: types.ModuleType) -> dict[str, bytes]:
-    """What a module defines, as loaded in this process: each function's and class's code (not
-    the values it reads) and each constant (numbers, strings, tuples of them). Two processes with
-    equal stamps run the same code from the module; a module's mutable state (a dict filled at
-    run time) is not part of it."""
+def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:
+    """What the module binds to `names`, as loaded in this process: a function's or class's code
+    (not the values it reads), a constant (numbers, strings, tuples of them). Two processes with
+    equal stamps run the same code from those names; mutable state (a dict filled at run time)
+    is not part of it."""
     stamp = {}
-    for name, value in vars(module).items():
-        if name.startswith("__"):
-            continue
+    namespace = vars(module)
+    for name in names:
+        value = namespace.get(name, _ABSENT)
         h = blake3()
         if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
             for member in (vars(value).values() if isinstance(value, type) else (value,)):

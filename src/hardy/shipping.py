@@ -18,6 +18,7 @@ import pickle
 import sys
 import weakref
 from collections.abc import Callable, Sequence
+from importlib.machinery import SourceFileLoader
 from typing import Any
 
 import cloudpickle
@@ -44,7 +45,9 @@ def build_plan(spec: bytes, wrap: Wrap | None = None,
 
 
 def _stamps(plan: Plan) -> dict[str, dict[str, bytes]]:
-    """The stamps (`module_stamp`) of the user modules the plan's nodes reach, as the parent has them now."""
+    """The stamps (`module_stamp`) of what the plan's nodes reach in user modules, as the parent
+    has them now. Modules loaded by another loader than Python's own (pytest's assertion
+    rewriting changes their bytecode) cannot be compared with the worker's import and are left out."""
     reach = Reach()
     previous = recording(reach)
     try:
@@ -55,8 +58,14 @@ def _stamps(plan: Plan) -> dict[str, dict[str, bytes]]:
                 pass
     finally:
         recording(previous)
-    return {name: module_stamp(sys.modules[name]) for name in sorted(reach.modules)
-            if name in sys.modules and is_user_module(name)}
+    modules = {id(vars(m)): m for m in map(sys.modules.get, sorted(reach.modules))
+               if m is not None and is_user_module(m.__name__)
+               and isinstance(getattr(m, "__loader__", None), SourceFileLoader)}
+    names: dict[str, set[str]] = {}
+    for namespace, name, _ in reach.reads:
+        if id(namespace) in modules:
+            names.setdefault(modules[id(namespace)].__name__, set()).add(name)
+    return {m: module_stamp(sys.modules[m], sorted(n)) for m, n in names.items()}
 
 
 class _Modules:
@@ -78,10 +87,10 @@ def _same_modules(stamps: dict[str, dict[str, bytes]]) -> None:
     import importlib
     for name, stamp in stamps.items():
         module = sys.modules.get(name) or importlib.import_module(name)
-        if module_stamp(module) == stamp:
+        if module_stamp(module, stamp) == stamp:
             continue
         module = importlib.reload(module)
-        mine = module_stamp(module)
+        mine = module_stamp(module, stamp)
         if mine != stamp:
             what = sorted(n for n in {*stamp, *mine} if stamp.get(n) != mine.get(n))
             raise ImportError(f"module {name!r} differs between the parent and this worker ({', '.join(what[:5])}): "

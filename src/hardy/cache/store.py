@@ -109,6 +109,7 @@ def write_file(final: str, data: Data) -> None:
         with open(tmp, "wb") as f:
             for piece in pieces(data):
                 f.write(piece)
+            os.fchmod(f.fileno(), 0o444)  # never written in place: nobody but root truncates a mapped entry
         os.replace(tmp, final)
     except BaseException:
         remove_quietly(tmp)
@@ -120,18 +121,36 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
-def map_file(path: str) -> bytes | memoryview:
+def map_file(path: str) -> Buffer:
     """A private copy-on-write mapping of the file: its pages are read from the page cache on first
     touch, not copied; whoever holds it may write into it (numpy arrays unpickled over it are
     writable) without changing the file. Replacing or deleting the file (atomic rename, unlink: all
-    the cache ever does to a blob) leaves the mapping as it was. No descriptor stays open."""
+    the cache ever does to a blob) leaves the mapping as it was. No descriptor stays open.
+
+    A mapping dies (SIGBUS) when its file is truncated later, so only files nobody else can
+    truncate are mapped: the current user's, read-only (blobs are written 0444; an older writable
+    one of ours is made read-only here). Anyone else's file (a shared cache) is read into memory
+    of our own: one copy, and a truncation meanwhile makes a short entry that fails its MAC."""
     from ..transport import map_fd  # here: `import hardy` does not load the worker transport
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
-        return map_fd(fd, size, mmap.MAP_PRIVATE) if size else b""
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return _read_fd(fd, st.st_size)
+        if st.st_mode & 0o222:
+            os.fchmod(fd, 0o444)
+        return map_fd(fd, st.st_size, mmap.MAP_PRIVATE) if st.st_size else b""
     finally:
         os.close(fd)
+
+
+def _read_fd(fd: int, size: int) -> memoryview:
+    """Up to `size` bytes of the file into a buffer of our own (which the caller may keep and write into)."""
+    data = bytearray(size)
+    view, done = memoryview(data), 0
+    while done < size and (n := os.readv(fd, [view[done:]])):
+        done += n
+    return view[:done]
 
 
 def sweep_locks(folder: str) -> int:
@@ -405,14 +424,13 @@ class FileStore:
 
     def view(self, key: bytes) -> Buffer | None:
         try:
-            with open(self._file(key), "rb", buffering=0) as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                done, view = 0, memoryview(data)
-                while done < len(data) and (n := f.readinto(view[done:])):
-                    done += n
-                return view[:done]
+            fd = os.open(self._file(key), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        try:
+            return _read_fd(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
 
     def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
         found = {}
