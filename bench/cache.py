@@ -10,7 +10,9 @@ against what joblib.Memory checks of a function (its own source, not its helpers
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -84,14 +86,86 @@ def key_derivation(python: str) -> dict[str, float]:
     return json.loads(out)
 
 
-def run(python: str, framework: str, folder: str) -> float:
+STALE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import chain_a
+from hardy import DiskCache, Pipeline, node
+
+@node(output_name="y")
+def chained(x):
+    return chain_a.step(x)
+
+p = Pipeline([chained], cache=DiskCache(sys.argv[2]))
+p.map(inputs={"x": [1, 2]}, map_over="x", progress=False)
+(key, reach), = p._reaches.items()
+def best(f, n=2000):
+    times = []
+    for _ in range(n):
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    return min(times), sorted(times)[n // 2]
+print(json.dumps({"reads": len(reach.reads), "modules": sorted(reach.modules), "check": best(lambda: p._stale(key))}))
+"""
+
+
+def staleness_check(python: str) -> dict[str, object]:
+    """What `map` pays each call to see whether the code its nodes reach (3 user modules) changed."""
+    with tempfile.TemporaryDirectory() as folder:
+        for name, text in CHAIN.items():
+            Path(folder, name).write_text(text)
+        out = subprocess.run([python, "-c", STALE, folder, str(Path(folder, "c"))], check=True, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")}).stdout
+    return json.loads(out)
+
+
+def run(python: str, framework: str, folder: str, src: str | None = None) -> float:
+    env = {**os.environ, "PYTHONPATH": src} if src else None
     out = subprocess.run([python, str(HERE / "_cache_measure.py"), framework, folder], check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, env=env).stdout
     return float(out.strip().splitlines()[-1])
 
 
+def warm_against(python: str, baseline: str, rounds: int = 5) -> dict[str, float]:
+    """hardy's warm re-run with this checkout's code and with git ref `baseline`'s, alternated in
+    one run, best of `rounds` each (each on its own filled cache)."""
+    with tempfile.TemporaryDirectory() as old:
+        subprocess.run(f"git -C {HERE.parent} archive {baseline} src | tar -x -C {old}", shell=True, check=True)
+        sources = {"baseline": str(Path(old, "src")), "this checkout": str(HERE.parent / "src")}
+        best = dict.fromkeys(sources, float("inf"))
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            for src, folder in zip(sources.values(), (a, b)):
+                run(python, "hardy", folder, src)  # cold: fills the cache
+            for _ in range(rounds):
+                for (name, src), folder in zip(sources.items(), (a, b)):
+                    best[name] = min(best[name], run(python, "hardy", folder, src))
+        return best
+
+
+def versus(python: str, baseline: str) -> None:
+    """The warm path, old code vs new in the same run, and the staleness check's cost."""
+    console = Console(width=120)
+    w = warm_against(python, baseline)
+    t = Table(title=f"warm re-run, 10,000 items x 3 nodes: {baseline} vs this checkout (same run)")
+    for col in ("code", "warm re-run", "items/s", "vs baseline"):
+        t.add_column(col, justify="right")
+    for name, sec in w.items():
+        t.add_row(name, f"{sec:.3f} s", f"{10_000 / sec:,.0f}", f"{sec / w['baseline']:.3f}x")
+    console.print(t)
+    st = staleness_check(python)
+    check: list[float] = st["check"]  # type: ignore[assignment]
+    console.print(f"staleness check per map (nodes reaching {len(st['modules'])} user modules, "  # type: ignore[arg-type]
+                  f"{st['reads']} names): best {check[0] * 1e6:.1f} µs, median {check[1] * 1e6:.1f} µs")
+
+
 if __name__ == "__main__":
-    python = environment()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline", help="only: hardy's warm path against this git ref's, and the staleness check")
+    parser.add_argument("--python", help="the interpreter to measure with (default: a venv with the peers)")
+    args = parser.parse_args()
+    python = args.python or environment()
+    if args.baseline:
+        versus(python, args.baseline)
+        raise SystemExit(0)
     table = Table(title="10,000 items x 3 nodes through a disk cache (2-core machine)")
     for col in ("framework", "cold run", "warm re-run", "warm items/s", "warm vs hardy"):
         table.add_column(col, justify="right")

@@ -15,8 +15,11 @@ or vary. Built-in, library and user types sit in one table keyed by type (`regis
 Code: a function's fingerprint covers its bytecode and constants (not its source text), its
 defaults, the globals and closure values it reads — following attribute chains read from the
 bytecode through user modules (`utils.clean`, `pkg.sub.fn`) and imports inside the function — and,
-transitively, the code of the user functions and classes reached that way. Library code is
-identified by name and package version.
+transitively, the code of the user functions and classes reached that way (a class by its methods,
+cached properties and `lru_cache`d methods by what they wrap, nested classes, its metaclass and its
+class-level values by content). Library code is identified by name and package version. While a
+`Reach` is recording, fingerprints note every name they read, so that a pipeline can tell cheaply
+whether the code it compiled is still the code bound to those names (docs/caching.md).
 """
 
 from __future__ import annotations
