@@ -173,6 +173,18 @@ def test_a_poison_input_costs_its_item(name, executors):
     assert "while unpickling its input" in str(crash) and "preload" not in str(crash)
 
 
+def test_daft_engine_a_poison_input_costs_its_item():
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+    items: list = list(range(12))
+    items[3], items[5], items[9] = threading.Lock(), Unloadable(), SegfaultsWhenUnpickled()
+    out = Pipeline(nodes=[plus_one], engine=DaftEngine()).map(inputs={"x": items}, map_over="x", on_error="continue")
+    assert [o for i, o in enumerate(out) if i not in (3, 5, 9)] == [{"y": x + 1} for x in range(12) if x not in (3, 5, 9)]
+    assert isinstance(out[3].error, ShippingError) and "input 'x' (_thread.lock)" in str(out[3].error)
+    assert isinstance(out[5].error, ShippingError) and "conftest._refuse_outside" in str(out[5].error)
+    assert isinstance(out[9].error, NodeCrashed) and "while unpickling its input" in str(out[9].error)
+
+
 NO_MAIN_GUARD = """
 from hardy import Engine, Pipeline, node
 from hardy.integrations.dask import DaskExecutor

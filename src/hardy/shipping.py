@@ -310,7 +310,7 @@ def globals_in(blob: bytes) -> list[str]:
 
 def ship_items(items: Sequence[Any], indices: Sequence[int],
                wrap: Callable[[list[tuple[int, Any]]], Any] = lambda chunk: chunk,
-               dump: Callable[[Any], Any] = dumps) -> tuple[Any, dict[int, str]]:
+               dump: Callable[[Any], Any] = dumps) -> tuple[Any, dict[int, Unshippable]]:
     """A chunk of (index, item) pairs pickled by `dump` (None if no item can travel), and apart,
     each item that cannot (a lock, a nesting too deep for pickle) with why: it costs that item
     only. A chunk that travels costs one pickling; only a chunk that does not is taken apart."""
@@ -318,7 +318,7 @@ def ship_items(items: Sequence[Any], indices: Sequence[int],
         return dump(wrap([(i, items[i]) for i in indices])), {}
     except Exception as exc:
         failed = exc
-    bad = {i: why for i in indices for why in [unshippable(items[i])] if why}
+    bad = {i: why for i in indices if (why := unshippable(items[i])) is not None}
     if not bad:  # each item travels alone but not together: nothing to blame one item for
         raise PicklingError(f"items {list(indices)[:5]} cannot be sent to a worker process together: "
                             f"{type(failed).__name__}: {failed}") from failed
@@ -326,9 +326,12 @@ def ship_items(items: Sequence[Any], indices: Sequence[int],
     return (dump(wrap([(i, items[i]) for i in good])) if good else None), bad
 
 
-def unshippable(item: Any) -> str:
-    """Why one item cannot be pickled for a worker ("" if it can): the input, its type, the error."""
-    for name, value in (item.items() if isinstance(item, dict) else [("?", item)]):
+Unshippable = tuple[str | None, str]  # the input that cannot be pickled (None: the item), and why
+
+
+def unshippable(item: Any) -> Unshippable | None:
+    """Why one item cannot be pickled for a worker (None if it can): the input, its type, the error."""
+    for name, value in (item.items() if isinstance(item, dict) else [(None, item)]):
         try:
             pickle.dumps(value, protocol=5, buffer_callback=_left_out)  # (fast: most values of a chunk are fine)
             continue
@@ -337,8 +340,8 @@ def unshippable(item: Any) -> str:
         try:
             dumps(value, buffer_callback=_left_out)
         except Exception as exc:
-            return f"input {name!r} ({described(value)}) cannot be pickled to be sent: {_first_line(exc)}"
-    return ""
+            return name, f"({described(value)}) cannot be pickled to be sent: {_first_line(exc)}"
+    return None
 
 
 def check_constants(items: Sequence[dict[str, Any]]) -> None:
@@ -362,15 +365,16 @@ FIX_INPUT = ("Pass plain data (or a path) instead, construct the object inside a
              "@hardy.stateful so each worker builds its own.")
 
 
-def item_error(plan: Plan, i: int, why: str) -> ShippingError:
+def item_error(plan: Plan, i: int, why: Unshippable) -> ShippingError:
     """The failure of item i, whose input cannot be pickled (`why`, from `ship_items`/`ship_each`)."""
-    return ShippingError(readers(plan, why), None, i, f"{why}. {FIX_INPUT}")
+    name, text = why
+    return ShippingError(readers(plan, name), None, i, f"input {name!r} {text}. {FIX_INPUT}" if name is not None
+                         else f"the item {text}. {FIX_INPUT}")
 
 
-def readers(plan: Plan, why: str) -> str:
-    """The nodes reading the input a message names ("input 'x' ..."); for any other message, those
-    reading any input of the map (the first step's node, if none does)."""
-    name = why.split("'")[1] if why.startswith("input '") else None
+def readers(plan: Plan, name: str | None) -> str:
+    """The nodes reading input `name`; for None, those reading any input of the map (the first
+    step's node, if none does)."""
     found = [s.node.name for s in plan.steps
              if any(v == name or name is None and v in plan.provided for _, v in s.args)]
     return " / ".join(dict.fromkeys(found)) or (plan.steps[0].node.name if plan.steps else "?")
@@ -442,13 +446,13 @@ def unopened(plan: Plan, i: int, name: str | None, value: Any, exc: Exception) -
     missing = exc.name if isinstance(exc, ImportError) else None
     hint = (f"; make module {missing!r} importable in the worker as it is here (it runs with this process's "
             "sys.path and working directory)" if missing else "")
-    return ShippingError(readers(plan, what), None, i,
+    return ShippingError(readers(plan, name), None, i,
                          f"its {what} cannot be unpickled in the worker process ({_first_line(exc)}){hint}. "
                          f"{FIX_INPUT}")
 
 
 def ship_each(items: Sequence[dict[str, Any]],
-              indices: Sequence[int]) -> tuple[list[tuple[int, bytes]], dict[int, str]]:
+              indices: Sequence[int]) -> tuple[list[tuple[int, bytes]], dict[int, Unshippable]]:
     """For an engine's task: (index, the item pickled on its own) for each item of the chunk that
     can be, to be wrapped in `Pickled` where it is handed to hardy's worker; and the others, with why."""
     blobs, bad = [], {}
@@ -456,7 +460,7 @@ def ship_each(items: Sequence[dict[str, Any]],
         try:
             blobs.append((i, dumps(items[i])))
         except Exception:
-            bad[i] = unshippable(items[i]) or f"item {i} cannot be pickled to be sent"
+            bad[i] = unshippable(items[i]) or (None, "cannot be pickled to be sent")
     return blobs, bad
 
 

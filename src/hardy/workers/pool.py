@@ -43,6 +43,7 @@ from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
 from ..shipping import (
     Pickled,
+    Unshippable,
     check_constants,
     described,
     dumps,
@@ -118,7 +119,14 @@ class _Worker:
         os.write(self._fds[0], array("d", [-1.0] * worker_main.SLOTS).tobytes())
         self.fault_path = f"/proc/self/fd/{self._fds[1]}"  # read by path, here, after a death
         self._mm, self.status = worker_main.open_status(self._fds[0])
-        self.process, self.conn = launcher.start_worker()
+        try:
+            self.process, self.conn = launcher.start_worker()
+        except BaseException:  # (a preload that fails or blocks): nothing of it stays open
+            del self.status
+            self._mm.close()
+            for fd in self._fds:
+                os.close(fd)
+            raise
         # this process's environment now (a fork server's dates from its start), with the caps
         transport.send(self.conn, b"", transport.Packed(
             pickle.dumps(({**os.environ, **env}, preload_libs, list(sys.path), os.getcwd())), self._fds))
@@ -293,13 +301,13 @@ class WorkerPool:
         return shipped
 
     def _chunk(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
-               sealed: int = 0) -> tuple[transport.Packed | None, dict[int, str]]:
+               sealed: int = 0) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
         """The chunk's message, less the items that cannot be pickled (returned apart, with why);
         `log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once);
         `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
         sent alone)."""
-        packed: tuple[transport.Packed | None, dict[int, str]] = ship_items(
+        packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
             items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed),
             dump=lambda msg: transport.pack(msg, dumps, shared))
         return packed  # what `dump` returned, and the items left out
@@ -570,7 +578,7 @@ class _Run:
         (nothing an item holds can make it) fails its items: no loop."""
         if self.sealed.get(chunk[0], 0) >= 1 + alone:
             for i in chunk:
-                self.results.fail(i, ShippingError(readers(self.plan, ""), None, i, f"its chunk could not be "
+                self.results.fail(i, ShippingError(readers(self.plan, None), None, i, f"its chunk could not be "
                                                    f"unpickled in the worker process, even sealed: {why}"))
             return
         self.sealed.update(dict.fromkeys(chunk, 1 + alone))
@@ -710,13 +718,13 @@ class _Run:
     def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
         """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""
         signame, text, exitcode, stack = crash
-        item = self.items[i]
+        item, name = self.items[i], None
         if isinstance(item, Pickled):
             what = f"input (types in it: {', '.join(globals_in(item.blob)) or 'builtins only'})"
         else:
             name = list(item)[k] if k < len(item) else "?"
             what = f"input {name!r} ({described(item.get(name))})"
-        self.results.fail(i, NodeCrashed(readers(self.plan, what), i, f"the worker process died ({text}) while "
+        self.results.fail(i, NodeCrashed(readers(self.plan, name), i, f"the worker process died ({text}) while "
                                          f"unpickling its {what}, before the node ran", signal=signame,
                                          exitcode=exitcode, stack=stack))
 
