@@ -106,11 +106,14 @@ def main() -> None:
 
         compute = timed_map(None, seq())
         local_cold = timed_map(DiskCache(work / "local", secret="bench"), seq())
-        local_warm = timed_map(DiskCache(work / "local", secret="bench"), seq())
         remote_cold = timed_map(remote("machine-a"), seq())
         warm_seq = timed_map(remote("machine-b"), seq())
         warm_threads = timed_map(remote("machine-c"), Engine(map_executor="threaded", workers=THREADS))
-        warm_local = timed_map(remote("machine-b"), seq())
+        # The two warm paths that touch no server, taking turns, best of 5 each (they are short,
+        # and other work on the machine moves single runs by more than the difference measured).
+        turns = [(timed_map(DiskCache(work / "local", secret="bench"), seq()),
+                  timed_map(remote("machine-b"), seq())) for _ in range(5)]
+        local_warm, warm_local = min(t[0] for t in turns), min(t[1] for t in turns)
         concurrency = BucketStore.__init__.__kwdefaults__["concurrency"]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -130,14 +133,15 @@ def main() -> None:
 
     row("cold computation, no cache (floor)", compute)
     row("local DiskCache, cold", local_cold)
-    row("local DiskCache, warm", local_warm)
+    row("local DiskCache, warm (best of 5)", local_warm)
     bound = 1.5 * local_cold + put_s * ITEMS / concurrency
     row(f"bucket, cold (publishing {concurrency} at a time)", remote_cold,
         f"<= {bound:.1f} s", remote_cold <= bound)
     row("bucket, warm, empty local cache, sequential", warm_seq, f"<= {compute / 5:.1f} s", warm_seq <= compute / 5)
     row(f"bucket, warm, empty local cache, {THREADS} threads", warm_threads,
         f"<= {compute / 5:.1f} s", warm_threads <= compute / 5)
-    row("bucket, warm, local cache filled", warm_local, f"<= {1.1 * local_warm:.2f} s", warm_local <= 1.1 * local_warm)
+    row("bucket, warm, local cache filled (best of 5)", warm_local, f"<= {1.1 * local_warm:.2f} s",
+        warm_local <= 1.1 * local_warm)
     console.print(t)
     console.print(f"server floor for the warm read: {ITEMS:,} GETs x {get_s * 1000:.1f} ms = {ITEMS * get_s:.1f} s "
                   f"one at a time; the sequential warm read spent {warm_seq / ITEMS * 1000:.1f} ms per item, "
