@@ -602,12 +602,14 @@ def scale(value: int, factor: int) -> int:
 inner = Pipeline(nodes=[double, add])
 plain = PipelineNode(pipeline=inner)
 named = PipelineNode(pipeline=inner, name="custom")
+positional = PipelineNode(inner, {"outer_y": "y"}, None, None, "zip", False, "positional")
 bound = Pipeline(nodes=[double, add]).bind(x=5)
 mapped = Pipeline(nodes=[scale]).bind(factor=10).as_node(map_over="values", input_mapping={"values": "value"})
 result = {"root_args": inner.graph.root_args, "outputs": inner.graph.available_output_names,
           "order": [n.name for n in inner.graph.execution_order],
           "code_hash": [len(double.code_hash), double.code_hash == add.code_hash, len(plain.code_hash)],
-          "node": [named.name, list(plain.root_args), plain.output_name],
+          "node": [named.name, list(plain.root_args), plain.output_name, positional.name,
+                   list(positional.root_args), isinstance(inner.as_node(), PipelineNode)],
           "bound": [bound.as_node().bound_inputs, bound.as_node(input_mapping={"outer_y": "y"}).unfulfilled_args,
                     mapped.unfulfilled_args],
           "repr": ["bound=" in repr(bound), "needs=" in repr(bound) and "y" in repr(bound)],

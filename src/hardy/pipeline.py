@@ -571,7 +571,7 @@ class PipelineNode(Node):
         return self._copy(self.pipeline.with_callbacks(callbacks))
 
     def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
-        copy = PipelineNode.__new__(PipelineNode)
+        copy = type(self).__new__(type(self))
         copy.__dict__.update(self.__dict__, pipeline=pipeline, **changes)
         copy.func = copy._call
         return copy

@@ -13,13 +13,13 @@ from typing import Protocol
 from ...errors import CycleError, GraphError, HardyError, NodeError
 from ...node import Node
 from ...observe import CallbackContext, PipelineCallback
-from ...pipeline import PipelineNode
 from ...stateful import stateful
 from ...visualize import STYLES as DESIGN_STYLES
 from ...visualize import Theme as GraphvizTheme
 from .cache import DiskCache
 from .engines import DaskEngine, HypernodesEngine, SeqEngine
 from .pipeline import DualNode, Pipeline, node
+from .pipeline_node import PipelineNode
 
 HyperNodesError = HardyError
 DependencyError = GraphError  # duplicate outputs, self-dependencies (HyperNodes: DependencyError)

@@ -16,8 +16,8 @@ from ...errors import MapError, NodeError
 from ...node import Node
 from ...observe import PipelineCallback
 from ...pipeline import Pipeline as HardyPipeline
-from ...pipeline import PipelineNode
 from .engines import SeqEngine, check_callbacks
+from .pipeline_node import PipelineNode
 
 
 class Pipeline(HardyPipeline):
@@ -79,7 +79,7 @@ class Pipeline(HardyPipeline):
         """HyperNodes' argument order. `cache=False` turns off HyperNodes' entry for the nested
         node's whole result; hardy caches a nested pipeline per inner node only (inner nodes opt
         out with `@node(cache=False)`), so there is no such entry and nothing to turn off."""
-        return super().as_node(name, input_mapping, output_mapping, map_over, map_mode, on_error)
+        return PipelineNode(self, input_mapping, output_mapping, map_over, map_mode, cache, name, on_error)
 
     def visualize(self, filename: str | None = None,  # type: ignore[override]  # HyperNodes' arguments
                   engine: str = "js", depth: int | None = 1,
