@@ -6,12 +6,14 @@ import warnings
 
 import pytest
 
-from hardy import Engine, Failed, Pipeline, node
+from hardy import DiskCache, Engine, Failed, Pipeline, node
 from hardy.errors import (
     CycleError,
     DuplicateNodeError,
     DuplicateOutputError,
     GraphError,
+    InvalidArgument,
+    InvalidArgumentType,
     MapError,
     MapInputError,
     MissingInputError,
@@ -225,13 +227,61 @@ def test_nested_error_names_the_path():
     assert isinstance(exc.value.__cause__, RuntimeError)
 
 
-def test_bad_engine_options():
-    with pytest.raises(NodeDefinitionError, match="node_executor"):
-        Engine(node_executor="process")
-    with pytest.raises(NodeDefinitionError, match="map_executor"):
-        Engine(map_executor="gpu")
-    with pytest.raises(NodeDefinitionError, match="workers"):
-        Engine(workers=0)
+def _bad_calls():
+    """Every wrong argument the issue lists, as (what is called, the class expected, words the
+    message must hold: the argument, the value and the fix)."""
+    p = Pipeline(nodes=[f_ab])
+    return {
+        "one node, not a list": (lambda: Pipeline(f_ab), InvalidArgumentType, ["nodes=", "f_ab", "Pipeline(nodes=[f_ab])"]),
+        "nodes a string": (lambda: Pipeline("f_ab"), InvalidArgumentType, ["nodes='f_ab'", "list"]),
+        "imap window text": (lambda: p.imap(inputs={"a": [1]}, map_over="a", window="10"), InvalidArgumentType,
+                             ["window='10'", "whole number >= 1"]),
+        "imap window 0": (lambda: p.imap(inputs={"a": [1]}, map_over="a", window=0), InvalidArgument,
+                          ["window=0", "whole number >= 1"]),
+        "cache size": (lambda: DiskCache(TMP, max_size="10 parsecs"), InvalidArgument,
+                       ["max_size='10 parsecs'", "'10GB'"]),
+        "cache size type": (lambda: DiskCache(TMP, max_size=1.5), InvalidArgumentType, ["max_size=1.5", "'10GB'"]),
+        "cache store name": (lambda: DiskCache(TMP, store="s3"), InvalidArgument,
+                             ["store='s3'", "'files'", "Store object"]),
+        "cache store object": (lambda: DiskCache(TMP, store=object()), InvalidArgumentType,
+                               ["store=<object", "lacks get, view"]),
+        "cache path": (lambda: DiskCache(123), InvalidArgumentType, ["path=123", "a path"]),
+        "report_dir": (lambda: Engine(report_dir=123), InvalidArgumentType, ["report_dir=123", "a path"]),
+        "report": (lambda: Engine(report="yes"), InvalidArgumentType, ["report='yes'", "True or False"]),
+        "workers": (lambda: Engine(workers=0), InvalidArgument, ["workers=0", "whole number >= 1"]),
+        "workers type": (lambda: Engine(workers="2"), InvalidArgumentType, ["workers='2'", "whole number >= 1"]),
+        "node_executor": (lambda: Engine(node_executor="process"), InvalidArgument,
+                          ["node_executor='process'", "map_executor='process'"]),
+        "map_executor": (lambda: Engine(map_executor="gpu"), InvalidArgument, ["map_executor='gpu'", "'process'"]),
+        "max_memory": (lambda: Engine(max_memory_per_worker="lots"), InvalidArgument,
+                       ["max_memory_per_worker='lots'", "'10GB'"]),
+        "bind": (lambda: Pipeline(nodes=[f_ab]).bind(nope=1), UnknownInputError, ["['nope']", "Accepted inputs: ['a']"]),
+        "map_mode": (lambda: p.map(inputs={"a": [1]}, map_over="a", map_mode="cartesian"), MapInputError,
+                     ["'cartesian'", "'zip' or 'product'"]),
+        "on_error": (lambda: p.map(inputs={"a": [1]}, map_over="a", on_error="ignore"), MapInputError,
+                     ["'ignore'", "'raise' or 'continue'"]),
+    }
+
+
+TMP = "/nonexistent/hardy-never-created"  # DiskCache refuses its arguments before touching the path
+
+
+@pytest.mark.parametrize("case", list(_bad_calls()))
+def test_bad_arguments_fail_where_they_are_made(case):
+    call, kind, words = _bad_calls()[case]
+    with pytest.raises(kind) as caught:
+        call()
+    err = caught.value
+    assert isinstance(err, InvalidArgument) and isinstance(err, ValueError) and not isinstance(err, NodeDefinitionError)
+    assert isinstance(err, TypeError) == (kind is InvalidArgumentType)
+    for word in words:
+        assert word in str(err), (word, str(err))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, "10"])
+def test_a_timeout_that_would_never_be_enforced_is_refused_at_the_decorator(value):
+    with pytest.raises(NodeDefinitionError, match=rf"timeout={value!r} is not valid; timeout must be a finite number"):
+        node(output_name="y", timeout=value)(lambda x: x)
 
 
 MISSING_ENGINES = """

@@ -15,7 +15,7 @@ import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.doctor import runs_on
-from hardy.errors import CudaError, GpuOutOfMemory, NodeDefinitionError, NoGpuError
+from hardy.errors import CudaError, GpuOutOfMemory, InvalidArgument, NodeDefinitionError, NoGpuError
 from hardy.gpus import cuda_failure, gpu_slots, parse_smi
 from hardy.plan import Plan
 from hardy.stages import cut
@@ -185,9 +185,9 @@ def test_slots_from_counts_indices_and_visible_devices(monkeypatch):
         gpu_slots(3)
     with pytest.raises(NoGpuError, match=r"sees 2 GPU\(s\)"):
         gpu_slots([2])
-    with pytest.raises(NodeDefinitionError, match="workers_per_gpu"):
+    with pytest.raises(InvalidArgument, match="workers_per_gpu"):
         gpu_slots("all", workers_per_gpu=0)
-    with pytest.raises(NodeDefinitionError, match="'all', a number of GPUs"):
+    with pytest.raises(InvalidArgument, match="'all', a number of GPUs"):
         gpu_slots("some")
     monkeypatch.delenv("HARDY_ASSUME_GPUS")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # indices count among the devices this process may use

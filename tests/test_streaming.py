@@ -14,7 +14,7 @@ import time
 import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, NodeError, Pipeline, node
-from hardy.errors import MapInputError
+from hardy.errors import InvalidArgument, MapInputError
 from hardy.observe.callbacks import PipelineCallback
 
 pytestmark = pytest.mark.timeout(120)
@@ -201,5 +201,5 @@ def test_streamed_items_are_cached(tmp_path):
 
 
 def test_bad_window_is_refused():
-    with pytest.raises(MapInputError, match="window"):
+    with pytest.raises(InvalidArgument, match="window"):
         Pipeline(nodes=[triple_or_fail]).imap(inputs={"x": [1]}, map_over="x", window=0)

@@ -7,6 +7,7 @@ Errors that users catch by their built-in meaning also inherit from the matching
 
 from __future__ import annotations
 
+import builtins
 import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -63,6 +64,17 @@ class NodeDefinitionError(HardyError, TypeError):
     """A function cannot be used as a node (not callable, *args, bad output_name...)."""
 
 
+class InvalidArgument(HardyError, ValueError):
+    """An argument of an engine, a pipeline call, a cache or a map has a value hardy cannot use:
+    raised by the call that received it (not later, from deep inside a run), with one message
+    naming the argument, the value and the fix. Node definitions raise `NodeDefinitionError`."""
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An `InvalidArgument` of the wrong type (`report_dir=123`): also a `TypeError`, the built-in
+    Python raises for one."""
+
+
 # --- calling a pipeline --------------------------------------------------------------------------
 
 
@@ -86,7 +98,7 @@ class MissingInputError(HardyError, ValueError):
         )
 
 
-class UnknownInputError(HardyError, ValueError):
+class UnknownInputError(InvalidArgument):
     def __init__(self, unknown: Sequence[str], accepted: Iterable[str], pipeline: str):
         self.unknown = list(unknown)
         accepted = sorted(accepted)
@@ -111,7 +123,7 @@ class UnknownOutputError(HardyError, ValueError):
         )
 
 
-class MapInputError(HardyError, ValueError):
+class MapInputError(InvalidArgument):
     """map() was called with map_over / map_mode / lengths that do not fit."""
 
 
@@ -188,8 +200,78 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     err = cls.__new__(cls)
     Exception.__init__(err)
     err.__dict__.update(state)
+    if isinstance(cause, SystemExit) and cause.code is None and cause.args:
+        cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
     return err
+
+
+class LazyOutputError(HardyError, TypeError):
+    """A node returned a generator or a coroutine as an output of the pipeline: the cause of its
+    item's `NodeError`, on every executor (docs/failures.md)."""
+
+
+class RemoteError(Exception):
+    """Stands in for an exception raised in another process that cannot be rebuilt here (its class
+    cannot be imported here, or rebuilding it changes its message): a class of the same name and
+    module (`type(e).__name__` reads the same), deriving from the built-in exception the original
+    derived from (`except OSError:` still catches it), with the original's message."""
+
+    _origin: tuple[str, str, str] = ("builtins", "Exception", "Exception")  # module, qualname, built-in base
+
+    def __str__(self) -> str:  # the message as it was (KeyError's own would quote it)
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # its class is made at run time: it travels as its recipe
+        return stand_in, (*self._origin, str(self))
+
+
+_STAND_INS: dict[tuple[str, str, str], type[RemoteError]] = {}
+
+
+def stand_in(module: str, qualname: str, base: str, message: str) -> RemoteError:
+    """A `RemoteError` named `module.qualname`, deriving from the built-in exception `base`."""
+    key = (module, qualname, base)
+    cls = _STAND_INS.get(key)
+    if cls is None:
+        found = getattr(builtins, base, Exception)
+        bases: tuple[type, ...] = (RemoteError,)
+        if isinstance(found, type) and issubclass(found, Exception) and found is not Exception:
+            bases = (RemoteError, found)
+        try:
+            cls = type(qualname.rpartition(".")[2], bases, {"__module__": module, "__qualname__": qualname,
+                                                             "_origin": key})
+            cls(message)
+        except Exception:  # a built-in base whose constructor wants more (UnicodeDecodeError): the name alone
+            cls = type(qualname.rpartition(".")[2], (RemoteError,), {"__module__": module, "__qualname__": qualname,
+                                                                       "_origin": key})
+        _STAND_INS[key] = cls
+    return cls(message)
+
+
+def rebuilt_exception(module: str, qualname: str, base: str, message: str, args: tuple[Any, ...],
+                      state: dict[str, Any]) -> BaseException:
+    """An exception that pickle could not carry (`shipping.portable`), rebuilt: of its own class,
+    by its constructor if that accepts its `args`, else without calling it, with its picklable
+    attributes; or, if its class cannot be found here or the copy would read differently, its
+    `stand_in`."""
+    import importlib
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            try:
+                exc = cls(*args)  # as pickle would: its constructor sets what it sets (SystemExit's code)
+            except Exception:
+                exc = cls.__new__(cls, *args)
+                exc.args = args
+            exc.__dict__.update(state)
+            if str(exc) == message:
+                return exc
+    except Exception:  # not importable here, or a class that will not be made this way
+        pass
+    return stand_in(module, qualname, base, message)
 
 
 class OutputCountError(NodeError):

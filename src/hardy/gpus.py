@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import arguments
-from .errors import NodeDefinitionError, NoGpuError
+from .errors import InvalidArgument, NoGpuError
 
 ASSUME = "HARDY_ASSUME_GPUS"
 
@@ -167,14 +167,14 @@ def gpu_slots(gpus: str | int | Sequence[int] | None, workers_per_gpu: int = 1) 
     """`CUDA_VISIBLE_DEVICES` for each GPU worker: `gpus="all"`, a count, or indices among the GPUs
     this process may use (its own CUDA_VISIBLE_DEVICES, else all), `workers_per_gpu` workers each.
     None or 0: no GPU worker. Raises NoGpuError, saying what to do, when the GPUs are not there,
-    NodeDefinitionError for arguments that mean nothing."""
+    InvalidArgument for arguments that mean nothing."""
     if gpus is None or (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus == 0):
         return []
     arguments.whole_number("Engine", "workers_per_gpu", workers_per_gpu, 1)
     if isinstance(gpus, str) and gpus != "all" or isinstance(gpus, (bool, float)) or (
             isinstance(gpus, int) and gpus < 0):
-        raise NodeDefinitionError(f"Engine(gpus={gpus!r}): give 'all', a number of GPUs, or a list of GPU "
-                                  "indices such as [0, 1]; gpus=0 runs every node on CPU workers.")
+        raise InvalidArgument(f"Engine(gpus={gpus!r}): give 'all', a number of GPUs, or a list of GPU "
+                              "indices such as [0, 1]; gpus=0 runs every node on CPU workers.")
     visible = visible_devices()
     if isinstance(gpus, int):
         chosen = visible[:gpus] if gpus <= len(visible) else None

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
+from . import arguments
 from .engine.core import Engine
 from .engine.executors import SequentialExecutor
 from .engine.results import Results
@@ -20,6 +21,8 @@ from .engine.streaming import Shifted, stream
 from .errors import (
     Failed,
     HardyError,
+    InvalidArgument,
+    InvalidArgumentType,
     MapError,
     MapInputError,
     MissingInputError,
@@ -57,7 +60,7 @@ class Pipeline:
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: Any = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
-        self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(nodes)]))
+        self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
         self._plans: dict[Any, Plan] = {}
         self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
@@ -147,7 +150,11 @@ class Pipeline:
         return visualize(self, filename=filename, depth=depth, **options)
 
     def bind(self, **values: Any) -> Pipeline:
-        """Fix inputs for every later call; inputs given to run()/map() override them."""
+        """Fix inputs for every later call; inputs given to run()/map() override them. A name no
+        node takes is refused here (a typo would otherwise be a value silently never used)."""
+        err = self._unknown_inputs(values)
+        if err is not None:
+            raise err
         self._bound.update(values)
         return self
 
@@ -409,8 +416,8 @@ class Pipeline:
         if engine is not None and engine is not self._engine:
             return self._using(engine).imap(inputs, map_over, map_mode, output_name, on_error, progress,
                                             ordered=ordered, window=window)
-        if window is not None and window < 1:
-            raise MapInputError(f"imap(window={window}) must be at least 1 item.")
+        arguments.whole_number("imap", "window", window, 1, optional=True)
+        arguments.flag("imap", "ordered", ordered)
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = _items(values, over, map_mode, lazy=True)
         if window is None:
@@ -523,16 +530,16 @@ class PipelineNode(Node):
         inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
         for outer, inner in input_mapping.items():
             if inner not in pipeline.graph.consumers:
-                raise NodeDefinitionError(
+                raise InvalidArgument(
                     f"as_node({self.name!r}): input_mapping maps {outer!r} to {inner!r}, which no node of "
                     f"pipeline {pipeline.name!r} consumes; its inputs are {list(pipeline.inputs)}.")
         for inner in output_mapping:
             if inner not in pipeline.graph.producer:
-                raise NodeDefinitionError(
+                raise InvalidArgument(
                     f"as_node({self.name!r}): output_mapping names {inner!r}, which pipeline "
                     f"{pipeline.name!r} does not produce; its outputs are {list(pipeline.outputs)}.")
         if on_error not in ("raise", "continue"):
-            raise NodeDefinitionError(
+            raise InvalidArgument(
                 f"as_node({self.name!r}): on_error must be 'raise' or 'continue', got {on_error!r}.")
         free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
         self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
@@ -546,7 +553,7 @@ class PipelineNode(Node):
         over = [map_over] if isinstance(map_over, str) else list(map_over or [])
         for o in over:
             if o not in self._inner_inputs:
-                raise NodeDefinitionError(
+                raise InvalidArgument(
                     f"as_node({self.name!r}): map_over names {o!r}, which is not an input of this node "
                     f"(its inputs are {list(self.inputs)}).")
         self.map_over = [self._inner_inputs[o] for o in over]
@@ -650,6 +657,20 @@ def _numbered(nodes: list[Node]) -> list[Node]:
             seen = True
         out.append(n)
     return out
+
+
+def _node_list(nodes: Any) -> Sequence[Any]:
+    """`Pipeline(nodes=...)`'s list; a lone node, function or pipeline is refused with the fix
+    (it is not a list of them: iterating over it would fail deep inside with no hint)."""
+    if isinstance(nodes, (Node, Pipeline)) or callable(nodes):
+        shown = getattr(nodes, "name", None) or getattr(nodes, "__name__", type(nodes).__name__)
+        raise InvalidArgumentType(
+            f"Pipeline(nodes={nodes!r:.60}) is one node, not a list of them; pass Pipeline(nodes=[{shown}]).")
+    if isinstance(nodes, (str, bytes, Mapping)) or not isinstance(nodes, Iterable):
+        raise InvalidArgumentType(
+            f"Pipeline(nodes={nodes!r:.60}) is a {type(nodes).__name__}, not a list of nodes; pass a list of "
+            "functions decorated with @node, plain functions, or pipelines.")
+    return list(nodes)
 
 
 def _as_node(obj: Any, position: int) -> Node:

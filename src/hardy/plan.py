@@ -40,16 +40,17 @@ import keyword
 import linecache
 import re
 import threading
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
-from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, NodeError, OutputCountError
+from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, LazyOutputError, NodeError, OutputCountError
 from .graph import Graph
 from .node import Node
-from .policy import guard
+from .policy import Exited, guard
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -64,6 +65,17 @@ class Step:
 
 
 KEYS = "__hardy_keys__"  # in a keyed plan's values and results: {value name: its cache key}
+
+
+CAUGHT = (Exception, SystemExit)  # what fails a node's item: sys.exit() too, the same on every executor
+LAZY = frozenset({types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType})
+
+
+def _lazy(name: str, value: Any) -> None:
+    raise LazyOutputError(
+        f"its output {name!r} is a {type(value).__name__}, whose work would run only when read, after the node "
+        "returned: outside hardy's error handling, timeouts and crash containment, and a worker process cannot "
+        "send it back. Return a list (list(...)) or another value instead")
 
 
 class _WrongOutputCount(Exception):
@@ -142,7 +154,7 @@ class Plan:
 
     def _namespace(self) -> dict[str, Any]:
         """The generated function's globals: hardy's helpers, under names no local can take."""
-        ns: dict[str, Any] = {"_fail": self._fail, "_Exception": Exception,
+        ns: dict[str, Any] = {"_fail": self._fail, "_Exception": CAUGHT, "_LAZY": LAZY, "_lazy": _lazy,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
                               "_oncached": self._on_cached}
@@ -244,6 +256,7 @@ class Plan:
         return lines
 
     def _function(self, lines: list[str]) -> str:
+        lines = lines + self._lazy_checks()
         result = ", ".join(f"{o!r}: {self._vars[o]}" for o in self.outputs)
         if self.keyed:
             result += f", {KEYS!r}: {{{', '.join(f'{o!r}: {self._kvars[o]}' for o in self.outputs)}}}"
@@ -252,6 +265,17 @@ class Plan:
         return (f"{head} _run(_v, _item=None):\n    _s = 0\n    try:\n{body}\n"
                 f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
                 f"    return {{{result}}}\n")
+
+    def _lazy_checks(self) -> list[str]:
+        """A generator (or coroutine) a node returns as one of the plan's outputs fails that node:
+        in this process its work would run later, outside hardy's errors, timeouts and crash
+        containment, and from a worker it cannot come back at all. One class test per output."""
+        lines = []
+        for k, step in enumerate(self.steps):
+            for o in step.node.outputs:
+                if o in self.outputs:
+                    lines += [f"_s = {k}", f"if {self._vars[o]}.__class__ in _LAZY: _lazy({o!r}, {self._vars[o]})"]
+        return lines
 
     # Caching, compiled in. A node's key is BLAKE3(its fingerprint + the keys of its arguments),
     # where an input's key is the hash of its value and an intermediate's key is its producer's key
@@ -402,6 +426,8 @@ class Plan:
                 exc.node = f"{node.name}/{exc.node}"
             return exc
         inputs = {p: scope.get(self._vars[v], NOT_COMPUTED) for p, v in step.args}
+        if isinstance(exc, Exited):
+            exc = exc.exit
         if isinstance(exc, _WrongOutputCount):
             got = exc.value
             shape = f"a {type(got).__name__} of length {len(got)}" if hasattr(got, "__len__") else repr(got)
@@ -416,8 +442,14 @@ class Plan:
 
 
 def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeError:
-    """A NodeError, or for CUDA's errors a CudaError / GpuOutOfMemory holding the node's stack
-    (the exception's traceback does not survive the trip back from a worker; the text does)."""
+    """A NodeError (saying why for sys.exit and generator outputs), or for CUDA's errors a
+    CudaError / GpuOutOfMemory holding the node's stack (the exception's traceback does not
+    survive the trip back from a worker; the text does)."""
+    if isinstance(exc, SystemExit):  # the same Failed on every executor (docs/failures.md)
+        return NodeError(node.name, inputs, reason=f"called sys.exit({exc.code!r}); a node cannot end the process "
+                                                   "that runs it: raise an exception instead")
+    if isinstance(exc, LazyOutputError):
+        return NodeError(node.name, inputs, reason=str(exc))
     from .gpus import cuda_failure  # failures only: `import hardy` stays light
 
     kind = cuda_failure(exc)
@@ -506,7 +538,7 @@ def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:
     raise _WrongOutputCount(value)
 
 
-def _tag(exc: Exception, k: int) -> None:
+def _tag(exc: BaseException, k: int) -> None:
     """Remember which step raised, for errors that surface away from their step (gather, futures)."""
     try:
         exc._hardy_step = k  # type: ignore[attr-defined]
@@ -515,8 +547,13 @@ def _tag(exc: Exception, k: int) -> None:
 
 
 async def _mark_step(k: int, coro: Any) -> Any:
+    """A gathered node's call (an asyncio task: its SystemExit leaves as `Exited`, see policy.py)."""
     try:
         return await coro
+    except SystemExit as exc:
+        exited = Exited(exc)
+        _tag(exited, k)
+        raise exited from None
     except Exception as exc:
         _tag(exc, k)
         raise
@@ -525,7 +562,7 @@ async def _mark_step(k: int, coro: Any) -> Any:
 def _thread_call(k: int, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return func(*args, **kwargs)
-    except Exception as exc:
+    except CAUGHT as exc:
         _tag(exc, k)
         raise
 

@@ -84,7 +84,7 @@ def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseE
     async def call(*args: Any, **kwargs: Any) -> Any:
         retry = 0
         while True:
-            task = asyncio.ensure_future(func(*args, **kwargs))
+            task = asyncio.ensure_future(_contained(func(*args, **kwargs)))
             try:
                 done, _ = await asyncio.wait([task], timeout=timeout)
             except BaseException:
@@ -106,6 +106,24 @@ def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseE
             retry += 1
             await asyncio.sleep(_retrying(node, retry, failure))
     return call
+
+
+class Exited(Exception):
+    """A node's SystemExit, carried out of an asyncio task as an ordinary exception. asyncio
+    re-raises a task's SystemExit out of the event loop, past every `await`, and the loop (hardy
+    keeps one per thread) then raised it again in the next, unrelated map; as an Exception it
+    reaches the plan, which fails the item naming the exit code, as on every executor."""
+
+    def __init__(self, exit: SystemExit):
+        super().__init__(exit.code)
+        self.exit = exit
+
+
+async def _contained(coro: Any) -> Any:
+    try:
+        return await coro
+    except SystemExit as exc:
+        raise Exited(exc) from None
 
 
 def check_timeouts(nodes: Iterable[Any], runner: str | None) -> None:

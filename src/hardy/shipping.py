@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import NodeError, PicklingError, ShippingError
+from .errors import NodeError, PicklingError, ShippingError, rebuilt_exception
 from .hashing import Reach, UnhashableError, is_user_module, module_stamp, recording
 from .plan import Plan, Wrap
 from .transport import THRESHOLD
@@ -465,22 +465,55 @@ def ship_each(items: Sequence[dict[str, Any]],
 
 
 def portable(err: NodeError) -> NodeError:
-    """The error, with its cause replaced by a description if the cause cannot be pickled, and the
-    cause's traceback kept as text in `stack` (a traceback object does not pickle)."""
+    """The error, ready to cross a process: its cause's traceback kept as text in `stack` (a
+    traceback does not pickle), and a cause that would not come back whole (an exception whose
+    constructor takes other arguments than it passes to Exception, or holding an unpicklable
+    attribute: pickle rebuilds an exception by calling its class with its `args`) replaced by a
+    copy that rebuilds it on the other side (`errors.rebuilt_exception`)."""
     cause = err.__cause__
     if cause is not None and not getattr(err, "stack", ""):
         import traceback
         err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     try:
-        pickle.dumps(err)
+        pickle.loads(dumps(err))  # the round trip: unpickling is where such exceptions fail
         return err
     except Exception:
-        err.__cause__ = RemoteError(f"{type(cause).__name__}: {cause}") if cause else None
+        err.__cause__ = _CauseCopy(cause) if cause is not None else None
         return err
 
 
-class RemoteError(Exception):
-    """Stands for an exception that could not be pickled back to the caller."""
+class _CauseCopy(Exception):
+    """What travels for an exception pickle cannot carry: where its class lives, its built-in base,
+    message, `args` and attributes (those that pickle, the others as their repr)."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        kind = type(exc)
+        base = next((c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"), "Exception")
+        self.recipe = (kind.__module__, kind.__qualname__, base, _message(exc), tuple(_travelling(a) for a in exc.args),
+                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt_exception, self.recipe
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a __str__ that raises must not hide the error
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _travelling(value: Any) -> Any:
+    """`value` if it survives pickling there and back, else its repr."""
+    try:
+        pickle.loads(dumps(value))
+        return value
+    except Exception:
+        try:
+            return repr(value)
+        except Exception:
+            return f"<{type(value).__name__}>"
 
 
 def _unpicklable_node(plan: Plan, exc: Exception) -> str:

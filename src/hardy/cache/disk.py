@@ -46,10 +46,12 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from blake3 import blake3
 
+from .. import arguments
+from ..errors import InvalidArgument
 from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
 from ..sizes import parse_size
 from .keys import MISS
@@ -113,29 +115,29 @@ class DiskCache:
                  single_flight: bool = False, max_size: int | str | None = None, store: Store | str | None = None,
                  shared: bool = False, storage_options: dict[str, Any] | None = None,
                  local: str | os.PathLike[str] | None = None):
-        url = os.fspath(path)
+        url = os.fspath(arguments.path("DiskCache", "path", path))
+        if secret is not None and not isinstance(secret, (bytes, str)) or secret == "" or secret == b"":
+            raise arguments.bad("DiskCache", "secret", secret, "a non-empty string or bytes, or None (a key kept "
+                                "in the directory)", wrong_type=not isinstance(secret, (bytes, str)))
         remote = "://" in url and store is None
         if remote:
             secret = secret if secret is not None else os.environ.get("HARDY_CACHE_KEY") or None
             if secret is None:
-                raise ValueError(f"DiskCache({url!r}) is shared by every machine that uses the bucket: give them "
-                                 "one secret, DiskCache(..., secret=...) or HARDY_CACHE_KEY (docs/caching.md)")
-            path = local if local is not None else ".hardy-cache"
+                raise InvalidArgument(f"DiskCache({url!r}) is shared by every machine that uses the bucket: "
+                                      "give them one secret, DiskCache(..., secret=...) or HARDY_CACHE_KEY "
+                                      "(docs/caching.md)")
+            path = arguments.path("DiskCache", "local", local, optional=True) or ".hardy-cache"
         self.path = os.path.abspath(os.fspath(path))
-        self.shared = shared
+        self.shared = arguments.flag("DiskCache", "shared", shared)
         self._trusted = check_directory(self.path, shared)  # refused here if it exists and is not ours
-        if store is None:
-            store = LocalStore(self.path)
-        elif store == "files":
-            store = FileStore(self.path)
-        self.store: Store = store  # type: ignore[assignment]
+        self.store: Store = _store(self.path, store)
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
         if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
             self._existing_key()
         self._mac_key: bytes | None = None
-        self.single_flight = single_flight
-        self.max_size = parse_size(max_size)
+        self.single_flight = arguments.flag("DiskCache", "single_flight", single_flight)
+        self.max_size = arguments.size("DiskCache", "max_size", max_size)
         self._puts = 0
         self.hits = self.misses = self.rejected = self.skipped = 0
         self._key_id: bytes | None = None
@@ -529,6 +531,30 @@ def _reason(exc: BaseException) -> str:
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return "index locked past the timeout"
     return f"{type(exc).__name__}: {exc}"
+
+
+STORES = ("files",)  # the stores DiskCache(store=...) names; None is the local one
+
+
+def _store(path: str, store: Any) -> Store:
+    """The store `DiskCache(store=...)` asks for: by name, or any object with the `Store` methods
+    (checked here: a wrong one would otherwise fail every cached node, blamed on the node)."""
+    if store is None:
+        return LocalStore(path)
+    if isinstance(store, str):
+        if store not in STORES:
+            raise arguments.bad("DiskCache", "store", store, "None (the local store, or the bucket a path such as "
+                                f"'s3://bucket/prefix' names), one of {', '.join(map(repr, STORES))} or a Store object")
+        return FileStore(path)
+    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+    if missing:
+        raise arguments.bad("DiskCache", "store", store, "None (the local store, or a bucket's), one of "
+                            f"{', '.join(map(repr, STORES))} or an object with the methods of "
+                            f"hardy.cache.store.Store (this one lacks {', '.join(missing)})", wrong_type=True)
+    return cast(Store, store)
+
+
+_STORE_METHODS = tuple(m for m in vars(Store) if not m.startswith("_"))
 
 
 def _secret_bytes(secret: bytes | str) -> bytes:

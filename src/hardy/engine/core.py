@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
-from ..errors import NodeDefinitionError, NodeError
+from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError, NodeError
 from ..node import Node
 from ..observe.progress import MapProgress
-from ..sizes import parse_size
 from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
 from .results import Results
 
@@ -35,27 +34,28 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
                   max_memory: Any, cache: Any) -> None:
     """One sentence per wrong Engine argument, raised where the Engine is made."""
     if node_executor not in _NODE_EXECUTORS:
-        raise NodeDefinitionError(
+        raise InvalidArgument(
             f"Engine(node_executor={node_executor!r}) is not one of {_NODE_EXECUTORS}; "
             "worker processes are chosen per map (map_executor='process') or per node (@node(isolate=True)).")
-    if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS or \
-            not isinstance(map_executor, str) and not hasattr(map_executor, "run_items"):
-        raise NodeDefinitionError(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
+    if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS:
+        raise InvalidArgument(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
+                              "or an executor object (DaskExecutor(), RayExecutor(), ...).")
+    if not isinstance(map_executor, str) and not hasattr(map_executor, "run_items"):
+        raise InvalidArgumentType(f"Engine(map_executor={map_executor!r:.80}) is not one of {_MAP_EXECUTORS} "
                                   "or an executor object (DaskExecutor(), RayExecutor(), ...).")
     arguments.whole_number("Engine", "workers", workers, 1, optional=True)
     if start_method not in _START_METHODS:
-        raise NodeDefinitionError(f"Engine(start_method={start_method!r}) is not one of {_START_METHODS}; "
-                                  "leave it out for the safe default (forkserver).")
+        raise InvalidArgument(f"Engine(start_method={start_method!r}) is not one of {_START_METHODS}; "
+                              "leave it out for the safe default (forkserver).")
     arguments.whole_number("Engine", "max_tasks_per_worker", max_tasks, 1, optional=True)
-    try:
-        memory = parse_size(max_memory)
-    except (ValueError, AttributeError, TypeError):
-        memory = -1
-    if memory is not None and (isinstance(memory, bool) or memory <= 0):
-        raise NodeDefinitionError(f"Engine(max_memory_per_worker={max_memory!r}) is not a size; give bytes or a "
-                                  "string such as '2GB' or '512M'.")
+    arguments.size("Engine", "max_memory_per_worker", max_memory)
     if cache is not None and not hasattr(cache, "lookup"):
-        raise NodeDefinitionError(f"Engine(cache={cache!r}) is not a cache; pass DiskCache(path) or None.")
+        raise InvalidArgumentType(f"Engine(cache={cache!r:.80}) is not a cache; pass DiskCache(path) or None.")
+
+
+def _check_reports(report: Any, report_dir: Any) -> None:
+    arguments.flag("Engine", "report", report)
+    arguments.path("Engine", "report_dir", report_dir, optional=True)
 
 
 def needs_gpu(node: Node) -> bool:
@@ -119,6 +119,7 @@ class Engine:
                  gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
+        _check_reports(report, report_dir)
         self.node_executor = node_executor
         self.map_executor_spec = map_executor
         self.workers = workers

@@ -84,10 +84,34 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
         outcomes.close()
 
 
+class _Pulled:
+    """The caller's inputs, pulled a window at a time. An input iterator that raises (a generator
+    reading a file that turns out bad at line 300) ends the stream there: the items read before
+    it run and are handed out first, whatever the executor and the window, and then its exception
+    is raised, as a `for` loop over it would."""
+
+    def __init__(self, items: Iterator[dict[str, Any]]):
+        self.items = items
+        self.error: BaseException | None = None
+
+    def next(self, window: int) -> list[dict[str, Any]]:
+        chunk: list[dict[str, Any]] = []
+        if self.error is None:
+            try:
+                chunk.extend(itertools.islice(self.items, window))
+            except Exception as exc:
+                self.error = exc
+        return chunk
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
-    start = 0
-    while chunk := list(itertools.islice(items, window)):
+    start, pulled = 0, _Pulled(items)
+    while chunk := pulled.next(window):
         results = make_results(start, chunk, Results)
         run, ok, fail = results.runner(plan), results.ok, results.fail
         for j, item in enumerate(chunk):  # run_chunk's loop, handing out each item as it is done
@@ -99,16 +123,17 @@ def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
                 ok(j, out)
             yield results, j
         start += len(chunk)
+    pulled.raise_error()
 
 
 def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
              make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     runner, stream = engine.window_runner(), _Stream(plan)
-    start = 0
+    start, pulled = 0, _Pulled(items)
 
     def submit() -> bool:
         nonlocal start
-        chunk = list(itertools.islice(items, window))
+        chunk = pulled.next(window)
         if not chunk:
             return False
         results: Results
@@ -136,6 +161,7 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
             if ordered:
                 for k in range(len(results.values)):
                     yield results, k
+        pulled.raise_error()
     finally:
         runner.cancel(stream)
 

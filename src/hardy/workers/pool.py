@@ -28,8 +28,8 @@ from ..batching import batched
 from ..crash import describe_exit, read_stack
 from ..errors import (
     GpuOutOfMemory,
+    InvalidArgument,
     NodeCrashed,
-    NodeDefinitionError,
     NodeError,
     NodeTimeout,
     ShippingError,
@@ -209,7 +209,7 @@ class WorkerPool:
         self.max_tasks = max_tasks_per_worker
         self.max_memory = parse_size(max_memory_per_worker)
         if self.max_tasks is not None and self.max_tasks < 1:
-            raise NodeDefinitionError("max_tasks_per_worker must be at least 1")
+            raise InvalidArgument("max_tasks_per_worker must be at least 1")
         self.env = worker_environment(self.size)
         self._launcher: launch.Launcher | None = None
         self._workers: list[_Worker | None] = [None] * self.size

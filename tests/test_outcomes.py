@@ -1,0 +1,137 @@
+"""One outcome per failure on every executor (docs/failures.md): the same map of every case, on
+the three in-process executors, hardy's worker processes, Dask, Ray and Daft, gives the same
+results, the same failures with the same messages and causes, and leaves the engine working."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+
+import pytest
+
+from hardy import Engine, Failed, Pipeline, node
+from hardy.errors import LazyOutputError, RemoteError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class DiskFull(OSError):
+    """Its constructor takes two arguments and gives Exception one: pickle cannot rebuild it."""
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(f"disk {path} is full: {detail}")
+        self.path = path
+
+
+class HoldsLock(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()  # pickle refuses it
+        self.code = 507
+
+
+def _local_class() -> type[Exception]:
+    class Local(KeyError):  # no module attribute names it: the caller cannot import it
+        def __init__(self, a: str, b: str):
+            super().__init__(f"{a} and {b}")
+    return Local
+
+
+@node(output_name="y")
+def misbehave(case: str) -> object:
+    if case == "generator":
+        return (c for c in case)
+    if case == "exit":
+        sys.exit(3)
+    if case == "two arguments":
+        raise DiskFull("/data", "no space left on device")
+    if case == "unpicklable attribute":
+        raise HoldsLock("the lock is held")
+    if case == "local class":
+        raise _local_class()("this", "that")
+    return case.upper()
+
+
+@node(output_name="z")
+async def exits_async(n: int) -> int:
+    await asyncio.sleep(0)
+    if n == 3:
+        sys.exit(n)
+    return n
+
+
+@node(output_name="w")
+def plus_one(n: int) -> int:
+    return n + 1
+
+
+def _raising_at(k: int):
+    for n in range(2 * k):
+        if n == k:
+            raise ValueError(f"input line {k} is broken")
+        yield n
+
+
+def _engine(name: str) -> Engine:
+    if name in ("sequential", "threaded", "async", "process"):
+        return Engine(map_executor=name, workers=2)
+    if name == "dask":
+        pytest.importorskip("distributed")
+        from hardy.integrations.dask import DaskExecutor
+        return Engine(map_executor=DaskExecutor(workers=2))
+    if name == "ray":
+        pytest.importorskip("ray")
+        from hardy.integrations.ray import RayExecutor
+        return Engine(map_executor=RayExecutor(workers=2))
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import DaftEngine
+    return DaftEngine()
+
+
+CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "fine"]
+
+
+@pytest.mark.parametrize("name", ["sequential", "threaded", "async", "process", "dask", "ray", "daft"])
+def test_one_outcome_per_failure_on_every_executor(name):
+    with _engine(name) as engine:
+        out = Pipeline(nodes=[misbehave], engine=engine).map(inputs={"case": CASES}, map_over="case",
+                                                               on_error="continue")
+        assert out[0] == {"y": "OK"} and out[-1] == {"y": "FINE"}
+        failed = {case: row.error for case, row in zip(CASES, out) if isinstance(row, Failed)}
+        assert list(failed) == CASES[1:-1]
+        assert all(err.node == "misbehave" and err.item == CASES.index(case) for case, err in failed.items())
+
+        lazy = failed["generator"]
+        assert isinstance(lazy.__cause__, LazyOutputError) and "its output 'y' is a generator" in str(lazy)
+
+        exited = failed["exit"]
+        assert isinstance(exited.__cause__, SystemExit) and exited.__cause__.code == 3
+        assert "called sys.exit(3); a node cannot end the process that runs it" in str(exited)
+
+        full = failed["two arguments"].__cause__  # its own class, message and attribute
+        assert type(full) is DiskFull and str(full) == "disk /data is full: no space left on device"
+        assert full.path == "/data"
+
+        held = failed["unpicklable attribute"].__cause__
+        assert type(held) is HoldsLock and str(held) == "the lock is held" and held.code == 507
+
+        local = failed["local class"].__cause__  # a class the caller cannot import: a stand-in of that name
+        assert type(local).__name__ == "Local" and isinstance(local, KeyError) and str(local) == "'this and that'"
+        assert isinstance(local, RemoteError) == (name not in ("sequential", "threaded", "async"))
+
+        # sys.exit in an async node: one Failed, and nothing left behind for the next map
+        asynchronous = Pipeline(nodes=[exits_async], engine=engine)
+        rows = asynchronous.map(inputs={"n": [1, 3, 5]}, map_over="n", on_error="continue")
+        assert rows[0] == {"z": 1} and rows[2] == {"z": 5} and isinstance(rows[1].error.__cause__, SystemExit)
+        assert Pipeline(nodes=[plus_one], engine=engine).map(inputs={"n": [1, 2]}, map_over="n") == [{"w": 2},
+                                                                                                     {"w": 3}]
+
+        # imap over inputs that raise at item 40 (windows of 16 and of the default size): the 40 first, then the error
+        for window in (16, None):
+            got = []
+            with pytest.raises(ValueError, match="input line 40 is broken"):
+                for row in Pipeline(nodes=[plus_one], engine=engine).imap(inputs={"n": _raising_at(40)},
+                                                                          map_over="n", window=window):
+                    got.append(row["w"])
+            assert got == list(range(1, 41))
