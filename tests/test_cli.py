@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
@@ -59,7 +63,7 @@ def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp
     out = _hardy_run(tmp_path, "flows:pipeline", "--set", "factor=3", "--inputs", "items.jsonl", "--map-over", "x",
                      "--executor", "process", "--workers", "2", "--report", "run.html")
     assert out.returncode == 1, out.stderr
-    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    lines = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda line: line["item"])  # as they finished
     assert lines[0] == {"item": 0, "ok": True, "outputs": {"y": 3}} and lines[2]["outputs"] == {"y": 15}
     assert lines[1]["ok"] is False and lines[1]["signal"] == "SIGSEGV" and lines[1]["node"] == "scale"
     assert "1 of 3 item(s) failed; see run.html" in out.stderr
@@ -72,7 +76,8 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
         out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=[4, 5]", "--map-over", "x", "--cache", "c",
                          "--output", "out.jsonl", "--report", "run.json")
         assert out.returncode == 0 and out.stdout == "", out.stderr
-    assert [json.loads(line)["outputs"]["y"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [8, 10]
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["outputs"]["y"] for line in lines) == [8, 10]
     assert json.loads((tmp_path / "run.json").read_text())["nodes"][0]["cached"] == 2  # the second run: hits
     single = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=7")
     assert single.returncode == 0 and json.loads(single.stdout) == {"item": 0, "ok": True, "outputs": {"y": 14}}
@@ -81,6 +86,13 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["flows:nothing"], "has no attribute 'nothing'; pipelines there: ['pipeline']"),
     (["nomodule:pipeline"], "cannot import 'nomodule'"),
+    (["./flows.py:pipeline"], "'./flows.py' is a file path or a relative module; name the module as Python imports "
+                              "it: flows:pipeline"),
+    (["sub/flows:pipeline"], "name the module as Python imports it: sub.flows:pipeline"),
+    (["raises:pipeline"], "importing 'raises' raised RuntimeError: no HARDY_CONFIG set (at"),
+    (["broken:pipeline"], "cannot import 'broken': SyntaxError in"),
+    (["exits:pipeline"], "importing 'exits' called sys.exit(0), so nothing ran"),
+    (["needs:pipeline"], "cannot import 'needs': ModuleNotFoundError: No module named 'hardy_no_such_dependency' (at"),
     (["flows:pipeline", "--set", "x"], "--set 'x' is not NAME=VALUE"),
     (["flows:pipeline", "--set", "factor=1"], "Missing required input(s): ['x']"),
     (["flows:pipeline", "--inputs", "bad.jsonl"], "bad.jsonl line 2 is not JSON"),
@@ -92,6 +104,10 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
 ])
 def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
+    (tmp_path / "raises.py").write_text(FLOWS + "raise RuntimeError('no HARDY_CONFIG set')\n")
+    (tmp_path / "broken.py").write_text(FLOWS + "def oops(:\n")
+    (tmp_path / "exits.py").write_text(FLOWS + "import sys\nsys.exit(0)\n")  # a script without a __main__ guard
+    (tmp_path / "needs.py").write_text("import hardy_no_such_dependency\n" + FLOWS)
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')
     out = _hardy_run(tmp_path, *args)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
@@ -121,3 +137,75 @@ def test_run_keeps_the_pipelines_own_engine(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["failures"][0]["signal"] == "SIGSEGV"
     kept = list((tmp_path / "reports").glob("flows-*.json"))  # its engine's report_dir: every run's JSON
     assert len(kept) == 1 and json.loads(kept[0].read_text())["failures"][0]["item"] == 1
+
+
+SLOW = """
+import time
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def slow(x: int) -> int:
+    time.sleep(0.2)
+    return 2 * x
+
+pipeline = Pipeline([slow], name="slow")
+"""
+
+
+def _lines(path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def _marked(mark: str) -> list[int]:
+    """Processes whose environment carries `mark`: the command's, its fork servers and workers."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_half_way_keeps_every_finished_line_and_stops_the_workers(tmp_path, sig):
+    (tmp_path / "slow.py").write_text(SLOW)
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"x": x}) + "\n" for x in range(200)))
+    mark = f"hardy-test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-m", "hardy.cli", "run", "slow:pipeline", "--inputs", "items.jsonl",
+                             "--executor", "process", "--workers", "2", "--output", "out.jsonl"], cwd=tmp_path,
+                            env={**os.environ, "HARDY_TEST_MARK": mark}, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out.jsonl"
+    while len(_lines(out)) < 6:  # half-way enough: some items written, most not run yet
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err
+    lines = [json.loads(line) for line in _lines(out)]  # every line whole
+    assert 6 <= len(lines) < 200 and all(line["ok"] and line["outputs"] == {"y": 2 * line["item"]} for line in lines)
+    assert len({line["item"] for line in lines}) == len(lines)
+    assert f"interrupted by {sig.name} after {len(lines)} item(s) (0 failed), each written to out.jsonl" in err
+    assert "Traceback" not in err
+    for _ in range(600):  # the workers are stopped (a loaded machine may take a moment to reap them)
+        if not _marked(mark):
+            break
+        time.sleep(0.05)
+    assert _marked(mark) == []
+
+
+def test_a_crash_of_the_process_running_the_nodes_keeps_every_finished_line(tmp_path):
+    """--executor sequential runs nodes in the command's own process: item 13's segfault ends it,
+    and the 13 items before it are in the output."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"x": x}) + "\n" for x in range(20)))
+    out = _hardy_run(tmp_path, "flows:pipeline", "--inputs", "items.jsonl", "--executor", "sequential",
+                     "--output", "out.jsonl")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["item"] for line in lines] == list(range(13)) and lines[12]["outputs"] == {"y": 24}

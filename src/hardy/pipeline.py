@@ -405,28 +405,31 @@ class Pipeline:
     def imap(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
              map_mode: str = "zip", output_name: str | Sequence[str] | None = None, on_error: str = "raise",
              progress: bool | None = None, engine: Engine | None = None, ordered: bool = True,
-             window: int | None = None) -> Iterator[dict[str, Any] | Failed]:
+             window: int | None = None, indexed: bool = False) -> Iterator[Any]:
         """`map`, streamed: an iterator of results that pulls the inputs (any iterables, generators
         included) as it goes, with at most about 3 × `window` items alive at once.
 
         `ordered=False` yields results as they finish. A consumer that stops asking stops the
         producers; closing the iterator (or leaving a `for` loop) stops the map. With
         on_error="raise", the first failure reached raises MapError (`.offset` and `.results` give
-        the failure's window). `window` defaults to 1,024 items (64 on the sequential executor)."""
+        the failure's window). `window` defaults to 1,024 items (64 on the sequential executor).
+        `indexed=True` yields (item index, result) pairs: which item each is, when they come as
+        they finish."""
         if engine is not None and engine is not self._engine:
             return self._using(engine).imap(inputs, map_over, map_mode, output_name, on_error, progress,
-                                            ordered=ordered, window=window)
+                                            ordered=ordered, window=window, indexed=indexed)
         arguments.whole_number("imap", "window", window, 1, optional=True)
         arguments.flag("imap", "ordered", ordered)
+        arguments.flag("imap", "indexed", indexed)
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = _items(values, over, map_mode, lazy=True)
         if window is None:
             window = 64 if isinstance(self._engine.map_executor, SequentialExecutor) else 1024
-        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress)
+        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed)
 
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
                 over: list[str], window: int, ordered: bool, on_error: str,
-                progress: bool | None) -> Iterator[Any]:
+                progress: bool | None, indexed: bool) -> Iterator[Any]:
         import time
         observers, name = self._observers, self.name
         live = self._recorder.begin(self, "imap", n or 0) if self._engine.reporting and not in_call() else None
@@ -438,7 +441,7 @@ class Pipeline:
             return cls(len(chunk), on_error, bar, events, live, offset=start, cached=plan.cache is not None)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
-            outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results)
+            outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results, indexed)
             if live is not None:
                 outcomes = self._recorded(outcomes, live)
             if not observers:
@@ -460,8 +463,9 @@ class Pipeline:
         seen = 0
         try:
             for value in outcomes:
-                if type(value) is Failed:
-                    failures[seen if value.error.item is None else value.error.item] = value.error
+                outcome = value[1] if type(value) is tuple else value  # imap(indexed=True)'s pairs
+                if type(outcome) is Failed:
+                    failures[seen if outcome.error.item is None else outcome.error.item] = outcome.error
                 seen += 1
                 yield value
         except MapError as exc:

@@ -1,20 +1,32 @@
 """`hardy run` (a pipeline from the shell or a scheduler) and `hardy report` (render a saved report).
 
 Exit codes are what a scheduler branches on: 0 every item succeeded, 1 some failed (each is a
-line of the output, and the report says why), 2 the command itself was wrong (an unknown
-pipeline, a malformed input line, an input no node takes); typer's own usage errors are 2 as well.
+line of the output, and the report says why), 2 the command itself was wrong (a module that
+cannot be imported, raises or exits while imported, an unknown pipeline, a malformed input line,
+an input no node takes); typer's own usage errors are 2 as well. Interrupted by SIGINT or
+SIGTERM, it stops the map and exits 130 or 143.
+
+Each item's line is written, and flushed, as the item finishes (`imap(ordered=False)`: in
+completion order, each line naming its item), so that whatever ends the command (a signal, a
+scheduler's kill, a crash of this process when the pipeline runs nodes in it) leaves every
+finished item in the output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import typer
+
+from ..errors import Failed
 
 USAGE = 2
 
@@ -25,17 +37,20 @@ def _fail_usage(message: str) -> NoReturn:
 
 
 def load_pipeline(target: str) -> Any:
-    """`pkg.module:name` (a dotted attribute path after the colon) as a Pipeline."""
+    """`pkg.module:name` (a dotted attribute path after the colon) as a Pipeline. Whatever goes
+    wrong while importing the module (it raises, has a syntax error, calls sys.exit) is a usage
+    error: nothing has run yet."""
     from ..pipeline import Pipeline
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         _fail_usage(f"{target!r} is not MODULE:PIPELINE, e.g. mypkg.flows:pipeline")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name or module_name.startswith("."):
+        dotted = module_name.removesuffix(".py").strip("./").replace("/", ".").replace(os.sep, ".")
+        _fail_usage(f"{module_name!r} is a file path or a relative module; name the module as Python imports it: "
+                    f"{dotted or 'mymodule'}:{attr} (run from the directory that holds it, or set PYTHONPATH)")
     if "" not in sys.path:
         sys.path.insert(0, "")  # the current directory, as `python -m` has it
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail_usage(f"cannot import {module_name!r}: {exc}")
+    obj: Any = _import(module_name)
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = sorted(n for n in dir(obj) if isinstance(getattr(obj, n, None), Pipeline))
@@ -44,6 +59,33 @@ def load_pipeline(target: str) -> Any:
     if not isinstance(obj, Pipeline):
         _fail_usage(f"{target} is a {type(obj).__name__}, not a hardy Pipeline")
     return obj
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        if getattr(exc, "name", None) in (module_name, module_name.split(".")[0]):
+            _fail_usage(f"cannot import {module_name!r}: {exc}")
+        _fail_usage(f"cannot import {module_name!r}: {_where(exc)}")
+    except SyntaxError as exc:
+        _fail_usage(f"cannot import {module_name!r}: {type(exc).__name__} in {exc.filename}, line {exc.lineno}: "
+                    f"{exc.msg}")
+    except SystemExit as exc:
+        _fail_usage(f"importing {module_name!r} called sys.exit({exc.code!r}), so nothing ran; a module for "
+                    "`hardy run` must not exit when imported: put its script part under "
+                    "`if __name__ == \"__main__\":`")
+    except Exception as exc:
+        _fail_usage(f"importing {module_name!r} raised {_where(exc)}")
+
+
+def _where(exc: BaseException) -> str:
+    """The exception and the line of the user's code that raised it (the last frame outside importlib)."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
+              and not f.filename.endswith("cli/run.py")]
+    where = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:
@@ -84,7 +126,6 @@ def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[s
 
 
 def _line(i: int, row: Any) -> str:
-    from ..errors import Failed
     if isinstance(row, Failed):
         record = {"item": i, "ok": False, **row.error.reported()}
     else:
@@ -125,26 +166,102 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.with_cache(DiskCache(cache))
-    try:
-        with engine:
-            if over:
-                rows = pipeline.map(values, map_over=over, on_error="continue", progress=progress, engine=engine)
-            else:
-                rows = [_single(pipeline, values, engine)]
-    except HardyError as exc:
-        _fail_usage(str(exc))
-    lines = "".join(_line(i, row) + "\n" for i, row in enumerate(rows))
-    if output:
-        Path(output).write_text(lines, encoding="utf-8")
-    else:
-        sys.stdout.write(lines)
+    with engine, _Interruptible() as interrupted:
+        try:
+            rows = pipeline.imap(values, map_over=over, on_error="continue", progress=progress, engine=engine,
+                                 ordered=False, indexed=True) if over else None
+        except HardyError as exc:
+            _fail_usage(str(exc))
+        with _opened(output) as out:
+            done, failed = _stream(rows, out) if rows is not None else _once(pipeline, values, engine, out)
     if report:
         pipeline.report().save(report)
-    failed = sum(1 for i, row in enumerate(rows) if not isinstance(row, dict))
+    where = f"; see {report}" if report else ""
+    if interrupted.signal:
+        typer.echo(f"hardy: interrupted by {interrupted.signal} after {done} item(s) ({failed} failed), each written "
+                   f"to {output or 'stdout'}{where}", err=True)
+        raise typer.Exit(128 + interrupted.number)
     if failed:
-        typer.echo(f"hardy: {failed} of {len(rows)} item(s) failed" + (f"; see {report}" if report else ""),
-                   err=True)
+        typer.echo(f"hardy: {failed} of {done} item(s) failed{where}", err=True)
     raise typer.Exit(1 if failed else 0)
+
+
+def _stream(rows: Any, out: IO[str]) -> tuple[int, int]:
+    """Write each item's line as it finishes; (items written, failed). A usage error the map only
+    finds once running (an input that cannot be sent to a worker) still exits 2."""
+    from ..errors import HardyError
+    done = failed = 0
+    try:
+        for index, row in rows:
+            out.write(_line(index, row) + "\n")
+            out.flush()
+            done += 1
+            failed += isinstance(row, Failed)
+    except HardyError as exc:
+        _fail_usage(str(exc))
+    except (KeyboardInterrupt, _Terminated):
+        rows.close()  # stops the map's workers; every line written so far stays
+    return done, failed
+
+
+def _once(pipeline: Any, values: dict[str, Any], engine: Any, out: IO[str]) -> tuple[int, int]:
+    from ..errors import HardyError, NodeError
+    try:
+        row: Any = pipeline.run(values, engine=engine)
+    except NodeError as err:
+        row = Failed(err)
+    except HardyError as exc:
+        _fail_usage(str(exc))
+    except (KeyboardInterrupt, _Terminated):
+        return 0, 0
+    out.write(_line(0, row) + "\n")
+    out.flush()
+    return 1, int(isinstance(row, Failed))
+
+
+class _Terminated(Exception):
+    """SIGTERM, raised where the command waits for the next result, so that the map stops as
+    for Ctrl-C."""
+
+
+class _Interruptible:
+    """SIGTERM raises `_Terminated` while the command runs (then the default comes back: a
+    second SIGTERM ends it at once); `signal` names what interrupted it, if anything."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.number = 0
+
+    def __enter__(self) -> _Interruptible:
+        self._previous = signal.signal(signal.SIGTERM, self._terminate)
+        self._previous_int = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        self._record(signum)
+        raise _Terminated
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        self._record(signum)
+        raise KeyboardInterrupt
+
+    def _record(self, signum: int) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        self.signal, self.number = signal.Signals(signum).name, signum
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+        signal.signal(signal.SIGINT, self._previous_int)
+
+
+@contextlib.contextmanager
+def _opened(output: str | None) -> Iterator[IO[str]]:
+    """--output, created (emptied) once the map has started, or stdout."""
+    if not output:
+        yield sys.stdout
+        return
+    with open(output, "w", encoding="utf-8") as f:
+        yield f
 
 
 def report_path(path: str, suffixes: tuple[str, ...] = (".html", ".json")) -> None:
@@ -172,14 +289,6 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
     return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor_spec,
                   workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
                   report_dir=own.report_dir, **own.process_options)
-
-
-def _single(pipeline: Any, values: dict[str, Any], engine: Any) -> Any:
-    from ..errors import Failed, NodeError
-    try:
-        return pipeline.run(values, engine=engine)
-    except NodeError as err:
-        return Failed(err)
 
 
 def report(path: str = typer.Argument(..., help="A report's JSON (Engine(report_dir=...) writes them)."),

@@ -65,8 +65,9 @@ class _Streamed(Results):
 
 
 def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
-           raise_on_error: bool, make_results: MakeResults) -> Iterator[Outcome]:
-    """Outcomes of `items`, in input order or (ordered=False) as they finish.
+           raise_on_error: bool, make_results: MakeResults, indexed: bool = False) -> Iterator[Any]:
+    """Outcomes of `items`, in input order or (ordered=False) as they finish; `indexed`: as
+    (item index, outcome) pairs.
 
     With `raise_on_error`, the first failure reached raises MapError; its `.results` are the
     outcomes of that failure's window, whose first item is `.offset`."""
@@ -79,7 +80,7 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
             value = results.values[j]
             if raise_on_error and type(value) is Failed:
                 raise MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
-            yield value
+            yield (results.offset + j, value) if indexed else value
     finally:
         outcomes.close()
 
