@@ -12,6 +12,8 @@ from .errors import (
     Failed,
     GraphError,
     HardyError,
+    InvalidArgument,
+    InvalidArgumentType,
     MapError,
     MissingInputError,
     NodeCrashed,
@@ -42,7 +44,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful", "DiskCache",
     "PipelineCallback", "CallbackContext",
-    "HardyError", "GraphError", "CycleError", "DuplicateOutputError", "MissingInputError",
+    "HardyError", "InvalidArgument", "InvalidArgumentType", "GraphError", "CycleError", "DuplicateOutputError",
+    "MissingInputError",
     "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError",
     "__version__",
 ]
