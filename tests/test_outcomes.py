@@ -13,7 +13,7 @@ import pytest
 from hardy import Engine, Failed, Pipeline, node
 from hardy.errors import LazyOutputError, RemoteError
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # Ray and Daft start their own processes: slow on a loaded machine
 
 
 class DiskFull(OSError):
