@@ -307,3 +307,29 @@ def test_a_crash_after_the_node_returned_keeps_the_result_and_names_the_library(
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "died while idle" in said and "crash at exit: the node had returned and its results were kept" in said
     assert "libforensic.so (crash_inner+0x" in said, said
+
+
+def test_repeat_keeps_the_stack_of_a_crashing_run(tmp_path):
+    from hardy.repeat import repeat
+    script = tmp_path / "crashy.py"
+    script.write_text("import ctypes\n\ndef parse():\n    ctypes.string_at(0)\n\nparse()\n")
+    report = repeat([sys.executable, str(script)], n=2, logs=tmp_path / "logs")
+    assert report.failures == 2
+    log = Path(report.runs[0].log).read_text()
+    assert "Fatal Python error: Segmentation fault" in log and 'crashy.py", line 4 in parse' in log, log
+
+
+def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch, tmp_path):
+    from hardy.doctor import examine_forensics
+    found = [f.message for f in examine_forensics()]
+    assert found[0] == "native frames of crashes: the compiled handler is installed in workers"
+    if stacks.py_spy() is not None:
+        assert found[1].startswith("stacks of hung items: py-spy")
+    monkeypatch.setattr(stacks, "py_spy", lambda: None)
+    assert "pip install 'hardy[forensics]'" in examine_forensics()[1].message
+    run = subprocess.run([sys.executable, "-m", "hardy.cli", "doctor", "--json"], capture_output=True, text=True,
+                         env={**{k: v for k, v in os.environ.items() if k != "CC"}, "PATH": str(tmp_path),
+                              "XDG_CACHE_HOME": str(tmp_path)}, timeout=120)
+    import json
+    said = [f for f in json.loads(run.stdout)["findings"] if f["topic"] == "forensics"]
+    assert said[0]["severity"] == "warning" and "the ctypes fallback (no C compiler found" in said[0]["message"]

@@ -122,6 +122,7 @@ def examine(imports: Sequence[str] = ()) -> Report:
         report.findings.append(Finding("warning", f"fork hazard: {hazard.kind}", f"{hazard.summary}. {hazard.detail}"))
     report.gpu, gpu_findings = examine_gpus([h.summary for h in hazards if h.kind == "cuda"])
     report.findings += gpu_findings
+    report.findings += examine_forensics()
     if report.imported:
         from .native.libs import analyse, scan
         dirs = _module_dirs(report.imported)
@@ -129,6 +130,33 @@ def examine(imports: Sequence[str] = ()) -> Report:
         for m in plan.missing:
             report.findings.append(Finding("error", "shared libraries", str(m)))
     return report
+
+
+def examine_forensics() -> list[Finding]:
+    """Whether a crashed worker will name its native frames and a hung one its stacks, here, and
+    what to change if not (docs/failures.md, "Native crash forensics")."""
+    from .forensics.handler import mechanism
+    from .forensics.stacks import ptrace_scope, py_spy
+    kind, why = mechanism()
+    found = [Finding("ok", "forensics", "native frames of crashes: the compiled handler is installed in workers")
+             if kind == "native" else
+             Finding("warning", "forensics", f"native frames of crashes: the ctypes fallback ({why}): it runs Python "
+                     "in the signal handler and records nothing for a stack overflow; install a C compiler (gcc) "
+                     "so hardy builds its native handler") if kind == "ctypes" else
+             Finding("warning", "forensics", f"native frames of crashes: none ({why})")]
+    scope = ptrace_scope()
+    if py_spy() is None:
+        found.append(Finding("warning", "forensics", "stacks of hung items: Python frames only (faulthandler); "
+                             "pip install 'hardy[forensics]' (py-spy) for every thread's native frames"))
+    elif scope is not None and scope >= 2:
+        found.append(Finding("warning", "forensics", f"stacks of hung items: Yama ptrace_scope={scope} lets only "
+                             "an administrator attach py-spy: run `sysctl kernel.yama.ptrace_scope=1` (workers "
+                             "name their parent as tracer), or expect Python frames only"))
+    else:
+        found.append(Finding("ok", "forensics", "stacks of hung items: py-spy, every thread's Python and native "
+                             f"frames ({'no Yama' if scope is None else f'Yama ptrace_scope={scope}'}; workers "
+                             "name their parent as tracer)"))
+    return found
 
 
 def examine_gpus(cuda_hazards: Sequence[str] = ()) -> tuple[dict[str, Any], list[Finding]]:

@@ -92,7 +92,8 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
            env: dict[str, str] | None = None) -> RepeatReport:
     """Run `command` n times (jobs at a time). Each run sees HARDY_RUN_INDEX=1..n in its environment.
 
-    `on_run(outcome, n)` is called as each run finishes (the CLI prints its line there).
+    `on_run(outcome, n)` is called as each run finishes (the CLI prints its line there). Python
+    commands run with PYTHONFAULTHANDLER=1, so a run that crashes leaves its Python stack in its log.
     """
     report = RepeatReport(list(command))
     log_dir = Path(logs) if logs is not None else None
@@ -106,7 +107,8 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
             return
         start = time.perf_counter()
         proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env={**os.environ, **(env or {}), "HARDY_RUN_INDEX": str(i)})
+                                start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {}),
+                                                             "HARDY_RUN_INDEX": str(i)})
         timed_out = False
         try:
             out, err = proc.communicate(timeout=timeout)
