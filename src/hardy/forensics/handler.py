@@ -119,6 +119,7 @@ def _native() -> tuple[Any, str]:
     except OSError as exc:
         return None, f"{path} cannot be loaded: {exc}"
     lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+    ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker
     return lib, ""
 
 
