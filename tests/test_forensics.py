@@ -333,3 +333,82 @@ def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch
     import json
     said = [f for f in json.loads(run.stdout)["findings"] if f["topic"] == "forensics"]
     assert said[0]["severity"] == "warning" and "the ctypes fallback (no C compiler found" in said[0]["message"]
+
+
+@node(output_name="y")
+def crash_on(x: int, lib: str, counter: str) -> int:
+    """Crashes on item 3; with a counter file, only on every other call (a flaky crash)."""
+    if x == 3:
+        calls = 1
+        if counter:
+            with open(counter, "a+") as f:
+                f.write(".")
+                f.seek(0)
+                calls = len(f.read())
+        if calls % 2 == 1:
+            ctypes.CDLL(lib).crash_here(0)
+    return x
+
+
+def _failed_map(tmp_path: Path, lib: str, counter: str = "") -> Path:
+    with Engine(map_executor="process", workers=1, report_dir=tmp_path / "reports") as e:
+        out = Pipeline(nodes=[crash_on], engine=e, name="embed").map(
+            inputs={"x": list(range(5)), "lib": lib, "counter": counter}, map_over="x", on_error="continue")
+    assert [o["y"] for i, o in enumerate(out) if i != 3] == [0, 1, 2, 4]
+    (report,) = (tmp_path / "reports").glob("*.json")
+    return report
+
+
+def _replay(report: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(report), *args], capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_replay_runs_a_failed_item_again_and_tells_a_deterministic_crash(tmp_path, libs):
+    import json
+    report = _failed_map(tmp_path, libs["c"])
+    (failure,) = json.loads(report.read_text())["failures"]
+    assert failure["item"] == 3 and failure["kept_inputs"] == f"{report.stem}.inputs/item-3.pkl"
+    kept = report.parent / failure["kept_inputs"]
+    assert kept.stat().st_mode & 0o777 == 0o600
+    run = _replay(report, "--item", "3", "--repeat", "3")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "item 3 of pipeline 'embed', 3 run(s), each in a fresh worker: SIGSEGV, SIGSEGV, SIGSEGV"
+    assert "SIGSEGV in libforensic.so (crash_inner+0x" in lines[1]
+    assert "worker's native stack at the crash:" in run.stdout and "in crash_on" in run.stdout
+    assert lines[-1] == "failed 3 of 3 run(s): 100% (95% CI 44%-100%): deterministic"
+
+
+def test_replay_tells_a_flaky_crash(tmp_path, libs):
+    counter = tmp_path / "calls"
+    report = _failed_map(tmp_path, libs["c"], str(counter))
+    run = _replay(report, "--item", "3", "--repeat", "4")
+    last = run.stdout.splitlines()[-1] if run.stdout else run.stderr
+    assert last.startswith("failed 2 of 4 run(s): 50% (95% CI ") and last.endswith(": flaky"), run.stdout
+
+
+def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, monkeypatch):
+    from hardy.forensics import kept
+    report = _failed_map(tmp_path, libs["c"])
+    path = kept.folder_of(report) / "item-3.pkl"
+    assert _replay(report, "--item", "2").stderr.startswith("hardy replay: no kept inputs for item 2")
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit changed
+    run = _replay(report, "--item", "3")
+    assert run.returncode == 2 and "is not signed with this user's key" in run.stderr, run.stderr
+    path.write_bytes(data)
+    os.chown(path, 65534, 65534)  # another user's file
+    run = _replay(report, "--item", "3")
+    assert run.returncode == 2 and "is not this user's own" in run.stderr, run.stderr
+    os.chown(path, os.getuid(), os.getgid())
+    # what another user can read and run: nothing, even with the file made readable by all
+    os.chmod(path, 0o644)
+    check = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                            f"import hardy.forensics.kept as k; k.load({str(report)!r}, 3)"],
+                           capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path / "nobody")})
+    assert check.returncode != 0
+    monkeypatch.setattr(kept, "KEEP_LIMIT", 100)
+    said = kept.keep(tmp_path / "other.json", None, {7: {"x": b"x" * 1000}})
+    assert said[7].startswith("not kept: 1,") and said[7].endswith(" bytes pickled, over the limit of 100")
+    assert not list(kept.folder_of(tmp_path / "other.json").iterdir())

@@ -385,6 +385,8 @@ class Pipeline:
         observers = self._observers
         events = Events(observers, self.name, items) if observers else None
         live = self._recorder.begin(self, "map", n) if self._engine.reporting and not in_call() else None
+        if live is not None:
+            live.inputs = items
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             results = Results(n, on_error, bar, events, live, cached=plan.cache is not None)
             try:

@@ -55,6 +55,7 @@ class _Live:
         self.node_pids: dict[str, set[int]] = {}  # the worker processes each node ran in
         self.lock = threading.Lock()
         self.workers_before: dict[str, Any] = {}
+        self.inputs: list[dict[str, Any]] | None = None  # a map's items: failed ones are kept beside a report file
         self.wall = 0.0
 
     def node(self, name: str) -> _NodeStats:
@@ -117,6 +118,8 @@ class Recorder(PipelineCallback):
         if engine.report_dir:
             path = Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
             try:
+                if failures and live.inputs is not None:
+                    _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
                 report.save(path)
             except (OSError, ValueError) as exc:  # a full disk, a read-only mount: the call's results stand
                 warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
@@ -157,6 +160,18 @@ class Recorder(PipelineCallback):
             stats = self.live.node(self._name(node_id, ctx))
             stats.calls += 1
             stats.failures += 1
+
+
+def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: list[dict[str, Any]],
+                        failures: dict[int, NodeError]) -> None:
+    """The inputs of the first failed items, beside the report, for `hardy replay` (forensics/kept.py);
+    each failure of the report says where its inputs are, or why they were not kept."""
+    from ..forensics.kept import FAILURES_KEPT, keep
+    wanted = sorted(failures)[:FAILURES_KEPT]
+    kept = keep(path, pipeline, {i: items[i] for i in wanted if i < len(items)})
+    for failure in report.data["failures"]:
+        if failure["item"] in kept:
+            failure["kept_inputs"] = kept[failure["item"]]
 
 
 def _slug(name: str) -> str:
