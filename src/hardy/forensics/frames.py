@@ -57,8 +57,13 @@ def own(frames: list[Frame]) -> list[Frame]:
 
 def culprit(frames: list[Frame]) -> Frame | None:
     """The frame a crash is named by: the first outside the C runtime (the caller of a
-    crashing memcpy or of abort()), or the first frame when all are in the runtime."""
-    mine = own(frames) or frames
+    crashing memcpy or of abort()), or the first frame when all are in the runtime; None when
+    the interpreter raised the signal itself."""
+    mine = own(frames)
+    if mine and len(mine) < len(frames) and frames[len(mine)].name.startswith(("libpython", "python")) and all(
+            f.library and _RUNTIME.match(f.name) for f in mine):
+        return None  # the interpreter itself raised it (os.kill, os.abort): the Python stack says where
+    mine = mine or frames
     return next((f for f in mine if not (f.library and _RUNTIME.match(f.name))), mine[0] if mine else None)
 
 
