@@ -34,7 +34,7 @@ def demo(items: int = typer.Option(3000, help="How many documents to generate.")
 
 from .cache import app as cache_app  # noqa: E402
 from .doctor import doctor, libs, repeat, wheel_app  # noqa: E402
-from .replay import replay  # noqa: E402
+from .replay import replay_command  # noqa: E402
 from .run import report, run  # noqa: E402
 
 app.add_typer(cache_app, name="cache")
@@ -44,7 +44,7 @@ app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options"
 app.command()(libs)
 app.command()(run)
 app.command()(report)
-app.command()(replay)
+app.command(name="replay")(replay_command)
 
 
 def main() -> None:

@@ -5,5 +5,5 @@
 - `symbols`: the parent names those offsets from each library's symbol table (C++ demangled);
 - `stacks`: every thread's Python + native stack of a hung worker (py-spy, else faulthandler);
 - `diagnosis`: the hazards hardy knows, matched against those frames;
-- `replay`: the inputs of failed items kept beside a run report, and one item run again.
+- `kept`: the inputs of failed items, kept beside a run report for `hardy replay` (`cli/replay.py`).
 """

@@ -1,4 +1,4 @@
-"""The inputs of failed items, kept beside a run report so that `hardy replay` can run one again.
+"""The inputs of failed items, kept beside a run report so that `hardy replay` (`cli/replay.py`) can run one again.
 
 When an engine writes run reports (`Engine(report_dir=...)`), each failed item of a map (the first
 `FAILURES_KEPT`) is written next to the report's JSON, in `<report>.inputs/item-<N>.pkl`: the
