@@ -16,6 +16,7 @@ import pytest
 
 from conftest import needs_torch
 from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy.errors import NodeDefinitionError
 from hardy.forensics import handler, stacks, symbols
 from hardy.forensics.frames import read_frames
 
@@ -412,3 +413,35 @@ def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, monkeypatch)
     said = kept.keep(tmp_path / "other.json", None, {7: {"x": b"x" * 1000}})
     assert said[7].startswith("not kept: 1,") and said[7].endswith(" bytes pickled, over the limit of 100")
     assert not list(kept.folder_of(tmp_path / "other.json").iterdir())
+
+
+@node(output_name="y")
+def slow_in_c(x: int, lib: str) -> int:
+    if x == 1:
+        ctypes.CDLL(lib).spin_a_while(3)
+    return x
+
+
+def test_a_long_running_item_has_its_stacks_logged_and_goes_on(tmp_path, libs, caplog):
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    lib = _compile(tmp_path, "libslow.so", "#include <unistd.h>\nvoid spin_a_while(int s) { sleep(s); }\n")
+    with Engine(map_executor="process", workers=1, stall_report=1) as e, \
+            caplog.at_level("WARNING", logger="hardy.workers"):
+        out = Pipeline(nodes=[slow_in_c], engine=e).map(inputs={"x": [0, 1, 2], "lib": lib}, map_over="x")
+    assert out == [{"y": 0}, {"y": 1}, {"y": 2}]  # reported, not stopped
+    said = [r.getMessage() for r in caplog.records if "stall_report=1 s" in r.getMessage()]
+    assert len(said) == 1, said  # once per call
+    assert said[0].startswith("item 1: node 'slow_in_c' has been running for ")
+    assert "its stacks:\npy-spy dump --native" in said[0] and "spin_a_while (libslow.so)" in said[0]
+    with pytest.raises(NodeDefinitionError, match=r"Engine\(stall_report=0\) is not a number of seconds"):
+        Engine(stall_report=0)
+
+
+def test_the_run_report_keeps_the_native_stack_and_the_diagnosis(tmp_path, libs):
+    import json
+    report = _failed_map(tmp_path, libs["cuda"])
+    (failure,) = json.loads(report.read_text())["failures"]
+    assert failure["stack"].startswith("native stack:\n  #0 libcublasLt.so.12 +0x")
+    assert "Python stack:" in failure["stack"] and "in crash_on" in failure["stack"]
+    assert any("inside the CUDA stack" in d for d in failure["diagnosis"])

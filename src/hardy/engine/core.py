@@ -109,6 +109,8 @@ class Engine:
     gpus: GPU workers for `@node(gpus=...)` nodes ("all", a count or indices such as [0, 1]),
     `workers_per_gpu` on each GPU, each started with its CUDA_VISIBLE_DEVICES; the other nodes
     run on `workers` CPU workers, which see no GPU (`docs/gpu.md`).
+    stall_report: seconds after which a node call still running in a worker process has every
+    thread's stack logged (py-spy, `hardy[forensics]`), once per call, without stopping it.
     """
 
     def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
@@ -116,17 +118,22 @@ class Engine:
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
                  cache: Any = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
-                 gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1):
+                 gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1,
+                 stall_report: float | None = None):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
         _check_reports(report, report_dir)
+        if stall_report is not None and (isinstance(stall_report, bool) or not isinstance(stall_report, (int, float))
+                                         or stall_report <= 0):
+            raise NodeDefinitionError(f"Engine(stall_report={stall_report!r}) is not a number of seconds above 0.")
         self.node_executor = node_executor
         self.map_executor_spec = map_executor
         self.workers = workers
         self.process_options: dict[str, Any] = dict(
             start_method=start_method, preload=arguments.names("Engine", "preload", preload),
             preload_libs=arguments.names("Engine", "preload_libs", preload_libs),
-            max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker)
+            max_tasks_per_worker=max_tasks_per_worker, max_memory_per_worker=max_memory_per_worker,
+            stall_report=stall_report)
         self.cache = cache
         self.report_dir = report_dir or os.environ.get("HARDY_REPORT_DIR") or None
         self.reporting = report or self.report_dir is not None

@@ -197,7 +197,14 @@ def _failure(i: int, err: NodeError, with_stack: bool = True) -> dict[str, Any]:
     cause = err.__cause__
     stack = "" if not with_stack else getattr(err, "stack", "") or (
         "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)) if cause else "")
-    return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None), "stack": stack}
+    every: str = getattr(err, "stacks", "")  # a timeout's: every thread, native frames with py-spy
+    native: str = getattr(err, "native_stack", "")  # a crash's
+    if with_stack and every:
+        stack = every
+    elif with_stack and native:
+        stack = f"native stack:\n{native}\nPython stack:\n{stack}"
+    return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None), "stack": stack,
+            "diagnosis": list(getattr(err, "diagnosis", ()))}
 
 
 def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,

@@ -198,7 +198,8 @@ class WorkerPool:
     def __init__(self, workers: int | None = None, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None,
-                 max_memory_per_worker: int | str | None = None, slot_env: Sequence[dict[str, str]] = ()):
+                 max_memory_per_worker: int | str | None = None, slot_env: Sequence[dict[str, str]] = (),
+                 stall_report: float | None = None):
         """`slot_env`: variables for each worker on top of the worker environment, one dict per
         worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
         self.slot_env = list(slot_env)
@@ -208,6 +209,7 @@ class WorkerPool:
         self.preload_libs = tuple(preload_libs)
         self.max_tasks = max_tasks_per_worker
         self.max_memory = parse_size(max_memory_per_worker)
+        self.stall_report = stall_report  # seconds: a node call running longer has its stacks logged
         if self.max_tasks is not None and self.max_tasks < 1:
             raise InvalidArgument("max_tasks_per_worker must be at least 1")
         self.env = worker_environment(self.size)
@@ -359,7 +361,8 @@ class _Run:
         self.per_item = pool._per_item.get(self.plan_id)
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
-        self.limited = pool.max_memory is not None or any(s.node.timeout for s in plan.steps)
+        self.limited = pool.max_memory is not None or bool(pool.stall_report) or any(s.node.timeout for s in plan.steps)
+        self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
@@ -641,6 +644,10 @@ class _Run:
                     w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
                     self.on_death(w)
                     continue
+                stall = self.pool.stall_report
+                if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
+                    self.stalled[w.number] = (item, step, started)
+                    self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
             limit = self.pool.max_memory
             if limit is not None:
                 used = rss(w.process.pid)
@@ -648,6 +655,13 @@ class _Run:
                     w.kill("memory", f"worker memory {used / 2**20:.0f} MiB passed max_memory_per_worker "
                                      f"({limit / 2**20:.0f} MiB)")
                     self.on_death(w)
+
+    def report_stall(self, w: _Worker, item: int, node: str, running: float) -> None:
+        """Log every thread's stack of a node call running past `stall_report` (it goes on running)."""
+        text, why = hang_stacks(w.process.pid)
+        log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
+                    node, running, self.pool.stall_report, w.process.pid,
+                    f"its stacks:\n{text}" if text else f"no stacks: {why}")
 
     def on_death(self, w: _Worker) -> None:
         pool = self.pool
