@@ -202,9 +202,10 @@ def _check_embed_run(out: list, texts: list[str], crashed: bool, parent: int, in
     assert all(o["embedding"].shape == (8,) and o["embedding"].untyped_storage().nbytes() == 32 for o in good)
 
 
-def test_a_segfault_in_a_batch_costs_one_item_and_each_half_runs_on_a_fresh_worker(monkeypatch):
-    """The batch of 8 holding the poisoned document dies; halves 4, 2, 1 die in turn on fresh
-    workers; the culprit is reported once, with the node's retries spent on it alone."""
+def test_a_segfault_in_a_batch_costs_one_item_and_the_batch_runs_again_one_item_per_call(monkeypatch):
+    """The batch of 8 holding the poisoned document dies; its items run again one per call, on a
+    fresh worker, until the culprit dies alone; it is reported once, the node's retries spent on
+    it alone, and every other item of the batch keeps its result."""
     monkeypatch.setenv("HARDY_TEST_SEGFAULT", "1")
     texts = [*TEXTS[:8], POISON, *TEXTS[8:15]]  # the poison in the second batch (items 8-15)
     retried = node(embed.func, output_name=embed.outputs, name="embed", batch_size=8, retries=2)
@@ -214,7 +215,7 @@ def test_a_segfault_in_a_batch_costs_one_item_and_each_half_runs_on_a_fresh_work
         report = p.report().to_dict()
     assert [k for k, o in enumerate(out) if isinstance(o, Failed)] == [8]
     assert isinstance(out[8].error, NodeCrashed) and out[8].error.node == "embed"
-    assert report["workers"]["died"] == 4 + 2  # 8 -> 4 -> 2 -> 1 item, then its 2 retries
+    assert report["workers"]["died"] == 2 + 2  # the batch, the culprit alone, then its 2 retries
     assert report["failed"] == 1 and report["succeeded"] == 15
 
 

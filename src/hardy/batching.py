@@ -96,13 +96,14 @@ class Batched:
         raise value
 
     def run(self, items: Sequence[tuple[int, dict[str, Any]]], at: Callable[[int], None] | None = None,
-            calling: Callable[[int], None] | None = None, offset: int = 0) -> Iterator[Outcome]:
-        """Each item's outcome, a group of `group` items at a time (a group's outcomes as soon as
-        it is done). `at(i)`: item i's per-item nodes run next; `calling(k)`: step k's batch call
-        runs next (a worker dates them for its parent); `offset`: added to item numbers given to
-        plans (cache events name the map's item)."""
-        for start in range(0, len(items), self.group):
-            yield from self._group(items[start:start + self.group], at, calling, offset)
+            calling: Callable[[int], None] | None = None, offset: int = 0, size: int = 0) -> Iterator[Outcome]:
+        """Each item's outcome, a group of `size` items at a time (default `group`; a group's
+        outcomes as soon as it is done). `at(i)`: item i's per-item nodes run next; `calling(k)`:
+        step k's batch call runs next (a worker dates them for its parent); `offset`: added to
+        item numbers given to plans (cache events name the map's item)."""
+        size = size or self.group
+        for start in range(0, len(items), size):
+            yield from self._group(items[start:start + size], at, calling, offset)
 
     def _group(self, group: Sequence[tuple[int, dict[str, Any]]], at: Callable[[int], None] | None,
                calling: Callable[[int], None] | None, offset: int) -> Iterator[Outcome]:

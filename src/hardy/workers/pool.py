@@ -136,6 +136,7 @@ class _Worker:
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0
+        self.group = 0  # items per batched call in its chunk
         self.resend = False  # a batch of its results could not be unpickled here
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
@@ -303,14 +304,15 @@ class WorkerPool:
         return shipped
 
     def _chunk(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
-               sealed: int = 0) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
+               sealed: int = 0, singly: bool = False) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
         """The chunk's message, less the items that cannot be pickled (returned apart, with why);
         `log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once);
         `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
-        sent alone)."""
+        sent alone); `singly`: batched nodes are called for one item at a time (a batch that
+        killed a worker, `_Run.split`)."""
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
-            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed),
+            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed, singly),
             dump=lambda msg: transport.pack(msg, dumps, shared))
         return packed  # what `dump` returned, and the items left out
 
@@ -361,6 +363,7 @@ class _Run:
         self.per_item = pool._per_item.get(self.plan_id)
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
+        self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
         self.limited = pool.max_memory is not None or bool(pool.stall_report) or any(s.node.timeout for s in plan.steps)
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.log = results.log_nodes
@@ -425,7 +428,9 @@ class _Run:
             if data is None:
                 unneeded.append(slot)
                 continue
+            singly = chunk[0] in self.singly
             w.plan = self.plan
+            w.group = 1 if singly else self.group
             w.unsent = dict.fromkeys(chunk)
             w.chunk_size = len(chunk)
             self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
@@ -448,9 +453,11 @@ class _Run:
                 return [], None
             if chunk[0] in self.sealed:
                 data, bad = self.pool._chunk(self.plan_id, {i: seal(self.items[i]) for i in chunk}, chunk,
-                                             self.shared, self.log, sealed=self.sealed[chunk[0]])
+                                             self.shared, self.log, sealed=self.sealed[chunk[0]],
+                                             singly=chunk[0] in self.singly)
             else:
-                data, bad = self.pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log)
+                data, bad = self.pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log,
+                                             singly=chunk[0] in self.singly)
             for i, why in bad.items():
                 self.results.fail(i, item_error(self.plan, i, why))
             if data is not None:
@@ -615,20 +622,24 @@ class _Run:
     def split(self, w: _Worker, signame: str | None, text: str) -> int | None:
         """A worker died in a batched node's call (docs/batching.md): its batch is the first group
         of the items it had not answered (those before had their results sent, last words
-        included). A batch of one is the culprit, returned to fail (or retry) as any item in flight;
-        a bigger one is split in halves, each run again as a chunk of its own on a fresh worker;
-        the items after it, which never reached the call, go back as one chunk."""
+        included). A batch of one is the culprit, returned to fail (or retry) as any item in
+        flight. A bigger batch goes back as one chunk
+        whose batched calls take one item each: the culprit kills the worker running it (every
+        item before it sent its result), and is then a batch of one. Why not halves: each level
+        of a bisection costs a worker death and start (~0.2 s with torch imported), so 64 items
+        cost 7 deaths where this costs 2, and an innocent item alone costs only its own call.
+        The items after the batch, which never reached the call, go back as one chunk."""
         unsent = list(w.unsent)
-        suspects, rest = unsent[:self.group], unsent[self.group:]
+        suspects, rest = unsent[:w.group], unsent[w.group:]
         if len(suspects) == 1:
-            return suspects[0]
-        half = len(suspects) // 2
-        log.info("a batch of %d items died (%s: %s); running it again in halves", len(suspects), signame, text)
-        self.retry.appendleft(suspects[half:])
-        self.retry.appendleft(suspects[:half])
+            return suspects[0]  # the items after it stay unsent: they go back as a chunk
+        w.unsent = {}
+        log.info("a batch of %d items died (%s: %s); running them again one item per call", len(suspects),
+                 signame, text)
+        self.singly.add(suspects[0])
+        self.retry.appendleft(suspects)
         if rest:
             self.retry.append(rest)
-        w.unsent = {}
         return None
 
     def check_limits(self, busy: list[_Worker]) -> None:

@@ -143,7 +143,7 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
-                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3], msg[4]):
+                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3], msg[4], msg[5]):
                     code = RETIRED
                     break
             elif msg[0] == "resend":
@@ -229,13 +229,13 @@ _status: list[Any] = [None]  # the status words, for `_send`
 
 def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
                items: list[tuple[int, dict[str, Any]]], status: Any, sent: list[Sent], log: bool,
-               sealed: int = 0) -> bool:
+               sealed: int = 0, singly: bool = False) -> bool:
     """Run the items; `log`: their node calls are logged and each batch carries its log
     (observe/nodelog.py); `sealed`: the chunk is sent again after it could not be unpickled whole,
     so each item's inputs are opened one by one (`_open`), and, 2, after its results could not be
-    pickled without a crash: each result is then sent alone. False when
-    the worker must retire: after a sticky CUDA error every later CUDA call here would fail, so
-    the rest of the chunk goes back to the parent unrun."""
+    pickled without a crash: each result is then sent alone; `singly`: a batched node is called
+    for one item at a time. False when the worker must retire: after a sticky CUDA error every
+    later CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
     sent.clear()
     _names[0] = None
     if isinstance(loaded, str):
@@ -257,7 +257,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
                     opened.append((i, value))
             status[ITEM] = IDLE
             items = opened
-        return _run_batched(conn, group, plan, items, status, sent)
+        return _run_batched(conn, group, plan, items, status, sent, 1 if singly else group.group)
     _names[0] = tuple(s.node.name for s in plan.steps) if log else None
     named = log and _named(plan)
     note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
@@ -295,7 +295,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
 
 
 def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any,
-                 sent: list[Sent]) -> bool:
+                 sent: list[Sent], size: int) -> bool:
     """`_run_chunk` for a plan with batched nodes (`hardy.batching`): the status words name the
     item running, or BATCH and the node while a batch call runs; a group's results are sent as
     soon as they exist, so a crash in a later batch costs none of them."""
@@ -312,7 +312,7 @@ def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, d
         status[STEP] = k
         status[STEP_START] = clock()
 
-    for i, ok, value in group.run(items, at, calling):
+    for i, ok, value in group.run(items, at, calling, size=size):
         batch.append((i, True, value) if ok else (i, False, portable(value)))
         if not ok and isinstance(value, CudaError) and value.retires_worker:
             status[ITEM] = -1
