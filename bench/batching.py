@@ -165,10 +165,12 @@ def ray_data(docs, warm=True):
         def __call__(self, batch):
             batch["embedding"] = list(embed_many(list(batch["ids"])))
             return batch
+    # half a CPU each, so that 2 embedding actors and the row tasks share the 2 CPUs (with a
+    # whole CPU each, the actors hold both and the row tasks wait)
     ds = (ray.data.from_items([{"text": d} for d in docs])
-          .map(lambda row: {"ids": tokenize(row["text"])})
-          .map_batches(Embed, batch_size=BATCH, concurrency=2, batch_format="pandas")
-          .map(lambda row: {"score": score(row["embedding"])}))
+          .map(lambda row: {"ids": tokenize(row["text"])}, num_cpus=0.5)
+          .map_batches(Embed, batch_size=BATCH, concurrency=2, num_cpus=0.5, batch_format="pandas")
+          .map(lambda row: {"score": score(row["embedding"])}, num_cpus=0.5))
     return [r["score"] for r in ds.take_all()]
 
 
@@ -203,13 +205,12 @@ from hypernodes import Pipeline, DualNode, node
 from hypernodes.engines import DaftEngine
 
 @node(output_name="ids")
-def tok(text): return tokenize(text)
-def embed_single(ids): return [float(v) for v in embed_one(ids)]
-def embed_batch(ids): return [[float(v) for v in row] for row in embed_many(ids.to_pylist())]
+def tok(text: str) -> list[int]: return tokenize(text)
+def embed_single(ids: list[int]) -> list[float]: return [float(v) for v in embed_one(ids)]
+def embed_batch(ids: list[list[int]]) -> list[list[float]]:
+    return [[float(v) for v in row] for row in embed_many(ids.to_pylist() if hasattr(ids, "to_pylist") else list(ids))]
 @node(output_name="score")
-def sc(embedding):
-    import numpy as np
-    return score(np.asarray(embedding))
+def sc(embedding: list[float]) -> float: return score(embedding)
 p = Pipeline(nodes=[tok, DualNode(output_name="embedding", singular=embed_single, batch=embed_batch), sc],
              engine=DaftEngine())
 docs = documents({n}, {poisoned})

@@ -266,6 +266,11 @@ def test_gpu_batched_node_gets_batches_on_gpu_workers_and_the_rest_runs_on_cpu_w
 
 
 def test_dual_node_batches_in_maps_and_runs_singular_in_run():
+    """HyperNodes' contract: `batch` takes PyArrow arrays (a `@stateful` resource as itself) and
+    may return an array or a list; `singular` runs in run()."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.compute as pc
+
     from hardy.compat.hypernodes import DualNode, stateful
     from hardy.compat.hypernodes import Pipeline as HnPipeline
 
@@ -280,9 +285,9 @@ def test_dual_node_batches_in_maps_and_runs_singular_in_run():
         calls.append(("singular", text))
         return len(text) * scale.k
 
-    def encode_batch(texts: list[str], scale: Scale) -> list[int]:
-        calls.append(("batch", list(texts)))
-        return [len(t) * scale.k for t in texts]
+    def encode_batch(texts, scale):
+        calls.append(("batch", type(texts).__name__, texts.to_pylist(), type(scale).__name__))
+        return pc.multiply(pc.utf8_length(texts), scale.k)
 
     dual = DualNode(output_name="size", singular=encode_one, batch=encode_batch)
     assert dual.name == "encode" and dual.batch_size == 64
@@ -292,10 +297,11 @@ def test_dual_node_batches_in_maps_and_runs_singular_in_run():
     calls.clear()
     assert p.map(inputs={"text": ["a", "bb", "ccc"], "scale": Scale(3)}, map_over="text") == [
         {"size": 3}, {"size": 6}, {"size": 9}]
-    assert calls == [("batch", ["a", "bb", "ccc"])]  # the stateful resource passed as itself
+    assert calls == [("batch", "StringArray", ["a", "bb", "ccc"], "Scale")]
     calls.clear()
     assert p.map(inputs={"text": ["z"], "scale": Scale(1)}, map_over="text") == [{"size": 1}]
-    assert calls == [("singular", "z")]  # a batch of one calls the singular function
+    assert calls == [("batch", "StringArray", ["z"], "Scale")]
+    assert isinstance(pa.array([1]), pa.Array)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,17 @@ def _defer(*args: Any, **kwargs: Any) -> Any:
     raise _Deferred
 
 
+def _stand_in(node: Node, func: Callable[..., Any]) -> Node:
+    """`node` calling `func` per item, with no policy of its own (the batch call had it) and the
+    node's own fingerprint: instrumented and keyed as the node is, where a plan calls it."""
+    clone = object.__new__(type(node))  # not copy.copy: a module's node pickles (and copies) by reference
+    clone.__dict__.update(node.__dict__)
+    clone.func, clone.batch, clone.batch_size = func, None, 0
+    clone.retries, clone.retry_on, clone.timeout, clone.isolate = 0, (), None, False
+    clone.fingerprint = node.fingerprint  # type: ignore[method-assign]
+    return clone
+
+
 class _Part:
     """One part of a batched plan: per-item steps, or one batched node (its plan, the probe that
     finds its cache hits, the batch function under the node's policy, its step in the whole plan)."""
@@ -55,8 +66,6 @@ class _Part:
                  step: int):
         self.node, self.plan, self.probe, self.call, self.step = node, plan, probe, call, step
         self.args: tuple[tuple[str, str], ...] = plan.steps[0].args if node is not None else ()
-        # a node with a one-item function of its own (a DualNode's `singular`) uses it for one item
-        self.one = guard(node, node.func) if node is not None and node.batch is not node.func else None
 
 
 class Batched:
@@ -70,7 +79,7 @@ class Batched:
         self.group = max(n.batch_size for n in batched.values())
         self.keyed = plan.keyed
         self._here = threading.local()  # the outcome `_handed` gives, per thread running items
-        handed = dict.fromkeys(batched, self._handed)
+        handed = {name: _stand_in(n, self._handed) for name, n in batched.items()}
         options: dict[str, Any] = dict(wrap=wrap, on_cached=plan._on_cached, name=plan.name, calls=handed)
         stages = cut(plan, lambda n: n.name if n.batch is not None else None, **options)
         if stages[0][1] is plan:  # one batched node alone: still its own keyed plan
@@ -85,9 +94,8 @@ class Batched:
             probe = None
             if stage.cache is not None and node.cache:
                 probe = Plan(plan.graph, stage.provided, stage.outputs, cache=stage.cache, keyed=True,
-                             on_cached=plan._on_cached, name=plan.name, calls={name: _defer})
-            assert node.batch is not None
-            self.parts.append(_Part(node, stage, probe, guard(node, node.batch), index[name]))
+                             on_cached=plan._on_cached, name=plan.name, calls={name: _stand_in(node, _defer)})
+            self.parts.append(_Part(node, stage, probe, guard(node, node.call_batch), index[name]))
 
     def _handed(self, *args: Any, **kwargs: Any) -> Any:
         ok, value = self._here.outcome
@@ -175,8 +183,6 @@ class Batched:
         try:
             if calling is not None:
                 calling(part.step)
-            if n == 1 and part.one is not None:
-                return [(True, part.one(**{p: column[0] for p, column in columns.items()}))]
             out = batch_outputs(part.call(**columns), part.node.name, outputs, n)
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
             return [(False, exc)] * n

@@ -105,6 +105,12 @@ class Node:
             return (_node_by_reference, (self.func.__module__, self.func.__qualname__))
         return super().__reduce_ex__(protocol)
 
+    def call_batch(self, **columns: list[Any]) -> Any:
+        """A batched node's call on a batch: each parameter's list of values, by name
+        (`hardy.batching`); HyperNodes' DualNode passes them its own way."""
+        assert self.batch is not None
+        return self.batch(**columns)
+
     def fingerprint(self) -> bytes:
         """The node's identity for caching: its code (transitively), its outputs and the key format.
         A pipeline used as a node overrides it with its inner nodes' fingerprints."""

@@ -90,15 +90,16 @@ class Plan:
                  mode: str = "sequential", wrap: Wrap | None = None, submit: Callable[..., Any] | None = None,
                  cache: PlanCache | None = None, keyed: bool = False,
                  on_cached: Callable[[str, bytes, int | None], None] | None = None, name: str | None = None,
-                 calls: dict[str, Callable[..., Any]] | None = None):
+                 calls: dict[str, Node] | None = None):
         """`on_cached(node name, key, item)` is called for each node answered from the cache (callbacks'
         `on_node_cached`); without it no code is generated for that. `keyed` makes the plan one
         stage of a larger one (an engine that runs a pipeline's nodes in several places): it takes
         the cache keys of provided values from `values[KEYS]`, where an earlier stage computed them,
         and returns the keys of its outputs under `KEYS`, so every node is keyed exactly as in the
         whole plan run at once. `name` (the pipeline's) names the generated code's file in
-        tracebacks: `<hardy plan 'name' #3>`. `calls` gives named nodes the callable to use as it
-        is, unwrapped (a batched node's results handed out per item: `hardy.batching`)."""
+        tracebacks: `<hardy plan 'name' #3>`. `calls` stands nodes in for the named ones when they
+        are called (keys and names stay the originals': a batched node's results handed out
+        per item, `hardy.batching`)."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -180,7 +181,7 @@ class Plan:
             if self.cache is not None and hasattr(node, "with_cache"):
                 node = node.with_cache(self.cache)  # a nested pipeline caches its own nodes
             self._fn.append(_identifier(f"f_{step.node.name}", taken))
-            ns[self._fn[k]] = self._calls.get(step.node.name) or self._function_for(k, node)
+            ns[self._fn[k]] = self._function_for(k, self._calls.get(step.node.name, node))
             for o in step.node.outputs:
                 self._vars[o] = _identifier(o, taken)
             self._cached[k] = self.cache is not None and node.cache

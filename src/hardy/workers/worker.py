@@ -143,7 +143,8 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
-                if not _run_chunk(conn, _plan(plans[msg[1]], msg[3], status), msg[2], status, sent, msg[3], msg[4], msg[5]):
+                loaded = _plan(plans[msg[1]], msg[3], status)
+                if not _run_chunk(conn, loaded, msg[2], status, sent, msg[3], msg[4], msg[5]):
                     code = RETIRED
                     break
             elif msg[0] == "resend":

@@ -117,10 +117,9 @@ def node(output_name: str | Sequence[str] | Callable[..., Any] | None = None, ca
 class DualNode(Node):
     """A node with a one-item function (`singular`) and a batch function (`batch`), as in
     HyperNodes: `run()` calls `singular`; a map calls `batch` on up to `batch_size` items at once
-    (a hardy batched node, docs/batching.md): one list per parameter, except `@stateful` resources,
-    passed as themselves, as HyperNodes passes them; a batch of one item calls `singular`. Its
-    results, cache entries and errors stay per item, and a batch call that raises or crashes is
-    split until the failing item is found."""
+    (a hardy batched node, docs/batching.md), with HyperNodes' arguments (`call_batch`). Its results,
+    cache entries and errors stay per item, and a batch call that raises or crashes is split
+    until the failing item is found."""
 
     def __init__(self, output_name: str | Sequence[str], singular: Callable[..., Any],
                  batch: Callable[..., Any], cache: bool = True, batch_size: int = 64):
@@ -131,34 +130,34 @@ class DualNode(Node):
                 break
         super().__init__(singular, output_name, name=name, cache=cache)
         self.singular = singular
-        self.batch_function = batch
+        self.batch = batch
         self.batch_size = arguments.whole_number(f"DualNode {name!r}", "batch_size", batch_size, 1)
-        self.batch = _Batch(batch, self.inputs)
         self.is_dual_node = True
 
-    def fingerprint(self) -> bytes:
-        """Both functions' code: a change to either is a different node."""
-        from ...hashing import FORMAT, code_fingerprint, digest
-        return digest(FORMAT, b"dual", code_fingerprint(self.singular), code_fingerprint(self.batch_function),
-                      repr(self.outputs).encode())
-
-
-class _Batch:
-    """HyperNodes' calling convention for a batch function: arguments by position, in the order
-    of the singular function's parameters; a `@stateful` resource as itself, other values as
-    lists; an Arrow array or a numpy array returned is taken as a list."""
-
-    def __init__(self, func: Callable[..., Any], inputs: Sequence[str]):
-        self.func, self.inputs = func, tuple(inputs)
-
-    def __call__(self, **columns: list[Any]) -> Any:
-        args = [_resource_or_list(columns[p]) for p in self.inputs if p in columns]
-        out = self.func(*args)
+    def call_batch(self, **columns: list[Any]) -> Any:
+        """HyperNodes' convention: arguments by position, in the order of `singular`'s
+        parameters; a `@stateful` resource as itself, other values as a PyArrow array (a list
+        where PyArrow cannot hold them, or is not installed); an Arrow or numpy array returned
+        is read as a list."""
+        assert self.batch is not None
+        out = self.batch(*[_argument(columns[p]) for p in self.inputs if p in columns])
         if hasattr(out, "to_pylist"):
             return out.to_pylist()
         return out.tolist() if hasattr(out, "tolist") else out
 
+    def fingerprint(self) -> bytes:
+        """Both functions' code: a change to either is a different node."""
+        from ...hashing import FORMAT, code_fingerprint, digest
+        return digest(FORMAT, b"dual", code_fingerprint(self.singular), code_fingerprint(self.batch),
+                      repr(self.outputs).encode())
 
-def _resource_or_list(column: list[Any]) -> Any:
+
+def _argument(column: list[Any]) -> Any:
     first = column[0]
-    return first if getattr(type(first), "__hypernode_stateful__", False) else column
+    if getattr(type(first), "__hypernode_stateful__", False):
+        return first
+    try:
+        import pyarrow
+        return pyarrow.array(column)
+    except Exception:  # not installed, or values Arrow cannot hold (objects): the list itself
+        return column
