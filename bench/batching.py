@@ -37,6 +37,7 @@ BATCH = 64
 VOCAB = 20_000
 POISON_ID = VOCAB  # the token only the poisoned document has: the embed call that sees it segfaults
 HN_PYTHON = os.environ.get("HN_PYTHON", "/tmp/hn26-venv/bin/python")
+PEER_TIMEOUT = float(os.environ.get("PEER_TIMEOUT", "900"))  # seconds a peer's run may take
 
 # --- the work: the same functions for every framework (this file is imported by the side runs) ---
 
@@ -156,21 +157,18 @@ def hardy_map(p, docs):
     return p.map(inputs={"text": docs}, map_over="text", output_name="score", on_error="continue", progress=False)
 
 
-def ray_data(docs, warm=True):
+def ray_data(docs):
     import ray
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
-    class Embed:
-        def __call__(self, batch):
-            batch["embedding"] = list(embed_many(list(batch["ids"])))
-            return batch
-    # half a CPU each, so that 2 embedding actors and the row tasks share the 2 CPUs (with a
-    # whole CPU each, the actors hold both and the row tasks wait)
-    ds = (ray.data.from_items([{"text": d} for d in docs])
-          .map(lambda row: {"ids": tokenize(row["text"])}, num_cpus=0.5)
-          .map_batches(Embed, batch_size=BATCH, concurrency=2, num_cpus=0.5, batch_format="pandas")
-          .map(lambda row: {"score": score(row["embedding"])}, num_cpus=0.5))
+    def embed_batch(batch):  # tasks, each process building its model once (`model()`)
+        batch["embedding"] = list(embed_many(list(batch["ids"])))
+        return batch
+    ds = (ray.data.from_items([{"text": d} for d in docs], override_num_blocks=8)
+          .map(lambda row: {"ids": tokenize(row["text"])})
+          .map_batches(embed_batch, batch_size=BATCH, batch_format="pandas")
+          .map(lambda row: {"score": score(row["embedding"])}))
     return [r["score"] for r in ds.take_all()]
 
 
@@ -279,11 +277,11 @@ def main() -> None:
     assert len(crashed) == 1 and isinstance(crashed[0], NodeCrashed) and crashed[0].item == N // 3, crashed
     rows["hardy, batched 64, 1 poisoned document"] = {"s": s, "results": N - len(crashed), "crashed": len(crashed)}
 
-    for name, kind in (("Ray Data, map + map_batches(64) (2 CPUs)", "ray_data"),
+    for name, kind in (("Ray Data, map + map_batches(64) tasks (2 CPUs)", "ray_data"),
                        ("Daft, row UDFs + batch UDF(64) (2 processes)", "daft_run"),
                        ("HyperNodes 0.4.8 DualNode on DaftEngine", "hypernodes")):
-        rows[name] = side(kind, None)
-        rows[name + ", 1 poisoned document"] = side(kind, N // 3, timeout=300)
+        rows[name] = side(kind, None, PEER_TIMEOUT)
+        rows[name + ", 1 poisoned document"] = side(kind, N // 3, PEER_TIMEOUT / 2)
 
     # a warm cached re-run: every item's embedding comes from its own entry
     count = tempfile.mktemp(prefix="hardy-batch-count-")

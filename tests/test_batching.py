@@ -101,6 +101,10 @@ def test_batched_node_is_called_with_lists_per_group_and_singly_in_run():
     # groups of the largest batch size (4): `scale` once per group, `add` in 3s within it
     assert calls == [[0, 1, 2, 3], [-1, 3], [-1, 1], [4, 5, 6, 7], [-1, 3], [-1, 1], [8, 9], [-1, 2]]
     assert scale(n=[1], factor=[5]) == ([5], [3])  # calling the node calls the function unchanged
+    calls.clear()
+    streamed = p.imap(inputs={"word": ("a" * k for k in range(10)), "factor": 2}, map_over="word", window=8)
+    assert [o["total"] for o in streamed] == [5 * k for k in range(10)]
+    assert [len(c) for c in calls if c[0] != -1] == [4, 4, 2]  # windows of 8: two batches, then the last 2
 
 
 def test_a_raising_item_is_found_by_splitting_and_fails_alone():

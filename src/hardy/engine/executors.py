@@ -9,7 +9,7 @@ Executors that run elsewhere (worker processes, Dask, Ray) implement the same tw
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..batching import Batched, batched
@@ -52,6 +52,14 @@ def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, resul
 
 def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
     """`run_chunk` for a plan with batched nodes: items a group at a time (`hardy.batching`)."""
+    for _ in delivered(group, items, indices, results):
+        if results.stop:
+            return
+
+
+def delivered(group: Batched, items: Sequence[dict[str, Any]], indices: Sequence[int],
+              results: Results) -> Iterator[int]:
+    """Each item of a batched plan's chunk handed to the sink as its group finishes; yields its index."""
     events, offset, seen = results.events, results.offset, set()
 
     def at(i: int) -> None:  # node events that follow belong to item i; its start event the first time
@@ -66,8 +74,7 @@ def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range
             ok(i, value)
         else:
             fail(i, value)
-        if results.stop:
-            return
+        yield i
 
 
 def chunk_size(plan: Plan, size: int) -> int:

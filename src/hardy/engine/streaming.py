@@ -17,8 +17,9 @@ import threading
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..batching import batched
 from ..errors import Failed, MapError, NodeError
-from .executors import SequentialExecutor
+from .executors import SequentialExecutor, delivered
 from .results import Results
 
 if TYPE_CHECKING:
@@ -111,9 +112,14 @@ class _Pulled:
 
 def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
-    start, pulled = 0, _Pulled(items)
+    start, pulled, group = 0, _Pulled(items), batched(plan)
     while chunk := pulled.next(window):
         results = make_results(start, chunk, Results)
+        if group is not None:  # batched nodes: a group of items per call (hardy.batching)
+            for j in delivered(group, chunk, range(len(chunk)), results):
+                yield results, j
+            start += len(chunk)
+            continue
         run, ok, fail = results.runner(plan), results.ok, results.fail
         for j, item in enumerate(chunk):  # run_chunk's loop, handing out each item as it is done
             try:
