@@ -58,9 +58,10 @@ def _stamps(plan: Plan) -> dict[str, dict[str, bytes]]:
                 pass
     finally:
         recording(previous)
+    by_value = cloudpickle.list_registry_pickle_by_value()  # `ship_modules`: their code travels with the plan
     modules = {id(vars(m)): m for m in map(sys.modules.get, sorted(reach.modules))
-               if m is not None and is_user_module(m.__name__)
-               and isinstance(getattr(m, "__loader__", None), SourceFileLoader)}
+               if m is not None and is_user_module(m.__name__) and m.__name__.split(".")[0] not in by_value
+               and m.__name__ not in by_value and isinstance(getattr(m, "__loader__", None), SourceFileLoader)}
     names: dict[str, set[str]] = {}
     for namespace, name, _ in reach.reads:
         if id(namespace) in modules:
