@@ -110,7 +110,7 @@ def test_node_error_in_map_names_the_item():
     def divide(x):
         return 1 / x
 
-    p = Pipeline(nodes=[divide])
+    p = Pipeline(nodes=[divide], engine=Engine(map_executor="sequential"))  # one item after another: item 3 is never run
     with pytest.raises(MapError) as exc:
         p.map(inputs={"x": [1, 2, 0, 4]}, map_over="x")
     err = exc.value

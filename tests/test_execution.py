@@ -169,7 +169,7 @@ def test_callbacks_receive_pipeline_node_and_item_events():
         return 1 / x
 
     rec = Recorder()
-    p = Pipeline(nodes=[inv], callbacks=[rec], name="cb")
+    p = Pipeline(nodes=[inv], callbacks=[rec], name="cb", engine=Engine(map_executor="sequential"))  # in-process: events carry inputs
     p.run(inputs={"x": 2})
     assert rec.events == [("pipeline_start", "cb"), ("node_start", "inv", {"x": 2}),
                           ("node_end", "inv", {"y": 0.5}), ("pipeline_end", "cb")]
@@ -189,7 +189,7 @@ class Silent(PipelineCallback):
 
 @pytest.mark.parametrize("callbacks", [[], [Silent()]], ids=["none", "one-overriding-nothing"])
 def test_no_listening_callback_means_uninstrumented_plans(callbacks):
-    p = Pipeline(nodes=[add], callbacks=callbacks)
+    p = Pipeline(nodes=[add], callbacks=callbacks, engine=Engine(map_executor="sequential"))
     p.run(inputs={"slow_a": 1, "slow_b": 2})
     plan = next(iter(p._plans.values()))
     assert "sum_ = f_add(slow_a, slow_b)  # node 'add'" in plan.source
@@ -201,7 +201,7 @@ def test_no_listening_callback_means_uninstrumented_plans(callbacks):
         seen.append(in_call())
         return x
 
-    probing = Pipeline([probe], callbacks=callbacks)
+    probing = Pipeline([probe], callbacks=callbacks, engine=Engine(map_executor="sequential"))
     probing.map(inputs={"x": [1, 2]}, map_over="x")
     probing.run(inputs={"x": 3})
     assert seen == [False, False, False]  # nor is an event context opened around a map's items or a run
@@ -298,7 +298,7 @@ def _expected(deps, x0):
 def test_random_dags_run_in_dependency_order(dag, x0):
     deps, order = dag
     log = []
-    p = Pipeline(nodes=_make_nodes(deps, order, log))
+    p = Pipeline(nodes=_make_nodes(deps, order, log), engine=Engine(map_executor="sequential"))  # `log` is this process's list
     assert p.run(inputs={"x0": x0}) == _expected(deps, x0)
     done = set()
     for k in log:  # every node ran after everything it consumes

@@ -63,7 +63,7 @@ def test_only_needed_nodes_run():
         calls.append("cheap")
         return x
 
-    p = Pipeline(nodes=[expensive, cheap])
+    p = Pipeline(nodes=[expensive, cheap], engine=Engine(map_executor="sequential"))  # in-process: `calls` is this process's list
     assert p.run(inputs={"x": 1}, output_name="y") == {"y": 1}
     assert calls == ["cheap"]
     assert p.run(inputs={"x": 1}, output_name=["y", "x2"]) == {"y": 1, "x2": 1}
@@ -306,7 +306,8 @@ def test_nested_map_on_error_continue_keeps_a_crashed_item_as_failed():
         outer = Pipeline(nodes=[strict])
         rows = outer.map(inputs={"vs": [[1, 2], [3], [4]]}, map_over="vs", on_error="continue")
         assert rows[0] == {"sq": [1, 4]} and rows[2] == {"sq": [16]}
-        assert isinstance(rows[1], Failed) and rows[1].error.node == "squares"  # the outer item, reported
+        assert isinstance(rows[1], Failed) and rows[1].error.node == "squares/square"  # the outer item, reported
+        assert rows[1].error.item == 1 and "in nested map at 'square' item 0" in str(rows[1].error)
 
 
 def test_callbacks_see_cached_nodes_and_nested_pipelines(tmp_path):
@@ -330,8 +331,9 @@ def test_callbacks_see_cached_nodes_and_nested_pipelines(tmp_path):
 
     rec = Recorder()
     inner = Pipeline(nodes=[add_one], name="inner")
+    # in-process: a nested pipeline inside a worker reports as the one node that runs it (observability.md)
     p = Pipeline(nodes=[inner.as_node(name="inc"), double], name="outer", callbacks=[rec],
-                 cache=DiskCache(tmp_path / "c"))
+                 cache=DiskCache(tmp_path / "c"), engine=Engine(map_executor="sequential"))
     p.run(inputs={"x": 1})
     assert rec.events == [("start", "inc", 1), ("nested", "outer", "inner"), ("start", "add_one", 2),
                           ("start", "double", 1)]

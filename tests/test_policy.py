@@ -160,7 +160,7 @@ def test_a_timeout_nothing_enforces_is_refused_when_the_plan_is_built(engines, e
         _map(engines[executor], hangs, tmp_path)
     assert (tmp_path / "runs.txt").read_text() == ""  # refused before anything ran
     with pytest.raises(NodeDefinitionError, match="Pipeline.run calls it in this process"):
-        Pipeline(nodes=[hangs]).run(inputs={"x": 1, "log": str(tmp_path / "runs.txt")})
+        Pipeline(nodes=[hangs], engine=engines[executor]).run(inputs={"x": 1, "log": str(tmp_path / "runs.txt")})
 
 
 @node(output_name="y", retries=1, backoff=6)

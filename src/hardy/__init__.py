@@ -15,6 +15,7 @@ from .errors import (
     InvalidArgument,
     InvalidArgumentType,
     MapError,
+    MapInterrupted,
     MissingInputError,
     NodeCrashed,
     NodeError,
@@ -46,6 +47,6 @@ __all__ = [
     "PipelineCallback", "CallbackContext",
     "HardyError", "InvalidArgument", "InvalidArgumentType", "GraphError", "CycleError", "DuplicateOutputError",
     "MissingInputError",
-    "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError",
+    "UnknownInputError", "UnknownOutputError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError", "MapInterrupted",
     "__version__",
 ]

@@ -26,6 +26,87 @@ _HINTS = {
 }
 
 
+# --- inside a worker: nested pipelines run here, and report where they were ----------------------
+
+_CONTAINED: list[Any] = [False, None]  # in a crash-containing worker; its status words' deadline slot
+POISON: dict[tuple[tuple[str, int | None], ...], dict[int | None, Any]] = {}  # see `poisoned_here`
+
+
+def contained() -> bool:
+    """Whether this process is one of hardy's crash-containing workers. A crash here costs only
+    the item in flight, so everything a worker runs (nested pipelines, their maps, `run()`) runs
+    in it, in-process, instead of starting workers of its own."""
+    return bool(_CONTAINED[0])
+
+
+def mark_contained(deadline: Callable[[float], float]) -> None:
+    """This process is a worker; `deadline(t)` posts the monotonic time `t` by which the node
+    running now must end (0: none) for the parent to enforce, and returns the one posted before."""
+    _CONTAINED[:] = [True, deadline]
+
+
+def deadlined(func: Callable[..., Any], timeout: float) -> Callable[..., Any]:
+    """`func` of a node nested in a worker, posting its deadline while it runs: the parent kills
+    the worker when it passes, as for the worker's own steps (a nested deadline inside an outer one
+    keeps the earlier of the two)."""
+    import time
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        post = _CONTAINED[1]
+        end = time.monotonic() + timeout
+        before = post(end)
+        if 0 < before < end:
+            post(before)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            post(before)
+    return call
+
+
+def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str | None, float | None]]:
+    """The plans running in this thread, outermost first: (node, item, the node's on_error when it
+    maps a nested pipeline, its timeout). Read from the generated functions' frames (`_s` the step,
+    `_item` the item), so nothing is paid while nothing asks."""
+    chain = []
+    f = frame or sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_filename.startswith("<hardy plan"):
+            plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
+            step, item = f.f_locals.get("_s"), f.f_locals.get("_item")
+            if plan is not None and isinstance(step, int) and step < len(plan.steps):
+                node = plan.steps[step].node
+                over = node.on_error if getattr(node, "map_over", None) else None
+                chain.append((node.name, item, over, node.timeout))
+        f = f.f_back
+    chain.reverse()
+    return chain
+
+
+_NESTING = "hardy-nesting: "
+_NOT_STACK = (_NESTING, "hardy-native: ")  # lines of a crash file that hardy wrote, not faulthandler
+
+
+def nesting_line() -> str:
+    """The deepest chain of nested plans among this process's threads, as the first line of a
+    worker's crash file (`hardy-nesting: [...]`); empty when no plan is nested in another."""
+    import json
+    chains = [nesting(f) for f in sys._current_frames().values()]
+    deepest = max(chains, key=len, default=[])
+    return f"{_NESTING}{json.dumps(deepest)}\n" if len(deepest) > 1 else ""
+
+
+def poisoned_here() -> dict[int | None, Any]:
+    """Items of the nested map about to run here that crashed their worker before: the parent
+    runs the enclosing item again, and those inner items fail as their crash did instead of
+    running (so a nested map with on_error="continue" loses only them). Keyed by the chain of
+    plans enclosing the map (`nesting`)."""
+    if not POISON:
+        return {}
+    key = tuple((node, item) for node, item, _, _ in nesting(sys._getframe(1)))
+    return POISON.get(key, {})
+
+
 def describe_exit(exitcode: int | None) -> tuple[str | None, str]:
     """(signal name or None, explanation) for a worker's exit code."""
     if exitcode is None:
@@ -46,19 +127,65 @@ _MACHINERY = ("/hardy/workers/", "/hardy/integrations/", "/multiprocessing/", "/
               "<frozen runpy>", "<hardy plan", 'File "<string>"')
 
 
-def read_stack(path: str, limit: int = 4000) -> str:
+def read_stack(path: str, limit: int = 4000, every_thread: bool = False) -> str:
     """The Python stack faulthandler wrote when the worker crashed (empty if none).
 
-    Frames of hardy's worker loop and of multiprocessing are dropped: the user's frames remain;
-    so are the native frames the worker's handler wrote (hardy.forensics.frames reads those).
+    Frames of hardy's worker loop and of multiprocessing are dropped: the user's frames remain,
+    of the threads that ran user code (`every_thread`: of all of them); so are the native frames
+    the worker's handler wrote (hardy.forensics.frames reads those).
     """
     try:
         with open(path, errors="replace") as f:
             lines = f.read().strip().splitlines()
     except OSError:
         return ""
-    kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY) and not ln.startswith("hardy-native: ")]
+    if not every_thread:
+        lines = _busy_threads(lines)
+    kept = [ln for ln in lines if not any(m in ln for m in _MACHINERY) and not ln.startswith(_NOT_STACK)]
     return "\n".join(kept)[-limit:]
+
+
+def read_nesting(path: str) -> list[list[Any]]:
+    """The chain of nested plans a worker was in when it died (`nesting_line`), or []."""
+    import json
+    try:
+        with open(path, errors="replace") as f:
+            line = next((ln for ln in f if ln.startswith(_NESTING)), "")
+    except OSError:
+        return []
+    try:
+        chain: list[list[Any]] = json.loads(line[len(_NESTING):]) if line else []
+        return chain
+    except ValueError:
+        return []
+
+
+def _busy_threads(lines: list[str]) -> list[str]:
+    """faulthandler's dump without the blocks of threads that ran nothing of the user's (hardy's
+    watchdog, idle pool threads: only threading.py and machinery frames), so the stack shown is
+    the node's; `NodeCrashed.threads` keeps every thread's."""
+    kept: list[str] = []
+    block: list[str] = []
+
+    def flush() -> None:
+        frames = [ln for ln in block[1:] if ln.strip().startswith("File ")]
+        if not block or not frames or any("/threading.py" not in ln and not any(m in ln for m in _MACHINERY)
+                                          for ln in frames):
+            kept.extend(block)
+    for ln in lines:
+        if ln.startswith(_NOT_STACK):
+            continue
+        if ln.startswith(("Thread 0x", "Current thread 0x")):
+            flush()
+            block = [ln]
+        elif block:
+            block.append(ln)
+        else:
+            kept.append(ln)
+    flush()
+    while kept and not kept[-1].strip():
+        kept.pop()
+    return kept
 
 
 # --- last words: a callback between a fatal signal and faulthandler's stack ---------------------

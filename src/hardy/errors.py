@@ -279,12 +279,15 @@ class OutputCountError(NodeError):
 
 
 class NodeCrashed(NodeError):
-    """The worker process running this item died (signal, abort, OOM kill, exit)."""
+    """The worker process running this item died (signal, abort, OOM kill, exit). `stack` is the
+    Python stack of the thread that ran the node, `threads` that of every thread of the worker."""
+
+    threads = ""
 
     def __init__(self, node: str, item: int | None, reason: str, signal: str | None = None,
                  exitcode: int | None = None, stack: str = "", native_frames: Sequence[Any] = (),
-                 native_stack: str = "", diagnosis: Sequence[str] = ()):
-        super().__init__(node, None, item, reason)
+                 native_stack: str = "", diagnosis: Sequence[str] = (), inputs: dict[str, Any] | None = None):
+        super().__init__(node, inputs, item, reason)
         self.signal, self.exitcode, self.stack = signal, exitcode, stack
         # the crashing thread's native frames (hardy.forensics.symbols.Frame), innermost first; their
         # text as the message shows it; what they say about hazards hardy knows (hardy.forensics.diagnosis)
@@ -375,6 +378,20 @@ class MapError(HardyError):
             f"Use on_error='continue' to run every item."
         )
         self.__cause__ = first
+
+
+class MapInterrupted(KeyboardInterrupt):
+    """A map was interrupted (Ctrl-C, or SIGTERM once hardy's workers are running): a
+    `KeyboardInterrupt` that still carries everything computed. `results` has one entry per item
+    (the result, a `Failed`, or None for an item not run), `failures` the failures by index; the
+    map's workers were stopped."""
+
+    def __init__(self, results: list[Any], failures: dict[int, NodeError]):
+        self.results = results
+        self.failures = failures
+        done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
+        super().__init__(f"map interrupted: {done} of {len(results)} items completed, {len(failures)} failed; "
+                         ".results holds them (None for an item not run)")
 
 
 class Failed:

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from . import arguments
-from .engine.core import Engine
+from .crash import contained
+from .engine.core import Engine, OneRun
 from .engine.executors import SequentialExecutor
 from .engine.results import Results
 from .engine.streaming import Shifted, stream
@@ -25,6 +26,7 @@ from .errors import (
     InvalidArgumentType,
     MapError,
     MapInputError,
+    MapInterrupted,
     MissingInputError,
     NodeDefinitionError,
     NodeError,
@@ -65,6 +67,7 @@ class Pipeline:
         self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
+        self._engine_given = engine is not None  # a nested pipeline without one runs on its parent's
         self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
@@ -97,6 +100,7 @@ class Pipeline:
     @engine.setter
     def engine(self, engine: Engine) -> None:
         self._engine = engine
+        self._engine_given = True
         self._forget_plans()
 
     # Settings compiled into plans: changing one after a run makes the next call compile anew.
@@ -227,8 +231,10 @@ class Pipeline:
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
         try:
+            if self._engine.runs_in_workers:  # the item runs where a crash costs only it, as a map's would
+                return self._run_in_worker(values, plan)
             if (self.callbacks or self._engine.reporting) and self._observers:
-                return self._observed_run(values, plan)
+                return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
         finally:
             if plan.cache is not None and self._reports:
@@ -243,14 +249,23 @@ class Pipeline:
         values = {**self._bound, **names} if self._bound else names
         return self._plan(values, output_name, for_map=False).source
 
-    def _observed_run(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    def _run_in_worker(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+        """`run()` on the process executor: the one item goes to a worker (crash containment and
+        timeouts as in a map), the node events listened to come back with it."""
+        observers = self._observers
+        results = OneRun(self.name, Events(observers, self.name, [values]) if observers else None)
+        if not observers:
+            return self._engine.run_one(plan, dict(values), results)
+        return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), results))
+
+    def _observed_run(self, values: Mapping[str, Any], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         events = Events(self._observers)
         live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
         if live is None:
-            return events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+            return events.pipeline(self.name, dict(values), call, self._node_ids)
         live.item_start(0, None)
         try:
-            out = events.pipeline(self.name, dict(values), lambda: plan.run(values), self._node_ids)
+            out = events.pipeline(self.name, dict(values), call, self._node_ids)
         except NodeError as err:
             live.item_end(0, False)
             self._recorder.end(self, {0: err})
@@ -267,12 +282,14 @@ class Pipeline:
     def report(self) -> RunReport:
         """The report of the last `run`, `map` or `imap` (see `hardy.observe.report`): per node,
         per item, per worker; an `imap`'s once it ends or is closed. `print()` it,
-        `.save("run.html")` or `.to_dict()`."""
+        `.save("run.html")` or `.to_dict()`. Every map keeps a light one (items, failures with
+        their stacks, workers started and died, wall time); node timings and the timeline need
+        `Engine(report=True)`."""
         if self._recorder.last is None:
             raise HardyError(
-                f"pipeline {self.name!r} has no run report yet: reports are recorded when the engine asks "
-                "for them, Engine(report=True) or Engine(report_dir=...) (or HARDY_REPORT_DIR), "
-                "then run() or map() once.")
+                f"pipeline {self.name!r} has no run report yet: every map() keeps one; run() and imap() "
+                "when the engine asks for them, Engine(report=True) or Engine(report_dir=...) (or "
+                "HARDY_REPORT_DIR).")
         return self._recorder.last
 
     @property
@@ -351,8 +368,10 @@ class Pipeline:
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         observers = self._observers
-        if observers and isinstance(node, PipelineNode):
-            node = node.with_callbacks(observers)
+        if isinstance(node, PipelineNode):
+            node = node.under(self._engine)
+            if observers:
+                node = node.with_callbacks(observers)
         func = self._engine.node_function(node)
         if observers:
             func = Events(observers).instrument(node, func)
@@ -384,9 +403,11 @@ class Pipeline:
             _share_input_keys(plan, items, over, self.name)
         observers = self._observers
         events = Events(observers, self.name, items) if observers else None
-        live = self._recorder.begin(self, "map", n) if self._engine.reporting and not in_call() else None
+        top = not in_call() and not contained()
+        live = self._recorder.begin(self, "map", n) if self._engine.reporting and top else None
         if live is not None:
             live.inputs = items
+        light = self._recorder.begin(self, "map", n, light=True) if live is None and top else None
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             results = Results(n, on_error, bar, events, live, cached=plan.cache is not None)
             try:
@@ -395,11 +416,13 @@ class Pipeline:
                                     self._node_ids, announce=False)
                 else:
                     self._engine.run_items(plan, items, results)
+            except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
+                raise MapInterrupted(results.values, dict(results.failures)) from exc
             finally:
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map
-        if live is not None:
-            self._recorder.end(self, results.failures, results.progress.done)
+                if live is not None or light is not None:  # also of a map that raised or was interrupted
+                    self._recorder.end(self, results.failures, results.progress.done, light)
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values
@@ -582,6 +605,13 @@ class PipelineNode(Node):
     def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
         """This node with its inner pipeline reporting to `callbacks`."""
         return self._copy(self.pipeline.with_callbacks(callbacks))
+
+    def under(self, engine: Engine) -> PipelineNode:
+        """This node run by the engine of the pipeline it is part of, unless its own pipeline was
+        given one: a nested pipeline follows its parent's choice of where calls run."""
+        if self.pipeline._engine_given or self.pipeline.engine is engine:
+            return self
+        return self._copy(self.pipeline._using(engine))
 
     def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
         copy = type(self).__new__(type(self))

@@ -2,8 +2,10 @@
 
 A plan travels as its spec — graph, provided names, outputs, cache — pickled once with cloudpickle
 and compiled again on the other side (`build_plan`), never as generated code. Nodes defined at
-module level travel by reference, like plain functions (the worker imports the user's module, and
-crash stacks keep real file names); `ship_modules=` sends a module by value. Items travel with
+module level travel by reference, like plain functions (the worker imports the user's module);
+the others (a script's, a notebook's, `python -`'s) by value, their code keeping its file name
+and line numbers (`_reduce_code`), so crash stacks name the user's lines either way;
+`ship_modules=` sends a module by value. Items travel with
 pickle (cloudpickle when they hold functions); to and from hardy's own workers, big torch tensors
 and bytes-likes become out-of-band buffers like numpy's (`out_of_band`, `hardy.transport`).
 Anything that cannot travel gets an error naming the node or the input and the remedy, before
@@ -14,8 +16,12 @@ from __future__ import annotations
 
 import copyreg
 import io
+import linecache
+import marshal
+import os
 import pickle
 import sys
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from importlib.machinery import SourceFileLoader
@@ -31,9 +37,10 @@ from .transport import THRESHOLD
 
 def ship_plan(plan: Plan) -> bytes:
     try:
-        spec: bytes = cloudpickle.dumps((_Modules(_stamps(plan)), plan.graph, plan.provided, plan.outputs, plan.cache,
-                                         plan.keyed), protocol=5)
-        return spec
+        file = io.BytesIO()
+        _ByValue(file, protocol=5).dump((_Modules(_stamps(plan)), plan.graph, plan.provided, plan.outputs, plan.cache,
+                                         plan.keyed))
+        return file.getvalue()
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
@@ -175,7 +182,28 @@ class _ByValue(cloudpickle.Pickler):  # type: ignore[misc]
 
     def reducer_override(self, obj: Any) -> Any:
         reduce = self.ours.get(type(obj))
-        return reduce(obj) if reduce is not None else super().reducer_override(obj)
+        if reduce is not None:
+            return reduce(obj)
+        if type(obj) is types.CodeType:
+            return _reduce_code(obj)
+        return super().reducer_override(obj)
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
+    """The code of a function sent by value keeps its file name, where cloudpickle writes
+    "<dynamic-code>", so a worker's crash stack names the user's file and line; the source of a file
+    that is not on disk (a notebook cell) travels too, for linecache. marshal keeps the whole code
+    object (nested functions included); parent and workers run the same interpreter."""
+    name = code.co_filename
+    lines = None if os.path.exists(name) else linecache.cache.get(name, (None, None, None))[2]
+    return _code, (marshal.dumps(code), name, lines)
+
+
+def _code(data: bytes, filename: str, lines: list[str] | None) -> types.CodeType:
+    if lines and filename not in linecache.cache:
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    code: types.CodeType = marshal.loads(data)
+    return code
 
 
 def _reductions() -> dict[type, Callable[[Any], Any]]:

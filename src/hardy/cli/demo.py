@@ -1,7 +1,8 @@
 """`hardy demo`: a small text pipeline over generated documents, with one poisoned document.
 
 It shows the three things hardy is for, in one screen: a map with a progress bar, a nested
-pipeline, and (with the process executor) a worker that segfaults costing exactly one item.
+pipeline, and (with the default process executor) a worker that segfaults inside the nested
+pipeline's `tokenize`, costing exactly one item.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ _EXPLANATION = (
     "\n[bold]What happened[/]: the crash was deliberate. Document {item} starts with \"POISON\", and for "
     "it the `tokenize` node dereferences a NULL pointer through ctypes, as a bug in a native library "
     "would. The worker process running it died from SIGSEGV; hardy named the item, the node and the "
-    "Python stack, started a replacement worker, and finished the other {good:,} documents. Run "
-    "in-process (a plain loop, or hardy's default sequential executor), the same segfault ends the "
+    "Python stack, started a replacement worker, and finished the other {good:,} documents: that is "
+    "hardy's default (map_executor=\"process\"). Run in-process (a plain loop, or hardy's opt-in "
+    "map_executor=\"sequential\"), the same segfault ends the "
     "whole interpreter and all {total:,} results are lost; multiprocessing.Pool waits forever for the "
     "dead worker's task, and ProcessPoolExecutor raises BrokenProcessPool for every pending item.")
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
+from ..crash import contained, deadlined
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError, NodeError
 from ..node import Node
 from ..observe.progress import MapProgress
@@ -93,12 +94,23 @@ class _Call(Results):
             self.where = died_in, None
 
 
+class OneRun(Results):
+    """The sink of `run()`'s item in a worker process: node events are replayed from the worker's
+    log as for a map's items, but a run has no items to announce."""
+
+    def __init__(self, name: str, events: Any = None):
+        super().__init__(1, "raise", MapProgress(1, name, False), events)
+        self._watch_items = False
+
+
 class Engine:
     """Where nodes and map items execute.
 
     node_executor: how independent nodes of one run execute ("sequential", "threaded", "async").
-    map_executor: how the items of a map execute ("sequential", "threaded", "async", "process",
-    or an executor object such as a Dask or Ray executor).
+    map_executor: how the items of a map execute: "process" (the default: crash-containing worker
+    processes, which also run `run()`'s one item), or in this process "sequential", "threaded",
+    "async" (faster for tiny nodes, but a segfault there ends the caller), or an executor object
+    such as a Dask or Ray executor.
     workers: threads, concurrent coroutines or worker processes (default: by executor).
     The remaining options configure worker processes (see `hardy.workers`): `preload` modules are
     imported once in the fork server; `preload_libs` (directories or package names) have their
@@ -113,7 +125,7 @@ class Engine:
     thread's stack logged (py-spy, `hardy[forensics]`), once per call, without stopping it.
     """
 
-    def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "sequential",
+    def __init__(self, node_executor: str = "sequential", map_executor: str | Executor = "process",
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
@@ -170,14 +182,21 @@ class Engine:
             return "async"
         return self.node_executor
 
+    @property
+    def runs_in_workers(self) -> bool:
+        """Whether `run()` sends its one item to a worker process, as `map` does its items: on the
+        local process executor, outside a worker (inside one, everything runs in that worker). A
+        "threaded" or "async" node_executor runs a call's independent nodes concurrently in this
+        process, which is what it was chosen for, so `run()` stays here with it."""
+        return self.map_executor_spec == "process" and self.node_executor == "sequential" and not contained()
+
     def timeout_runner(self, for_map: bool) -> str | None:
         """What calls nodes in this process, where a node's timeout could not stop it (see
-        `hardy.policy`); None when calls run where timeouts are enforced."""
-        if not for_map:
-            return "Pipeline.run"
-        if getattr(self.map_executor, "enforces_timeouts", False):
+        `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
+        including nested pipelines inside a worker (the worker posts their deadlines)."""
+        if contained() or (for_map or self.runs_in_workers) and getattr(self.map_executor, "enforces_timeouts", False):
             return None
-        return f"map_executor={self.map_executor_spec!r}"
+        return f"map_executor={self.map_executor_spec!r}" if for_map else "Pipeline.run"
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one node call on the engine's node thread pool (the "threaded" node executor)."""
@@ -189,6 +208,8 @@ class Engine:
 
     def node_function(self, node: Node) -> Callable[..., Any]:
         """The callable a plan uses for `node`: the function itself, or a call into a worker."""
+        if contained():  # nested in a worker: a timed node posts its deadline for the parent to enforce
+            return deadlined(node.func, node.timeout) if node.timeout and not node.is_async else node.func
         if node.isolate:
             return self._isolated(node)
         return node.func
@@ -247,7 +268,9 @@ class Engine:
     def map_executor(self) -> Executor:
         if self._map_executor is None:
             spec = self.map_executor_spec
-            if spec == "threaded":
+            if contained() and spec == "process":
+                self._map_executor = SequentialExecutor()  # in a worker already: a crash costs one item
+            elif spec == "threaded":
                 self._map_executor = ThreadedExecutor(self.workers)
             elif spec == "async":
                 self._map_executor = AsyncExecutor(self.workers)
@@ -284,6 +307,17 @@ class Engine:
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         self.map_executor.run_items(plan, items, results)
 
+    def run_one(self, plan: Plan, values: dict[str, Any], results: Results) -> dict[str, Any]:
+        """`run()`'s item in a worker process (see `runs_in_workers`): its outputs, or its error
+        raised (a crash, a timeout, an exception), with the same classification as a map's."""
+        self.map_executor.run_items(plan, [values], results)
+        if results.failures:
+            err = results.failures[0]
+            err.item = None
+            raise err
+        out: dict[str, Any] = results.values[0]
+        return out
+
     def window_runner(self) -> Any:
         """The thread that runs this engine's streamed maps (`Pipeline.imap`), one window at a time."""
         if self._window_runner is None:
@@ -291,14 +325,14 @@ class Engine:
             self._window_runner = WindowRunner(self)
         return self._window_runner
 
-    def worker_counts(self) -> dict[str, Any]:
-        """Worker processes started, died and recycled so far, and the peak memory of those alive."""
+    def worker_counts(self, peaks: bool = True) -> dict[str, Any]:
+        """Worker processes started, died and recycled so far, and (`peaks`) the peak memory of those alive."""
         from ..workers.pool import COUNTED, add_counts
         counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
         # this engine's pool, and the ones an engine's executor (Dask, Ray) keeps on that engine's workers
         sources: dict[int, Any] = {id(s): s for s in (self._process_pool, self._map_executor) if hasattr(s, "counts")}
         for source in sources.values():
-            add_counts(counts, source.counts())
+            add_counts(counts, source.counts(peaks))
         return counts
 
     def close(self) -> None:

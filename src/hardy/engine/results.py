@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..crash import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
@@ -174,6 +175,11 @@ class Results:
             self.events.in_item(self.offset + i)
 
     def runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+        if POISON:  # a nested map in a worker, run again after some of its items crashed one
+            return _skipping(self._runner(plan), poisoned_here())
+        return self._runner(plan)
+
+    def _runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events and not self.offset:
             return plan.run
         run, started, offset = plan.run, self.started if self.events else None, self.offset
@@ -196,6 +202,19 @@ class Results:
             out: dict[str, Any] = await arun(item, offset + i)
             return out
         return observed
+
+
+def _skipping(run: Callable[[dict[str, Any], int], dict[str, Any]],
+              crashed: dict[int | None, Any]) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    """`run`, failing the items that crashed a worker the last time instead of running them."""
+    if not crashed:
+        return run
+
+    def skipping(item: dict[str, Any], i: int) -> dict[str, Any]:
+        if i in crashed:
+            raise crashed[i]
+        return run(item, i)
+    return skipping
 
 
 def _cause(err: NodeError) -> Exception:

@@ -145,7 +145,7 @@ class RemoteExecutor:
         self.ship_modules = tuple(ship_modules)
         self._counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self, peaks: bool = True) -> dict[str, Any]:
         """hardy's worker processes on the engine's workers, as `WorkerPool.counts` (for run
         reports): started, died and recycled so far, and the peak RSS each had at its last chunk."""
         return {**self._counts, "peak_rss": dict(self._counts["peak_rss"])}

@@ -90,31 +90,53 @@ class Recorder(PipelineCallback):
     """Collects the events of each top-level call of one pipeline into a `RunReport`."""
 
     def __init__(self) -> None:
-        self.last: RunReport | None = None
+        self._last: RunReport | None = None
+        self._pending: tuple[Any, ...] | None = None  # a light report's parts, built when asked for
         self.live: _Live | None = None
         self._dag: tuple[str | None, list[str]] | None = None
 
-    def begin(self, pipeline: Any, kind: str, items: int) -> _Live:
-        self.live = _Live(pipeline.name, kind, items, repr(pipeline.engine))
-        self.live.workers_before = pipeline.engine.worker_counts()
-        return self.live
+    @property
+    def last(self) -> RunReport | None:
+        """The last call's report; a light one is built here, on demand, from what its call kept."""
+        if self._pending is not None:
+            pipeline, live, failures, workers, succeeded = self._pending
+            self._pending = None
+            svg, names = self._drawing(pipeline)
+            self._last = RunReport(_build(live, failures, workers, svg, names, succeeded))
+        return self._last
 
-    def end(self, pipeline: Any, failures: dict[int, NodeError], succeeded: int | None = None) -> RunReport:
+    def begin(self, pipeline: Any, kind: str, items: int, light: bool = False) -> _Live:
+        """`light`: a map's report without node statistics (no callback instruments its nodes), kept
+        for every map: items, failures, workers, wall time, for a cost of microseconds per map."""
+        live = _Live(pipeline.name, kind, items, "" if light else repr(pipeline.engine))
+        live.workers_before = pipeline.engine.worker_counts(peaks=not light)
+        if not light:
+            self.live = live
+        return live
+
+    def end(self, pipeline: Any, failures: dict[int, NodeError], succeeded: int | None = None,
+            light: _Live | None = None) -> RunReport | None:
         """The report of the call that ends; `succeeded`: how many items did (a map stopped at its
-        first failure leaves some unrun: neither succeeded nor failed). Nothing here may cost the
-        call its results: a drawing or a report file that cannot be made is left out, with a warning."""
-        live = self.live
+        first failure leaves some unrun: neither succeeded nor failed); `light`: the light report
+        `begin` started, completed when asked for (`last`). Nothing here may cost the call its
+        results: a drawing or a report file that cannot be made is left out, with a warning."""
+        live = light or self.live
         assert live is not None
         self.live = None
         live.wall = time.perf_counter() - live.t0
         engine = pipeline.engine
-        now = engine.worker_counts()
+        now = engine.worker_counts(peaks=light is None)
         workers = {k: now[k] - live.workers_before[k] for k in ("started", "died", "recycled")}
         workers["peak_rss"] = now["peak_rss"]
+        succeeded = live.items - len(failures) if succeeded is None else succeeded
+        if light is not None:
+            live.engine = repr(engine)
+            self._pending = (pipeline, live, dict(failures), workers, succeeded)
+            return None
+        self._pending = None
         svg, names = self._drawing(pipeline)
-        report = RunReport(_build(live, failures, workers, svg, names,
-                                  live.items - len(failures) if succeeded is None else succeeded))
-        self.last = report
+        report = RunReport(_build(live, failures, workers, svg, names, succeeded))
+        self._last = report
         if engine.report_dir:
             path = Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
             try:
@@ -326,7 +348,10 @@ def _rich_tables(d: dict[str, Any]) -> Any:
     for n in d["nodes"]:
         nodes.add_row(escape(n["name"]), str(n["calls"]), str(n["cached"]), str(n["failures"]),
                       _ms(n["total_s"]), _ms(n["mean_s"]), _ms(n["p95_s"]), _mib(n.get("peak_rss")))
-    yield nodes
+    if d["nodes"]:
+        yield nodes
+    else:  # a map's light report: nothing instrumented its nodes
+        yield "(per-node statistics and the timeline: Engine(report=True))"
     if d["failures"]:
         fails = Table(title="failures")
         for col in ("item", "node", "error", "signal", "message"):

@@ -9,6 +9,7 @@ are checked on the same loop, every `TICK` seconds while a limited node is in fl
 from __future__ import annotations
 
 import atexit
+import copy
 import logging
 import os
 import pickle
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import transport
 from ..batching import batched
-from ..crash import describe_exit, read_stack
+from ..crash import describe_exit, read_nesting, read_stack
 from ..errors import (
     GpuOutOfMemory,
     InvalidArgument,
@@ -37,7 +38,7 @@ from ..errors import (
 )
 from ..forensics.frames import examine
 from ..forensics.stacks import hang_stacks
-from ..plan import Plan
+from ..plan import KEYS, Plan
 from ..policy import delay
 from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
@@ -65,6 +66,7 @@ log = logging.getLogger("hardy.workers")
 
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
+MAX_NESTED_CRASHES = 100  # inner items of one nested map that may crash workers before its outer item fails
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -128,8 +130,10 @@ class _Worker:
                 os.close(fd)
             raise
         # this process's environment now (a fork server's dates from its start), with the caps
+        level = {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # records workers forward
         transport.send(self.conn, b"", transport.Packed(
-            pickle.dumps(({**os.environ, **env}, preload_libs, list(sys.path), os.getcwd())), self._fds))
+            pickle.dumps(({**os.environ, **env, **level}, preload_libs, list(sys.path), os.getcwd(), list(sys.argv))),
+            self._fds))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
@@ -150,19 +154,28 @@ class _Worker:
         transport.send(self.conn, b"", data if isinstance(data, transport.Packed) else transport.Packed(data))
 
     def kill(self, reason: str, detail: str) -> None:
-        """Ask faulthandler for the stack (works inside C loops too), then SIGKILL its group."""
+        """Ask for its last words and faulthandler's stack (works inside C loops too), then SIGKILL its group."""
         self.killed_for, self.kill_detail = reason, detail
         if reason == "timeout":
             self.hang = hang_stacks(self.process.pid)
+        self.ask_last_words()
+        self.await_last_words(time.monotonic() + STACK_GRACE)
+        self.process.kill()
+
+    def ask_last_words(self) -> None:
+        """SIGUSR1: the worker sends the results it holds, then faulthandler writes its stack."""
         try:
             os.kill(self.process.pid, signal.SIGUSR1)
-            deadline = time.monotonic() + STACK_GRACE
+        except (ProcessLookupError, OSError):
+            pass
+
+    def await_last_words(self, deadline: float) -> None:
+        try:
             while time.monotonic() < deadline and os.path.getsize(self.fault_path) == 0:
                 time.sleep(0.005)
             time.sleep(0.01)
-        except (ProcessLookupError, OSError):
+        except OSError:
             pass
-        self.process.kill()
 
     def stop(self, timeout: float = 2.0) -> None:
         try:
@@ -261,10 +274,11 @@ class WorkerPool:
         self.replaced += 1
         self.recycled += stop
 
-    def counts(self) -> dict[str, Any]:
-        """For run reports: workers started, died, recycled; peak RSS of the live ones by pid."""
+    def counts(self, peaks: bool = True) -> dict[str, Any]:
+        """For run reports: workers started, died, recycled; peak RSS of the live ones by pid
+        (`peaks`: read from /proc, the only part that costs anything)."""
         return {"started": self._started, "died": self.replaced - self.recycled, "recycled": self.recycled,
-                "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()}}
+                "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()} if peaks else {}}
 
     def _claim(self, run: _Run) -> list[int]:
         """The slots `run` may use now: those it holds, plus every free one while it has work."""
@@ -304,15 +318,17 @@ class WorkerPool:
         return shipped
 
     def _chunk(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
-               sealed: int = 0, singly: bool = False) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
+               sealed: int = 0, singly: bool = False,
+               poison: dict[Any, Any] | None = None) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
         """The chunk's message, less the items that cannot be pickled (returned apart, with why);
         `log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once);
         `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
         sent alone); `singly`: batched nodes are called for one item at a time (a batch that
-        killed a worker, `_Run.split`)."""
+        killed a worker, `_Run.split`); `poison`: nested items that crashed a worker before
+        (`crash.poisoned_here`)."""
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
-            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed, singly),
+            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed, singly, *([poison] if poison else [])),
             dump=lambda msg: transport.pack(msg, dumps, shared))
         return packed  # what `dump` returned, and the items left out
 
@@ -364,8 +380,9 @@ class _Run:
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
         self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
-        self.limited = pool.max_memory is not None or bool(pool.stall_report) or any(s.node.timeout for s in plan.steps)
+        self.limited = pool.max_memory is not None or bool(pool.stall_report) or _has_timeouts(plan.graph.nodes)
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
+        self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
@@ -451,13 +468,14 @@ class _Run:
             chunk = self.next_chunk(w)
             if not chunk:
                 return [], None
+            poison = {k: v for k, v in self.poison.items() if k[0][1] in chunk} if self.poison else None
             if chunk[0] in self.sealed:
                 data, bad = self.pool._chunk(self.plan_id, {i: seal(self.items[i]) for i in chunk}, chunk,
                                              self.shared, self.log, sealed=self.sealed[chunk[0]],
-                                             singly=chunk[0] in self.singly)
+                                             singly=chunk[0] in self.singly, poison=poison)
             else:
                 data, bad = self.pool._chunk(self.plan_id, self.items, chunk, self.shared, self.log,
-                                             singly=chunk[0] in self.singly)
+                                             singly=chunk[0] in self.singly, poison=poison)
             for i, why in bad.items():
                 self.results.fail(i, item_error(self.plan, i, why))
             if data is not None:
@@ -473,6 +491,9 @@ class _Run:
         pool = self.pool
         try:
             while True:
+                if self.results.stop:  # on_error="raise" failed an item: the rest is not awaited
+                    self.cancel()
+                    return
                 self.assign()
                 busy = [w for w in self.mine() if w.busy]
                 if not busy:
@@ -503,21 +524,37 @@ class _Run:
                     self.check_limits(busy)
         except BaseException:
             # Interrupted (Ctrl-C, a PicklingError): workers still busy would answer into the next
-            # map, so they are replaced.
-            for slot, held in enumerate(pool._workers):
-                if held is not None and held.busy and pool._owners[slot] is self:
-                    pool._replace(slot, stop=False)
+            # map, so they are replaced, after sending what they computed.
+            self.results.stop = True
+            self.cancel()
             raise
         finally:
             self.shared.close()
             pool._release(self, range(pool.size))
+
+    def cancel(self) -> None:
+        """Stop this run's busy workers now (a hung or slow item must not delay the error or the
+        interruption that ends the map), keeping every result they computed: each is asked for its
+        last words (the results it holds, `worker._last_words`) before it is killed and replaced.
+        Their items in flight stay unrun."""
+        pool = self.pool
+        busy = [(slot, w) for slot, w in enumerate(pool._workers)
+                if w is not None and w.busy and pool._owners[slot] is self]
+        for _, w in busy:
+            w.ask_last_words()
+        deadline = time.monotonic() + STACK_GRACE
+        for slot, w in busy:
+            w.await_last_words(deadline)
+            w.process.kill()
+            self.receive(w)
+            pool._replace(slot, stop=False)
 
     def receive(self, w: _Worker) -> bool:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
             while w.conn.poll():
                 data = w.conn.recv_bytes()
-                done, each, logged, unread, elapsed = worker_main.HEADER.unpack_from(data)
+                done, each, logged, unread, logs, elapsed = worker_main.HEADER.unpack_from(data)
                 w.started_any = True
                 self.pool.start_failures = 0
                 if unread:  # its chunk could not be unpickled there: it goes again, sealed
@@ -531,7 +568,9 @@ class _Run:
                     raise
                 except Exception:  # one result cannot be read here: at chunk end, ask for each alone
                     w.resend = True
-                    batch, logged = [], False
+                    batch, logged, logs = [], False, False
+                if logs:
+                    batch = _handle_logs(*batch)
                 unsent, free = w.unsent, done and not w.resend
                 if free:  # its next chunk goes first, to run while this batch is taken
                     self.chunk_done(w, elapsed)
@@ -659,6 +698,11 @@ class _Run:
                 if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
                     self.stalled[w.number] = (item, step, started)
                     self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
+                deadline = w.status[worker_main.DEADLINE]  # of a node nested in the step (crash.deadlined)
+                if 0 < deadline < now:
+                    w.kill("timeout", "node ran past its timeout")
+                    self.on_death(w)
+                    continue
             limit = self.pool.max_memory
             if limit is not None:
                 used = rss(w.process.pid)
@@ -673,6 +717,57 @@ class _Run:
         log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
                     node, running, self.pool.stall_report, w.process.pid,
                     f"its stacks:\n{text}" if text else f"no stacks: {why}")
+    def charge(self, w: _Worker, i: int, step: int, signame: str | None, text: str) -> None:
+        """Item i was in flight when worker `w` died: it fails, or runs again (its node's retries;
+        or, when it crashed inside a nested map, with that inner item failed: `crash.poisoned_here`)."""
+        steps = self.plan.steps
+        node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
+        stack, chain = read_stack(w.fault_path), read_nesting(w.fault_path)
+        cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
+        death = examine(w.fault_path, signame, text, node.name if node else "?", stack,
+                        w.hang if w.killed_for == "timeout" else None)
+        text = death.reason
+        err = cls(node.name if node else "?", i, text, signal=signame, exitcode=w.process.exitcode, stack=stack,
+                  native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis,
+                  inputs={k: v for k, v in self.items[i].items() if k != KEYS})
+        if isinstance(err, NodeTimeout):
+            err.stacks = death.stacks
+        err.threads = read_stack(w.fault_path, every_thread=True)
+        if len(chain) > 1:
+            err = _nested_error(err, chain, w.killed_for)
+            if self.rerun_without(i, chain, err):
+                return
+        self.attempts[i] = self.attempts.get(i, 0) + 1
+        retries = node.retries if node else 0
+        if self.attempts[i] <= retries:
+            log.warning("node %r, item %d: %s; retrying (%d of %d)", err.node, i, text, self.attempts[i], retries)
+            self.retry.appendleft([i])
+            self.results.retried(i, err, w.process.pid)
+            if node is not None and node.backoff:  # retries > 0: there is a node
+                self.due[i] = time.monotonic() + delay(node.backoff, self.attempts[i])
+        else:
+            self.results.fail(i, err, worker=w.process.pid)
+
+    def rerun_without(self, i: int, chain: list[list[Any]], err: NodeError) -> bool:
+        """Item i crashed inside a nested map whose pipeline node keeps going (on_error="continue"):
+        run item i again with that inner item failed as it crashed, so that only it is lost, as
+        in-process. False when no such map encloses the crash (the item itself fails)."""
+        for k in range(len(chain) - 1, 0, -1):
+            if chain[k][1] is not None and chain[k - 1][2] == "continue":
+                key = tuple((level[0], level[1]) for level in chain[:k])
+                crashed = self.poison.setdefault(key, {})
+                if chain[k][1] in crashed or len(crashed) >= MAX_NESTED_CRASHES:
+                    return False
+                inner = copy.copy(err)
+                inner.node = "/".join(str(level[0]) for level in chain[k:])
+                inner.inputs_summary = ""  # the inner item's inputs are not the outer item's
+                inner.reason = err.crash
+                crashed[chain[k][1]] = inner
+                log.warning("node %r crashed on item %s of a nested map (%s): running the enclosing item %d again "
+                            "without it", inner.node, chain[k][1], err.crash, i)
+                self.retry.appendleft([i])
+                return True
+        return False
 
     def on_death(self, w: _Worker) -> None:
         pool = self.pool
@@ -694,28 +789,7 @@ class _Run:
                                                                         read_stack(w.fault_path)))
         elif in_flight is not None:
             del w.unsent[in_flight]
-            steps = self.plan.steps
-            node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
-            stack = read_stack(w.fault_path)
-            retries = node.retries if node else 0
-            self.attempts[in_flight] = self.attempts.get(in_flight, 0) + 1
-            cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
-            death = examine(w.fault_path, signame, text, node.name if node else "?", stack,
-                            w.hang if w.killed_for == "timeout" else None)
-            text = death.reason
-            err = cls(node.name if node else "?", in_flight, text, signal=signame,
-                      exitcode=w.process.exitcode, stack=stack, native_frames=death.frames,
-                      native_stack=death.native_stack, diagnosis=death.diagnosis)
-            if isinstance(err, NodeTimeout):
-                err.stacks = death.stacks
-            if self.attempts[in_flight] <= retries:
-                log.warning("item %d: %s; retrying (%d of %d)", in_flight, text, self.attempts[in_flight], retries)
-                self.retry.appendleft([in_flight])
-                self.results.retried(in_flight, err, w.process.pid)
-                if node is not None and node.backoff:  # retries > 0: there is a node
-                    self.due[in_flight] = time.monotonic() + delay(node.backoff, self.attempts[in_flight])
-            else:
-                self.results.fail(in_flight, err, worker=w.process.pid)
+            self.charge(w, in_flight, step, signame, text)
         elif item == worker_main.BATCH:
             pass  # a batch it died in is queued again in halves (`split`)
         elif item in (worker_main.READING, worker_main.SENDING, worker_main.LOADING) and w.unsent:
@@ -790,6 +864,31 @@ def _after_return(w: _Worker, signame: str | None, text: str) -> str:
     death = examine(w.fault_path, signame, text, "?", "", after_return=True)
     return "".join(f"\ndiagnosis: {d}" for d in death.diagnosis) + (
         f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
+def _nested_error(err: NodeError, chain: list[list[Any]], killed_for: str | None) -> NodeError:
+    """The crash of a worker inside a nested pipeline, named as an in-process failure would be:
+    the path of nodes (`prep/tokenize`) and the item of each nested map on the way."""
+    err.node = "/".join(str(level[0]) for level in chain)
+    if killed_for == "timeout" and chain[-1][3]:
+        err.reason = f"node ran past its timeout of {chain[-1][3]:g} s"
+    err.crash = err.reason  # what happened, without where (for the inner item's own error)
+    inner = [f"{level[0]!r} item {level[1]}" for level in chain[1:] if level[1] is not None]
+    if inner:
+        err.reason = f"{err.reason}, in nested map at {', '.join(inner)}"
+    return err
+
+
+def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
+    """Log records a worker sent (`worker._Forward`), handled by this process's loggers."""
+    for record in records:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+    return batch
+
+
+def _has_timeouts(nodes: Sequence[Any]) -> bool:
+    """Whether a node, or a node of a pipeline nested in one, has a timeout for the pool to enforce."""
+    return any(n.timeout or _has_timeouts(getattr(getattr(n, "pipeline", None), "nodes", ())) for n in nodes)
 
 
 def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:

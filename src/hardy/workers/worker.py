@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import logging
 import mmap
 import os
 import pickle
@@ -22,7 +23,7 @@ from typing import Any
 
 from .. import transport
 from ..batching import Batched, batched
-from ..crash import FATAL_SIGNALS, on_fatal_signal
+from ..crash import FATAL_SIGNALS, POISON, mark_contained, nesting_line, on_fatal_signal
 from ..errors import CudaError, NodeError
 from ..forensics import handler as native_handler
 from ..forensics.stacks import allow_tracing
@@ -40,7 +41,8 @@ from .lifeline import kill_group, watch_peer
 # up (so a death before is its setup's: preload_libs, the environment; a death after never is).
 # Between items, ITEM says what the worker does: IDLE, READING a message (a chunk's items are
 # unpickled then), or SENDING results (pickled then), and STEP how many results that batch holds.
-ITEM, STEP, STEP_START, READY, SLOTS = 0, 1, 2, 3, 4
+# DEADLINE: the deadline of a node nested in a step (crash.deadlined), for the parent to enforce.
+ITEM, STEP, STEP_START, READY, DEADLINE, SLOTS = 0, 1, 2, 3, 4, 5
 IDLE, READING, SENDING, LOADING = -1, -3, -4, -5  # LOADING: the pipeline, its nodes' modules
 BATCH = -2  # ITEM while a batched node's call runs: the parent splits the batch if the worker dies
 OPENING = -2  # STEP while a sealed item's input k is unpickled: OPENING - k (ITEM is the item)
@@ -48,8 +50,8 @@ STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 # Before each batch of results: chunk done, pickled item by item, logged, the chunk could not be
-# unpickled here (the batch is then why), elapsed.
-HEADER = struct.Struct("????d")
+# unpickled here (the batch is then why), log records ride with it (`_Forward`), elapsed.
+HEADER = struct.Struct("?????d")
 
 
 def open_status(fd: int) -> tuple[mmap.mmap, Any]:
@@ -96,7 +98,7 @@ def run(fd: int) -> None:
     """
     conn = Connection(fd)
     try:
-        env, preload_libs, sys_path, cwd = pickle.loads(conn.recv_bytes())
+        env, preload_libs, sys_path, cwd, argv = pickle.loads(conn.recv_bytes())
         status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
@@ -105,6 +107,7 @@ def run(fd: int) -> None:
     os.environ.update(env)
     cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
     sys.path[:] = sys_path
+    sys.argv[:] = argv  # a node reading its script's arguments reads the parent's, as in-process
     try:
         os.chdir(cwd)
     except OSError:
@@ -115,7 +118,7 @@ def run(fd: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
     sent: list[Sent] = []  # the last chunk's batches of results, until the next chunk
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
-    on_fatal_signal(lambda signum: _last_words(conn, sent), (*FATAL_SIGNALS, "SIGUSR1"))
+    on_fatal_signal(lambda signum: _last_words(conn, sent, fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
     install_numba_guard()
@@ -126,9 +129,15 @@ def run(fd: int) -> None:
     _, status = open_status(status_fd)
     os.close(status_fd)  # (the mapping stays)
     status[ITEM] = IDLE
-    status[STEP] = -1
+    status[STEP] = status[DEADLINE] = -1
     status[READY] = 1.0
     _status[0] = status
+
+    def post_deadline(t: float) -> float:
+        before, status[DEADLINE] = status[DEADLINE], t
+        return float(before)
+    mark_contained(post_deadline)  # nested pipelines and their maps run here, in-process: a crash costs one item
+    _forward_logs(status)
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
     code = 0
     try:
@@ -143,6 +152,9 @@ def run(fd: int) -> None:
             if msg[0] == "plan":
                 plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
             elif msg[0] == "chunk":
+                POISON.clear()
+                if len(msg) > 6:  # nested items that crashed a worker before (crash.poisoned_here)
+                    POISON.update(msg[6])
                 loaded = _plan(plans[msg[1]], msg[3], status)
                 if not _run_chunk(conn, loaded, msg[2], status, sent, msg[3], msg[4], msg[5]):
                     code = RETIRED
@@ -170,7 +182,7 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
     except EOFError:  # the parent died while passing the message's segments
         raise
     except Exception as exc:  # whatever a __setstate__ raises (an OSError too) costs its item alone
-        conn.send_bytes(HEADER.pack(True, False, False, True, 0.0) + pickle.dumps(f"{type(exc).__name__}: {exc}"))
+        conn.send_bytes(HEADER.pack(True, False, False, True, False, 0.0) + pickle.dumps(f"{type(exc).__name__}: {exc}"))
         return None
     finally:
         status[ITEM] = IDLE
@@ -349,8 +361,51 @@ def _open(plan: Plan, i: int, item: Any, status: Any) -> Any:
     return opened
 
 
-def _last_words(conn: Any, sent: list[Sent]) -> None:
-    """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill)."""
+class _Forward(logging.Handler):
+    """The worker's log records, at the parent's level, sent to the parent with the next batch of
+    results (`_send`) and handled there by its loggers: `logging.basicConfig(level=INFO)` in the
+    parent shows a node's `log.info` as if it had run there. Each record says where it came
+    from (`hardy_worker`: the pid, `hardy_item`: the item, None between items)."""
+
+    def __init__(self, status: Any):
+        super().__init__()
+        self.status = status
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            record.msg, record.args = record.getMessage(), None  # the arguments may not pickle
+            if record.exc_info:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+                record.exc_info = None
+            for key, value in record.__dict__.items():
+                if not isinstance(value, (str, int, float, bool, type(None), tuple)):
+                    record.__dict__[key] = repr(value)  # an `extra=` object: its text
+            item = int(self.status[ITEM])
+            record.hardy_worker, record.hardy_item = os.getpid(), item if item >= 0 else None
+            self.records.append(record)
+        except Exception:
+            self.handleError(record)
+
+
+FORWARD = _Forward(None)
+
+
+def _forward_logs(status: Any) -> None:
+    """Records at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
+    FORWARD.status = status
+    root = logging.getLogger()
+    root.handlers[:] = [FORWARD]
+    root.setLevel(int(os.environ.get("HARDY_LOG_LEVEL", logging.WARNING)))
+
+
+def _last_words(conn: Any, sent: list[Sent], fault: int) -> None:
+    """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill): where a
+    nested pipeline was, for the parent to name (before faulthandler's stack), then the results."""
+    try:
+        os.write(fault, nesting_line().encode())
+    except Exception:
+        pass
     transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
     if _unsent and not _sending[0]:
         _send(conn, _unsent, _producers, False, 0.0, sent, dying=True)
@@ -371,13 +426,16 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
         names = _names[0]
         records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
         message: Any = batch if names is None else (batch, records)
+        logs = bool(FORWARD.records)
+        if logs:  # what the nodes logged since the last batch, for the parent's handlers
+            message, FORWARD.records = (message, FORWARD.records), []
         try:
             packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
         except Exception:
             batch[:] = [_picklable(producers, *row) for row in batch]
             packed = transport.pack(message, dumps)
         sent.append((list(batch), records))
-        transport.send(conn, HEADER.pack(done, False, names is not None, False, elapsed), packed)
+        transport.send(conn, HEADER.pack(done, False, names is not None, False, logs, elapsed), packed)
         batch.clear()
     finally:
         _sending[0] = False
@@ -394,7 +452,7 @@ def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
             outcomes[i] = (ok, value, log)
     data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
                          for i in items for ok, value, log in [outcomes[i]]], protocol=5)
-    conn.send_bytes(HEADER.pack(True, True, False, False, 0.0) + data)
+    conn.send_bytes(HEADER.pack(True, True, False, False, False, 0.0) + data)
 
 
 def _in_band(buf: Any) -> bool:

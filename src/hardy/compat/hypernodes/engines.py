@@ -38,7 +38,7 @@ class SeqEngine(Engine):
     """HyperNodes' default engine: nodes and map items one after another, in this process."""
 
     def __init__(self, cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None):
-        super().__init__(cache=cache)
+        super().__init__(map_executor="sequential", cache=cache)
         _reporting(self, callbacks, "SeqEngine")
 
 

@@ -1,0 +1,286 @@
+"""Crash containment is the default: map, run() and nested pipelines, with real segfaults, hangs,
+timeouts and Ctrl-C, in scripts written the way users write them (no `__main__` guard, `python -`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hardy import Engine, Failed, MapError, MapInterrupted, NodeCrashed, NodeTimeout, Pipeline, node
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def run_script(code: str, *args: str, stdin: bool = True, cwd: Path | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python - < script` (or `python script.py` with stdin=False), as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = textwrap.dedent(code)
+    if stdin:
+        return subprocess.run([sys.executable, "-", *args], input=code, capture_output=True, text=True,
+                              env=env, timeout=timeout, cwd=cwd)
+    assert cwd is not None
+    (cwd / "job.py").write_text(code)
+    return subprocess.run([sys.executable, "job.py", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=cwd)
+
+
+@node(output_name="y")
+def fragile(x: int) -> int:
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x * 2
+
+
+@node(output_name="pid")
+def where(x: int) -> int:
+    return os.getpid()
+
+
+def test_the_default_map_contains_a_segfault_in_a_script_without_main_guard():
+    out = run_script("""
+        import os, signal
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def embed(x):
+            if x == 7:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return x * 2
+
+        out = Pipeline([embed]).map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
+        print("ok", sum(1 for o in out if not hasattr(o, "error")))
+        print("failed", [i for i, o in enumerate(out) if hasattr(o, "error")])
+        print(out[7].error)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "ok 19" in out.stdout and "failed [7]" in out.stdout
+    assert "node 'embed' failed on item 7 (inputs: x=7): worker died from SIGSEGV" in out.stdout
+    # the stack names the script's own line (stdin), and only the thread that ran the node
+    assert 'File "<stdin>", line 8 in embed' in out.stdout
+    assert "threading.py" not in out.stdout and "dynamic-code" not in out.stdout
+
+
+def test_stacks_name_the_script_file_and_line(tmp_path):
+    out = run_script("""
+        import ctypes
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def embed(x):
+            return ctypes.string_at(0)
+
+        print(Pipeline([embed]).map(inputs={"x": [1]}, map_over="x", on_error="continue")[0].error)
+    """, stdin=False, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f'File "{tmp_path / "job.py"}", line 7 in embed' in out.stdout
+
+
+def test_run_on_the_default_engine_contains_a_segfault():
+    p = Pipeline([fragile])
+    with pytest.raises(NodeCrashed) as info:
+        p.run(inputs={"x": 3})
+    assert info.value.signal == "SIGSEGV" and info.value.item is None
+    assert "(inputs: x=3)" in str(info.value)
+    assert p.run(inputs={"x": 2}) == {"y": 4}  # this process, and the pool, live on
+
+
+def test_run_goes_to_a_worker_only_on_the_process_executor():
+    assert Pipeline([where]).run(inputs={"x": 1})["pid"] != os.getpid()
+    here = Pipeline([where], engine=Engine(map_executor="sequential"))
+    assert here.run(inputs={"x": 1})["pid"] == os.getpid()
+
+
+@node(output_name="z", timeout=1)
+def sleepy(x: int) -> int:
+    if x == 1:
+        time.sleep(3600)
+    return x
+
+
+def test_run_enforces_a_timeout_in_its_worker():
+    with pytest.raises(NodeTimeout) as info:
+        Pipeline([sleepy]).run(inputs={"x": 1})
+    assert "timeout of 1 s" in str(info.value)
+
+
+def test_an_in_process_run_still_refuses_a_timeout_it_cannot_enforce():
+    from hardy.errors import NodeDefinitionError
+    with pytest.raises(NodeDefinitionError, match="Pipeline.run calls it in this process"):
+        Pipeline([sleepy], engine=Engine(map_executor="sequential")).run(inputs={"x": 0})
+
+
+# --- nested pipelines --------------------------------------------------------------------------
+
+@node(output_name="token")
+def tokenize(doc: str) -> str:
+    if doc == "poison":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return doc.upper()
+
+
+@node(output_name="n")
+def count(tokens: list) -> int:
+    return sum(1 for t in tokens if not isinstance(t, Failed))
+
+
+def _nested(on_error: str) -> Pipeline:
+    inner = Pipeline([tokenize], name="inner")
+    prep = inner.as_node(name="prep", input_mapping={"docs": "doc"}, output_mapping={"token": "tokens"},
+                         map_over="docs", on_error=on_error)
+    return Pipeline([prep, count], name="outer")
+
+
+def test_a_crash_in_a_nested_map_costs_only_its_inner_item_under_run_and_map():
+    outer = _nested("continue")
+    out = outer.run(inputs={"docs": ["a", "poison", "c"]})
+    assert out["n"] == 2 and out["tokens"][0] == "A" and out["tokens"][2] == "C"
+    err = out["tokens"][1].error
+    assert isinstance(err, NodeCrashed) and err.node == "tokenize" and err.item == 1 and err.signal == "SIGSEGV"
+    rows = outer.map(inputs={"docs": [["a", "poison"], ["b"], ["poison", "poison", "d"]]}, map_over="docs")
+    assert [r["n"] for r in rows] == [1, 1, 1]
+    assert [i for i, t in enumerate(rows[2]["tokens"]) if isinstance(t, Failed)] == [0, 1]
+
+
+def test_a_crash_in_a_nested_map_that_raises_names_the_inner_node_and_item():
+    rows = _nested("raise").map(inputs={"docs": [["a"], ["b", "poison"]]}, map_over="docs", on_error="continue")
+    assert rows[0] == {"tokens": ["A"], "n": 1}
+    err = rows[1].error
+    assert isinstance(err, NodeCrashed) and err.node == "prep/tokenize" and err.item == 1
+    assert "in nested map at 'tokenize' item 1" in str(err)
+
+
+@node(output_name="w", timeout=1)
+def slow_inner(doc: str) -> str:
+    if doc == "slow":
+        time.sleep(3600)
+    return doc
+
+
+def test_a_timeout_inside_a_nested_pipeline_is_enforced_and_costs_its_inner_item():
+    outer = Pipeline([Pipeline([slow_inner], name="inner").as_node(name="prep", map_over="doc",
+                                                                     on_error="continue")])
+    out = outer.run(inputs={"doc": ["a", "slow", "c"]})
+    assert out["w"][0] == "a" and out["w"][2] == "c"
+    assert isinstance(out["w"][1].error, NodeTimeout) and "timeout of 1 s" in str(out["w"][1].error)
+
+
+def test_a_nested_pipeline_without_an_engine_follows_its_parent():
+    inner = Pipeline([where], name="inner")  # no engine of its own
+    outer = Pipeline([inner.as_node(name="nested")], engine=Engine(map_executor="sequential"))
+    assert outer.run(inputs={"x": 1})["pid"] == os.getpid()
+    own = Pipeline([where], name="own", engine=Engine(map_executor="process"))
+    assert Pipeline([own.as_node(name="nested")], engine=Engine(map_executor="sequential")).run(
+        inputs={"x": 1})["pid"] != os.getpid()
+
+
+# --- nothing computed is lost --------------------------------------------------------------------
+
+@node(output_name="v")
+def fails_fast_or_hangs(x: int) -> int:
+    if x == 0:
+        time.sleep(3600)  # in flight, no timeout: before, the map waited for it forever
+    if x == 5:
+        time.sleep(0.3)
+        raise ValueError("bad item")
+    return x
+
+
+def test_on_error_raise_does_not_wait_for_a_hung_item_in_flight():
+    engine = Engine(workers=2)
+    p = Pipeline([fails_fast_or_hangs], engine=engine)
+    with pytest.raises(MapError) as info:
+        p.map(inputs={"x": list(range(10))}, map_over="x")
+    assert list(info.value.failures) == [5]
+    assert info.value.results[0] is None  # the hung item was cancelled, not awaited
+    assert [r["v"] for r in info.value.results[1:5]] == [1, 2, 3, 4]
+    assert p.map(inputs={"x": [1, 2]}, map_over="x") == [{"v": 1}, {"v": 2}]  # the pool serves on
+    engine.close()
+
+
+def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
+    marker = tmp_path / "half"
+    proc = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc.stdin.write(textwrap.dedent(f"""
+        import os, time, psutil
+        from hardy import Pipeline, node, Engine, MapInterrupted
+
+        @node(output_name="y")
+        def step(x):
+            if x == 10:
+                open({str(marker)!r}, "w").close()
+            if x >= 10:
+                time.sleep(3600)
+            return x
+
+        try:
+            Pipeline([step], engine=Engine(workers=2)).map(inputs={{"x": list(range(40))}}, map_over="x")
+        except KeyboardInterrupt as exc:
+            print(type(exc).__name__, isinstance(exc, MapInterrupted))
+            print("done", sum(1 for r in exc.results if r is not None), "of", len(exc.results))
+            print("workers", len(psutil.Process().children(recursive=True)) <= 1)
+    """))
+    proc.stdin.close()
+    proc.stdin = None
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "MapInterrupted True" in out, err
+    assert "done 10 of 40" in out
+    assert "workers True" in out  # the busy workers were stopped (the fork server may stay)
+
+
+def test_every_map_keeps_a_light_report():
+    p = Pipeline([fragile])
+    p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
+    data = p.report().to_dict()
+    assert (data["items"], data["succeeded"], data["failed"]) == (6, 5, 1)
+    assert data["failures"][0]["signal"] == "SIGSEGV" and data["failures"][0]["item"] == 3
+    assert data["workers"]["died"] == 1 and data["nodes"] == []
+
+
+def test_worker_log_records_reach_the_parents_handlers():
+    out = run_script("""
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(hardy_item)s %(message)s")
+        from hardy import Pipeline, node
+        log = logging.getLogger("mynodes")
+
+        @node(output_name="y")
+        def embed(x):
+            log.info("embedding %s", x)
+            log.debug("not shown")
+            return x
+
+        Pipeline([embed]).map(inputs={"x": [0, 1, 2]}, map_over="x")
+    """)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(ln for ln in out.stderr.splitlines() if "mynodes" in ln)
+    assert lines == [f"INFO mynodes {i} embedding {i}" for i in range(3)]
+
+
+@node(output_name="r", retries=1)
+def dies_once(x: int, marker: str) -> int:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_crash_retry_warning_names_node_and_item(tmp_path, caplog):
+    out = Pipeline([dies_once]).map(inputs={"x": [5], "marker": str(tmp_path / "m")}, map_over="x")
+    assert out == [{"r": 5}]
+    assert any("node 'dies_once', item 0" in r.getMessage() and "retrying (1 of 1)" in r.getMessage()
+               for r in caplog.records)
