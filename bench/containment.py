@@ -9,6 +9,7 @@
 3. on_error="raise" with a hung item in flight: time from the first failure to MapError
    (target: <= 0.2 s; before, the map waited for the hung item forever).
 4. A default `run()` (its item in a worker) against `run()` on map_executor="sequential".
+5. What the light run report every map keeps costs per map (`Recorder.begin` + `end`, light).
 """
 
 from __future__ import annotations
@@ -128,7 +129,24 @@ def runs() -> None:
         print(f"4. run() of a trivial node, {name}: {min(best) * 1e6:.1f} us per call")
 
 
+def light_report() -> None:
+    p = Pipeline([trivial], engine=Engine(map_executor="sequential"))
+    p.map(inputs={"x": [1]}, map_over="x")
+    rec, n = p._recorder, 20000
+    t = time.perf_counter()
+    for _ in range(n):
+        rec.end(p, {}, 1, rec.begin(p, "map", 1, light=True))
+    per = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in range(2000):
+        p.map(inputs={"x": [1]}, map_over="x")
+    whole = (time.perf_counter() - t) / 2000
+    print(f"5. light run report: {per * 1e6:.1f} us per map ({per / whole:.0%} of a one-item sequential map, "
+          f"{whole * 1e6:.0f} us)")
+
+
 cpu_bound()
 first_map()
 raise_fast()
 runs()
+light_report()

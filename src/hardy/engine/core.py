@@ -327,10 +327,12 @@ class Engine:
 
     def worker_counts(self, peaks: bool = True) -> dict[str, Any]:
         """Worker processes started, died and recycled so far, and (`peaks`) the peak memory of those alive."""
-        from ..workers.pool import COUNTED, add_counts
-        counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
         # this engine's pool, and the ones an engine's executor (Dask, Ray) keeps on that engine's workers
         sources: dict[int, Any] = {id(s): s for s in (self._process_pool, self._map_executor) if hasattr(s, "counts")}
+        if not sources:  # no worker yet (every map asks, for its light report)
+            return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
+        from ..workers.pool import COUNTED, add_counts
+        counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
         for source in sources.values():
             add_counts(counts, source.counts(peaks))
         return counts

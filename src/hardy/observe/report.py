@@ -101,6 +101,7 @@ class Recorder(PipelineCallback):
         if self._pending is not None:
             pipeline, live, failures, workers, succeeded = self._pending
             self._pending = None
+            live.engine = repr(pipeline.engine)
             svg, names = self._drawing(pipeline)
             self._last = RunReport(_build(live, failures, workers, svg, names, succeeded))
         return self._last
@@ -108,7 +109,7 @@ class Recorder(PipelineCallback):
     def begin(self, pipeline: Any, kind: str, items: int, light: bool = False) -> _Live:
         """`light`: a map's report without node statistics (no callback instruments its nodes), kept
         for every map: items, failures, workers, wall time, for a cost of microseconds per map."""
-        live = _Live(pipeline.name, kind, items, "" if light else repr(pipeline.engine))
+        live = _Live(pipeline.name, kind, items, "" if light else repr(pipeline.engine))  # light: named when built
         live.workers_before = pipeline.engine.worker_counts(peaks=not light)
         if not light:
             self.live = live
@@ -130,7 +131,6 @@ class Recorder(PipelineCallback):
         workers["peak_rss"] = now["peak_rss"]
         succeeded = live.items - len(failures) if succeeded is None else succeeded
         if light is not None:
-            live.engine = repr(engine)
             self._pending = (pipeline, live, dict(failures), workers, succeeded)
             return None
         self._pending = None

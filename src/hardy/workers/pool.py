@@ -724,8 +724,8 @@ class _Run:
         node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
         stack, chain = read_stack(w.fault_path), read_nesting(w.fault_path)
         cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
-        death = examine(w.fault_path, signame, text, node.name if node else "?", stack,
-                        w.hang if w.killed_for == "timeout" else None)
+        named = "/".join(str(level[0]) for level in chain) if len(chain) > 1 else node.name if node else "?"
+        death = examine(w.fault_path, signame, text, named, stack, w.hang if w.killed_for == "timeout" else None)
         text = death.reason
         err = cls(node.name if node else "?", i, text, signal=signame, exitcode=w.process.exitcode, stack=stack,
                   native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis,
