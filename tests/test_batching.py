@@ -16,6 +16,7 @@ from hardy.errors import NodeDefinitionError
 
 torch = pytest.importorskip("torch")
 
+IN_PROCESS = Engine(map_executor="sequential")  # for tests that count calls in this process
 POISON = "poison"  # the document whose batch call segfaults (executors that contain crashes) or raises
 VOCAB = 997
 _model: list[object] = []
@@ -92,7 +93,7 @@ def test_batched_node_is_called_with_lists_per_group_and_singly_in_run():
         calls.append([-1, len(double)])
         return [a + b for a, b in zip(double, triple, strict=True)]
 
-    p = Pipeline(nodes=[length, scale, add])
+    p = Pipeline(nodes=[length, scale, add], engine=IN_PROCESS)  # `calls` is this process's list
     assert p.run(inputs={"word": "abc", "factor": 2}) == {"n": 3, "double": 6, "triple": 9, "total": 15}
     assert calls == [[3], [-1, 1]]
     calls.clear()
@@ -119,7 +120,8 @@ def test_a_raising_item_is_found_by_splitting_and_fails_alone():
             raise ValueError("five is bad")
         return [v * v for v in x]
 
-    out = Pipeline(nodes=[square]).map(inputs={"x": list(range(10))}, map_over="x", on_error="continue")
+    out = Pipeline(nodes=[square], engine=IN_PROCESS).map(inputs={"x": list(range(10))}, map_over="x",
+                                                          on_error="continue")
     assert [o for o in out if not isinstance(o, Failed)] == [{"y": v * v} for v in range(10) if v != 5]
     err = out[5].error
     assert isinstance(err, NodeError) and err.node == "square" and err.item == 5 and err.inputs_summary == "x=5"
@@ -158,7 +160,7 @@ def test_cache_entries_are_per_item_and_a_warm_run_makes_no_batch_call(tmp_path)
         calls.append(len(x))
         return [v ** 3 for v in x]
 
-    p = Pipeline(nodes=[cube], engine=Engine(cache=DiskCache(tmp_path / "c")))
+    p = Pipeline(nodes=[cube], engine=Engine(map_executor="sequential", cache=DiskCache(tmp_path / "c")))
     assert [o["y"] for o in p.map(inputs={"x": list(range(6))}, map_over="x")] == [v ** 3 for v in range(6)]
     assert calls == [4, 2]
     calls.clear()
