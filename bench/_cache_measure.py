@@ -14,8 +14,8 @@ N = 10_000
 
 def hardy(folder: str) -> float:
     from _measure import three_nodes
-    from hardy import DiskCache, Pipeline, node
-    p = Pipeline(nodes=three_nodes(node), cache=DiskCache(folder))
+    from hardy import DiskCache, Engine, Pipeline, node
+    p = Pipeline(nodes=three_nodes(node), cache=DiskCache(folder), engine=Engine(map_executor="sequential"))
     start = time.perf_counter()
     out = p.map(inputs={"x": list(range(N))}, map_over="x", progress=False)
     assert out[-1]["c"] == 3 * N

@@ -75,7 +75,7 @@ def timed(call) -> float:
 
 def cpu_bound(rows: list) -> None:
     items = list(range(200))
-    p_seq = Pipeline(nodes=[node(output_name="y")(burn)])
+    p_seq = Pipeline(nodes=[node(output_name="y")(burn)], engine=Engine(map_executor="sequential"))
     seq = timed(lambda: p_seq.map(inputs={"x": items}, map_over="x", progress=False))
     with Engine(map_executor="process", workers=2) as e:
         p = Pipeline(nodes=[node(output_name="y")(burn)], engine=e)
