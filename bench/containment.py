@@ -78,9 +78,10 @@ def first_map() -> None:
                     .stdout.split() for _ in range(7)]
             maps = [float(r[0]) for r in runs]
             imports = [float(r[1]) for r in runs]
-            print(f"2. first map of 10 trivial items, fresh process, {mode}: median {statistics.median(maps) * 1e3:.0f} ms "
-                  f"(min {min(maps) * 1e3:.0f}; import hardy {statistics.median(imports) * 1e3:.0f} ms)"
-                  + (" (target <= 150 ms)" if mode == "default" else ""))
+            target = " (target <= 150 ms)" if mode == "default" else ""
+            print(f"2. first map of 10 trivial items, fresh process, {mode}: "
+                  f"median {statistics.median(maps) * 1e3:.0f} ms (min {min(maps) * 1e3:.0f}; "
+                  f"import hardy {statistics.median(imports) * 1e3:.0f} ms){target}")
 
 
 @node(output_name="v")
@@ -104,7 +105,8 @@ def raise_fast() -> None:
             try:
                 p.map(inputs={"x": [0, 1, 2, 3], "failed_at": marker}, map_over="x")
             except MapError:
-                lags.append(time.time() - float(open(marker).read()))
+                with open(marker) as f:
+                    lags.append(time.time() - float(f.read()))
     p.engine.close()
     print(f"3. on_error='raise', hung item in flight: MapError {statistics.median(lags) * 1e3:.0f} ms after the "
           f"failure (median of 5, max {max(lags) * 1e3:.0f} ms; target <= 200 ms)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hardy import Engine, Failed, MapError, MapInterrupted, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy import Engine, Failed, MapError, NodeCrashed, NodeTimeout, Pipeline, node
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

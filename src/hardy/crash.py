@@ -69,7 +69,7 @@ def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str |
     maps a nested pipeline, its timeout). Read from the generated functions' frames (`_s` the step,
     `_item` the item), so nothing is paid while nothing asks."""
     chain = []
-    f = frame or sys._getframe(1)
+    f: FrameType | None = frame or sys._getframe(1)
     while f is not None:
         if f.f_code.co_filename.startswith("<hardy plan"):
             plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it

@@ -253,7 +253,7 @@ class Pipeline:
         """`run()` on the process executor: the one item goes to a worker (crash containment and
         timeouts as in a map), the node events listened to come back with it."""
         observers = self._observers
-        results = OneRun(self.name, Events(observers, self.name, [values]) if observers else None)
+        results = OneRun(self.name, Events(observers, self.name, [dict(values)]) if observers else None)
         if not observers:
             return self._engine.run_one(plan, dict(values), results)
         return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), results))

@@ -195,7 +195,8 @@ def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
     that is not on disk (a notebook cell) travels too, for linecache. marshal keeps the whole code
     object (nested functions included); parent and workers run the same interpreter."""
     name = code.co_filename
-    lines = None if os.path.exists(name) else linecache.cache.get(name, (None, None, None))[2]
+    entry: Any = None if os.path.exists(name) else linecache.cache.get(name)
+    lines = entry[2] if entry is not None and len(entry) == 4 else None
     return _code, (marshal.dumps(code), name, lines)
 
 

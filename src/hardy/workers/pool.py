@@ -733,10 +733,8 @@ class _Run:
         if isinstance(err, NodeTimeout):
             err.stacks = death.stacks
         err.threads = read_stack(w.fault_path, every_thread=True)
-        if len(chain) > 1:
-            err = _nested_error(err, chain, w.killed_for)
-            if self.rerun_without(i, chain, err):
-                return
+        if len(chain) > 1 and self.rerun_without(i, chain, err, _nested(err, chain, w.killed_for)):
+            return
         self.attempts[i] = self.attempts.get(i, 0) + 1
         retries = node.retries if node else 0
         if self.attempts[i] <= retries:
@@ -748,7 +746,7 @@ class _Run:
         else:
             self.results.fail(i, err, worker=w.process.pid)
 
-    def rerun_without(self, i: int, chain: list[list[Any]], err: NodeError) -> bool:
+    def rerun_without(self, i: int, chain: list[list[Any]], err: NodeCrashed, crash: str) -> bool:
         """Item i crashed inside a nested map whose pipeline node keeps going (on_error="continue"):
         run item i again with that inner item failed as it crashed, so that only it is lost, as
         in-process. False when no such map encloses the crash (the item itself fails)."""
@@ -761,10 +759,10 @@ class _Run:
                 inner = copy.copy(err)
                 inner.node = "/".join(str(level[0]) for level in chain[k:])
                 inner.inputs_summary = ""  # the inner item's inputs are not the outer item's
-                inner.reason = err.crash
+                inner.reason = crash
                 crashed[chain[k][1]] = inner
                 log.warning("node %r crashed on item %s of a nested map (%s): running the enclosing item %d again "
-                            "without it", inner.node, chain[k][1], err.crash, i)
+                            "without it", inner.node, chain[k][1], crash, i)
                 self.retry.appendleft([i])
                 return True
         return False
@@ -864,17 +862,18 @@ def _after_return(w: _Worker, signame: str | None, text: str) -> str:
     death = examine(w.fault_path, signame, text, "?", "", after_return=True)
     return "".join(f"\ndiagnosis: {d}" for d in death.diagnosis) + (
         f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
-def _nested_error(err: NodeError, chain: list[list[Any]], killed_for: str | None) -> NodeError:
-    """The crash of a worker inside a nested pipeline, named as an in-process failure would be:
-    the path of nodes (`prep/tokenize`) and the item of each nested map on the way."""
+def _nested(err: NodeCrashed, chain: list[list[Any]], killed_for: str | None) -> str:
+    """Names the crash of a worker inside a nested pipeline as an in-process failure would be: the
+    path of nodes (`prep/tokenize`) and the item of each nested map on the way. Returns what
+    happened, without where (the inner item's own error says that)."""
     err.node = "/".join(str(level[0]) for level in chain)
     if killed_for == "timeout" and chain[-1][3]:
         err.reason = f"node ran past its timeout of {chain[-1][3]:g} s"
-    err.crash = err.reason  # what happened, without where (for the inner item's own error)
+    crash = err.reason or ""
     inner = [f"{level[0]!r} item {level[1]}" for level in chain[1:] if level[1] is not None]
     if inner:
-        err.reason = f"{err.reason}, in nested map at {', '.join(inner)}"
-    return err
+        err.reason = f"{crash}, in nested map at {', '.join(inner)}"
+    return crash
 
 
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
