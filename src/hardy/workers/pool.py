@@ -66,6 +66,7 @@ log = logging.getLogger("hardy.workers")
 
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
+STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 MAX_NESTED_CRASHES = 100  # inner items of one nested map that may crash workers before its outer item fails
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -509,7 +510,8 @@ class _Run:
                 for w in busy:
                     waitables[w.conn] = w
                     waitables[w.process.sentinel] = w
-                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else None)
+                # woken every STOP_POLL at least: another thread may stop this run (a streamed map closed)
+                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else STOP_POLL)
                 dead = []
                 for obj in ready:
                     w = waitables[obj]
