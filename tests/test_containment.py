@@ -242,6 +242,43 @@ def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
     assert "workers True" in out  # the busy workers were stopped (the fork server may stay)
 
 
+def test_ctrl_c_during_an_imap_over_a_hung_item_stops_it(tmp_path):
+    marker = tmp_path / "hung"
+    proc = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc.stdin.write(textwrap.dedent(f"""
+        import time, psutil
+        from hardy import Pipeline, node, Engine
+
+        @node(output_name="y")
+        def step(x):
+            if x == 10:
+                open({str(marker)!r}, "w").close()
+                time.sleep(3600)
+            return x
+
+        got = []
+        try:
+            for r in Pipeline([step], engine=Engine(workers=2)).imap(inputs={{"x": range(40)}}, map_over="x",
+                                                                      window=8):
+                got.append(r)
+        except KeyboardInterrupt:
+            print("interrupted after", len(got))
+            print("workers", len(psutil.Process().children(recursive=True)) <= 1)
+    """))
+    proc.stdin.close()
+    proc.stdin = None
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)  # before, the stream waited for the hung item forever
+    assert "interrupted after 8" in out, err
+    assert "workers True" in out
+
+
 def test_every_map_keeps_a_light_report():
     p = Pipeline([fragile])
     p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
