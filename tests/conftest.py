@@ -54,6 +54,18 @@ def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return lib
 
 
+@pytest.fixture
+def in_process_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipelines made without an engine run in this process (the default runs them in worker
+    processes): for modules that test rules of their own (the cache's counters and warnings, node
+    events with their inputs) which the calling process observes directly. Each such module says
+    so with `pytestmark = pytest.mark.usefixtures("in_process_default")`; what the same features
+    do in worker processes is tested beside the workers."""
+    import hardy.pipeline
+    from hardy import Engine
+    monkeypatch.setattr(hardy.pipeline, "_DEFAULT_ENGINE", Engine(map_executor="sequential"))
+
+
 def needs_torch() -> None:
     """Skip without torch. Never imports it here: torch's OpenMP pool would be a fork hazard in
     this test process for every test that follows (those that use torch run it in a subprocess)."""

@@ -397,6 +397,7 @@ def _forward_logs(status: Any) -> None:
     root = logging.getLogger()
     root.handlers[:] = [FORWARD]
     root.setLevel(int(os.environ.get("HARDY_LOG_LEVEL", logging.WARNING)))
+    logging.captureWarnings(True)  # a node's (or the cache's) warnings too, as `py.warnings` records
 
 
 def _last_words(conn: Any, sent: list[Sent], fault: int) -> None:
