@@ -22,6 +22,8 @@ from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.cache.disk import HEADER, MAGIC, VERSION
 from hardy.hashing import UnhashableError, hash_value
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's own counters and warnings, seen here
+
 
 class Counter:
     """Counts node executions across processes: one line appended per call."""

@@ -15,6 +15,8 @@ import pytest
 
 from hardy import DiskCache, Pipeline, node
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's own counters and warnings, seen here
+
 
 def _mount(*args: str) -> None:
     out = subprocess.run(["mount", *args], capture_output=True, text=True)
