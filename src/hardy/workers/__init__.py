@@ -5,7 +5,7 @@ dying worker can never leave something locked that the others need):
 
     parent (pool.py)                                   worker (worker.py), forked by a fork server
     ───────────────                                    ──────────────────
-    (paths, environ, sys.path, cwd) ── once ──────────►  set up; never imports the parent's __main__
+    (paths, environ, sys.path, cwd, argv) ── once ────►  set up; never imports the parent's __main__
     ("plan", id, spec)   ── once per worker per plan ──►  compile the plan locally
     ("chunk", id, items) ── one chunk at a time ───────►  for each item:
                                                             status[item] = i   (shared mmap)

@@ -93,8 +93,9 @@ def run(fd: int) -> None:
     """A worker's life, however it was started: `fd` is its socket to the parent process.
 
     The first message says where its status words and faulthandler file are, and gives the
-    parent's current environment (plus thread caps), sys.path and working directory: the worker
-    imports the user's modules as the parent does, but never re-runs the parent's `__main__`.
+    parent's current environment (plus thread caps), sys.path, working directory and sys.argv: the
+    worker imports the user's modules as the parent does (and a node reads the script's arguments),
+    but never re-runs the parent's `__main__`.
     """
     conn = Connection(fd)
     try:
@@ -166,9 +167,27 @@ def run(fd: int) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        _close_sqlite()
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(code)
+
+
+def _close_sqlite() -> None:
+    """Close the SQLite connections this worker opened (a cache's index), as an interpreter's exit
+    would: the last one to close folds the write-ahead log into the index, so a cache filled by
+    workers reads whole where only the index file is read (a read-only mount). Nothing else is
+    finalised."""
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 is None:
+        return
+    import gc
+    for obj in gc.get_objects():
+        if type(obj) is sqlite3.Connection:
+            try:
+                obj.close()
+            except Exception:
+                pass
 
 
 def _read(conn: Any, data: bytes, status: Any) -> Any:
