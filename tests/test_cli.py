@@ -26,7 +26,8 @@ def test_demo_runs_and_one_segfault_costs_one_document():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     text = " ".join(out.stdout.split())  # rich wraps lines at the terminal width
-    assert "node 'prep' failed on item 200: worker died from SIGSEGV" in text
+    assert "node 'prep/tokenize' failed on item 200 (inputs: doc='POISON " in text  # the nested node, named
+    assert "worker died from SIGSEGV" in text
     assert "the crash was deliberate. Document 200" in text and "finished the other 399 documents" in text
 
 
