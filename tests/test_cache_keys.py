@@ -17,6 +17,8 @@ from conftest import needs_torch
 from hardy import DiskCache, Engine, NodeError, Pipeline, node
 from hardy.hashing import UnhashableError, code_fingerprint, hash_value
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # what a key covers, counted in this process
+
 # Three user modules a node reaches only through attribute chains, a package, a class, a partial
 # and an import inside the function.
 PROJECT = {
@@ -336,7 +338,7 @@ def test_registered_library_types_hash_by_what_identifies_them():
 TORCH_SCRIPT = """
 import json, os, sys, threading
 import torch
-from hardy import DiskCache, Pipeline, node
+from hardy import DiskCache, Engine, Pipeline, node
 
 class Net(torch.nn.Module):
     def __init__(self):
@@ -358,7 +360,7 @@ def predict(x, model):
 
 torch.manual_seed(0)
 model = Net().eval()
-p = Pipeline(nodes=[predict], cache=DiskCache(sys.argv[1]))
+p = Pipeline(nodes=[predict], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential"))  # counts `calls`
 out = {}
 def run(label):
     calls.clear()
@@ -462,7 +464,7 @@ def test_settings_changed_after_a_run_take_effect(tmp_path):
     p.map(inputs={"x": [5, 6]}, map_over="x")
     assert seen.nodes == ["double", "double"]
     p.cache = None
-    p.engine = Engine(cache=DiskCache(tmp_path / "b"))  # the engine's cache now applies
+    p.engine = Engine(map_executor="sequential", cache=DiskCache(tmp_path / "b"))  # the engine's cache now applies
     p.run(inputs={"x": 3})
     assert p.engine.cache.stats().entries == 1
     p.engine.cache = None  # changed on the engine itself

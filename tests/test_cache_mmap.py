@@ -15,6 +15,8 @@ from hardy import DiskCache, Pipeline, node
 from hardy.cache.disk import BUFFERS, HEADER, MAGIC, VERSION
 from hardy.cache.store import Buffer, Data, EntryInfo, pieces
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's mapped hits, seen here
+
 N = 1 << 18  # float64: 2 MB, above transport.THRESHOLD
 KEY = bytes(range(16))
 
