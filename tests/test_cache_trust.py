@@ -21,6 +21,8 @@ from hardy.cache import DiskCache, UntrustedCacheError
 from hardy.cache.keys import call_fingerprint, call_key
 from hardy.hashing import hash_value
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's counters, seen here
+
 ATTACKER = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                                 reason="needs root and setpriv to act as another uid")
