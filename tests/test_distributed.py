@@ -18,6 +18,8 @@ from conftest import Unloadable
 from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node, stateful
 from hardy.errors import PicklingError, ShippingError
 
+IN_PROCESS = Engine(map_executor="sequential")  # the cache's counters and the reference results, here
+
 pytest.importorskip("distributed")
 pytest.importorskip("ray")
 
@@ -121,7 +123,7 @@ def test_same_results_and_one_crash_costs_one_item(name, executors):
     out = p.map(inputs={"x": list(range(20))}, map_over="x", on_error="continue")
     workers = p.report().to_dict()["workers"]  # hardy's worker processes on the engine's workers
     assert workers["died"] == 1 and workers["started"] >= 1 and workers["peak_rss"], workers
-    local = Pipeline(nodes=[add_one, double_or_crash, total])
+    local = Pipeline(nodes=[add_one, double_or_crash, total], engine=IN_PROCESS)
     expected = [local.run(inputs={"x": x}) for x in range(20) if x != 7]
     assert [o for i, o in enumerate(out) if i != 7] == expected
     err = out[7].error
@@ -232,7 +234,7 @@ def test_shared_file_store_across_engines(executors, tmp_path):
     p = Pipeline(nodes=[add_one], cache=cache, engine=Engine(map_executor=executors["ray"]))
     p.map(inputs={"x": list(range(30))}, map_over="x")
     again = DiskCache(tmp_path / "shared", store="files")
-    Pipeline(nodes=[add_one], cache=again).map(inputs={"x": list(range(30))}, map_over="x")
+    Pipeline(nodes=[add_one], cache=again, engine=IN_PROCESS).map(inputs={"x": list(range(30))}, map_over="x")
     assert again.hits == 30 and again.misses == 0
 
 
@@ -302,7 +304,7 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
                  cache=cache)
     crashy = Pipeline(nodes=[add_one, double_or_crash, total], engine=DaftEngine())
     out = crashy.map(inputs={"x": list(range(10))}, map_over="x", on_error="continue")
-    local = Pipeline(nodes=[add_one, double_or_crash, total])
+    local = Pipeline(nodes=[add_one, double_or_crash, total], engine=IN_PROCESS)
     assert [o for i, o in enumerate(out) if i != 7] == [local.run(inputs={"x": x}) for x in range(10) if x != 7]
     assert isinstance(out[7].error, NodeCrashed) and out[7].error.node == "double_or_crash" and out[7].error.item == 7
     assert out[7].error.signal == "SIGSEGV" and "test_distributed.py" in out[7].error.stack, out[7].error
@@ -314,7 +316,7 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     assert out[5] == {"a": 6, "b": 12, "half": 3.0, "c": 13}
     # the cache Daft filled serves the sequential engine, key for key
     seq_cache = DiskCache(tmp_path / "c")
-    again = Pipeline(nodes=p.nodes, cache=seq_cache).map(inputs={"x": list(range(6))}, map_over="x",
+    again = Pipeline(nodes=p.nodes, cache=seq_cache, engine=IN_PROCESS).map(inputs={"x": list(range(6))}, map_over="x",
                                                           on_error="continue")
     assert [o for i, o in enumerate(again) if i != 3] == [o for i, o in enumerate(out) if i != 3]
     assert seq_cache.hits == 5 * 3 + 1  # every node of every good item, and item 3's add_one
@@ -385,7 +387,7 @@ def test_daft_engine_gives_a_node_its_own_udf(tmp_path):
     built = {int(b) for b in log.read_text().split()}
     assert {o["b_pid"] for o in good} <= built and not {o["a_pid"] for o in good} & built
     seq = DiskCache(tmp_path / "c")  # every node of every good item is hit, key for key
-    Pipeline(nodes=nodes, cache=seq).map(inputs={**inputs, "x": [x for x in range(12) if x != 7]}, map_over="x")
+    Pipeline(nodes=nodes, cache=seq, engine=IN_PROCESS).map(inputs={**inputs, "x": [x for x in range(12) if x != 7]}, map_over="x")
     assert (seq.hits, seq.misses) == (11 * 4, 0)
     with pytest.raises(ValueError, match="did you mean 'double_where'"):
         Pipeline(nodes=nodes, engine=DaftEngine(node_resources={"double_wher": {"gpus": 1}})).map(
