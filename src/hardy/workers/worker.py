@@ -201,7 +201,8 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
     except EOFError:  # the parent died while passing the message's segments
         raise
     except Exception as exc:  # whatever a __setstate__ raises (an OSError too) costs its item alone
-        conn.send_bytes(HEADER.pack(True, False, False, True, False, 0.0) + pickle.dumps(f"{type(exc).__name__}: {exc}"))
+        why = pickle.dumps(f"{type(exc).__name__}: {exc}")
+        conn.send_bytes(HEADER.pack(True, False, False, True, False, 0.0) + why)
         return None
     finally:
         status[ITEM] = IDLE
