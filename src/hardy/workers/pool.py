@@ -731,7 +731,7 @@ class _Run:
         text = death.reason
         err = cls(node.name if node else "?", i, text, signal=signame, exitcode=w.process.exitcode, stack=stack,
                   native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis,
-                  inputs={k: v for k, v in self.items[i].items() if k != KEYS})
+                  inputs=_inputs(self.items[i]))
         if isinstance(err, NodeTimeout):
             err.stacks = death.stacks
         err.threads = read_stack(w.fault_path, every_thread=True)
@@ -885,6 +885,11 @@ def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
     return batch
+
+
+def _inputs(item: Any) -> dict[str, Any] | None:
+    """An item's inputs for an error message; None for one an engine passes unopened (`Pickled`)."""
+    return {k: v for k, v in item.items() if k != KEYS} if isinstance(item, dict) else None
 
 
 def _has_timeouts(nodes: Sequence[Any]) -> bool:
