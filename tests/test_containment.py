@@ -281,6 +281,19 @@ def test_ctrl_c_during_an_imap_over_a_hung_item_stops_it(tmp_path):
     assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_pool_whose_fork_server_was_killed_starts_a_fresh_one():
+    engine = Engine(workers=1)
+    p = Pipeline([where], engine=engine)
+    first = p.map(inputs={"x": [1]}, map_over="x")[0]["pid"]
+    server = engine.process_pool()._launcher.process
+    os.kill(server.pid, signal.SIGKILL)  # killed from outside, as an OOM killer or a user would
+    server.wait()
+    os.kill(first, signal.SIGKILL)  # and its worker: the next map must start one
+    out = p.map(inputs={"x": [1, 2]}, map_over="x")
+    assert len(out) == 2 and first not in {o["pid"] for o in out}
+    engine.close()
+
+
 def test_every_map_keeps_a_light_report():
     p = Pipeline([fragile])
     p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")

@@ -247,6 +247,9 @@ class WorkerPool:
 
     def _start_worker(self, slot: int) -> _Worker:
         with self._lock:
+            if self._launcher is not None and not self._launcher.alive:  # its fork server died (killed from
+                launch.release(self, self._launcher)                      # outside): a fresh one serves on
+                self._launcher = None
             if self._launcher is None:
                 self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
             self._started += 1
