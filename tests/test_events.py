@@ -432,7 +432,7 @@ def test_a_node_that_runs_an_isolated_node_inside_reports_as_itself():
         return out
 
     seen = WhereAndHowLong()
-    Pipeline([outer], callbacks=[seen]).run(inputs={"x": 1})
+    Pipeline([outer], callbacks=[seen], engine=Engine(map_executor="sequential")).run(inputs={"x": 1})
     [(pid, duration)] = seen.ends
     assert pid is None and duration >= 0.1  # this process, its own time: not the inner call's
 

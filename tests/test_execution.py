@@ -79,8 +79,8 @@ def test_async_node_executor_gathers_independent_nodes():
     assert p.run(inputs={"x": 1})["sum"] == 5
     assert overlap.most == 2
     overlap.most = 0
-    Pipeline(nodes=[a, b, add]).run(inputs={"x": 1})
-    assert overlap.most == 1  # the same nodes under the default executor run one after the other
+    Pipeline(nodes=[a, b, add], engine=Engine(map_executor="sequential")).run(inputs={"x": 1})
+    assert overlap.most == 1  # the same nodes under the sequential node executor run one after the other
 
 
 def test_async_works_inside_a_running_event_loop():

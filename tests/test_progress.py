@@ -24,18 +24,19 @@ SCRIPT = textwrap.dedent("""
             raise ValueError("two")
         return x
 
+    here = Engine(map_executor="sequential")  # nested bars are drawn by the process that runs the nested map
     inner = Pipeline([slow], name="inner-items")
     @node(output_name="n")
     def count(ys: list) -> int:
         return len(ys)
 
     outer = Pipeline([inner.as_node(name="each", input_mapping={"xs": "x"}, output_mapping={"y": "ys"},
-                                    map_over="xs", on_error="continue"), count], name="outer-docs")
+                                    map_over="xs", on_error="continue"), count], name="outer-docs", engine=here)
     outer.map(inputs={"xs": [[2, 0, 1, 3, 4, 5]] * 3}, map_over="xs")
-    cached = Pipeline([slow], name="warm", cache=DiskCache(sys.argv[1]))
+    cached = Pipeline([slow], name="warm", cache=DiskCache(sys.argv[1]), engine=here)
     for _ in range(2):
         cached.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
-    list(Pipeline([slow], name="unknown-length").imap(inputs={"x": (x for x in (0, 1, 3))}, map_over="x"))
+    list(Pipeline([slow], name="unknown-length", engine=here).imap(inputs={"x": (x for x in (0, 1, 3))}, map_over="x"))
     with Engine(map_executor="process", workers=2) as engine:  # hits made in worker processes
         workers = Pipeline([slow], name="warm-workers", cache=DiskCache(sys.argv[1]), engine=engine)
         workers.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")

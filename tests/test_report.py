@@ -39,7 +39,7 @@ def pipeline(engine: Engine, **kw) -> Pipeline:
 
 
 def test_in_process_map_counts_calls_cache_hits_and_failures(tmp_path):
-    p = pipeline(Engine(report=True), cache=DiskCache(tmp_path / "c"))
+    p = pipeline(Engine(map_executor="sequential", report=True), cache=DiskCache(tmp_path / "c"))
     items = [x for x in range(10) if x != 7]  # item 7 would segfault this test process
     p.map(inputs={"x": items}, map_over="x", on_error="continue")
     first = p.report().to_dict()
@@ -124,7 +124,7 @@ def test_run_report_and_a_failed_run():
 
 
 def test_a_map_that_raised_counts_its_unrun_items_as_neither():
-    p = pipeline(Engine(report=True))
+    p = pipeline(Engine(map_executor="sequential", report=True))
     with pytest.raises(MapError):
         p.map(inputs={"x": list(range(10))}, map_over="x")  # item 3 raises; 4 to 9 never run
     d = p.report().to_dict()

@@ -111,7 +111,8 @@ def test_a_module_edited_on_disk_but_not_reloaded_is_never_run_by_a_fresh_worker
             f.write(sys.argv[2])
         p = Pipeline([shifted], engine=Engine(map_executor="process"))
         out = p.map(inputs={"x": [1]}, map_over="x", on_error="continue")
-        print(p.run(inputs={"x": 1})["y"], type(out[0]).__name__, "helpers" in str(getattr(out[0], "error", out[0])))
+        here = p.run(inputs={"x": 1}, engine=Engine(map_executor="sequential"))["y"]  # the code this process loaded
+        print(here, type(out[0]).__name__, "helpers" in str(getattr(out[0], "error", out[0])))
     """)
     out = subprocess.run([sys.executable, "-", str(tmp_path), MODULE.format(offset=1000)], input=script, text=True,
                          capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})

@@ -154,7 +154,7 @@ def test_isolated_node_runs_in_a_worker_whatever_the_executor():
     def after(pid):
         return pid != os.getpid()
 
-    with Engine() as engine:
+    with Engine(map_executor="sequential") as engine:  # run() here; the isolated node in a worker
         p = Pipeline(nodes=[where, after], engine=engine)
         assert p.run(inputs={"x": 1})["ok"] is True
 
@@ -345,5 +345,6 @@ def test_stateful_resource_is_built_once_per_worker():
         per_worker.setdefault(pid, set()).add(builds)
     assert all(b == {1} for b in per_worker.values()), per_worker  # built once in each worker
     assert Model.builds == 0  # and never in the parent
-    assert Pipeline(nodes=[predict]).run(inputs={"x": 2, "model": model})["pred"][0] == 6
+    in_process = Engine(map_executor="sequential")
+    assert Pipeline(nodes=[predict], engine=in_process).run(inputs={"x": 2, "model": model})["pred"][0] == 6
     assert Model.builds == 1
