@@ -58,6 +58,13 @@ def _run(_v, _item=None):
         split_result = f_split(cleaned)  # node 'split'
         if split_result.__class__ is not tuple or len(split_result) != 2: split_result = _outs(split_result, 2)
         head, tail = split_result
+        _s = 0
+        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
+        _s = 1
+        if n_words.__class__ in _LAZY: _lazy('n words', n_words)
+        _s = 2
+        if head.__class__ in _LAZY: _lazy('head', head)
+        if tail.__class__ in _LAZY: _lazy('tail', tail)
     except _Exception as _e:
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words, 'head': head, 'tail': tail}
@@ -85,6 +92,10 @@ def _run(_v, _item=None):
         if count_result is not _MISS: _oncached('count', count_key, _item)
         if count_result is _MISS: count_result = _fill(count_key, f_count, cleaned)  # node 'count'
         n_words = count_result
+        _s = 0
+        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
+        _s = 1
+        if n_words.__class__ in _LAZY: _lazy('n words', n_words)
     except _Exception as _e:
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words}
@@ -111,6 +122,12 @@ def _run(_v, _item=None):
         n_words = count_result
         _s = 2
         n_chars = size_result
+        _s = 0
+        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
+        _s = 1
+        if n_words.__class__ in _LAZY: _lazy('n words', n_words)
+        _s = 2
+        if n_chars.__class__ in _LAZY: _lazy('n chars', n_chars)
     except _Exception as _e:
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words, 'n chars': n_chars}
@@ -142,6 +159,12 @@ async def _run(_v, _item=None):
         b = fetch_b_result
         _s = 2
         cleaned = clean_result
+        _s = 0
+        if a.__class__ in _LAZY: _lazy('a', a)
+        _s = 1
+        if b.__class__ in _LAZY: _lazy('b', b)
+        _s = 2
+        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
     except _Exception as _e:
         raise _fail(_s, _e, locals())
     return {'a': a, 'b': b, 'cleaned': cleaned}
@@ -160,6 +183,7 @@ def _run(_v, _item=None):
         if count_result is _MISS: count_result = _fill(count_key, f_count, cleaned)  # node 'count'
         n_words = count_result
         n_words_key = count_key
+        if n_words.__class__ in _LAZY: _lazy('n words', n_words)
     except _Exception as _e:
         raise _fail(_s, _e, locals())
     return {'n words': n_words, '__hardy_keys__': {'n words': n_words_key}}
@@ -235,7 +259,7 @@ def test_a_traceback_through_a_plan_shows_its_lines():
     def clean(text):
         raise ValueError("bad text")
 
-    p = Pipeline(nodes=[clean, count], name="words")
+    p = Pipeline(nodes=[clean, count], name="words", engine=Engine(map_executor="sequential"))  # raised here
     with pytest.raises(NodeError) as info:
         p.run(inputs={"text": "a"})
     shown = "".join(traceback.format_exception(info.value))

@@ -12,6 +12,10 @@ For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.expla
             cleaned = f_clean(text)  # node 'clean'
             _s = 1
             n_words = f_count(cleaned)  # node 'count'
+            _s = 0
+            if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
+            _s = 1
+            if n_words.__class__ in _LAZY: _lazy('n words', n_words)
         except _Exception as _e:
             raise _fail(_s, _e, locals())
         return {'cleaned': cleaned, 'n words': n_words}
