@@ -18,6 +18,8 @@ from hardy import DiskCache, Engine, MapError, Pipeline, node  # noqa: E402
 from hardy.observe import OpenTelemetryCallback  # noqa: E402
 from test_report import prepare, score  # noqa: E402  (x=3 raises ValueError, x=7 segfaults its worker)
 
+pytestmark = pytest.mark.usefixtures("in_process_default")  # spans of calls made in this process
+
 
 @pytest.fixture()
 def traced():

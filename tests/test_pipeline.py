@@ -210,7 +210,7 @@ def test_nested_pipeline_computes_only_the_outputs_a_run_needs():
         return summary.title()
 
     inner = Pipeline(nodes=[summarize, embed], name="doc")
-    outer = Pipeline(nodes=[inner.as_node(), titled])
+    outer = Pipeline(nodes=[inner.as_node(), titled], engine=Engine(map_executor="sequential"))  # `ran`: here
     # `summary` is read downstream, `embedding` is not: it stays inside, is not computed, and its
     # input is not required
     assert outer.run(inputs={"text": "hello"}) == {"summary": "hel", "title": "Hel"}

@@ -191,7 +191,7 @@ def test_unordered_process_map_takes_node_records_and_worker_deaths():
 
 def test_streamed_items_are_cached(tmp_path):
     cache = DiskCache(tmp_path / "c")
-    p = Pipeline(nodes=[triple_or_fail], cache=cache)
+    p = Pipeline(nodes=[triple_or_fail], cache=cache, engine=Engine(map_executor="sequential"))  # counters here
     CALLS["n"] = 0
     first = list(p.imap(inputs={"x": iter(range(40))}, map_over="x", on_error="continue", window=8))
     assert CALLS["n"] == 40
