@@ -206,12 +206,26 @@ def test_on_error_raise_does_not_wait_for_a_hung_item_in_flight():
     engine.close()
 
 
-def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
-    marker = tmp_path / "half"
+def ctrl_c(script: str, marker: Path) -> tuple[str, str]:
+    """Runs `script` as `python -`, sends SIGINT once it has written `marker`; its stdout and stderr."""
     proc = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    proc.stdin.write(textwrap.dedent(f"""
+    assert proc.stdin is not None
+    proc.stdin.write(textwrap.dedent(script))
+    proc.stdin.close()
+    proc.stdin = None
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)
+
+
+def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
+    marker = tmp_path / "half"
+    out, err = ctrl_c(f"""
         import os, time, psutil
         from hardy import Pipeline, node, Engine, MapInterrupted
 
@@ -229,15 +243,7 @@ def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
             print(type(exc).__name__, isinstance(exc, MapInterrupted))
             print("done", sum(1 for r in exc.results if r is not None), "of", len(exc.results))
             print("workers", len(psutil.Process().children(recursive=True)) <= 1)
-    """))
-    proc.stdin.close()
-    proc.stdin = None
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    """, marker)
     assert "MapInterrupted True" in out, err
     assert "done 10 of 40" in out
     assert "workers True" in out  # the busy workers were stopped (the fork server may stay)
@@ -245,10 +251,7 @@ def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
 
 def test_ctrl_c_during_an_imap_over_a_hung_item_stops_it(tmp_path):
     marker = tmp_path / "hung"
-    proc = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    proc.stdin.write(textwrap.dedent(f"""
+    out, err = ctrl_c(f"""
         import os, time
         from hardy import Pipeline, node, Engine
 
@@ -267,15 +270,7 @@ def test_ctrl_c_during_an_imap_over_a_hung_item_stops_it(tmp_path):
                 got.append(r)
         except KeyboardInterrupt:
             print("interrupted after", len(got))
-    """))
-    proc.stdin.close()
-    proc.stdin = None
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)  # before, the stream waited for the hung item forever
+    """, marker)  # before, the stream waited for the hung item forever
     assert "interrupted after 8" in out, err
     hung = int(marker.read_text())
     assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
