@@ -38,6 +38,17 @@ def outcome(fn):
 '''
 
 SCENARIOS = {
+    "bind_is_checked_when_the_call_runs": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="s")
+def add(x: int, y: int) -> int:
+    return x + y
+
+p = Pipeline(nodes=[add])
+bound = outcome(lambda: p.bind(invalid_key=999) and None)  # HyperNodes keeps it; the call complains
+result = {"bind": bound, "run": outcome(lambda: p.run())}
+''',
     "readme_think_singular": '''
 from hypernodes import Pipeline, node
 

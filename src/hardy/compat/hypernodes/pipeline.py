@@ -49,6 +49,12 @@ class Pipeline(HardyPipeline):
         copy._own_callbacks, copy._inherited = list(callbacks), True
         return copy
 
+    def bind(self, **values: Any) -> Pipeline:
+        """HyperNodes checks bound values when a call runs, not here (hardy's own `bind` refuses a
+        name no node takes at once): the call then warns about it and names the inputs missing."""
+        self._bound.update(values)
+        return self
+
     @property
     def unfulfilled_args(self) -> tuple[str, ...]:
         """Sorted by name, as HyperNodes lists them."""
