@@ -241,8 +241,9 @@ class Forker:
             try:
                 ours.close()
                 os.setsid()
-                if main_thread:  # PDEATHSIG follows the forking thread: only the main one lives long enough
-                    die_with_parent(parent)
+                # PDEATHSIG follows the forking thread: only the main one lives long enough
+                if main_thread and not die_with_parent(parent):
+                    os._exit(1)
                 from .worker import run
                 run(theirs.detach())
             finally:

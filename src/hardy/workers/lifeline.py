@@ -23,15 +23,15 @@ from collections.abc import Callable
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    """Get `sig` when the parent ends; if that happened already, end now."""
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
+    """Get `sig` when the parent ends. False if that happened already (no signal will come): the
+    caller leaves its own way, a fork server through the clean-up that removes its folder."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the watchdog still applies
         pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+    return os.getppid() == parent_pid  # else the parent died before prctl took effect
 
 
 def watch_peer(fd: int, on_hangup: Callable[[], None]) -> threading.Thread:

@@ -52,8 +52,8 @@ def serve() -> None:
     children: dict[int, Connection] = {}
     try:
         config = pickle.load(sys.stdin.buffer)  # end of file: the parent died before sending it
-        if config["pdeathsig"]:
-            die_with_parent(config["parent"], signal.SIGTERM)
+        if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
+            return  # the parent died while we started
         listener = socket.socket(fileno=config["listen_fd"])
         failure = _preload(config["preload"], folder, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
@@ -162,7 +162,8 @@ def _become_worker(fd: int, config: dict[str, Any], closing: list[int]) -> None:
         except OSError:
             pass
     os.setsid()  # its own process group: whatever its nodes start goes with it
-    die_with_parent(server)
+    if not die_with_parent(server):
+        os._exit(1)
     if config["spawn"]:  # a fresh interpreter per worker: nothing of the server is inherited
         os.set_inheritable(fd, True)
         os.execv(sys.executable, [sys.executable, "-c", config["boot"] % f"run({fd})"])
