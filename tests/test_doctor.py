@@ -12,12 +12,17 @@ import pytest
 from conftest import needs_torch
 from hardy import Engine, Pipeline, node
 from hardy.doctor import import_matrix
+from hardy.doctor.repeat import repeat, wilson
 from hardy.errors import WorkerStartError
-from hardy.repeat import repeat, wilson
 
 
 def hardy_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, **kw)
+
+
+def python_path(folder: object) -> str:
+    """PYTHONPATH with `folder` in front of the one this run has (which may be where hardy is)."""
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
 
 
 # --- repeat ---------------------------------------------------------------------------------------
@@ -60,7 +65,7 @@ def test_repeat_stops_on_first_failure(tmp_path):
 # --- the import-order crash matrix ----------------------------------------------------------------
 
 def test_import_matrix_finds_the_order_that_crashes(tmp_path, native_lib, monkeypatch):
-    # modb crashes the interpreter at exit, but only when moda was imported before it (seed 000's shape)
+    # modb crashes the interpreter at exit, but only when moda was imported before it (the shape of the torch-before-cuml incident)
     (tmp_path / "moda.py").write_text("VALUE = 1\n")
     (tmp_path / "modb.py").write_text(
         "import ctypes, sys\n"
@@ -78,7 +83,7 @@ def test_import_matrix_finds_the_order_that_crashes(tmp_path, native_lib, monkey
 
 def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
     (tmp_path / "moda.py").write_text("")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", python_path(tmp_path))
     out = hardy_cli("doctor", "--imports", "moda,json", "--repeat", "2", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
@@ -92,7 +97,7 @@ def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
     # a module standing for user code that has run torch: its OpenMP pool is alive afterwards
     (tmp_path / "used_torch.py").write_text("import torch\ntorch.set_num_threads(2)\nx = torch.randn(512, 512)\n(x @ x).sum()\n")
     out = hardy_cli("doctor", "--import", "numpy,used_torch", "--json", timeout=300,
-                    env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                    env={**os.environ, "PYTHONPATH": python_path(tmp_path)})
     report = json.loads(out.stdout)
     assert report["imported"] == ["numpy", "used_torch"]
     assert any("libgomp" in p for p in report["openmp"])
@@ -106,7 +111,7 @@ def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
 
 
 def test_doctor_reports_a_version_outside_the_known_range(monkeypatch):
-    import hardy.doctor as doctor
+    import hardy.doctor.checkup as doctor
     monkeypatch.setitem(doctor.KNOWN_RANGES, "numba", (">=0.1,<0.2", "a test internal"))
     report = doctor.examine()
     if report.packages.get("numba") is None:
@@ -151,7 +156,7 @@ def test_libs_order_missing_and_preload(split_libs):
     assert fixed.stdout.strip() == "30", fixed.stderr
     # only libC's directory indexed: libA is reported missing, with the directory that has it
     missing = hardy_cli("libs", str(split_libs / "c"), "--json", env={**os.environ,
-                                                                    "PYTHONPATH": str(split_libs / "a")})
+                                                                    "PYTHONPATH": python_path(split_libs / "a")})
     data = json.loads(missing.stdout)
     assert missing.returncode == 2
     assert data["missing"] == [{"library": libc, "needed": "libA.so", "elsewhere": str(split_libs / "a")}]

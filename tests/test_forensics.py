@@ -311,7 +311,7 @@ def test_a_crash_after_the_node_returned_keeps_the_result_and_names_the_library(
 
 
 def test_repeat_keeps_the_stack_of_a_crashing_run(tmp_path):
-    from hardy.repeat import repeat
+    from hardy.doctor.repeat import repeat
     script = tmp_path / "crashy.py"
     script.write_text("import ctypes\n\ndef parse():\n    ctypes.string_at(0)\n\nparse()\n")
     report = repeat([sys.executable, str(script)], n=2, logs=tmp_path / "logs")
@@ -321,7 +321,7 @@ def test_repeat_keeps_the_stack_of_a_crashing_run(tmp_path):
 
 
 def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch, tmp_path):
-    from hardy.doctor import examine_forensics
+    from hardy.doctor.checkup import examine_forensics
     found = [f.message for f in examine_forensics()]
     assert found[0] == "native frames of crashes: the compiled handler is installed in workers"
     if stacks.py_spy() is not None:

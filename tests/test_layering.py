@@ -86,3 +86,15 @@ def test_packages_form_layers_too():
         graphlib.TopologicalSorter(layers).prepare()
     except graphlib.CycleError as exc:
         raise AssertionError("packages in a circle: " + " -> ".join(exc.args[1])) from None
+
+
+def test_the_pipeline_runtime_never_imports_the_doctor():
+    """The doctor (`hardy.doctor`: examine, import matrix, repeat, wheel) is a second product beside the
+    pipeline runtime: only the command line may import it, so a pipeline never loads or depends on it."""
+    allowed = ("hardy.doctor", "hardy.cli")
+    graph = import_graph()
+    assert "hardy.doctor" in graph and "hardy.doctor.repeat" in graph["hardy.cli.doctor"]  # the rule sees them
+    wrong = {name: sorted(d for d in deps if d.startswith(allowed[0]))
+             for name, deps in graph.items() if not name.startswith(allowed)}
+    wrong = {name: deps for name, deps in wrong.items() if deps}
+    assert not wrong, f"runtime modules import the doctor: {wrong}"

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from ..repeat import RunOutcome
+    from ..doctor.repeat import RunOutcome
 
 console = Console()
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -131,7 +131,7 @@ def repeat(ctx: typer.Context,
 
     Each run sees HARDY_RUN_INDEX=1..N. Exit code 1 if any run failed.
     """
-    from ..repeat import repeat as run_repeat
+    from ..doctor.repeat import repeat as run_repeat
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the command after --, e.g. hardy repeat -n 30 -- python pipeline.py")
@@ -203,7 +203,7 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to pat
                 suffix: str = typer.Option(..., "--suffix", help="Local version label: VERSION+SUFFIX."),
                 dest_dir: str = typer.Option(..., "--dest-dir", help="Where the patched wheel is written.")) -> None:
     """Unpack, apply the patches, set VERSION+SUFFIX, regenerate RECORD, repack."""
-    from ..wheel import WheelError, patch_wheel
+    from ..doctor.wheel import WheelError, patch_wheel
     try:
         out = patch_wheel(wheel, patch_dir, suffix, dest_dir)
     except WheelError as exc:
@@ -215,7 +215,7 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to pat
 @wheel_app.command("verify")
 def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -> None:
     """Check every file's sha256 and size against RECORD. Exit code 1 on any mismatch."""
-    from ..wheel import verify_wheel
+    from ..doctor.wheel import verify_wheel
     result = verify_wheel(wheel)
     for p in result.problems:
         console.print(f"[red]bad[/] {p}", highlight=False)
@@ -226,7 +226,7 @@ def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -
 @wheel_app.command("index")
 def wheel_index(folder: str = typer.Argument(..., help="A folder of wheels (and sdists).")) -> None:
     """Write a PEP 503 simple index (FOLDER/simple) for pip --index-url file://FOLDER/simple."""
-    from ..wheel import WheelError, build_index
+    from ..doctor.wheel import WheelError, build_index
     try:
         simple = build_index(folder)
     except WheelError as exc:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..repeat import wilson
+from ..doctor.repeat import wilson
 
 if TYPE_CHECKING:
     from ..errors import NodeError

@@ -1,6 +1,7 @@
 """Shared libraries across split `sys.path` layouts: what is missing, and the order to load them.
 
-Seed 001: under Bazel every wheel has its own `sys.path` directory, so `libcusparse` cannot find
+In the incident behind it, torch could not be imported under Bazel: every wheel has its own
+`sys.path` directory there, so `libcusparse` cannot find
 `libnvJitLink` (its DT_NEEDED) by itself — the dynamic loader only searches RPATH/RUNPATH,
 `LD_LIBRARY_PATH` as it was at process start, and the system directories. What does work: load the
 dependencies first, by full path, in topological order. The loader then finds each DT_NEEDED among

@@ -1,6 +1,7 @@
 """Run a command many times, each in a fresh process, and measure how often it crashes.
 
-Seed 000's authors re-ran a container 30 times by hand to find a 10-30 % segfault rate. `repeat`
+In the incident behind it, a team re-ran a container 30 times by hand to find that an unused
+`import torch` before `cuml` segfaulted 10-30 % of runs. `repeat`
 does that for any command, classifies every exit (success, exit code, signal by name — a shell's
 `139` included — or timeout), keeps each failing run's output, and reports the failure rate with a
 95 % Wilson confidence interval, which stays honest for small N and rates near 0 or 1.
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .crash import describe_exit
+from ..crash import describe_exit
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,26 @@
-"""The doctor: what a native-heavy Python environment looks like from the inside, and which import
-order crashes it.
+"""What a native-heavy Python environment looks like from the inside.
 
 `examine()` reports versions of the native-heavy packages (and whether hardy's patches of their
 internals are known to be safe there), the OpenMP/BLAS runtimes loaded, threads, CUDA state, fork
-hazards and shared libraries that cannot be resolved. `import_matrix()` runs each module alone and
-each ordered pair in fresh interpreters N times (in the incident behind it, `import torch` before `cuml`
-segfaulted 10-30 % of runs, at exit) and says where each crash happened: during the imports, during the
-snippet, or at interpreter exit.
+hazards and shared libraries that cannot be resolved.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import itertools
 import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import NoGpuError
-from .native.loaded import thread_pools
-from .repeat import classify, wilson
-from .safety.environment import NUMBA_GUARD_RANGE, version_in
-from .safety.hazards import fork_hazards
+from ..errors import NoGpuError
+from ..native.loaded import thread_pools
+from ..safety.environment import NUMBA_GUARD_RANGE, version_in
+from ..safety.hazards import fork_hazards
 
 # distribution name -> import name
 PACKAGES = {"torch": "torch", "numba": "numba", "llvmlite": "llvmlite", "tokenizers": "tokenizers",
@@ -124,7 +118,7 @@ def examine(imports: Sequence[str] = ()) -> Report:
     report.findings += gpu_findings
     report.findings += examine_forensics()
     if report.imported:
-        from .native.libs import analyse, scan
+        from ..native.libs import analyse, scan
         dirs = _module_dirs(report.imported)
         plan = analyse(scan(dirs), search=[p for p in sys.path if p and os.path.isdir(p)])
         for m in plan.missing:
@@ -135,8 +129,8 @@ def examine(imports: Sequence[str] = ()) -> Report:
 def examine_forensics() -> list[Finding]:
     """Whether a crashed worker will name its native frames and a hung one its stacks, here, and
     what to change if not (docs/failures.md, "Native crash forensics")."""
-    from .forensics.handler import mechanism
-    from .forensics.stacks import ptrace_scope, py_spy
+    from ..forensics.handler import mechanism
+    from ..forensics.stacks import ptrace_scope, py_spy
     kind, why = mechanism()
     found = [Finding("ok", "forensics", "native frames of crashes: the compiled handler is installed in workers")
              if kind == "native" else
@@ -163,7 +157,7 @@ def examine_gpus(cuda_hazards: Sequence[str] = ()) -> tuple[dict[str, Any], list
     """The GPUs the driver reports, the CUDA versions the installed torch/cupy were built for and
     whether the driver runs them, the GPUs' compute capabilities against torch's architectures,
     and what this process has done with CUDA; all without initialising CUDA here."""
-    from .gpus import ASSUME, inventory
+    from ..gpus import ASSUME, inventory
     found: list[Finding] = []
     try:
         inv = inventory()
@@ -287,78 +281,3 @@ def _module_dirs(modules: Sequence[str]) -> list[str]:
         mod = sys.modules.get(name.split(".")[0])
         dirs += [d for d in getattr(mod, "__path__", []) if os.path.isdir(d)]
     return dirs
-
-
-# --- the import-order crash matrix ----------------------------------------------------------------
-
-STAGES = ("importing", "running the snippet", "at interpreter exit")
-
-
-@dataclass
-class Cell:
-    modules: tuple[str, ...]
-    runs: int = 0
-    crashes: dict[str, int] = field(default_factory=dict)   # outcome -> count
-    stages: dict[str, int] = field(default_factory=dict)    # stage -> crash count
-
-    @property
-    def failures(self) -> int:
-        return sum(self.crashes.values())
-
-    @property
-    def rate(self) -> float:
-        return self.failures / self.runs if self.runs else 0.0
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        return wilson(self.failures, self.runs)
-
-    @property
-    def label(self) -> str:
-        return "; ".join(f"import {m}" for m in self.modules)
-
-
-def _script(modules: Sequence[str], then: str | None) -> str:
-    lines = ["import sys", "sys.stdout.write('HARDY-STAGE 0\\n'); sys.stdout.flush()"]
-    lines += [f"import {m}" for m in modules]
-    lines += ["sys.stdout.write('HARDY-STAGE 1\\n'); sys.stdout.flush()"]
-    if then:
-        lines.append(then)
-    lines += ["sys.stdout.write('HARDY-STAGE 2\\n'); sys.stdout.flush()"]
-    return "\n".join(lines)
-
-
-def import_matrix(modules: Sequence[str], then: str | None = None, repeat: int = 30, jobs: int = 2,
-                  timeout: float = 120, on_cell: Callable[[Cell], None] | None = None) -> list[Cell]:
-    """Each module alone and each ordered pair, `repeat` fresh interpreters each."""
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
-    combos = [(m,) for m in modules] + list(itertools.permutations(modules, 2))
-    cells = []
-    for combo in combos:
-        cell = Cell(tuple(combo))
-        script = _script(combo, then)
-
-        def one(_: int, script: str = script) -> tuple[str, str]:
-            try:
-                proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                      timeout=timeout)
-                outcome, _sig = classify(proc.returncode, False)
-                out = proc.stdout
-            except subprocess.TimeoutExpired as exc:
-                outcome = "timeout"
-                out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            marks = [ln for ln in out.splitlines() if ln.startswith("HARDY-STAGE ")]
-            reached = int(marks[-1].split()[1]) if marks else 0
-            return outcome, STAGES[min(reached, 2)]
-
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            for outcome, stage in pool.map(one, range(repeat)):
-                cell.runs += 1
-                if outcome != "success":
-                    cell.crashes[outcome] = cell.crashes.get(outcome, 0) + 1
-                    cell.stages[stage] = cell.stages.get(stage, 0) + 1
-        cells.append(cell)
-        if on_cell:
-            on_cell(cell)
-    return cells
