@@ -236,7 +236,7 @@ def test_results_arrive_per_item_for_slow_items():
 
     arrivals = Arrivals()
     with Engine(map_executor="process", workers=1) as engine:
-        engine.process_pool()._per_item[0] = 0  # irrelevant; first chunk is a probe of one item
+        engine.process_pool().per_item_times[0] = 0  # irrelevant; first chunk is a probe of one item
         p = Pipeline(nodes=[slow], engine=engine, callbacks=[arrivals])
         out = p.map(inputs={"x": list(range(4))}, map_over="x")
     for i in range(3):  # each result reached the parent before the next item was done computing

@@ -18,7 +18,8 @@ run items. What stays per item:
 - **errors**: a batch call that raises is split in halves, and again, until each failing item is
   alone; its error names the node and that item's inputs, every other item gets its result. The
   node's `retries`/`retry_on` apply to each call (`hardy.policy`). A crash or a timeout in a worker
-  process is split the same way by the pool (`workers/pool.py`), each half on a fresh worker.
+  process runs the batch again one item per call on a fresh worker (`workers/deaths.py`: each
+  death costs a worker start, so halving would cost more deaths).
 - **events**: items start, end and fail one by one; the batched node's call is attributed to each
   of its items.
 """

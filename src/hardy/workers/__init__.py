@@ -3,7 +3,7 @@
 Data flow (parent = the process calling map; one socket pair per worker, no shared lock, so a
 dying worker can never leave something locked that the others need):
 
-    parent (pool.py)                                   worker (worker.py), forked by a fork server
+    parent (pool.py, scheduling.py)                    worker (worker.py), forked by a fork server
     ───────────────                                    ──────────────────
     (paths, environ, sys.path, cwd, argv) ── once ────►  set up; never imports the parent's __main__
     ("plan", id, spec)   ── once per worker per plan ──►  compile the plan locally

@@ -1,0 +1,139 @@
+"""The parent's handle of one worker process: its pipe, status words, crash file, and how it is
+stopped or killed (asking for its last words first). Also how much memory a process holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from array import array
+
+from .. import transport
+from ..forensics.stacks import hang_stacks
+from ..plan import Plan
+from . import launch
+from . import worker as worker_main
+
+STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss(pid: int) -> int:
+    """Resident memory of a process in bytes (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        try:
+            import psutil
+            rss: int = psutil.Process(pid).memory_info().rss
+            return rss
+        except Exception:
+            return 0
+
+
+def peak_rss(pid: int) -> int:
+    """The most resident memory a process has had (VmHWM), in bytes; 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class Worker:
+    """One worker process, its pipe, its status words and its faulthandler file.
+
+    The status words and the faulthandler file are memfds passed to the worker with its first
+    message: files with no name, gone with the last process holding them, so that no death of
+    either side (a SIGKILL of this process included) can leave one behind."""
+
+    def __init__(self, launcher: launch.Launcher, number: int, env: dict[str, str],
+                 preload_libs: tuple[str, ...]):
+        self.number = number
+        self._fds = [os.memfd_create("worker-status", os.MFD_CLOEXEC), os.memfd_create("worker-fault", os.MFD_CLOEXEC)]
+        os.write(self._fds[0], array("d", [-1.0] * worker_main.SLOTS).tobytes())
+        self.fault_path = f"/proc/self/fd/{self._fds[1]}"  # read by path, here, after a death
+        self._mm, self.status = worker_main.open_status(self._fds[0])
+        try:
+            self.process, self.conn = launcher.start_worker()
+        except BaseException:  # (a preload that fails or blocks): nothing of it stays open
+            del self.status
+            self._mm.close()
+            for fd in self._fds:
+                os.close(fd)
+            raise
+        # this process's environment now (a fork server's dates from its start), with the caps
+        level = {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # records workers forward
+        transport.send(self.conn, b"", transport.Packed(
+            pickle.dumps(({**os.environ, **env, **level}, preload_libs, list(sys.path), os.getcwd(), list(sys.argv))),
+            self._fds))
+        self.plans: set[int] = set()
+        self.plan: Plan | None = None
+        self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
+        self.tasks = 0
+        self.started_any = False
+        self.chunk_size = 0
+        self.group = 0  # items per batched call in its chunk
+        self.resend = False  # a batch of its results could not be unpickled here
+        self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
+        self.kill_detail = ""
+        self.hang: tuple[str, str] = ("", "")  # py-spy's stacks before a kill for a timeout, or why none
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.unsent) or self.plan is not None
+
+    def send(self, data: bytes | transport.Packed) -> None:
+        transport.send(self.conn, b"", data if isinstance(data, transport.Packed) else transport.Packed(data))
+
+    def kill(self, reason: str, detail: str) -> None:
+        """Ask for its last words and faulthandler's stack (works inside C loops too), then SIGKILL its group."""
+        self.killed_for, self.kill_detail = reason, detail
+        if reason == "timeout":
+            self.hang = hang_stacks(self.process.pid)
+        self.ask_last_words()
+        self.await_last_words(time.monotonic() + STACK_GRACE)
+        self.process.kill()
+
+    def ask_last_words(self) -> None:
+        """SIGUSR1: the worker sends the results it holds, then faulthandler writes its stack."""
+        try:
+            os.kill(self.process.pid, signal.SIGUSR1)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def await_last_words(self, deadline: float) -> None:
+        try:
+            while time.monotonic() < deadline and os.path.getsize(self.fault_path) == 0:
+                time.sleep(0.005)
+            time.sleep(0.01)
+        except OSError:
+            pass
+
+    def stop(self, timeout: float = 2.0) -> None:
+        try:
+            self.send(pickle.dumps(("stop",)))
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1)
+        self.close_files()
+
+    def close_files(self) -> None:
+        self.conn.close()
+        self.process.close()
+        del self.status
+        self._mm.close()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []

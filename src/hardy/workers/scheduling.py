@@ -1,0 +1,386 @@
+"""The scheduling loop of one map on the worker pool: dispatch chunks, watch for deaths, classify
+them, replace the dead.
+
+See the data-flow picture in `hardy/workers/__init__.py`. The loop runs in the calling thread,
+waiting on every busy worker's pipe *and* its process sentinel, so a death is noticed the moment
+it happens (no heartbeat, no polling of exit codes). Per-node deadlines and memory limits are
+checked on the same loop, every `TICK` seconds while a limited node is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any
+
+from .. import transport
+from ..batching import batched
+from ..crash import describe_exit
+from ..errors import (
+    GpuOutOfMemory,
+    NodeError,
+)
+from ..forensics.stacks import hang_stacks
+from ..plan import Plan
+from ..policy import delay
+from ..shipping import (
+    check_constants,
+    dumps,
+    globals_in,
+    item_error,
+    seal,
+)
+from . import worker as worker_main
+from .deaths import Deaths, after_return
+from .process import STACK_GRACE, Worker, rss
+
+if TYPE_CHECKING:
+    from ..observe.nodelog import Records
+    from .pool import WorkerPool
+
+log = logging.getLogger("hardy.workers")
+
+TICK = 0.05            # seconds between deadline / memory checks while limits apply
+CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
+STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
+
+
+class MapRun(Deaths):
+    """One map (or one isolated call) through the pool: the scheduling loop and its bookkeeping."""
+
+    def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: Any):
+        self.pool, self.plan, self.items, self.results = pool, plan, items, results
+        self.plan_id, self.plan_msg = pool.ship(plan)
+        self.next_fresh = 0
+        self.retry: deque[list[int]] = deque()
+        self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
+        self.attempts: dict[int, int] = {}
+        self.sealed: dict[int, int] = {}  # items sent again sealed (`send_sealed`), and how
+        self.per_item = pool.per_item_times.get(self.plan_id)
+        group = batched(plan)
+        self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
+        self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
+        self.limited = pool.max_memory is not None or bool(pool.stall_report) or _has_timeouts(plan.graph.nodes)
+        self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
+        self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
+        self.log = results.log_nodes
+        if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
+            check_constants(items)
+        self.shared = transport.Shared(_shared_values(items), dumps)
+
+    def next_chunk(self, w: Worker) -> list[int] | None:
+        now = time.monotonic()
+        for chunk in self.retry:  # the first one not waiting out a backoff delay
+            if self.due.get(chunk[0], 0.0) <= now:
+                self.retry.remove(chunk)
+                self.due.pop(chunk[0], None)
+                return chunk
+        remaining = len(self.items) - self.next_fresh
+        if remaining <= 0:
+            return None
+        if self.per_item is None:
+            size = 1 if len(self.items) < 64 else 4  # probe: learn the per-item time first
+        else:
+            size = int(CHUNK_TARGET / max(self.per_item, 1e-7))
+        size = max(1, min(size, -(-remaining // (2 * self.pool.size))))
+        if self.group:
+            size = min(remaining, -(-size // self.group) * self.group)
+        if self.pool.max_tasks:
+            size = max(1, min(size, self.pool.max_tasks - w.tasks))
+        chunk = list(range(self.next_fresh, self.next_fresh + size))
+        self.next_fresh += size
+        return chunk
+
+    def backoff_left(self) -> float:
+        """Seconds until a retry may run, when there is no fresh item and every retry waits."""
+        if self.next_fresh < len(self.items) or not self.retry:
+            return 0.0
+        now = time.monotonic()
+        return max(0.0, min(self.due.get(chunk[0], 0.0) for chunk in self.retry) - now)
+
+    def has_work(self) -> bool:
+        return not self.results.stop and (bool(self.retry) or self.next_fresh < len(self.items))
+
+    def assign(self) -> None:
+        """Give a chunk to every idle worker this run holds; hand back those it has no work for."""
+        pool = self.pool
+        unneeded = []
+        for slot in pool.claim(self):
+            w = pool.workers[slot]
+            if w is not None and w.busy:
+                continue
+            if not self.has_work():
+                unneeded.append(slot)
+                continue
+            if w is not None and not w.process.is_alive():
+                signame, text = describe_exit(w.process.exitcode)
+                log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
+                            after_return(w, signame, text))
+                pool.replace(slot, stop=False)
+                w = None
+            if w is None:
+                w = pool.start_worker(slot)
+            fresh = self.next_fresh
+            chunk, data = self.shippable_chunk(w)
+            if data is None:
+                unneeded.append(slot)
+                continue
+            singly = chunk[0] in self.singly
+            w.plan = self.plan
+            w.group = 1 if singly else self.group
+            w.unsent = dict.fromkeys(chunk)
+            w.chunk_size = len(chunk)
+            self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
+            try:
+                if self.plan_id not in w.plans:
+                    w.send(self.plan_msg)
+                    w.plans.add(self.plan_id)
+                w.send(data)
+            except OSError:  # it died just now: its chunk goes back to the queue
+                data.close()
+                self.on_death(w)
+        if unneeded:
+            pool.release(self, unneeded)
+
+    def shippable_chunk(self, w: Worker) -> tuple[list[int], transport.Packed | None]:
+        """The next chunk for `w` and its message; items that cannot be pickled fail here, alone."""
+        while True:
+            chunk = self.next_chunk(w)
+            if not chunk:
+                return [], None
+            poison = {k: v for k, v in self.poison.items() if k[0][1] in chunk} if self.poison else None
+            if chunk[0] in self.sealed:
+                data, bad = self.pool.chunk_message(self.plan_id, {i: seal(self.items[i]) for i in chunk}, chunk,
+                                             self.shared, self.log, sealed=self.sealed[chunk[0]],
+                                             singly=chunk[0] in self.singly, poison=poison)
+            else:
+                data, bad = self.pool.chunk_message(self.plan_id, self.items, chunk, self.shared, self.log,
+                                             singly=chunk[0] in self.singly, poison=poison)
+            for i, why in bad.items():
+                self.results.fail(i, item_error(self.plan, i, why))
+            if data is not None:
+                return [i for i in chunk if i not in bad], data
+            if not self.has_work():
+                return [], None
+
+    def mine(self) -> list[Worker]:
+        pool = self.pool
+        return [w for w, owner in zip(pool.workers, pool.owners) if owner is self and w is not None]
+
+    def loop(self) -> None:
+        pool = self.pool
+        try:
+            while True:
+                if self.results.stop:  # on_error="raise" failed an item: the rest is not awaited
+                    self.cancel()
+                    return
+                self.assign()
+                busy = [w for w in self.mine() if w.busy]
+                if not busy:
+                    if not self.has_work():
+                        return
+                    backoff = self.backoff_left()
+                    if backoff:  # only retries waiting out their backoff delay (hardy.policy)
+                        time.sleep(backoff)
+                    else:
+                        pool.wait_for_a_free_worker()  # other threads' maps or calls hold them all
+                    continue
+                waitables: dict[Any, Worker] = {}
+                for w in busy:
+                    waitables[w.conn] = w
+                    waitables[w.process.sentinel] = w
+                # woken every STOP_POLL at least: another thread may stop this run (a streamed map closed)
+                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else STOP_POLL)
+                dead = []
+                for obj in ready:
+                    w = waitables[obj]
+                    if obj is w.conn:
+                        if not self.receive(w):
+                            dead.append(w)
+                    elif w not in dead:
+                        dead.append(w)
+                for w in dict.fromkeys(dead):
+                    self.on_death(w)
+                if self.limited:
+                    self.check_limits(busy)
+        except BaseException:
+            # Interrupted (Ctrl-C, a PicklingError): workers still busy would answer into the next
+            # map, so they are replaced, after sending what they computed.
+            self.results.stop = True
+            self.cancel()
+            raise
+        finally:
+            self.shared.close()
+            pool.release(self, range(pool.size))
+
+    def cancel(self) -> None:
+        """Stop this run's busy workers now (a hung or slow item must not delay the error or the
+        interruption that ends the map), keeping every result they computed: each is asked for its
+        last words (the results it holds, `worker._last_words`) before it is killed and replaced.
+        Their items in flight stay unrun."""
+        pool = self.pool
+        busy = [(slot, w) for slot, w in enumerate(pool.workers)
+                if w is not None and w.busy and pool.owners[slot] is self]
+        for _, w in busy:
+            w.ask_last_words()
+        deadline = time.monotonic() + STACK_GRACE
+        for slot, w in busy:
+            w.await_last_words(deadline)
+            w.process.kill()
+            self.receive(w)
+            pool.replace(slot, stop=False)
+
+    def receive(self, w: Worker) -> bool:
+        """Take everything the worker sent; False if its pipe is closed (it died)."""
+        try:
+            while w.conn.poll():
+                data = w.conn.recv_bytes()
+                done, each, logged, unread, logs, elapsed = worker_main.HEADER.unpack_from(data)
+                w.started_any = True
+                self.pool.start_failures = 0
+                if unread:  # its chunk could not be unpickled there: it goes again, sealed
+                    chunk = list(w.unsent)
+                    w.plan, w.unsent = None, {}
+                    self.send_sealed(chunk, pickle.loads(memoryview(data)[worker_main.HEADER.size:]))
+                    return True
+                try:
+                    batch = transport.unpack(w.conn, memoryview(data)[worker_main.HEADER.size:])
+                except (EOFError, OSError):  # it died while passing its shared memory
+                    raise
+                except Exception:  # one result cannot be read here: at chunk end, ask for each alone
+                    w.resend = True
+                    batch, logged, logs = [], False, False
+                if logs:
+                    batch = _handle_logs(*batch)
+                unsent, free = w.unsent, done and not w.resend
+                if free:  # its next chunk goes first, to run while this batch is taken
+                    self.chunk_done(w, elapsed)
+                    if not self.results.stop:
+                        self.assign()
+                if each:
+                    self.take_each(unsent, batch)
+                else:
+                    rows, records = batch if logged else (batch, None)
+                    for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
+                        if not self.retry_out_of_memory(i, err):
+                            self.results.fail(i, err, *log)
+                if free:  # what it sends next belongs to its next chunk (or, released, to another map)
+                    return True
+                if done:  # the items with no result yet are those of unreadable batches
+                    w.send(pickle.dumps(("resend", list(w.unsent))))
+                    w.resend = False
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, Records | None]]) -> None:
+        """Results sent again one by one (`worker._resend`), each with its node log."""
+        for i, ok, blob, log in batch:
+            unsent.pop(i, None)
+            try:
+                value = pickle.loads(blob)
+            except Exception as exc:
+                ok, value = False, self.unreadable(i, blob, exc)
+            logs = (log,) if log is not None else ()
+            if ok:
+                self.results.ok(i, value, logs)
+            elif not self.retry_out_of_memory(i, value):
+                self.results.fail(i, value, logs)
+
+    def retry_out_of_memory(self, i: int, err: Any) -> bool:
+        """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has
+        nothing allocated) and the item runs again on a fresh worker, after the node's backoff."""
+        if not isinstance(err, GpuOutOfMemory) or self.attempts.get(i, 0) >= err.retries:
+            return False
+        self.attempts[i] = self.attempts.get(i, 0) + 1
+        log.warning("item %d: GPU out of memory in node %r; retrying on a fresh worker (%d of %d)", i, err.node,
+                    self.attempts[i], err.retries)
+        self.retry.appendleft([i])
+        if err.backoff:
+            self.due[i] = time.monotonic() + delay(err.backoff, self.attempts[i])
+        return True
+
+    def unreadable(self, i: int, blob: bytes, exc: Exception) -> NodeError:
+        """The error for a result this process cannot unpickle: node, item and the types involved."""
+        steps = self.plan.steps
+        producers = [s.node.name for s in steps if set(s.node.outputs) & set(self.plan.outputs)]
+        types = ", ".join(globals_in(blob)) or "unknown"
+        return NodeError(" / ".join(producers) or "?", None, i,
+                         f"its result was computed but cannot be unpickled in this process "
+                         f"({type(exc).__name__}: {exc}; types in it: {types}); make those types "
+                         "importable here the same way, or return plain data")
+
+    def chunk_done(self, w: Worker, elapsed: float) -> None:
+        size = w.chunk_size
+        w.plan = None
+        w.unsent = {}
+        w.tasks += size
+        if elapsed > 0:  # learn the per-item time: it sizes the next chunks toward CHUNK_TARGET
+            sample = elapsed / size
+            self.per_item = sample if self.per_item is None else 0.5 * (self.per_item + sample)
+            self.pool.per_item_times[self.plan_id] = self.per_item
+        pool = self.pool
+        slot = pool.workers.index(w)
+        if pool.max_tasks and w.tasks >= pool.max_tasks or pool.max_memory and rss(w.process.pid) > pool.max_memory:
+            pool.replace(slot, stop=True)
+
+    def check_limits(self, busy: list[Worker]) -> None:
+        now = time.monotonic()
+        for w in busy:
+            if not w.busy or not w.process.is_alive():
+                continue
+            item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
+            if (item >= 0 or item == worker_main.BATCH) and 0 <= step < len(self.plan.steps):
+                timeout = self.plan.steps[step].node.timeout
+                started = w.status[worker_main.STEP_START]
+                if timeout and now - started > timeout:
+                    w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
+                    self.on_death(w)
+                    continue
+                stall = self.pool.stall_report
+                if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
+                    self.stalled[w.number] = (item, step, started)
+                    self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
+                deadline = w.status[worker_main.DEADLINE]  # of a node nested in the step (crash.deadlined)
+                if 0 < deadline < now:
+                    w.kill("timeout", "node ran past its timeout")
+                    self.on_death(w)
+                    continue
+            limit = self.pool.max_memory
+            if limit is not None:
+                used = rss(w.process.pid)
+                if used > limit:
+                    w.kill("memory", f"worker memory {used / 2**20:.0f} MiB passed max_memory_per_worker "
+                                     f"({limit / 2**20:.0f} MiB)")
+                    self.on_death(w)
+
+    def report_stall(self, w: Worker, item: int, node: str, running: float) -> None:
+        """Log every thread's stack of a node call running past `stall_report` (it goes on running)."""
+        text, why = hang_stacks(w.process.pid)
+        log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
+                    node, running, self.pool.stall_report, w.process.pid,
+                    f"its stacks:\n{text}" if text else f"no stacks: {why}")
+def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
+    """Log records a worker sent (`worker._Forward`), handled by this process's loggers."""
+    for record in records:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+    return batch
+
+
+def _has_timeouts(nodes: Sequence[Any]) -> bool:
+    """Whether a node, or a node of a pipeline nested in one, has a timeout for the pool to enforce."""
+    return any(n.timeout or _has_timeouts(getattr(getattr(n, "pipeline", None), "nodes", ())) for n in nodes)
+
+
+def _shared_values(items: Sequence[Any]) -> list[Any]:
+    """The inputs every item holds as one same object (a map's constant inputs)."""
+    if len(items) < 2 or not isinstance(items[0], dict):
+        return []
+    first, last = items[0], items[-1]
+    return [v for k, v in first.items() if last.get(k, first) is v]
