@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hardy import Pipeline
-from hardy.cache import DiskCache, UntrustedCacheError
+from hardy import DiskCache, Pipeline, UntrustedCacheError
 from hardy.cache.keys import call_fingerprint, call_key
 from hardy.hashing import hash_value
 

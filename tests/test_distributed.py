@@ -23,9 +23,9 @@ IN_PROCESS = Engine(map_executor="sequential")  # the cache's counters and the r
 pytest.importorskip("distributed")
 pytest.importorskip("ray")
 
+from hardy import WorkerImportError  # noqa: E402
 from hardy.integrations.dask import DaskExecutor  # noqa: E402
 from hardy.integrations.ray import RayExecutor  # noqa: E402
-from hardy.integrations.remote import WorkerImportError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 HARDY_ROOT = os.path.dirname(os.path.dirname(hardy.__file__))  # hardy itself is installed on every worker

@@ -1,8 +1,13 @@
-"""Every error names what went wrong, where, and how to fix it."""
+"""Every error names what went wrong, where, and how to fix it; every one is a `HardyError` from
+`hardy/errors.py`, also the built-in a caller would catch it by."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +254,8 @@ def _bad_calls():
         "report_dir": (lambda: Engine(report_dir=123), InvalidArgumentType, ["report_dir=123", "a path"]),
         "report": (lambda: Engine(report="yes"), InvalidArgumentType, ["report='yes'", "True or False"]),
         "workers": (lambda: Engine(workers=0), InvalidArgument, ["workers=0", "whole number >= 1"]),
+        "stall_report": (lambda: Engine(stall_report=-1), InvalidArgument, ["stall_report=-1", "seconds > 0"]),
+        "visualize orient": (lambda: p.visualize(orient="up"), InvalidArgument, ["orient='up'", "'LR'"]),
         "workers type": (lambda: Engine(workers="2"), InvalidArgumentType, ["workers='2'", "whole number >= 1"]),
         "node_executor": (lambda: Engine(node_executor="process"), InvalidArgument,
                           ["node_executor='process'", "map_executor='process'"]),
@@ -316,3 +323,62 @@ def test_an_engine_that_is_not_installed_names_the_extra():
     lines = run.stdout.strip().splitlines()
     assert [line.split("Install it with: ")[-1] for line in lines] == [
         'pip install "hardy[dask]"', 'pip install "hardy[ray]"', 'pip install "hardy[daft]"'], lines
+
+
+# --- one error story -----------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERNAL = {"Exited": "a node's SystemExit inside the plan, turned back into it before any caller sees it"}
+
+
+def documented_errors() -> list[str]:
+    """The errors docs/api.md lists (its `members: [...]` under "## Errors")."""
+    errors_section = (ROOT / "docs" / "api.md").read_text().split("## Errors", 1)[1]
+    return re.search(r"members: \[([^\]]*)\]", errors_section)[1].replace(" ", "").split(",")
+
+
+def test_every_error_is_documented_importable_from_hardy_and_a_hardy_error():
+    import hardy
+    import hardy.errors as errors
+    defined = {name for name, obj in vars(errors).items()
+               if isinstance(obj, type) and issubclass(obj, BaseException | Warning) and obj.__module__ == errors.__name__}
+    documented = documented_errors()
+    assert sorted(defined - set(INTERNAL)) == sorted(documented), "docs/api.md's error list and hardy/errors.py differ"
+    for name in documented:
+        cls = getattr(hardy, name)  # importable from hardy, as docs/api.md says
+        assert cls is getattr(errors, name) and name in hardy.__all__
+        if issubclass(cls, Warning) or cls is hardy.MapInterrupted:  # a KeyboardInterrupt: not an Exception
+            continue
+        assert issubclass(cls, hardy.HardyError), f"{name} is not a HardyError"
+        builtin_bases = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (object, BaseException,
+                                                                                              Exception)]
+        # a node's error carries its cause's type; a RemoteError's stand-ins take the original's built-in
+        assert builtin_bases or issubclass(cls, hardy.NodeError | hardy.MapError | hardy.RemoteError) or (
+            cls is hardy.HardyError), (
+            f"{name} derives from no built-in a caller would catch it by (ValueError, TypeError, OSError, ...)")
+
+
+def exception_classes_outside_errors() -> list[str]:
+    """Classes defined outside hardy/errors.py whose name or bases say they are exceptions."""
+    exceptional = re.compile(r"(Error|Exception|Exit|Interrupt|Warning)$")
+    builtin_exceptions = {n for n, o in vars(builtins).items() if isinstance(o, type) and issubclass(o, BaseException)}
+    found = []
+    for path in sorted((ROOT / "src" / "hardy").rglob("*.py")):
+        if path.name == "errors.py" and path.parent.name == "hardy":
+            continue
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases]
+            if exceptional.search(cls.name) or any(b in builtin_exceptions or exceptional.search(b) for b in bases):
+                found.append(f"{path.relative_to(ROOT)}: class {cls.name}({', '.join(bases)})")
+    return found
+
+
+def test_no_exception_class_is_defined_outside_errors_py():
+    """Private control-flow signals (`_Deferred`, `_WrongOutputCount`) that never leave their module
+    are the only exception classes allowed elsewhere; anything a caller can see lives in errors.py."""
+    outside = exception_classes_outside_errors()
+    assert any("_WrongOutputCount" in c for c in outside)  # the scan sees a private one
+    public = [c for c in outside if not c.split("class ", 1)[1].startswith("_")]
+    assert not public, "exception classes outside hardy/errors.py:\n" + "\n".join(public)
+    named = [c for c in outside if re.search(r"class \w*(Error|Exception)\(", c)]
+    assert not named, "a class named ...Error/...Exception outside hardy/errors.py:\n" + "\n".join(named)

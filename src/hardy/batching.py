@@ -31,9 +31,9 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-from .errors import NodeError
+from .errors import BatchShapeError, NodeError
 from .node import Node
-from .plan import KEYS, BatchShapeError, Plan, batch_outputs
+from .plan import KEYS, Plan, batch_outputs
 from .policy import guard
 from .stages import cut
 

@@ -1,5 +1,11 @@
 """Every error hardy raises, in one place.
 
+Every class derives from `HardyError` (`except hardy.HardyError:` catches all of hardy's own
+errors) and from the built-in a caller would catch it by (`InvalidArgument` is a `ValueError`,
+`WorkerStartError` a `RuntimeError`). One exception stands outside `HardyError` on purpose:
+`MapInterrupted` is a `KeyboardInterrupt`, which `except Exception:` must not swallow.
+tests/test_errors.py checks that no exception class is defined anywhere else.
+
 Each message answers three questions: what went wrong, where (node, input, item), and how to fix it.
 Errors that users catch by their built-in meaning also inherit from the matching built-in
 (`MissingInputError` is a `ValueError`), so existing `except ValueError:` code keeps working.
@@ -73,6 +79,39 @@ class InvalidArgument(HardyError, ValueError):
 class InvalidArgumentType(InvalidArgument, TypeError):
     """An `InvalidArgument` of the wrong type (`report_dir=123`): also a `TypeError`, the built-in
     Python raises for one."""
+
+
+UNHASHABLE_FIXES = (
+    "give the class a __cache_key__() method returning what identifies the object (e.g. its "
+    "constructor arguments), teach hardy a library type with hardy.hashing.register(type, function), "
+    "or opt the node out with @node(cache=False)")
+
+
+class UnhashableError(HardyError, TypeError):
+    """A value has no deterministic encoding (`hardy.hashing`); the message says what, where and how
+    to fix it.
+
+    `culprit` is the type that cannot be hashed and `path` the attribute / item path to it inside the
+    value that was being hashed, so the message can name `model.encoder._session`, not just a type.
+    """
+
+    def __init__(self, message: str, culprit: type | None = None, path: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.culprit, self.path, self.detail = culprit, path, message
+
+    def at(self, segment: str) -> UnhashableError:
+        """The same error one level further out (`segment` is `.attr`, `[0]` or `['key']`)."""
+        self.path = (segment, *self.path)
+        self.args = (self.detail,)
+        return self
+
+    def describe(self, root: str) -> str:
+        """The message for a value known to the user as `root` (an input or global name)."""
+        where = root + "".join(self.path)
+        if self.culprit is None:
+            return f"{where}: {self.detail}"
+        return (f"{where} is a {self.culprit.__module__}.{self.culprit.__qualname__}, which has no "
+                f"deterministic content to hash; {UNHASHABLE_FIXES}")
 
 
 # --- calling a pipeline --------------------------------------------------------------------------
@@ -211,7 +250,7 @@ class LazyOutputError(HardyError, TypeError):
     item's `NodeError`, on every executor (docs/failures.md)."""
 
 
-class RemoteError(Exception):
+class RemoteError(HardyError):
     """Stands in for an exception raised in another process that cannot be rebuilt here (its class
     cannot be imported here, or rebuilding it changes its message): a class of the same name and
     module (`type(e).__name__` reads the same), deriving from the built-in exception the original
@@ -430,3 +469,47 @@ class WorkerStartError(HardyError, RuntimeError):
 
 class PicklingError(HardyError, TypeError):
     """An input or node cannot be sent to a worker process."""
+
+
+class WorkerImportError(HardyError, ModuleNotFoundError):
+    """A distributed engine's workers cannot import a module the pipeline's code needs; the message
+    names the module and how to ship it (`ship_modules=`)."""
+
+
+class Exited(HardyError, RuntimeError):
+    """A node's SystemExit, carried out of an asyncio task as an ordinary exception. asyncio
+    re-raises a task's SystemExit out of the event loop, past every `await`, and the loop (hardy
+    keeps one per thread) then raised it again in the next, unrelated map; as an Exception it
+    reaches the plan, which fails the item naming the exit code, as on every executor."""
+
+    def __init__(self, exit: SystemExit):
+        super().__init__(exit.code)
+        self.exit = exit
+
+
+class BatchShapeError(HardyError, ValueError):
+    """A batched node's function returned something other than one entry per item and output."""
+
+
+# --- the cache -----------------------------------------------------------------------------------
+
+
+class UntrustedCacheError(HardyError, RuntimeError):
+    """A cache directory or key that someone else could have written: never used. Not an OSError:
+    the cache turns those into "ran uncached"; this one must be seen."""
+
+
+class CacheUnavailable(HardyError, OSError):
+    """The object-store cache's bucket cannot be used now (unreachable, too slow, throttling,
+    credentials, no bucket); an OSError, so a run goes on uncached where the local store would."""
+
+
+# --- the doctor and forensics --------------------------------------------------------------------
+
+
+class ReplayError(HardyError, RuntimeError):
+    """A kept item cannot be replayed: missing, not this user's, tampered with, or unreadable."""
+
+
+class WheelError(HardyError, ValueError):
+    """A wheel or a patch that cannot be used; the message says which file and why."""

@@ -42,39 +42,10 @@ from typing import Any
 
 from blake3 import blake3
 
+from .errors import UNHASHABLE_FIXES, UnhashableError
+
 FORMAT = b"hardy-key-3"  # 3: BLAKE3 instead of blake2b
 DIGEST = 16
-
-FIXES = ("give the class a __cache_key__() method returning what identifies the object (e.g. its "
-         "constructor arguments), teach hardy a library type with hardy.hashing.register(type, function), "
-         "or opt the node out with @node(cache=False)")
-
-
-class UnhashableError(TypeError):
-    """A value has no deterministic encoding; the message says what, where and how to fix it.
-
-    `culprit` is the type that cannot be hashed and `path` the attribute / item path to it inside the
-    value that was being hashed, so the message can name `model.encoder._session`, not just a type.
-    """
-
-    def __init__(self, message: str, culprit: type | None = None, path: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.culprit, self.path, self.detail = culprit, path, message
-
-    def at(self, segment: str) -> UnhashableError:
-        """The same error one level further out (`segment` is `.attr`, `[0]` or `['key']`)."""
-        self.path = (segment, *self.path)
-        self.args = (self.detail,)
-        return self
-
-    def describe(self, root: str) -> str:
-        """The message for a value known to the user as `root` (an input or global name)."""
-        where = root + "".join(self.path)
-        if self.culprit is None:
-            return f"{where}: {self.detail}"
-        return (f"{where} is a {self.culprit.__module__}.{self.culprit.__qualname__}, which has no "
-                f"deterministic content to hash; {FIXES}")
-
 
 Encoder = Callable[[Any, Callable[[bytes], Any], set[int]], None]  # (value, out, values being encoded)
 
@@ -334,7 +305,8 @@ _EXACT: dict[type, Encoder] = {type(None): _encode_none, bool: _encode_bool, int
 
 
 def _cannot(t: type) -> UnhashableError:
-    return UnhashableError(f"a {t.__module__}.{t.__qualname__} has no deterministic content to hash; {FIXES}", t)
+    return UnhashableError(f"a {t.__module__}.{t.__qualname__} has no deterministic content to hash; "
+                           f"{UNHASHABLE_FIXES}", t)
 
 
 def _object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:

@@ -30,12 +30,13 @@ from .errors import (
     MissingInputError,
     NodeDefinitionError,
     NodeError,
+    UnhashableError,
     UnknownInputError,
     UnknownInputWarning,
     UnknownOutputError,
 )
 from .graph import Graph
-from .hashing import Reach, UnhashableError, recording
+from .hashing import Reach, recording
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
@@ -646,7 +647,7 @@ class PipelineNode(Node):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if args:
-            raise TypeError(f"pipeline node {self.name!r} takes its inputs by name: {list(self.inputs)}")
+            raise InvalidArgumentType(f"pipeline node {self.name!r} takes its inputs by name: {list(self.inputs)}")
         out = self._call(**kwargs)
         return dict(zip(self.outputs, (out,) if len(self.outputs) == 1 else out))
 
@@ -749,7 +750,6 @@ def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], 
     """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
     the items) and the first item's own ones: a value that cannot be hashed fails the map here,
     once, before any item runs, instead of failing every item the same way."""
-    from .hashing import UnhashableError
     first, shared = items[0], {}
     cache = plan.cache
     assert cache is not None  # only a cached plan hashes inputs

@@ -51,10 +51,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cache.keys import MISS, PlanCache, call_fingerprint, call_key, output_key
-from .errors import NOT_COMPUTED, CudaError, GpuOutOfMemory, LazyOutputError, NodeError, OutputCountError
+from .errors import (
+    NOT_COMPUTED,
+    BatchShapeError,
+    CudaError,
+    Exited,
+    GpuOutOfMemory,
+    LazyOutputError,
+    NodeError,
+    OutputCountError,
+)
 from .graph import Graph
 from .node import Node
-from .policy import Exited, guard
+from .policy import guard
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -511,10 +520,6 @@ def one_item(func: Callable[..., Any], name: str, outputs: int) -> Callable[...,
         columns = batch_outputs(out, name, outputs, 1)
         return columns[0][0] if outputs == 1 else tuple(c[0] for c in columns)
     return call
-
-
-class BatchShapeError(ValueError):
-    """A batched node's function returned something other than one entry per item and output."""
 
 
 def batch_outputs(out: Any, name: str, outputs: int, n: int) -> Sequence[Any]:

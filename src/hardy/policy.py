@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import NodeDefinitionError, NodeTimeout
+from .errors import Exited, NodeDefinitionError, NodeTimeout
 
 log = logging.getLogger("hardy.policy")
 
@@ -106,17 +106,6 @@ def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseE
             retry += 1
             await asyncio.sleep(_retrying(node, retry, failure))
     return call
-
-
-class Exited(Exception):
-    """A node's SystemExit, carried out of an asyncio task as an ordinary exception. asyncio
-    re-raises a task's SystemExit out of the event loop, past every `await`, and the loop (hardy
-    keeps one per thread) then raised it again in the next, unrelated map; as an Exception it
-    reaches the plan, which fails the item naming the exit code, as on every executor."""
-
-    def __init__(self, exit: SystemExit):
-        super().__init__(exit.code)
-        self.exit = exit
 
 
 async def _contained(coro: Any) -> Any:

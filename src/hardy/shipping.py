@@ -29,8 +29,8 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import NodeError, PicklingError, ShippingError, rebuilt_exception
-from .hashing import Reach, UnhashableError, is_user_module, module_stamp, recording
+from .errors import NodeError, PicklingError, ShippingError, UnhashableError, rebuilt_exception
+from .hashing import Reach, is_user_module, module_stamp, recording
 from .plan import Plan, Wrap
 from .transport import THRESHOLD
 

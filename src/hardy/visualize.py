@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .errors import InvalidArgument
+
 if TYPE_CHECKING:
     from .pipeline import Pipeline, PipelineNode
 
@@ -379,7 +381,7 @@ class Drawing:
         elif suffix in (".svg", ".html", ".dot"):
             path.write_text(getattr(self, suffix[1:]), encoding="utf-8")
         else:
-            raise ValueError(f"cannot save a pipeline drawing as {path.name!r}: use a .svg, .png, .html or .dot "
+            raise InvalidArgument(f"cannot save a pipeline drawing as {path.name!r}: use a .svg, .png, .html or .dot "
                              "file name.")
         return path
 
@@ -400,12 +402,12 @@ def visualize(pipeline: Pipeline, filename: str | Path | None = None, depth: int
     `None` opens all. `orient` is TB, LR, BT or RL; `style` a name in STYLES or a Theme.
     `use_dot=False` skips a system Graphviz even when one is installed."""
     if orient not in ("TB", "LR", "BT", "RL"):
-        raise ValueError(f"visualize(orient={orient!r}): use 'TB', 'LR', 'BT' or 'RL'.")
+        raise InvalidArgument(f"visualize(orient={orient!r}): use 'TB', 'LR', 'BT' or 'RL'.")
     if depth is not None and depth < 1:
-        raise ValueError(f"visualize(depth={depth}): depth counts levels from 1 (collapsed); None opens all.")
+        raise InvalidArgument(f"visualize(depth={depth}): depth counts levels from 1 (collapsed); None opens all.")
     if isinstance(style, str):
         if style not in STYLES:
-            raise ValueError(f"visualize(style={style!r}): known styles are {sorted(STYLES)}, or pass a Theme.")
+            raise InvalidArgument(f"visualize(style={style!r}): known styles are {sorted(STYLES)}, or pass a Theme.")
         theme = STYLES[style]
     else:
         theme = style

@@ -51,8 +51,8 @@ from typing import Any, cast
 from blake3 import blake3
 
 from .. import arguments
-from ..errors import InvalidArgument
-from ..hashing import DIGEST, FORMAT, UnhashableError, hash_value
+from ..errors import InvalidArgument, UnhashableError
+from ..hashing import DIGEST, FORMAT, hash_value
 from ..sizes import parse_size
 from .keys import MISS
 from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from blake3 import blake3
 
-from ..hashing import DIGEST, FORMAT, UnhashableError, digest
+from ..errors import UnhashableError
+from ..hashing import DIGEST, FORMAT, digest
 from ..node import Node
 
 MISS: Any = object()  # "not in the cache": a node whose result slot holds this must run

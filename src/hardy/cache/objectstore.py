@@ -50,6 +50,8 @@ from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from ..errors import CacheUnavailable as Unavailable
+from ..errors import InvalidArgument
 from .store import INLINE_MAX, Buffer, Data, EntryInfo, LocalStore, pieces
 
 T = TypeVar("T")
@@ -61,10 +63,6 @@ CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: retried this often, with j
 LEASE_TTL = 60.0  # seconds a single-flight lease lives unless renewed (renewed every third of it)
 UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
             "InvalidToken", "AllAccessDisabled", "SlowDown", "ServiceUnavailable", "InternalError", "503", "500"}
-
-
-class Unavailable(OSError):
-    """The bucket cannot be used now (unreachable, too slow, throttling, credentials, no bucket)."""
 
 
 def code_of(exc: BaseException) -> str:
@@ -93,7 +91,7 @@ class BucketStore:
                  concurrency: int = 32):
         scheme, _, rest = url.partition("://")
         if scheme not in ("s3", "s3a") or not rest.strip("/"):
-            raise ValueError(f"{url!r} is not an object-store URL hardy knows: use s3://bucket/prefix "
+            raise InvalidArgument(f"{url!r} is not an object-store URL hardy knows: use s3://bucket/prefix "
                              "(any S3-compatible server through storage_options={'endpoint_url': ...})")
         self.url = url.rstrip("/")
         self.bucket, _, prefix = rest.strip("/").partition("/")

@@ -25,18 +25,13 @@ import os
 import stat
 import uuid
 
-from ..errors import HardyError
+from ..errors import UntrustedCacheError
 
 KEY_FILE = "secret.key"
 KEY_SIZE = 32
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 OTHERS_ANY = stat.S_IRWXG | stat.S_IRWXO
 DOCS = "docs/caching.md#trust"
-
-
-class UntrustedCacheError(HardyError):
-    """A cache directory or key that someone else could have written: never used. Not an OSError:
-    the cache turns those into "ran uncached"; this one must be seen."""
 
 
 def refuse(what: str, path: str, why: str, fix: str) -> UntrustedCacheError:

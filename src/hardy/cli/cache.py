@@ -24,7 +24,8 @@ ENDPOINT = typer.Option(None, "--endpoint-url", help="With --remote: an S3-compa
 def _open(path: str, remote: str | None = None, endpoint: str | None = None) -> DiskCache:
     """The cache in `path`, or the entries in the bucket `remote` (nothing local is read or made);
     a directory or bucket prefix holding none is said so (exit code 2), and left untouched."""
-    from ..cache import DiskCache, UntrustedCacheError
+    from ..cache import DiskCache
+    from ..errors import UntrustedCacheError
     if remote is not None:
         return _open_remote(path, remote, endpoint)
     try:
@@ -44,7 +45,8 @@ def _open_remote(path: str, url: str, endpoint: str | None) -> DiskCache:
     import os
 
     from ..cache import DiskCache
-    from ..cache.objectstore import BucketStore, Unavailable
+    from ..cache.objectstore import BucketStore
+    from ..errors import CacheUnavailable
     from ..hashing import FORMAT
     secret = os.environ.get("HARDY_CACHE_KEY")
     if not secret:
@@ -55,7 +57,7 @@ def _open_remote(path: str, url: str, endpoint: str | None) -> DiskCache:
     try:
         cache.store = BucketStore(url, f"{FORMAT.decode()}/{cache.key_id.hex()}", options)
         found = cache.store.exists()
-    except (ValueError, Unavailable) as exc:
+    except (ValueError, CacheUnavailable) as exc:
         typer.echo(f"cannot use {url}: {exc}", err=True)
         raise typer.Exit(2) from None
     if not found:

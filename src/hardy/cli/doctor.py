@@ -203,7 +203,8 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to pat
                 suffix: str = typer.Option(..., "--suffix", help="Local version label: VERSION+SUFFIX."),
                 dest_dir: str = typer.Option(..., "--dest-dir", help="Where the patched wheel is written.")) -> None:
     """Unpack, apply the patches, set VERSION+SUFFIX, regenerate RECORD, repack."""
-    from ..doctor.wheel import WheelError, patch_wheel
+    from ..doctor.wheel import patch_wheel
+    from ..errors import WheelError
     try:
         out = patch_wheel(wheel, patch_dir, suffix, dest_dir)
     except WheelError as exc:
@@ -226,7 +227,8 @@ def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -
 @wheel_app.command("index")
 def wheel_index(folder: str = typer.Argument(..., help="A folder of wheels (and sdists).")) -> None:
     """Write a PEP 503 simple index (FOLDER/simple) for pip --index-url file://FOLDER/simple."""
-    from ..doctor.wheel import WheelError, build_index
+    from ..doctor.wheel import build_index
+    from ..errors import WheelError
     try:
         simple = build_index(folder)
     except WheelError as exc:

@@ -79,7 +79,7 @@ def replay_command(report: str = typer.Argument(..., help="A run report's JSON (
 
     Exit code: 0 when every run succeeded, 1 when one failed, 2 when the item cannot be replayed.
     """
-    from ..forensics.kept import ReplayError
+    from ..errors import ReplayError
     try:
         result = replay(report, item, repeat)
     except ReplayError as exc:

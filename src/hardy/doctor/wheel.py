@@ -29,13 +29,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import WheelError
+
 # 1980-01-01, the earliest time a zip file can hold: every file gets it, so the same inputs give
 # byte-identical wheels.
 _EPOCH = 315532800
-
-
-class WheelError(Exception):
-    """A wheel or a patch that cannot be used; the message says which file and why."""
 
 
 @dataclass(frozen=True)
@@ -213,4 +211,4 @@ def build_index(folder: str | os.PathLike[str]) -> Path:
     return simple
 
 
-__all__ = ["patch_wheel", "verify_wheel", "apply_patch", "build_index", "WheelError", "VerifyResult"]
+__all__ = ["patch_wheel", "verify_wheel", "apply_patch", "build_index", "VerifyResult"]

@@ -135,9 +135,7 @@ class Engine:
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
         _check_reports(report, report_dir)
-        if stall_report is not None and (isinstance(stall_report, bool) or not isinstance(stall_report, (int, float))
-                                         or stall_report <= 0):
-            raise NodeDefinitionError(f"Engine(stall_report={stall_report!r}) is not a number of seconds above 0.")
+        arguments.seconds("Engine", "stall_report", stall_report, optional=True)
         self.node_executor = node_executor
         self.map_executor_spec = map_executor
         self.workers = workers

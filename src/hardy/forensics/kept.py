@@ -25,15 +25,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ReplayError
 from .handler import cache_folder
 
 KEEP_LIMIT = 64 << 20  # bytes per kept item
 FAILURES_KEPT = 100
 _MAGIC = b"hardy-replay-1\n"
-
-
-class ReplayError(Exception):
-    """A kept item cannot be replayed: missing, not this user's, tampered with, or unreadable."""
 
 
 def _own(path: str) -> bool:

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engine.core import Engine
-from ..errors import NodeCrashed, did_you_mean
+from ..errors import InvalidArgument, NodeCrashed, did_you_mean
 from ..plan import Plan
 from ..shipping import Pickled, dumps, item_error, ship_each, ship_plan
 from ..stages import cut, merge
@@ -116,7 +116,7 @@ def _udf_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
     """Daft's resource options, checked here rather than deep inside Daft's planner."""
     unknown = set(options) - {"gpus", "cpus", "max_concurrency"}
     if unknown:
-        raise ValueError(f"{where}: unknown option {sorted(unknown)[0]!r}; DaftEngine understands gpus, cpus and "
+        raise InvalidArgument(f"{where}: unknown option {sorted(unknown)[0]!r}; DaftEngine understands gpus, cpus and "
                          "max_concurrency (Daft's resource requests for a UDF's worker processes).")
     return {k: v for k, v in options.items() if v}
 
@@ -173,7 +173,7 @@ class DaftExecutor(RemoteExecutor):
         unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
         if unknown:
             name = sorted(unknown)[0]
-            raise ValueError(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
+            raise InvalidArgument(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
                              f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
         return [(self.resources if options is None else options, stage) for options, stage in cut(plan, self._options)]
 

@@ -33,7 +33,7 @@ from typing import Any
 import cloudpickle
 
 from ..engine.results import Results
-from ..errors import HardyError, NodeCrashed
+from ..errors import NodeCrashed, WorkerImportError
 from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
@@ -127,10 +127,6 @@ def require(module: str, extra: str) -> Any:
     except ImportError as exc:
         raise ImportError(f"hardy's {extra} integration needs the {module!r} package, which cannot be imported "
                           f"here ({exc}). Install it with: pip install \"hardy[{extra}]\"") from exc
-
-
-class WorkerImportError(HardyError, ModuleNotFoundError):
-    """The engine's workers cannot import a module the pipeline's code needs."""
 
 
 class RemoteExecutor:
@@ -264,4 +260,4 @@ class TaskExecutor(RemoteExecutor):
                 return
 
 
-__all__ = ["RemoteExecutor", "TaskExecutor", "WorkerImportError", "require", "run_chunk_remote", "run_contained"]
+__all__ = ["RemoteExecutor", "TaskExecutor", "require", "run_chunk_remote", "run_contained"]

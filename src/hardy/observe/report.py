@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidArgument
 from .callbacks import CallbackContext, PipelineCallback
 
 if TYPE_CHECKING:
@@ -266,7 +267,7 @@ class RunReport:
         except ValueError:
             data = None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a hardy run report (written by Engine(report_dir=...) or "
+            raise InvalidArgument(f"{path} is not a hardy run report (written by Engine(report_dir=...) or "
                              "report.save('run.json')).")
         return cls(data)
 
@@ -278,7 +279,7 @@ class RunReport:
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in (".html", ".json"):
-            raise ValueError(f"cannot save a run report as {path.name!r}: use a .html or .json file name.")
+            raise InvalidArgument(f"cannot save a run report as {path.name!r}: use a .html or .json file name.")
         path.parent.mkdir(parents=True, exist_ok=True)
         import json
         text = to_html(self.data) if suffix == ".html" else json.dumps(self.data, indent=1)
