@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from . import arguments
+from .cache.keys import PlanCache
 from .crash import contained
 from .engine.core import Engine, OneRun
 from .engine.executors import SequentialExecutor
@@ -61,7 +62,7 @@ class Pipeline:
 
     def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
-                 cache: Any = None, strict: bool = False):
+                 cache: PlanCache | None = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
         self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
         self._plans: dict[Any, Plan] = {}
@@ -69,7 +70,7 @@ class Pipeline:
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
         self._engine_given = engine is not None  # a nested pipeline without one runs on its parent's
-        self._engine_cache: Any = None  # the engine's cache when the memoised plans were compiled
+        self._engine_cache: PlanCache | None = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
         self.cache = cache
         self.strict = strict
@@ -107,11 +108,11 @@ class Pipeline:
     # Settings compiled into plans: changing one after a run makes the next call compile anew.
 
     @property
-    def cache(self) -> Any:
+    def cache(self) -> PlanCache | None:
         return self._cache
 
     @cache.setter
-    def cache(self, cache: Any) -> None:
+    def cache(self, cache: PlanCache | None) -> None:
         self._cache = cache
         self._forget_plans()
 
@@ -176,7 +177,7 @@ class Pipeline:
         state.update(_plans={}, _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
-    def with_cache(self, cache: Any) -> Pipeline:
+    def with_cache(self, cache: PlanCache | None) -> Pipeline:
         """This pipeline using `cache` (itself, if it has a cache of its own already)."""
         if self.cache is not None:
             return self

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import Exited, NodeDefinitionError, NodeTimeout
+from .executor import IsolatedCall
 
 log = logging.getLogger("hardy.policy")
 
@@ -45,7 +46,7 @@ def guard(node: Any, func: Callable[..., Any]) -> Callable[..., Any]:
     `retry_on` exceptions; an async node also stopped at its `timeout`. The function itself when
     there is nothing to do, so ordinary nodes pay nothing per call; a callable that enforces the
     policy itself (a call into a worker process) is left alone."""
-    if getattr(func, "enforces_policy", False):
+    if isinstance(func, IsolatedCall):
         return func
     retry_on, timeout = getattr(node, "retry_on", ()), getattr(node, "timeout", None)
     if node.is_async and (timeout or retry_on and node.retries):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import NodeError
+from .executor import Executor
 from .node import Node
 from .observe.nodelog import one_by_one
 from .plan import KEYS, Plan
@@ -119,13 +120,11 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
 K = TypeVar("K", bound=Hashable)
 
 
-class StagedExecutor(Generic[K]):
+class StagedExecutor(Executor, Generic[K]):
     """A map executor that sends each stage of a plan to the executor for what its nodes need
     (`executor_for(needs(node))`); a plan of one stage goes to its executor whole."""
 
-    mode = "sequential"
-
-    def __init__(self, needs: Callable[[Node], K], executor_for: Callable[[K], Any],
+    def __init__(self, needs: Callable[[Node], K], executor_for: Callable[[K], Executor],
                  enforces_timeouts: bool):
         """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.policy`)."""
         self.needs, self.executor_for, self.enforces_timeouts = needs, executor_for, enforces_timeouts

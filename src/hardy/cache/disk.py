@@ -54,7 +54,7 @@ from .. import arguments
 from ..errors import InvalidArgument, UnhashableError
 from ..hashing import DIGEST, FORMAT, hash_value
 from ..sizes import parse_size
-from .keys import MISS
+from .keys import MISS, PlanCache
 from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
 from .trust import KEY_FILE, check_directory, load_key, make_cache_directory, user_key, user_key_folder
 
@@ -88,7 +88,7 @@ class VerifyReport:
     other_secret: int = 0  # entries written under another secret: kept, not checked
 
 
-class DiskCache:
+class DiskCache(PlanCache):
     """A node-result cache in a directory shared by any number of processes.
 
     secret: the MAC key. By default `HARDY_CACHE_KEY` (any string; for a cache shared between users

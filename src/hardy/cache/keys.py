@@ -7,8 +7,9 @@ the Daft engine's keyed stages and `DiskCache` all call these functions.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from blake3 import blake3
 
@@ -19,20 +20,33 @@ from ..node import Node
 MISS: Any = object()  # "not in the cache": a node whose result slot holds this must run
 
 
-class PlanCache(Protocol):
-    """What a compiled plan calls on its cache (`DiskCache` is the implementation)."""
+class PlanCache(ABC):
+    """What a compiled plan calls on its cache (`DiskCache` is the implementation; the engine
+    accepts any subclass)."""
 
-    def input_key(self, value: Any, name: str) -> bytes: ...
+    @abstractmethod
+    def input_key(self, value: Any, name: str) -> bytes:
+        """The key of one input value (`name`: the input's name, for the error of an unhashable one)."""
 
-    def lookup(self, key: bytes) -> Any: ...
+    @abstractmethod
+    def lookup(self, key: bytes) -> Any:
+        """The value stored under `key`, or `MISS`."""
 
-    def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]: ...
+    @abstractmethod
+    def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]:
+        """The values of those keys that are stored (several outputs of one call, read together)."""
 
-    def fill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+    @abstractmethod
+    def fill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`func(*args, **kwargs)`, stored under `key` (once per key, however many callers race)."""
 
-    async def afill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+    @abstractmethod
+    async def afill(self, key: bytes, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fill` for a coroutine function."""
 
-    def report(self) -> None: ...
+    @abstractmethod
+    def report(self) -> None:
+        """Say once what went wrong with the cache during a call (a full disk, an unreachable store)."""
 
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:

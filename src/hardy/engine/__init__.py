@@ -1,7 +1,8 @@
 """Where calls run: the Engine, the results sink, and the in-process executors."""
 
+from ..executor import Executor
 from .core import Engine
-from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor, run_chunk
+from .executors import AsyncExecutor, SequentialExecutor, ThreadedExecutor, run_chunk
 from .results import Results
 
 __all__ = ["Engine", "Results", "Executor", "SequentialExecutor", "ThreadedExecutor", "AsyncExecutor",

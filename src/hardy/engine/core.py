@@ -7,21 +7,21 @@ its pool. Every executor writes to a `Results` sink (results.py).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import arguments
+from ..cache.keys import PlanCache
 from ..crash import contained, deadlined
-from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError, NodeError
+from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
+from ..executor import Executor, IsolatedCall, WorkerCounts
 from ..node import Node
 from ..observe.progress import MapProgress
-from .executors import AsyncExecutor, Executor, SequentialExecutor, ThreadedExecutor
+from .executors import AsyncExecutor, SequentialExecutor, ThreadedExecutor
 from .results import Results
 
 if TYPE_CHECKING:
-    from ..observe.nodelog import Records
     from ..plan import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
@@ -41,7 +41,7 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
     if isinstance(map_executor, str) and map_executor not in _MAP_EXECUTORS:
         raise InvalidArgument(f"Engine(map_executor={map_executor!r}) is not one of {_MAP_EXECUTORS} "
                               "or an executor object (DaskExecutor(), RayExecutor(), ...).")
-    if not isinstance(map_executor, str) and not hasattr(map_executor, "run_items"):
+    if not isinstance(map_executor, (str, Executor)):
         raise InvalidArgumentType(f"Engine(map_executor={map_executor!r:.80}) is not one of {_MAP_EXECUTORS} "
                                   "or an executor object (DaskExecutor(), RayExecutor(), ...).")
     arguments.whole_number("Engine", "workers", workers, 1, optional=True)
@@ -50,7 +50,7 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
                               "leave it out for the safe default (forkserver).")
     arguments.whole_number("Engine", "max_tasks_per_worker", max_tasks, 1, optional=True)
     arguments.size("Engine", "max_memory_per_worker", max_memory)
-    if cache is not None and not hasattr(cache, "lookup"):
+    if cache is not None and not isinstance(cache, PlanCache):
         raise InvalidArgumentType(f"Engine(cache={cache!r:.80}) is not a cache; pass DiskCache(path) or None.")
 
 
@@ -67,31 +67,6 @@ def needs_gpu(node: Node) -> bool:
             f"node {node.name!r} asks for gpus={node.gpus:g}; a local GPU worker holds one GPU (or a share of "
             "one, with workers_per_gpu). Split the work over items, or use DaftEngine for multi-GPU tasks.")
     return node.gpus > 0
-
-
-class _Call(Results):
-    """The sink of one isolated call: its outcome, and where the node ran and for how long, as
-    its worker measured it (the call is logged there: nodelog.py)."""
-
-    def __init__(self, name: str, located: bool):
-        super().__init__(1, "raise", MapProgress(1, name, False))
-        self.log_nodes = located  # someone listens to the node's events
-        self.where: tuple[int, float | None] | None = None
-
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
-        super().ok(i, out)
-        self._ran(records)
-
-    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
-        super().fail(i, err)
-        self._ran(records, worker)
-
-    def _ran(self, records: Sequence[Records], died_in: int | None = None) -> None:
-        if records:  # its last event is the last attempt's
-            events = records[-1].events()
-            self.where = records[-1].pid, events.ends[-1] - events.starts[-1] if len(events.starts) else None
-        elif died_in:
-            self.where = died_in, None
 
 
 class OneRun(Results):
@@ -129,7 +104,7 @@ class Engine:
                  workers: int | None = None, *, start_method: str | None = None,
                  preload: Sequence[str] = (), preload_libs: Sequence[str] = (),
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
-                 cache: Any = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
+                 cache: PlanCache | None = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
                  gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1,
                  stall_report: float | None = None):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
@@ -192,7 +167,7 @@ class Engine:
         """What calls nodes in this process, where a node's timeout could not stop it (see
         `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
         including nested pipelines inside a worker (the worker posts their deadlines)."""
-        if contained() or (for_map or self.runs_in_workers) and getattr(self.map_executor, "enforces_timeouts", False):
+        if contained() or (for_map or self.runs_in_workers) and self.map_executor.enforces_timeouts:
             return None
         return f"map_executor={self.map_executor_spec!r}" if for_map else "Pipeline.run"
 
@@ -212,53 +187,11 @@ class Engine:
             return self._isolated(node)
         return node.func
 
-    def _isolated(self, node: Node) -> Callable[..., Any]:
+    def _isolated(self, node: Node) -> IsolatedCall:
         """`node` as a function whose every call is a one-item map on this engine's worker pool
         (@node(isolate=True)): crash reports, retries and timeouts are the pool's, written once."""
-        from ..graph import Graph
-        from ..plan import Plan
-        outputs = node.outputs
-        plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
-
-        def run(args: tuple[Any, ...], kwargs: dict[str, Any], located: bool = False) -> _Call:
-            item = dict(zip(node.inputs, args))
-            item.update(kwargs)
-            names = tuple(item)
-            plan = plans.get(names) or plans.setdefault(names, Plan(Graph([node]), names, outputs))
-            results = _Call(node.name, located)
-            self._pool_for(needs_gpu(node)).run_items(plan, [item], results)
-            return results
-
-        def settle(results: _Call) -> Any:
-            if results.failures:
-                err = results.failures[0]
-                err.item = None
-                raise err
-            out = results.values[0]
-            return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return settle(run(args, kwargs))
-
-        def located(*args: Any, **kwargs: Any) -> tuple[tuple[int, float | None] | None, Callable[[], Any]]:
-            """Where the call ran and for how long there, and its outcome (for node events)."""
-            results = run(args, kwargs, located=True)
-            return results.where, functools.partial(settle, results)
-
-        call.enforces_policy = True  # type: ignore[attr-defined]  # the worker applies hardy.policy
-        call.located = located  # type: ignore[attr-defined]
-        if node.is_async:
-            import asyncio
-
-            async def acall(*args: Any, **kwargs: Any) -> Any:
-                return settle(await asyncio.to_thread(run, args, kwargs))
-
-            async def alocated(*args: Any, **kwargs: Any) -> tuple[tuple[int, float | None] | None, Callable[[], Any]]:
-                return await asyncio.to_thread(located, *args, **kwargs)
-            acall.enforces_policy = True  # type: ignore[attr-defined]
-            acall.located = alocated  # type: ignore[attr-defined]
-            return acall
-        return call
+        from .isolated import AsyncWorkerCall, WorkerCall
+        return (AsyncWorkerCall if node.is_async else WorkerCall)(node, lambda: self._pool_for(needs_gpu(node)))
 
     # --- executors -------------------------------------------------------------------------------
 
@@ -323,17 +256,13 @@ class Engine:
             self._window_runner = WindowRunner(self)
         return self._window_runner
 
-    def worker_counts(self, peaks: bool = True) -> dict[str, Any]:
+    def worker_counts(self, peaks: bool = True) -> WorkerCounts:
         """Worker processes started, died and recycled so far, and (`peaks`) the peak memory of those alive."""
         # this engine's pool, and the ones an engine's executor (Dask, Ray) keeps on that engine's workers
-        sources: dict[int, Any] = {id(s): s for s in (self._process_pool, self._map_executor) if hasattr(s, "counts")}
-        if not sources:  # no worker yet (every map asks, for its light report)
-            return {"started": 0, "died": 0, "recycled": 0, "peak_rss": {}}
-        from ..workers.pool import COUNTED, add_counts
-        counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
-        for source in sources.values():
-            add_counts(counts, source.counts(peaks))
-        return counts
+        total = WorkerCounts()
+        for source in {id(s): s for s in (self._process_pool, self._map_executor) if s is not None}.values():
+            total += source.counts(peaks) or WorkerCounts()
+        return total
 
     def close(self) -> None:
         """Stop worker processes and threads. Engines also close at interpreter exit."""

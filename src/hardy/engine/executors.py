@@ -3,32 +3,23 @@
 An executor receives the compiled Plan, the list of item inputs and a `Results` sink, and runs
 chunks of items through `plan.run`. It never interprets the pipeline itself, so run/map/nesting/
 errors exist once (plan.py, engine/core.py) and executors differ only in *where* a chunk runs.
-Executors that run elsewhere (worker processes, Dask, Ray) implement the same two-method protocol.
+Executors that run elsewhere (worker processes, Dask, Ray) keep the same contract (`hardy.executor`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..batching import Batched, batched
 from ..crash import reported_crashes
 from ..errors import NodeError
+from ..executor import Executor
 from ..plan import Plan, run_sync
 
 if TYPE_CHECKING:
     from .results import Results
-
-
-class Executor(Protocol):
-    """Runs the items of a map. `mode` is the plan flavour it needs ("sequential" or "async")."""
-
-    mode: str
-
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
@@ -86,21 +77,16 @@ def chunk_size(plan: Plan, size: int) -> int:
     return max(1, -(-size // group.group)) * group.group
 
 
-class SequentialExecutor:
-    mode = "sequential"
+class SequentialExecutor(Executor):
+    """Every item in turn, in this process."""
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         with reported_crashes("sequential"):
             run_chunk(plan, items, range(len(items)), results)
 
-    def close(self) -> None:
-        pass
 
-
-class ThreadedExecutor:
+class ThreadedExecutor(Executor):
     """Chunks of items on a thread pool: for I/O-bound nodes and native code that releases the GIL."""
-
-    mode = "sequential"
 
     def __init__(self, workers: int | None = None):
         self.workers = workers or min(32, (os.cpu_count() or 1) + 4)
@@ -124,7 +110,7 @@ class ThreadedExecutor:
             self._pool = None
 
 
-class AsyncExecutor:
+class AsyncExecutor(Executor):
     """All items as coroutines on one event loop, at most `workers` at a time."""
 
     mode = "async"
@@ -153,6 +139,3 @@ class AsyncExecutor:
                     results.ok(i, out)
 
         await asyncio.gather(*(one(i) for i in range(len(items))))
-
-    def close(self) -> None:
-        pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError
@@ -32,6 +32,10 @@ class Results:
     map), added wherever an index leaves the sink: errors, events, the run report and the plan's
     cache events (a window's `Events` read their items by the map's index too)."""
 
+    ok_per_item: ClassVar[bool] = False
+    """Set by a subclass whose `ok` must see every success (a window announcing it, a remote
+    chunk's rows, an isolated call's sink): `take` then calls it per row instead of its batch loop."""
+
     def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
                  live: _Live | None = None, offset: int = 0, cached: bool = False):
         self.offset = offset
@@ -52,7 +56,6 @@ class Results:
         # dict: a fast map hands out and ends a million items a second
         self._started = [time.perf_counter()] * n
         self.retries: dict[int, int] = {}
-        self._wraps_ok = type(self).ok is not Results.ok
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
@@ -76,7 +79,7 @@ class Results:
         part of the log, unless replayed here already), for the pool's policy to retry or `fail`
         them. One loop per batch: in a map of fast items, this loop is the parent's per-item
         cost, which bounds the whole map's throughput."""
-        if self._wraps_ok:  # a subclass's `ok` sees every success (a window announcing it, a remote chunk's rows)
+        if self.ok_per_item:
             return one_by_one(rows, unsent, records, self.ok)
         failed: list[tuple[Any, ...]] = []
         pop = unsent.pop

@@ -56,6 +56,8 @@ class _Streamed(Results):
 
     finished: queue.SimpleQueue[Any]
 
+    ok_per_item = True
+
     def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
         super().ok(i, out, records)
         self.finished.put((self, i))

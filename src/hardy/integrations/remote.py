@@ -34,11 +34,12 @@ import cloudpickle
 
 from ..engine.results import Results
 from ..errors import NodeCrashed, WorkerImportError
+from ..executor import Executor, WorkerCounts
 from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
-from ..workers.pool import COUNTED, WorkerPool, add_counts
+from ..workers.pool import WorkerPool
 
 _PLANS: dict[bytes, Plan] = {}
 CHUNK_MAX = 5000
@@ -66,7 +67,7 @@ def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
     before = pool.counts()
     rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log)
     after = pool.counts()
-    return dumps((rows, {**{k: after[k] - before[k] for k in COUNTED}, "peak_rss": after["peak_rss"]}))
+    return dumps((rows, after.since(before)))
 
 
 _here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
@@ -76,6 +77,8 @@ class _Rows(Results):
     """A chunk's outcomes, with each item's node log (`log`) to send on to the caller's
     Results; a worker's death is logged as an item alone naming it, so that the caller
     reports the node it died in."""
+
+    ok_per_item = True
 
     def __init__(self, n: int, log: bool):
         super().__init__(n, "continue", MapProgress(n, "chunk", False))
@@ -129,22 +132,21 @@ def require(module: str, extra: str) -> Any:
                           f"here ({exc}). Install it with: pip install \"hardy[{extra}]\"") from exc
 
 
-class RemoteExecutor:
+class RemoteExecutor(Executor):
     """What every engine-backed map executor shares: shipping with hardy's own errors first,
     delivering per-item rows, translating the engine's errors."""
 
-    mode = "sequential"
     engine = "engine"
     enforces_timeouts = True  # chunks run in hardy's worker processes (run_contained)
 
     def __init__(self, ship_modules: Sequence[str] = ()):
         self.ship_modules = tuple(ship_modules)
-        self._counts: dict[str, Any] = {**dict.fromkeys(COUNTED, 0), "peak_rss": {}}
+        self._counts = WorkerCounts()
 
-    def counts(self, peaks: bool = True) -> dict[str, Any]:
-        """hardy's worker processes on the engine's workers, as `WorkerPool.counts` (for run
-        reports): started, died and recycled so far, and the peak RSS each had at its last chunk."""
-        return {**self._counts, "peak_rss": dict(self._counts["peak_rss"])}
+    def counts(self, peaks: bool = True) -> WorkerCounts:
+        """hardy's worker processes on the engine's workers, as `WorkerPool.counts`: the peak
+        RSS is each one's at its last chunk."""
+        return self._counts + WorkerCounts()
 
     # --- what an engine provides ---------------------------------------------------------------
 
@@ -253,7 +255,7 @@ class TaskExecutor(RemoteExecutor):
                         pending[again], shipped[again] = chunk, blob
                         lost.add(again)
                     continue
-                add_counts(self._counts, counts)
+                self._counts += counts
                 self._deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from ..executor import IsolatedCall
 from ..node import Node
 from .nodelog import CACHED, END, ERROR, Records
 from .nodelog import Events as LogEvents
@@ -537,7 +538,7 @@ class Events:
             return {**dict(zip(params, args)), **kwargs}
 
         # A call into a worker (Engine._isolated) also says where it ran and for how long there.
-        located = getattr(func, "located", None)
+        located = func.located if isinstance(func, IsolatedCall) else None
 
         if node.is_async:
             @functools.wraps(func)

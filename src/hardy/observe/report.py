@@ -13,6 +13,7 @@ renderings of that data, so `hardy report run.json` renders a report written by 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
+from ..executor import WorkerCounts
 from .callbacks import CallbackContext, PipelineCallback
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class _Live:
         self.timeline: list[tuple[int, str, float, float, bool]] = []
         self.node_pids: dict[str, set[int]] = {}  # the worker processes each node ran in
         self.lock = threading.Lock()
-        self.workers_before: dict[str, Any] = {}
+        self.workers_before = WorkerCounts()
         self.inputs: list[dict[str, Any]] | None = None  # a map's items: failed ones are kept beside a report file
         self.wall = 0.0
 
@@ -128,8 +130,7 @@ class Recorder(PipelineCallback):
         live.wall = time.perf_counter() - live.t0
         engine = pipeline.engine
         now = engine.worker_counts(peaks=light is None)
-        workers = {k: now[k] - live.workers_before[k] for k in ("started", "died", "recycled")}
-        workers["peak_rss"] = now["peak_rss"]
+        workers = dataclasses.asdict(now.since(live.workers_before))
         succeeded = live.items - len(failures) if succeeded is None else succeeded
         if light is not None:
             self._pending = (pipeline, live, dict(failures), workers, succeeded)

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import transport
 from ..errors import InvalidArgument
+from ..executor import Executor, WorkerCounts
 from ..plan import Plan
 from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
@@ -25,17 +26,8 @@ from . import launch
 from .process import Worker, peak_rss
 from .scheduling import MapRun
 
-COUNTED = ("started", "died", "recycled")  # what happens to worker processes, as run reports count it
 
-
-def add_counts(total: dict[str, Any], more: dict[str, Any]) -> None:
-    """`more` (as `WorkerPool.counts` gives them) into `total`: counts summed, peaks updated."""
-    for k in COUNTED:
-        total[k] += more[k]
-    total["peak_rss"].update(more["peak_rss"])
-
-
-class WorkerPool:
+class WorkerPool(Executor):
     """Long-lived worker processes that run chunks of map items and single isolated node calls.
 
     It is the "process" map executor and the runner of `@node(isolate=True)`. Maps and isolated
@@ -43,7 +35,6 @@ class WorkerPool:
     them back as soon as it has none, so N threads each calling an isolated node use N workers.
     """
 
-    mode = "sequential"
     enforces_timeouts = True  # a worker that runs past a node's timeout is killed
 
     def __init__(self, workers: int | None = None, start_method: str | None = None,
@@ -114,11 +105,9 @@ class WorkerPool:
         self.replaced += 1
         self.recycled += stop
 
-    def counts(self, peaks: bool = True) -> dict[str, Any]:
-        """For run reports: workers started, died, recycled; peak RSS of the live ones by pid
-        (`peaks`: read from /proc, the only part that costs anything)."""
-        return {"started": self._started, "died": self.replaced - self.recycled, "recycled": self.recycled,
-                "peak_rss": {str(pid): peak_rss(pid) for pid in self.pids()} if peaks else {}}
+    def counts(self, peaks: bool = True) -> WorkerCounts:
+        return WorkerCounts(self._started, self.replaced - self.recycled, self.recycled,
+                            {str(pid): peak_rss(pid) for pid in self.pids()} if peaks else {})
 
     def claim(self, run: MapRun) -> list[int]:
         """The slots `run` may use now: those it holds, plus every free one while it has work."""

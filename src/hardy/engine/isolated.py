@@ -1,0 +1,91 @@
+"""`@node(isolate=True)`: every call of the node is a one-item map on the engine's worker pool, so
+crash reports, retries and timeouts are the pool's, written once (`hardy.executor.IsolatedCall`)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import NodeError
+from ..executor import Executor, IsolatedCall, Where
+from ..graph import Graph
+from ..node import Node
+from ..observe.nodelog import Records
+from ..observe.progress import MapProgress
+from ..plan import Plan
+from .results import Results
+
+
+class CallResults(Results):
+    """The sink of one isolated call: its outcome, and where the node ran and for how long, as
+    its worker measured it (the call is logged there: nodelog.py)."""
+
+    ok_per_item = True
+
+    def __init__(self, name: str, located: bool):
+        super().__init__(1, "raise", MapProgress(1, name, False))
+        self.log_nodes = located  # someone listens to the node's events
+        self.where: tuple[int, float | None] | None = None
+
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+        super().ok(i, out)
+        self._ran(records)
+
+    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+        super().fail(i, err)
+        self._ran(records, worker)
+
+    def _ran(self, records: Sequence[Records], died_in: int | None = None) -> None:
+        if records:  # its last event is the last attempt's
+            events = records[-1].events()
+            self.where = records[-1].pid, events.ends[-1] - events.starts[-1] if len(events.starts) else None
+        elif died_in:
+            self.where = died_in, None
+
+
+class WorkerCall(IsolatedCall):
+    """A sync node's calls, each run by the pool `pool()` gives (the engine's, made on first use)."""
+
+    def __init__(self, node: Node, pool: Callable[[], Executor]):
+        self.node, self.pool = node, pool
+        self.plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], located: bool = False) -> CallResults:
+        item = dict(zip(self.node.inputs, args))
+        item.update(kwargs)
+        names = tuple(item)
+        plan = self.plans.get(names) or self.plans.setdefault(names, Plan(Graph([self.node]), names,
+                                                                          self.node.outputs))
+        results = CallResults(self.node.name, located)
+        self.pool().run_items(plan, [item], results)
+        return results
+
+    def settle(self, results: CallResults) -> Any:
+        if results.failures:
+            err = results.failures[0]
+            err.item = None
+            raise err
+        out, outputs = results.values[0], self.node.outputs
+        return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.settle(self.run(args, kwargs))
+
+    def located(self, *args: Any, **kwargs: Any) -> tuple[Where, Callable[[], Any]]:
+        results = self.run(args, kwargs, located=True)
+        return results.where, functools.partial(self.settle, results)
+
+
+class AsyncWorkerCall(IsolatedCall):
+    """An async node's calls: the pool's blocking wait runs in a thread, off the event loop."""
+
+    def __init__(self, node: Node, pool: Callable[[], Executor]):
+        self.calls = WorkerCall(node, pool)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self.calls, *args, **kwargs)
+
+    async def located(self, *args: Any, **kwargs: Any) -> tuple[Where, Callable[[], Any]]:
+        return await asyncio.to_thread(self.calls.located, *args, **kwargs)
