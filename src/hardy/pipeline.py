@@ -141,11 +141,14 @@ class Pipeline:
         return tuple(i for i in self.graph.root_inputs if i not in self._bound)
 
     def with_engine(self, engine: Engine) -> Pipeline:
-        """Use `engine` from now on; returns the pipeline for chaining (HyperNodes' spelling)."""
+        """Use `engine` from now on; returns this pipeline, changed, for chaining (HyperNodes' builder
+        rule, which every `with_*` method follows: it changes the pipeline in place, as `bind` does,
+        while the methods that return a copy say so by their names: `cached_in`, `observed_by`)."""
         self.engine = engine
         return self
 
     def with_name(self, name: str) -> Pipeline:
+        """Name the pipeline (in errors, reports, drawings and nested paths); returns it, changed."""
         self.name = name
         return self
 
@@ -177,8 +180,9 @@ class Pipeline:
         state.update(_plans={}, _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
-    def with_cache(self, cache: PlanCache | None) -> Pipeline:
-        """This pipeline using `cache` (itself, if it has a cache of its own already)."""
+    def cached_in(self, cache: PlanCache | None) -> Pipeline:
+        """A copy of this pipeline using `cache` (itself, if it has a cache of its own already); the
+        pipeline itself is unchanged. How a nested pipeline inherits its parent's cache."""
         if self.cache is not None:
             return self
         copy = self._with_cache.get(id(cache))
@@ -187,8 +191,9 @@ class Pipeline:
             self._with_cache[id(cache)] = copy
         return copy
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
-        """This pipeline reporting to `callbacks` (a nested pipeline reports to its parent's)."""
+    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
+        """A copy of this pipeline reporting to `callbacks` (a nested pipeline reports to its
+        parent's); the pipeline itself is unchanged."""
         if list(callbacks) == self.callbacks:
             return self
         copy = self._copy()
@@ -373,7 +378,7 @@ class Pipeline:
         if isinstance(node, PipelineNode):
             node = node.under(self._engine)
             if observers:
-                node = node.with_callbacks(observers)
+                node = node.observed_by(observers)
         func = self._engine.node_function(node)
         if observers:
             func = Events(observers).instrument(node, func)
@@ -599,14 +604,14 @@ class PipelineNode(Node):
         self.timeout = None
         self.func = self._call
 
-    def with_cache(self, cache: Any) -> PipelineNode:
-        """This node with its inner pipeline caching into `cache`: each inner node and map item is
-        cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
-        return self._copy(self.pipeline.with_cache(cache), cache=False)
+    def cached_in(self, cache: Any) -> PipelineNode:
+        """A copy of this node with its inner pipeline caching into `cache`: each inner node and map
+        item is cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
+        return self._copy(self.pipeline.cached_in(cache), cache=False)
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
-        """This node with its inner pipeline reporting to `callbacks`."""
-        return self._copy(self.pipeline.with_callbacks(callbacks))
+    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
+        """A copy of this node with its inner pipeline reporting to `callbacks`."""
+        return self._copy(self.pipeline.observed_by(callbacks))
 
     def under(self, engine: Engine) -> PipelineNode:
         """This node run by the engine of the pipeline it is part of, unless its own pipeline was

@@ -191,8 +191,8 @@ class Plan:
         self._fn: list[str] = []
         for k, step in enumerate(self.steps):
             node = step.node
-            if self.cache is not None and hasattr(node, "with_cache"):
-                node = node.with_cache(self.cache)  # a nested pipeline caches its own nodes
+            if self.cache is not None and hasattr(node, "cached_in"):
+                node = node.cached_in(self.cache)  # a nested pipeline caches its own nodes
             self._fn.append(_identifier(f"f_{step.node.name}", taken))
             ns[self._fn[k]] = self._function_for(k, self._calls.get(step.node.name, node))
             for o in step.node.outputs:

@@ -165,7 +165,7 @@ def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flow
         _fail_usage(str(exc))
     if cache:
         from ..cache import DiskCache
-        pipeline = pipeline.with_cache(DiskCache(cache))
+        pipeline = pipeline.cached_in(DiskCache(cache))
     with engine, _Interruptible() as interrupted:
         try:
             rows = pipeline.imap(values, map_over=over, on_error="continue", progress=progress, engine=engine,

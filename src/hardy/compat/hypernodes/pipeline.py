@@ -43,7 +43,7 @@ class Pipeline(HardyPipeline):
         self._own_callbacks = list(callbacks)
         self._inherited = False
 
-    def with_callbacks(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
+    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
         copy = self._copy()
         copy._own_callbacks, copy._inherited = list(callbacks), True
