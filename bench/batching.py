@@ -5,14 +5,18 @@ here, one CPU thread per process) -> score (per item), all in one run:
 
 - the plain single-process loop, per item and batched (64 per model call): the floors;
 - hardy per item and hardy batched (`@node(batch_size=64)`), process executor, 2 workers;
-- Ray Data (`map` + `map_batches`, 2 CPUs) and Daft (row functions + a batch UDF class);
+- Ray Data (`map` + `map_batches`; Ray started on 127.0.0.1 with 2 CPUs and a 200 MiB object
+  store; when it cannot start, the table says why) and Daft (row functions + a batch UDF class);
 - HyperNodes 0.4.8, `DualNode` on its `DaftEngine`, from the side environment in HN_PYTHON (a
-  venv with `hypernodes==0.4.8` and `daft<0.7`; skipped when absent);
+  venv with `hypernodes==0.4.8` and `daft<0.7`, made with pip when missing; skipped, saying why,
+  when it cannot be);
 
 then hardy batched again with one poisoned document whose tokens make the embed call segfault (a
 real NULL read), the same document through Ray Data, Daft and HyperNodes, and a warm cached re-run
 (its batch calls counted). Throughput is warm (each engine started and run once on a small map),
-the best of `REPEATS` maps. Ratios against the plain loops and against each peer are printed.
+the best of `REPEATS` maps; the plain batched loop, hardy batched and hardy batched with the
+poisoned document are measured in turns, `ROUNDS` times, the best of each kept. Ratios against the
+plain loops and against each peer are printed, with the load average at the start and the end.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ os.environ.setdefault("DAFT_PROGRESS_BAR", "0")
 
 N = int(os.environ.get("N", "20000"))
 REPEATS = int(os.environ.get("REPEATS", "2"))
+ROUNDS = int(os.environ.get("ROUNDS", "5"))  # turns of plain batched / hardy clean / hardy poisoned
 BATCH = 64
 VOCAB = 20_000
 POISON_ID = VOCAB  # the token only the poisoned document has: the embed call that sees it segfaults
@@ -159,8 +164,14 @@ def hardy_map(p, docs):
 
 def ray_data(docs):
     import ray
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    import ray.data
+    if not ray.is_initialized():  # (its workers import this file's functions: PYTHONPATH, `side`)
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20,
+                     _node_ip_address="127.0.0.1", _temp_dir=tempfile.mkdtemp(prefix="ray-"))
+        except Exception as exc:  # reported in the table: Ray did not start here
+            raise RuntimeError(f"Ray did not start: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        ray.data.DataContext.get_current().enable_progress_bars = False
 
     def embed_batch(batch):  # tasks, each process building its model once (`model()`)
         batch["embedding"] = list(embed_many(list(batch["ids"])))
@@ -223,29 +234,59 @@ except BaseException as e:
 
 
 def side(kind: str, poisoned: int | None, timeout: float = 900) -> dict:
-    """A peer in a child process (a segfault there must not end this run): seconds and results."""
+    """A peer in a child process (a segfault there must not end this run): seconds and results,
+    or why it has none."""
     here = os.path.dirname(os.path.abspath(__file__))
     if kind == "hypernodes":
-        if not os.path.exists(HN_PYTHON):
-            return {"skipped": "no side environment (HN_PYTHON)"}
-        code, python = HN_SCRIPT.format(here=here, n=N, poisoned=poisoned), HN_PYTHON
+        python = hn_python()
+        if python.startswith("skipped"):
+            return {"skipped": python}
+        code = HN_SCRIPT.format(here=here, n=N, poisoned=poisoned)
     else:
         code = (f"import json, sys, time; sys.path.insert(0, {here!r}); import batching as b\n"
                 f"docs = b.documents({N}, {poisoned}); run = b.{kind}\n"
-                f"run(docs[:500])\nt = time.perf_counter()\n"
+                f"try:\n    run(b.documents(500))\n"
+                f"except BaseException as e:\n"
+                f"    print(json.dumps({{'skipped': f'{{type(e).__name__}}: {{e}}'[:200]}})); sys.exit()\n"
+                f"t = time.perf_counter()\n"
                 f"try:\n    out = run(docs); print(json.dumps({{'s': time.perf_counter() - t, 'results': len(out)}}))\n"
                 f"except BaseException as e:\n"
                 f"    print(json.dumps({{'s': time.perf_counter() - t, 'results': 0, 'error': type(e).__name__}}))\n")
         python = sys.executable
     t = time.perf_counter()
+    # the peers' own worker processes (Ray's tasks, Daft's UDF processes) import this file's functions
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (here, os.environ.get("PYTHONPATH"))))}
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"s": timeout, "results": 0, "error": f"no answer in {timeout:.0f} s"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        return {"s": time.perf_counter() - t, "results": 0, "error": f"process died ({done.returncode})"}
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
+        return {"s": time.perf_counter() - t, "results": 0, "error": f"process died ({done.returncode}): {why}"}
     return json.loads(lines[-1])
+
+
+def hn_python() -> str:
+    """The side environment's Python for HyperNodes 0.4.8 (its DaftEngine needs daft < 0.7, whose
+    wheels conflict with the daft this environment runs): HN_PYTHON, made there with pip when
+    it is missing; or why it is skipped."""
+    check = [HN_PYTHON, "-c", "import hypernodes, daft; from hypernodes.engines import DaftEngine"]
+    if os.path.exists(HN_PYTHON) and subprocess.run(check, capture_output=True).returncode == 0:
+        return HN_PYTHON
+    venv = os.path.dirname(os.path.dirname(HN_PYTHON))
+    steps = ([sys.executable, "-m", "venv", "--system-site-packages", venv],
+             [HN_PYTHON, "-m", "pip", "install", "-q", "hypernodes==0.4.8", "daft<0.7"])
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"skipped: {' '.join(step[:4])}... failed ({exc})"
+        if done.returncode != 0:
+            return f"skipped: {' '.join(step[-3:])} failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:100]}"
+    if subprocess.run(check, capture_output=True).returncode != 0:
+        return "skipped: hypernodes 0.4.8 installed but its DaftEngine does not import"
+    return HN_PYTHON
 
 
 def main() -> None:
@@ -255,27 +296,47 @@ def main() -> None:
     from hardy import DiskCache, Engine, Failed, NodeCrashed
     docs = documents(N)
     rows: dict[str, dict] = {}
+    print(f"load average (1, 5, 15 min) at the start: {os.getloadavg()}")
     model()
     rows["plain loop, per item (1 process)"] = {"s": best(lambda: plain_per_item(docs))[0], "results": N}
     reference = plain_batched(docs)
-    rows["plain loop, batched 64 (1 process)"] = {"s": best(lambda: plain_batched(docs))[0], "results": N}
 
     engine = Engine(map_executor="process", workers=2, preload=["torch"])
-    for batched in (False, True):
-        p, _ = hardy_pipeline(batched, engine)
-        hardy_map(p, docs[:500])
-        s, out = best(lambda p=p: hardy_map(p, docs))
-        name = "hardy, batched 64 (2 workers)" if batched else "hardy, per item (2 workers)"
+    p, _ = hardy_pipeline(False, engine)
+    hardy_map(p, docs[:500])
+    s, out = best(lambda p=p: hardy_map(p, docs))
+    assert sum(not isinstance(o, Failed) for o in out) == N
+    rows["hardy, per item (2 workers)"] = {"s": s, "results": N}
+
+    # The three figures the targets compare, measured in turns (the plain loop, hardy clean, hardy
+    # with the poisoned document; best of ROUNDS each), so that a busy moment of a shared machine
+    # falls on all three alike.
+    p, _ = hardy_pipeline(True, engine)
+    hardy_map(p, docs[:500])
+    poisoned = documents(N, poisoned=N // 3)
+    times: dict[str, list[float]] = {"plain": [], "clean": [], "poisoned": []}
+    for _ in range(ROUNDS):
+        times["plain"].append(timed(lambda: plain_batched(docs))[0])
+        s, out = timed(lambda p=p: hardy_map(p, docs))
         ok = [o for o in out if not isinstance(o, Failed)]
         assert len(ok) == N and max(abs(a["score"] - b) for a, b in zip(ok, reference)) < 1e-3 * max(reference)
-        rows[name] = {"s": s, "results": len(ok)}
+        times["clean"].append(s)
+        s, out = timed(lambda p=p: hardy_map(p, poisoned))
+        crashed = [o.error for o in out if isinstance(o, Failed)]
+        assert len(crashed) == 1 and isinstance(crashed[0], NodeCrashed) and crashed[0].item == N // 3, crashed
+        times["poisoned"].append(s)
+    rows["plain loop, batched 64 (1 process)"] = {"s": min(times["plain"]), "results": N}
+    rows["hardy, batched 64 (2 workers)"] = {"s": min(times["clean"]), "results": N}
+    rows["hardy, batched 64, 1 poisoned document"] = {"s": min(times["poisoned"]), "results": N - 1, "crashed": 1}
+    print("each round's seconds (plain batched loop, hardy batched, hardy batched with the poisoned document):",
+          [tuple(round(times[k][r], 3) for k in times) for r in range(ROUNDS)])
 
-    p, _ = hardy_pipeline(True, engine)
-    poisoned = documents(N, poisoned=N // 3)
-    s, out = timed(lambda: hardy_map(p, poisoned))
-    crashed = [o.error for o in out if isinstance(o, Failed)]
-    assert len(crashed) == 1 and isinstance(crashed[0], NodeCrashed) and crashed[0].item == N // 3, crashed
-    rows["hardy, batched 64, 1 poisoned document"] = {"s": s, "results": N - len(crashed), "crashed": len(crashed)}
+    reported = Engine(map_executor="process", workers=2, preload=["torch"], report=True)
+    p, _ = hardy_pipeline(True, reported)  # its batch calls as the run report shows them (not timed)
+    hardy_map(p, docs[:500])
+    hardy_map(p, docs)
+    (embed_row,) = [n for n in p.report().to_dict()["nodes"] if n["name"] == "embed"]
+    reported.close()
 
     for name, kind in (("Ray Data, map + map_batches(64) tasks (2 CPUs)", "ray_data"),
                        ("Daft, row UDFs + batch UDF(64) (2 processes)", "daft_run"),
@@ -315,6 +376,12 @@ def main() -> None:
     Console(width=140).print(t)
     clean = batched_s
     print(f"poisoned / clean (hardy batched): {rows['hardy, batched 64, 1 poisoned document']['s'] / clean:.2f}x")
+    b = embed_row["batches"]
+    print(f"the run report of a batched map (Engine(report=True)): embed {b['calls']} calls, "
+          f"{b['size_mean']:.1f} items per call (min {b['size_min']}, max {b['size_max']}), "
+          f"{b['mean_s'] * 1e3:.2f} ms per call (p95 {b['p95_s'] * 1e3:.2f} ms), "
+          f"{embed_row['mean_s'] * 1e6:.1f} us per item")
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     print(json.dumps(rows))
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hardy import DiskCache, Engine, Failed, NodeCrashed, NodeError, NodeTimeout, Pipeline, node
+from hardy import DiskCache, Engine, Failed, NodeCrashed, NodeError, NodeTimeout, Pipeline, PipelineCallback, node
 from hardy.errors import NodeDefinitionError
 
 torch = pytest.importorskip("torch")
@@ -102,6 +102,8 @@ def test_batched_node_is_called_with_lists_per_group_and_singly_in_run():
     # groups of the largest batch size (4): `scale` once per group, `add` in 3s within it
     assert calls == [[0, 1, 2, 3], [-1, 3], [-1, 1], [4, 5, 6, 7], [-1, 3], [-1, 1], [8, 9], [-1, 2]]
     assert scale(n=[1], factor=[5]) == ([5], [3])  # calling the node calls the function unchanged
+    assert p.map(inputs={"word": ["ab", "c"], "factor": 2}, map_over="word", output_name="double") == [
+        {"double": 4}, {"double": 2}]  # the outputs asked for, no more
     calls.clear()
     streamed = p.imap(inputs={"word": ("a" * k for k in range(10)), "factor": 2}, map_over="word", window=8)
     assert [o["total"] for o in streamed] == [5 * k for k in range(10)]
@@ -150,6 +152,127 @@ def test_batch_size_is_checked_where_the_node_is_made():
         return x
     with pytest.raises(NodeDefinitionError, match="batch_size= needs a plain function"):
         node(later, output_name="y", batch_size=4)
+
+
+def test_batch_wait_is_checked_where_the_node_is_made():
+    with pytest.raises(NodeDefinitionError, match="batch_wait=-1 is not valid; batch_wait must be a finite number"):
+        node(lambda x: x, output_name="y", batch_size=4, batch_wait=-1)
+    with pytest.raises(NodeDefinitionError, match=r"batch_wait='1' is not valid"):
+        node(lambda x: x, output_name="y", batch_size=4, batch_wait="1")
+    with pytest.raises(NodeDefinitionError, match="batch_wait=0.5 has no effect without batch_size="):
+        node(lambda x: x, output_name="y", batch_wait=0.5)
+    assert node(lambda x: x, output_name="y", batch_size=4, batch_wait=0).batch_wait == 0.0
+
+
+@node(output_name=("y", "batch_n"), batch_size=64, batch_wait=0.2)
+def double_waiting(x: list[int]) -> tuple[list[int], list[int]]:
+    return [v * 2 for v in x], [len(x)] * len(x)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_batch_wait_calls_a_partial_batch_of_a_slow_stream(executor):
+    """A source that yields an item every 50 ms: with batch_wait=0.2 the first items reach their
+    batch call after at most 5 items, and come out before the source ends, not after the 20 a
+    full window would wait for."""
+    produced: list[int] = []
+
+    def slow_source():
+        for k in range(20):
+            time.sleep(0.05)
+            produced.append(k)
+            yield k
+
+    waiting = double_waiting
+    eager = node(double_waiting.func, output_name=("y", "batch_n"), name="double_waiting", batch_size=64)
+    with Engine(map_executor=executor, workers=2) as engine:
+        for n, batched_node in ((0, waiting), (1, eager)):
+            produced.clear()
+            seen = [(out, len(produced)) for out in Pipeline(nodes=[batched_node], engine=engine).imap(
+                inputs={"x": slow_source()}, map_over="x")]
+            assert [out["y"] for out, _ in seen] == [2 * k for k in range(20)]
+            sizes = [out["batch_n"] for out, _ in seen]
+            if n == 0:  # the wait is checked as each item arrives: the 5th came >= 0.2 s after the 1st
+                assert sizes[0] <= 5 and max(sizes) < 20, sizes
+                # out before the source ended (with worker processes, the caller pulls the next
+                # windows before it hands out a finished one, so the executor never idles)
+                assert seen[0][1] <= (5 if executor == "sequential" else 15), seen
+            else:  # without batch_wait the batch waits for the source's end
+                assert seen[0][1] == 20 and set(sizes) == {20}
+
+
+class Batches(PipelineCallback):
+    """Every event a batched map reports, item and batch events with the item they name."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def on_node_end(self, node_id, outputs, duration, ctx):
+        self.events.append(("end", node_id, ctx.get("hardy.item"), duration >= 0))
+
+    def on_node_cached(self, node_id, signature, ctx):
+        self.events.append(("cached", node_id, ctx.get("hardy.item")))
+
+    def on_error(self, node_id, error, ctx):
+        self.events.append(("error", node_id, ctx.get("hardy.item"), type(error).__name__))
+
+    def on_batch_end(self, node_id, size, duration, ctx):
+        self.events.append(("batch", node_id, size, duration > 0))
+
+
+@node(output_name="y")
+def plus_one(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="z", batch_size=4)
+def doubled_but_13(y: list[int]) -> list[int]:
+    if 13 in y:
+        raise ValueError("thirteen")
+    time.sleep(0.001)
+    return [v * 2 for v in y]
+
+
+@node(output_name="w")
+def minus_one(z: int) -> int:
+    if z == 200:  # (x=99) fails after the others' results were due to be sent: its group's log is cut there
+        time.sleep(0.02)
+        raise ValueError("two hundred")
+    return z - 1
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
+def test_events_and_report_show_items_and_each_batch_call_on_every_local_executor(executor, tmp_path):
+    """The same events wherever the items ran (worker processes log them and the parent replays
+    them): each item's node events, the culprit's error, and each batch call with its size (the
+    call that raised and the halves that found item 12); the report's per-call table."""
+    callback = Batches()
+    with Engine(map_executor=executor, workers=2, report=True, cache=DiskCache(tmp_path / "c")) as engine:
+        p = Pipeline(nodes=[plus_one, doubled_but_13, minus_one], engine=engine, callbacks=[callback])
+        out = p.map(inputs={"x": list(range(16))}, map_over="x", on_error="continue")
+        report = p.report().to_dict()
+        warm = Batches()
+        again = Pipeline(nodes=[plus_one, doubled_but_13, minus_one], engine=engine, callbacks=[warm]).map(
+            inputs={"x": [99, *range(8)]}, map_over="x", on_error="continue")
+    assert [k for k, o in enumerate(out) if isinstance(o, Failed)] == [12]
+    events = callback.events
+    batches = sorted(e[2] for e in events if e[0] == "batch")
+    assert batches == [1, 1, 2, 2, 4, 4, 4, 4] and all(e[3] for e in events if e[0] == "batch")
+    assert [e[1:] for e in events if e[0] == "error"] == [("doubled_but_13", 12, "ValueError")]
+    ends = {(e[1], e[2]) for e in events if e[0] == "end"}
+    assert len([e for e in events if e[0] == "end"]) == 16 + 15 + 15 and all(e[3] for e in events if e[0] == "end")
+    assert ends == {(n, i) for n in ("plus_one", "doubled_but_13", "minus_one") for i in range(16)} - {
+        ("doubled_but_13", 12), ("minus_one", 12)}
+    (row,) = [n for n in report["nodes"] if n["name"] == "doubled_but_13"]
+    assert row["calls"] == 16 and row["failures"] == 1
+    assert row["batches"]["calls"] == 8 and row["batches"]["items"] == 22 and row["batches"]["size_max"] == 4
+    assert row["batches"]["total_s"] > 0 and "batched nodes: per call" in str(p.report())
+    assert "plus_one" not in {n["name"] for n in report["nodes"] if "batches" in n}
+    assert len(report["timeline"]) == 16 and all(t[3] >= t[2] for t in report["timeline"])
+    # a warm run: each item's batched node answered from its own cache entry, one call for the miss
+    assert [e[2] for e in warm.events if e[0] == "batch"] == [1]
+    assert sorted(e[2] for e in warm.events if e[0] == "cached" and e[1] == "doubled_but_13") == list(range(1, 9))
+    assert [e[1:] for e in warm.events if e[0] == "error"] == [("minus_one", 0, "ValueError")]
+    assert [o["w"] for o in again[1:]] == [2 * (x + 1) - 1 for x in range(8)]
 
 
 def test_cache_entries_are_per_item_and_a_warm_run_makes_no_batch_call(tmp_path):

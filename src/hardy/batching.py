@@ -20,14 +20,18 @@ run items. What stays per item:
   node's `retries`/`retry_on` apply to each call (`hardy.policy`). A crash or a timeout in a worker
   process runs the batch again one item per call on a fresh worker (`workers/deaths.py`: each
   death costs a worker start, so halving would cost more deaths).
-- **events**: items start, end and fail one by one; the batched node's call is attributed to each
-  of its items.
+- **events**: items start, end and fail one by one; each item's event for the batched node lasts
+  its share of the call that computed it (the call's time over its items), so a node's total is
+  the time its calls took. Each call is also reported whole (`called`: the node's step, its
+  items, when it began and ended): callbacks' `on_batch_end`, the progress bar and the run
+  report's batch sizes and time per batch.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -38,6 +42,9 @@ from .policy import guard
 from .stages import cut
 
 Outcome = tuple[int, bool, Any]  # (item, ok, its outputs or its NodeError)
+Span = tuple[float, float]  # an item's share of the call that computed it: (start, start + share), monotonic
+Called = Callable[[int, int, float, float], None]  # (step, items, start, end) of each batch call
+At = Callable[..., None]  # at(item) or at(item, span): see `Batched.run`
 
 
 class _Deferred(Exception):
@@ -64,9 +71,15 @@ class _Part:
     finds its cache hits, the batch function under the node's policy, its step in the whole plan)."""
 
     def __init__(self, node: Node | None, plan: Plan, probe: Plan | None, call: Callable[..., Any] | None,
-                 step: int):
+                 step: int, direct: bool = False):
         self.node, self.plan, self.probe, self.call, self.step = node, plan, probe, call, step
         self.args: tuple[tuple[str, str], ...] = plan.steps[0].args if node is not None else ()
+        # `direct`: an item's outputs are handed out without running its plan (no cache entry to
+        # key or write, no wrap observing the call): what it would return, built here
+        wanted = set(plan.outputs)
+        self.direct = [(k, name) for k, name in enumerate(node.outputs) if name in wanted] if (
+            direct and node is not None) else None
+        self.single = node is not None and len(node.outputs) == 1  # its value is the output, not a tuple
 
 
 class Batched:
@@ -78,9 +91,13 @@ class Batched:
         wrap = (lambda k, n: outer(index[n.name], n)) if outer is not None else None
         batched = {s.node.name: s.node for s in plan.steps if s.node.batch is not None}
         self.group = max(n.batch_size for n in batched.values())
+        self.names = tuple(s.node.name for s in plan.steps)  # by step, as `called` reports them
+        # how long a partial group of a stream waits for more items (`@node(batch_wait=)`): the least
+        waits = [n.batch_wait for n in batched.values() if n.batch_wait is not None]
+        self.wait: float | None = min(waits) if waits else None
         self.keyed = plan.keyed
-        self._here = threading.local()  # the outcome `_handed` gives, per thread running items
-        handed = {name: _stand_in(n, self._handed) for name, n in batched.items()}
+        self._here = threading.local()  # the outcome `_Handed` gives, per thread running items
+        handed = {name: _stand_in(n, _Handed(self._here)) for name, n in batched.items()}
         options: dict[str, Any] = dict(wrap=wrap, on_cached=plan._on_cached, name=plan.name, calls=handed)
         stages = cut(plan, lambda n: n.name if n.batch is not None else None, **options)
         if stages[0][1] is plan:  # one batched node alone: still its own keyed plan
@@ -96,26 +113,26 @@ class Batched:
             if stage.cache is not None and node.cache:
                 probe = Plan(plan.graph, stage.provided, stage.outputs, cache=stage.cache, keyed=True,
                              on_cached=plan._on_cached, name=plan.name, calls={name: _stand_in(node, _defer)})
-            self.parts.append(_Part(node, stage, probe, guard(node, node.call_batch), index[name]))
+            direct = stage.cache is None and (outer is None or getattr(outer, "observes", True) is False)
+            self.parts.append(_Part(node, stage, probe, guard(node, node.call_batch), index[name], direct))
 
-    def _handed(self, *args: Any, **kwargs: Any) -> Any:
-        ok, value = self._here.outcome
-        if ok:
-            return value
-        raise value
-
-    def run(self, items: Sequence[tuple[int, dict[str, Any]]], at: Callable[[int], None] | None = None,
-            calling: Callable[[int], None] | None = None, offset: int = 0, size: int = 0) -> Iterator[Outcome]:
+    def run(self, items: Sequence[tuple[int, dict[str, Any]]], at: At | None = None,
+            calling: Callable[[int], None] | None = None, offset: int = 0, size: int = 0,
+            called: Called | None = None) -> Iterator[Outcome]:
         """Each item's outcome, a group of `size` items at a time (default `group`; a group's
-        outcomes as soon as it is done). `at(i)`: item i's per-item nodes run next; `calling(k)`:
-        step k's batch call runs next (a worker dates them for its parent); `offset`: added to
-        item numbers given to plans (cache events name the map's item)."""
+        outcomes as soon as it is done). `at(i, span)`: item i's nodes run next (`span`: when
+        they are a batched node's, handed out from a call, the item's share of it); `calling(k)`:
+        step k's batch call runs next (a worker dates them for its parent); `called`: each batch
+        call once it is over; `offset`: added to item numbers given to plans (cache events name
+        the map's item)."""
         size = size or self.group
+        hooks = (at, calling, called)
         for start in range(0, len(items), size):
-            yield from self._group(items[start:start + size], at, calling, offset)
+            yield from self._group(items[start:start + size], hooks, offset)
 
-    def _group(self, group: Sequence[tuple[int, dict[str, Any]]], at: Callable[[int], None] | None,
-               calling: Callable[[int], None] | None, offset: int) -> Iterator[Outcome]:
+    def _group(self, group: Sequence[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int
+               ) -> Iterator[Outcome]:
+        at = hooks[0]
         alive = list(group)
         for part in self.parts:
             last = part is self.parts[-1]
@@ -132,14 +149,14 @@ class Batched:
                     ran.append((i, self._merge(values, out, last)))
                 alive = ran
             else:
-                alive = yield from self._batch(part, alive, at, calling, offset, last)
+                alive = yield from self._batch(part, alive, hooks, offset, last)
         for i, values in alive:
             yield i, True, values
 
-    def _batch(self, part: _Part, alive: list[tuple[int, dict[str, Any]]], at: Callable[[int], None] | None,
-               calling: Callable[[int], None] | None, offset: int, last: bool
-               ) -> Generator[Outcome, None, list[tuple[int, dict[str, Any]]]]:
+    def _batch(self, part: _Part, alive: list[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int,
+               last: bool) -> Generator[Outcome, None, list[tuple[int, dict[str, Any]]]]:
         """The batched node over the group's items alive: cache hits first, one call for the rest."""
+        at = hooks[0]
         done: dict[int, dict[str, Any]] = {}
         todo = alive
         if part.probe is not None:
@@ -158,11 +175,16 @@ class Batched:
                 done[i] = self._merge(values, out, last)
         size = part.node.batch_size if part.node is not None else 1
         outcomes = [outcome for start in range(0, len(todo), size)
-                    for outcome in self._call(part, [values for _, values in todo[start:start + size]], calling)]
-        here = self._here
+                    for outcome in self._call(part, [values for _, values in todo[start:start + size]], hooks)]
+        here, direct = self._here, part.direct
         for (i, values), outcome in zip(todo, outcomes, strict=True):
             if at is not None:
-                at(i)
+                at(i, outcome[2])
+            if direct is not None and outcome[0]:
+                value = outcome[1]
+                out = {direct[0][1]: value} if part.single else {name: value[k] for k, name in direct}
+                done[i] = self._merge(values, out, last)
+                continue
             here.outcome = outcome
             try:
                 out = part.plan.run(values, offset + i)  # keys, cache entry, errors: the item's own
@@ -174,28 +196,41 @@ class Batched:
             done[i] = self._merge(values, out, last)
         return [(i, done[i]) for i, _ in alive if i in done]
 
-    def _call(self, part: _Part, items: list[dict[str, Any]], calling: Callable[[int], None] | None
-              ) -> list[tuple[bool, Any]]:
-        """(ok, the item's output or the exception) per item: one call, split in halves where it raises."""
+    def _call(self, part: _Part, items: list[dict[str, Any]], hooks: tuple[Any, ...]
+              ) -> list[tuple[bool, Any, Span]]:
+        """(ok, the item's output or the exception, its share of the call) per item: one call,
+        split in halves where it raises."""
         assert part.node is not None and part.call is not None
+        _, calling, called = hooks
         n = len(items)
         columns = {p: [values[v] for values in items] for p, v in part.args}
         outputs = len(part.node.outputs)
+        if calling is not None:
+            calling(part.step)
+        start = time.monotonic()
         try:
-            if calling is not None:
-                calling(part.step)
             out = batch_outputs(part.call(**columns), part.node.name, outputs, n)
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
-            return [(False, exc)] * n
+            return [(False, exc, self._span(part, n, start, called))] * n
         except Exception as exc:
+            span = self._span(part, n, start, called)
             if n == 1:
-                return [(False, exc)]
+                return [(False, exc, span)]
             half = n // 2
-            return self._call(part, items[:half], calling) + self._call(part, items[half:], calling)
+            return self._call(part, items[:half], hooks) + self._call(part, items[half:], hooks)
+        span = self._span(part, n, start, called)
         rows = [_entries(column) for column in out]
         if outputs == 1:
-            return [(True, value) for value in rows[0]]
-        return [(True, values) for values in zip(*rows, strict=True)]
+            return [(True, value, span) for value in rows[0]]
+        return [(True, values, span) for values in zip(*rows, strict=True)]
+
+    @staticmethod
+    def _span(part: _Part, n: int, start: float, called: Called | None) -> Span:
+        """A call of n items is over: reported whole (`called`); each item's share of it."""
+        end = time.monotonic()
+        if called is not None:
+            called(part.step, n, start, end)
+        return start, start + (end - start) / n
 
     def _merge(self, values: dict[str, Any], out: dict[str, Any], last: bool) -> dict[str, Any]:
         """An item's values after a part: the last part leaves the plan's outputs (and their keys
@@ -209,6 +244,25 @@ class Batched:
         if keys is not None:
             merged[KEYS] = {**values.get(KEYS, {}), **keys}
         return merged
+
+
+class _Handed:
+    """The batched node's stand-in function in its per-item plan: hands out the item's outcome of
+    the batch call (set in `here` by `Batched._batch`). Instrumented (`Events.instrument`), it
+    says how long the item's share of the call took (`located`), not how long handing it out did."""
+
+    def __init__(self, here: threading.local):
+        self.here = here
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ok, value, _ = self.here.outcome
+        if ok:
+            return value
+        raise value
+
+    def located(self, *args: Any, **kwargs: Any) -> tuple[tuple[None, float], Callable[[], Any]]:
+        start, end = self.here.outcome[2]
+        return (None, end - start), lambda: self(*args, **kwargs)
 
 
 def _entries(column: Any) -> list[Any]:

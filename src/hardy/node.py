@@ -22,6 +22,7 @@ class Node:
     gpus: float = 0  # GPUs (or a share of one) the node needs; pipelines used as nodes need none
     batch_size: int = 0  # items per call of `batch` in a map; 0: called once per item
     batch: Callable[..., Any] | None = None  # the function on lists (docs/batching.md)
+    batch_wait: float | None = None  # seconds a stream's partial batch waits for more items; None: until full
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class Node:
         timeout: float | None = None,
         gpus: float = 0,
         batch_size: int | None = None,
+        batch_wait: float | None = None,
     ):
         if not callable(func):
             raise NodeDefinitionError(
@@ -68,6 +70,11 @@ class Node:
                 raise NodeDefinitionError(f"{owner}: batch_size= needs a plain function; an async node's items "
                                           "already run concurrently. Drop batch_size= or make it a def.")
             self.batch = func  # it takes one list per parameter and returns one list per output
+        if batch_wait is not None:
+            if not self.batch_size:
+                raise NodeDefinitionError(f"{owner}: batch_wait={batch_wait!r} has no effect without batch_size=; "
+                                          "say how many items a call takes, e.g. batch_size=64, batch_wait=0.5.")
+            self.batch_wait = arguments.seconds(owner, "batch_wait", batch_wait, zero=True)
         self.__doc__ = getattr(func, "__doc__", None)
         self.__wrapped__ = func
 
@@ -204,14 +211,14 @@ def node(func: None = None, *, output_name: str | Sequence[str] | None = None, n
          cache: bool = True, isolate: bool = False, retries: int = 0,
          retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
          timeout: float | None = None, gpus: float = 0,
-         batch_size: int | None = None) -> Callable[[Callable[..., Any]], Node]: ...
+         batch_size: int | None = None, batch_wait: float | None = None) -> Callable[[Callable[..., Any]], Node]: ...
 
 
 def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[str] | None = None,
          name: str | None = None, cache: bool = True, isolate: bool = False, retries: int = 0,
          retry_on: type[Exception] | tuple[type[Exception], ...] = (), backoff: float = 0.0,
          timeout: float | None = None, gpus: float = 0,
-         batch_size: int | None = None) -> Node | Callable[[Callable[..., Any]], Node]:
+         batch_size: int | None = None, batch_wait: float | None = None) -> Node | Callable[[Callable[..., Any]], Node]:
     """Make a function a pipeline node: `@node` or `@node(output_name="x", retries=2, timeout=30)`.
 
     `isolate=True` runs the node in a crash-containing worker process whatever the engine.
@@ -223,10 +230,12 @@ def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[
     `batch_size=64` makes a batched node: the function takes one list per parameter and returns
     one list (a tuple of lists for several outputs) with an entry per item; a map calls it with up
     to 64 items at once, `run()` with lists of one, and caching, errors and crashes stay per item
-    (`docs/batching.md`).
+    (`docs/batching.md`). `batch_wait=0.5`: in a stream (`imap`), a batch not yet full is called
+    once its first item has waited 0.5 s for more (by default it waits until it is full or the
+    input ends).
     """
     def wrap(f: Callable[..., Any]) -> Node:
         return Node(f, output_name, name=name, cache=cache, isolate=isolate, retries=retries, retry_on=retry_on,
-                    backoff=backoff, timeout=timeout, gpus=gpus, batch_size=batch_size)
+                    backoff=backoff, timeout=timeout, gpus=gpus, batch_size=batch_size, batch_wait=batch_wait)
 
     return wrap(func) if func is not None else wrap

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Siz
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from . import arguments
+from .batching import batched
 from .cache.keys import PlanCache
 from .crash import contained
 from .engine.core import Engine, OneRun
@@ -416,7 +417,8 @@ class Pipeline:
             live.inputs = items
         light = self._recorder.begin(self, "map", n, light=True) if live is None and top else None
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
-            results = Results(n, on_error, bar, events, live, cached=plan.cache is not None)
+            results = Results(n, on_error, bar, events, live, cached=plan.cache is not None,
+                              batched=batched(plan) is not None)
             try:
                 if events:
                     events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
@@ -470,7 +472,8 @@ class Pipeline:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return cls(len(chunk), on_error, bar, events, live, offset=start, cached=plan.cache is not None)
+            return cls(len(chunk), on_error, bar, events, live, offset=start, cached=plan.cache is not None,
+                       batched=batched(plan) is not None)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results, indexed)

@@ -51,16 +51,20 @@ def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range
 def delivered(group: Batched, items: Sequence[dict[str, Any]], indices: Sequence[int],
               results: Results) -> Iterator[int]:
     """Each item of a batched plan's chunk handed to the sink as its group finishes; yields its index."""
-    events, offset, seen = results.events, results.offset, set()
+    events, offset, seen, names = results.events, results.offset, set(), group.names
 
-    def at(i: int) -> None:  # node events that follow belong to item i; its start event the first time
+    def at(i: int, span: object = None) -> None:  # node events that follow belong to item i; its start the first time
         if i in seen:
             events.in_item(offset + i)  # type: ignore[union-attr]  # `at` is given only with events
         else:
             seen.add(i)
             results.started(i)
+
+    def called(k: int, size: int, start: float, end: float) -> None:
+        results.batch_called(names[k], size, end - start)
     ok, fail = results.ok, results.fail
-    for i, done, value in group.run([(i, items[i]) for i in indices], at if events else None, offset=offset):
+    for i, done, value in group.run([(i, items[i]) for i in indices], at if events else None, offset=offset,
+                                    called=called):
         if done:
             ok(i, value)
         else:

@@ -37,14 +37,15 @@ class Results:
     chunk's rows, an isolated call's sink): `take` then calls it per row instead of its batch loop."""
 
     def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
-                 live: _Live | None = None, offset: int = 0, cached: bool = False):
+                 live: _Live | None = None, offset: int = 0, cached: bool = False, batched: bool = False):
         self.offset = offset
         self.live = live  # the run report being recorded (only with events: the recorder is a callback)
         # Executors that run items elsewhere log node events there only when someone listens, or
-        # when the bar shown counts the cache hits of a `cached` plan (made where the items run).
-        self._hits = cached and progress.show
+        # when the bar shown counts the cache hits of a `cached` plan or the batch calls of a
+        # `batched` one (made where the items run).
+        self._hits = (cached or batched) and progress.show
         self.log_nodes = self._hits or events is not None and events.listens(
-            *NODE_EVENTS, "on_node_cached", "on_map_item_cached")
+            *NODE_EVENTS, "on_node_cached", "on_map_item_cached", "on_batch_end")
         self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
@@ -132,8 +133,18 @@ class Results:
                 self.live.item_end(self.offset + i, False)
 
     def _count_hits(self, logs: Sequence[Records]) -> None:
-        """The bar counts the cache hits logged where items ran (here, the plan's own hook counts them)."""
+        """The bar counts the cache hits and batch calls logged where items ran (here, the plan's
+        own hook and `batch_called` count them)."""
         self.progress.cached += sum(log.hits() for log in logs)
+        for log in logs:
+            for name, size, duration in log.batches():
+                self.progress.batch(name, size, duration)
+
+    def batch_called(self, name: str, size: int, duration: float) -> None:
+        """A batched node's call ran in this process (`hardy.batching`): the bar and the callbacks."""
+        self.progress.batch(name, size, duration)
+        if self.events:
+            self.events.batch_called(name, size, duration)
 
     def retried(self, i: int, err: NodeError, worker: int | None = None) -> None:
         """Item i's worker (pid `worker`) died of `err` and the item runs again (its node's

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -92,20 +93,41 @@ class _Pulled:
     """The caller's inputs, pulled a window at a time. An input iterator that raises (a generator
     reading a file that turns out bad at line 300) ends the stream there: the items read before
     it run and are handed out first, whatever the executor and the window, and then its exception
-    is raised, as a `for` loop over it would."""
+    is raised, as a `for` loop over it would.
 
-    def __init__(self, items: Iterator[dict[str, Any]]):
+    `wait` (a batched node's `batch_wait`): a window is cut short once its first item has waited
+    that long for more, so a slow source's items reach their batch call and come out without
+    waiting for a full window. The caller's thread alone reads the inputs, so the wait is checked
+    as each item arrives: an input blocked inside `next()` holds the items before it until it
+    yields (or ends)."""
+
+    def __init__(self, items: Iterator[dict[str, Any]], wait: float | None = None):
         self.items = items
+        self.wait = wait
         self.error: BaseException | None = None
 
     def next(self, window: int) -> list[dict[str, Any]]:
         chunk: list[dict[str, Any]] = []
         if self.error is None:
             try:
-                chunk.extend(itertools.islice(self.items, window))
+                if self.wait is None:
+                    chunk.extend(itertools.islice(self.items, window))
+                else:
+                    self._until(chunk, window, self.wait)
             except Exception as exc:
                 self.error = exc
         return chunk
+
+    def _until(self, chunk: list[dict[str, Any]], window: int, wait: float) -> None:
+        """Items into `chunk` until it holds `window`, or its first has waited `wait` seconds."""
+        deadline = None
+        for item in self.items:
+            chunk.append(item)
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + wait
+            if len(chunk) >= window or now >= deadline:
+                return
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -114,7 +136,8 @@ class _Pulled:
 
 def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
-    start, pulled, group = 0, _Pulled(items), batched(plan)
+    group = batched(plan)
+    start, pulled = 0, _Pulled(items, group.wait if group is not None else None)
     while chunk := pulled.next(window):
         results = make_results(start, chunk, Results)
         if group is not None:  # batched nodes: a group of items per call (hardy.batching)
@@ -137,8 +160,8 @@ def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
 
 def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
              make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
-    runner, stream = engine.window_runner(), _Stream(plan)
-    start, pulled = 0, _Pulled(items)
+    runner, stream, group = engine.window_runner(), _Stream(plan), batched(plan)
+    start, pulled = 0, _Pulled(items, group.wait if group is not None else None)
 
     def submit() -> bool:
         nonlocal start

@@ -59,10 +59,15 @@ def _waits_in_openmp(stacks: str) -> bool:
 
 
 def _elsewhere(frames: Sequence[Frame]) -> list[str]:
-    """Libraries of the crash that this process loaded from another directory."""
+    """Libraries of the crash that this process loaded from another directory (paths resolved
+    for those libraries only: a crash is diagnosed while the map waits for its worker's place to
+    be filled, and a process with torch loaded maps a hundred libraries)."""
+    named = {frame.name for frame in frames if frame.library}
     here: dict[str, str] = {}
     for path in loaded_libraries():
-        here.setdefault(os.path.basename(path), os.path.realpath(path))
+        name = os.path.basename(path)
+        if name in named and name not in here:
+            here[name] = os.path.realpath(path)
     said: list[str] = []
     for frame in frames:
         if not frame.library:

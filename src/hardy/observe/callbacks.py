@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ..executor import IsolatedCall
 from ..node import Node
-from .nodelog import CACHED, END, ERROR, Records
+from .nodelog import BATCHED, CACHED, END, ERROR, Records
 from .nodelog import Events as LogEvents
 
 _HYPERNODES_KEYS = ("_in_map", "_map_item_index")  # HyperNodes' callbacks read these from the context
@@ -107,6 +107,9 @@ class PipelineCallback:
     def on_map_item_end(self, item_index: int, duration: float, ctx: CallbackContext) -> None: ...
     def on_map_item_cached(self, item_index: int, signature: str, ctx: CallbackContext) -> None: ...
     def on_map_item_error(self, item_index: int, error: Exception, ctx: CallbackContext) -> None: ...
+    def on_batch_end(self, node_id: str, size: int, duration: float, ctx: CallbackContext) -> None:
+        """hardy's: one call of a batched node (`@node(batch_size=)`) on `size` items took
+        `duration` seconds; each item still has its own node events (docs/batching.md)."""
 
     @property
     def supported_engines(self) -> list[str] | None:
@@ -446,7 +449,7 @@ class Events:
         when asked for: a fast map replays hundreds of thousands of events a second."""
         if self._replayed is None:  # one callable per event kind, for the whole map
             self._replayed = tuple(self._fanout(e) for e in (
-                "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached"))
+                "on_node_start", "on_node_end", "on_error", "on_node_cached", "on_map_item_cached", "on_batch_end"))
         start, end = self._replayed[:2]
         ctx = current_context()
         scope = _Replayed(which, offset, retries)
@@ -465,9 +468,9 @@ class Events:
                 else:
                     self._replay_each(names, scope, errors, ctx)
                 if ran:
-                    bounds = [round(t * 1e9) + log.offset for t in events.bounds]
-                    for r in range(len(bounds) - 1):
-                        ran.item_ran(offset + which(r), bounds[r], bounds[r + 1], log.pid)
+                    for r, (began, ended) in enumerate(events.ran()):
+                        ran.item_ran(offset + which(r), round(began * 1e9) + log.offset,
+                                     round(ended * 1e9) + log.offset, log.pid)
                     ran.nodes_ran(log.names if events.regular else [log.names[k] for k in set(events.steps)], log.pid)
         finally:
             _scope.reset(token)
@@ -476,7 +479,7 @@ class Events:
                      ctx: CallbackContext) -> None:
         """`replay` for the log in `scope`, whatever its events (`names`: its cursor)."""
         assert self._replayed is not None and scope.events is not None
-        start, end, raised, cached, item_cached = self._replayed
+        start, end, raised, cached, item_cached, batch_end = self._replayed
         events = scope.events
         codes = events.codes if events.codes is not None else itertools.repeat(END)
         # an item's failure is its last error's: an attempt its node's policy retried raised its own
@@ -487,6 +490,9 @@ class Events:
                     self._deliver(start, "on_node_start", name, {}, ctx)
                 if end:
                     self._deliver(end, "on_node_end", name, {}, ended - began, ctx)
+            elif code == BATCHED:
+                if batch_end:
+                    self._deliver(batch_end, "on_batch_end", name, events.details[e], ended - began, ctx)
             elif code == CACHED:
                 if cached:
                     self._deliver(cached, "on_node_cached", name, events.details[e], ctx)
@@ -501,6 +507,10 @@ class Events:
                 error = final or events.details.get(e)
                 if raised:
                     self._deliver(raised, "on_error", name, error or RuntimeError("failed in a worker"), ctx)
+
+    def batch_called(self, node_id: str, size: int, duration: float) -> None:
+        """A batched node's call in this process (`hardy.batching`): its on_batch_end."""
+        self.emit("on_batch_end", node_id, size, duration)
 
     def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:
         """Item i's worker died running `error.node`: the node's on_error, the worker's own log

@@ -20,7 +20,9 @@ parent and its workers share the cores: what each does per event is as little as
   its misses run, or with async nodes, names its steps), `CACHED, d` (the step just named was
   answered from the cache, its signature is `details[d]`), `SPAN, k, e, start, end` (an async
   node, whose calls may overlap, written whole when it ends; e is 0, or 1 + the index of what it
-  raised in `details`);
+  raised in `details`), `WAIT, t` (the node running ends: its item waits for others at a batched
+  node) and `BATCHED, k, d, start, end` (a call of batched step k on `details[d]` items: a plan
+  with batched nodes writes each item whole once it is over, `worker._Arranged`);
 - each batch of results travels with the list as an array of doubles (`Records`: a byte string
   to pickle); the parent cuts it into one array per field (`Records.events`, by slicing where it
   can) and its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it
@@ -52,7 +54,9 @@ from typing import Any
 from ..node import Node
 
 ITEM, PAUSE, RAISED, CACHED, SPAN, STEP, FAILED = -1, -2, -3, -4, -5, -6, -7  # the entries that are not a bare start
-END, ERROR = 0, 1  # a decoded event's code: a node's end or error, its cache hit (CACHED), an item's span (ITEM)
+WAIT, BATCHED = -8, -9
+END, ERROR = 0, 1  # a decoded event's code: a node's end or error, its cache hit (CACHED), a batch call
+# (BATCHED, its items in the details), an item's span (ITEM)
 
 
 class Records:
@@ -93,6 +97,14 @@ class Records:
         """How many node calls the cache answered: CACHED entries (no index or time is negative)."""
         return self.data.count(CACHED)
 
+    def batches(self) -> list[tuple[str, int, float]]:
+        """The batch calls logged: (node, items, seconds) each."""
+        if BATCHED not in self.data:
+            return []
+        events = self.events()
+        return [(self.names[events.steps[e]], events.details[e], events.ends[e] - events.starts[e])
+                for e, code in enumerate(events.codes or ()) if code == BATCHED]
+
     def raised(self) -> bool:
         """Whether a node raised (rather than the process dying in it)."""
         codes = self.events().codes
@@ -111,10 +123,10 @@ class Events:
     """A log decoded: per event its item (its place in the order they ran), node (`steps`,
     indices into the names), code (None: all END), start and end (the worker's monotonic
     seconds), and for a cache hit its signature and for an error what was raised (`details`, by
-    event); item r ran from `bounds[r]` to `bounds[r + 1]`. `regular`: every item ran every node
-    once, in order."""
+    event); item r ran from `bounds[r]` to `bounds[r + 1]` (`spans`: when items did not run one
+    after the other, each one's (start, end)). `regular`: every item ran every node once, in order."""
 
-    __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "bounds", "regular")
+    __slots__ = ("items", "steps", "codes", "starts", "ends", "details", "bounds", "regular", "spans")
 
     def __init__(self) -> None:
         self.items: Sequence[int] = array("q")
@@ -122,7 +134,13 @@ class Events:
         self.codes: array[int] | None = None
         self.details: dict[int, Any] = {}
         self.bounds = array("d")
+        self.spans: list[tuple[float, float]] = []
         self.regular = False
+
+    def ran(self) -> list[tuple[float, float]]:
+        """Each item's (start, end), in the order they ran."""
+        bounds = self.bounds
+        return self.spans or [(bounds[r], bounds[r + 1]) for r in range(len(bounds) - 1)]
 
     def add(self, item: int, step: int, code: int, start: float, end: float, detail: Any = None) -> None:
         if code != END and self.codes is None:
@@ -172,6 +190,7 @@ def _decoded(data: list[float], details: list[Any], steps: int) -> Events:
     for event in _entries(data, steps):
         if event[2] == ITEM:
             out.bounds[-1:] = array("d", (event[3], event[4]))
+            out.spans.append((event[3], event[4]))
         else:
             out.add(*event[:5], None if event[5] is None else details[event[5]])
     return out
@@ -187,6 +206,16 @@ def _entries(data: list[float], steps: int) -> Iterator[tuple[int, int, int, flo
     p = 0
     while p < len(data):
         code = data[p]
+        if code == WAIT:
+            if node >= 0:
+                yield item, node, END, start, data[p + 1], None
+                node = -1
+            p += 2
+            continue
+        if code == BATCHED:
+            yield item, int(data[p + 1]), BATCHED, data[p + 3], data[p + 4], int(data[p + 2])
+            p += 5
+            continue
         if code == CACHED:
             yield item, node, CACHED, start, start, int(data[p + 1])
             node, p = -1, p + 2

@@ -66,6 +66,7 @@ class MapProgress:
         self.done = 0
         self.failed = 0
         self.cached = 0
+        self.batches: dict[str, list[float]] = {}  # batched node -> [calls, items, seconds]
         self.depth = 0
         self.started = 0.0
         self._view: _View | None = None
@@ -97,6 +98,16 @@ class MapProgress:
             self._thread.start()
         return self
 
+    def batch(self, name: str, size: int, duration: float) -> None:
+        """A call of batched node `name` on `size` items took `duration` s (from any thread: the
+        counts are a few additions, read approximately by the refresher)."""
+        counts = self.batches.get(name)
+        if counts is None:
+            counts = self.batches.setdefault(name, [0, 0, 0.0])
+        counts[0] += 1
+        counts[1] += size
+        counts[2] += duration
+
     def _refresh(self) -> None:
         while not self._stop.wait(0.1):
             assert self._view is not None
@@ -111,6 +122,8 @@ class MapProgress:
             parts.append(f"{self.failed} failed")
         if self.cached:
             parts.append(f"{self.cached} cache hits")
+        for name, (calls, items, seconds) in list(self.batches.items()):
+            parts.append(f"{name}: {calls:,.0f} batches of {items / calls:,.1f}, {seconds / calls * 1e3:,.1f} ms each")
         return " · ".join(parts)
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,

@@ -37,11 +37,12 @@ FORMAT = 1
 
 
 class _NodeStats:
-    __slots__ = ("calls", "cached", "failures", "times")
+    __slots__ = ("calls", "cached", "failures", "times", "batch_sizes", "batch_times")
 
     def __init__(self) -> None:
         self.calls = self.cached = self.failures = 0
-        self.times = array("d")
+        self.times = array("d")  # per item (a batched node's: each item's share of its call)
+        self.batch_sizes, self.batch_times = array("q"), array("d")  # per call of a batched node
 
 
 class _Live:
@@ -179,6 +180,12 @@ class Recorder(PipelineCallback):
         if self.live is not None:
             self.live.node(self._name(node_id, ctx)).cached += 1
 
+    def on_batch_end(self, node_id: str, size: int, duration: float, ctx: CallbackContext) -> None:
+        if self.live is not None:
+            stats = self.live.node(self._name(node_id, ctx))
+            stats.batch_sizes.append(size)
+            stats.batch_times.append(duration)
+
     def on_error(self, node_id: str, error: Exception, ctx: CallbackContext) -> None:
         if self.live is not None:
             stats = self.live.node(self._name(node_id, ctx))
@@ -231,6 +238,17 @@ def _failure(i: int, err: NodeError, with_stack: bool = True) -> dict[str, Any]:
             "diagnosis": list(getattr(err, "diagnosis", ()))}
 
 
+def _batches(s: _NodeStats) -> dict[str, Any]:
+    """A batched node's calls: how many, their sizes and their times (nothing for other nodes)."""
+    if not s.batch_sizes:
+        return {}
+    n = len(s.batch_sizes)
+    return {"batches": {"calls": n, "items": sum(s.batch_sizes), "size_mean": sum(s.batch_sizes) / n,
+                        "size_min": min(s.batch_sizes), "size_max": max(s.batch_sizes),
+                        "total_s": sum(s.batch_times), "mean_s": sum(s.batch_times) / n,
+                        "p95_s": _p95(s.batch_times)}}
+
+
 def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
            names: list[str], succeeded: int) -> dict[str, Any]:
     import datetime
@@ -239,7 +257,8 @@ def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any],
     nodes = [{"name": name, "calls": s.calls, "cached": s.cached, "failures": s.failures,
               "total_s": sum(s.times), "mean_s": sum(s.times) / len(s.times) if s.times else 0.0,
               "p95_s": _p95(s.times),
-              "peak_rss": max((peaks.get(str(pid), 0) for pid in live.node_pids.get(name, ())), default=0) or None}
+              "peak_rss": max((peaks.get(str(pid), 0) for pid in live.node_pids.get(name, ())), default=0) or None,
+              **_batches(s)}
              for name, s in live.nodes.items()]
     return {
         "format": FORMAT, "pipeline": live.pipeline, "kind": live.kind, "engine": live.engine,
@@ -313,6 +332,15 @@ class RunReport:
         return to_html(self.data)
 
 
+_BATCH_COLUMNS = ("node", "calls", "items", "items per call (mean / min / max)", "total", "mean per call",
+                  "p95 per call")
+
+
+def _batch_row(b: dict[str, Any]) -> tuple[str, ...]:
+    return (f"{b['calls']:,}", f"{b['items']:,}", f"{b['size_mean']:,.1f} / {b['size_min']} / {b['size_max']}",
+            _ms(b["total_s"]), _ms(b["mean_s"]), _ms(b["p95_s"]))
+
+
 def _more(failures: list[dict[str, Any]]) -> str:
     return (f"... and {len(failures) - FAILURES_SHOWN:,} more failures (every one is in the report's JSON, "
             "with item, node, error and message)")
@@ -354,6 +382,14 @@ def _rich_tables(d: dict[str, Any]) -> Any:
         yield nodes
     else:  # a map's light report: nothing instrumented its nodes
         yield "(per-node statistics and the timeline: Engine(report=True))"
+    batched = [n for n in d["nodes"] if n.get("batches")]
+    if batched:
+        table = Table(title="batched nodes: per call")
+        for col in _BATCH_COLUMNS:
+            table.add_column(col, justify="left" if col == "node" else "right")
+        for n in batched:
+            table.add_row(escape(n["name"]), *_batch_row(n["batches"]))
+        yield table
     if d["failures"]:
         fails = Table(title="failures")
         for col in ("item", "node", "error", "signal", "message"):
@@ -414,7 +450,15 @@ def _nodes_html(nodes: list[dict[str, Any]]) -> str:
                     f"<td><span class=bar style=\"width:{width}px\"></span></td></tr>")
     if not nodes:
         rows.append("<tr><td colspan=9>no node events were recorded</td></tr>")
-    return "".join(rows) + "</table>"
+    rows.append("</table>")
+    batched = [n for n in nodes if n.get("batches")]
+    if batched:
+        rows.append("<h2>batched nodes: per call</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in _BATCH_COLUMNS)
+                    + "</tr>")
+        rows += [f"<tr><td>{e(n['name'])}</td>" + "".join(f"<td class=n>{e(c)}</td>" for c in _batch_row(n["batches"]))
+                 + "</tr>" for n in batched]
+        rows.append("</table>")
+    return "".join(rows)
 
 
 def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:

@@ -57,6 +57,11 @@ class WorkerPool(Executor):
         self.env = worker_environment(self.size)
         self._launcher: launch.Launcher | None = None
         self.workers: list[Worker | None] = [None] * self.size
+        # Once a worker has died, one more is kept started (with the plan running then): the next
+        # death's place is taken at once, not after a start and a plan load (`start_worker`).
+        self._spare: Worker | None = None
+        self._spare_wanted = False
+        self._topping: threading.Thread | None = None  # starting the spare
         self.owners: list[MapRun | None] = [None] * self.size  # which map or call uses each worker
         self._started = 0
         self._lock = threading.Lock()
@@ -73,6 +78,50 @@ class WorkerPool(Executor):
     # --- workers ---------------------------------------------------------------------------------
 
     def start_worker(self, slot: int) -> Worker:
+        spare = self._take_spare() if not self.slot_env else None
+        if spare is not None:
+            self.workers[slot] = spare
+            return spare
+        return self._new_worker(slot)
+
+    def _take_spare(self) -> Worker | None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and not spare.process.is_alive():  # it died idle: a fresh one instead
+            spare.process.join(1)
+            spare.close_files()
+            return None
+        return spare
+
+    def top_up(self, plan_id: int, plan_msg: bytes) -> None:
+        """Start the spare worker when one is wanted (a worker died) and none is ready, and send it
+        the plan running now, loaded there while it waits: on a thread of its own (starting a
+        worker is a few exchanges with the fork server), so that it delays no map."""
+        if not self._spare_wanted or self._spare is not None or self.slot_env:
+            return
+        with self._lock:
+            if self._topping is not None or self._launcher is None:
+                return
+            self._topping = threading.Thread(target=self._start_spare, args=(plan_id, plan_msg),
+                                             name="hardy-spare-worker", daemon=True)
+        self._topping.start()
+
+    def _start_spare(self, plan_id: int, plan_msg: bytes) -> None:
+        try:
+            w = self._new_worker(None)
+        except Exception:  # (the fork server went away: the next death starts its worker as before)
+            with self._lock:
+                self._topping = None
+            return
+        try:
+            w.send(plan_msg)
+            w.plans.add(plan_id)
+        except OSError:
+            pass
+        with self._lock:
+            self._spare, self._topping = w, None
+
+    def _new_worker(self, slot: int | None) -> Worker:
         with self._lock:
             if self._launcher is not None and not self._launcher.alive:  # its fork server died (killed from
                 launch.release(self, self._launcher)                      # outside): a fresh one serves on
@@ -81,9 +130,10 @@ class WorkerPool(Executor):
                 self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
             self._started += 1
             number = self._started
-        env = {**self.env, **self.slot_env[slot]} if self.slot_env else self.env
+        env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
         w = Worker(self._launcher, number, env, self.preload_libs)
-        self.workers[slot] = w
+        if slot is not None:
+            self.workers[slot] = w
         return w
 
     def start(self) -> None:
@@ -104,6 +154,7 @@ class WorkerPool(Executor):
         self.workers[slot] = None
         self.replaced += 1
         self.recycled += stop
+        self._spare_wanted |= not stop
 
     def counts(self, peaks: bool = True) -> WorkerCounts:
         return WorkerCounts(self._started, self.replaced - self.recycled, self.recycled,
@@ -169,12 +220,13 @@ class WorkerPool(Executor):
     def _forget(self) -> None:
         """In a fork child: the workers are the parent's (launch.py let go of their pipes); this
         process starts its own if it maps."""
-        for w in self.workers:
+        for w in [*self.workers, self._spare]:
             if w is not None:
                 for fd in w._fds:
                     os.close(fd)
                 w._fds = []
         self.workers = [None] * self.size
+        self._spare, self._spare_wanted, self._topping = None, False, None
         self.owners = [None] * self.size
         self._launcher = None
         self._lock = threading.Lock()
@@ -183,11 +235,16 @@ class WorkerPool(Executor):
     def close(self) -> None:
         """Stop every worker (a map still running in another thread loses its workers), then
         give the fork server back: it stops once no other pool uses it."""
+        self._spare_wanted = False
+        topping = self._topping
+        if topping is not None:
+            topping.join()
         with self._lock:
             workers = list(enumerate(self.workers))
+            spare, self._spare = self._spare, None
             self.workers = [None] * self.size
             launcher, self._launcher = self._launcher, None
-        for _, w in workers:
+        for w in [*(w for _, w in workers), spare]:
             if w is not None:
                 w.stop()
         if launcher is not None:

@@ -145,6 +145,7 @@ class MapRun(Deaths):
                 self.on_death(w)
         if unneeded:
             pool.release(self, unneeded)
+        pool.top_up(self.plan_id, self.plan_msg)
 
     def shippable_chunk(self, w: Worker) -> tuple[list[int], transport.Packed | None]:
         """The next chunk for `w` and its message; items that cannot be pickled fail here, alone."""

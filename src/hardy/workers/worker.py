@@ -27,8 +27,8 @@ from ..crash import FATAL_SIGNALS, POISON, mark_contained, nesting_line, on_fata
 from ..errors import CudaError, NodeError
 from ..forensics import handler as native_handler
 from ..forensics.stacks import allow_tracing
+from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT, Records, row_logs
 from ..observe.nodelog import ITEM as BEGINS
-from ..observe.nodelog import LOG, Records, row_logs
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
@@ -211,9 +211,9 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
 def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
     """The plain plan, or (when the parent listens to node events) the logged one, built once.
     A plan whose steps may start out of order (a cache looks its hits up before its misses run;
-    async nodes are gathered) names each step in the log."""
+    async nodes are gathered; a batched node's items wait for each other) names each step in the log."""
     plain: tuple[Plan, dict[str, str]] | str = entry[1]
-    if not log or isinstance(plain, str) or batched(plain[0]) is not None:  # batched: not logged (docs/batching.md)
+    if not log or isinstance(plain, str):
         return plain
     if entry[2] is None:
         entry[2] = _load_plan(entry[0], status, log="named" if _named(plain[0]) else "bare")
@@ -224,7 +224,7 @@ def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str
 def _named(plan: Plan) -> bool:
     """Whether the log of `plan` names its steps and its items: in a bare log, a start time is
     the item's next step, and the first one the item's beginning (observe/nodelog.py)."""
-    return plan.cache is not None or not plan.steps or any(s.node.is_async for s in plan.steps)
+    return plan.cache is not None or not plan.steps or any(s.node.is_async or s.node.batch for s in plan.steps)
 
 
 def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
@@ -239,6 +239,7 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, _marked(status, k, n.func))
         return _marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
+    marked.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.batching: else it only dates calls)
     before, status[ITEM] = status[ITEM], LOADING
     try:
         plan = build_plan(spec, wrap=marked, on_cached=LOG.cache_hook(steps) if log else None)
@@ -277,6 +278,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     plan, producers = loaded
     _producers.clear()
     _producers.update(producers)
+    _names[0] = tuple(s.node.name for s in plan.steps) if log else None
     group = batched(plan)
     if group is not None:
         if sealed:  # opened first; an input that cannot be fails its item (sent with the first results)
@@ -290,8 +292,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
                     opened.append((i, value))
             status[ITEM] = IDLE
             items = opened
-        return _run_batched(conn, group, plan, items, status, sent, 1 if singly else group.group)
-    _names[0] = tuple(s.node.name for s in plan.steps) if log else None
+        return _run_batched(conn, group, plan, items, status, sent, 1 if singly else group.group, log)
     named = log and _named(plan)
     note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
     start = last = clock()
@@ -328,38 +329,137 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
 
 
 def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any,
-                 sent: list[Sent], size: int) -> bool:
+                 sent: list[Sent], size: int, log: bool) -> bool:
     """`_run_chunk` for a plan with batched nodes (`hardy.batching`): the status words name the
     item running, or BATCH and the node while a batch call runs; a group's results are sent as
-    soon as they exist, so a crash in a later batch costs none of them."""
+    soon as they exist, so a crash in a later batch costs none of them. `log`: node events are
+    logged (`_Arranged`)."""
     clock = time.monotonic
     start = last = clock()
     batch = _unsent
+    arranged = _Arranged() if log else None
 
-    def at(i: int) -> None:
+    def at(i: int, span: tuple[float, float] | None = None) -> None:
         status[STEP] = -1
         status[ITEM] = i
+        if arranged is not None:
+            arranged.at(i, span)
 
     def calling(k: int) -> None:
+        if arranged is not None:
+            arranged.flush()
         status[ITEM] = BATCH
         status[STEP] = k
         status[STEP_START] = clock()
 
-    for i, ok, value in group.run(items, at, calling, size=size):
-        batch.append((i, True, value) if ok else (i, False, portable(value)))
-        if not ok and isinstance(value, CudaError) and value.retires_worker:
-            status[ITEM] = -1
-            _send(conn, batch, _producers, False, 0.0, sent)
-            return False
-        now = clock()
-        if now - last >= FLUSH_EVERY:
-            _send(conn, batch, _producers, False, 0.0, sent)
-            last = clock()
+    if arranged is not None:
+        for row in batch:  # sealed items that could not be opened: logged first, as their rows are sent
+            arranged.ended(row[0])
+    try:
+        for i, ok, value in group.run(items, at, calling, size=size,
+                                      called=arranged.called if arranged is not None else None):
+            if arranged is not None:
+                arranged.ended(i)
+            batch.append((i, True, value) if ok else (i, False, portable(value)))
+            if not ok and isinstance(value, CudaError) and value.retires_worker:
+                status[ITEM] = -1
+                _send(conn, batch, _producers, False, 0.0, sent)
+                return False
+            now = clock()
+            if now - last >= FLUSH_EVERY:
+                _send(conn, batch, _producers, False, 0.0, sent)
+                last = clock()
+            if arranged is not None:
+                arranged.mark = _complete[0] = len(LOG.data)
+    finally:
+        _complete[0] = None
     status[ITEM] = -1
     if plan.cache is not None:
         plan.cache.report()
     _send(conn, batch, _producers, True, clock() - start, sent)
     return True
+
+
+def _details(entries: list[float], base: int) -> list[tuple[int, Any]]:
+    """(where, the detail) of each entry of a logged part naming one of `LOG.details` (what a
+    node raised, a cache hit's signature), `base` added to where: an item's entries wait for its
+    end, and the details they name are taken with each batch of results sent meanwhile."""
+    found, p = [], 0
+    while p < len(entries):
+        code = entries[p]
+        if code == RAISED:
+            found.append((base + p + 2, LOG.details[int(entries[p + 2])]))
+        elif code == CACHED:
+            found.append((base + p + 1, LOG.details[int(entries[p + 1])]))
+        elif code == SPAN and entries[p + 2]:
+            found.append((base + p + 2, LOG.details[int(entries[p + 2]) - 1]))
+        p += 1 if code >= 0 else 3 if code in (STEP_NAMED, RAISED) else 5 if code == SPAN else 2
+    return found
+
+
+_complete: list[int | None] = [None]  # where the node log's complete items end, while a batched plan logs
+
+
+class _Arranged:
+    """The node log of a batched plan's chunk, item by item. Its items wait for each other at each
+    batched node, so their node calls interleave; the log (observe/nodelog.py) wants each item's
+    calls together, in the order the items' rows are sent. So what an item's plans log is moved
+    aside as it runs (`at`, `flush`) and written whole when the item's outcome is (`ended`):
+    `ITEM` its start, its steps named, `WAIT` where each part of it ends, the batch calls made
+    since the last item written (`BATCH`: the node's step, its items, start and end), `FAILED`
+    (ends the item, failed or not). The batched node's own step, for an item, lasts the item's
+    share of the call that computed it (`hardy.batching`)."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, list[float]] = {}
+        self.kept: dict[int, list[tuple[int, Any]]] = {}  # per item: (where in its entries, a detail it names)
+        self.current: int | None = None
+        self.span: tuple[float, float] | None = None
+        self.mark = _complete[0] = len(LOG.data)
+        self.calls: list[tuple[int, int, float, float]] = []
+
+    def flush(self) -> None:
+        """What the item running logged since it began its part, moved to its own entries."""
+        data, mark = LOG.data, self.mark
+        entries = self.items.get(self.current) if self.current is not None else None
+        if entries is not None and len(data) > mark:
+            moved = data[mark:]
+            if self.span is not None and moved[0] == STEP_NAMED:  # the batched node: its share of the call
+                moved[2] = self.span[0]
+                if len(moved) > 3 and moved[3] == RAISED:
+                    moved[4] = self.span[1]
+            self.kept.setdefault(self.current, []).extend(_details(moved, len(entries)))  # type: ignore[arg-type]
+            entries += moved
+            entries += (WAIT, self.span[1] if self.span is not None else time.monotonic())
+        del data[mark:]
+        self.current, self.span = None, None
+
+    def at(self, i: int, span: tuple[float, float] | None) -> None:
+        self.flush()
+        if i not in self.items:
+            self.items[i] = [BEGINS, time.monotonic()]
+        self.current, self.span = i, span
+
+    def called(self, k: int, n: int, start: float, end: float) -> None:
+        self.calls.append((k, n, start, end))
+
+    def ended(self, i: int) -> None:
+        """Item i's outcome is out: its entries (and the calls made since the last) into the log."""
+        self.flush()
+        now = time.monotonic()
+        entries = self.items.pop(i, None) or [BEGINS, now]
+        for at, detail in self.kept.pop(i, ()):  # the log's details may have been sent since: kept again
+            LOG.details.append(detail)
+            entries[at] = len(LOG.details) - 1 + (entries[at - 2] == SPAN)
+        data = LOG.data
+        data += entries[:2]
+        for k, n, start, end in self.calls:
+            LOG.details.append(n)
+            data += (BATCHED, k, len(LOG.details) - 1, start, end)
+        self.calls.clear()
+        data += entries[2:]
+        data += (FAILED, now)
+        self.mark = _complete[0] = len(data)
 
 
 def _open(plan: Plan, i: int, item: Any, status: Any) -> Any:
@@ -445,6 +545,8 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
         status[ITEM], status[STEP] = SENDING, len(batch)
     try:
         names = _names[0]
+        if dying and _complete[0] is not None:  # a batched plan's log: only its items written whole
+            del LOG.data[_complete[0]:]
         records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
         message: Any = batch if names is None else (batch, records)
         logs = bool(FORWARD.records)
