@@ -210,3 +210,28 @@ def test_a_crash_of_the_process_running_the_nodes_keeps_every_finished_line(tmp_
     assert out.returncode == -signal.SIGSEGV, out.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [line["item"] for line in lines] == list(range(13)) and lines[12]["outputs"] == {"y": 24}
+
+
+def _commands(group, path=()):
+    for name, cmd in group.commands.items():
+        yield (*path, name), cmd
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, (*path, name))
+
+
+def test_every_commands_help_reads_naturally():
+    """Arguments and options are shown by what they hold (`FOLDER <dir>`, `--matrix MODULES`),
+    never as a parameter's Python name and type (`{folder}`, `folder <str>`, `<list[str]>`)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hardy.cli import app
+    root = typer.main.get_command(app)
+    checked = []
+    for path, _ in _commands(root):
+        out = CliRunner().invoke(app, [*path, "--help"], terminal_width=200)
+        assert out.exit_code == 0, (path, out.output)
+        bad = re.findall(r"\{[a-z_]+\}|^\s+[a-z_]+(?:\.\.\.)? <|(?:--[\w-]+|-\w) <(?:str|list\[\w+\])>", out.output, re.M)
+        assert not bad, f"hardy {' '.join(path)} --help shows {bad}:\n{out.output}"
+        checked.append(path)
+    assert ("wheel", "index") in checked and ("doctor",) in checked

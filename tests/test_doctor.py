@@ -84,10 +84,14 @@ def test_import_matrix_finds_the_order_that_crashes(tmp_path, native_lib, monkey
 def test_doctor_cli_matrix_table(tmp_path, monkeypatch):
     (tmp_path / "moda.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", python_path(tmp_path))
-    out = hardy_cli("doctor", "--imports", "moda,json", "--repeat", "2", "--json")
+    out = hardy_cli("doctor", "--matrix", "moda,json", "--repeat", "2", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert [r["modules"] for r in rows] == [["moda"], ["json"], ["moda", "json"], ["json", "moda"]]
+    # the flag's old name, one letter from --import, still works for scripts (hidden from --help)
+    old = hardy_cli("doctor", "--imports", "moda,json", "--repeat", "1", "--json")
+    assert old.returncode == 0 and len(json.loads(old.stdout)) == 4, old.stderr
+    assert "--imports" not in hardy_cli("doctor", "--help").stdout
 
 
 # --- the environment report -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from hardy.errors import (
     UnknownInputError,
     UnknownInputWarning,
     UnknownOutputError,
+    install_hint,
 )
 
 
@@ -321,8 +322,11 @@ def test_an_engine_that_is_not_installed_names_the_extra():
     run = subprocess.run([sys.executable, "-c", MISSING_ENGINES], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
+    # the packages by name, which pip finds wherever hardy came from, and the clone's form of the extra
     assert [line.split("Install it with: ")[-1] for line in lines] == [
-        'pip install "hardy[dask]"', 'pip install "hardy[ray]"', 'pip install "hardy[daft]"'], lines
+        install_hint("dask"), install_hint("ray"), install_hint("daft")], lines
+    assert all('-e ".[' in line and "hardy[" not in line for line in lines), lines
+    assert "pip install 'distributed>=2024.1' (or" in lines[0]  # read from hardy's metadata
 
 
 # --- one error story -----------------------------------------------------------------------------

@@ -114,6 +114,20 @@ class UnhashableError(HardyError, TypeError):
                 f"deterministic content to hash; {UNHASHABLE_FIXES}")
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of hardy's optional parts (`extra`, as pyproject.toml names it), in a form
+    that works where hardy came from: its packages by name (read from hardy's installed metadata), or
+    the extra from a clone. Never `pip install "hardy[extra]"`: hardy is not on the package index."""
+    from importlib.metadata import PackageNotFoundError, requires
+    try:
+        wanted = [r.split(";")[0].strip() for r in requires("hardy") or ()
+                  if r.partition(";")[2].replace("'", '"').replace(" ", "").endswith(f'extra=="{extra}"')]
+    except PackageNotFoundError:  # hardy on sys.path without metadata: a clone
+        wanted = []
+    clone = f'pip install -e ".[{extra}]" in a clone of hardy'
+    return f"pip install {' '.join(repr(w) for w in wanted)} (or {clone})" if wanted else clone
+
+
 # --- calling a pipeline --------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import arguments
-from .errors import InvalidArgument, NoGpuError
+from .errors import InvalidArgument, NoGpuError, install_hint
 
 ASSUME = "HARDY_ASSUME_GPUS"
 
@@ -100,7 +100,7 @@ def inventory() -> Inventory:
     try:
         return _nvml()
     except ImportError:
-        problems.append('NVML: nvidia-ml-py is not installed (pip install "hardy[gpu]")')
+        problems.append(f"NVML: nvidia-ml-py is not installed ({install_hint('gpu')})")
     except Exception as exc:  # pynvml.NVMLError_*: no driver, no library, no device
         problems.append(f"NVML: {exc}")
     if shutil.which("nvidia-smi"):

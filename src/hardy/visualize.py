@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, install_hint
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline, PipelineNode
@@ -215,7 +215,7 @@ def _sugiyama(sc: Scene, across: bool) -> tuple[dict[str, tuple[float, float]], 
         from grandalf.graphs import Edge, Graph, Vertex
         from grandalf.layouts import SugiyamaLayout
     except ImportError as exc:
-        raise ImportError('drawing a pipeline without a system Graphviz needs grandalf: pip install "hardy[viz]" '
+        raise ImportError(f"drawing a pipeline without a system Graphviz needs grandalf: {install_hint('viz')} "
                           "(or install Graphviz's `dot`)") from exc
 
     class View:  # what grandalf reads (w, h) and writes (xy, setpath)
@@ -362,7 +362,7 @@ class Drawing:
         try:
             import resvg_py
         except ImportError as exc:
-            raise ImportError('saving a pipeline drawing as PNG needs resvg: pip install "hardy[viz]"') from exc
+            raise ImportError(f"saving a pipeline drawing as PNG needs resvg: {install_hint('viz')}") from exc
         return bytes(resvg_py.svg_to_bytes(svg_string=self.svg, background=self.theme.background, zoom=2))
 
     @property

@@ -51,7 +51,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ..errors import CacheUnavailable as Unavailable
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, install_hint
 from .store import INLINE_MAX, Buffer, Data, EntryInfo, LocalStore, pieces
 
 T = TypeVar("T")
@@ -134,7 +134,7 @@ class BucketStore:
             try:
                 import s3fs
             except ImportError:
-                raise Unavailable("the object-store cache needs s3fs: pip install 'hardy[s3]'") from None
+                raise Unavailable(f"the object-store cache needs s3fs: {install_hint('s3')}") from None
             options = dict(self.storage_options)
             config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                       "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},

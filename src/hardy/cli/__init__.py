@@ -23,9 +23,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def demo(items: int = typer.Option(3000, help="How many documents to generate."),
-         executor: str = typer.Option("process", help="sequential | threaded | process"),
-         workers: int = typer.Option(2, help="Worker threads or processes."),
+def demo(items: int = typer.Option(3000, metavar="N", help="How many documents to generate."),
+         executor: str = typer.Option("process", metavar="EXECUTOR", help="sequential | threaded | process"),
+         workers: int = typer.Option(2, metavar="N", help="Worker threads or processes."),
          progress: bool = typer.Option(True, help="Show the progress bar.")) -> None:
     """Run a real example pipeline: clean -> tokenise -> statistics over generated documents."""
     from .demo import run_demo

@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Inspect and maintain a hardy cache.")
-DIR = typer.Option(".hardy-cache", "--dir", "-d", help="The cache directory.")
-REMOTE = typer.Option(None, "--remote", help="Maintain the entries in a bucket instead, s3://bucket/prefix "
+DIR = typer.Option(".hardy-cache", "--dir", "-d", metavar="FOLDER", help="The cache directory.")
+REMOTE = typer.Option(None, "--remote", metavar="S3_URL",
+                      help="Maintain the entries in a bucket instead, s3://bucket/prefix "
                       "(those signed with HARDY_CACHE_KEY; credentials as for any AWS client: AWS_* variables).")
-ENDPOINT = typer.Option(None, "--endpoint-url", help="With --remote: an S3-compatible server's URL.")
+ENDPOINT = typer.Option(None, "--endpoint-url", metavar="URL", help="With --remote: an S3-compatible server's URL.")
 
 
 def _open(path: str, remote: str | None = None, endpoint: str | None = None) -> DiskCache:
@@ -89,7 +90,7 @@ def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json"), remote
 
 
 @app.command("ls")
-def list_entries(path: str = DIR, limit: int = typer.Option(50, help="Show at most this many."),
+def list_entries(path: str = DIR, limit: int = typer.Option(50, metavar="N", help="Show at most this many."),
                  remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, least recently used first."""
     t = Table()
@@ -115,8 +116,10 @@ def verify(path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> N
 
 @app.command()
 def prune(path: str = DIR,
-          max_size: str = typer.Option(None, help="Keep at most this much, e.g. 10GB (least recently used go)."),
-          older_than: float = typer.Option(None, help="Delete entries unused for this many days (--remote: "
+          max_size: str = typer.Option(None, metavar="SIZE",
+                                       help="Keep at most this much, e.g. 10GB (least recently used go)."),
+          older_than: float = typer.Option(None, metavar="DAYS",
+                                           help="Delete entries unused for this many days (--remote: "
                                                       "created that long ago: a bucket keeps no access times)."),
           remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Evict least recently used entries and entries not used for a while."""

@@ -25,42 +25,65 @@ def _ci(lo: float, hi: float) -> str:
     return f"{lo:.0%}–{hi:.0%}"
 
 
-def doctor(imports: str | None = typer.Option(None, "--imports", help="Comma-separated modules: with --repeat, "
-                                                  "the import-order crash matrix; without, imported here first."),
-           import_: str | None = typer.Option(None, "--import", help="Comma-separated modules to import in "
-                                                 "this process before examining it."),
-           then: str | None = typer.Option(None, "--then", help="Python code to run after the imports "
-                                              "(crash matrix only)."),
-           repeat: int = typer.Option(0, "--repeat", "-n", help="Fresh interpreters per cell of the crash matrix."),
-           jobs: int = typer.Option(2, "--jobs", "-j", help="Interpreters run at once (crash matrix)."),
+def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES",
+                                              help="Comma-separated modules to import in this process before "
+                                                   "examining it."),
+           matrix: str | None = typer.Option(None, "--matrix", metavar="MODULES",
+                                             help="Comma-separated modules: each alone and each ordered pair, "
+                                                  "imported in --repeat fresh interpreters (the import-order crash "
+                                                  "matrix)."),
+           imports: str | None = typer.Option(None, "--imports", hidden=True,
+                                              help="The name --matrix had (with --repeat), kept for scripts."),
+           then: str | None = typer.Option(None, "--then", metavar="CODE",
+                                           help="Python code to run after the imports (--matrix only)."),
+           repeat: int = typer.Option(0, "--repeat", "-n", metavar="N",
+                                      help="Fresh interpreters per cell of the crash matrix."),
+           jobs: int = typer.Option(2, "--jobs", "-j", metavar="N", help="Interpreters run at once (--matrix)."),
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Diagnose this Python environment; with --imports a,b --repeat N, find the import order that crashes.
+    """Diagnose this Python environment; with --matrix a,b --repeat N, find the import order that crashes.
 
     Exit code: 0 all fine, 1 warnings, 2 errors (or, for the matrix, 1 if any cell crashed).
     """
-    from ..doctor import examine, import_matrix
-    if imports and repeat:
-        modules = [m.strip() for m in imports.split(",") if m.strip()]
-        cells = import_matrix(modules, then=then, repeat=repeat, jobs=jobs,
-                              on_cell=None if as_json else lambda c: console.print(
-                                  f"  {c.label:<40} {c.failures}/{c.runs} crashed", highlight=False))
-        if as_json:
-            typer.echo(json.dumps([{"modules": c.modules, "runs": c.runs, "crashes": c.crashes, "stages": c.stages,
-                                    "rate": c.rate, "ci95": c.interval} for c in cells]))
-        else:
-            t = Table(title=f"import-order crash matrix ({repeat} fresh interpreters per row)"
-                      + (f", then: {then}" if then else ""))
-            for col in ("imports", "crashed", "rate", "95% CI", "signals", "when"):
-                t.add_column(col)
-            for c in cells:
-                style = "red" if c.failures else ""
-                t.add_row(c.label, f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
-                          ", ".join(f"{k} x{v}" for k, v in c.crashes.items()) or "-",
-                          ", ".join(f"{k} x{v}" for k, v in c.stages.items()) or "-", style=style)
-            console.print(t)
-        raise typer.Exit(1 if any(c.failures for c in cells) else 0)
-    mods = [m.strip() for m in (import_ or imports or "").split(",") if m.strip()]
-    report = examine(mods)
+    if imports and repeat:  # the old spelling of --matrix
+        matrix = imports
+    elif imports:  # ... and, without --repeat, of --import
+        import_ = import_ or imports
+    if matrix:
+        if not repeat:
+            raise typer.BadParameter("--matrix needs --repeat N (fresh interpreters per cell)", param_hint="--repeat")
+        _crash_matrix(_names(matrix), then, repeat, jobs, as_json)
+    _examination(_names(import_ or ""), as_json)
+
+
+def _names(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _crash_matrix(modules: list[str], then: str | None, repeat: int, jobs: int, as_json: bool) -> None:
+    from ..doctor import import_matrix
+    cells = import_matrix(modules, then=then, repeat=repeat, jobs=jobs,
+                          on_cell=None if as_json else lambda c: console.print(
+                              f"  {c.label:<40} {c.failures}/{c.runs} crashed", highlight=False))
+    if as_json:
+        typer.echo(json.dumps([{"modules": c.modules, "runs": c.runs, "crashes": c.crashes, "stages": c.stages,
+                                "rate": c.rate, "ci95": c.interval} for c in cells]))
+    else:
+        t = Table(title=f"import-order crash matrix ({repeat} fresh interpreters per row)"
+                  + (f", then: {then}" if then else ""))
+        for col in ("imports", "crashed", "rate", "95% CI", "signals", "when"):
+            t.add_column(col)
+        for c in cells:
+            style = "red" if c.failures else ""
+            t.add_row(c.label, f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
+                      ", ".join(f"{k} x{v}" for k, v in c.crashes.items()) or "-",
+                      ", ".join(f"{k} x{v}" for k, v in c.stages.items()) or "-", style=style)
+        console.print(t)
+    raise typer.Exit(1 if any(c.failures for c in cells) else 0)
+
+
+def _examination(modules: list[str], as_json: bool) -> None:
+    from ..doctor import examine
+    report = examine(modules)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), default=str))
         raise typer.Exit(report.exit_code)
@@ -82,18 +105,22 @@ def doctor(imports: str | None = typer.Option(None, "--imports", help="Comma-sep
         t.add_row(k, str(v))
     console.print(t)
     _print_gpus(report.gpu)
-    if not report.findings:
+    _print_findings(report.findings)
+    raise typer.Exit(report.exit_code)
+
+
+def _print_findings(findings: list[Any]) -> None:
+    if not findings:
         console.print("[green]nothing to report[/]: no fork hazard, no unresolvable library, no version "
                       "outside a checked range")
-        raise typer.Exit(0)
+        return
     t = Table(title="findings")
     t.add_column("")
     t.add_column("topic")
     t.add_column("finding")
-    for f in report.findings:
+    for f in findings:
         t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.topic, f.message)
     console.print(t)
-    raise typer.Exit(report.exit_code)
 
 
 def _print_gpus(gpu: dict[str, Any]) -> None:
@@ -120,12 +147,14 @@ def _print_gpus(gpu: dict[str, Any]) -> None:
 
 
 def repeat(ctx: typer.Context,
-           n: int = typer.Option(30, "-n", help="How many runs."),
-           jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once."),
+           n: int = typer.Option(30, "-n", metavar="N", help="How many runs."),
+           jobs: int = typer.Option(1, "--jobs", "-j", metavar="N", help="Runs at once."),
            stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="Stop at the first failing run."),
-           timeout: float | None = typer.Option(None, "--timeout", help="Seconds before a run counts as hung "
+           timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS",
+                                                help="Seconds before a run counts as hung "
                                                    "and is killed (with its process group)."),
-           logs: str | None = typer.Option(None, "--logs", help="Keep each failing run's stdout/stderr here.")
+           logs: str | None = typer.Option(None, "--logs", metavar="FOLDER",
+                                           help="Keep each failing run's stdout/stderr here.")
            ) -> None:
     """Run a command N times in fresh processes and measure its crash rate: hardy repeat -n 30 -- CMD ARGS...
 
@@ -157,8 +186,10 @@ def repeat(ctx: typer.Context,
     raise typer.Exit(1 if report.failures else 0)
 
 
-def libs(paths: list[str] = typer.Argument(None, help="Directories to index (default: every sys.path entry)."),
-         package: list[str] = typer.Option([], "--package", "-p", help="Index these (namespace) packages, "
+def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
+                                           help="Directories to index (default: every sys.path entry)."),
+         package: list[str] = typer.Option([], "--package", "-p", metavar="PACKAGE",
+                                           help="Index these (namespace) packages, "
                                            "e.g. nvidia."),
          order: bool = typer.Option(False, "--order", help="Print the preload order (dependencies first)."),
          preload: bool = typer.Option(False, "--preload", help="dlopen them in that order, here, as a test."),
@@ -198,10 +229,13 @@ def libs(paths: list[str] = typer.Argument(None, help="Directories to index (def
 
 
 @wheel_app.command("patch")
-def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to patch."),
-                patch_dir: str = typer.Option(..., "--patch-dir", help="Unified diffs, applied in name order."),
-                suffix: str = typer.Option(..., "--suffix", help="Local version label: VERSION+SUFFIX."),
-                dest_dir: str = typer.Option(..., "--dest-dir", help="Where the patched wheel is written.")) -> None:
+def wheel_patch(wheel: str = typer.Option(..., "--wheel", metavar="FILE", help="The wheel to patch."),
+                patch_dir: str = typer.Option(..., "--patch-dir", metavar="FOLDER",
+                                              help="Unified diffs, applied in name order."),
+                suffix: str = typer.Option(..., "--suffix", metavar="LABEL",
+                                           help="Local version label: VERSION+SUFFIX."),
+                dest_dir: str = typer.Option(..., "--dest-dir", metavar="FOLDER",
+                                             help="Where the patched wheel is written.")) -> None:
     """Unpack, apply the patches, set VERSION+SUFFIX, regenerate RECORD, repack."""
     from ..doctor.wheel import patch_wheel
     from ..errors import WheelError
@@ -214,7 +248,7 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", help="The wheel to pat
 
 
 @wheel_app.command("verify")
-def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -> None:
+def wheel_verify(wheel: str = typer.Argument(..., metavar="WHEEL", help="The wheel to check.")) -> None:
     """Check every file's sha256 and size against RECORD. Exit code 1 on any mismatch."""
     from ..doctor.wheel import verify_wheel
     result = verify_wheel(wheel)
@@ -225,7 +259,7 @@ def wheel_verify(wheel: str = typer.Argument(..., help="The wheel to check.")) -
 
 
 @wheel_app.command("index")
-def wheel_index(folder: str = typer.Argument(..., help="A folder of wheels (and sdists).")) -> None:
+def wheel_index(folder: str = typer.Argument(..., metavar="FOLDER", help="A folder of wheels (and sdists).")) -> None:
     """Write a PEP 503 simple index (FOLDER/simple) for pip --index-url file://FOLDER/simple."""
     from ..doctor.wheel import build_index
     from ..errors import WheelError

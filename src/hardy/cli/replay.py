@@ -71,9 +71,11 @@ def replay(report: str | os.PathLike[str], item: int, repeat: int = 1) -> Replay
     return result
 
 
-def replay_command(report: str = typer.Argument(..., help="A run report's JSON (Engine(report_dir=...) writes them)."),
-           item: int = typer.Option(..., "--item", help="The failed item to run again."),
-           repeat: int = typer.Option(1, "--repeat", "-n", min=1, help="Runs, each in a fresh worker: with more "
+def replay_command(report: str = typer.Argument(..., metavar="REPORT",
+                                                help="A run report's JSON (Engine(report_dir=...) writes them)."),
+           item: int = typer.Option(..., "--item", metavar="N", help="The failed item to run again."),
+           repeat: int = typer.Option(1, "--repeat", "-n", min=1, metavar="N",
+                                      help="Runs, each in a fresh worker: with more "
                                       "than one, the failure rate and its 95% confidence interval.")) -> None:
     """Run a failed item again from its kept inputs; print the outcome, its stacks and the diagnosis.
 

@@ -133,16 +133,19 @@ def _line(i: int, row: Any) -> str:
     return json.dumps(record, default=repr)
 
 
-def run(target: str = typer.Argument(..., help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
-        set_: list[str] = typer.Option([], "--set", help="An input NAME=VALUE (JSON or text); repeatable."),
-        inputs: str | None = typer.Option(None, "--inputs", help="JSONL file: one object of inputs per item."),
-        map_over: list[str] = typer.Option([], "--map-over", help="Inputs that hold one value per item."),
-        executor: str | None = typer.Option(None, help="sequential | threaded | async | process "
+def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
+        set_: list[str] = typer.Option([], "--set", metavar="NAME=VALUE",
+                                       help="An input NAME=VALUE (JSON or text); repeatable."),
+        inputs: str | None = typer.Option(None, "--inputs", metavar="FILE",
+                                          help="JSONL file: one object of inputs per item."),
+        map_over: list[str] = typer.Option([], "--map-over", metavar="NAME",
+                                           help="Inputs that hold one value per item."),
+        executor: str | None = typer.Option(None, metavar="EXECUTOR", help="sequential | threaded | async | process "
                                                 "(default: the pipeline's own engine's)"),
-        workers: int | None = typer.Option(None, min=1, help="Worker threads or processes."),
-        cache: str | None = typer.Option(None, help="A DiskCache directory."),
-        report: str | None = typer.Option(None, help="Write the run report: FILE.html or FILE.json."),
-        output: str | None = typer.Option(None, help="Write the JSONL results here instead of stdout."),
+        workers: int | None = typer.Option(None, min=1, metavar="N", help="Worker threads or processes."),
+        cache: str | None = typer.Option(None, metavar="FOLDER", help="A DiskCache directory."),
+        report: str | None = typer.Option(None, metavar="FILE", help="Write the run report: FILE.html or FILE.json."),
+        output: str | None = typer.Option(None, metavar="FILE", help="Write the JSONL results here instead of stdout."),
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
     from ..errors import HardyError
@@ -291,8 +294,10 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
                   report_dir=own.report_dir, **own.process_options)
 
 
-def report(path: str = typer.Argument(..., help="A report's JSON (Engine(report_dir=...) writes them)."),
-           html: str | None = typer.Option(None, "--html", help="Also write it as a self-contained page.")) -> None:
+def report(path: str = typer.Argument(..., metavar="REPORT",
+                                      help="A report's JSON (Engine(report_dir=...) writes them)."),
+           html: str | None = typer.Option(None, "--html", metavar="FILE",
+                                           help="Also write it as a self-contained page.")) -> None:
     """Show a saved run report as tables; --html renders the page."""
     from rich.console import Console
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import NoGpuError
+from ..errors import NoGpuError, install_hint
 from ..native.loaded import thread_pools
 from ..safety.environment import NUMBA_GUARD_RANGE, version_in
 from ..safety.hazards import fork_hazards
@@ -141,7 +141,7 @@ def examine_forensics() -> list[Finding]:
     scope = ptrace_scope()
     if py_spy() is None:
         found.append(Finding("warning", "forensics", "stacks of hung items: Python frames only (faulthandler); "
-                             "pip install 'hardy[forensics]' (py-spy) for every thread's native frames"))
+                             f"{install_hint('forensics')} (py-spy) for every thread's native frames"))
     elif scope is not None and scope >= 2:
         found.append(Finding("warning", "forensics", f"stacks of hung items: Yama ptrace_scope={scope} lets only "
                              "an administrator attach py-spy: run `sysctl kernel.yama.ptrace_scope=1` (workers "

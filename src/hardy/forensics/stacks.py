@@ -19,6 +19,8 @@ import struct
 import subprocess
 import sys
 
+from ..errors import install_hint
+
 PY_SPY_DEADLINE = 4.0  # seconds py-spy may take before the worker is killed without its native stacks
 _PR_SET_PTRACER = 0x59616D61
 _CRED = struct.Struct("3i")
@@ -56,7 +58,7 @@ def hang_stacks(pid: int, deadline: float = PY_SPY_DEADLINE) -> tuple[str, str]:
     """(every thread's Python + native stack by py-spy, "") or ("", why py-spy gave none)."""
     program = py_spy()
     if program is None:
-        return "", "py-spy is not installed: pip install 'hardy[forensics]' for native frames"
+        return "", f"py-spy is not installed: {install_hint('forensics')} for native frames"
     try:
         done = subprocess.run([program, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=deadline)

@@ -33,7 +33,7 @@ from typing import Any
 import cloudpickle
 
 from ..engine.results import Results
-from ..errors import NodeCrashed, WorkerImportError
+from ..errors import NodeCrashed, WorkerImportError, install_hint
 from ..executor import Executor, WorkerCounts
 from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
@@ -129,7 +129,7 @@ def require(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(f"hardy's {extra} integration needs the {module!r} package, which cannot be imported "
-                          f"here ({exc}). Install it with: pip install \"hardy[{extra}]\"") from exc
+                          f"here ({exc}). Install it with: {install_hint(extra)}") from exc
 
 
 class RemoteExecutor(Executor):

@@ -18,6 +18,7 @@ import os
 import threading
 from typing import Any
 
+from ..errors import install_hint
 from .callbacks import CallbackContext, PipelineCallback
 
 _Stack = tuple[tuple[str, Any], ...]  # of (kind, span), innermost last
@@ -33,7 +34,7 @@ class OpenTelemetryCallback(PipelineCallback):
         try:
             from opentelemetry import trace
         except ImportError as exc:
-            raise ImportError('OpenTelemetryCallback needs the OpenTelemetry API: pip install "hardy[otel]"') from exc
+            raise ImportError(f"OpenTelemetryCallback needs the OpenTelemetry API: {install_hint('otel')}") from exc
         from .. import __version__
         self._trace = trace
         self._tracer = trace.get_tracer("hardy", __version__, tracer_provider=tracer_provider)
