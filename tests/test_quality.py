@@ -47,6 +47,12 @@ def test_docs_site_builds_strict(site):
     assert (site / "api" / "index.html").read_text().count("doc-heading") > 20
 
 
+def test_the_api_page_shows_signatures_and_docstrings_not_code(site):
+    text = page_text(site / "api" / "index.html")
+    assert 'imap( inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None' in text
+    assert "arguments.flag(" not in text and "self._" not in text, "the API page shows how attributes are computed"
+
+
 def page_text(page: Path) -> str:
     """A built page's visible text, whitespace collapsed."""
     return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page.read_text())).split())
