@@ -4,19 +4,21 @@ Data flow (parent = the process calling map; one socket pair per worker, no shar
 dying worker can never leave something locked that the others need):
 
     parent (pool.py, scheduling.py)                    worker (worker.py), forked by a fork server
-    ───────────────                                    ──────────────────
-    (paths, environ, sys.path, cwd, argv) ── once ────►  set up; never imports the parent's __main__
-    ("plan", id, spec)   ── once per worker per plan ──►  compile the plan locally
-    ("chunk", id, items) ── one chunk at a time ───────►  for each item:
-                                                            status[item] = i   (shared mmap)
-                                                            status[step] = k, start time
-                                                            run the compiled plan
-    results.ok / fail    ◄── header + pickled batch ────  batched every ≥5 ms, and at chunk end
-    ("resend", items)    ── a batch was unreadable ────►  those items again, one pickle each
-    exit status          ◄── from the fork server ─────   the worker died (its group is killed)
-      → read status + faulthandler file: the item, node, signal and Python stack
+    ───────────────────────────────                    ──────────────────
+    Setup(environ, sys.path, cwd, argv)  ── once ────►  set up; never imports the parent's __main__
+    PlanSpec(plan_id, spec) ── once per worker, plan ►  compile the plan locally
+    Chunk(plan_id, items, ...) ── one at a time ─────►  for each item:
+                                                          status[item] = i   (shared mmap)
+                                                          status[step] = k, start time
+                                                          run the compiled plan
+    results.ok / fail  ◄── Header + pickled batch ───  batched every ≥5 ms, and at chunk end
+    Resend(items)      ── a batch was unreadable ────►  those items again, one pickle each
+    exit status        ◄── from the fork server ─────   the worker died (its group is killed)
+      → read status + crash file: the item, node, signal, Python and native stacks (deaths.py)
       → that item fails (or is retried); unsent items are re-queued; the worker is replaced
-    ("stop",)            ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
+    Stop()             ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
+
+The messages are the small records of `messages.py`.
 
 Chunks and result batches carry big array buffers (≥ 1 MiB) out of band: a memfd segment whose
 descriptor follows the message on the same socket, mapped by the receiver (`hardy.transport`).

@@ -23,6 +23,7 @@ from ..safety.hazards import choose_start_method
 from ..shipping import Unshippable, dumps, ship_items, ship_plan
 from ..sizes import parse_size
 from . import launch
+from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
 from .scheduling import MapRun
 
@@ -192,7 +193,7 @@ class WorkerPool(Executor):
                 self._next_plan += 1
                 plan_id = self._next_plan
         if shipped is None:
-            shipped = (plan_id, pickle.dumps(("plan", plan_id, ship_plan(plan)), protocol=5))
+            shipped = (plan_id, pickle.dumps(PlanSpec(plan_id, ship_plan(plan)), protocol=5))
             with self._lock:
                 shipped = self._plan_ids.setdefault(plan, shipped)
         return shipped
@@ -208,7 +209,7 @@ class WorkerPool(Executor):
         killed a worker, `MapRun.split`); `poison`: nested items that crashed a worker before
         (`crash.poisoned_here`)."""
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
-            items, chunk, lambda pairs: ("chunk", plan_id, pairs, log, sealed, singly, *([poison] if poison else [])),
+            items, chunk, lambda pairs: Chunk(plan_id, pairs, log, sealed, singly, poison),
             dump=lambda msg: transport.pack(msg, dumps, shared))
         return packed  # what `dump` returned, and the items left out
 

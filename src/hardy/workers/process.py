@@ -17,6 +17,7 @@ from ..forensics.stacks import hang_stacks
 from ..plan import Plan
 from . import launch
 from . import worker as worker_main
+from .messages import Setup, Stop
 
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -73,7 +74,8 @@ class Worker:
         # this process's environment now (a fork server's dates from its start), with the caps
         level = {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # records workers forward
         transport.send(self.conn, b"", transport.Packed(
-            pickle.dumps(({**os.environ, **env, **level}, preload_libs, list(sys.path), os.getcwd(), list(sys.argv))),
+            pickle.dumps(Setup({**os.environ, **env, **level}, preload_libs, list(sys.path), os.getcwd(),
+                               list(sys.argv))),
             self._fds))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
@@ -120,7 +122,7 @@ class Worker:
 
     def stop(self, timeout: float = 2.0) -> None:
         try:
-            self.send(pickle.dumps(("stop",)))
+            self.send(pickle.dumps(Stop()))
         except (OSError, ValueError):
             pass
         self.process.join(timeout)

@@ -36,6 +36,7 @@ from ..shipping import (
 )
 from . import worker as worker_main
 from .deaths import Deaths, after_return
+from .messages import HEADER_SIZE, Header, Resend
 from .process import STACK_GRACE, Worker, rss
 
 if TYPE_CHECKING:
@@ -240,16 +241,16 @@ class MapRun(Deaths):
         try:
             while w.conn.poll():
                 data = w.conn.recv_bytes()
-                done, each, logged, unread, logs, elapsed = worker_main.HEADER.unpack_from(data)
+                done, each, logged, unread, logs, elapsed = Header.unpack(data)
                 w.started_any = True
                 self.pool.start_failures = 0
                 if unread:  # its chunk could not be unpickled there: it goes again, sealed
                     chunk = list(w.unsent)
                     w.plan, w.unsent = None, {}
-                    self.send_sealed(chunk, pickle.loads(memoryview(data)[worker_main.HEADER.size:]))
+                    self.send_sealed(chunk, pickle.loads(memoryview(data)[HEADER_SIZE:]))
                     return True
                 try:
-                    batch = transport.unpack(w.conn, memoryview(data)[worker_main.HEADER.size:])
+                    batch = transport.unpack(w.conn, memoryview(data)[HEADER_SIZE:])
                 except (EOFError, OSError):  # it died while passing its shared memory
                     raise
                 except Exception:  # one result cannot be read here: at chunk end, ask for each alone
@@ -272,7 +273,7 @@ class MapRun(Deaths):
                 if free:  # what it sends next belongs to its next chunk (or, released, to another map)
                     return True
                 if done:  # the items with no result yet are those of unreadable batches
-                    w.send(pickle.dumps(("resend", list(w.unsent))))
+                    w.send(pickle.dumps(Resend(list(w.unsent))))
                     w.resend = False
         except (EOFError, OSError):
             return False

@@ -14,7 +14,6 @@ import mmap
 import os
 import pickle
 import signal
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, dumps, open_input, out_of_band, portable, unopened
 from .lifeline import kill_group, watch_peer
+from .messages import Chunk, Header, PlanSpec, Resend
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines:
 # doubles, because the step's start is `time.monotonic()`, the clock of the node log (nodelog.py);
@@ -49,9 +49,6 @@ OPENING = -2  # STEP while a sealed item's input k is unpickled: OPENING - k (IT
 STATUS_SIZE = 8 * SLOTS
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
-# Before each batch of results: chunk done, pickled item by item, logged, the chunk could not be
-# unpickled here (the batch is then why), log records ride with it (`_Forward`), elapsed.
-HEADER = struct.Struct("?????d")
 
 
 def open_status(fd: int) -> tuple[mmap.mmap, Any]:
@@ -99,7 +96,7 @@ def run(fd: int) -> None:
     """
     conn = Connection(fd)
     try:
-        env, preload_libs, sys_path, cwd, argv = pickle.loads(conn.recv_bytes())
+        env, preload_libs, sys_path, cwd, argv = pickle.loads(conn.recv_bytes())  # a Setup
         status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
@@ -150,19 +147,18 @@ def run(fd: int) -> None:
             msg = _read(conn, data, status)
             if msg is None:
                 continue
-            if msg[0] == "plan":
-                plans[msg[1]] = [msg[2], _load_plan(msg[2], status), None]
-            elif msg[0] == "chunk":
+            if isinstance(msg, PlanSpec):
+                plans[msg.plan_id] = [msg.spec, _load_plan(msg.spec, status), None]
+            elif isinstance(msg, Chunk):
                 POISON.clear()
-                if len(msg) > 6:  # nested items that crashed a worker before (crash.poisoned_here)
-                    POISON.update(msg[6])
-                loaded = _plan(plans[msg[1]], msg[3], status)
-                if not _run_chunk(conn, loaded, msg[2], status, sent, msg[3], msg[4], msg[5]):
+                POISON.update(msg.poison or {})
+                loaded = _plan(plans[msg.plan_id], msg.log, status)
+                if not _run_chunk(conn, loaded, msg.items, status, sent, msg.log, msg.sealed, msg.singly):
                     code = RETIRED
                     break
-            elif msg[0] == "resend":
-                _resend(conn, sent, msg[1])
-            else:
+            elif isinstance(msg, Resend):
+                _resend(conn, sent, msg.items)
+            else:  # Stop
                 break
     finally:
         sys.stdout.flush()
@@ -202,7 +198,7 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
         raise
     except Exception as exc:  # whatever a __setstate__ raises (an OSError too) costs its item alone
         why = pickle.dumps(f"{type(exc).__name__}: {exc}")
-        conn.send_bytes(HEADER.pack(True, False, False, True, False, 0.0) + why)
+        conn.send_bytes(Header(True, False, False, True, False, 0.0).pack() + why)
         return None
     finally:
         status[ITEM] = IDLE
@@ -558,7 +554,7 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
             batch[:] = [_picklable(producers, *row) for row in batch]
             packed = transport.pack(message, dumps)
         sent.append((list(batch), records))
-        transport.send(conn, HEADER.pack(done, False, names is not None, False, logs, elapsed), packed)
+        transport.send(conn, Header(done, False, names is not None, False, logs, elapsed).pack(), packed)
         batch.clear()
     finally:
         _sending[0] = False
@@ -575,7 +571,7 @@ def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
             outcomes[i] = (ok, value, log)
     data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
                          for i in items for ok, value, log in [outcomes[i]]], protocol=5)
-    conn.send_bytes(HEADER.pack(True, True, False, False, False, 0.0) + data)
+    conn.send_bytes(Header(True, True, False, False, False, 0.0).pack() + data)
 
 
 def _in_band(buf: Any) -> bool:

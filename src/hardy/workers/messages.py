@@ -1,0 +1,76 @@
+"""What the parent and a worker say to each other (the picture in `hardy/workers/__init__.py`).
+
+Parent → worker: one pickled message per `recv_bytes`, big array buffers out of band
+(`hardy.transport`). Worker → parent: a `Header` packed in front of each batch of results, so the
+parent learns what the batch is before it unpickles anything.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, NamedTuple
+
+
+class Setup(NamedTuple):
+    """The first message: the parent's environment now (a fork server's dates from its start)."""
+
+    environ: dict[str, str]
+    preload_libs: tuple[str, ...]
+    sys_path: list[str]
+    cwd: str
+    argv: list[str]
+
+
+class PlanSpec(NamedTuple):
+    """A pipeline to compile, once per worker per plan; chunks name it by `plan_id`."""
+
+    plan_id: int
+    spec: bytes
+
+
+class Chunk(NamedTuple):
+    """Items to run: `items` are (index, inputs) pairs. `log`: log node events (the parent
+    listens); `sealed`: each input pickled on its own (1), and each result sent alone (2);
+    `singly`: batched nodes take one item per call; `poison`: nested items that crashed a worker
+    before (`crash.poisoned_here`)."""
+
+    plan_id: int
+    items: list[tuple[int, Any]]
+    log: bool
+    sealed: int
+    singly: bool
+    poison: dict[Any, Any] | None
+
+
+class Resend(NamedTuple):
+    """Results of the last chunk again, each pickled on its own (a batch was unreadable)."""
+
+    items: list[int]
+
+
+class Stop(NamedTuple):
+    """Flush and leave (`os._exit`: no native finaliser runs)."""
+
+
+class Header(NamedTuple):
+    """In front of each batch of results: the chunk is done; the batch was pickled item by item
+    (a `Resend`'s); it carries node logs; the chunk could not be unpickled (the batch is then
+    why); log records ride with it; seconds the chunk took."""
+
+    done: bool
+    each: bool
+    logged: bool
+    unread: bool
+    logs: bool
+    elapsed: float
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(*self)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Header:
+        return cls(*_HEADER.unpack_from(data))
+
+
+_HEADER = struct.Struct("?????d")
+HEADER_SIZE = _HEADER.size
