@@ -39,6 +39,7 @@ from .errors import (
 )
 from .graph import Graph
 from .hashing import Reach, recording
+from .memo import Memo
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 _R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
+PLANS_KEPT = 256  # compiled plans a pipeline keeps (hardy.memo)
+
 
 class Pipeline:
     """A set of nodes wired by name, run with an Engine.
@@ -66,7 +69,7 @@ class Pipeline:
                  cache: PlanCache | None = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
         self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
-        self._plans: dict[Any, Plan] = {}
+        self._plans: Memo[Any, Plan] = Memo(PLANS_KEPT)
         self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
@@ -178,7 +181,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_plans={}, _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
+        state.update(_plans=Memo(PLANS_KEPT), _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
     def cached_in(self, cache: PlanCache | None) -> Pipeline:
@@ -212,7 +215,8 @@ class Pipeline:
 
     def _copy(self, **changes: Any) -> Self:
         copy = type(self).__new__(type(self))
-        copy.__dict__.update(self.__dict__, _plans={}, _reaches={}, _with_cache={}, _with_engine={}, **changes)
+        copy.__dict__.update(self.__dict__, _plans=Memo(PLANS_KEPT), _reaches={}, _with_cache={}, _with_engine={},
+                             **changes)
         return copy
 
     def __repr__(self) -> str:
@@ -339,9 +343,7 @@ class Pipeline:
                     missing.setdefault(p, []).append(step.node.name)
         if missing:
             raise MissingInputError(missing, names, self.name)
-        if len(self._plans) > 256:  # callers that vary their input names endlessly: stay bounded
-            self._plans.clear()
-        self._plans[key] = plan
+        self._plans.put(key, plan)
         self._reaches[key] = reach
         return plan
 

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import NodeError
 from ..executor import Executor, IsolatedCall, Where
 from ..graph import Graph
+from ..memo import Memo
 from ..node import Node
 from ..observe.nodelog import Records
 from ..observe.progress import MapProgress
@@ -50,14 +51,13 @@ class WorkerCall(IsolatedCall):
 
     def __init__(self, node: Node, pool: Callable[[], Executor]):
         self.node, self.pool = node, pool
-        self.plans: dict[tuple[str, ...], Plan] = {}  # one per set of argument names: shipped once per worker
+        self.plans: Memo[tuple[str, ...], Plan] = Memo(64)  # one per set of argument names: shipped once per worker
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], located: bool = False) -> CallResults:
         item = dict(zip(self.node.inputs, args))
         item.update(kwargs)
         names = tuple(item)
-        plan = self.plans.get(names) or self.plans.setdefault(names, Plan(Graph([self.node]), names,
-                                                                          self.node.outputs))
+        plan = self.plans.get(names) or self.plans.put(names, Plan(Graph([self.node]), names, self.node.outputs))
         results = CallResults(self.node.name, located)
         self.pool().run_items(plan, [item], results)
         return results

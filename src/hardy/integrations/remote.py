@@ -35,13 +35,14 @@ import cloudpickle
 from ..engine.results import Results
 from ..errors import NodeCrashed, WorkerImportError, install_hint
 from ..executor import Executor, WorkerCounts
+from ..memo import Memo
 from ..observe.nodelog import Records, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
 from ..workers.pool import WorkerPool
 
-_PLANS: dict[bytes, Plan] = {}
+_PLANS: Memo[bytes, Plan] = Memo(64)
 CHUNK_MAX = 5000
 
 
@@ -52,9 +53,7 @@ def plan_for(spec: bytes) -> Plan:
     if plan is None:
         from ..safety.environment import install_numba_guard
         install_numba_guard()
-        if len(_PLANS) > 64:
-            _PLANS.clear()
-        plan = _PLANS[key] = build_plan(spec)
+        plan = _PLANS.put(key, build_plan(spec))
     return plan
 
 

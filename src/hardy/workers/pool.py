@@ -17,6 +17,7 @@ from typing import Any
 from .. import transport
 from ..errors import InvalidArgument
 from ..executor import Executor, WorkerCounts
+from ..memo import Memo
 from ..plan import Plan
 from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
@@ -67,7 +68,7 @@ class WorkerPool(Executor):
         self._started = 0
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
-        self._plan_ids: weakref.WeakKeyDictionary[Plan, tuple[int, bytes]] = weakref.WeakKeyDictionary()
+        self._plan_ids: Memo[Plan, tuple[int, bytes]] = Memo(1024, weak=True)
         self._next_plan = 0
         self.per_item_times: dict[int, float] = {}
         self.replaced = 0
@@ -195,7 +196,7 @@ class WorkerPool(Executor):
         if shipped is None:
             shipped = (plan_id, pickle.dumps(PlanSpec(plan_id, ship_plan(plan)), protocol=5))
             with self._lock:
-                shipped = self._plan_ids.setdefault(plan, shipped)
+                shipped = self._plan_ids.put(plan, shipped)
         return shipped
 
     def chunk_message(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
