@@ -21,14 +21,14 @@ def engines() -> dict:
     on this machine, 2 workers each where the engine lets one choose."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from hardy import Engine
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     from hardy.integrations.dask import DaskExecutor
     from hardy.integrations.ray import RayExecutor
     return {
         "local process executor (2 workers)": lambda: Engine(map_executor="process", workers=2),
         "Dask LocalCluster (2 workers)": lambda: Engine(map_executor=DaskExecutor(workers=2)),
         "Ray, local (2 CPUs)": lambda: Engine(map_executor=RayExecutor(workers=2)),
-        "DaftEngine, native runner, process UDF": lambda: DaftEngine(),
+        "daft_engine(), native runner, process UDF": lambda: daft_engine(),
     }
 
 

@@ -1,7 +1,7 @@
 """10,000 trivial items through the 3-node plan on each engine, in one run: `python bench/engines.py`.
 
 Each engine beside the local process executor; cold start = engine start plus the first map.
-Targets: Dask (2 local workers) >= 50,000 items/s, Ray >= 300,000 items/s, DaftEngine with process
+Targets: Dask (2 local workers) >= 50,000 items/s, Ray >= 300,000 items/s, daft_engine() with process
 isolation >= 50,000 items/s. The last row shows what a node with its own Daft resources costs: the
 plan runs as three UDFs, and Daft starts each one's process in every query.
 """
@@ -39,10 +39,10 @@ def _timed(call) -> float:
 
 
 if __name__ == "__main__":
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     rows = {name: measure(make) for name, make in {
         **engines(),
-        "DaftEngine, node fb in its own UDF (3 UDFs)": lambda: DaftEngine(node_resources={"fb": {"cpus": 1}}),
+        "daft_engine(), node fb in its own UDF (3 UDFs)": lambda: daft_engine(node_resources={"fb": {"cpus": 1}}),
     }.items()}
     local = rows["local process executor (2 workers)"][1]
     t = Table(title=f"{N:,} trivial items x 3 nodes, {os.cpu_count()} cores")

@@ -451,8 +451,8 @@ def test_torch_embed_pipeline_on_dask_ray_and_daft(name, monkeypatch, request):
     monkeypatch.setenv("HARDY_TEST_SEGFAULT", "1")
     if name == "daft":
         pytest.importorskip("daft")
-        from hardy.integrations.daft import DaftEngine
-        engine = DaftEngine()
+        from hardy.integrations.daft import daft_engine
+        engine = daft_engine()
     else:
         engine = Engine(map_executor=request.getfixturevalue("remote_executors")[name])
     texts = [*TEXTS[:21], POISON, *TEXTS[21:]]

@@ -65,7 +65,7 @@ import torch
 if not torch.cuda.is_available():
     sys.exit(77)
 from hardy import Pipeline, node
-from hardy.integrations.daft import DaftEngine
+from hardy.integrations.daft import daft_engine
 
 torch.ones(1, device="cuda")  # CUDA initialised in the driver, as in seed 003
 
@@ -79,7 +79,7 @@ def embed(ids):
     return round(float(t.norm().item()), 3), torch.cuda.get_device_name(0), os.getpid()
 
 texts = ["hardy", "survives", "native", "code"] * 8
-engine = DaftEngine(node_resources={"embed": {"gpus": 1}})  # tokenize in CPU workers, embed in a GPU one
+engine = daft_engine(node_resources={"embed": {"gpus": 1}})  # tokenize in CPU workers, embed in a GPU one
 out = Pipeline(nodes=[tokenize, embed], engine=engine).map(inputs={"text": texts}, map_over="text")
 norms = [o["norm"][0] for o in out]
 assert norms == [round(sum(ord(c) ** 2 for c in t) ** 0.5, 3) for t in texts], norms

@@ -177,10 +177,10 @@ def test_a_poison_input_costs_its_item(name, executors):
 
 def test_daft_engine_a_poison_input_costs_its_item():
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     items: list = list(range(12))
     items[3], items[5], items[9] = threading.Lock(), Unloadable(), SegfaultsWhenUnpickled()
-    out = Pipeline(nodes=[plus_one], engine=DaftEngine()).map(inputs={"x": items}, map_over="x", on_error="continue")
+    out = Pipeline(nodes=[plus_one], engine=daft_engine()).map(inputs={"x": items}, map_over="x", on_error="continue")
     assert [o for i, o in enumerate(out) if i not in (3, 5, 9)] == [{"y": x + 1} for x in range(12) if x not in (3, 5, 9)]
     assert isinstance(out[3].error, ShippingError) and "input 'x' (_thread.lock)" in str(out[3].error)
     assert isinstance(out[5].error, ShippingError) and "conftest._refuse_outside" in str(out[5].error)
@@ -291,7 +291,7 @@ def test_items_travel_in_chunks_not_one_task_each(executors):
 
 def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
 
     @node(output_name=("b", "half"))
     def split(a):
@@ -300,9 +300,9 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
         return 2 * a, a / 2
 
     cache = DiskCache(tmp_path / "c")
-    p = Pipeline(nodes=[add_one, split, double_or_crash.__class__(lambda b: b + 1, "c")], engine=DaftEngine(),
+    p = Pipeline(nodes=[add_one, split, double_or_crash.__class__(lambda b: b + 1, "c")], engine=daft_engine(),
                  cache=cache)
-    crashy = Pipeline(nodes=[add_one, double_or_crash, total], engine=DaftEngine())
+    crashy = Pipeline(nodes=[add_one, double_or_crash, total], engine=daft_engine())
     out = crashy.map(inputs={"x": list(range(10))}, map_over="x", on_error="continue")
     local = Pipeline(nodes=[add_one, double_or_crash, total], engine=IN_PROCESS)
     assert [o for i, o in enumerate(out) if i != 7] == [local.run(inputs={"x": x}) for x in range(10) if x != 7]
@@ -325,7 +325,7 @@ def test_daft_engine_per_item_errors_crashes_and_shared_cache(tmp_path):
         return x
 
     with pytest.raises(PicklingError, match="input 'lock'"):
-        Pipeline(nodes=[use_lock], engine=DaftEngine()).map(inputs={"x": [1], "lock": threading.Lock()},
+        Pipeline(nodes=[use_lock], engine=daft_engine()).map(inputs={"x": [1], "lock": threading.Lock()},
                                                             map_over="x")
 
 
@@ -348,9 +348,9 @@ def test_daft_engine_builds_stateful_resources_once_per_udf_process(tmp_path):
     """@stateful resources are the UDF class's state: built in its constructor, once per Daft
     worker process, never in the driver."""
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     log = tmp_path / "built.txt"
-    p = Pipeline(nodes=[built_by], engine=DaftEngine())
+    p = Pipeline(nodes=[built_by], engine=daft_engine())
     out = p.map(inputs={"x": list(range(2000)), "model": Model(str(log))}, map_over="x")
     built = [int(b) for b in log.read_text().split()]
     assert {o["pid"] for o in out} <= set(built)  # every process that ran items had built it,
@@ -373,11 +373,11 @@ def test_daft_engine_gives_a_node_its_own_udf(tmp_path):
     """node_resources cuts the plan into stages, one UDF each: the same results, crash isolation
     and cache keys as the whole plan in one place; a resource is built only where it is used."""
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     log = tmp_path / "built.txt"
     nodes = [add_one, where_a, double_where, total]
     cache = DiskCache(tmp_path / "c")
-    engine = DaftEngine(node_resources={"double_where": {"max_concurrency": 1}})
+    engine = daft_engine(node_resources={"double_where": {"max_concurrency": 1}})
     inputs = {"x": list(range(12)), "model": Model(str(log))}
     out = Pipeline(nodes=nodes, engine=engine, cache=cache).map(inputs=inputs, map_over="x", on_error="continue")
     err = out[7].error
@@ -390,10 +390,10 @@ def test_daft_engine_gives_a_node_its_own_udf(tmp_path):
     Pipeline(nodes=nodes, cache=seq, engine=IN_PROCESS).map(inputs={**inputs, "x": [x for x in range(12) if x != 7]}, map_over="x")
     assert (seq.hits, seq.misses) == (11 * 4, 0)
     with pytest.raises(ValueError, match="did you mean 'double_where'"):
-        Pipeline(nodes=nodes, engine=DaftEngine(node_resources={"double_wher": {"gpus": 1}})).map(
+        Pipeline(nodes=nodes, engine=daft_engine(node_resources={"double_wher": {"gpus": 1}})).map(
             inputs=inputs, map_over="x")
     with pytest.raises(ValueError, match="unknown option 'gpu'"):
-        DaftEngine(node_resources={"double_where": {"gpu": 1}})
+        daft_engine(node_resources={"double_where": {"gpu": 1}})
 
 
 @node(output_name="pid")
@@ -405,8 +405,8 @@ def slow_pid(x: int) -> int:
 def test_daft_engine_spreads_a_small_map_over_its_processes():
     """Even 64 items become several rows, so Daft's UDF processes share them."""
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
-    out = Pipeline(nodes=[slow_pid], engine=DaftEngine(max_concurrency=2)).map(inputs={"x": list(range(64))},
+    from hardy.integrations.daft import daft_engine
+    out = Pipeline(nodes=[slow_pid], engine=daft_engine(max_concurrency=2)).map(inputs={"x": list(range(64))},
                                                                                map_over="x")
     assert len({o["pid"] for o in out}) == 2
 
@@ -476,7 +476,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 import ray
 ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
 from hardy import Failed, Pipeline, node
-from hardy.integrations.daft import DaftEngine
+from hardy.integrations.daft import daft_engine
 
 @node(output_name="y")
 def f(x):
@@ -488,10 +488,10 @@ def f(x):
 def inc(y):
     return y + 1
 
-out = Pipeline(nodes=[f], engine=DaftEngine(address="auto")).map(inputs={"x": list(range(6))}, map_over="x",
+out = Pipeline(nodes=[f], engine=daft_engine(address="auto")).map(inputs={"x": list(range(6))}, map_over="x",
                                                                  on_error="continue")
 print([o["y"] if not isinstance(o, Failed) else (o.error.node, o.error.item) for o in out])
-staged = DaftEngine(address="auto", node_resources={"inc": {"cpus": 1}})  # two UDFs, two actor pools
+staged = daft_engine(address="auto", node_resources={"inc": {"cpus": 1}})  # two UDFs, two actor pools
 out = Pipeline(nodes=[f, inc], engine=staged).map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
 print([o["z"] if not isinstance(o, Failed) else (o.error.node, o.error.item) for o in out])
 ray.shutdown()
@@ -510,8 +510,8 @@ def test_daft_engine_on_ray():
 def test_imap_streams_a_generator_in_windows(name, executors):
     if name == "daft":
         pytest.importorskip("daft")
-        from hardy.integrations.daft import DaftEngine
-        engine = DaftEngine()
+        from hardy.integrations.daft import daft_engine
+        engine = daft_engine()
     else:
         engine = Engine(map_executor=executors[name])
     p = Pipeline(nodes=[add_one, double_or_crash, total], engine=engine)
@@ -537,10 +537,10 @@ def test_node_events_come_back_from_the_engines_workers(name, executors):
 
 def test_daft_engine_node_events_from_one_and_several_udfs(tmp_path):
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
+    from hardy.integrations.daft import daft_engine
     from test_events import Log
     expected = [(kind, n) for n in ("add_one", "double_or_crash", "total") for kind in ("start", "end")]
-    for engine in (DaftEngine(), DaftEngine(node_resources={"double_or_crash": {"cpus": 0.5}})):
+    for engine in (daft_engine(), daft_engine(node_resources={"double_or_crash": {"cpus": 0.5}})):
         log = Log()
         p = Pipeline(nodes=[add_one, double_or_crash, total], engine=engine, callbacks=[log],
                      cache=DiskCache(tmp_path / "c"))

@@ -85,8 +85,8 @@ def _engine(name: str) -> Engine:
         from hardy.integrations.ray import RayExecutor
         return Engine(map_executor=RayExecutor(workers=2))
     pytest.importorskip("daft")
-    from hardy.integrations.daft import DaftEngine
-    return DaftEngine()
+    from hardy.integrations.daft import daft_engine
+    return daft_engine()
 
 
 CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "fine"]

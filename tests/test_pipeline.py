@@ -369,7 +369,7 @@ def test_stateful_returns_the_class_and_honours_its_cache_key():
 def test_daft_engine_is_importable_from_hardy_without_importing_daft_first():
     import subprocess
     import sys
-    code = ("import sys, hardy; assert 'daft' not in sys.modules; from hardy import DaftEngine; "
-            "print(DaftEngine.__module__)")
+    code = ("import sys, hardy; assert 'daft' not in sys.modules; from hardy import daft_engine; "
+            "print(daft_engine.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "hardy.integrations.daft"

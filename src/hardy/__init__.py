@@ -55,13 +55,13 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     # The cache (sqlite3, pickle, hmac) and Daft load on first use, keeping `import hardy` fast;
-    # DaftEngine stays out of __all__ so that `import *` works without the daft extra.
+    # daft_engine() stays out of __all__ so that `import *` works without the daft extra.
     if name == "DiskCache":
         from .cache import DiskCache
         return DiskCache
-    if name == "DaftEngine":
-        from .integrations.daft import DaftEngine
-        return DaftEngine
+    if name == "daft_engine":
+        from .integrations.daft import daft_engine
+        return daft_engine
     raise AttributeError(f"module 'hardy' has no attribute {name!r}")
 
 __all__ = [

@@ -226,7 +226,7 @@ def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[
     `backoff` seconds (doubling, with jitter) before each retry; `timeout` is seconds per attempt.
     The same rules hold under every executor: see `hardy.policy`.
     `gpus=1` (or a share, 0.5) marks a GPU node: with `Engine(map_executor="process", gpus=...)` it
-    runs on GPU workers and the other nodes on CPU workers; DaftEngine gives it a GPU UDF.
+    runs on GPU workers and the other nodes on CPU workers; daft_engine() gives it a GPU UDF.
     `batch_size=64` makes a batched node: the function takes one list per parameter and returns
     one list (a tuple of lists for several outputs) with an entry per item; a map calls it with up
     to 64 items at once, `run()` with lists of one, and caching, errors and crashes stay per item

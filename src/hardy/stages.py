@@ -1,7 +1,7 @@
 """A plan cut into stages where the resources its nodes need change, and a map run stage by stage.
 
 Two engines place nodes by their resources: the local worker pool (`@node(gpus=1)` runs on GPU
-workers, the other nodes on CPU workers) and `DaftEngine(node_resources=)` (each stage a UDF with
+workers, the other nodes on CPU workers) and `daft_engine(node_resources=)` (each stage a UDF with
 its own Daft resources). Both cut the plan here, the same way: consecutive steps (in the plan's
 order) that need the same resources form one stage. A stage is a *keyed* `Plan` (see `Plan`): it
 takes its inputs' cache keys from the item and returns its outputs' keys, so every node is keyed

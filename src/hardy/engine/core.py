@@ -65,7 +65,7 @@ def needs_gpu(node: Node) -> bool:
     if node.gpus > 1:
         raise NodeDefinitionError(
             f"node {node.name!r} asks for gpus={node.gpus:g}; a local GPU worker holds one GPU (or a share of "
-            "one, with workers_per_gpu). Split the work over items, or use DaftEngine for multi-GPU tasks.")
+            "one, with workers_per_gpu). Split the work over items, or use daft_engine() for multi-GPU tasks.")
     return node.gpus > 0
 
 

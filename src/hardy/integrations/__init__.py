@@ -2,5 +2,5 @@
 
     from hardy.integrations.dask import DaskExecutor     # pip install "hardy[dask]"
     from hardy.integrations.ray import RayExecutor       # pip install "hardy[ray]"
-    from hardy.integrations.daft import DaftEngine       # pip install "hardy[daft]"
+    from hardy.integrations.daft import daft_engine       # pip install "hardy[daft]"
 """

@@ -1,11 +1,11 @@
-"""`DaftEngine`: a map as one Daft query whose UDFs run the compiled plan in Daft's worker
+"""`daft_engine()`: a map as one Daft query whose UDFs run the compiled plan in Daft's worker
 processes (`pip install "hardy[daft]"`).
 
-    from hardy.integrations.daft import DaftEngine
-    Pipeline(nodes=[...], engine=DaftEngine())                           # Daft's native runner here
-    Pipeline(nodes=[...], engine=DaftEngine(gpus=1, max_concurrency=2))  # Daft's resources per worker
-    Pipeline(nodes=[...], engine=DaftEngine(node_resources={"embed": {"gpus": 1}}))  # a node's own
-    Pipeline(nodes=[...], engine=DaftEngine(address="ray://head:10001"))  # Daft on a Ray cluster
+    from hardy.integrations.daft import daft_engine
+    Pipeline(nodes=[...], engine=daft_engine())                           # Daft's native runner here
+    Pipeline(nodes=[...], engine=daft_engine(gpus=1, max_concurrency=2))  # Daft's resources per worker
+    Pipeline(nodes=[...], engine=daft_engine(node_resources={"embed": {"gpus": 1}}))  # a node's own
+    Pipeline(nodes=[...], engine=daft_engine(address="ray://head:10001"))  # Daft on a Ray cluster
 
 How a map becomes a query: the items are cut into rows, each row one pickled chunk in a binary
 column (at least 4 rows per UDF process that can run at once, at most ROW_ITEMS items each: a row
@@ -52,11 +52,12 @@ daft = require("daft", "daft")
 ROW_ITEMS = 2500  # items per Daft row at most; a row is one call of the UDF, Daft's unit of spreading work
 
 
-def DaftEngine(address: str | None = None, *, gpus: float = 0, cpus: float | None = None,
-               max_concurrency: int | None = None, node_resources: Mapping[str, Mapping[str, Any]] | None = None,
-               ship_modules: Sequence[str] = (), **engine_options: Any) -> Engine:
-    """An Engine whose maps run as Daft queries (see the module docstring). `gpus`, `cpus` and
-    `max_concurrency` are Daft's resource requests for each UDF worker process; `node_resources`
+def daft_engine(address: str | None = None, *, gpus: float = 0, cpus: float | None = None,
+                max_concurrency: int | None = None, node_resources: Mapping[str, Mapping[str, Any]] | None = None,
+                ship_modules: Sequence[str] = (), **engine_options: Any) -> Engine:
+    """An Engine whose maps run as Daft queries (see the module docstring): a function that builds
+    one, named for what it returns (HyperNodes' `DaftEngine` class lives in `hardy.compat.hypernodes`).
+    `gpus`, `cpus` and `max_concurrency` are Daft's resource requests for each UDF worker process; `node_resources`
     gives named nodes their own (`{"embed": {"gpus": 1}}`), and so their own UDF."""
     return Engine(map_executor=DaftExecutor(address, gpus=gpus, cpus=cpus, max_concurrency=max_concurrency,
                                             node_resources=node_resources, ship_modules=ship_modules),
@@ -116,8 +117,8 @@ def _udf_options(where: str, options: dict[str, Any]) -> dict[str, Any]:
     """Daft's resource options, checked here rather than deep inside Daft's planner."""
     unknown = set(options) - {"gpus", "cpus", "max_concurrency"}
     if unknown:
-        raise InvalidArgument(f"{where}: unknown option {sorted(unknown)[0]!r}; DaftEngine understands gpus, cpus and "
-                         "max_concurrency (Daft's resource requests for a UDF's worker processes).")
+        raise InvalidArgument(f"{where}: unknown option {sorted(unknown)[0]!r}; daft_engine() understands gpus, "
+                              "cpus and max_concurrency (Daft's resource requests for a UDF's worker processes).")
     return {k: v for k, v in options.items() if v}
 
 
@@ -125,7 +126,7 @@ _UDF_DIED = "UDF process closed the connection unexpectedly"  # how Daft says a 
 
 
 class DaftExecutor(RemoteExecutor):
-    """The map executor behind DaftEngine."""
+    """The map executor behind daft_engine()."""
 
     engine = "Daft"
 
@@ -134,7 +135,7 @@ class DaftExecutor(RemoteExecutor):
                  ship_modules: Sequence[str] = ()):
         super().__init__(ship_modules)
         self.address = address
-        self.resources = _udf_options("DaftEngine", {"gpus": gpus, "cpus": cpus, "max_concurrency": max_concurrency})
+        self.resources = _udf_options("daft_engine()", {"gpus": gpus, "cpus": cpus, "max_concurrency": max_concurrency})
         self.node_resources = {name: _udf_options(f"node_resources[{name!r}]", dict(options))
                                for name, options in (node_resources or {}).items()}
         self._ready = False
@@ -173,7 +174,7 @@ class DaftExecutor(RemoteExecutor):
         unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
         if unknown:
             name = sorted(unknown)[0]
-            raise InvalidArgument(f"DaftEngine(node_resources=...) names node {name!r}, which is not in this pipeline"
+            raise InvalidArgument(f"daft_engine(node_resources=...) names node {name!r}, which is not in this pipeline"
                              f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
         return [(self.resources if options is None else options, stage) for options, stage in cut(plan, self._options)]
 

@@ -2,7 +2,7 @@
 
 An engine carries HyperNodes' `cache=` and `callbacks=`; a compat Pipeline reports to its
 engine's callbacks. Work runs through hardy's executors: `DaskEngine` on a Dask cluster
-(hardy's DaskExecutor), `DaftEngine` as Daft queries (hardy's DaftEngine).
+(hardy's DaskExecutor), `DaftEngine` as Daft queries (hardy's `daft_engine()`).
 """
 
 from __future__ import annotations
@@ -67,14 +67,14 @@ def DaskEngine(scheduler: str = "threads", num_workers: int | None = None, workl
 def DaftEngine(use_batch_udf: bool = True, default_daft_config: Mapping[str, Any] | None = None,
                cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None,
                force_spawn_method: bool = True) -> Engine:
-    """Maps run as Daft queries (hardy's DaftEngine). `default_daft_config`'s gpus, cpus and
+    """Maps run as Daft queries (hardy's `daft_engine()`). `default_daft_config`'s gpus, cpus and
     max_concurrency become the UDF's resource requests; hardy's UDF always runs in its own process
     (crash isolation), so `use_process` and `use_batch_udf` are accepted and have nothing to change.
     `force_spawn_method` (older HyperNodes) is accepted: hardy never forks a process holding torch."""
-    from ...integrations.daft import DaftEngine as HardyDaftEngine
+    from ...integrations.daft import daft_engine
     config = dict(default_daft_config or {})
     options = {k: config[k] for k in _DAFT_OPTIONS if k in config}
-    return _reporting(HardyDaftEngine(cache=cache, **options), callbacks, "DaftEngine")
+    return _reporting(daft_engine(cache=cache, **options), callbacks, "DaftEngine")
 
 
 __all__ = ["SeqEngine", "DaskEngine", "DaftEngine", "HypernodesEngine"]
