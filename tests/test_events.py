@@ -271,7 +271,7 @@ def test_a_log_decodes_alike_by_slicing_and_entry_by_entry():
     """The parent cuts a regular batch by slicing; the general decoder must read it the same."""
     from array import array
 
-    from hardy.observe.nodelog import PAUSE, Records, _decoded, _regular
+    from hardy.observe.nodelog import PAUSE, NodeLogBatch, _decoded, _regular
 
     for steps in (1, 3):
         data, t = [], 10**12
@@ -279,7 +279,7 @@ def test_a_log_decodes_alike_by_slicing_and_entry_by_entry():
             data += [t + 10 * k for k in range(steps)]  # an item begins with its first node's start
             t += 100
         data += (PAUSE, t)
-        log = Records(tuple(f"n{k}" for k in range(steps)), array("d", data), [], 0, 1)
+        log = NodeLogBatch(tuple(f"n{k}" for k in range(steps)), array("d", data), [], 0, 1)
         fast, slow = _regular(log.data, 3, steps), _decoded(data, [], steps)
         assert log.events().regular
         for field in ("items", "steps", "starts", "ends", "bounds"):
@@ -294,7 +294,7 @@ def test_a_bare_log_tells_its_items_apart_without_naming_them():
     ends at FAILED, one that called no node is written whole."""
     from array import array
 
-    from hardy.observe.nodelog import END, ERROR, FAILED, ITEM, PAUSE, RAISED, Records
+    from hardy.observe.nodelog import END, ERROR, FAILED, ITEM, PAUSE, RAISED, NodeLogBatch
 
     data = [100, 110,  # item 0: both steps
             200, RAISED, 205, 0, 206, 210,  # item 1: step 0 raised and was retried, then step 1
@@ -302,7 +302,7 @@ def test_a_bare_log_tells_its_items_apart_without_naming_them():
             ITEM, 400, FAILED, 401,  # item 3: failed before any node call
             500, 510, RAISED, 515, 1, FAILED, 516,  # item 4: step 1 raised, the item failed
             600, 610, PAUSE, 700]  # item 5
-    log = Records(("a", "b"), array("d", data), [ValueError("x"), ValueError("y")], 0, 1)
+    log = NodeLogBatch(("a", "b"), array("d", data), [ValueError("x"), ValueError("y")], 0, 1)
     events = log.events()
     assert not events.regular
     assert list(events.bounds) == [100, 200, 300, 400, 500, 600, 700]

@@ -20,7 +20,7 @@ from .observe.nodelog import one_by_one
 from .plan import KEYS, Plan
 
 if TYPE_CHECKING:
-    from .observe.nodelog import Records
+    from .observe.nodelog import NodeLogBatch
 
 
 def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[Any, Plan]]:
@@ -62,7 +62,7 @@ class _StageResults:
     item's values for the next stage."""
 
     def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool,
-                 records: dict[int, list[Records]]):
+                 records: dict[int, list[NodeLogBatch]]):
         self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
         self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
@@ -82,11 +82,11 @@ class _StageResults:
             self.results.handed([self.indices[i] for i in chunk], worker, again)
 
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
-             records: Records | None = None) -> list[tuple[Any, ...]]:
+             records: NodeLogBatch | None = None) -> list[tuple[Any, ...]]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         return one_by_one(rows, unsent, records, self.ok)
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         n = self.indices[i]
         if self.last:
             self.results.ok(n, merge(self.values[n], out, last=True), [*self.records.pop(n, ()), *records])
@@ -98,7 +98,7 @@ class _StageResults:
     def retried(self, i: int, err: NodeError, worker: int | None = None) -> None:
         self.results.retried(self.indices[i], err, worker)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         n = self.indices[i]
         self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
@@ -108,7 +108,7 @@ def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)
     alive = list(range(len(items)))
-    records: dict[int, list[Records]] = {}
+    records: dict[int, list[NodeLogBatch]] = {}
     for n, (executor, stage) in enumerate(stages):
         sink = _StageResults(results, values, alive, first=n == 0, last=n == len(stages) - 1, records=records)
         executor.run_items(stage, [values[i] for i in alive], sink)

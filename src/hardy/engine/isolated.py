@@ -13,7 +13,7 @@ from ..executor import Executor, IsolatedCall, Where
 from ..graph import Graph
 from ..memo import Memo
 from ..node import Node
-from ..observe.nodelog import Records
+from ..observe.nodelog import NodeLogBatch
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from .results import Results
@@ -30,15 +30,15 @@ class CallResults(Results):
         self.log_nodes = located  # someone listens to the node's events
         self.where: tuple[int, float | None] | None = None
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         super().ok(i, out)
         self._ran(records)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         self._ran(records, worker)
 
-    def _ran(self, records: Sequence[Records], died_in: int | None = None) -> None:
+    def _ran(self, records: Sequence[NodeLogBatch], died_in: int | None = None) -> None:
         if records:  # its last event is the last attempt's
             events = records[-1].events()
             self.where = records[-1].pid, events.ends[-1] - events.starts[-1] if len(events.starts) else None

@@ -20,7 +20,7 @@ from ..observe.progress import MapProgress
 
 if TYPE_CHECKING:
     from ..observe.callbacks import Events
-    from ..observe.nodelog import Records
+    from ..observe.nodelog import NodeLogBatch
     from ..observe.report import _Live
     from ..plan import Plan
 
@@ -58,7 +58,7 @@ class Results:
         self._started = [time.perf_counter()] * n
         self.retries: dict[int, int] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
         self.values[i] = out
         self.progress.done += 1
@@ -74,7 +74,7 @@ class Results:
                     self.live.item_end(self.offset + i, True)
 
     def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
-             records: Records | None = None) -> list[tuple[Any, ...]]:
+             records: NodeLogBatch | None = None) -> list[tuple[Any, ...]]:
         """A worker's batch of rows `(i, ok, value)` and their node log: each success delivered as
         `ok` would, each row's item removed from `unsent`; the failures are returned (with their
         part of the log, unless replayed here already), for the pool's policy to retry or `fail`
@@ -110,7 +110,7 @@ class Results:
                 for row in rows:
                     self.live.item_end(self.offset + row[0], True)
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports."""
         if self._hits:
@@ -132,7 +132,7 @@ class Results:
             if self.live:
                 self.live.item_end(self.offset + i, False)
 
-    def _count_hits(self, logs: Sequence[Records]) -> None:
+    def _count_hits(self, logs: Sequence[NodeLogBatch]) -> None:
         """The bar counts the cache hits and batch calls logged where items ran (here, the plan's
         own hook and `batch_called` count them)."""
         self.progress.cached += sum(log.hits() for log in logs)
@@ -154,7 +154,7 @@ class Results:
             self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))
         self.retries[i] = self.retries.get(i, 0) + 1
 
-    def _replay(self, logs: Sequence[Records], which: Callable[[int], int],
+    def _replay(self, logs: Sequence[NodeLogBatch], which: Callable[[int], int],
                 errors: dict[int, Exception] | None = None) -> None:
         """Node logs replayed to the callbacks and the report: `which(r)` is the item that ran
         r-th; `errors`: of the items that failed."""

@@ -24,7 +24,7 @@ from .executors import SequentialExecutor, delivered
 from .results import Results
 
 if TYPE_CHECKING:
-    from ..observe.nodelog import Records
+    from ..observe.nodelog import NodeLogBatch
     from ..plan import Plan
     from .core import Engine
 
@@ -59,11 +59,11 @@ class _Streamed(Results):
 
     ok_per_item = True
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         super().ok(i, out, records)
         self.finished.put((self, i))
 
-    def fail(self, i: int, err: NodeError, records: Sequence[Records] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         super().fail(i, err, records, worker)
         self.finished.put((self, i))
 

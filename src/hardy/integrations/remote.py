@@ -36,7 +36,7 @@ from ..engine.results import Results
 from ..errors import NodeCrashed, WorkerImportError, install_hint
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
-from ..observe.nodelog import Records, died
+from ..observe.nodelog import NodeLogBatch, died
 from ..observe.progress import MapProgress
 from ..plan import Plan
 from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
@@ -82,14 +82,14 @@ class _Rows(Results):
     def __init__(self, n: int, log: bool):
         super().__init__(n, "continue", MapProgress(n, "chunk", False))
         self.log_nodes = log
-        self.records: dict[int, list[Records]] = {}
+        self.records: dict[int, list[NodeLogBatch]] = {}
 
-    def ok(self, i: int, out: dict[str, Any], records: Sequence[Records] = ()) -> None:
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         super().ok(i, out)
         if records:
             self.records[i] = list(records)
 
-    def fail(self, i: int, err: Any, records: Sequence[Records] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: Any, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         if records or (worker is not None and self.log_nodes):
             self.records[i] = list(records) or [died(worker or 0)]

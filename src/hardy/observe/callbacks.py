@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ..executor import IsolatedCall
 from ..node import Node
-from .nodelog import BATCHED, CACHED, END, ERROR, Records
+from .nodelog import BATCHED, CACHED, END, ERROR, NodeLogBatch
 from .nodelog import Events as LogEvents
 
 _HYPERNODES_KEYS = ("_in_map", "_map_item_index")  # HyperNodes' callbacks read these from the context
@@ -163,7 +163,7 @@ class _Replayed(Mapping[str, Any]):
         self.size = self.pid = self.clock = 0  # clock: the log's offset to wall-clock nanoseconds
         self.which, self.offset, self.retries = which, offset, retries
 
-    def replaying(self, log: Records) -> Iterator[str]:
+    def replaying(self, log: NodeLogBatch) -> Iterator[str]:
         """The node name of each event of `log`, in order: the replay's loop walks them."""
         events = self.events = log.events()
         self.pid, self.clock = log.pid, log.offset
@@ -437,7 +437,7 @@ class Events:
         finally:
             _scope.reset(token)
 
-    def replay(self, logs: Iterable[Records], which: Callable[[int], int],
+    def replay(self, logs: Iterable[NodeLogBatch], which: Callable[[int], int],
                errors: Mapping[int, Exception] | None = None, offset: int = 0,
                retries: Mapping[int, int] | None = None, ran: Ran | None = None) -> None:
         """The node events in `logs`, logged where they ran (`hardy.observe.nodelog`), as if they

@@ -23,8 +23,8 @@ parent and its workers share the cores: what each does per event is as little as
   raised in `details`), `WAIT, t` (the node running ends: its item waits for others at a batched
   node) and `BATCHED, k, d, start, end` (a call of batched step k on `details[d]` items: a plan
   with batched nodes writes each item whole once it is over, `worker._Arranged`);
-- each batch of results travels with the list as an array of doubles (`Records`: a byte string
-  to pickle); the parent cuts it into one array per field (`Records.events`, by slicing where it
+- each batch of results travels with the list as an array of doubles (`NodeLogBatch`: a byte string
+  to pickle); the parent cuts it into one array per field (`NodeLogBatch.events`, by slicing where it
   can) and its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it
   delivers the batch's results.
 
@@ -59,7 +59,7 @@ END, ERROR = 0, 1  # a decoded event's code: a node's end or error, its cache hi
 # (BATCHED, its items in the details), an item's span (ITEM)
 
 
-class Records:
+class NodeLogBatch:
     """The node log of some items that ran in one process, as it travels: the log (the worker's
     list, as an array of doubles: one byte string to pickle), the plan's node names by step, the
     cache hits' signatures, the offset that turns the worker's monotonic clock into wall-clock
@@ -73,7 +73,7 @@ class Records:
         self._events: Events | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Records, (self.names, self.data, self.details, self.offset, self.pid)
+        return NodeLogBatch, (self.names, self.data, self.details, self.offset, self.pid)
 
     def events(self) -> Events:
         """The log decoded (once), items numbered in the order they ran. A batch where every item
@@ -110,12 +110,12 @@ class Records:
         codes = self.events().codes
         return codes is not None and ERROR in codes
 
-    def split(self) -> list[Records]:
+    def split(self) -> list[NodeLogBatch]:
         """Each item's log alone, in the order they ran (for a sink that passes items on one by one)."""
         data = self.data
         spans = [(e[5], e[4]) for e in _entries(self.entries(), len(self.names)) if e[2] == ITEM]
         ends = [p for p, _ in spans[1:]] + [len(data) - 2]
-        return [Records(self.names, data[p:q] + array("d", (PAUSE, end)), self.details, self.offset, self.pid)
+        return [NodeLogBatch(self.names, data[p:q] + array("d", (PAUSE, end)), self.details, self.offset, self.pid)
                 for (p, end), q in zip(spans, ends)]
 
 
@@ -245,15 +245,15 @@ def _entries(data: list[float], steps: int) -> Iterator[tuple[int, int, int, flo
         p += 1 if code >= 0 else 3 if code in (STEP, RAISED) else 2
 
 
-def row_logs(records: Records | None, n: int) -> list[Records | None]:
+def row_logs(records: NodeLogBatch | None, n: int) -> list[NodeLogBatch | None]:
     """The log of each of a batch's n rows alone (None for a row with none: the batch was not
     logged, or its item did not run)."""
-    logs: list[Records | None] = list(records.split()) if records is not None else []
+    logs: list[NodeLogBatch | None] = list(records.split()) if records is not None else []
     return logs[:n] + [None] * (n - len(logs))
 
 
-def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: Records | None,
-               ok: Callable[[int, dict[str, Any], Sequence[Records]], None]) -> list[tuple[Any, ...]]:
+def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: NodeLogBatch | None,
+               ok: Callable[[int, dict[str, Any], Sequence[NodeLogBatch]], None]) -> list[tuple[Any, ...]]:
     """A worker's batch for a sink whose `ok` sees each success alone, with its item's own log:
     each row's item leaves `unsent`; the failures are returned, each with its log."""
     failed = []
@@ -321,7 +321,7 @@ class NodeLog:
         now = time.monotonic()
         self.data += (FAILED, now) if began is None else (ITEM, began, FAILED, now)
 
-    def take(self, names: tuple[str, ...], ended: int | None = None) -> Records | None:
+    def take(self, names: tuple[str, ...], ended: int | None = None) -> NodeLogBatch | None:
         """The log since the last call (None if empty), its last item ended now; `ended`: how many
         of its items ended (a dying worker's last words may come mid-item: the entries of the
         item running died with it, and the item before ended where it began)."""
@@ -335,7 +335,7 @@ class NodeLog:
         data += (PAUSE, now)
         # struct packs a list of floats 2.5 times as fast as array() converts it (no argument parsing per number)
         packed = array("d", struct.pack(f"{len(data)}d", *data))
-        records = Records(names, packed, self.details, _wall_offset(), os.getpid())
+        records = NodeLogBatch(names, packed, self.details, _wall_offset(), os.getpid())
         data.clear()
         self.details = []
         return records
@@ -344,11 +344,11 @@ class NodeLog:
 LOG = NodeLog()  # one per process: every logged plan built here records into it
 
 
-def died(pid: int) -> Records:
+def died(pid: int) -> NodeLogBatch:
     """The log of an item whose worker `pid` died running it: only the item's own (its node
     records died with the worker); the caller reports the node it died in."""
     now = time.monotonic()
-    return Records((), array("d", (ITEM, now, PAUSE, now)), [], _wall_offset(), pid)
+    return NodeLogBatch((), array("d", (ITEM, now, PAUSE, now)), [], _wall_offset(), pid)
 
 
 def _wall_offset() -> int:

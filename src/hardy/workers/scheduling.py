@@ -40,7 +40,7 @@ from .messages import HEADER_SIZE, Header, Resend
 from .process import STACK_GRACE, Worker, rss
 
 if TYPE_CHECKING:
-    from ..observe.nodelog import Records
+    from ..observe.nodelog import NodeLogBatch
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
@@ -279,7 +279,7 @@ class MapRun(Deaths):
             return False
         return True
 
-    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, Records | None]]) -> None:
+    def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
         """Results sent again one by one (`worker._resend`), each with its node log."""
         for i, ok, blob, log in batch:
             unsent.pop(i, None)

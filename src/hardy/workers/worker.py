@@ -26,7 +26,7 @@ from ..crash import FATAL_SIGNALS, POISON, mark_contained, nesting_line, on_fata
 from ..errors import CudaError, NodeError
 from ..forensics import handler as native_handler
 from ..forensics.stacks import allow_tracing
-from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT, Records, row_logs
+from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT, NodeLogBatch, row_logs
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
@@ -250,7 +250,7 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
 
 
 _unsent: list[tuple[Any, ...]] = []  # results of the current chunk not sent yet
-Sent = tuple[list[tuple[Any, ...]], Records | None]  # a batch of results sent, with its node log
+Sent = tuple[list[tuple[Any, ...]], NodeLogBatch | None]  # a batch of results sent, with its node log
 _producers: dict[str, str] = {}  # output -> node, of the plan running now
 _names: list[tuple[str, ...] | None] = [None]  # its nodes by step, while its calls are logged
 _sending = [False]
@@ -508,7 +508,7 @@ FORWARD = _Forward(None)
 
 
 def _forward_logs(status: Any) -> None:
-    """Records at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
+    """NodeLogBatch at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
     FORWARD.status = status
     root = logging.getLogger()
     root.handlers[:] = [FORWARD]
@@ -565,7 +565,7 @@ def _send(conn: Any, batch: list[tuple[Any, ...]], producers: dict[str, str], do
 def _resend(conn: Any, sent: list[Sent], items: list[int]) -> None:
     """Items of the last chunk again, each pickled on its own, so that each is read on its own,
     with its own node log (None when not logged)."""
-    outcomes: dict[int, tuple[bool, Any, Records | None]] = {}
+    outcomes: dict[int, tuple[bool, Any, NodeLogBatch | None]] = {}
     for rows, records in sent:
         for (i, ok, value), log in zip(rows, row_logs(records, len(rows))):
             outcomes[i] = (ok, value, log)
