@@ -311,7 +311,7 @@ def test_ordinary_module_level_values_hash():
 def test_registered_library_types_hash_by_what_identifies_them():
     import collections
 
-    from hardy.hashing import _ENCODERS, _RESOLVED, register
+    from hardy.hashing.values import _ENCODERS, _RESOLVED, register
 
     def event(is_set: bool) -> threading.Event:  # a library's class: no __cache_key__() to add
         e = threading.Event()

@@ -1,0 +1,13 @@
+"""Deterministic fingerprints for cache keys: of values (`values.py`) and of code (`code.py`).
+
+The two recurse into each other (a value's class is hashed by its code, a function's globals by
+their values); `code` imports `values` and installs its fingerprint there, so importing this package
+loads both. `origin.py` tells user code (hashed by content) from libraries (by name and version).
+"""
+
+from .code import Reach, code_fingerprint, module_stamp, recording
+from .origin import is_user_module
+from .values import DIGEST, FORMAT, digest, encode, hash_public, hash_value, register
+
+__all__ = ["FORMAT", "DIGEST", "digest", "encode", "hash_value", "hash_public", "register", "code_fingerprint",
+           "Reach", "recording", "module_stamp", "is_user_module"]

@@ -1,0 +1,375 @@
+"""Deterministic fingerprints of code, for cache keys.
+
+A function's fingerprint covers its bytecode and constants (not its source text), its
+defaults, the globals and closure values it reads — following attribute chains read from the
+bytecode through user modules (`utils.clean`, `pkg.sub.fn`) and imports inside the function — and,
+transitively, the code of the user functions and classes reached that way (a class by its methods,
+cached properties and `lru_cache`d methods by what they wrap, nested classes, its metaclass and its
+class-level values by content, through `hardy.hashing.values`). Library code is identified by name
+and package version. While a `Reach` is recording, fingerprints note every name they read, so that a
+pipeline can tell cheaply whether the code it compiled is still the code bound to those names
+(docs/caching.md).
+"""
+
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from blake3 import blake3
+
+from ..errors import UnhashableError
+from .origin import is_user_file, is_user_module
+from .values import ABSENT, DIGEST, encode_into, install_code_fingerprint, length, type_name
+
+
+class Reach:
+    """What a set of fingerprints read, to tell cheaply whether it still holds: each global,
+    module attribute, class attribute and module imported inside a function that the code
+    reaches, as (namespace, name, the object found there), and the user modules reached. A
+    notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
+    put another object under a name; `changed()` is one dict lookup and an identity test per
+    name. A value changed in place (a global list appended to) keeps its object: not seen."""
+
+    __slots__ = ("reads", "modules")
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[Any, str, Any]] = []
+        self.modules: set[str] = set()
+
+    def changed(self) -> bool:
+        for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
+            if namespace.get(name, ABSENT) is not found:
+                return True
+        return False
+
+
+_RECORDING = threading.local()
+
+
+def recording(reach: Reach | None) -> Any:
+    """Make this thread's fingerprints note what they read into `reach` (None: stop); returns the
+    previous recorder, to restore."""
+    previous = getattr(_RECORDING, "reach", None)
+    _RECORDING.reach = reach
+    return previous
+
+
+def _read(namespace: Any, name: str) -> None:
+    reach = getattr(_RECORDING, "reach", None)
+    if reach is not None:
+        reach.reads.append((namespace, name, namespace.get(name, ABSENT)))
+
+
+def _module_reached(name: str | None) -> None:
+    reach = getattr(_RECORDING, "reach", None)
+    if reach is not None and name and name != "__main__" and name in sys.modules:
+        reach.modules.add(name)
+
+
+def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:
+    """What the module binds to `names`, as loaded in this process: a function's or class's code
+    (not the values it reads), a constant (numbers, strings, tuples of them). Two processes with
+    equal stamps run the same code from those names; mutable state (a dict filled at run time)
+    is not part of it."""
+    stamp = {}
+    namespace = vars(module)
+    for name in names:
+        value = namespace.get(name, ABSENT)
+        h = blake3()
+        if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
+            for member in (vars(value).values() if isinstance(value, type) else (value,)):
+                code = getattr(getattr(member, "__func__", member), "__code__", None)
+                if code is not None:
+                    _code(code, h.update)
+        elif isinstance(value, (type(None), bool, int, float, complex, str, bytes, tuple)):
+            try:
+                encode_into(value, h.update, set())
+            except UnhashableError:
+                continue
+        else:
+            continue
+        stamp[name] = h.digest(DIGEST)
+    return stamp
+
+def _package_version(module_name: str) -> str:
+    top = sys.modules.get(module_name.split(".")[0])
+    return str(getattr(top, "__version__", ""))
+
+
+def code_fingerprint(obj: Any) -> bytes:
+    """What a function computes, as far as Python can see: a 16-byte digest (see module docstring)."""
+    busy: set[int] = _BUSY.__dict__.setdefault("ids", set())
+    if id(obj) in busy:  # Config.DEFAULT = Config(): the class's value hashes the class being hashed
+        return b"self:" + type_name(obj if isinstance(obj, type) else type(obj))
+    busy.add(id(obj))
+    try:
+        h = blake3()
+        _fingerprint(obj, h.update, {})
+        return h.digest(DIGEST)
+    finally:
+        busy.discard(id(obj))
+
+
+_BUSY = threading.local()
+
+
+def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    if id(obj) in seen:  # recursion and mutual recursion: refer back by position
+        out(b"@" + length(seen[id(obj)]))
+        return
+    seen[id(obj)] = len(seen)
+    func = getattr(obj, "__func__", obj)  # bound methods: the function (its instance is an input)
+    if not isinstance(func, (types.FunctionType, type)) and getattr(func, "__wrapped__", None) is not None:
+        out(b"wraps:" + type_name(type(func)))  # lru_cache, a Node: the code it wraps
+        _fingerprint(func.__wrapped__, out, seen)
+        return
+    module = getattr(func, "__module__", None)
+    if not is_user_module(module):
+        name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
+        out(b"lib:" + f"{module}.{name}@{_package_version(module or '')}".encode())
+    elif isinstance(func, _BUILTIN_CODE):  # tuple.__new__ (a named tuple's __new__ reads it): C code, by name
+        owner = getattr(func, "__objclass__", None) or getattr(func, "__self__", None)
+        where = type_name(owner) if isinstance(owner, type) else str(module).encode()
+        out(b"builtin:" + where + b"." + func.__name__.encode())
+    elif isinstance(func, type):
+        _fingerprint_class(func, out, seen)
+    elif getattr(func, "__code__", None) is None:
+        call = getattr(type(func), "__call__", None)  # noqa: B004 - the method itself is fingerprinted
+        if call is None:
+            raise UnhashableError(f"cannot fingerprint {func!r}: it is not a function")
+        out(b"callable:" + type_name(type(func)))
+        _fingerprint(call, out, seen)
+        encode_into(func, out, set())
+    else:
+        _fingerprint_function(func, out, seen)
+
+
+def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user class: its user bases and metaclass, its methods and properties (cached ones and
+    `lru_cache`d ones by the function they wrap), nested classes, and its class-level values by
+    content (`Model.THRESHOLD`, a class-level array or configured instance), like globals."""
+    out(b"class:" + type_name(cls))
+    _module_reached(cls.__module__)
+    members = vars(cls)
+    for name in members:
+        _read(members, name)
+    for base in (*cls.__mro__[1:], type(cls)):
+        if is_user_module(base.__module__):
+            _fingerprint(base, out, seen)
+    for name, member in sorted(vars(cls).items()):
+        target = getattr(member, "__func__", member)  # staticmethod, classmethod
+        if isinstance(target, (property, functools.cached_property)):
+            target = target.fget if isinstance(target, property) else target.func
+        if isinstance(target, (types.FunctionType, type)) or hasattr(target, "__wrapped__"):
+            out(name.encode())
+            if target is not None:
+                _fingerprint(target, out, seen)
+        elif not name.startswith("__") and not isinstance(target, _DESCRIPTORS):
+            out(name.encode())
+            try:
+                encode_into(member, out, set())
+            except UnhashableError:  # a class-level cache, lock or registry: state, not configuration
+                out(b"?")
+
+
+_BUILTIN_CODE = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
+                 types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # __slots__ fields: per instance
+
+
+def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+    """A user function: its code and defaults, then what it reads (globals, closure cells, modules
+    it imports), each with the attribute chains the code reads from it."""
+    code = func.__code__
+    _code(code, out)
+    out(b"defaults")
+    encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
+    globs = getattr(func, "__globals__", {})
+    chains = _chains(code)
+    _module_reached(getattr(func, "__module__", None))
+    for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
+        if kind == "g":
+            _read(globs, name)
+    for name in sorted(_global_names(code)):
+        if name in globs:
+            out(b"g:" + name.encode())
+            _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
+    for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+        out(b"c:" + name.encode())
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+            out(b"empty")
+            continue
+        _reference(value, out, seen, chains.get(("c", name), ()), name, func)
+    for root in sorted(r for r in chains if r[0] == "import"):  # imports inside the function
+        out(b"i:" + root[1].encode())
+        module = _imported(root[1])
+        _read(sys.modules, root[1])
+        if module is not ABSENT:
+            _reference(module, out, seen, chains[root], root[1], func)
+
+
+def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], chains: Any, name: str,
+               reader: Any) -> None:
+    """A global, closure value or imported module the code reads, with the attribute chains the
+    code reads from it: through a user module, what counts is what the chains reach."""
+    if isinstance(value, types.ModuleType):
+        out(b"mod:" + value.__name__.encode() + _package_version(value.__name__).encode())
+        if is_user_module(value.__name__):
+            _module_reached(value.__name__)
+            _module_attributes(value, out, seen, chains, name, reader)
+    elif isinstance(value, (types.FunctionType, type)) or hasattr(value, "__wrapped__"):
+        _fingerprint(value, out, seen)
+    elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
+        _fingerprint(value.__func__, out, seen)
+        _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
+    else:  # a value; an instance of a user class is keyed by its class's code too (see _object)
+        try:
+            encode_into(value, out, set())
+        except UnhashableError as exc:
+            kind = "module attribute" if "." in name else "global"
+            reader_name = f"{getattr(reader, '__module__', '?')}.{getattr(reader, '__qualname__', '?')}"
+            raise UnhashableError(f"{reader_name} reads the {kind} {name!r}: {exc.describe(name)}", exc.culprit,
+                                  exc.path) from None
+
+
+def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: dict[int, int],
+                       chains: Any, name: str, reader: Any) -> None:
+    """What a function reaches through a user module: each attribute chain, followed through
+    submodules to the first object that is not one. Read without a chain (`getattr(m, name)`,
+    passed along as a value), the module counts by all the functions and classes it defines."""
+    if not chains or () in chains:
+        if id(module) in seen:
+            out(b"@" + length(seen[id(module)]))
+        else:
+            seen[id(module)] = len(seen)
+            for attr in vars(module):
+                _read(vars(module), attr)  # a module read whole: any name it binds again counts
+            for attr, value in sorted(vars(module).items()):
+                if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
+                    out(b"a:" + attr.encode())
+                    _fingerprint(value, out, seen)
+    for chain in sorted(c for c in chains if c):
+        target, path = module, name
+        for attr in chain:
+            if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
+                break
+            path += "." + attr
+            _read(vars(target), attr)
+            target = getattr(target, attr, ABSENT)  # type: ignore[arg-type]  # absent: fails the same way when run
+        out(b"." + path.encode())
+        if target is ABSENT:
+            out(b"absent")
+        else:  # a user module the chain ends at is read as a value: all of it counts
+            _reference(target, out, seen, ((),) if isinstance(target, types.ModuleType) else (), path, reader)
+
+
+def _imported(module_name: str) -> Any:
+    """The module an import inside a function binds. One not imported yet is imported now only if
+    it is user code: a library imported inside a node (`import torch` there, to keep the parent
+    process free of its threads) must stay unimported here; it counts by name."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    import importlib.util
+    try:
+        top = importlib.util.find_spec(module_name.split(".")[0])  # a top-level name: no code runs
+        if top is None or top.origin is None or not is_user_file(top.origin):
+            return ABSENT
+        return importlib.import_module(module_name)
+    except Exception:  # the node itself will fail the same way when it runs
+        return ABSENT
+
+
+@functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
+def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]:
+    """The attribute chains the code (and its nested code) reads, from the bytecode:
+    `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
+    Roots are globals ("g"), closure cells ("c") and modules imported inside the function
+    ("import", top module): `from m import f` there, then `f.g`, is the chain m.f.g."""
+    found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        _scan_chains(c, found)
+    return found
+
+
+def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, ...]]]) -> None:
+    """Add the chains one code object (not its nested code) reads to `found`."""
+    import dis
+    bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
+    root: tuple[str, str] | None = None
+    attrs: list[str] = []
+    importing: tuple[str, str] | None = None
+    prefix: tuple[str, ...] = ()
+    last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
+    for ins in dis.get_instructions(c):
+        op = ins.opname
+        if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
+            attrs.append(ins.argval)
+            continue
+        if root is not None:
+            found.setdefault(root, set()).add(tuple(attrs))
+            root = None
+        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            root, attrs = ("g", ins.argval), []
+        elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
+            root, attrs = ("c", ins.argval), []
+        elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
+            root, chain = bound[ins.argval]
+            attrs = list(chain)
+        elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
+            importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
+            prefix = ()
+            found.setdefault(importing, set())
+            continue
+        elif op == "IMPORT_FROM" and importing is not None:
+            prefix = (*prefix, ins.argval)
+            found[importing].add(prefix)
+            continue
+        elif op.startswith("STORE_") and importing is not None:
+            bound[ins.argval] = (importing, prefix)
+            prefix = ()
+            continue
+        elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
+            continue
+        importing = None
+        last_const = ins.argval if op == "LOAD_CONST" else None
+    if root is not None:
+        found.setdefault(root, set()).add(tuple(attrs))
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+# Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
+# `from __future__ import annotations`, inherited by exec() from its caller, do not count.
+_SEMANTIC_FLAGS = 0x3FF
+
+
+def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
+    out(b"code" + length(len(code.co_code)) + code.co_code)
+    out(repr((code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount,
+              code.co_flags & _SEMANTIC_FLAGS)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code(const, out)
+        else:
+            encode_into(const, out, set())
+
+
+install_code_fingerprint(code_fingerprint)
