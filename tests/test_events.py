@@ -175,8 +175,9 @@ def test_no_listener_for_node_events_means_no_node_events_logged():
     from hardy.engine.results import Results
     from hardy.observe.callbacks import Events
     from hardy.observe.progress import MapProgress
-    assert not Results(1, "raise", MapProgress(1, "", False), Events([ItemsOnly()])).log_nodes
-    assert Results(1, "raise", MapProgress(1, "", False), Events([Log()])).log_nodes
+    from hardy.observe.watch import Watch
+    assert not Results(1, "raise", Watch(MapProgress(1, "", False), Events([ItemsOnly()]))).log_nodes
+    assert Results(1, "raise", Watch(MapProgress(1, "", False), Events([Log()]))).log_nodes
     only = ItemsOnly()
     with Engine(map_executor="process", workers=2) as engine:
         Pipeline([add_one], engine=engine, callbacks=[only]).map(inputs={"x": list(range(5))}, map_over="x")

@@ -44,13 +44,13 @@ from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
 from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
 from .observe.report import Recorder, RunReport
+from .observe.watch import Watch
 from .plan import KEYS, Plan, resolve
 from .policy import check_timeouts
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from .observe.report import _Live
 
 _R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
@@ -271,20 +271,34 @@ class Pipeline:
         return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), results))
 
     def _observed_run(self, values: Mapping[str, Any], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        events = Events(self._observers)
-        live = self._recorder.begin(self, "run", 1) if self._engine.reporting and not in_call() else None
-        if live is None:
-            return events.pipeline(self.name, dict(values), call, self._node_ids)
-        live.item_start(0, None)
+        watch = self._watch("run", 1, MapProgress(1, self.name, False), None)
+        if watch.report is None:
+            out: dict[str, Any] = watch.around(self.name, dict(values), call, self._node_ids, None)
+            return out
+        watch.report.item_start(0, None)
         try:
-            out = events.pipeline(self.name, dict(values), call, self._node_ids)
+            out = watch.around(self.name, dict(values), call, self._node_ids, None)
         except NodeError as err:
-            live.item_end(0, False)
-            self._recorder.end(self, {0: err})
+            watch.report.item_end(0, False)
+            watch.finish(self, {0: err})
             raise
-        live.item_end(0, True)
-        self._recorder.end(self, {})
+        watch.report.item_end(0, True)
+        watch.finish(self, {})
         return out
+
+    def _watch(self, kind: str, n: int, bar: MapProgress, items: Sequence[dict[str, Any]] | None) -> Watch:
+        """What observes this call: `bar`, the callbacks' events (reading `items`), and the run report a
+        top-level call records (Engine(report=True)), or for a map the light one every map keeps."""
+        observers = self._observers
+        events = None
+        if observers:
+            events = Events(observers, self.name, items) if items is not None else Events(observers)
+        top = not in_call() and not contained()
+        report = self._recorder.begin(self, kind, n) if self._engine.reporting and top else None
+        if report is not None and kind == "map":
+            report.inputs = list(items or ())
+        light = self._recorder.begin(self, kind, n, light=True) if report is None and top and kind == "map" else None
+        return Watch(bar, events, report, light, self._recorder)
 
     @property
     def _observers(self) -> list[PipelineCallback]:
@@ -411,29 +425,18 @@ class Pipeline:
         items, n = _items(values, over, map_mode, lazy=False)
         if plan.cache is not None and items:
             _share_input_keys(plan, items, over, self.name)
-        observers = self._observers
-        events = Events(observers, self.name, items) if observers else None
-        top = not in_call() and not contained()
-        live = self._recorder.begin(self, "map", n) if self._engine.reporting and top else None
-        if live is not None:
-            live.inputs = items
-        light = self._recorder.begin(self, "map", n, light=True) if live is None and top else None
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
-            results = Results(n, on_error, bar, events, live, cached=plan.cache is not None,
-                              batched=batched(plan) is not None)
+            watch = self._watch("map", n, bar, items)
+            results = Results(n, on_error, watch, cached=plan.cache is not None, batched=batched(plan) is not None)
             try:
-                if events:
-                    events.pipeline(self.name, dict(values), lambda: self._run_map(plan, items, results, events),
-                                    self._node_ids, announce=False)
-                else:
-                    self._engine.run_items(plan, items, results)
+                watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
+                             self._node_ids, n)
             except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
                 raise MapInterrupted(results.values, dict(results.failures)) from exc
             finally:
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map
-                if live is not None or light is not None:  # also of a map that raised or was interrupted
-                    self._recorder.end(self, results.failures, results.progress.done, light)
+                watch.finish(self, results.failures, results.progress.done)  # also of a map that raised
         if results.failures and on_error == "raise":
             raise MapError(results.values, results.failures)
         return results.values
@@ -468,32 +471,31 @@ class Pipeline:
                 progress: bool | None, indexed: bool) -> Iterator[Any]:
         import time
         observers, name = self._observers, self.name
-        live = self._recorder.begin(self, "imap", n or 0) if self._engine.reporting and not in_call() else None
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 _share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return cls(len(chunk), on_error, bar, events, live, offset=start, cached=plan.cache is not None,
+            return cls(len(chunk), on_error, watch.window(events), offset=start, cached=plan.cache is not None,
                        batched=batched(plan) is not None)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
+            watch = self._watch("imap", n or 0, bar, ())
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results, indexed)
-            if live is not None:
-                outcomes = self._recorded(outcomes, live)
-            if not observers:
+            if watch.report is not None:
+                outcomes = self._recorded(outcomes, watch)
+            if watch.events is None:
                 yield from outcomes
                 return
-            events = Events(observers, name)
-            with events.opened(name, dict(values), self._node_ids, announce=False):
-                events.emit("on_map_start", n)
+            with watch.events.opened(name, dict(values), self._node_ids, announce=False):
+                watch.events.emit("on_map_start", n)
                 start = time.perf_counter()
                 try:
                     yield from outcomes
                 finally:  # also when the consumer stops early, or a failure raises: as a map's end
-                    events.emit("on_map_end", time.perf_counter() - start)
+                    watch.events.emit("on_map_end", time.perf_counter() - start)
 
-    def _recorded(self, outcomes: Iterator[Any], live: _Live) -> Iterator[Any]:
+    def _recorded(self, outcomes: Iterator[Any], watch: Watch) -> Iterator[Any]:
         """`outcomes`, noting the failures among them for the run report, which is complete when
         the stream ends, raises or is closed (the report then covers the items handed out)."""
         failures: dict[int, NodeError] = {}
@@ -510,8 +512,9 @@ class Pipeline:
             seen += len(exc.failures)
             raise
         finally:
-            live.items = seen
-            self._recorder.end(self, failures)
+            if watch.report is not None:
+                watch.report.items = seen
+            watch.finish(self, failures)
 
     def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
                   output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:
@@ -532,14 +535,6 @@ class Pipeline:
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         return {k: v for k, v in values.items() if k in used or k in over}, plan, over
-
-    def _run_map(self, plan: Plan, items: list[dict[str, Any]], results: Results, events: Events) -> dict[str, Any]:
-        import time
-        events.emit("on_map_start", len(items))
-        start = time.perf_counter()
-        self._engine.run_items(plan, items, results)
-        events.emit("on_map_end", time.perf_counter() - start)
-        return {}
 
     # --- nesting ---------------------------------------------------------------------------------
 

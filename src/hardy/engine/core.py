@@ -18,6 +18,7 @@ from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from ..executor import Executor, IsolatedCall, WorkerCounts
 from ..node import Node
 from ..observe.progress import MapProgress
+from ..observe.watch import Watch
 from .executors import AsyncExecutor, SequentialExecutor, ThreadedExecutor
 from .results import Results
 
@@ -74,7 +75,7 @@ class OneRun(Results):
     log as for a map's items, but a run has no items to announce."""
 
     def __init__(self, name: str, events: Any = None):
-        super().__init__(1, "raise", MapProgress(1, name, False), events)
+        super().__init__(1, "raise", Watch(MapProgress(1, name, False), events))
         self._watch_items = False
 
 

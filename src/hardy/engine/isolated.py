@@ -14,7 +14,7 @@ from ..graph import Graph
 from ..memo import Memo
 from ..node import Node
 from ..observe.nodelog import NodeLogBatch
-from ..observe.progress import MapProgress
+from ..observe.watch import Watch
 from ..plan import Plan
 from .results import Results
 
@@ -26,7 +26,7 @@ class CallResults(Results):
     ok_per_item = True
 
     def __init__(self, name: str, located: bool):
-        super().__init__(1, "raise", MapProgress(1, name, False))
+        super().__init__(1, "raise", Watch.quiet(1, name))
         self.log_nodes = located  # someone listens to the node's events
         self.where: tuple[int, float | None] | None = None
 

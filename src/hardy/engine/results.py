@@ -16,12 +16,10 @@ from ..crash import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
-from ..observe.progress import MapProgress
+from ..observe.watch import Watch
 
 if TYPE_CHECKING:
-    from ..observe.callbacks import Events
     from ..observe.nodelog import NodeLogBatch
-    from ..observe.report import _Live
     from ..plan import Plan
 
 
@@ -36,17 +34,19 @@ class Results:
     """Set by a subclass whose `ok` must see every success (a window announcing it, a remote
     chunk's rows, an isolated call's sink): `take` then calls it per row instead of its batch loop."""
 
-    def __init__(self, n: int, on_error: str, progress: MapProgress, events: Events | None = None,
-                 live: _Live | None = None, offset: int = 0, cached: bool = False, batched: bool = False):
+    def __init__(self, n: int, on_error: str, watch: Watch, offset: int = 0, cached: bool = False,
+                 batched: bool = False):
+        """`watch`: what observes the call (`hardy.observe.watch`), told of each item here."""
+        progress, events = watch.progress, watch.events
         self.offset = offset
-        self.live = live  # the run report being recorded (only with events: the recorder is a callback)
+        self.live = watch.report  # the run report being recorded (only with events: the recorder is a callback)
         # Executors that run items elsewhere log node events there only when someone listens, or
         # when the bar shown counts the cache hits of a `cached` plan or the batch calls of a
         # `batched` one (made where the items run).
         self._hits = (cached or batched) and progress.show
         self.log_nodes = self._hits or events is not None and events.listens(
             *NODE_EVENTS, "on_node_cached", "on_map_item_cached", "on_batch_end")
-        self._watch_items = events is not None and (live is not None or events.listens(*ITEM_EVENTS))
+        self._watch_items = events is not None and (self.live is not None or events.listens(*ITEM_EVENTS))
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False

@@ -37,7 +37,7 @@ from ..errors import NodeCrashed, WorkerImportError, install_hint
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
 from ..observe.nodelog import NodeLogBatch, died
-from ..observe.progress import MapProgress
+from ..observe.watch import Watch
 from ..plan import Plan
 from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
 from ..workers.pool import WorkerPool
@@ -80,7 +80,7 @@ class _Rows(Results):
     ok_per_item = True
 
     def __init__(self, n: int, log: bool):
-        super().__init__(n, "continue", MapProgress(n, "chunk", False))
+        super().__init__(n, "continue", Watch.quiet(n, "chunk"))
         self.log_nodes = log
         self.records: dict[int, list[NodeLogBatch]] = {}
 

@@ -221,7 +221,7 @@ class _Ending(Mapping[str, Any]):
 
 
 class Ran(Protocol):
-    """Where a run report notes when and where work ran in worker processes (report.py's `_Live`)."""
+    """Where a run report notes when and where work ran in worker processes (report.py's `LiveReport`)."""
 
     def item_ran(self, i: int, start_ns: int, end_ns: int, pid: int) -> None: ...
 

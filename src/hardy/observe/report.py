@@ -45,7 +45,7 @@ class _NodeStats:
         self.batch_sizes, self.batch_times = array("q"), array("d")  # per call of a batched node
 
 
-class _Live:
+class LiveReport:
     """The bookkeeping of the call being recorded."""
 
     def __init__(self, pipeline: str, kind: str, items: int, engine: str):
@@ -96,7 +96,7 @@ class Recorder(PipelineCallback):
     def __init__(self) -> None:
         self._last: RunReport | None = None
         self._pending: tuple[Any, ...] | None = None  # a light report's parts, built when asked for
-        self.live: _Live | None = None
+        self.live: LiveReport | None = None
         self._dag: tuple[str | None, list[str]] | None = None
 
     @property
@@ -110,17 +110,17 @@ class Recorder(PipelineCallback):
             self._last = RunReport(_build(live, failures, workers, svg, names, succeeded))
         return self._last
 
-    def begin(self, pipeline: Any, kind: str, items: int, light: bool = False) -> _Live:
+    def begin(self, pipeline: Any, kind: str, items: int, light: bool = False) -> LiveReport:
         """`light`: a map's report without node statistics (no callback instruments its nodes), kept
         for every map: items, failures, workers, wall time, for a cost of microseconds per map."""
-        live = _Live(pipeline.name, kind, items, "" if light else repr(pipeline.engine))  # light: named when built
+        live = LiveReport(pipeline.name, kind, items, "" if light else repr(pipeline.engine))  # light: named when built
         live.workers_before = pipeline.engine.worker_counts(peaks=not light)
         if not light:
             self.live = live
         return live
 
     def end(self, pipeline: Any, failures: dict[int, NodeError], succeeded: int | None = None,
-            light: _Live | None = None) -> RunReport | None:
+            light: LiveReport | None = None) -> RunReport | None:
         """The report of the call that ends; `succeeded`: how many items did (a map stopped at its
         first failure leaves some unrun: neither succeeded nor failed); `light`: the light report
         `begin` started, completed when asked for (`last`). Nothing here may cost the call its
@@ -249,7 +249,7 @@ def _batches(s: _NodeStats) -> dict[str, Any]:
                         "p95_s": _p95(s.batch_times)}}
 
 
-def _build(live: _Live, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
+def _build(live: LiveReport, failures: dict[int, NodeError], workers: dict[str, Any], svg: str | None,
            names: list[str], succeeded: int) -> dict[str, Any]:
     import datetime
     wall = live.wall
