@@ -45,9 +45,10 @@ from .errors import (
     WorkerImportError,
     WorkerStartError,
 )
+from .nesting import PipelineNode
 from .node import Node, node
 from .observe import CallbackContext, PipelineCallback
-from .pipeline import Pipeline, PipelineNode
+from .pipeline import Pipeline
 from .stateful import stateful
 
 __version__ = "0.1.0"

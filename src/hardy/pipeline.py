@@ -7,11 +7,9 @@ checks inputs and outputs and compiles the plan, every later call only executes 
 
 from __future__ import annotations
 
-import itertools
-import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import arguments
 from .batching import batched
@@ -24,7 +22,6 @@ from .engine.streaming import Shifted, stream
 from .errors import (
     Failed,
     HardyError,
-    InvalidArgument,
     InvalidArgumentType,
     MapError,
     MapInputError,
@@ -39,13 +36,15 @@ from .errors import (
 )
 from .graph import Graph
 from .hashing import Reach, recording
+from .items import map_items, share_input_keys
 from .memo import Memo
+from .nesting import DEFAULT_NAME, PipelineNode
 from .node import Node
 from .observe.callbacks import Events, PipelineCallback, in_call, listening
-from .observe.progress import MapProgress, count_cached, nested_progress, progress_wanted
+from .observe.progress import MapProgress, count_cached, progress_wanted
 from .observe.report import Recorder, RunReport
 from .observe.watch import Watch
-from .plan import KEYS, Plan, resolve
+from .plan import Plan
 from .policy import check_timeouts
 
 if TYPE_CHECKING:
@@ -422,9 +421,9 @@ class Pipeline:
         if engine is not None and engine is not self._engine:
             return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
-        items, n = _items(values, over, map_mode, lazy=False)
+        items, n = map_items(values, over, map_mode, lazy=False)
         if plan.cache is not None and items:
-            _share_input_keys(plan, items, over, self.name)
+            share_input_keys(plan, items, over, self.name)
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             watch = self._watch("map", n, bar, items)
             results = Results(n, on_error, watch, cached=plan.cache is not None, batched=batched(plan) is not None)
@@ -461,7 +460,7 @@ class Pipeline:
         arguments.flag("imap", "ordered", ordered)
         arguments.flag("imap", "indexed", indexed)
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
-        items, n = _items(values, over, map_mode, lazy=True)
+        items, n = map_items(values, over, map_mode, lazy=True)
         if window is None:
             window = 64 if isinstance(self._engine.map_executor, SequentialExecutor) else 1024
         return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed)
@@ -474,7 +473,7 @@ class Pipeline:
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
-                _share_input_keys(plan, chunk, over, name)
+                share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
             return cls(len(chunk), on_error, watch.window(events), offset=start, cached=plan.cache is not None,
                        batched=batched(plan) is not None)
@@ -550,141 +549,6 @@ class Pipeline:
         return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
 
 
-DEFAULT_NAME = "pipeline"  # nested pipelines that keep it are numbered (pipeline, pipeline_2, ...)
-
-
-class PipelineNode(Node):
-    """A pipeline used as a node: its free inputs are the node's inputs, its exposed outputs the
-    node's. Called directly, it returns {output: value}, as HyperNodes' does."""
-
-    def __init__(self, pipeline: Pipeline, name: str | None = None, input_mapping: Mapping[str, str] | None = None,
-                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
-                 map_mode: str = "zip", on_error: str = "raise"):
-        input_mapping, output_mapping = input_mapping or {}, output_mapping or {}
-        self.pipeline = pipeline
-        self.name = name or pipeline.name
-        inner_to_outer = {inner: outer for outer, inner in input_mapping.items()}
-        for outer, inner in input_mapping.items():
-            if inner not in pipeline.graph.consumers:
-                raise InvalidArgument(
-                    f"as_node({self.name!r}): input_mapping maps {outer!r} to {inner!r}, which no node of "
-                    f"pipeline {pipeline.name!r} consumes; its inputs are {list(pipeline.inputs)}.")
-        for inner in output_mapping:
-            if inner not in pipeline.graph.producer:
-                raise InvalidArgument(
-                    f"as_node({self.name!r}): output_mapping names {inner!r}, which pipeline "
-                    f"{pipeline.name!r} does not produce; its outputs are {list(pipeline.outputs)}.")
-        if on_error not in ("raise", "continue"):
-            raise InvalidArgument(
-                f"as_node({self.name!r}): on_error must be 'raise' or 'continue', got {on_error!r}.")
-        free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
-        self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
-        self._inner_outputs = (tuple(o for o in pipeline.graph.outputs if o in output_mapping) if output_mapping
-                               else pipeline.graph.exposed)
-        self.inputs = tuple(self._inner_inputs)
-        optional = {i for i in free if all(i in c.defaults for c in pipeline.graph.consumers.get(i, []))}
-        self.defaults = {inner_to_outer.get(i, i): None for i in optional}
-        self.kwonly = frozenset(self.inputs)
-        self.outputs = tuple(output_mapping.get(o, o) for o in self._inner_outputs)
-        over = [map_over] if isinstance(map_over, str) else list(map_over or [])
-        for o in over:
-            if o not in self._inner_inputs:
-                raise InvalidArgument(
-                    f"as_node({self.name!r}): map_over names {o!r}, which is not an input of this node "
-                    f"(its inputs are {list(self.inputs)}).")
-        self.map_over = [self._inner_inputs[o] for o in over]
-        self.map_mode = map_mode
-        self.on_error = on_error
-        self.is_async = False
-        self.cache = True
-        self.isolate = False
-        self.retries = 0
-        self.retry_on = ()
-        self.backoff = 0.0
-        self.timeout = None
-        self.func = self._call
-
-    def cached_in(self, cache: Any) -> PipelineNode:
-        """A copy of this node with its inner pipeline caching into `cache`: each inner node and map
-        item is cached on its own, so a nested map over 1,010 items recomputes only the 10 new ones."""
-        return self._copy(self.pipeline.cached_in(cache), cache=False)
-
-    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> PipelineNode:
-        """A copy of this node with its inner pipeline reporting to `callbacks`."""
-        return self._copy(self.pipeline.observed_by(callbacks))
-
-    def under(self, engine: Engine) -> PipelineNode:
-        """This node run by the engine of the pipeline it is part of, unless its own pipeline was
-        given one: a nested pipeline follows its parent's choice of where calls run."""
-        if self.pipeline._engine_given or self.pipeline.engine is engine:
-            return self
-        return self._copy(self.pipeline._using(engine))
-
-    def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
-        copy = type(self).__new__(type(self))
-        copy.__dict__.update(self.__dict__, pipeline=pipeline, **changes)
-        copy.func = copy._call
-        return copy
-
-    def narrowed(self, outputs: tuple[str, ...]) -> PipelineNode:
-        """This node computing only `outputs`: the inner pipeline runs just the nodes they need,
-        and the node takes just the inputs those nodes read."""
-        if outputs == self.outputs:
-            return self
-        outer_of = dict(zip(self._inner_outputs, self.outputs))
-        inner_outputs = tuple(i for i, o in outer_of.items() if o in outputs)
-        graph = self.pipeline.graph
-        provided = {*self._inner_inputs.values(), *self.pipeline._bound}
-        read = {v for s in resolve(graph, provided, inner_outputs) for _, v in s.args}
-        inner_inputs = {o: i for o, i in self._inner_inputs.items() if i in read or i in self.map_over}
-        return self._copy(self.pipeline, _inner_outputs=inner_outputs, outputs=outputs, _inner_inputs=inner_inputs,
-                          inputs=tuple(inner_inputs), kwonly=frozenset(inner_inputs),
-                          defaults={k: v for k, v in self.defaults.items() if k in inner_inputs})
-
-    @property
-    def bound_inputs(self) -> dict[str, Any]:
-        """The inner pipeline's bound inputs (HyperNodes' name)."""
-        return self.pipeline.bound_inputs
-
-    @property
-    def unfulfilled_args(self) -> tuple[str, ...]:
-        """The inputs the outer pipeline must provide, by their outer names (HyperNodes' name)."""
-        return self.inputs
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if args:
-            raise InvalidArgumentType(f"pipeline node {self.name!r} takes its inputs by name: {list(self.inputs)}")
-        out = self._call(**kwargs)
-        return dict(zip(self.outputs, (out,) if len(self.outputs) == 1 else out))
-
-    def _call(self, **kwargs: Any) -> Any:
-        inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}
-        if self.pipeline.callbacks:
-            out = Events(self.pipeline.callbacks).nested(self.pipeline.name, lambda: self._run(inner))
-        else:
-            out = self._run(inner)
-        return out[0] if len(out) == 1 else out
-
-    def _run(self, inner: dict[str, Any]) -> tuple[Any, ...]:
-        wanted = list(self._inner_outputs)
-        if self.map_over:
-            rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
-                                     on_error=self.on_error, progress=nested_progress())
-            return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
-        result = self.pipeline.run(inner, output_name=wanted)
-        return tuple(result[o] for o in wanted)
-
-    def fingerprint(self) -> bytes:
-        from .hashing import FORMAT, digest, hash_value
-        inner = sorted(n.fingerprint() for n in self.pipeline.graph.nodes)
-        return digest(FORMAT, b"pipeline", *inner, repr((self.inputs, self.outputs, self.map_over,
-                                                          self.map_mode)).encode(),
-                      hash_value(self.pipeline.bound_inputs))
-
-    def __repr__(self) -> str:
-        return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
-
-
 def _numbered(nodes: list[Node]) -> list[Node]:
     """Nested pipelines that kept the default name, numbered so that their names (in errors,
     events and reports) tell them apart: pipeline, pipeline_2, ... (HyperNodes runs them as they are)."""
@@ -750,90 +614,6 @@ def _notifying(name: str) -> Callable[..., Any]:
 for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
               "__delitem__", "__iadd__"):
     setattr(_Callbacks, _name, _notifying(_name))
-
-
-def _share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
-    """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
-    the items) and the first item's own ones: a value that cannot be hashed fails the map here,
-    once, before any item runs, instead of failing every item the same way."""
-    first, shared = items[0], {}
-    cache = plan.cache
-    assert cache is not None  # only a cached plan hashes inputs
-    for name in plan.hashed_inputs:
-        try:
-            key = cache.input_key(first[name], name)
-        except UnhashableError as exc:
-            users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
-            raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
-                                  f"this map: {exc}", exc.culprit, exc.path) from None
-        if name not in over:
-            shared[name] = key
-    if shared:
-        for item in items:
-            item[KEYS] = shared
-
-
-@overload
-def _items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: Literal[False]) -> tuple[list[dict[str, Any]], int]: ...
-@overload
-def _items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: Literal[True]) -> tuple[Iterator[dict[str, Any]], int | None]: ...
-def _items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: bool) -> tuple[list[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
-    """The items of a map and their number (None for inputs of unknown length): a list, or with
-    `lazy` an iterator that reads the inputs only as it is advanced."""
-    seqs = []
-    for name in over:
-        v = values[name]
-        if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
-            raise MapInputError(
-                f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
-                f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
-        seqs.append(v if lazy or isinstance(v, Sized) else list(v))
-    const = {k: v for k, v in values.items() if k not in over}
-    sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
-    n = None
-    if mode == "zip":
-        if sized:
-            lengths = {name: len(s) for name, s in zip(over, cast("list[Sized]", seqs))}
-            _check_lengths(lengths)
-            n = len(cast(Sized, seqs[0]))
-        if len(over) == 1:
-            name = over[0]
-            if not lazy:
-                return [{**const, name: x} for x in seqs[0]], n
-            return ({**const, name: x} for x in seqs[0]), n
-        combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
-    else:
-        if sized:
-            n = math.prod(len(s) for s in cast("list[Sized]", seqs))
-        combos = itertools.product(*seqs)
-    if not lazy:
-        return [{**const, **dict(zip(over, combo))} for combo in combos], n
-    return ({**const, **dict(zip(over, combo))} for combo in combos), n
-
-
-def _check_lengths(lengths: dict[str, int]) -> None:
-    if len(set(lengths.values())) > 1:
-        raise MapInputError(
-            f"map_mode='zip' needs equally long inputs, got lengths {lengths}; "
-            "fix the lists or use map_mode='product' for every combination.")
-
-
-def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple[Any, ...]]:
-    """zip() that raises, naming the inputs, when iterables of unknown length turn out unequal."""
-    for counted, combo in enumerate(itertools.zip_longest(*seqs, fillvalue=_ENDED)):
-        if _ENDED in combo:
-            ended = [n for n, x in zip(over, combo) if x is _ENDED]
-            longer = [n for n, x in zip(over, combo) if x is not _ENDED]
-            raise MapInputError(
-                f"map_mode='zip' needs equally long inputs: {ended} ended after {counted} items while "
-                f"{longer} went on; fix the inputs or use map_mode='product' for every combination.")
-        yield combo
-
-
-_ENDED = object()
 
 
 def _reached(plan: Plan) -> None:

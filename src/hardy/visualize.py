@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 from .errors import InvalidArgument, install_hint
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline, PipelineNode
+    from .nesting import PipelineNode
+    from .pipeline import Pipeline
 
 _FONT_SIZE = 13
 _CHAR_W = 7.6  # average glyph width at that size (Helvetica / DejaVu Sans), for box sizes

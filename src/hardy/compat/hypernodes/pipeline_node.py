@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ...pipeline import PipelineNode as HardyPipelineNode
+from ...nesting import PipelineNode as HardyPipelineNode
 
 if TYPE_CHECKING:
     from ...pipeline import Pipeline

@@ -1,0 +1,97 @@
+"""The items of a map: one dict of inputs per item, built from the inputs mapped over (`zip` or
+`product`), as a list or, for `imap`, lazily; and the input keys every item of a cached map shares.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, Literal, cast, overload
+
+from .errors import MapInputError, UnhashableError
+from .plan import KEYS, Plan
+
+
+def share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
+    """Hash once the inputs every item shares (a model: hashing it per item would cost as much as
+    the items) and the first item's own ones: a value that cannot be hashed fails the map here,
+    once, before any item runs, instead of failing every item the same way."""
+    first, shared = items[0], {}
+    cache = plan.cache
+    assert cache is not None  # only a cached plan hashes inputs
+    for name in plan.hashed_inputs:
+        try:
+            key = cache.input_key(first[name], name)
+        except UnhashableError as exc:
+            users = sorted({s.node.name for s in plan.steps if name in dict(s.args).values()})
+            raise UnhashableError(f"pipeline {pipeline!r}, node {', '.join(map(repr, users))}: cannot cache "
+                                  f"this map: {exc}", exc.culprit, exc.path) from None
+        if name not in over:
+            shared[name] = key
+    if shared:
+        for item in items:
+            item[KEYS] = shared
+
+
+@overload
+def map_items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: Literal[False]) -> tuple[list[dict[str, Any]], int]: ...
+@overload
+def map_items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: Literal[True]) -> tuple[Iterator[dict[str, Any]], int | None]: ...
+def map_items(values: Mapping[str, Any], over: list[str], mode: str,
+           lazy: bool) -> tuple[list[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
+    """The items of a map and their number (None for inputs of unknown length): a list, or with
+    `lazy` an iterator that reads the inputs only as it is advanced."""
+    seqs = []
+    for name in over:
+        v = values[name]
+        if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+            raise MapInputError(
+                f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
+                f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
+        seqs.append(v if lazy or isinstance(v, Sized) else list(v))
+    const = {k: v for k, v in values.items() if k not in over}
+    sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
+    n = None
+    if mode == "zip":
+        if sized:
+            lengths = {name: len(s) for name, s in zip(over, cast("list[Sized]", seqs))}
+            _check_lengths(lengths)
+            n = len(cast(Sized, seqs[0]))
+        if len(over) == 1:
+            name = over[0]
+            if not lazy:
+                return [{**const, name: x} for x in seqs[0]], n
+            return ({**const, name: x} for x in seqs[0]), n
+        combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
+    else:
+        if sized:
+            n = math.prod(len(s) for s in cast("list[Sized]", seqs))
+        combos = itertools.product(*seqs)
+    if not lazy:
+        return [{**const, **dict(zip(over, combo))} for combo in combos], n
+    return ({**const, **dict(zip(over, combo))} for combo in combos), n
+
+
+def _check_lengths(lengths: dict[str, int]) -> None:
+    if len(set(lengths.values())) > 1:
+        raise MapInputError(
+            f"map_mode='zip' needs equally long inputs, got lengths {lengths}; "
+            "fix the lists or use map_mode='product' for every combination.")
+
+
+def _zip_checked(over: list[str], seqs: list[Iterable[Any]]) -> Iterator[tuple[Any, ...]]:
+    """zip() that raises, naming the inputs, when iterables of unknown length turn out unequal."""
+    for counted, combo in enumerate(itertools.zip_longest(*seqs, fillvalue=_ENDED)):
+        if _ENDED in combo:
+            ended = [n for n, x in zip(over, combo) if x is _ENDED]
+            longer = [n for n, x in zip(over, combo) if x is not _ENDED]
+            raise MapInputError(
+                f"map_mode='zip' needs equally long inputs: {ended} ended after {counted} items while "
+                f"{longer} went on; fix the inputs or use map_mode='product' for every combination.")
+        yield combo
+
+
+_ENDED = object()
