@@ -130,6 +130,7 @@ class Plan:
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
+        self._fingerprints: dict[int, bytes] = {}  # of the cached steps, by step
         self._compile()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -311,8 +312,30 @@ class Plan:
         for k, step in enumerate(self.steps):
             if self._cached[k]:
                 self._fp[k] = _identifier(f"{step.node.name}_fingerprint", self._taken)
-                ns[self._fp[k]] = call_fingerprint(step.node, [p for p, _ in step.args])
+                ns[self._fp[k]] = self._fingerprints[k] = call_fingerprint(step.node, [p for p, _ in step.args])
         return lines + self._early_fetch()
+
+    def ahead_keys(self, values: dict[str, Any]) -> list[bytes]:
+        """The keys of the cached steps whose arguments are all provided (the ones `_early_fetch`
+        derives), for a map to fetch items' entries ahead of running them (`DiskCache.prefetch`).
+        The input keys hashed here are kept in `values[KEYS]`, so the run does not hash them again.
+        The same formulas as the generated code: a key derived differently would only miss."""
+        cache = self.cache
+        if cache is None or not self._fingerprints:
+            return []
+        known = dict(values.get(KEYS) or {})
+        for name in self.hashed_inputs:
+            if name not in known:
+                known[name] = cache.input_key(values[name], name)
+        values[KEYS] = known
+        keys = []
+        for k, step in enumerate(self.steps):
+            if k in self._fingerprints and all(v in known for _, v in step.args):
+                key = call_key(self._fingerprints[k], *(known[v] for _, v in step.args))
+                keys.append(key)
+                outs = step.node.outputs
+                known.update((o, output_key(key, o, len(outs))) for o in outs)
+        return keys
 
     def _input_keys(self) -> list[str]:
         """Hash the provided values a cached node reads (or a keyed plan returns), once each."""

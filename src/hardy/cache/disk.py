@@ -376,6 +376,24 @@ class DiskCache(PlanCache):
     def lookup(self, key: bytes) -> Any:
         return self.get(key, MISS)
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether a map should hand its next items' keys to `prefetch` (a shared store's cache)."""
+        return hasattr(self.store, "prefetch")
+
+    def prefetch(self, keys: Sequence[bytes]) -> Callable[[], None] | None:
+        """Read-ahead for a map over a shared store: start fetching the entries of the next items'
+        keys and return what waits for them (None: nothing to wait for; a local store has
+        nothing to fetch). Nothing is verified or served here: lookups do that as always."""
+        ahead = getattr(self.store, "prefetch", None)
+        if ahead is None:
+            return None
+        try:
+            return ahead(keys)  # type: ignore[no-any-return]
+        except FAULTS as exc:
+            self._fault("read", exc)
+            return None
+
     def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]:
         """The verified values of those keys the cache has, in one store round trip."""
         found = {}

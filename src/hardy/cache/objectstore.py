@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -138,6 +138,10 @@ class BucketStore:
             options = dict(self.storage_options)
             config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                       "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},
+                      "max_pool_connections": self.concurrency,  # botocore's default, 10, would cap it
+                      # CRC32 checksums on every request and response are redundant with the MAC
+                      # every entry is verified by, and cost client CPU on the warm path
+                      "request_checksum_calculation": "when_required", "response_checksum_validation": "when_required",
                       **options.pop("config_kwargs", {})}
             fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **options)
             fs.retries = 2  # s3fs's own loop around botocore's: SlowDown once more, after a pause
@@ -252,6 +256,20 @@ class BucketStore:
 
     def fetch(self, key: bytes) -> tuple[bytes, str] | None:
         return self._run(self._fetch(key))
+
+    async def _look_ahead(self, keys: tuple[bytes, ...]) -> tuple[dict[bytes, tuple[bytes, str]], set[bytes]]:
+        """`_fetch_many`, also telling which keys the bucket answered it has no entry for. The first
+        key goes alone: a bucket that fails it is left alone (`down`) before the others are sent,
+        instead of every one of them being tried and retried at once."""
+        first = await asyncio.gather(self._fetch(keys[0]), return_exceptions=True)
+        got = first + await asyncio.gather(*(self._fetch(k) for k in keys[1:]), return_exceptions=True)
+        return ({k: g for k, g in zip(keys, got) if isinstance(g, tuple)},
+                {k for k, g in zip(keys, got) if g is None})
+
+    def fetch_ahead(self, keys: tuple[bytes, ...]) -> Future[tuple[dict[bytes, tuple[bytes, str]], set[bytes]]]:
+        """Start fetching `keys` (`concurrency` at a time) and return at once: the future's result
+        is the entries found and the keys the bucket has no entry for (failures are in neither)."""
+        return asyncio.run_coroutine_threadsafe(self._look_ahead(keys), self.fs.loop)
 
     def fetch_many(self, keys: tuple[bytes, ...]) -> dict[bytes, tuple[bytes, str]]:
         if self.down():
@@ -443,6 +461,8 @@ class SharedStore:
         self.local = local
         self.bucket = bucket
         self._fresh = threading.local()  # {key: ETag} of the entries the last read fetched
+        self._ahead: dict[bytes, tuple[bytes, str]] = {}  # fetched ahead of their lookup (`prefetch`)
+        self._absent: set[bytes] = set()  # looked up ahead and not in the bucket: misses, no second GET
         _live.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -456,6 +476,13 @@ class SharedStore:
         if fresh is None:
             fresh = self._fresh.etags = {}
         return fresh
+
+    def _mine(self) -> collections.deque[tuple[bytes, ...]]:
+        """This thread's read-ahead windows (each thread of a threaded map reads ahead for its chunk)."""
+        windows: collections.deque[tuple[bytes, ...]] | None = getattr(self._fresh, "windows", None)
+        if windows is None:
+            windows = self._fresh.windows = collections.deque()
+        return windows
 
     def _keep(self, key: bytes, data: bytes, etag: str) -> Buffer:
         """A fetched entry: written locally (unverified: DiskCache deletes it here and in the bucket
@@ -476,6 +503,12 @@ class SharedStore:
         data = self.local.view(key)
         if data is not None:
             return data
+        got = self._ahead.pop(key, None)
+        if got is not None:
+            return self._keep(key, *got)
+        if key in self._absent:
+            self._absent.discard(key)
+            return None
         try:
             got = self.bucket.fetch(key)
         except Unavailable:
@@ -485,11 +518,51 @@ class SharedStore:
     def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
         self._fetched().clear()
         found = self.local.get_many(keys)
-        missing = tuple(k for k in keys if k not in found)
+        missing = []
+        for key in keys:
+            if key in found:
+                continue
+            got = self._ahead.pop(key, None)
+            if got is not None:
+                found[key] = self._keep(key, *got)
+            elif key in self._absent:
+                self._absent.discard(key)
+            else:
+                missing.append(key)
         if missing:
-            for key, (data, etag) in self.bucket.fetch_many(missing).items():
+            for key, (data, etag) in self.bucket.fetch_many(tuple(missing)).items():
                 found[key] = self._keep(key, data, etag)
         return found
+
+    def prefetch(self, keys: Sequence[bytes]) -> Callable[[], None] | None:
+        """Read-ahead for a map: start fetching those of `keys` the local store lacks, all at once
+        (`concurrency` requests in flight), and return what waits until they are in: then each
+        item's lookup is served from memory (and written locally) or known absent, instead of
+        waiting for a GET of its own. None when there is nothing to fetch. Bytes fetched ahead
+        are verified exactly as any others, when looked up; those of the last two windows are
+        kept per thread, older ones (items that never looked them up) dropped."""
+        wanted = tuple(k for k in dict.fromkeys(keys) if k not in self._ahead)
+        if wanted:
+            here = self.local.have(wanted)
+            wanted = tuple(k for k in wanted if k not in here)
+        if not wanted or self.bucket.down():
+            return None
+        pending = self.bucket.fetch_ahead(wanted)
+        windows = self._mine()
+
+        def ready() -> None:
+            try:
+                found, absent = pending.result()
+            except Exception:  # the loop's own failure: every lookup then asks for itself
+                return
+            self._ahead.update(found)
+            self._absent.update(absent)
+            windows.append(wanted)
+            while len(windows) > 2:
+                for key in windows.popleft():
+                    self._ahead.pop(key, None)
+                    self._absent.discard(key)
+        return ready
 
     def put(self, key: bytes, data: Data) -> None:
         self._fetched().clear()

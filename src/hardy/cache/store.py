@@ -323,6 +323,13 @@ class LocalStore:
                 found[key] = data
         return found
 
+    def have(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Which of `keys` have an entry (one query; unverified: for read-ahead, not for serving)."""
+        if not keys or getattr(self._local, "conn", None) is None and not self.exists():
+            return set()
+        marks = ",".join("?" * len(keys))
+        return {row[0] for row in self._run(f"SELECT key FROM entries WHERE key IN ({marks})", tuple(keys))}
+
     def put(self, key: bytes, data: Data) -> None:
         now = time.time()
         size = sum(memoryview(piece).nbytes for piece in pieces(data))

@@ -9,7 +9,7 @@ Executors that run elsewhere (worker processes, Dask, Ray) keep the same contrac
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batching import Batched, batched
@@ -30,15 +30,51 @@ def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, resul
         return
     run = results.runner(plan)
     ok, fail = results.ok, results.fail
+    ahead = _reading_ahead(plan, items, indices)
     for i in indices:
         if results.stop:
             return
+        if ahead is not None and (i - indices.start) % AHEAD == 0:
+            ahead(i)
         try:
             out = run(items[i], i)
         except NodeError as err:
             fail(i, err)
         else:
             ok(i, out)
+
+
+AHEAD = 256  # items whose cache entries a map over a shared store fetches at once, a window ahead
+
+
+def _reading_ahead(plan: Plan, items: Sequence[dict[str, Any]], indices: range) -> Callable[[int], None] | None:
+    """For a map whose cache is shared (an object store): what to call at the start of each window
+    of AHEAD items. It waits for that window's entries (fetched concurrently while the previous
+    window ran) and starts fetching the next window's, so lookups are served from memory instead
+    of each waiting for a request of its own. None when the cache has no read-ahead."""
+    if len(indices) < 2 or not getattr(plan.cache, "reads_ahead", False):
+        return None
+    prefetch = plan.cache.prefetch  # type: ignore[union-attr]
+    pending: dict[int, Callable[[], None] | None] = {}
+
+    def start(at: int) -> None:
+        keys = []
+        for j in range(at, min(at + AHEAD, indices.stop)):
+            try:
+                keys += plan.ahead_keys(items[j])
+            except Exception:  # an input that cannot be hashed: its item fails when it runs, and says why
+                continue
+        pending[at] = prefetch(keys) if keys else None
+
+    def window(at: int) -> None:
+        if at not in pending:
+            start(at)
+        if at + AHEAD < indices.stop:
+            start(at + AHEAD)
+        ready = pending.pop(at)
+        if ready is not None:
+            ready()
+    return window
 
 
 def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
