@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from hardy import DiskCache, Engine, Pipeline, node
+from hardy import DiskCache, Engine, MapInterrupted, Pipeline, node
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -223,6 +223,8 @@ class FaultProxy(http.server.ThreadingHTTPServer):
         self.inject: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self.injected: list[tuple[str, int]] = []
         self.stall = 0.0
+        self.seen: list[tuple[str, str]] = []  # (method, path) of every request, in order
+        self.in_flight = self.peak = 0  # requests being answered now, and at most at once
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _Forward)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -241,6 +243,17 @@ class _Forward(http.server.BaseHTTPRequestHandler):
     def _any(self) -> None:
         srv: FaultProxy = self.server  # type: ignore[assignment]
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with srv.lock:
+            srv.seen.append((self.command, self.path))
+            srv.in_flight += 1
+            srv.peak = max(srv.peak, srv.in_flight)
+        try:
+            self._answer(srv, body)
+        finally:
+            with srv.lock:
+                srv.in_flight -= 1
+
+    def _answer(self, srv: FaultProxy, body: bytes) -> None:
         with srv.lock:
             answer = next(((m, k) for (m, k), queue in srv.inject.items()
                            if m == self.command and k in self.path and queue), None)
@@ -341,6 +354,72 @@ def test_a_misconfigured_store_runs_the_map_on_the_local_cache(s3, bucket, tmp_p
     assert f"s3://{name}/team" in warning and "the local cache was used" in warning
     assert [o["y"] for o in p.map(inputs={"x": list(range(10))}, map_over="x")] == [3 * x for x in range(10)]
     assert cache.hits == 10  # the local cache went on working
+
+
+# --- a map reads ahead ------------------------------------------------------------------------------
+
+def test_a_map_asks_the_bucket_once_per_entry_and_concurrently(s3, bucket, proxy, tmp_path):
+    """A map reads ahead: the entries of the next items are fetched together, many requests in
+    flight at once, and each lookup is answered from them. A cold map asks once per entry (the
+    answer "absent" is not asked again before computing) and publishes each; another machine's
+    first run then fetches each entry exactly once and verifies every one."""
+    xs = list(range(300))
+    writer = cache_for(s3, bucket, tmp_path / "a", storage_options=s3.options(proxy.endpoint))
+    Pipeline(nodes=[triple], cache=writer, engine=SEQ).map(inputs={"x": xs}, map_over="x")
+    gets = [path for method, path in proxy.seen if method == "GET"]
+    puts = [path for method, path in proxy.seen if method == "PUT"]
+    assert len(gets) == len(set(gets)) == 300 and sorted(puts) == sorted(gets)
+    assert len(s3.keys(bucket)) == 300
+
+    proxy.seen.clear()
+    proxy.peak = 0
+    reader = cache_for(s3, bucket, tmp_path / "b", storage_options=s3.options(proxy.endpoint))
+    out = Pipeline(nodes=[triple], cache=reader, engine=SEQ).map(inputs={"x": xs}, map_over="x")
+    assert [o["y"] for o in out] == [3 * x for x in xs]
+    assert (reader.hits, reader.misses, reader.rejected) == (300, 0, 0)
+    assert sorted(path for _, path in proxy.seen) == sorted(gets) and proxy.peak > 1
+    assert not reader.store._ahead and not reader.store._absent  # every entry fetched was looked up
+
+    proxy.seen.clear()  # the local cache now has them all: the bucket is not asked again
+    again = cache_for(s3, bucket, tmp_path / "b", storage_options=s3.options(proxy.endpoint))
+    Pipeline(nodes=[triple], cache=again, engine=SEQ).map(inputs={"x": xs}, map_over="x")
+    assert again.hits == 300 and proxy.seen == []
+
+
+def test_an_entry_read_ahead_is_verified_like_any_other(s3, bucket, tmp_path):
+    xs = list(range(40))
+    Pipeline(nodes=[triple], cache=cache_for(s3, bucket, tmp_path / "a"), engine=SEQ).map(inputs={"x": xs},
+                                                                                        map_over="x")
+    name = s3.keys(bucket)[7]
+    good = s3.client.get_object(Bucket=bucket, Key=name)["Body"].read()
+    s3.client.delete_object(Bucket=bucket, Key=name)
+    s3.client.put_object(Bucket=bucket, Key=name, Body=good[:-1] + bytes([good[-1] ^ 1]))
+
+    reader = cache_for(s3, bucket, tmp_path / "b")
+    out = Pipeline(nodes=[triple], cache=reader, engine=SEQ).map(inputs={"x": xs}, map_over="x")
+    assert [o["y"] for o in out] == [3 * x for x in xs]
+    assert (reader.hits, reader.rejected) == (39, 1)
+    assert s3.client.get_object(Bucket=bucket, Key=name)["Body"].read() == good  # deleted, recomputed, republished
+
+
+def test_an_interrupted_map_publishes_every_result_it_computed(s3, bucket, tmp_path):
+    """Ctrl-C in the middle of a cold map: the publications still in flight finish before the map
+    raises, so another machine finds every result computed before the interruption."""
+    @node(output_name="y")
+    def interrupted_at_150(x: int) -> int:
+        if x == 150:
+            raise KeyboardInterrupt
+        return 3 * x
+
+    writer = cache_for(s3, bucket, tmp_path / "a")
+    with pytest.raises(MapInterrupted):
+        Pipeline(nodes=[interrupted_at_150], cache=writer, engine=SEQ).map(inputs={"x": list(range(300))},
+                                                                          map_over="x")
+    assert len(s3.keys(bucket)) == 150
+    reader = cache_for(s3, bucket, tmp_path / "b")
+    out = Pipeline(nodes=[interrupted_at_150], cache=reader, engine=SEQ).map(inputs={"x": list(range(150))},
+                                                                            map_over="x")
+    assert [o["y"] for o in out] == [3 * x for x in range(150)] and reader.hits == 150
 
 
 # --- damaged entries -------------------------------------------------------------------------------

@@ -261,8 +261,8 @@ class BucketStore:
         """`_fetch_many`, also telling which keys the bucket answered it has no entry for. The first
         key goes alone: a bucket that fails it is left alone (`down`) before the others are sent,
         instead of every one of them being tried and retried at once."""
-        first = await asyncio.gather(self._fetch(keys[0]), return_exceptions=True)
-        got = first + await asyncio.gather(*(self._fetch(k) for k in keys[1:]), return_exceptions=True)
+        got = list(await asyncio.gather(self._fetch(keys[0]), return_exceptions=True))
+        got += await asyncio.gather(*(self._fetch(k) for k in keys[1:]), return_exceptions=True)
         return ({k: g for k, g in zip(keys, got) if isinstance(g, tuple)},
                 {k for k, g in zip(keys, got) if g is None})
 

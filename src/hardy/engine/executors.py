@@ -51,20 +51,31 @@ def _reading_ahead(plan: Plan, items: Sequence[dict[str, Any]], indices: range) 
     """For a map whose cache is shared (an object store): what to call at the start of each window
     of AHEAD items. It waits for that window's entries (fetched concurrently while the previous
     window ran) and starts fetching the next window's, so lookups are served from memory instead
-    of each waiting for a request of its own. None when the cache has no read-ahead."""
+    of each waiting for a request of its own. After a window the local cache had whole, the next
+    one is read ahead only if its first item is missing locally: a warm local cache pays one
+    probe per window, not a key derivation per item. None when the cache has no read-ahead."""
     if len(indices) < 2 or not getattr(plan.cache, "reads_ahead", False):
         return None
     prefetch = plan.cache.prefetch  # type: ignore[union-attr]
     pending: dict[int, Callable[[], None] | None] = {}
+    fetching = [True]  # whether the last window had anything to fetch
 
-    def start(at: int) -> None:
-        keys = []
-        for j in range(at, min(at + AHEAD, indices.stop)):
+    def keys(start: int, stop: int) -> list[bytes]:
+        found = []
+        for j in range(start, min(stop, indices.stop)):
             try:
-                keys += plan.ahead_keys(items[j])
+                found += plan.ahead_keys(items[j])
             except Exception:  # an input that cannot be hashed: its item fails when it runs, and says why
                 continue
-        pending[at] = prefetch(keys) if keys else None
+        return found
+
+    def start(at: int) -> None:
+        if not fetching[0] and prefetch(keys(at, at + 1)) is None:
+            pending[at] = None  # its first item is local: so, most likely, is the rest
+            return
+        wanted = keys(at, at + AHEAD)
+        pending[at] = prefetch(wanted) if wanted else None
+        fetching[0] = pending[at] is not None
 
     def window(at: int) -> None:
         if at not in pending:
