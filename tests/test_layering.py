@@ -98,3 +98,30 @@ def test_the_pipeline_runtime_never_imports_the_doctor():
              for name, deps in graph.items() if not name.startswith(allowed)}
     wrong = {name: deps for name, deps in wrong.items() if deps}
     assert not wrong, f"runtime modules import the doctor: {wrong}"
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_functions_are_short_enough_to_read_at_once():
+    long = [f"{p.relative_to(SRC)}:{f.lineno} {f.name} ({f.end_lineno - f.lineno + 1} lines)"
+            for p in sorted(SRC.rglob("*.py")) for f in _functions(ast.parse(p.read_text()))
+            if f.end_lineno - f.lineno + 1 > 60]
+    assert long == []
+
+
+def test_modules_stay_a_size_a_newcomer_can_read():
+    """About 500 lines each; the few above it hold one concept each (the API, the plan generator,
+    the callback interface, the worker's loop) and stay under this ceiling."""
+    big = [f"{p.relative_to(SRC)} ({n} lines)" for p in sorted(SRC.rglob("*.py"))
+           if (n := len(p.read_text().splitlines())) > 650]
+    assert big == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [f"{p.relative_to(SRC)} imports {a.name} from {n.module or '.'}"
+               for p in sorted(SRC.rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("hardy"))
+               for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import logging
 import mmap
 import os
@@ -33,7 +34,7 @@ from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, dumps, open_input, out_of_band, portable, unopened
 from .lifeline import kill_group, watch_peer
-from .messages import Chunk, Header, PlanSpec, Resend
+from .messages import Chunk, Header, PlanSpec, Resend, Setup
 
 # Shared status words, written by the worker, read by the parent after a death or for deadlines:
 # doubles, because the step's start is `time.monotonic()`, the clock of the node log (nodelog.py);
@@ -96,70 +97,20 @@ def run(fd: int) -> None:
     """
     conn = Connection(fd)
     try:
-        env, preload_libs, sys_path, cwd, argv = pickle.loads(conn.recv_bytes())  # a Setup
+        setup = Setup(*pickle.loads(conn.recv_bytes()))
         status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
     watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
-    os.environ.clear()
-    os.environ.update(env)
-    cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
-    sys.path[:] = sys_path
-    sys.argv[:] = argv  # a node reading its script's arguments reads the parent's, as in-process
-    try:
-        os.chdir(cwd)
-    except OSError:
-        pass
-    fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
-    faulthandler.enable(file=fault_file, all_threads=True)
-    # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
-    faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    _take_setup(setup)
     sent: list[Sent] = []  # the last chunk's batches of results, until the next chunk
-    # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
-    on_fatal_signal(lambda signum: _last_words(conn, sent, fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
-    native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
-    allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
-    install_numba_guard()
-    if preload_libs:  # dependencies first, so each library finds what it needs
-        from ..native.libs import preload
-        preload(packages=[p for p in preload_libs if not os.path.isdir(p)],
-                paths=[p for p in preload_libs if os.path.isdir(p)])
-    _, status = open_status(status_fd)
-    os.close(status_fd)  # (the mapping stays)
-    status[ITEM] = IDLE
-    status[STEP] = status[DEADLINE] = -1
-    status[READY] = 1.0
-    _status[0] = status
-
-    def post_deadline(t: float) -> float:
-        before, status[DEADLINE] = status[DEADLINE], t
-        return float(before)
-    mark_contained(post_deadline)  # nested pipelines and their maps run here, in-process: a crash costs one item
+    _install_crash_handlers(conn, sent, fault_fd, fd)
+    status = _open_status_words(status_fd)
+    mark_contained(functools.partial(_post_deadline, status))  # nested pipelines run here: a crash costs one item
     _forward_logs(status)
-    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
     code = 0
     try:
-        while True:
-            try:
-                data = conn.recv_bytes()
-            except EOFError:
-                break
-            msg = _read(conn, data, status)
-            if msg is None:
-                continue
-            if isinstance(msg, PlanSpec):
-                plans[msg.plan_id] = [msg.spec, _load_plan(msg.spec, status), None]
-            elif isinstance(msg, Chunk):
-                POISON.clear()
-                POISON.update(msg.poison or {})
-                loaded = _plan(plans[msg.plan_id], msg.log, status)
-                if not _run_chunk(conn, loaded, msg.items, status, sent, msg.log, msg.sealed, msg.singly):
-                    code = RETIRED
-                    break
-            elif isinstance(msg, Resend):
-                _resend(conn, sent, msg.items)
-            else:  # Stop
-                break
+        code = _serve(conn, status, sent)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -167,6 +118,78 @@ def run(fd: int) -> None:
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(code)
+
+
+def _take_setup(setup: Setup) -> None:
+    """The parent's environment (with thread caps), sys.path, argv and working directory."""
+    os.environ.clear()
+    os.environ.update(setup.environ)
+    cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
+    sys.path[:] = setup.sys_path
+    sys.argv[:] = setup.argv  # a node reading its script's arguments reads the parent's, as in-process
+    try:
+        os.chdir(setup.cwd)
+    except OSError:
+        pass
+    install_numba_guard()
+    if setup.preload_libs:  # dependencies first, so each library finds what it needs
+        from ..native.libs import preload
+        preload(packages=[p for p in setup.preload_libs if not os.path.isdir(p)],
+                paths=[p for p in setup.preload_libs if os.path.isdir(p)])
+
+
+def _install_crash_handlers(conn: Connection, sent: list[Sent], fault_fd: int, fd: int) -> None:
+    """What a dying worker leaves behind, in order: its native frames, its unsent results (its
+    last words), then faulthandler's Python stack, all in the crash file the parent reads."""
+    fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
+    faulthandler.enable(file=fault_file, all_threads=True)
+    # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
+    faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
+    on_fatal_signal(lambda signum: _last_words(conn, sent, fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
+    native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
+    allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
+
+
+def _open_status_words(status_fd: int) -> Any:
+    _, status = open_status(status_fd)
+    os.close(status_fd)  # (the mapping stays)
+    status[ITEM] = IDLE
+    status[STEP] = status[DEADLINE] = -1
+    status[READY] = 1.0
+    _status[0] = status
+    return status
+
+
+def _post_deadline(status: Any, t: float) -> float:
+    """A nested node's deadline, for the parent to enforce (`crash.deadlined`); the one before."""
+    before, status[DEADLINE] = status[DEADLINE], t
+    return float(before)
+
+
+def _serve(conn: Connection, status: Any, sent: list[Sent]) -> int:
+    """Answer the parent's messages until it says stop or goes away; the exit code."""
+    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return 0
+        msg = _read(conn, data, status)
+        if msg is None:
+            continue
+        if isinstance(msg, PlanSpec):
+            plans[msg.plan_id] = [msg.spec, _load_plan(msg.spec, status), None]
+        elif isinstance(msg, Chunk):
+            POISON.clear()
+            POISON.update(msg.poison or {})
+            loaded = _plan(plans[msg.plan_id], msg.log, status)
+            if not _run_chunk(conn, loaded, msg.items, status, sent, msg.log, msg.sealed, msg.singly):
+                return RETIRED
+        elif isinstance(msg, Resend):
+            _resend(conn, sent, msg.items)
+        else:  # Stop
+            return 0
 
 
 def _close_sqlite() -> None:
@@ -278,16 +301,7 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
     group = batched(plan)
     if group is not None:
         if sealed:  # opened first; an input that cannot be fails its item (sent with the first results)
-            opened = []
-            for i, item in items:
-                status[ITEM] = i
-                value = _open(plan, i, item, status)
-                if isinstance(value, NodeError):
-                    _unsent.append((i, False, value))
-                else:
-                    opened.append((i, value))
-            status[ITEM] = IDLE
-            items = opened
+            items = _open_all(plan, items, status)
         return _run_batched(conn, group, plan, items, status, sent, 1 if singly else group.group, log)
     named = log and _named(plan)
     note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
@@ -322,6 +336,21 @@ def _run_chunk(conn: Any, loaded: tuple[Plan, dict[str, str]] | str,
         plan.cache.report()  # the cache faults of this batch, in one warning
     _send(conn, batch, producers, True, clock() - start, sent)
     return True
+
+
+def _open_all(plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> list[tuple[int, Any]]:
+    """A sealed chunk's items opened before a batched plan runs them; one that cannot be opened
+    fails alone (its error goes with the first results)."""
+    opened = []
+    for i, item in items:
+        status[ITEM] = i
+        value = _open(plan, i, item, status)
+        if isinstance(value, NodeError):
+            _unsent.append((i, False, value))
+        else:
+            opened.append((i, value))
+    status[ITEM] = IDLE
+    return opened
 
 
 def _run_batched(conn: Any, group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any,
