@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from conftest import needs_torch
-from hardy.safety import numba_guard_supported, worker_environment
-from hardy.safety.environment import THREAD_VARIABLES
+from hardy.safety import numba_guard_supported
+from hardy.workers.launch import THREAD_VARIABLES, worker_environment
 
 
 def run_script(code: str, timeout: float = 240, env: dict[str, str] | None = None) -> str:

@@ -9,6 +9,7 @@ per worker, and nothing CUDA-bound ever crosses a process boundary).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, TypeVar
 
@@ -41,10 +42,9 @@ class Resource(metaclass=_HandleClass):
     __hypernode_stateful__ = True  # HyperNodes' marker, for code that checks it
 
     def __init__(self, *args: Any, **kwargs: Any):
-        import uuid
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
-        object.__setattr__(self, "_key", uuid.uuid4().hex)
+        object.__setattr__(self, "_key", os.urandom(16).hex())
 
     @property
     def instance(self) -> Any:

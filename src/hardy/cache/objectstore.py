@@ -44,7 +44,6 @@ import os
 import random
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
@@ -400,7 +399,7 @@ class BucketStore:
 
     async def _acquire(self, key: bytes, ttl: float) -> list[str] | None:
         """[the lease's ETag] once held; None when the entry exists or the bucket fails."""
-        body = json.dumps({"holder": f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+        body = json.dumps({"holder": f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}",
                            "ttl": ttl}).encode()
         path, delay = self.lease_path(key), 0.05
         try:

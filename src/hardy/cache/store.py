@@ -26,7 +26,6 @@ import os
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -104,7 +103,7 @@ def write_file(final: str, data: Data) -> None:
     """Write to a unique temporary name, then rename into place: readers see the old file or the
     new one, never half of one; the temporary file is removed if anything fails."""
     os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = f"{final}.{uuid.uuid4().hex}.tmp"
+    tmp = f"{final}.{os.urandom(16).hex()}.tmp"
     try:
         with open(tmp, "wb") as f:
             for piece in pieces(data):

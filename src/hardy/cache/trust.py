@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import stat
-import uuid
 
 from ..errors import UntrustedCacheError
 
@@ -112,7 +111,7 @@ def _create_key(folder: str, path: str) -> bytes:
     """32 random bytes into `path`, 0600: written under a unique name, then linked into place
     (link() fails if another process made the key first; theirs is then read and checked)."""
     make_cache_directory(folder)
-    tmp = f"{path}.{uuid.uuid4().hex}"
+    tmp = f"{path}.{os.urandom(16).hex()}"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -218,8 +218,12 @@ class Engine:
     def process_pool(self) -> Any:
         """The CPU workers; beside GPU workers they see no GPU (CUDA_VISIBLE_DEVICES="")."""
         if self._process_pool is None:
+            size = self.workers or os.cpu_count() or 1
+            if self.process_options["start_method"] is None:
+                from ..workers import launch  # its fork server boots while the pool is imported and the plan shipped
+                launch.warm(tuple(self.process_options["preload"]), size)
             from ..workers.pool import WorkerPool
-            hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * (self.workers or os.cpu_count() or 1) if self.gpu_slots else ()
+            hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * size if self.gpu_slots else ()
             self._process_pool = WorkerPool(workers=self.workers, slot_env=hidden, **self.process_options)
         return self._process_pool
 

@@ -29,7 +29,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
 import shutil
 import signal
 import stat
@@ -72,7 +71,7 @@ def build() -> tuple[str | None, str]:
     source version; a build by a concurrent process is atomic (written aside, then renamed)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
-    tag = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
+    tag = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
     folder = os.path.join(cache_folder(), "native")
     target = os.path.join(folder, f"handler-{tag}.so")
     if os.path.exists(target):
@@ -133,8 +132,8 @@ def mechanism() -> tuple[str, str]:
     lib, why = _native()
     if lib is not None:
         return "native", ""
-    if platform.machine() not in _PC_OFFSET:
-        return "off", f"{why}; the ctypes fallback knows no {platform.machine()} signal context"
+    if os.uname().machine not in _PC_OFFSET:
+        return "off", f"{why}; the ctypes fallback knows no {os.uname().machine} signal context"
     return "ctypes", why
 
 
@@ -176,7 +175,7 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
     frames = (ctypes.c_void_p * MAX_FRAMES)()
     info = _DlInfo()
     previous = {n: _SigAction() for n in numbers}
-    offset = _PC_OFFSET[platform.machine()]
+    offset = _PC_OFFSET[os.uname().machine]
     libc.backtrace(frames, MAX_FRAMES)  # warm up: the first call loads libgcc_s
 
     def frame(address: int) -> bytes:

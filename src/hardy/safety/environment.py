@@ -1,12 +1,10 @@
-"""The environment a worker process starts with, and the numba unique-id guard.
-
-Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
-machine N-fold; each worker gets cores ÷ workers unless the user already chose.
+"""What a worker applies to its own process: the thread caps on runtimes already loaded, and the
+numba unique-id guard. (The variables it starts with: `workers.launch.worker_environment`.)
 
 Numba guard: numba names compiled functions `qualname$<counter>`. The counter is
 per-process state, so two fresh processes compiling same-qualname functions draw the same ids, and
 with `cache=True` a later process that loads both caches can call the wrong body. Drawing ids from
-uuid4 makes every id globally unique. It replaces a private attribute, so it is applied only to
+16 random bytes (os.urandom) make every id globally unique. It replaces a private attribute, so it is applied only to
 numba versions known to use it in the same way.
 """
 
@@ -17,26 +15,11 @@ import importlib.machinery
 import itertools
 import os
 import sys
-import uuid
 from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
-
-
-def worker_environment(workers: int) -> dict[str, str]:
-    """Variables to set in each worker: the caller's own value where it set one, else the cap.
-
-    Every variable is listed, user-set ones too, because a worker forks from a fork server whose
-    environment may date from an earlier pool: the worker must not inherit a stale value.
-    """
-    per_worker = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
-    env = {v: os.environ.get(v, per_worker) for v in THREAD_VARIABLES}
-    env["TOKENIZERS_PARALLELISM"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
-    return env
 
 
 def cap_loaded_runtimes() -> None:
@@ -57,7 +40,7 @@ class _UniqueIds:
         return self
 
     def __next__(self) -> int:
-        return uuid.uuid4().int
+        return int.from_bytes(os.urandom(16), "big")
 
 
 def version_in(version: str, specifier: str) -> bool:

@@ -106,12 +106,11 @@ def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
     return found
 
 
-def choose_start_method(requested: str | None) -> str:
-    """forkserver (Linux) or spawn by default; "fork" only when no hazard is present; "fork!" forces."""
+def choose_start_method(requested: str) -> str:
+    """A start method the user asked for: "fork" only when no hazard is present; "fork!" forces.
+    (The default, a fork server, needs no check: `workers.launch.default_start_method`.)"""
     import multiprocessing as mp
     available = mp.get_all_start_methods()
-    if requested is None:
-        return "forkserver" if "forkserver" in available else "spawn"
     if requested in ("fork", "fork!"):
         hazards = fork_hazards()
         if hazards and requested == "fork":

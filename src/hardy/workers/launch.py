@@ -53,6 +53,30 @@ SERVER_BOOT = _BOOT % "server import serve; serve()"
 IMPORTING = "importing"  # the file in a server's folder naming the preload module it imports now
 
 
+# Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
+# machine N-fold; each worker gets cores ÷ workers unless the user already chose.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def worker_environment(workers: int) -> dict[str, str]:
+    """Variables to set in each worker: the caller's own value where it set one, else the cap.
+
+    Every variable is listed, user-set ones too, because a worker forks from a fork server whose
+    environment may date from an earlier pool: the worker must not inherit a stale value.
+    """
+    per_worker = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    env = {v: os.environ.get(v, per_worker) for v in THREAD_VARIABLES}
+    env["TOKENIZERS_PARALLELISM"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def default_start_method() -> str:
+    """A fork server where there is one (Linux), else spawn: workers never fork this process."""
+    import multiprocessing
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def _preload_timeout() -> float:
     text = os.environ.get("HARDY_PRELOAD_TIMEOUT", "120")
     try:
@@ -265,8 +289,21 @@ _launchers: dict[tuple[Any, ...], Launcher] = {}
 _lock = threading.Lock()
 
 
+def warm(preload: tuple[str, ...], workers: int) -> None:
+    """Start now the fork server that a pool of `workers` with the default start method will use:
+    it boots (a fresh interpreter importing hardy's worker modules, the longest part of a first
+    map) while the caller imports the pool and ships its plan. The pool then acquires it."""
+    start_method = default_start_method()
+    if start_method != "fork":
+        _launcher(start_method, preload, worker_environment(workers), None)
+
+
 def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> Launcher:
     """The launcher for these settings, shared with pools that use the same ones."""
+    return _launcher(start_method, preload, env, user)
+
+
+def _launcher(start_method: str, preload: tuple[str, ...], env: dict[str, str], user: object | None) -> Launcher:
     _watch_sigterm()
     key: tuple[Any, ...] = (start_method, preload if start_method == "forkserver" else (),
                             tuple(sorted(env.items())))
@@ -277,7 +314,8 @@ def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict
         if launcher is None or not launcher.alive:
             launcher = _launchers[key] = (Forker() if start_method == "fork" else
                                           ForkServer(key[1], env, spawn=start_method == "spawn"))
-        launcher.users.add(id(user))
+        if user is not None:
+            launcher.users.add(id(user))
         return launcher
 
 

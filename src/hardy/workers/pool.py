@@ -19,7 +19,6 @@ from ..errors import InvalidArgument
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
 from ..plan import Plan
-from ..safety.environment import worker_environment
 from ..safety.hazards import choose_start_method
 from ..shipping import Unshippable, dumps, ship_items, ship_plan
 from ..sizes import parse_size
@@ -48,7 +47,7 @@ class WorkerPool(Executor):
         worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
         self.slot_env = list(slot_env)
         self.size = len(self.slot_env) or workers or os.cpu_count() or 1
-        self.start_method = choose_start_method(start_method)
+        self.start_method = launch.default_start_method() if start_method is None else choose_start_method(start_method)
         self.preload = tuple(preload)
         self.preload_libs = tuple(preload_libs)
         self.max_tasks = max_tasks_per_worker
@@ -56,7 +55,7 @@ class WorkerPool(Executor):
         self.stall_report = stall_report  # seconds: a node call running longer has its stacks logged
         if self.max_tasks is not None and self.max_tasks < 1:
             raise InvalidArgument("max_tasks_per_worker must be at least 1")
-        self.env = worker_environment(self.size)
+        self.env = launch.worker_environment(self.size)
         self._launcher: launch.Launcher | None = None
         self.workers: list[Worker | None] = [None] * self.size
         # Once a worker has died, one more is kept started (with the plan running then): the next
