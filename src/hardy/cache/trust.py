@@ -24,7 +24,10 @@ from __future__ import annotations
 import os
 import stat
 
+from blake3 import blake3
+
 from ..errors import UntrustedCacheError
+from ..hashing import DIGEST
 
 KEY_FILE = "secret.key"
 KEY_SIZE = 32
@@ -33,8 +36,23 @@ OTHERS_ANY = stat.S_IRWXG | stat.S_IRWXO
 DOCS = "docs/caching.md#trust"
 
 
+def mac_key(secret: bytes, purpose: str) -> bytes:
+    """The MAC key of one purpose, derived from a secret (keyed BLAKE3 takes exactly 32 bytes): what
+    is signed for one purpose (a cache entry, a failed item's kept inputs) never verifies as another's."""
+    return blake3(secret, derive_key_context=f"hardy {purpose} MAC v3").digest()
+
+
+def sign(key: bytes, *pieces: bytes | bytearray | memoryview) -> bytes:
+    """The MAC of `pieces`, hashed where they are (keyed BLAKE3, DIGEST bytes): it is the checksum and
+    the signature at once. Single-threaded (BLAKE3's threads are a fork hazard)."""
+    h = blake3(key=key)
+    for piece in pieces:
+        h.update(piece)
+    return h.digest(DIGEST)
+
+
 def refuse(what: str, path: str, why: str, fix: str) -> UntrustedCacheError:
-    return UntrustedCacheError(f"hardy cache {what} {path} {why}: whoever can write it could make your runs "
+    return UntrustedCacheError(f"hardy {what} {path} {why}: whoever can write it could make your runs "
                                f"unpickle code of their choosing, so it is not used. {fix} (see {DOCS})")
 
 
@@ -58,11 +76,18 @@ def check_directory(path: str, shared: bool) -> bool:
     fix = (f"Use a directory of your own, or DiskCache({path!r}, shared=True) for a directory a team "
            "writes together")
     if st.st_uid != me:
-        raise refuse("directory", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
-    if st.st_mode & OTHERS_WRITE:
-        raise refuse("directory", path, f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})",
-                      f"Run `chmod go-w {path}` if only you write it, or use DiskCache({path!r}, shared=True)")
+        raise refuse("cache directory", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
+    check_owned("cache directory", path, st, f"Run `chmod go-w {path}` if only you write it, or use "
+                f"DiskCache({path!r}, shared=True)")
     return True
+
+
+def check_owned(what: str, path: str, st: os.stat_result, fix: str) -> None:
+    """Refuse (`what` names it) a file or directory that is not the current user's, or that others may write."""
+    if st.st_uid != os.geteuid():
+        raise refuse(what, path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
+    if st.st_mode & OTHERS_WRITE:
+        raise refuse(what, path, f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})", fix)
 
 
 def make_cache_directory(path: str, shared: bool = False) -> None:
@@ -88,22 +113,22 @@ def load_key(folder: str, name: str) -> bytes:
         return _create_key(folder, path)
     except OSError as exc:
         if os.path.islink(path):
-            raise refuse("key", path, "is a symbolic link", fix) from None
-        raise refuse("key", path, f"cannot be opened ({exc.strerror})", fix) from None
+            raise refuse("cache key", path, "is a symbolic link", fix) from None
+        raise refuse("cache key", path, f"cannot be opened ({exc.strerror})", fix) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise refuse("key", path, "is not a regular file", fix)
+            raise refuse("cache key", path, "is not a regular file", fix)
         if st.st_uid != os.geteuid():
-            raise refuse("key", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
+            raise refuse("cache key", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
         if st.st_mode & OTHERS_ANY:
-            raise refuse("key", path, f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o})",
+            raise refuse("cache key", path, f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o})",
                          f"Run `chmod 600 {path}` if you made it, or delete it")
         data = os.read(fd, KEY_SIZE + 1)
     finally:
         os.close(fd)
     if len(data) != KEY_SIZE:
-        raise refuse("key", path, f"holds {len(data)} bytes, not {KEY_SIZE}", "Delete it: a new one is made")
+        raise refuse("cache key", path, f"holds {len(data)} bytes, not {KEY_SIZE}", "Delete it: a new one is made")
     return data
 
 
@@ -133,7 +158,7 @@ def user_key() -> bytes:
     if os.path.isdir(folder):
         st = os.lstat(folder)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & OTHERS_WRITE:
-            raise refuse("key folder", folder, "is a symbolic link, someone else's or writable by others",
+            raise refuse("cache key folder", folder, "is a symbolic link, someone else's or writable by others",
                          "Make it yours and private (`chmod 700`), or set XDG_STATE_HOME, or pass "
                          "DiskCache(..., secret=...)")
     return load_key(folder, "cache.key")
