@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from conftest import needs_torch
 from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
-from hardy.errors import NodeDefinitionError
+from hardy.errors import InvalidArgument, InvalidArgumentType
 from hardy.forensics import handler, stacks, symbols
 from hardy.forensics.frames import read_frames
 
@@ -389,30 +390,131 @@ def test_replay_tells_a_flaky_crash(tmp_path, libs):
     assert last.startswith("failed 2 of 4 run(s): 50% (95% CI ") and last.endswith(": flaky"), run.stdout
 
 
-def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, monkeypatch):
+HEAD = len(b"hardy-replay-2\n") + 16  # a kept input's magic line and signature
+
+
+class _Marker:
+    """Unpickling it creates a file: proof that a refused kept input was never unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _as_nobody(*command: str) -> subprocess.CompletedProcess[str]:
+    """`command` as another real user (uid 65534), with the standard library only."""
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command],
+                          capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder everybody may write, as a team's report directory on a shared disk (/tmp-like, sticky)."""
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="team-reports-")
+    os.chmod(folder, 0o1777)
+    yield Path(folder)
+    shutil.rmtree(folder)
+
+
+def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, shared_folder):
     from hardy.forensics import kept
     report = _failed_map(tmp_path, libs["c"])
     path = kept.folder_of(report) / "item-3.pkl"
     assert _replay(report, "--item", "2").stderr.startswith("hardy replay: no kept inputs for item 2")
     data = path.read_bytes()
-    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit changed
+    marker = tmp_path / "unpickled"
+    evil = pickle.dumps({"sys_path": [], "cwd": "/"}) + pickle.dumps(_Marker(str(marker)))
+    path.write_bytes(data[:HEAD] + evil)  # a real signature, another body
     run = _replay(report, "--item", "3")
     assert run.returncode == 2 and "is not signed with this user's key" in run.stderr, run.stderr
+    assert not marker.exists()
     path.write_bytes(data)
-    os.chown(path, 65534, 65534)  # another user's file
+    os.chmod(path.parent, 0o777)  # others may write the folder: they could swap the file
     run = _replay(report, "--item", "3")
-    assert run.returncode == 2 and "is not this user's own" in run.stderr, run.stderr
-    os.chown(path, os.getuid(), os.getgid())
-    # what another user can read and run: nothing, even with the file made readable by all
-    os.chmod(path, 0o644)
-    check = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-                            f"import hardy.forensics.kept as k; k.load({str(report)!r}, 3)"],
-                           capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path / "nobody")})
-    assert check.returncode != 0
-    monkeypatch.setattr(kept, "KEEP_LIMIT", 100)
-    said = kept.keep(tmp_path / "other.json", None, {7: {"x": b"x" * 1000}})
-    assert said[7].startswith("not kept: 1,") and said[7].endswith(" bytes pickled, over the limit of 100")
-    assert not list(kept.folder_of(tmp_path / "other.json").iterdir())
+    assert run.returncode == 2 and "hardy replay folder" in run.stderr and "is writable by others (mode 777)" \
+        in run.stderr, run.stderr
+    os.chmod(path.parent, 0o700)
+    assert _replay(report, "--item", "3").returncode == 1  # trusted again: it runs (and crashes)
+
+    # another real user puts a report and its "kept input" where this user will look: refused unread
+    theirs = shared_folder / "embed.json"
+    done = _as_nobody(sys.executable, "-I", "-c", "import os\n"
+                      f"open({str(theirs)!r}, 'w').write({report.read_text()!r})\n"
+                      f"os.makedirs({str(kept.folder_of(theirs))!r}, mode=0o755)\n"
+                      f"open({str(kept.folder_of(theirs) / 'item-3.pkl')!r}, 'wb').write({data[:HEAD] + evil!r})\n")
+    assert done.returncode == 0, done.stderr
+    run = _replay(theirs, "--item", "3")
+    assert run.returncode == 2 and "hardy replay folder" in run.stderr and "belongs to nobody (uid 65534)" in \
+        run.stderr, run.stderr
+    assert not marker.exists()
+
+    # the same bytes read under another user's key (their own $XDG_STATE_HOME/hardy/cache.key; hardy's
+    # packages are not readable by uid 65534 here, so this side runs as this uid): not verified
+    run = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(report), "--item", "3"],
+                         capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "someone-else")})
+    assert run.returncode == 2 and "is not signed with this user's key" in run.stderr, run.stderr
+
+
+def test_keep_failed_inputs_without_a_report_dir(tmp_path, libs, monkeypatch, caplog):
+    import json
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    folder = tmp_path / "state" / "hardy" / "reports"
+    p = Pipeline(nodes=[crash_on], name="embed")
+    inputs = {"x": list(range(5)), "lib": libs["c"], "counter": ""}
+    with Engine(workers=1) as e:  # the default: no report directory, nothing kept
+        p.map(inputs=inputs, map_over="x", on_error="continue", engine=e)
+    assert not folder.exists()
+    with Engine(workers=1, keep_failed_inputs=True) as e, caplog.at_level("WARNING", logger="hardy.report"):
+        assert p.map(inputs={**inputs, "x": [0, 1]}, map_over="x", engine=e) == [{"y": 0}, {"y": 1}]
+        assert not folder.exists()  # nothing failed: nothing written
+        out = p.map(inputs=inputs, map_over="x", on_error="continue", engine=e)
+    assert isinstance(out[3].error, NodeCrashed)
+    (report,) = folder.glob("*.json")
+    assert (folder.stat().st_mode & 0o777, folder.parent.stat().st_mode & 0o777) == (0o700, 0o700)
+    (failure,) = json.loads(report.read_text())["failures"]
+    assert failure["kept_inputs"] == f"{report.stem}.inputs/item-3.pkl"
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said == f"inputs of 1 failed item(s) of pipeline 'embed' kept; run one again with: hardy replay " \
+                   f"{report} --item 3"
+    run = _replay(report, "--item", "3")
+    assert run.returncode == 1 and "SIGSEGV in libforensic.so (crash_inner+0x" in run.stdout, run.stdout + run.stderr
+
+    with Engine(workers=1, report_dir=tmp_path / "reports", keep_failed_inputs=False) as e:
+        p.map(inputs=inputs, map_over="x", on_error="continue", engine=e)
+    (report,) = (tmp_path / "reports").glob("*.json")
+    assert "kept_inputs" not in json.loads(report.read_text())["failures"][0]
+    assert not kept_folder(report).exists()
+    with pytest.raises(InvalidArgumentType, match=r"Engine: keep_failed_inputs='yes' is not valid; "
+                                                  r"keep_failed_inputs must be True or False\."):
+        Engine(keep_failed_inputs="yes")
+
+
+def kept_folder(report: Path) -> Path:
+    from hardy.forensics import kept
+    return kept.folder_of(report)
+
+
+def test_kept_inputs_are_capped_per_item_and_per_report(tmp_path, monkeypatch):
+    from hardy.forensics import kept
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    small = kept.keep(tmp_path / "probe.json", None, {0: {"x": b""}})
+    assert small == {0: "probe.inputs/item-0.pkl"}
+    size = (kept.folder_of(tmp_path / "probe.json") / "item-0.pkl").stat().st_size - HEAD
+    monkeypatch.setattr(kept, "KEEP_LIMIT", size + 999)
+    monkeypatch.setattr(kept, "KEEP_TOTAL", 2 * size + 1500)
+    said = kept.keep(tmp_path / "r.json", None, {1: {"x": b"x" * 2000}, 2: {"x": b""}, 3: {"x": b"y" * 600},
+                                                  4: {"x": b"z" * 900}})
+    assert said[1].startswith("not kept: 1,0") and " bytes over the cap (" in said[1]
+    assert said[1].endswith(f" bytes pickled; the cap is {size + 999:,} bytes per item)")
+    assert said[2] == "r.inputs/item-2.pkl" and said[3] == "r.inputs/item-3.pkl"
+    assert said[4].startswith("not kept: ") and said[4].endswith(
+        f" bytes over the cap of {2 * size + 1500:,} bytes for one report's kept inputs (the items before it "
+        "took the rest)")
+    assert sorted(p.name for p in kept.folder_of(tmp_path / "r.json").iterdir()) == ["item-2.pkl", "item-3.pkl"]
 
 
 @node(output_name="y")
@@ -434,7 +536,8 @@ def test_a_long_running_item_has_its_stacks_logged_and_goes_on(tmp_path, libs, c
     assert len(said) == 1, said  # once per call
     assert said[0].startswith("item 1: node 'slow_in_c' has been running for ")
     assert "its stacks:\npy-spy dump --native" in said[0] and "spin_a_while (libslow.so)" in said[0]
-    with pytest.raises(NodeDefinitionError, match=r"Engine\(stall_report=0\) is not a number of seconds"):
+    with pytest.raises(InvalidArgument, match=r"Engine: stall_report=0 is not valid; stall_report must be a "
+                                              r"finite number of seconds > 0 or None \(no limit\)\."):
         Engine(stall_report=0)
 
 

@@ -297,6 +297,8 @@ class Pipeline:
         if report is not None and kind == "map":
             report.inputs = list(items or ())
         light = self._recorder.begin(self, kind, n, light=True) if report is None and top and kind == "map" else None
+        if light is not None and self._engine.keep_failed_inputs:
+            light.inputs = list(items or ())  # kept beside its report if an item fails
         return Watch(bar, events, report, light, self._recorder)
 
     @property

@@ -291,7 +291,7 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
     from ..engine import Engine
     return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor_spec,
                   workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
-                  report_dir=own.report_dir, **own.process_options)
+                  report_dir=own.report_dir, keep_failed_inputs=own.keep_failed_inputs, **own.process_options)
 
 
 def report(path: str = typer.Argument(..., metavar="REPORT",

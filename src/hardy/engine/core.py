@@ -94,6 +94,10 @@ class Engine:
     `report=True` records a run report of every call (`Pipeline.report()`); `report_dir` (or the
     environment variable HARDY_REPORT_DIR, read here) also writes each one there as JSON.
     Recording instruments node calls like a callback does, so it is off by default.
+    keep_failed_inputs: keep the inputs of a map's failed items beside its report, signed, for
+    `hardy replay` (`hardy.forensics.kept`). None (the default): when reports are written to a
+    directory; True: also without one, a map with failures then writes its report to
+    `~/.local/state/hardy/reports` ($XDG_STATE_HOME) and logs where; False: never.
     gpus: GPU workers for `@node(gpus=...)` nodes ("all", a count or indices such as [0, 1]),
     `workers_per_gpu` on each GPU, each started with its CUDA_VISIBLE_DEVICES; the other nodes
     run on `workers` CPU workers, which see no GPU (`docs/gpu.md`).
@@ -107,11 +111,14 @@ class Engine:
                  max_tasks_per_worker: int | None = None, max_memory_per_worker: int | str | None = None,
                  cache: PlanCache | None = None, report: bool = False, report_dir: str | os.PathLike[str] | None = None,
                  gpus: str | int | Sequence[int] | None = None, workers_per_gpu: int = 1,
-                 stall_report: float | None = None):
+                 stall_report: float | None = None, keep_failed_inputs: bool | None = None):
         _check_engine(node_executor, map_executor, workers, start_method, max_tasks_per_worker,
                       max_memory_per_worker, cache)
         _check_reports(report, report_dir)
-        arguments.seconds("Engine", "stall_report", stall_report, optional=True)
+        stall_report = arguments.seconds("Engine", "stall_report", stall_report, optional=True)
+        if keep_failed_inputs is not None:
+            arguments.flag("Engine", "keep_failed_inputs", keep_failed_inputs)
+        self.keep_failed_inputs = keep_failed_inputs
         self.node_executor = node_executor
         self.map_executor_spec = map_executor
         self.workers = workers

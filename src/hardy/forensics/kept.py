@@ -1,109 +1,146 @@
 """The inputs of failed items, kept beside a run report so that `hardy replay` (`cli/replay.py`) can run one again.
 
-When an engine writes run reports (`Engine(report_dir=...)`), each failed item of a map (the first
-`FAILURES_KEPT`) is written next to the report's JSON, in `<report>.inputs/item-<N>.pkl`: the
-pipeline (its nodes and engine settings, cloudpickled as a worker receives them), the item's
-inputs, and the interpreter's sys.path and working directory (which `load` applies first, so the
-nodes' modules import as they did). Each file is at most `KEEP_LIMIT`
-bytes (a larger item is listed as not kept, with its size), written whole or not at all, readable by
-its owner only, and signed (HMAC-SHA256) with a key of this user's (`~/.cache/hardy/replay.key`,
-0600): `load` refuses a file that another user owns or may write, or whose signature does not
-match, before unpickling anything (unpickling runs code).
+Kept when an engine writes run reports to a directory (`Engine(report_dir=...)` or
+HARDY_REPORT_DIR), or with `Engine(keep_failed_inputs=True)` also without one: a map with failed
+items then writes its report to `default_folder()` (`$XDG_STATE_HOME/hardy/reports`, else
+~/.local/state/hardy/reports: private to the user, beside the user's own cache key) and logs where.
+`keep_failed_inputs=False` keeps none. Each failed item of a map (the first `FAILURES_KEPT`) is
+written next to the report's JSON, in `<report>.inputs/item-<N>.pkl`: the interpreter's sys.path
+and working directory (which `load` applies first, so the nodes' modules import as they did), the
+pipeline (its nodes and engine settings, cloudpickled once per report, as a worker receives them)
+and the item's inputs.
+
+Caps: `KEEP_LIMIT` bytes per item and `KEEP_TOTAL` per report; an item past either is listed as
+"not kept: N bytes over the cap". Each file is written whole or not at all, readable by its owner
+only, in a folder only its owner may write, and signed as a shared cache's entries are: keyed
+BLAKE3 under the user's own key (`hardy.cache.trust.user_key`), with a key derived for this purpose
+only, so a kept input never verifies as a cache entry nor one as the other. `load` refuses, before
+unpickling anything (unpickling runs code), a file or folder that another user owns or may write,
+a symbolic link, and a file whose signature does not match.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import io
 import os
 import pickle
-import secrets
 import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ReplayError
-from .handler import cache_folder
+from ..cache.trust import check_owned, mac_key, sign, user_key, user_key_folder
+from ..errors import ReplayError, UntrustedCacheError
+from ..hashing import DIGEST
 
 KEEP_LIMIT = 64 << 20  # bytes per kept item
+KEEP_TOTAL = 256 << 20  # bytes of kept items per report
 FAILURES_KEPT = 100
-_MAGIC = b"hardy-replay-1\n"
+_MAGIC = b"hardy-replay-2\n"
+_PURPOSE = "kept failed-item inputs"
+_FIX = "Remove it if you did not make it; hardy replay only loads what you wrote"
 
 
-def _own(path: str) -> bool:
-    st = os.stat(path)
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _key() -> bytes:
-    """This user's signing key, made on first use."""
-    folder = cache_folder()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, "replay.key")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    except FileExistsError:
-        pass
-    st = os.stat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ReplayError(f"{path} is not this user's own, or others may read it: remove it (a new key is made)")
-    with open(path, "rb") as f:
-        return f.read()
+def default_folder() -> Path:
+    """Where `Engine(keep_failed_inputs=True)` writes reports when no report directory is given."""
+    return Path(user_key_folder()) / "reports"
 
 
 def folder_of(report: str | os.PathLike[str]) -> Path:
     return Path(f"{Path(report).with_suffix('')}.inputs")
 
 
+def _key() -> bytes:
+    return mac_key(user_key(), _PURPOSE)
+
+
 def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
     """Write each item's inputs; {item: file name, or why it was not kept}."""
     import cloudpickle
     folder = folder_of(report)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = _key()
+    try:
+        key = _key()  # first: its folder, made private, may be the report's parent (`default_folder`)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        check_owned("replay folder", str(folder), os.lstat(folder), _FIX)
+    except (OSError, UntrustedCacheError) as exc:
+        return dict.fromkeys(items, f"not kept: {exc}")
     said: dict[int, str] = {}
+    try:
+        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + cloudpickle.dumps(pipeline, protocol=5)
+    except Exception as exc:
+        return dict.fromkeys(items, f"not kept: the pipeline cannot be pickled ({type(exc).__name__}: {exc})")
+    total = 0
     for i, inputs in items.items():
         try:
-            where = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()})  # read first: imports need it
-            body = where + cloudpickle.dumps({"pipeline": pipeline, "item": i, "inputs": inputs}, protocol=5)
+            body = head + cloudpickle.dumps({"item": i, "inputs": inputs}, protocol=5)
         except Exception as exc:
             said[i] = f"not kept: its inputs cannot be pickled ({type(exc).__name__}: {exc})"
             continue
         if len(body) > KEEP_LIMIT:
-            said[i] = f"not kept: {len(body):,} bytes pickled, over the limit of {KEEP_LIMIT:,}"
+            said[i] = (f"not kept: {len(body) - KEEP_LIMIT:,} bytes over the cap ({len(body):,} bytes pickled; "
+                       f"the cap is {KEEP_LIMIT:,} bytes per item)")
             continue
-        path = folder / f"item-{i}.pkl"
-        scratch = folder / f".item-{i}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body)
-            os.replace(scratch, path)
-        except OSError as exc:
-            scratch.unlink(missing_ok=True)
-            said[i] = f"not kept: {exc}"
+        if total + len(body) > KEEP_TOTAL:
+            said[i] = (f"not kept: {total + len(body) - KEEP_TOTAL:,} bytes over the cap of {KEEP_TOTAL:,} bytes "
+                       "for one report's kept inputs (the items before it took the rest)")
             continue
-        said[i] = f"{folder.name}/{path.name}"
+        said[i] = _write(folder, i, key, body)
+        if not said[i].startswith("not kept"):
+            total += len(body)
     return said
 
 
+def _write(folder: Path, i: int, key: bytes, body: bytes) -> str:
+    path = folder / f"item-{i}.pkl"
+    scratch = folder / f".item-{i}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + sign(key, body) + body)
+        os.replace(scratch, path)
+    except OSError as exc:
+        scratch.unlink(missing_ok=True)
+        return f"not kept: {exc}"
+    return f"{folder.name}/{path.name}"
+
+
+def _read_own(path: Path) -> bytes:
+    """The file's bytes, if it and its folder are this user's and nobody else may write them."""
+    try:
+        check_owned("replay folder", str(path.parent), os.lstat(path.parent), _FIX)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except UntrustedCacheError as exc:
+        raise ReplayError(str(exc)) from None
+    except OSError as exc:
+        raise ReplayError(f"{path} cannot be opened ({exc.strerror}; a symbolic link is refused): not loaded") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise ReplayError(f"{path} is not a regular file: not loaded")
+            check_owned("kept input", str(path), st, _FIX)
+        except UntrustedCacheError as exc:
+            raise ReplayError(str(exc)) from None
+        return f.read()
+
+
 def load(report: str | os.PathLike[str], item: int) -> dict[str, Any]:
-    """The kept inputs of `item`, after checking owner, mode and signature."""
+    """The kept pipeline and inputs of `item` ({"pipeline", "item", "inputs"}), after checking
+    owner, mode and signature: nothing is unpickled before all three pass."""
     path = folder_of(report) / f"item-{item}.pkl"
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ReplayError(f"no kept inputs for item {item} beside {report} (looked for {path}); inputs are kept "
-                          "for failed items of maps run with Engine(report_dir=...)")
-    if not _own(str(path)) or not _own(str(path.parent)):
-        raise ReplayError(f"{path} (or its folder) is not this user's own, or others may write it: not loaded")
-    data = path.read_bytes()
-    size = len(_MAGIC) + 32
-    if not data.startswith(_MAGIC) or not hmac.compare_digest(
-            data[len(_MAGIC):size], hmac.new(_key(), data[size:], hashlib.sha256).digest()):
+                          "for failed items of maps run with Engine(report_dir=...) or Engine(keep_failed_inputs=True)")
+    data = _read_own(path)
+    size = len(_MAGIC) + DIGEST
+    try:
+        key = _key()
+    except UntrustedCacheError as exc:
+        raise ReplayError(str(exc)) from None
+    if not data.startswith(_MAGIC) or not hmac.compare_digest(data[len(_MAGIC):size], sign(key, data[size:])):
         raise ReplayError(f"{path} is not signed with this user's key: written by someone else or changed since; "
                           "not loaded")
     stream = io.BytesIO(data[size:])
@@ -114,8 +151,9 @@ def load(report: str | os.PathLike[str], item: int) -> dict[str, Any]:
     except OSError:
         pass
     try:
+        pipeline = pickle.load(stream)
         kept: dict[str, Any] = pickle.load(stream)
     except Exception as exc:
         raise ReplayError(f"{path} cannot be unpickled here ({type(exc).__name__}: {exc}); run hardy replay "
                           "where the pipeline's modules are importable") from exc
-    return kept
+    return {**kept, "pipeline": pipeline}

@@ -14,6 +14,7 @@ renderings of that data, so `hardy report run.json` renders a report written by 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
 FAILURES_SHOWN = 100  # failures the tables and the page show, and whose stacks are kept: every one is listed
 FORMAT = 1
+log = logging.getLogger("hardy.report")
 
 
 class _NodeStats:
@@ -135,20 +137,19 @@ class Recorder(PipelineCallback):
         succeeded = live.items - len(failures) if succeeded is None else succeeded
         if light is not None:
             self._pending = (pipeline, live, dict(failures), workers, succeeded)
+            folder = _folder(engine, failures)
+            if folder is not None:  # keep_failed_inputs=True: the light report is written, with the inputs
+                last = self.last
+                assert last is not None
+                _write(last, folder, pipeline, live, failures)
             return None
         self._pending = None
         svg, names = self._drawing(pipeline)
         report = RunReport(_build(live, failures, workers, svg, names, succeeded))
         self._last = report
-        if engine.report_dir:
-            path = Path(engine.report_dir) / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
-            try:
-                if failures and live.inputs is not None:
-                    _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
-                report.save(path)
-            except (OSError, ValueError) as exc:  # a full disk, a read-only mount: the call's results stand
-                warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
-                              "pipeline.report() still has it", RuntimeWarning, stacklevel=2)
+        folder = _folder(engine, failures)
+        if folder is not None:
+            _write(report, folder, pipeline, live, failures)
         return report
 
     def _drawing(self, pipeline: Any) -> tuple[str | None, list[str]]:
@@ -193,16 +194,45 @@ class Recorder(PipelineCallback):
             stats.failures += 1
 
 
+def _folder(engine: Any, failures: dict[int, NodeError]) -> Path | None:
+    """Where the report is written: the engine's report directory, else with failures and
+    `keep_failed_inputs=True` the user's own (`forensics.kept.default_folder`), else nowhere."""
+    if engine.report_dir:
+        return Path(engine.report_dir)
+    if failures and engine.keep_failed_inputs:
+        from ..forensics.kept import default_folder
+        return default_folder()
+    return None
+
+
+def _write(report: RunReport, folder: Path, pipeline: Any, live: LiveReport, failures: dict[int, NodeError]) -> None:
+    """The report's JSON in `folder`, the failed items' inputs beside it. Nothing here may cost the
+    call its results: a report that cannot be written is a warning (a full disk, a read-only mount)."""
+    path = folder / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
+    try:
+        if failures and live.inputs is not None and pipeline.engine.keep_failed_inputs is not False:
+            _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
+        report.save(path)
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
+                      "pipeline.report() still has it", RuntimeWarning, stacklevel=3)
+
+
 def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: list[dict[str, Any]],
                         failures: dict[int, NodeError]) -> None:
     """The inputs of the first failed items, beside the report, for `hardy replay` (forensics/kept.py);
-    each failure of the report says where its inputs are, or why they were not kept."""
+    each failure of the report says where its inputs are, or why they were not kept; a log line
+    says how to replay the first one."""
     from ..forensics.kept import FAILURES_KEPT, keep
     wanted = sorted(failures)[:FAILURES_KEPT]
     kept = keep(path, pipeline, {i: items[i] for i in wanted if i < len(items)})
     for failure in report.data["failures"]:
         if failure["item"] in kept:
             failure["kept_inputs"] = kept[failure["item"]]
+    done = [i for i, said in kept.items() if not said.startswith("not kept")]
+    if done:
+        log.warning("inputs of %d failed item(s) of pipeline %r kept; run one again with: hardy replay %s --item %d",
+                    len(done), pipeline.name, path, done[0])
 
 
 def _slug(name: str) -> str:
