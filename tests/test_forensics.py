@@ -311,14 +311,30 @@ def test_a_crash_after_the_node_returned_keeps_the_result_and_names_the_library(
     assert "libforensic.so (crash_inner+0x" in said, said
 
 
-def test_repeat_keeps_the_stack_of_a_crashing_run(tmp_path):
+def test_repeat_keeps_the_native_and_python_stack_of_a_crashing_run(tmp_path, libs):
     from hardy.doctor.repeat import repeat
     script = tmp_path / "crashy.py"
-    script.write_text("import ctypes\n\ndef parse():\n    ctypes.string_at(0)\n\nparse()\n")
+    script.write_text(f"import ctypes\n\ndef parse():\n    ctypes.CDLL({libs['c']!r}).crash_here(0)\n\nparse()\n")
     report = repeat([sys.executable, str(script)], n=2, logs=tmp_path / "logs")
-    assert report.failures == 2
-    log = Path(report.runs[0].log).read_text()
-    assert "Fatal Python error: Segmentation fault" in log and 'crashy.py", line 4 in parse' in log, log
+    assert report.failures == 2 and report.native == ""
+    run = report.runs[0]
+    assert run.crashed_in.startswith("libforensic.so (crash_inner+0x"), run
+    assert run.native_stack.startswith("  #0 libforensic.so +0x") and "(crash_here+0x" in run.native_stack
+    assert run.python_stack.startswith("Fatal Python error: Segmentation fault")
+    assert 'crashy.py", line 4 in parse' in run.python_stack
+    log = Path(run.log).read_text()
+    assert 'crashy.py", line 4 in parse' in log and "--- native stack (in libforensic.so (crash_inner+0x" in log
+    # the command line: each failing run names the function, the first one's stacks follow
+    cli = subprocess.run([sys.executable, "-m", "hardy.cli", "repeat", "-n", "2", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    lines = cli.stdout.splitlines()
+    assert cli.returncode == 1 and "SIGSEGV" in lines[0] and "in libforensic.so (crash_inner+0x" in lines[0], cli.stdout
+    assert lines[2].startswith("run 1 (SIGSEGV) died in libforensic.so (crash_inner+0x") and lines[3] == "native stack:"
+    assert 'crashy.py", line 4 in parse' in cli.stdout
+    # without the handler: the Python stack only, and the output says why
+    plain = repeat([sys.executable, str(script)], n=1, native=False)
+    assert plain.runs[0].crashed_in == "" and plain.runs[0].native_stack == "" and plain.native == "native frames off"
+    assert 'line 4 in parse' in plain.runs[0].python_stack
 
 
 def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch, tmp_path):

@@ -154,11 +154,15 @@ def repeat(ctx: typer.Context,
                                                 help="Seconds before a run counts as hung "
                                                    "and is killed (with its process group)."),
            logs: str | None = typer.Option(None, "--logs", metavar="FOLDER",
-                                           help="Keep each failing run's stdout/stderr here.")
+                                           help="Keep each failing run's stdout/stderr here."),
+           native: bool = typer.Option(True, "--native-frames/--no-native-frames", help="Give each run hardy's "
+                                       "native crash handler (LD_PRELOAD): a crash names its library and function.")
            ) -> None:
     """Run a command N times in fresh processes and measure its crash rate: hardy repeat -n 30 -- CMD ARGS...
 
-    Each run sees HARDY_RUN_INDEX=1..N. Exit code 1 if any run failed.
+    Each run sees HARDY_RUN_INDEX=1..N. A crashing run's line names the library and function it died
+    in; the first failing run's native and Python stacks are printed at the end. Exit code 1 if any
+    run failed.
     """
     from ..doctor.repeat import repeat as run_repeat
     command = list(ctx.args)
@@ -168,12 +172,22 @@ def repeat(ctx: typer.Context,
 
     def line(r: RunOutcome, total: int) -> None:
         mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
-        extra = f"  log: {r.log}" if r.log else ""
+        extra = (f"  in {r.crashed_in}" if r.crashed_in else "") + (f"  log: {r.log}" if r.log else "")
         console.print(f"run {r.index:0{width}d}/{total} {mark} {r.outcome:<28} {r.seconds:6.2f} s{extra}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
 
     report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
-                        on_run=line)
+                        on_run=line, native=native)
+    first = next((r for r in report.runs if not r.ok and (r.native_stack or r.python_stack)), None)
+    if first is not None:
+        console.print(f"run {first.index} ({first.outcome})" + (f" died in {first.crashed_in}" if first.crashed_in
+                                                                else "") + ":", highlight=False, soft_wrap=True)
+        if first.native_stack:
+            console.print(f"native stack:\n{first.native_stack}", highlight=False, soft_wrap=True, markup=False)
+        if first.python_stack:
+            console.print(first.python_stack, highlight=False, soft_wrap=True, markup=False)
+    elif report.failures and report.native:
+        console.print(f"({report.native})", highlight=False)
     console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("outcome")

@@ -5,6 +5,13 @@ In the incident behind it, a team re-ran a container 30 times by hand to find th
 does that for any command, classifies every exit (success, exit code, signal by name — a shell's
 `139` included — or timeout), keeps each failing run's output, and reports the failure rate with a
 95 % Wilson confidence interval, which stays honest for small N and rates near 0 or 1.
+
+What a crashing run leaves: Python commands run with PYTHONFAULTHANDLER=1 (the Python stack), and
+every process of a run gets hardy's native fatal-signal handler through LD_PRELOAD (the variant of
+`forensics/native_handler.c` that installs itself when loaded, writing to stderr): the crashing
+thread's native frames, named from the libraries' symbol tables, so each failing run says which
+library and function it died in. LD_PRELOAD is what glibc's own `catchsegv` used (removed in glibc
+2.35); it reaches dynamically linked programs, not static or setuid ones.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..crash import describe_exit
+from ..forensics.frames import MARK, culprit, format_frames, read_frames
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class RunOutcome:
     signal: str | None
     seconds: float
     log: str | None = None
+    crashed_in: str = ""  # "libfoo.so (crash_here+0x12)": the native frame a crash is named by
+    native_stack: str = ""  # the crashing thread's native frames, numbered, innermost first
+    python_stack: str = ""  # faulthandler's text from the run's stderr
 
     @property
     def ok(self) -> bool:
@@ -41,6 +52,7 @@ class RunOutcome:
 class RepeatReport:
     command: list[str]
     runs: list[RunOutcome] = field(default_factory=list)
+    native: str = ""  # why runs have no native frames ("" when they do)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -87,16 +99,42 @@ def classify(returncode: int | None, timed_out: bool) -> tuple[str, str | None]:
     return signame, signame
 
 
+def _preload(native: bool) -> tuple[dict[str, str], str]:
+    """The environment that gives each run the native handler, and why not when it cannot."""
+    from ..forensics.handler import build
+    if not native or os.environ.get("HARDY_NATIVE_HANDLER") == "off":
+        return {}, "native frames off"
+    path, why = build(preload=True)
+    if path is None:
+        return {}, f"no native frames: {why}"
+    return {"LD_PRELOAD": " ".join(p for p in (path, os.environ.get("LD_PRELOAD", "")) if p)}, ""
+
+
+def crash_report(stderr: str) -> tuple[str, str, str]:
+    """(the frame a crash is named by, the native stack, faulthandler's Python stack) in a run's
+    stderr: the last native record (a process that ran before, such as a contained hardy worker,
+    may have left one too), the Python stack from its "Fatal Python error" on."""
+    start = stderr.rfind(MARK + "signal ")
+    frames = read_frames(stderr[start:]) if start >= 0 else []
+    named = culprit(frames)
+    fatal = stderr.rfind("Fatal Python error: ")
+    python = "" if fatal < 0 else "\n".join(
+        ln for ln in stderr[fatal:].splitlines() if not ln.startswith(MARK)).strip()[:4000]
+    return (named.short() if named else ""), format_frames(frames) if frames else "", python
+
+
 def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: bool = False,
            timeout: float | None = None, logs: str | os.PathLike[str] | None = None,
            on_run: Callable[[RunOutcome, int], None] | None = None,
-           env: dict[str, str] | None = None) -> RepeatReport:
+           env: dict[str, str] | None = None, native: bool = True) -> RepeatReport:
     """Run `command` n times (jobs at a time). Each run sees HARDY_RUN_INDEX=1..n in its environment.
 
-    `on_run(outcome, n)` is called as each run finishes (the CLI prints its line there). Python
-    commands run with PYTHONFAULTHANDLER=1, so a run that crashes leaves its Python stack in its log.
+    `on_run(outcome, n)` is called as each run finishes (the CLI prints its line there). A failing
+    run keeps the native frame it crashed in, its native and its Python stack (module docstring);
+    `native=False` leaves the native handler out of the runs.
     """
-    report = RepeatReport(list(command))
+    preload, why = _preload(native)
+    report = RepeatReport(list(command), native=why)
     log_dir = Path(logs) if logs is not None else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -108,8 +146,8 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
             return
         start = time.perf_counter()
         proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {}),
-                                                             "HARDY_RUN_INDEX": str(i)})
+                                start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1", **preload,
+                                                             **(env or {}), "HARDY_RUN_INDEX": str(i)})
         timed_out = False
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -122,12 +160,16 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
             out, err = proc.communicate()
         outcome, signame = classify(proc.returncode, timed_out)
         log = None
+        named, native_stack, python_stack = crash_report(err.decode(errors="replace")) if outcome != "success" \
+            else ("", "", "")
         if outcome != "success" and log_dir is not None:
             path = log_dir / f"run-{i:0{len(str(n))}d}.log"
             path.write_bytes(b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode() + out
-                             + b"\n--- stderr\n" + err)
+                             + b"\n--- stderr\n" + err
+                             + (f"\n--- native stack (in {named})\n{native_stack}\n".encode() if native_stack else b""))
             log = str(path)
-        result = RunOutcome(i, outcome, proc.returncode, signame, time.perf_counter() - start, log)
+        result = RunOutcome(i, outcome, proc.returncode, signame, time.perf_counter() - start, log, named,
+                            native_stack, python_stack)
         with lock:
             report.runs.append(result)
             if on_run:

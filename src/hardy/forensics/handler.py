@@ -66,14 +66,16 @@ def _trusted(path: str) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def build() -> tuple[str | None, str]:
+def build(preload: bool = False) -> tuple[str | None, str]:
     """(path of the compiled handler, "") or (None, why there is none). Built once per user and
-    source version; a build by a concurrent process is atomic (written aside, then renamed)."""
+    source version; a build by a concurrent process is atomic (written aside, then renamed).
+    `preload`: the variant that installs itself when loaded, writing to stderr (`LD_PRELOAD`, for
+    `hardy repeat`'s runs)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
     tag = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
     folder = os.path.join(cache_folder(), "native")
-    target = os.path.join(folder, f"handler-{tag}.so")
+    target = os.path.join(folder, f"{'preload' if preload else 'handler'}-{tag}.so")
     if os.path.exists(target):
         ok = _trusted(folder) and _trusted(target)
         return (target, "") if ok else (None, f"{target} or its folder is not this user's own (or others may "
@@ -90,7 +92,8 @@ def build() -> tuple[str | None, str]:
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", scratch, SOURCE],
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
+                               scratch, SOURCE],
                               capture_output=True, text=True, timeout=60)
         if done.returncode:
             return None, f"{cc} failed: {done.stderr.strip()[-300:]}"

@@ -6,7 +6,11 @@
  * find the default action and end the process before the first had written anything. Instead the
  * first thread in writes; any other waits for the process to end. A fault inside this handler,
  * its signal blocked, is fatal at once (the kernel's rule), so it cannot loop.
- * The parent symbolises the offsets after the death (hardy/forensics/symbols.py). */
+ * The parent symbolises the offsets after the death (hardy/forensics/symbols.py).
+ * Built with -DHARDY_PRELOAD, it installs itself when loaded (LD_PRELOAD, for `hardy repeat`),
+ * writing to stderr. A Python started with PYTHONFAULTHANDLER=1 then installs faulthandler over
+ * it, whose handler calls this one from inside itself (raise()): the crash's frames are then those
+ * after the outermost signal trampoline (sa_restorer; x86_64), not those after this call's pc. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,6 +28,9 @@ static void *frames[MAX_FRAMES];
 static char line[1200];
 static char alt_stack[1 << 16];
 static int entered;
+#ifdef HARDY_PRELOAD
+static uintptr_t restorer;  /* the signal trampoline a handler returns through (x86_64), or 0 */
+#endif
 
 static size_t put(size_t n, const char *s) {
     while (*s && n < sizeof line - 2) line[n++] = *s++;
@@ -78,6 +85,10 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         int count = backtrace(frames, MAX_FRAMES), start = count;
         for (int i = 0; i < count; i++)
             if ((uintptr_t)frames[i] == pc) { start = i; break; }
+#ifdef HARDY_PRELOAD
+        for (int i = count - 2; restorer && i >= 0; i--)
+            if ((uintptr_t)frames[i] == restorer) { start = i + 1; break; }
+#endif
         size_t n = put(0, "hardy-native: signal ");
         n = hex(n, (uintptr_t)sig);
         line[n++] = '\n';
@@ -108,5 +119,16 @@ int hardy_native_install(int fd, const int *signals, int count) {
     for (int i = 0; i < count; i++)
         if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], &action, &previous[signals[i]]) != 0)
             return -1;
+#if defined(HARDY_PRELOAD) && defined(__x86_64__)
+    struct sigaction now;
+    if (count && sigaction(signals[0], NULL, &now) == 0) restorer = (uintptr_t)now.sa_restorer;
+#endif
     return 0;
 }
+
+#ifdef HARDY_PRELOAD
+__attribute__((constructor)) static void install_when_preloaded(void) {
+    static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+    hardy_native_install(2, fatal, 5);
+}
+#endif
