@@ -564,3 +564,81 @@ def test_the_run_report_keeps_the_native_stack_and_the_diagnosis(tmp_path, libs)
     assert failure["stack"].startswith("native stack:\n  #0 libcublasLt.so.12 +0x")
     assert "Python stack:" in failure["stack"] and "in crash_on" in failure["stack"]
     assert any("inside the CUDA stack" in d for d in failure["diagnosis"])
+
+
+@node(output_name="y", timeout=1)
+def crash_or_hang(x: int, lib: str) -> int:
+    if x == 1:
+        ctypes.CDLL(lib).crash_here(0)
+    if x == 2:
+        ctypes.CDLL(lib).hang_here()
+    return x
+
+
+@pytest.fixture(scope="module")
+def crash_and_hang_report(tmp_path_factory, libs) -> Path:
+    """A run report whose item 1 crashed in a gcc-built library and item 2 hung in one."""
+    folder = tmp_path_factory.mktemp("replay-tools")
+    with Engine(workers=1, report_dir=folder) as e:
+        out = Pipeline(nodes=[crash_or_hang], engine=e, name="embed").map(
+            inputs={"x": [0, 1, 2], "lib": libs["c"]}, map_over="x", on_error="continue")
+    assert isinstance(out[1].error, NodeCrashed) and isinstance(out[2].error, NodeTimeout)
+    (report,) = folder.glob("*.json")
+    return report
+
+
+def test_replay_under_gdb_prints_the_native_backtrace_of_the_crash_and_of_the_hang(crash_and_hang_report, libs):
+    if shutil.which("gdb") is None:
+        pytest.skip("gdb is not installed (apt-get install gdb; .ci/run installs it)")
+    run = _replay(crash_and_hang_report, "--item", "1", "--gdb")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("item 1 of pipeline 'embed', run in one fresh process (pid ")
+    assert 'received signal SIGSEGV, Segmentation fault.' in run.stdout
+    frames = [ln for ln in lines if ln.startswith("#")]
+    assert "in crash_inner () from " + libs["c"] in frames[0] and "in crash_here () from " in frames[1], frames
+    listed = lines.index(next(ln for ln in lines if ln.startswith("From ") and "Shared Object Library" in ln))
+    assert any(ln.endswith(libs["c"]) for ln in lines[listed:]), "info sharedlibrary lists the crashing library"
+    assert lines[-1] == "under gdb: SIGSEGV: the backtrace above is the crash's"
+    # a hang: stopped (SIGINT) past the node's timeout of 1 s, where it waits
+    run = _replay(crash_and_hang_report, "--item", "2", "--gdb")
+    assert run.returncode == 1 and "outcome: ran past its node's timeout: SIGINT to the main thread" in run.stdout
+    frames = [ln for ln in run.stdout.splitlines() if ln.startswith("#")]
+    assert any("in inner_wait () from " + libs["c"] in f for f in frames), frames
+    assert run.stdout.splitlines()[-1] == "under gdb: stopped past its deadline (SIGINT): the backtrace above is " \
+                                          "where it was"
+
+
+def test_replay_under_py_spy_names_the_crash_and_where_a_hang_spent_its_time(crash_and_hang_report):
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    run = _replay(crash_and_hang_report, "--item", "1", "--py-spy")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "outcome: SIGSEGV in libforensic.so (crash_inner+0x" in run.stdout
+    assert "native stack:\n  #0 libforensic.so +0x" in run.stdout and "in crash_or_hang" in run.stdout
+    run = _replay(crash_and_hang_report, "--item", "2", "--py-spy")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert "outcome: ran past its node's timeout: SIGINT to the main thread" in lines
+    top = lines.index(next(ln for ln in lines if ln.startswith("py-spy record --native: ")))
+    assert "while its nodes ran; where the time went" in lines[top]
+    assert "inner_wait (libforensic.so)" in lines[top + 1], lines[top:]  # the busiest stack: the hang
+    profile = Path(lines[-1].rpartition(": ")[2])
+    assert lines[-1].startswith("every stack (collapsed") and profile.is_file()
+    assert profile.parent == crash_and_hang_report.parent / f"{crash_and_hang_report.stem}.inputs"
+
+
+def test_replay_says_when_gdb_or_py_spy_is_missing(crash_and_hang_report, tmp_path, monkeypatch, capsys):
+    no_gdb = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(crash_and_hang_report), "--item",
+                             "1", "--gdb"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": str(tmp_path)})
+    assert no_gdb.returncode == 2 and no_gdb.stdout == ""
+    assert no_gdb.stderr == "hardy replay: --gdb needs gdb, which is not installed here (Debian/Ubuntu: apt-get " \
+                            "install gdb; Fedora: dnf install gdb)\n"
+    from hardy.cli.replay import under_py_spy
+    monkeypatch.setattr(stacks, "py_spy", lambda: None)
+    assert under_py_spy(str(crash_and_hang_report), 1, 0) == 2
+    assert capsys.readouterr().err == "hardy replay: --py-spy needs py-spy, which is not installed here: pip " \
+                                      "install 'hardy[forensics]'\n"
+    both = _replay(crash_and_hang_report, "--item", "1", "--gdb", "--repeat", "2")
+    assert both.returncode == 2 and both.stderr == "hardy replay: --gdb, --py-spy and --repeat are one at a time\n"

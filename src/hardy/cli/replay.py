@@ -1,4 +1,4 @@
-"""`hardy replay REPORT --item N [--repeat K]`: one failed item of a run report, run again in fresh workers.
+"""`hardy replay REPORT --item N [--repeat K | --gdb | --py-spy]`: one failed item of a run report, run again.
 
 The item's kept inputs (`hardy.forensics.kept`) run through the same pipeline on a process engine with one
 worker that serves a single item (`max_tasks_per_worker=1`) and the original engine's worker
@@ -7,12 +7,27 @@ worker did: a fresh process from a clean fork server, the worker environment, th
 handler. One run shows the outcome with its Python and native stacks and the diagnosis; K runs
 give the failure rate with its 95 % Wilson interval (`hardy repeat`'s statistics), which tells a
 deterministic crash (K of K) from a flaky one.
+
+`--gdb` and `--py-spy` run the item once, in one fresh process started by the tool (`hardy.replay_item`:
+the worker environment, the engine's preloads, the nodes in the main thread): gdb in batch mode
+(`run`, then `bt` and `info sharedlibrary` where it stopped: at the crash's signal, or at the SIGINT
+sent past the node's timeout or `--timeout`), or `py-spy record --native` (where the item's time
+went, Python and native frames, summed up from its collapsed stacks, which are kept beside the
+inputs). The kept file's owner, mode and signature are checked here first, so a file that would be
+refused never reaches the tool.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -71,17 +86,145 @@ def replay(report: str | os.PathLike[str], item: int, repeat: int = 1) -> Replay
     return result
 
 
+GDB_COMMANDS = ("set pagination off", "set confirm off", "set debuginfod enabled off", "run", "bt",
+                "info sharedlibrary")
+_GDB_NOISE = ("[New Thread ", "[Thread ", "[Thread debugging using", "Using host libthread_db",
+              "warning: Error disabling address space randomization")
+PROFILE_RATE = 200  # py-spy samples per second
+PY_SPY_GRACE = 10.0  # seconds py-spy may take to write its profile once the item's process has ended
+
+
+def _item_command(report: str, item: int, timeout: float) -> list[str]:
+    return [sys.executable, "-m", "hardy.replay_item", os.path.abspath(report), str(item), f"{timeout:g}"]
+
+
+def under_gdb(report: str, item: int, timeout: float) -> int:
+    """Run the item under gdb; print its output and what stopped it. The exit code (module docstring)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return _missing("--gdb needs gdb, which is not installed here (Debian/Ubuntu: apt-get install gdb; "
+                        "Fedora: dnf install gdb)")
+    command = [gdb, "-q", "-batch", "-iex", "set auto-load python-scripts off",
+               *(a for c in GDB_COMMANDS for a in ("-ex", c)), "--args", *_item_command(report, item, timeout)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    out = "\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith(_GDB_NOISE))
+    typer.echo(out)
+    if "ptrace: Operation not permitted" in out or "Couldn't get registers" in out:
+        return _missing("gdb may not trace processes here (a container needs the SYS_PTRACE capability)")
+    stopped = re.search(r"(?:received|terminated with) signal (SIG\w+)", out)
+    exited = re.search(r"exited with code (\d+)", out)
+    if stopped and stopped.group(1) == "SIGINT":
+        typer.echo("under gdb: stopped past its deadline (SIGINT): the backtrace above is where it was")
+    elif stopped:
+        typer.echo(f"under gdb: {stopped.group(1)}: the backtrace above is the crash's")
+    elif exited and exited.group(1) == "02":
+        return 2  # refused before it ran (its message is above)
+    else:
+        typer.echo("under gdb: " + (f"exited with code {int(exited.group(1))}" if exited else "exited normally"))
+    return 0 if not stopped and not exited else 1
+
+
+def under_py_spy(report: str, item: int, timeout: float) -> int:
+    """Run the item under `py-spy record --native`; print its outcome, a crash's stacks and where the
+    time went. The exit code (module docstring). py-spy attaches to the item's process (`--pid`),
+    which waits for it before running the item: a spawned child that crashed was seen to leave
+    py-spy 0.4 waiting forever, and its own exit status tells the signal."""
+    from ..forensics.kept import folder_of
+    from ..forensics.stacks import py_spy
+    from ..repeat import crash_report
+    program = py_spy()
+    if program is None:
+        return _missing("--py-spy needs py-spy, which is not installed here: pip install 'hardy[forensics]'")
+    profile = folder_of(report) / f"item-{item}.py-spy.txt"
+    proc = subprocess.Popen([*_item_command(report, item, timeout), "--wait"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    spy = subprocess.Popen([program, "record", "--pid", str(proc.pid), "--native", "--idle", "--format", "raw",
+                            "--rate", str(PROFILE_RATE), "--output", str(profile)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert spy.stdout is not None and proc.stdin is not None
+    attached = spy.stdout.readline()  # "py-spy> Sampling process ..." once it samples, or why it cannot
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    out, err = proc.communicate()
+    try:
+        said, _ = spy.communicate(timeout=PY_SPY_GRACE)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        said, _ = spy.communicate()
+    typer.echo(out.rstrip())
+    if proc.returncode == 2 and "hardy replay: " in err:
+        typer.echo(err.rstrip(), err=True)
+        return 2
+    if proc.returncode < 0:
+        named, native, python = crash_report(err)
+        typer.echo(f"outcome: {signal.Signals(-proc.returncode).name}" + (f" in {named}" if named else ""))
+        typer.echo(f"native stack:\n{native}\n{python}" if native else python)
+    elif proc.returncode:
+        typer.echo(err.rstrip())
+    typer.echo(_hot_stacks(profile) or f"py-spy recorded nothing of the item: {(attached + said).strip()[-300:]}")
+    return 1 if proc.returncode else 0
+
+
+def _hot_stacks(profile: Path, top: int = 5, depth: int = 6) -> str:
+    """py-spy's collapsed stacks (`a;b;c count`, outermost first) summed up: those of the item's
+    nodes (under hardy's plan function; the process's start is not the item's), busiest first,
+    innermost frame first, idle waits included (a hang is mostly those)."""
+    counts: Counter[str] = Counter()
+    try:
+        for line in profile.read_text(errors="replace").splitlines():
+            stack, _, n = line.rpartition(" ")
+            if stack and n.isdigit() and "(<hardy plan " in stack:
+                counts[stack.partition("(<hardy plan ")[2].partition(";")[2]] += int(n)
+    except OSError:
+        return ""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    lines = [f"py-spy record --native: {total} samples at {PROFILE_RATE}/s while its nodes ran; where the time "
+             "went (innermost frame first):"]
+    for busy, samples in counts.most_common(top):
+        frames = [f.strip() for f in busy.split(";")][::-1]
+        more = f" <- ... {len(frames) - depth} more" if len(frames) > depth else ""
+        lines.append(f"  {samples / total:4.0%}  " + " <- ".join(frames[:depth]) + more)
+    lines.append(f"every stack (collapsed; flamegraph.pl, inferno or speedscope draw it): {profile}")
+    return "\n".join(lines)
+
+
+def _missing(why: str) -> int:
+    typer.echo(f"hardy replay: {why}", err=True)
+    return 2
+
+
 def replay_command(report: str = typer.Argument(..., metavar="REPORT",
                                                 help="A run report's JSON (Engine(report_dir=...) writes them)."),
            item: int = typer.Option(..., "--item", metavar="N", help="The failed item to run again."),
            repeat: int = typer.Option(1, "--repeat", "-n", min=1, metavar="N",
                                       help="Runs, each in a fresh worker: with more "
-                                      "than one, the failure rate and its 95% confidence interval.")) -> None:
+                                      "than one, the failure rate and its 95% confidence interval."),
+           gdb: bool = typer.Option(False, "--gdb", help="Run it once under gdb: the native backtrace where it "
+                                    "crashed (or hung, past its timeout) and the loaded libraries."),
+           py_spy: bool = typer.Option(False, "--py-spy", help="Run it once under py-spy record --native: where "
+                                       "its time went, Python and native frames (hardy[forensics])."),
+           timeout: float = typer.Option(0, "--timeout", min=0, metavar="SECONDS",
+                                         help="With --gdb or --py-spy: stop it after this many seconds (besides "
+                                         "its nodes' own timeouts); 0: no limit.")) -> None:
     """Run a failed item again from its kept inputs; print the outcome, its stacks and the diagnosis.
 
-    Exit code: 0 when every run succeeded, 1 when one failed, 2 when the item cannot be replayed.
+    Exit code: 0 when every run succeeded, 1 when one failed, 2 when the item cannot be replayed
+    (or --gdb / --py-spy's tool is not installed).
     """
     from ..errors import ReplayError
+    from ..forensics.kept import check
+    if gdb or py_spy:
+        if gdb and py_spy or repeat > 1:
+            typer.echo("hardy replay: --gdb, --py-spy and --repeat are one at a time", err=True)
+            raise typer.Exit(2)
+        try:
+            check(report, item)
+        except ReplayError as exc:
+            typer.echo(f"hardy replay: {exc}", err=True)
+            raise typer.Exit(2) from None
+        raise typer.Exit(under_gdb(report, item, timeout) if gdb else under_py_spy(report, item, timeout))
     try:
         result = replay(report, item, repeat)
     except ReplayError as exc:

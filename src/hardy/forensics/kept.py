@@ -127,9 +127,9 @@ def _read_own(path: Path) -> bytes:
         return f.read()
 
 
-def load(report: str | os.PathLike[str], item: int) -> dict[str, Any]:
-    """The kept pipeline and inputs of `item` ({"pipeline", "item", "inputs"}), after checking
-    owner, mode and signature: nothing is unpickled before all three pass."""
+def check(report: str | os.PathLike[str], item: int) -> bytes:
+    """The verified bytes of `item`'s kept file (after its magic line and signature); raises
+    `ReplayError` if it is missing, not this user's, writable by others, or not signed by this user."""
     path = folder_of(report) / f"item-{item}.pkl"
     if not os.path.lexists(path):
         raise ReplayError(f"no kept inputs for item {item} beside {report} (looked for {path}); inputs are kept "
@@ -143,7 +143,14 @@ def load(report: str | os.PathLike[str], item: int) -> dict[str, Any]:
     if not data.startswith(_MAGIC) or not hmac.compare_digest(data[len(_MAGIC):size], sign(key, data[size:])):
         raise ReplayError(f"{path} is not signed with this user's key: written by someone else or changed since; "
                           "not loaded")
-    stream = io.BytesIO(data[size:])
+    return data[size:]
+
+
+def load(report: str | os.PathLike[str], item: int) -> dict[str, Any]:
+    """The kept pipeline and inputs of `item` ({"pipeline", "item", "inputs"}), after checking
+    owner, mode and signature (`check`): nothing is unpickled before all three pass."""
+    path = folder_of(report) / f"item-{item}.pkl"
+    stream = io.BytesIO(check(report, item))
     where = pickle.load(stream)
     sys.path.extend(p for p in where["sys_path"] if p not in sys.path)
     try:
