@@ -1,4 +1,5 @@
-"""What native crash forensics cost: `python bench/forensics.py [--pyelftools-torch]`.
+"""What native crash forensics cost: `python bench/forensics.py [--pyelftools-torch] [--replays]`
+(`--replays`: part 4 only).
 
 1. Naming a frame inside libtorch_cpu.so (the issue's figure: 530k symbols): hardy's table read
    (array slices of .symtab, one sort) the first time, then a cached lookup; the floor is the
@@ -8,6 +9,10 @@
    install call alone (what a worker forked from the fork server pays), and whole pool starts.
 3. Hang stacks: from a node's timeout to the NodeTimeout in the caller, py-spy vs faulthandler,
    with torch loaded in the worker.
+4. Kept inputs and replays: a map of 2,000 items, 20 of which fail, with and without
+   `keep_failed_inputs=True` (the report and 20 signed inputs written) against the plain loop;
+   `hardy repeat`'s preloaded handler per run (`python -c pass`, with and without); the wall time
+   of `hardy replay --item N` in a fresh worker, `--gdb` and `--py-spy` on a crash in a gcc-built library.
 Targets: <= 1 s first, <= 10 ms cached; <= 1 ms more per worker start; <= 5 s from timeout.
 """
 
@@ -141,8 +146,97 @@ def hang_stacks() -> None:
         print(f"   {label}: {line.split(' ', 1)[0]} s after the timeout ({line.split(' ', 1)[-1]})")
 
 
+KEEP = textwrap.dedent("""
+    import os, statistics, sys, tempfile, time
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def check(x: int) -> int:
+        if x % 100 == 7:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    xs = list(range(2000))
+    t = time.perf_counter()
+    for x in xs:
+        try:
+            check.func(x)
+        except ValueError:
+            pass
+    plain = time.perf_counter() - t
+    times = {"plain": [plain], False: [], True: []}
+    with tempfile.TemporaryDirectory() as state:
+        os.environ["XDG_STATE_HOME"] = state
+        with Engine(workers=1) as off, Engine(workers=1, keep_failed_inputs=True) as on:
+            for _ in range(5):
+                for keep, e in ((False, off), (True, on)):
+                    t = time.perf_counter()
+                    Pipeline(nodes=[check], engine=e, name="check").map(inputs={"x": xs}, map_over="x",
+                                                                         on_error="continue")
+                    times[keep].append(time.perf_counter() - t)
+        kept = sum(len(os.listdir(os.path.join(state, "hardy", "reports", d)))
+                   for d in os.listdir(os.path.join(state, "hardy", "reports")) if d.endswith(".inputs"))
+    a, b = statistics.median(times[False]), statistics.median(times[True])
+    print(f"{plain * 1e3:.2f} {a * 1e3:.1f} {b * 1e3:.1f} {kept}")
+""")
+
+
+def replays() -> None:
+    print("4. kept inputs, repeat's preloaded handler, replays")
+    out = subprocess.run([sys.executable, "-c", KEEP], capture_output=True, text=True)
+    if out.returncode:
+        print(out.stderr[-500:])
+        return
+    plain, off, on, kept = out.stdout.split()
+    print(f"   map of 2,000 items, 20 failing (median of 5): plain loop {plain} ms; hardy {off} ms; "
+          f"keep_failed_inputs=True {on} ms ({float(on) - float(off):+.1f} ms: {int(kept) // 5} inputs kept per map)")
+    from hardy.forensics.handler import build
+    preload, _ = build(preload=True)
+    per = {}
+    for label, env in (("without", {}), ("with", {"LD_PRELOAD": preload or ""})):
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env={**os.environ, **env}, check=True)
+            times.append(time.perf_counter() - t)
+        per[label] = statistics.median(times)
+    print(f"   `python -c pass`, median of 20: {per['without'] * 1e3:.1f} ms without the preloaded handler, "
+          f"{per['with'] * 1e3:.1f} ms with ({(per['with'] - per['without']) * 1e3:+.1f} ms per run)")
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        src = os.path.join(folder, "crash.c")
+        with open(src, "w") as f:
+            f.write("__attribute__((noinline)) static int inner(volatile int *p) { return *p; }\n"
+                    "int crash_here(long a) { return inner((volatile int *)a) + 1; }\n")
+        lib = os.path.join(folder, "libcrash.so")
+        subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True)
+        job = textwrap.dedent(f"""
+            import ctypes
+            from hardy import Engine, Pipeline, node
+
+            @node(output_name="y")
+            def embed(x: int) -> int:
+                if x == 1:
+                    ctypes.CDLL({lib!r}).crash_here(0)
+                return x
+
+            with Engine(workers=1, report_dir={folder!r}) as e:
+                Pipeline(nodes=[embed], engine=e).map(inputs={{"x": [0, 1]}}, map_over="x", on_error="continue")
+        """)
+        subprocess.run([sys.executable, "-c", job], check=True, capture_output=True)
+        report = next(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json"))
+        for flag in ("", "--gdb", "--py-spy"):
+            t = time.perf_counter()
+            run = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", report, "--item", "1",
+                                  *([flag] if flag else [])], capture_output=True, text=True)
+            print(f"   hardy replay --item 1 {flag or '(a fresh worker)'}: {time.perf_counter() - t:.2f} s "
+                  f"(exit {run.returncode})")
+
+
 if __name__ == "__main__":
-    print(f"py-spy: {stacks.py_spy() or 'not installed'}")
-    symbolising("--pyelftools-torch" in sys.argv)
-    worker_start()
-    hang_stacks()
+    print(f"py-spy: {stacks.py_spy() or 'not installed'}; load {os.getloadavg()[0]:.2f}")
+    if "--replays" not in sys.argv:
+        symbolising("--pyelftools-torch" in sys.argv)
+        worker_start()
+        hang_stacks()
+    replays()
