@@ -129,9 +129,9 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
     time went. The exit code (module docstring). py-spy attaches to the item's process (`--pid`),
     which waits for it before running the item: a spawned child that crashed was seen to leave
     py-spy 0.4 waiting forever, and its own exit status tells the signal."""
+    from ..forensics.frames import crash_report
     from ..forensics.kept import folder_of
     from ..forensics.stacks import py_spy
-    from ..repeat import crash_report
     program = py_spy()
     if program is None:
         return _missing("--py-spy needs py-spy, which is not installed here: pip install 'hardy[forensics]'")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..crash import describe_exit
-from ..forensics.frames import MARK, culprit, format_frames, read_frames
+from ..forensics.frames import crash_report
 
 
 @dataclass(frozen=True)
@@ -108,19 +108,6 @@ def _preload(native: bool) -> tuple[dict[str, str], str]:
     if path is None:
         return {}, f"no native frames: {why}"
     return {"LD_PRELOAD": " ".join(p for p in (path, os.environ.get("LD_PRELOAD", "")) if p)}, ""
-
-
-def crash_report(stderr: str) -> tuple[str, str, str]:
-    """(the frame a crash is named by, the native stack, faulthandler's Python stack) in a run's
-    stderr: the last native record (a process that ran before, such as a contained hardy worker,
-    may have left one too), the Python stack from its "Fatal Python error" on."""
-    start = stderr.rfind(MARK + "signal ")
-    frames = read_frames(stderr[start:]) if start >= 0 else []
-    named = culprit(frames)
-    fatal = stderr.rfind("Fatal Python error: ")
-    python = "" if fatal < 0 else "\n".join(
-        ln for ln in stderr[fatal:].splitlines() if not ln.startswith(MARK)).strip()[:4000]
-    return (named.short() if named else ""), format_frames(frames) if frames else "", python
 
 
 def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: bool = False,

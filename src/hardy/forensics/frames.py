@@ -37,6 +37,20 @@ def read_frames(text: str) -> list[Frame]:
     return frames
 
 
+def crash_report(stderr: str) -> tuple[str, str, str]:
+    """(the frame a crash is named by, the native stack, faulthandler's Python stack) in the stderr of
+    a process that had the native handler and faulthandler write there (`hardy repeat`'s runs,
+    `hardy replay --py-spy`'s): the last native record (a process that ran before, such as a contained hardy worker,
+    may have left one too), the Python stack from its "Fatal Python error" on."""
+    start = stderr.rfind(MARK + "signal ")
+    frames = read_frames(stderr[start:]) if start >= 0 else []
+    named = culprit(frames)
+    fatal = stderr.rfind("Fatal Python error: ")
+    python = "" if fatal < 0 else "\n".join(
+        ln for ln in stderr[fatal:].splitlines() if not ln.startswith(MARK)).strip()[:4000]
+    return (named.short() if named else ""), format_frames(frames) if frames else "", python
+
+
 def read_record(path: str) -> list[Frame]:
     """`read_frames` of the record file at `path` (no frames if it cannot be read)."""
     try:
