@@ -345,6 +345,8 @@ def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch
         assert found[1].startswith("stacks of hung items: py-spy")
     monkeypatch.setattr(stacks, "py_spy", lambda: None)
     assert "pip install 'hardy[forensics]'" in examine_forensics()[1].message
+    assert found[2] == (f"hardy replay --gdb: gdb is {shutil.which('gdb')}" if shutil.which("gdb") else
+                        "hardy replay --gdb: gdb is not installed (optional: apt-get install gdb, dnf install gdb)")
     run = subprocess.run([sys.executable, "-m", "hardy.cli", "doctor", "--json"], capture_output=True, text=True,
                          env={**{k: v for k, v in os.environ.items() if k != "CC"}, "PATH": str(tmp_path),
                               "XDG_CACHE_HOME": str(tmp_path)}, timeout=120)

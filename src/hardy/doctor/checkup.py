@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import os
 import platform
+import shutil
 import sys
 import threading
 from collections.abc import Sequence
@@ -150,6 +151,9 @@ def examine_forensics() -> list[Finding]:
         found.append(Finding("ok", "forensics", "stacks of hung items: py-spy, every thread's Python and native "
                              f"frames ({'no Yama' if scope is None else f'Yama ptrace_scope={scope}'}; workers "
                              "name their parent as tracer)"))
+    gdb = shutil.which("gdb")
+    found.append(Finding("ok", "forensics", f"hardy replay --gdb: gdb is {gdb}" if gdb else
+                         "hardy replay --gdb: gdb is not installed (optional: apt-get install gdb, dnf install gdb)"))
     return found
 
 

@@ -149,6 +149,8 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
         log = None
         named, native_stack, python_stack = crash_report(err.decode(errors="replace")) if outcome != "success" \
             else ("", "", "")
+        if signame is None:  # a record in an exit's stderr is a child's (a contained hardy worker's), not the run's
+            named = native_stack = ""
         if outcome != "success" and log_dir is not None:
             path = log_dir / f"run-{i:0{len(str(n))}d}.log"
             path.write_bytes(b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode() + out
