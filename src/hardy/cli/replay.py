@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -91,7 +92,8 @@ GDB_COMMANDS = ("set pagination off", "set confirm off", "set debuginfod enabled
 _GDB_NOISE = ("[New Thread ", "[Thread ", "[Thread debugging using", "Using host libthread_db",
               "warning: Error disabling address space randomization")
 PROFILE_RATE = 200  # py-spy samples per second
-PY_SPY_GRACE = 10.0  # seconds py-spy may take to write its profile once the item's process has ended
+PY_SPY_GRACE = 10.0  # seconds py-spy may take to attach, and to write its profile once the process has ended
+HELD_LIMIT = 3  # checks, a second apart, that find the item's process stopped by py-spy before py-spy is killed
 
 
 def _item_command(report: str, item: int, timeout: float) -> list[str]:
@@ -142,15 +144,19 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
                             "--rate", str(PROFILE_RATE), "--output", str(profile)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     assert spy.stdout is not None and proc.stdin is not None
-    attached = spy.stdout.readline()  # "py-spy> Sampling process ..." once it samples, or why it cannot
+    ready, _, _ = select.select([spy.stdout], [], [], PY_SPY_GRACE)
+    attached = spy.stdout.readline() if ready else ""  # "py-spy> Sampling process ..." once it samples
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    out, err = proc.communicate()
+    out, err, stuck = _unless_held(proc, spy)
     try:
         said, _ = spy.communicate(timeout=PY_SPY_GRACE)
     except subprocess.TimeoutExpired:
         spy.kill()
         said, _ = spy.communicate()
+    if stuck:
+        typer.echo("hardy replay: py-spy held the item's process stopped (it stopped sampling as the process "
+                   "crashed) and was killed: its profile may be cut short", err=True)
     typer.echo(out.rstrip())
     if proc.returncode == 2 and "hardy replay: " in err:
         typer.echo(err.rstrip(), err=True)
@@ -163,6 +169,31 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
         typer.echo(err.rstrip())
     typer.echo(_hot_stacks(profile) or f"py-spy recorded nothing of the item: {(attached + said).strip()[-300:]}")
     return 1 if proc.returncode else 0
+
+
+def _unless_held(proc: subprocess.Popen[str], spy: subprocess.Popen[str]) -> tuple[str, str, bool]:
+    """The item's output once it ends; (..., True) when py-spy held it stopped (ptrace) for
+    HELD_LIMIT checks in a row, a second apart, and was killed to let it go: seen under load when
+    the process crashed while py-spy stopped it to sample, both then waiting for the other."""
+    held = 0
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1.0)
+            return out, err, False
+        except subprocess.TimeoutExpired:
+            held = held + 1 if spy.poll() is None and _traced_stop(proc.pid) else 0
+            if held >= HELD_LIMIT:
+                spy.kill()
+                out, err = proc.communicate()
+                return out, err, True
+
+
+def _traced_stop(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "t"
+    except (OSError, IndexError):
+        return False
 
 
 def _hot_stacks(profile: Path, top: int = 5, depth: int = 6) -> str:
