@@ -17,7 +17,7 @@ import pytest
 
 from conftest import needs_torch
 from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
-from hardy.errors import InvalidArgument, InvalidArgumentType
+from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
 from hardy.forensics import handler, stacks, symbols
 from hardy.forensics.frames import read_frames
 
@@ -344,7 +344,7 @@ def test_doctor_says_whether_native_frames_and_hang_stacks_work_here(monkeypatch
     if stacks.py_spy() is not None:
         assert found[1].startswith("stacks of hung items: py-spy")
     monkeypatch.setattr(stacks, "py_spy", lambda: None)
-    assert "pip install 'hardy[forensics]'" in examine_forensics()[1].message
+    assert install_hint("forensics") in examine_forensics()[1].message
     assert found[2] == (f"hardy replay --gdb: gdb is {shutil.which('gdb')}" if shutil.which("gdb") else
                         "hardy replay --gdb: gdb is not installed (optional: apt-get install gdb, dnf install gdb)")
     run = subprocess.run([sys.executable, "-m", "hardy.cli", "doctor", "--json"], capture_output=True, text=True,
@@ -640,7 +640,7 @@ def test_replay_says_when_gdb_or_py_spy_is_missing(crash_and_hang_report, tmp_pa
     from hardy.cli.replay import under_py_spy
     monkeypatch.setattr(stacks, "py_spy", lambda: None)
     assert under_py_spy(str(crash_and_hang_report), 1, 0) == 2
-    assert capsys.readouterr().err == "hardy replay: --py-spy needs py-spy, which is not installed here: pip " \
-                                      "install 'hardy[forensics]'\n"
+    assert capsys.readouterr().err == f"hardy replay: --py-spy needs py-spy, which is not installed here: " \
+                                      f"{install_hint('forensics')}\n"
     both = _replay(crash_and_hang_report, "--item", "1", "--gdb", "--repeat", "2")
     assert both.returncode == 2 and both.stderr == "hardy replay: --gdb, --py-spy and --repeat are one at a time\n"

@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     from .errors import ReplayError
     from .forensics import handler
     from .forensics.kept import load
-    from .safety.environment import worker_environment
+    from .workers.launch import worker_environment
     report, item = argv[0], int(argv[1])
     deadline = float(argv[2]) if len(argv) > 2 else 0.0
     wait = argv[3:] == ["--wait"]

@@ -131,12 +131,13 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
     time went. The exit code (module docstring). py-spy attaches to the item's process (`--pid`),
     which waits for it before running the item: a spawned child that crashed was seen to leave
     py-spy 0.4 waiting forever, and its own exit status tells the signal."""
+    from ..errors import install_hint
     from ..forensics.frames import crash_report
     from ..forensics.kept import folder_of
     from ..forensics.stacks import py_spy
     program = py_spy()
     if program is None:
-        return _missing("--py-spy needs py-spy, which is not installed here: pip install 'hardy[forensics]'")
+        return _missing(f"--py-spy needs py-spy, which is not installed here: {install_hint('forensics')}")
     profile = folder_of(report) / f"item-{item}.py-spy.txt"
     proc = subprocess.Popen([*_item_command(report, item, timeout), "--wait"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
