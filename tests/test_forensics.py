@@ -245,7 +245,7 @@ def hang(x: int, lib: str) -> int:
 
 def test_a_hung_worker_s_stacks_come_from_py_spy(engine, libs):
     if stacks.py_spy() is None:
-        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+        pytest.skip("py-spy is not installed (pip install py-spy)")
     out = Pipeline(nodes=[hang], engine=engine).map(inputs={"x": [0, 1, 2], "lib": libs["c"]}, map_over="x",
                                                     on_error="continue")
     assert out[0] == {"y": 0} and out[2] == {"y": 2}
@@ -267,7 +267,7 @@ def test_without_py_spy_the_python_stacks_say_why(engine, libs, monkeypatch):
 
 def test_a_hang_in_openmp_after_a_fork_is_named(tmp_path, libs):
     if stacks.py_spy() is None:
-        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+        pytest.skip("py-spy is not installed (pip install py-spy)")
     script = tmp_path / "forkomp.py"
     script.write_text(textwrap.dedent(f"""
         import ctypes, warnings
@@ -544,7 +544,7 @@ def slow_in_c(x: int, lib: str) -> int:
 
 def test_a_long_running_item_has_its_stacks_logged_and_goes_on(tmp_path, libs, caplog):
     if stacks.py_spy() is None:
-        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+        pytest.skip("py-spy is not installed (pip install py-spy)")
     lib = _compile(tmp_path, "libslow.so", "#include <unistd.h>\nvoid spin_a_while(int s) { sleep(s); }\n")
     with Engine(map_executor="process", workers=1, stall_report=1) as e, \
             caplog.at_level("WARNING", logger="hardy.workers"):

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk", reason='needs the otel extra: pip install "hardy[otel]"')
+pytest.importorskip("opentelemetry.sdk", reason='needs the otel extra: pip install -e ".[otel]"')
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402

@@ -142,7 +142,7 @@ def examine_forensics() -> list[Finding]:
     scope = ptrace_scope()
     if py_spy() is None:
         found.append(Finding("warning", "forensics", "stacks of hung items: Python frames only (faulthandler); "
-                             f"{install_hint('forensics')} (py-spy) for every thread's native frames"))
+                             f"for every thread's native frames, py-spy: {install_hint('forensics')}"))
     elif scope is not None and scope >= 2:
         found.append(Finding("warning", "forensics", f"stacks of hung items: Yama ptrace_scope={scope} lets only "
                              "an administrator attach py-spy: run `sysctl kernel.yama.ptrace_scope=1` (workers "

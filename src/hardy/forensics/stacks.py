@@ -58,7 +58,7 @@ def hang_stacks(pid: int, deadline: float = PY_SPY_DEADLINE) -> tuple[str, str]:
     """(every thread's Python + native stack by py-spy, "") or ("", why py-spy gave none)."""
     program = py_spy()
     if program is None:
-        return "", f"py-spy is not installed: {install_hint('forensics')} for native frames"
+        return "", f"py-spy is not installed (for native frames: {install_hint('forensics')})"
     try:
         done = subprocess.run([program, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=deadline)
