@@ -240,18 +240,24 @@ def minus_one(z: int) -> int:
     return z - 1
 
 
-@pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
-def test_events_and_report_show_items_and_each_batch_call_on_every_local_executor(executor, tmp_path):
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "process", "gpu"])
+def test_events_and_report_show_items_and_each_batch_call_on_every_local_executor(executor, tmp_path, monkeypatch):
     """The same events wherever the items ran (worker processes log them and the parent replays
-    them): each item's node events, the culprit's error, and each batch call with its size (the
-    call that raised and the halves that found item 12); the report's per-call table."""
+    them; "gpu": the batched node on a GPU worker, the others on CPU workers): each item's node
+    events, the culprit's error, and each batch call with its size (the call that raised and the
+    halves that found item 12); the report's per-call table."""
     callback = Batches()
-    with Engine(map_executor=executor, workers=2, report=True, cache=DiskCache(tmp_path / "c")) as engine:
-        p = Pipeline(nodes=[plus_one, doubled_but_13, minus_one], engine=engine, callbacks=[callback])
+    batched_node, gpus = doubled_but_13, {}
+    if executor == "gpu":
+        monkeypatch.setenv("HARDY_ASSUME_GPUS", "1")
+        batched_node = node(doubled_but_13.func, output_name="z", name="doubled_but_13", batch_size=4, gpus=1)
+        executor, gpus = "process", {"gpus": 1}
+    with Engine(map_executor=executor, workers=2, report=True, cache=DiskCache(tmp_path / "c"), **gpus) as engine:
+        p = Pipeline(nodes=[plus_one, batched_node, minus_one], engine=engine, callbacks=[callback])
         out = p.map(inputs={"x": list(range(16))}, map_over="x", on_error="continue")
         report = p.report().to_dict()
         warm = Batches()
-        again = Pipeline(nodes=[plus_one, doubled_but_13, minus_one], engine=engine, callbacks=[warm]).map(
+        again = Pipeline(nodes=[plus_one, batched_node, minus_one], engine=engine, callbacks=[warm]).map(
             inputs={"x": [99, *range(8)]}, map_over="x", on_error="continue")
     assert [k for k, o in enumerate(out) if isinstance(o, Failed)] == [12]
     events = callback.events
