@@ -40,6 +40,13 @@ SCRIPT = textwrap.dedent("""
     with Engine(map_executor="process", workers=2) as engine:  # hits made in worker processes
         workers = Pipeline([slow], name="warm-workers", cache=DiskCache(sys.argv[1]), engine=engine)
         workers.map(inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", on_error="continue")
+
+    @node(output_name="y", batch_size=4)
+    def pairs(x: list) -> list:
+        time.sleep(0.05)
+        return x
+    for name, where in (("batched-here", here), ("batched-workers", Engine(map_executor="process", workers=2))):
+        Pipeline([pairs], name=name, engine=where).map(inputs={"x": list(range(10))}, map_over="x")
 """)
 
 
@@ -77,6 +84,10 @@ def test_terminal_bar_nests_maps_and_counts_cache_hits_and_failures(tmp_path):
     assert streamed and not any("ETA" in ln for ln in streamed), streamed[-3:]  # no estimate to give
     in_workers = [ln for ln in lines if ln.startswith("warm-workers")]
     assert any("6/6" in ln and "1 failed" in ln and "5 cache hits" in ln for ln in in_workers), in_workers[-5:]
+    for name in ("batched-here", "batched-workers"):  # each batched node's calls: how many, mean size and time
+        batched = [ln for ln in lines if ln.startswith(name)]
+        assert any("10/10" in ln and re.search(r"pairs: 3 batches of 3\.3, \d+\.\d ms each", ln) for ln in batched), \
+            batched[-3:]
 
 
 def test_notebook_bar_without_ipywidgets_or_warnings(tmp_path):
