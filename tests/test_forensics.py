@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_torch
-from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy import DiskCache, Engine, NodeCrashed, NodeTimeout, Pipeline, node
 from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
 from hardy.forensics import handler, stacks, symbols
 from hardy.forensics.frames import read_frames
@@ -370,9 +370,9 @@ def crash_on(x: int, lib: str, counter: str) -> int:
     return x
 
 
-def _failed_map(tmp_path: Path, lib: str, counter: str = "") -> Path:
+def _failed_map(tmp_path: Path, lib: str, counter: str = "", cache: DiskCache | None = None) -> Path:
     with Engine(map_executor="process", workers=1, report_dir=tmp_path / "reports") as e:
-        out = Pipeline(nodes=[crash_on], engine=e, name="embed").map(
+        out = Pipeline(nodes=[crash_on], engine=e, name="embed", cache=cache).map(
             inputs={"x": list(range(5)), "lib": lib, "counter": counter}, map_over="x", on_error="continue")
     assert [o["y"] for i, o in enumerate(out) if i != 3] == [0, 1, 2, 4]
     (report,) = (tmp_path / "reports").glob("*.json")
@@ -398,6 +398,14 @@ def test_replay_runs_a_failed_item_again_and_tells_a_deterministic_crash(tmp_pat
     assert "SIGSEGV in libforensic.so (crash_inner+0x" in lines[1]
     assert "worker's native stack at the crash:" in run.stdout and "in crash_on" in run.stdout
     assert lines[-1] == "failed 3 of 3 run(s): 100% (95% CI 44%-100%): deterministic"
+
+
+def test_replay_of_a_cached_map_runs_the_item_with_its_own_inputs(tmp_path, libs):
+    """A cached map's items carry their inputs' cache keys beside the inputs (hashed once per map, or
+    ahead of the items by a shared cache's read-ahead): replay runs the item on its inputs alone."""
+    report = _failed_map(tmp_path, libs["c"], cache=DiskCache(tmp_path / "cache", secret="s"))
+    run = _replay(report, "--item", "3")
+    assert run.stdout.splitlines()[-1] == "failed 1 of 1 run(s): 100% (95% CI 21%-100%)", run.stdout + run.stderr
 
 
 def test_replay_tells_a_flaky_crash(tmp_path, libs):
