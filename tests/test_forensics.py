@@ -18,7 +18,7 @@ import pytest
 from conftest import needs_torch
 from hardy import DiskCache, Engine, NodeCrashed, NodeTimeout, Pipeline, node
 from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
-from hardy.forensics import handler, stacks, symbols
+from hardy.forensics import frames, handler, stacks, symbols
 from hardy.forensics.frames import read_frames
 
 C_SOURCE = r"""
@@ -652,3 +652,19 @@ def test_replay_says_when_gdb_or_py_spy_is_missing(crash_and_hang_report, tmp_pa
                                       f"{install_hint('forensics')}\n"
     both = _replay(crash_and_hang_report, "--item", "1", "--gdb", "--repeat", "2")
     assert both.returncode == 2 and both.stderr == "hardy replay: --gdb, --py-spy and --repeat are one at a time\n"
+
+
+def test_the_crash_line_names_the_nodes_own_line_not_the_librarys_wrapper(tmp_path):
+    """ctypes.string_at(0) dies inside ctypes/__init__.py: the first line names the node's line."""
+    import ctypes
+
+    script = tmp_path / "pipeline_file.py"
+    script.write_text("import ctypes\n\ndef parse(doc):\n    return ctypes.string_at(0)\n")
+    stack = ("Fatal Python error: Segmentation fault\n\n"
+             "Current thread 0x00007f (most recent call first):\n"
+             f'  File "{ctypes.__file__}", line 519 in string_at\n'
+             f'  File "{script}", line 4 in parse\n'
+             f'  File "{frames.__file__}", line 10 in run\n')
+    assert frames.python_site(stack) == "pipeline_file.py:4"
+    only_library = "Current thread 0x1 (most recent call first):\n" f'  File "{ctypes.__file__}", line 519 in string_at\n'
+    assert frames.python_site(only_library) == "__init__.py:519"  # no code of the user's: the innermost

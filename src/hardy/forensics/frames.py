@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sysconfig
 from dataclasses import dataclass
 
 from .symbols import Frame, symbolise
@@ -85,15 +86,22 @@ _PY_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
 def python_site(stack: str) -> str:
-    """`x.py:8`: the innermost Python frame of the crashing thread in a faulthandler stack, or,
-    when that thread runs no Python (a library's own thread), of the main thread (listed last)."""
+    """`x.py:8`: where the node's own code was in the crashing thread of a faulthandler stack (the
+    innermost frame outside the standard library, installed packages and hardy: the line of the
+    node that called the library, not the library's wrapper), else its innermost frame; when that
+    thread runs no Python (a library's own thread), the main thread's (listed last)."""
     blocks = stack.split("\n\n")
     current = [b for b in blocks if "Current thread" in b]
     for block in current + blocks[::-1]:
-        found = _PY_FRAME.search(block)
+        found = list(_PY_FRAME.finditer(block))  # faulthandler lists the innermost first
         if found:
-            return f"{os.path.basename(found.group(1))}:{found.group(2)}"
+            mine = next((f for f in found if not f.group(1).startswith(_NOT_USER_CODE)), found[0])
+            return f"{os.path.basename(mine.group(1))}:{mine.group(2)}"
     return ""
+
+
+_NOT_USER_CODE = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                       | {os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep})
 
 
 def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str, stack: str) -> str:
