@@ -237,8 +237,8 @@ def test_hypernodes_compat_names():
     p = hn.Pipeline(nodes=[dbl], engine=hn.HypernodesEngine(node_executor="threaded", map_executor="threaded"))
     assert p.run(inputs={"x": 5}) == {"doubled": 10}
     assert p.map(inputs={"x": [1, 2]}, map_over="x") == [{"doubled": 2}, {"doubled": 4}]
-    assert hn.SeqEngine().map_executor_spec == "sequential"
-    assert hn.HypernodesEngine(map_executor="parallel").map_executor_spec == "process"
+    assert hn.SeqEngine().map_executor == "sequential"
+    assert hn.HypernodesEngine(map_executor="parallel").map_executor == "process"
     assert issubclass(hn.CycleError, hn.HyperNodesError)
     try:
         hn.Pipeline(nodes=[dbl]).run(inputs={})

@@ -95,6 +95,11 @@ class Node:
         from blake3 import blake3
         return blake3(self.fingerprint()).hexdigest()
 
+    def cached_in(self, cache: Any) -> Node:
+        """This node as a plan with `cache` calls it: itself (the plan caches its result); a nested
+        pipeline's node (`PipelineNode`) caches its own nodes instead."""
+        return self
+
     def narrowed(self, outputs: tuple[str, ...]) -> Node:
         """The node computing only `outputs` (a run needs no more of it). A function returns all
         its outputs at once, so it is itself; a nested pipeline skips the inner nodes not needed."""

@@ -464,7 +464,7 @@ class Pipeline:
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = map_items(values, over, map_mode, lazy=True)
         if window is None:
-            window = 64 if isinstance(self._engine.map_executor, SequentialExecutor) else 1024
+            window = 64 if isinstance(self._engine.executor, SequentialExecutor) else 1024
         return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed)
 
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,

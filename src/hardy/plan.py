@@ -192,7 +192,7 @@ class Plan:
         self._fn: list[str] = []
         for k, step in enumerate(self.steps):
             node = step.node
-            if self.cache is not None and hasattr(node, "cached_in"):
+            if self.cache is not None:
                 node = node.cached_in(self.cache)  # a nested pipeline caches its own nodes
             self._fn.append(_identifier(f"f_{step.node.name}", taken))
             ns[self._fn[k]] = self._function_for(k, self._calls.get(step.node.name, node))

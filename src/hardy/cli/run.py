@@ -289,7 +289,7 @@ def output_path(path: str) -> None:
 def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:
     """The pipeline's own engine's settings, with what the command line changes."""
     from ..engine import Engine
-    return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor_spec,
+    return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor,
                   workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
                   report_dir=own.report_dir, keep_failed_inputs=own.keep_failed_inputs, **own.process_options)
 

@@ -120,7 +120,7 @@ class Engine:
             arguments.flag("Engine", "keep_failed_inputs", keep_failed_inputs)
         self.keep_failed_inputs = keep_failed_inputs
         self.node_executor = node_executor
-        self.map_executor_spec = map_executor
+        self.map_executor = map_executor
         self.workers = workers
         self.process_options: dict[str, Any] = dict(
             start_method=start_method, preload=arguments.names("Engine", "preload", preload),
@@ -147,19 +147,19 @@ class Engine:
         # A copy inside a worker records nothing: the caller's report collects the worker's events.
         state.update(_map_executor=None, _node_pool=None, _process_pool=None, _gpu_pool=None, _window_runner=None,
                      reporting=False, report_dir=None)
-        if not isinstance(self.map_executor_spec, str):
-            state["map_executor_spec"] = "sequential"
+        if not isinstance(self.map_executor, str):
+            state["map_executor"] = "sequential"
         return state
 
     def __repr__(self) -> str:
         gpus = f", gpu_slots={self.gpu_slots}" if self.gpu_slots else ""
-        return (f"Engine(node_executor={self.node_executor!r}, map_executor={self.map_executor_spec!r}, "
+        return (f"Engine(node_executor={self.node_executor!r}, map_executor={self.map_executor!r}, "
                 f"workers={self.workers}{gpus})")
 
     # --- what plans look like --------------------------------------------------------------------
 
     def plan_mode(self, for_map: bool) -> str:
-        if self.node_executor == "async" or (for_map and self.map_executor.mode == "async"):
+        if self.node_executor == "async" or (for_map and self.executor.mode == "async"):
             return "async"
         return self.node_executor
 
@@ -169,15 +169,15 @@ class Engine:
         local process executor, outside a worker (inside one, everything runs in that worker). A
         "threaded" or "async" node_executor runs a call's independent nodes concurrently in this
         process, which is what it was chosen for, so `run()` stays here with it."""
-        return self.map_executor_spec == "process" and self.node_executor == "sequential" and not contained()
+        return self.map_executor == "process" and self.node_executor == "sequential" and not contained()
 
     def timeout_runner(self, for_map: bool) -> str | None:
         """What calls nodes in this process, where a node's timeout could not stop it (see
         `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
         including nested pipelines inside a worker (the worker posts their deadlines)."""
-        if contained() or (for_map or self.runs_in_workers) and self.map_executor.enforces_timeouts:
+        if contained() or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
             return None
-        return f"map_executor={self.map_executor_spec!r}" if for_map else "Pipeline.run"
+        return f"map_executor={self.map_executor!r}" if for_map else "Pipeline.run"
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one node call on the engine's node thread pool (the "threaded" node executor)."""
@@ -204,9 +204,10 @@ class Engine:
     # --- executors -------------------------------------------------------------------------------
 
     @property
-    def map_executor(self) -> Executor:
+    def executor(self) -> Executor:
+        """The map executor built from `map_executor` (made on first use)."""
         if self._map_executor is None:
-            spec = self.map_executor_spec
+            spec = self.map_executor
             if contained() and spec == "process":
                 self._map_executor = SequentialExecutor()  # in a worker already: a crash costs one item
             elif spec == "threaded":
@@ -248,12 +249,12 @@ class Engine:
         return self.gpu_pool() if gpu and self.gpu_slots else self.process_pool()
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
-        self.map_executor.run_items(plan, items, results)
+        self.executor.run_items(plan, items, results)
 
     def run_one(self, plan: Plan, values: dict[str, Any], results: Results) -> dict[str, Any]:
         """`run()`'s item in a worker process (see `runs_in_workers`): its outputs, or its error
         raised (a crash, a timeout, an exception), with the same classification as a map's."""
-        self.map_executor.run_items(plan, [values], results)
+        self.executor.run_items(plan, [values], results)
         if results.failures:
             err = results.failures[0]
             err.item = None
@@ -290,7 +291,7 @@ class Engine:
         if self._node_pool is not None:
             self._node_pool.shutdown(wait=True)
             self._node_pool = None
-        if isinstance(self.map_executor_spec, str):
+        if isinstance(self.map_executor, str):
             self._map_executor = None
 
     def __enter__(self) -> Engine:

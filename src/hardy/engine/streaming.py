@@ -75,7 +75,7 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
 
     With `raise_on_error`, the first failure reached raises MapError; its `.results` are the
     outcomes of that failure's window, whose first item is `.offset`."""
-    if isinstance(engine.map_executor, SequentialExecutor):
+    if isinstance(engine.executor, SequentialExecutor):
         outcomes = _inline(plan, items, window, make_results)
     else:
         outcomes = _windows(engine, plan, items, window, ordered, make_results)
