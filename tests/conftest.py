@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# Tests rewrite a module and run it again within the same second. Python's own bytecode cache
+# checks a source by its mtime (to the second) and size, so a same-sized edit would run the old
+# code from __pycache__: a stale .pyc, not what these tests examine (hardy's code fingerprints).
+# Every process the tests start inherits this.
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
 
 def _refuse_outside(pid: int) -> object:
     if os.getpid() != pid:
