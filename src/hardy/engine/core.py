@@ -272,9 +272,13 @@ class Engine:
     def worker_counts(self, peaks: bool = True) -> WorkerCounts:
         """Worker processes started, died and recycled so far, and (`peaks`) the peak memory of those alive."""
         # this engine's pool, and the ones an engine's executor (Dask, Ray) keeps on that engine's workers
-        total = WorkerCounts()
-        for source in {id(s): s for s in (self._process_pool, self._map_executor) if s is not None}.values():
-            total += source.counts(peaks) or WorkerCounts()
+        total = WorkerCounts()  # every map asks twice, for its light report: cheap when there are none
+        pool, executor = self._process_pool, self._map_executor
+        for source in (pool, executor if executor is not pool else None):
+            if source is not None:
+                counts = source.counts(peaks)
+                if counts is not None:
+                    total += counts
         return total
 
     def close(self) -> None:

@@ -13,7 +13,6 @@ renderings of that data, so `hardy report run.json` renders a report written by 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -133,7 +132,7 @@ class Recorder(PipelineCallback):
         live.wall = time.perf_counter() - live.t0
         engine = pipeline.engine
         now = engine.worker_counts(peaks=light is None)
-        workers = dataclasses.asdict(now.since(live.workers_before))
+        workers = now.since(live.workers_before).as_dict()
         succeeded = live.items - len(failures) if succeeded is None else succeeded
         if light is not None:
             self._pending = (pipeline, live, dict(failures), workers, succeeded)
