@@ -3,7 +3,7 @@
 Data flow (parent = the process calling map; one socket pair per worker, no shared lock, so a
 dying worker can never leave something locked that the others need):
 
-    parent (pool.py, scheduling.py)                    worker (worker.py), forked by a fork server
+    parent (pool.py, scheduling.py)                    worker (worker.py, chunks.py), forked
     ───────────────────────────────                    ──────────────────
     Setup(environ, sys.path, cwd, argv)  ── once ────►  set up; never imports the parent's __main__
     PlanSpec(plan_id, spec) ── once per worker, plan ►  compile the plan locally
@@ -18,7 +18,8 @@ dying worker can never leave something locked that the others need):
       → that item fails (or is retried); unsent items are re-queued; the worker is replaced
     Stop()             ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
 
-The messages are the small records of `messages.py`.
+The messages are the small records of `messages.py`; the status words, `status.py`; a worker's
+replies (result batches, resends, last words), `replies.py`.
 
 Chunks and result batches carry big array buffers (≥ 1 MiB) out of band: a memfd segment whose
 descriptor follows the message on the same socket, mapped by the receiver (`hardy.transport`).

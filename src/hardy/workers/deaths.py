@@ -19,7 +19,7 @@ from ..forensics.frames import examine
 from ..plan import KEYS, Plan
 from ..policy import delay
 from ..shipping import Pickled, described, globals_in, readers
-from . import worker as worker_main
+from . import status as words
 from .process import Worker
 
 if TYPE_CHECKING:
@@ -143,22 +143,22 @@ class Deaths:
         signame, text = describe_exit(w.process.exitcode)
         if w.killed_for:
             signame, text = "SIGKILL", w.kill_detail
-        item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
+        item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
         in_flight = item if item in w.unsent else None
-        if item == worker_main.BATCH and w.unsent:
+        if item == words.BATCH and w.unsent:
             in_flight = self.split(w, signame, text)
-        if in_flight is not None and step <= worker_main.OPENING:  # unpickling one input of a sealed item
+        if in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
-            self.died_opening(in_flight, worker_main.OPENING - step, (signame, text, w.process.exitcode,
+            self.died_opening(in_flight, words.OPENING - step, (signame, text, w.process.exitcode,
                                                                         read_stack(w.fault_path)))
         elif in_flight is not None:
             del w.unsent[in_flight]
             self.charge(w, in_flight, step, signame, text)
-        elif item == worker_main.BATCH:
+        elif item == words.BATCH:
             pass  # a batch it died in is queued again in halves (`split`)
-        elif item in (worker_main.READING, worker_main.SENDING, worker_main.LOADING) and w.unsent:
+        elif item in (words.READING, words.SENDING, words.LOADING) and w.unsent:
             self.died_between_items(w, item, step, (signame, text, w.process.exitcode, read_stack(w.fault_path)))
-        elif w.status[worker_main.READY] != 1.0:  # (preload= modules load in the fork server, which says so)
+        elif w.status[words.READY] != 1.0:  # (preload= modules load in the fork server, which says so)
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies setting up: retrying would loop forever
                 pool.replace(slot, stop=False)
@@ -166,7 +166,7 @@ class Deaths:
                     f"worker processes die while setting up, before reading any work ({text}; 3 in a row). A "
                     f"library in preload_libs= or the worker environment fails to load: see the worker's "
                     f"error above. {read_stack(w.fault_path)}".strip())
-        elif w.process.exitcode == worker_main.RETIRED:
+        elif w.process.exitcode == words.RETIRED:
             log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
@@ -198,11 +198,11 @@ class Deaths:
         items fail, as when loading raises). `w.unsent` keeps the innocent items."""
         unsent = list(w.unsent)
         signame, text, exitcode, stack = crash
-        if doing == worker_main.READING:
+        if doing == words.READING:
             w.unsent = {}
             self.send_sealed(unsent, f"the worker process died ({text}) unpickling it")
             return
-        if doing == worker_main.LOADING:
+        if doing == words.LOADING:
             w.unsent = {}
             for i in unsent:
                 self.results.fail(i, NodeCrashed("<pipeline>", i, f"the worker process died ({text}) while loading "

@@ -16,7 +16,7 @@ from .. import transport
 from ..forensics.stacks import hang_stacks
 from ..plan import Plan
 from . import launch
-from . import worker as worker_main
+from . import status as words
 from .messages import Setup, Stop
 
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
@@ -60,9 +60,9 @@ class Worker:
                  preload_libs: tuple[str, ...]):
         self.number = number
         self._fds = [os.memfd_create("worker-status", os.MFD_CLOEXEC), os.memfd_create("worker-fault", os.MFD_CLOEXEC)]
-        os.write(self._fds[0], array("d", [-1.0] * worker_main.SLOTS).tobytes())
+        os.write(self._fds[0], array("d", [-1.0] * words.SLOTS).tobytes())
         self.fault_path = f"/proc/self/fd/{self._fds[1]}"  # read by path, here, after a death
-        self._mm, self.status = worker_main.open_status(self._fds[0])
+        self._mm, self.status = words.open_status(self._fds[0])
         try:
             self.process, self.conn = launcher.start_worker()
         except BaseException:  # (a preload that fails or blocks): nothing of it stays open

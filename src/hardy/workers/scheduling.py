@@ -34,7 +34,7 @@ from ..shipping import (
     item_error,
     seal,
 )
-from . import worker as worker_main
+from . import status as words
 from .deaths import Deaths, after_return
 from .messages import HEADER_SIZE, Header, Resend
 from .process import STACK_GRACE, Worker, rss
@@ -335,10 +335,10 @@ class MapRun(Deaths):
         for w in busy:
             if not w.busy or not w.process.is_alive():
                 continue
-            item, step = int(w.status[worker_main.ITEM]), int(w.status[worker_main.STEP])
-            if (item >= 0 or item == worker_main.BATCH) and 0 <= step < len(self.plan.steps):
+            item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
+            if (item >= 0 or item == words.BATCH) and 0 <= step < len(self.plan.steps):
                 timeout = self.plan.steps[step].node.timeout
-                started = w.status[worker_main.STEP_START]
+                started = w.status[words.STEP_START]
                 if timeout and now - started > timeout:
                     w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
                     self.on_death(w)
@@ -347,7 +347,7 @@ class MapRun(Deaths):
                 if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
                     self.stalled[w.number] = (item, step, started)
                     self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
-                deadline = w.status[worker_main.DEADLINE]  # of a node nested in the step (crash.deadlined)
+                deadline = w.status[words.DEADLINE]  # of a node nested in the step (crash.deadlined)
                 if 0 < deadline < now:
                     w.kill("timeout", "node ran past its timeout")
                     self.on_death(w)

@@ -1,0 +1,166 @@
+"""What a worker sends back: batches of results with their node log and log records, again one
+by one when the parent could not read a batch, and its last words when it is dying.
+
+One `Replies` per worker process (`REPLIES`): the fatal-signal handler that sends the last words
+runs outside any call, so what it needs (the connection, the results not sent yet, the plan's
+producers) lives here rather than on a call's stack.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from typing import Any
+
+from .. import transport
+from ..crash import nesting_line
+from ..errors import NodeError
+from ..observe.nodelog import LOG, NodeLogBatch, row_logs
+from ..shipping import dumps, out_of_band
+from .messages import Header
+from .status import IDLE, ITEM, SENDING, STEP
+
+Row = tuple[Any, ...]  # (item, ok, its outputs or its error)
+Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
+
+
+class Forward(logging.Handler):
+    """The worker's log records, at the parent's level, sent to the parent with the next batch of
+    results (`Replies.send`) and handled there by its loggers: `logging.basicConfig(level=INFO)`
+    in the parent shows a node's `log.info` as if it had run there. Each record says where it
+    came from (`hardy_worker`: the pid, `hardy_item`: the item, None between items)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status: Any = None
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            record.msg, record.args = record.getMessage(), None  # the arguments may not pickle
+            if record.exc_info:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+                record.exc_info = None
+            for key, value in record.__dict__.items():
+                if not isinstance(value, (str, int, float, bool, type(None), tuple)):
+                    record.__dict__[key] = repr(value)  # an `extra=` object: its text
+            item = int(self.status[ITEM])
+            record.hardy_worker, record.hardy_item = os.getpid(), item if item >= 0 else None
+            self.records.append(record)
+        except Exception:
+            self.handleError(record)
+
+    def install(self, status: Any) -> None:
+        """Records at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
+        self.status = status
+        root = logging.getLogger()
+        root.handlers[:] = [self]
+        root.setLevel(int(os.environ.get("HARDY_LOG_LEVEL", logging.WARNING)))
+        logging.captureWarnings(True)  # a node's (or the cache's) warnings too, as `py.warnings` records
+
+
+class Replies:
+    """The worker's side of the results: `unsent` holds the current chunk's results not sent
+    yet, `sent` the chunk's batches already sent (until the next chunk: the parent may ask for
+    them again), `producers` which node makes each output of the plan running, `names` its
+    nodes by step while its calls are logged, `complete` where the node log's complete items end
+    while a batched plan logs (`chunks.Arranged`)."""
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.status: Any = None
+        self.unsent: list[Row] = []
+        self.sent: list[Sent] = []
+        self.producers: dict[str, str] = {}
+        self.names: tuple[str, ...] | None = None
+        self.complete: int | None = None
+        self.sending = False
+        self.forward = Forward()
+
+    def start(self, conn: Any, status: Any) -> None:
+        self.conn, self.status = conn, status
+        self.forward.install(status)
+
+    def send(self, batch: list[Row], done: bool, elapsed: float = 0.0, dying: bool = False) -> None:
+        """A batch of results, pickled at once (fast), with the node log of its items when it is
+        kept (the items that ended only, if `dying`). A value that cannot be pickled fails its
+        item; if the parent cannot unpickle the batch, it asks for those items again one by one
+        (`resend`), so the chunk's batches are kept in `sent`. The batch is emptied. While this
+        runs, last words stay silent: the batch is on its way already."""
+        self.sending = True
+        status = self.status
+        if not dying:  # (a dying worker's status words name the item that killed it)
+            status[ITEM], status[STEP] = SENDING, len(batch)
+        try:
+            names = self.names
+            if dying and self.complete is not None:  # a batched plan's log: only its items written whole
+                del LOG.data[self.complete:]
+            records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
+            message: Any = batch if names is None else (batch, records)
+            logs = bool(self.forward.records)
+            if logs:  # what the nodes logged since the last batch, for the parent's handlers
+                message, self.forward.records = (message, self.forward.records), []
+            try:
+                packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
+            except Exception:
+                batch[:] = [_picklable(self.producers, *row) for row in batch]
+                packed = transport.pack(message, dumps)
+            self.sent.append((list(batch), records))
+            transport.send(self.conn, Header(done, False, names is not None, False, logs, elapsed).pack(), packed)
+            batch.clear()
+        finally:
+            self.sending = False
+            if not dying:
+                status[ITEM], status[STEP] = IDLE, -1
+
+    def resend(self, items: list[int]) -> None:
+        """Items of the last chunk again, each pickled on its own, so that each is read on its
+        own, with its own node log (None when not logged)."""
+        outcomes: dict[int, tuple[bool, Any, NodeLogBatch | None]] = {}
+        for rows, records in self.sent:
+            for (i, ok, value), log in zip(rows, row_logs(records, len(rows))):
+                outcomes[i] = (ok, value, log)
+        data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
+                             for i in items for ok, value, log in [outcomes[i]]], protocol=5)
+        self.conn.send_bytes(Header(True, True, False, False, False, 0.0).pack() + data)
+
+    def last_words(self, fault: int) -> None:
+        """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill): where
+        a nested pipeline was, for the parent to name (before faulthandler's stack), then the
+        results not sent yet."""
+        try:
+            os.write(fault, nesting_line().encode())
+        except Exception:
+            pass
+        transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
+        if self.unsent and not self.sending:
+            self.send(self.unsent, False, dying=True)
+
+
+REPLIES = Replies()
+
+
+def _in_band(buf: Any) -> bool:
+    """A buffer_callback keeping every buffer in the pickle: with one, `dumps` pickles values as
+    `transport.pack` does (a memoryview stays a memoryview; without one, cloudpickle makes it bytes)."""
+    return True
+
+
+def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> Row:
+    """(item, ok, value), the value replaced by an error naming node and type if it cannot travel."""
+    try:
+        dumps(value)
+        return i, ok, value
+    except Exception:
+        pass
+    for name, part in (value.items() if ok else ()):
+        try:
+            dumps(part)
+        except Exception as exc:
+            return i, False, NodeError(
+                producers.get(name, name), None, i,
+                f"its output {name!r} ({type(part).__module__}.{type(part).__qualname__}) cannot be "
+                f"pickled back to the parent process ({type(exc).__name__}: {exc}); return plain data "
+                "(numbers, arrays, dicts, paths) or make the type picklable")
+    return i, False, NodeError("?", None, i, f"the result of item {i} cannot be pickled back to the parent")
