@@ -35,6 +35,8 @@ class Deaths:
 
     pool: WorkerPool
     plan: Plan
+    plan_id: int
+    plan_msg: bytes
     items: Sequence[Any]
     results: Any
     retry: deque[list[int]]
@@ -138,6 +140,7 @@ class Deaths:
         slot = pool.workers.index(w) if w in pool.workers else None
         if slot is None:
             return
+        pool.died(self.plan_id, self.plan_msg)
         self.receive(w)  # results it sent before dying are kept
         w.process.join(1)
         signame, text = describe_exit(w.process.exitcode)

@@ -27,6 +27,8 @@ from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
 from .scheduling import MapRun
 
+SPARE_WAIT = 30.0  # seconds a worker start waits for the spare already on its way before starting another
+
 
 class WorkerPool(Executor):
     """Long-lived worker processes that run chunks of map items and single isolated node calls.
@@ -79,6 +81,11 @@ class WorkerPool(Executor):
     # --- workers ---------------------------------------------------------------------------------
 
     def start_worker(self, slot: int) -> Worker:
+        """A worker for `slot`: the spare when one is ready or on its way (a worker that died
+        had one started at once: `died`), else a fresh one."""
+        topping = self._topping
+        if topping is not None:
+            topping.join(SPARE_WAIT)
         spare = self._take_spare() if not self.slot_env else None
         if spare is not None:
             self.workers[slot] = spare
@@ -93,6 +100,12 @@ class WorkerPool(Executor):
             spare.close_files()
             return None
         return spare
+
+    def died(self, plan_id: int, plan_msg: bytes) -> None:
+        """A worker died while it held items: its replacement starts now, on its own thread, while
+        the parent reads what killed it (crash file, native frames), not after."""
+        self._spare_wanted = True
+        self.top_up(plan_id, plan_msg)
 
     def top_up(self, plan_id: int, plan_msg: bytes) -> None:
         """Start the spare worker when one is wanted (a worker died) and none is ready, and send it
