@@ -22,7 +22,7 @@ parent and its workers share the cores: what each does per event is as little as
   node, whose calls may overlap, written whole when it ends; e is 0, or 1 + the index of what it
   raised in `details`), `WAIT, t` (the node running ends: its item waits for others at a batched
   node) and `BATCHED, k, d, start, end` (a call of batched step k on `details[d]` items: a plan
-  with batched nodes writes each item whole once it is over, `worker._Arranged`);
+  with batched nodes writes each item whole once it is over, `workers.chunks.Arranged`);
 - each batch of results travels with the list as an array of doubles (`NodeLogBatch`: a byte string
   to pickle); the parent cuts it into one array per field (`NodeLogBatch.events`, by slicing where it
   can) and its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it

@@ -51,7 +51,7 @@ class Deaths:
         """A chunk that could not be unpickled in the worker, or whose unpickling killed it, or
         that killed it while its results were pickled: sent again (first) sealed, so that each
         item's inputs are opened one by one (`alone`: and each result is sent alone), and the item
-        at fault fails alone (`worker._open`, `died_between_items`). A sealed chunk that fails so
+        at fault fails alone (`chunks.open_item`, `died_between_items`). A sealed chunk that fails so
         (nothing an item holds can make it) fails its items: no loop."""
         if self.sealed.get(chunk[0], 0) >= 1 + alone:
             for i in chunk:

@@ -222,7 +222,7 @@ class MapRun(Deaths):
     def cancel(self) -> None:
         """Stop this run's busy workers now (a hung or slow item must not delay the error or the
         interruption that ends the map), keeping every result they computed: each is asked for its
-        last words (the results it holds, `worker._last_words`) before it is killed and replaced.
+        last words (the results it holds, `replies.Replies.last_words`) before it is killed and replaced.
         Their items in flight stay unrun."""
         pool = self.pool
         busy = [(slot, w) for slot, w in enumerate(pool.workers)
@@ -280,7 +280,7 @@ class MapRun(Deaths):
         return True
 
     def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
-        """Results sent again one by one (`worker._resend`), each with its node log."""
+        """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
         for i, ok, blob, log in batch:
             unsent.pop(i, None)
             try:
@@ -367,7 +367,7 @@ class MapRun(Deaths):
                     node, running, self.pool.stall_report, w.process.pid,
                     f"its stacks:\n{text}" if text else f"no stacks: {why}")
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
-    """Log records a worker sent (`worker._Forward`), handled by this process's loggers."""
+    """Log records a worker sent (`replies.Forward`), handled by this process's loggers."""
     for record in records:
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):

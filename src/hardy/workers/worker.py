@@ -158,7 +158,7 @@ def _close_sqlite() -> None:
 def _read(conn: Any, data: bytes, status: Any) -> Any:
     """The message in `data`; None if it could not be unpickled here (a chunk's item whose class
     this process cannot import, or whose rebuilding raises): the parent is told, and sends the
-    chunk again sealed (`_open`). Should the unpickling crash the process instead, the status
+    chunk again sealed (`chunks.open_item`). Should the unpickling crash the process instead, the status
     words say it died READING, with the same outcome."""
     status[ITEM] = READING
     try:
