@@ -1,10 +1,12 @@
-"""Deterministic fingerprints for cache keys: of values (`values.py`) and of code (`code.py`).
+"""Deterministic fingerprints for cache keys: of values (`values.py`, `libraries.py`) and of code (`code.py`).
 
 The two recurse into each other (a value's class is hashed by its code, a function's globals by
-their values); `code` imports `values` and installs its fingerprint there, so importing this package
-loads both. `origin.py` tells user code (hashed by content) from libraries (by name and version).
+their values); `code` imports `values` and installs its fingerprint there, and `libraries` (numpy,
+pandas, torch... encoders) registers its types there the same way, so importing this package loads
+all three. `origin.py` tells user code (hashed by content) from libraries (by name and version).
 """
 
+from . import libraries  # noqa: F401  # registers the library types' encoders into `values`
 from .code import Reach, code_fingerprint, module_stamp, recording
 from .origin import is_user_module
 from .values import DIGEST, FORMAT, digest, encode, hash_public, hash_value, register

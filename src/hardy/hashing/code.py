@@ -230,7 +230,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], ch
     elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
         _fingerprint(value.__func__, out, seen)
         _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
-    else:  # a value; an instance of a user class is keyed by its class's code too (see _object)
+    else:  # a value; an instance of a user class is keyed by its class's code too (see encode_object)
         try:
             encode_into(value, out, set())
         except UnhashableError as exc:

@@ -10,7 +10,8 @@ weights (`hash_public` leaves plain objects' private attributes out: HyperNodes'
 for hardy.compat.hypernodes). `__cache_key__()` overrides all of this, and `register()` teaches
 hashing a library type. What cannot be encoded deterministically raises `UnhashableError` naming the
 path to the part that cannot (`model.encoder._session`); there is no fallback to `id()` or `repr()`
-that could collide or vary. Built-in, library and user types sit in one table keyed by type.
+that could collide or vary. Built-in, library and user types sit in one table keyed by type; the
+encoders of library types are in `hardy.hashing.libraries`.
 """
 
 
@@ -55,9 +56,10 @@ def install_code_fingerprint(fingerprint: Callable[[Any], bytes]) -> None:
 
 # Value hashing is a table keyed by type, looked up along the value's MRO (the most specific class
 # wins), as dask's `normalize_token`: built-in types are registered below with `_register`, library
-# types when their module is loaded (`_LAZY`), user types with `register`. Not functools.singledispatch:
-# subclasses of the scalar types must keep their own rule ahead of the MRO (`numpy.float64` is a float
-# first) for keys to stay what they were, and types of libraries not imported must cost nothing.
+# types when their module is loaded (`_LAZY`, filled by `libraries.py`), user types with `register`.
+# Not functools.singledispatch: subclasses of the scalar types must keep their own rule ahead of the
+# MRO (`numpy.float64` is a float first) for keys to stay what they were, and types of libraries not
+# imported must cost nothing.
 _ENCODERS: dict[type, Encoder] = {}
 _RESOLVED: dict[type, Encoder] = {}  # type -> its encoder, once resolved
 
@@ -70,7 +72,7 @@ def _register(cls: type, encoder: Encoder) -> None:
 def register(cls: type, identify: Callable[[Any], Any]) -> None:
     """Hash instances of `cls` (and subclasses) by what `identify(value)` returns, itself hashed by
     these rules: for library types that cannot have a `__cache_key__()` method of their own."""
-    _register(cls, _registered(identify))
+    _register(cls, identified_by(identify))
 
 
 def digest(*parts: bytes) -> bytes:
@@ -244,7 +246,7 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
         fields["default_factory"] = factory
     if fields:  # nothing for a plain subclass (a named tuple): its keys stay what they were
         out(b"@")
-        _attributes(fields, out, active)
+        encode_attributes(fields, out, active)
 
 
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -254,14 +256,6 @@ def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) ->
 
 def _encode_code(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"Fn" + _code_fingerprint[0](v))
-
-
-def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    import torch
-    out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
-    if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
-        out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
-    _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
 
 
 def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -275,15 +269,15 @@ def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> No
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    _object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
+    encode_object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
 
 
 def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    _object(v, b"AT", {a.name: getattr(v, a.name) for a in type(v).__attrs_attrs__}, out, active)
+    encode_object(v, b"AT", {a.name: getattr(v, a.name) for a in type(v).__attrs_attrs__}, out, active)
 
 
 def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    _object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
+    encode_object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
             out, active)
 
 
@@ -301,7 +295,7 @@ def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) 
         raise _cannot(t)
     if _PUBLIC_ONLY.get():
         state = {k: x for k, x in state.items() if not k.startswith("_")}
-    _object(v, b"O", state, out, active)
+    encode_object(v, b"O", state, out, active)
 
 
 _EXACT: dict[type, Encoder] = {type(None): _encode_none, bool: _encode_bool, int: _encode_int,
@@ -314,17 +308,18 @@ def _cannot(t: type) -> UnhashableError:
                            f"{UNHASHABLE_FIXES}", t)
 
 
-def _object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+def encode_object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """An object by its class (the class's code too, for a user class: methods change results) and
     its fields; a field that cannot be hashed is reported by its attribute path."""
     t = type(v)
     out(tag + type_name(t) + (_code_fingerprint[0](t) if is_user_module(t.__module__) else b""))
     _guard(v, active)
-    _attributes(fields, out, active)
+    encode_attributes(fields, out, active)
     active.discard(id(v))
 
 
-def _attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+def encode_attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
+    """Named fields, each reported by its attribute path if it cannot be hashed."""
     out(length(len(fields)))
     for name, x in fields.items():
         encode_into(name, out, active)
@@ -334,10 +329,11 @@ def _attributes(fields: dict[str, Any], out: Callable[[bytes], Any], active: set
             raise exc.at(f".{name}") from None
 
 
-# --- library types: registered, or known by module without importing it ------------------------
+# --- registered types, and types known by module without importing it ---------------------------
 
 
-def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[bytes], Any], set[int]], None]:
+def identified_by(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[bytes], Any], set[int]], None]:
+    """The encoder of a type hashed by what `identify(value)` returns (its class first)."""
     def encode_registered(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
         out(b"RG" + type_name(type(v)))
         encode_into(identify(v), out, active)
@@ -347,30 +343,6 @@ def _registered(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[byte
 def _encode_partial(v: functools.partial[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"FP" + _code_fingerprint[0](v.func))
     encode_into((v.args, v.keywords), out, active)
-
-
-_TORCH_INTERNALS: frozenset[str] | None = None
-
-
-def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A torch module: the code of each submodule's class, its configuration (the attributes it
-    was built with, `training` included) and its parameters and buffers by content; hooks and
-    torch's bookkeeping are left out."""
-    global _TORCH_INTERNALS
-    if _TORCH_INTERNALS is None:
-        _TORCH_INTERNALS = frozenset(vars(type(m).__mro__[-2]())) - {"training"}  # a bare torch.nn.Module
-    config = {k: x for k, x in vars(m).items() if k not in _TORCH_INTERNALS}
-    _object(m, b"TM", config, out, active)
-    for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
-        out(tag)
-        _attributes(members, out, active)
-
-
-def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A scikit-learn estimator: its class, then its state (the parameters it was built with and
-    the fitted attributes, which scikit-learn keeps in the instance's __dict__)."""
-    state = v.__getstate__()
-    _object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
 
 
 def _encode_reduced(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -392,95 +364,6 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
     return h.digest(DIGEST)
 
 
-def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """dtype, shape, memory order and bytes. A subclass adds its class (np.matrix multiplies as
-    matrices, a recarray reads fields as attributes), a masked array its mask and fill value."""
-    import numpy as np
-    if type(v) is not np.ndarray and not isinstance(v, np.generic):
-        out(b"NS" + type_name(type(v)))
-        if isinstance(v, np.ma.MaskedArray):
-            _encode_numpy(np.ma.getmaskarray(v), out, active)
-            encode_into(v.fill_value, out, active)
-        v = v.view(np.ndarray)
-    if v.dtype.hasobject:
-        out(b"NO" + str(v.shape).encode())
-        encode_into(v.tolist(), out, active)
-        return
-    arr = np.ascontiguousarray(v)
-    out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
-        + (b"s" if isinstance(v, np.generic) else b"a"))
-    if not (isinstance(v, np.generic) or v.flags.c_contiguous):  # strides code can read (ravel("K"), .flags)
-        out(b"F" if v.flags.f_contiguous else b"K")
-    if v.dtype.kind in "mM":  # datetime64 / timedelta64: no buffer format of their own
-        arr = arr.reshape(-1).view(np.uint8)
-    out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
-
-
-def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A frame, series or index by everything code can read: class, names and labels (typed: a
-    column `1` is not a column `"1"`), `attrs`, each column's dtype (a categorical's categories and
-    order) and values (object columns typed like Python values)."""
-    import pandas as pd
-    out(b"PD" + type_name(type(v)))
-    if isinstance(v, pd.api.extensions.ExtensionArray):  # a Categorical, a nullable or Arrow array
-        _encode_pandas_values(pd.Series(v, copy=False), out, active)
-        return
-    if isinstance(v, pd.Index):
-        _encode_pandas_values(v, out, active)
-        encode_into(list(v.names), out, active)
-        return
-    encode_into(dict(v.attrs), out, active)
-    _encode_pandas(v.index, out, active)
-    if isinstance(v, pd.Series):
-        encode_into(v.name, out, active)
-        _encode_pandas_values(v, out, active)
-        return
-    _encode_pandas(v.columns, out, active)
-    for i in range(v.shape[1]):
-        _encode_pandas_values(v.iloc[:, i], out, active)
-
-
-def _encode_pandas_values(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """One column's (or an index's) dtype and values."""
-    import numpy as np
-    import pandas as pd
-    dtype = v.dtype
-    out(b"pv" + str(dtype).encode() + length(len(v)))
-    if isinstance(dtype, pd.CategoricalDtype):
-        out(b"T" if dtype.ordered else b"F")
-        _encode_pandas(dtype.categories, out, active)
-        _encode_numpy(np.asarray(v.cat.codes if isinstance(v, pd.Series) else v.codes), out, active)
-    elif isinstance(dtype, np.dtype) and not isinstance(v, pd.MultiIndex):
-        _encode_numpy(v.to_numpy(), out, active)  # object columns element by element, typed
-    elif isinstance(v, pd.MultiIndex):
-        encode_into(list(v), out, active)
-    else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow): pandas' own row hashes
-        rows = pd.util.hash_pandas_object(v, index=False).to_numpy()
-        out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
-
-
-def _encode_arrow(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A pyarrow table, batch or array: its Arrow IPC stream (schema with metadata, chunks, nulls)."""
-    import pyarrow as pa
-    batch = v if isinstance(v, (pa.Table, pa.RecordBatch)) else pa.table({"": v})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write(batch)
-    out(b"AR" + type_name(type(v)))
-    out(memoryview(sink.getvalue()))  # type: ignore[arg-type]  # a pyarrow Buffer is a buffer
-
-
-def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A scipy.sparse matrix or array: class and format (csr and csc differ for code that reads
-    `.indices`), shape, dtype, block size, then its entries in stored order (explicit zeros too)."""
-    import numpy as np
-    coo = v.tocoo(copy=False)
-    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
-    out(b"SP" + type_name(type(v)) + f"{v.format}{v.shape}{v.dtype.str}{getattr(v, 'blocksize', '')}".encode())
-    for part in (*coords, coo.data):
-        _encode_numpy(np.asarray(part), out, active)
-
-
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: issubclass(t, os.PathLike), _encode_path),
@@ -488,7 +371,7 @@ _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (dataclasses.is_dataclass, _encode_dataclass),
     (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
     (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
-    (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", _registered(vars)),
+    (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", identified_by(vars)),
     (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
 )
 
@@ -496,33 +379,22 @@ for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dic
                       (set, _encode_set), (frozenset, _encode_set), (enum.Enum, _encode_enum),
                       (types.FunctionType, _encode_code), (types.BuiltinFunctionType, _encode_code),
                       (types.MethodType, _encode_code), (type, _encode_code), (functools.partial, _encode_partial),
-                      (re.Pattern, _registered(lambda p: (p.pattern, p.flags))),
-                      (range, _registered(lambda r: (r.start, r.stop, r.step))),
-                      (types.SimpleNamespace, _registered(vars)),  # configuration objects
+                      (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
+                      (range, identified_by(lambda r: (r.start, r.stop, r.step))),
+                      (types.SimpleNamespace, identified_by(vars)),  # configuration objects
                       # what a dataclass's generated __init__ holds for a field with a default_factory
-                      (type(dataclasses._HAS_DEFAULT_FACTORY), _registered(lambda _: "default_factory"))):  # type: ignore[attr-defined]
+                      (type(dataclasses._HAS_DEFAULT_FACTORY), identified_by(lambda _: "default_factory"))):  # type: ignore[attr-defined]
     _register(_cls, _encoder)
 
-# Library types, registered when their module is first seen loaded: hashing imports none of them.
-_LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
-    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy),
-                         (np.dtype, _registered(lambda d: (d.str, str(d.descr))))),
-    "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
-                          (pd.api.extensions.ExtensionArray, _encode_pandas)),
-    "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
-                            (torch.device, _registered(str)), (torch.dtype, _registered(str))),  # torch.device("cuda")
-    "logging": lambda logging: ((logging.Logger, _registered(lambda lg: lg.name)),),  # what it records is no result
-    "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
-    "pyarrow": lambda pa: ((pa.Table, _encode_arrow), (pa.RecordBatch, _encode_arrow), (pa.Array, _encode_arrow),
-                           (pa.ChunkedArray, _encode_arrow), (pa.DataType, _registered(str)),
-                           (pa.Schema, _registered(lambda sc: sc.serialize().to_pybytes())),
-                           (pa.Scalar, _registered(lambda x: (str(x.type), x.as_py())))),
-    "scipy.sparse": lambda sp: tuple((cls, _encode_sparse) for cls in (sp.spmatrix, getattr(sp, "sparray", None))
-                                     if cls is not None),
-}
-
-
+# Library types (`hardy.hashing.libraries`), registered when their module is first seen loaded.
+_LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {}
 _LAZY_LOCK = threading.Lock()
+
+
+def register_library(module: str, types: Callable[[Any], tuple[tuple[type, Encoder], ...]]) -> None:
+    """Register the encoders `types(module)` returns once `module` is loaded: hashing imports no
+    library, and a library never loaded costs nothing."""
+    _LAZY[module] = types
 
 
 def _load_lazy() -> None:

@@ -1,0 +1,171 @@
+"""How values of library types are hashed: numpy arrays, pandas objects, torch tensors and modules,
+pyarrow tables, scipy.sparse matrices, scikit-learn estimators, loggers.
+
+`hardy.hashing.values` holds the table of encoders by type and the rules for built-in and user
+types; the types here are registered into it only once their library is loaded (`LIBRARIES`,
+`register_library`), so hashing imports none of these libraries and a library not used costs
+nothing. Each encoder feeds what code can read of a value: dtype, shape, memory order and bytes
+for an array, labels, dtypes and values for a frame, configuration and weights for a torch module.
+Like `code`, this module registers itself into `values` when imported (by `hardy.hashing`), so
+imports point one way (libraries -> values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .values import (
+    Encoder,
+    encode_attributes,
+    encode_into,
+    encode_object,
+    identified_by,
+    length,
+    register_library,
+    type_name,
+)
+
+
+def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """dtype, shape, memory order and bytes. A subclass adds its class (np.matrix multiplies as
+    matrices, a recarray reads fields as attributes), a masked array its mask and fill value."""
+    import numpy as np
+    if type(v) is not np.ndarray and not isinstance(v, np.generic):
+        out(b"NS" + type_name(type(v)))
+        if isinstance(v, np.ma.MaskedArray):
+            _encode_numpy(np.ma.getmaskarray(v), out, active)
+            encode_into(v.fill_value, out, active)
+        v = v.view(np.ndarray)
+    if v.dtype.hasobject:
+        out(b"NO" + str(v.shape).encode())
+        encode_into(v.tolist(), out, active)
+        return
+    arr = np.ascontiguousarray(v)
+    out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
+        + (b"s" if isinstance(v, np.generic) else b"a"))
+    if not (isinstance(v, np.generic) or v.flags.c_contiguous):  # strides code can read (ravel("K"), .flags)
+        out(b"F" if v.flags.f_contiguous else b"K")
+    if v.dtype.kind in "mM":  # datetime64 / timedelta64: no buffer format of their own
+        arr = arr.reshape(-1).view(np.uint8)
+    out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
+
+
+def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A frame, series or index by everything code can read: class, names and labels (typed: a
+    column `1` is not a column `"1"`), `attrs`, each column's dtype (a categorical's categories and
+    order) and values (object columns typed like Python values)."""
+    import pandas as pd
+    out(b"PD" + type_name(type(v)))
+    if isinstance(v, pd.api.extensions.ExtensionArray):  # a Categorical, a nullable or Arrow array
+        _encode_pandas_values(pd.Series(v, copy=False), out, active)
+        return
+    if isinstance(v, pd.Index):
+        _encode_pandas_values(v, out, active)
+        encode_into(list(v.names), out, active)
+        return
+    encode_into(dict(v.attrs), out, active)
+    _encode_pandas(v.index, out, active)
+    if isinstance(v, pd.Series):
+        encode_into(v.name, out, active)
+        _encode_pandas_values(v, out, active)
+        return
+    _encode_pandas(v.columns, out, active)
+    for i in range(v.shape[1]):
+        _encode_pandas_values(v.iloc[:, i], out, active)
+
+
+def _encode_pandas_values(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """One column's (or an index's) dtype and values."""
+    import numpy as np
+    import pandas as pd
+    dtype = v.dtype
+    out(b"pv" + str(dtype).encode() + length(len(v)))
+    if isinstance(dtype, pd.CategoricalDtype):
+        out(b"T" if dtype.ordered else b"F")
+        _encode_pandas(dtype.categories, out, active)
+        _encode_numpy(np.asarray(v.cat.codes if isinstance(v, pd.Series) else v.codes), out, active)
+    elif isinstance(dtype, np.dtype) and not isinstance(v, pd.MultiIndex):
+        _encode_numpy(v.to_numpy(), out, active)  # object columns element by element, typed
+    elif isinstance(v, pd.MultiIndex):
+        encode_into(list(v), out, active)
+    else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow): pandas' own row hashes
+        rows = pd.util.hash_pandas_object(v, index=False).to_numpy()
+        out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
+
+
+def _encode_arrow(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A pyarrow table, batch or array: its Arrow IPC stream (schema with metadata, chunks, nulls)."""
+    import pyarrow as pa
+    batch = v if isinstance(v, (pa.Table, pa.RecordBatch)) else pa.table({"": v})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write(batch)
+    out(b"AR" + type_name(type(v)))
+    out(memoryview(sink.getvalue()))  # type: ignore[arg-type]  # a pyarrow Buffer is a buffer
+
+
+def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scipy.sparse matrix or array: class and format (csr and csc differ for code that reads
+    `.indices`), shape, dtype, block size, then its entries in stored order (explicit zeros too)."""
+    import numpy as np
+    coo = v.tocoo(copy=False)
+    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
+    out(b"SP" + type_name(type(v)) + f"{v.format}{v.shape}{v.dtype.str}{getattr(v, 'blocksize', '')}".encode())
+    for part in (*coords, coo.data):
+        _encode_numpy(np.asarray(part), out, active)
+
+
+def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    import torch
+    out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
+    if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
+        out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
+    _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
+
+
+_TORCH_INTERNALS: frozenset[str] | None = None
+
+
+def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A torch module: the code of each submodule's class, its configuration (the attributes it
+    was built with, `training` included) and its parameters and buffers by content; hooks and
+    torch's bookkeeping are left out."""
+    global _TORCH_INTERNALS
+    if _TORCH_INTERNALS is None:
+        _TORCH_INTERNALS = frozenset(vars(type(m).__mro__[-2]())) - {"training"}  # a bare torch.nn.Module
+    config = {k: x for k, x in vars(m).items() if k not in _TORCH_INTERNALS}
+    encode_object(m, b"TM", config, out, active)
+    for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
+        out(tag)
+        encode_attributes(members, out, active)
+
+
+def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scikit-learn estimator: its class, then its state (the parameters it was built with and
+    the fitted attributes, which scikit-learn keeps in the instance's __dict__)."""
+    state = v.__getstate__()
+    encode_object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
+
+
+# Library types, registered when their module is first seen loaded: hashing imports none of them.
+LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
+    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy),
+                         (np.dtype, identified_by(lambda d: (d.str, str(d.descr))))),
+    "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
+                          (pd.api.extensions.ExtensionArray, _encode_pandas)),
+    "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
+                            (torch.device, identified_by(str)),  # torch.device("cuda")
+                            (torch.dtype, identified_by(str))),
+    "logging": lambda logging: ((logging.Logger, identified_by(lambda lg: lg.name)),),  # what it records is no result
+    "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
+    "pyarrow": lambda pa: ((pa.Table, _encode_arrow), (pa.RecordBatch, _encode_arrow), (pa.Array, _encode_arrow),
+                           (pa.ChunkedArray, _encode_arrow), (pa.DataType, identified_by(str)),
+                           (pa.Schema, identified_by(lambda sc: sc.serialize().to_pybytes())),
+                           (pa.Scalar, identified_by(lambda x: (str(x.type), x.as_py())))),
+    "scipy.sparse": lambda sp: tuple((cls, _encode_sparse) for cls in (sp.spmatrix, getattr(sp, "sparray", None))
+                                     if cls is not None),
+}
+
+for _name, _types in LIBRARIES.items():
+    register_library(_name, _types)
