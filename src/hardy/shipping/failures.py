@@ -1,0 +1,64 @@
+"""A node's error, made ready to travel back to the caller (`portable`): its cause's traceback kept
+as text, and a cause that pickle cannot carry replaced by a recipe that rebuilds it on the other
+side (`errors.rebuilt_exception`), so a failure is never lost on the way.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ..errors import NodeError, rebuilt_exception
+from .pickling import dumps
+
+
+def portable(err: NodeError) -> NodeError:
+    """The error, ready to cross a process: its cause's traceback kept as text in `stack` (a
+    traceback does not pickle), and a cause that would not come back whole (an exception whose
+    constructor takes other arguments than it passes to Exception, or holding an unpicklable
+    attribute: pickle rebuilds an exception by calling its class with its `args`) replaced by a
+    copy that rebuilds it on the other side (`errors.rebuilt_exception`)."""
+    cause = err.__cause__
+    if cause is not None and not getattr(err, "stack", ""):
+        import traceback
+        err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    try:
+        pickle.loads(dumps(err))  # the round trip: unpickling is where such exceptions fail
+        return err
+    except Exception:
+        err.__cause__ = _CauseCopy(cause) if cause is not None else None
+        return err
+
+
+class _CauseCopy(Exception):
+    """What travels for an exception pickle cannot carry: where its class lives, its built-in base,
+    message, `args` and attributes (those that pickle, the others as their repr)."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        kind = type(exc)
+        base = next((c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"), "Exception")
+        self.recipe = (kind.__module__, kind.__qualname__, base, _message(exc), tuple(_travelling(a) for a in exc.args),
+                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return rebuilt_exception, self.recipe
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a __str__ that raises must not hide the error
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _travelling(value: Any) -> Any:
+    """`value` if it survives pickling there and back, else its repr."""
+    try:
+        pickle.loads(dumps(value))
+        return value
+    except Exception:
+        try:
+            return repr(value)
+        except Exception:
+            return f"<{type(value).__name__}>"

@@ -1,0 +1,228 @@
+"""How values are pickled to cross a process: pickle where it can, cloudpickle for functions and
+anything from `__main__` (workers never import the user's main script, so its classes and
+functions travel by value), code keeping its file name and line numbers (`_reduce_code`), so crash
+stacks name the user's lines; and, to and from hardy's own workers, big torch tensors and
+bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `hardy.transport`).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import linecache
+import marshal
+import os
+import pickle
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from ..transport import THRESHOLD
+
+
+def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
+    """pickle where it can; cloudpickle for functions, and for anything that names `__main__`:
+    workers never import the user's main script, so its classes and functions travel by value.
+    `buffer_callback` is pickle's; given one (the worker transport does), torch tensors and
+    bytes-likes offer their bytes as buffers too (`out_of_band`). It is called with None when a
+    second attempt starts over."""
+    try:
+        data = _pickled(obj, buffer_callback, by_value=False)
+        if b"__main__" not in data:
+            return data
+    except Exception:
+        pass
+    if buffer_callback is not None:
+        buffer_callback(None)
+    return _pickled(obj, buffer_callback, by_value=True)
+
+
+def _pickled(obj: Any, buffer_callback: Callable[[Any], bool] | None, by_value: bool) -> bytes:
+    if buffer_callback is not None:
+        return out_of_band(obj, buffer_callback, by_value)
+    data: bytes = cloudpickle.dumps(obj, protocol=5) if by_value else pickle.dumps(obj, protocol=5)
+    return data
+
+
+def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool = False) -> bytes:
+    """`obj` pickled (protocol 5, cloudpickle if `by_value`) for `transport.pack`, which takes every
+    big `PickleBuffer` out of band. numpy and Arrow pickle their memory as PickleBuffers; here the
+    others do too: a plain CPU torch tensor of `THRESHOLD` bytes or more (`_reduce_tensor`), bytes,
+    bytearray and memoryview. The C pickler writes bytes and bytearrays before any hook could see
+    them, so the first attempt stops where it would write a big one (`_Sink`), and the pickle is
+    made again with the big ones in its dicts, lists and tuples wrapped (`_lift`): a message with
+    none costs no walk."""
+    try:
+        return _dump(obj, buffer_callback, by_value, _Sink())
+    except _BigBytes:
+        buffer_callback(None)
+        return _dump(_lift(obj, {}), buffer_callback, by_value, io.BytesIO())
+
+
+def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool, file: io.BytesIO) -> bytes:
+    """One pickling into `file`, with the reductions of `_reductions` ahead of everyone else's."""
+    with file:
+        if by_value:
+            ByValuePickler(file, protocol=5, buffer_callback=buffer_callback).dump(obj)
+        else:
+            pickler = pickle.Pickler(file, protocol=5, buffer_callback=buffer_callback)
+            pickler.dispatch_table = {**copyreg.dispatch_table, **_reductions()}
+            pickler.dump(obj)
+        return file.getvalue()
+
+
+class _BigBytes(Exception):
+    pass
+
+
+class _Sink(io.BytesIO):
+    """A pickle's file that refuses a big bytes or bytearray: the pickler hands it over whole
+    (anything over 64 KiB skips its frames), before the copy. A big str's UTF-8 comes the same
+    way; it is then pickled again for nothing, as no bytes were found to wrap."""
+
+    def write(self, data: Any) -> int:
+        if type(data) in (bytes, bytearray) and len(data) >= THRESHOLD:
+            raise _BigBytes
+        return super().write(data)
+
+
+class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle's pickler with `_reductions` first: its class-level dispatch table hides the
+    C pickler's, so they go in its `reducer_override` (the by-value path is the slow one anyway)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.ours = _reductions()
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduce = self.ours.get(type(obj))
+        if reduce is not None:
+            return reduce(obj)
+        if type(obj) is types.CodeType:
+            return _reduce_code(obj)
+        return super().reducer_override(obj)
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
+    """The code of a function sent by value keeps its file name, where cloudpickle writes
+    "<dynamic-code>", so a worker's crash stack names the user's file and line; the source of a file
+    that is not on disk (a notebook cell) travels too, for linecache. marshal keeps the whole code
+    object (nested functions included); parent and workers run the same interpreter."""
+    name = code.co_filename
+    entry: Any = None if os.path.exists(name) else linecache.cache.get(name)
+    lines = entry[2] if entry is not None and len(entry) == 4 else None
+    return _code, (marshal.dumps(code), name, lines)
+
+
+def _code(data: bytes, filename: str, lines: list[str] | None) -> types.CodeType:
+    if lines and filename not in linecache.cache:
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    code: types.CodeType = marshal.loads(data)
+    return code
+
+
+def _reductions() -> dict[type, Callable[[Any], Any]]:
+    """By exact type, so that the C pickler calls no Python for any other object; torch's only
+    once something imported it (checking never imports it)."""
+    torch = sys.modules.get("torch")
+    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview}
+    if torch is not None:
+        found[torch.Tensor] = _reduce_tensor
+    return found
+
+
+class _Lifted:
+    """A big bytes or bytearray, pickled as a PickleBuffer so that it can travel out of band. It
+    comes back as its own type, copied out of the segment: neither type can be a view of one."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray):
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self.value), (pickle.PickleBuffer(self.value),)
+
+
+def _lift(obj: Any, seen: dict[int, Any]) -> Any:
+    """`obj` with its bytes and bytearrays of `THRESHOLD` bytes or more (itself, or in its dicts,
+    lists and tuples: a node's inputs and outputs) wrapped; `obj` itself where there are none."""
+    kind = type(obj)
+    if kind not in (bytes, bytearray, dict, list, tuple):
+        return obj
+    if id(obj) in seen:  # shared (or cyclic) references stay shared
+        return seen[id(obj)]
+    seen[id(obj)] = obj
+    if kind is bytes or kind is bytearray:
+        new: Any = _Lifted(obj) if len(obj) >= THRESHOLD else obj
+    elif kind is dict:
+        new = {key: _lift(value, seen) for key, value in obj.items()}
+        new = obj if all(new[key] is value for key, value in obj.items()) else new
+    else:
+        new = kind(_lift(value, seen) for value in obj)
+        new = obj if all(a is b for a, b in zip(new, obj)) else new
+    seen[id(obj)] = new
+    return new
+
+
+def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
+    """A memoryview (which pickle refuses) travels as its bytes: out of band when big, so that it
+    arrives as a writable view of the shared pages, with its format and shape (`_memoryview`)."""
+    data = pickle.PickleBuffer(view) if view.c_contiguous else view.tobytes()
+    return _memoryview, (data, view.format, view.shape)
+
+
+def _memoryview(data: Any, format: Any, shape: tuple[int, ...]) -> memoryview:
+    flat = memoryview(data).cast("B")
+    try:
+        view: memoryview = flat.cast(format, shape)
+        return view
+    except (TypeError, ValueError):  # a format `cast` cannot make (a struct's, say): flat bytes
+        return flat
+
+
+_exporters: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    """A plain CPU tensor of `THRESHOLD` bytes or more travels as a PickleBuffer of its bytes,
+    plus dtype, shape and requires_grad: out of band, so that it arrives as a view of the shared
+    pages (`_tensor`), where torch would have written a copy of its storage into the pickle. Any
+    other tensor (not contiguous, not on the CPU, sparse, quantized, named, conjugated, part of an
+    autograd graph, with attributes of its own) is pickled the way torch does it."""
+    data = _tensor_bytes(tensor)
+    if data is None:
+        return tensor.__reduce_ex__(5)
+    return _tensor, (pickle.PickleBuffer(data), tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
+
+
+def _tensor_bytes(tensor: Any) -> Any:
+    """The tensor's bytes as a uint8 numpy array (which exports buffers: no torch type does), the
+    same one while it lives, so that a tensor every item shares is recognised (`transport.Shared`)."""
+    torch = sys.modules["torch"]
+    try:  # the layout first: a sparse tensor has no `nbytes`, and a kind torch adds later may lack more
+        if (tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_nested or not tensor.is_cpu
+                or tensor.nbytes < THRESHOLD or not tensor.is_contiguous() or not tensor.is_leaf
+                or tensor.is_conj() or tensor.is_neg() or any(getattr(tensor, "names", ())) or tensor.__dict__):
+            return None
+    except (RuntimeError, AttributeError, NotImplementedError):  # pickled the way torch does it
+        return None
+    key = (tensor.data_ptr(), tensor.nbytes)  # an exporter keeps its tensor, so its address, alive
+    data = _exporters.get(key)
+    if data is None:
+        try:
+            data = _exporters[key] = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        except RuntimeError:  # torch without numpy
+            return None
+    return data
+
+
+def _tensor(data: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    """The tensor `_reduce_tensor` described, over `data` (the mapped segment: no copy, writable)."""
+    import torch
+    tensor = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+    return tensor.requires_grad_(requires_grad)
