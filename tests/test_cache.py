@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, Pipeline, UnhashableError, node
-from hardy.cache.disk import HEADER, MAGIC, VERSION
+from hardy.cache.entry import HEADER, MAGIC, VERSION
 from hardy.hashing import hash_value
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's own counters and warnings, seen here

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hardy import DiskCache, Pipeline, node
-from hardy.cache.disk import BUFFERS, HEADER, MAGIC, VERSION
+from hardy.cache.entry import BUFFERS, HEADER, MAGIC, VERSION
 from hardy.cache.store import Buffer, Data, EntryInfo, pieces
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's mapped hits, seen here

@@ -1,27 +1,8 @@
 """DiskCache: content-addressed node results that are verified before they are ever unpickled.
 
-Entry layout (bytes, whatever the store):
-    b"HRD" | format version (1 byte) | key id (8 bytes) | MAC (16 bytes) | body
-    format 3, a value without big buffers: body = pickle
-    format 4, a value with buffers of at least `transport.THRESHOLD` bytes (numpy arrays...):
-        body = count (u32) | pickle size (u64) | each buffer's size (u64) | pickle (protocol 5,
-               the buffers out of band) | each buffer, at an offset that is a multiple of 64
-MAC = keyed BLAKE3(secret, FORMAT | entry key | body), and for format 4 FORMAT | entry key | 4 |
-body (so that neither format's entry verifies as the other's). It is the checksum and the signature
-at once: a truncated, zeroed or flipped entry, or an entry copied under another key, fails
-verification and is deleted and recomputed.
-
-Why format 4: a hit on an 80 MB array used to read the entry into memory, then unpickle a second
-copy of it. A format 4 entry is written piece by piece (the buffers from where they are, not joined
-into one bytes object); on a hit, the store maps the blob file privately (`Store.view`), the MAC is
-checked over a copy of the pickle (a file written into in place after the check cannot slip in
-another one) and over the mapped buffers, which are unpickled as views of it: the arrays are the
-file's pages, copied only where the user writes into them (copy-on-write; the cache never changes). Both
-formats are read: entries written before format 4 still hit; a hardy that knows only format 3
-skips (keeps) format 4 entries. The key id (a keyed hash of nothing but the secret) tells an entry
-written under another secret — another user sharing the directory with a different
-HARDY_CACHE_KEY — from a damaged one: it is skipped, not deleted. Nothing that fails is unpickled,
-so a crafted pickle in the cache directory never runs.
+Each entry is signed bytes (the layout and why: `cache/entry.py`): its MAC is checked before it
+is ever unpickled, so a truncated, corrupted or moved entry is deleted and recomputed, one written
+under another secret is skipped, and a crafted pickle in the cache directory never runs.
 
 The cache never fails a node: a store that cannot be read or written (disk full, read-only mount,
 permission, I/O error, a lock held past its timeout) makes the node run uncached, and `report()`
@@ -42,7 +23,6 @@ import logging
 import os
 import pickle
 import sqlite3
-import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,22 +30,15 @@ from typing import Any, cast
 
 from .. import arguments
 from ..errors import InvalidArgument, UnhashableError
-from ..hashing import DIGEST, FORMAT, hash_value
+from ..hashing import FORMAT, hash_value
 from ..sizes import parse_size
+from .entry import BUFFERS, FORMATS, HEADER, KEY_ID, MAGIC, TAG, VERSION, dumps, laid_out, private, split, unpack
 from .keys import MISS, PlanCache
 from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
 from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, sign, user_key, user_key_folder
 
 log = logging.getLogger("hardy.cache")
 
-MAGIC = b"HRD"
-VERSION = 3  # 3: keyed BLAKE3 MACs (a value without big buffers)
-BUFFERS = 4  # a value whose big buffers follow its pickle, mapped on a hit
-TAG = bytes([BUFFERS])  # first in a format 4 entry's MAC: neither format's entry verifies as the other's
-FORMATS = (VERSION, BUFFERS)
-ALIGN = 64
-KEY_ID = 8
-HEADER = len(MAGIC) + 1 + KEY_ID + DIGEST
 FAULTS = (OSError, sqlite3.Error)  # what a store raises when its environment misbehaves
 
 
@@ -143,7 +116,8 @@ class DiskCache(PlanCache):
         self._faults: collections.Counter[str] = collections.Counter()
         self._reported = (0, 0)  # (rejected, skipped) at the last report
         if remote:
-            from .objectstore import BucketStore, SharedStore
+            from .objectstore import BucketStore
+            from .shared import SharedStore
             namespace = f"{FORMAT.decode()}/{self.key_id.hex()}"
             self.store = SharedStore(LocalStore(self.path), BucketStore(url, namespace, storage_options))
 
@@ -269,16 +243,16 @@ class DiskCache(PlanCache):
         else:
             whole = memoryview(entry)
             if entry[3] == VERSION:
-                body = _private(whole[HEADER:])
+                body = private(whole[HEADER:])
                 mac = self._mac(key, body)
             else:
-                body, buffers = _split(whole)
+                body, buffers = split(whole)
                 mac = self._mac_pieces(key, (body, buffers))
             if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], mac):
                 reason = "MAC mismatch: truncated, corrupted or moved"
             else:
                 try:
-                    value = pickle.loads(body) if entry[3] == VERSION else _unpack(whole, body)
+                    value = pickle.loads(body) if entry[3] == VERSION else unpack(whole, body)
                     self.hits += 1
                     return value
                 except Exception as exc:  # verified but unloadable: a class that changed since
@@ -298,7 +272,7 @@ class DiskCache(PlanCache):
             return False
         big: list[memoryview] = []
         try:
-            payload = _dumps(value, big)
+            payload = dumps(value, big)
         except Exception as exc:
             log.warning("result for cache key %s not cached: cannot pickle %s (%s)", key.hex(),
                         type(value).__name__, exc)
@@ -320,12 +294,7 @@ class DiskCache(PlanCache):
         else format 4's pieces, the buffers as they are (the store writes them one after another)."""
         if not big:
             return MAGIC + bytes([VERSION]) + self.key_id + self._mac(key, payload) + payload
-        body: list[Buffer] = [struct.pack(f"<IQ{len(big)}Q", len(big), len(payload), *(b.nbytes for b in big)),
-                              payload]
-        end = HEADER + len(body[0]) + len(payload)
-        for buf in big:
-            body += [bytes(-end % ALIGN), buf]
-            end += -end % ALIGN + buf.nbytes
+        body = laid_out(payload, big)
         return [MAGIC + bytes([BUFFERS]) + self.key_id + self._mac_pieces(key, body), *body]
 
     @contextlib.contextmanager
@@ -467,58 +436,6 @@ class DiskCache(PlanCache):
     def clear(self) -> None:
         self.store.clear()
         sweep_locks(os.path.join(self.path, "locks"))
-
-
-def _dumps(value: Any, big: list[memoryview]) -> bytes:
-    """`value` pickled (protocol 5, cloudpickle for what pickle cannot do); its buffers of at least
-    `transport.THRESHOLD` bytes are left out of the pickle and appended to `big`, uncopied."""
-    from ..transport import big_buffer  # here: `import hardy` does not load the worker transport
-
-    def out_of_band(buf: pickle.PickleBuffer) -> bool:
-        raw = big_buffer(buf)
-        if raw is None:
-            return True
-        big.append(raw)
-        return False
-    try:
-        return pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
-    except Exception:
-        big.clear()
-        import cloudpickle
-        return cloudpickle.dumps(value, protocol=5, buffer_callback=out_of_band)  # type: ignore[no-any-return]
-
-
-def _private(view: memoryview) -> Buffer:
-    """`view`, copied unless it is memory of its own (bytes, a store's bytearray): the bytes that
-    are unpickled must be the bytes that were verified, and a mapped file can change in between
-    (anyone allowed to write into it in place could slip in a pickle that runs code)."""
-    return view if isinstance(view.obj, (bytes, bytearray)) else bytes(view)
-
-
-def _split(whole: memoryview) -> tuple[Buffer, memoryview]:
-    """A format 4 entry's body: its layout and pickle (`_private`), then its buffers where they
-    are (data: a change after the check changes values, runs nothing)."""
-    count, size = struct.unpack_from("<IQ", whole, HEADER) if len(whole) >= HEADER + 12 else (0, 0)
-    end = min(len(whole), HEADER + 12 + 8 * count + size)
-    return _private(whole[HEADER:end]), whole[end:]
-
-
-def _unpack(whole: memoryview, body: Buffer) -> Any:
-    """A verified format 4 entry unpickled over views of its buffers: no copy. `body` is its layout
-    and pickle (`_split`). An entry in read-only memory (a store's bytes) is copied once, so that
-    arrays come back writable as from any pickle."""
-    if whole.readonly:
-        whole = memoryview(bytearray(whole))
-    count, size = struct.unpack_from("<IQ", body)
-    start = 12 + 8 * count
-    buffers, end = [], HEADER + start + size
-    for n in struct.unpack_from(f"<{count}Q", body, 12):
-        end += -end % ALIGN
-        buffers.append(whole[end:end + n])
-        end += n
-    if end != len(whole) or len(body) != start + size:
-        raise ValueError(f"the layout ends at byte {end} of {len(whole)}")
-    return pickle.loads(memoryview(body)[start:], buffers=buffers)
 
 
 def _reason(exc: BaseException) -> str:
