@@ -1,4 +1,5 @@
-"""The embed pipeline, batched: `python bench/batching.py` (`N=5000` for a quicker run).
+"""The embed pipeline, batched: `python bench/batching.py` (`N=5000` for a quicker run, `PEERS=0` without
+Ray Data, Daft and HyperNodes).
 
 20,000 generated documents: tokenize (per item, CPU) -> embed (a torch EmbeddingBag + MLP built
 here, one CPU thread per process) -> score (per item), all in one run:
@@ -43,6 +44,7 @@ VOCAB = 20_000
 POISON_ID = VOCAB  # the token only the poisoned document has: the embed call that sees it segfaults
 HN_PYTHON = os.environ.get("HN_PYTHON", "/tmp/hn26-venv/bin/python")
 PEER_TIMEOUT = float(os.environ.get("PEER_TIMEOUT", "900"))  # seconds a peer's run may take
+PEERS = os.environ.get("PEERS", "1") != "0"  # PEERS=0: hardy and the plain loops only (minutes less)
 
 # --- the work: the same functions for every framework (this file is imported by the side runs) ---
 
@@ -341,6 +343,9 @@ def main() -> None:
     for name, kind in (("Ray Data, map + map_batches(64) tasks (2 CPUs)", "ray_data"),
                        ("Daft, row UDFs + batch UDF(64) (2 processes)", "daft_run"),
                        ("HyperNodes 0.4.8 DualNode on DaftEngine", "hypernodes")):
+        if not PEERS:
+            rows[name] = {"skipped": "PEERS=0", "results": 0}
+            continue
         rows[name] = side(kind, None, PEER_TIMEOUT)
         rows[name + ", 1 poisoned document"] = side(kind, N // 3, PEER_TIMEOUT / 2)
 
