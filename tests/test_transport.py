@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import Unloadable
-from hardy import Engine, Failed, NodeCrashed, Pipeline, node, transport  # noqa: F401 - the module
+from hardy import Engine, Failed, NodeCrashed, Pipeline, node
+from hardy.buffers import THRESHOLD
+from hardy.shipping import transport
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -133,7 +135,7 @@ def test_pack_and_unpack_across_a_socket():
 
     a, b = socket.socketpair()
     sender, receiver = Connection(a.detach()), Connection(b.detach())
-    value = {"big": np.arange(transport.THRESHOLD // 8 + 1, dtype=np.int64), "small": np.arange(4), "n": 7}
+    value = {"big": np.arange(THRESHOLD // 8 + 1, dtype=np.int64), "small": np.arange(4), "n": 7}
     packed = transport.pack(value, dumps)
     assert packed.data[:4] == transport.MAGIC and len(packed.fds) == 1 and packed.owned
     transport.send(sender, b"", packed)
@@ -142,7 +144,7 @@ def test_pack_and_unpack_across_a_socket():
     assert got["n"] == 7 and np.array_equal(got["big"], value["big"]) and np.array_equal(got["small"], value["small"])
     plain = transport.pack({"small": np.arange(4)}, dumps)
     assert not plain.fds and plain.data[:1] == b"\x80"
-    weights = np.ones(transport.THRESHOLD // 8 * 2)
+    weights = np.ones(THRESHOLD // 8 * 2)
     shared = transport.Shared([{"w": weights}], dumps)
     first = transport.pack({"w": weights, "x": value["big"]}, dumps, shared)
     second = transport.pack({"w": weights}, dumps, shared)
@@ -189,7 +191,7 @@ def test_more_segments_than_one_message_may_pass():
 
     a, b = socket.socketpair()
     sender, receiver = Connection(a.detach()), Connection(b.detach())
-    weights = [np.full(transport.THRESHOLD // 8, float(k)) for k in range(transport.SCM_MAX_FD + 7)]
+    weights = [np.full(THRESHOLD // 8, float(k)) for k in range(transport.SCM_MAX_FD + 7)]
     shared = transport.Shared([weights], dumps)
     packed = transport.pack(weights, dumps, shared)  # a descriptor per array: more than one sendmsg takes
     assert len(packed.fds) > transport.SCM_MAX_FD
@@ -291,7 +293,7 @@ def test_pickling_for_workers_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from hardy import transport; from hardy.shipping import dumps; import numpy as np; "
+    code = ("import sys; from hardy.shipping import dumps, transport; import numpy as np; "
             "transport.pack({'a': np.ones(2**18), 'b': b'x' * 2**21, 'm': memoryview(b'ab')}, dumps).close(); "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,7 @@
 Entry layout (bytes, whatever the store):
     b"HRD" | format version (1 byte) | key id (8 bytes) | MAC (16 bytes) | body
     format 3, a value without big buffers: body = pickle
-    format 4, a value with buffers of at least `transport.THRESHOLD` bytes (numpy arrays...):
+    format 4, a value with buffers of at least `buffers.THRESHOLD` bytes (numpy arrays...):
         body = count (u32) | pickle size (u64) | each buffer's size (u64) | pickle (protocol 5,
                the buffers out of band) | each buffer, at an offset that is a multiple of 64
 MAC = keyed BLAKE3(secret, FORMAT | entry key | body), and for format 4 FORMAT | entry key | 4 |
@@ -48,8 +48,8 @@ HEADER = len(MAGIC) + 1 + KEY_ID + DIGEST
 
 def dumps(value: Any, big: list[memoryview]) -> bytes:
     """`value` pickled (protocol 5, cloudpickle for what pickle cannot do); its buffers of at least
-    `transport.THRESHOLD` bytes are left out of the pickle and appended to `big`, uncopied."""
-    from ..transport import big_buffer  # here: `import hardy` does not load the worker transport
+    `buffers.THRESHOLD` bytes are left out of the pickle and appended to `big`, uncopied."""
+    from ..buffers import big_buffer  # here: `import hardy` does not load ctypes
 
     def out_of_band(buf: pickle.PickleBuffer) -> bool:
         raw = big_buffer(buf)

@@ -130,7 +130,7 @@ def map_file(path: str) -> Buffer:
     truncate are mapped: the current user's, read-only (blobs are written 0444; an older writable
     one of ours is made read-only here). Anyone else's file (a shared cache) is read into memory
     of our own: one copy, and a truncation meanwhile makes a short entry that fails its MAC."""
-    from ..transport import map_fd  # here: `import hardy` does not load the worker transport
+    from ..buffers import map_fd  # here: `import hardy` does not load ctypes
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)

@@ -3,10 +3,11 @@
 A plan travels as its spec, compiled again on the other side (`plans.py`); items travel pickled, a
 chunk at a time or one by one for an engine's task, sealed input by input when a chunk must be
 opened that way (`items.py`); how values are pickled — by reference or by value, code keeping its
-file and lines, big buffers out of band for `hardy.transport` — is `pickling.py`; a node's error is
-made ready to travel back (`failures.py`). Anything that cannot travel gets an error naming the
-node or the input and the remedy, before anything is sent. Shared by the worker pool and the
-distributed engines, which import these names from here.
+file and lines, big buffers out of band — is `pickling.py`, and the big buffers themselves travel
+in memfd segments beside the pickle (`transport.py`); a node's error is made ready to travel back
+(`failures.py`). Anything that cannot travel gets an error naming the node or the input and the
+remedy, before anything is sent. Shared by the worker pool and the distributed engines, which
+import these names from here.
 """
 
 from .failures import portable

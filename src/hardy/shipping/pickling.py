@@ -2,7 +2,7 @@
 anything from `__main__` (workers never import the user's main script, so its classes and
 functions travel by value), code keeping its file name and line numbers (`_reduce_code`), so crash
 stacks name the user's lines; and, to and from hardy's own workers, big torch tensors and
-bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `hardy.transport`).
+bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `shipping.transport`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..transport import THRESHOLD
+from ..buffers import THRESHOLD
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:

@@ -22,7 +22,7 @@ The messages are the small records of `messages.py`; the status words, `status.p
 replies (result batches, resends, last words), `replies.py`.
 
 Chunks and result batches carry big array buffers (≥ 1 MiB) out of band: a memfd segment whose
-descriptor follows the message on the same socket, mapped by the receiver (`hardy.transport`).
+descriptor follows the message on the same socket, mapped by the receiver (`hardy.shipping.transport`).
 
 How workers start and why nothing outlives the parent: `launch.py`, `server.py`, `lifeline.py`.
 """

@@ -1,7 +1,7 @@
 """What the parent and a worker say to each other (the picture in `hardy/workers/__init__.py`).
 
 Parent → worker: one pickled message per `recv_bytes`, big array buffers out of band
-(`hardy.transport`). Worker → parent: a `Header` packed in front of each batch of results, so the
+(`shipping.transport`). Worker → parent: a `Header` packed in front of each batch of results, so the
 parent learns what the batch is before it unpickles anything.
 """
 

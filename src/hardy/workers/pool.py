@@ -14,13 +14,12 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .. import transport
 from ..errors import InvalidArgument
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
 from ..plan import Plan
 from ..safety.hazards import choose_start_method
-from ..shipping import Unshippable, dumps, ship_items, ship_plan
+from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
 from ..sizes import parse_size
 from . import launch
 from .messages import Chunk, PlanSpec

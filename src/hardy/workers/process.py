@@ -12,9 +12,9 @@ import sys
 import time
 from array import array
 
-from .. import transport
 from ..forensics.stacks import hang_stacks
 from ..plan import Plan
+from ..shipping import transport
 from . import launch
 from . import status as words
 from .messages import Setup, Stop

@@ -13,11 +13,10 @@ import os
 import pickle
 from typing import Any
 
-from .. import transport
 from ..crash import nesting_line
 from ..errors import NodeError
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
-from ..shipping import dumps, out_of_band
+from ..shipping import dumps, out_of_band, transport
 from .messages import Header
 from .status import IDLE, ITEM, SENDING, STEP
 

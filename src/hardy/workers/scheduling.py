@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
-from .. import transport
 from ..batching import batched
 from ..crash import describe_exit
 from ..errors import (
@@ -33,6 +32,7 @@ from ..shipping import (
     globals_in,
     item_error,
     seal,
+    transport,
 )
 from . import status as words
 from .deaths import Deaths, after_return

@@ -20,14 +20,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .. import transport
 from ..crash import FATAL_SIGNALS, POISON, mark_contained, on_fatal_signal
 from ..forensics import handler as native_handler
 from ..forensics.stacks import allow_tracing
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
-from ..shipping import build_plan
+from ..shipping import build_plan, transport
 from .chunks import names_steps, run_chunk
 from .lifeline import kill_group, watch_peer
 from .messages import Chunk, Header, PlanSpec, Resend, Setup

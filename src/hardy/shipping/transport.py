@@ -25,7 +25,6 @@ bytes: a pickle starts with the PROTO opcode, a message with a segment with `MAG
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import mmap
 import os
@@ -33,17 +32,16 @@ import pickle
 import socket
 import struct
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-THRESHOLD = 1 << 20  # bytes: smaller buffers stay in the pickle
+from ..buffers import big_buffer, map_pieces
+
 PIECE = 4 << 20  # bytes: a segment is cut into pieces no smaller than this, written at once
 WRITERS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 MAGIC = b"HSEG"
 _ALIGN = 64
 SCM_MAX_FD = 253  # descriptors one sendmsg(2) may pass (Linux): more go in several messages
-_MAP_FIXED = 0x10  # <sys/mman.h> on Linux, as memfd is; the mmap module lacks it before 3.13
 
 
 class Packed:
@@ -131,17 +129,6 @@ def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> 
     return Packed(MAGIC + struct.pack(f"<II{len(layout)}Q", len(big), len(fds), *layout) + data, fds, owned)
 
 
-def big_buffer(buf: pickle.PickleBuffer | None) -> memoryview | None:
-    """The buffer's bytes if it should travel out of band (big enough and contiguous)."""
-    if buf is None:
-        return None
-    try:
-        raw = buf.raw()
-    except BufferError:  # not contiguous: in the pickle
-        return None
-    return raw if raw.nbytes >= THRESHOLD else None
-
-
 def _segment(raws: Sequence[memoryview]) -> tuple[list[int], list[int]]:
     """A new segment holding `raws` one after another (aligned), and where each starts. A big
     segment is cut into pieces, one memfd each, written by as many threads at once: one memfd
@@ -221,7 +208,7 @@ def unpack(conn: Any, view: memoryview) -> Any:
     fds = receive_fds(conn, n_fds)
     firsts = sorted(set(layout[::3]))  # a segment: its first descriptor and those up to the next one's
     try:
-        whole = {first: _map(fds[first:end]) for first, end in zip(firsts, [*firsts[1:], n_fds])}
+        whole = {first: map_pieces(fds[first:end]) for first, end in zip(firsts, [*firsts[1:], n_fds])}
     finally:
         for fd in fds:
             os.close(fd)
@@ -243,56 +230,3 @@ def receive_fds(conn: Any, n_fds: int) -> list[int]:
             os.close(fd)
         raise EOFError("the sender died before passing its shared-memory segments")
     return fds
-
-
-def map_fd(fd: int, size: int, flags: int = mmap.MAP_SHARED) -> memoryview:
-    """`fd`'s first `size` bytes mapped read-write, as a view that unmaps itself when its last user
-    is gone: MAP_SHARED for a segment both processes see, MAP_PRIVATE for a copy-on-write view of a
-    file (the cache's blob files: writes stay in this process). The descriptor may be closed at once."""
-    addr = _checked(_libc().mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0), size)
-    return _view(addr, size)
-
-
-def _map(fds: Sequence[int]) -> memoryview:
-    """The pieces of a segment mapped one after another, as one view (see `map_fd`)."""
-    libc = _libc()
-    sizes = [os.fstat(fd).st_size for fd in fds]
-    size = sum(sizes)
-    # Reserve the whole range (PROT_NONE: 0), then lay each piece over its part of it.
-    addr = _checked(libc.mmap(None, size, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0), size)
-    try:
-        at = addr
-        for fd, piece in zip(fds, sizes):
-            _checked(libc.mmap(at, piece, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0),
-                     size)
-            at += piece
-    except OSError:
-        libc.munmap(addr, size)
-        raise
-    return _view(addr, size)
-
-
-def _view(addr: int, size: int) -> memoryview:
-    """The mapping at `addr` as a view that unmaps it when its last user is gone. Not `mmap.mmap`:
-    before Python 3.13 it keeps a duplicate descriptor per mapping, and a map's results alive at
-    once would run the process out of descriptors."""
-    region = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(region, _libc().munmap, addr, size)
-    return memoryview(region).cast("B")
-
-
-def _checked(addr: int | None, size: int) -> int:
-    if addr in (None, ctypes.c_void_p(-1).value):
-        err = ctypes.get_errno()
-        raise OSError(err, f"mapping {size} bytes of shared memory or of a cache file: {os.strerror(err)}")
-    assert addr is not None
-    return addr
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
