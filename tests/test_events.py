@@ -173,7 +173,7 @@ def test_no_listener_for_node_events_means_no_node_events_logged():
             self.items += 1
 
     from hardy.engine.results import Results
-    from hardy.observe.callbacks import Events
+    from hardy.observe.events import Events
     from hardy.observe.progress import MapProgress
     from hardy.observe.watch import Watch
     assert not Results(1, "raise", Watch(MapProgress(1, "", False), Events([ItemsOnly()]))).log_nodes

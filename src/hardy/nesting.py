@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .engine.core import Engine
 from .errors import Failed, InvalidArgument, InvalidArgumentType
 from .node import Node
-from .observe.callbacks import Events, PipelineCallback
+from .observe.callbacks import PipelineCallback
+from .observe.events import Events
 from .observe.progress import nested_progress
 from .plan import resolve
 

@@ -40,7 +40,8 @@ from .items import map_items, share_input_keys
 from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode
 from .node import Node
-from .observe.callbacks import Events, PipelineCallback, in_call, listening
+from .observe.callbacks import PipelineCallback, in_call, listening
+from .observe.events import Events
 from .observe.progress import MapProgress, count_cached, progress_wanted
 from .observe.report import Recorder, RunReport
 from .observe.watch import Watch

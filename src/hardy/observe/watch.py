@@ -18,7 +18,7 @@ from .progress import MapProgress
 
 if TYPE_CHECKING:
     from ..errors import NodeError
-    from .callbacks import Events
+    from .events import Events
     from .report import LiveReport, Recorder
 
 
