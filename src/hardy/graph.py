@@ -8,9 +8,9 @@ re-check: a Plan can trust the graph.
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 
-from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError
+from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError, UnknownInputError
 from .node import Node
 
 
@@ -42,6 +42,18 @@ class Graph:
         hidden = self._kept_inside()
         # What a run returns when it names no output: every output but those kept inside nested pipelines.
         self.exposed: tuple[str, ...] = tuple(o for o in self.outputs if o not in hidden)
+
+    def unknown_inputs(self, names: Iterable[str], pipeline: str) -> UnknownInputError | None:
+        """The error for inputs no node takes (usually a typo), or None."""
+        unknown = [n for n in names if n not in self.consumers and n not in self.producer]
+        return UnknownInputError(unknown, self.root_inputs, pipeline) if unknown else None
+
+    def requested(self, output_name: str | Sequence[str] | None, provided: Container[str]) -> tuple[str, ...]:
+        """The outputs a call asks for by `output_name`; with none named, every exposed output that
+        is not `provided`."""
+        if output_name is None:
+            return tuple(o for o in self.exposed if o not in provided)
+        return (output_name,) if isinstance(output_name, str) else tuple(output_name)
 
     # HyperNodes' names for the graph's introspection, with its sorting and list types.
 

@@ -1,12 +1,13 @@
 """The items of a map: one dict of inputs per item, built from the inputs mapped over (`zip` or
-`product`), as a list or, for `imap`, lazily; and the input keys every item of a cached map shares.
+`product`, the map's arguments checked), as a list or, for `imap`, lazily; and the input keys every
+item of a cached map shares.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, cast, overload
 
 from .errors import MapInputError, UnhashableError
@@ -32,6 +33,25 @@ def share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], p
     if shared:
         for item in items:
             item[KEYS] = shared
+
+
+def mapped_over(values: Mapping[str, Any], map_over: str | Sequence[str] | None, map_mode: str, on_error: str,
+                pipeline: str) -> list[str]:
+    """The names a map maps over, its arguments checked first: a wrong one fails the map before any
+    item runs, with the fix."""
+    over = [map_over] if isinstance(map_over, str) else list(map_over or [])
+    if map_mode not in ("zip", "product"):
+        raise MapInputError(f"map_mode must be 'zip' or 'product', got {map_mode!r}.")
+    if on_error not in ("raise", "continue"):
+        raise MapInputError(f"on_error must be 'raise' or 'continue', got {on_error!r}.")
+    if not over:
+        raise MapInputError("map_over is empty: name at least one input that holds a list of values.")
+    for name in over:
+        if name not in values:
+            raise MapInputError(
+                f"map_over names {name!r}, which is not among the inputs {sorted(values)} of pipeline "
+                f"{pipeline!r}; pass inputs={{{name!r}: [...]}} or fix the name.")
+    return over
 
 
 @overload

@@ -153,3 +153,20 @@ class PipelineNode(Node):
 
     def __repr__(self) -> str:
         return f"PipelineNode({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
+
+
+def numbered(nodes: list[Node]) -> list[Node]:
+    """Nested pipelines that kept the default name, numbered so that their names (in errors,
+    events and reports) tell them apart: pipeline, pipeline_2, ... (HyperNodes runs them as they are)."""
+    taken, seen, out = {n.name for n in nodes}, False, []
+    for n in nodes:
+        if isinstance(n, PipelineNode) and n.name == DEFAULT_NAME:
+            if seen:
+                number = 2
+                while f"{DEFAULT_NAME}_{number}" in taken:
+                    number += 1
+                n = n._copy(n.pipeline, name=f"{DEFAULT_NAME}_{number}")
+                taken.add(n.name)
+            seen = True
+        out.append(n)
+    return out

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import arguments
 from .batching import batched
 from .cache.keys import PlanCache
-from .crash import contained
 from .engine.core import Engine, OneRun
 from .engine.executors import SequentialExecutor
 from .engine.results import Results
@@ -24,23 +23,19 @@ from .errors import (
     HardyError,
     InvalidArgumentType,
     MapError,
-    MapInputError,
     MapInterrupted,
     MissingInputError,
     NodeDefinitionError,
-    NodeError,
-    UnhashableError,
-    UnknownInputError,
     UnknownInputWarning,
     UnknownOutputError,
 )
 from .graph import Graph
 from .hashing import Reach, recording
-from .items import map_items, share_input_keys
+from .items import map_items, mapped_over, share_input_keys
 from .memo import Memo
-from .nesting import DEFAULT_NAME, PipelineNode
+from .nesting import DEFAULT_NAME, PipelineNode, numbered
 from .node import Node
-from .observe.callbacks import PipelineCallback, in_call, listening
+from .observe.callbacks import CallbackList, PipelineCallback, listening
 from .observe.events import Events
 from .observe.progress import MapProgress, count_cached, progress_wanted
 from .observe.report import Recorder, RunReport
@@ -68,7 +63,7 @@ class Pipeline:
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: PlanCache | None = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
-        self.graph = Graph(_numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
+        self.graph = Graph(numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
         self._plans: Memo[Any, Plan] = Memo(PLANS_KEPT)
         self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
@@ -127,7 +122,7 @@ class Pipeline:
 
     @callbacks.setter
     def callbacks(self, callbacks: Sequence[PipelineCallback]) -> None:
-        self._callbacks = _Callbacks(callbacks, self._forget_plans)
+        self._callbacks = CallbackList(callbacks, self._forget_plans)
         self._forget_plans()
 
     def _forget_plans(self) -> None:
@@ -165,7 +160,7 @@ class Pipeline:
     def bind(self, **values: Any) -> Pipeline:
         """Fix inputs for every later call; inputs given to run()/map() override them. A name no
         node takes is refused here (a typo would otherwise be a value silently never used)."""
-        err = self._unknown_inputs(values)
+        err = self.graph.unknown_inputs(values, self.name)
         if err is not None:
             raise err
         self._bound.update(values)
@@ -272,35 +267,10 @@ class Pipeline:
 
     def _observed_run(self, values: Mapping[str, Any], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         watch = self._watch("run", 1, MapProgress(1, self.name, False), None)
-        if watch.report is None:
-            out: dict[str, Any] = watch.around(self.name, dict(values), call, self._node_ids, None)
-            return out
-        watch.report.item_start(0, None)
-        try:
-            out = watch.around(self.name, dict(values), call, self._node_ids, None)
-        except NodeError as err:
-            watch.report.item_end(0, False)
-            watch.finish(self, {0: err})
-            raise
-        watch.report.item_end(0, True)
-        watch.finish(self, {})
-        return out
+        return watch.run(self, dict(values), call, self._node_ids)
 
     def _watch(self, kind: str, n: int, bar: MapProgress, items: Sequence[dict[str, Any]] | None) -> Watch:
-        """What observes this call: `bar`, the callbacks' events (reading `items`), and the run report a
-        top-level call records (Engine(report=True)), or for a map the light one every map keeps."""
-        observers = self._observers
-        events = None
-        if observers:
-            events = Events(observers, self.name, items) if items is not None else Events(observers)
-        top = not in_call() and not contained()
-        report = self._recorder.begin(self, kind, n) if self._engine.reporting and top else None
-        if report is not None and kind == "map":
-            report.inputs = list(items or ())
-        light = self._recorder.begin(self, kind, n, light=True) if report is None and top and kind == "map" else None
-        if light is not None and self._engine.keep_failed_inputs:
-            light.inputs = list(items or ())  # kept beside its report if an item fails
-        return Watch(bar, events, report, light, self._recorder)
+        return Watch.begin(self, kind, n, bar, items, self._observers, self._recorder)
 
     @property
     def _observers(self) -> list[PipelineCallback]:
@@ -327,12 +297,7 @@ class Pipeline:
     def _plan(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None,
               for_map: bool) -> Plan:
         names = tuple(values)
-        if output_name is None:
-            outputs = tuple(o for o in self.graph.exposed if o not in values)
-        elif isinstance(output_name, str):
-            outputs = (output_name,)
-        else:
-            outputs = tuple(output_name)
+        outputs = self.graph.requested(output_name, values)
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
         if self._engine.cache is not self._engine_cache:  # set on the engine after a run
             self._forget_plans()
@@ -344,19 +309,14 @@ class Pipeline:
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
-        err = self._unknown_inputs(names)
+        err = self.graph.unknown_inputs(names, self.name)
         if err is not None:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
         plan, reach = self._compile(names, outputs, for_map)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
-        missing: dict[str, list[str]] = {}
-        for step in plan.steps:
-            given = {p for p, _ in step.args}
-            for p in step.node.inputs:
-                if p not in given and p not in step.node.defaults:
-                    missing.setdefault(p, []).append(step.node.name)
+        missing = plan.unresolved()
         if missing:
             raise MissingInputError(missing, names, self.name)
         self._plans.put(key, plan)
@@ -375,7 +335,7 @@ class Pipeline:
                         submit=self._engine.submit if mode == "threaded" else None,
                         cache=cache, on_cached=self._on_cached, name=self.name)
             if reach is not None and cache is None:
-                _reached(plan)
+                plan.fingerprint_nodes()
         finally:
             recording(previous)
         return plan, reach
@@ -386,11 +346,6 @@ class Pipeline:
         plan is compiled again, its keys made again, and it is shipped to workers again."""
         reach = self._reaches.get(key)
         return reach is not None and reach.changed()
-
-    def _unknown_inputs(self, names: Iterable[str]) -> UnknownInputError | None:
-        """The error for inputs no node takes (usually a typo), or None."""
-        unknown = [n for n in names if n not in self.graph.consumers and n not in self.graph.producer]
-        return UnknownInputError(unknown, self.graph.root_inputs, self.name) if unknown else None
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         observers = self._observers
@@ -471,7 +426,6 @@ class Pipeline:
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
                 over: list[str], window: int, ordered: bool, on_error: str,
                 progress: bool | None, indexed: bool) -> Iterator[Any]:
-        import time
         observers, name = self._observers, self.name
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
@@ -485,55 +439,14 @@ class Pipeline:
             watch = self._watch("imap", n or 0, bar, ())
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results, indexed)
             if watch.report is not None:
-                outcomes = self._recorded(outcomes, watch)
-            if watch.events is None:
-                yield from outcomes
-                return
-            with watch.events.opened(name, dict(values), self._node_ids, announce=False):
-                watch.events.emit("on_map_start", n)
-                start = time.perf_counter()
-                try:
-                    yield from outcomes
-                finally:  # also when the consumer stops early, or a failure raises: as a map's end
-                    watch.events.emit("on_map_end", time.perf_counter() - start)
-
-    def _recorded(self, outcomes: Iterator[Any], watch: Watch) -> Iterator[Any]:
-        """`outcomes`, noting the failures among them for the run report, which is complete when
-        the stream ends, raises or is closed (the report then covers the items handed out)."""
-        failures: dict[int, NodeError] = {}
-        seen = 0
-        try:
-            for value in outcomes:
-                outcome = value[1] if type(value) is tuple else value  # imap(indexed=True)'s pairs
-                if type(outcome) is Failed:
-                    failures[seen if outcome.error.item is None else outcome.error.item] = outcome.error
-                seen += 1
-                yield value
-        except MapError as exc:
-            failures.update(exc.failures)
-            seen += len(exc.failures)
-            raise
-        finally:
-            if watch.report is not None:
-                watch.report.items = seen
-            watch.finish(self, failures)
+                outcomes = watch.recorded(self, outcomes)
+            yield from watch.streamed(name, dict(values), outcomes, self._node_ids, n)
 
     def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
                   output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:
         """The checked arguments of a map: the inputs it uses, its plan, the names mapped over."""
         values = {**self._bound, **(inputs or {})}
-        over = [map_over] if isinstance(map_over, str) else list(map_over or [])
-        if map_mode not in ("zip", "product"):
-            raise MapInputError(f"map_mode must be 'zip' or 'product', got {map_mode!r}.")
-        if on_error not in ("raise", "continue"):
-            raise MapInputError(f"on_error must be 'raise' or 'continue', got {on_error!r}.")
-        if not over:
-            raise MapInputError("map_over is empty: name at least one input that holds a list of values.")
-        for name in over:
-            if name not in values:
-                raise MapInputError(
-                    f"map_over names {name!r}, which is not among the inputs {sorted(values)} of pipeline "
-                    f"{self.name!r}; pass inputs={{{name!r}: [...]}} or fix the name.")
+        over = mapped_over(values, map_over, map_mode, on_error, self.name)
         plan = self._plan(values, output_name, for_map=True)
         used = set(plan.inputs) | set(plan.outputs)  # inputs nothing reads are not copied into items
         return {k: v for k, v in values.items() if k in used or k in over}, plan, over
@@ -550,23 +463,6 @@ class Pipeline:
         where an inner item failed instead of failing the node. Of the node's outputs, a run
         computes only those it needs (read by other nodes, or asked for)."""
         return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
-
-
-def _numbered(nodes: list[Node]) -> list[Node]:
-    """Nested pipelines that kept the default name, numbered so that their names (in errors,
-    events and reports) tell them apart: pipeline, pipeline_2, ... (HyperNodes runs them as they are)."""
-    taken, seen, out = {n.name for n in nodes}, False, []
-    for n in nodes:
-        if isinstance(n, PipelineNode) and n.name == DEFAULT_NAME:
-            if seen:
-                number = 2
-                while f"{DEFAULT_NAME}_{number}" in taken:
-                    number += 1
-                n = n._copy(n.pipeline, name=f"{DEFAULT_NAME}_{number}")
-                taken.add(n.name)
-            seen = True
-        out.append(n)
-    return out
 
 
 def _node_list(nodes: Any) -> Sequence[Any]:
@@ -593,37 +489,3 @@ def _as_node(obj: Any, position: int) -> Node:
     raise NodeDefinitionError(
         f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")
-
-
-class _Callbacks(list[Any]):
-    """A pipeline's callbacks: node callbacks are compiled into plans, so changing the list makes
-    the pipeline compile its plans anew."""
-
-    def __init__(self, callbacks: Sequence[PipelineCallback], changed: Callable[[], None]):
-        super().__init__(callbacks)
-        self._changed = changed
-
-
-def _notifying(name: str) -> Callable[..., Any]:
-    method = getattr(list, name)
-
-    def changed(self: _Callbacks, *args: Any, **kwargs: Any) -> Any:
-        result = method(self, *args, **kwargs)
-        self._changed()
-        return result
-    return changed
-
-
-for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
-              "__delitem__", "__iadd__"):
-    setattr(_Callbacks, _name, _notifying(_name))
-
-
-def _reached(plan: Plan) -> None:
-    """Note what the nodes of an uncached plan reach (their fingerprints, as a cache would key
-    them, made while `recording`); a node that cannot be fingerprinted is noted as far as it could."""
-    for step in plan.steps:
-        try:
-            step.node.fingerprint()
-        except UnhashableError:
-            pass

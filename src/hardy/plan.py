@@ -59,6 +59,7 @@ from .errors import (
     LazyOutputError,
     NodeError,
     OutputCountError,
+    UnhashableError,
 )
 from .graph import Graph
 from .node import Node
@@ -143,6 +144,27 @@ class Plan:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["graph"], state["provided"], state["outputs"], state["mode"],  # type: ignore[misc]
                       cache=state["cache"], keyed=state["keyed"], name=state["name"])  # rebuilt, not restored
+
+    def unresolved(self) -> dict[str, list[str]]:
+        """The node inputs that nothing resolves (not provided, not computed, no default), each with
+        the nodes that take it: {input: [node name, ...]}."""
+        missing: dict[str, list[str]] = {}
+        for step in self.steps:
+            given = {p for p, _ in step.args}
+            for p in step.node.inputs:
+                if p not in given and p not in step.node.defaults:
+                    missing.setdefault(p, []).append(step.node.name)
+        return missing
+
+    def fingerprint_nodes(self) -> None:
+        """Fingerprint the nodes as a cache would key them, for what they reach to be noted while
+        `hashing.recording` (an uncached plan checked for code edits, `Pipeline._stale`); a node
+        that cannot be fingerprinted is noted as far as it could."""
+        for step in self.steps:
+            try:
+                step.node.fingerprint()
+            except UnhashableError:
+                pass
 
     # --- the generated function (written by plan_source.py) ---------------------------------------
 

@@ -159,7 +159,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if inputs:
         columns, over = read_items(inputs, over)
         values.update(columns)
-    unknown = pipeline._unknown_inputs(values)
+    unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
     if unknown is not None:  # a typo in --set or in the input lines: nothing runs
         _fail_usage(str(unknown))
     try:

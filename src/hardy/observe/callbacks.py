@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -142,3 +142,27 @@ def current_context() -> CallbackContext:
         ctx = CallbackContext()
         call_context.set(ctx)
     return ctx
+
+
+class CallbackList(list[Any]):
+    """A pipeline's callbacks (`Pipeline.callbacks`): node callbacks are compiled into plans, so
+    changing the list calls `changed` (the pipeline then compiles its plans anew)."""
+
+    def __init__(self, callbacks: Sequence[PipelineCallback], changed: Callable[[], None]):
+        super().__init__(callbacks)
+        self._changed = changed
+
+
+def _notifying(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def changed(self: CallbackList, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        self._changed()
+        return result
+    return changed
+
+
+for _method in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse", "__setitem__",
+              "__delitem__", "__iadd__"):
+    setattr(CallbackList, _method, _notifying(_method))

@@ -25,7 +25,7 @@ parent and its workers share the cores: what each does per event is as little as
   with batched nodes writes each item whole once it is over, `workers.chunks.Arranged`);
 - each batch of results travels with the list as an array of doubles (`NodeLogBatch`: a byte string
   to pickle); the parent cuts it into one array per field (`NodeLogBatch.events`, by slicing where it
-  can) and its replay (`Events.replay` in callbacks.py) walks them in one loop, just before it
+  can) and its replay (`Events.replay` in events.py) walks them in one loop, just before it
   delivers the batch's results.
 
 Why seconds as floats, not nanoseconds as integers: a nanosecond count is a two-digit Python
