@@ -233,5 +233,26 @@ def test_every_commands_help_reads_naturally():
         assert out.exit_code == 0, (path, out.output)
         bad = re.findall(r"\{[a-z_]+\}|^\s+[a-z_]+(?:\.\.\.)? <|(?:--[\w-]+|-\w) <(?:str|list\[\w+\])>", out.output, re.M)
         assert not bad, f"hardy {' '.join(path)} --help shows {bad}:\n{out.output}"
+        usage = out.output.strip().splitlines()[0]
+        assert usage.startswith("Usage:") and not re.search(r"[{}]", usage), f"usage line in braces: {usage}"
         checked.append(path)
     assert ("wheel", "index") in checked and ("doctor",) in checked
+
+
+def test_the_usage_line_names_an_argument_plainly():
+    """The real command, as a user runs it: `FOLDER` in the usage line (Typer alone writes
+    `{FOLDER}`), in its help and in the error for a missing argument; an optional argument that
+    takes several is `[FOLDER]...`."""
+    def usage(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": "200"})
+
+    helped = usage("wheel", "index", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.splitlines()[0] == "Usage: python -m hardy.cli wheel index [OPTIONS] FOLDER"
+    missing = usage("wheel", "index")
+    assert missing.returncode == 2
+    assert "Usage: python -m hardy.cli wheel index [OPTIONS] FOLDER\n" in missing.stderr
+    assert "Missing argument 'FOLDER'" in missing.stderr
+    assert usage("libs", "--help").stdout.splitlines()[0] == "Usage: python -m hardy.cli libs [OPTIONS] [FOLDER]..."
+

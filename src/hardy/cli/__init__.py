@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .usage import PlainUsage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="hardy: pipelines of plain Python functions that survive native crashes.")
@@ -41,10 +42,10 @@ app.add_typer(cache_app, name="cache")
 app.add_typer(wheel_app, name="wheel")
 app.command()(doctor)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(repeat)
-app.command()(libs)
-app.command()(run)
-app.command()(report)
-app.command(name="replay")(replay_command)
+app.command(cls=PlainUsage)(libs)
+app.command(cls=PlainUsage)(run)
+app.command(cls=PlainUsage)(report)
+app.command(name="replay", cls=PlainUsage)(replay_command)
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .usage import PlainUsage
+
 if TYPE_CHECKING:
     from ..doctor.repeat import RunOutcome
 
@@ -261,7 +263,7 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", metavar="FILE", help="
     console.print(f"wrote {out}", highlight=False)
 
 
-@wheel_app.command("verify")
+@wheel_app.command("verify", cls=PlainUsage)
 def wheel_verify(wheel: str = typer.Argument(..., metavar="WHEEL", help="The wheel to check.")) -> None:
     """Check every file's sha256 and size against RECORD. Exit code 1 on any mismatch."""
     from ..doctor.wheel import verify_wheel
@@ -272,7 +274,7 @@ def wheel_verify(wheel: str = typer.Argument(..., metavar="WHEEL", help="The whe
     raise typer.Exit(1 if result.problems else 0)
 
 
-@wheel_app.command("index")
+@wheel_app.command("index", cls=PlainUsage)
 def wheel_index(folder: str = typer.Argument(..., metavar="FOLDER", help="A folder of wheels (and sdists).")) -> None:
     """Write a PEP 503 simple index (FOLDER/simple) for pip --index-url file://FOLDER/simple."""
     from ..doctor.wheel import build_index
