@@ -270,6 +270,7 @@ class Pipeline:
         return watch.run(self, dict(values), call, self._node_ids)
 
     def _watch(self, kind: str, n: int, bar: MapProgress, items: Sequence[dict[str, Any]] | None) -> Watch:
+        """What observes this call (`Watch.begin`): `bar`, the callbacks' events, the run report."""
         return Watch.begin(self, kind, n, bar, items, self._observers, self._recorder)
 
     @property
