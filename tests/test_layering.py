@@ -112,10 +112,12 @@ def test_functions_are_short_enough_to_read_at_once():
 
 
 def test_modules_stay_a_size_a_newcomer_can_read():
-    """About 500 lines each; the few above it hold one concept each (the API, the plan generator,
-    the callback interface, the worker's loop) and stay under this ceiling."""
+    """At most 500 lines each. One exception: `errors.py` holds every exception class hardy raises
+    (a newcomer looks for an error in one place, `test_errors` checks none lives elsewhere), so it
+    grows with them; it still has a ceiling."""
+    ceilings = {"errors.py": 600}
     big = [f"{p.relative_to(SRC)} ({n} lines)" for p in sorted(SRC.rglob("*.py"))
-           if (n := len(p.read_text().splitlines())) > 700]
+           if (n := len(p.read_text().splitlines())) > ceilings.get(str(p.relative_to(SRC / "hardy")), 500)]
     assert big == []
 
 
