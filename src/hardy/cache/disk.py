@@ -317,7 +317,7 @@ class DiskCache(PlanCache):
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    # --- what compiled plans call (see Plan._cache_prelude) ----------------------------------------
+    # --- what compiled plans call (see PlanSource._cache_prelude) ----------------------------------------
 
     hash_value = staticmethod(hash_value)  # how values are keyed (hardy.compat.hypernodes's leaves private state out)
 
