@@ -274,6 +274,43 @@ def test_worker_environment_caps_threads_and_tokenizers(monkeypatch):
                              "TOKENIZERS_PARALLELISM": "false"}
 
 
+SPARE_SCRIPT = textwrap.dedent("""
+    import ctypes, time, psutil
+    from hardy import Engine, Failed, Pipeline, node
+
+    @node(output_name="y")
+    def f(x):
+        if x == 3:
+            ctypes.string_at(0)
+        return x
+
+    left = []
+    for round in range(6):
+        engine = Engine(map_executor="process", workers=2)
+        out = Pipeline([f], engine=engine).map(inputs={"x": list(range(8))}, map_over="x", on_error="continue")
+        assert sum(isinstance(o, Failed) for o in out) == 1
+        started = engine.executor.counts(peaks=False).started
+        time.sleep(0.01 * round)  # close at another moment of the spare's start each round
+        engine.close()
+        time.sleep(0.5)
+        left += [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    print("started", started, "left", left)
+""")
+
+
+def test_a_death_starts_a_spare_and_closing_stops_it_whenever_it_comes(tmp_path):
+    """A worker's death starts a spare worker at once (it takes the dead one's place); closing the
+    pool while that spare is still starting stops it when it comes: no worker, no fork server is
+    left, whatever the moment of the close."""
+    script = tmp_path / "spare.py"
+    script.write_text(SPARE_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.split()
+    assert int(words[1]) >= 3  # two workers, and the one started when the first died
+    assert words[2:] == ["left", "[]"], run.stdout
+
+
 def test_a_worker_death_between_items_is_a_warning_not_an_error(caplog):
     caplog.set_level("WARNING", logger="hardy.workers")
     with Engine(map_executor="process", workers=1) as engine:

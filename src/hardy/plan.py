@@ -205,7 +205,7 @@ class Plan:
         return func
 
     def ahead_keys(self, values: dict[str, Any]) -> list[bytes]:
-        """The keys of the cached steps whose arguments are all provided (the ones `_early_fetch`
+        """The keys of the cached steps whose arguments are all provided (the ones `PlanSource._early_fetch`
         derives), for a map to fetch items' entries ahead of running them (`DiskCache.prefetch`).
         The input keys hashed here are kept in `values[KEYS]`, so the run does not hash them again.
         The same formulas as the generated code: a key derived differently would only miss."""

@@ -29,5 +29,6 @@ class PlainUsage(TyperCommand):
 
 def argument_usage(argument: TyperArgument) -> str:
     """`FOLDER`, `[FOLDER]` (optional) or `FOLDER...` (several), as click writes them."""
-    name = argument.display_name_raw if argument.required else f"[{argument.display_name_raw}]"
+    plain = argument.metavar if argument.metavar is not None else str(argument.name)  # (no Typer-only attribute)
+    name = plain if argument.required else f"[{plain}]"
     return f"{name}..." if argument.nargs != 1 else name

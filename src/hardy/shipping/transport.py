@@ -1,6 +1,6 @@
 """Big buffers between the parent and its workers through shared memory, not through the pipe.
 
-A message is pickled with protocol 5; every buffer of at least `THRESHOLD` bytes that a value
+A message is pickled with protocol 5; every buffer of at least `buffers.THRESHOLD` bytes that a value
 exposes (numpy arrays and Arrow buffers pickle their memory as a `PickleBuffer`; with
 `shipping.dumps` and `shipping.out_of_band`, so do plain torch CPU tensors, bytes, bytearray and
 memoryview) is taken out of band and copied once into a memfd segment, whose file descriptors

@@ -140,7 +140,8 @@ class Deaths:
         slot = pool.workers.index(w) if w in pool.workers else None
         if slot is None:
             return
-        pool.died(self.plan_id, self.plan_msg)
+        if w.status[words.READY] == 1.0:  # (one that dies setting up would fail again)
+            pool.died(self.plan_id, self.plan_msg)
         self.receive(w)  # results it sent before dying are kept
         w.process.join(1)
         signame, text = describe_exit(w.process.exitcode)

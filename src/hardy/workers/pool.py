@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, WorkerStartError
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
 from ..plan import Plan
@@ -26,7 +26,7 @@ from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
 from .scheduling import MapRun
 
-SPARE_WAIT = 30.0  # seconds a worker start waits for the spare already on its way before starting another
+SPARE_WAIT = 5.0  # seconds a worker start (or close) waits for the spare already on its way
 
 
 class WorkerPool(Executor):
@@ -64,6 +64,7 @@ class WorkerPool(Executor):
         self._spare: Worker | None = None
         self._spare_wanted = False
         self._topping: threading.Thread | None = None  # starting the spare
+        self._generation = 0  # counts closes: a spare started before one is stopped, not kept
         self.owners: list[MapRun | None] = [None] * self.size  # which map or call uses each worker
         self._started = 0
         self._lock = threading.Lock()
@@ -101,28 +102,30 @@ class WorkerPool(Executor):
         return spare
 
     def died(self, plan_id: int, plan_msg: bytes) -> None:
-        """A worker died while it held items: its replacement starts now, on its own thread, while
+        """A worker that was set up died: its replacement starts now, on its own thread, while
         the parent reads what killed it (crash file, native frames), not after."""
         self._spare_wanted = True
         self.top_up(plan_id, plan_msg)
 
     def top_up(self, plan_id: int, plan_msg: bytes) -> None:
-        """Start the spare worker when one is wanted (a worker died) and none is ready, and send it
-        the plan running now, loaded there while it waits: on a thread of its own (starting a
-        worker is a few exchanges with the fork server), so that it delays no map."""
-        if not self._spare_wanted or self._spare is not None or self.slot_env:
+        """Start the spare worker when one is wanted (a worker died) and none is ready or on its
+        way, and send it the plan running now, loaded there while it waits: on a thread of its own
+        (starting a worker is a few exchanges with the fork server), so that it delays no map."""
+        if self.slot_env:
             return
         with self._lock:
-            if self._topping is not None or self._launcher is None:
+            if (not self._spare_wanted or self._spare is not None or self._topping is not None
+                    or self._launcher is None):
                 return
-            self._topping = threading.Thread(target=self._start_spare, args=(plan_id, plan_msg),
-                                             name="hardy-spare-worker", daemon=True)
-        self._topping.start()
+            topping = self._topping = threading.Thread(target=self._start_spare,
+                                                       args=(plan_id, plan_msg, self._generation),
+                                                       name="hardy-spare-worker", daemon=True)
+        topping.start()
 
-    def _start_spare(self, plan_id: int, plan_msg: bytes) -> None:
+    def _start_spare(self, plan_id: int, plan_msg: bytes, generation: int) -> None:
         try:
-            w = self._new_worker(None)
-        except Exception:  # (the fork server went away: the next death starts its worker as before)
+            w = self._new_worker(None, generation)
+        except Exception:  # the pool closed, or its fork server went away: the next death starts its own
             with self._lock:
                 self._topping = None
             return
@@ -132,19 +135,28 @@ class WorkerPool(Executor):
         except OSError:
             pass
         with self._lock:
-            self._spare, self._topping = w, None
+            kept = generation == self._generation and self._spare is None
+            if kept:
+                self._spare = w
+            self._topping = None
+        if not kept:  # the pool closed meanwhile
+            w.stop()
 
-    def _new_worker(self, slot: int | None) -> Worker:
+    def _new_worker(self, slot: int | None, generation: int | None = None) -> Worker:
+        """A fresh worker for `slot`, or the spare (`slot` None) of the pool as it was at
+        `generation`: a spare never outlives a close, nor starts a fork server of its own."""
         with self._lock:
+            if slot is None and (generation != self._generation or self._launcher is None):
+                raise WorkerStartError("no spare worker: the pool was closed")
             if self._launcher is not None and not self._launcher.alive:  # its fork server died (killed from
                 launch.release(self, self._launcher)                      # outside): a fresh one serves on
                 self._launcher = None
             if self._launcher is None:
                 self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
             self._started += 1
-            number = self._started
+            number, launcher = self._started, self._launcher
         env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
-        w = Worker(self._launcher, number, env, self.preload_libs)
+        w = Worker(launcher, number, env, self.preload_libs)
         if slot is not None:
             self.workers[slot] = w
         return w
@@ -248,10 +260,12 @@ class WorkerPool(Executor):
     def close(self) -> None:
         """Stop every worker (a map still running in another thread loses its workers), then
         give the fork server back: it stops once no other pool uses it."""
-        self._spare_wanted = False
-        topping = self._topping
-        if topping is not None:
-            topping.join()
+        with self._lock:
+            self._generation += 1
+            self._spare_wanted = False
+            topping = self._topping
+        if topping is not None:  # (a spare it starts later is stopped: `_start_spare`)
+            topping.join(SPARE_WAIT)
         with self._lock:
             workers = list(enumerate(self.workers))
             spare, self._spare = self._spare, None
