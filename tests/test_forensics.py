@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -617,6 +618,39 @@ def test_replay_under_gdb_prints_the_native_backtrace_of_the_crash_and_of_the_ha
     assert any("in inner_wait () from " + libs["c"] in f for f in frames), frames
     assert run.stdout.splitlines()[-1] == "under gdb: stopped past its deadline (SIGINT): the backtrace above is " \
                                           "where it was"
+
+
+def test_a_process_with_one_thread_stopped_by_its_tracer_counts_as_held():
+    """`hardy replay --py-spy` kills py-spy when it holds the item's process stopped. The thread
+    it holds may not be the main one, which then waits (for the GIL) in an ordinary sleep: a
+    real process whose second thread alone is stopped by ptrace (PTRACE_SEIZE, then INTERRUPT)."""
+    from hardy.cli.replay import _traced_stop
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        assert not _traced_stop(child.pid)
+        (second,) = [int(t) for t in os.listdir(f"/proc/{child.pid}/task") if int(t) != child.pid]
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        if libc.ptrace(0x4206, second, None, None) != 0:  # PTRACE_SEIZE
+            pytest.skip(f"ptrace is not allowed here: {os.strerror(ctypes.get_errno())}")
+        try:
+            assert libc.ptrace(0x4207, second, None, None) == 0  # PTRACE_INTERRUPT: this thread alone stops
+            for _ in range(100):
+                if _traced_stop(child.pid):
+                    break
+                time.sleep(0.02)
+            with open(f"/proc/{child.pid}/stat") as f:
+                assert f.read().rpartition(")")[2].split()[0] != "t"  # the main thread is not stopped
+            assert _traced_stop(child.pid)
+        finally:
+            os.waitpid(second, 0x40000000)  # (__WALL) its stop, reported to us, its tracer
+            libc.ptrace(17, second, None, None)  # PTRACE_DETACH: a traced thread would keep its process a zombie
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_replay_under_py_spy_names_the_crash_and_where_a_hang_spent_its_time(crash_and_hang_report):

@@ -190,11 +190,20 @@ def _unless_held(proc: subprocess.Popen[str], spy: subprocess.Popen[str]) -> tup
 
 
 def _traced_stop(pid: int) -> bool:
+    """Whether any thread of `pid` is stopped by its tracer: not only the main one, which may
+    instead wait for the GIL that a stopped thread (the deadline's watchdog) holds."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "t"
-    except (OSError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "t":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def _hot_stacks(profile: Path, top: int = 5, depth: int = 6) -> str:
