@@ -67,11 +67,21 @@ def tokenize(text: str) -> list[int]:
     return [POISON_ID if w == "POISON" else zlib.crc32(w.encode()) % (VOCAB - 1) + 1 for w in text.split()]
 
 
+# The model's size. "issue" (the default): the model the issue describes by its speed, about
+# 14,500 documents/s in batches of 64 and 2,100/s one at a time, embed alone, on one thread here
+# (the issue measured 14,359/s and 2,124/s): EmbeddingBag(20,000 x 128) + an MLP of 15 hidden layers
+# of 384 (many small operations per call, as in a transformer, so batching pays as it does there).
+# "light": EmbeddingBag(20,000 x 64) + MLP(64-128-64), five times faster per document, where hardy's
+# own cost per item weighs five times more (the bench's model until 2026-11-27).
+MODEL = os.environ.get("MODEL", "issue")
+DIM, HIDDEN, LAYERS = {"issue": (128, 384, 15), "light": (64, 128, 1)}[MODEL]
+
 _model: list = []
 
 
 def model():
-    """EmbeddingBag(20,000 x 64, mean) + MLP(64-128-64), built once per process, seeded."""
+    """EmbeddingBag(20,000 x DIM, mean) + an MLP of LAYERS hidden layers of HIDDEN, built once per
+    process, seeded."""
     if not _model:
         import torch
         torch.set_num_threads(1)
@@ -80,8 +90,11 @@ def model():
         class Embedder(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.bag = torch.nn.EmbeddingBag(VOCAB + 1, 64, mode="mean")
-                self.mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+                self.bag = torch.nn.EmbeddingBag(VOCAB + 1, DIM, mode="mean")
+                layers = [torch.nn.Linear(DIM, HIDDEN), torch.nn.ReLU()]
+                for _ in range(LAYERS - 1):
+                    layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
+                self.mlp = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, 64))
 
             def forward(self, docs):
                 flat = torch.tensor([i for d in docs for i in d], dtype=torch.long)

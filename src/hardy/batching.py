@@ -134,8 +134,8 @@ class Batched:
                ) -> Iterator[Outcome]:
         at = hooks[0]
         alive = list(group)
-        for part in self.parts:
-            last = part is self.parts[-1]
+        for n, part in enumerate(self.parts):
+            last, own = part is self.parts[-1], n > 0  # `own`: the values are copies the first part made
             if part.node is None:
                 ran = []
                 for i, values in alive:
@@ -146,16 +146,18 @@ class Batched:
                     except NodeError as err:
                         yield i, False, err
                         continue
-                    ran.append((i, self._merge(values, out, last)))
+                    ran.append((i, self._merge(values, out, last, own)))
                 alive = ran
             else:
-                alive = yield from self._batch(part, alive, hooks, offset, last)
+                alive = yield from self._batch(part, alive, hooks, offset, last, own)
         for i, values in alive:
             yield i, True, values
 
     def _batch(self, part: _Part, alive: list[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int,
-               last: bool) -> Generator[Outcome, None, list[tuple[int, dict[str, Any]]]]:
-        """The batched node over the group's items alive: cache hits first, one call for the rest."""
+               last: bool, own: bool) -> Generator[Outcome, None, list[tuple[int, dict[str, Any]]]]:
+        """The batched node over the group's items alive: cache hits first, one call for the rest.
+        An item whose outputs are handed out `direct`ly runs no code of its own here, so `at` is
+        not told of it (a crash meanwhile is the batch call's, whose status words still stand)."""
         at = hooks[0]
         done: dict[int, dict[str, Any]] = {}
         todo = alive
@@ -172,19 +174,19 @@ class Batched:
                     else:  # an input its key cannot hash: that item's error
                         yield i, False, err
                     continue
-                done[i] = self._merge(values, out, last)
+                done[i] = self._merge(values, out, last, own)
         size = part.node.batch_size if part.node is not None else 1
         outcomes = [outcome for start in range(0, len(todo), size)
                     for outcome in self._call(part, [values for _, values in todo[start:start + size]], hooks)]
         here, direct = self._here, part.direct
         for (i, values), outcome in zip(todo, outcomes, strict=True):
-            if at is not None:
-                at(i, outcome[2])
             if direct is not None and outcome[0]:
                 value = outcome[1]
                 out = {direct[0][1]: value} if part.single else {name: value[k] for k, name in direct}
-                done[i] = self._merge(values, out, last)
+                done[i] = self._merge(values, out, last, own)
                 continue
+            if at is not None:
+                at(i, outcome[2])
             here.outcome = outcome
             try:
                 out = part.plan.run(values, offset + i)  # keys, cache entry, errors: the item's own
@@ -193,7 +195,7 @@ class Batched:
                 continue
             finally:
                 here.outcome = None
-            done[i] = self._merge(values, out, last)
+            done[i] = self._merge(values, out, last, own)
         return [(i, done[i]) for i, _ in alive if i in done]
 
     def _call(self, part: _Part, items: list[dict[str, Any]], hooks: tuple[Any, ...]
@@ -232,14 +234,18 @@ class Batched:
             called(part.step, n, start, end)
         return start, start + (end - start) / n
 
-    def _merge(self, values: dict[str, Any], out: dict[str, Any], last: bool) -> dict[str, Any]:
+    def _merge(self, values: dict[str, Any], out: dict[str, Any], last: bool, own: bool) -> dict[str, Any]:
         """An item's values after a part: the last part leaves the plan's outputs (and their keys
-        when the plan is keyed); the others add theirs to the values so far."""
+        when the plan is keyed); the others add theirs to the values so far, in place when they
+        are `own`, copies the first part made (the item's dict it was given is its caller's)."""
         keys = out.pop(KEYS, None)
         if last:
             if self.keyed and keys is not None:
                 out[KEYS] = keys
             return out
+        if own and keys is None:
+            values.update(out)
+            return values
         merged = {**values, **out}
         if keys is not None:
             merged[KEYS] = {**values.get(KEYS, {}), **keys}
