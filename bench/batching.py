@@ -1,8 +1,9 @@
 """The embed pipeline, batched: `python bench/batching.py` (`N=5000` for a quicker run, `PEERS=0` without
-Ray Data, Daft and HyperNodes).
+Ray Data, Daft and HyperNodes, `MODEL=light` with a model five times faster per document).
 
 20,000 generated documents: tokenize (per item, CPU) -> embed (a torch EmbeddingBag + MLP built
-here, one CPU thread per process) -> score (per item), all in one run:
+here, one CPU thread per process, as fast as the issue's model: see `MODEL`) -> score (per item),
+all in one run:
 
 - the plain single-process loop, per item and batched (64 per model call): the floors;
 - the plain batched loop in two processes, half the documents each (`multiprocessing.Pool`): what
