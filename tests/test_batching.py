@@ -132,6 +132,37 @@ def test_a_raising_item_is_found_by_splitting_and_fails_alone():
     assert calls == [8, 8, 4, 4, 2, 1, 1, 2, 2], calls
 
 
+@node(output_name="y")
+def one_more_but_2(x: int) -> int:
+    if x == 2:
+        raise ValueError("two")
+    return x + 1
+
+
+@node(output_name="z", batch_size=4)
+def twice(y: list[int]) -> list[int]:
+    return [v * 2 for v in y]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
+def test_values_asked_for_beside_a_last_batched_node_are_handed_out(executor):
+    """A worker hands a last batched node's outputs out from its call, without running a plan per
+    item: the earlier node's output and the input asked for come with them, on every executor."""
+    with Engine(map_executor=executor, workers=2) as engine:
+        out = Pipeline(nodes=[one_more_but_2, twice], engine=engine).map(
+            inputs={"x": [0, 1, 2, 3, 4, 5]}, map_over="x", output_name=["x", "y", "z"], on_error="continue")
+    assert [o for o in out if not isinstance(o, Failed)] == [
+        {"x": x, "y": x + 1, "z": 2 * x + 2} for x in [0, 1, 3, 4, 5]]
+    assert isinstance(out[2], Failed) and out[2].error.node == "one_more_but_2"
+
+
+def test_a_stream_hands_out_a_group_in_the_items_order_when_some_failed_before_its_batch():
+    p = Pipeline(nodes=[one_more_but_2, twice], engine=IN_PROCESS)
+    streamed = list(p.imap(inputs={"x": range(6)}, map_over="x", on_error="continue", indexed=True))
+    assert [i for i, _ in streamed] == list(range(6))  # the failure of item 2 (before the batch call) in its place
+    assert isinstance(streamed[2][1], Failed) and streamed[3][1] == {"y": 4, "z": 8}
+
+
 def test_wrong_output_length_fails_every_item_of_the_batch_with_the_reason():
     @node(output_name="y", batch_size=4)
     def short(x: list[int]) -> list[int]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import BatchShapeError, NodeError
@@ -75,10 +75,14 @@ class _Part:
         self.node, self.plan, self.probe, self.call, self.step = node, plan, probe, call, step
         self.args: tuple[tuple[str, str], ...] = plan.steps[0].args if node is not None else ()
         # `direct`: an item's outputs are handed out without running its plan (no cache entry to
-        # key or write, no wrap observing the call): what it would return, built here
-        wanted = set(plan.outputs)
-        self.direct = [(k, name) for k, name in enumerate(node.outputs) if name in wanted] if (
+        # key or write, no wrap observing the call): what it would return, built here. Each of the
+        # plan's outputs, with the index of the node's output it is, or -1 for a value the item
+        # already holds (an earlier node's, or an input, asked for as well)
+        outs = node.outputs if node is not None else ()
+        self.direct = [(name, outs.index(name) if name in outs else -1) for name in plan.outputs] if (
             direct and node is not None) else None
+        # the common case, one output handed out and nothing else: its name
+        self.alone = outs[0] if len(outs) == 1 and self.direct == [(outs[0], 0)] else None
         self.single = node is not None and len(node.outputs) == 1  # its value is the output, not a tuple
 
 
@@ -119,12 +123,12 @@ class Batched:
     def run(self, items: Sequence[tuple[int, dict[str, Any]]], at: At | None = None,
             calling: Callable[[int], None] | None = None, offset: int = 0, size: int = 0,
             called: Called | None = None) -> Iterator[Outcome]:
-        """Each item's outcome, a group of `size` items at a time (default `group`; a group's
-        outcomes as soon as it is done). `at(i, span)`: item i's nodes run next (`span`: when
-        they are a batched node's, handed out from a call, the item's share of it); `calling(k)`:
-        step k's batch call runs next (a worker dates them for its parent); `called`: each batch
-        call once it is over; `offset`: added to item numbers given to plans (cache events name
-        the map's item)."""
+        """Each item's outcome, in the items' order, a group of `size` items at a time (default
+        `group`; a group's outcomes as soon as it is done). `at(i, span)`: item i's nodes run next
+        (`span`: when they are a batched node's, handed out from a call, the item's share of it);
+        `calling(k)`: step k's batch call runs next (a worker dates them for its parent); `called`:
+        each batch call once it is over; `offset`: added to item numbers given to plans (cache
+        events name the map's item)."""
         size = size or self.group
         hooks = (at, calling, called)
         for start in range(0, len(items), size):
@@ -132,33 +136,42 @@ class Batched:
 
     def _group(self, group: Sequence[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int
                ) -> Iterator[Outcome]:
-        at = hooks[0]
+        """The group's outcomes once its last part is done, in its items' order (an ordered stream
+        hands them out as they come)."""
+        failed: dict[int, NodeError] = {}
         alive = list(group)
         for n, part in enumerate(self.parts):
-            last, own = part is self.parts[-1], n > 0  # `own`: the values are copies the first part made
+            merging = (part is self.parts[-1], n > 0)  # (last, own): own, the values are copies the first part made
             if part.node is None:
-                ran = []
-                for i, values in alive:
-                    if at is not None:
-                        at(i)
-                    try:
-                        out = part.plan.run(values, offset + i)
-                    except NodeError as err:
-                        yield i, False, err
-                        continue
-                    ran.append((i, self._merge(values, out, last, own)))
-                alive = ran
+                alive = self._each(part, alive, hooks[0], offset, merging, failed)
             else:
-                alive = yield from self._batch(part, alive, hooks, offset, last, own)
+                alive = self._batch(part, alive, hooks, offset, merging, failed)
+        done = dict(alive)
+        for i, _ in group:
+            yield (i, True, done[i]) if i in done else (i, False, failed[i])
+
+    def _each(self, part: _Part, alive: list[tuple[int, dict[str, Any]]], at: At | None, offset: int,
+              merging: tuple[bool, bool], failed: dict[int, NodeError]) -> list[tuple[int, dict[str, Any]]]:
+        """A per-item part over the group's items alive: those it ran, with their values after it."""
+        run, merge, ran = part.plan.run, self._merge, []
+        last, own = merging
         for i, values in alive:
-            yield i, True, values
+            if at is not None:
+                at(i)
+            try:
+                out = run(values, offset + i)
+            except NodeError as err:
+                failed[i] = err
+                continue
+            ran.append((i, merge(values, out, last, own)))
+        return ran
 
     def _batch(self, part: _Part, alive: list[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int,
-               last: bool, own: bool) -> Generator[Outcome, None, list[tuple[int, dict[str, Any]]]]:
+               merging: tuple[bool, bool], failed: dict[int, NodeError]) -> list[tuple[int, dict[str, Any]]]:
         """The batched node over the group's items alive: cache hits first, one call for the rest.
         An item whose outputs are handed out `direct`ly runs no code of its own here, so `at` is
         not told of it (a crash meanwhile is the batch call's, whose status words still stand)."""
-        at = hooks[0]
+        at, (last, own) = hooks[0], merging
         done: dict[int, dict[str, Any]] = {}
         todo = alive
         if part.probe is not None:
@@ -172,17 +185,18 @@ class Batched:
                     if isinstance(err.__cause__, _Deferred):
                         todo.append((i, values))
                     else:  # an input its key cannot hash: that item's error
-                        yield i, False, err
+                        failed[i] = err
                     continue
                 done[i] = self._merge(values, out, last, own)
         size = part.node.batch_size if part.node is not None else 1
         outcomes = [outcome for start in range(0, len(todo), size)
                     for outcome in self._call(part, [values for _, values in todo[start:start + size]], hooks)]
-        here, direct = self._here, part.direct
+        here, direct, alone, single = self._here, part.direct, part.alone, part.single
         for (i, values), outcome in zip(todo, outcomes, strict=True):
             if direct is not None and outcome[0]:
                 value = outcome[1]
-                out = {direct[0][1]: value} if part.single else {name: value[k] for k, name in direct}
+                out = {alone: value} if alone is not None else {
+                    name: values[name] if k < 0 else value if single else value[k] for name, k in direct}
                 done[i] = self._merge(values, out, last, own)
                 continue
             if at is not None:
@@ -191,7 +205,7 @@ class Batched:
             try:
                 out = part.plan.run(values, offset + i)  # keys, cache entry, errors: the item's own
             except NodeError as err:
-                yield i, False, err
+                failed[i] = err
                 continue
             finally:
                 here.outcome = None
