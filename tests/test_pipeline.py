@@ -182,6 +182,35 @@ def test_nested_pipeline_mapped_over_a_list():
     assert outer.run(inputs={"docs": [" A", "B "]}) == {"all_clean": ["a", "b"], "n": 2}
 
 
+NESTED_ON_THREADS = """
+from hardy import Engine, Pipeline, node
+
+@node(output_name="y")
+def inc(x):
+    return x + 1
+
+@node(output_name="xs")
+def spread(n):
+    return list(range(n, n + 12))
+
+inner = Pipeline(nodes=[inc], name="inner")
+grow = inner.as_node(name="grow", input_mapping={"xs": "x"}, output_mapping={"y": "ys"}, map_over="xs")
+outer = Pipeline(nodes=[spread, grow], engine=Engine(map_executor="threaded", workers=2))
+print(sum(sum(o["ys"]) for o in outer.map(inputs={"n": list(range(8))}, map_over="n")))
+"""
+
+
+def test_a_nested_map_on_the_threaded_executor_runs_in_the_outer_items_thread():
+    """The nested map shares the engine's thread pool, whose threads all run outer items: its
+    items run in the outer item's thread instead of waiting for a free one (which never came: the
+    script hung). A script, as users write it, in its own process: a hang fails by the timeout."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-"], input=NESTED_ON_THREADS, capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert int(out) == sum(x + 1 for n in range(8) for x in range(n, n + 12))
+
+
 def test_nested_pipeline_uses_inner_bound_values():
     @node(output_name="y")
     def scale(x, factor):

@@ -9,6 +9,7 @@ Executors that run elsewhere (worker processes, Dask, Ray) keep the same contrac
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -142,18 +143,31 @@ class ThreadedExecutor(Executor):
     def __init__(self, workers: int | None = None):
         self.workers = workers or min(32, (os.cpu_count() or 1) + 4)
         self._pool: Any = None
+        self._here = threading.local()  # `running`: this thread is one of the pool's, running a chunk
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
+        n = len(items)
+        if getattr(self._here, "running", False):
+            # a nested map, from an item this pool runs: its chunks would wait for threads that all
+            # wait for them. Its items run here, in the outer item's thread, as a worker runs them
+            run_chunk(plan, items, range(n), results)
+            return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
-        n = len(items)
         size = chunk_size(plan, max(1, n // (self.workers * 4)))
         with reported_crashes("threaded"):
-            futures = [self._pool.submit(run_chunk, plan, items, range(s, min(n, s + size)), results)
+            futures = [self._pool.submit(self._chunk, plan, items, range(s, min(n, s + size)), results)
                        for s in range(0, n, size)]
             for f in futures:
                 f.result()
+
+    def _chunk(self, plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
+        self._here.running = True
+        try:
+            run_chunk(plan, items, indices, results)
+        finally:
+            self._here.running = False
 
     def close(self) -> None:
         if self._pool is not None:
