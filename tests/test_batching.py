@@ -385,6 +385,34 @@ def test_a_segfault_in_a_batch_costs_one_item_and_the_batch_runs_again_one_item_
     assert report["failed"] == 1 and report["succeeded"] == 15
 
 
+@node(output_name="bumped", batch_size=4)
+def bump_but_7(x: list[int]) -> list[int]:
+    if 7 in x:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV inside the batch call, in a nested map
+    return [v + 1 for v in x]
+
+
+@node(output_name="xs")
+def twelve_from(n: int) -> list[int]:
+    return list(range(n, n + 12))
+
+
+def test_a_segfault_in_a_nested_maps_batch_costs_one_inner_item():
+    """The batch call that crashes holds four inner items and names none: the outer item runs
+    again with that map's calls one item each, then again without the item that crashed."""
+    inner = Pipeline(nodes=[bump_but_7], name="inner")
+    grow = inner.as_node(name="grow", input_mapping={"xs": "x"}, output_mapping={"bumped": "ys"}, map_over="xs",
+                         on_error="continue")
+    with Engine(map_executor="process", workers=2) as engine:
+        out = Pipeline(nodes=[twelve_from, grow], engine=engine).map(
+            inputs={"n": [0, 20]}, map_over="n", output_name="ys", on_error="continue")
+    assert out[1] == {"ys": list(range(21, 33))}
+    ys = out[0]["ys"]
+    assert ys[:7] == list(range(1, 8)) and ys[8:] == list(range(9, 13))
+    err = ys[7].error
+    assert isinstance(err, NodeCrashed) and err.signal == "SIGSEGV" and (err.node, err.item) == ("bump_but_7", 7)
+
+
 def test_a_hanging_item_times_out_alone(monkeypatch):
     @node(output_name="y", batch_size=4, timeout=1.0)
     def wait(x: list[int]) -> list[int]:

@@ -19,7 +19,9 @@ run items. What stays per item:
   alone; its error names the node and that item's inputs, every other item gets its result. The
   node's `retries`/`retry_on` apply to each call (`hardy.policy`). A crash or a timeout in a worker
   process runs the batch again one item per call on a fresh worker (`workers/deaths.py`: each
-  death costs a worker start, so halving would cost more deaths).
+  death costs a worker start, so halving would cost more deaths). Inside a nested map, the
+  enclosing item runs again with that map's calls one item each (`_call` names its items for
+  `crash.nesting`), then without the culprit.
 - **events**: items start, end and fail one by one; each item's event for the batched node lasts
   its share of the call that computed it (the call's time over its items), so a node's total is
   the time its calls took. Each call is also reported whole (`called`: the node's step, its
@@ -190,7 +192,7 @@ class Batched:
                 done[i] = self._merge(values, out, last, own)
         size = part.node.batch_size if part.node is not None else 1
         outcomes = [outcome for start in range(0, len(todo), size)
-                    for outcome in self._call(part, [values for _, values in todo[start:start + size]], hooks)]
+                    for outcome in self._call(part, todo[start:start + size], hooks, offset)]
         here, direct, alone, single = self._here, part.direct, part.alone, part.single
         for (i, values), outcome in zip(todo, outcomes, strict=True):
             if direct is not None and outcome[0]:
@@ -212,14 +214,16 @@ class Batched:
             done[i] = self._merge(values, out, last, own)
         return [(i, done[i]) for i, _ in alive if i in done]
 
-    def _call(self, part: _Part, items: list[dict[str, Any]], hooks: tuple[Any, ...]
+    def _call(self, part: _Part, rows: list[tuple[int, dict[str, Any]]], hooks: tuple[Any, ...], offset: int
               ) -> list[tuple[bool, Any, Span]]:
         """(ok, the item's output or the exception, its share of the call) per item: one call,
-        split in halves where it raises."""
+        split in halves where it raises. `_hardy_batch` names the call's node and items for a
+        crash inside it (`crash.nesting`: which inner items of a nested map it held)."""
         assert part.node is not None and part.call is not None
         _, calling, called = hooks
-        n = len(items)
-        columns = {p: [values[v] for values in items] for p, v in part.args}
+        n = len(rows)
+        _hardy_batch = (part.node.name, rows, offset, part.node.timeout)  # noqa: F841
+        columns = {p: [values[v] for _, values in rows] for p, v in part.args}
         outputs = len(part.node.outputs)
         if calling is not None:
             calling(part.step)
@@ -233,12 +237,12 @@ class Batched:
             if n == 1:
                 return [(False, exc, span)]
             half = n // 2
-            return self._call(part, items[:half], hooks) + self._call(part, items[half:], hooks)
+            return self._call(part, rows[:half], hooks, offset) + self._call(part, rows[half:], hooks, offset)
         span = self._span(part, n, start, called)
-        rows = [_entries(column) for column in out]
+        entries = [_entries(column) for column in out]
         if outputs == 1:
-            return [(True, value, span) for value in rows[0]]
-        return [(True, values, span) for values in zip(*rows, strict=True)]
+            return [(True, value, span) for value in entries[0]]
+        return [(True, values, span) for values in zip(*entries, strict=True)]
 
     @staticmethod
     def _span(part: _Part, n: int, start: float, called: Called | None) -> Span:

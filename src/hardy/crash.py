@@ -64,11 +64,17 @@ def deadlined(func: Callable[..., Any], timeout: float) -> Callable[..., Any]:
     return call
 
 
+BATCH = "batch"  # a level of `nesting` that is a batched node's call (its item: the call's only one, or None)
+
+
 def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str | None, float | None]]:
     """The plans running in this thread, outermost first: (node, item, the node's on_error when it
-    maps a nested pipeline, its timeout). Read from the generated functions' frames (`_s` the step,
-    `_item` the item), so nothing is paid while nothing asks."""
+    maps a nested pipeline, or BATCH for a batched node's call, its timeout). Read from the
+    generated functions' frames (`_s` the step, `_item` the item) and from a batch call's
+    (`hardy.batching`: `_hardy_batch`, the innermost of its halves), so nothing is paid while
+    nothing asks."""
     chain = []
+    batch_seen = False
     f: FrameType | None = frame or sys._getframe(1)
     while f is not None:
         if f.f_code.co_filename.startswith("<hardy plan"):
@@ -78,6 +84,13 @@ def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str |
                 node = plan.steps[step].node
                 over = node.on_error if getattr(node, "map_over", None) else None
                 chain.append((node.name, item, over, node.timeout))
+            batch_seen = False
+        elif f.f_code.co_name == "_call" and not batch_seen and "_hardy_batch" in f.f_code.co_varnames:
+            batch = f.f_locals.get("_hardy_batch")
+            if batch is not None:
+                name, rows, offset, timeout = batch  # rows: (item, its values), numbered from offset
+                chain.append((name, offset + rows[0][0] if len(rows) == 1 else None, BATCH, timeout))
+                batch_seen = True
         f = f.f_back
     chain.reverse()
     return chain

@@ -111,8 +111,14 @@ def delivered(group: Batched, items: Sequence[dict[str, Any]], indices: Sequence
     def called(k: int, size: int, start: float, end: float) -> None:
         results.batch_called(names[k], size, end - start)
     ok, fail = results.ok, results.fail
-    for i, done, value in group.run([(i, items[i]) for i in indices], at if events else None, offset=offset,
-                                    called=called):
+    crashed = results.crashed()  # a nested map run again: its items that crashed fail as they did
+    for i in indices:
+        if i in crashed:
+            fail(i, crashed[i])
+            yield i
+    size = 1 if None in crashed else 0  # a batch call crashed: each item alone, so that a crash names it
+    for i, done, value in group.run([(i, items[i]) for i in indices if i not in crashed], at if events else None,
+                                    offset=offset, size=size, called=called):
         if done:
             ok(i, value)
         else:

@@ -189,9 +189,12 @@ class Results:
             self.events.in_item(self.offset + i)
 
     def runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
-        if POISON:  # a nested map in a worker, run again after some of its items crashed one
-            return _skipping(self._runner(plan), poisoned_here())
-        return self._runner(plan)
+        return _skipping(self._runner(plan), self.crashed())
+
+    def crashed(self) -> dict[int | None, Any]:
+        """The items of this map that crashed a worker before (a nested map in a worker, run
+        again without them: `crash.poisoned_here`); {} almost always."""
+        return poisoned_here() if POISON else {}
 
     def _runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
         if not self.events and not self.offset:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..crash import describe_exit, read_nesting, read_stack
+from ..crash import BATCH, describe_exit, read_nesting, read_stack
 from ..errors import NodeCrashed, NodeError, NodeTimeout, ShippingError, WorkerStartError
 from ..forensics.frames import examine
 from ..plan import KEYS, Plan
@@ -117,22 +117,28 @@ class Deaths:
     def rerun_without(self, i: int, chain: list[list[Any]], err: NodeCrashed, crash: str) -> bool:
         """Item i crashed inside a nested map whose pipeline node keeps going (on_error="continue"):
         run item i again with that inner item failed as it crashed, so that only it is lost, as
-        in-process. False when no such map encloses the crash (the item itself fails)."""
+        in-process. A crash in a batched node's call over several inner items names none of them:
+        item i runs again with that map's batch calls taking one item each (`crashed[None]`),
+        so that a second crash names it. False when no such map encloses the crash (the item
+        itself fails)."""
         for k in range(len(chain) - 1, 0, -1):
-            if chain[k][1] is not None and chain[k - 1][2] == "continue":
-                key = tuple((level[0], level[1]) for level in chain[:k])
-                crashed = self.poison.setdefault(key, {})
-                if chain[k][1] in crashed or len(crashed) >= MAX_NESTED_CRASHES:
-                    return False
-                inner = copy.copy(err)
-                inner.node = "/".join(str(level[0]) for level in chain[k:])
-                inner.inputs_summary = ""  # the inner item's inputs are not the outer item's
-                inner.reason = crash
-                crashed[chain[k][1]] = inner
-                log.warning("node %r crashed on item %s of a nested map (%s): running the enclosing item %d again "
-                            "without it", inner.node, chain[k][1], crash, i)
-                self.retry.appendleft([i])
-                return True
+            item = chain[k][1]
+            if chain[k - 1][2] != "continue" or item is None and chain[k][2] != BATCH:
+                continue
+            key = tuple((level[0], level[1]) for level in chain[:k])
+            crashed = self.poison.setdefault(key, {})
+            if item in crashed or len(crashed) >= MAX_NESTED_CRASHES:
+                return False
+            inner = copy.copy(err)
+            inner.node = "/".join(str(level[0]) for level in chain[k:])
+            inner.inputs_summary = ""  # the inner item's inputs are not the outer item's
+            inner.reason = crash
+            crashed[item] = inner
+            what = f"item {item}" if item is not None else "a batch call"
+            log.warning("node %r crashed on %s of a nested map (%s): running the enclosing item %d again %s",
+                        inner.node, what, crash, i, "without it" if item is not None else "one item per call")
+            self.retry.appendleft([i])
+            return True
         return False
 
     def on_death(self, w: Worker) -> None:
