@@ -85,7 +85,7 @@ def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str |
                 over = node.on_error if getattr(node, "map_over", None) else None
                 chain.append((node.name, item, over, node.timeout))
             batch_seen = False
-        elif f.f_code.co_name == "_call" and not batch_seen and "_hardy_batch" in f.f_code.co_varnames:
+        elif not batch_seen and "_hardy_batch" in f.f_code.co_varnames:
             batch = f.f_locals.get("_hardy_batch")
             if batch is not None:
                 name, rows, offset, timeout = batch  # rows: (item, its values), numbered from offset

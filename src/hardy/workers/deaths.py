@@ -123,7 +123,7 @@ class Deaths:
         itself fails)."""
         for k in range(len(chain) - 1, 0, -1):
             item = chain[k][1]
-            if chain[k - 1][2] != "continue" or item is None and chain[k][2] != BATCH:
+            if chain[k - 1][2] != "continue" or (item is None and chain[k][2] != BATCH):
                 continue
             key = tuple((level[0], level[1]) for level in chain[:k])
             crashed = self.poison.setdefault(key, {})
