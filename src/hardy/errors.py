@@ -485,6 +485,12 @@ class PicklingError(HardyError, TypeError):
     """An input or node cannot be sent to a worker process."""
 
 
+class ReplicaError(HardyError, ImportError):
+    """A worker cannot hold what the calling process holds under a name its pipeline reads (module
+    state set at run time that neither hashes nor pickles): the pipeline is refused there rather
+    than run with another value (docs/same-answer.md). The message names the module, the name and the fix."""
+
+
 class WorkerImportError(HardyError, ModuleNotFoundError):
     """A distributed engine's workers cannot import a module the pipeline's code needs; the message
     names the module and how to ship it (`ship_modules=`)."""

@@ -117,6 +117,14 @@ class Node:
             return (_node_by_reference, (self.func.__module__, self.func.__qualname__))
         return super().__reduce_ex__(protocol)
 
+    def binding(self) -> tuple[str, str] | None:
+        """(module, name) under which this node travels by reference to another process, which
+        finds there whatever its copy of the module binds to that name (`shipping.replica` makes
+        it this process's); None when it travels by value."""
+        if type(self) is Node and _importable_as(self):
+            return self.func.__module__, self.func.__qualname__.split(".")[0]
+        return None
+
     def call_batch(self, **columns: list[Any]) -> Any:
         """A batched node's call on a batch: each parameter's list of values, by name
         (`hardy.batching`); HyperNodes' DualNode passes them its own way."""

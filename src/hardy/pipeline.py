@@ -31,6 +31,7 @@ from .errors import (
 )
 from .graph import Graph
 from .hashing import Reach, recording
+from .hashing.state import token
 from .items import map_items, mapped_over, share_input_keys
 from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
@@ -65,7 +66,6 @@ class Pipeline:
         self.name = name or DEFAULT_NAME
         self.graph = Graph(numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
         self._plans: Memo[Any, Plan] = Memo(PLANS_KEPT)
-        self._reaches: dict[Any, Reach | None] = {}  # what each memoised plan's nodes reach (see _stale)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
         self._engine_given = engine is not None  # a nested pipeline without one runs on its parent's
@@ -127,7 +127,6 @@ class Pipeline:
 
     def _forget_plans(self) -> None:
         self._plans.clear()
-        self._reaches.clear()
         self._with_cache.clear()
 
     @property
@@ -176,7 +175,7 @@ class Pipeline:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_plans=Memo(PLANS_KEPT), _reaches={}, _with_cache={}, _with_engine={}, _recorder=Recorder())
+        state.update(_plans=Memo(PLANS_KEPT), _with_cache={}, _with_engine={}, _recorder=Recorder())
         return state
 
     def cached_in(self, cache: PlanCache | None) -> Pipeline:
@@ -210,7 +209,7 @@ class Pipeline:
 
     def _copy(self, **changes: Any) -> Self:
         copy = type(self).__new__(type(self))
-        copy.__dict__.update(self.__dict__, _plans=Memo(PLANS_KEPT), _reaches={}, _with_cache={}, _with_engine={},
+        copy.__dict__.update(self.__dict__, _plans=Memo(PLANS_KEPT), _with_cache={}, _with_engine={},
                              **changes)
         return copy
 
@@ -244,6 +243,7 @@ class Pipeline:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
         finally:
+            self._settle(plan, False)
             if plan.cache is not None and self._reports:
                 plan.cache.report()  # what the cache could not do, in one warning
 
@@ -315,38 +315,42 @@ class Pipeline:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
-        plan, reach = self._compile(names, outputs, for_map)
+        plan = self._compile(names, outputs, for_map)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing = plan.unresolved()
         if missing:
             raise MissingInputError(missing, names, self.name)
         self._plans.put(key, plan)
-        self._reaches[key] = reach
         return plan
 
-    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> tuple[Plan, Reach | None]:
-        """A new plan, and what its nodes reach if it must be checked for code edits (`_stale`):
-        a plan whose keys hold code, or one that runs in other processes."""
+    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> Plan:
+        """A new plan, with what its nodes read if it must be checked for changes (`_stale`): a
+        plan whose keys hold code and state, or one that runs in other processes."""
         mode = self._engine.plan_mode(for_map)
         cache = self.cache if self.cache is not None else self._engine.cache
-        reach = Reach() if cache is not None or (for_map and self._engine.timeout_runner(True) is None) else None
+        reach = Reach() if cache is not None else None
         previous = recording(reach)
         try:
             plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
                         submit=self._engine.submit if mode == "threaded" else None,
                         cache=cache, on_cached=self._on_cached, name=self.name)
-            if reach is not None and cache is None:
-                plan.fingerprint_nodes()
         finally:
             recording(previous)
-        return plan, reach
+        ships = self._engine.ships(for_map)
+        plan.watched = reach.watch(token) if reach is not None else plan.reads() if ships else None
+        return plan
 
     def _stale(self, key: Any) -> bool:
-        """Whether a global, helper, class or module the memoised plan's nodes reach has been
-        rebound since it was compiled (a notebook cell run again, `importlib.reload`): then the
-        plan is compiled again, its keys made again, and it is shipped to workers again."""
-        reach = self._reaches.get(key)
-        return reach is not None and reach.changed()
+        """Whether what the memoised plan's nodes read was rebound (a notebook cell run again,
+        `importlib.reload`) or changed in place (a dict filled) since: it is then compiled, keyed
+        and shipped again, and workers' modules are made this process's (docs/same-answer.md)."""
+        watched = self._plans[key].watched
+        return watched is not None and watched.changed()
+
+    def _settle(self, plan: Plan, for_map: bool) -> None:
+        """After a call: what nodes that ran here changed in what they read is theirs (`Reach.settle`)."""
+        if plan.watched is not None and not self._engine.ships(for_map):
+            plan.watched.settle()
 
     def _node_function(self, k: int, node: Node) -> Callable[..., Any]:
         observers = self._observers
@@ -392,6 +396,7 @@ class Pipeline:
             except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
                 raise MapInterrupted(results.values, dict(results.failures)) from exc
             finally:
+                self._settle(plan, True)
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map
                 watch.finish(self, results.failures, results.progress.done)  # also of a map that raised
@@ -441,7 +446,10 @@ class Pipeline:
             outcomes = stream(self._engine, plan, items, window, ordered, on_error == "raise", make_results, indexed)
             if watch.report is not None:
                 outcomes = watch.recorded(self, outcomes)
-            yield from watch.streamed(name, dict(values), outcomes, self._node_ids, n)
+            try:
+                yield from watch.streamed(name, dict(values), outcomes, self._node_ids, n)
+            finally:
+                self._settle(plan, True)
 
     def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
                   output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:

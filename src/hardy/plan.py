@@ -62,6 +62,8 @@ from .errors import (
     UnhashableError,
 )
 from .graph import Graph
+from .hashing import Reach, recording
+from .hashing.state import token
 from .node import Node
 from .plan_source import PlanSource
 from .policy import guard
@@ -128,6 +130,7 @@ class Plan:
         self._on_cached = on_cached
         self._calls = calls or {}
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
+        self.watched: Reach | None = None  # what its nodes read, when it must be checked for changes (`reads`)
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -155,6 +158,19 @@ class Plan:
                 if p not in given and p not in step.node.defaults:
                     missing.setdefault(p, []).append(step.node.name)
         return missing
+
+    def reads(self) -> Reach:
+        """What the plan's nodes read (globals, module attributes, class members, the content of
+        those that can change in place), for `Reach.changed` to tell when the plan no longer
+        computes what its nodes would now: a plan that runs in other processes, or whose cache
+        keys hold code and state, is then made again (docs/same-answer.md)."""
+        reach = Reach()
+        previous = recording(reach)
+        try:
+            self.fingerprint_nodes()
+        finally:
+            recording(previous)
+        return reach.watch(token)
 
     def fingerprint_nodes(self) -> None:
         """Fingerprint the nodes as a cache would key them, for what they reach to be noted while

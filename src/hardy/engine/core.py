@@ -171,6 +171,13 @@ class Engine:
         process, which is what it was chosen for, so `run()` stays here with it."""
         return self.map_executor == "process" and self.node_executor == "sequential" and not contained()
 
+    def ships(self, for_map: bool) -> bool:
+        """Whether a plan (of a map, or of a `run()` when `for_map` is False) runs in other
+        processes: those plans travel, and must be checked for changes at each call."""
+        if contained():
+            return False
+        return self.executor.enforces_timeouts if for_map else self.runs_in_workers
+
     def timeout_runner(self, for_map: bool) -> str | None:
         """What calls nodes in this process, where a node's timeout could not stop it (see
         `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,

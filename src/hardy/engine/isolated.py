@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import NodeError
 from ..executor import Executor, IsolatedCall, Where
 from ..graph import Graph
+from ..hashing import Reach
 from ..memo import Memo
 from ..node import Node
 from ..observe.nodelog import NodeLogBatch
@@ -51,13 +52,19 @@ class WorkerCall(IsolatedCall):
 
     def __init__(self, node: Node, pool: Callable[[], Executor]):
         self.node, self.pool = node, pool
-        self.plans: Memo[tuple[str, ...], Plan] = Memo(64)  # one per set of argument names: shipped once per worker
+        self.plans: Memo[tuple[str, ...], tuple[Plan, Reach]] = Memo(64)  # per set of argument names: shipped once
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], located: bool = False) -> CallResults:
         item = dict(zip(self.node.inputs, args))
         item.update(kwargs)
         names = tuple(item)
-        plan = self.plans.get(names) or self.plans.put(names, Plan(Graph([self.node]), names, self.node.outputs))
+        kept = self.plans.get(names)
+        if kept is None or kept[1].changed():  # its code or state changed since: made (and shipped) again
+            if kept is not None:
+                self.plans.clear()
+            plan = Plan(Graph([self.node]), names, self.node.outputs)
+            kept = self.plans.put(names, (plan, plan.reads()))
+        plan = kept[0]
         results = CallResults(self.node.name, located)
         self.pool().run_items(plan, [item], results)
         return results

@@ -34,19 +34,41 @@ class Reach:
     reaches, as (namespace, name, the object found there), and the user modules reached. A
     notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
     put another object under a name; `changed()` is one dict lookup and an identity test per
-    name. A value changed in place (a global list appended to) keeps its object: not seen."""
+    name. A value changed in place (a global dict filled, an array written) keeps its object: `watch`
+    adds a content token for each such value, compared too."""
 
-    __slots__ = ("reads", "modules")
+    __slots__ = ("reads", "modules", "watched", "_token")
 
     def __init__(self) -> None:
         self.reads: list[tuple[Any, str, Any]] = []
         self.modules: set[str] = set()
+        self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
+        self._token: Callable[[Any], bytes | None] | None = None
 
     def changed(self) -> bool:
         for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
             if namespace.get(name, ABSENT) is not found:
                 return True
-        return False
+        if not self.watched:
+            return False
+        token = self._token
+        return token is not None and any(token(found) != before for found, before in self.watched)
+
+    def watch(self, token: Callable[[Any], bytes | None]) -> Reach:
+        """Also notice values changed in place: `token(obj)` is None for an object whose identity
+        says whether it changed, else a digest of its content (`hashing.state.token`)."""
+        self._token = token
+        objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
+        self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
+        return self
+
+    def settle(self) -> None:
+        """Take the values watched as they are now: what nodes running in this process changed in
+        them during a call is theirs (a memo, a counter), as in a plain loop; only what changes
+        between calls makes the reads stale."""
+        token = self._token
+        if token is not None and self.watched:
+            self.watched = [(found, token(found) or b"") for found, _ in self.watched]
 
 
 _RECORDING = threading.local()
@@ -359,6 +381,12 @@ def _global_names(code: types.CodeType) -> set[str]:
 # Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
 # `from __future__ import annotations`, inherited by exec() from its caller, do not count.
 _SEMANTIC_FLAGS = 0x3FF
+
+
+def code_bytes(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
+    """A code object's canonical bytes (its bytecode, names, constants and nested code; not its
+    file or lines), for comparing code across processes (`hashing.state`)."""
+    _code(code, out)
 
 
 def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:

@@ -12,6 +12,7 @@ imports point one way (libraries -> values).
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -116,8 +117,16 @@ def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
         _encode_numpy(np.asarray(part), out, active)
 
 
+TENSOR_VERSIONS = contextvars.ContextVar("hardy_tensor_versions", default=False)
+"""Set while a change token is made (`hashing.state.token`), not a key: a tensor is then named by
+its identity and version counter, which every in-place operation bumps, instead of its bytes."""
+
+
 def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import torch
+    if TENSOR_VERSIONS.get():
+        out(b"TV" + repr((id(v), v._version, v.data_ptr(), tuple(v.shape), str(v.dtype), str(v.device))).encode())
+        return
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
     if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
         out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))

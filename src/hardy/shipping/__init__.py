@@ -26,8 +26,8 @@ from .items import (
     unopened,
 )
 from .pickling import dumps, out_of_band
-from .plans import build_plan, ship_plan
+from .plans import build_plan, ship_plan, synced
 
-__all__ = ["ship_plan", "build_plan", "dumps", "out_of_band", "Pickled", "Unshippable", "ship_items", "ship_each",
-           "check_constants", "item_error", "readers", "described", "globals_in", "seal", "open_input", "unopened",
-           "portable"]
+__all__ = ["ship_plan", "build_plan", "synced", "dumps", "out_of_band", "Pickled", "Unshippable", "ship_items",
+           "ship_each", "check_constants", "item_error", "readers", "described", "globals_in", "seal", "open_input",
+           "unopened", "portable"]

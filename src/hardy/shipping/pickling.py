@@ -107,6 +107,22 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
+def main_by_value_in_pools() -> None:
+    """In a worker: the caller's `__main__` is not this process's, so a node that hands a script's
+    or notebook's function to a process pool of its own (multiprocessing, concurrent.futures)
+    would send it by a name its pool's processes cannot find (`__main__.helper`). multiprocessing
+    pickles what it sends with `ForkingPickler`; from here on, functions and classes of
+    `__main__` go by value there (cloudpickle), whatever the pool's start method."""
+    from multiprocessing.reduction import ForkingPickler
+
+    def by_value(self: Any, obj: Any) -> Any:
+        if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
+            return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=5),)
+        return NotImplemented
+
+    ForkingPickler.reducer_override = by_value  # type: ignore[method-assign]
+
+
 def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
     """The code of a function sent by value keeps its file name, where cloudpickle writes
     "<dynamic-code>", so a worker's crash stack names the user's file and line; the source of a file

@@ -1,7 +1,7 @@
 """A plan across a process: it travels as its spec (graph, provided names, outputs, cache), pickled
 once with cloudpickle and compiled again on the other side (`build_plan`), never as generated code.
 Nodes defined at module level travel by reference, like plain functions (the worker imports the
-user's module, made the parent's first: `_same_modules`); the others (a script's, a notebook's,
+user's module, made the caller's first: `shipping.replica`); the others (a script's, a notebook's,
 `python -`'s) by value; `ship_modules=` sends a module by value. A node that cannot travel is an
 error naming it, before anything is sent.
 """
@@ -9,6 +9,7 @@ error naming it, before anything is sent.
 from __future__ import annotations
 
 import io
+import pickle
 import sys
 from collections.abc import Callable
 from importlib.machinery import SourceFileLoader
@@ -16,81 +17,92 @@ from typing import Any
 
 import cloudpickle
 
-from ..errors import PicklingError, UnhashableError
-from ..hashing import Reach, is_user_module, module_stamp, recording
+from ..errors import PicklingError
+from ..hashing import Reach, is_user_module, recording
 from ..plan import Plan, Wrap
 from .pickling import ByValuePickler
+from .replica import Fetch, Replica, Synced, keep, reached_names
 
 
-def ship_plan(plan: Plan) -> bytes:
+def ship_plan(plan: Plan, everything: bool = False) -> bytes:
+    """The plan's spec: its replica's header (`shipping.replica`: the stamps of what it reaches in
+    user modules, small objects pickled), then the plan itself. `everything`: every object that
+    pickles travels (an engine's worker on another machine cannot ask for one later)."""
     try:
         file = io.BytesIO()
-        spec = (_Modules(_stamps(plan)), plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed)
-        ByValuePickler(file, protocol=5).dump(spec)
-        return file.getvalue()
+        ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed))
+        return pickle.dumps((keep(plan, replica_of(plan)).header(everything), file.getvalue()), protocol=5)
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
 
 def build_plan(spec: bytes, wrap: Wrap | None = None,
-               on_cached: Callable[[str, bytes, int | None], None] | None = None) -> Plan:
-    _, graph, provided, outputs, cache, keyed = cloudpickle.loads(spec)
+               on_cached: Callable[[str, bytes, int | None], None] | None = None,
+               fetch: Fetch | None = None) -> Plan:
+    """The plan a spec describes, compiled here once this process's user modules hold what the
+    caller's do (`synced`)."""
+    body = synced(spec, fetch)[1]
+    graph, provided, outputs, cache, keyed = cloudpickle.loads(body)
+    _adopt_main(graph.nodes)
     return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
 
 
-def _stamps(plan: Plan) -> dict[str, dict[str, bytes]]:
-    """The stamps (`module_stamp`) of what the plan's nodes reach in user modules, as the parent
-    has them now. Modules loaded by another loader than Python's own (pytest's assertion
-    rewriting changes their bytecode) cannot be compared with the worker's import and are left out."""
+def _adopt_main(nodes: Any) -> None:
+    """Nodes of the caller's `__main__` travel by value, each with the globals it reads; those
+    globals become this process's `__main__`'s too. A node that hands a script's helper to a
+    process pool of its own (multiprocessing, concurrent.futures) pickles it by name, as
+    `__main__.helper`: it is then found, here and in the pool's forked children."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return
+    for node in _nodes(nodes):
+        func = getattr(node, "func", None)
+        namespace = getattr(func, "__globals__", None)
+        if namespace is None or getattr(func, "__module__", None) != "__main__" or namespace is vars(main):
+            continue
+        for name, value in namespace.items():
+            if not (name.startswith("__") and name.endswith("__")):
+                setattr(main, name, value)
+
+
+def synced(spec: bytes, fetch: Fetch | None = None) -> tuple[Synced, bytes]:
+    """The spec's replica, with this process's user modules made the caller's (`Synced.sync`;
+    `fetch(replica id, names)` asks the caller for objects that did not travel with the spec),
+    and the rest of the spec."""
+    header, body = pickle.loads(spec)
+    replica = Synced(header)
+    replica.sync(fetch)
+    return replica, body
+
+
+def replica_of(plan: Plan) -> Replica:
+    """What `plan`'s nodes reach in user modules, the nodes' own names included, as this process has
+    it now. Modules loaded by another loader than Python's own (pytest's assertion rewriting changes
+    their bytecode) or sent by value (`ship_modules`: their code travels with the plan) are left out."""
     reach = Reach()
     previous = recording(reach)
     try:
-        for step in plan.steps:
-            try:
-                step.node.fingerprint()
-            except UnhashableError:
-                pass
+        plan.fingerprint_nodes()
     finally:
         recording(previous)
-    by_value = cloudpickle.list_registry_pickle_by_value()  # `ship_modules`: their code travels with the plan
-    modules = {id(vars(m)): m for m in map(sys.modules.get, sorted(reach.modules))
-               if m is not None and is_user_module(m.__name__) and m.__name__.split(".")[0] not in by_value
-               and m.__name__ not in by_value and isinstance(getattr(m, "__loader__", None), SourceFileLoader)}
-    names: dict[str, set[str]] = {}
-    for namespace, name, _ in reach.reads:
-        if id(namespace) in modules:
-            names.setdefault(modules[id(namespace)].__name__, set()).add(name)
-    return {m: module_stamp(sys.modules[m], sorted(n)) for m, n in names.items()}
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    names = reached_names(reach.reads, reach.modules)
+    for node in _nodes(plan.graph.nodes):
+        binding = node.binding()
+        if binding is not None:
+            names.setdefault(binding[0], set()).add(binding[1])
+    return Replica({m: n for m, n in names.items() if m in sys.modules and is_user_module(m) and m != "__main__"
+                    and m.split(".")[0] not in by_value and m not in by_value
+                    and isinstance(getattr(sys.modules[m], "__loader__", None), SourceFileLoader)})
 
 
-class _Modules:
-    """First in a plan's spec: unpickled before the nodes, in the worker, it makes the user
-    modules there the parent's (`_same_modules`), so that nodes travelling by reference find
-    the code the parent runs."""
-
-    def __init__(self, stamps: dict[str, dict[str, bytes]]):
-        self.stamps = stamps
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_same_modules, (self.stamps,))
-
-
-def _same_modules(stamps: dict[str, dict[str, bytes]]) -> None:
-    """A module the parent reloaded (or a notebook changed) since this worker imported it is
-    reloaded here; one that still differs (its file edited since the parent loaded it) is an
-    error naming it, never other code run in its place."""
-    import importlib
-    for name, stamp in stamps.items():
-        module = sys.modules.get(name) or importlib.import_module(name)
-        if module_stamp(module, stamp) == stamp:
-            continue
-        module = importlib.reload(module)
-        mine = module_stamp(module, stamp)
-        if mine != stamp:
-            what = sorted(n for n in {*stamp, *mine} if stamp.get(n) != mine.get(n))
-            raise ImportError(f"module {name!r} differs between the parent and this worker ({', '.join(what[:5])}): "
-                              "its file was edited since the parent loaded it, or the parent changed it in memory; "
-                              f"importlib.reload({name}) in the parent (or restore the file) and map again")
+def _nodes(nodes: Any) -> Any:
+    """Nodes, and those of the pipelines nested in them, at any depth."""
+    for node in nodes:
+        yield node
+        inner = getattr(node, "pipeline", None)
+        if inner is not None:
+            yield from _nodes(inner.graph.nodes)
 
 
 def _unpicklable_node(plan: Plan, exc: Exception) -> str:

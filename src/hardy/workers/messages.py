@@ -42,6 +42,26 @@ class Chunk(NamedTuple):
     poison: dict[Any, Any] | None
 
 
+class Context(NamedTuple):
+    """The caller's process state at this call, where it changed since the worker last heard: the
+    environment's changed and removed variables, then the working directory, sys.argv and
+    sys.path whole (docs/same-answer.md)."""
+
+    environ: dict[str, str]
+    unset: list[str]
+    cwd: str
+    argv: list[str]
+    sys_path: list[str]
+
+
+class Values(NamedTuple):
+    """The answer to a worker's `Header.need`: the caller's objects it asked for, by (module,
+    name), or why one cannot be sent (`shipping.replica`)."""
+
+    replica: int
+    values: dict[tuple[str, str], Any] | str
+
+
 class Resend(NamedTuple):
     """Results of the last chunk again, each pickled on its own (a batch was unreadable)."""
 
@@ -55,7 +75,8 @@ class Stop(NamedTuple):
 class Header(NamedTuple):
     """In front of each batch of results: the chunk is done; the batch was pickled item by item
     (a `Resend`'s); it carries node logs; the chunk could not be unpickled (the batch is then
-    why); log records ride with it; seconds the chunk took."""
+    why); log records ride with it; seconds the chunk took. `need`: no batch but a question: the
+    worker, loading a plan, asks for the caller's objects named after it (answered by `Values`)."""
 
     done: bool
     each: bool
@@ -63,6 +84,7 @@ class Header(NamedTuple):
     unread: bool
     logs: bool
     elapsed: float
+    need: bool = False
 
     def pack(self) -> bytes:
         return _HEADER.pack(*self)
@@ -72,5 +94,5 @@ class Header(NamedTuple):
         return cls(*_HEADER.unpack_from(data))
 
 
-_HEADER = struct.Struct("?????d")
+_HEADER = struct.Struct("?????d?")
 HEADER_SIZE = _HEADER.size

@@ -8,16 +8,15 @@ import logging
 import os
 import pickle
 import signal
-import sys
 import time
 from array import array
 
 from ..forensics.stacks import hang_stacks
 from ..plan import Plan
-from ..shipping import transport
+from ..shipping import context, transport
 from . import launch
 from . import status as words
-from .messages import Setup, Stop
+from .messages import Context, Setup, Stop
 
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -71,11 +70,12 @@ class Worker:
             for fd in self._fds:
                 os.close(fd)
             raise
-        # this process's environment now (a fork server's dates from its start), with the caps
-        level = {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # records workers forward
+        # this process's state now (a fork server's dates from its start), with the caps; `follow` keeps it so
+        self.overlay = {**env, "HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # (records it forwards)
+        self.context = context.current()
         transport.send(self.conn, b"", transport.Packed(
-            pickle.dumps(Setup({**os.environ, **env, **level}, preload_libs, list(sys.path), os.getcwd(),
-                               list(sys.argv))),
+            pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
+                               self.context.cwd or os.getcwd(), self.context.argv)),
             self._fds))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
@@ -88,6 +88,16 @@ class Worker:
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
         self.hang: tuple[str, str] = ("", "")  # py-spy's stacks before a kill for a timeout, or why none
+
+    def follow(self, now: context.Snapshot) -> None:
+        """Bring the worker to the caller's state `now` (environment, working directory, argv,
+        sys.path) before it runs a call made then: what changed since it last heard, if anything."""
+        if now is self.context:
+            return
+        before, after = {**self.context.environ, **self.overlay}, {**now.environ, **self.overlay}
+        changed, unset = context.environ_delta(before, after)
+        self.send(pickle.dumps(Context(changed, unset, now.cwd or self.context.cwd, now.argv, now.sys_path)))
+        self.context = now
 
     @property
     def busy(self) -> bool:

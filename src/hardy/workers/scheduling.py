@@ -28,15 +28,17 @@ from ..plan import Plan
 from ..policy import delay
 from ..shipping import (
     check_constants,
+    context,
     dumps,
     globals_in,
     item_error,
     seal,
     transport,
 )
+from ..shipping.replica import dump_values, replica
 from . import status as words
 from .deaths import Deaths, after_return
-from .messages import HEADER_SIZE, Header, Resend
+from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Worker, rss
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ class MapRun(Deaths):
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
         self.shared = transport.Shared(_shared_values(items), dumps)
+        self.context = context.current()  # the caller's environment, working directory, argv, sys.path now
 
     def next_chunk(self, w: Worker) -> list[int] | None:
         now = time.monotonic()
@@ -137,6 +140,7 @@ class MapRun(Deaths):
             w.chunk_size = len(chunk)
             self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
             try:
+                w.follow(self.context)  # first: the plan's modules are imported with the caller's sys.path
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
                     w.plans.add(self.plan_id)
@@ -241,7 +245,10 @@ class MapRun(Deaths):
         try:
             while w.conn.poll():
                 data = w.conn.recv_bytes()
-                done, each, logged, unread, logs, elapsed = Header.unpack(data)
+                done, each, logged, unread, logs, elapsed, need = Header.unpack(data)
+                if need:  # loading a plan, it asks for the caller's objects its modules lack
+                    w.send(_answer(memoryview(data)[HEADER_SIZE:]))
+                    continue
                 w.started_any = True
                 self.pool.start_failures = 0
                 if unread:  # its chunk could not be unpickled there: it goes again, sealed
@@ -366,6 +373,19 @@ class MapRun(Deaths):
         log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
                     node, running, self.pool.stall_report, w.process.pid,
                     f"its stacks:\n{text}" if text else f"no stacks: {why}")
+def _answer(question: memoryview) -> transport.Packed:
+    """The caller's objects a worker asked for while loading a plan (`shipping.replica`), big
+    buffers through shared memory; or, when one cannot travel, the sentence refusing the plan."""
+    replica_id, wanted = pickle.loads(question)
+    found = replica(replica_id)
+    values = found.values(wanted) if found is not None else "the pipeline being loaded is no longer in use"
+    try:
+        return transport.pack(Values(replica_id, values), dump_values)
+    except Exception:
+        assert found is not None
+        return transport.pack(Values(replica_id, found.refusal(wanted)), dump_values)
+
+
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
     """Log records a worker sent (`replies.Forward`), handled by this process's loggers."""
     for record in records:

@@ -16,20 +16,24 @@ import os
 import pickle
 import signal
 import sys
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ..crash import FATAL_SIGNALS, POISON, mark_contained, on_fatal_signal
+from ..errors import ReplicaError
 from ..forensics import handler as native_handler
 from ..forensics.stacks import allow_tracing
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
-from ..shipping import build_plan, transport
+from ..shipping import build_plan, synced, transport
+from ..shipping.pickling import main_by_value_in_pools
+from ..shipping.replica import Fetch, Synced
 from .chunks import names_steps, run_chunk
 from .lifeline import kill_group, watch_peer
-from .messages import Chunk, Header, PlanSpec, Resend, Setup
+from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Values
 from .replies import REPLIES
 from .status import DEADLINE, IDLE, ITEM, LOADING, READING, READY, RETIRED, STEP, marked, open_status
 
@@ -78,6 +82,7 @@ def _take_setup(setup: Setup) -> None:
     except OSError:
         pass
     install_numba_guard()
+    main_by_value_in_pools()  # a node's own process pool finds the script's functions
     if setup.preload_libs:  # dependencies first, so each library finds what it needs
         from ..native.libs import preload
         preload(packages=[p for p in setup.preload_libs if not os.path.isdir(p)],
@@ -114,27 +119,70 @@ def _post_deadline(status: Any, t: float) -> float:
 
 def _serve(conn: Connection, status: Any) -> int:
     """Answer the parent's messages until it says stop or goes away; the exit code."""
-    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for]
+    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica]
+    backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
+    fetch = functools.partial(_fetch, conn, status, backlog)
     while True:
-        try:
-            data = conn.recv_bytes()
-        except EOFError:
-            return 0
-        msg = _read(conn, data, status)
+        if backlog:
+            msg = backlog.popleft()
+        else:
+            try:
+                data = conn.recv_bytes()
+            except EOFError:
+                return 0
+            msg = _read(conn, data, status)
         if msg is None:
             continue
         if isinstance(msg, PlanSpec):
-            plans[msg.plan_id] = [msg.spec, _load_plan(msg.spec, status), None]
+            loaded, replica = _load_plan(msg.spec, status, fetch)
+            plans[msg.plan_id] = [msg.spec, loaded, None, replica]
         elif isinstance(msg, Chunk):
             POISON.clear()
             POISON.update(msg.poison or {})
-            loaded = _plan(plans[msg.plan_id], msg.log, status)
-            if not run_chunk(loaded, msg.items, status, msg.log, msg.sealed, msg.singly):
+            entry = plans[msg.plan_id]
+            loaded = _current(entry, status, fetch)
+            if not run_chunk(_plan(loaded, entry, msg.log, status, fetch), msg.items, status, msg.log, msg.sealed,
+                             msg.singly):
                 return RETIRED
+        elif isinstance(msg, Context):
+            _take_context(msg)
         elif isinstance(msg, Resend):
             REPLIES.resend(msg.items)
         else:  # Stop
             return 0
+
+
+def _take_context(context: Context) -> None:
+    """The caller's environment, working directory, argv and sys.path at this call (as `_take_setup`)."""
+    os.environ.update(context.environ)
+    for name in context.unset:
+        os.environ.pop(name, None)
+    sys.argv[:] = context.argv
+    sys.path[:] = context.sys_path
+    try:
+        os.chdir(context.cwd)
+    except OSError:  # gone, or not readable here: the node fails as it would there
+        pass
+
+
+def _fetch(conn: Connection, status: Any, backlog: deque[Any], replica_id: int,
+           wanted: list[tuple[str, str]]) -> Any:
+    """Ask the caller for the objects of its modules that this worker's copies lack (`shipping.replica`),
+    and wait for them; messages that come meanwhile are kept for later, in order."""
+    conn.send_bytes(Header(False, False, False, False, False, 0.0, need=True).pack()
+                    + pickle.dumps((replica_id, wanted), protocol=5))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            os._exit(0)
+        before = status[ITEM]
+        msg = _read(conn, data, status)
+        status[ITEM] = before
+        if isinstance(msg, Values) and msg.replica == replica_id:
+            return msg.values
+        if msg is not None:
+            backlog.append(msg)
 
 
 def _close_sqlite() -> None:
@@ -172,22 +220,40 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
         status[ITEM] = IDLE
 
 
-def _plan(entry: list[Any], log: bool, status: Any) -> tuple[Plan, dict[str, str]] | str:
+def _current(entry: list[Any], status: Any, fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
+    """The entry's plain plan, with this worker's modules made its caller's again if another
+    plan's sync changed them since (`shipping.replica.Synced`)."""
+    loaded: tuple[Plan, dict[str, str]] | str = entry[1]
+    replica: Synced | None = entry[3]
+    if replica is not None and not isinstance(loaded, str) and not replica.current():
+        before, status[ITEM] = status[ITEM], LOADING
+        try:
+            replica.sync(fetch)
+        except Exception as exc:
+            return _unloadable(exc)
+        finally:
+            status[ITEM] = before
+    return loaded
+
+
+def _plan(plain: tuple[Plan, dict[str, str]] | str, entry: list[Any], log: bool, status: Any,
+          fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
     """The plain plan, or (when the parent listens to node events) the logged one, built once.
     A plan whose steps may start out of order (a cache looks its hits up before its misses run;
     async nodes are gathered; a batched node's items wait for each other) names each step in the log."""
-    plain: tuple[Plan, dict[str, str]] | str = entry[1]
     if not log or isinstance(plain, str):
         return plain
     if entry[2] is None:
-        entry[2] = _load_plan(entry[0], status, log="named" if names_steps(plain[0]) else "bare")
+        entry[2] = _load_plan(entry[0], status, fetch, log="named" if names_steps(plain[0]) else "bare")[0]
     logged: tuple[Plan, dict[str, str]] | str = entry[2]
     return logged
 
 
-def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str, str]] | str:
-    """The plan and which node produces each output; or why it cannot be loaded here. `log`: the
-    plan notes its node calls (observe/nodelog.py), "bare" or "named" (see `_plan`)."""
+def _load_plan(spec: bytes, status: Any, fetch: Fetch,
+               log: str = "") -> tuple[tuple[Plan, dict[str, str]] | str, Synced | None]:
+    """The plan and which node produces each output, or why it cannot be loaded here; and its
+    replica (`shipping.replica`). `log`: the plan notes its node calls (observe/nodelog.py),
+    "bare" or "named" (see `_plan`)."""
     steps: dict[str, int] = {}  # its node names by step, for its cache hits' log entries
 
     def wrap(k: int, n: Any) -> Callable[..., Any]:
@@ -200,12 +266,19 @@ def _load_plan(spec: bytes, status: Any, log: str = "") -> tuple[Plan, dict[str,
     wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.batching: else it only dates calls)
     before, status[ITEM] = status[ITEM], LOADING
     try:
+        replica = synced(spec, fetch)[0]
         plan = build_plan(spec, wrap=wrap, on_cached=LOG.cache_hook(steps) if log else None)
     except Exception as exc:
-        return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
-                "its nodes must come from the script or a module importable from the parent's sys.path "
-                "(a module loaded from elsewhere can be sent by value with "
-                "cloudpickle.register_pickle_by_value)")
+        return _unloadable(exc), None
     finally:
         status[ITEM] = before
-    return plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}
+    return (plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}), replica
+
+
+def _unloadable(exc: Exception) -> str:
+    if isinstance(exc, ReplicaError):
+        return str(exc)
+    return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
+            "its nodes must come from the script or a module importable from the parent's sys.path "
+            "(a module loaded from elsewhere can be sent by value with "
+            "cloudpickle.register_pickle_by_value)")

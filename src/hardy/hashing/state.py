@@ -1,0 +1,142 @@
+"""Module state a plan reads, seen two ways: *tokens* tell this process cheaply whether a value it
+read has changed in place since (a dict filled, an array written, a tensor trained), and *stamps*
+let two processes compare their copies of a module, name by name, without sending the values.
+
+Why both: a pipeline's plan is compiled once and reused while nothing it reads changes
+(`Reach.changed`), and its worker processes import the user's modules themselves. Identity catches
+a name bound again (a notebook cell, `importlib.reload`, `steps.WEIGHTS = ...`); a token catches the
+same object changed (`STATE["add"] = 5`). A stamp is what a worker compares with its own copy of
+the module before it runs the plan: code by its bytecode, values by content (docs/same-answer.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from blake3 import blake3
+
+from .code import code_bytes
+from .values import ABSENT, DIGEST, encode_into, type_name
+
+# Objects whose identity says everything: they cannot change in place (or, code, are compared by
+# identity and recompiled when rebound), so a read of one costs one identity test per call.
+_FIXED = (type(None), bool, int, float, complex, str, bytes, range, types.FunctionType, types.BuiltinFunctionType,
+          types.MethodType, types.ModuleType, type, types.CodeType, frozenset)
+RESOURCE = b"?"  # a value hardy cannot hash (a lock, a client): compared by its type alone
+
+
+@contextlib.contextmanager
+def _versions_only() -> Iterator[None]:
+    from . import libraries
+    token = libraries.TENSOR_VERSIONS.set(True)
+    try:
+        yield
+    finally:
+        libraries.TENSOR_VERSIONS.reset(token)
+
+
+def token(value: Any) -> bytes | None:
+    """What tells, at the next call, whether `value` changed in place: None when its identity
+    does (immutable values, code, a resource hardy cannot hash), else a digest of its content now
+    (tensors by their version counters, which every in-place operation bumps; read-only numpy
+    arrays that own their memory by identity)."""
+    if isinstance(value, _FIXED) or hasattr(value, "__wrapped__") or _frozen_array(value):
+        return None
+    if type(value) is tuple and all(isinstance(v, _FIXED) for v in value):
+        return None
+    h = blake3()
+    try:
+        with _versions_only():
+            encode_into(value, h.update, set())
+    except Exception:  # UnhashableError, or a library refusing (a tensor on the meta device): a resource
+        return None
+    return h.digest(DIGEST)
+
+
+def _frozen_array(value: Any) -> bool:
+    flags = getattr(value, "flags", None)
+    return (type(value).__module__ == "numpy" and flags is not None and not flags.writeable
+            and getattr(value, "base", None) is None)
+
+
+def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:
+    """What the module binds to each name, as this process has it: code by its bytecode, defaults
+    and configuration (a node's outputs); values by content; a value hardy cannot hash by its type
+    (`RESOURCE`); a name the module lacks by `ABSENT_STAMP`. Two processes with equal stamps compute
+    the same from those names. Submodules are left out (their own stamps cover them)."""
+    namespace = vars(module)
+    stamp = {}
+    for name in names:
+        value = namespace.get(name, ABSENT)
+        if isinstance(value, types.ModuleType):
+            continue
+        stamp[name] = stamp_of(value)
+    return stamp
+
+
+ABSENT_STAMP = b"-"
+
+
+def stamp_of(value: Any) -> bytes:
+    """One name's stamp (see `module_stamp`)."""
+    if value is ABSENT:
+        return ABSENT_STAMP
+    h = blake3()
+    try:
+        if _is_code(value):
+            _code_of(value, h.update, set())
+        else:
+            encode_into(value, h.update, set())
+    except Exception:  # UnhashableError, or a library's own refusal: compared by type
+        return RESOURCE + type_name(type(value))
+    return h.digest(DIGEST)
+
+
+def _is_code(value: Any) -> bool:
+    return isinstance(value, (types.FunctionType, type)) or (callable(value) and hasattr(value, "__wrapped__"))
+
+
+def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
+    """Code as a worker would run it: a function's bytecode, defaults and the code or values in
+    its closure (a decorator's wrapper holds the function it wraps there); a class's members; a
+    wrapper (a node, `lru_cache`) by its type, its configuration and what it wraps."""
+    if id(value) in seen:
+        out(b"@")
+        return
+    seen.add(id(value))
+    if isinstance(value, types.FunctionType):
+        out(b"f")
+        code_bytes(value.__code__, out)
+        _tolerant((value.__defaults__, value.__kwdefaults__), out)
+        for cell in value.__closure__ or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:
+                out(b"empty")
+                continue
+            _code_of(inner, out, seen) if _is_code(inner) else _tolerant(inner, out)
+    elif isinstance(value, type):
+        out(b"c" + type_name(value))
+        for name, member in sorted(vars(value).items()):
+            out(name.encode())
+            target = getattr(member, "__func__", member)
+            target = getattr(target, "fget", target)
+            _code_of(target, out, seen) if _is_code(target) else _tolerant(target, out)
+    else:
+        out(b"w" + type_name(type(value)))
+        config = getattr(value, "__dict__", {})
+        _tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
+        _code_of(value.__wrapped__, out, seen)
+
+
+def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
+    """A value inside code (a default, a class attribute): by content, or its type where it has none."""
+    try:
+        h = blake3()
+        encode_into(value, h.update, set())
+        out(h.digest(DIGEST))
+    except Exception:  # UnhashableError, or a library's own refusal
+        out(RESOURCE + type_name(type(value)))

@@ -1,0 +1,271 @@
+"""A worker as a replica of the caller: the user modules a plan reaches, made what the caller has.
+
+A worker imports the user's modules itself, from disk, when it first loads a plan. What it gets
+can differ from what the calling process runs: the caller reloaded a module (or `%autoreload`
+did), a file was edited since the caller imported it, a notebook cell was run again, or the caller
+set module state at run time (`steps.WEIGHTS = load(...)`, a dict filled from `sys.argv`). The
+caller's compiled plan reads names in those modules; a worker computing from other objects under
+the same names would return another answer, silently.
+
+So every plan carries a `Replica`: for each user module it reaches, the stamp of each name it
+reads (`hashing.state.module_stamp`: code by bytecode, values by content), with the caller's
+object pickled for the small ones. Before the plan is built there, the worker compares the stamps
+with its own copy (`sync`) and installs the caller's object for each name that differs: a function
+rebuilt from the caller's code over the worker's own module globals (so it reads the same state
+and the module stays one module), a class or a node by value, a value as the caller has it. Big
+values are not pickled up front (a model the worker imported itself is usually the same); a
+worker that needs one asks (`Need`), and the caller sends it through the shared-memory transport.
+A value that can neither be compared nor sent (a lock, a client made at run time) is refused by
+name. docs/same-answer.md is the contract this implements.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import itertools
+import pickle
+import sys
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import cloudpickle
+
+from ..errors import ReplicaError
+from ..hashing import is_user_module
+from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
+from ..hashing.values import ABSENT
+from .pickling import ByValuePickler
+
+SMALL = 64 * 1024  # bytes: a value pickled smaller travels with the plan; a bigger one when a worker asks
+
+Names = dict[str, dict[str, Any]]  # module -> name -> object (or stamp, or payload)
+Wanted = list[tuple[str, str]]  # (module, name) pairs a worker asks for
+Fetch = Callable[[int, Wanted], "dict[tuple[str, str], Any] | str"]  # asks the caller: the objects, or a refusal
+
+
+class Replica:
+    """The caller's side: what a plan reaches in user modules, as (stamp, object) by module and
+    name. Kept alive by its plan (`keep`), so that a worker loading it can still ask."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, reached: dict[str, set[str]]):
+        self.id = next(self._ids)
+        self.objects: Names = {}
+        self.stamps: Names = {}
+        for module_name, names in sorted(reached.items()):
+            module = sys.modules[module_name]
+            stamps = module_stamp(module, sorted(names))
+            self.stamps[module_name] = stamps
+            self.objects[module_name] = {n: vars(module).get(n) for n in stamps}
+        _LIVE[self.id] = self
+
+    def header(self, everything: bool) -> bytes:
+        """What travels with the plan: each stamp, with the caller's object pickled when it is code
+        or small (`everything`: whatever pickles, for an engine's worker that cannot ask back)."""
+        entries: Names = {}
+        for module_name, stamps in self.stamps.items():
+            entries[module_name] = {}
+            for name, stamp in stamps.items():
+                payload = _payload(module_name, self.objects[module_name][name])
+                if payload is not None and not everything and len(payload) > SMALL:
+                    payload = None
+                entries[module_name][name] = (stamp, payload)
+        return pickle.dumps((self.id, entries), protocol=5)
+
+    def values(self, wanted: Wanted) -> dict[tuple[str, str], Any]:
+        """The objects a worker asked for."""
+        return {(m, n): self.objects.get(m, {}).get(n) for m, n in wanted}
+
+    def refusal(self, wanted: Wanted) -> str:
+        """Why one of the objects asked for cannot be sent (the worker then refuses the plan)."""
+        for module_name, name in wanted:
+            value = self.objects.get(module_name, {}).get(name)
+            if _payload(module_name, value) is None:
+                return _refusal(module_name, name, value)
+        return "the objects asked for cannot be sent to the worker"
+
+
+_LIVE: weakref.WeakValueDictionary[int, Replica] = weakref.WeakValueDictionary()
+_KEPT: weakref.WeakKeyDictionary[Any, Replica] = weakref.WeakKeyDictionary()
+
+
+def keep(owner: Any, kept: Replica) -> Replica:
+    """Keep `kept` alive as long as `owner` (its plan) lives."""
+    _KEPT[owner] = kept
+    return kept
+
+
+def replica(replica_id: int) -> Replica | None:
+    """The replica a worker's `Need` names (None once its plan is gone)."""
+    return _LIVE.get(replica_id)
+
+
+def reached_names(reads: Iterable[tuple[Any, str, Any]], modules: Iterable[str]) -> dict[str, set[str]]:
+    """The names read (namespace, name, object) in each of `modules`, by module name."""
+    by_namespace = {id(vars(sys.modules[m])): m for m in modules if m in sys.modules}
+    names: dict[str, set[str]] = {}
+    for namespace, name, _ in reads:
+        module_name = by_namespace.get(id(namespace))
+        if module_name is not None:
+            names.setdefault(module_name, set()).add(name)
+    return names
+
+
+# --- pickling the caller's objects ------------------------------------------------------------------
+
+
+class _Payload(ByValuePickler):
+    """Pickles a module's object for another process's copy of that module: its functions rebuilt
+    there from this process's code over *that* module's globals (`_rebuilt`), the object itself
+    by value even when its module would let it travel by reference (the point is to replace what
+    the reference finds there); anything else as `dumps` would."""
+
+    def __init__(self, file: Any, root: Any, **kwargs: Any):
+        super().__init__(file, protocol=5, **kwargs)
+        self.root = root
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType):
+            home = _home(obj)
+            if home is not None:
+                return _rebuilt, (home, obj.__code__, obj.__name__, obj.__qualname__, obj.__defaults__,
+                                  obj.__kwdefaults__, _cells(obj), dict(vars(obj)))
+        elif obj is self.root and isinstance(obj, type):
+            return cloudpickle.cloudpickle._dynamic_class_reduce(obj)
+        elif obj is self.root and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
+            return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
+        return super().reducer_override(obj)
+
+
+def _home(func: types.FunctionType) -> str | None:
+    """The user module whose globals `func` runs in, if it is one (not `__main__`: its code travels by value)."""
+    name = func.__globals__.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or name == "__main__" or vars(module) is not func.__globals__ or not is_user_module(name):
+        return None
+    return name
+
+
+def _cells(func: types.FunctionType) -> tuple[Any, ...] | None:
+    if func.__closure__ is None:
+        return None
+    values = []
+    for cell in func.__closure__:
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            values.append(_EMPTY)
+    return tuple(values)
+
+
+class _Empty:
+    def __reduce__(self) -> str:
+        return "_EMPTY"
+
+
+_EMPTY = _Empty()
+
+
+def _rebuilt(module_name: str, code: types.CodeType, name: str, qualname: str, defaults: Any, kwdefaults: Any,
+             cells: tuple[Any, ...] | None, attributes: dict[str, Any]) -> types.FunctionType:
+    """A function of the caller's, over this process's copy of its module's globals."""
+    module = importlib.import_module(module_name)
+    closure = None if cells is None else tuple(types.CellType() if v is _EMPTY else types.CellType(v) for v in cells)
+    func = types.FunctionType(code, vars(module), name, defaults, closure)
+    func.__qualname__, func.__kwdefaults__ = qualname, kwdefaults
+    func.__dict__.update(attributes)
+    return func
+
+
+def _payload(module_name: str, value: Any) -> bytes | None:
+    """`value` pickled for another process's `module_name`, or None when it cannot be."""
+    try:
+        file = io.BytesIO()
+        _Payload(file, value).dump(value)
+        return file.getvalue()
+    except Exception:
+        return None
+
+
+def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
+    """A `Values` message's objects, big buffers out of band (`transport.pack`'s `dump`)."""
+    file = io.BytesIO()
+    _Payload(file, None, buffer_callback=buffer_callback).dump(values)
+    return file.getvalue()
+
+
+def _refusal(module_name: str, name: str, value: Any) -> str:
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return (f"{module_name}.{name} in the calling process ({kind}) is not what this worker's import of "
+            f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the pipeline "
+            f"with another value under that name. Build it where it is used (inside the node, or in a "
+            f"@stateful class), or pass it to the pipeline as an input.")
+
+
+# --- the worker's side -----------------------------------------------------------------------------
+
+HELD: dict[tuple[str, str], bytes] = {}  # (module, name) -> the stamp this worker's copy has now, as installed
+
+
+class Synced:
+    """A plan's replica on the worker: the caller's stamps, and what it has of the caller's objects
+    (payloads as bytes, or objects a `Need` brought), to make the modules match again before a
+    chunk of this plan whenever another plan's sync changed them."""
+
+    def __init__(self, header: bytes):
+        self.id, entries = pickle.loads(header)
+        self.stamps = {(m, n): stamp for m, names in entries.items() for n, (stamp, _) in names.items()}
+        self.payloads: dict[tuple[str, str], Any] = {
+            (m, n): payload for m, names in entries.items() for n, (_, payload) in names.items() if payload is not None}
+        self.fetched: dict[tuple[str, str], Any] = {}
+
+    def current(self) -> bool:
+        """Whether this worker's modules hold what the caller's stamps say, as far as it installed them."""
+        return all(HELD.get(key) == stamp for key, stamp in self.stamps.items())
+
+    def sync(self, fetch: Fetch | None) -> None:
+        """Make each name the caller's: compare, install what travelled, fetch the rest (or refuse).
+        Names this worker already made the caller's for this stamp are not compared again: a node
+        that changes its module's state here changes it for the next calls, as it would in-process."""
+        differing = []
+        for (module_name, name), stamp in self.stamps.items():
+            if HELD.get((module_name, name)) == stamp:
+                continue
+            module = importlib.import_module(module_name)
+            if stamp_of(vars(module).get(name, ABSENT)) == stamp:
+                HELD[(module_name, name)] = stamp
+            else:
+                differing.append((module_name, name))
+        wanted = [key for key in differing if key not in self.payloads and key not in self.fetched]
+        if wanted:
+            if fetch is None:
+                raise ReplicaError(_cannot_ask(wanted, self.stamps))
+            got = fetch(self.id, wanted)
+            if isinstance(got, str):
+                raise ReplicaError(got)
+            self.fetched.update(got)
+        for key in differing:  # (a class before the values holding its instances: the order names were read)
+            self.install(key)
+
+    def install(self, key: tuple[str, str]) -> None:
+        module_name, name = key
+        stamp = self.stamps[key]
+        module = importlib.import_module(module_name)
+        if stamp == ABSENT_STAMP:
+            vars(module).pop(name, None)
+        else:
+            value = self.fetched[key] if key in self.fetched else pickle.loads(self.payloads[key])
+            setattr(module, name, value)
+        HELD[key] = stamp
+
+
+def _cannot_ask(wanted: Wanted, stamps: dict[tuple[str, str], bytes]) -> str:
+    names = ", ".join(f"{m}.{n}" for m, n in wanted)
+    resources = [f"{m}.{n}" for m, n in wanted if stamps[(m, n)].startswith(RESOURCE)]
+    why = "it does not pickle" if resources else "it did not travel with the plan"
+    return (f"{names}: the calling process has other values there than this worker's import of the module, and "
+            f"{why}. Build such values inside the node (or a @stateful class), or pass them as inputs.")
