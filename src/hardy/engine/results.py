@@ -21,6 +21,7 @@ from ..observe.watch import Watch
 if TYPE_CHECKING:
     from ..observe.nodelog import NodeLogBatch
     from ..plan import Plan
+    from ..shipping.context import Snapshot
 
 
 class Results:
@@ -29,6 +30,10 @@ class Results:
     Executors count items from 0; `offset` is the map's index of item 0 (a window of a streamed
     map), added wherever an index leaves the sink: errors, events, the run report and the plan's
     cache events (a window's `Events` read their items by the map's index too)."""
+
+    context: Snapshot | None = None
+    """The caller's state its items run with (`shipping.context`), when not this process's now
+    (an engine's chunk, run for a caller elsewhere)."""
 
     ok_per_item: ClassVar[bool] = False
     """Set by a subclass whose `ok` must see every success (a window announcing it, a remote

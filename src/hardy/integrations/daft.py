@@ -43,7 +43,8 @@ from typing import Any
 from ..engine.core import Engine
 from ..errors import InvalidArgument, NodeCrashed, did_you_mean
 from ..plan import Plan
-from ..shipping import Pickled, dumps, item_error, ship_each, ship_plan
+from ..shipping import Pickled, context, dumps, item_error, ship_each, ship_plan
+from ..shipping.context import Travelling
 from ..stages import cut, merge
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
@@ -67,21 +68,25 @@ def daft_engine(address: str | None = None, *, gpus: float = 0, cpus: float | No
 class _Stage:
     """The UDF class: one instance per Daft worker process (see the module docstring)."""
 
-    def __init__(self, spec: bytes, last: bool, paths: list[str], log: bool = False):
+    def __init__(self, spec: bytes, last: bool, paths: list[str], log: bool = False,
+                 caller: Travelling | None = None):
         _prepare_worker(paths)
-        self.plan, self.last, self.log = plan_for(spec), last, log
+        self.plan, self.last, self.log, self.caller = plan_for(spec), last, log, caller
 
     @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)  # type: ignore[untyped-decorator]
     def run(self, states: Any) -> list[bytes]:
-        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last, self.log)) for raw in states.to_pylist()]
+        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last, self.log, self.caller))
+                for raw in states.to_pylist()]
 
 
-def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = False) -> list[tuple[Any, ...]]:
+def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = False,
+              caller: Travelling | None = None) -> list[tuple[Any, ...]]:
     """One stage over a row of (index, ok, values so far or the NodeError[, node records so far]):
     failed items pass through; the last stage leaves each item's outputs, the others its values so
-    far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's."""
+    far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's; `caller`:
+    the caller's environment, working directory and argv (`shipping.context`)."""
     done = iter(run_contained(plan, [(i, Pickled(values) if type(values) is bytes else values)
-                                     for i, ok, values, *_ in rows if ok], log))
+                                     for i, ok, values, *_ in rows if ok], log, caller))
     out = []
     for i, ok, values, *records in rows:
         if ok:
@@ -160,10 +165,11 @@ class DaftExecutor(RemoteExecutor):
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
         udfs = []
         stages = self._stages(plan)
+        caller = context.current().travelling()
         for n, (options, stage) in enumerate(stages):
             udf_class = daft.cls(_Stage, use_process=True, name_override="hardy", max_retries=0, **options)
-            stage_spec = spec if stage is plan else ship_plan(stage)
-            udfs.append(udf_class(stage_spec, n == len(stages) - 1, self._paths(), results.log_nodes))
+            stage_spec = spec if stage is plan else ship_plan(stage, everything=True)
+            udfs.append(udf_class(stage_spec, n == len(stages) - 1, self._paths(), results.log_nodes, caller))
         for i in range(len(items)):
             results.started(i)
         self._run(plan, udfs, items, results)

@@ -39,7 +39,8 @@ from ..memo import Memo
 from ..observe.nodelog import NodeLogBatch, died
 from ..observe.watch import Watch
 from ..plan import Plan
-from ..shipping import Pickled, build_plan, check_constants, dumps, item_error, portable, ship_each, ship_plan
+from ..shipping import Pickled, build_plan, check_constants, context, dumps, item_error, portable, ship_each, ship_plan
+from ..shipping.context import Travelling
 from ..workers.pool import WorkerPool
 
 _PLANS: Memo[bytes, Plan] = Memo(64)
@@ -57,14 +58,15 @@ def plan_for(spec: bytes) -> Plan:
     return plan
 
 
-def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False) -> bytes:
+def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False, caller: Travelling | None = None) -> bytes:
     """Runs on the engine's worker: the chunk's items through the plan, and what happened to
     hardy's worker processes there meanwhile (for run reports). Chunks and results travel as one
     pickle each, so the engine moves bytes instead of walking thousands of small objects. `log`:
-    the caller listens to node events, which travel back in the rows (nodelog.py)."""
+    the caller listens to node events, which travel back in the rows (nodelog.py); `caller`: its
+    environment, working directory and argv at the call (`shipping.context`)."""
     pool = _pool()
     before = pool.counts()
-    rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log)
+    rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log, caller)
     after = pool.counts()
     return dumps((rows, after.since(before)))
 
@@ -79,9 +81,10 @@ class _Rows(Results):
 
     ok_per_item = True
 
-    def __init__(self, n: int, log: bool):
+    def __init__(self, n: int, log: bool, caller: Travelling | None = None):
         super().__init__(n, "continue", Watch.quiet(n, "chunk"))
         self.log_nodes = log
+        self.context = caller.arrived() if caller is not None else None
         self.records: dict[int, list[NodeLogBatch]] = {}
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
@@ -107,10 +110,11 @@ def _pool() -> WorkerPool:
     return pool
 
 
-def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False) -> list[tuple[Any, ...]]:
+def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False,
+                  caller: Travelling | None = None) -> list[tuple[Any, ...]]:
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
-    process here (`_pool`)."""
-    results = _Rows(len(chunk), log)
+    process here (`_pool`), with the caller's environment, working directory and argv (`caller`)."""
+    results = _Rows(len(chunk), log, caller)
     _pool().run_items(plan, [item for _, item in chunk], results)
     rows: list[tuple[Any, ...]] = []
     for k, (i, _) in enumerate(chunk):
@@ -175,7 +179,7 @@ class RemoteExecutor(Executor):
         for name in extra:
             cloudpickle.register_pickle_by_value(importlib.import_module(name))
         try:
-            spec = ship_plan(plan)  # hardy's clear error for anything that cannot travel, first
+            spec = ship_plan(plan, everything=True)  # hardy's clear error for anything that cannot travel, first
             check_constants(items)
             self._start()
             self._run_map(plan, spec, items, results)
@@ -223,6 +227,7 @@ class TaskExecutor(RemoteExecutor):
 
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
         handle = self._put(spec)
+        caller = context.current().travelling()
         n = len(items)
         size = max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers())))))
         pending: dict[Any, list[int]] = {}
@@ -233,7 +238,7 @@ class TaskExecutor(RemoteExecutor):
                 results.started(i)
             blob = self._ship(plan, items, chunk, results)
             if blob is not None:
-                fut = self._submit(run_chunk_remote, handle, blob, results.log_nodes)
+                fut = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller)
                 pending[fut], shipped[fut] = chunk, blob
         lost: set[Any] = set()
         while pending:
@@ -250,7 +255,7 @@ class TaskExecutor(RemoteExecutor):
                             results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
                                                                 f"chunk died, twice: {exc}"))
                     else:
-                        again = self._submit(run_chunk_remote, handle, blob, results.log_nodes)
+                        again = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller)
                         pending[again], shipped[again] = chunk, blob
                         lost.add(again)
                     continue

@@ -10,6 +10,7 @@ remedy, before anything is sent. Shared by the worker pool and the distributed e
 import these names from here.
 """
 
+from . import context
 from .failures import portable
 from .items import (
     Pickled,
@@ -28,6 +29,6 @@ from .items import (
 from .pickling import dumps, out_of_band
 from .plans import build_plan, ship_plan, synced
 
-__all__ = ["ship_plan", "build_plan", "synced", "dumps", "out_of_band", "Pickled", "Unshippable", "ship_items",
-           "ship_each", "check_constants", "item_error", "readers", "described", "globals_in", "seal", "open_input",
-           "unopened", "portable"]
+__all__ = ["context", "ship_plan", "build_plan", "synced", "dumps", "out_of_band", "Pickled", "Unshippable",
+           "ship_items", "ship_each", "check_constants", "item_error", "readers", "described", "globals_in", "seal",
+           "open_input", "unopened", "portable"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Snapshot:
@@ -26,6 +26,14 @@ class Snapshot:
         self.cwd = _cwd()
         self.argv: list[str] = list(sys.argv)
         self.sys_path: list[str] = list(sys.path)
+
+    def travelling(self) -> Travelling:
+        """What of this state goes to an engine's worker on another machine (`arrived`): the
+        variables this process set or removed since it started (not the machine's own), its
+        working directory and argv. Not sys.path: that machine's paths are its own."""
+        started = _started_with()
+        changed, unset = environ_delta(started, self.environ)
+        return Travelling(changed, unset, self.cwd, self.argv)
 
     def holds(self) -> bool:
         return (self.sys_path == sys.path and self.argv == sys.argv and self._raw == _raw_environ()
@@ -56,6 +64,39 @@ def current() -> Snapshot:
     snapshot = Snapshot()
     _LAST[:] = [snapshot]
     return snapshot
+
+
+class Travelling(NamedTuple):
+    """The caller's state as it travels to an engine's worker (`Snapshot.travelling`)."""
+
+    environ: dict[str, str]
+    unset: list[str]
+    cwd: str
+    argv: list[str]
+
+    def arrived(self) -> Snapshot:
+        """This process's state with the caller's on top: its variables, its argv, and its working
+        directory where that exists here (on another machine it may not: the worker keeps its own)."""
+        here = Snapshot()
+        for name in self.unset:
+            here.environ.pop(name, None)
+        here.environ.update(self.environ)
+        here.argv = list(self.argv)
+        if self.cwd and os.path.isdir(self.cwd):
+            here.cwd = self.cwd
+        return here
+
+
+def _started_with() -> dict[str, str]:
+    """The environment this process was started with (Linux keeps it in /proc/self/environ;
+    elsewhere, none: every variable counts as set)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {os.fsdecode(k): os.fsdecode(v) for k, v in pairs}
 
 
 def environ_delta(before: dict[str, str], after: dict[str, str]) -> tuple[dict[str, str], list[str]]:
