@@ -140,3 +140,27 @@ def test_forked_workers_get_their_thread_caps_through_threadpoolctl():
     parent, child = out.strip().split("] [")
     assert "('openmp', 2)" in parent and "('blas', 2)" in parent  # 2 cores: each runtime sized to both
     assert "('openmp', 1)" in child and "('blas', 1)" in child    # 2 workers: one thread each
+
+
+def test_a_process_pool_of_the_users_after_a_map_never_waits_on_a_lost_sigterm():
+    """After a map, hardy's SIGTERM handler is installed (it stops its servers first). A
+    multiprocessing pool forked afterwards ends its workers with SIGTERM as it closes; one that
+    came before the child had put the default action back used to be lost (Python drops the
+    signals pending in a fork child) and the pool waited on that worker forever, about one pool
+    in twenty. SIGTERM is now blocked across the fork until the child has."""
+    out = run_script("""
+        import multiprocessing as mp
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def one(x):
+            return x
+
+        Pipeline([one]).map(inputs={"x": [1, 2]}, map_over="x")
+        total = 0
+        for _ in range(100):
+            with mp.get_context("fork").Pool(2) as pool:  # __exit__ terminates its workers at once
+                total += sum(pool.map(abs, range(3)))
+        print(total)
+    """, timeout=120)
+    assert out.strip() == "300"

@@ -374,6 +374,29 @@ def _forked() -> None:
     _starting.clear()
     global _lock
     _lock = threading.Lock()  # another thread may have held it at the fork
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # nothing of hardy's to stop here: SIGTERM ends it
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # (not the main thread: cannot happen in a fork child, whose one thread is)
+            pass
+    _unmask()
+
+
+_masked: list[Any] = []  # the forking thread's signal mask before `_mask`
+
+
+def _mask() -> None:
+    """Before a fork, while hardy's SIGTERM handler is installed: SIGTERM blocked until the child
+    has put the default action back (`_forked`). A SIGTERM that comes between the fork and that
+    moment would otherwise be lost: Python drops the signals pending in a fork child, and a
+    multiprocessing pool's `terminate()` then waits forever on a worker that never got it."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        _masked.append(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+
+
+def _unmask() -> None:
+    if _masked:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _masked.pop())
 
 
 def _watch_sigterm() -> None:
@@ -390,4 +413,4 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 atexit.register(_stop_everything)
-os.register_at_fork(after_in_child=_forked)
+os.register_at_fork(before=_mask, after_in_parent=_unmask, after_in_child=_forked)

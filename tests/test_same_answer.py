@@ -1,0 +1,273 @@
+"""The same answer as your own process (docs/same-answer.md): each case of a worker computing
+something other than the caller's own code, state or environment, as a user meets it. Real
+scripts run with `python -` (no `__main__` guard), modules edited on disk, real worker processes,
+real crashes; every answer is compared with the sequential executor's in the same script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+STEPS = """
+from hardy import node
+
+FACTOR = 10
+STATE = {}
+
+@node(output_name="y")
+def transform(x):
+    return x * FACTOR + STATE.get("add", 0)
+"""
+
+
+def script(tmp_path: Path, body: str, *args: str, edits: bool = False) -> list[str]:
+    """Run `body` as a user's script (`python -`, the folder of its modules first on sys.path;
+    `edits`: with `edit(old, new)`, which edits its steps.py); the lines it printed."""
+    prelude = EDIT.format(folder=str(tmp_path)) if edits else ""
+    source = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n{prelude}" + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-", *args], input=source, text=True, capture_output=True,
+                         timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()
+
+
+EDIT = """
+def edit(old, new):
+    path = {folder!r} + "/steps.py"
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+"""
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_nodes_own_module_reloaded_between_two_calls_on_one_engine(tmp_path, cached):
+    """Case 1: the node's module edited and `importlib.reload`ed; the same engine (its workers
+    imported the old file) runs the new code, for map and run, with and without a cache."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    lines = script(tmp_path, edits=True, body=f"""
+        import importlib
+        import steps
+        from hardy import DiskCache, Engine, Pipeline
+        engine = Engine(map_executor="process", workers=2)
+        cache = DiskCache({str(tmp_path / 'c')!r}) if {cached} else None
+        first = Pipeline([steps.transform], engine=engine, cache=cache).map(inputs={{"x": [1, 2]}}, map_over="x")
+        edit("x * FACTOR", "x + 100")
+        importlib.reload(steps)
+        p = Pipeline([steps.transform], engine=engine, cache=cache)
+        here = Pipeline([steps.transform], engine=Engine(map_executor="sequential"))
+        print(first, p.map(inputs={{"x": [1, 2]}}, map_over="x"), p.run(inputs={{"x": 4}}))
+        print(first, here.map(inputs={{"x": [1, 2]}}, map_over="x"), here.run(inputs={{"x": 4}}))
+    """)
+    assert lines[0] == lines[1] == "[{'y': 10}, {'y': 20}] [{'y': 101}, {'y': 102}] {'y': 104}"
+
+
+def test_an_edit_without_reload_never_mixes_two_versions_in_one_map(tmp_path):
+    """Case 2: the file is edited but not reloaded, then a crash replaces a worker mid-map: the
+    replacement imports the edited file, and is given the code the caller loaded, so every item
+    but the crashed one gets the caller's answer."""
+    (tmp_path / "steps.py").write_text(STEPS + textwrap.dedent("""
+        import ctypes
+
+        @node(output_name="z")
+        def fragile(y):
+            if y == 30:
+                ctypes.string_at(0)
+            return y + 1
+    """))
+    lines = script(tmp_path, edits=True, body="""
+        import steps
+        from hardy import Engine, Failed, Pipeline
+        edit("x * FACTOR", "x + 100")
+        edit("y + 1", "y + 1000")
+        xs = [1, 2, 3, 4, 5, 6]
+        out = Pipeline([steps.transform, steps.fragile], engine=Engine(workers=2)).map(
+            inputs={"x": xs}, map_over="x", on_error="continue")
+        here = Pipeline([steps.transform, steps.fragile], engine=Engine(map_executor="sequential"))
+        print([type(r).__name__ if isinstance(r, Failed) else r["z"] for r in out])
+        print([here.run(inputs={"x": x})["z"] if x != 3 else "Failed" for x in xs])
+    """)
+    assert lines[0] == lines[1] == "[11, 21, 'Failed', 41, 51, 61]"
+
+
+def test_module_state_set_at_run_time_reaches_the_workers_and_the_cache(tmp_path):
+    """Case 3: a module-level dict filled from sys.argv and an array set at run time, then one
+    changed in place between two maps: the workers compute with the caller's values, and a
+    cache keys and stores what the caller would compute."""
+    (tmp_path / "weights.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from hardy import node
+
+        CONFIG = {}
+        WEIGHTS = np.ones(3)
+
+        @node(output_name="y")
+        def scaled(x):
+            return x * CONFIG.get("factor", 1)
+
+        @node(output_name="z")
+        def weighted(y):
+            return float(WEIGHTS.sum()) * y
+    """))
+    lines = script(tmp_path, f"""
+        import numpy as np
+        import weights
+        from hardy import DiskCache, Engine, Pipeline
+        weights.CONFIG["factor"] = int(sys.argv[1])
+        weights.WEIGHTS = np.full(3, 5.0)
+        nodes = [weights.scaled, weights.weighted]
+        for executor in ("process", "sequential"):
+            p = Pipeline(nodes, engine=Engine(map_executor=executor), cache=DiskCache({str(tmp_path)!r} + "/" + executor))
+            first = p.map(inputs={{"x": [1, 2]}}, map_over="x")
+            weights.WEIGHTS[0] = 10.0
+            second = p.map(inputs={{"x": [1, 2]}}, map_over="x")
+            weights.WEIGHTS[0] = 5.0
+            third = p.map(inputs={{"x": [1, 2]}}, map_over="x")  # back to the first state: the first entries
+            print(first, second, third)
+    """, "10")
+    assert lines[0] == lines[1]
+    assert lines[0] == ("[{'y': 10, 'z': 150.0}, {'y': 20, 'z': 300.0}] [{'y': 10, 'z': 200.0}, {'y': 20, 'z': 400.0}]"
+                        " [{'y': 10, 'z': 150.0}, {'y': 20, 'z': 300.0}]")
+
+
+def test_a_big_value_set_at_run_time_travels_when_a_worker_asks(tmp_path):
+    """A value too big to travel with the plan is sent, through shared memory, to the workers
+    whose own copy differs; written in place in the caller, it travels again."""
+    (tmp_path / "big.py").write_text(textwrap.dedent("""
+        from hardy import node
+        WEIGHTS = None
+
+        @node(output_name="z")
+        def weigh(x):
+            return float(WEIGHTS.sum()) * x
+    """))
+    lines = script(tmp_path, """
+        import numpy as np
+        import big
+        from hardy import Engine, Pipeline
+        from hardy.shipping.replica import SMALL
+        big.WEIGHTS = np.full(SMALL, 5.0)  # eight times SMALL bytes
+        for executor in ("process", "sequential"):
+            p = Pipeline([big.weigh], engine=Engine(map_executor=executor, workers=2))
+            first = p.map(inputs={"x": [1, 2, 3]}, map_over="x")
+            big.WEIGHTS[:] = 1.0
+            print(first, p.run(inputs={"x": 3}))
+            big.WEIGHTS[:] = 5.0
+    """)
+    assert lines[0] == lines[1] == "[{'z': 327680.0}, {'z': 655360.0}, {'z': 983040.0}] {'z': 196608.0}"
+
+
+def test_a_value_that_can_neither_be_compared_nor_sent_is_refused_by_name(tmp_path):
+    """A lock set at run time where the module's import leaves None: no worker can hold the
+    caller's, so the pipeline is refused before any node runs, naming the module and the name."""
+    (tmp_path / "guarded.py").write_text(textwrap.dedent("""
+        from hardy import node
+        LOCK = None
+
+        @node(output_name="y")
+        def locked(x):
+            with LOCK:
+                return x
+    """))
+    lines = script(tmp_path, """
+        import threading
+        import guarded
+        from hardy import MapError, Pipeline
+        guarded.LOCK = threading.Lock()
+        try:
+            Pipeline([guarded.locked]).map(inputs={"x": [1, 2]}, map_over="x")
+        except MapError as exc:
+            print(type(exc.failures[0]).__name__, "guarded.LOCK" in str(exc), "input" in str(exc))
+    """)
+    assert lines == ["NodeError True True"]
+
+
+def test_environment_working_directory_and_argv_follow_each_call_on_the_shared_pool(tmp_path):
+    """Case 4: the default pool serves every pipeline of the process; variables set and removed,
+    the working directory changed and argv extended between calls are what each call's nodes see."""
+    for name in ("dA", "dB"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.txt").write_text(name[-1])
+    lines = script(tmp_path, f"""
+        import os
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="seen")
+        def read(x):
+            with open("f.txt") as f:
+                return os.environ.get("MODE"), f.read(), sys.argv[-1], os.path.basename(os.getcwd())
+
+        def calls():
+            return [Pipeline([read]).map(inputs={{"x": [1]}}, map_over="x")[0]["seen"], Pipeline([read]).run(
+                inputs={{"x": 1}})["seen"], Pipeline([read], engine=Engine(map_executor="sequential")).run(
+                inputs={{"x": 1}})["seen"]]
+
+        os.environ["MODE"] = "first"
+        os.chdir({str(tmp_path / 'dA')!r})
+        sys.argv.append("a1")
+        print(calls())
+        os.environ["MODE"] = "second"
+        os.chdir({str(tmp_path / 'dB')!r})
+        sys.argv.append("b1")
+        print(calls())
+        del os.environ["MODE"]
+        print(calls())
+    """)
+    assert lines == ["[('first', 'A', 'a1', 'dA'), ('first', 'A', 'a1', 'dA'), ('first', 'A', 'a1', 'dA')]",
+                     "[('second', 'B', 'b1', 'dB'), ('second', 'B', 'b1', 'dB'), ('second', 'B', 'b1', 'dB')]",
+                     "[(None, 'B', 'b1', 'dB'), (None, 'B', 'b1', 'dB'), (None, 'B', 'b1', 'dB')]"]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_a_script_nodes_own_process_pool_over_a_helper_of_the_script(tmp_path, context):
+    """Case 5: a node hands a helper defined in the script (run as `python -`) to a process pool
+    of its own; its answer is the sequential executor's, whatever the pool's start method (an
+    in-process spawn pool of a `python -` script cannot even start, so fork stands in for it)."""
+    lines = script(tmp_path, f"""
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from hardy import Engine, Pipeline, node
+
+        def square(v):
+            return v * v
+
+        @node(output_name="y")
+        def pooled(x, method={context!r}):
+            with mp.get_context(method).Pool(2) as pool:
+                a = sum(pool.map(square, range(x)))
+            with ProcessPoolExecutor(2, mp_context=mp.get_context(method)) as ex:
+                b = sum(ex.map(square, range(x)))
+            return a + b
+
+        print(Pipeline([pooled]).map(inputs={{"x": [3, 4]}}, map_over="x"))
+        print(Pipeline([pooled], engine=Engine(map_executor="sequential")).map(
+            inputs={{"x": [3, 4], "method": "fork"}}, map_over="x"))
+    """)
+    assert lines[0] == lines[1] == "[{'y': 10}, {'y': 28}]"
+
+
+def test_an_isolated_node_follows_a_reload_on_an_in_process_executor(tmp_path):
+    """`@node(isolate=True)` runs each call in a worker, also under the sequential executor: its
+    one-node plan is checked for changes as a pipeline's is."""
+    (tmp_path / "steps.py").write_text(STEPS.replace("@node(output_name=\"y\")", "@node(output_name=\"y\", isolate=True)"))
+    lines = script(tmp_path, edits=True, body="""
+        import importlib
+        import steps
+        from hardy import Engine, Pipeline
+        engine = Engine(map_executor="sequential")
+        first = Pipeline([steps.transform], engine=engine).run(inputs={"x": 1})
+        steps.STATE["add"] = 5
+        second = Pipeline([steps.transform], engine=engine).run(inputs={"x": 1})
+        edit("x * FACTOR", "x + 100")
+        importlib.reload(steps)
+        print(first, second, Pipeline([steps.transform], engine=engine).run(inputs={"x": 1}))
+    """)
+    assert lines == ["{'y': 10} {'y': 15} {'y': 101}"]
