@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CALLABLE_FIXES, UnhashableError
-from .distributions import file_identity, module_identity
+from .distributions import file_identity, is_extension, module_identity
 from .origin import is_user_file, is_user_module
-from .values import encode_into, registered, type_name
+from .values import encode_attributes, encode_into, registered, type_name
 
 Out = Callable[[bytes], Any]
 Seen = dict[int, tuple[int, Any]]
@@ -64,16 +64,15 @@ def _kind_of_object(obj: Any, t: type) -> str:
         return "C function" if owner is None or isinstance(owner, (types.ModuleType, type)) else "bound C method"
     if hasattr(obj, "cache_parameters") and getattr(obj, "__wrapped__", None) is not None:
         return "lru_cache"
-    if not is_user_module(t.__module__) and not registered(t) and _compiled(getattr(obj, "__module__", None)):
-        return "compiled function"  # a Cython function of the user's, built in place
-    if not is_user_module(t.__module__) and not registered(t) and getattr(obj, "__wrapped__", None) is not None:
-        return "library wrapper"
-    if not is_user_module(t.__module__) and isinstance(getattr(obj, "__qualname__", None), str) \
-            and not registered(t) and resolves(obj):
-        return "library function"  # a Cython function, a ufunc: shipped under that name
-    if callable(obj):
-        return "callable object"
-    return "not callable"
+    if not registered(t):
+        module = getattr(obj, "__module__", None) if isinstance(getattr(obj, "__qualname__", None), str) else None
+        if isinstance(module, str) and not is_user_module(module):  # a function of another implementation
+            return "library wrapper" if getattr(obj, "__wrapped__", None) is not None else "library function"
+        if _compiled(module):  # a Cython function of the user's, built in place
+            return "C function"
+        if not is_user_module(t.__module__) and getattr(obj, "__wrapped__", None) is not None:
+            return "library wrapper"
+    return "callable object" if callable(obj) else "not callable"
 
 
 _USER_CODE: dict[str, bool] = {}
@@ -91,19 +90,12 @@ def is_user_function(func: Any) -> bool:
     return known
 
 
-_COMPILED: dict[str, bool] = {}
-
-
 def _compiled(module_name: str | None) -> bool:
     """Whether a user module is compiled code (a C extension or Cython module built by the user):
     no bytecode to read, keyed by its file's content."""
     if not module_name or not is_user_module(module_name):
         return False
-    known = _COMPILED.get(module_name)
-    if known is None:
-        path = getattr(sys.modules.get(module_name), "__file__", None) or ""
-        known = _COMPILED[module_name] = path.endswith((".so", ".pyd", ".dylib"))
-    return known
+    return is_extension(getattr(sys.modules.get(module_name), "__file__", None))
 
 
 def resolves(obj: Any) -> bool:
@@ -154,9 +146,7 @@ def bound_c_method(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
 def bound_object(instance: Any, method: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     """What a method is bound to: a callable by its own kind, anything else by content; an object
     without deterministic content refuses the callable (`CALLABLE_FIXES`)."""
-    if isinstance(instance, types.ModuleType):
-        out(b"module:" + instance.__name__.encode())
-    elif callable(instance) and kind_of(instance) not in ("callable object", "not callable"):
+    if callable(instance) and kind_of(instance) not in ("callable object", "not callable"):
         recurse(instance, out, seen)
     else:
         strictly(instance, method, "the instance it is bound to", out)
@@ -174,7 +164,8 @@ def refusal(callable_: Any, role: str, value: Any, exc: UnhashableError) -> Unha
     where = role + "".join(exc.path)
     what = (f"{where} is a {exc.culprit.__module__}.{exc.culprit.__qualname__}, which has no deterministic content"
             if exc.culprit is not None else f"{where}: {exc.detail}")
-    owner = f"{type(value).__module__}.{type(value).__qualname__}"
+    owner = f"{type(value).__module__}.{type(value).__qualname__}" if is_user_module(type(value).__module__) \
+        else "a class of yours wrapping it"
     return UnhashableError(f"{describe(callable_)} cannot be keyed by what it runs: {what}; "
                            f"{CALLABLE_FIXES.format(owner=owner)}", exc.culprit, exc.path)
 
@@ -225,8 +216,8 @@ def library_function(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     if isinstance(obj, type) and not resolves(obj):
         out(b"libclass:" + module_identity(module or "") + type_name(obj))
         return  # the class's code is walked by `code.py`, as a user class's
-    if isinstance(obj, types.FunctionType) and not resolves(obj):
-        library_closure(obj, out, seen, recurse)
+    if isinstance(obj, types.FunctionType) and (is_user_module(module) or not resolves(obj)):
+        library_closure(obj, out, seen, recurse)  # made at run time, or named after the user's function it wraps
         return
     if not isinstance(obj, (type, types.FunctionType)) and not resolves(obj):
         raise UnhashableError(f"{describe(obj)} ({obj!r}) was made at run time, so neither its name nor its "
@@ -242,25 +233,19 @@ def _code_identity(func: Any) -> bytes:
 
 
 def library_closure(func: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
-    """A function a library made at run time: its code (by its library) and the values it closes
-    over, which configure it (a factory's arguments), each strictly."""
-    out(b"libclosure:" + _code_identity(func) + b":" + func.__qualname__.encode())
+    """A function a library made at run time (a factory's closure, a decorator's wrapper that
+    copied the user function's name): its code, by its library, and the values it closes over,
+    which configure it, by `configuration`'s rules."""
+    out(b"libclosure:" + _code_identity(func) + b":" + func.__code__.co_name.encode())
     for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
         out(b"c:" + name.encode())
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            out(b"empty")
-            continue
-        if callable(value) and kind_of(value) != "callable object":
-            recurse(value, out, seen)
-        else:
-            strictly(value, func, f"the value it closes over as {name!r}", out)
+        if _filled(cell):
+            configuration(cell.cell_contents, func, name, out, seen, recurse)
 
 
 def c_function(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
-    """A function or method written in C: by the distribution (or Python version) that ships its
-    module, or by the content of the user's own compiled module."""
+    """A function or method written in C (or Cython): by the distribution (or Python version) that
+    ships its module, or by the content of the user's own compiled module."""
     owner = getattr(obj, "__self__", None)
     if isinstance(owner, types.ModuleType):
         module = owner.__name__
@@ -269,11 +254,6 @@ def c_function(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     else:
         module = getattr(getattr(obj, "__objclass__", None), "__module__", None) or getattr(obj, "__module__", None)
     out(b"C:" + module_identity(module or "builtins") + b":" + f"{module}.{obj.__qualname__}".encode())
-
-
-def compiled_function(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
-    """A function of the user's compiled module (Cython, a C extension): the module file's content."""
-    out(b"compiled:" + module_identity(obj.__module__) + b":" + obj.__qualname__.encode())
 
 
 def library_wrapper(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
@@ -322,35 +302,67 @@ def _wraps_user_code(func: Any) -> bool:
 
 
 def configuration(value: Any, carrier: Any, name: str, out: Out, seen: Seen, recurse: Recurse) -> None:
-    """A library decorator's value: a callable by its kind, a value by content. One without a
-    content refuses the node when it is the user's; the library's own (a lock, a cache of compiled
-    graphs) is state, keyed by what it holds that has a content, one level down."""
-    if callable(value) and kind_of(value) != "callable object":
-        recurse(value, out, seen)
+    """A library decorator's value: a callable by its kind, a value by content. One that cannot be
+    keyed refuses the node when it is the user's; the library's own (a lock, a compiler's cache, its
+    internal callbacks) is state, keyed by what it holds that has a content, one level down."""
+    if _users(value):
+        if callable(value) and kind_of(value) != "callable object":
+            recurse(value, out, seen)
+        else:
+            strictly(value, carrier, f"the value it holds as {name!r}", out)
         return
+    kept, written = dict(seen), []
     try:
-        encode_into(value, out, set())
+        if callable(value) and kind_of(value) != "callable object":
+            recurse(value, written.append, seen)
+        else:
+            encode_into(value, written.append, set())
+        out(b"".join(written))
         return
-    except UnhashableError as exc:
-        culprit = exc.culprit
-        if is_user_module(type(value).__module__) or (culprit is not None and is_user_module(culprit.__module__)):
-            raise refusal(carrier, f"the value it holds as {name!r}", value, exc) from None
+    except UnhashableError:
+        seen.clear()
+        seen.update(kept)  # what the failed attempt noted was not written
+    if isinstance(value, types.MethodType):  # a method of the library's own object: the object's state
+        out(b"~method:" + getattr(value.__func__, "__qualname__", "?").encode())
+        value = value.__self__
     out(b"~state:" + type_name(type(value)))
     for attr, inner in sorted((getattr(value, "__dict__", None) or {}).items()):
+        written = []
         try:
-            encode_into(inner, out, set())
-            out(b"=" + attr.encode())
+            encode_into(inner, written.append, set())
         except UnhashableError:
-            pass
+            continue
+        out(b"=" + attr.encode() + b"".join(written))
+
+
+def _users(value: Any) -> bool:
+    """Whether a value a decorator holds is the user's: code, an object of a user class, or a
+    callable wrapping user code."""
+    if isinstance(value, types.FunctionType):
+        return is_user_function(value)
+    if isinstance(value, type):
+        return is_user_module(value.__module__)
+    if isinstance(value, types.MethodType):
+        return _users(value.__self__) or _users(value.__func__)
+    if is_user_module(type(value).__module__):
+        return True
+    return getattr(value, "__wrapped__", None) is not None and _wraps_user_code(value)
 
 
 def callable_object(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     """An object called as a function: its class (the user's code, or its library) and its
-    content (`np.vectorize` by the function it vectorizes and its options, a user's object by its
-    attributes), strictly."""
+    content (`np.vectorize` by the function it vectorizes and its options, a user's object or a
+    library's by its attributes), strictly."""
     out(b"object")
     recurse(type(obj), out, seen)
-    strictly(obj, obj, "the object", out)
+    t = type(obj)
+    if is_user_module(t.__module__) or registered(t) or not hasattr(obj, "__dict__"):
+        strictly(obj, obj, "the object", out)
+        return
+    try:  # a library's callable object without an encoder (a scorer, a polynomial): its attributes
+        encode_attributes(vars(obj), out, set())
+    except UnhashableError as exc:
+        raise refusal(obj, "the object", obj, exc) from None
 
 
 def not_callable(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
@@ -362,7 +374,7 @@ KINDS: dict[str, Callable[[Any, Out, Seen, Recurse], None]] = {
     "partial": partial, "partialmethod": partial, "singledispatch": singledispatch,
     "singledispatchmethod": singledispatchmethod, "staticmethod": staticmethod_, "lru_cache": lru_cache,
     "library function": library_function, "library class": library_function, "C function": c_function,
-    "compiled function": compiled_function, "library wrapper": library_wrapper,
+    "library wrapper": library_wrapper,
     "callable object": callable_object, "not callable": not_callable,
 }
 """The kinds fingerprinted here, by name; `code.py` adds "function" and "class"."""

@@ -253,8 +253,9 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any,
             _module_attributes(value, out, seen, chains, name, reader)
         else:
             _library_chains(value, out, chains)
-    elif isinstance(value, (types.FunctionType, types.MethodType, type)) or hasattr(value, "__wrapped__"):
-        _fingerprint(value, out, seen)
+    elif isinstance(value, (types.FunctionType, types.MethodType, type)) or (callable(value) and (
+            kind_of(value) not in _VALUES or not is_user_module(type(value).__module__))):
+        _fingerprint(value, out, seen)  # a callable of any kind; a user's callable object is a value
     else:  # a value; an instance of a user class is keyed by its class's code too (see encode_object)
         try:
             encode_into(value, out, set())

@@ -329,14 +329,15 @@ def file_digest(path: str) -> bytes:
     return found
 
 
-_MODULES: dict[str, bytes] = {}
+_MODULES: dict[tuple[str, str | None], bytes] = {}
 
 
 def module_identity(name: str) -> bytes:
     """What identifies the library code of module `name` (see the module docstring)."""
-    found = _MODULES.get(name)
+    key = (name, getattr(sys.modules.get(name), "__file__", None))  # a name imported again from elsewhere
+    found = _MODULES.get(key)
     if found is None:
-        found = _MODULES[name] = _module_identity(name)
+        found = _MODULES[key] = _module_identity(name)
     return found
 
 

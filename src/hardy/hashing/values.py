@@ -78,10 +78,11 @@ def register(cls: type, identify: Callable[[Any], Any]) -> None:
 
 
 def registered(t: type) -> bool:
-    """Whether values of `t` have an encoder in the table (a library's callable objects, such as
-    `np.vectorize` or numba's dispatchers, are keyed by it)."""
+    """Whether values of `t` have an encoder of their own in the table (a library's callable
+    objects, such as `np.vectorize` or numba's dispatchers, are keyed by it); callables keyed by
+    their code fingerprint (functions, ufuncs) are not."""
     _load_lazy()
-    return any(cls in _ENCODERS for cls in t.__mro__[:-1])
+    return next((_ENCODERS[cls] for cls in t.__mro__[:-1] if cls in _ENCODERS), encode_callable) is not encode_callable
 
 
 def digest(*parts: bytes) -> bytes:
@@ -385,6 +386,7 @@ _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
     (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", identified_by(vars)),
     (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
+    (lambda t: t.__name__ in ("cython_function_or_method", "fused_cython_function"), encode_callable),
 )
 
 for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dict, _encode_dict),
