@@ -287,7 +287,8 @@ _FILES: dict[str, bytes] = {}
 
 def file_identity(path: str) -> bytes:
     """What identifies library code read from `path`: its distribution, Python's version for the
-    standard library, else (no distribution installed it) the file's content."""
+    standard library, else (no distribution installed it, or one from a local folder or file) the
+    file's content."""
     found = _FILES.get(path)
     if found is None:
         found = _FILES[path] = _file_identity(path)
@@ -303,7 +304,7 @@ def _file_identity(path: str) -> bytes:
         if "-packages" not in site.root and (site.root in _STDLIB or site.root.startswith(_IN_STDLIB)):
             return PYTHON.encode()  # the standard library, lib-dynload's extensions included
         dist = site.owner(rel)
-        if dist is not None:
+        if dist is not None and not dist.is_local():  # installed from a local folder: the user's own build
             return identity(dist)
     return file_digest(path)
 
