@@ -314,3 +314,133 @@ def test_a_git_install_at_another_commit_with_the_same_version(venv):
         commit_and_install()
 
     check(venv, "git", "import s4git\ndef compute(s):\n    return s4git.tok(s)\n", change)
+
+
+# --- every case of the issue, on every executor, through every kind of cache ----------------------
+
+EVERYWHERE = """
+import functools, json, sys, threading
+import numpy as np
+from sklearn.linear_model import LinearRegression
+import helpers, s4edit, s4nolib, s4ns.tok
+from hardy import DiskCache, Engine, Pipeline, node
+from hardy.errors import UnhashableError
+from hardy.integrations.dask import DaskExecutor
+from hardy.integrations.ray import RayExecutor
+
+factor, root, endpoint = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def mul(x, k):
+    return x * k
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+    def apply(self, x):
+        return x * self.factor
+
+class Locked:
+    def __init__(self):
+        self.lock = threading.Lock()
+    def apply(self, x):
+        return x
+
+def dispatched(x):
+    return helpers.scale(x)
+
+def counted(s):
+    return s4nolib.tok(s)
+
+def namespaced(s):
+    return s4ns.tok.count(s)
+
+def edited(x):
+    return s4edit.tok(x)
+
+model = LinearRegression().fit(np.array([[1.0], [2.0]]), np.array([1.0, 2.0]) * factor)
+CASES = {"partial": (functools.partial(mul, k=factor), [10, 20]), "fitted model": (model.predict, [np.ones((1, 1))]),
+         "instance": (Scaler(factor).apply, [1, 2]), "singledispatch": (dispatched, [1, 2]),
+         "no __version__": (counted, ["a b c"]), "namespace package": (namespaced, ["a b c"]),
+         "editable install": (edited, ["a b c"])}
+S3 = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+
+def caches(where):
+    return {"local": DiskCache(f"{root}/{where}/local"),
+            "shared=True": DiskCache(f"{root}/{where}/shared", store="files", shared=True),
+            "s3": DiskCache(f"s3://everywhere/{where}", storage_options=S3, secret="team",
+                            local=f"{root}/{where}/s3-front-{factor}")}  # another machine each time
+
+results, refused = {}, {}
+for name, executor in (("sequential", "sequential"), ("threaded", "threaded"), ("process", "process"),
+                       ("dask", DaskExecutor(workers=1)), ("ray", RayExecutor(workers=1))):
+    with Engine(map_executor=executor, workers=1 if isinstance(executor, str) else None) as engine:
+        for kind, cache in caches(name).items():
+            for case, (func, inputs) in CASES.items():
+                n = node(func, output_name="y", name="step")
+                over = n.inputs[0]
+                out = Pipeline(nodes=[n], cache=cache, engine=engine).map(inputs={over: inputs}, map_over=over)
+                results[f"{name} / {kind} / {case}"] = [repr([o["y"] for o in out]), repr([func(x) for x in inputs])]
+            try:
+                Pipeline(nodes=[node(Locked().apply, output_name="y")], cache=cache, engine=engine).map(
+                    inputs={"x": [1]}, map_over="x")
+            except UnhashableError as exc:
+                refused[f"{name} / {kind}"] = str(exc)
+print(json.dumps({"results": results, "refused": refused}))
+"""
+
+HELPERS = """
+import functools
+
+@functools.singledispatch
+def scale(x):
+    raise TypeError(x)
+
+@scale.register
+def _(x: int):
+    return x * 2
+"""
+
+
+def test_every_case_of_the_issue_on_every_executor_and_cache(venv, tmp_path):
+    """The reported cases, each refused or recomputed after its change — partial(mul, k=2) then
+    k=3, a model fitted on 2x then 3x, an instance with factor 2 then 3, a singledispatch
+    implementation edited, a library without __version__ and a namespace package's part
+    upgraded, an editable install edited — on the sequential, threaded, process, Dask and Ray
+    executors, through a local cache, a `shared=True` file store and an S3 bucket (moto's server)."""
+    from test_cache_s3 import S3, start_moto, stop
+    proc, endpoint = start_moto()
+    try:
+        S3(endpoint).client.create_bucket(Bucket="everywhere")
+        folder = venv.project("s4edit", {"s4edit/__init__.py": "def tok(s):\n    return len(s.split())\n"})
+        venv.pip("--no-deps", "-e", str(folder))
+        venv.pip("s4nolib==1.0", "s4ns-tok==1.0")
+        helpers = tmp_path / "helpers"
+        helpers.mkdir()
+        (helpers / "helpers.py").write_text(HELPERS)
+        env = {**venv.env, "PYTHONPATH": f"{SRC}{os.pathsep}{helpers}"}  # the workers import helpers too
+
+        def everywhere(factor: int) -> dict:
+            done = subprocess.run([str(venv.python), "-", str(factor), str(tmp_path / "caches"), endpoint],
+                                  input=EVERYWHERE, capture_output=True, text=True, env=env, cwd=tmp_path,
+                                  timeout=500)
+            assert done.returncode == 0, done.stderr[-4000:]
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        before = everywhere(2)
+        (helpers / "helpers.py").write_text(HELPERS.replace("x * 2", "x * 3"))
+        edit = folder / "s4edit" / "__init__.py"
+        edit.write_text(edit.read_text().replace("split())", "split()) - 1"))
+        venv.pip("s4nolib==2.0", "s4ns-tok==2.0")
+        after = everywhere(3)
+    finally:
+        stop(proc)
+    assert len(after["results"]) == 5 * 3 * 7
+    for where, (out, direct) in before["results"].items():
+        assert out == direct, where
+    for where, (out, direct) in after["results"].items():
+        assert direct != before["results"][where][1], f"{where}: the change did not change the result"
+        assert out == direct, f"{where}: served the entry computed before the change"
+    assert len(after["refused"]) == 15
+    for where, message in after["refused"].items():
+        assert "the bound method" in message and "Locked.apply" in message and "__cache_key__" in message \
+            and "input of the node" in message, where
