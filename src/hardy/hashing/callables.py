@@ -247,6 +247,7 @@ def c_function(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     """A function or method written in C (or Cython): by the distribution (or Python version) that
     ships its module, or by the content of the user's own compiled module."""
     owner = getattr(obj, "__self__", None)
+    module: str | None
     if isinstance(owner, types.ModuleType):
         module = owner.__name__
     elif isinstance(owner, type):
@@ -311,7 +312,7 @@ def configuration(value: Any, carrier: Any, name: str, out: Out, seen: Seen, rec
         else:
             strictly(value, carrier, f"the value it holds as {name!r}", out)
         return
-    kept, written = dict(seen), []
+    kept, written = dict(seen), list[bytes]()
     try:
         if callable(value) and kind_of(value) != "callable object":
             recurse(value, written.append, seen)
@@ -327,7 +328,7 @@ def configuration(value: Any, carrier: Any, name: str, out: Out, seen: Seen, rec
         value = value.__self__
     out(b"~state:" + type_name(type(value)))
     for attr, inner in sorted((getattr(value, "__dict__", None) or {}).items()):
-        written = []
+        written = list[bytes]()
         try:
             encode_into(inner, written.append, set())
         except UnhashableError:

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Iterator
 from typing import Any
 
 from blake3 import blake3
@@ -184,7 +185,7 @@ class Site:
                 return found
         return None
 
-    def owners(self) -> Any:
+    def owners(self) -> Iterator[dict[str, list[Distribution]]]:
         """Top-level import name -> the distributions providing it, a round of distributions at a
         time (the second is read only if the first does not have the name)."""
         for k, dists in enumerate(self._rounds):
@@ -380,7 +381,7 @@ def _spec_identity(origin: str | None, locations: list[str]) -> bytes:
     if origin and os.path.isabs(origin):
         return file_identity(origin)
     if locations:  # a namespace package: every distribution providing a part of it
-        parts = set()
+        parts: set[bytes] = set()
         for location in locations:
             located = site_of(os.path.join(location, "__init__.py"))
             if located is not None:

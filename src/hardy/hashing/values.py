@@ -373,9 +373,12 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
 
 
 # Callables that are values (a global, a field, an argument of a partial): keyed by their code.
-_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.MethodWrapperType,
-              types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
-              staticmethod, classmethod, functools.partial, functools.partialmethod, functools.singledispatchmethod)
+_CALLABLES: tuple[type, ...] = (
+    types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.MethodWrapperType,
+    types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+    staticmethod, classmethod, functools.partial, functools.partialmethod, functools.singledispatchmethod)
+
+_OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
@@ -389,11 +392,12 @@ _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: t.__name__ in ("cython_function_or_method", "fused_cython_function"), encode_callable),
 )
 
+for _callable in _CALLABLES:
+    _register(_callable, encode_callable)
+for _operator in _OPERATORS:
+    _register(_operator, _encode_reduced)
 for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dict, _encode_dict),
                       (set, _encode_set), (frozenset, _encode_set), (enum.Enum, _encode_enum),
-                      *((t, encode_callable) for t in _CALLABLES),
-                      *((t, _encode_reduced) for t in (operator.itemgetter, operator.attrgetter,
-                                                       operator.methodcaller)),
                       (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
                       (range, identified_by(lambda r: (r.start, r.stop, r.step))),
                       (types.SimpleNamespace, identified_by(vars)),  # configuration objects
