@@ -38,7 +38,8 @@ _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 def normalize(name: str) -> str:
     """A distribution's or import name's comparable form (PEP 503, with `_` for `-`)."""
-    return _SEPARATORS.sub("_", name).lower()
+    lower = name.lower()
+    return _SEPARATORS.sub("_", lower) if "-" in lower or "." in lower or "__" in lower else lower
 
 
 class Distribution:
@@ -159,12 +160,8 @@ class Site:
             if entry.endswith((".dist-info", ".egg-info")):
                 d = Distribution(root, entry)
                 self.dists.setdefault(d.name, d)
-        importable = {normalize(e.split(".")[0]) for e in entries  # a package's folder, a module's file
-                      if "." not in e or e.endswith((".py", *_EXTENSIONS))}
-        # Read first for a name that is not a distribution's: those not named as any module here
-        # (scikit-learn for sklearn, protobuf for google.protobuf).
-        self._rounds = ([d for d in self.dists.values() if d.name not in importable],
-                        [d for d in self.dists.values() if d.name in importable])
+        self._entries = entries
+        self._rounds: tuple[list[Distribution], ...] | None = None
         self._owners: list[dict[str, list[Distribution]]] = []
         self._local: frozenset[str] | None = None
 
@@ -188,6 +185,13 @@ class Site:
     def owners(self) -> Iterator[dict[str, list[Distribution]]]:
         """Top-level import name -> the distributions providing it, a round of distributions at a
         time (the second is read only if the first does not have the name)."""
+        if self._rounds is None:
+            importable = {normalize(e.split(".")[0]) for e in self._entries  # a package's folder, a module's file
+                          if "." not in e or e.endswith((".py", *_EXTENSIONS))}
+            # Read first for a name that is not a distribution's: those not named as any module here
+            # (scikit-learn for sklearn, protobuf for google.protobuf).
+            self._rounds = ([d for d in self.dists.values() if d.name not in importable],
+                            [d for d in self.dists.values() if d.name in importable])
         for k, dists in enumerate(self._rounds):
             if len(self._owners) == k:
                 owners: dict[str, list[Distribution]] = {}
@@ -216,6 +220,10 @@ _REAL: dict[str, str] = {}
 _STDLIB = {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
            if p}
 _IN_STDLIB = tuple(root + os.sep for root in _STDLIB)
+
+
+def _in_stdlib(root: str) -> bool:
+    return "-packages" not in root and (root in _STDLIB or root.startswith(_IN_STDLIB))
 
 
 def _real(path: str) -> str:
@@ -262,6 +270,8 @@ def is_local_install(path: str) -> bool:
 def find(name: str) -> Distribution | None:
     """The installed distribution of that (normalized) name that Python would import from."""
     for root in _roots(longest_first=False):
+        if _in_stdlib(root):
+            continue  # nothing is installed there
         found = _site(root).dists.get(name)
         if found is not None:
             return found
@@ -302,7 +312,7 @@ def _file_identity(path: str) -> bytes:
     located = site_of(path)
     if located is not None:
         site, rel = located
-        if "-packages" not in site.root and (site.root in _STDLIB or site.root.startswith(_IN_STDLIB)):
+        if _in_stdlib(site.root):
             return PYTHON.encode()  # the standard library, lib-dynload's extensions included
         dist = site.owner(rel)
         if dist is not None and not dist.is_local():  # installed from a local folder: the user's own build
