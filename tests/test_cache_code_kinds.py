@@ -550,3 +550,70 @@ def test_cases_are_valid_python():
     for kind, (source, (old, new)) in CASES.items():
         compile(textwrap.dedent(source), kind, "exec")
         compile(textwrap.dedent(source.replace(old, new)), kind, "exec")
+
+
+# --- refusals: what cannot be keyed is named, with the fixes ---------------------------------------
+
+class _Session:
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+
+
+class _Model:
+    def __init__(self):
+        self.session = _Session()
+
+    def predict(self, x):
+        return x
+
+    def __call__(self, x):
+        return x
+
+
+def _refusal(func) -> str:
+    from hardy import node
+    from hardy.cache.keys import call_fingerprint
+    from hardy.errors import UnhashableError
+    with pytest.raises(UnhashableError) as caught:
+        call_fingerprint(node(func, output_name="y", name="step"), ["x"])
+    return str(caught.value)
+
+
+def test_a_bound_method_of_an_object_without_content_is_refused_with_the_fixes():
+    message = _refusal(_Model().predict)
+    assert message.startswith("node 'step' cannot be cached: the bound method ")
+    assert "_Model.predict" in message and "the instance it is bound to.session.lock is a _thread.lock" in message
+    assert "give test_cache_code_kinds._Model a __cache_key__()" in message
+    assert "pass the object as an input of the node" in message and "@node(cache=False)" in message
+
+
+def test_a_callable_object_without_content_is_refused_with_the_fixes():
+    message = _refusal(_Model())
+    assert "the callable test_cache_code_kinds._Model object" in message and "the object.session.lock" in message
+
+
+def test_a_partial_binding_an_object_without_content_is_refused():
+    import functools
+    import threading
+
+    def use(x, lock):
+        return x
+    message = _refusal(functools.partial(use, lock=threading.Lock()))
+    assert "the partial functools.partial" in message and "its bound arguments" in message
+
+
+def test_a_c_function_made_at_run_time_is_refused():
+    import numpy as np
+
+    from hardy.errors import UnhashableError
+    from hardy.hashing import code_fingerprint
+    with pytest.raises(UnhashableError, match="numpy.ufunc"):
+        code_fingerprint(np.frompyfunc(lambda v: v, 1, 1))
+
+
+def test_what_is_not_callable_is_refused():
+    from hardy.errors import UnhashableError
+    from hardy.hashing import code_fingerprint
+    with pytest.raises(UnhashableError, match="it is not a function"):
+        code_fingerprint(property(lambda self: 1))

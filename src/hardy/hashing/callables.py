@@ -357,13 +357,17 @@ def callable_object(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     out(b"object")
     recurse(type(obj), out, seen)
     t = type(obj)
-    if is_user_module(t.__module__) or registered(t) or not hasattr(obj, "__dict__"):
+    if is_user_module(t.__module__) or registered(t):
         strictly(obj, obj, "the object", out)
-        return
-    try:  # a library's callable object without an encoder (a scorer, a polynomial): its attributes
-        encode_attributes(vars(obj), out, set())
-    except UnhashableError as exc:
-        raise refusal(obj, "the object", obj, exc) from None
+    elif hasattr(obj, "__dict__") and isinstance(getattr(t, "__call__", None), types.FunctionType):
+        try:  # a library's callable object without an encoder (a scorer, a polynomial): its attributes
+            encode_attributes(vars(obj), out, set())
+        except UnhashableError as exc:
+            raise refusal(obj, "the object", obj, exc) from None
+    else:  # called in C, made at run time (np.frompyfunc(f, 1, 1)): what it runs is out of sight
+        raise UnhashableError(f"{describe(obj)} ({obj!r}) has no code or content hardy can read, and its library "
+                              "did not make it under a name; call the function it was made from in the node "
+                              "instead, or opt the node out with @node(cache=False)")
 
 
 def not_callable(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
