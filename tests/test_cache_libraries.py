@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from test_cache_code_kinds import CASES
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -141,7 +143,7 @@ print(json.dumps({{"out": [o["n"] for o in out], "direct": [compute(s{extra}) fo
 
 
 def run(venv: Venv, name: str, code: str, extra: str = "", inputs: str = "") -> dict:
-    folder = venv.root / "runs" / name
+    folder = venv.root / "runs" / name.replace(" ", "-").replace("/", "-")
     folder.mkdir(parents=True, exist_ok=True)
     script = SCRIPT.format(code=textwrap.dedent(code), extra=extra, inputs=inputs)
     done = subprocess.run([str(venv.python), "-", str(folder / "cache"), str(folder / "log")], input=script,
@@ -168,75 +170,39 @@ def check(venv: Venv, name: str, code: str, change, invalidated: bool = True, **
 
 
 USES_NOLIB = "import s4nolib\ndef compute(s):\n    return s4nolib.tok(s)\n"
-
-
-def test_a_library_without_version_upgraded(venv):
-    venv.pip("s4nolib==1.0")
-    check(venv, "nolib-up", USES_NOLIB, lambda: venv.pip("s4nolib==2.0"))
-
-
-def test_a_library_without_version_downgraded(venv):
-    venv.pip("s4nolib==2.0")
-    check(venv, "nolib-down", USES_NOLIB, lambda: venv.pip("s4nolib==1.0"))
-
-
-def test_a_library_with_version_upgraded(venv):
-    venv.pip("s4vers==1.0")
-    check(venv, "vers-up", "import s4vers\ndef compute(s):\n    return s4vers.tok(s)\n", lambda: venv.pip("s4vers==2.0"))
-
-
 USES_NAMESPACE = "import s4ns.tok\ndef compute(s):\n    return s4ns.tok.count(s)\n"
+USES_OBJECT = "import s4nolib\ndef compute(s, counter):\n    return counter.count(s)\ncounter = s4nolib.Counter(' ')\n"
+
+# situation -> (the user's code, installed before, installed as the change, whether the node must recompute)
+VERSIONS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], bool]] = {
+    "no __version__, upgraded": (USES_NOLIB, ("s4nolib==1.0",), ("s4nolib==2.0",), True),
+    "no __version__, downgraded": (USES_NOLIB, ("s4nolib==2.0",), ("s4nolib==1.0",), True),
+    "with __version__, upgraded": ("import s4vers\ndef compute(s):\n    return s4vers.tok(s)\n", ("s4vers==1.0",),
+                                   ("s4vers==2.0",), True),
+    "a namespace package's part, upgraded": (USES_NAMESPACE, ("s4ns-tok==1.0",), ("s4ns-tok==2.0",), True),
+    "a namespace package's part, downgraded": (USES_NAMESPACE, ("s4ns-tok==2.0",), ("s4ns-tok==1.0",), True),
+    "another part of the namespace package, upgraded": (USES_NAMESPACE, ("s4ns-tok==1.0", "s4ns-other==1.0"),
+                                                        ("s4ns-other==2.0",), False),
+    "an unrelated library, upgraded": (USES_NOLIB, ("s4nolib==1.0", "s4vers==1.0"), ("s4vers==2.0",), False),
+    "a library's requirement, upgraded (s4app calls s4dep)": (
+        "import s4app\ndef compute(s):\n    return s4app.tok(s)\n", ("s4app==1.0", "s4dep==1.0"), ("s4dep==2.0",), True),
+    "a library imported only inside the node, upgraded": (
+        "def compute(s):\n    import s4nolib\n    return s4nolib.tok(s)\n", ("s4nolib==1.0",), ("s4nolib==2.0",), True),
+    "a function imported from a library, upgraded": ("from s4nolib import tok\ndef compute(s):\n    return tok(s)\n",
+                                                     ("s4nolib==1.0",), ("s4nolib==2.0",), True),
+    "an object of a library's class given as an input, upgraded": (USES_OBJECT, ("s4nolib==1.0",), ("s4nolib==2.0",),
+                                                                    True),
+    "a C extension library, upgraded": ("import s4cext\ndef compute(s):\n    return s4cext.count(s)\n",
+                                        ("--force-reinstall", "s4cext==1.0"), ("s4cext==2.0",), True),
+}
 
 
-def test_a_namespace_package_part_upgraded(venv):
-    venv.pip("s4ns-tok==1.0")
-    check(venv, "ns-up", USES_NAMESPACE, lambda: venv.pip("s4ns-tok==2.0"))
-
-
-def test_a_namespace_package_part_downgraded(venv):
-    venv.pip("s4ns-tok==2.0")
-    check(venv, "ns-down", USES_NAMESPACE, lambda: venv.pip("s4ns-tok==1.0"))
-
-
-def test_another_part_of_the_namespace_package_upgraded_keeps_the_entries(venv):
-    venv.pip("s4ns-tok==1.0", "s4ns-other==1.0")
-    check(venv, "ns-other", USES_NAMESPACE, lambda: venv.pip("s4ns-other==2.0"), invalidated=False)
-
-
-def test_an_unrelated_library_upgraded_keeps_the_entries(venv):
-    venv.pip("s4nolib==1.0", "s4vers==1.0")
-    check(venv, "unrelated", USES_NOLIB, lambda: venv.pip("s4vers==2.0"), invalidated=False)
-
-
-def test_a_dependency_of_the_library_upgraded(venv):
-    """The node calls s4app; s4app's result comes from s4dep, which it requires."""
-    venv.pip("s4app==1.0", "s4dep==1.0")
-    check(venv, "dependency", "import s4app\ndef compute(s):\n    return s4app.tok(s)\n",
-          lambda: venv.pip("s4dep==2.0"))
-
-
-def test_a_library_imported_only_inside_the_node_upgraded(venv):
-    venv.pip("s4nolib==1.0")
-    check(venv, "inside", "def compute(s):\n    import s4nolib\n    return s4nolib.tok(s)\n",
-          lambda: venv.pip("s4nolib==2.0"))
-
-
-def test_a_function_imported_from_a_library_upgraded(venv):
-    venv.pip("s4nolib==1.0")
-    check(venv, "from-import", "from s4nolib import tok\ndef compute(s):\n    return tok(s)\n",
-          lambda: venv.pip("s4nolib==2.0"))
-
-
-def test_a_library_object_given_as_an_input_upgraded(venv):
-    """The node is given an object of the library's class and calls its method."""
-    venv.pip("s4nolib==1.0")
-    code = "import s4nolib\ndef compute(s, counter):\n    return counter.count(s)\ncounter = s4nolib.Counter(' ')\n"
-    check(venv, "object", code, lambda: venv.pip("s4nolib==2.0"), extra=", counter", inputs=', "counter": counter')
-
-
-def test_a_c_extension_library_upgraded(venv):
-    venv.pip("--force-reinstall", "s4cext==1.0")
-    check(venv, "cext-up", "import s4cext\ndef compute(s):\n    return s4cext.count(s)\n", lambda: venv.pip("s4cext==2.0"))
+@pytest.mark.parametrize("situation", list(VERSIONS))
+def test_a_library_installed_from_an_index_changes_version(venv, situation):
+    code, before, after, invalidated = VERSIONS[situation]
+    venv.pip(*before)
+    given = {"extra": ", counter", "inputs": ', "counter": counter'} if "counter" in code else {}
+    check(venv, situation, code, lambda: venv.pip(*after), invalidated, **given)
 
 
 def test_an_editable_install_edited_in_place(venv):
@@ -388,17 +354,7 @@ for name, executor in (("sequential", "sequential"), ("threaded", "threaded"), (
 print(json.dumps({"results": results, "refused": refused}))
 """
 
-HELPERS = """
-import functools
-
-@functools.singledispatch
-def scale(x):
-    raise TypeError(x)
-
-@scale.register
-def _(x: int):
-    return x * 2
-"""
+HELPERS, HELPERS_EDIT = CASES["singledispatch, implementation edited"]  # a module with a singledispatch `scale`
 
 
 def test_every_case_of_the_issue_on_every_executor_and_cache(venv, tmp_path):
@@ -427,7 +383,7 @@ def test_every_case_of_the_issue_on_every_executor_and_cache(venv, tmp_path):
             return json.loads(done.stdout.strip().splitlines()[-1])
 
         before = everywhere(2)
-        (helpers / "helpers.py").write_text(HELPERS.replace("x * 2", "x * 3"))
+        (helpers / "helpers.py").write_text(HELPERS.replace(*HELPERS_EDIT))
         edit = folder / "s4edit" / "__init__.py"
         edit.write_text(edit.read_text().replace("split())", "split()) - 1"))
         venv.pip("s4nolib==2.0", "s4ns-tok==2.0")
