@@ -33,6 +33,34 @@ static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "NAME", NULL, -1, method
 PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&mod); }
 """
 
+SCALER = '''
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+    def apply(self, x):
+        return x * self.factor
+target = Scaler(2).apply
+'''
+CALLABLE = '''
+class Scale:
+    def __init__(self, k):
+        self.k = k
+    def __call__(self, x):
+        return x * self.k
+target = Scale(2)
+'''
+DECORATED = '''
+import functools
+def deco(f):
+    @functools.wraps(f)
+    def wrapper(x):
+        return f(x) + 1
+    return wrapper
+@deco
+def target(x):
+    return x * 2
+'''
+
 # name -> (module source defining `target`, the edit (old, new)); INPUTS overrides the items [1, 2, 3]
 CASES: dict[str, tuple[str, tuple[str, str]]] = {
     "function": ("def target(x):\n    return x * 2\n", ("x * 2", "x * 3")),
@@ -58,22 +86,8 @@ target = make(2)
                         ("x * 2", "x * 3")),
     "table of lambdas": ("OPS = {'scale': lambda v: v * 2}\ndef target(x):\n    return OPS['scale'](x)\n",
                          ("v * 2", "v * 3")),
-    "bound method, instance state": ("""
-class Scaler:
-    def __init__(self, factor):
-        self.factor = factor
-    def apply(self, x):
-        return x * self.factor
-target = Scaler(2).apply
-""", ("Scaler(2)", "Scaler(3)")),
-    "bound method, method code": ("""
-class Scaler:
-    def __init__(self, factor):
-        self.factor = factor
-    def apply(self, x):
-        return x * self.factor
-target = Scaler(2).apply
-""", ("x * self.factor", "x * self.factor + 1")),
+    "bound method, instance state": (SCALER, ("Scaler(2)", "Scaler(3)")),
+    "bound method, method code": (SCALER, ("x * self.factor", "x * self.factor + 1")),
     "bound method, __slots__ instance": ("""
 class Scaler:
     __slots__ = ("factor",)
@@ -209,46 +223,12 @@ class Model:
         return x * 2
 target = Model().scale
 """, ("x * 2", "x * 3")),
-    "callable object, state": ("""
-class Scale:
-    def __init__(self, k):
-        self.k = k
-    def __call__(self, x):
-        return x * self.k
-target = Scale(2)
-""", ("Scale(2)", "Scale(3)")),
-    "callable object, __call__ edited": ("""
-class Scale:
-    def __init__(self, k):
-        self.k = k
-    def __call__(self, x):
-        return x * self.k
-target = Scale(2)
-""", ("x * self.k", "x * self.k + 1")),
+    "callable object, state": (CALLABLE, ("Scale(2)", "Scale(3)")),
+    "callable object, __call__ edited": (CALLABLE, ("x * self.k", "x * self.k + 1")),
     "class as the node": ("class target(int):\n    def __new__(cls, x):\n        return int.__new__(cls, x * 2)\n",
                           ("x * 2", "x * 3")),
-    "decorator with functools.wraps, function edited": ("""
-import functools
-def deco(f):
-    @functools.wraps(f)
-    def wrapper(x):
-        return f(x) + 1
-    return wrapper
-@deco
-def target(x):
-    return x * 2
-""", ("x * 2", "x * 3")),
-    "decorator with functools.wraps, decorator edited": ("""
-import functools
-def deco(f):
-    @functools.wraps(f)
-    def wrapper(x):
-        return f(x) + 1
-    return wrapper
-@deco
-def target(x):
-    return x * 2
-""", ("f(x) + 1", "f(x) + 2")),
+    "decorator with functools.wraps, function edited": (DECORATED, ("x * 2", "x * 3")),
+    "decorator with functools.wraps, decorator edited": (DECORATED, ("f(x) + 1", "f(x) + 2")),
     "decorator without wraps": ("""
 def deco(f):
     def wrapper(x):
