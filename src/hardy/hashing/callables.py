@@ -359,7 +359,7 @@ def callable_object(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     t = type(obj)
     if is_user_module(t.__module__) or registered(t):
         strictly(obj, obj, "the object", out)
-    elif hasattr(obj, "__dict__") and isinstance(getattr(t, "__call__", None), types.FunctionType):
+    elif hasattr(obj, "__dict__") and isinstance(_inherited_call(t), types.FunctionType):
         try:  # a library's callable object without an encoder (a scorer, a polynomial): its attributes
             encode_attributes(vars(obj), out, set())
         except UnhashableError as exc:
@@ -368,6 +368,11 @@ def callable_object(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
         raise UnhashableError(f"{describe(obj)} ({obj!r}) has no code or content hardy can read, and its library "
                               "did not make it under a name; call the function it was made from in the node "
                               "instead, or opt the node out with @node(cache=False)")
+
+
+def _inherited_call(t: type) -> Any:
+    """The `__call__` a class runs, written in Python or in C."""
+    return next((vars(c)["__call__"] for c in t.__mro__ if "__call__" in vars(c)), None)
 
 
 def not_callable(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:

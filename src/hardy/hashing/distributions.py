@@ -80,9 +80,6 @@ class Distribution:
         text = b"\n" + self.record()
         return any(b"\n" + form + end in text for form in (name, b'"' + name + b'"') for end in (b",", b"\n"))
 
-    def files(self) -> frozenset[str]:
-        return frozenset(line.split(b",", 1)[0].decode(errors="replace") for line in self.record().splitlines())
-
     def tops(self) -> frozenset[str]:
         """The top-level import names it provides: top_level.txt, else the first part of each file."""
         if self._tops is None:
@@ -163,7 +160,6 @@ class Site:
         self._entries = entries
         self._rounds: tuple[list[Distribution], ...] | None = None
         self._owners: list[dict[str, list[Distribution]]] = []
-        self._local: frozenset[str] | None = None
 
     def owner(self, rel: str) -> Distribution | None:
         """The distribution that installed `rel` (a path relative to this directory)."""
@@ -204,15 +200,6 @@ class Site:
     def providers(self, name: str) -> list[Distribution]:
         """Every distribution providing a part of the top-level package `name`."""
         return [d for owners in self.owners() for d in owners.get(name, [])]
-
-    def local_files(self) -> frozenset[str]:
-        """The files of the distributions installed from a local directory or file."""
-        if self._local is None:
-            local = [d for d in self.dists.values() if os.path.exists(os.path.join(d.path, "direct_url.json"))
-                     and d.is_local()]
-            self._local = frozenset().union(*(d.files() for d in local))
-        return self._local
-
 
 _SITES: dict[str, Site] = {}
 _ROOTS: dict[tuple[tuple[str, ...], bool], tuple[str, ...]] = {}
@@ -264,11 +251,16 @@ def is_local_install(path: str) -> bool:
     """Whether the file was installed by a distribution from a local directory or file: the user's
     own package (`pip install ./mypkg`), keyed by content, not by a version it may keep while edited."""
     found = site_of(path)
-    return found is not None and found[1] in found[0].local_files()
+    owner = found[0].owner(found[1]) if found is not None else None
+    return owner is not None and owner.is_local()
 
 
-def find(name: str) -> Distribution | None:
-    """The installed distribution of that (normalized) name that Python would import from."""
+def find(name: str, near: str) -> Distribution | None:
+    """The installed distribution of that (normalized) name that Python would import from: looked
+    for first in `near`, the site directory of the distribution requiring it."""
+    found = _site(near).dists.get(name)
+    if found is not None:
+        return found
     for root in _roots(longest_first=False):
         if _in_stdlib(root):
             continue  # nothing is installed there
@@ -288,7 +280,7 @@ def identity(dist: Distribution) -> bytes:
             if d.name in closure:
                 continue
             closure[d.name] = d
-            stack.extend(r for r in map(find, d.requires()) if r is not None)
+            stack.extend(r for r in (find(name, d.site) for name in d.requires()) if r is not None)
         dist._identity = ";".join(f"{n}=={closure[n].version}{closure[n].origin()}" for n in sorted(closure)).encode()
     return dist._identity
 
