@@ -170,7 +170,23 @@ def _library_class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: 
         _fingerprint_class(cls, out, seen)
 
 
-_KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class}
+def _noting(handler: Any, state: Callable[[Any], Any]) -> Any:
+    """`handler`, noting (while a `Reach` records) the attributes of the object a callable carries:
+    a pipeline then sees `scaler.factor = 3` on the instance its node is bound to, as it sees a
+    global rebound."""
+    def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
+        found = state(obj)
+        if isinstance(found, dict) and getattr(_RECORDING, "reach", None) is not None:
+            for name in found:
+                _read(found, name)
+        handler(obj, out, seen, recurse)
+    return handle
+
+
+_KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class,
+          "bound method": _noting(KINDS["bound method"], lambda m: getattr(m.__self__, "__dict__", None)),
+          "callable object": _noting(KINDS["callable object"], lambda o: getattr(o, "__dict__", None)),
+          "partial": _noting(KINDS["partial"], lambda p: p.keywords)}
 
 
 def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> None:
