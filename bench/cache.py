@@ -101,7 +101,8 @@ def chained(x):
 
 p = Pipeline([chained], cache=DiskCache(sys.argv[2]))
 p.map(inputs={"x": [1, 2]}, map_over="x", progress=False)
-(key, reach), = p._reaches.items()
+(key, plan), = p._plans._items.items()
+reach = plan.watched
 def best(f, n=2000):
     times = []
     for _ in range(n):
