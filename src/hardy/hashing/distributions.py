@@ -20,7 +20,6 @@ namespace packages, once per process.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -92,6 +91,7 @@ class Distribution:
     def direct_url(self) -> dict[str, Any] | None:
         """PEP 610's record of where it was installed from; None when from an index."""
         if self._url is ...:
+            import json  # only for a distribution asked about: `import hardy` stays light
             try:
                 with open(os.path.join(self.path, "direct_url.json")) as f:
                     self._url = json.load(f)
