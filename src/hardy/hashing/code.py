@@ -5,10 +5,11 @@ defaults, the globals and closure values it reads — following attribute chains
 bytecode through user modules (`utils.clean`, `pkg.sub.fn`) and imports inside the function — and,
 transitively, the code of the user functions and classes reached that way (a class by its methods,
 cached properties and `lru_cache`d methods by what they wrap, nested classes, its metaclass and its
-class-level values by content, through `hardy.hashing.values`). Library code is identified by name
-and package version. While a `Reach` is recording, fingerprints note every name they read, so that a
-pipeline can tell cheaply whether the code it compiled is still the code bound to those names
-(docs/caching.md).
+class-level values by content, through `hardy.hashing.values`). Library code is identified by the
+installed distribution that provides it (`distributions.py`), and every other kind of callable (a
+bound method, a partial, a decorator...) by what it runs (`callables.py`). While a `Reach` is
+recording, fingerprints note every name they read, so that a pipeline can tell cheaply whether the
+code it compiled is still the code bound to those names (docs/caching.md).
 """
 
 
