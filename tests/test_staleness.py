@@ -149,3 +149,43 @@ def test_a_notebook_cell_run_again(tmp_path, cached):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+MUTATED_BETWEEN_MAPS = """
+import functools, sys
+from hardy import DiskCache, Engine, Pipeline, node
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+    def apply(self, x):
+        return x * self.factor
+    def __call__(self, x):
+        return x * self.factor
+
+def mul(x, k):
+    return x * k
+
+scaler, caller, bound = Scaler(2), Scaler(2), functools.partial(mul, k=2)
+executor, cache = sys.argv[1], sys.argv[2]
+pipelines = [Pipeline([node(f, output_name="y")], engine=Engine(map_executor=executor),
+                      cache=DiskCache(f"{cache}/{i}") if cache != "-" else None)
+             for i, f in enumerate((scaler.apply, caller, bound))]
+first = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+scaler.factor = caller.factor = 3
+bound.keywords["k"] = 3
+second = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+print(first, second)
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_object_a_node_is_bound_to_changed_between_two_maps(tmp_path, executor, cached):
+    """`scaler.factor = 3` on the instance of `node(scaler.apply)`, on a callable object, a partial's
+    keyword: the pipeline sees it as it sees a global rebound."""
+    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
+                         input=MUTATED_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4], [2, 4]] [[3, 6], [3, 6], [3, 6]]"

@@ -86,6 +86,15 @@ UNHASHABLE_FIXES = (
     "constructor arguments), teach hardy a library type with hardy.hashing.register(type, function), "
     "or opt the node out with @node(cache=False)")
 
+# For an object a callable carries (a bound method's instance, a callable object's state): the
+# object can also leave the callable and become an input, hashed with the others.
+CALLABLE_FIXES = (
+    "give {owner} a __cache_key__() method returning what identifies it (e.g. its constructor arguments), "
+    "pass the object as an input of the node instead of binding it into the callable "
+    "(node(lambda model, X: model.predict(X), output_name=...) with model=... among the inputs), "
+    "teach hardy a library type with hardy.hashing.register(type, function), "
+    "or opt the node out with @node(cache=False)")
+
 
 class UnhashableError(HardyError, TypeError):
     """A value has no deterministic encoding (`hardy.hashing`); the message says what, where and how

@@ -3,7 +3,9 @@
 The two recurse into each other (a value's class is hashed by its code, a function's globals by
 their values); `code` imports `values` and installs its fingerprint there, and `libraries` (numpy,
 pandas, torch... encoders) registers its types there the same way, so importing this package loads
-all three. `origin.py` tells user code (hashed by content) from libraries (by name and version).
+all three. `callables.py` keys each kind of callable by what it runs (a bound method with its
+instance, a partial with its arguments...), `distributions.py` library code by the installed
+distribution that provides it, and `origin.py` tells user code (hashed by content) from libraries.
 """
 
 from . import libraries  # noqa: F401  # registers the library types' encoders into `values`

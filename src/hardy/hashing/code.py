@@ -5,10 +5,11 @@ defaults, the globals and closure values it reads — following attribute chains
 bytecode through user modules (`utils.clean`, `pkg.sub.fn`) and imports inside the function — and,
 transitively, the code of the user functions and classes reached that way (a class by its methods,
 cached properties and `lru_cache`d methods by what they wrap, nested classes, its metaclass and its
-class-level values by content, through `hardy.hashing.values`). Library code is identified by name
-and package version. While a `Reach` is recording, fingerprints note every name they read, so that a
-pipeline can tell cheaply whether the code it compiled is still the code bound to those names
-(docs/caching.md).
+class-level values by content, through `hardy.hashing.values`). Library code is identified by the
+installed distribution that provides it (`distributions.py`), and every other kind of callable (a
+bound method, a partial, a decorator...) by what it runs (`callables.py`). While a `Reach` is
+recording, fingerprints note every name they read, so that a pipeline can tell cheaply whether the
+code it compiled is still the code bound to those names (docs/caching.md).
 """
 
 
@@ -24,6 +25,8 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UnhashableError
+from .callables import KINDS, kind_of, library_function, resolves
+from .distributions import module_identity
 from .origin import is_user_file, is_user_module
 from .values import ABSENT, DIGEST, encode_into, install_code_fingerprint, length, type_name
 
@@ -119,15 +122,10 @@ def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, by
         stamp[name] = h.digest(DIGEST)
     return stamp
 
-def _package_version(module_name: str) -> str:
-    top = sys.modules.get(module_name.split(".")[0])
-    return str(getattr(top, "__version__", ""))
-
-
 def code_fingerprint(obj: Any) -> bytes:
-    """What a function computes, as far as Python can see: a 16-byte digest (see module docstring)."""
+    """What a callable computes, as far as Python can see: a 16-byte digest (see module docstring)."""
     busy: set[int] = _BUSY.__dict__.setdefault("ids", set())
-    if id(obj) in busy:  # Config.DEFAULT = Config(): the class's value hashes the class being hashed
+    if id(obj) in busy:  # Config.DEFAULT = Config(): the class's value refers back to the class being hashed
         return b"self:" + type_name(obj if isinstance(obj, type) else type(obj))
     busy.add(id(obj))
     try:
@@ -140,39 +138,59 @@ def code_fingerprint(obj: Any) -> bytes:
 
 _BUSY = threading.local()
 
+Seen = dict[int, tuple[int, Any]]  # id -> (position, the object: kept alive so that its id is not reused)
 
-def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+
+def _fingerprint(obj: Any, out: Callable[[bytes], Any], seen: Seen) -> None:
+    """Any callable, by its kind (`callables.py`): a function or class by its code here."""
     if id(obj) in seen:  # recursion and mutual recursion: refer back by position
-        out(b"@" + length(seen[id(obj)]))
+        out(b"@" + length(seen[id(obj)][0]))
         return
-    seen[id(obj)] = len(seen)
-    func = getattr(obj, "__func__", obj)  # bound methods: the function (its instance is an input)
-    if not isinstance(func, (types.FunctionType, type)) and getattr(func, "__wrapped__", None) is not None:
-        out(b"wraps:" + type_name(type(func)))  # lru_cache, a Node: the code it wraps
-        _fingerprint(func.__wrapped__, out, seen)
-        return
-    module = getattr(func, "__module__", None)
-    if not is_user_module(module):
-        name = getattr(func, "__qualname__", None) or getattr(type(func), "__qualname__", "?")
-        out(b"lib:" + f"{module}.{name}@{_package_version(module or '')}".encode())
-    elif isinstance(func, _BUILTIN_CODE):  # tuple.__new__ (a named tuple's __new__ reads it): C code, by name
-        owner = getattr(func, "__objclass__", None) or getattr(func, "__self__", None)
-        where = type_name(owner) if isinstance(owner, type) else str(module).encode()
-        out(b"builtin:" + where + b"." + func.__name__.encode())
-    elif isinstance(func, type):
-        _fingerprint_class(func, out, seen)
-    elif getattr(func, "__code__", None) is None:
-        call = getattr(type(func), "__call__", None)  # noqa: B004 - the method itself is fingerprinted
-        if call is None:
-            raise UnhashableError(f"cannot fingerprint {func!r}: it is not a function")
-        out(b"callable:" + type_name(type(func)))
-        _fingerprint(call, out, seen)
-        encode_into(func, out, set())
-    else:
-        _fingerprint_function(func, out, seen)
+    seen[id(obj)] = (len(seen), obj)
+    _KINDS[kind_of(obj)](obj, out, seen, _fingerprint)
 
 
-def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+def _function(func: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
+    """A user function; a decorated one (`functools.wraps`) by its own code and the function it wraps."""
+    _fingerprint_function(func, out, seen)
+    wrapped = getattr(func, "__wrapped__", None)
+    if wrapped is not None:
+        out(b"wraps")
+        _fingerprint(wrapped, out, seen)
+
+
+def _class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
+    _fingerprint_class(cls, out, seen)
+
+
+def _library_class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
+    """A library's class by its distribution and name; one it made at run time (a named tuple
+    built by a factory) has no name to find it by, and is walked as a user class is."""
+    library_function(cls, out, seen, recurse)
+    if not resolves(cls):
+        _fingerprint_class(cls, out, seen)
+
+
+def _noting(handler: Any, state: Callable[[Any], Any]) -> Any:
+    """`handler`, noting (while a `Reach` records) the attributes of the object a callable carries:
+    a pipeline then sees `scaler.factor = 3` on the instance its node is bound to, as it sees a
+    global rebound."""
+    def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
+        found = state(obj)
+        if isinstance(found, dict) and getattr(_RECORDING, "reach", None) is not None:
+            for name in found:
+                _read(found, name)
+        handler(obj, out, seen, recurse)
+    return handle
+
+
+_KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class,
+          "bound method": _noting(KINDS["bound method"], lambda m: getattr(m.__self__, "__dict__", None)),
+          "callable object": _noting(KINDS["callable object"], lambda o: getattr(o, "__dict__", None)),
+          "partial": _noting(KINDS["partial"], lambda p: p.keywords)}
+
+
+def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> None:
     """A user class: its user bases and metaclass, its methods and properties (cached ones and
     `lru_cache`d ones by the function they wrap), nested classes, and its class-level values by
     content (`Model.THRESHOLD`, a class-level array or configured instance), like globals."""
@@ -185,13 +203,15 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, i
         if is_user_module(base.__module__):
             _fingerprint(base, out, seen)
     for name, member in sorted(vars(cls).items()):
-        target = getattr(member, "__func__", member)  # staticmethod, classmethod
+        target = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
         if isinstance(target, (property, functools.cached_property)):
             target = target.fget if isinstance(target, property) else target.func
-        if isinstance(target, (types.FunctionType, type)) or hasattr(target, "__wrapped__"):
+        if target is None:
+            continue
+        if isinstance(target, (functools.partialmethod, functools.singledispatchmethod)) \
+                or (callable(target) and kind_of(target) not in _VALUES):
             out(name.encode())
-            if target is not None:
-                _fingerprint(target, out, seen)
+            _fingerprint(target, out, seen)
         elif not name.startswith("__") and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
             try:
@@ -200,12 +220,11 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: dict[int, i
                 out(b"?")
 
 
-_BUILTIN_CODE = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
-                 types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_VALUES = ("callable object", "not callable")  # callables keyed by content, like any class-level value
 _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # __slots__ fields: per instance
 
 
-def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int, int]) -> None:
+def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) -> None:
     """A user function: its code and defaults, then what it reads (globals, closure cells, modules
     it imports), each with the attribute chains the code reads from it."""
     code = func.__code__
@@ -236,22 +255,24 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: dict[int
         _read(sys.modules, root[1])
         if module is not ABSENT:
             _reference(module, out, seen, chains[root], root[1], func)
+        else:  # a library imported only inside the node: by its distribution, found without importing it
+            out(module_identity(root[1]))
 
 
-def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], chains: Any, name: str,
-               reader: Any) -> None:
+def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any, name: str, reader: Any) -> None:
     """A global, closure value or imported module the code reads, with the attribute chains the
-    code reads from it: through a user module, what counts is what the chains reach."""
+    code reads from it: through a user module, what counts is what the chains reach; through a
+    library, the distributions of the modules they reach."""
     if isinstance(value, types.ModuleType):
-        out(b"mod:" + value.__name__.encode() + _package_version(value.__name__).encode())
         if is_user_module(value.__name__):
+            out(b"mod:" + value.__name__.encode())
             _module_reached(value.__name__)
             _module_attributes(value, out, seen, chains, name, reader)
-    elif isinstance(value, (types.FunctionType, type)) or hasattr(value, "__wrapped__"):
-        _fingerprint(value, out, seen)
-    elif isinstance(value, types.MethodType):  # a bound method read as a global: its object counts too
-        _fingerprint(value.__func__, out, seen)
-        _reference(value.__self__, out, seen, (), f"{name}.__self__", reader)
+        else:
+            _library_chains(value, out, chains)
+    elif isinstance(value, (types.FunctionType, types.MethodType, type)) or (callable(value) and (
+            kind_of(value) not in _VALUES or not is_user_module(type(value).__module__))):
+        _fingerprint(value, out, seen)  # a callable of any kind; a user's callable object is a value
     else:  # a value; an instance of a user class is keyed by its class's code too (see encode_object)
         try:
             encode_into(value, out, set())
@@ -262,16 +283,43 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: dict[int, int], ch
                                   exc.path) from None
 
 
-def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: dict[int, int],
+def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], chains: Any) -> None:
+    """A library module by the distributions of what the code reads from it: each attribute
+    chain followed through submodules (`s4ns.tok.count` reaches the namespace package's part
+    `s4ns.tok`), the module itself when it is read whole or is not a namespace package. Only what
+    is already imported is followed (a library's lazy attributes are never loaded to key a node)."""
+    whole = not chains or () in chains
+    if whole or getattr(module, "__file__", None) is not None:
+        out(b"lib:" + module.__name__.encode() + b"@" + module_identity(module.__name__))
+    for chain in sorted(c for c in chains if c):
+        target: Any = module
+        last = module
+        path = module.__name__
+        for attr in chain:
+            if not isinstance(target, types.ModuleType):
+                break
+            target = vars(target).get(attr, ABSENT)
+            if target is ABSENT:
+                break
+            path += "." + attr
+            if isinstance(target, types.ModuleType):
+                last = target
+        out(b"." + path.encode() + b"@" + module_identity(last.__name__))
+        origin = getattr(target, "__module__", None) if not isinstance(target, types.ModuleType) else None
+        if isinstance(origin, str) and origin.split(".")[0] != last.__name__.split(".")[0]:
+            out(b"from:" + module_identity(origin))  # re-exported from another distribution
+
+
+def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: Seen,
                        chains: Any, name: str, reader: Any) -> None:
     """What a function reaches through a user module: each attribute chain, followed through
     submodules to the first object that is not one. Read without a chain (`getattr(m, name)`,
     passed along as a value), the module counts by all the functions and classes it defines."""
     if not chains or () in chains:
         if id(module) in seen:
-            out(b"@" + length(seen[id(module)]))
+            out(b"@" + length(seen[id(module)][0]))
         else:
-            seen[id(module)] = len(seen)
+            seen[id(module)] = (len(seen), module)
             for attr in vars(module):
                 _read(vars(module), attr)  # a module read whole: any name it binds again counts
             for attr, value in sorted(vars(module).items()):

@@ -16,9 +16,11 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
+from .distributions import module_identity
 from .values import (
     Encoder,
     encode_attributes,
+    encode_callable,
     encode_into,
     encode_object,
     identified_by,
@@ -157,15 +159,73 @@ def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> 
     encode_object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
 
 
+def _encode_script_function(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A TorchScript function (`torch.jit.script`, `torch.jit.trace`): the code TorchScript compiled."""
+    out(b"JF" + module_identity("torch"))  # not its qualified name: TorchScript numbers a name scripted twice
+    encode_into(v.code, out, active)
+
+
+def _encode_script_method(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scripted module's method: its compiled code and the Python method it was compiled from,
+    bound to the module whose parameters the scripted one shares."""
+    out(b"JS" + module_identity("torch"))
+    encode_into((v.name, v.code, getattr(v, "__wrapped__", None)), out, active)
+
+
+def _encode_script_module(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scripted or traced torch module: each submodule's compiled code and mode, then the
+    parameters and buffers by content."""
+    out(b"JM" + module_identity("torch"))
+    for name, sub in m.named_modules():
+        try:
+            code = sub.code
+        except (AttributeError, RuntimeError):  # a submodule without a forward of its own
+            code = ""
+        encode_into((name, sub.original_name, code, sub.training), out, active)
+    encode_attributes(dict(m.state_dict(keep_vars=True)), out, active)
+
+
+def _encode_vectorize(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """`np.vectorize`: the function it vectorizes and the options that change its results."""
+    out(b"NV" + module_identity("numpy"))
+    encode_attributes({k: getattr(v, k, None) for k in ("pyfunc", "otypes", "excluded", "signature", "cache")},
+                      out, active)
+
+
+def _encode_numba(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A numba dispatcher (`@njit`, `@jit`): the Python function it compiles and the options it
+    compiles it with (`fastmath`, `error_model`, `locals`...), under numba's distribution."""
+    out(b"NB" + type_name(type(v)) + module_identity("numba"))
+    encode_attributes({"py_func": v.py_func, "targetoptions": dict(v.targetoptions),
+                       "locals": dict(getattr(v, "locals", None) or {})}, out, active)
+
+
+def _encode_numba_ufunc(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A numba ufunc (`@vectorize`, `@guvectorize`): its dispatcher, its layout, and the loops it
+    was built with when they were given (`["int64(int64)"]`; a dynamic one compiles what it is called with)."""
+    frozen = getattr(v, "_frozen", False) or not getattr(v, "is_dynamic", True)
+    out(b"NU" + type_name(type(v)))
+    encode_attributes({"dispatcher": v._dispatcher, "signature": getattr(v, "signature", None),
+                       "types": sorted(v.types) if frozen else None}, out, active)
+
+
 # Library types, registered when their module is first seen loaded: hashing imports none of them.
 LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
-    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy),
+    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy), (np.vectorize, _encode_vectorize),
+                         (np.ufunc, encode_callable),
                          (np.dtype, identified_by(lambda d: (d.str, str(d.descr))))),
     "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
                           (pd.api.extensions.ExtensionArray, _encode_pandas)),
     "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
+                            (torch.jit.ScriptFunction, _encode_script_function),
+                            (torch.jit.ScriptModule, _encode_script_module),
+                            (torch.ScriptMethod, _encode_script_method),
                             (torch.device, identified_by(str)),  # torch.device("cuda")
                             (torch.dtype, identified_by(str))),
+    "numba.core.dispatcher": lambda nb: ((nb.Dispatcher, _encode_numba),),
+    "numba.np.ufunc.ufunc_base": lambda nb: ((nb.UfuncBase, _encode_numba_ufunc),),
+    "numba.np.ufunc.ufuncbuilder": lambda nb: ((nb.UFuncDispatcher, _encode_numba),),
+    "numba.core.types": lambda nb: ((nb.Type, identified_by(str)),),  # numba.float64 in `locals=`
     "logging": lambda logging: ((logging.Logger, identified_by(lambda lg: lg.name)),),  # what it records is no result
     "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
     "pyarrow": lambda pa: ((pa.Table, _encode_arrow), (pa.RecordBatch, _encode_arrow), (pa.Array, _encode_arrow),

@@ -1,10 +1,14 @@
-"""Where code comes from: the user's (hashed by content) or a library's (by name and version)."""
+"""Where code comes from: the user's (hashed by content) or a library's (by its distribution,
+`distributions.py`). A package the user installed from a local folder or file (`pip install ./mypkg`,
+`pip install -e .`) is the user's: its version says nothing about edits made since."""
 
 from __future__ import annotations
 
 import os
 import sys
 import sysconfig
+
+from .distributions import is_local_install
 
 _LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
                                     sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
@@ -28,6 +32,11 @@ def is_user_module(module_name: str | None) -> bool:
     module = sys.modules.get(module_name)
     path = getattr(module, "__file__", None)
     if module is None or path is None:
+        parts = list(getattr(module, "__path__", None) or ())  # a namespace package: where its parts are
+        if parts:
+            user = any(is_user_file(os.path.join(part, "__init__.py")) for part in parts)
+            _USER[module_name] = user
+            return user
         return module_name not in sys.builtin_module_names and module_name not in sys.stdlib_module_names
     user = is_user_file(path)
     _USER[module_name] = user  # a loaded module's file does not move: resolving it once is enough
@@ -35,9 +44,13 @@ def is_user_module(module_name: str | None) -> bool:
 
 
 def is_user_file(path: str) -> bool:
-    path = os.path.realpath(path)
-    return not any(path.startswith(root + os.sep) for root in _REAL_ROOTS) \
-        and "site-packages" not in path and "dist-packages" not in path
+    """Whether code read from `path` is the user's: outside the standard library and the site
+    directories, or installed there from a local folder or file."""
+    real = os.path.realpath(path)
+    if any(real.startswith(root + os.sep) for root in _REAL_ROOTS) or "site-packages" in real \
+            or "dist-packages" in real:
+        return is_local_install(real)
+    return True
 
 
 _REAL_ROOTS = tuple(os.path.realpath(root) for root in _LIBRARY_ROOTS)

@@ -23,6 +23,7 @@ import dataclasses
 import enum
 import functools
 import math
+import operator
 import os
 import re
 import struct
@@ -35,6 +36,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UNHASHABLE_FIXES, UnhashableError
+from .distributions import module_identity
 from .origin import is_user_module
 
 FORMAT = b"hardy-key-3"  # 3: BLAKE3 instead of blake2b
@@ -73,6 +75,14 @@ def register(cls: type, identify: Callable[[Any], Any]) -> None:
     """Hash instances of `cls` (and subclasses) by what `identify(value)` returns, itself hashed by
     these rules: for library types that cannot have a `__cache_key__()` method of their own."""
     _register(cls, identified_by(identify))
+
+
+def registered(t: type) -> bool:
+    """Whether values of `t` have an encoder of their own in the table (a library's callable
+    objects, such as `np.vectorize` or numba's dispatchers, are keyed by it); callables keyed by
+    their code fingerprint (functions, ufuncs) are not."""
+    _load_lazy()
+    return next((_ENCODERS[cls] for cls in t.__mro__[:-1] if cls in _ENCODERS), encode_callable) is not encode_callable
 
 
 def digest(*parts: bytes) -> bytes:
@@ -254,7 +264,8 @@ def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) ->
     encode_into(v.value, out, active)
 
 
-def _encode_code(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A callable inside a value: by its code fingerprint (`hardy.hashing.code`)."""
     out(b"Fn" + _code_fingerprint[0](v))
 
 
@@ -309,10 +320,12 @@ def _cannot(t: type) -> UnhashableError:
 
 
 def encode_object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
-    """An object by its class (the class's code too, for a user class: methods change results) and
-    its fields; a field that cannot be hashed is reported by its attribute path."""
+    """An object by its class (the class's code, for a user class, its library's distribution for
+    a library's: its methods change results) and its fields; a field that cannot be hashed is
+    reported by its attribute path."""
     t = type(v)
-    out(tag + type_name(t) + (_code_fingerprint[0](t) if is_user_module(t.__module__) else b""))
+    code = _code_fingerprint[0](t) if is_user_module(t.__module__) else module_identity(t.__module__)
+    out(tag + type_name(t) + code)
     _guard(v, active)
     encode_attributes(fields, out, active)
     active.discard(id(v))
@@ -340,11 +353,6 @@ def identified_by(identify: Callable[[Any], Any]) -> Callable[[Any, Callable[[by
     return encode_registered
 
 
-def _encode_partial(v: functools.partial[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"FP" + _code_fingerprint[0](v.func))
-    encode_into((v.args, v.keywords), out, active)
-
-
 def _encode_reduced(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     rebuild, args, *rest = v.__reduce__()
     out(b"RD" + type_name(type(v)))
@@ -364,6 +372,14 @@ def hash_value_in(v: Any, active: set[int]) -> bytes:
     return h.digest(DIGEST)
 
 
+# Callables that are values (a global, a field, an argument of a partial): keyed by their code.
+_CALLABLES: tuple[type, ...] = (
+    types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.MethodWrapperType,
+    types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+    staticmethod, classmethod, functools.partial, functools.partialmethod, functools.singledispatchmethod)
+
+_OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
+
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: issubclass(t, os.PathLike), _encode_path),
@@ -373,12 +389,15 @@ _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
     (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", identified_by(vars)),
     (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
+    (lambda t: t.__name__ in ("cython_function_or_method", "fused_cython_function"), encode_callable),
 )
 
+for _callable in _CALLABLES:
+    _register(_callable, encode_callable)
+for _operator in _OPERATORS:
+    _register(_operator, _encode_reduced)
 for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dict, _encode_dict),
                       (set, _encode_set), (frozenset, _encode_set), (enum.Enum, _encode_enum),
-                      (types.FunctionType, _encode_code), (types.BuiltinFunctionType, _encode_code),
-                      (types.MethodType, _encode_code), (type, _encode_code), (functools.partial, _encode_partial),
                       (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
                       (range, identified_by(lambda r: (r.start, r.stop, r.step))),
                       (types.SimpleNamespace, identified_by(vars)),  # configuration objects
