@@ -28,6 +28,7 @@ from blake3 import blake3
 
 from ..errors import UntrustedCacheError
 from ..hashing import DIGEST
+from .folders import open_named
 
 KEY_FILE = "secret.key"
 KEY_SIZE = 32
@@ -65,11 +66,14 @@ def _owner(uid: int) -> str:
 
 
 def check_directory(path: str, shared: bool) -> bool:
-    """Whether `path` exists; raises if it may not be used as a cache directory by this user."""
+    """Whether `path` exists; raises if it may not be used as a cache directory by this user (a
+    link of another user's is refused either way: `folders.open_named`)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return False
+    if os.path.islink(path):
+        open_named(path, private=False).close()
     if shared:
         return True
     me = os.geteuid()
