@@ -204,3 +204,216 @@ def test_a_forged_key_id_in_the_bucket_is_removed_and_republished_not_skipped_fo
     assert s3.client.get_object(Bucket=bucket, Key=name)["Body"].read() == body  # republished, verifiable
     third = machine(s3, bucket, tmp_path / "c")
     assert run_victim(tmp_path, third) == {"y": bytes([1]) * BIG} and third.hits == 1
+
+
+# --- a shared directory with a team secret: links at every level, forged entries ------------------
+
+TEAM = "team-secret"
+TEAM_CACHE = dict(shared=True, secret=TEAM, single_flight=True)
+
+PLANT_AT = """
+import os, sys
+folder, level, target = sys.argv[1:]
+path = os.path.join(folder, level)
+os.makedirs(os.path.dirname(path), exist_ok=True)
+for k in range(1, level.count("/") + 1):
+    os.chmod(os.path.join(folder, *level.split("/")[:k]), 0o777)  # the team's folders, as umask 0 makes them
+os.symlink(target, path)
+print("planted")
+"""
+
+
+def team_layout(area: Path) -> dict[str, str]:  # noqa: F811
+    """The names of the team secret's folders and of the victim's entry and lock (the key id is in
+    the directory's listing for anyone to read)."""
+    cache = DiskCache(area / "scratch" / "names", **TEAM_CACHE)
+    fmt, ns = cache.namespace.split("/")
+    key = victim_key(area).hex()
+    return {"F": fmt, "N": ns, "ab": key[:2], "key": key}
+
+
+LEVELS = ["entries", "entries/{F}", "entries/{F}/{N}", "entries/{F}/{N}/{ab}", "entries/{F}/{N}/{ab}/{key}",
+          "locks", "locks/{F}/{N}", "locks/{F}/{N}/{key}"]
+
+
+@needs_root
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_link_at_any_level_of_a_shared_directory_is_never_followed(area, team, level, caplog):  # noqa: F811
+    """Every file and folder hardy reaches there, planted as a link to a folder or file of root's
+    own: runs, verify, prune and clear never read, write, create or delete through it."""
+    precious = area / "root-only"
+    precious.mkdir(mode=0o700)
+    (precious / "config").write_text("root's own file\n")
+    names = team_layout(area)
+    path = level.format(**names)
+    target = precious / "config" if path.endswith(names["key"]) and path.startswith("entries") else \
+        precious / "made-by-root" if path.endswith(names["key"]) else precious
+    assert "planted" in attacker(PLANT_AT, str(team), path, str(target))
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="hardy.cache"):
+            cache = DiskCache(team, **TEAM_CACHE)
+            assert run_victim(area, cache) == {"y": bytes([1]) * BIG}
+    for maintenance in (lambda: cache.verify(), lambda: cache.prune(max_size=0), cache.clear):
+        try:
+            maintenance()
+        except OSError as exc:  # refused: a link where a folder should be
+            assert exc.errno == 40, exc  # ELOOP
+    assert sorted(p.name for p in precious.iterdir()) == ["config"]
+    assert (precious / "config").read_text() == "root's own file\n"
+    if not path.startswith("locks"):  # an entry that cannot be read or written through a link says so
+        assert "symbolic link" in warnings_of(caplog) or cache.hits
+
+
+FORGE = """
+import os, sys
+shard, name, kind, body = sys.argv[1], sys.argv[2], sys.argv[3], bytes.fromhex(sys.argv[4])
+os.makedirs(shard, exist_ok=True)
+for k in range(3):
+    os.chmod(os.path.join(shard, *[".."] * k), 0o777)
+path = os.path.join(shard, name)
+if kind == "fifo":
+    os.mkfifo(path, 0o666)
+elif kind == "folder":
+    os.mkdir(path, 0o777)
+else:
+    with open(path, "wb") as f:
+        f.write(body)
+    os.chmod(path, 0o666)
+print("planted")
+"""
+
+
+class Pwn:
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').write('attacker code ran')",))
+
+
+@needs_root
+@pytest.mark.parametrize("kind", ["another key id", "a newer format", "garbage", "fifo", "folder"])
+def test_a_forged_entry_in_a_shared_directory_is_deleted_and_recomputed(area, team, kind, caplog):  # noqa: F811
+    """A writer without the team secret puts an entry where the victim's is kept: a header naming
+    another secret, an unknown format byte, garbage, a FIFO (to hang the reader), a folder. None is
+    skipped for good, unpickled or waited on: the node runs, and a forgery it may delete is replaced."""
+    import pickle
+
+    from hardy.cache.entry import HEADER, MAGIC, VERSION
+    names = team_layout(area)
+    payload = pickle.dumps(Pwn(area / "PWNED"))
+    body = {"another key id": MAGIC + bytes([VERSION]) + os.urandom(HEADER - 4) + payload,
+            "a newer format": MAGIC + bytes([9]) + bytes.fromhex(names["N"]) + os.urandom(HEADER - 12) + payload,
+            "garbage": os.urandom(64)}.get(kind, b"")
+    shard = team / "entries" / names["F"] / names["N"] / names["ab"]
+    assert "planted" in attacker(FORGE, str(shard), names["key"], kind.split()[0], body.hex())
+    with caplog.at_level(logging.WARNING, logger="hardy.cache"):
+        first = DiskCache(team, **TEAM_CACHE)
+        assert run_victim(area, first) == {"y": bytes([1]) * BIG}
+        first.report()
+    again = DiskCache(team, **TEAM_CACHE)
+    assert run_victim(area, again) == {"y": bytes([1]) * BIG}
+    assert not (area / "PWNED").exists() and first.skipped == 0
+    if kind == "folder":  # not a file: not deletable as one, nor replaceable; the node runs uncached
+        assert "could not be" in warnings_of(caplog)
+        return
+    assert first.rejected == 1 and again.hits == 1  # deleted, recomputed and stored: served from now on
+    said = warnings_of(caplog)
+    assert ("named another secret in this secret's own folder" if kind == "another key id" else "1 damaged entry") \
+        in said and "HARDY_CACHE_KEY" not in said
+
+
+@needs_root
+def test_your_own_keys_folder_in_a_shared_directory_is_yours_alone(area, team):  # noqa: F811
+    """Signed with the user's own key, their entries and locks live in a 0700 folder of theirs:
+    another user who reads its name in the listing can neither add, replace nor delete anything there."""
+    cache = DiskCache(team, shared=True, single_flight=True)
+    assert run_victim(area, cache) == {"y": bytes([1]) * BIG}
+    fmt, ns = cache.namespace.split("/")
+    key = victim_key(area).hex()
+    tried = attacker("""
+        import os, sys
+        team, fmt, key = sys.argv[1:]
+        [ns] = os.listdir(os.path.join(team, "entries", fmt))  # the folder's name is no secret
+        mine = os.path.join(team, "entries", fmt, ns)
+        for what, act in [("add", lambda: open(os.path.join(mine, "planted"), "w")),
+                          ("replace", lambda: open(os.path.join(mine, key[:2], "planted"), "w")),
+                          ("delete", lambda: os.unlink(os.path.join(mine, key[:2], key))),
+                          ("rename", lambda: os.rename(mine, mine + ".moved")),
+                          ("lock", lambda: open(os.path.join(team, "locks", fmt, ns, key), "w"))]:
+            try:
+                act()
+                print(what, "done")
+            except OSError as exc:
+                print(what, type(exc).__name__)
+        """, str(team), fmt, key)
+    assert tried.split("\n")[:4] == ["add PermissionError", "replace PermissionError", "delete PermissionError",
+                                      "rename PermissionError"] and "lock done" not in tried, tried
+    again = DiskCache(team, shared=True)
+    assert run_victim(area, again) == {"y": bytes([1]) * BIG} and again.hits == 1
+
+
+# --- a private directory: nobody else can hold its index's locks ---------------------------------------
+
+@needs_root
+def test_another_user_cannot_open_a_private_caches_index_to_hold_its_locks(area):  # noqa: F811
+    """A private cache in a folder others may enter (0755, the user's own: allowed): SQLite made its
+    index, -wal and -shm with the umask's 0644, so another user could open them and hold the locks
+    SQLite takes (a read lock on the WAL's write-lock byte stalls every writer)."""
+    folder = area / "mine"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    (area / "victim_nodes.py").write_text(NODES)
+    old = os.umask(0o022)
+    try:
+        cache = DiskCache(folder, secret="mine")
+        assert run_victim(area, cache) == {"y": bytes([1]) * BIG}
+        reader = DiskCache(folder, secret="mine")
+        assert reader.get(victim_key(area), "miss") != "miss"  # -wal and -shm are there while a connection is
+        tried = attacker("""
+            import fcntl, os, sys
+            for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+                try:
+                    fd = os.open(os.path.join(sys.argv[1], name), os.O_RDONLY)
+                    fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 120)
+                    print(name, "held")
+                except OSError as exc:
+                    print(name, type(exc).__name__)
+            """, str(folder))
+    finally:
+        os.umask(old)
+    assert "held" not in tried and tried.count("PermissionError") == 3, tried
+
+
+@s3_only
+def test_a_lease_forged_by_a_bucket_writer_without_the_secret_never_blocks_single_flight(tmp_path, s3, caplog):
+    """Single flight waited for a lease object until it expired; a writer without the secret who keeps
+    rewriting one (its path is in the listing, its body was unsigned JSON) held every reader for good."""
+    import json
+    bucket = s3.bucket()
+    (tmp_path / "victim_nodes.py").write_text(NODES)
+    victim = machine(s3, bucket, tmp_path / "a", single_flight=True)
+    path = victim.store.bucket.lease_path(victim_key(tmp_path))
+    stop = threading.Event()
+
+    def hold() -> None:  # as a bucket writer who lacks the secret: rewrite the lease, again and again
+        while not stop.is_set():
+            s3.client.put_object(Bucket=bucket, Key=path, Body=json.dumps({"holder": "them", "ttl": 1e9}))
+            stop.wait(0.05)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hardy.cache"):
+            assert run_victim(tmp_path, victim) == {"y": bytes([1]) * BIG}
+            victim.report()
+    finally:
+        stop.set()
+        holder.join()
+    [entry] = [k for k in s3.keys(bucket) if "/leases/" not in k]  # published all the same
+    s3.client.delete_object(Bucket=bucket, Key=entry)
+    s3.client.put_object(Bucket=bucket, Key=path, Body=b"\x00not json")  # garbled: no reason to leave the bucket
+    other = machine(s3, bucket, tmp_path / "b", single_flight=True)
+    assert run_victim(tmp_path, other) == {"y": bytes([1]) * BIG} and other.hits == 0
+    other.report()
+    assert entry in s3.keys(bucket)  # computed under a lease taken over, and published again

@@ -35,7 +35,7 @@ from .flight import sweep as sweep_locks
 from .folders import Folder
 from .keys import MISS, PlanCache
 from .store import Buffer, Data, EntryInfo, LocalStore, Store
-from .tally import DAMAGED, FORGED, Tally
+from .tally import DAMAGED, FORGED, Tally, reason
 from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, sign, user_key
 
 log = logging.getLogger("hardy.cache")
@@ -405,7 +405,8 @@ class DiskCache(PlanCache):
         lease = getattr(self.store, "lease", None)  # a shared store's: machines wait for each other too
         try:
             locks = self._locks()
-        except OSError:  # a directory where locks cannot be made computes without one
+        except OSError as exc:  # a directory where locks cannot be made computes without one
+            self._tally.notes[f"computed without single flight ({reason(exc)})"] += 1
             locks = None
         with flight(locks, key, self._tally.notes) if locks is not None else contextlib.nullcontext(), \
                 (lease(key) if lease is not None else contextlib.nullcontext()):

@@ -106,7 +106,7 @@ class FileStore:
         name = key.hex()
         try:
             with self._shard(name) as shard:
-                fd = shard.open(name)
+                fd = shard.open(name, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there: no wait for a writer
         except FileNotFoundError:
             return None
         try:

@@ -69,7 +69,7 @@ class Folder:
         following a link; private if this one is, unless said otherwise."""
         private = self.private if private is None else private
         try:
-            fd = os.open(name, DIRECTORY, dir_fd=self.fd)
+            fd = self._open_folder(name)
         except FileNotFoundError:
             if not create:
                 raise
@@ -78,20 +78,20 @@ class Folder:
                 made = True
             except FileExistsError:  # made by another process meanwhile: opened and checked as any
                 made = False
-            fd = os.open(name, DIRECTORY, dir_fd=self.fd)
+            fd = self._open_folder(name)
             if made and private:
                 os.fchmod(fd, mode & 0o755)  # ours: exactly so, whatever the umask
         return Folder(fd, os.path.join(self.path, name), private)
 
-    def walk(self, names: Sequence[str], *, create: bool = False, mode: int = 0o700) -> Folder:
-        """The folder `names` down from this one, each level opened as `sub` opens it."""
-        here = self
-        for name in names:
-            deeper = here.sub(name, create=create, mode=mode)
-            if here is not self:
-                here.close()
-            here = deeper
-        return here
+    def _open_folder(self, name: str) -> int:
+        """`name` opened as a folder; a link there fails with ELOOP (the kernel says ENOTDIR)."""
+        try:
+            return os.open(name, DIRECTORY, dir_fd=self.fd)
+        except NotADirectoryError:
+            if stat.S_ISLNK(self.lstat(name).st_mode):
+                raise OSError(errno.ELOOP, "a symbolic link where a folder should be: not followed",
+                              os.path.join(self.path, name)) from None
+            raise
 
     def open(self, name: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
         """A descriptor of the file `name` in this folder; a link there fails (ELOOP)."""

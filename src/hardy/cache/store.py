@@ -317,7 +317,7 @@ class LocalStore:
     def _read_blob(self, key: bytes, file: str, read: Callable[[int], B]) -> B:
         self._blob(key, file)
         with self._blobs().sub(file[:2]) as shard:
-            fd = shard.open(key.hex())
+            fd = shard.open(key.hex(), os.O_RDONLY | os.O_NONBLOCK)
         try:
             return read(fd)
         finally:
