@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
 import sqlite3
@@ -99,6 +100,11 @@ def is_corruption(exc: sqlite3.Error) -> bool:
 def blob_name(key: bytes) -> str:
     name = key.hex()
     return os.path.join(name[:2], name)
+
+
+def number(value: Any) -> float:
+    """A size or time of an index row as a number (0 for anything else: the row was not hardy's)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
 def pieces(data: Data) -> Sequence[Buffer]:
@@ -303,11 +309,13 @@ class LocalStore:
         if file is not None:
             try:
                 data = self._read_blob(key, file, read)
-            except OSError:
+            except OSError:  # gone, or a row that names no blob of this key
                 self.delete(key)
                 return None
+        elif not isinstance(data, bytes):  # a row hardy did not write: an entry that fails verification
+            data = b""  # type: ignore[assignment]
         now = time.time()
-        if now - (accessed or 0) > TOUCH_EVERY:
+        if now - number(accessed) > TOUCH_EVERY:
             try:
                 self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key))
             except (sqlite3.Error, OSError):  # read-only or full: only LRU order suffers
@@ -331,8 +339,8 @@ class LocalStore:
         found: dict[bytes, Buffer] = {}
         now = time.time()
         for key, data, file, accessed in rows:
-            if file is not None or now - (accessed or 0) > TOUCH_EVERY:
-                data = self.view(key)  # files and stale access times: the one-by-one path
+            if file is not None or not isinstance(data, bytes) or now - number(accessed) > TOUCH_EVERY:
+                data = self.view(key)  # files, odd rows and stale access times: the one-by-one path
             if data is not None:
                 found[key] = data
         return found
@@ -381,9 +389,10 @@ class LocalStore:
     def entries(self) -> Iterator[EntryInfo]:
         if not self.exists():
             return
-        for key, size, created, accessed, file in self._run(
-                "SELECT key, size, created, accessed, file FROM entries ORDER BY accessed"):
-            yield EntryInfo(key, size, created, accessed, file is None)
+        rows = self._run("SELECT key, size, created, accessed, file FROM entries")
+        found = [EntryInfo(key, int(number(size)), number(created), number(accessed), file is None)
+                 for key, size, created, accessed, file in rows if isinstance(key, bytes)]  # others: not hardy's
+        yield from sorted(found, key=lambda e: e.accessed)
 
     def clear(self) -> None:
         if self.exists():
