@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import UntrustedCacheError
 
@@ -57,9 +57,9 @@ class Folder:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, _close: Callable[[int], None] = os.close) -> None:  # (bound early: callable at exit too)
         if self.fd >= 0:
-            os.close(self.fd)
+            _close(self.fd)
             self.fd = -1
 
     __del__ = close  # one opened twice by racing threads: the copy not kept is closed when dropped
@@ -100,15 +100,18 @@ class Folder:
     def lstat(self, name: str) -> os.stat_result:
         return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
 
-    def write(self, name: str, data: bytes | Sequence[bytes | bytearray | memoryview], mode: int = 0o444) -> None:
-        """`name` written whole or not at all: to a fresh name (`O_EXCL`), then renamed into place."""
+    def write(self, name: str, data: bytes | Sequence[bytes | bytearray | memoryview],
+              mode: int | None = 0o444) -> None:
+        """`name` written whole or not at all: to a fresh name (`O_EXCL`), then renamed into place;
+        `mode` exactly, or (None) as the umask makes a new file."""
         tmp = f".{name}.{os.urandom(8).hex()}.tmp"
-        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if mode is not None else 0o666)
         try:
             with open(fd, "wb", closefd=True) as f:
                 for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
                     f.write(piece)
-                os.fchmod(f.fileno(), mode)  # read-only entries: nobody but root truncates a mapped one
+                if mode is not None:
+                    os.fchmod(f.fileno(), mode)  # read-only entries: nobody but root truncates a mapped one
             os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             self.unlink(tmp)

@@ -65,8 +65,7 @@ READ_TIMEOUT = 20.0  # seconds without a byte on an open connection: a stalled s
 ATTEMPTS = 3  # botocore's tries per request (standard mode: 503 SlowDown, 500s, connection errors)
 DOWN_FOR = 30.0  # seconds the bucket is left alone after a failure that says it is unusable
 CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: retried this often, with jittered backoff
-FORGED_LEASE = ("computed without single flight: its lease was rewritten, again and again, by someone without "
-                "the secret")
+FORGED_LEASE = "computed without single flight: its lease was forged again after each takeover"
 LEASE_TTL = 60.0  # seconds a single-flight lease lives unless renewed (renewed every third of it)
 UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
             "InvalidToken", "AllAccessDisabled", "SlowDown", "ServiceUnavailable", "InternalError", "503", "500"}
@@ -418,8 +417,7 @@ class BucketStore:
 
     def _lease_mac(self, key: bytes, holder: str, ttl: float) -> str:
         assert self.lease_key is not None
-        return sign(self.lease_key, self.lease_path(key).encode(), b"\0", holder.encode(), b"\0",
-                    repr(float(ttl)).encode()).hex()
+        return sign(self.lease_key, f"{self.lease_path(key)}\0{holder}\0{float(ttl)!r}".encode()).hex()
 
     def _lease_ttl(self, key: bytes, raw: bytes) -> float | None:
         """The lease's ttl if it is signed with this secret's lease key, else None (forged or garbled)."""

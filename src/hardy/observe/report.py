@@ -344,7 +344,7 @@ class RunReport:
         # whole, through the folder's descriptor, to a fresh name renamed into place: a reader never sees
         # half a report, and a link another user planted in a shared report folder is replaced, not followed
         with open_named(str(path.parent), private=False) as folder:
-            folder.write(path.name, text.encode("utf-8", errors="backslashreplace"), mode=0o644)
+            folder.write(path.name, text.encode("utf-8", errors="backslashreplace"), mode=None)
         return path
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
