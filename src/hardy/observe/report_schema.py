@@ -4,7 +4,8 @@ A report file is data written by whoever wrote it (a CI artifact, a teammate's `
 `hardy report` treats it as such: `check` accepts only the shape hardy writes (each field's type;
 numbers finite, integers within 64 bits, so that no rendering overflows) and names the first field
 that is not (`failures[3].item: expected an integer, got '<meta ...>'`), before anything renders.
-Keys hardy does not know are allowed (a newer hardy's) and never rendered.
+Keys hardy does not know are allowed (a newer hardy's) and never rendered; those the renderings do
+not use may be missing (an older hardy's report).
 
 The DAG's drawing is SVG markup, the one field that cannot simply be escaped: `drawing` parses it
 and writes it again from an allow-list (shapes, text, titles, markers; their geometry and paint;
@@ -32,8 +33,8 @@ BATCHES = {"calls": INT, "items": INT, "size_mean": NUM, "size_min": INT, "size_
 NODE = {"name": STR, "calls": INT, "cached": INT, "failures": INT, "total_s": NUM, "mean_s": NUM, "p95_s": NUM,
         "?peak_rss": (INT, None), "?batches": BATCHES}
 FAILURE = {"item": INT, "node": STR, "error": STR, "message": STR, "signal": (STR, None), "?exitcode": (INT, None),
-           "stack": STR, "diagnosis": [STR], "?kept_inputs": STR}
-WORKERS = {"started": INT, "died": INT, "recycled": INT, "peak_rss": {STR: INT}}
+           "stack": STR, "?diagnosis": [STR], "?kept_inputs": STR}
+WORKERS = {"started": INT, "died": INT, "recycled": INT, "?peak_rss": {STR: INT}}
 REPORT = {"format": INT, "pipeline": STR, "kind": STR, "engine": STR, "started_at": STR, "wall_s": NUM,
           "items": INT, "failed": INT, "succeeded": INT, "items_per_s": NUM, "nodes": [NODE], "failures": [FAILURE],
           "workers": WORKERS, "timeline": [(INT, STR, NUM, NUM, BOOL)], "dag": {"svg": (STR, None), "nodes": [STR]}}
