@@ -564,8 +564,9 @@ def test_single_flight_lease_one_machine_computes(s3, bucket, tmp_path):
 
 def test_an_expired_lease_is_taken_over(s3, bucket):
     store = BucketStore(f"s3://{bucket}/p", "ns", s3.options())
+    store.lease_key = os.urandom(32)  # what DiskCache derives from the secret: leases are signed
     key = b"z" * 16
-    s3.client.put_object(Bucket=bucket, Key=store.lease_path(key), Body=json.dumps({"holder": "dead", "ttl": 1}))
+    s3.client.put_object(Bucket=bucket, Key=store.lease_path(key), Body=store._lease_body(key, "dead", 1))
     time.sleep(2.5)  # the dead holder's lease runs out (judged by the server's clock)
     with store.lease(key, ttl=5):
         held = json.loads(s3.client.get_object(Bucket=bucket, Key=store.lease_path(key))["Body"].read())

@@ -6,6 +6,7 @@ CI) refuses the directory or key, or ignores what it did not sign, and never run
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from hardy import DiskCache, Pipeline, UntrustedCacheError
+from hardy.cache import FileStore
 from hardy.cache.keys import call_fingerprint, call_key
-from hardy.hashing import hash_value
+from hardy.hashing import FORMAT, hash_value
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's counters, seen here
 
@@ -36,10 +38,11 @@ def double(x):
 
 # What the attacker does as uid 65534 (with the standard library only: root's Python packages are
 # not theirs to read here): create the folder if needed, plant a key of their choosing (0644) and an
-# index holding an entry signed with it under the key of the victim's node call.
+# entry signed with it under the key of the victim's node call: in an index (a private cache's
+# layout), and as a file where a shared directory keeps the entries of that key's key id.
 PLANT = """
-import os, sqlite3, sys, time
-folder, mode = sys.argv[1], sys.argv[2]
+import hashlib, os, sqlite3, sys, time
+folder, mode, key_format = sys.argv[1], sys.argv[2], sys.argv[3]
 secret, key, entry = (bytes.fromhex(h) for h in sys.stdin.read().split())
 os.makedirs(folder, exist_ok=True)
 if mode == "plant-key":
@@ -51,9 +54,13 @@ db.execute("CREATE TABLE IF NOT EXISTS entries (key BLOB PRIMARY KEY, data BLOB,
            "created REAL, accessed REAL) WITHOUT ROWID")
 db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, entry, len(entry), time.time(), 0))
 db.commit()
+key_id = hashlib.blake2b(b"hardy-key-id", key=secret, digest_size=8).hexdigest()
+shard = os.path.join(folder, "entries", key_format, key_id, key.hex()[:2])
+os.makedirs(shard, exist_ok=True)
+with open(os.path.join(shard, key.hex()), "wb") as f:
+    f.write(entry)
 print("planted")
 """
-
 
 class Pwn:
     """Unpickling it runs code: writes the PWNED file, saying as whom."""
@@ -92,14 +99,16 @@ def area():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def as_attacker(area: Path, folder: Path, mode: str = "plant-key") -> None:
+def as_attacker(area: Path, folder: Path, mode: str = "plant-key") -> tuple[bytes, bytes]:
+    """Plant as the attacker; their secret and the victim's key."""
     secret = os.urandom(32)
     key, entry = crafted(area, secret)
     out = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
-                          sys.executable, "-I", "-c", PLANT, str(folder), mode],
+                          sys.executable, "-I", "-c", PLANT, str(folder), mode, FORMAT.decode()],
                          input=f"{secret.hex()} {key.hex()} {entry.hex()}", text=True, capture_output=True,
                          env={"PATH": os.environ["PATH"]}, timeout=120)
     assert out.returncode == 0 and "planted" in out.stdout, out.stderr
+    return secret, key
 
 
 def victim_run(area: Path, cache: DiskCache) -> dict:
@@ -133,18 +142,19 @@ def test_a_group_writable_directory_is_refused_and_shared_mode_never_runs_their_
     folder = area / "project-cache"
     folder.mkdir()
     folder.chmod(0o777)  # a project folder the team (and so the attacker) can write
-    as_attacker(area, folder)
+    planted, key = as_attacker(area, folder)
     assert (folder / "secret.key").stat().st_uid == ATTACKER
     with pytest.raises(UntrustedCacheError, match="writable by others.*chmod go-w"):
         DiskCache(folder)
     shared = DiskCache(folder, shared=True)  # signed with root's own key: theirs is never read
     assert victim_run(area, shared) == {"y": 2}
-    assert shared.skipped == 1 and shared.hits == 0
+    assert shared.skipped == 0 and shared.hits == 0 and shared.rejected == 0  # their entries are not even looked at
     assert not (area / "PWNED").exists()
     # the entry is live: a run that trusted the planted key (as hardy did before) runs their code
-    naive = DiskCache(folder, shared=True)
+    key_id = hashlib.blake2b(b"hardy-key-id", key=planted, digest_size=8).hexdigest()
+    naive = DiskCache(folder, shared=True, store=FileStore(folder, f"{FORMAT.decode()}/{key_id}", shared=True))
     naive._secret = (folder / "secret.key").read_bytes()
-    naive.get(naive.store.entries().__next__().key)
+    naive.get(key)
     assert (area / "PWNED").read_text() == "attacker code ran in uid 0"
     key = area / "root-state" / "hardy" / "cache.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
@@ -160,8 +170,9 @@ def test_a_planted_entry_under_their_own_key_is_never_unpickled(area, monkeypatc
     folder.chmod(0o777)
     as_attacker(area, folder, mode="entry-only")
     cache = DiskCache(folder, shared=True)
-    assert victim_run(area, cache) == {"y": 2} and cache.skipped == 1
-    assert victim_run(area, DiskCache(folder, shared=True)) == {"y": 2}
+    assert victim_run(area, cache) == {"y": 2} and (cache.hits, cache.skipped, cache.rejected) == (0, 0, 0)
+    again = DiskCache(folder, shared=True)
+    assert victim_run(area, again) == {"y": 2} and again.hits == 1  # its own entry, beside theirs
     assert not (area / "PWNED").exists()
 
 
@@ -238,15 +249,16 @@ def test_a_hit_survives_another_user_truncating_its_blob(area, owner):
     folder = area / "team"
     folder.mkdir(mode=0o777)
     array = np.ones(4 << 20, dtype=np.int64)  # 32 MB
-    assert DiskCache(folder, shared=True, secret="team").put(bytes(16), array)
-    blob = folder / "blobs" / "00" / ("00" * 16)
+    cache = DiskCache(folder, shared=True, secret="team")
+    assert cache.put(bytes(16), array)
+    blob = Path(cache.store.root) / "00" / ("00" * 16)
     if owner == "theirs":  # a teammate's entry: their file, which they may truncate
         os.chown(blob, ATTACKER, ATTACKER)
         blob.chmod(0o644)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == ("copied" if owner == "theirs" else "mapped")
+        assert holder.stdout.readline().strip() == "copied"  # a shared directory's entries are read, never mapped
         cut = subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
                               "truncate", "-s", "0", str(blob)], capture_output=True, text=True)
         # ours is read-only to everyone: they cannot; theirs they can, and the holder has a copy

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 import warnings
+from multiprocessing import reduction
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
@@ -378,6 +379,7 @@ def _as_nobody(action) -> int:
     pid = os.fork()
     if pid == 0:
         try:
+            os.setgroups([])  # none of root's groups either
             os.setgid(65534)
             os.setuid(65534)
             os._exit(action())
@@ -415,7 +417,24 @@ def test_another_user_cannot_reach_or_use_the_fork_server():
                 return 1  # the server hung up on a peer with another uid
             return 0
 
+        def forged_request() -> int:
+            """Skip the handshake: send a socket for a worker straight away, then read what comes."""
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(server.address)
+            mine, _ = socket.socketpair()
+            try:
+                reduction.sendfds(s, [mine.fileno()])
+                s.settimeout(30)
+                said = s.recv(4096)
+            except OSError:
+                return 1
+            return 1 if said == b"" else 2  # hung up on at once, before any challenge was sent
+
+        children = {c.pid for c in psutil.Process(server.process.pid).children()}
         assert _as_nobody(request_with_the_right_key) == 1
+        assert forged_request() == 2  # this user's request is answered with the challenge: the check is the uid
+        assert _as_nobody(forged_request) == 1
+        assert {c.pid for c in psutil.Process(server.process.pid).children()} == children  # nothing forked for them
         s = socket.socket(socket.AF_UNIX)  # same user, wrong key
         s.connect(server.address)
         with pytest.raises(AuthenticationError):

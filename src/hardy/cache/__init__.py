@@ -2,7 +2,8 @@
 
 from ..errors import UntrustedCacheError  # named here by docs/caching.md before it moved to hardy.errors
 from .disk import CacheStats, DiskCache, VerifyReport
-from .store import EntryInfo, FileStore, LocalStore, Store
+from .files import FileStore
+from .store import EntryInfo, LocalStore, Store
 
 __all__ = ["DiskCache", "CacheStats", "VerifyReport", "Store", "LocalStore", "FileStore", "EntryInfo",
            "UntrustedCacheError"]

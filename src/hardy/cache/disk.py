@@ -1,22 +1,18 @@
 """DiskCache: content-addressed node results that are verified before they are ever unpickled.
 
 Each entry is signed bytes (the layout and why: `cache/entry.py`): its MAC is checked before it
-is ever unpickled, so a truncated, corrupted or moved entry is deleted and recomputed, one written
-under another secret is skipped, and a crafted pickle in the cache directory never runs.
-
-The cache never fails a node: a store that cannot be read or written (disk full, read-only mount,
-permission, I/O error, a lock held past its timeout) makes the node run uncached, and `report()`
-sums up what happened in one warning per map.
-
-See docs/caching.md for exactly what goes into a key.
+is ever unpickled, so a truncated, corrupted, moved or forged entry is deleted and recomputed, and
+a crafted pickle in the cache directory never runs. One whose header names another secret is
+skipped (kept for its owner) only where several secrets' entries live and only their user writes
+(a private directory); in a folder of one secret's own (a shared directory's, a bucket's) anyone
+who can write there can write that header: it is damage (docs/security.md). The cache never fails
+a node: what goes wrong is counted and said once per map (`tally.py`). What goes into a key:
+docs/caching.md.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
-import fcntl
 import hashlib
 import hmac
 import logging
@@ -24,18 +20,23 @@ import os
 import pickle
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from .. import arguments
 from ..errors import InvalidArgument, UnhashableError
 from ..hashing import FORMAT, hash_value
 from ..sizes import parse_size
 from .entry import BUFFERS, FORMATS, HEADER, KEY_ID, MAGIC, TAG, VERSION, dumps, laid_out, private, split, unpack
+from .files import FileStore, choose_store
+from .flight import flight
+from .flight import sweep as sweep_locks
+from .folders import Folder
 from .keys import MISS, PlanCache
-from .store import Buffer, Data, EntryInfo, FileStore, LocalStore, Store, remove_quietly, sweep_locks
-from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, sign, user_key, user_key_folder
+from .store import Buffer, Data, EntryInfo, LocalStore, Store
+from .tally import DAMAGED, FORGED, Tally, reason
+from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, sign, user_key
 
 log = logging.getLogger("hardy.cache")
 
@@ -68,8 +69,11 @@ class DiskCache(PlanCache):
     directory or key someone else could have written is refused (`UntrustedCacheError`).
     shared: a directory others may write too (a team's): its key file is never read, entries are
     signed with `secret` / `HARDY_CACHE_KEY` if given (everyone who knows it is trusted), else with
-    the current user's own key (`$XDG_STATE_HOME/hardy/cache.key`): each user hits only their own.
-    single_flight: processes that miss on the same key wait for the first to compute it.
+    the current user's own key (`$XDG_STATE_HOME/hardy/cache.key`, made now if missing): each user
+    hits only their own. Its entries are files in a folder of the secret's key id (`FileStore`),
+    reached without following any link others plant (docs/security.md).
+    single_flight: processes that miss on the same key wait for the first to compute it (never for
+    a lock another user made).
     max_size: bytes (or "10GB"); least recently used entries are evicted past it.
     store: where entries live: the local SQLite + blob store by default, "files" for a directory
     on a filesystem shared between machines (one file per entry, see FileStore), or any `Store`.
@@ -101,25 +105,26 @@ class DiskCache(PlanCache):
         self.path = os.path.abspath(os.fspath(path))
         self.shared = arguments.flag("DiskCache", "shared", shared)
         self._trusted = check_directory(self.path, shared)  # refused here if it exists and is not ours
-        self.store: Store = _store(self.path, store)
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
         if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
             self._existing_key()
         self._mac_key: bytes | None = None
+        self._key_id: bytes | None = None
+        self.store: Store = self._shared_store(store) if self.shared else choose_store(self.path, store)
         self.single_flight = arguments.flag("DiskCache", "single_flight", single_flight)
         self.max_size = arguments.size("DiskCache", "max_size", max_size)
         self._puts = 0
         self.hits = self.misses = self.rejected = self.skipped = 0
-        self._key_id: bytes | None = None
         self._theirs: set[bytes] = set()  # keys whose entries another secret wrote: not overwritten
-        self._faults: collections.Counter[str] = collections.Counter()
-        self._reported = (0, 0)  # (rejected, skipped) at the last report
+        self._tally = Tally()  # what went wrong since the last report
+        self._reported = 0  # skipped at the last report
         if remote:
             from .objectstore import BucketStore
             from .shared import SharedStore
-            namespace = f"{FORMAT.decode()}/{self.key_id.hex()}"
-            self.store = SharedStore(LocalStore(self.path), BucketStore(url, namespace, storage_options))
+            bucket = BucketStore(url, self.namespace, storage_options)
+            bucket.lease_key = mac_key(self.secret, "single-flight lease")
+            self.store = SharedStore(LocalStore(self.path), bucket)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "store": self.store, "secret": self._explicit_secret,
@@ -132,6 +137,23 @@ class DiskCache(PlanCache):
 
     def __repr__(self) -> str:
         return f"DiskCache({self.path!r})"
+
+    @property
+    def namespace(self) -> str:
+        """`<key format>/<key id>`: the folder of this secret's entries in a shared directory or a bucket."""
+        return f"{FORMAT.decode()}/{self.key_id.hex()}"
+
+    def _shared_store(self, store: Store | str | None) -> Store:
+        """A shared directory's store: one file per entry in the folder of this secret's key id
+        (`files.py`), never SQLite (whose files follow links others plant: `store.py`)."""
+        if store is None or store == "files":
+            own = self._explicit_secret is None and not os.environ.get("HARDY_CACHE_KEY")
+            return FileStore(self.path, self.namespace, shared=True, own=own)
+        if isinstance(store, LocalStore):
+            raise InvalidArgument(f"DiskCache({self.path!r}, shared=True) cannot keep a SQLite index in a directory "
+                                  "others write (SQLite follows the links they could plant there): leave store= out "
+                                  "(one file per entry) or give a directory of your own")
+        return choose_store(self.path, store)
 
     @property
     def secret(self) -> bytes:
@@ -148,11 +170,9 @@ class DiskCache(PlanCache):
 
     def _existing_key(self) -> None:
         """Read (and so check) a key that exists already: refused here, in the constructor, not
-        inside a node's call. A missing one is made on the first write."""
-        if self.shared:
-            if os.path.lexists(user_key_folder()):
-                self._secret = user_key()
-        elif self._trusted and os.path.lexists(os.path.join(self.path, KEY_FILE)):
+        inside a node's call. A missing one is made on the first write (a shared directory's: now,
+        `_shared_store`, since its entries' folder is named by it)."""
+        if not self.shared and self._trusted and os.path.lexists(os.path.join(self.path, KEY_FILE)):
             self._secret = load_key(self.path, KEY_FILE)
 
     def _trust(self, create: bool = False) -> None:
@@ -175,29 +195,23 @@ class DiskCache(PlanCache):
     # --- faults: counted, summed up once, never raised into a node ----------------------------------
 
     def _fault(self, action: str, exc: BaseException) -> None:
-        self._faults[f"could not be {action} ({_reason(exc)})"] += 1
+        self._tally.fault(action, exc)
 
     def report(self) -> None:
         """One warning for everything that went wrong since the last report (a map's worth): entries
-        that could not be read or written and why, damaged entries deleted, entries of another
+        that could not be read or written and why, entries deleted and why, entries of another
         secret skipped. Compiled plans' callers (a map, a worker's batch) call this at their end."""
-        rejected, skipped = self.rejected - self._reported[0], self.skipped - self._reported[1]
+        skipped = self.skipped - self._reported
         settle = getattr(self.store, "settle", None)  # a shared store: its publications, what it could not do
         shared: list[str] = settle() if settle is not None else []
-        if not (self._faults or rejected or skipped or shared):
+        if not (self._tally or skipped or shared):
             return
-        parts = [f"{n} entr{'y' if n == 1 else 'ies'} {what}" for what, n in self._faults.most_common()]
-        if self._faults:
-            parts[-1] += "; those nodes ran uncached"
-        parts += shared
-        if rejected:
-            parts.append(f"{rejected} damaged entr{'y' if rejected == 1 else 'ies'} deleted and recomputed")
+        parts = self._tally.parts(shared)
         if skipped:
             parts.append(f"{skipped} entr{'y' if skipped == 1 else 'ies'} written under another secret skipped "
                          "(kept; set the same HARDY_CACHE_KEY for everybody sharing this directory to share them)")
         log.warning("cache %s: %s", self.path, "; ".join(parts))
-        self._faults.clear()
-        self._reported = (self.rejected, self.skipped)
+        self._reported = self.skipped
 
     # --- entries -----------------------------------------------------------------------------------
 
@@ -231,39 +245,65 @@ class DiskCache(PlanCache):
         return value
 
     def _load(self, key: bytes, entry: Buffer) -> Any:
-        """Verify, then unpickle. An entry of another secret or format is skipped (MISS); a bad
-        one is deleted (MISS); both are counted for `report()`."""
-        reason = None
+        """Verify, then unpickle. What fails is deleted (MISS); an entry another secret wrote in a
+        place several secrets share, or a newer hardy's that verifies, is skipped (MISS); each is
+        counted for `report()`."""
+        why, reason = DAMAGED, None
         if len(entry) < HEADER or entry[:3] != MAGIC:
             reason = "not a hardy entry or truncated header"
-        elif entry[3] not in FORMATS or entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
-            self.skipped += 1  # another hardy version's, or another secret's: theirs to keep
-            self._theirs.add(key)
-            return MISS
+        elif entry[4:4 + KEY_ID] != (self._key_id or self.key_id):
+            if not self._namespaced(key):
+                self.skipped += 1  # another secret's, where several live (a private directory): theirs to keep
+                self._theirs.add(key)
+                return MISS
+            why = reason = FORGED
+        elif entry[3] not in FORMATS:
+            if self._newer(key, memoryview(entry)):
+                return MISS  # a newer hardy's entry, signed with this secret: kept for it
+            reason = "an unknown format whose MAC fails"
         else:
-            whole = memoryview(entry)
-            if entry[3] == VERSION:
-                body = private(whole[HEADER:])
-                mac = self._mac(key, body)
-            else:
-                body, buffers = split(whole)
-                mac = self._mac_pieces(key, (body, buffers))
-            if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], mac):
-                reason = "MAC mismatch: truncated, corrupted or moved"
-            else:
-                try:
-                    value = pickle.loads(body) if entry[3] == VERSION else unpack(whole, body)
-                    self.hits += 1
-                    return value
-                except Exception as exc:  # verified but unloadable: a class that changed since
-                    reason = f"verified but could not be unpickled ({type(exc).__name__}: {exc})"
+            value, reason = self._verified(key, entry)
+            if reason is None:
+                self.hits += 1
+                return value
         self.rejected += 1
+        self._tally.deleted[why] += 1
         log.debug("cache entry %s rejected (%s); deleted, recomputing", key.hex(), reason)
         try:
             self.store.delete(key)
         except FAULTS as exc:
             self._fault("deleted", exc)
         return MISS
+
+    def _verified(self, key: bytes, entry: Buffer) -> tuple[Any, str | None]:
+        """(the value, None) if the MAC verifies and the entry unpickles, else (None, why not)."""
+        whole = memoryview(entry)
+        if entry[3] == VERSION:
+            body = private(whole[HEADER:])
+            mac = self._mac(key, body)
+        else:
+            body, buffers = split(whole)
+            mac = self._mac_pieces(key, (body, buffers))
+        if not hmac.compare_digest(entry[4 + KEY_ID:HEADER], mac):
+            return None, "MAC mismatch: truncated, corrupted or moved"
+        try:
+            return (pickle.loads(body) if entry[3] == VERSION else unpack(whole, body)), None
+        except Exception as exc:  # verified but unloadable: a class that changed since
+            return None, f"verified but could not be unpickled ({type(exc).__name__}: {exc})"
+
+    def _newer(self, key: bytes, whole: memoryview) -> bool:
+        """Whether an entry of a format this hardy does not know was signed with this secret: every
+        format from 4 on is signed as FORMAT | key | its version byte | the rest, so a newer
+        hardy's entry is told from bytes someone rewrote without the secret."""
+        return whole[3] > BUFFERS and hmac.compare_digest(
+            whole[4 + KEY_ID:HEADER], sign(self._mac_key or self._derive_mac_key(), FORMAT, key, whole[3:4],
+                                           whole[HEADER:]))
+
+    def _namespaced(self, key: bytes) -> bool:
+        """Whether `key`'s entry was read from a place of this secret's own (a shared directory's
+        or a bucket's folder of this key id), where a header naming another secret is forged."""
+        namespaced = getattr(self.store, "namespaced", None)
+        return bool(namespaced(key)) if namespaced is not None else False
 
     def put(self, key: bytes, value: Any) -> bool:
         """Store `value`; False if it cannot be pickled or stored — the run goes on uncached —
@@ -297,25 +337,14 @@ class DiskCache(PlanCache):
         body = laid_out(payload, big)
         return [MAGIC + bytes([BUFFERS]) + self.key_id + self._mac_pieces(key, body), *body]
 
-    @contextlib.contextmanager
-    def _flight(self, key: bytes) -> Iterator[None]:
-        """An exclusive flock per key: released by the kernel even if its holder is killed. The
-        holder removes the lock file once the value is stored (a process still waiting on it then
-        finds the value); a directory where locks cannot be made computes without one."""
-        path = os.path.join(self.path, "locks", key.hex())
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-        except OSError:
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-            remove_quietly(path)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+    def _locks(self, create: bool = True) -> Folder:
+        """Single flight's folder: `<dir>/locks`, or in a shared directory `locks/<key format>/<key id>`
+        (the user's alone with their own key, the team's with a shared secret)."""
+        if isinstance(self.store, FileStore) and self.store.shared:
+            return self.store.folder(["locks", *self.namespace.split("/")], create=create)
+        if not self._trusted:
+            self._trust(create=create)
+        return LocalStore(self.path).locks(create=create)
 
     # --- what compiled plans call (see PlanSource._cache_prelude) ----------------------------------------
 
@@ -374,7 +403,13 @@ class DiskCache(PlanCache):
             self.put(key, value)
             return value
         lease = getattr(self.store, "lease", None)  # a shared store's: machines wait for each other too
-        with self._flight(key), (lease(key) if lease is not None else contextlib.nullcontext()):
+        try:
+            locks = self._locks()
+        except OSError as exc:  # a directory where locks cannot be made computes without one
+            self._tally.notes[f"computed without single flight ({reason(exc)})"] += 1
+            locks = None
+        with flight(locks, key, self._tally.notes) if locks is not None else contextlib.nullcontext(), \
+                (lease(key) if lease is not None else contextlib.nullcontext()):
             value = self.get(key, MISS)
             if value is MISS:
                 value = func(*args, **kwargs)
@@ -428,57 +463,18 @@ class DiskCache(PlanCache):
             if sweep is not None:
                 sweep()
             else:
-                sweep_locks(os.path.join(self.path, "locks"))
+                self._sweep_locks()
         except FAULTS as exc:
             self._fault("pruned", exc)
         return deleted
 
     def clear(self) -> None:
         self.store.clear()
-        sweep_locks(os.path.join(self.path, "locks"))
+        self._sweep_locks()
 
-
-def _reason(exc: BaseException) -> str:
-    """A fault in a few words, the same for SQLite's and the filesystem's spelling of it."""
-    name = getattr(exc, "sqlite_errorname", "")
-    code = getattr(exc, "errno", None)
-    if name == "SQLITE_FULL" or code in (errno.ENOSPC, errno.EDQUOT):
-        return "disk full"
-    if name.startswith("SQLITE_READONLY") or code == errno.EROFS:
-        return "read-only"
-    if name.startswith("SQLITE_CANTOPEN"):
-        return "cannot open the index: read-only or no permission"
-    if name in ("SQLITE_PERM", "SQLITE_AUTH") or code in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if name.startswith("SQLITE_IOERR") or code == errno.EIO:
-        return "I/O error"
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return "index locked past the timeout"
-    return f"{type(exc).__name__}: {exc}"
-
-
-STORES = ("files",)  # the stores DiskCache(store=...) names; None is the local one
-
-
-def _store(path: str, store: Any) -> Store:
-    """The store `DiskCache(store=...)` asks for: by name, or any object with the `Store` methods
-    (checked here: a wrong one would otherwise fail every cached node, blamed on the node)."""
-    if store is None:
-        return LocalStore(path)
-    if isinstance(store, str):
-        if store not in STORES:
-            raise arguments.bad("DiskCache", "store", store, "None (the local store, or the bucket a path such as "
-                                f"'s3://bucket/prefix' names), one of {', '.join(map(repr, STORES))} or a Store object")
-        return FileStore(path)
-    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
-    if missing:
-        raise arguments.bad("DiskCache", "store", store, "None (the local store, or a bucket's), one of "
-                            f"{', '.join(map(repr, STORES))} or an object with the methods of "
-                            f"hardy.cache.store.Store (this one lacks {', '.join(missing)})", wrong_type=True)
-    return cast(Store, store)
-
-
-_STORE_METHODS = tuple(m for m in vars(Store) if not m.startswith("_"))
+    def _sweep_locks(self) -> None:
+        with contextlib.suppress(FileNotFoundError), self._locks(create=False) as locks:
+            sweep_locks(locks)
 
 
 def _secret_bytes(secret: bytes | str) -> bytes:

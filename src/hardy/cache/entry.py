@@ -18,10 +18,15 @@ checked over a copy of the pickle (a file written into in place after the check 
 another one) and over the mapped buffers, which are unpickled as views of it: the arrays are the
 file's pages, copied only where the user writes into them (copy-on-write; the cache never changes). Both
 formats are read: entries written before format 4 still hit; a hardy that knows only format 3
-skips (keeps) format 4 entries. The key id (a keyed hash of nothing but the secret) tells an entry
-written under another secret — another user sharing the directory with a different
-HARDY_CACHE_KEY — from a damaged one: it is skipped, not deleted. Nothing that fails is unpickled,
-so a crafted pickle in the cache directory never runs.
+skips (keeps) format 4 entries. Every format from 4 on is signed as FORMAT | key | its version byte |
+the rest, so a reader tells a newer hardy's entry (it verifies: skipped, kept) from one whose
+version byte someone rewrote (it does not: damage). The key id (a keyed hash of nothing but the
+secret) tells an entry written under another secret from a damaged one only where its header can
+be trusted that far: in a private directory (only its user writes it) one naming another secret —
+the user's own under another HARDY_CACHE_KEY — is skipped, not deleted; a shared directory and a
+bucket keep each key id's entries in a folder of its own, where a header naming another is damage
+(anyone who can write there can write those 8 bytes). Nothing that fails is unpickled, so a crafted
+pickle in the cache directory never runs.
 
 This module lays the bytes out and reads them back; DiskCache signs them (`DiskCache._entry`) and
 checks the MAC before anything here unpickles them (`DiskCache._load`).

@@ -23,6 +23,11 @@ Why these mechanisms:
   local store in front goes on working, and `settle()` tells DiskCache's one warning per map what
   happened. After a failure that says the store is unusable, it is left alone for `DOWN_FOR`
   seconds: a map over a dead server does not pay a timeout per item.
+- Nothing in the bucket can stop a reader: every object under `<key id>/` is this secret's to
+  verify, so one whose header names another secret is forged (or damaged), deleted and republished
+  like any other (`DiskCache._load`), never skipped for good; a lease is signed with a key derived
+  from the secret, and one that does not verify (written by someone without the secret) is taken
+  over at once instead of being waited on (`lease`).
 - s3fs rather than boto3 directly: fsspec's `storage_options` are how pandas, Dask and Ray name a
   bucket's credentials and endpoint, and its event loop gives concurrent requests (publishing in
   the background, fetching a batch of keys at once) without a thread per request.
@@ -37,7 +42,9 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import hmac
 import json
+import math
 import os
 import random
 import threading
@@ -50,6 +57,7 @@ from typing import Any, TypeVar
 from ..errors import CacheUnavailable as Unavailable
 from ..errors import InvalidArgument, install_hint
 from .store import Buffer, Data, EntryInfo, pieces
+from .trust import sign
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 3.0  # seconds to open a connection: a loopback or in-region server needs milliseconds
@@ -57,6 +65,7 @@ READ_TIMEOUT = 20.0  # seconds without a byte on an open connection: a stalled s
 ATTEMPTS = 3  # botocore's tries per request (standard mode: 503 SlowDown, 500s, connection errors)
 DOWN_FOR = 30.0  # seconds the bucket is left alone after a failure that says it is unusable
 CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: retried this often, with jittered backoff
+FORGED_LEASE = "computed without single flight: its lease was forged again after each takeover"
 LEASE_TTL = 60.0  # seconds a single-flight lease lives unless renewed (renewed every third of it)
 UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
             "InvalidToken", "AllAccessDisabled", "SlowDown", "ServiceUnavailable", "InternalError", "503", "500"}
@@ -97,6 +106,7 @@ class BucketStore:
         self.namespace = namespace
         self.storage_options = dict(storage_options or {})
         self.concurrency = concurrency
+        self.lease_key: bytes | None = None  # signs single flight's leases (DiskCache sets it from the secret)
         self._setup()
 
     def _setup(self) -> None:
@@ -113,7 +123,8 @@ class BucketStore:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix,
-                "namespace": self.namespace, "storage_options": self.storage_options, "concurrency": self.concurrency}
+                "namespace": self.namespace, "storage_options": self.storage_options, "concurrency": self.concurrency,
+                "lease_key": self.lease_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -164,6 +175,10 @@ class BucketStore:
 
     def lease_path(self, key: bytes) -> str:
         return f"{self.prefix}leases/{self.namespace}/{key.hex()}"
+
+    def namespaced(self, key: bytes) -> bool:
+        """Every entry is read from the folder of one key id: one naming another is forged."""
+        return True
 
     # --- faults ------------------------------------------------------------------------------------
 
@@ -373,8 +388,9 @@ class BucketStore:
         been renewed for `ttl` seconds (its holder died): expiry is judged by the server's
         LastModified and Date, so the machines' clocks need not agree. Returns (enters) when this
         process holds the lease or the entry exists; any failure enters without a lease (the
-        node computes; duplicated work is only time)."""
-        if self.down():
+        node computes; duplicated work is only time). Leases are signed (`lease_key`): one that
+        does not verify is not waited on but taken over, and a bucket without the key has none."""
+        if self.down() or self.lease_key is None:
             yield
             return
         held = self._run(self._acquire(key, ttl))
@@ -396,17 +412,35 @@ class BucketStore:
     def delete_lease(self, key: bytes, etag: str) -> None:
         self._run(self._call("delete_object", Key=self.lease_path(key), IfMatch=etag))
 
+    def _lease_body(self, key: bytes, holder: str, ttl: float) -> bytes:
+        return json.dumps({"holder": holder, "ttl": ttl, "mac": self._lease_mac(key, holder, ttl)}).encode()
+
+    def _lease_mac(self, key: bytes, holder: str, ttl: float) -> str:
+        assert self.lease_key is not None
+        return sign(self.lease_key, f"{self.lease_path(key)}\0{holder}\0{float(ttl)!r}".encode()).hex()
+
+    def _lease_ttl(self, key: bytes, raw: bytes) -> float | None:
+        """The lease's ttl if it is signed with this secret's lease key, else None (forged or garbled)."""
+        try:
+            held = json.loads(raw)
+            holder, ttl, mac = held["holder"], float(held["ttl"]), held["mac"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not isinstance(holder, str) or not isinstance(mac, str) or not math.isfinite(ttl):
+            return None
+        return ttl if hmac.compare_digest(mac, self._lease_mac(key, holder, ttl)) else None
+
     async def _acquire(self, key: bytes, ttl: float) -> list[str] | None:
-        """[the lease's ETag] once held; None when the entry exists or the bucket fails."""
-        body = json.dumps({"holder": f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}",
-                           "ttl": ttl}).encode()
-        path, delay = self.lease_path(key), 0.05
+        """[the lease's ETag] once held; None when the entry exists, the bucket fails, or a forged
+        lease is put back each time it is taken over (CONFLICT_TRIES times: then computed alone)."""
+        body = self._lease_body(key, f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}", ttl)
+        path, delay, forged = self.lease_path(key), 0.05, 0
         try:
             while True:
                 with contextlib.suppress(FileNotFoundError):
                     await self._call("head_object", Key=self.path(key))
                     return None  # published: no need to compute
-                condition = await self._expired(path)
+                condition, fake = await self._expired(key, path)
                 if condition is not None:
                     try:
                         put = await self._call("put_object", Key=path, Body=body, **condition)
@@ -414,29 +448,37 @@ class BucketStore:
                     except Exception as exc:
                         if code_of(exc) not in ("PreconditionFailed", "ConditionalRequestConflict"):
                             raise
+                forged += fake
+                if forged >= CONFLICT_TRIES:
+                    with self._lock:
+                        self._problems[FORGED_LEASE] += 1
+                    return None
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(2 * delay, ttl / 10, 1.0)
         except Exception as exc:
             self._failed("single-flighted", exc)
             return None
 
-    async def _expired(self, path: str) -> dict[str, str] | None:
-        """The condition to take the lease with: none there (If-None-Match) or expired (If-Match on
-        its ETag); None while someone holds it."""
+    async def _expired(self, key: bytes, path: str) -> tuple[dict[str, str] | None, bool]:
+        """The condition to take the lease with: none there (If-None-Match), expired or forged (If-Match
+        on its ETag); None while a holder of the secret holds it. And whether it was forged."""
         try:
             resp = await self._call("get_object", Key=path)
             async with resp["Body"] as b:
-                held = json.loads(await b.read())
+                raw = await b.read()
         except FileNotFoundError:
-            return {"IfNoneMatch": "*"}
+            return {"IfNoneMatch": "*"}, False
+        ttl = self._lease_ttl(key, raw)
+        if ttl is None:
+            return {"IfMatch": resp["ETag"]}, True
         from email.utils import parsedate_to_datetime
         now = parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
-        if now - resp["LastModified"].timestamp() > float(held.get("ttl", LEASE_TTL)):
-            return {"IfMatch": resp["ETag"]}
-        return None
+        if now - resp["LastModified"].timestamp() > ttl:
+            return {"IfMatch": resp["ETag"]}, False
+        return None, False
 
     def _renew(self, key: bytes, held: list[str], ttl: float, stop: threading.Event) -> None:
-        body = json.dumps({"holder": "renewed", "ttl": ttl}).encode()
+        body = self._lease_body(key, "renewed", ttl)
         while not stop.wait(ttl / 3):
             try:
                 put = self._run(self._call("put_object", Key=self.lease_path(key), Body=body, IfMatch=held[0]))

@@ -5,7 +5,10 @@ through (a remote hit is downloaded once, then served from local disk, big array
 the bucket behind (`objectstore.BucketStore`), published to in the background. A map reads ahead
 (`prefetch`): the next items' entries are fetched all at once, and each item's lookup is then
 served from memory instead of waiting for a GET of its own. Bytes from the bucket are verified by
-DiskCache's MAC exactly as local ones, before anything is unpickled.
+DiskCache's MAC exactly as local ones, before anything is unpickled. A fetched entry is written
+locally only if its header names the bucket folder's key id: the local directory keeps the entries
+of every secret its user works with, and one there naming another is kept for that secret, so a
+forged header must never get in (it is deleted in the bucket instead: `namespaced`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import CacheUnavailable as Unavailable
+from .entry import KEY_ID
 from .objectstore import BucketStore
 from .store import INLINE_MAX, Buffer, Data, EntryInfo, LocalStore
 
@@ -37,6 +41,7 @@ class SharedStore:
         self._fresh = threading.local()  # {key: ETag} of the entries the last read fetched
         self._ahead: dict[bytes, tuple[bytes, str]] = {}  # fetched ahead of their lookup (`prefetch`)
         self._absent: set[bytes] = set()  # looked up ahead and not in the bucket: misses, no second GET
+        self._key_id = bytes.fromhex(bucket.namespace.rpartition("/")[2])
 
     def __getstate__(self) -> dict[str, Any]:
         return {"local": self.local, "bucket": self.bucket}
@@ -61,6 +66,8 @@ class SharedStore:
         """A fetched entry: written locally (unverified: DiskCache deletes it here and in the bucket
         if its MAC fails), served as the local store serves it (a big one mapped)."""
         self._fetched()[key] = etag
+        if data[4:4 + KEY_ID] != self._key_id:  # forged or damaged: DiskCache deletes it in the bucket
+            return data
         try:
             self.local.put(key, data)
         except OSError:  # a full local disk: serve what was fetched
@@ -136,6 +143,11 @@ class SharedStore:
                     self._ahead.pop(key, None)
                     self._absent.discard(key)
         return ready
+
+    def namespaced(self, key: bytes) -> bool:
+        """Whether `key`'s entry came from the bucket just now (its folder is one key id's); one read
+        from the local directory is checked as any private directory's."""
+        return key in self._fetched()
 
     def put(self, key: bytes, data: Data) -> None:
         self._fetched().clear()

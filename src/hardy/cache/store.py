@@ -8,6 +8,13 @@ version is the same class over another filesystem API. `LocalStore` is the fast 
     <dir>/index.sqlite   key -> small entries inline, or the name of a blob file; sizes; times
     <dir>/blobs/ab/cdef… large entries (> 256 KiB), written to a unique temporary name, then renamed
 
+It is for a directory only its user writes (a private cache, the local side of a bucket's): SQLite
+opens its files by path, follows symbolic links and makes `-wal`/`-shm` files beside them, and
+Python's sqlite3 cannot ask it not to (`SQLITE_OPEN_NOFOLLOW`), so in a directory others write a
+planted link would make it write where they choose. A directory others write is a `FileStore`'s
+(`files.py`). The index files are kept 0600 (a lock on them needs a descriptor: nobody else can
+hold one), and the blob files are reached through the directory's descriptor (`folders.py`).
+
 A cache hit reads an entry through `view`: a blob file comes back as a private copy-on-write
 mapping, so the big arrays of an entry (DiskCache's format 4) are unpickled as views of the file's
 pages instead of being copied out of it.
@@ -19,16 +26,21 @@ more, and SQLite gives atomic, concurrent, crash-safe writes from any number of 
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import logging
+import math
 import mmap
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+
+from . import flight
+from .folders import Folder, open_named
 
 log = logging.getLogger("hardy.cache")
 
@@ -57,6 +69,8 @@ class EntryInfo:
 Buffer = bytes | bytearray | memoryview
 Data = Buffer | Sequence[Buffer]  # an entry, or its pieces in order (written without joining them)
 B = TypeVar("B", bound=Buffer)
+INDEX = "index.sqlite"
+INDEX_FILES = (INDEX, f"{INDEX}-wal", f"{INDEX}-shm", f"{INDEX}-journal")
 
 
 class Store(Protocol):
@@ -88,62 +102,46 @@ def blob_name(key: bytes) -> str:
     return os.path.join(name[:2], name)
 
 
-def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def number(value: Any) -> float:
+    """A size or time of an index row as a number (0 for anything else: the row was not hardy's)."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
 def pieces(data: Data) -> Sequence[Buffer]:
     return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
-def write_file(final: str, data: Data) -> None:
-    """Write to a unique temporary name, then rename into place: readers see the old file or the
-    new one, never half of one; the temporary file is removed if anything fails."""
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = f"{final}.{os.urandom(16).hex()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for piece in pieces(data):
-                f.write(piece)
-            os.fchmod(f.fileno(), 0o444)  # never written in place: nobody but root truncates a mapped entry
-        os.replace(tmp, final)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-
-
-def read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
+def read_fd(fd: int) -> bytes:
+    """The whole of a regular file (anything else, a FIFO planted to hang the reader, is refused)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    with open(fd, "rb", closefd=False) as f:
         return f.read()
 
 
-def map_file(path: str) -> Buffer:
+def map_or_copy(fd: int) -> Buffer:
     """A private copy-on-write mapping of the file: its pages are read from the page cache on first
     touch, not copied; whoever holds it may write into it (numpy arrays unpickled over it are
     writable) without changing the file. Replacing or deleting the file (atomic rename, unlink: all
-    the cache ever does to a blob) leaves the mapping as it was. No descriptor stays open.
+    the cache ever does to a blob) leaves the mapping as it was.
 
     A mapping dies (SIGBUS) when its file is truncated later, so only files nobody else can
     truncate are mapped: the current user's, read-only (blobs are written 0444; an older writable
-    one of ours is made read-only here). Anyone else's file (a shared cache) is read into memory
-    of our own: one copy, and a truncation meanwhile makes a short entry that fails its MAC."""
+    one of ours is made read-only here). Anyone else's file is read into memory of our own: one
+    copy, and a truncation meanwhile makes a short entry that fails its MAC."""
     from ..buffers import map_fd  # here: `import hardy` does not load ctypes
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            return _read_fd(fd, st.st_size)
-        if st.st_mode & 0o222:
-            os.fchmod(fd, 0o444)
-        return map_fd(fd, st.st_size, mmap.MAP_PRIVATE) if st.st_size else b""
-    finally:
-        os.close(fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    if st.st_uid != os.geteuid():
+        return copy_fd(fd, st.st_size)
+    if st.st_mode & 0o222:
+        os.fchmod(fd, 0o444)
+    return map_fd(fd, st.st_size, mmap.MAP_PRIVATE) if st.st_size else b""
 
 
-def _read_fd(fd: int, size: int) -> memoryview:
+def copy_fd(fd: int, size: int) -> memoryview:
     """Up to `size` bytes of the file into a buffer of our own (which the caller may keep and write into)."""
     data = bytearray(size)
     view, done = memoryview(data), 0
@@ -152,32 +150,9 @@ def _read_fd(fd: int, size: int) -> memoryview:
     return view[:done]
 
 
-def sweep_locks(folder: str) -> int:
-    """Remove lock files nobody holds (single flight's, left by killed holders). Returns how many."""
-    removed = 0
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return 0
-    for name in names:
-        path = os.path.join(folder, name)
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(path)
-            removed += 1
-        except OSError:  # held: a computation is in flight
-            pass
-        finally:
-            os.close(fd)
-    return removed
-
-
 class LocalStore:
-    """A cache directory: a SQLite index plus blob files. Safe for many processes and threads.
+    """A cache directory of the current user's: a SQLite index plus blob files. Safe for many
+    processes and threads.
 
     Nothing is created until the first write, so opening a cache to look into it (or a prepared
     cache on a read-only mount) leaves the filesystem as it was."""
@@ -185,8 +160,9 @@ class LocalStore:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
         self.blobs = os.path.join(self.path, "blobs")
-        self._db = os.path.join(self.path, "index.sqlite")
+        self._db = os.path.join(self.path, INDEX)
         self._local = threading.local()
+        self._folders: dict[str, Folder] = {}  # the directory and its blobs folder, opened once per object
 
     def exists(self) -> bool:
         return os.path.exists(self._db)
@@ -196,6 +172,19 @@ class LocalStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]  # unpickling re-runs the constructor
+
+    def folder(self, create: bool = False) -> Folder:
+        """The cache directory, opened and checked (the current user's, writable by nobody else)."""
+        top = self._folders.get("")
+        if top is None:
+            top = self._folders.setdefault("", open_named(self.path, private=True, create=create))
+        return top
+
+    def _blobs(self, create: bool = False) -> Folder:
+        blobs = self._folders.get("blobs")
+        if blobs is None:
+            blobs = self._folders.setdefault("blobs", self.folder(create).sub("blobs", create=create))
+        return blobs
 
     # --- connection per process and thread (never reused across fork) ---------------------------
 
@@ -228,7 +217,7 @@ class LocalStore:
             mode = "immutable=1" if os.statvfs(self.path).f_flag & os.ST_RDONLY else "mode=ro"
             return sqlite3.connect(f"file:{self._db}?{mode}", uri=True, isolation_level=None,
                                    check_same_thread=False)
-        os.makedirs(self.path, exist_ok=True)
+        self._private_index()
         delay, deadline = 0.002, time.monotonic() + 60
         while True:
             conn = sqlite3.connect(self._db, timeout=60, isolation_level=None, check_same_thread=False)
@@ -246,21 +235,44 @@ class LocalStore:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.1)
 
+    def _private_index(self) -> None:
+        """The index files, before SQLite opens them: none a link (refused: ELOOP), each readable
+        by the current user only. SQLite locks with fcntl on a descriptor of the file, so an index
+        others may read (SQLite makes it with the umask's 0644, and its -wal and -shm alike) lets
+        any of them hold a lock that stalls every writer; 0600 leaves them none. The index is made
+        here, empty and 0600, and SQLite gives -wal and -shm the mode of the index."""
+        top = self.folder(create=True)
+        for name in INDEX_FILES:
+            try:
+                fd = top.open(name, os.O_RDONLY | (os.O_CREAT | os.O_EXCL if name == INDEX else 0), 0o600)
+            except FileExistsError:
+                fd = top.open(name, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o700)
+            finally:
+                os.close(fd)
+
     def _quarantine(self, exc: Exception) -> None:
         """A damaged index is moved aside (its entries are lost, never served wrong) and a new one
         started, at most once per clock hour: the aside name is the hour's, taken atomically with
         link(), so processes that all find the damage at once move it once; the others reconnect."""
         self._local.conn = None
-        aside = f"{self._db}.damaged-{time.strftime('%Y%m%d%H')}"
+        aside = f"{INDEX}.damaged-{time.strftime('%Y%m%d%H')}"
+        top = self.folder()
         try:
-            os.link(self._db, aside)
+            os.link(INDEX, aside, src_dir_fd=top.fd, dst_dir_fd=top.fd, follow_symlinks=False)
         except OSError:  # moved aside already this hour (or cannot be): leave it, run uncached if it stays bad
             return
-        log.warning("cache index %s is damaged (%s); moved to %s, starting a new one", self._db, exc, aside)
-        remove_quietly(self._db)
+        log.warning("cache index %s is damaged (%s); moved to %s, starting a new one", self._db, exc,
+                    os.path.join(self.path, aside))
+        top.unlink(INDEX)
         for suffix in ("-wal", "-shm"):
             try:
-                os.replace(self._db + suffix, aside + suffix)
+                os.replace(INDEX + suffix, aside + suffix, src_dir_fd=top.fd, dst_dir_fd=top.fd)
             except OSError:
                 pass
 
@@ -276,13 +288,13 @@ class LocalStore:
     # --- entries -----------------------------------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
-        return self._get(key, read_file)
+        return self._get(key, read_fd)
 
     def view(self, key: bytes) -> Buffer | None:
-        """The entry; a blob file as a private mapping (`map_file`)."""
-        return self._get(key, map_file)
+        """The entry; a blob file as a private mapping (`map_or_copy`)."""
+        return self._get(key, map_or_copy)
 
-    def _get(self, key: bytes, read: Callable[[str], B]) -> B | None:
+    def _get(self, key: bytes, read: Callable[[int], B]) -> B | None:
         if getattr(self._local, "conn", None) is None and not self.exists():
             return None  # nothing written yet: a miss, without creating anything
         try:
@@ -296,17 +308,28 @@ class LocalStore:
         data, file, accessed = row
         if file is not None:
             try:
-                data = read(self._blob(key, file))
-            except OSError:
+                data = self._read_blob(key, file, read)
+            except OSError:  # gone, or a row that names no blob of this key
                 self.delete(key)
                 return None
+        elif not isinstance(data, bytes):  # a row hardy did not write: an entry that fails verification
+            data = b""  # type: ignore[assignment]
         now = time.time()
-        if now - (accessed or 0) > TOUCH_EVERY:
+        if now - number(accessed) > TOUCH_EVERY:
             try:
                 self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key))
             except (sqlite3.Error, OSError):  # read-only or full: only LRU order suffers
                 pass
         return data
+
+    def _read_blob(self, key: bytes, file: str, read: Callable[[int], B]) -> B:
+        self._blob(key, file)
+        with self._blobs().sub(file[:2]) as shard:
+            fd = shard.open(key.hex(), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            return read(fd)
+        finally:
+            os.close(fd)
 
     def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
         if getattr(self._local, "conn", None) is None and not self.exists():
@@ -316,8 +339,8 @@ class LocalStore:
         found: dict[bytes, Buffer] = {}
         now = time.time()
         for key, data, file, accessed in rows:
-            if file is not None or now - (accessed or 0) > TOUCH_EVERY:
-                data = self.view(key)  # files and stale access times: the one-by-one path
+            if file is not None or not isinstance(data, bytes) or now - number(accessed) > TOUCH_EVERY:
+                data = self.view(key)  # files, odd rows and stale access times: the one-by-one path
             if data is not None:
                 found[key] = data
         return found
@@ -337,26 +360,28 @@ class LocalStore:
             self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, row, size, now, now))
             return
         name = blob_name(key)
-        final = os.path.join(self.blobs, name)
-        write_file(final, data)
-        try:
-            self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, size, now, now))
-        except BaseException:  # no entry refers to the blob: do not leave it taking space
-            remove_quietly(final)
-            raise
+        with self._blobs(create=True).sub(name[:2], create=True) as shard:
+            shard.write(key.hex(), pieces(data))
+            try:
+                self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, size, now, now))
+            except BaseException:  # no entry refers to the blob: do not leave it taking space
+                shard.unlink(key.hex())
+                raise
 
     def delete(self, key: bytes) -> None:
         rows = self._run("DELETE FROM entries WHERE key = ? RETURNING file", (key,))
         for (file,) in rows:
             if file:
                 try:
-                    os.unlink(self._blob(key, file))
+                    self._blob(key, file)
+                    with self._blobs().sub(file[:2]) as shard:
+                        shard.unlink(key.hex())
                 except OSError:
                     pass
 
     def _blob(self, key: bytes, file: str) -> str:
         """The blob file of `key`, whose index row names `file`: always the key's own name, so an
-        index someone else wrote (a shared directory) cannot point a read or a delete elsewhere."""
+        index that names another file cannot point a read or a delete elsewhere."""
         if file != blob_name(key):
             raise OSError(f"cache index row for {key.hex()} names {file!r}, not its blob")
         return os.path.join(self.blobs, file)
@@ -364,111 +389,46 @@ class LocalStore:
     def entries(self) -> Iterator[EntryInfo]:
         if not self.exists():
             return
-        for key, size, created, accessed, file in self._run(
-                "SELECT key, size, created, accessed, file FROM entries ORDER BY accessed"):
-            yield EntryInfo(key, size, created, accessed, file is None)
+        rows = self._run("SELECT key, size, created, accessed, file FROM entries")
+        found = [EntryInfo(key, int(number(size)), number(created), number(accessed), file is None)
+                 for key, size, created, accessed, file in rows if isinstance(key, bytes)]  # others: not hardy's
+        yield from sorted(found, key=lambda e: e.accessed)
 
     def clear(self) -> None:
         if self.exists():
             self._run("DELETE FROM entries")
         self.sweep(0)
 
+    def locks(self, create: bool = False) -> Folder:
+        """Single flight's lock files (`DiskCache._flight`): a folder of this private one."""
+        return self.folder(create).sub("locks", create=create)
+
     def sweep(self, older_than: float = 3600.0) -> int:
         """Remove blob files no entry refers to (left by a writer killed between rename and insert),
         temporary files older than `older_than` seconds and lock files nobody holds. Returns how
         many files were removed."""
-        if not self.exists():
-            return sweep_locks(os.path.join(self.path, "locks"))
+        removed = self._sweep_blobs(older_than) if self.exists() else 0
+        try:
+            with self.locks() as locks:
+                return removed + flight.sweep(locks)
+        except FileNotFoundError:
+            return removed
+
+    def _sweep_blobs(self, older_than: float) -> int:
         known = {f for (f,) in self._run("SELECT file FROM entries WHERE file IS NOT NULL")}
         removed, now = 0, time.time()
-        if os.path.islink(self.blobs):  # planted in a shared directory: never walk (and delete) through it
-            raise OSError(f"{self.blobs} is a symbolic link")
-        for folder, _, files in os.walk(self.blobs):
-            for name in files:
-                full = os.path.join(folder, name)
-                rel = os.path.relpath(full, self.blobs)
+        try:
+            blobs = self._blobs()
+        except FileNotFoundError:
+            return 0
+        for shard, name in blobs.files(depth=1):
+            try:
+                old = now - shard.lstat(name).st_mtime >= older_than
+            except OSError:
+                continue
+            if f"{os.path.basename(shard.path)}/{name}" not in known and old:
                 try:
-                    old = now - os.path.getmtime(full) >= older_than
+                    removed += shard.unlink(name)
                 except OSError:
-                    continue
-                if rel not in known and old:
-                    try:
-                        os.unlink(full)
-                        removed += 1
-                    except OSError:
-                        pass
-        return removed + sweep_locks(os.path.join(self.path, "locks"))
-
-
-class FileStore:
-    """One file per entry under <dir>/entries/ab/<key>: for a directory shared between machines.
-
-    Writes go to a unique temporary name and are renamed into place; readers see a whole entry or
-    none. Access times come from the filesystem (no write on read), so LRU order follows atime
-    where the mount records it, else creation order. Entries are read, not mapped: a page of a
-    mapped NFS file deleted by another machine can fail to load later (SIGBUS); `view` reads into
-    a buffer of its own, one copy, which the caller may keep and write into.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.fspath(path)
-        self.root = os.path.join(self.path, "entries")
-
-    def exists(self) -> bool:
-        return os.path.isdir(self.root)
-
-    def _file(self, key: bytes) -> str:
-        name = key.hex()
-        return os.path.join(self.root, name[:2], name)
-
-    def get(self, key: bytes) -> bytes | None:
-        try:
-            with open(self._file(key), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def view(self, key: bytes) -> Buffer | None:
-        try:
-            fd = os.open(self._file(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            return _read_fd(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-
-    def get_many(self, keys: tuple[bytes, ...]) -> dict[bytes, Buffer]:
-        found = {}
-        for key in keys:
-            data = self.view(key)
-            if data is not None:
-                found[key] = data
-        return found
-
-    def put(self, key: bytes, data: Data) -> None:
-        write_file(self._file(key), data)
-
-    def delete(self, key: bytes) -> None:
-        try:
-            os.unlink(self._file(key))
-        except FileNotFoundError:
-            pass
-
-    def entries(self) -> Iterator[EntryInfo]:
-        found = []
-        for folder, _, files in os.walk(self.root):
-            for name in files:
-                if name.endswith(".tmp"):
-                    continue
-                try:
-                    st = os.stat(os.path.join(folder, name))
-                    found.append(EntryInfo(bytes.fromhex(name), st.st_size, st.st_mtime,
-                                           max(st.st_atime, st.st_mtime), False))
-                except (OSError, ValueError):
-                    continue
-        yield from sorted(found, key=lambda e: e.accessed)
-
-    def clear(self) -> None:
-        for info in list(self.entries()):
-            self.delete(info.key)
+                    pass
+        return removed

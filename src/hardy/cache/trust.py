@@ -21,6 +21,7 @@ same few lines).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -28,6 +29,7 @@ from blake3 import blake3
 
 from ..errors import UntrustedCacheError
 from ..hashing import DIGEST
+from .folders import Folder, open_named
 
 KEY_FILE = "secret.key"
 KEY_SIZE = 32
@@ -65,11 +67,14 @@ def _owner(uid: int) -> str:
 
 
 def check_directory(path: str, shared: bool) -> bool:
-    """Whether `path` exists; raises if it may not be used as a cache directory by this user."""
+    """Whether `path` exists; raises if it may not be used as a cache directory by this user (a
+    link of another user's is refused either way: `folders.open_named`)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return False
+    if os.path.islink(path):
+        open_named(path, private=False).close()
     if shared:
         return True
     me = os.geteuid()
@@ -101,18 +106,23 @@ def user_key_folder() -> str:
     return os.path.join(base, "hardy")
 
 
-def load_key(folder: str, name: str) -> bytes:
-    """The key `folder/name`, created (32 random bytes, 0600, atomically) if absent; refused if it is
-    not a regular file of the current user's that nobody else can read or write."""
-    path = os.path.join(folder, name)
+def load_key(folder: str | Folder, name: str) -> bytes:
+    """The key `name` in `folder` (a private one: a path is opened and checked so), created (32
+    random bytes, 0600, atomically) if absent; refused if it is not a regular file of the current
+    user's that nobody else can read or write. Read through the folder's descriptor, without
+    following a link."""
+    if isinstance(folder, str):
+        with open_named(folder, private=True) as opened:
+            return load_key(opened, name)
+    path = os.path.join(folder.path, name)
     fix = ("Delete it if you did not make it, or pass DiskCache(..., secret=...) / set HARDY_CACHE_KEY "
            "to a secret of your own")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = folder.open(name)
     except FileNotFoundError:
-        return _create_key(folder, path)
+        return _create_key(folder, name)
     except OSError as exc:
-        if os.path.islink(path):
+        if exc.errno == errno.ELOOP:
             raise refuse("cache key", path, "is a symbolic link", fix) from None
         raise refuse("cache key", path, f"cannot be opened ({exc.strerror})", fix) from None
     try:
@@ -132,33 +142,41 @@ def load_key(folder: str, name: str) -> bytes:
     return data
 
 
-def _create_key(folder: str, path: str) -> bytes:
-    """32 random bytes into `path`, 0600: written under a unique name, then linked into place
+def _create_key(folder: Folder, name: str) -> bytes:
+    """32 random bytes into `name`, 0600: written under a unique name, then linked into place
     (link() fails if another process made the key first; theirs is then read and checked)."""
-    make_cache_directory(folder)
-    tmp = f"{path}.{os.urandom(16).hex()}"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    tmp = f"{name}.{os.urandom(16).hex()}"
+    fd = folder.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(os.urandom(KEY_SIZE))
-        os.link(tmp, path)
+        os.link(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd, follow_symlinks=False)
     except FileExistsError:
         pass
     finally:
         try:
-            os.unlink(tmp)
+            folder.unlink(tmp)
         except OSError:
             pass
-    return load_key(folder, os.path.basename(path))
+    return load_key(folder, name)
+
+
+def state_folder(create: bool = True) -> Folder:
+    """The current user's own state folder (`user_key_folder`: their cache key, kept failed inputs'
+    reports), opened without following a link: it must be theirs and private."""
+    path = user_key_folder()
+    try:
+        with open_named(os.path.dirname(path), private=False, create=create, mode=0o700) as base:
+            return base.sub(os.path.basename(path), create=create, mode=0o700, private=True)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EPERM, errno.ENOTDIR):
+            raise
+        raise refuse("cache key folder", path, "is a symbolic link, someone else's or writable by others",
+                     "Make it yours and private (`chmod 700`), or set XDG_STATE_HOME, or pass "
+                     "DiskCache(..., secret=...)") from None
 
 
 def user_key() -> bytes:
     """The current user's own cache key (shared caches): its folder must be the user's, private."""
-    folder = user_key_folder()
-    if os.path.isdir(folder):
-        st = os.lstat(folder)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & OTHERS_WRITE:
-            raise refuse("cache key folder", folder, "is a symbolic link, someone else's or writable by others",
-                         "Make it yours and private (`chmod 700`), or set XDG_STATE_HOME, or pass "
-                         "DiskCache(..., secret=...)")
-    return load_key(folder, "cache.key")
+    with state_folder() as folder:
+        return load_key(folder, "cache.key")

@@ -16,7 +16,8 @@ only, in a folder only its owner may write, and signed as a shared cache's entri
 BLAKE3 under the user's own key (`hardy.cache.trust.user_key`), with a key derived for this purpose
 only, so a kept input never verifies as a cache entry nor one as the other. `load` refuses, before
 unpickling anything (unpickling runs code), a file or folder that another user owns or may write,
-a symbolic link, and a file whose signature does not match.
+a symbolic link (at the folder or the file: both are reached through their parent's descriptor,
+never followed), and a file whose signature does not match.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..cache.trust import check_owned, mac_key, sign, user_key, user_key_folder
+from ..cache.folders import Folder, open_named
+from ..cache.trust import check_owned, mac_key, sign, state_folder, user_key, user_key_folder
 from ..errors import ReplayError, UntrustedCacheError
 from ..hashing import DIGEST
 
@@ -43,8 +45,12 @@ _PURPOSE = "kept failed-item inputs"
 _FIX = "Remove it if you did not make it; hardy replay only loads what you wrote"
 
 
-def default_folder() -> Path:
-    """Where `Engine(keep_failed_inputs=True)` writes reports when no report directory is given."""
+def default_folder(create: bool = False) -> Path:
+    """Where `Engine(keep_failed_inputs=True)` writes reports when no report directory is given:
+    made (`create`) through the user's checked state folder, private."""
+    if create:
+        with state_folder() as state, state.sub("reports", create=True, mode=0o700, private=True):
+            pass
     return Path(user_key_folder()) / "reports"
 
 
@@ -57,16 +63,23 @@ def _key() -> bytes:
 
 
 def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
-    """Write each item's inputs; {item: file name, or why it was not kept}."""
-    import cloudpickle
+    """Write each item's inputs; {item: file name, or why it was not kept}. The folder is reached
+    through the report folder's descriptor, not following a link (a team's report_dir may be
+    written by others), and must be this user's and private."""
     folder = folder_of(report)
     try:
         key = _key()  # first: its folder, made private, may be the report's parent (`default_folder`)
         folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        folder.mkdir(mode=0o700, exist_ok=True)
-        check_owned("replay folder", str(folder), os.lstat(folder), _FIX)
+        with open_named(str(folder.parent), private=False) as parent:
+            kept = parent.sub(folder.name, create=True, mode=0o700, private=True)
     except (OSError, UntrustedCacheError) as exc:
         return dict.fromkeys(items, f"not kept: {exc}")
+    with kept:
+        return _keep_each(kept, key, pipeline, items)
+
+
+def _keep_each(folder: Folder, key: bytes, pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
+    import cloudpickle
     said: dict[int, str] = {}
     try:
         head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + cloudpickle.dumps(pipeline, protocol=5)
@@ -93,25 +106,23 @@ def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict
     return said
 
 
-def _write(folder: Path, i: int, key: bytes, body: bytes) -> str:
-    path = folder / f"item-{i}.pkl"
-    scratch = folder / f".item-{i}.{os.getpid()}.tmp"
+def _write(folder: Folder, i: int, key: bytes, body: bytes) -> str:
+    name = f"item-{i}.pkl"
     try:
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + sign(key, body) + body)
-        os.replace(scratch, path)
+        folder.write(name, [_MAGIC, sign(key, body), body], mode=0o600)
     except OSError as exc:
-        scratch.unlink(missing_ok=True)
         return f"not kept: {exc}"
-    return f"{folder.name}/{path.name}"
+    return f"{os.path.basename(folder.path)}/{name}"
 
 
 def _read_own(path: Path) -> bytes:
-    """The file's bytes, if it and its folder are this user's and nobody else may write them."""
+    """The file's bytes, if it and its folder are this user's and nobody else may write them: the
+    folder opened through its parent's descriptor and the file through the folder's, neither
+    following a link, each checked on what was opened."""
     try:
-        check_owned("replay folder", str(path.parent), os.lstat(path.parent), _FIX)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open_named(str(path.parent.parent), private=False) as parent, parent.sub(path.parent.name) as folder:
+            check_owned("replay folder", str(path.parent), os.fstat(folder.fd), _FIX)
+            fd = folder.open(path.name)
     except UntrustedCacheError as exc:
         raise ReplayError(str(exc)) from None
     except OSError as exc:

@@ -18,6 +18,7 @@ import ctypes.util
 import functools
 import mmap
 import os
+import stat
 import struct
 import sys
 import threading
@@ -105,18 +106,26 @@ def table(path: str) -> SymbolTable | None:
     """The symbol table of the library at `path` (None if it is no readable 64-bit ELF), cached
     per build-id, or per path + size + mtime."""
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            st = os.fstat(f.fileno())
-            sections = _sections(data)
-            if sections is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO named in a record: no wait
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not st.st_size:
                 return None
-            key: object = _build_id(data, sections) or (os.path.realpath(path), st.st_size, st.st_mtime_ns)
-            with _lock:
-                if key in _tables:
-                    return _tables[key]
-            read = _read_table(path, data, sections)
-    except (OSError, ValueError, struct.error):
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _cached(path, st, data)
+    except (OSError, ValueError, struct.error, IndexError, OverflowError):  # no ELF this reads, or one that lies
         return None
+
+
+def _cached(path: str, st: os.stat_result, data: mmap.mmap) -> SymbolTable | None:
+    sections = _sections(data)
+    if sections is None:
+        return None
+    key: object = _build_id(data, sections) or (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    with _lock:
+        if key in _tables:
+            return _tables[key]
+    read = _read_table(path, data, sections)
     with _lock:
         _tables[key] = read
     return read

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import warnings
@@ -25,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, UntrustedCacheError
 from ..executor import WorkerCounts
 from .callbacks import CallbackContext, PipelineCallback
 from .report_views import FAILURES_SHOWN, rich_tables, to_html
@@ -201,7 +200,7 @@ def _folder(engine: Any, failures: dict[int, NodeError]) -> Path | None:
         return Path(engine.report_dir)
     if failures and engine.keep_failed_inputs:
         from ..forensics.kept import default_folder
-        return default_folder()
+        return default_folder(create=True)
     return None
 
 
@@ -213,7 +212,7 @@ def _write(report: RunReport, folder: Path, pipeline: Any, live: LiveReport, fai
         if failures and live.inputs is not None and pipeline.engine.keep_failed_inputs is not False:
             _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
         report.save(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, UntrustedCacheError) as exc:
         warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
                       "pipeline.report() still has it", RuntimeWarning, stacklevel=3)
 
@@ -311,14 +310,20 @@ class RunReport:
 
     @classmethod
     def load(cls, path: str | Path) -> RunReport:
+        """The report in the JSON file `path`, checked against the schema of what hardy writes
+        (`report_schema.py`): raises `InvalidArgument` naming the first field that is not, and
+        `OSError` for a file that cannot be read. Whoever wrote the file, what loads renders as text."""
         import json
+
+        from .report_schema import check
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             data = None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise InvalidArgument(f"{path} is not a hardy run report (written by Engine(report_dir=...) or "
-                             "report.save('run.json')).")
+                                  "report.save('run.json')).")
+        check(data, str(path))
         return cls(data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -332,14 +337,14 @@ class RunReport:
             raise InvalidArgument(f"cannot save a run report as {path.name!r}: use a .html or .json file name.")
         path.parent.mkdir(parents=True, exist_ok=True)
         import json
+
+        from ..cache.folders import open_named
         text = to_html(self.data) if suffix == ".html" else json.dumps(self.data, indent=1)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:  # a message may hold what no UTF-8 can (a file name's undecodable bytes): shown escaped
-            tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
-            os.replace(tmp, path)  # a reader never sees half a report
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # a message may hold what no UTF-8 can (a file name's undecodable bytes): shown escaped. Written
+        # whole, through the folder's descriptor, to a fresh name renamed into place: a reader never sees
+        # half a report, and a link another user planted in a shared report folder is replaced, not followed
+        with open_named(str(path.parent), private=False) as folder:
+            folder.write(path.name, text.encode("utf-8", errors="backslashreplace"), mode=None)
         return path
 
     def __rich_console__(self, console: Any, options: Any) -> Any:

@@ -1,13 +1,21 @@
 """How a run report is shown: the terminal tables (rich) and the self-contained HTML page.
 
 Both render the report's plain data (`RunReport.data`, the JSON), never the live recording, so a
-report written by another process renders the same (`hardy report run.json`). The page has no
-scripts and no external resources, and every user-supplied string in it is escaped.
+report written by another process renders the same (`hardy report run.json`) — and a report file
+is data written by whoever wrote it (checked first: `report_schema.py`). So the page is text, never
+markup of the file's: every string is escaped, the DAG's drawing is rebuilt from an allow-list
+(`report_schema.drawing`), and a Content-Security-Policy, first in the page, forbids scripts,
+frames, forms and anything fetched. The terminal is given text too: control characters (escape
+sequences that retitle, rewrite or hyperlink a terminal; bidirectional overrides that reorder what
+is shown) are written as escapes, and rich markup in a string (`[link=...]`) is shown, not obeyed.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from .report_schema import drawing
 
 FAILURES_SHOWN = 100  # failures the tables and the page show, and whose stacks are kept: every one is listed
 
@@ -24,6 +32,21 @@ def _batch_row(b: dict[str, Any]) -> tuple[str, ...]:
 def _more(failures: list[dict[str, Any]]) -> str:
     return (f"... and {len(failures) - FAILURES_SHOWN:,} more failures (every one is in the report's JSON, "
             "with item, node, error and message)")
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def shown(text: str) -> str:
+    """`text` as a terminal may be given it: each control character (but newline and tab) written as
+    its escape, `\\x1b`, so nothing in a report moves the cursor, retitles or hyperlinks the terminal."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _cell(text: str) -> str:
+    """A table cell: shown, and rich's markup escaped."""
+    from rich.markup import escape
+    return escape(shown(text))
 
 
 def _ms(seconds: float) -> str:
@@ -49,16 +72,15 @@ def _headline(d: dict[str, Any]) -> str:
 def rich_tables(d: dict[str, Any]) -> Any:
     """The report as rich renderables, in order: the headline, then the tables of nodes, batched
     nodes and failures (`print(report)`, `hardy report`)."""
-    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
-    yield Text(_headline(d))
+    yield Text(shown(_headline(d)))
     nodes = Table(title="nodes")
     for col in ("node", "calls", "cache hits", "failures", "total", "mean", "p95", "peak worker RSS"):
         nodes.add_column(col, justify="left" if col == "node" else "right")
     for n in d["nodes"]:
-        nodes.add_row(escape(n["name"]), str(n["calls"]), str(n["cached"]), str(n["failures"]),
+        nodes.add_row(_cell(n["name"]), str(n["calls"]), str(n["cached"]), str(n["failures"]),
                       _ms(n["total_s"]), _ms(n["mean_s"]), _ms(n["p95_s"]), _mib(n.get("peak_rss")))
     if d["nodes"]:
         yield nodes
@@ -70,15 +92,15 @@ def rich_tables(d: dict[str, Any]) -> Any:
         for col in _BATCH_COLUMNS:
             table.add_column(col, justify="left" if col == "node" else "right")
         for n in batched:
-            table.add_row(escape(n["name"]), *_batch_row(n["batches"]))
+            table.add_row(_cell(n["name"]), *_batch_row(n["batches"]))
         yield table
     if d["failures"]:
         fails = Table(title="failures")
         for col in ("item", "node", "error", "signal", "message"):
             fails.add_column(col)
         for f in d["failures"][:FAILURES_SHOWN]:
-            fails.add_row(str(f["item"]), escape(f["node"]), escape(f["error"]), f["signal"] or "",
-                          escape(f["message"].splitlines()[0] if f["message"] else ""))
+            fails.add_row(str(f["item"]), _cell(f["node"]), _cell(f["error"]), _cell(f["signal"] or ""),
+                          _cell(f["message"].splitlines()[0] if f["message"] else ""))
         yield fails
         if len(d["failures"]) > FAILURES_SHOWN:
             yield Text(_more(d["failures"]))
@@ -97,13 +119,16 @@ table.fail th{background:#fecaca} pre{font-size:12px;background:#f8fafc;padding:
 """
 
 
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
+       "frame-src 'none'")
+
+
 def to_html(d: dict[str, Any]) -> str:
     """The report as one HTML page, viewable offline (`report.save("run.html")`, notebooks)."""
     import html
     e = html.escape
-    parts = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>hardy report: {e(d['pipeline'])}"
-             f"</title><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-             f"style-src 'unsafe-inline'; img-src data:\"><style>{_CSS}</style></head><body>",
+    parts = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" "
+             f"content=\"{CSP}\"><title>hardy report: {e(d['pipeline'])}</title><style>{_CSS}</style></head><body>",
              f"<h1>{e(d['pipeline'])}</h1><p class=\"summary\">{e(_headline(d))}<br>started {e(d['started_at'])}</p>",
              "<h2>pipeline</h2>", _dag_html(d["dag"]), "<h2>time per node</h2>", _nodes_html(d["nodes"]),
              "<h2>timeline of items per worker</h2>", _timeline_svg(d["timeline"], d["wall_s"]),
@@ -113,9 +138,15 @@ def to_html(d: dict[str, Any]) -> str:
 
 def _dag_html(dag: dict[str, Any]) -> str:
     import html
-    if dag.get("svg"):
-        return f"<div class=\"dag\">{dag['svg']}</div>"  # hardy's own drawing: every label in it is escaped
+    svg = drawing(dag["svg"]) if dag.get("svg") else None  # rebuilt: nothing of the file's markup but shapes
+    if svg:
+        return f"<div class=\"dag\">{svg}</div>"
     return "<ol>" + "".join(f"<li>{html.escape(n)}</li>" for n in dag["nodes"]) + "</ol>"
+
+
+def _px(value: float) -> int:
+    """A coordinate, bounded: a report's numbers are the file's, and no page needs more than this."""
+    return round(min(max(value, -1e6), 1e6))
 
 
 def _nodes_html(nodes: list[dict[str, Any]]) -> str:
@@ -125,9 +156,9 @@ def _nodes_html(nodes: list[dict[str, Any]]) -> str:
     rows = ["<table><tr><th>node</th><th>calls</th><th>cache hits</th><th>failures</th><th>total</th>"
             "<th>mean</th><th>p95</th><th>peak worker RSS</th><th></th></tr>"]
     for n in nodes:
-        width = max(1, round(300 * n["total_s"] / longest))
-        rows.append(f"<tr><td>{e(n['name'])}</td><td class=n>{n['calls']}</td><td class=n>{n['cached']}</td>"
-                    f"<td class=n>{n['failures']}</td><td class=n>{_ms(n['total_s'])}</td>"
+        width = max(1, _px(300 * (n["total_s"] / longest)))
+        rows.append(f"<tr><td>{e(n['name'])}</td><td class=n>{int(n['calls'])}</td><td class=n>{int(n['cached'])}</td>"
+                    f"<td class=n>{int(n['failures'])}</td><td class=n>{_ms(n['total_s'])}</td>"
                     f"<td class=n>{_ms(n['mean_s'])}</td><td class=n>{_ms(n['p95_s'])}</td>"
                     f"<td class=n>{_mib(n.get('peak_rss'))}</td>"
                     f"<td><span class=bar style=\"width:{width}px\"></span></td></tr>")
@@ -158,10 +189,10 @@ def _timeline_svg(timeline: list[list[Any]], wall: float) -> str:
     for name, k in lane_of.items():
         out.append(f"<text x=\"0\" y=\"{k * row + 13}\">{e(name)}</text>")
     for i, worker, start, end, ok in timeline:
-        x, w = round(left + start * scale), max(2, round((end - start) * scale))
+        x, w = _px(left + start * scale), max(2, _px((end - start) * scale))
         colour = "#22c55e" if ok else "#ef4444"
         out.append(f"<rect x=\"{x}\" y=\"{lane_of[worker] * row + 2}\" width=\"{w}\" height=\"{row - 4}\" "
-                   f"fill=\"{colour}\"><title>item {i}: {_ms(end - start)}</title></rect>")
+                   f"fill=\"{colour}\"><title>item {int(i)}: {_ms(end - start)}</title></rect>")
     out.append(f"<text x=\"{left}\" y=\"{row * len(lanes) + 18}\">0 s</text>"
                f"<text x=\"{left + width - 40}\" y=\"{row * len(lanes) + 18}\">{wall:.3f} s</text></svg>")
     return "".join(out)
@@ -175,7 +206,7 @@ def _failures_html(failures: list[dict[str, Any]]) -> str:
     rows = ["<table class=fail><tr><th>item</th><th>node</th><th>error</th><th>signal</th><th>message</th></tr>"]
     for f in failures[:FAILURES_SHOWN]:
         stack = f"<details><summary>stack</summary><pre>{e(f['stack'])}</pre></details>" if f["stack"] else ""
-        rows.append(f"<tr><td class=n>{f['item']}</td><td>{e(f['node'])}</td><td>{e(f['error'])}</td>"
+        rows.append(f"<tr><td class=n>{int(f['item'])}</td><td>{e(f['node'])}</td><td>{e(f['error'])}</td>"
                     f"<td>{e(f['signal'] or '')}</td><td><pre>{e(f['message'])}</pre>{stack}</td></tr>")
     more = f"<p>{_more(failures)}</p>" if len(failures) > FAILURES_SHOWN else ""
     return "".join(rows) + "</table>" + more

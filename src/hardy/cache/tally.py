@@ -1,0 +1,72 @@
+"""What went wrong with a cache during one map, counted as it happens and said once.
+
+The cache never fails a node: a store that cannot be read or written (disk full, read-only mount,
+permission, I/O error, a lock held past its timeout, a link where a file should be) makes the node
+run uncached, an entry that fails verification is deleted and recomputed, and `DiskCache.report()`
+sums all of it up in one warning per map instead of a line per entry.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+
+FAULTS = (OSError,)  # with sqlite3.Error (added by DiskCache): what a store raises when its environment misbehaves
+DAMAGED = "damaged"
+FORGED = ("whose header named another secret in this secret's own folder (written by someone without the "
+          "secret, or damaged)")
+
+
+def entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+class Tally:
+    """Counters of one map's faults (the node ran uncached), deletions (recomputed) and notes
+    (done otherwise than asked), by reason."""
+
+    def __init__(self) -> None:
+        self.faults: collections.Counter[str] = collections.Counter()
+        self.deleted: collections.Counter[str] = collections.Counter()
+        self.notes: collections.Counter[str] = collections.Counter()
+
+    def fault(self, action: str, exc: BaseException) -> None:
+        self.faults[f"could not be {action} ({reason(exc)})"] += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.faults or self.deleted or self.notes)
+
+    def parts(self, elsewhere: list[str]) -> list[str]:
+        """The counts in words, `elsewhere` (a bucket's own) after the faults; then forgotten."""
+        parts = [f"{entries(n)} {what}" for what, n in self.faults.most_common()]
+        if self.faults:
+            parts[-1] += "; those nodes ran uncached"
+        parts += elsewhere
+        parts += [f"{n} {what} entr{'y' if n == 1 else 'ies'} deleted and recomputed" if what == DAMAGED else
+                  f"{entries(n)} {what} deleted and recomputed" for what, n in self.deleted.most_common()]
+        parts += [f"{entries(n)} {what}" for what, n in self.notes.most_common()]
+        self.faults.clear()
+        self.deleted.clear()
+        self.notes.clear()
+        return parts
+
+
+def reason(exc: BaseException) -> str:
+    """A fault in a few words, the same for SQLite's and the filesystem's spelling of it."""
+    name = getattr(exc, "sqlite_errorname", "")
+    code = getattr(exc, "errno", None)
+    if name == "SQLITE_FULL" or code in (errno.ENOSPC, errno.EDQUOT):
+        return "disk full"
+    if name.startswith("SQLITE_READONLY") or code == errno.EROFS:
+        return "read-only"
+    if name.startswith("SQLITE_CANTOPEN"):
+        return "cannot open the index: read-only or no permission"
+    if name in ("SQLITE_PERM", "SQLITE_AUTH") or code in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if name.startswith("SQLITE_IOERR") or code == errno.EIO:
+        return "I/O error"
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return "index locked past the timeout"
+    if code == errno.ELOOP:
+        return "a symbolic link where a file or folder should be: not followed"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,178 @@
+"""A report file is data written by whoever wrote it: a crafted one, rendered by `hardy report --html`
+and opened in a real headless Chromium, runs nothing and fetches nothing; in the terminal its
+control characters and rich markup are shown, not obeyed; and writing reports and kept inputs into
+a directory another user can write (a team's report_dir) never follows a link they planted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardy import Engine, Pipeline, node
+from test_cache_trust import area, needs_root  # noqa: F401  (area: a fixture)
+from test_security_cache import attacker
+
+chromium = pytest.mark.skipif(shutil.which("chromium") is None,
+                              reason="Chromium is not installed (Debian: apt-get install chromium)")
+
+MARKER = "attacker-script-ran"
+
+
+@node(output_name="y")
+def flaky(x: int) -> int:
+    if x == 1:
+        raise ValueError("one is not allowed")
+    return x
+
+
+def genuine(tmp_path: Path) -> dict:
+    """A real report's data: a map with one failure, recorded in full."""
+    p = Pipeline([flaky], engine=Engine(report=True), name="genuine")
+    p.map(inputs={"x": [0, 1, 2]}, map_over="x", on_error="continue")
+    return json.loads(json.dumps(p.report().to_dict()))
+
+
+def hardy_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, timeout=180)
+
+
+def open_in_chromium(page: Path, profile: Path) -> str:
+    """The page's DOM after Chromium has loaded it and let its timers run (a refresh, a script)."""
+    done = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
+@chromium
+def test_a_crafted_report_renders_as_text_and_runs_no_script(tmp_path):
+    """`dag.svg` and `failures[].item` were inserted as they were: a refresh to the author's page (whose
+    script then ran), scripts and handlers in the drawing (held back only by the page's CSP)."""
+    evil = tmp_path / "evil.html"  # the author's page: shipped beside the report, or any URL
+    evil.write_text(f"<html><body><script>document.body.setAttribute('data-x', '{MARKER}')</script></body></html>")
+    data = genuine(tmp_path)
+    data["dag"]["svg"] = ('<svg xmlns="http://www.w3.org/2000/svg" onload="document.title=\'' + MARKER + '\'">'
+                          f"<script>document.title='{MARKER}'</script><g class=\"node\"><title>ok</title>"
+                          "<rect x=\"1\" y=\"1\" width=\"10\" height=\"10\" fill=\"#dbeafe\"/></g></svg>")
+    data["failures"][0]["item"] = f'<meta http-equiv="refresh" content="0;url={evil.as_uri()}">'
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(json.dumps(data))
+    done = hardy_cli("report", str(crafted), "--html", str(tmp_path / "crafted.html"))
+    if done.returncode == 2:  # refused as not a report: nothing rendered, nothing to open
+        assert "failures[0].item" in done.stderr, done.stderr
+        data["failures"][0]["item"] = 1
+        crafted.write_text(json.dumps(data))
+        done = hardy_cli("report", str(crafted), "--html", str(tmp_path / "crafted.html"))
+    assert done.returncode == 0, done.stderr
+    dom = open_in_chromium(tmp_path / "crafted.html", tmp_path / "profile")
+    assert "<title>hardy report: genuine</title>" in dom and "one is not allowed" in dom
+    assert MARKER not in dom.replace(f"document.title='{MARKER}'", "")  # in the page only as escaped text
+    assert "<script" not in dom and " onload=" not in dom and "<meta http-equiv=\"refresh\"" not in dom
+
+
+# --- the terminal -------------------------------------------------------------------------------
+
+def test_a_crafted_report_in_the_terminal_shows_control_characters_and_markup_as_text(tmp_path):
+    """Escape sequences in a name or a message reach the terminal as escapes (`\\x1b`), never as
+    themselves: no retitled window, cleared screen or hyperlink; rich markup is shown as written."""
+    data = genuine(tmp_path)
+    data["pipeline"] = "title\x1b]0;owned\x07"
+    data["nodes"][0]["name"] = "flaky\x1b[2J\x1b[H"
+    data["failures"][0]["message"] = "[link=https://example.invalid]click[/link] \u202eevil\x9b31m"
+    data["failures"][0]["signal"] = "SIG[bold]X[/bold]"
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(json.dumps(data))
+    done = hardy_cli("report", str(crafted))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert not any(c in out for c in "\x1b\x07\x9b\u202e"), repr(out)
+    flat = "".join(out.split())  # the table wraps long cells
+    assert "\\x1b]0;owned\\x07" in flat and "\\x1b[2J" in flat and "\\u202eevil\\x9b31m" in flat
+    assert "[link=https://example.invalid]click[/link]" in flat and "SIG[bold]X[/bold]" in flat
+
+
+@pytest.mark.parametrize("field, value, where", [
+    ("items", "3", "items: expected an integer"),
+    ("wall_s", float("nan"), "wall_s: expected a number"),
+    ("timeline", [[0, "pid 1", 0.0, 1e308, True]], "timeline[0][3]: expected a number"),
+    ("dag", {"svg": 12, "nodes": []}, "dag.svg: expected a string or null"),
+    ("failures", [{"item": 0}], "failures[0].node: expected a value"),
+])
+def test_the_loader_names_the_field_that_is_not_as_hardy_writes_it(tmp_path, field, value, where):
+    data = genuine(tmp_path)
+    data[field] = value
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(json.dumps(data))
+    done = hardy_cli("report", str(crafted))
+    assert done.returncode == 2 and "is not a hardy run report" in done.stderr and where in done.stderr, done.stderr
+
+
+# --- report_dir and kept inputs in a folder another user writes --------------------------------
+
+PLANT = """
+import os, sys
+for link, target in zip(sys.argv[1::2], sys.argv[2::2]):
+    os.symlink(target, link)
+print("planted")
+"""
+
+
+@needs_root
+def test_writing_a_report_into_a_shared_folder_never_follows_a_planted_link(area):  # noqa: F811
+    """The report was written to `.<name>.<pid>.tmp` with a plain open: a link planted at that name
+    (the pid is no secret) made root write the report wherever the link pointed."""
+    from hardy.observe.report import RunReport
+    shared = area / "reports"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # a team's report folder: anyone may add files, only owners remove theirs
+    precious = area / "root-only"
+    precious.mkdir(mode=0o700)
+    (precious / "config").write_text("root's own file\n")
+    report = RunReport(genuine(area))
+    pairs = [str(shared / f".{name}.{os.getpid()}.tmp") for name in ("run.json", "run.html")]
+    attacker(PLANT, pairs[0], str(precious / "config"), pairs[1], str(precious / "made-by-root"))
+    report.save(shared / "run.json")
+    report.save(shared / "run.html")
+    assert (precious / "config").read_text() == "root's own file\n" and not (precious / "made-by-root").exists()
+    assert RunReport.load(shared / "run.json").to_dict()["pipeline"] == "genuine"
+
+
+@needs_root
+def test_a_report_folder_that_is_another_users_link_is_refused(area, tmp_path):  # noqa: F811
+    """report_dir=/shared/ci-reports where another user made that name a link to a folder of yours."""
+    mine = area / "root-only"
+    mine.mkdir(mode=0o700)
+    attacker(PLANT, str(area / "ci-reports"), str(mine))
+    p = Pipeline([flaky], engine=Engine(report_dir=area / "ci-reports"), name="shared")
+    with pytest.warns(RuntimeWarning, match="could not be written.*symbolic link of uid 65534"):
+        out = p.map(inputs={"x": [0, 2]}, map_over="x")
+    assert out == [{"y": 0}, {"y": 2}] and list(mine.iterdir()) == []
+
+
+@needs_root
+def test_kept_inputs_and_the_state_folder_refuse_another_users_links(area, monkeypatch):  # noqa: F811
+    from hardy.errors import UntrustedCacheError
+    from hardy.forensics import kept
+    monkeypatch.setenv("XDG_STATE_HOME", str(area / "state"))
+    (area / "state").mkdir(mode=0o700)
+    shared = area / "reports"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    mine = area / "root-only"
+    mine.mkdir(mode=0o700)
+    attacker(PLANT, str(shared / "run.inputs"), str(mine))
+    said = kept.keep(shared / "run.json", Pipeline([flaky]), {1: {"x": 1}})
+    assert said[1].startswith("not kept") and list(mine.iterdir()) == []
+    # the user's own state folder (their cache key, their reports), if another user's link: refused
+    monkeypatch.setenv("XDG_STATE_HOME", str(shared))
+    attacker(PLANT, str(shared / "hardy"), str(mine))
+    with pytest.raises(UntrustedCacheError, match="cache key folder"):
+        kept.default_folder(create=True)
+    assert list(mine.iterdir()) == []
