@@ -74,7 +74,8 @@ class MapRun(Deaths):
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
         self.shared = transport.Shared(_shared_values(items), dumps)
-        self.context = results.context or context.current()  # the caller's environment, cwd, argv, sys.path
+        # the caller's environment, working directory, argv and sys.path (an engine's chunk brings its caller's)
+        self.context = getattr(results, "context", None) or context.current()
 
     def next_chunk(self, w: Worker) -> list[int] | None:
         now = time.monotonic()
