@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..crash import BATCH, describe_exit, read_nesting, read_stack
+from ..crash import BATCH, describe_exit, read_marked, read_nesting, read_stack
 from ..errors import NodeCrashed, NodeError, NodeTimeout, ShippingError, WorkerStartError
 from ..forensics.frames import examine
 from ..plan import KEYS, Plan
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hardy.workers")
 
 MAX_NESTED_CRASHES = 100  # inner items of one nested map that may crash workers before its outer item fails
+MAX_THREAD_RERUNS = 3  # times an item runs again after crashes in threads it did not start, before it fails
 
 
 class Deaths:
@@ -45,6 +46,7 @@ class Deaths:
     sealed: dict[int, int]
     singly: set[int]
     poison: dict[tuple[Any, ...], dict[int | None, NodeError]]
+    blameless: dict[int, int]
     receive: Callable[[Worker], bool]
 
     def send_sealed(self, chunk: list[int], why: str, alone: bool = False) -> None:
@@ -93,8 +95,15 @@ class Deaths:
         stack, chain = read_stack(w.fault_path), read_nesting(w.fault_path)
         cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
         named = "/".join(str(level[0]) for level in chain) if len(chain) > 1 else node.name if node else "?"
+        thread, how = read_marked(w.fault_path) if not w.killed_for else (None, "")
+        if how and signame is None:  # it left on a node's word: which (os._exit, exit() from C)
+            text = f"{text.partition(' (')[0]}: {how}"
         death = examine(w.fault_path, signame, text, named, stack, w.hang if w.killed_for == "timeout" else None)
         text = death.reason
+        if thread is not None:  # a Python thread's crash: its own, or one that kept coming (`not_its_thread`)
+            times = self.blameless.get(i, 0)
+            text += f", in thread {thread['name']!r} ({self.started_by(thread)})" + (
+                f", {times} time(s) while this item ran" if times else "")
         err = cls(node.name if node else "?", i, text, signal=signame, exitcode=w.process.exitcode, stack=stack,
                   native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis,
                   inputs=_inputs(self.items[i]))
@@ -154,10 +163,13 @@ class Deaths:
         if w.killed_for:
             signame, text = "SIGKILL", w.kill_detail
         item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
-        in_flight = item if item in w.unsent else None
-        if item == words.BATCH and w.unsent:
+        foreign = self.not_its_thread(w, item, signame, text)
+        in_flight = item if item in w.unsent and not foreign else None
+        if item == words.BATCH and w.unsent and not foreign:
             in_flight = self.split(w, signame, text)
-        if in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
+        if foreign:
+            pass  # its items go back below, none blamed (`not_its_thread` said why)
+        elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(in_flight, words.OPENING - step, (signame, text, w.process.exitcode,
                                                                         read_stack(w.fault_path)))
@@ -186,6 +198,44 @@ class Deaths:
         w.unsent = {}
         w.plan = None
         pool.replace(slot, stop=False)
+
+    def not_its_thread(self, w: Worker, item: int, signame: str | None, text: str) -> bool:
+        """Whether the worker died in a Python thread that the work in flight did not start (a
+        prefetch or I/O thread of an earlier item's node, one started while the plan loaded): its
+        items then run again, none blamed, and a warning names the thread and the item whose node
+        started it. An item that keeps dying so is charged after MAX_THREAD_RERUNS (`charge` names
+        the thread), so this never loops. A crash in the main thread, in a thread running the
+        plan's code or in a native thread (an OpenMP team) is the node's (`crash.thread_line`)."""
+        thread, _ = read_marked(w.fault_path)
+        if thread is None or w.killed_for or not w.unsent:
+            return False
+        started = thread.get("started") or [words.IDLE, -1, 0.0]
+        if item >= 0 and started[0] == item or item == words.BATCH and started[0] == item and (
+                started[2] == w.status[words.STEP_START]):
+            return False  # a thread the item (or the batch call) running now started: its own
+        first = item if item in w.unsent else next(iter(w.unsent))
+        self.blameless[first] = self.blameless.get(first, 0) + 1
+        if self.blameless[first] > MAX_THREAD_RERUNS:
+            return False
+        steps, step = self.plan.steps, int(started[1])
+        death = examine(w.fault_path, signame, text, steps[step].node.name if 0 <= step < len(steps) else "?",
+                        read_stack(w.fault_path, every_thread=True))
+        log.warning("a worker died in thread %r (%s), not in the work in flight: %s. Item(s) %s run again, not "
+                    "blamed (%d of %d)%s", thread["name"], self.started_by(thread), death.reason,
+                    ", ".join(map(str, w.unsent)), self.blameless[first], MAX_THREAD_RERUNS,
+                    f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
+        return True
+
+    def started_by(self, thread: dict[str, Any]) -> str:
+        """Who started a thread, as `thread_line` noted it: `started by item 0, in node 'f'`."""
+        item, step, _ = thread.get("started") or [words.IDLE, -1, 0.0]
+        steps = self.plan.steps
+        node = f", in node {steps[int(step)].node.name!r}" if 0 <= step < len(steps) else ""
+        if item >= 0:
+            return f"started by item {int(item)}{node}"
+        if item == words.BATCH:
+            return f"started by a batch call{node}"
+        return "started outside any item (while the worker loaded the pipeline, or between items)"
 
     def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
         """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""

@@ -68,6 +68,7 @@ class MapRun(Deaths):
         self.limited = pool.max_memory is not None or bool(pool.stall_report) or _has_timeouts(plan.graph.nodes)
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
+        self.blameless: dict[int, int] = {}  # items run again after crashes in others' threads (`Deaths`)
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)

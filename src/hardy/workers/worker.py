@@ -94,6 +94,7 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
     on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
+    REPLIES.guard_exits(fault_file.fileno())  # os._exit, exit() from C: the same last words
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
 
 
