@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from ..crash import LAST_WORDS_LIMIT, exit_line, nesting_line, thread_line, watch_threads
 from ..errors import NodeError
-from ..forensics import handler
+from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..shipping import dumps, out_of_band, transport
 from .messages import Header
@@ -131,7 +131,8 @@ class Replies:
     def last_words(self, fault: int) -> None:
         """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill), in
         the thread that received it: where a nested pipeline was and which thread this is, for the
-        parent to name (before faulthandler's stack), then the results not sent yet."""
+        parent to name (before faulthandler's stack), then the results not sent yet, then which
+        files the crash's libraries were mapped from (`forensics.mapped`)."""
         try:
             os.write(fault, (nesting_line() + thread_line()).encode())
         except Exception:
@@ -139,6 +140,7 @@ class Replies:
         transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
         if self.unsent and not self.sending:
             self.send(self.unsent, False, dying=True)
+        mapped.record(fault)  # which files the crash's libraries were mapped from (after: results first)
 
     def guard_exits(self, fault: int) -> None:
         """A worker that a node ends itself leaves last words first, as a crash does, so that the
