@@ -189,7 +189,8 @@ class Deaths:
                     f"library in preload_libs= or the worker environment fails to load: see the worker's "
                     f"error above. {read_stack(w.fault_path)}".strip())
         elif w.process.exitcode == words.RETIRED:
-            log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
+            log.info("worker %d retired %s; a fresh one takes its place", w.number,
+                     f"because {how}" if (how := read_marked(w.fault_path)[1]) else "after a CUDA error")
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
                         after_return(w, signame, text))

@@ -20,6 +20,7 @@ from ..errors import NodeError
 from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..shipping import dumps, out_of_band, transport
+from .lifeline import end_descendants
 from .messages import Header
 from .status import IDLE, ITEM, SENDING, STEP, STEP_START
 
@@ -79,6 +80,7 @@ class Replies:
         self.complete: int | None = None
         self.sending = False
         self.forward = Forward()
+        self.fault = -1  # the crash record (`guard_exits`)
 
     def start(self, conn: Any, status: Any) -> None:
         self.conn, self.status = conn, status
@@ -132,7 +134,8 @@ class Replies:
         """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill), in
         the thread that received it: where a nested pipeline was and which thread this is, for the
         parent to name (before faulthandler's stack), then the results not sent yet, then which
-        files the crash's libraries were mapped from (`forensics.mapped`)."""
+        files the crash's libraries were mapped from (`forensics.mapped`); then it ends the
+        processes its nodes started (`lifeline.end_descendants`)."""
         try:
             os.write(fault, (nesting_line() + thread_line()).encode())
         except Exception:
@@ -141,6 +144,7 @@ class Replies:
         if self.unsent and not self.sending:
             self.send(self.unsent, False, dying=True)
         mapped.record(fault)  # which files the crash's libraries were mapped from (after: results first)
+        end_descendants(os.getpid())  # what its nodes started ends with it (its fork server would, not `fork`'s parent)
 
     def guard_exits(self, fault: int) -> None:
         """A worker that a node ends itself leaves last words first, as a crash does, so that the
@@ -149,6 +153,7 @@ class Replies:
         code (the compiled crash handler's hook; none without a compiler). Only in this process: a
         node's fork child (multiprocessing's) leaves its own way."""
         me, leave = os.getpid(), os._exit
+        self.fault = fault
 
         def guarded(code: int) -> NoReturn:
             if os.getpid() == me:
@@ -160,6 +165,13 @@ class Replies:
         os._exit = guarded
         handler.at_exit(lambda status: self.farewell(fault, f"exit({status}) was called by native code"),
                         LAST_WORDS_LIMIT)
+
+    def retire(self, why: str) -> None:
+        """The worker leaves after this chunk, for `why` (written for the parent to log)."""
+        try:
+            os.write(self.fault, exit_line(why).encode())
+        except OSError:
+            pass
 
     def farewell(self, fault: int, how: str) -> None:
         """The worker is leaving on a node's word (`guard_exits`): how and where (every thread's

@@ -28,7 +28,7 @@ from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, transport
 from .chunks import names_steps, run_chunk
-from .lifeline import kill_group, watch_peer
+from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Header, PlanSpec, Resend, Setup
 from .replies import REPLIES
 from .status import DEADLINE, IDLE, ITEM, LOADING, READING, READY, RETIRED, STEP, marked, open_status
@@ -48,7 +48,8 @@ def run(fd: int) -> None:
         status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
-    watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
+    watch_peer(fd, end_worker)  # the parent died: so do we and our children
+    become_subreaper()  # a node's processes stay under this worker, new sessions too (lifeline.py)
     _take_setup(setup)
     _install_crash_handlers(conn, fault_fd, fd)
     status = _open_status_words(status_fd)
@@ -61,6 +62,7 @@ def run(fd: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         _close_sqlite()
+        end_descendants(os.getpid())  # the processes its nodes started end with it
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(code)
