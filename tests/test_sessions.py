@@ -168,13 +168,12 @@ def test_a_worker_never_piles_up_more_than_zombies_max_exited_orphans(caplog):
     @node(output_name="y")
     def leaves_an_orphan(x: int) -> tuple[int, int, int]:
         subprocess.run(["sh", "-c", "true & exit 0"], check=True)  # `true` outlives its shell, then exits
-        me = os.getpid()
-        children = [c for t in os.listdir(f"/proc/{me}/task")
-                    for c in open(f"/proc/{me}/task/{t}/children").read().split()]
-        exited = 0
+        me, exited = os.getpid(), 0
+        tasks = Path(f"/proc/{me}/task")
+        children = [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
         for c in children:
             try:
-                exited += open(f"/proc/{c}/stat").read().rpartition(")")[2].split()[0] == "Z"
+                exited += Path(f"/proc/{c}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
             except OSError:
                 pass
         return x, me, exited

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 MARK = "hardy-mapped: "
 SYMBOL = "hardy-symbol: "
 NATIVE = "hardy-native: "
+Native = tuple[int, int, int, str, str]  # a native frame's address, load base, symbol address, symbol, library
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,10 @@ class Mapped:
         return self.identity is None or self.identity != _identity(path)
 
 
-def native_lines(text: str) -> list[tuple[int, int, int, str, str]]:
+def native_lines(text: str) -> list[Native]:
     """(address, load base, symbol address, exported symbol, library) of each frame of the last
     native record in `text` (`handler.py` writes one per crash, or per exit from native code)."""
-    frames: list[tuple[int, int, int, str, str]] = []
+    frames: list[Native] = []
     for line in text.splitlines():
         if not line.startswith(NATIVE):
             continue
@@ -140,7 +141,7 @@ def _same(where: tuple[int, int, str, str, int], library: str) -> bool:
         return False
 
 
-def _named(where: tuple[int, int, str, str, int], frames: list[tuple[int, tuple[int, int, int, str, str]]]) -> list[str]:
+def _named(where: tuple[int, int, str, str, int], frames: list[tuple[int, Native]]) -> list[str]:
     """`hardy-symbol` lines for the frames of a replaced library (each with its place in the
     record), read from the mapped file itself through /proc/self/map_files (none where this
     process may not open it)."""

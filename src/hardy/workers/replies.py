@@ -155,13 +155,13 @@ class Replies:
         me, leave = os.getpid(), os._exit
         self.fault = fault
 
-        def guarded(code: int) -> NoReturn:
+        def guarded(status: int) -> NoReturn:
             if os.getpid() == me:
                 loop = sys._getframe(1).f_code.co_filename.endswith(_WORKER_LOOP)
                 escaped = sys.exc_info()[1] if loop else None
                 self.farewell(fault, f"{escaped!r} ended the worker's loop" if escaped is not None else
-                              f"os._exit({code}) was called")
-            leave(code)
+                              f"os._exit({status}) was called")
+            leave(status)
         os._exit = guarded
         handler.at_exit(lambda status: self.farewell(fault, f"exit({status}) was called by native code"),
                         LAST_WORDS_LIMIT)
