@@ -193,7 +193,7 @@ class Deaths:
                      f"because {how}" if (how := read_marked(w.fault_path)[1]) else "after a CUDA error")
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
-                        after_return(w, signame, text))
+                        after_return(w, signame, text, self.plan))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
         w.unsent = {}
@@ -228,15 +228,7 @@ class Deaths:
         return True
 
     def started_by(self, thread: dict[str, Any]) -> str:
-        """Who started a thread, as `thread_line` noted it: `started by item 0, in node 'f'`."""
-        item, step, _ = thread.get("started") or [words.IDLE, -1, 0.0]
-        steps = self.plan.steps
-        node = f", in node {steps[int(step)].node.name!r}" if 0 <= step < len(steps) else ""
-        if item >= 0:
-            return f"started by item {int(item)}{node}"
-        if item == words.BATCH:
-            return f"started by a batch call{node}"
-        return "started outside any item (while the worker loaded the pipeline, or between items)"
+        return started_by(thread, self.plan)
 
     def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
         """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""
@@ -282,11 +274,26 @@ class Deaths:
             signal=signame, exitcode=exitcode, stack=stack))
 
 
-def after_return(w: Worker, signame: str | None, text: str) -> str:
-    """What a worker's crash record says of a death outside any item: the diagnosis (a crash at
-    exit, in which library) and the native stack, as lines to add to the warning."""
+def started_by(thread: dict[str, Any], plan: Plan | None) -> str:
+    """Who started a thread, as `crash.thread_line` noted it: `started by item 0, in node 'f'`."""
+    item, step, _ = thread.get("started") or [words.IDLE, -1, 0.0]
+    steps = plan.steps if plan is not None else ()
+    node = f", in node {steps[int(step)].node.name!r}" if 0 <= step < len(steps) else ""
+    if item >= 0:
+        return f"started by item {int(item)}{node}"
+    if item == words.BATCH:
+        return f"started by a batch call{node}"
+    return "started outside any item (while the worker loaded the pipeline, or between items)"
+
+
+def after_return(w: Worker, signame: str | None, text: str, plan: Plan | None = None) -> str:
+    """What a worker's crash record says of a death outside any item: the thread it died in (a
+    Python thread a node started), the diagnosis (a crash at exit, in which library) and the
+    native stack, as lines to add to the warning."""
+    thread, _ = read_marked(w.fault_path)
     death = examine(w.fault_path, signame, text, "?", "", after_return=True)
-    return "".join(f"\ndiagnosis: {d}" for d in death.diagnosis) + (
+    return (f"\nin thread {thread['name']!r} ({started_by(thread, plan)})" if thread else "") + "".join(
+        f"\ndiagnosis: {d}" for d in death.diagnosis) + (
         f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
 
 

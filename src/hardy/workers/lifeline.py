@@ -127,6 +127,8 @@ def end_descendants(root: int, spare: frozenset[int] = frozenset()) -> None:
     live workers, which end their own), again until none is left: a process forked meanwhile
     is found by the next pass. Each is signalled through a pidfd taken after it was listed, so a
     pid that was reused in between is never signalled."""
+    if _children(root) == []:  # (a subreaper with no child has nothing under it: no /proc scan)
+        return
     for _ in range(8):
         processes = _processes()
         spared = set(spare).union(*(descendants(pid, processes) for pid in spare))
@@ -150,17 +152,23 @@ def _kill(pid: int) -> None:
         os.close(fd)
 
 
-def retiring(pid: int) -> bool:
-    """Whether worker `pid` holds ZOMBIES_MAX exited processes it adopted and nobody collects."""
+def _children(pid: int) -> list[str] | None:
+    """The pids of the children of process `pid`, from its threads' /proc children lists (a
+    kernel built with CONFIG_PROC_CHILDREN); None where there are none to read."""
+    children = []
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        children = []
-        for task in tasks:
+        for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 children += f.read().split()
     except OSError:
-        return False  # (no /proc children lists: the fork server collects them when the worker leaves)
-    if len(children) < ZOMBIES_MAX:
+        return None
+    return children
+
+
+def retiring(pid: int) -> bool:
+    """Whether worker `pid` holds ZOMBIES_MAX exited processes it adopted and nobody collects."""
+    children = _children(pid)
+    if children is None or len(children) < ZOMBIES_MAX:  # (unknown: its fork server collects them at its end)
         return False
     states = _processes()
     return sum(states.get(int(c), (0, ""))[1] == "Z" for c in children) >= ZOMBIES_MAX

@@ -12,6 +12,7 @@ import faulthandler
 import logging
 import os
 import pickle
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -143,6 +144,7 @@ class Replies:
         transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
         if self.unsent and not self.sending:
             self.send(self.unsent, False, dying=True)
+        signal.alarm(LAST_WORDS_LIMIT)  # the results are out: the forensics get a limit of their own
         mapped.record(fault)  # which files the crash's libraries were mapped from (after: results first)
         end_descendants(os.getpid())  # what its nodes started ends with it (its fork server would, not `fork`'s parent)
 

@@ -121,7 +121,7 @@ class MapRun(Deaths):
             if w is not None and not w.process.is_alive():
                 signame, text = describe_exit(w.process.exitcode)
                 log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
-                            after_return(w, signame, text))
+                            after_return(w, signame, text, self.plan))
                 pool.replace(slot, stop=False)
                 w = None
             if w is None:
