@@ -58,10 +58,10 @@ print(json.dumps({"twice": sorted(k for k, n in runs.items() if n > 1), "missing
 """
 
 
-def run_script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_script(code: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": SRC}
     return subprocess.run([sys.executable, "-", *args], input=textwrap.dedent(code), capture_output=True, text=True,
-                          env=env, timeout=180)
+                          env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +120,30 @@ def test_a_nodes_fork_children_exit_their_own_way(quitting_lib):
     """, quitting_lib)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "[{'codes': (5, 6)}, {'codes': (6, 7)}, {'codes': (7, 8)}]", done.stdout + done.stderr
+
+
+def test_a_result_whose_pickling_calls_sys_exit_fails_its_item_and_ends_nothing():
+    """Before, the SystemExit ended the worker with every unsent result, and each fresh worker did
+    the same again: the map never ended."""
+    done = run_script("""
+        import sys
+        from hardy import Engine, Pipeline, node
+
+        class Quits:
+            def __reduce__(self):
+                sys.exit(9)
+
+        @node(output_name="y")
+        def make(x):
+            return Quits() if x == 5 else x
+
+        with Engine(map_executor="process", workers=1) as engine:
+            out = Pipeline(nodes=[make], engine=engine).map(inputs={"x": list(range(100))}, map_over="x",
+                                                            on_error="continue")
+        print([o == {"y": x} for x, o in enumerate(out)].count(True), out[5].error)
+    """, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        "99 node 'make' failed on item 5: its output 'y' (__main__.Quits) cannot be pickled back to the parent "
+        "process (SystemExit: 9); return plain data (numbers, arrays, dicts, paths) or make the type picklable"), \
+        done.stdout + done.stderr

@@ -20,6 +20,7 @@ from ..crash import LAST_WORDS_LIMIT, exit_line, nesting_line, thread_line, watc
 from ..errors import NodeError
 from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
+from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
 from .lifeline import end_descendants
 from .messages import Header
@@ -109,7 +110,7 @@ class Replies:
                 message, self.forward.records = (message, self.forward.records), []
             try:
                 packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
-            except Exception:
+            except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
                 batch[:] = [_picklable(self.producers, *row) for row in batch]
                 packed = transport.pack(message, dumps)
             self.sent.append((list(batch), records))
@@ -205,12 +206,12 @@ def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> Row:
     try:
         dumps(value)
         return i, ok, value
-    except Exception:
+    except CAUGHT:
         pass
     for name, part in (value.items() if ok else ()):
         try:
             dumps(part)
-        except Exception as exc:
+        except CAUGHT as exc:
             return i, False, NodeError(
                 producers.get(name, name), None, i,
                 f"its output {name!r} ({type(part).__module__}.{type(part).__qualname__}) cannot be "
