@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import build_library
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -66,14 +67,7 @@ def run_script(code: str, *args: str, timeout: float = 180) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def quitting_lib(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("gcc is needed to build the library that calls exit()")
-    folder = tmp_path_factory.mktemp("exits")
-    (folder / "quit.c").write_text(C_SOURCE)
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(folder / "libquit.so"), str(folder / "quit.c")],
-                   check=True)
-    return str(folder / "libquit.so")
+    return str(build_library(tmp_path_factory.mktemp("exits"), "libquit.so", C_SOURCE, "-O1"))
 
 
 @pytest.mark.parametrize(("how", "said", "line"), [

@@ -7,6 +7,7 @@ crashes, after it is SIGKILLed from outside, and with `start_method="fork"`. Use
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -18,6 +19,22 @@ from pathlib import Path
 import pytest
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def running(pids: list[list[int]]) -> list[int]:
+    """Those of the processes still running (not exited, and their pid not taken by another since),
+    here and in the scripts."""
+    alive = []
+    for pid, start in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] not in "ZX" and int(fields[19]) == start:
+            alive.append(pid)
+    return alive
+
 
 HEAD = r'''
 import json, os, signal, subprocess, sys, time
@@ -51,20 +68,6 @@ def started(pid):
         return int(f.read().rpartition(")")[2].split()[19])
 
 
-def running(pids):
-    """Those of the processes still running (not exited, and their pid not taken by another since)."""
-    alive = []
-    for pid, start in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in "ZX" and int(fields[19]) == start:
-            alive.append(pid)
-    return alive
-
-
 def gone(pids):
     """Whether all have ended, waiting up to a minute for the kernel to deliver the kills."""
     for _ in range(600):
@@ -72,7 +75,7 @@ def gone(pids):
             return True
         time.sleep(0.1)
     return False
-'''
+''' + inspect.getsource(running)
 
 
 @pytest.fixture
@@ -89,21 +92,8 @@ def script():
         left.extend(out["left"])  # type: ignore[arg-type]
         return out
     yield run
-    for pid in _running(left):
+    for pid in running(left):
         os.kill(pid, signal.SIGKILL)
-
-
-def _running(pids: list[list[int]]) -> list[int]:
-    alive = []
-    for pid, start in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in "ZX" and int(fields[19]) == start:
-            alive.append(pid)
-    return alive
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
@@ -128,9 +118,9 @@ out = Pipeline(nodes=[escape]).map(inputs={"x": [1, 2, 3]}, map_over="x")
 print(json.dumps({"left": [p for o in out for p in o["started"][:2]]}))
 """)
     deadline = time.monotonic() + 60
-    while _running(out["left"]) and time.monotonic() < deadline:
+    while running(out["left"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _running(out["left"]) == [], out
+    assert running(out["left"]) == [], out
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "fork"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import build_library
 from hardy.workers.deaths import MAX_THREAD_RERUNS
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -44,24 +44,18 @@ from hardy import Engine, Failed, Pipeline, node
 
 LIB = sys.argv[1]
 
-def report(out):
+def run_map(step, xs):  # on one worker; each item's result, or its error's first line, as JSON
+    with Engine(map_executor="process", workers=1) as engine:
+        out = Pipeline(nodes=[step], engine=engine).map(inputs={"x": xs}, map_over="x", on_error="continue")
     print(json.dumps([o if not isinstance(o, Failed) else str(o.error).splitlines()[0] for o in out]))
 """
 
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("gcc is needed to build the crashing libraries")
     folder = tmp_path_factory.mktemp("threads")
-    built = {}
-    for name, source, flags in (("libprefetch.so", C_SOURCE, []), ("libteam.so", OMP_SOURCE, ["-fopenmp"])):
-        (folder / f"{name}.c").write_text(source)
-        subprocess.run([cc, "-O1", "-shared", "-fPIC", *flags, "-o", str(folder / name), str(folder / f"{name}.c")],
-                       check=True)
-        built[name] = str(folder / name)
-    return built
+    return {"libprefetch.so": str(build_library(folder, "libprefetch.so", C_SOURCE, "-O1")),
+            "libteam.so": str(build_library(folder, "libteam.so", OMP_SOURCE, "-O1", "-fopenmp"))}
 
 
 def run_script(body: str, *args: str, cwd: Path | None = None) -> tuple[list[object], str]:
@@ -82,9 +76,7 @@ def test_a_crash_in_a_thread_an_earlier_item_started_costs_no_item(libs):
                 time.sleep(1.5)
             return x * 10
 
-        with Engine(map_executor="process", workers=1) as engine:
-            report(Pipeline(nodes=[load], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x",
-                                                             on_error="continue"))
+        run_map(load, [0, 1, 2])
     """, libs["libprefetch.so"])
     assert out == [{"y": 0}, {"y": 10}, {"y": 20}], said  # item 1 ran again, on a fresh worker
     assert "a worker died in thread 'prefetch' (started by item 0, in node 'load'), not in the work in flight: " \
@@ -102,9 +94,7 @@ def test_a_crash_in_a_thread_the_item_started_is_the_items(libs):
                 worker.join()
             return x * 10
 
-        with Engine(map_executor="process", workers=1) as engine:
-            report(Pipeline(nodes=[load], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x",
-                                                             on_error="continue"))
+        run_map(load, [0, 1, 2])
     """, libs["libprefetch.so"])
     assert out[0] == {"y": 0} and out[2] == {"y": 20}
     assert out[1].startswith("node 'load' failed on item 1 (inputs: x=1): worker died from SIGSEGV in "
@@ -119,9 +109,7 @@ def test_a_crash_in_a_native_thread_of_the_nodes_openmp_team_is_the_nodes(libs):
         def reduce(x):
             return ctypes.CDLL(LIB).team_crash() if x == 1 else x
 
-        with Engine(map_executor="process", workers=1) as engine:
-            report(Pipeline(nodes=[reduce], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x",
-                                                               on_error="continue"))
+        run_map(reduce, [0, 1, 2])
     """, libs["libteam.so"])
     assert out[0] == {"y": 0} and out[2] == {"y": 2}
     assert out[1].startswith("node 'reduce' failed on item 1 (inputs: x=1): worker died from SIGSEGV in "
@@ -150,9 +138,7 @@ def test_an_item_that_keeps_meeting_other_threads_crashes_fails_after_a_bounded_
         import os
         os.environ["SCRIPT_PID"] = str(os.getpid())
         import ticking
-        with Engine(map_executor="process", workers=1) as engine:
-            report(Pipeline(nodes=[ticking.slow], engine=engine).map(inputs={"x": [0, 1]}, map_over="x",
-                                                                     on_error="continue"))
+        run_map(ticking.slow, [0, 1])
     """, libs["libprefetch.so"], cwd=tmp_path)
     assert out[0] == {"y": 0}
     assert out[1].startswith("node 'slow' failed on item 1 (inputs: x=1): worker died from SIGSEGV"), out[1]
