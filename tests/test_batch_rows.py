@@ -3,7 +3,7 @@ dicts of columns, Arrow tables and arrays, numpy arrays and torch tensors hand r
 fail the call's items with one `BatchShapeError`; a `sys.exit()` or another BaseException in a
 batch call is bisected like any failure and never ends the caller. Each case runs as a user's
 script (`python -`, no `__main__` guard) on the sequential, threaded and process executors and on
-Dask, and every executor must print what the sequential one prints."""
+Dask and Ray, and every executor must print what the sequential one prints."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ EXECUTOR = sys.argv[1]
 if EXECUTOR == "dask":
     from hardy.integrations.dask import DaskExecutor
     EXECUTOR = DaskExecutor(workers=1)
+if EXECUTOR == "ray":
+    from hardy.integrations.ray import RayExecutor
+    EXECUTOR = RayExecutor(workers=1)
 
 
 @node(output_name="feat", batch_size=3)
@@ -164,8 +167,8 @@ def test_sys_exit_and_other_base_exceptions_in_a_batch_call_fail_their_item_alon
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("executor", ["threaded", "process", "dask"])
+@pytest.mark.parametrize("executor", ["threaded", "process", "dask", "ray"])
 def test_every_executor_gives_the_sequential_answer(executor, sequential):
-    if executor == "dask":
-        pytest.importorskip("distributed")
+    if executor in ("dask", "ray"):
+        pytest.importorskip("distributed" if executor == "dask" else "ray")
     assert _run(executor) == sequential
