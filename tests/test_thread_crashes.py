@@ -142,6 +142,6 @@ def test_an_item_that_keeps_meeting_other_threads_crashes_fails_after_a_bounded_
     """, libs["libprefetch.so"], cwd=tmp_path)
     assert out[0] == {"y": 0}
     assert out[1].startswith("node 'slow' failed on item 1 (inputs: x=1): worker died from SIGSEGV"), out[1]
-    assert out[1].endswith(f", in thread 'ticker' (started outside any item (while the worker loaded the pipeline, "
+    assert out[1].endswith(f", in thread 'ticker' (started outside any item (while the worker loaded a pipeline, "
                            f"or between items)), {MAX_THREAD_RERUNS + 1} time(s) while this item ran"), out[1]
     assert said.count("Item(s) 1 run again, not blamed") == MAX_THREAD_RERUNS, said

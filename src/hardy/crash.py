@@ -124,17 +124,19 @@ _EXIT = "hardy-exit: "
 
 def watch_threads(now: Callable[[], tuple[float, ...]]) -> None:
     """Note on each thread started from now on what was in flight as it started (`now()`: the
-    worker's item, step and the step's start, from its status words), for `thread_line`."""
+    worker's item, step and the step's start, from its status words) and when (monotonic: which
+    map it was), for `thread_line`."""
+    import time
     start = threading.Thread.start
 
     def started(self: threading.Thread) -> None:
-        self._hardy_started = now()  # type: ignore[attr-defined]
+        self._hardy_started = (*now(), time.monotonic())  # type: ignore[attr-defined]
         start(self)
     threading.Thread.start = started  # type: ignore[method-assign]
 
 
 def thread_line() -> str:
-    """`hardy-thread: {"name": ..., "started": [item, step, step start]}` for the thread this
+    """`hardy-thread: {"name": ..., "started": [item, step, step start, when]}` for the thread this
     runs in (a crashing one, in its fatal-signal handler), when it is a Python thread other than the
     one running the plan; empty for the main thread, a thread running the plan's code, and a native
     thread (not started by Python), all of which work for the node running now."""
