@@ -46,18 +46,25 @@ __attribute__((destructor)) static void crash_on_unload(void) {
 """
 
 
-@pytest.fixture(scope="session")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real ELF shared library, compiled with gcc for the test run."""
+def build_library(folder: Path, name: str, source: str, *flags: str) -> Path:
+    """A real ELF shared library `folder/name`, compiled from C `source` with gcc (`flags`: more of
+    its options, -O0 unless one is given)."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.fail("gcc is needed to build the test's native library")
-    folder = tmp_path_factory.mktemp("native")
-    src = folder / "crashy.c"
-    src.write_text(NATIVE_SOURCE)
-    lib = folder / "libcrashy.so"
-    subprocess.run([cc, "-O0", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    src = folder / f"{name}.c"
+    src.write_text(source)
+    lib = folder / name
+    optimised = [f for f in flags if f.startswith("-O")] or ["-O0"]
+    subprocess.run([cc, *optimised, "-shared", "-fPIC", *(f for f in flags if not f.startswith("-O")), "-o",
+                    str(lib), str(src)], check=True)
     return lib
+
+
+@pytest.fixture(scope="session")
+def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ELF shared library, compiled with gcc for the test run."""
+    return build_library(tmp_path_factory.mktemp("native"), "libcrashy.so", NATIVE_SOURCE)
 
 
 @pytest.fixture

@@ -702,3 +702,81 @@ def test_the_crash_line_names_the_nodes_own_line_not_the_librarys_wrapper(tmp_pa
     assert frames.python_site(stack) == "pipeline_file.py:4"
     only_library = "Current thread 0x1 (most recent call first):\n" f'  File "{ctypes.__file__}", line 519 in string_at\n'
     assert frames.python_site(only_library) == "__init__.py:519"  # no code of the user's: the innermost
+
+
+VERSION_1 = r"""
+__attribute__((noinline)) static int crash_inner(volatile int *p) { return *p + 1; }
+int crash_here(long address) { return crash_inner((volatile int *)address) * 2; }
+int innocent_helper(int x) { return x + 1; }
+"""
+
+# the same functions, and before them one long enough to cover where the first version had them
+VERSION_2 = r"""
+int innocent_helper(int x) {
+    volatile int y = x;
+    y = y * 3 + 7; y = y ^ 5; y = y * 11 + x; y = y - 3; y = y * 7 + 1; y = y ^ 9; y = y * 13 + x;
+    y = y * 3 + 7; y = y ^ 5; y = y * 11 + x; y = y - 3; y = y * 7 + 1; y = y ^ 9; y = y * 13 + x;
+    return y + 1;
+}
+__attribute__((noinline)) static int crash_inner(volatile int *p) { return *p + 1; }
+int crash_here(long address) { return crash_inner((volatile int *)address) * 2; }
+"""
+
+REBUILT = """
+import ctypes, os, subprocess, sys
+from hardy import Engine, Pipeline, node
+
+folder = sys.argv[1]
+lib = os.path.join(folder, "libver.so")
+
+def build(version):
+    subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-o", lib, os.path.join(folder, version)], check=True)
+
+build("v1.c")
+
+@node(output_name="y")
+def call(x):
+    native = ctypes.CDLL(lib)
+    if x == 1:
+        build("v2.c")  # a rebuild at the same path while the worker holds the first build
+        native.crash_here(0)
+    return x
+
+with Engine(map_executor="process", workers=1) as engine:
+    out = Pipeline(nodes=[call], engine=engine).map(inputs={"x": [0, 1, 2]}, map_over="x", on_error="continue")
+print(out[0], out[2])
+print(out[1].error)
+print("diagnosis:", *out[1].error.diagnosis)
+"""
+
+
+@pytest.mark.parametrize("privileged", [True, False])
+def test_a_library_replaced_after_it_was_loaded_is_never_named_from_the_new_file(tmp_path, privileged):
+    """A rebuild at the same path between load and crash: the names come from the mapped file,
+    read through /proc/self/map_files where the process may (CAP_SYS_ADMIN: root here), else from
+    what the worker's memory holds (its exported symbols), else "library replaced since it was
+    loaded"; the new file's `innocent_helper`, which now covers those offsets, is never named."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the library")
+    (tmp_path / "v1.c").write_text(VERSION_1)
+    (tmp_path / "v2.c").write_text(VERSION_2)
+    prefix = [] if privileged else ["setpriv", "--bounding-set=-sys_admin,-checkpoint_restore"]  # as any user
+    if not privileged and (os.geteuid() != 0 or shutil.which("setpriv") is None):
+        pytest.skip("needs root and setpriv to drop the capability")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    run = subprocess.run([*prefix, sys.executable, "-", str(tmp_path)], input=REBUILT, capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "{'y': 0} {'y': 2}", run.stdout
+    assert "innocent_helper" not in run.stdout, run.stdout
+    stack = lines[lines.index("worker's native stack at the crash:") + 1:]
+    if privileged:
+        assert "worker died from SIGSEGV in libver.so (crash_inner+0x" in lines[1], run.stdout
+        assert stack[0].startswith("  #0 libver.so +0x") and "(crash_inner+0x" in stack[0], run.stdout
+    else:
+        assert "worker died from SIGSEGV in libver.so +0x" in lines[1], run.stdout
+        assert "(library replaced since it was loaded), called from node 'call'" in lines[1], run.stdout
+        assert stack[0].endswith("(library replaced since it was loaded)"), run.stdout
+    assert stack[1].startswith("  #1 libver.so +0x") and "(crash_here+0x" in stack[1], run.stdout  # exported: read from memory
+    assert "diagnosis: libver.so was replaced on disk after the worker loaded it" in run.stdout, run.stdout

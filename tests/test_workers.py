@@ -58,7 +58,7 @@ CASES = {
     "null_deref": (NodeCrashed, "SIGSEGV", "segmentation fault", True),
     "abort": (NodeCrashed, "SIGABRT", "abort", True),
     "sigkill": (NodeCrashed, "SIGKILL", "out-of-memory", False),
-    "exit3": (NodeCrashed, None, "exited with code 3", False),
+    "exit3": (NodeCrashed, None, "exited with code 3: os._exit(3) was called", True),  # where: its stack
     "c_loop": (NodeTimeout, "SIGKILL", "timeout of 2 s", True),
     "raise": (NodeError, None, "plain Python error", False),
     "leak": (NodeCrashed, "SIGKILL", "max_memory_per_worker", True),

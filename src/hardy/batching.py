@@ -31,16 +31,16 @@ run items. What stays per item:
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .errors import BatchShapeError, NodeError
+from .errors import BatchShapeError, Escaped, NodeError
 from .node import Node
-from .plan import KEYS, Plan, batch_outputs
+from .plan import KEYS, Plan
 from .policy import guard
+from .rows import batch_outputs
 from .stages import cut
 
 Outcome = tuple[int, bool, Any]  # (item, ok, its outputs or its NodeError)
@@ -229,20 +229,21 @@ class Batched:
             calling(part.step)
         start = time.monotonic()
         try:
-            out = batch_outputs(part.call(**columns), part.node.name, outputs, n)
+            entries = batch_outputs(part.call(**columns), part.node.name, outputs, n)
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
             return [(False, exc, self._span(part, n, start, called))] * n
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() too: an item's failure, never the caller's end
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             span = self._span(part, n, start, called)
             if n == 1:
                 return [(False, exc, span)]
             half = n // 2
             return self._call(part, rows[:half], hooks, offset) + self._call(part, rows[half:], hooks, offset)
         span = self._span(part, n, start, called)
-        entries = [_entries(column) for column in out]
         if outputs == 1:
             return [(True, value, span) for value in entries[0]]
-        return [(True, values, span) for values in zip(*entries, strict=True)]
+        return [(True, values, span) for values in zip(*entries)]
 
     @staticmethod
     def _span(part: _Part, n: int, start: float, called: Called | None) -> Span:
@@ -282,20 +283,13 @@ class _Handed:
         ok, value, _ = self.here.outcome
         if ok:
             return value
+        if not isinstance(value, (Exception, SystemExit)):  # a BaseException the plan would let through
+            raise Escaped(value)
         raise value
 
     def located(self, *args: Any, **kwargs: Any) -> tuple[tuple[None, float], Callable[[], Any]]:
         start, end = self.here.outcome[2]
         return (None, end - start), lambda: self(*args, **kwargs)
-
-
-def _entries(column: Any) -> list[Any]:
-    """An output column as one entry per item. A torch tensor's rows are copied: a row would be a
-    view of the whole batch's storage, which torch pickles whole (each item sent and cached with
-    the entire batch)."""
-    if type(column).__module__ == "torch" and "torch" in sys.modules:
-        return [row.clone() for row in column]
-    return list(column)
 
 
 def batched(plan: Plan) -> Batched | None:

@@ -97,7 +97,7 @@ def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str |
 
 
 _NESTING = "hardy-nesting: "
-_NOT_STACK = (_NESTING, "hardy-native: ")  # lines of a crash file that hardy wrote, not faulthandler
+_NOT_STACK = "hardy-"  # lines of a crash file that hardy wrote (`hardy-native: `...), not faulthandler
 
 
 def nesting_line() -> str:
@@ -107,6 +107,78 @@ def nesting_line() -> str:
     chains = [nesting(f) for f in sys._current_frames().values()]
     deepest = max(chains, key=len, default=[])
     return f"{_NESTING}{json.dumps(deepest)}\n" if len(deepest) > 1 else ""
+
+
+# --- which thread died, and how a worker left ----------------------------------------------------
+#
+# A worker runs its items in its main thread. A crash in another Python thread (a prefetch or I/O
+# thread that an earlier item's node started) is not the fault of the item in flight: the parent
+# reads which thread it was (`thread_line`, written by the dying thread itself) and what was in
+# flight when that thread was started (`watch_threads`), and runs the item in flight again
+# (workers/deaths.py). A native thread (an OpenMP team, a library's own pool) works for the call
+# running now, and a thread running the plan's code (an async plan's sync nodes) is the node's.
+
+_THREAD = "hardy-thread: "
+_EXIT = "hardy-exit: "
+
+
+def watch_threads(now: Callable[[], tuple[float, ...]]) -> None:
+    """Note on each thread started from now on what was in flight as it started (`now()`: the
+    worker's item, step and the step's start, from its status words) and when (monotonic: which
+    map it was), for `thread_line`."""
+    import time
+    start = threading.Thread.start
+
+    def started(self: threading.Thread) -> None:
+        self._hardy_started = (*now(), time.monotonic())  # type: ignore[attr-defined]
+        start(self)
+    threading.Thread.start = started  # type: ignore[method-assign]
+
+
+def thread_line() -> str:
+    """`hardy-thread: {"name": ..., "started": [item, step, step start, when]}` for the thread this
+    runs in (a crashing one, in its fatal-signal handler), when it is a Python thread other than the
+    one running the plan; empty for the main thread, a thread running the plan's code, and a native
+    thread (not started by Python), all of which work for the node running now."""
+    import json
+    ident = threading.get_ident()
+    if ident == threading.main_thread().ident:
+        return ""
+    thread = next((t for t in threading.enumerate() if t.ident == ident), None)
+    if thread is None or type(thread).__name__ == "_DummyThread":  # a native thread calling into Python
+        return ""
+    f: FrameType | None = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_filename.startswith("<hardy plan") or f.f_code.co_name == "_thread_call":
+            return ""
+        f = f.f_back
+    started = getattr(thread, "_hardy_started", None)
+    return f"{_THREAD}{json.dumps({'name': thread.name, 'started': started})}\n"
+
+
+def exit_line(how: str) -> str:
+    """`hardy-exit: the node called os._exit(3)`: how a worker left on its own."""
+    return f"{_EXIT}{how}\n"
+
+
+def read_marked(path: str) -> tuple[dict[str, Any] | None, str]:
+    """(the thread a worker died in, when `thread_line` named one; how it left, when `exit_line`
+    said) from its crash file."""
+    import json
+    thread, how = None, ""
+    try:
+        with open(path, errors="replace") as f:
+            for ln in f:
+                if ln.startswith(_THREAD):
+                    try:
+                        thread = json.loads(ln[len(_THREAD):])
+                    except ValueError:
+                        pass
+                elif ln.startswith(_EXIT):
+                    how = ln[len(_EXIT):].strip()
+    except OSError:
+        pass
+    return thread, how
 
 
 def poisoned_here() -> dict[int | None, Any]:

@@ -516,6 +516,16 @@ class Exited(HardyError, RuntimeError):
         self.exit = exit
 
 
+class Escaped(Exited):
+    """A batch call's BaseException that is neither an Exception nor a SystemExit (a `class
+    Stop(BaseException)`), handed to its item as an ordinary exception: the plan fails that item,
+    naming it as the cause, instead of letting it end the map and the caller (`hardy.batching`)."""
+
+    def __init__(self, exc: BaseException):
+        RuntimeError.__init__(self, f"{type(exc).__name__}: {exc}")
+        self.exit = exc  # type: ignore[assignment]
+
+
 class BatchShapeError(HardyError, ValueError):
     """A batched node's function returned something other than one entry per item and output."""
 

@@ -52,7 +52,6 @@ from typing import Any
 from .cache.keys import MISS, PlanCache, call_key, output_key
 from .errors import (
     NOT_COMPUTED,
-    BatchShapeError,
     CudaError,
     Exited,
     GpuOutOfMemory,
@@ -67,6 +66,7 @@ from .hashing.state import token
 from .node import Node
 from .plan_source import PlanSource
 from .policy import guard
+from .rows import batch_outputs
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -297,32 +297,12 @@ _PLAN_NUMBERS = itertools.count(1)  # each plan's code has its own file name, fo
 
 def one_item(func: Callable[..., Any], name: str, outputs: int) -> Callable[..., Any]:
     """A batched node's function called for one item: each argument as a list of one, the entry
-    of each output list taken back (`Pipeline.run`, and maps whose executor does not batch)."""
+    of each output taken back, by rows (`rows.py`; `Pipeline.run`, and maps whose executor does not batch)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         out = func(*[[a] for a in args], **{p: [a] for p, a in kwargs.items()})
         columns = batch_outputs(out, name, outputs, 1)
         return columns[0][0] if outputs == 1 else tuple(c[0] for c in columns)
     return call
-
-
-def batch_outputs(out: Any, name: str, outputs: int, n: int) -> Sequence[Any]:
-    """The output columns of a batched call over `n` items: one sequence per output (a list, an
-    array, a tensor: anything with a length and items), each of length `n`."""
-    columns = (out,) if outputs == 1 else out
-    if outputs > 1 and (not isinstance(columns, (tuple, list)) or len(columns) != outputs):
-        raise BatchShapeError(f"batched node {name!r} declares {outputs} outputs and must return a tuple of "
-                              f"{outputs} lists, got {type(out).__name__}")
-    for column in columns:
-        try:
-            length = len(column)
-        except TypeError:
-            length = -1
-        if length != n or isinstance(column, (str, bytes, dict)):
-            got = f"a {type(column).__name__}" + (f" of length {length}" if length >= 0 else "")
-            raise BatchShapeError(
-                f"batched node {name!r} was called with {n} item(s) and returned {got}; return one list "
-                f"(or array) with an entry per item{', per output' if outputs > 1 else ''}, in the items' order")
-    return columns
 
 
 def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:

@@ -40,6 +40,12 @@ def diagnose(frames: Sequence[Frame] = (), stacks: str = "", after_return: bool 
                      "libs`); run CUDA nodes with map_executor='process' so one crash costs one item, and set "
                      "CUDA_LAUNCH_BLOCKING=1 to make the failing kernel the one reported")
     found += _elsewhere(frames)
+    replaced = next((f for f in frames if f.replaced), None)
+    if replaced is not None:
+        found.append(f"{replaced.name} was replaced on disk after the worker loaded it (a rebuild, a `pip install "
+                     "-U` during the run): the worker ran the old file, so its functions are named from that copy "
+                     "where the worker could still read it, else not at all (never from the new file); close the "
+                     "engine (engine.close()) so that its workers load one same file")
     if after_return and frames:
         culprit = next((f for f in frames if f.library), None)
         where = f" in {culprit.short()}" if culprit else ""

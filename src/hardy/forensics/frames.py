@@ -11,7 +11,8 @@ import re
 import sysconfig
 from dataclasses import dataclass
 
-from .symbols import Frame, symbolise
+from . import mapped
+from .symbols import Frame, demangle, symbolise
 
 MARK = "hardy-native: "
 # The C runtime and the interpreter: a crash "in" them is named by the first frame outside them
@@ -22,19 +23,22 @@ _INTERPRETER = re.compile(r"^(libpython|python\d|_ctypes\.|libffi\.)")
 
 
 def read_frames(text: str) -> list[Frame]:
-    """The crashing thread's native frames in a crash record's text, innermost first, named."""
+    """The crashing thread's native frames in a crash record's text, innermost first, named: from
+    each library's file on disk, unless the worker said that file is not the one it had mapped
+    (`mapped.py`: then from the mapped copy, or not at all)."""
+    libraries, named = mapped.read(text)
     frames: list[Frame] = []
-    for line in text.splitlines():
-        if not line.startswith(MARK):
-            continue
-        parts = line[len(MARK):].split(" ", 4)
-        if len(parts) != 5:
-            continue
-        try:
-            address, base = int(parts[0], 16), int(parts[1], 16)
-        except ValueError:
-            continue
-        frames.append(symbolise(address, base, parts[4], parts[3], caller=bool(frames)))
+    for address, base, saddr, exported, library in mapped.native_lines(text):
+        said = libraries.get(library)
+        if said is None or not said.replaced(library):
+            frames.append(symbolise(address, base, library, exported, caller=bool(frames)))
+        elif address in named:
+            function, into = named[address]
+            frames.append(Frame(address, library, address - base, demangle(function), into, replaced=True))
+        elif exported != "?" and saddr:  # the mapped copy's own dynamic symbol, as dladdr found it there
+            frames.append(Frame(address, library, address - base, demangle(exported), address - saddr, replaced=True))
+        else:
+            frames.append(Frame(address, library, address - base, replaced=True))
     return frames
 
 

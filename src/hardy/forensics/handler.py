@@ -34,7 +34,7 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
@@ -152,6 +152,22 @@ def install(fd: int, signals: Sequence[str] = SIGNALS) -> str:
     if kind == "ctypes":
         _install_ctypes(fd, numbers)
     return kind
+
+
+_EXIT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+
+def at_exit(callback: Callable[[int], None], limit: int) -> bool:
+    """Call `callback(status)` when native code calls exit() in this process, after writing the
+    frames that called it to the crash record (`install`'s `fd`; install first). Only the
+    compiled handler can: it checks in C that the exiting process is this one, so a fork child's
+    exit never enters a Python that is already finalised. False without it (no compiler)."""
+    lib, _ = _native() if mechanism()[0] == "native" else (None, "")
+    if lib is None:
+        return False
+    c_callback = _EXIT_CALLBACK(callback)
+    _kept.append(c_callback)
+    return int(lib.hardy_native_at_exit(c_callback, ctypes.c_uint(limit))) == 0
 
 
 # --- the fallback: the same steps, in Python, through ctypes --------------------------------------

@@ -17,6 +17,7 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -100,6 +101,39 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     sigaction(sig, &previous[sig], NULL);
     raise(sig);  /* blocked while this runs: the previous handler (faulthandler's) gets it next */
     errno = saved;
+}
+
+/* exit() called by native code in a worker (a library's error path): the frames that called it, then
+ * the worker's callback (its last words: results not sent yet go to the parent). Registered with
+ * on_exit, which gives the status. Only in the process that registered it: a fork child inherits
+ * the registration, and its exit (after Py_Finalize, for a Python child) must not enter Python.
+ * An alarm ends a callback that cannot get the interpreter's lock. */
+static void (*exit_callback)(int);
+static pid_t exit_pid;
+static unsigned exit_limit;
+
+static void on_exit_hook(int status, void *arg) {
+    (void)arg;
+    if (getpid() != exit_pid || !exit_callback) return;
+    alarm(exit_limit);
+    if (out_fd >= 0) {
+        int count = backtrace(frames, MAX_FRAMES);
+        size_t n = put(0, "hardy-native: exit ");
+        n = hex(n, (uintptr_t)(unsigned)status);
+        line[n++] = '\n';
+        (void)!write(out_fd, line, n);
+        for (int i = 1; i < count; i++) frame((uintptr_t)frames[i]);  /* from the exit machinery on */
+        (void)!write(out_fd, "hardy-native: end\n", 18);
+    }
+    exit_callback(status);
+    alarm(0);
+}
+
+int hardy_native_at_exit(void (*callback)(int), unsigned limit) {
+    exit_callback = callback;
+    exit_limit = limit;
+    exit_pid = getpid();
+    return on_exit(on_exit_hook, NULL);
 }
 
 int hardy_native_install(int fd, const int *signals, int count) {

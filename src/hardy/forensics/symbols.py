@@ -35,13 +35,15 @@ _SHT_SYMTAB, _SHT_DYNSYM, _SHT_NOTE, _PT_LOAD = 2, 11, 7, 1
 class Frame:
     """One native frame: where it is (`library`, `offset` from its load base) and, when known,
     the function (`function`, demangled) and the offset into it. `library` is "" for code in no
-    library (a JIT's, such as numba's)."""
+    library (a JIT's, such as numba's). `replaced`: the library's file was replaced after the
+    process loaded it, so the function is named from the copy it ran, or not at all (`mapped.py`)."""
 
     address: int
     library: str
     offset: int
     function: str = ""
     function_offset: int = 0
+    replaced: bool = False
 
     @property
     def name(self) -> str:
@@ -52,14 +54,22 @@ class Frame:
         if not self.library:
             return f"{self.address:#x} in no library: JIT-compiled code (numba, llvmlite...) or anonymous memory"
         where = f"{self.name} +{self.offset:#x}"
-        return f"{where} ({self.function}+{self.function_offset:#x})" if self.function else where
+        return f"{where} ({self._named()})" if self.function or self.replaced else where
 
     def short(self) -> str:
         """`libfoo.so (crash_here+0x12)`: how a crash's first line names it."""
         if not self.library:
             return "JIT-compiled code (no library: numba, llvmlite or another JIT)"
-        return f"{self.name} ({self.function}+{self.function_offset:#x})" if self.function else \
-            f"{self.name} +{self.offset:#x}"
+        return f"{self.name} ({self._named()})" if self.function else \
+            f"{self.name} +{self.offset:#x}" + (f" ({self._named()})" if self.replaced else "")
+
+    def _named(self) -> str:
+        if not self.function:
+            return REPLACED
+        return f"{self.function}+{self.function_offset:#x}"
+
+
+REPLACED = "library replaced since it was loaded"  # instead of a name read from another file
 
 
 class SymbolTable:
@@ -121,7 +131,7 @@ def _cached(path: str, st: os.stat_result, data: mmap.mmap) -> SymbolTable | Non
     sections = _sections(data)
     if sections is None:
         return None
-    key: object = _build_id(data, sections) or (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    key: object = _build_id(data, sections) or (_canonical(path), st.st_size, st.st_mtime_ns)
     with _lock:
         if key in _tables:
             return _tables[key]
@@ -166,7 +176,14 @@ def _read_table(path: str, data: mmap.mmap, sections: list[tuple[int, ...]]) -> 
     # defined functions: a value, and st_info's type STT_FUNC (2) or STT_GNU_IFUNC (10), both 2 in its low 3 bits
     keys = [v << _INDEX_BITS | k for k, (v, w) in enumerate(zip(values, first)) if v and w >> 32 & 7 == 2]
     keys.sort()
-    return SymbolTable(os.path.realpath(path), keys, first, sizes, sections[chosen[6]][4], _load_base(data))
+    return SymbolTable(_canonical(path), keys, first, sizes, sections[chosen[6]][4], _load_base(data))
+
+
+def _canonical(path: str) -> str:
+    """The path a table reads names from: resolved, except a /proc link (a worker's
+    /proc/self/map_files entry of a replaced library, `mapped.py`), which opens the mapped file
+    itself where its target's name would open another or none."""
+    return path if path.startswith("/proc/") else os.path.realpath(path)
 
 
 def _load_base(data: mmap.mmap) -> int:

@@ -32,6 +32,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..engine.executors import chunk_size
 from ..engine.results import Results
 from ..errors import NodeCrashed, WorkerImportError, install_hint
 from ..executor import Executor, WorkerCounts
@@ -229,7 +230,8 @@ class TaskExecutor(RemoteExecutor):
         handle = self._put(spec)
         caller = context.current().travelling()
         n = len(items)
-        size = max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers())))))
+        # whole batches of a batched node per chunk, as on every executor (`chunk_size`)
+        size = chunk_size(plan, max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers()))))))
         pending: dict[Any, list[int]] = {}
         shipped: dict[Any, bytes] = {}
         for start in range(0, n, size):

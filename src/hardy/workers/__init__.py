@@ -13,10 +13,14 @@ dying worker can never leave something locked that the others need):
                                                           run the compiled plan
     results.ok / fail  ◄── Header + pickled batch ───  batched every ≥5 ms, and at chunk end
     Resend(items)      ── a batch was unreadable ────►  those items again, one pickle each
-    exit status        ◄── from the fork server ─────   the worker died (its group is killed)
+    exit status        ◄── from the fork server ─────   the worker died (its group, and every process it
+                                                          adopted, is killed: lifeline.py)
       → read status + crash file: the item, node, signal, Python and native stacks (deaths.py)
-      → that item fails (or is retried); unsent items are re-queued; the worker is replaced
-    Stop()             ── on close / recycling ──────►  flush, os._exit(0): no native finaliser runs
+      → that item fails (or is retried; it runs again, unblamed, when the crash was in a Python
+        thread it did not start); unsent items are re-queued; the worker is replaced
+    Stop()             ── on close / recycling ──────►  flush, end the processes under it, os._exit(0):
+                                                          no native finaliser runs (a node's os._exit or
+                                                          exit() from C sends its unsent results first)
 
 The messages are the small records of `messages.py`; the status words, `status.py`; a worker's
 replies (result batches, resends, last words), `replies.py`.

@@ -5,6 +5,7 @@ step run, results sent in batches as they come (`replies.REPLIES`).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..shipping import open_input, portable, unopened
+from .lifeline import ZOMBIES_MAX, retiring
 from .replies import REPLIES
 from .status import BATCH, FLUSH_EVERY, IDLE, ITEM, OPENING, STEP, STEP_START
 
@@ -26,9 +28,14 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, 
     so each item's inputs are opened one by one (`open_item`), and, 2, after its results could not be
     pickled without a crash: each result is then sent alone; `singly`: a batched node is called
     for one item at a time. False when the worker must retire: after a sticky CUDA error every
-    later CUDA call here would fail, so the rest of the chunk goes back to the parent unrun."""
+    later CUDA call here would fail, so the rest of the chunk goes back to the parent unrun; or,
+    before the chunk, when it holds too many exited processes nobody collects (`lifeline.retiring`)."""
     REPLIES.sent.clear()
     REPLIES.names, REPLIES.producers = None, {}
+    if retiring(os.getpid()):  # (its items go back unrun, to a fresh worker)
+        REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
+                       "behind, which only its end collects")
+        return False
     if isinstance(loaded, str):
         REPLIES.send([(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], True)
         return True

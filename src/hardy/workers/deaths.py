@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..crash import BATCH, describe_exit, read_nesting, read_stack
+from ..crash import BATCH, describe_exit, read_marked, read_nesting, read_stack
 from ..errors import NodeCrashed, NodeError, NodeTimeout, ShippingError, WorkerStartError
 from ..forensics.frames import examine
 from ..plan import KEYS, Plan
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("hardy.workers")
 
 MAX_NESTED_CRASHES = 100  # inner items of one nested map that may crash workers before its outer item fails
+MAX_THREAD_RERUNS = 3  # times an item runs again after crashes in threads it did not start, before it fails
+RERUN, CHARGE = "rerun", "charge"  # what a crash in a thread the work in flight did not start means (`not_its_thread`)
 
 
 class Deaths:
@@ -45,6 +47,8 @@ class Deaths:
     sealed: dict[int, int]
     singly: set[int]
     poison: dict[tuple[Any, ...], dict[int | None, NodeError]]
+    blameless: dict[int, int]
+    began: float
     receive: Callable[[Worker], bool]
 
     def send_sealed(self, chunk: list[int], why: str, alone: bool = False) -> None:
@@ -93,8 +97,15 @@ class Deaths:
         stack, chain = read_stack(w.fault_path), read_nesting(w.fault_path)
         cls = NodeTimeout if w.killed_for == "timeout" else NodeCrashed
         named = "/".join(str(level[0]) for level in chain) if len(chain) > 1 else node.name if node else "?"
+        thread, how = read_marked(w.fault_path) if not w.killed_for else (None, "")
+        if how and signame is None:  # it left on a node's word: which (os._exit, exit() from C)
+            text = f"{text.partition(' (')[0]}: {how}"
         death = examine(w.fault_path, signame, text, named, stack, w.hang if w.killed_for == "timeout" else None)
         text = death.reason
+        if thread is not None:  # a Python thread's crash: its own, or one that kept coming (`not_its_thread`)
+            times = self.blameless.get(i, 0)
+            text += f", in thread {thread['name']!r} ({self.started_by(thread)})" + (
+                f", {times} time(s) while this item ran" if times else "")
         err = cls(node.name if node else "?", i, text, signal=signame, exitcode=w.process.exitcode, stack=stack,
                   native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis,
                   inputs=_inputs(self.items[i]))
@@ -154,10 +165,17 @@ class Deaths:
         if w.killed_for:
             signame, text = "SIGKILL", w.kill_detail
         item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
-        in_flight = item if item in w.unsent else None
-        if item == words.BATCH and w.unsent:
+        foreign = self.not_its_thread(w, item, signame, text)
+        in_flight = item if item in w.unsent and not foreign else None
+        if item == words.BATCH and w.unsent and not foreign:
             in_flight = self.split(w, signame, text)
-        if in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
+        if foreign == RERUN:
+            pass  # its items go back below, none blamed (`not_its_thread` said why)
+        elif foreign:  # it kept meeting such crashes: the item it holds first is charged, whatever it did
+            first = item if item in w.unsent else next(iter(w.unsent))
+            del w.unsent[first]
+            self.charge(w, first, step if first == item else -1, signame, text)
+        elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(in_flight, words.OPENING - step, (signame, text, w.process.exitcode,
                                                                         read_stack(w.fault_path)))
@@ -177,15 +195,47 @@ class Deaths:
                     f"library in preload_libs= or the worker environment fails to load: see the worker's "
                     f"error above. {read_stack(w.fault_path)}".strip())
         elif w.process.exitcode == words.RETIRED:
-            log.info("worker %d retired after a CUDA error; a fresh one takes its place", w.number)
+            log.info("worker %d retired %s; a fresh one takes its place", w.number,
+                     f"because {how}" if (how := read_marked(w.fault_path)[1]) else "after a CUDA error")
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", text,
-                        after_return(w, signame, text))
+                        after_return(w, signame, text, self.plan, self.began))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
         w.unsent = {}
         w.plan = None
         pool.replace(slot, stop=False)
+
+    def not_its_thread(self, w: Worker, item: int, signame: str | None, text: str) -> str:
+        """Whether the worker died in a Python thread that the work in flight did not start (a
+        prefetch or I/O thread of an earlier item's node, one started while the plan loaded): RERUN
+        when its items then run again, none blamed (a warning names the thread and the item whose
+        node started it); CHARGE for an item that keeps dying so, after MAX_THREAD_RERUNS (`charge`
+        names the thread), so this never loops; "" when the crash is the work's own: in the main
+        thread, in a thread running the plan's code or in a native thread (an OpenMP team), as
+        `crash.thread_line` tells, or in a thread the item in flight started."""
+        thread, _ = read_marked(w.fault_path)
+        if thread is None or w.killed_for or not w.unsent:
+            return ""
+        started = thread.get("started") or [words.IDLE, -1, 0.0, 0.0]
+        if started[3] >= self.began and (item >= 0 and started[0] == item or item == words.BATCH and started[0] == item
+                                         and started[2] == w.status[words.STEP_START]):
+            return ""  # a thread the item (or the batch call) running now started: its own
+        first = item if item in w.unsent else next(iter(w.unsent))
+        self.blameless[first] = self.blameless.get(first, 0) + 1
+        if self.blameless[first] > MAX_THREAD_RERUNS:
+            return CHARGE
+        steps, step = self.plan.steps, int(started[1]) if started[3] >= self.began else -1
+        death = examine(w.fault_path, signame, text, steps[step].node.name if 0 <= step < len(steps) else "?",
+                        read_stack(w.fault_path, every_thread=True))
+        log.warning("a worker died in thread %r (%s), not in the work in flight: %s. Item(s) %s run again, not "
+                    "blamed (%d of %d)%s", thread["name"], self.started_by(thread), death.reason,
+                    ", ".join(map(str, w.unsent)), self.blameless[first], MAX_THREAD_RERUNS,
+                    f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
+        return RERUN
+
+    def started_by(self, thread: dict[str, Any]) -> str:
+        return started_by(thread, self.plan, self.began)
 
     def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
         """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""
@@ -231,11 +281,29 @@ class Deaths:
             signal=signame, exitcode=exitcode, stack=stack))
 
 
-def after_return(w: Worker, signame: str | None, text: str) -> str:
-    """What a worker's crash record says of a death outside any item: the diagnosis (a crash at
-    exit, in which library) and the native stack, as lines to add to the warning."""
+def started_by(thread: dict[str, Any], plan: Plan | None, began: float) -> str:
+    """Who started a thread, as `crash.thread_line` noted it: `started by item 0, in node 'f'` of
+    `plan`, the map that began at `began` (monotonic); of an earlier map or run, item and node are
+    that one's, so the node is not named."""
+    item, step, _, when = thread.get("started") or [words.IDLE, -1, 0.0, 0.0]
+    steps = plan.steps if plan is not None and when >= began else ()
+    node = f", in node {steps[int(step)].node.name!r}" if 0 <= step < len(steps) else ""
+    earlier = "" if when >= began else " of an earlier map or run on this worker"
+    if item >= 0:
+        return f"started by item {int(item)}{earlier}{node}"
+    if item == words.BATCH:
+        return f"started by a batch call{earlier}{node}"
+    return "started outside any item (while the worker loaded a pipeline, or between items)"
+
+
+def after_return(w: Worker, signame: str | None, text: str, plan: Plan | None = None, began: float = 0.0) -> str:
+    """What a worker's crash record says of a death outside any item: the thread it died in (a
+    Python thread a node started), the diagnosis (a crash at exit, in which library) and the
+    native stack, as lines to add to the warning."""
+    thread, _ = read_marked(w.fault_path)
     death = examine(w.fault_path, signame, text, "?", "", after_return=True)
-    return "".join(f"\ndiagnosis: {d}" for d in death.diagnosis) + (
+    return (f"\nin thread {thread['name']!r} ({started_by(thread, plan, began)})" if thread else "") + "".join(
+        f"\ndiagnosis: {d}" for d in death.diagnosis) + (
         f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
 
 

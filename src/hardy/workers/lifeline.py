@@ -9,6 +9,16 @@ Three mechanisms, because each alone has a gap:
   (SIGKILL included). `watch_peer` waits for that in a thread, without consuming any data.
 - process groups: each worker leads its own session, so the processes a node starts
   (`subprocess.Popen`) share its group and `kill_group` ends them with it.
+
+A process that leaves the group (`start_new_session=True`, `setsid`, a daemon's double fork) is
+still ended with its worker: each worker and each fork server is a child subreaper
+(`become_subreaper`), so a node's process whose parent ended is adopted by its worker rather
+than by init, and every process under a worker stays under it. A worker that leaves ends them all
+(`end_descendants`); one that dies (a crash, a SIGKILL) hands them to its fork server, which ends
+every process it adopted as it collects the worker (`server.py`). A subreaper also collects the
+exit status of the orphans it adopted, which nobody else will: a worker, whose nodes wait for
+their own children, cannot tell those apart, so it leaves once too many have piled up
+(`ZOMBIES_MAX`, `retiring`), and its fork server collects them all.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ import threading
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+ZOMBIES_MAX = 100  # exited processes a worker may hold uncollected before it leaves (`retiring`)
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
@@ -58,9 +70,105 @@ def watch_peer(fd: int, on_hangup: Callable[[], None]) -> threading.Thread:
     return t
 
 
+def end_worker() -> None:
+    """In a worker whose parent died: end every process under it, then its group (itself too)."""
+    end_descendants(os.getpid())
+    kill_group(os.getpgid(0))
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL every process of a worker's group (the worker and whatever its nodes started)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def become_subreaper() -> bool:
+    """Adopt the processes under this one whose parent ends (Linux 3.4+); False where it cannot."""
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """{pid: (parent pid, state)} of every process, from /proc/<pid>/stat."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()  # after "(comm)", which may hold anything
+            found[int(name)] = (int(fields[1]), fields[0].decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def descendants(root: int, processes: dict[int, tuple[int, str]] | None = None) -> list[int]:
+    """The processes whose chain of parents leads to `root`, alive (not exited), parents first."""
+    processes = _processes() if processes is None else processes
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop(0)
+        if processes[pid][1] not in "ZX":
+            found.append(pid)
+        todo += children.get(pid, ())
+    return found
+
+
+def end_descendants(root: int, spare: frozenset[int] = frozenset()) -> None:
+    """SIGKILL every process under `root` but those under the pids in `spare` (a fork server's
+    live workers, which end their own), again until none is left: a process forked meanwhile
+    is found by the next pass. Each is signalled through a pidfd taken after it was listed, so a
+    pid that was reused in between is never signalled."""
+    if _children(root) == []:  # (a subreaper with no child has nothing under it: no /proc scan)
+        return
+    for _ in range(8):
+        processes = _processes()
+        spared = set(spare).union(*(descendants(pid, processes) for pid in spare))
+        found = [pid for pid in descendants(root, processes) if pid not in spared]
+        if not found:
+            return
+        for pid in found:
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _children(pid: int) -> list[str] | None:
+    """The pids of the children of process `pid`, from its threads' /proc children lists (a
+    kernel built with CONFIG_PROC_CHILDREN); None where there are none to read."""
+    children = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += f.read().split()
+    except OSError:
+        return None
+    return children
+
+
+def retiring(pid: int) -> bool:
+    """Whether worker `pid` holds ZOMBIES_MAX exited processes it adopted and nobody collects."""
+    children = _children(pid)
+    if children is None or len(children) < ZOMBIES_MAX:  # (unknown: its fork server collects them at its end)
+        return False
+    states = _processes()
+    return sum(states.get(int(c), (0, ""))[1] == "Z" for c in children) >= ZOMBIES_MAX

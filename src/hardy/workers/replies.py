@@ -8,17 +8,23 @@ producers) lives here rather than on a call's stack.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import pickle
-from typing import Any
+import signal
+import sys
+from typing import Any, NoReturn
 
-from ..crash import nesting_line
+from ..crash import LAST_WORDS_LIMIT, exit_line, nesting_line, thread_line, watch_threads
 from ..errors import NodeError
+from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
+from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
+from .lifeline import end_descendants
 from .messages import Header
-from .status import IDLE, ITEM, SENDING, STEP
+from .status import IDLE, ITEM, SENDING, STEP, STEP_START
 
 Row = tuple[Any, ...]  # (item, ok, its outputs or its error)
 Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
@@ -76,10 +82,12 @@ class Replies:
         self.complete: int | None = None
         self.sending = False
         self.forward = Forward()
+        self.fault = -1  # the crash record (`guard_exits`)
 
     def start(self, conn: Any, status: Any) -> None:
         self.conn, self.status = conn, status
         self.forward.install(status)
+        watch_threads(lambda: (status[ITEM], status[STEP], status[STEP_START]))  # for `thread_line`
 
     def send(self, batch: list[Row], done: bool, elapsed: float = 0.0, dying: bool = False) -> None:
         """A batch of results, pickled at once (fast), with the node log of its items when it is
@@ -102,7 +110,7 @@ class Replies:
                 message, self.forward.records = (message, self.forward.records), []
             try:
                 packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
-            except Exception:
+            except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
                 batch[:] = [_picklable(self.producers, *row) for row in batch]
                 packed = transport.pack(message, dumps)
             self.sent.append((list(batch), records))
@@ -125,19 +133,66 @@ class Replies:
         self.conn.send_bytes(Header(True, True, False, False, False, 0.0).pack() + data)
 
     def last_words(self, fault: int) -> None:
-        """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill): where
-        a nested pipeline was, for the parent to name (before faulthandler's stack), then the
-        results not sent yet."""
+        """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill), in
+        the thread that received it: where a nested pipeline was and which thread this is, for the
+        parent to name (before faulthandler's stack), then the results not sent yet, then which
+        files the crash's libraries were mapped from (`forensics.mapped`); then it ends the
+        processes its nodes started (`lifeline.end_descendants`)."""
         try:
-            os.write(fault, nesting_line().encode())
+            os.write(fault, (nesting_line() + thread_line()).encode())
         except Exception:
             pass
         transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
         if self.unsent and not self.sending:
             self.send(self.unsent, False, dying=True)
+        signal.alarm(LAST_WORDS_LIMIT)  # the results are out: the forensics get a limit of their own
+        mapped.record(fault)  # which files the crash's libraries were mapped from (after: results first)
+        end_descendants(os.getpid())  # what its nodes started ends with it (its fork server would, not `fork`'s parent)
+
+    def guard_exits(self, fault: int) -> None:
+        """A worker that a node ends itself leaves last words first, as a crash does, so that the
+        items whose results were not sent yet never run again: `os._exit` (through which a
+        SystemExit out of the message loop leaves too: `worker.run`), and exit() called by native
+        code (the compiled crash handler's hook; none without a compiler). Only in this process: a
+        node's fork child (multiprocessing's) leaves its own way."""
+        me, leave = os.getpid(), os._exit
+        self.fault = fault
+
+        def guarded(status: int) -> NoReturn:
+            if os.getpid() == me:
+                loop = sys._getframe(1).f_code.co_filename.endswith(_WORKER_LOOP)
+                escaped = sys.exc_info()[1] if loop else None
+                self.farewell(fault, f"{escaped!r} ended the worker's loop" if escaped is not None else
+                              f"os._exit({status}) was called")
+            leave(status)
+        os._exit = guarded
+        handler.at_exit(lambda status: self.farewell(fault, f"exit({status}) was called by native code"),
+                        LAST_WORDS_LIMIT)
+
+    def retire(self, why: str) -> None:
+        """The worker leaves after this chunk, for `why` (written for the parent to log)."""
+        try:
+            os.write(self.fault, exit_line(why).encode())
+        except OSError:
+            pass
+
+    def farewell(self, fault: int, how: str) -> None:
+        """The worker is leaving on a node's word (`guard_exits`): how and where (every thread's
+        stack) go to its crash record, then its last words. Nothing when no item is in flight and
+        every result was sent (the worker's own exit)."""
+        status = self.status
+        if not self.unsent and (status is None or int(status[ITEM]) == IDLE):
+            return
+        try:
+            os.write(fault, exit_line(how).encode())
+            faulthandler.dump_traceback(fault, all_threads=True)
+            self.last_words(fault)
+        except BaseException:  # (a result whose pickling exits again): leave all the same
+            pass
 
 
 REPLIES = Replies()
+_WORKER_LOOP = os.path.join("hardy", "workers", "worker.py")  # `worker.run`, whose own exit is not a node's
 
 
 def _in_band(buf: Any) -> bool:
@@ -151,12 +206,12 @@ def _picklable(producers: dict[str, str], i: int, ok: bool, value: Any) -> Row:
     try:
         dumps(value)
         return i, ok, value
-    except Exception:
+    except CAUGHT:
         pass
     for name, part in (value.items() if ok else ()):
         try:
             dumps(part)
-        except Exception as exc:
+        except CAUGHT as exc:
             return i, False, NodeError(
                 producers.get(name, name), None, i,
                 f"its output {name!r} ({type(part).__module__}.{type(part).__qualname__}) cannot be "

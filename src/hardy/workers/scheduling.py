@@ -70,6 +70,8 @@ class MapRun(Deaths):
         self.limited = pool.max_memory is not None or bool(pool.stall_report) or _has_timeouts(plan.graph.nodes)
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
+        self.blameless: dict[int, int] = {}  # items run again after crashes in others' threads (`Deaths`)
+        self.began = time.monotonic()  # (a thread started before was started by an earlier map's item)
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
@@ -124,7 +126,7 @@ class MapRun(Deaths):
             if w is not None and not w.process.is_alive():
                 signame, text = describe_exit(w.process.exitcode)
                 log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
-                            after_return(w, signame, text))
+                            after_return(w, signame, text, self.plan, self.began))
                 pool.replace(slot, stop=False)
                 w = None
             if w is None:

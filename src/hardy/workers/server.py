@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..forensics.handler import prepare as prepare_native_handler
-from .lifeline import die_with_parent, kill_group
+from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 
 AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -55,6 +55,7 @@ def serve() -> None:
         if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
             return  # the parent died while we started
         listener = socket.socket(fileno=config["listen_fd"])
+        become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
         failure = _preload(config["preload"], folder, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
         wake_r, wake_w = os.pipe()
@@ -83,6 +84,7 @@ def serve() -> None:
             kill_group(pid)
         for pid in list(children):
             _reap_one(pid, children)
+        end_descendants(os.getpid())  # what the last workers' nodes started, in sessions of their own
         shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
@@ -183,7 +185,10 @@ def _reap(children: dict[int, Connection]) -> None:
 
 
 def _reap_one(pid: int, children: dict[int, Connection]) -> None:
-    """Kill what is left of the worker's group while its pid still names it, then collect it."""
+    """Kill what is left of the worker's group while its pid still names it, then collect it, and
+    end the processes its nodes started that left its group (a subreaper, this server adopted
+    them as the worker ended: any child of ours that is not a live worker). Orphans come here too
+    as they exit, and are collected the same way."""
     kill_group(pid)
     try:
         _, status = os.waitpid(pid, 0)
@@ -192,6 +197,7 @@ def _reap_one(pid: int, children: dict[int, Connection]) -> None:
         code = None
     conn = children.pop(pid, None)
     if conn is not None:
+        end_descendants(os.getpid(), spare=frozenset(children))
         try:
             conn.send_bytes(pickle.dumps(("exit", code)))
         except OSError:

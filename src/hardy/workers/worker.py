@@ -32,7 +32,7 @@ from ..shipping import build_plan, synced, transport
 from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Synced
 from .chunks import names_steps, run_chunk
-from .lifeline import kill_group, watch_peer
+from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Values
 from .replies import REPLIES
 from .status import DEADLINE, IDLE, ITEM, LOADING, READING, READY, RETIRED, STEP, marked, open_status
@@ -52,7 +52,8 @@ def run(fd: int) -> None:
         status_fd, fault_fd = transport.receive_fds(conn, 2)
     except (EOFError, OSError):
         os._exit(0)
-    watch_peer(fd, lambda: kill_group(os.getpgid(0)))  # the parent died: so do we and our children
+    watch_peer(fd, end_worker)  # the parent died: so do we and our children
+    become_subreaper()  # a node's processes stay under this worker, new sessions too (lifeline.py)
     _take_setup(setup)
     _install_crash_handlers(conn, fault_fd, fd)
     status = _open_status_words(status_fd)
@@ -65,6 +66,7 @@ def run(fd: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         _close_sqlite()
+        end_descendants(os.getpid())  # the processes its nodes started end with it
         # Leave without running atexit handlers or native destructors: a library that crashes
         # while tearing down (as torch beside cuML did) cannot take results with it: they were sent.
         os._exit(code)
@@ -99,6 +101,7 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
     on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
+    REPLIES.guard_exits(fault_file.fileno())  # os._exit, exit() from C: the same last words
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
 
 
