@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import graphlib
 from collections.abc import Container, Iterable, Sequence
+from typing import Any
 
 from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError, UnknownInputError
 from .node import Node
@@ -100,3 +101,17 @@ class Graph:
         except graphlib.CycleError as exc:
             cycle = exc.args[1][:-1]  # graphlib repeats the first node at the end
             raise CycleError([self.nodes[k].name for k in reversed(cycle)]) from None
+
+
+def walk_nodes(nodes: Iterable[Node]) -> Iterable[Node]:
+    """Nodes, and those of the pipelines nested in them, at any depth."""
+    for node in nodes:
+        yield node
+        inner = getattr(node, "pipeline", None)  # a PipelineNode (hardy.nesting)
+        if inner is not None:
+            yield from walk_nodes(inner.graph.nodes)
+
+
+def node_functions(nodes: Iterable[Node]) -> list[Any]:
+    """The functions the nodes wrap, nested pipelines' included: what runs when they are called."""
+    return [n.func for n in walk_nodes(nodes) if getattr(n, "pipeline", None) is None]

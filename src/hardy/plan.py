@@ -60,7 +60,7 @@ from .errors import (
     OutputCountError,
     UnhashableError,
 )
-from .graph import Graph
+from .graph import Graph, node_functions
 from .hashing import Reach, recording
 from .hashing.state import token
 from .node import Node
@@ -170,7 +170,7 @@ class Plan:
             self.fingerprint_nodes()
         finally:
             recording(previous)
-        return reach.watch(token)
+        return reach.watch(token, node_functions(self.graph.nodes))
 
     def fingerprint_nodes(self) -> None:
         """Fingerprint the nodes as a cache would key them, for what they reach to be noted while

@@ -9,9 +9,9 @@ distribution that provides it, and `origin.py` tells user code (hashed by conten
 """
 
 from . import libraries  # noqa: F401  # registers the library types' encoders into `values`
-from .code import Reach, code_fingerprint, module_stamp, recording
+from .code import Reach, code_fingerprint, recording
 from .origin import is_user_module
 from .values import DIGEST, FORMAT, digest, encode, hash_public, hash_value, register
 
 __all__ = ["FORMAT", "DIGEST", "digest", "encode", "hash_value", "hash_public", "register", "code_fingerprint",
-           "Reach", "recording", "module_stamp", "is_user_module"]
+           "Reach", "recording", "is_user_module"]

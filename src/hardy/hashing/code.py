@@ -37,32 +37,40 @@ class Reach:
     reaches, as (namespace, name, the object found there), and the user modules reached. A
     notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
     put another object under a name; `changed()` is one dict lookup and an identity test per
-    name. A value changed in place (a global dict filled, an array written) keeps its object: `watch`
-    adds a content token for each such value, compared too."""
+    name. A value changed in place (a global dict filled, an array written) keeps its object, and so
+    does a function whose code IPython's autoreload replaced: `watch` adds a content token for each
+    such value and the code of each function, compared too."""
 
-    __slots__ = ("reads", "modules", "watched", "_token")
+    __slots__ = ("reads", "modules", "watched", "codes", "_token")
 
     def __init__(self) -> None:
         self.reads: list[tuple[Any, str, Any]] = []
         self.modules: set[str] = set()
         self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
+        self.codes: list[tuple[Any, Any, Any]] = []  # (function, its code, its defaults) when watched
         self._token: Callable[[Any], bytes | None] | None = None
 
     def changed(self) -> bool:
         for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
             if namespace.get(name, ABSENT) is not found:
                 return True
+        for func, code, defaults in self.codes:
+            if func.__code__ is not code or func.__defaults__ is not defaults:
+                return True
         if not self.watched:
             return False
         token = self._token
         return token is not None and any(token(found) != before for found, before in self.watched)
 
-    def watch(self, token: Callable[[Any], bytes | None]) -> Reach:
+    def watch(self, token: Callable[[Any], bytes | None], functions: Iterable[Any] = ()) -> Reach:
         """Also notice values changed in place: `token(obj)` is None for an object whose identity
-        says whether it changed, else a digest of its content (`hashing.state.token`)."""
+        says whether it changed, else a digest of its content (`hashing.state.token`); and code
+        replaced in place, in the functions read and in `functions` (a plan's nodes' own)."""
         self._token = token
         objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
+        objects.update((id(f), f) for f in functions)
         self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
+        self.codes = [(f, f.__code__, f.__defaults__) for f in objects.values() if isinstance(f, types.FunctionType)]
         return self
 
     def settle(self) -> None:
@@ -96,31 +104,6 @@ def _module_reached(name: str | None) -> None:
     if reach is not None and name and name != "__main__" and name in sys.modules:
         reach.modules.add(name)
 
-
-def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:
-    """What the module binds to `names`, as loaded in this process: a function's or class's code
-    (not the values it reads), a constant (numbers, strings, tuples of them). Two processes with
-    equal stamps run the same code from those names; mutable state (a dict filled at run time)
-    is not part of it."""
-    stamp = {}
-    namespace = vars(module)
-    for name in names:
-        value = namespace.get(name, ABSENT)
-        h = blake3()
-        if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
-            for member in (vars(value).values() if isinstance(value, type) else (value,)):
-                code = getattr(getattr(member, "__func__", member), "__code__", None)
-                if code is not None:
-                    _code(code, h.update)
-        elif isinstance(value, (type(None), bool, int, float, complex, str, bytes, tuple)):
-            try:
-                encode_into(value, h.update, set())
-            except UnhashableError:
-                continue
-        else:
-            continue
-        stamp[name] = h.digest(DIGEST)
-    return stamp
 
 def code_fingerprint(obj: Any) -> bytes:
     """What a callable computes, as far as Python can see: a 16-byte digest (see module docstring)."""

@@ -18,6 +18,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PicklingError
+from ..graph import walk_nodes
 from ..hashing import Reach, is_user_module, recording
 from ..plan import Plan, Wrap
 from .pickling import ByValuePickler
@@ -55,7 +56,7 @@ def _adopt_main(nodes: Any) -> None:
     main = sys.modules.get("__main__")
     if main is None:
         return
-    for node in _nodes(nodes):
+    for node in walk_nodes(nodes):
         func = getattr(node, "func", None)
         namespace = getattr(func, "__globals__", None)
         if namespace is None or getattr(func, "__module__", None) != "__main__" or namespace is vars(main):
@@ -87,8 +88,8 @@ def replica_of(plan: Plan) -> Replica:
         recording(previous)
     by_value = cloudpickle.list_registry_pickle_by_value()
     names = reached_names(reach.reads, reach.modules)
-    for node in _nodes(plan.graph.nodes):
-        binding = node.binding()
+    for node in walk_nodes(plan.graph.nodes):  # each node's own name, or its function's, where it is found by name
+        binding = node.binding() or _binding(getattr(node, "func", None))
         if binding is not None:
             names.setdefault(binding[0], set()).add(binding[1])
     return Replica({m: n for m, n in names.items() if m in sys.modules and is_user_module(m) and m != "__main__"
@@ -96,13 +97,19 @@ def replica_of(plan: Plan) -> Replica:
                     and isinstance(getattr(sys.modules[m], "__loader__", None), SourceFileLoader)})
 
 
-def _nodes(nodes: Any) -> Any:
-    """Nodes, and those of the pipelines nested in them, at any depth."""
-    for node in nodes:
-        yield node
-        inner = getattr(node, "pipeline", None)
-        if inner is not None:
-            yield from _nodes(inner.graph.nodes)
+def _binding(func: Any) -> tuple[str, str] | None:
+    """(module, top-level name) through which `func` travels by reference (a module's function, or a
+    method of a module's class), or None when it travels by value."""
+    module_name, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if not isinstance(module_name, str) or not isinstance(qualname, str) or module_name == "__main__":
+        return None
+    module = sys.modules.get(module_name)
+    if module is None or "<locals>" in qualname or not qualname:
+        return None
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    return (module_name, qualname.split(".")[0]) if target is func else None
 
 
 def _unpicklable_node(plan: Plan, exc: Exception) -> str:
