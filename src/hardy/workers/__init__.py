@@ -6,8 +6,12 @@ dying worker can never leave something locked that the others need):
     parent (pool.py, scheduling.py)                    worker (worker.py, chunks.py), forked
     ───────────────────────────────                    ──────────────────
     Setup(environ, sys.path, cwd, argv)  ── once ────►  set up; never imports the parent's __main__
-    PlanSpec(plan_id, spec) ── once per worker, plan ►  compile the plan locally
-    Chunk(plan_id, items, ...) ── one at a time ─────►  for each item:
+    Context(changed state) ── when a call's differs ─►  the caller's environment, cwd, argv, sys.path now
+    PlanSpec(plan_id, spec) ── once per worker, plan ►  its user modules made the caller's (stamps:
+                                                          shipping/replica.py), then the plan compiled
+    Values(objects)    ◄── Header(need) + names ────   only when big module state differs (it asks)
+    Chunk(plan_id, items, ...) ── one at a time ─────►  (modules made the plan's again if another
+                                                          plan changed them) then for each item:
                                                           status[item] = i   (shared mmap)
                                                           status[step] = k, start time
                                                           run the compiled plan
