@@ -167,28 +167,33 @@ def test_a_big_value_set_at_run_time_travels_when_a_worker_asks(tmp_path):
 
 def test_a_value_that_can_neither_be_compared_nor_sent_is_refused_by_name(tmp_path):
     """A lock set at run time where the module's import leaves None: no worker can hold the
-    caller's, so the pipeline is refused before any node runs, naming the module and the name."""
+    caller's, so the call is refused with one ReplicaError, before any node runs, naming the
+    module and the name; on_error="continue" does not turn it into failed items."""
     (tmp_path / "guarded.py").write_text(textwrap.dedent("""
         from hardy import node
         LOCK = None
+        RAN = []
 
         @node(output_name="y")
         def locked(x):
+            RAN.append(x)
             with LOCK:
                 return x
     """))
     lines = script(tmp_path, """
         import threading
         import guarded
-        from hardy import MapError, Pipeline
+        from hardy import Pipeline
+        from hardy.errors import ReplicaError
         guarded.LOCK = threading.Lock()
-        try:
-            Pipeline([guarded.locked]).map(inputs={"x": [1, 2]}, map_over="x")
-        except MapError as exc:
-            first = next(iter(exc.failures.values()))
-            print(type(first).__name__, "guarded.LOCK" in str(first), "input" in str(first))
+        for call in (lambda p: p.map(inputs={"x": [1, 2]}, map_over="x", on_error="continue"),
+                     lambda p: p.run(inputs={"x": 1})):
+            try:
+                call(Pipeline([guarded.locked]))
+            except ReplicaError as exc:
+                print(type(exc).__name__, "guarded.LOCK" in str(exc), "input" in str(exc))
     """)
-    assert lines == ["NodeError True True"]
+    assert lines == ["ReplicaError True True"] * 2
 
 
 def test_environment_working_directory_and_argv_follow_each_call_on_the_shared_pool(tmp_path):

@@ -500,6 +500,12 @@ class ReplicaError(HardyError, ImportError):
     than run with another value (docs/same-answer.md). The message names the module, the name and the fix."""
 
 
+class PipelineRefused(NodeError):
+    """A worker refused to load the pipeline (`ReplicaError`'s sentence is the reason): each item
+    sent to it comes back with this, and the call raises the `ReplicaError` once instead
+    (`engine.results.Results.fail`), before any node ran."""
+
+
 class WorkerImportError(HardyError, ModuleNotFoundError):
     """A distributed engine's workers cannot import a module the pipeline's code needs; the message
     names the module and how to ship it (`ship_modules=`)."""

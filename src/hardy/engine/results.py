@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash import POISON, poisoned_here
-from ..errors import Failed, NodeCrashed, NodeError
+from ..errors import Failed, NodeCrashed, NodeError, PipelineRefused, ReplicaError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
 from ..observe.watch import Watch
@@ -117,7 +117,10 @@ class Results:
 
     def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
-        running it (0 where the engine does not say which), so that the node it died in reports."""
+        running it (0 where the engine does not say which), so that the node it died in reports.
+        A pipeline a worker refused to load (`PipelineRefused`) ends the call with one `ReplicaError`."""
+        if isinstance(err, PipelineRefused):
+            raise ReplicaError(str(err.reason))
         if self._hits:
             self._count_hits(records)
         if self.events and (records or worker is not None):

@@ -99,6 +99,22 @@ def _read(namespace: Any, name: str) -> None:
         reach.reads.append((namespace, name, namespace.get(name, ABSENT)))
 
 
+class _Cell:
+    """A closure cell read as a namespace of one name (`Reach.changed` calls `get`): a cell rebound
+    since (`nonlocal`, or an enclosing function's variable assigned again) is a name rebound."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: Any):
+        self.cell = cell
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self.cell.cell_contents
+        except ValueError:  # empty
+            return default
+
+
 def _module_reached(name: str | None) -> None:
     reach = getattr(_RECORDING, "reach", None)
     if reach is not None and name and name != "__main__" and name in sys.modules:
@@ -226,6 +242,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
+        _read(_Cell(cell), name)
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned later in the enclosing function)

@@ -213,7 +213,10 @@ def _encode_numba_ufunc(v: Any, out: Callable[[bytes], Any], active: set[int]) -
 LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
     "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy), (np.vectorize, _encode_vectorize),
                          (np.ufunc, encode_callable),
-                         (np.dtype, identified_by(lambda d: (d.str, str(d.descr))))),
+                         (np.dtype, identified_by(lambda d: (d.str, str(d.descr)))),
+                         # a random generator by its state: what it draws next
+                         (np.random.Generator, identified_by(lambda g: g.bit_generator.state)),
+                         (np.random.RandomState, identified_by(lambda r: r.get_state(legacy=False)))),
     "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
                           (pd.api.extensions.ExtensionArray, _encode_pandas)),
     "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),

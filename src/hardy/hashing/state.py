@@ -12,6 +12,7 @@ the module before it runs the plan: code by its bytecode, values by content (doc
 from __future__ import annotations
 
 import contextlib
+import pickle
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from blake3 import blake3
 
 from .code import code_bytes
+from .origin import is_user_module
 from .values import ABSENT, DIGEST, encode_into, type_name
 
 # Objects whose identity says everything: they cannot change in place (or, code, are compared by
@@ -43,6 +45,8 @@ def token(value: Any) -> bytes | None:
     does (immutable values, code, a resource hardy cannot hash), else a digest of its content now
     (tensors by their version counters, which every in-place operation bumps; read-only numpy
     arrays that own their memory by identity)."""
+    if isinstance(value, types.FunctionType) and _attributes(value):  # its attributes can change in place
+        return stamp_of(value)
     if isinstance(value, _FIXED) or hasattr(value, "__wrapped__") or _frozen_array(value):
         return None
     if type(value) is tuple and all(isinstance(v, _FIXED) for v in value):
@@ -63,36 +67,45 @@ def _frozen_array(value: Any) -> bool:
 
 
 def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:
-    """What the module binds to each name, as this process has it: code by its bytecode, defaults
-    and configuration (a node's outputs); values by content; a value hardy cannot hash by its type
-    (`RESOURCE`); a name the module lacks by `ABSENT_STAMP`. Two processes with equal stamps compute
-    the same from those names. Submodules are left out (their own stamps cover them)."""
+    """What the module binds to each name, as this process has it (see `stamp_of`); a name the
+    module lacks is `ABSENT_STAMP`. Two processes with equal stamps compute the same from those names."""
     namespace = vars(module)
-    stamp = {}
-    for name in names:
-        value = namespace.get(name, ABSENT)
-        if isinstance(value, types.ModuleType):
-            continue
-        stamp[name] = stamp_of(value)
-    return stamp
+    return {name: stamp_of(namespace.get(name, ABSENT), module.__name__) for name in names}
 
 
 ABSENT_STAMP = b"-"
 
 
-def stamp_of(value: Any) -> bytes:
-    """One name's stamp (see `module_stamp`)."""
+def stamp_of(value: Any, home: str = "") -> bytes:
+    """One name's stamp in module `home`: a module by its name; code defined in a user module by
+    its bytecode, defaults, attributes and configuration (a node's outputs); library code by where
+    it comes from; a value by its content, else by its pickle, else by its type alone (`RESOURCE`)."""
     if value is ABSENT:
         return ABSENT_STAMP
+    if isinstance(value, types.ModuleType):
+        return b"module:" + value.__name__.encode()
+    if _is_code(value) and not is_user_module(_defined_in(value)):
+        return b"library:" + f"{_defined_in(value)}.{getattr(value, '__qualname__', '?')}".encode()
     h = blake3()
     try:
         if _is_code(value):
             _code_of(value, h.update, set())
         else:
             encode_into(value, h.update, set())
-    except Exception:  # UnhashableError, or a library's own refusal: compared by type
-        return RESOURCE + type_name(type(value))
+    except Exception:  # UnhashableError, or a library's own refusal: its pickle, or its type
+        try:
+            return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)
+        except Exception:
+            return RESOURCE + type_name(type(value))
     return h.digest(DIGEST)
+
+
+def _defined_in(value: Any) -> str | None:
+    """The module code comes from: a wrapper's (a node, `lru_cache`) is its wrapped function's."""
+    while not isinstance(value, (types.FunctionType, type)) and getattr(value, "__wrapped__", None) is not None:
+        value = value.__wrapped__
+    module = getattr(value, "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 def _is_code(value: Any) -> bool:
@@ -110,7 +123,7 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
     if isinstance(value, types.FunctionType):
         out(b"f")
         code_bytes(value.__code__, out)
-        _tolerant((value.__defaults__, value.__kwdefaults__), out)
+        _tolerant((value.__defaults__, value.__kwdefaults__, _attributes(value)), out)
         for cell in value.__closure__ or ():
             try:
                 inner = cell.cell_contents
@@ -130,6 +143,11 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
         config = getattr(value, "__dict__", {})
         _tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
         _code_of(value.__wrapped__, out, seen)
+
+
+def _attributes(func: types.FunctionType) -> dict[str, Any]:
+    """What was set on a function (`lookup.table = {...}`), besides the function a decorator wraps."""
+    return {k: v for k, v in vars(func).items() if k != "__wrapped__"}
 
 
 def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:

@@ -401,6 +401,7 @@ for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dic
                       (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
                       (range, identified_by(lambda r: (r.start, r.stop, r.step))),
                       (types.SimpleNamespace, identified_by(vars)),  # configuration objects
+                      (collections.deque, identified_by(lambda d: (d.maxlen, list(d)))),
                       # what a dataclass's generated __init__ holds for a field with a default_factory
                       (type(dataclasses._HAS_DEFAULT_FACTORY), identified_by(lambda _: "default_factory"))):  # type: ignore[attr-defined]
     _register(_cls, _encoder)

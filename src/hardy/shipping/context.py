@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 class Snapshot:
     """The process state at one moment; compared by identity (`current` reuses one while it holds)."""
 
-    __slots__ = ("environ", "cwd", "argv", "sys_path", "_raw")
+    __slots__ = ("environ", "cwd", "argv", "sys_path", "umask", "_raw")
 
     def __init__(self) -> None:
         self._raw: Any = dict(_raw_environ())
@@ -26,14 +26,18 @@ class Snapshot:
         self.cwd = _cwd()
         self.argv: list[str] = list(sys.argv)
         self.sys_path: list[str] = list(sys.path)
+        self.umask = _umask()
 
     def travelling(self) -> Travelling:
         """What of this state goes to an engine's worker on another machine (`arrived`): the
-        variables this process set or removed since it started (not the machine's own), its
-        working directory and argv. Not sys.path: that machine's paths are its own."""
+        variables this process set or removed since it started (not the machine's own; a variable
+        set at an earlier call and removed since counts as removed), its working directory, argv and
+        umask. Not sys.path: that machine's paths are its own."""
         started = _started_with()
         changed, unset = environ_delta(started, self.environ)
-        return Travelling(changed, unset, self.cwd, self.argv)
+        _SET.update(changed)
+        unset += [name for name in _SET if name not in self.environ and name not in started]
+        return Travelling(changed, unset, self.cwd, self.argv, self.umask)
 
     def holds(self) -> bool:
         return (self.sys_path == sys.path and self.argv == sys.argv and self._raw == _raw_environ()
@@ -73,6 +77,7 @@ class Travelling(NamedTuple):
     unset: list[str]
     cwd: str
     argv: list[str]
+    umask: int
 
     def arrived(self) -> Snapshot:
         """This process's state with the caller's on top: its variables, its argv, and its working
@@ -82,9 +87,27 @@ class Travelling(NamedTuple):
             here.environ.pop(name, None)
         here.environ.update(self.environ)
         here.argv = list(self.argv)
+        here.umask = self.umask
         if self.cwd and os.path.isdir(self.cwd):
             here.cwd = self.cwd
         return here
+
+
+_SET: set[str] = set()  # the variables this process set since it started, as far as calls saw them
+
+
+def _umask() -> int:
+    """This process's umask, read where reading does not mean setting it (os.umask would change it
+    for the other threads meanwhile). Read as a snapshot is made, not at every call: a umask set
+    between two calls that change nothing else is not seen (docs/same-answer.md)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _started_with() -> dict[str, str]:

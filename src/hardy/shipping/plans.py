@@ -22,7 +22,7 @@ from ..graph import walk_nodes
 from ..hashing import Reach, is_user_module, recording
 from ..plan import Plan, Wrap
 from .pickling import ByValuePickler
-from .replica import Fetch, Replica, Synced, keep, reached_names
+from .replica import Fetch, Replica, Synced, kept, reached_names
 
 
 def ship_plan(plan: Plan, everything: bool = False) -> bytes:
@@ -32,7 +32,7 @@ def ship_plan(plan: Plan, everything: bool = False) -> bytes:
     try:
         file = io.BytesIO()
         ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed))
-        return pickle.dumps((keep(plan, replica_of(plan)).header(everything), file.getvalue()), protocol=5)
+        return pickle.dumps((kept(plan, lambda: replica_of(plan)).header(everything), file.getvalue()), protocol=5)
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 

@@ -22,8 +22,10 @@ name. docs/same-answer.md is the contract this implements.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 import itertools
+import os
 import pickle
 import sys
 import types
@@ -47,8 +49,11 @@ Fetch = Callable[[int, Wanted], "dict[tuple[str, str], Any] | str"]  # asks the 
 
 
 class Replica:
-    """The caller's side: what a plan reaches in user modules, as (stamp, object) by module and
-    name. Kept alive by its plan (`keep`), so that a worker loading it can still ask."""
+    """The caller's side: every module a plan reaches, each name it binds as (stamp, object), and
+    which names the plan reads (those travel with it). Every name, not only those read: code can
+    reach a module's state in ways no fingerprint sees (`getattr(module, name)`, `globals()`, a
+    class's instances given as inputs). Kept alive by its plan (`keep`), so that a worker loading
+    it can still ask."""
 
     _ids = itertools.count(1)
 
@@ -56,25 +61,30 @@ class Replica:
         self.id = next(self._ids)
         self.objects: Names = {}
         self.stamps: Names = {}
-        for module_name, names in sorted(reached.items()):
+        self.read = reached
+        self.files: dict[str, str | None] = {}
+        for module_name in sorted(reached):
             module = sys.modules[module_name]
-            stamps = module_stamp(module, sorted(names))
-            self.stamps[module_name] = stamps
-            self.objects[module_name] = {n: vars(module).get(n) for n in stamps}
+            names = [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
+            self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
+            self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
+            self.files[module_name] = getattr(module, "__file__", None)
         _LIVE[self.id] = self
 
     def header(self, everything: bool) -> bytes:
-        """What travels with the plan: each stamp, with the caller's object pickled when it is code
-        or small (`everything`: whatever pickles, for an engine's worker that cannot ask back)."""
+        """What travels with the plan: every stamp, with the caller's object pickled for the names
+        the plan reads when it is small (`everything`: every object that pickles, for an engine's
+        worker that cannot ask back)."""
         entries: Names = {}
         for module_name, stamps in self.stamps.items():
+            read = self.read[module_name] | {NAMES}
             entries[module_name] = {}
             for name, stamp in stamps.items():
-                payload = _payload(module_name, self.objects[module_name][name])
+                payload = _payload(module_name, self.objects[module_name][name]) if everything or name in read else None
                 if payload is not None and not everything and len(payload) > SMALL:
                     payload = None
                 entries[module_name][name] = (stamp, payload)
-        return pickle.dumps((self.id, entries), protocol=5)
+        return pickle.dumps((self.id, entries, self.files), protocol=5)
 
     def values(self, wanted: Wanted) -> dict[tuple[str, str], Any]:
         """The objects a worker asked for."""
@@ -89,14 +99,25 @@ class Replica:
         return "the objects asked for cannot be sent to the worker"
 
 
+NAMES = ""  # the entry of a module's stamps for the set of names it binds (no name can be empty)
+
+
+def _names_stamp(names: list[str]) -> bytes:
+    return stamp_of(sorted(names))
+
+
 _LIVE: weakref.WeakValueDictionary[int, Replica] = weakref.WeakValueDictionary()
 _KEPT: weakref.WeakKeyDictionary[Any, Replica] = weakref.WeakKeyDictionary()
 
 
-def keep(owner: Any, kept: Replica) -> Replica:
-    """Keep `kept` alive as long as `owner` (its plan) lives."""
-    _KEPT[owner] = kept
-    return kept
+def kept(owner: Any, make: Callable[[], Replica]) -> Replica:
+    """The replica of `owner` (a plan), made once and kept alive as long as it lives: a plan does
+    not change what it reads (it is made again when that changes), and a worker loading it may
+    ask for its objects by its replica's id."""
+    found = _KEPT.get(owner)
+    if found is None:
+        found = _KEPT.setdefault(owner, make())
+    return found
 
 
 def replica(replica_id: int) -> Replica | None:
@@ -105,13 +126,17 @@ def replica(replica_id: int) -> Replica | None:
 
 
 def reached_names(reads: Iterable[tuple[Any, str, Any]], modules: Iterable[str]) -> dict[str, set[str]]:
-    """The names read (namespace, name, object) in each of `modules`, by module name."""
-    by_namespace = {id(vars(sys.modules[m])): m for m in modules if m in sys.modules}
+    """The names read (namespace, name, object), by user module: those of `modules`, and any other
+    module whose namespace was read (a submodule reached through an attribute chain)."""
+    by_namespace = {id(vars(m)): name for name, m in list(sys.modules.items())
+                    if m is not None and (name in modules or is_user_module(name))}
     names: dict[str, set[str]] = {}
     for namespace, name, _ in reads:
         module_name = by_namespace.get(id(namespace))
         if module_name is not None:
             names.setdefault(module_name, set()).add(name)
+    for module_name in modules:
+        names.setdefault(module_name, set())
     return names
 
 
@@ -208,6 +233,11 @@ def _refusal(module_name: str, name: str, value: Any) -> str:
 
 # --- the worker's side -----------------------------------------------------------------------------
 
+
+class Refusal(str):
+    """Why a worker will not load a plan (a `ReplicaError`'s sentence): its items come back as
+    `PipelineRefused`, which the caller raises as one `ReplicaError`."""
+
 HELD: dict[tuple[str, str], bytes] = {}  # (module, name) -> the stamp this worker's copy has now, as installed
 
 
@@ -217,7 +247,7 @@ class Synced:
     chunk of this plan whenever another plan's sync changed them."""
 
     def __init__(self, header: bytes):
-        self.id, entries = pickle.loads(header)
+        self.id, entries, self.files = pickle.loads(header)
         self.stamps = {(m, n): stamp for m, names in entries.items() for n, (stamp, _) in names.items()}
         self.payloads: dict[tuple[str, str], Any] = {
             (m, n): payload for m, names in entries.items() for n, (_, payload) in names.items() if payload is not None}
@@ -235,8 +265,9 @@ class Synced:
         for (module_name, name), stamp in self.stamps.items():
             if HELD.get((module_name, name)) == stamp:
                 continue
-            module = importlib.import_module(module_name)
-            if stamp_of(vars(module).get(name, ABSENT)) == stamp:
+            module = _module(module_name, self.files.get(module_name))
+            mine = _names_stamp(_own_names(module)) if name == NAMES else stamp_of(vars(module).get(name, ABSENT))
+            if mine == stamp:
                 HELD[(module_name, name)] = stamp
             else:
                 differing.append((module_name, name))
@@ -254,13 +285,46 @@ class Synced:
     def install(self, key: tuple[str, str]) -> None:
         module_name, name = key
         stamp = self.stamps[key]
-        module = importlib.import_module(module_name)
-        if stamp == ABSENT_STAMP:
+        module = _module(module_name, self.files.get(module_name))
+        value = self.fetched[key] if key in self.fetched else pickle.loads(self.payloads[key])
+        if name == NAMES:  # names the caller's module does not bind: gone here too
+            for extra in set(_own_names(module)) - set(value):
+                delattr(module, extra)
+        elif stamp == ABSENT_STAMP:
             vars(module).pop(name, None)
         else:
-            value = self.fetched[key] if key in self.fetched else pickle.loads(self.payloads[key])
             setattr(module, name, value)
         HELD[key] = stamp
+
+
+def _own_names(module: types.ModuleType) -> list[str]:
+    return [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
+
+
+def _module(name: str, file: str | None) -> types.ModuleType:
+    """This process's copy of the caller's module `name`: imported as usual, else from the file the
+    caller loaded it from (a relative entry of sys.path meant another folder then), else an empty
+    module the caller's objects fill (the file was deleted, or broken, since the caller imported it)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        pass
+    spec = importlib.util.spec_from_file_location(name, file) if file and os.path.isfile(file) else None
+    module = importlib.util.module_from_spec(spec) if spec is not None else types.ModuleType(name)
+    module.__file__ = file
+    sys.modules[name] = module
+    try:
+        if spec is not None and spec.loader is not None:
+            spec.loader.exec_module(module)
+    except Exception:  # broken since: the caller's objects fill it instead (`Synced.install`)
+        vars(module).update(__name__=name, __file__=file)
+    parent, _, child = name.rpartition(".")
+    if parent and parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module
 
 
 def _cannot_ask(wanted: Wanted, stamps: dict[tuple[str, str], bytes]) -> str:

@@ -10,12 +10,13 @@ import time
 from typing import Any
 
 from ..batching import Batched, batched
-from ..errors import CudaError, NodeError
+from ..errors import CudaError, NodeError, PipelineRefused
 from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..plan import Plan
 from ..shipping import open_input, portable, unopened
+from ..shipping.replica import Refusal
 from .lifeline import ZOMBIES_MAX, retiring
 from .replies import REPLIES
 from .status import BATCH, FLUSH_EVERY, IDLE, ITEM, OPENING, STEP, STEP_START
@@ -36,8 +37,9 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, 
         REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
                        "behind, which only its end collects")
         return False
-    if isinstance(loaded, str):
-        REPLIES.send([(i, False, NodeError("<pipeline>", None, i, loaded)) for i, _ in items], True)
+    if isinstance(loaded, str):  # it could not be loaded here, or was refused (`shipping.replica.Refusal`)
+        cls = PipelineRefused if isinstance(loaded, Refusal) else NodeError
+        REPLIES.send([(i, False, cls("<pipeline>", None, i, loaded)) for i, _ in items], True)
         return True
     plan, REPLIES.producers = loaded
     REPLIES.names = tuple(s.node.name for s in plan.steps) if log else None

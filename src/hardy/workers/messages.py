@@ -19,6 +19,7 @@ class Setup(NamedTuple):
     sys_path: list[str]
     cwd: str
     argv: list[str]
+    umask: int
 
 
 class PlanSpec(NamedTuple):
@@ -44,14 +45,15 @@ class Chunk(NamedTuple):
 
 class Context(NamedTuple):
     """The caller's process state at this call, where it changed since the worker last heard: the
-    environment's changed and removed variables, then the working directory, sys.argv and
-    sys.path whole (docs/same-answer.md)."""
+    environment's changed and removed variables, then the working directory, sys.argv, sys.path
+    and the umask whole (docs/same-answer.md)."""
 
     environ: dict[str, str]
     unset: list[str]
     cwd: str
     argv: list[str]
     sys_path: list[str]
+    umask: int
 
 
 class Values(NamedTuple):

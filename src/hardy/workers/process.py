@@ -75,7 +75,7 @@ class Worker:
         self.context = context.current()
         transport.send(self.conn, b"", transport.Packed(
             pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
-                               self.context.cwd or os.getcwd(), self.context.argv)),
+                               self.context.cwd or os.getcwd(), self.context.argv, self.context.umask)),
             self._fds))
         self.plans: set[int] = set()
         self.plan: Plan | None = None
@@ -96,7 +96,8 @@ class Worker:
             return
         before, after = {**self.context.environ, **self.overlay}, {**now.environ, **self.overlay}
         changed, unset = context.environ_delta(before, after)
-        self.send(pickle.dumps(Context(changed, unset, now.cwd or self.context.cwd, now.argv, now.sys_path)))
+        self.send(pickle.dumps(Context(changed, unset, now.cwd or self.context.cwd, now.argv, now.sys_path,
+                                       now.umask)))
         self.context = now
 
     @property

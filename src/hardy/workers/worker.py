@@ -16,6 +16,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -30,7 +31,7 @@ from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, synced, transport
 from ..shipping.pickling import main_by_value_in_pools
-from ..shipping.replica import Fetch, Synced
+from ..shipping.replica import Fetch, Refusal, Synced
 from .chunks import names_steps, run_chunk
 from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Values
@@ -76,9 +77,11 @@ def _take_setup(setup: Setup) -> None:
     """The parent's environment (with thread caps), sys.path, argv and working directory."""
     os.environ.clear()
     os.environ.update(setup.environ)
+    time.tzset()  # the C library reads TZ only when told to
     cap_loaded_runtimes()  # runtimes loaded before these variables (a forked parent's) read them now
     sys.path[:] = setup.sys_path
     sys.argv[:] = setup.argv  # a node reading its script's arguments reads the parent's, as in-process
+    os.umask(setup.umask)
     try:
         os.chdir(setup.cwd)
     except OSError:
@@ -160,6 +163,9 @@ def _take_context(context: Context) -> None:
     os.environ.update(context.environ)
     for name in context.unset:
         os.environ.pop(name, None)
+    if "TZ" in context.environ or "TZ" in context.unset:
+        time.tzset()  # the C library reads TZ only when told to (the caller called it, or started with it)
+    os.umask(context.umask)
     sys.argv[:] = context.argv
     sys.path[:] = context.sys_path
     try:
@@ -280,7 +286,7 @@ def _load_plan(spec: bytes, status: Any, fetch: Fetch,
 
 def _unloadable(exc: Exception) -> str:
     if isinstance(exc, ReplicaError):
-        return str(exc)
+        return Refusal(exc)
     return (f"the pipeline could not be loaded in the worker process ({type(exc).__name__}: {exc}); "
             "its nodes must come from the script or a module importable from the parent's sys.path "
             "(a module loaded from elsewhere can be sent by value with "
