@@ -74,7 +74,7 @@ __all__ = [
     "DuplicateOutputError", "SelfDependencyError", "DuplicateNodeError", "MissingInputError", "UnknownInputError",
     "UnknownInputWarning", "UnknownOutputError", "MapInputError", "NodeError", "OutputCountError", "NodeCrashed",
     "NodeTimeout", "ShippingError", "LazyOutputError", "CudaError", "GpuOutOfMemory", "NoGpuError", "MapError",
-    "MapInterrupted", "RemoteError", "HazardError", "WorkerStartError", "PicklingError", "ReplicaError", "WorkerImportError",
-    "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable", "ReplayError", "WheelError",
+    "MapInterrupted", "RemoteError", "HazardError", "WorkerStartError", "PicklingError", "ReplicaError",
+    "WorkerImportError", "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable", "ReplayError", "WheelError",
     "__version__",
 ]
