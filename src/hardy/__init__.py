@@ -75,6 +75,7 @@ __all__ = [
     "UnknownInputWarning", "UnknownOutputError", "MapInputError", "NodeError", "OutputCountError", "NodeCrashed",
     "NodeTimeout", "ShippingError", "LazyOutputError", "CudaError", "GpuOutOfMemory", "NoGpuError", "MapError",
     "MapInterrupted", "RemoteError", "HazardError", "WorkerStartError", "PicklingError", "ReplicaError",
-    "WorkerImportError", "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable", "ReplayError", "WheelError",
+    "WorkerImportError", "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable",
+    "ReplayError", "WheelError",
     "__version__",
 ]
