@@ -11,6 +11,7 @@ from .errors import (
     CacheUnavailable,
     CudaError,
     CycleError,
+    DebuggerUnavailable,
     DuplicateNodeError,
     DuplicateOutputError,
     Failed,
@@ -73,7 +74,8 @@ __all__ = [
     "DuplicateOutputError", "SelfDependencyError", "DuplicateNodeError", "MissingInputError", "UnknownInputError",
     "UnknownInputWarning", "UnknownOutputError", "MapInputError", "NodeError", "OutputCountError", "NodeCrashed",
     "NodeTimeout", "ShippingError", "LazyOutputError", "CudaError", "GpuOutOfMemory", "NoGpuError", "MapError",
-    "MapInterrupted", "RemoteError", "HazardError", "WorkerStartError", "PicklingError", "WorkerImportError",
-    "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable", "ReplayError", "WheelError",
+    "MapInterrupted", "DebuggerUnavailable", "RemoteError", "HazardError", "WorkerStartError", "PicklingError",
+    "WorkerImportError", "UnhashableError", "BatchShapeError", "UntrustedCacheError", "CacheUnavailable", "ReplayError",
+    "WheelError",
     "__version__",
 ]

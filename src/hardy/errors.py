@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import builtins
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
 from typing import Any
 
 
@@ -212,6 +213,8 @@ class NodeError(HardyError):
     """A node failed for one run or one map item; the original exception is `__cause__`."""
 
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
+    cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
+    _rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
 
     def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
                  reason: str | None = None):
@@ -246,7 +249,23 @@ class NodeError(HardyError):
         return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep node/item/cause when crossing process boundaries
-        return (_rebuild_node_error, (type(self), self.__dict__.copy(), self.__cause__))
+        state = {k: v for k, v in self.__dict__.items() if k != "_rerun"}  # how to run it again: this process's
+        return (_rebuild_node_error, (type(self), state, self.__cause__))
+
+    def debug(self) -> bool:
+        """Run this item again in this process, on the sequential executor (isolated nodes and
+        nested pipelines too, timeouts not enforced), and open pdb where it fails: in the frame of
+        your code that raised, with its live locals. True if it failed again. An item that
+        crashed its worker cannot: it would end this process; `hardy replay --gdb` runs it apart."""
+        if isinstance(self, NodeCrashed) and not isinstance(self, NodeTimeout):
+            raise HardyError(f"{self.node!r} crashed its worker ({self.signal or 'it died'}): run here, it would end "
+                             "this process too; `hardy replay REPORT --item N --gdb` runs it under gdb in a process "
+                             "of its own (REPORT: Engine(report_dir=...) writes one)")
+        rerun = self._rerun
+        if rerun is None:
+            raise HardyError("this error does not know how to run its item again (only the process that ran the map "
+                             "does); `hardy replay REPORT --item N --pdb` runs a kept item under pdb")
+        return bool(rerun("the run" if self.item is None else f"item {self.item}"))
 
 
 def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: BaseException | None) -> NodeError:
@@ -256,7 +275,29 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     if isinstance(cause, SystemExit) and cause.code is None and cause.args:
         cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
+    frames = state.get("cause_frames")
+    if frames and cause is not None and cause.__traceback__ is None:
+        from .tracebacks import rebuilt
+        try:
+            cause.__traceback__ = rebuilt(frames)  # the worker's frames, as if raised here
+        except Exception:  # a traceback that cannot be made again must not cost the error: `stack` has its text
+            pass
     return err
+
+
+def user_traceback(err: BaseException) -> TracebackType | None:
+    """The traceback of `err`'s innermost cause: the frames of the user's code that raised it
+    (rebuilt from the worker's, where it ran in one). hardy raises its errors with it, so that
+    pdb.pm(), `python -m pdb` and `%debug` open in those frames."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err.__traceback__
+
+
+class DebuggerUnavailable(HardyError, RuntimeError):
+    """`breakpoint()` in a node that runs in a worker process, which has no terminal for pdb."""
 
 
 class LazyOutputError(HardyError, TypeError):
@@ -432,6 +473,10 @@ class MapError(HardyError):
         )
         self.__cause__ = first
 
+    def debug(self) -> bool:
+        """The first failure's `NodeError.debug()`: its item, again, here, under pdb."""
+        return self.failures[min(self.failures)].debug()
+
 
 class MapInterrupted(KeyboardInterrupt):
     """A map was interrupted (Ctrl-C, or SIGTERM once hardy's workers are running): a
@@ -457,6 +502,10 @@ class Failed:
 
     def __repr__(self) -> str:
         return f"Failed({self.error!r})"
+
+    def debug(self) -> bool:
+        """Its error's `NodeError.debug()`: the item, again, here, under pdb."""
+        return self.error.debug()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Failed, (self.error,))

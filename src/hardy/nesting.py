@@ -86,7 +86,7 @@ class PipelineNode(Node):
     def under(self, engine: Engine) -> PipelineNode:
         """This node run by the engine of the pipeline it is part of, unless its own pipeline was
         given one: a nested pipeline follows its parent's choice of where calls run."""
-        if self.pipeline._engine_given or self.pipeline.engine is engine:
+        if (self.pipeline._engine_given and not engine.in_process) or self.pipeline.engine is engine:
             return self
         return self._copy(self.pipeline._using(engine))
 

@@ -65,6 +65,7 @@ from .graph import Graph
 from .node import Node
 from .plan_source import PlanSource
 from .policy import guard
+from .tracebacks import own_frames
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -247,7 +248,7 @@ class Plan:
                 f"return a tuple of {len(node.outputs)} values"))
             return err
         err = _error_for(node, inputs, exc)
-        err.__cause__ = exc
+        err.__cause__ = exc.with_traceback(own_frames(exc.__traceback__))  # from the node's own frame on
         err.__suppress_context__ = True
         return err
 
@@ -381,6 +382,10 @@ def run_sync(coro: Any) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # run outside the `except`: a node's exception must not have this one as its context
         loop = getattr(_loops, "loop", None)
         if loop is None or loop.is_closed():
             loop = _loops.loop = asyncio.new_event_loop()

@@ -140,6 +140,9 @@ class Engine:
         self._process_pool: Any = None
         self._gpu_pool: Any = None
         self._window_runner: Any = None
+        # every node runs in this process, isolated ones and nested pipelines too, timeouts not
+        # enforced: the engine `NodeError.debug()` runs an item again on, under pdb
+        self.in_process = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
@@ -175,7 +178,7 @@ class Engine:
         """What calls nodes in this process, where a node's timeout could not stop it (see
         `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
         including nested pipelines inside a worker (the worker posts their deadlines)."""
-        if contained() or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
+        if contained() or self.in_process or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
             return None
         return f"map_executor={self.map_executor!r}" if for_map else "Pipeline.run"
 
@@ -191,7 +194,7 @@ class Engine:
         """The callable a plan uses for `node`: the function itself, or a call into a worker."""
         if contained():  # nested in a worker: a timed node posts its deadline for the parent to enforce
             return deadlined(node.func, node.timeout) if node.timeout and not node.is_async else node.func
-        if node.isolate:
+        if node.isolate and not self.in_process:
             return self._isolated(node)
         return node.func
 

@@ -19,7 +19,7 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..batching import batched
-from ..errors import Failed, MapError, NodeError
+from ..errors import Failed, MapError, NodeError, user_traceback
 from .executors import SequentialExecutor, delivered
 from .results import Results
 
@@ -83,7 +83,8 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
         for results, j in outcomes:
             value = results.values[j]
             if raise_on_error and type(value) is Failed:
-                raise MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
+                error = MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
+                raise error.with_traceback(user_traceback(error))
             yield (results.offset + j, value) if indexed else value
     finally:
         outcomes.close()
