@@ -1,25 +1,40 @@
-"""Debugging a failed item: run it again here under pdb, and `breakpoint()` where no terminal is.
+"""Debugging a failed item: run it again here, under pdb where it fails.
 
-`post_mortem` is what `NodeError.debug()` and `hardy replay REPORT --item N --pdb` do: the item
-runs again in this process, on the sequential executor (isolated nodes and nested pipelines
-included), and pdb opens where it fails, in the frame of the user's code that raised, with its
-live locals. `no_terminal` is `breakpoint()` inside a worker process, which has no terminal to
-talk to: instead of pdb reading an empty stdin and quitting (`BdbQuit`, with no hint), the item
-fails with a message naming the two ways to debug it.
+What `NodeError.debug()`, `Pipeline.debug()` and `hardy replay REPORT --item N --pdb` do: the
+item runs again in this process on an engine that runs every node here (`Engine.in_process`:
+isolated nodes and nested pipelines too, timeouts not enforced), and pdb opens where it fails, in
+the frame of the user's code that raised, with its live locals. (`breakpoint()` in a worker
+process, which has no terminal, is `breakpoints.no_terminal`.)
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from .errors import DebuggerUnavailable, NodeError, user_traceback
+from .engine.core import Engine
+from .engine.results import Results
+from .errors import NodeError, user_traceback
+from .tracebacks import own_frames
 
-HOW = ("to debug a node, run its item again in your own process under pdb: err.debug() on the NodeError "
-       "(or failed.error.debug() on a Failed, map_error.debug() on a MapError), or `hardy replay REPORT --item N "
-       "--pdb` from a run report; or run the pipeline with Engine(map_executor=\"sequential\")")
+R = TypeVar("R", bound=Results)
+
+
+def with_reruns(results: R, pipeline: Any, items: Sequence[dict[str, Any]], outputs: Sequence[str]) -> R:
+    """`results` (a map's sink), knowing how its item i runs again under pdb: what it gives
+    that item's error (`NodeError.debug`)."""
+    results.rerun = lambda i: lambda what: run_again(pipeline, items[i], list(outputs), what)
+    return results
+
+
+def run_again(pipeline: Any, values: Mapping[str, Any], output_name: Any, what: str) -> bool:
+    """`pipeline.run(values, output_name)` in this process, every node here, under pdb where it
+    fails (`post_mortem`)."""
+    engine = Engine(map_executor="sequential")
+    engine.in_process = True
+    with engine:
+        return post_mortem(lambda: pipeline.run(dict(values), output_name, engine=engine), what)
 
 
 def post_mortem(call: Callable[[], Any], what: str) -> bool:
@@ -31,27 +46,18 @@ def post_mortem(call: Callable[[], Any], what: str) -> bool:
     try:
         call()
     except (NodeError, KeyboardInterrupt) as err:
-        tb = user_traceback(err) if isinstance(err, NodeError) else err.__traceback__
-        traceback.print_exception(err)
+        root: BaseException = err
+        while root.__cause__ is not None:
+            root = root.__cause__
+        tb = user_traceback(err) if isinstance(err, NodeError) else own_frames(err.__traceback__)
+        traceback.print_exception(type(root), root, tb)  # the user's frames (hardy's own are the rerun's)
         if tb is None:
-            print(f"hardy: {what} failed again, with no Python frame to debug", file=sys.stderr)
+            print(f"hardy: {what} failed again: {err}; no Python frame to debug", file=sys.stderr)
             return True
-        print(f"hardy: {what} failed again in this process; pdb is at the frame that raised, with its live "
-              "locals ('up' walks out, 'q' quits)", file=sys.stderr, flush=True)
+        print(f"hardy: {what} failed again in this process: {str(err).splitlines()[0]}\npdb is at the frame that "
+              "raised, with its live locals ('up' walks out, 'q' quits)", file=sys.stderr, flush=True)
         pdb.post_mortem(tb)
         return True
     print(f"hardy: {what} did not fail when run again in this process (it may depend on what ran before it "
           "in its worker, on its worker's environment, or on chance)", file=sys.stderr)
     return False
-
-
-def no_terminal(*args: Any, **kwargs: Any) -> Any:
-    """`sys.breakpointhook` in a worker process: a debugger other than pdb (PYTHONBREAKPOINT
-    naming a remote debugger) is started as usual, PYTHONBREAKPOINT=0 still turns it off, and
-    plain pdb, which would read the worker's empty stdin, fails the item saying how to debug."""
-    wanted = os.environ.get("PYTHONBREAKPOINT", "")
-    if wanted == "0":
-        return None
-    if wanted not in ("", "pdb.set_trace", "pdb"):
-        return sys.__breakpointhook__(*args, **kwargs)
-    raise DebuggerUnavailable(f"breakpoint() was called in a worker process, which has no terminal for pdb; {HOW}")

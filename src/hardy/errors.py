@@ -17,7 +17,7 @@ import builtins
 import difflib
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 
 class HardyError(Exception):
@@ -285,6 +285,9 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     return err
 
 
+E = TypeVar("E", bound=BaseException)
+
+
 def user_traceback(err: BaseException) -> TracebackType | None:
     """The traceback of `err`'s innermost cause: the frames of the user's code that raised it
     (rebuilt from the worker's, where it ran in one). hardy raises its errors with it, so that
@@ -294,6 +297,13 @@ def user_traceback(err: BaseException) -> TracebackType | None:
         err = err.__cause__
         seen.add(id(err))
     return err.__traceback__
+
+
+def at_user_frames(err: E) -> E:
+    """`err` with its innermost cause's traceback (`user_traceback`), to be raised by hardy's API:
+    Python adds the raising frames in front, so the traceback reads your call, hardy's one frame,
+    then your node's frames."""
+    return err.with_traceback(user_traceback(err))
 
 
 class DebuggerUnavailable(HardyError, RuntimeError):

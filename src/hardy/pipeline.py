@@ -7,7 +7,6 @@ checks inputs and outputs and compiles the plan, every later call only executes 
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import arguments
 from .batching import batched
 from .cache.keys import PlanCache
+from .debugging import run_again, with_reruns
 from .engine.core import Engine, OneRun
 from .engine.executors import SequentialExecutor
 from .engine.results import Results
@@ -30,7 +30,7 @@ from .errors import (
     NodeError,
     UnknownInputWarning,
     UnknownOutputError,
-    user_traceback,
+    at_user_frames,
 )
 from .graph import Graph
 from .hashing import Reach, recording
@@ -247,8 +247,8 @@ class Pipeline:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
         except NodeError as err:  # raised ending in the frames of the user's code that raised (pdb.pm())
-            err._rerun = functools.partial(self._debug_item, values, output_name)
-            raise err.with_traceback(user_traceback(err)) from err.__cause__
+            err._rerun = lambda what: run_again(self, values, output_name, what)
+            raise at_user_frames(err) from err.__cause__
         finally:
             if plan.cache is not None and self._reports:
                 plan.cache.report()  # what the cache could not do, in one warning
@@ -391,8 +391,8 @@ class Pipeline:
             share_input_keys(plan, items, over, self.name)
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             watch = self._watch("map", n, bar, items)
-            results = Results(n, on_error, watch, cached=plan.cache is not None, batched=batched(plan) is not None)
-            results.rerun = self._reruns(items, output_name)
+            results = with_reruns(Results(n, on_error, watch, cached=plan.cache is not None,
+                                          batched=batched(plan) is not None), self, items, plan.outputs)
             try:
                 watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
                              self._node_ids, n)
@@ -403,25 +403,8 @@ class Pipeline:
                     plan.cache.report()  # what the cache could not do, in one warning per map
                 watch.finish(self, results.failures, results.progress.done)  # also of a map that raised
         if results.failures and on_error == "raise":
-            error = MapError(results.values, results.failures)
-            raise error.with_traceback(user_traceback(error))
+            raise at_user_frames(MapError(results.values, results.failures))
         return results.values
-
-    def _reruns(self, items: Sequence[dict[str, Any]], output_name: str | Sequence[str] | None
-                ) -> Callable[[int], Callable[[str], bool]]:
-        """How item i of `items` runs again under pdb (`NodeError.debug`)."""
-        return lambda i: functools.partial(self._debug_item, items[i], output_name)
-
-    def _debug_item(self, values: Mapping[str, Any], output_name: str | Sequence[str] | None, what: str) -> bool:
-        """`values` run again in this process, every node here, under pdb where it fails."""
-        from .debugging import post_mortem
-        engine = Engine(map_executor="sequential")
-        engine.in_process = True
-        try:
-            return post_mortem(lambda: self.run(dict(values), output_name, engine=engine), what)
-        finally:
-            self._with_engine.pop(id(engine), None)
-            engine.close()
 
     def imap(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
              map_mode: str = "zip", output_name: str | Sequence[str] | None = None, on_error: str = "raise",
@@ -446,21 +429,20 @@ class Pipeline:
         items, n = map_items(values, over, map_mode, lazy=True)
         if window is None:
             window = 64 if isinstance(self._engine.executor, SequentialExecutor) else 1024
-        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed, output_name)
+        return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed)
 
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
                 over: list[str], window: int, ordered: bool, on_error: str,
-                progress: bool | None, indexed: bool, output_name: str | Sequence[str] | None) -> Iterator[Any]:
+                progress: bool | None, indexed: bool) -> Iterator[Any]:
         observers, name = self._observers, self.name
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            results = cls(len(chunk), on_error, watch.window(events), offset=start, cached=plan.cache is not None,
-                          batched=batched(plan) is not None)
-            results.rerun = self._reruns(chunk, output_name)
-            return results
+            return with_reruns(cls(len(chunk), on_error, watch.window(events), offset=start,
+                                   cached=plan.cache is not None, batched=batched(plan) is not None), self, chunk,
+                               plan.outputs)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             watch = self._watch("imap", n or 0, bar, ())

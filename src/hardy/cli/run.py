@@ -297,8 +297,11 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
 def report(path: str = typer.Argument(..., metavar="REPORT",
                                       help="A report's JSON (Engine(report_dir=...) writes them)."),
            html: str | None = typer.Option(None, "--html", metavar="FILE",
-                                           help="Also write it as a self-contained page.")) -> None:
-    """Show a saved run report as tables; --html renders the page."""
+                                           help="Also write it as a self-contained page."),
+           item: int | None = typer.Option(None, "--item", metavar="N",
+                                           help="Print the failure of item N: its error, Python and native stacks.")
+           ) -> None:
+    """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
     from rich.console import Console
 
     from ..observe.report import RunReport
@@ -308,7 +311,30 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
         loaded = RunReport.load(path)
     except (OSError, ValueError) as exc:
         _fail_usage(str(exc))
-    Console(width=120).print(loaded)
+    if item is not None:
+        typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
+    else:
+        Console(width=120).print(loaded)
+        if loaded.data.get("failures"):
+            typer.echo(f"each failure's stacks: hardy report {path} --item N")
     if html:
         loaded.save(html)
         typer.echo(f"wrote {html}")
+
+
+def _failure_text(failures: list[Any], item: int, path: str) -> str:
+    """One failure of a report as text: what failed and why, its diagnosis, where its inputs were
+    kept, and its stack (an exception's traceback, or a crash's native and Python stacks)."""
+    record = next((f for f in failures if isinstance(f, dict) and f.get("item") == item), None)
+    if record is None:
+        failed = [f.get("item") for f in failures if isinstance(f, dict)]
+        _fail_usage(f"item {item} did not fail in {path}; the items that failed: {failed[:20] or 'none'}")
+    signal_name = f", {record['signal']}" if record.get("signal") else ""
+    lines = [f"item {item}: node {record.get('node')!r} failed: {record.get('error')}{signal_name}: "
+             f"{record.get('message')}"]
+    lines += [f"diagnosis: {d}" for d in record.get("diagnosis") or ()]
+    if record.get("kept_inputs"):
+        lines.append(f"inputs kept: {record['kept_inputs']} (hardy replay {path} --item {item} runs it again)")
+    stack = str(record.get("stack") or "").rstrip()
+    lines.append(stack or "(no stack kept for this failure: reports keep the first failures' stacks)")
+    return "\n".join(lines)

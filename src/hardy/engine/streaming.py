@@ -19,7 +19,7 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..batching import batched
-from ..errors import Failed, MapError, NodeError, user_traceback
+from ..errors import Failed, MapError, NodeError, at_user_frames
 from .executors import SequentialExecutor, delivered
 from .results import Results
 
@@ -83,8 +83,7 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
         for results, j in outcomes:
             value = results.values[j]
             if raise_on_error and type(value) is Failed:
-                error = MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
-                raise error.with_traceback(user_traceback(error))
+                raise at_user_frames(MapError(results.values, {results.offset + j: value.error}, offset=results.offset))
             yield (results.offset + j, value) if indexed else value
     finally:
         outcomes.close()

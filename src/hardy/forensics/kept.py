@@ -57,8 +57,12 @@ def _key() -> bytes:
 
 
 def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
-    """Write each item's inputs; {item: file name, or why it was not kept}."""
+    """Write each item's inputs; {item: file name, or why it was not kept}. The pipeline is pickled
+    as a worker receives it (`shipping.pickling`: the code of `__main__`'s nodes keeps its file
+    and lines, so a replay's tracebacks and pdb show the user's source)."""
     import cloudpickle
+
+    from ..shipping.pickling import out_of_band
     folder = folder_of(report)
     try:
         key = _key()  # first: its folder, made private, may be the report's parent (`default_folder`)
@@ -69,7 +73,8 @@ def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict
         return dict.fromkeys(items, f"not kept: {exc}")
     said: dict[int, str] = {}
     try:
-        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + cloudpickle.dumps(pipeline, protocol=5)
+        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + out_of_band(
+            pipeline, lambda buffer: True, by_value=True)  # every buffer in band
     except Exception as exc:
         return dict.fromkeys(items, f"not kept: the pipeline cannot be pickled ({type(exc).__name__}: {exc})")
     total = 0
