@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from .engine.core import Engine
 from .engine.results import Results
-from .errors import NodeError, user_traceback
-from .tracebacks import own_frames
+from .errors import NodeError
+from .tracebacks import own_frames, user_traceback
 
 R = TypeVar("R", bound=Results)
 

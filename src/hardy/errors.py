@@ -16,8 +16,7 @@ from __future__ import annotations
 import builtins
 import difflib
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 
 class HardyError(Exception):
@@ -215,6 +214,7 @@ class NodeError(HardyError):
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
     cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
     _rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
+    nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 
     def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
                  reason: str | None = None):
@@ -230,6 +230,8 @@ class NodeError(HardyError):
             where += f" failed on item {self.item}"
         else:
             where += " failed"
+        if self.nested:
+            where += f", in nested map at {', '.join(self.nested)}"
         if self.inputs_summary:
             where += f" (inputs: {self.inputs_summary})"
         cause = self.reason
@@ -283,27 +285,6 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
         except Exception:  # a traceback that cannot be made again must not cost the error: `stack` has its text
             pass
     return err
-
-
-E = TypeVar("E", bound=BaseException)
-
-
-def user_traceback(err: BaseException) -> TracebackType | None:
-    """The traceback of `err`'s innermost cause: the frames of the user's code that raised it
-    (rebuilt from the worker's, where it ran in one). hardy raises its errors with it, so that
-    pdb.pm(), `python -m pdb` and `%debug` open in those frames."""
-    seen = {id(err)}
-    while err.__cause__ is not None and id(err.__cause__) not in seen:
-        err = err.__cause__
-        seen.add(id(err))
-    return err.__traceback__
-
-
-def at_user_frames(err: E) -> E:
-    """`err` with its innermost cause's traceback (`user_traceback`), to be raised by hardy's API:
-    Python adds the raising frames in front, so the traceback reads your call, hardy's one frame,
-    then your node's frames."""
-    return err.with_traceback(user_traceback(err))
 
 
 class DebuggerUnavailable(HardyError, RuntimeError):
@@ -492,13 +473,17 @@ class MapInterrupted(KeyboardInterrupt):
     """A map was interrupted (Ctrl-C, or SIGTERM once hardy's workers are running): a
     `KeyboardInterrupt` that still carries everything computed. `results` has one entry per item
     (the result, a `Failed`, or None for an item not run), `failures` the failures by index; the
-    map's workers were stopped."""
+    map's workers were stopped; `report_dir`: where its run report was written, if anywhere.
 
-    def __init__(self, results: list[Any], failures: dict[int, NodeError]):
+    Uncaught, it ends a script as Ctrl-C does, with exit code 130 (CPython gives 130 to a
+    `KeyboardInterrupt` itself only), saying how many results it held (`hardy.interrupts`)."""
+
+    def __init__(self, results: list[Any], failures: dict[int, NodeError], report_dir: Any = None):
         self.results = results
         self.failures = failures
-        done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
-        super().__init__(f"map interrupted: {done} of {len(results)} items completed, {len(failures)} failed; "
+        self.report_dir = report_dir
+        self.done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
+        super().__init__(f"map interrupted: {self.done} of {len(results)} items completed, {len(failures)} failed; "
                          ".results holds them (None for an item not run)")
 
 

@@ -24,16 +24,15 @@ from .errors import (
     HardyError,
     InvalidArgumentType,
     MapError,
-    MapInterrupted,
     MissingInputError,
     NodeDefinitionError,
     NodeError,
     UnknownInputWarning,
     UnknownOutputError,
-    at_user_frames,
 )
 from .graph import Graph
 from .hashing import Reach, recording
+from .interrupts import interrupted
 from .items import map_items, mapped_over, share_input_keys
 from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
@@ -45,6 +44,7 @@ from .observe.report import Recorder, RunReport
 from .observe.watch import Watch
 from .plan import Plan
 from .policy import check_timeouts
+from .tracebacks import at_user_frames
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -397,7 +397,7 @@ class Pipeline:
                 watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
                              self._node_ids, n)
             except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
-                raise MapInterrupted(results.values, dict(results.failures)) from exc
+                raise interrupted(results.values, dict(results.failures), self._engine.report_dir) from exc
             finally:
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map

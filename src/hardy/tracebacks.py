@@ -26,7 +26,7 @@ import itertools
 import os
 import sys
 import types
-from typing import Any
+from typing import Any, TypeVar
 
 _HARDY = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _PLAN = "<hardy plan "
@@ -205,3 +205,24 @@ def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] 
     code = compile("\n" * (lineno - 1) + line, filename, "exec")
     code = code.replace(co_name=name)
     return code.replace(co_qualname=name) if sys.version_info >= (3, 11) else code  # type: ignore[call-arg,unused-ignore]
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def user_traceback(err: BaseException) -> types.TracebackType | None:
+    """The traceback of `err`'s innermost cause: the frames of the user's code that raised it
+    (rebuilt from the worker's, where it ran in one). hardy raises its errors with it, so that
+    pdb.pm(), `python -m pdb` and `%debug` open in those frames."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err.__traceback__
+
+
+def at_user_frames(err: E) -> E:
+    """`err` with its innermost cause's traceback (`user_traceback`), to be raised by hardy's API:
+    Python adds the raising frames in front, so the traceback reads your call, hardy's one frame,
+    then your node's frames."""
+    return err.with_traceback(user_traceback(err))

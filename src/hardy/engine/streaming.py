@@ -19,7 +19,8 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..batching import batched
-from ..errors import Failed, MapError, NodeError, at_user_frames
+from ..errors import Failed, MapError, NodeError
+from ..tracebacks import at_user_frames
 from .executors import SequentialExecutor, delivered
 from .results import Results
 
