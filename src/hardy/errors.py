@@ -143,8 +143,9 @@ class MissingInputError(HardyError, ValueError):
         provided = list(provided)
         parts = []
         for name, consumers in missing.items():
-            parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)})"
-                         + did_you_mean(name, provided))
+            given = difflib.get_close_matches(name, provided, n=1, cutoff=0.6)  # the user's typo, renamed
+            hint = f"; {given[0]!r} was given: did you mean {name!r}?" if given else ""
+            parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)}{hint})")
         super().__init__(  # begins with HyperNodes' words, for code that matches on them
             f"Missing required input(s): {sorted(missing)} of pipeline {pipeline!r}: {'; '.join(parts)}. "
             f"Provided: {sorted(provided) or 'nothing'}. Pass them in inputs=... or with bind()."
