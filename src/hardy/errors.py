@@ -394,6 +394,24 @@ class NodeCrashed(NodeError):
         return text
 
 
+class UnencodableOutput(NodeError):
+    """`hardy run`: an item's output has no JSON form (bytes, a set, a DataFrame, your own class):
+    the item fails, its line naming the output, where in it, the node that made it and the type."""
+
+    def __init__(self, kind: str, path: str):
+        super().__init__("?")
+        self.kind, self.path = kind, path
+
+    def of(self, output: str, node: str) -> UnencodableOutput:
+        """This error, said of `output`, made by `node`."""
+        self.node = node
+        where = f"output {output!r}" + (f" at {output}{self.path}" if self.path else "")
+        self.reason = (f"{where} is a {self.kind}, which has no JSON form for `hardy run`'s lines; return plain data "
+                       "(numbers, text, lists, dicts, arrays), leave it out with --outputs, or call the pipeline "
+                       "from Python")
+        return self
+
+
 class ShippingError(NodeError):
     """One item's input or result could not cross between the calling process and the worker:
     it cannot be pickled here, or unpickled (its class imported, its state rebuilt) there. It
@@ -444,6 +462,10 @@ class GpuOutOfMemory(CudaError):
         super().__init__(node, inputs, stack)
         self.retries, self.backoff = retries, backoff
         self.retires_worker = retries > 0
+
+
+class EngineClosed(HardyError, RuntimeError):
+    """An `imap` whose engine was closed before the stream ended."""
 
 
 class MapError(HardyError):

@@ -285,10 +285,12 @@ class Engine:
         return total
 
     def close(self) -> None:
-        """Stop worker processes and threads. Engines also close at interpreter exit."""
-        if self._window_runner is not None:
-            self._window_runner.close()
-            self._window_runner = None
+        """Stop worker processes and threads. Engines also close at interpreter exit. A streamed
+        map still running ends (its iterator raises `EngineClosed`); its workers are stopped first,
+        so that closing never waits for the items they were running."""
+        runner, self._window_runner = self._window_runner, None
+        if runner is not None:
+            runner.close()
         if self._map_executor is not None and self._map_executor not in (self._process_pool, self._gpu_pool):
             self._map_executor.close()
         for pool in (self._process_pool, self._gpu_pool):
@@ -300,6 +302,8 @@ class Engine:
             self._node_pool = None
         if isinstance(self.map_executor, str):
             self._map_executor = None
+        if runner is not None:
+            runner.join()
 
     def __enter__(self) -> Engine:
         return self
