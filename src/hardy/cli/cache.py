@@ -85,8 +85,8 @@ def stats(folder: str | None = FOLDER, path: str = DIR, as_json: bool = typer.Op
         typer.echo(json.dumps(s.__dict__))
         return
     t = Table(title=f"cache {remote or path}")
-    t.add_column("what")
-    t.add_column("value", justify="right")
+    t.add_column("what", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
     for k, v in (("entries", s.entries), ("bytes", f"{s.bytes:,}"), ("inline in the index", s.inline),
                  ("in blob files", s.files), ("oldest entry", _when(s.oldest)),
                  ("last access", _when(s.newest_access))):
@@ -102,7 +102,7 @@ def list_entries(folder: str | None = FOLDER, path: str = DIR,
     path = folder or path
     t = Table()
     for col in ("key", "bytes", "where", "created", "last access"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for e in _open(path, remote, endpoint).entries()[:limit]:
         where = "index" if e.inline else "bucket" if remote else "file"
         t.add_row(e.key.hex(), f"{e.size:,}", where, _when(e.created), _when(e.accessed))
