@@ -4,8 +4,12 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 # Tests rewrite a module and run it again within the same second. Python's own bytecode cache
@@ -13,6 +17,65 @@ import pytest
 # code from __pycache__: a stale .pyc, not what these tests examine (hardy's code fingerprints).
 # Every process the tests start inherits this.
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+# Every process the test run starts carries this mark in its environment, also one that left the
+# run's process group and session (hardy's workers call setsid) or was reparented to init when
+# its parent died: how `leaves_nothing` tells them from the machine's other processes.
+RUN_MARK = "HARDY_TEST_RUN"
+os.environ[RUN_MARK] = uuid.uuid4().hex
+GRACE = 15.0  # seconds a process or folder has to go away after the last test (dying workers, a closing server)
+
+
+def _ours(process: psutil.Process, pgid: int) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE and (
+            os.getpgid(process.pid) == pgid or process.environ().get(RUN_MARK) == os.environ[RUN_MARK])
+    except (psutil.Error, OSError):
+        return False
+
+
+def _left(before: set[int], folders: set[str]) -> tuple[list[psutil.Process], list[str]]:
+    """The processes this run started that are still alive, and hardy's temporary folders it made
+    that no live process names in its arguments (a live fork server does)."""
+    pgid, me = os.getpgid(0), os.getpid()
+    alive = [p for p in psutil.process_iter() if p.pid not in before and p.pid != me and _ours(p, pgid)]
+    named = set()
+    for p in psutil.process_iter():
+        try:
+            named.update(p.cmdline())
+        except psutil.Error:
+            pass
+    tmp = Path(tempfile.gettempdir())
+    stale = [str(f) for f in tmp.glob("hardy-*") if f.name not in folders and str(f) not in named]
+    return alive, stale
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_nothing():
+    """Fails the suite if a test leaves a process behind (by process group, and by the run's mark
+    for one that left the group and session or lost its parent) or one of hardy's temporary
+    folders; then ends what it found, so that nothing outlives the run either way. hardy's own
+    servers and workers, which this process holds until it exits, are stopped first."""
+    before = {p.pid for p in psutil.process_iter()}
+    folders = {f.name for f in Path(tempfile.gettempdir()).glob("hardy-*")}
+    yield
+    from hardy.workers import launch
+    launch._stop_everything()  # what this process would stop at its exit
+    deadline = time.monotonic() + GRACE
+    alive, stale = _left(before, folders)
+    while (alive or stale) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive, stale = _left(before, folders)
+    said = []
+    for p in alive:
+        try:
+            said.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not said and not stale, f"the tests left processes {said} and folders {stale}"
 
 
 def _refuse_outside(pid: int) -> object:

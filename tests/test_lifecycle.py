@@ -4,6 +4,7 @@ re-running the user's script, reachable by nobody else. Real processes, real sig
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -455,6 +456,7 @@ def test_an_engine_used_from_a_thread_leaves_no_orphan_beside_a_fork_child(tmp_p
                               env=_env(tmp_path))
     parent.stdin.write(textwrap.dedent(THREAD_THEN_FORK_CHILD))
     parent.stdin.close()
+    fork_child = None
     try:
         fork_child = int(parent.stdout.readline())
         hardy = [p.pid for p in psutil.Process(parent.pid).children(recursive=True) if p.pid != fork_child]
@@ -468,6 +470,9 @@ def test_an_engine_used_from_a_thread_leaves_no_orphan_beside_a_fork_child(tmp_p
         parent.kill()
         for p in psutil.Process().children(recursive=True):
             p.kill()
+        if fork_child is not None:  # its parent died: it is init's child now, not ours, and would sleep on
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(fork_child).kill()
 
 
 FORKED_WORKERS = """
@@ -564,3 +569,33 @@ def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path):
     assert second == "[{'y': 2}]"  # the next engine is not held up
     assert "importing preload module 'hardy_blocking_mod'" in done.stderr  # the warning came first
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+LEAKY_TESTS = """
+import os, subprocess, sys, tempfile, time
+
+def test_that_leaves_a_process_in_a_session_of_its_own():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+
+def test_that_leaves_a_folder():
+    tempfile.mkdtemp(prefix="hardy-server-")
+
+def test_that_leaves_nothing():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+"""
+
+
+@pytest.mark.parametrize("which, fails", [("process", True), ("folder", True), ("nothing", False)])
+def test_the_suite_fails_when_a_test_leaves_a_process_or_a_folder(tmp_path, which, fails):
+    """The session fixture of tests/conftest.py, on a suite of its own run by pytest."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "test_leaky.py").write_text(textwrap.dedent(LEAKY_TESTS))
+    env = {k: v for k, v in os.environ.items() if k != "HARDY_TEST_RUN"}  # a run of its own, with its own mark
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_leaky.py", "-k", which],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    if fails:
+        assert run.returncode != 0 and "the tests left" in run.stdout, run.stdout
+        said = run.stdout.split("the tests left", 1)[1]
+        assert ("time.sleep(600)" in said) if which == "process" else ("hardy-server-" in said)
+    else:
+        assert run.returncode == 0, run.stdout
