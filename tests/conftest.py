@@ -24,6 +24,12 @@ os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 RUN_MARK = "HARDY_TEST_RUN"
 os.environ[RUN_MARK] = uuid.uuid4().hex
 GRACE = 15.0  # seconds a process or folder has to go away after the last test (dying workers, a closing server)
+# The run's temporary files go to a folder of its own (TMPDIR, inherited by every process it
+# starts), so that what is left there is this run's, whatever else the machine runs at the same
+# time; pytest's own tmp_path folders stay where they were.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+RUN_TMP = tempfile.mkdtemp(prefix="hardy-test-run-")
+os.environ["TMPDIR"] = tempfile.tempdir = RUN_TMP
 
 
 def _ours(process: psutil.Process, pgid: int) -> bool:
@@ -34,38 +40,29 @@ def _ours(process: psutil.Process, pgid: int) -> bool:
         return False
 
 
-def _left(before: set[int], folders: set[str]) -> tuple[list[psutil.Process], list[str]]:
-    """The processes this run started that are still alive, and hardy's temporary folders it made
-    that no live process names in its arguments (a live fork server does)."""
+def _left(before: set[int]) -> tuple[list[psutil.Process], list[str]]:
+    """The processes this run started that are still alive, and hardy's temporary files it left."""
     pgid, me = os.getpgid(0), os.getpid()
     alive = [p for p in psutil.process_iter() if p.pid not in before and p.pid != me and _ours(p, pgid)]
-    named = set()
-    for p in psutil.process_iter():
-        try:
-            named.update(p.cmdline())
-        except psutil.Error:
-            pass
-    tmp = Path(tempfile.gettempdir())
-    stale = [str(f) for f in tmp.glob("hardy-*") if f.name not in folders and str(f) not in named]
-    return alive, stale
+    return alive, sorted(str(f) for f in Path(RUN_TMP).rglob("hardy-*"))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def leaves_nothing():
     """Fails the suite if a test leaves a process behind (by process group, and by the run's mark
     for one that left the group and session or lost its parent) or one of hardy's temporary
-    folders; then ends what it found, so that nothing outlives the run either way. hardy's own
-    servers and workers, which this process holds until it exits, are stopped first."""
+    files; then ends what it found and removes the run's temporary folder, so that nothing
+    outlives the run either way. hardy's own servers and workers, which this process holds until
+    it exits, are stopped first."""
     before = {p.pid for p in psutil.process_iter()}
-    folders = {f.name for f in Path(tempfile.gettempdir()).glob("hardy-*")}
     yield
     from hardy.workers import launch
     launch._stop_everything()  # what this process would stop at its exit
     deadline = time.monotonic() + GRACE
-    alive, stale = _left(before, folders)
+    alive, stale = _left(before)
     while (alive or stale) and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive, stale = _left(before, folders)
+        alive, stale = _left(before)
     said = []
     for p in alive:
         try:
@@ -73,8 +70,7 @@ def leaves_nothing():
             p.kill()
         except psutil.Error:
             pass
-    for folder in stale:
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(RUN_TMP, ignore_errors=True)  # with what other tools left there (Ray's sessions)
     assert not said and not stale, f"the tests left processes {said} and folders {stale}"
 
 

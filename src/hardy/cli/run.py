@@ -24,7 +24,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -170,16 +170,8 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     before = written(resume) if resume else {}
     with engine, _Interruptible() as interrupted, _opened(output, append=bool(resume)) as out:
         writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
-        with closing_ends_the_run(out) as watched:
-            try:
-                unwritable = _items(pipeline, values, over, wanted, before, engine, progress, writer)
-            except KeyboardInterrupt:  # the output's reader went away while no map ran: it interrupted
-                if not watched.closed:
-                    raise
-                unwritable = None
+        unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, before, engine, progress, writer))
     done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
-    if watched.closed and unwritable is None:  # it interrupted the run as Ctrl-C would
-        unwritable = BrokenPipeError(errno.EPIPE, "the output was closed")
     if unwritable is not None:
         _unwritable(unwritable, writer.done, output)
     if report:
@@ -192,6 +184,21 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if failed:
         typer.echo(f"hardy: {failed} of {done} item(s) failed{where}", err=True)
     raise typer.Exit(1 if failed else 0)
+
+
+def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | None:
+    """`items()`, ended at once when the output's reader goes away (`closing_ends_the_run`: an
+    interrupt, wherever it waits); what made the output unwritable, if anything."""
+    with closing_ends_the_run(out) as watched:
+        try:
+            unwritable = items()
+        except KeyboardInterrupt:  # the reader went away while no map ran: it interrupted here
+            if not watched.closed:
+                raise
+            unwritable = None
+    if watched.closed and unwritable is None:  # it stopped the map as Ctrl-C would
+        return BrokenPipeError(errno.EPIPE, "the output was closed")
+    return unwritable
 
 
 def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str]
