@@ -22,14 +22,17 @@ os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
 # run's process group and session (hardy's workers call setsid) or was reparented to init when
 # its parent died: how `leaves_nothing` tells them from the machine's other processes.
 RUN_MARK = "HARDY_TEST_RUN"
-os.environ[RUN_MARK] = uuid.uuid4().hex
 GRACE = 15.0  # seconds a process or folder has to go away after the last test (dying workers, a closing server)
-# The run's temporary files go to a folder of its own (TMPDIR, inherited by every process it
-# starts), so that what is left there is this run's, whatever else the machine runs at the same
-# time; pytest's own tmp_path folders stay where they were.
-os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-RUN_TMP = tempfile.mkdtemp(prefix="hardy-test-run-")
-os.environ["TMPDIR"] = tempfile.tempdir = RUN_TMP
+if RUN_MARK not in os.environ:  # the test run itself (a process it starts may import this module too)
+    os.environ[RUN_MARK] = uuid.uuid4().hex
+    # The run's temporary files go to a folder of its own (TMPDIR, inherited by every process it
+    # starts), so that what is left there is this run's, whatever else the machine runs at the
+    # same time; pytest's own tmp_path folders stay where they were. Writable by all, sticky, as
+    # /tmp is: tests run processes as a second user.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix="hardy-test-run-")
+    os.chmod(os.environ["TMPDIR"], 0o1777)
+RUN_TMP = os.environ["TMPDIR"]
 
 
 def _ours(process: psutil.Process, pgid: int) -> bool:
