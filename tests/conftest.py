@@ -37,6 +37,8 @@ RUN_TMP = os.environ["TMPDIR"]
 
 def _ours(process: psutil.Process, pgid: int) -> bool:
     try:
+        if process.ppid() == os.getpid() and "multiprocessing.resource_tracker" in " ".join(process.cmdline()):
+            return False  # multiprocessing's, of this process: it ends as this process closes its pipe
         return process.status() != psutil.STATUS_ZOMBIE and (
             os.getpgid(process.pid) == pgid or process.environ().get(RUN_MARK) == os.environ[RUN_MARK])
     except (psutil.Error, OSError):

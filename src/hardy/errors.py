@@ -279,7 +279,7 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
         cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
     frames = state.get("cause_frames")
-    if frames and cause is not None and cause.__traceback__ is None:
+    if frames and cause is not None:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
         from .tracebacks import rebuilt
         try:
             cause.__traceback__ = rebuilt(frames)  # the worker's frames, as if raised here
