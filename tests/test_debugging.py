@@ -83,6 +83,9 @@ def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
     out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin="c\np x, scale\nw\nq\nq\n")
     assert "Uncaught exception. Entering post mortem debugging" in out.stdout, out.stdout + out.stderr
     assert "(8)helper()\n-> return scale / x\n(Pdb) (0, 10)" in out.stdout
+    here = _python(tmp_path, script.replace("p.map(", "p.run(").replace('[1, 0]}, map_over="x")', "0})"), "-i",
+                   "bug.py", "sequential", stdin="import pdb; pdb.pm()\np len(big)\nq\n")
+    assert "(8)helper()\n-> return scale / x\n(Pdb) 1000" in here.stdout, here.stdout + here.stderr  # in-process: live
 
 
 def test_ipython_debug_opens_in_the_users_innermost_frame(tmp_path):

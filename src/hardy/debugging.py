@@ -23,9 +23,13 @@ R = TypeVar("R", bound=Results)
 
 def with_reruns(results: R, pipeline: Any, items: Sequence[dict[str, Any]], outputs: Sequence[str]) -> R:
     """`results` (a map's sink), knowing how its item i runs again under pdb: what it gives
-    that item's error (`NodeError.debug`)."""
-    results.rerun = lambda i: lambda what: run_again(pipeline, items[i], list(outputs), what)
+    that item's error (`NodeError.debug`), which keeps that item's inputs, not the map's."""
+    results.rerun = lambda i: _rerun(pipeline, items[i], list(outputs))
     return results
+
+
+def _rerun(pipeline: Any, item: dict[str, Any], outputs: list[str]) -> Callable[[str], bool]:
+    return lambda what: run_again(pipeline, item, outputs, what)
 
 
 def run_again(pipeline: Any, values: Mapping[str, Any], output_name: Any, what: str) -> bool:
