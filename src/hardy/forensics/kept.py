@@ -27,7 +27,7 @@ import os
 import pickle
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,13 @@ def _key() -> bytes:
     return mac_key(user_key(), _PURPOSE)
 
 
-def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
-    """Write each item's inputs; {item: file name, or why it was not kept}. The pipeline is pickled
-    as a worker receives it (`shipping.pickling`: the code of `__main__`'s nodes keeps its file
-    and lines, so a replay's tracebacks and pdb show the user's source)."""
+def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]],
+         dump: Callable[[Any], bytes] | None = None) -> dict[int, str]:
+    """Write each item's inputs; {item: file name, or why it was not kept}. `dump` pickles the
+    pipeline (the caller's: `observe.report` gives the one workers receive their plans by, whose
+    code of `__main__`'s nodes keeps its file and lines, so that a replay's tracebacks and pdb show
+    the user's source); cloudpickle's by default."""
     import cloudpickle
-
-    from ..shipping.pickling import out_of_band
     folder = folder_of(report)
     try:
         key = _key()  # first: its folder, made private, may be the report's parent (`default_folder`)
@@ -73,8 +73,8 @@ def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict
         return dict.fromkeys(items, f"not kept: {exc}")
     said: dict[int, str] = {}
     try:
-        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + out_of_band(
-            pipeline, lambda buffer: True, by_value=True)  # every buffer in band
+        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + (
+            dump(pipeline) if dump is not None else cloudpickle.dumps(pipeline, protocol=5))
     except Exception as exc:
         return dict.fromkeys(items, f"not kept: the pipeline cannot be pickled ({type(exc).__name__}: {exc})")
     total = 0
