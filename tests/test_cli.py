@@ -383,7 +383,8 @@ def test_a_closed_pipe_or_a_full_disk_ends_the_run_and_its_workers(tmp_path, she
     if shell.startswith("|"):
         assert done.returncode == 141, done.stderr
         assert done.stdout == '{"item": 0, "ok": true, "outputs": {"y":'
-        assert "hardy: the output was closed (a closed pipe) after 1 item(s); the map was stopped" in done.stderr
+        assert re.search(r"hardy: the output was closed \(a closed pipe\) after [01] item\(s\); the map was stopped",
+                         done.stderr), done.stderr  # (1 unless the reader left as the line's write returned)
     else:
         assert done.returncode == 74, done.stderr
         assert "hardy: cannot write stdout: No space left on device after 0 item(s)" in done.stderr

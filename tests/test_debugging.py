@@ -123,11 +123,12 @@ def test_breakpoint_in_a_worker_fails_its_item_saying_how_to_debug(tmp_path):
         out = Pipeline([stop_here]).map(inputs={"x": [1, 2]}, map_over="x", on_error="continue")
         print(getattr(out[0], "error", out[0]))
     """
-    out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script))
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}  # (importing ray sets it, to its own)
+    out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script), env=plain)
     assert out.returncode == 0, out.stderr
     assert "DebuggerUnavailable: breakpoint() was called in a worker process" in out.stdout, out.stdout
     assert "err.debug()" in out.stdout and "hardy replay REPORT --item N --pdb" in out.stdout
-    quiet = _python(tmp_path, script, "-", stdin=textwrap.dedent(script), env={**os.environ, "PYTHONBREAKPOINT": "0"})
+    quiet = _python(tmp_path, script, "-", stdin=textwrap.dedent(script), env={**plain, "PYTHONBREAKPOINT": "0"})
     assert quiet.stdout.strip() == "{'y': 1}"  # PYTHONBREAKPOINT=0 turns breakpoint() off, in workers too
 
 
