@@ -355,6 +355,8 @@ def test_run_resumes_from_the_lines_an_earlier_run_wrote(tmp_path):
     assert (tmp_path / "calls.log").read_text().split() == ["2", "5"]  # only the items without a whole line ran
     resumed = [_strict(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert sorted(line["item"] for line in resumed) == [0, 1, 2, 3]
+    done = _hardy_run(tmp_path, *args, "--resume", "out.jsonl", "--report", "run.json")
+    assert done.returncode == 0 and "nothing ran, no report written" in done.stderr, done.stderr
     other = _hardy_run(tmp_path, *args, "--resume", "out.jsonl", "--output", "elsewhere.jsonl")
     assert other.returncode == 2 and "names another file" in other.stderr
 

@@ -174,8 +174,11 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
     if unwritable is not None:
         _unwritable(unwritable, writer.done, output)
-    if report:
+    if report and (writer.done or not before):
         pipeline.report().save(report)
+    elif report:  # --resume found every item written: nothing ran, nothing to report
+        typer.echo(f"hardy: every item had its line in {resume} already: nothing ran, no report written", err=True)
+        report = None
     where = f"; see {report}" if report else ""
     if interrupted.signal:
         typer.echo(f"hardy: interrupted by {interrupted.signal} after {done} item(s) ({failed} failed), each written "
