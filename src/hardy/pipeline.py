@@ -257,7 +257,7 @@ class Pipeline:
                 output_name: str | Sequence[str] | None = None) -> str:
         """The Python code `run(inputs, output_name)` executes: the plan hardy generates for that
         call, one line per node call, with locals named after the values they hold. The same lines
-        appear in tracebacks and in pdb when a node fails inside the plan."""
+        appear in pdb stepping through a run (a node's traceback starts at the node: `hardy.tracebacks`)."""
         names = dict.fromkeys(inputs or ())
         values = {**self._bound, **names} if self._bound else names
         return self._plan(values, output_name, for_map=False).source

@@ -23,7 +23,8 @@ For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.expla
 Locals are named after the values they hold and node functions after their nodes (valid, unique
 identifiers); `_s` is the step running, for the error `_fail` builds; `_item` is the item's index in
 a map, for cache callbacks. The code is registered in `linecache` under its own file name
-(`<hardy plan 'pipeline' #3>`), so tracebacks and pdb show its lines.
+(`<hardy plan 'pipeline' #3>`), so pdb stepping through a run shows its lines (a node's own
+traceback leaves them out: it starts at the node, `hardy.tracebacks`).
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
 function is the cheapest walk CPython has (no dict lookups per argument, no loop, no branches).
