@@ -4,8 +4,12 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 # Tests rewrite a module and run it again within the same second. Python's own bytecode cache
@@ -13,6 +17,66 @@ import pytest
 # code from __pycache__: a stale .pyc, not what these tests examine (hardy's code fingerprints).
 # Every process the tests start inherits this.
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+# Every process the test run starts carries this mark in its environment, also one that left the
+# run's process group and session (hardy's workers call setsid) or was reparented to init when
+# its parent died: how `leaves_nothing` tells them from the machine's other processes.
+RUN_MARK = "HARDY_TEST_RUN"
+GRACE = 15.0  # seconds a process or folder has to go away after the last test (dying workers, a closing server)
+if RUN_MARK not in os.environ:  # the test run itself (a process it starts may import this module too)
+    os.environ[RUN_MARK] = uuid.uuid4().hex
+    # The run's temporary files go to a folder of its own (TMPDIR, inherited by every process it
+    # starts), so that what is left there is this run's, whatever else the machine runs at the
+    # same time; pytest's own tmp_path folders stay where they were. Writable by all, sticky, as
+    # /tmp is: tests run processes as a second user.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix="hardy-test-run-")
+    os.chmod(os.environ["TMPDIR"], 0o1777)
+RUN_TMP = os.environ["TMPDIR"]
+
+
+def _ours(process: psutil.Process, pgid: int) -> bool:
+    try:
+        if process.ppid() == os.getpid() and "multiprocessing.resource_tracker" in " ".join(process.cmdline()):
+            return False  # multiprocessing's, of this process: it ends as this process closes its pipe
+        return process.status() != psutil.STATUS_ZOMBIE and (
+            os.getpgid(process.pid) == pgid or process.environ().get(RUN_MARK) == os.environ[RUN_MARK])
+    except (psutil.Error, OSError):
+        return False
+
+
+def _left(before: set[int]) -> tuple[list[psutil.Process], list[str]]:
+    """The processes this run started that are still alive, and hardy's temporary files it left."""
+    pgid, me = os.getpgid(0), os.getpid()
+    alive = [p for p in psutil.process_iter() if p.pid not in before and p.pid != me and _ours(p, pgid)]
+    return alive, sorted(str(f) for f in Path(RUN_TMP).rglob("hardy-*"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_nothing():
+    """Fails the suite if a test leaves a process behind (by process group, and by the run's mark
+    for one that left the group and session or lost its parent) or one of hardy's temporary
+    files; then ends what it found and removes the run's temporary folder, so that nothing
+    outlives the run either way. hardy's own servers and workers, which this process holds until
+    it exits, are stopped first."""
+    before = {p.pid for p in psutil.process_iter()}
+    yield
+    from hardy.workers import launch
+    launch._stop_everything()  # what this process would stop at its exit
+    deadline = time.monotonic() + GRACE
+    alive, stale = _left(before)
+    while (alive or stale) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive, stale = _left(before)
+    said = []
+    for p in alive:
+        try:
+            said.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    shutil.rmtree(RUN_TMP, ignore_errors=True)  # with what other tools left there (Ray's sessions)
+    assert not said and not stale, f"the tests left processes {said} and folders {stale}"
 
 
 def _refuse_outside(pid: int) -> object:

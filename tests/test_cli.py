@@ -27,7 +27,7 @@ def test_demo_runs_and_one_segfault_costs_one_document():
     assert out.returncode == 0, out.stdout + out.stderr
     text = " ".join(out.stdout.split())  # rich wraps lines at the terminal width
     assert "node 'prep/tokenize' failed on item 200 (inputs: doc='POISON " in text  # the nested node, named
-    assert "worker died from SIGSEGV" in text
+    assert re.search(r"worker died from SIGSEGV .* called from node 'prep/tokenize' \(demo\.py:\d+\)", text), text
     assert "the crash was deliberate. Document 200" in text and "finished the other 399 documents" in text
 
 
@@ -256,3 +256,152 @@ def test_the_usage_line_names_an_argument_plainly():
     assert "Missing argument 'FOLDER'" in missing.stderr
     assert usage("libs", "--help").stdout.splitlines()[0] == "Usage: python -m hardy.cli libs [OPTIONS] [FOLDER]..."
 
+
+
+def test_cache_commands_take_the_folder_as_an_argument(tmp_path):
+    """`hardy cache stats FOLDER`, as users type it; `-d FOLDER` still works."""
+    from hardy import DiskCache, Engine, Pipeline, node
+
+    @node(output_name="y")
+    def twice(x: int) -> int:
+        return 2 * x
+
+    folder = str(tmp_path / "c")
+    Pipeline([twice], engine=Engine(map_executor="sequential", cache=DiskCache(folder))).map(
+        inputs={"x": [1, 2]}, map_over="x")
+
+    def cache(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hardy.cli", "cache", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    assert json.loads(cache("stats", folder, "--json").stdout)["entries"] == 2
+    assert json.loads(cache("stats", "-d", folder, "--json").stdout)["entries"] == 2
+    assert cache("stats", "--help").stdout.splitlines()[0] == "Usage: python -m hardy.cli cache stats [OPTIONS] [FOLDER]"
+    assert cache("verify", folder).returncode == 0 and cache("ls", folder).stdout.count("index") == 2
+    assert "deleted 2 entries" in cache("prune", folder, "--max-size", "0").stdout
+    assert cache("clear", folder, "--yes").returncode == 0
+
+
+OUTPUTS = """
+import math, os, time
+import numpy as np
+from hardy import Pipeline, node
+
+@node(output_name=("arr", "big", "stats"))
+def make(x: int):
+    with open("calls.log", "a") as log:
+        log.write(f"{x}\\n")
+    return np.arange(2000) * x, np.full((200, 60), 0.5, dtype=np.float32), {
+        "nan": math.nan, "inf": -math.inf, "f32": np.float32(1.5), "pair": (1, "a")}
+
+@node(output_name="blob")
+def blob(x: int):
+    return {1, 2} if x == 3 else "plain"
+
+@node(output_name="y")
+def slow(x: int) -> int:
+    if x > 0:
+        time.sleep(600)
+    return x
+
+pipeline = Pipeline([make, blob], name="outputs")
+slowly = Pipeline([slow], name="slowly")
+"""
+
+
+def _strict(line: str) -> dict:
+    """A JSON line as a strict parser (jq) reads it: no NaN or Infinity token."""
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_run_writes_outputs_as_faithful_json_and_fails_an_item_whose_output_has_none(tmp_path):
+    import base64
+
+    import numpy as np
+    (tmp_path / "outputs.py").write_text(OUTPUTS)
+    out = _hardy_run(tmp_path, "outputs:pipeline", "--set", "x=[2, 3]", "--map-over", "x", "--executor", "process")
+    assert out.returncode == 1, out.stderr
+    lines = {line["item"]: line for line in map(_strict, out.stdout.splitlines())}
+    arr, big, stats = (lines[0]["outputs"][k] for k in ("arr", "big", "stats"))
+    assert arr == list(range(0, 4000, 2))  # every element, not numpy's abbreviated repr
+    assert stats == {"nan": "NaN", "inf": "-Infinity", "f32": 1.5, "pair": [1, "a"]}
+    assert big["$array"]["dtype"] == "<f4" and big["$array"]["shape"] == [200, 60]  # past LIST_LIMIT: bytes
+    decoded = np.frombuffer(base64.b64decode(big["$array"]["base64"]), big["$array"]["dtype"]).reshape(200, 60)
+    assert (decoded == 0.5).all()
+    assert lines[1] == {"item": 1, "ok": False, "node": "blob", "error": "UnencodableOutput", "signal": None,
+                        "message": "output 'blob' is a set, which has no JSON form for `hardy run`'s lines; return "
+                                   "plain data (numbers, text, lists, dicts, arrays), leave it out with --outputs, "
+                                   "or call the pipeline from Python"}
+    chosen = _hardy_run(tmp_path, "outputs:pipeline", "--set", "x=[3]", "--map-over", "x", "--outputs", "stats")
+    assert chosen.returncode == 0, chosen.stderr
+    assert list(_strict(chosen.stdout)["outputs"]) == ["stats"]  # only what was asked for is computed and written
+    unknown = _hardy_run(tmp_path, "outputs:pipeline", "--set", "x=[3]", "--map-over", "x", "--outputs", "stat")
+    assert unknown.returncode == 2 and "has no output 'stat'" in unknown.stderr
+
+
+def test_run_resumes_from_the_lines_an_earlier_run_wrote(tmp_path):
+    (tmp_path / "outputs.py").write_text(OUTPUTS)
+    args = ("outputs:pipeline", "--set", "x=[1, 2, 4, 5]", "--map-over", "x", "--outputs", "stats",
+            "--executor", "sequential")
+    first = _hardy_run(tmp_path, *args, "--output", "out.jsonl")
+    assert first.returncode == 0, first.stderr
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    (tmp_path / "out.jsonl").write_text(lines[0] + "\n" + lines[2] + "\n" + lines[1][:25])  # killed mid-line
+    (tmp_path / "calls.log").unlink()
+    again = _hardy_run(tmp_path, *args, "--resume", "out.jsonl")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "calls.log").read_text().split() == ["2", "5"]  # only the items without a whole line ran
+    resumed = [_strict(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(line["item"] for line in resumed) == [0, 1, 2, 3]
+    done = _hardy_run(tmp_path, *args, "--resume", "out.jsonl", "--report", "run.json")
+    assert done.returncode == 0 and "nothing ran, no report written" in done.stderr, done.stderr
+    other = _hardy_run(tmp_path, *args, "--resume", "out.jsonl", "--output", "elsewhere.jsonl")
+    assert other.returncode == 2 and "names another file" in other.stderr
+
+
+def _processes_with(mark: str) -> list:
+    import psutil
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("HARDY_TEST_MARK") == mark:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("shell", ["| head -c 40", "> /dev/full"])
+def test_a_closed_pipe_or_a_full_disk_ends_the_run_and_its_workers(tmp_path, shell):
+    """Items 1 to 3 sleep for ten minutes: the command ends at once anyway, its workers with it."""
+    (tmp_path / "outputs.py").write_text(OUTPUTS)
+    mark = uuid.uuid4().hex
+    command = (f"{sys.executable} -m hardy.cli run outputs:slowly --set 'x=[0, 1, 2, 3]' --map-over x --workers 2 "
+               f"{shell}")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HARDY_TEST_MARK": mark})
+    if shell.startswith("|"):
+        assert done.returncode == 141, done.stderr
+        assert done.stdout == '{"item": 0, "ok": true, "outputs": {"y":'
+        assert re.search(r"hardy: the output was closed \(a closed pipe\) after [01] item\(s\); the map was stopped",
+                         done.stderr), done.stderr  # (1 unless the reader left as the line's write returned)
+    else:
+        assert done.returncode == 74, done.stderr
+        assert "hardy: cannot write stdout: No space left on device after 0 item(s)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert _processes_with(mark) == []  # no worker, no fork server left
+
+
+def test_a_reader_that_goes_away_ends_a_run_still_waiting_for_its_items(tmp_path):
+    (tmp_path / "outputs.py").write_text(OUTPUTS)
+    mark = uuid.uuid4().hex
+    run = subprocess.Popen([sys.executable, "-m", "hardy.cli", "run", "outputs:slowly", "--set", "x=[0, 1, 2]",
+                            "--map-over", "x", "--workers", "3"], cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "HARDY_TEST_MARK": mark})
+    assert json.loads(run.stdout.readline())["item"] == 0
+    run.stdout.close()  # no line will come for ten minutes: the run must notice the reader went anyway
+    assert run.wait(timeout=120) == 141
+    assert "the output was closed" in run.stderr.read()
+    assert _processes_with(mark) == []

@@ -147,6 +147,36 @@ def test_per_item_errors_and_unpicklable_inputs(name, executors):
         p.map(inputs={"x": [1], "lock": threading.Lock()}, map_over="x")
 
 
+def _divide(x: int) -> float:
+    scale = 1
+    return scale / x
+
+
+@node(output_name="y")
+def inverse_via_helper(x: int) -> float:
+    return _divide(x) * 2
+
+
+def _traceback_of_item_1(engine: Engine) -> str:
+    import traceback
+    out = Pipeline([inverse_via_helper], engine=engine).map(inputs={"x": [1, 0]}, map_over="x", on_error="continue")
+    return "".join(traceback.format_exception(out[1].error.__cause__))
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_remote_exception_has_the_workers_frames_as_in_process(name, executors):
+    """The worker's frames travel with its exception: the same text as in this process."""
+    here = _traceback_of_item_1(IN_PROCESS)
+    assert "in _divide\n    scale = 1\n" not in here and "in _divide\n    return scale / x\n" in here
+    assert _traceback_of_item_1(Engine(map_executor=executors[name])) == here
+
+
+def test_daft_engine_a_remote_exception_has_the_workers_frames_as_in_process():
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import daft_engine
+    assert _traceback_of_item_1(daft_engine()) == _traceback_of_item_1(IN_PROCESS)
+
+
 class SegfaultsWhenUnpickled:
     def __reduce__(self):
         import ctypes

@@ -166,6 +166,52 @@ def test_libs_order_missing_and_preload(split_libs):
     assert data["missing"] == [{"library": libc, "needed": "libA.so", "elsewhere": str(split_libs / "a")}]
 
 
+def test_libs_walks_exactly_sys_path_and_names_the_interpreter(split_libs, tmp_path):
+    """A venv's sys.path holds the base interpreter's standard library, whose folder holds the
+    base's own site-packages, which is not on the venv's sys.path: its libraries are not the venv's."""
+    import shutil
+    std, own = tmp_path / "std", tmp_path / "own"
+    (std / "site-packages").mkdir(parents=True)
+    own.mkdir()
+    shutil.copy(split_libs / "a" / "libA.so", std / "libA.so")  # needs libB.so
+    shutil.copy(split_libs / "b" / "libB.so", std / "site-packages" / "libB.so")  # another environment's copy
+    shutil.copy(split_libs / "b" / "libB.so", own / "libB.so")  # this environment's
+    walk = (f"import sys; sys.path[:0] = [{str(std)!r}, {str(own)!r}]; sys.argv = ['hardy', 'libs', '--json']\n"
+            "from hardy.cli import main; main()")
+    out = subprocess.run([sys.executable, "-c", walk], capture_output=True, text=True, timeout=300)
+    data = json.loads(out.stdout)
+    assert data["python"] == sys.executable and data["directories"][:2] == [str(std), str(own)]
+    assert not [p for p in data["order"] if "site-packages" in p and p.startswith(str(std))]
+    assert {"library": str(std / "libA.so"), "needed": "libB.so", "provided_by": str(own)} in data["needs_preload"]
+    said = hardy_cli("libs", str(own), env={**os.environ, "COLUMNS": "60"})
+    assert f"of {sys.executable} (Python {sys.version.split()[0]})" in " ".join(said.stdout.split())
+
+
+def test_doctor_notes_an_optional_layer_that_is_never_loaded(tmp_path):
+    """numba's TBB layer (tbbpool.so, needing libtbb.so.12) on a numba that runs on its OpenMP
+    layer: a library of an imported package that nothing loads, whose dependency is missing."""
+    package = tmp_path / "layered"
+    package.mkdir()
+    (package / "__init__.py").write_text("")  # loads no native layer unless asked
+    (tmp_path / "dep.c").write_text("int dep(void){return 1;}")
+    (tmp_path / "layer.c").write_text("int dep(void); int layer(void){return dep();}")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libgone.so.12"), "-Wl,-soname,libgone.so.12",
+                    str(tmp_path / "dep.c")], check=True)
+    layer = package / "an_optional_threading_layer_with_a_long_file_name.cpython-311-x86_64-linux-gnu.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(layer), str(tmp_path / "layer.c"),
+                    str(tmp_path / "libgone.so.12")], check=True)
+    (tmp_path / "libgone.so.12").unlink()
+    env = {**os.environ, "PYTHONPATH": python_path(tmp_path), "COLUMNS": "80"}
+    out = hardy_cli("doctor", "--import", "layered", "--json", env=env, timeout=300)
+    report = json.loads(out.stdout)
+    [finding] = [f for f in report["findings"] if f["topic"] == "shared libraries"]
+    assert finding["severity"] == "note" and f"{layer} needs libgone.so.12: not found; it is not loaded" in \
+        finding["message"]
+    assert out.returncode < 2  # a note is not an error
+    table = hardy_cli("doctor", "--import", "layered", env=env, timeout=300)
+    assert "…" not in table.stdout  # long paths fold over lines, never cut off
+
+
 @node(output_name="value")
 def call_libc(x: int, lib: str) -> int:
     import ctypes

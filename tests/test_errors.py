@@ -80,7 +80,7 @@ def test_missing_input_suggests_the_typo_and_is_a_value_error():
         with pytest.raises(MissingInputError) as exc:
             p.run(inputs={"txet": "abc"})
     msg = str(exc.value)
-    assert "'text'" in msg and "needed by 'length'" in msg and "did you mean 'txet'" in msg
+    assert "'text' (needed by 'length'; 'txet' was given: did you mean 'text'?)" in msg  # the name to use
     assert isinstance(exc.value, ValueError)
 
 

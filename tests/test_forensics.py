@@ -685,7 +685,7 @@ def test_replay_says_when_gdb_or_py_spy_is_missing(crash_and_hang_report, tmp_pa
     assert capsys.readouterr().err == f"hardy replay: --py-spy needs py-spy, which is not installed here: " \
                                       f"{install_hint('forensics')}\n"
     both = _replay(crash_and_hang_report, "--item", "1", "--gdb", "--repeat", "2")
-    assert both.returncode == 2 and both.stderr == "hardy replay: --gdb, --py-spy and --repeat are one at a time\n"
+    assert both.returncode == 2 and both.stderr == "hardy replay: --gdb, --py-spy, --pdb and --repeat are one at a time\n"
 
 
 def test_the_crash_line_names_the_nodes_own_line_not_the_librarys_wrapper(tmp_path):
@@ -702,6 +702,8 @@ def test_the_crash_line_names_the_nodes_own_line_not_the_librarys_wrapper(tmp_pa
     assert frames.python_site(stack) == "pipeline_file.py:4"
     only_library = "Current thread 0x1 (most recent call first):\n" f'  File "{ctypes.__file__}", line 519 in string_at\n'
     assert frames.python_site(only_library) == "__init__.py:519"  # no code of the user's: the innermost
+    in_a_package = stack.replace(str(script), os.path.join(os.path.dirname(frames.__file__), "demo.py"))
+    assert frames.python_site(in_a_package, "prep/parse") == "demo.py:4"  # hardy's demo: the node's own line
 
 
 VERSION_1 = r"""

@@ -4,6 +4,7 @@ re-running the user's script, reachable by nobody else. Real processes, real sig
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -474,9 +475,11 @@ def test_an_engine_used_from_a_thread_leaves_no_orphan_beside_a_fork_child(tmp_p
                               env=_env(tmp_path))
     parent.stdin.write(textwrap.dedent(THREAD_THEN_FORK_CHILD))
     parent.stdin.close()
+    descendants: list[psutil.Process] = []
     try:
         fork_child = int(parent.stdout.readline())
-        hardy = [p.pid for p in psutil.Process(parent.pid).children(recursive=True) if p.pid != fork_child]
+        descendants = psutil.Process(parent.pid).children(recursive=True)
+        hardy = [p.pid for p in descendants if p.pid != fork_child]
         assert len(hardy) >= 3  # the fork server and its 2 workers, one of them hung
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
@@ -485,8 +488,11 @@ def test_an_engine_used_from_a_thread_leaves_no_orphan_beside_a_fork_child(tmp_p
         assert list((tmp_path / "tmp").iterdir()) == []
     finally:
         parent.kill()
-        for p in psutil.Process().children(recursive=True):
-            p.kill()
+        # the script's processes, init's children once it died (the fork child would sleep on); not
+        # this process's other children: its own fork servers, whose folders would be left behind
+        for p in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 FORKED_WORKERS = """
@@ -583,3 +589,63 @@ def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path):
     assert second == "[{'y': 2}]"  # the next engine is not held up
     assert "importing preload module 'hardy_blocking_mod'" in done.stderr  # the warning came first
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+LEAKY_TESTS = """
+import os, subprocess, sys, tempfile, time
+
+def test_that_leaves_a_process_in_a_session_of_its_own():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+
+def test_that_leaves_a_folder():
+    tempfile.mkdtemp(prefix="hardy-server-")
+
+def test_that_leaves_nothing():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+"""
+
+
+@pytest.mark.parametrize("which, fails", [("process", True), ("folder", True), ("nothing", False)])
+def test_the_suite_fails_when_a_test_leaves_a_process_or_a_folder(tmp_path, which, fails):
+    """The session fixture of tests/conftest.py, on a suite of its own run by pytest."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "test_leaky.py").write_text(textwrap.dedent(LEAKY_TESTS))
+    env = {k: v for k, v in os.environ.items() if k != "HARDY_TEST_RUN"}  # a run of its own, with its own mark
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_leaky.py", "-k", which],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    if fails:
+        assert run.returncode != 0 and "the tests left" in run.stdout, run.stdout
+        said = run.stdout.split("the tests left", 1)[1]
+        assert ("time.sleep(600)" in said) if which == "process" else ("hardy-server-" in said)
+    else:
+        assert run.returncode == 0, run.stdout
+
+
+KILLED_SERVER = """
+    import os, signal, tempfile, time
+    import psutil
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def twice(x):
+        return 2 * x
+
+    p = Pipeline([twice])
+    first = Engine(workers=1)  # open until the process ends, as a pipeline's default engine is
+    p.map(inputs={"x": [1]}, map_over="x", engine=first)
+    [server] = [c for c in psutil.Process().children() if any("hardy-server-" in a for a in c.cmdline())]
+    server.kill()  # killed from outside (the OOM killer, a kill -9): it cannot remove its own folder
+    server.wait()
+    with Engine(workers=1) as engine:  # the same settings: a new server in its place
+        print(p.map(inputs={"x": [2]}, map_over="x", engine=engine))
+    from hardy.workers import launch
+    launch._stop_everything()  # what the process stops as it exits
+    print(os.listdir(tempfile.gettempdir()))
+"""
+
+
+def test_a_fork_server_killed_from_outside_leaves_no_folder(tmp_path):
+    run = subprocess.run([sys.executable, "-"], input=textwrap.dedent(KILLED_SERVER), capture_output=True, text=True,
+                         timeout=120, env=_env(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["[{'y': 4}]", "[]"], run.stdout

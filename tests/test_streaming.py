@@ -203,3 +203,57 @@ def test_streamed_items_are_cached(tmp_path):
 def test_bad_window_is_refused():
     with pytest.raises(InvalidArgument, match="window"):
         Pipeline(nodes=[triple_or_fail]).imap(inputs={"x": [1]}, map_over="x", window=0)
+
+
+FINALISED = """
+import gc, sys, threading, time
+from hardy import Engine, EngineClosed, Pipeline, node
+
+@node(output_name="y")
+def slowish(x):
+    time.sleep(0.05)
+    return x
+
+p = Pipeline([slowish])
+with Engine(map_executor=sys.argv[1], workers=2) as engine:  # a consumer that raises inside the block
+    try:
+        for out in p.imap(inputs={"x": range(50)}, map_over="x", engine=engine, window=4):
+            raise ValueError("the consumer's bug")
+    except ValueError:
+        print("caught:", flush=True)
+print("after the block", flush=True)  # the stream is finalised here or later, its engine closed
+
+engine = Engine(map_executor=sys.argv[1], workers=2)
+stream = p.imap(inputs={"x": range(50)}, map_over="x", engine=engine, window=4)
+next(stream)
+engine.close()  # closed under a stream still running: it ends, saying why
+try:
+    list(stream)
+except EngineClosed as exc:
+    print("EngineClosed:", exc)
+engine = Engine(map_executor=sys.argv[1], workers=2)
+stream = p.imap(inputs={"x": range(50)}, map_over="x", engine=engine, window=4)
+next(stream)
+del stream  # finalised by the garbage collector
+gc.collect()
+engine.close()
+import psutil
+print("left:", sorted(t.name for t in threading.enumerate() if t.name.startswith("hardy")),
+      psutil.Process().children(recursive=True), flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", ["threaded", "process"])
+def test_an_imap_finalised_at_any_time_returns_and_leaves_nothing(name, tmp_path):
+    """The consumer raises inside `with Engine()`, the engine closes under a running stream, a stream is
+    garbage-collected: each returns (the test's timeout would catch a hang)."""
+    import subprocess
+    import sys
+    (tmp_path / "finalised.py").write_text(FINALISED)
+    done = subprocess.run([sys.executable, "finalised.py", name], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["caught:", "after the block"], done.stdout
+    assert lines[2].startswith("EngineClosed: the engine running this imap was closed"), done.stdout
+    assert lines[3] == "left: [] []", done.stdout  # no thread, no worker process

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 
@@ -152,8 +152,9 @@ class MissingInputError(HardyError, ValueError):
         provided = list(provided)
         parts = []
         for name, consumers in missing.items():
-            parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)})"
-                         + did_you_mean(name, provided))
+            given = difflib.get_close_matches(name, provided, n=1, cutoff=0.6)  # the user's typo, renamed
+            hint = f"; {given[0]!r} was given: did you mean {name!r}?" if given else ""
+            parts.append(f"{name!r} (needed by {', '.join(repr(c) for c in consumers)}{hint})")
         super().__init__(  # begins with HyperNodes' words, for code that matches on them
             f"Missing required input(s): {sorted(missing)} of pipeline {pipeline!r}: {'; '.join(parts)}. "
             f"Provided: {sorted(provided) or 'nothing'}. Pass them in inputs=... or with bind()."
@@ -221,6 +222,9 @@ class NodeError(HardyError):
     """A node failed for one run or one map item; the original exception is `__cause__`."""
 
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
+    cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
+    _rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
+    nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 
     def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
                  reason: str | None = None):
@@ -236,6 +240,8 @@ class NodeError(HardyError):
             where += f" failed on item {self.item}"
         else:
             where += " failed"
+        if self.nested:
+            where += f", in nested map at {', '.join(self.nested)}"
         if self.inputs_summary:
             where += f" (inputs: {self.inputs_summary})"
         cause = self.reason
@@ -255,7 +261,23 @@ class NodeError(HardyError):
         return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep node/item/cause when crossing process boundaries
-        return (_rebuild_node_error, (type(self), self.__dict__.copy(), self.__cause__))
+        state = {k: v for k, v in self.__dict__.items() if k != "_rerun"}  # how to run it again: this process's
+        return (_rebuild_node_error, (type(self), state, self.__cause__))
+
+    def debug(self) -> bool:
+        """Run this item again in this process, on the sequential executor (isolated nodes and
+        nested pipelines too, timeouts not enforced), and open pdb where it fails: in the frame of
+        your code that raised, with its live locals. True if it failed again. An item that
+        crashed its worker cannot: it would end this process; `hardy replay --gdb` runs it apart."""
+        if isinstance(self, NodeCrashed) and not isinstance(self, NodeTimeout):
+            raise HardyError(f"{self.node!r} crashed its worker ({self.signal or 'it died'}): run here, it would end "
+                             "this process too; `hardy replay REPORT --item N --gdb` runs it under gdb in a process "
+                             "of its own (REPORT: Engine(report_dir=...) writes one)")
+        rerun = self._rerun
+        if rerun is None:
+            raise HardyError("this error does not know how to run its item again (only the process that ran the map "
+                             "does); `hardy replay REPORT --item N --pdb` runs a kept item under pdb")
+        return bool(rerun("the run" if self.item is None else f"item {self.item}"))
 
 
 def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: BaseException | None) -> NodeError:
@@ -265,7 +287,18 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     if isinstance(cause, SystemExit) and cause.code is None and cause.args:
         cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
+    frames = state.get("cause_frames")
+    if frames and cause is not None:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
+        from .tracebacks import rebuilt
+        try:
+            cause.__traceback__ = rebuilt(frames)  # the worker's frames, as if raised here
+        except Exception:  # a traceback that cannot be made again must not cost the error: `stack` has its text
+            pass
     return err
+
+
+class DebuggerUnavailable(HardyError, RuntimeError):
+    """`breakpoint()` in a node that runs in a worker process, which has no terminal for pdb."""
 
 
 class LazyOutputError(HardyError, TypeError):
@@ -370,6 +403,24 @@ class NodeCrashed(NodeError):
         return text
 
 
+class UnencodableOutput(NodeError):
+    """`hardy run`: an item's output has no JSON form (bytes, a set, a DataFrame, your own class):
+    the item fails, its line naming the output, where in it, the node that made it and the type."""
+
+    def __init__(self, kind: str, path: str):
+        super().__init__("?")
+        self.kind, self.path = kind, path
+
+    def of(self, output: str, node: str) -> UnencodableOutput:
+        """This error, said of `output`, made by `node`."""
+        self.node = node
+        where = f"output {output!r}" + (f" at {output}{self.path}" if self.path else "")
+        self.reason = (f"{where} is a {self.kind}, which has no JSON form for `hardy run`'s lines; return plain data "
+                       "(numbers, text, lists, dicts, arrays), leave it out with --outputs, or call the pipeline "
+                       "from Python")
+        return self
+
+
 class ShippingError(NodeError):
     """One item's input or result could not cross between the calling process and the worker:
     it cannot be pickled here, or unpickled (its class imported, its state rebuilt) there. It
@@ -422,6 +473,10 @@ class GpuOutOfMemory(CudaError):
         self.retires_worker = retries > 0
 
 
+class EngineClosed(HardyError, RuntimeError):
+    """An `imap` whose engine was closed before the stream ended."""
+
+
 class MapError(HardyError):
     """A map item failed with on_error="raise". Nothing computed is lost: see `results`.
 
@@ -441,18 +496,26 @@ class MapError(HardyError):
         )
         self.__cause__ = first
 
+    def debug(self) -> bool:
+        """The first failure's `NodeError.debug()`: its item, again, here, under pdb."""
+        return self.failures[min(self.failures)].debug()
+
 
 class MapInterrupted(KeyboardInterrupt):
     """A map was interrupted (Ctrl-C, or SIGTERM once hardy's workers are running): a
     `KeyboardInterrupt` that still carries everything computed. `results` has one entry per item
     (the result, a `Failed`, or None for an item not run), `failures` the failures by index; the
-    map's workers were stopped."""
+    map's workers were stopped; `report_dir`: where its run report was written, if anywhere.
 
-    def __init__(self, results: list[Any], failures: dict[int, NodeError]):
+    Uncaught, it ends a script as Ctrl-C does, with exit code 130 (CPython gives 130 to a
+    `KeyboardInterrupt` itself only), saying how many results it held (`hardy.interrupts`)."""
+
+    def __init__(self, results: list[Any], failures: dict[int, NodeError], report_dir: Any = None):
         self.results = results
         self.failures = failures
-        done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
-        super().__init__(f"map interrupted: {done} of {len(results)} items completed, {len(failures)} failed; "
+        self.report_dir = report_dir
+        self.done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
+        super().__init__(f"map interrupted: {self.done} of {len(results)} items completed, {len(failures)} failed; "
                          ".results holds them (None for an item not run)")
 
 
@@ -466,6 +529,10 @@ class Failed:
 
     def __repr__(self) -> str:
         return f"Failed({self.error!r})"
+
+    def debug(self) -> bool:
+        """Its error's `NodeError.debug()`: the item, again, here, under pdb."""
+        return self.error.debug()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Failed, (self.error,))

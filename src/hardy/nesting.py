@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .engine.core import Engine
-from .errors import Failed, InvalidArgument, InvalidArgumentType
+from .errors import Failed, InvalidArgument, InvalidArgumentType, MapError
 from .node import Node
 from .observe.callbacks import PipelineCallback
 from .observe.events import Events
@@ -86,7 +86,7 @@ class PipelineNode(Node):
     def under(self, engine: Engine) -> PipelineNode:
         """This node run by the engine of the pipeline it is part of, unless its own pipeline was
         given one: a nested pipeline follows its parent's choice of where calls run."""
-        if self.pipeline._engine_given or self.pipeline.engine is engine:
+        if (self.pipeline._engine_given and not engine.in_process) or self.pipeline.engine is engine:
             return self
         return self._copy(self.pipeline._using(engine))
 
@@ -138,8 +138,16 @@ class PipelineNode(Node):
     def _run(self, inner: dict[str, Any]) -> tuple[Any, ...]:
         wanted = list(self._inner_outputs)
         if self.map_over:
-            rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
-                                     on_error=self.on_error, progress=nested_progress())
+            try:
+                rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,
+                                         on_error=self.on_error, progress=nested_progress())
+            except MapError as exc:  # the inner item's own error: the plan running this node adds its name
+                err = exc.failures[min(exc.failures)]
+                err.nested = (f"{self.name!r} item {err.item}", *err.nested)
+                raise err from err.__cause__
+            for row in rows:
+                if isinstance(row, Failed):  # named by its path, as a crash in it would be
+                    row.error.node = f"{self.name}/{row.error.node}"
             return tuple([row if isinstance(row, Failed) else row[o] for row in rows] for o in wanted)
         result = self.pipeline.run(inner, output_name=wanted)
         return tuple(result[o] for o in wanted)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import arguments
 from .batching import batched
 from .cache.keys import PlanCache
+from .debugging import run_again, with_reruns
 from .engine.core import Engine, OneRun
 from .engine.executors import SequentialExecutor
 from .engine.results import Results
@@ -23,15 +24,16 @@ from .errors import (
     HardyError,
     InvalidArgumentType,
     MapError,
-    MapInterrupted,
     MissingInputError,
     NodeDefinitionError,
+    NodeError,
     UnknownInputWarning,
     UnknownOutputError,
 )
 from .graph import Graph
 from .hashing import Reach, recording
 from .hashing.state import token
+from .interrupts import interrupted
 from .items import map_items, mapped_over, share_input_keys
 from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
@@ -43,6 +45,7 @@ from .observe.report import Recorder, RunReport
 from .observe.watch import Watch
 from .plan import Plan
 from .policy import check_timeouts
+from .tracebacks import at_user_frames
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -242,6 +245,9 @@ class Pipeline:
             if (self.callbacks or self._engine.reporting) and self._observers:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
+        except NodeError as err:  # raised ending in the frames of the user's code that raised (pdb.pm())
+            err._rerun = lambda what: run_again(self, values, output_name, what)
+            raise at_user_frames(err) from err.__cause__
         finally:
             self._settle(plan, False)
             if plan.cache is not None and self._reports:
@@ -251,7 +257,7 @@ class Pipeline:
                 output_name: str | Sequence[str] | None = None) -> str:
         """The Python code `run(inputs, output_name)` executes: the plan hardy generates for that
         call, one line per node call, with locals named after the values they hold. The same lines
-        appear in tracebacks and in pdb when a node fails inside the plan."""
+        appear in pdb stepping through a run (a node's traceback starts at the node: `hardy.tracebacks`)."""
         names = dict.fromkeys(inputs or ())
         values = {**self._bound, **names} if self._bound else names
         return self._plan(values, output_name, for_map=False).source
@@ -389,19 +395,20 @@ class Pipeline:
             share_input_keys(plan, items, over, self.name)
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             watch = self._watch("map", n, bar, items)
-            results = Results(n, on_error, watch, cached=plan.cache is not None, batched=batched(plan) is not None)
+            results = with_reruns(Results(n, on_error, watch, cached=plan.cache is not None,
+                                          batched=batched(plan) is not None), self, items, plan.outputs)
             try:
                 watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
                              self._node_ids, n)
             except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
-                raise MapInterrupted(results.values, dict(results.failures)) from exc
+                raise interrupted(results.values, dict(results.failures), self._engine.report_dir) from exc
             finally:
                 self._settle(plan, True)
                 if plan.cache is not None and self._reports:
                     plan.cache.report()  # what the cache could not do, in one warning per map
                 watch.finish(self, results.failures, results.progress.done)  # also of a map that raised
         if results.failures and on_error == "raise":
-            raise MapError(results.values, results.failures)
+            raise at_user_frames(MapError(results.values, results.failures))
         return results.values
 
     def imap(self, inputs: Mapping[str, Any] | None = None, map_over: str | Sequence[str] | None = None,
@@ -438,8 +445,9 @@ class Pipeline:
             if plan.cache is not None:
                 share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return cls(len(chunk), on_error, watch.window(events), offset=start, cached=plan.cache is not None,
-                       batched=batched(plan) is not None)
+            return with_reruns(cls(len(chunk), on_error, watch.window(events), offset=start,
+                                   cached=plan.cache is not None, batched=batched(plan) is not None), self, chunk,
+                               plan.outputs)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             watch = self._watch("imap", n or 0, bar, ())

@@ -23,7 +23,8 @@ For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.expla
 Locals are named after the values they hold and node functions after their nodes (valid, unique
 identifiers); `_s` is the step running, for the error `_fail` builds; `_item` is the item's index in
 a map, for cache callbacks. The code is registered in `linecache` under its own file name
-(`<hardy plan 'pipeline' #3>`), so tracebacks and pdb show its lines.
+(`<hardy plan 'pipeline' #3>`), so pdb stepping through a run shows its lines (a node's own
+traceback leaves them out: it starts at the node, `hardy.tracebacks`).
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
 function is the cheapest walk CPython has (no dict lookups per argument, no loop, no branches).
@@ -67,6 +68,7 @@ from .node import Node
 from .plan_source import PlanSource
 from .policy import guard
 from .rows import batch_outputs
+from .tracebacks import own_frames
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -263,7 +265,7 @@ class Plan:
                 f"return a tuple of {len(node.outputs)} values"))
             return err
         err = _error_for(node, inputs, exc)
-        err.__cause__ = exc
+        err.__cause__ = exc.with_traceback(own_frames(exc.__traceback__))  # from the node's own frame on
         err.__suppress_context__ = True
         return err
 
@@ -377,6 +379,10 @@ def run_sync(coro: Any) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # run outside the `except`: a node's exception must not have this one as its context
         loop = getattr(_loops, "loop", None)
         if loop is None or loop.is_closed():
             loop = _loops.loop = asyncio.new_event_loop()

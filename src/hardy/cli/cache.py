@@ -10,11 +10,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .usage import PlainUsage
+
 if TYPE_CHECKING:
     from ..cache import DiskCache
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Inspect and maintain a hardy cache.")
+FOLDER = typer.Argument(None, metavar="FOLDER", show_default=False,
+                        help="The cache directory (default: .hardy-cache; -d FOLDER says the same).")
 DIR = typer.Option(".hardy-cache", "--dir", "-d", metavar="FOLDER", help="The cache directory.")
 REMOTE = typer.Option(None, "--remote", metavar="S3_URL",
                       help="Maintain the entries in a bucket instead, s3://bucket/prefix "
@@ -71,17 +75,18 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).isoformat(sep=" ", timespec="seconds") if ts else "-"
 
 
-@app.command()
-def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json"), remote: str = REMOTE,
-          endpoint: str = ENDPOINT) -> None:
+@app.command(cls=PlainUsage)
+def stats(folder: str | None = FOLDER, path: str = DIR, as_json: bool = typer.Option(False, "--json"),
+          remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, bytes, inline vs file entries, age."""
+    path = folder or path
     s = _open(path, remote, endpoint).stats()
     if as_json:
         typer.echo(json.dumps(s.__dict__))
         return
     t = Table(title=f"cache {remote or path}")
-    t.add_column("what")
-    t.add_column("value", justify="right")
+    t.add_column("what", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
     for k, v in (("entries", s.entries), ("bytes", f"{s.bytes:,}"), ("inline in the index", s.inline),
                  ("in blob files", s.files), ("oldest entry", _when(s.oldest)),
                  ("last access", _when(s.newest_access))):
@@ -89,22 +94,25 @@ def stats(path: str = DIR, as_json: bool = typer.Option(False, "--json"), remote
     Console().print(t)
 
 
-@app.command("ls")
-def list_entries(path: str = DIR, limit: int = typer.Option(50, metavar="N", help="Show at most this many."),
+@app.command("ls", cls=PlainUsage)
+def list_entries(folder: str | None = FOLDER, path: str = DIR,
+                 limit: int = typer.Option(50, metavar="N", help="Show at most this many."),
                  remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, least recently used first."""
+    path = folder or path
     t = Table()
     for col in ("key", "bytes", "where", "created", "last access"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for e in _open(path, remote, endpoint).entries()[:limit]:
         where = "index" if e.inline else "bucket" if remote else "file"
         t.add_row(e.key.hex(), f"{e.size:,}", where, _when(e.created), _when(e.accessed))
     Console().print(t)
 
 
-@app.command()
-def verify(path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
+@app.command(cls=PlainUsage)
+def verify(folder: str | None = FOLDER, path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Check every entry's MAC; bad entries are deleted. Exit code 1 if any was bad."""
+    path = folder or path
     report = _open(path, remote, endpoint).verify()
     typer.echo(f"checked {report.checked} entries, {len(report.bad)} bad (deleted)")
     if report.other_secret:
@@ -114,8 +122,8 @@ def verify(path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> N
     raise typer.Exit(1 if report.bad else 0)
 
 
-@app.command()
-def prune(path: str = DIR,
+@app.command(cls=PlainUsage)
+def prune(folder: str | None = FOLDER, path: str = DIR,
           max_size: str = typer.Option(None, metavar="SIZE",
                                        help="Keep at most this much, e.g. 10GB (least recently used go)."),
           older_than: float = typer.Option(None, metavar="DAYS",
@@ -123,14 +131,17 @@ def prune(path: str = DIR,
                                                       "created that long ago: a bucket keeps no access times)."),
           remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Evict least recently used entries and entries not used for a while."""
+    path = folder or path
     days = None if older_than is None else older_than * 86400
     n = _open(path, remote, endpoint).prune(max_size=max_size, older_than=days)
     typer.echo(f"deleted {n} entries")
 
 
-@app.command()
-def clear(path: str = DIR, yes: bool = typer.Option(False, "--yes", help="Do not ask.")) -> None:
+@app.command(cls=PlainUsage)
+def clear(folder: str | None = FOLDER, path: str = DIR, yes: bool = typer.Option(False, "--yes", help="Do not ask.")
+          ) -> None:
     """Delete every entry."""
+    path = folder or path
     if not yes:
         typer.confirm(f"delete every entry in {path}?", abort=True)
     _open(path).clear()

@@ -16,11 +16,11 @@ from .usage import PlainUsage
 if TYPE_CHECKING:
     from ..doctor.repeat import RunOutcome
 
-console = Console()
+console = Console()  # tables fold a long cell over lines: a path is never cut off (rich's default would end it in …)
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Patch a wheel reproducibly, verify one against its RECORD, serve a folder as an index.")
 
-_SEVERITY_STYLE = {"ok": "green", "warning": "yellow", "error": "red"}
+_SEVERITY_STYLE = {"ok": "green", "note": "cyan", "warning": "yellow", "error": "red"}
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -73,7 +73,7 @@ def _crash_matrix(modules: list[str], then: str | None, repeat: int, jobs: int, 
         t = Table(title=f"import-order crash matrix ({repeat} fresh interpreters per row)"
                   + (f", then: {then}" if then else ""))
         for col in ("imports", "crashed", "rate", "95% CI", "signals", "when"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for c in cells:
             style = "red" if c.failures else ""
             t.add_row(c.label, f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
@@ -93,14 +93,14 @@ def _examination(modules: list[str], as_json: bool) -> None:
     if report.imported:
         console.print(f"[bold]Imported first[/] {', '.join(report.imported)}")
     t = Table(title="native-heavy packages")
-    t.add_column("package")
-    t.add_column("version")
+    t.add_column("package", overflow="fold")
+    t.add_column("version", overflow="fold")
     for name, version in report.packages.items():
         t.add_row(name, version or "[dim]not installed[/]")
     console.print(t)
     t = Table(title="runtimes and threads")
-    t.add_column("what")
-    t.add_column("value")
+    t.add_column("what", overflow="fold")
+    t.add_column("value", overflow="fold")
     t.add_row("OpenMP runtimes loaded", "\n".join(report.openmp) or "none")
     t.add_row("BLAS libraries loaded", "\n".join(report.blas) or "none")
     for k, v in {**report.threads, **report.cuda}.items():
@@ -117,9 +117,9 @@ def _print_findings(findings: list[Any]) -> None:
                       "outside a checked range")
         return
     t = Table(title="findings")
-    t.add_column("")
-    t.add_column("topic")
-    t.add_column("finding")
+    t.add_column("", overflow="fold")
+    t.add_column("topic", overflow="fold")
+    t.add_column("finding", overflow="fold")
     for f in findings:
         t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.topic, f.message)
     console.print(t)
@@ -127,8 +127,8 @@ def _print_findings(findings: list[Any]) -> None:
 
 def _print_gpus(gpu: dict[str, Any]) -> None:
     t = Table(title="GPUs")
-    t.add_column("what")
-    t.add_column("value")
+    t.add_column("what", overflow="fold")
+    t.add_column("value", overflow="fold")
     if not gpu.get("gpus"):
         t.add_row("GPUs", "[bold]no NVIDIA GPU[/] (see findings)")
     for g in gpu.get("gpus", []):
@@ -192,8 +192,8 @@ def repeat(ctx: typer.Context,
         console.print(f"({report.native})", highlight=False)
     console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True)
     t = Table()
-    t.add_column("outcome")
-    t.add_column("runs", justify="right")
+    t.add_column("outcome", overflow="fold")
+    t.add_column("runs", justify="right", overflow="fold")
     for outcome, count in sorted(report.counts.items(), key=lambda kv: -kv[1]):
         t.add_row(outcome, str(count))
     console.print(t)
@@ -203,7 +203,8 @@ def repeat(ctx: typer.Context,
 
 
 def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
-                                           help="Directories to index (default: every sys.path entry)."),
+                                           help="Directories to index (default: exactly this interpreter's "
+                                           "sys.path)."),
          package: list[str] = typer.Option([], "--package", "-p", metavar="PACKAGE",
                                            help="Index these (namespace) packages, "
                                            "e.g. nvidia."),
@@ -218,16 +219,18 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
     from ..native.libs import preload as do_preload
     search = [p for p in sys.path if p and os.path.isdir(p)]
     dirs = [*(paths or []), *package_dirs(package)] or search
-    plan = analyse(scan(dirs), search=search)
+    plan = analyse(scan(dirs, environment=dirs is search), search=search)
     if as_json:
-        typer.echo(json.dumps({"order": [lib.path for lib in plan.order],
+        typer.echo(json.dumps({"python": sys.executable, "directories": dirs, "order": [lib.path for lib in plan.order],
                                "missing": [{"library": m.library.path, "needed": m.needed, "elsewhere": m.elsewhere}
                                            for m in plan.missing],
                                "needs_preload": [{"library": m.library.path, "needed": m.needed,
                                                   "provided_by": m.elsewhere} for m in plan.needs_preload],
                                "cycles": plan.cycles}))
     else:
-        console.print(f"{len(plan.order)} libraries indexed under {len(dirs)} directories")
+        where = (f"the {len(dirs)} directories of sys.path" if not (paths or package) else f"{len(dirs)} directories")
+        console.print(f"{len(plan.order)} libraries indexed under {where} of {sys.executable} (Python "
+                      f"{sys.version.split()[0]})", highlight=False, soft_wrap=True)
         for m in plan.missing:
             console.print(f"[red]missing[/] {m}", highlight=False)
         for m in plan.needs_preload:

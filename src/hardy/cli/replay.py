@@ -1,4 +1,4 @@
-"""`hardy replay REPORT --item N [--repeat K | --gdb | --py-spy]`: one failed item of a run report, run again.
+"""`hardy replay REPORT --item N [--repeat K | --gdb | --py-spy | --pdb]`: one failed item of a run report, run again.
 
 The item's kept inputs (`hardy.forensics.kept`) run through the same pipeline on a process engine with one
 worker that serves a single item (`max_tasks_per_worker=1`) and the original engine's worker
@@ -83,8 +83,50 @@ def replay(report: str | os.PathLike[str], item: int, repeat: int = 1) -> Replay
             continue
         result.outcomes.append(getattr(err, "signal", None) or type(err.__cause__ or err).__name__)
         if result.first_failure is None:
+            err.item = item  # the run's number for it, not its place among the replays
             result.first_failure = err
     return result
+
+
+def described(err: NodeError) -> str:
+    """A failure as the replay prints it: the message, with a crash's native and Python stacks
+    (its message holds them), or an exception's traceback (the worker's frames, `hardy.tracebacks`)."""
+    import traceback
+
+    from ..errors import NodeCrashed
+    cause = err.__cause__
+    if isinstance(err, NodeCrashed) or cause is None:
+        return str(err)
+    stack = "".join(traceback.format_exception(cause)) if cause.__traceback__ is not None else err.stack
+    return f"{stack.rstrip()}\n{err}" if stack else str(err)
+
+
+def under_pdb(report: str, item: int) -> int:
+    """Run the kept item in this process under pdb (`debugging.run_again`); refused, before
+    anything runs, for an item that crashed its worker: it would end this process too."""
+    from ..debugging import run_again
+    from ..forensics.kept import load
+    crash = _crash_of(report, item)
+    if crash:
+        return _missing(f"item {item} crashed its worker ({crash}): run in this process under pdb it would end "
+                        "this process too; --gdb runs it under gdb in a process of its own")
+    kept = load(report, item)
+    pipeline, inputs = kept["pipeline"], kept["inputs"]
+    typer.echo(f"item {item} of pipeline {pipeline.name!r}, run in this process (pid {os.getpid()}), under pdb "
+               "where it fails", err=True)
+    return 1 if run_again(pipeline, inputs, None, f"item {item}") else 0
+
+
+def _crash_of(report: str, item: int) -> str | None:
+    """The signal item `item` of the report died from (a crash, not a timeout), if it did."""
+    from ..observe.report import RunReport
+    try:
+        failures = RunReport.load(report).data.get("failures", [])
+    except (OSError, ValueError):
+        return None  # `load` of the kept inputs says what is wrong with the report
+    record = next((f for f in failures if isinstance(f, dict) and f.get("item") == item), {})
+    signal_name = record.get("signal")
+    return str(signal_name) if signal_name and record.get("error") != "NodeTimeout" else None
 
 
 GDB_COMMANDS = ("set pagination off", "set confirm off", "set debuginfod enabled off", "run", "bt",
@@ -246,6 +288,8 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
                                     "crashed (or hung, past its timeout) and the loaded libraries."),
            py_spy: bool = typer.Option(False, "--py-spy", help="Run it once under py-spy record --native: where "
                                        "its time went, Python and native frames (hardy[forensics])."),
+           pdb: bool = typer.Option(False, "--pdb", help="Run it once in this process and open pdb where it fails, "
+                                    "with live locals (not for an item that crashed its worker: use --gdb)."),
            timeout: float = typer.Option(0, "--timeout", min=0, metavar="SECONDS",
                                          help="With --gdb or --py-spy: stop it after this many seconds (besides "
                                          "its nodes' own timeouts); 0: no limit.")) -> None:
@@ -256,16 +300,18 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     """
     from ..errors import ReplayError
     from ..forensics.kept import check
-    if gdb or py_spy:
-        if gdb and py_spy or repeat > 1:
-            typer.echo("hardy replay: --gdb, --py-spy and --repeat are one at a time", err=True)
+    if gdb or py_spy or pdb:
+        if gdb + py_spy + pdb > 1 or repeat > 1:
+            typer.echo("hardy replay: --gdb, --py-spy, --pdb and --repeat are one at a time", err=True)
             raise typer.Exit(2)
         try:
             check(report, item)
+            code = (under_gdb(report, item, timeout) if gdb else under_py_spy(report, item, timeout) if py_spy
+                    else under_pdb(report, item))
         except ReplayError as exc:
             typer.echo(f"hardy replay: {exc}", err=True)
             raise typer.Exit(2) from None
-        raise typer.Exit(under_gdb(report, item, timeout) if gdb else under_py_spy(report, item, timeout))
+        raise typer.Exit(code)
     try:
         result = replay(report, item, repeat)
     except ReplayError as exc:
@@ -274,6 +320,6 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     typer.echo(f"item {item} of pipeline {result.pipeline!r}, {repeat} run(s), each in a fresh worker: "
                + ", ".join(result.outcomes))
     if result.first_failure is not None:
-        typer.echo(str(result.first_failure))
+        typer.echo(described(result.first_failure))
     typer.echo(result.verdict())
     raise typer.Exit(1 if result.failures else 0)

@@ -4,29 +4,34 @@ Exit codes are what a scheduler branches on: 0 every item succeeded, 1 some fail
 line of the output, and the report says why), 2 the command itself was wrong (a module that
 cannot be imported, raises or exits while imported, an unknown pipeline, a malformed input line,
 an input no node takes); typer's own usage errors are 2 as well. Interrupted by SIGINT or
-SIGTERM, it stops the map and exits 130 or 143.
+SIGTERM, it stops the map and exits 130 or 143; an output that cannot be written stops it too,
+at once, workers included: 141 for a closed pipe (`| head`, as SIGPIPE would), 74 for anything
+else (a full disk).
 
 Each item's line is written, and flushed, as the item finishes (`imap(ordered=False)`: in
 completion order, each line naming its item), so that whatever ends the command (a signal, a
 scheduler's kill, a crash of this process when the pipeline runs nodes in it) leaves every
-finished item in the output.
+finished item in the output; `--resume` reads those lines back and runs only the other items.
+What a line holds, and how outputs are written as JSON: `outputs.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import typer
 
 from ..errors import Failed
+from .outputs import Writer, closing_ends_the_run, written
 
 USAGE = 2
 
@@ -125,14 +130,6 @@ def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[s
     return columns, over
 
 
-def _line(i: int, row: Any) -> str:
-    if isinstance(row, Failed):
-        record = {"item": i, "ok": False, **row.error.reported()}
-    else:
-        record = {"item": i, "ok": True, "outputs": row}
-    return json.dumps(record, default=repr)
-
-
 def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
         set_: list[str] = typer.Option([], "--set", metavar="NAME=VALUE",
                                        help="An input NAME=VALUE (JSON or text); repeatable."),
@@ -146,22 +143,23 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         cache: str | None = typer.Option(None, metavar="FOLDER", help="A DiskCache directory."),
         report: str | None = typer.Option(None, metavar="FILE", help="Write the run report: FILE.html or FILE.json."),
         output: str | None = typer.Option(None, metavar="FILE", help="Write the JSONL results here instead of stdout."),
+        outputs: str | None = typer.Option(None, "--outputs", metavar="NAMES",
+                                           help="Compute and write only these outputs (comma-separated)."),
+        resume: str | None = typer.Option(None, "--resume", metavar="FILE",
+                                          help="Skip the items FILE (an earlier run's --output, same inputs) has a "
+                                          "line for; append the others' lines to it."),
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
     from ..errors import HardyError
     if report:
         report_path(report)
+    if resume:
+        output = _resumed(resume, output)
     if output:
         output_path(output)
     pipeline = load_pipeline(target)
-    values = parse_sets(set_)
-    over = [n for spec in map_over for n in spec.split(",") if n]
-    if inputs:
-        columns, over = read_items(inputs, over)
-        values.update(columns)
-    unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
-    if unknown is not None:  # a typo in --set or in the input lines: nothing runs
-        _fail_usage(str(unknown))
+    values, over = _inputs(pipeline, set_, inputs, map_over)
+    wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
     try:
         engine = _engine(pipeline.engine, executor, workers, report is not None)
     except HardyError as exc:
@@ -169,16 +167,18 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
-    with engine, _Interruptible() as interrupted:
-        try:
-            rows = pipeline.imap(values, map_over=over, on_error="continue", progress=progress, engine=engine,
-                                 ordered=False, indexed=True) if over else None
-        except HardyError as exc:
-            _fail_usage(str(exc))
-        with _opened(output) as out:
-            done, failed = _stream(rows, out) if rows is not None else _once(pipeline, values, engine, out)
-    if report:
+    before = written(resume) if resume else {}
+    with engine, _Interruptible() as interrupted, _opened(output, append=bool(resume)) as out:
+        writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
+        unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, before, engine, progress, writer))
+    done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
+    if unwritable is not None:
+        _unwritable(unwritable, writer.done, output)
+    if report and (writer.done or not before):
         pipeline.report().save(report)
+    elif report:  # --resume found every item written: nothing ran, nothing to report
+        typer.echo(f"hardy: every item had its line in {resume} already: nothing ran, no report written", err=True)
+        report = None
     where = f"; see {report}" if report else ""
     if interrupted.signal:
         typer.echo(f"hardy: interrupted by {interrupted.signal} after {done} item(s) ({failed} failed), each written "
@@ -189,37 +189,100 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     raise typer.Exit(1 if failed else 0)
 
 
-def _stream(rows: Any, out: IO[str]) -> tuple[int, int]:
-    """Write each item's line as it finishes; (items written, failed). A usage error the map only
-    finds once running (an input that cannot be sent to a worker) still exits 2."""
+def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | None:
+    """`items()`, ended at once when the output's reader goes away (`closing_ends_the_run`: an
+    interrupt, wherever it waits); what made the output unwritable, if anything."""
+    with closing_ends_the_run(out) as watched:
+        try:
+            unwritable = items()
+        except KeyboardInterrupt:  # the reader went away while no map ran: it interrupted here
+            if not watched.closed:
+                raise
+            unwritable = None
+    if watched.closed and unwritable is None:  # it stopped the map as Ctrl-C would
+        return BrokenPipeError(errno.EPIPE, "the output was closed")
+    return unwritable
+
+
+def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str]
+            ) -> tuple[dict[str, Any], list[str]]:
+    """The inputs given (--set, the --inputs lines) and the names mapped over, checked before anything runs."""
+    values = parse_sets(set_)
+    over = [n for spec in map_over for n in spec.split(",") if n]
+    if inputs:
+        columns, over = read_items(inputs, over)
+        values.update(columns)
+    unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
+    if unknown is not None:  # a typo in --set or in the input lines: nothing runs
+        _fail_usage(str(unknown))
+    return values, over
+
+
+def _resumed(resume: str, output: str | None) -> str:
+    """--resume FILE: the output is FILE, appended to."""
+    if output and os.path.abspath(output) != os.path.abspath(resume):
+        _fail_usage(f"--resume {resume} appends to {resume}; --output {output} names another file")
+    if not os.path.isfile(resume):
+        _fail_usage(f"--resume {resume}: no such file (an earlier run's --output)")
+    return resume
+
+
+def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[str] | None, before: dict[int, bool],
+           engine: Any, progress: bool | None, writer: Writer) -> OSError | None:
+    """Run the items not written `before` and write each one's line; the error that stopped the
+    writing (a closed pipe, a full disk), after the map was stopped."""
     from ..errors import HardyError
-    done = failed = 0
+    if not over:
+        return None if 0 in before else _once(pipeline, values, wanted, engine, writer)
+    n = len(values[over[0]]) if over and isinstance(values.get(over[0]), list) else 0
+    todo = [i for i in range(n) if i not in before] if before else None
+    if todo is not None:
+        values = {k: [v[i] for i in todo] if k in over else v for k, v in values.items()}
     try:
+        rows = pipeline.imap(values, map_over=over, on_error="continue", progress=progress, engine=engine,
+                             output_name=wanted, ordered=False, indexed=True)
         for index, row in rows:
-            out.write(_line(index, row) + "\n")
-            out.flush()
-            done += 1
-            failed += isinstance(row, Failed)
-    except HardyError as exc:
+            writer.item(index if todo is None else todo[index], row)
+    except HardyError as exc:  # a usage error the map only finds running (an input that cannot be sent)
         _fail_usage(str(exc))
     except (KeyboardInterrupt, _Terminated):
         rows.close()  # stops the map's workers; every line written so far stays
-    return done, failed
+    except OSError as exc:
+        engine.close()  # its workers first: the items they run are not waited for
+        rows.close()
+        return exc
+    return None
 
 
-def _once(pipeline: Any, values: dict[str, Any], engine: Any, out: IO[str]) -> tuple[int, int]:
+def _once(pipeline: Any, values: dict[str, Any], wanted: list[str] | None, engine: Any, writer: Writer
+          ) -> OSError | None:
     from ..errors import HardyError, NodeError
     try:
-        row: Any = pipeline.run(values, engine=engine)
+        row: Any = pipeline.run(values, output_name=wanted, engine=engine)
     except NodeError as err:
         row = Failed(err)
     except HardyError as exc:
         _fail_usage(str(exc))
     except (KeyboardInterrupt, _Terminated):
-        return 0, 0
-    out.write(_line(0, row) + "\n")
-    out.flush()
-    return 1, int(isinstance(row, Failed))
+        return None
+    try:
+        writer.item(0, row)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _unwritable(exc: OSError, done: int, output: str | None) -> NoReturn:
+    """The output cannot be written: a closed pipe (`| head`) ends the command as SIGPIPE would
+    (141), anything else (a full disk) with 74 (EX_IOERR), saying so on stderr."""
+    closed = isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE
+    if output is None:  # stdout stays unwritable: the interpreter's last flush must not complain again
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    what = "the output was closed (a closed pipe)" if closed else f"cannot write {output or 'stdout'}: {exc.strerror}"
+    with contextlib.suppress(OSError):
+        typer.echo(f"hardy: {what} after {done} item(s); the map was stopped and its workers with it", err=True)
+    raise typer.Exit(141 if closed else 74)
 
 
 class _Terminated(Exception):
@@ -258,12 +321,12 @@ class _Interruptible:
 
 
 @contextlib.contextmanager
-def _opened(output: str | None) -> Iterator[IO[str]]:
-    """--output, created (emptied) once the map has started, or stdout."""
+def _opened(output: str | None, append: bool = False) -> Iterator[IO[str]]:
+    """--output, created (emptied) once the map has started, or appended to (--resume), or stdout."""
     if not output:
         yield sys.stdout
         return
-    with open(output, "w", encoding="utf-8") as f:
+    with open(output, "a" if append else "w", encoding="utf-8") as f:
         yield f
 
 
@@ -297,8 +360,11 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
 def report(path: str = typer.Argument(..., metavar="REPORT",
                                       help="A report's JSON (Engine(report_dir=...) writes them)."),
            html: str | None = typer.Option(None, "--html", metavar="FILE",
-                                           help="Also write it as a self-contained page.")) -> None:
-    """Show a saved run report as tables; --html renders the page."""
+                                           help="Also write it as a self-contained page."),
+           item: int | None = typer.Option(None, "--item", metavar="N",
+                                           help="Print the failure of item N: its error, Python and native stacks.")
+           ) -> None:
+    """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
     from rich.console import Console
 
     from ..observe.report import RunReport
@@ -308,7 +374,30 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
         loaded = RunReport.load(path)
     except (OSError, ValueError) as exc:
         _fail_usage(str(exc))
-    Console(width=120).print(loaded)
+    if item is not None:
+        typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
+    else:
+        Console(width=120).print(loaded)
+        if loaded.data.get("failures"):
+            typer.echo(f"each failure's stacks: hardy report {path} --item N")
     if html:
         loaded.save(html)
         typer.echo(f"wrote {html}")
+
+
+def _failure_text(failures: list[Any], item: int, path: str) -> str:
+    """One failure of a report as text: what failed and why, its diagnosis, where its inputs were
+    kept, and its stack (an exception's traceback, or a crash's native and Python stacks)."""
+    record = next((f for f in failures if isinstance(f, dict) and f.get("item") == item), None)
+    if record is None:
+        failed = [f.get("item") for f in failures if isinstance(f, dict)]
+        _fail_usage(f"item {item} did not fail in {path}; the items that failed: {failed[:20] or 'none'}")
+    signal_name = f", {record['signal']}" if record.get("signal") else ""
+    lines = [f"item {item}: node {record.get('node')!r} failed: {record.get('error')}{signal_name}: "
+             f"{record.get('message')}"]
+    lines += [f"diagnosis: {d}" for d in record.get("diagnosis") or ()]
+    if record.get("kept_inputs"):
+        lines.append(f"inputs kept: {record['kept_inputs']} (hardy replay {path} --item {item} runs it again)")
+    stack = str(record.get("stack") or "").rstrip()
+    lines.append(stack or "(no stack kept for this failure: reports keep the first failures' stacks)")
+    return "\n".join(lines)

@@ -34,12 +34,12 @@ KNOWN_RANGES = {
     "torch": (">=1.10,<2.15", "torch.cuda._is_in_bad_fork (the CUDA fork probe)"),
 }
 
-SEVERITY = {"ok": 0, "warning": 1, "error": 2}
+SEVERITY = {"ok": 0, "note": 0, "warning": 1, "error": 2}
 
 
 @dataclass
 class Finding:
-    severity: str  # "ok", "warning", "error"
+    severity: str  # "ok", "note" (worth knowing, nothing wrong), "warning", "error"
     topic: str
     message: str
 
@@ -119,12 +119,22 @@ def examine(imports: Sequence[str] = ()) -> Report:
     report.findings += gpu_findings
     report.findings += examine_forensics()
     if report.imported:
-        from ..native.libs import analyse, scan
-        dirs = _module_dirs(report.imported)
-        plan = analyse(scan(dirs), search=[p for p in sys.path if p and os.path.isdir(p)])
-        for m in plan.missing:
-            report.findings.append(Finding("error", "shared libraries", str(m)))
+        report.findings += examine_libraries(_module_dirs(report.imported))
     return report
+
+
+def examine_libraries(dirs: Sequence[str]) -> list[Finding]:
+    """A library of the imported packages whose dependency cannot be found. Loaded, it had all it
+    needs (the loader found it: nothing to say); not loaded, it is a part the package loads only
+    when asked (numba's TBB threading layer, `tbbpool...so` needing libtbb.so.12, on a numba that
+    runs on its OpenMP layer): a note, since nothing fails unless something loads it."""
+    from ..native.libs import analyse, scan
+    from ..native.loaded import loaded_libraries
+    plan = analyse(scan(dirs), search=[p for p in sys.path if p and os.path.isdir(p)])
+    loaded = {os.path.realpath(path) for path in loaded_libraries()}
+    return [Finding("note", "shared libraries", f"{m}; it is not loaded here (an optional part of its package, "
+                    "loaded only when asked for), so nothing fails unless something loads it")
+            for m in plan.missing if os.path.realpath(m.library.path) not in loaded]
 
 
 def examine_forensics() -> list[Finding]:

@@ -140,6 +140,9 @@ class Engine:
         self._process_pool: Any = None
         self._gpu_pool: Any = None
         self._window_runner: Any = None
+        # every node runs in this process, isolated ones and nested pipelines too, timeouts not
+        # enforced: the engine `NodeError.debug()` runs an item again on, under pdb
+        self.in_process = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Configuration travels (a nested pipeline inside a worker); pools and threads do not.
@@ -182,7 +185,7 @@ class Engine:
         """What calls nodes in this process, where a node's timeout could not stop it (see
         `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
         including nested pipelines inside a worker (the worker posts their deadlines)."""
-        if contained() or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
+        if contained() or self.in_process or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
             return None
         return f"map_executor={self.map_executor!r}" if for_map else "Pipeline.run"
 
@@ -198,7 +201,7 @@ class Engine:
         """The callable a plan uses for `node`: the function itself, or a call into a worker."""
         if contained():  # nested in a worker: a timed node posts its deadline for the parent to enforce
             return deadlined(node.func, node.timeout) if node.timeout and not node.is_async else node.func
-        if node.isolate:
+        if node.isolate and not self.in_process:
             return self._isolated(node)
         return node.func
 
@@ -289,10 +292,12 @@ class Engine:
         return total
 
     def close(self) -> None:
-        """Stop worker processes and threads. Engines also close at interpreter exit."""
-        if self._window_runner is not None:
-            self._window_runner.close()
-            self._window_runner = None
+        """Stop worker processes and threads. Engines also close at interpreter exit. A streamed
+        map still running ends (its iterator raises `EngineClosed`); its workers are stopped first,
+        so that closing never waits for the items they were running."""
+        runner, self._window_runner = self._window_runner, None
+        if runner is not None:
+            runner.close()
         if self._map_executor is not None and self._map_executor not in (self._process_pool, self._gpu_pool):
             self._map_executor.close()
         for pool in (self._process_pool, self._gpu_pool):
@@ -304,6 +309,8 @@ class Engine:
             self._node_pool = None
         if isinstance(self.map_executor, str):
             self._map_executor = None
+        if runner is not None:
+            runner.join()
 
     def __enter__(self) -> Engine:
         return self

@@ -62,6 +62,8 @@ class Results:
         # dict: a fast map hands out and ends a million items a second
         self._started = [time.perf_counter()] * n
         self.retries: dict[int, int] = {}
+        # item i's way to run again under pdb here (`NodeError.debug`), given to its error: the map's
+        self.rerun: Callable[[int], Callable[[str], bool]] | None = None
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
@@ -130,6 +132,9 @@ class Results:
             if isinstance(err, NodeCrashed) and not any(log.raised() for log in records):
                 self.events.crashed(self.offset + i, err, worker or 0, self.retries.get(i, 0))  # it died mid-node
         err.item = self.offset + i
+        err.__traceback__ = None  # hardy's frames; its cause's traceback holds the user's
+        if self.rerun is not None:
+            err._rerun = self.rerun(i)
         self.failures[i] = err
         self.values[i] = Failed(err)
         self.progress.failed += 1

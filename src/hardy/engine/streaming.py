@@ -15,11 +15,13 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..batching import batched
-from ..errors import Failed, MapError, NodeError
+from ..errors import EngineClosed, Failed, MapError, NodeError
+from ..tracebacks import at_user_frames
 from .executors import SequentialExecutor, delivered
 from .results import Results
 
@@ -83,7 +85,7 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
         for results, j in outcomes:
             value = results.values[j]
             if raise_on_error and type(value) is Failed:
-                raise MapError(results.values, {results.offset + j: value.error}, offset=results.offset)
+                raise at_user_frames(MapError(results.values, {results.offset + j: value.error}, offset=results.offset))
             yield (results.offset + j, value) if indexed else value
     finally:
         outcomes.close()
@@ -174,7 +176,7 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
         else:
             results = streamed = make_results(start, chunk, _Streamed)
             streamed.finished = stream.finished
-        runner.todo.put((stream, chunk, results))
+        runner.submit(stream, chunk, results)
         start += len(chunk)
         return True
 
@@ -212,14 +214,28 @@ class WindowRunner:
 
     One per engine, living as long as the engine, because what an executor starts from this
     thread may be tied to it: Ray's node processes (and any child made with PR_SET_PDEATHSIG) are
-    killed when the thread that started them ends, so a thread per stream would kill them."""
+    killed when the thread that started them ends, so a thread per stream would kill them.
+
+    A stream may be finalised at any time: its consumer left a `for` loop by raising, after the
+    engine closed (`with Engine() as e:` ended), or by the garbage collector on any thread, this
+    one included. Ending it never waits for a runner that is gone or for itself, and closing the
+    runner ends every stream still waiting for a window, with an error that says so."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.current: tuple[_Stream, Results] | None = None
+        self.closed = False
+        self.streams: weakref.WeakSet[_Stream] = weakref.WeakSet()  # streams with windows queued or running
         self.thread = threading.Thread(target=self._loop, name="hardy-imap", daemon=True)
         self.thread.start()
+
+    def submit(self, stream: _Stream, chunk: list[dict[str, Any]], results: Results) -> None:
+        if self.closed:
+            raise EngineClosed("the engine running this imap was closed (Engine.close(), or its `with` block "
+                               "ended); iterate an imap while its engine is open")
+        self.streams.add(stream)
+        self.todo.put((stream, chunk, results))
 
     def _loop(self) -> None:
         while (job := self.todo.get()) is not None:
@@ -241,15 +257,36 @@ class WindowRunner:
 
     def cancel(self, stream: _Stream) -> None:
         """End `stream`: its queued windows are skipped and the one running stops at its executor's
-        next chunk boundary; returns when none of its windows runs any more."""
+        next chunk boundary; returns when none of its windows runs any more (at once when the
+        runner is closed, or when this is the runner's own thread, finalising a stream)."""
         stream.closed = True
+        self.streams.discard(stream)
         current = self.current
         if current is not None and current[0] is stream:
             current[1].stop = True
+        if self.closed or threading.current_thread() is self.thread:
+            return
         over = threading.Event()
         self.todo.put((stream, over, None))
-        over.wait()
+        while not over.wait(0.1):
+            if not self.thread.is_alive():
+                return
 
     def close(self) -> None:
+        """Stop: the window running stops at its next chunk boundary, and every stream still
+        waiting for a window is told the engine closed (`EngineClosed`), instead of waiting forever."""
+        self.closed = True
+        current = self.current
+        if current is not None:
+            current[1].stop = True
+        for stream in list(self.streams):
+            stream.closed = True
+            stream.finished.put(EngineClosed("the engine running this imap was closed (Engine.close(), or its "
+                                             "`with` block ended) before the imap ended"))
         self.todo.put(None)
-        self.thread.join()
+
+    def join(self) -> None:
+        """Wait for the thread to end (after `close`, and after the engine stopped its workers: the
+        window running then ends at once)."""
+        if threading.current_thread() is not self.thread:
+            self.thread.join()

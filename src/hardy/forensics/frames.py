@@ -89,17 +89,21 @@ def culprit(frames: list[Frame]) -> Frame | None:
 _PY_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
-def python_site(stack: str) -> str:
+def python_site(stack: str, node: str = "") -> str:
     """`x.py:8`: where the node's own code was in the crashing thread of a faulthandler stack (the
     innermost frame outside the standard library, installed packages and hardy: the line of the
-    node that called the library, not the library's wrapper), else its innermost frame; when that
-    thread runs no Python (a library's own thread), the main thread's (listed last)."""
+    node that called the library, not the library's wrapper); with none (a node that is itself
+    part of an installed package, as the demo's are), the innermost frame of a function named as
+    the `node` (its last part, for a nested `prep/tokenize`) is; else its innermost frame. When
+    that thread runs no Python (a library's own thread), the main thread's (listed last)."""
     blocks = stack.split("\n\n")
     current = [b for b in blocks if "Current thread" in b]
+    function = node.rpartition("/")[2]
     for block in current + blocks[::-1]:
         found = list(_PY_FRAME.finditer(block))  # faulthandler lists the innermost first
         if found:
-            mine = next((f for f in found if not f.group(1).startswith(_NOT_USER_CODE)), found[0])
+            named = next((f for f in found if function and f.group(3) == function), found[0])
+            mine = next((f for f in found if not f.group(1).startswith(_NOT_USER_CODE)), named)
             return f"{os.path.basename(mine.group(1))}:{mine.group(2)}"
     return ""
 
@@ -114,7 +118,7 @@ def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str,
     frame = culprit(frames)
     if frame is None or signame is None:
         return reason
-    site = python_site(stack)
+    site = python_site(stack, node)
     hint = reason.partition(" (")[2].rstrip(")")  # describe_exit's explanation of the signal
     return (f"worker died from {signame} in {frame.short()}, called from node {node!r}"
             + (f" ({site})" if site else "") + (f": {hint}" if hint else ""))

@@ -28,7 +28,7 @@ import os
 import pickle
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,14 @@ def _key() -> bytes:
     return mac_key(user_key(), _PURPOSE)
 
 
-def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
-    """Write each item's inputs; {item: file name, or why it was not kept}. The folder is reached
-    through the report folder's descriptor, not following a link (a team's report_dir may be
-    written by others), and must be this user's and private."""
+def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict[str, Any]],
+         dump: Callable[[Any], bytes] | None = None) -> dict[int, str]:
+    """Write each item's inputs; {item: file name, or why it was not kept}. `dump` pickles the
+    pipeline (the caller's: `observe.report` gives the one workers receive their plans by, whose
+    code of `__main__`'s nodes keeps its file and lines, so that a replay's tracebacks and pdb show
+    the user's source); cloudpickle's by default. The folder is reached through the report folder's
+    descriptor, not following a link (a team's report_dir may be written by others), and must be
+    this user's and private."""
     folder = folder_of(report)
     try:
         key = _key()  # first: its folder, made private, may be the report's parent (`default_folder`)
@@ -75,14 +79,16 @@ def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict
     except (OSError, UntrustedCacheError) as exc:
         return dict.fromkeys(items, f"not kept: {exc}")
     with kept:
-        return _keep_each(kept, key, pipeline, items)
+        return _keep_each(kept, key, pipeline, items, dump)
 
 
-def _keep_each(folder: Folder, key: bytes, pipeline: Any, items: Mapping[int, dict[str, Any]]) -> dict[int, str]:
+def _keep_each(folder: Folder, key: bytes, pipeline: Any, items: Mapping[int, dict[str, Any]],
+               dump: Callable[[Any], bytes] | None) -> dict[int, str]:
     import cloudpickle
     said: dict[int, str] = {}
     try:
-        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + cloudpickle.dumps(pipeline, protocol=5)
+        head = pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd()}) + (
+            dump(pipeline) if dump is not None else cloudpickle.dumps(pipeline, protocol=5))
     except Exception as exc:
         return dict.fromkeys(items, f"not kept: the pipeline cannot be pickled ({type(exc).__name__}: {exc})")
     total = 0

@@ -39,6 +39,10 @@ class RayExecutor(TaskExecutor):
                 # Workers on this machine import what the driver imports (multiprocessing and Dask's
                 # LocalCluster do the same); a cluster's workers need the code installed.
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
+                # A Ray worker that exits SIGKILLs its children (Ray 2.x), hardy's fork server among
+                # them, which then cannot remove its folder; told not to, the server cleans up itself
+                # as the worker's pipe closes (its workers included), as under any other parent.
+                os.environ.setdefault("RAY_kill_child_processes_on_worker_exit", "0")
                 paths = os.pathsep.join(p for p in sys.path if p)
                 kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": paths}})
                 ray.init(address="local", num_cpus=self.n_workers or os.cpu_count(), **kwargs)

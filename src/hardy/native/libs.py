@@ -25,15 +25,22 @@ SYSTEM_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gn
                "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib")
 
 
-def scan(paths: Iterable[str]) -> list[Library]:
-    """Every ELF shared library under `paths` (recursively), each real file once."""
+def scan(paths: Iterable[str], environment: bool = False) -> list[Library]:
+    """Every ELF shared library under `paths` (recursively), each real file once. With
+    `environment` (`paths` are an interpreter's sys.path), a folder inside one of them that is
+    another Python environment's packages (a `site-packages` or `dist-packages` that is not one of
+    `paths`: the base interpreter's, under its standard library on a venv's sys.path) is not this
+    interpreter's and is left out, and one of `paths` is walked once, as itself."""
+    paths = list(paths)
+    roots = {os.path.realpath(p) for p in paths} if environment else None
     seen: set[str] = set()
     found = []
     for root in paths:
         if not os.path.isdir(root):
             continue
         for folder, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")]
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")
+                       and (roots is None or not _elsewhere(folder, d, roots))]
             for name in files:
                 if ".so" not in name:
                     continue
@@ -46,6 +53,12 @@ def scan(paths: Iterable[str]) -> list[Library]:
                 if lib is not None:
                     found.append(lib)
     return found
+
+
+def _elsewhere(folder: str, name: str, roots: set[str]) -> bool:
+    """Whether `folder/name` is walked as a root of its own, or is another environment's packages."""
+    real = os.path.realpath(os.path.join(folder, name))
+    return real in roots or name in ("site-packages", "dist-packages")
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,10 +133,13 @@ def analyse(libraries: Sequence[Library], search: Sequence[str] = ()) -> LoadPla
 
 
 def _find(name: str, search: Sequence[str]) -> str | None:
+    """A folder under `search` (an interpreter's sys.path: `scan`'s `environment`) holding `name`."""
+    roots = {os.path.realpath(p) for p in search}
     for root in search:
-        for folder, _, files in os.walk(root):
+        for folder, dirs, files in os.walk(root):
             if name in files:
                 return folder
+            dirs[:] = [d for d in dirs if not _elsewhere(folder, d, roots)]
     return None
 
 

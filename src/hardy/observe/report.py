@@ -223,8 +223,9 @@ def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: lis
     each failure of the report says where its inputs are, or why they were not kept; a log line
     says how to replay the first one."""
     from ..forensics.kept import FAILURES_KEPT, keep
+    from ..shipping.pickling import pickled_by_value
     wanted = sorted(failures)[:FAILURES_KEPT]
-    kept = keep(path, pipeline, {i: items[i] for i in wanted if i < len(items)})
+    kept = keep(path, pipeline, {i: items[i] for i in wanted if i < len(items)}, pickled_by_value)
     for failure in report.data["failures"]:
         if failure["item"] in kept:
             failure["kept_inputs"] = kept[failure["item"]]

@@ -1,6 +1,7 @@
 """A node's error, made ready to travel back to the caller (`portable`): its cause's traceback kept
-as text, and a cause that pickle cannot carry replaced by a recipe that rebuilds it on the other
-side (`errors.rebuilt_exception`), so a failure is never lost on the way.
+as text and as frames that become a real traceback again on the other side (`hardy.tracebacks`),
+and a cause that pickle cannot carry replaced by a recipe that rebuilds it on the other side
+(`errors.rebuilt_exception`), so a failure is never lost on the way.
 """
 
 from __future__ import annotations
@@ -9,19 +10,23 @@ import pickle
 from typing import Any
 
 from ..errors import NodeError, rebuilt_exception
+from ..tracebacks import travelling
 from .pickling import dumps
 
 
 def portable(err: NodeError) -> NodeError:
-    """The error, ready to cross a process: its cause's traceback kept as text in `stack` (a
-    traceback does not pickle), and a cause that would not come back whole (an exception whose
-    constructor takes other arguments than it passes to Exception, or holding an unpicklable
-    attribute: pickle rebuilds an exception by calling its class with its `args`) replaced by a
-    copy that rebuilds it on the other side (`errors.rebuilt_exception`)."""
+    """The error, ready to cross a process: its cause's traceback kept as text in `stack` and as
+    frames in `cause_frames` (a traceback does not pickle; `errors` rebuilds one from them), and a
+    cause that would not come back whole (an exception whose constructor takes other arguments
+    than it passes to Exception, or holding an unpicklable attribute: pickle rebuilds an exception
+    by calling its class with its `args`) replaced by a copy that rebuilds it on the other side
+    (`errors.rebuilt_exception`)."""
     cause = err.__cause__
     if cause is not None and not getattr(err, "stack", ""):
         import traceback
         err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    if cause is not None and cause.__traceback__ is not None and not getattr(err, "cause_frames", None):
+        err.cause_frames = travelling(cause.__traceback__)  # the cause's traceback, rebuilt where it lands
     try:
         pickle.loads(dumps(err))  # the round trip: unpickling is where such exceptions fail
         return err

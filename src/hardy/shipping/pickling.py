@@ -48,6 +48,12 @@ def _pickled(obj: Any, buffer_callback: Callable[[Any], bool] | None, by_value: 
     return data
 
 
+def pickled_by_value(obj: Any) -> bytes:
+    """`obj` pickled by value, as workers receive plans (functions keep their file and lines),
+    every buffer in band: for a file (the inputs `hardy replay` runs again)."""
+    return out_of_band(obj, lambda buffer: True, by_value=True)
+
+
 def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool = False) -> bytes:
     """`obj` pickled (protocol 5, cloudpickle if `by_value`) for `transport.pack`, which takes every
     big `PickleBuffer` out of band. numpy and Arrow pickle their memory as PickleBuffers; here the

@@ -312,6 +312,8 @@ def _launcher(start_method: str, preload: tuple[str, ...], env: dict[str, str], 
     with _lock:
         launcher = _launchers.get(key)
         if launcher is None or not launcher.alive:
+            if isinstance(launcher, ForkServer):  # killed from outside: its folder is left for us to remove
+                launcher.stop()
             launcher = _launchers[key] = (Forker() if start_method == "fork" else
                                           ForkServer(key[1], env, spawn=start_method == "spawn"))
         if user is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..breakpoints import no_terminal
 from ..crash import FATAL_SIGNALS, POISON, mark_contained, on_fatal_signal
 from ..errors import ReplicaError
 from ..forensics import handler as native_handler
@@ -60,6 +61,7 @@ def run(fd: int) -> None:
     status = _open_status_words(status_fd)
     REPLIES.start(conn, status)  # and the worker's log records go to the parent
     mark_contained(functools.partial(_post_deadline, status))  # nested pipelines run here: a crash costs one item
+    sys.breakpointhook = no_terminal  # no terminal here: breakpoint() fails its item saying how to debug
     code = 0
     try:
         code = _serve(conn, status)

@@ -1,0 +1,204 @@
+"""How `hardy run` writes an item's outputs: one line of strict JSON that says what the node returned.
+
+`json.dumps(default=repr)` wrote a 2,000-element array as numpy's abbreviated repr and a NaN as
+the bare token `NaN`, which is not JSON (jq and strict parsers reject the line). Instead:
+
+- JSON's own types as themselves (a tuple as a list); numpy and torch scalars as numbers;
+- NaN and the infinities as the strings "NaN", "Infinity" and "-Infinity" (the form of the
+  proto3 JSON mapping: valid JSON, and told apart from a number by its type);
+- numpy arrays and CPU torch tensors of booleans, integers or floats as nested lists, up to
+  `LIST_LIMIT` elements; bigger ones as {"$array": {"dtype", "shape", "base64"}}: the C-order
+  bytes, little-endian (the dtype says so: "<f4"), base64-encoded (`np.frombuffer(
+  base64.b64decode(a["base64"]), a["dtype"]).reshape(a["shape"])`), a third bigger than the
+  bytes where a list of floats is three times bigger, and exact;
+- an item of a nested map that failed (a `Failed` in an output list) as {"$failed": {node,
+  error, message, signal}};
+- anything else (bytes, sets, a DataFrame, your own classes, complex numbers) has no JSON form:
+  the item fails (`UnencodableOutput`), its line naming the output, the node that made it and
+  the type, with the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import os
+import select
+import signal
+import stat
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+from ..errors import Failed, UnencodableOutput
+
+LIST_LIMIT = 10_000  # elements: an array with more is written as base64 bytes ({"$array": ...})
+_FLOATS = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def line(record: dict[str, Any]) -> str:
+    """The record as one line of strict JSON (no NaN token can reach it: `encoded` replaced them)."""
+    return json.dumps(record, allow_nan=False, ensure_ascii=False)
+
+
+def encoded(value: Any, path: str = "") -> Any:
+    """`value` in JSON's types (module docstring); raises UnencodableOutput naming where it cannot be."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else _FLOATS.get(value, "NaN")
+    if kind is list or kind is tuple:
+        return [encoded(v, f"{path}[{k}]") for k, v in enumerate(value)]
+    if kind is dict:
+        return {_key(k, path): encoded(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if kind is Failed:
+        return {"$failed": value.error.reported()}
+    module = kind.__module__.partition(".")[0]
+    if module == "numpy":
+        return _numpy(value, path)
+    if module == "torch" and kind.__name__ in ("Tensor", "Parameter"):
+        tensor = value.detach().cpu()
+        return _numpy((tensor.float() if str(tensor.dtype) == "torch.bfloat16" else tensor).numpy(), path)
+    for base in (bool, int, float, str):  # a subclass (an IntEnum, a str Enum) as its built-in value
+        if isinstance(value, base):
+            return encoded(base(value), path)
+    raise _unencodable(value, path)
+
+
+def _key(key: Any, path: str) -> str:
+    if type(key) is str:
+        return key
+    if type(key) in (int, bool) or key is None or type(key) is float and math.isfinite(key):
+        return json.dumps(key)  # as json writes such keys
+    raise _unencodable(key, f"{path} (a key)")
+
+
+def _numpy(value: Any, path: str) -> Any:
+    import numpy as np
+    if isinstance(value, np.generic):  # a scalar
+        if value.dtype.kind in "biuf":
+            return encoded(value.item(), path)
+        if value.dtype.kind in "US":
+            return str(value)
+        raise _unencodable(value, path)
+    if not isinstance(value, np.ndarray):
+        raise _unencodable(value, path)
+    kind = value.dtype.kind
+    if kind in "biuf" and value.size > LIST_LIMIT:
+        little = value.astype(value.dtype.newbyteorder("<"), copy=False)
+        return {"$array": {"dtype": little.dtype.str, "shape": list(value.shape),
+                           "base64": base64.b64encode(np.ascontiguousarray(little).tobytes()).decode()}}
+    if kind in "biufUO":
+        return encoded(value.tolist(), path)
+    raise _unencodable(value, path)
+
+
+def _unencodable(value: Any, path: str) -> UnencodableOutput:
+    kind = type(value)
+    return UnencodableOutput(kind.__qualname__ if kind.__module__ == "builtins" else
+                             f"{kind.__module__}.{kind.__qualname__}", path)
+
+
+class Writer:
+    """`hardy run`'s output: each item's line, written and flushed as the item finishes (whatever
+    ends the command then leaves every finished item in it). `producers`: the node that makes each
+    output, named by the line of an output that has no JSON form."""
+
+    def __init__(self, out: IO[str], producers: dict[str, str]):
+        self.out, self.producers = out, producers
+        self.done = self.failed = 0
+
+    def item(self, i: int, row: Any) -> None:
+        record = self.record(i, row)
+        self.out.write(line(record) + "\n")
+        self.out.flush()
+        self.done += 1
+        self.failed += not record["ok"]
+
+    def record(self, i: int, row: Any) -> dict[str, Any]:
+        if isinstance(row, Failed):
+            return {"item": i, "ok": False, **row.error.reported()}
+        outputs = {}
+        for name, value in row.items():
+            try:
+                outputs[name] = encoded(value)
+            except UnencodableOutput as err:
+                return {"item": i, "ok": False, **err.of(name, self.producers.get(name, "?")).reported()}
+        return {"item": i, "ok": True, "outputs": outputs}
+
+
+def written(path: str) -> dict[int, bool]:
+    """The items an earlier run's results file holds a line for (`--resume`), and whether each
+    succeeded; a last line cut short by whatever ended that run is dropped from the file, so that
+    the lines appended after it are whole."""
+    seen: dict[int, bool] = {}
+    with open(path, "r+b") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            f.truncate(end)
+    for text in data[:end].decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("item"), int):
+            seen[record["item"]] = bool(record.get("ok"))
+    return seen
+
+
+class Watched:
+    """What `closing_ends_the_run` saw: whether the output's reader went away."""
+
+    closed = False
+    armed = True
+
+
+@contextlib.contextmanager
+def closing_ends_the_run(out: IO[str]) -> Iterator[Watched]:
+    """An output pipe whose reader goes away (`| head`) ends the command at once, not at its next
+    line (which may be an item's hour away): a thread polls the pipe (a closed reader is POLLERR),
+    notes it, and signals the main thread (SIGUSR2), whose handler raises KeyboardInterrupt
+    wherever the command waits: the map and its workers stop as for Ctrl-C, and the command then
+    says the output was closed. (An interrupt, not an exception of its own: hardy's code may catch
+    an Exception anywhere, it lets an interrupt through.) Once the block ends, a late signal does
+    nothing; the handler stays (putting the default back could let a late one end the process)."""
+    watched = Watched()
+    try:
+        fd = out.fileno()
+        pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except (OSError, ValueError):  # not a file (a test's StringIO)
+        pipe = False
+    main = threading.main_thread()
+    if not pipe or threading.current_thread() is not main or signal.getsignal(signal.SIGUSR2) != signal.SIG_DFL:
+        yield watched
+        return
+    wake, woken = os.pipe()
+
+    def closed(signum: int, frame: Any) -> None:
+        if watched.armed:
+            watched.armed = False
+            raise KeyboardInterrupt
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        poller.register(wake, select.POLLIN)
+        if any(ready == fd for ready, _ in poller.poll()) and main.ident is not None:
+            watched.closed = True
+            signal.pthread_kill(main.ident, signal.SIGUSR2)
+
+    signal.signal(signal.SIGUSR2, closed)
+    thread = threading.Thread(target=watch, name="hardy-output-watch", daemon=True)
+    thread.start()
+    try:
+        yield watched
+    finally:
+        watched.armed = False
+        os.write(woken, b"x")
+        thread.join()
+        os.close(wake)
+        os.close(woken)

@@ -1,0 +1,67 @@
+"""Debugging a failed item: run it again here, under pdb where it fails.
+
+What `NodeError.debug()`, `Pipeline.debug()` and `hardy replay REPORT --item N --pdb` do: the
+item runs again in this process on an engine that runs every node here (`Engine.in_process`:
+isolated nodes and nested pipelines too, timeouts not enforced), and pdb opens where it fails, in
+the frame of the user's code that raised, with its live locals. (`breakpoint()` in a worker
+process, which has no terminal, is `breakpoints.no_terminal`.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from .engine.core import Engine
+from .engine.results import Results
+from .errors import NodeError
+from .tracebacks import own_frames, user_traceback
+
+R = TypeVar("R", bound=Results)
+
+
+def with_reruns(results: R, pipeline: Any, items: Sequence[dict[str, Any]], outputs: Sequence[str]) -> R:
+    """`results` (a map's sink), knowing how its item i runs again under pdb: what it gives
+    that item's error (`NodeError.debug`), which keeps that item's inputs, not the map's."""
+    results.rerun = lambda i: _rerun(pipeline, items[i], list(outputs))
+    return results
+
+
+def _rerun(pipeline: Any, item: dict[str, Any], outputs: list[str]) -> Callable[[str], bool]:
+    return lambda what: run_again(pipeline, item, outputs, what)
+
+
+def run_again(pipeline: Any, values: Mapping[str, Any], output_name: Any, what: str) -> bool:
+    """`pipeline.run(values, output_name)` in this process, every node here, under pdb where it
+    fails (`post_mortem`)."""
+    engine = Engine(map_executor="sequential")
+    engine.in_process = True
+    with engine:
+        return post_mortem(lambda: pipeline.run(dict(values), output_name, engine=engine), what)
+
+
+def post_mortem(call: Callable[[], Any], what: str) -> bool:
+    """Run `call()` (one item, in this process); if it fails, print its traceback and open pdb
+    at the innermost frame of the user's code that raised it (Ctrl-C in a hung item: where it
+    was). True if it failed."""
+    import pdb
+    import traceback
+    try:
+        call()
+    except (NodeError, KeyboardInterrupt) as err:
+        root: BaseException = err
+        while root.__cause__ is not None:
+            root = root.__cause__
+        tb = user_traceback(err) if isinstance(err, NodeError) else own_frames(err.__traceback__)
+        traceback.print_exception(type(root), root, tb)  # the user's frames (hardy's own are the rerun's)
+        if tb is None:
+            print(f"hardy: {what} failed again: {err}; no Python frame to debug", file=sys.stderr)
+            return True
+        print(f"hardy: {what} failed again in this process: {str(err).splitlines()[0]}\npdb is at the frame that "
+              "raised, with its live locals ('up' walks out, 'q' quits)", file=sys.stderr, flush=True)
+        pdb.post_mortem(tb)
+        return True
+    print(f"hardy: {what} did not fail when run again in this process (it may depend on what ran before it "
+          "in its worker, on its worker's environment, or on chance)", file=sys.stderr)
+    return False

@@ -1,0 +1,38 @@
+"""An uncaught `MapInterrupted` ends a script as Ctrl-C does: exit code 130, and what it held.
+
+CPython exits with 130 (killing itself with SIGINT) only when the uncaught exception is exactly
+`KeyboardInterrupt`; `MapInterrupted`, its subclass carrying the map's results, would end the
+script with 1, and the results with it, silently. So the first `MapInterrupted` installs a
+`sys.excepthook` that prints the traceback as before, then how many finished results the
+interrupt held and where the run report is, and raises SystemExit(130): raised from the hook,
+it ends the interpreter cleanly (atexit handlers run, workers stop) with that code.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any
+
+from .errors import MapInterrupted, NodeError
+
+_BEFORE: list[Any] = []  # the excepthook hardy's replaced, once installed
+
+
+def interrupted(results: list[Any], failures: dict[int, NodeError], report_dir: Any) -> MapInterrupted:
+    """The `MapInterrupted` of a map, with the hook installed that gives it exit code 130."""
+    if not _BEFORE:
+        _BEFORE.append(sys.excepthook)
+        sys.excepthook = _exit_as_interrupted
+    return MapInterrupted(results, failures, report_dir)
+
+
+def _exit_as_interrupted(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    _BEFORE[0](kind, value, tb)
+    if not isinstance(value, MapInterrupted):
+        return
+    where = f"; its run report in {value.report_dir}" if value.report_dir else ""
+    print(f"hardy: interrupted; the map's {value.done} finished result(s) were in MapInterrupted.results, which an "
+          f"uncaught interrupt discards (catch it to keep them){where}", file=sys.stderr)
+    if not (sys.flags.interactive or hasattr(sys, "ps1")):  # an interactive session goes on
+        raise SystemExit(130)

@@ -1,0 +1,228 @@
+"""A node's traceback as its author reads it: their own frames, wherever the node ran.
+
+Used on the failure path only, three steps:
+
+- `own_frames`: the traceback without hardy's frames in front of the user's (the plan's
+  generated `_run`, a retry loop, an event wrapper, the threaded executor's call) nor the
+  standard library's before them (`concurrent.futures` handing a thread's exception back), so a
+  bug two calls deep in a helper reads `node -> helper`, on every executor.
+- `travelling`: those frames as data that pickles, made in the process that ran the node: file,
+  line, function, the column range Python 3.11+ underlines, and the locals that can travel
+  (plain values as themselves, the others as `LeftBehind` stand-ins holding their type and repr).
+- `rebuilt`: a real traceback again, in the caller, whose frames have that file, line, function
+  and column range: Python prints it as it would have printed the worker's, and pdb, `%debug`
+  and `python -m pdb` walk it, showing the source and the locals that came back.
+
+Why not tblib (which Dask uses): its rebuilt frames carry the column range of its own stub
+(`raise __traceback_maker`), so on Python 3.11+ every remote line is underlined wrongly, and its
+frames carry no locals unless asked. A stub that raises at exactly the original columns is the
+part that matters, and it is a few lines here.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+import types
+from typing import Any, TypeVar
+
+_HARDY = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PLAN = "<hardy plan "
+_PLAIN = (type(None), bool, int, float, complex)
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+MAX_LOCALS = 64  # per frame: the rest are left out (a frame with more is rare, and pdb shows what came)
+MAX_TEXT = 10_000  # a str or bytes local longer than this travels as a stand-in
+Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any]]]
+
+
+def is_hardy(filename: str) -> bool:
+    """Whether a frame of this file is hardy's own: its package or a plan's generated code."""
+    return filename.startswith(_PLAN) or filename.startswith(_HARDY)
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> tuple[str, ...]:
+    """The standard library's and installed packages' folders (read on the first failure: `import
+    hardy` stays fast)."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    return tuple({paths[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)})
+
+
+@functools.lru_cache(maxsize=1)
+def _repr() -> Any:
+    import reprlib
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 240
+    return short
+
+
+def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb` from the first frame of the user's code on, without hardy's frames between the
+    user's. hardy's frames after the user's last stay (hardy raised the error: its frames say
+    where); with no user frame at all, only hardy's leading frames go."""
+    entries: list[types.TracebackType] = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    names = [t.tb_frame.f_code.co_filename for t in entries]
+    library = _library()
+    first = next((k for k, n in enumerate(names) if not is_hardy(n) and not n.startswith(library)), None)
+    if first is None:
+        first = next((k for k, n in enumerate(names) if not is_hardy(n)), 0)
+    last_other = max((k for k, n in enumerate(names) if not is_hardy(n)), default=-1)
+    kept = [k for k in range(first, len(entries)) if k > last_other or not is_hardy(names[k])]
+    if not kept:
+        return None
+    if kept == list(range(kept[0], len(entries))):
+        return entries[kept[0]]  # a tail of the original: nothing to rebuild
+    top = None
+    for k in reversed(kept):
+        t = entries[k]
+        top = types.TracebackType(top, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return top
+
+
+class LeftBehind:
+    """In a frame that came back from another process, a local whose value stayed there (not
+    plain data, or too big): its type and repr. Using it as its value fails, saying so."""
+
+    __slots__ = ("kind", "text")
+
+    def __init__(self, kind: str, text: str):
+        self.kind, self.text = kind, text
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} left in the worker process: {self.text}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return LeftBehind, (self.kind, self.text)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{name!r}: this local is a stand-in for a {self.kind} that stayed in the worker process (its repr: "
+            f"{self.text}); NodeError.debug() runs the item again in this process, with every local live")
+
+
+def travelling(tb: types.TracebackType | None) -> Frames:
+    """The frames of `tb`, outermost first, as data that pickles: (file, function, module,
+    line, (end line, column, end column) or None, locals)."""
+    frames: Frames = []
+    while tb is not None:
+        frame, code = tb.tb_frame, tb.tb_frame.f_code
+        frames.append((code.co_filename, code.co_name, str(frame.f_globals.get("__name__", "")), tb.tb_lineno,
+                       _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame)))
+        tb = tb.tb_next
+    return frames
+
+
+def _position(code: types.CodeType, lasti: int, lineno: int) -> tuple[int, int, int] | None:
+    positions = getattr(code, "co_positions", None)  # Python 3.11+
+    if positions is None or lasti < 0:
+        return None
+    try:
+        start, end, col, end_col = next(itertools.islice(positions(), lasti // 2, None))
+    except StopIteration:
+        return None
+    if start != lineno or end is None or col is None or end_col is None:
+        return None
+    return end, col, end_col
+
+
+def _locals(frame: types.FrameType) -> dict[str, Any]:
+    if frame.f_locals is frame.f_globals:  # a module's top level: its globals are not the frame's own
+        return {}
+    return {name: _local(value) for name, value in itertools.islice(frame.f_locals.items(), MAX_LOCALS)}
+
+
+def _local(value: Any) -> Any:
+    if _plain(value, 2):
+        return value
+    if isinstance(value, LeftBehind):
+        return value
+    try:
+        text = _repr().repr(value)
+    except Exception:  # a broken __repr__ must not cost the traceback
+        text = "(its repr failed)"
+    kind = type(value)
+    return LeftBehind(kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
+                      text)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Plain data, small: what travels as itself (anything else may be big, or not unpickle here)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if kind is str or kind is bytes:
+        return len(value) <= MAX_TEXT
+    if kind in _CONTAINERS and depth > 0 and len(value) <= 100:
+        items = itertools.chain.from_iterable(value.items()) if kind is dict else value
+        return all(_plain(v, depth - 1) for v in items)
+    return False
+
+
+def rebuilt(frames: Frames) -> types.TracebackType | None:
+    """A traceback whose frames read as `frames` did where they ran (`travelling`)."""
+    top = None
+    for filename, name, module, lineno, position, local in reversed(frames):
+        frame, lasti = _stub_frame(_stub(filename, name, lineno, position), filename, module)
+        frame.f_locals.update(local)  # a top-level frame's locals are the mapping it ran with: this one
+        top = types.TracebackType(top, frame, lasti, lineno)
+    return top
+
+
+def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types.FrameType, int]:
+    """A frame of `code` that ended by raising, and the instruction it raised at."""
+    try:
+        exec(code, {"__name__": module, "__file__": filename}, {})  # noqa: S102 - our own stub (`_stub`)
+    except (NameError, TypeError) as exc:
+        tb = exc.__traceback__
+        assert tb is not None and tb.tb_next is not None
+        return tb.tb_next.tb_frame, tb.tb_next.tb_lasti
+    raise AssertionError("a traceback stub did not raise")
+
+
+@functools.lru_cache(maxsize=512)
+def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] | None) -> types.CodeType:
+    """Code named `name` in `filename` that raises at `lineno`, at exactly the columns `position`
+    says (a name of that width that is not defined, or `iter()` spread over those columns and
+    lines), so that Python underlines the same part of the line as it did where it ran."""
+    if position is None:
+        end, col, end_col = lineno + 1, 0, 1  # no columns known: a range over lines, which nothing underlines
+    else:
+        end, col, end_col = position
+    if end == lineno:
+        width = max(end_col - col, 1)
+        text = "Q" * width if width < 6 else "iter(" + " " * (width - 6) + ")"
+    else:
+        text = "iter(" + "\n" * (end - lineno) + " " * max(end_col - 1, 0) + ")"
+    line = "(" + " " * (col - 1) + text + ")" if col else text  # no indent at the top level: a bracket
+    code = compile("\n" * (lineno - 1) + line, filename, "exec")
+    code = code.replace(co_name=name)
+    return code.replace(co_qualname=name) if sys.version_info >= (3, 11) else code  # type: ignore[call-arg,unused-ignore]
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def user_traceback(err: BaseException) -> types.TracebackType | None:
+    """The traceback of `err`'s innermost cause: the frames of the user's code that raised it
+    (rebuilt from the worker's, where it ran in one). hardy raises its errors with it, so that
+    pdb.pm(), `python -m pdb` and `%debug` open in those frames."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err.__traceback__
+
+
+def at_user_frames(err: E) -> E:
+    """`err` with its innermost cause's traceback (`user_traceback`), to be raised by hardy's API:
+    Python adds the raising frames in front, so the traceback reads your call, hardy's one frame,
+    then your node's frames."""
+    return err.with_traceback(user_traceback(err))

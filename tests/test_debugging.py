@@ -1,0 +1,265 @@
+"""Debugging a node as in-process code is debugged: its frames in the traceback, pdb where it raised.
+
+Every test runs a real script the way users run theirs (a file, `python - < file`, `python -m pdb`,
+`python -i`), feeding pdb its commands on stdin, and reads what a user would read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BUG = """
+import sys
+from hardy import Engine, Pipeline, node
+
+def helper(x):
+    scale = 10
+    big = list(range(1000))
+    return scale / x
+
+@node(output_name="y")
+def inv(x: int) -> float:
+    return helper(x) * 2
+
+@node(output_name="z")
+def other(y: float) -> float:
+    return y
+
+ENGINES = {"sequential": dict(map_executor="sequential"), "process": {}, "threaded": dict(map_executor="threaded"),
+           "async": dict(map_executor="async"), "threaded-nodes": dict(node_executor="threaded",
+                                                                       map_executor="sequential")}
+p = Pipeline([inv, other], engine=Engine(**ENGINES[sys.argv[1] if len(sys.argv) > 1 else "process"]))
+"""
+
+
+def _python(tmp_path: Path, script: str, *args: str, stdin: str = "", name: str = "bug.py",
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    (tmp_path / name).write_text(textwrap.dedent(script))
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, input=stdin, capture_output=True, text=True,
+                          timeout=180, env=env)
+
+
+def test_a_workers_exception_prints_the_worker_frames_the_same_text_as_in_process(tmp_path):
+    script = BUG + textwrap.dedent("""
+        import traceback
+        try:
+            p.map(inputs={"x": [0]}, map_over="x")
+        except Exception as e:
+            traceback.print_exception(e)
+            assert e.__cause__.__cause__.__traceback__ is not None
+        try:
+            p.run(inputs={"x": 0})
+        except Exception as e:
+            traceback.print_exception(e)
+    """)
+    texts = {}
+    for executor in ("sequential", "process", "threaded", "async", "threaded-nodes"):
+        out = _python(tmp_path, script, "bug.py", executor)
+        assert out.returncode == 0, out.stderr
+        texts[executor] = out.stderr
+    text = texts["process"]
+    # the worker's frames: file, line, function and source line, the part that raised underlined
+    assert f'File "{tmp_path / "bug.py"}", line 12, in inv\n    return helper(x) * 2\n' in text, text
+    assert 'line 8, in helper\n    return scale / x\n           ~~~~~~^~~\nZeroDivisionError' in text, text
+    assert "<hardy plan" not in text and "engine/core.py" not in text and "executors.py" not in text, text
+    assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
+
+
+def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
+    script = BUG + 'p.map(inputs={"x": [1, 0]}, map_over="x")\n'
+    out = _python(tmp_path, script, "-i", "bug.py", stdin="import pdb; pdb.pm()\np x, scale\np big\nup\np x\nq\n")
+    assert "(8)helper()\n-> return scale / x" in out.stdout, out.stdout + out.stderr
+    assert "(0, 10)" in out.stdout  # the worker's plain locals came back
+    assert "<list left in the worker process: [0, 1, 2, 3, 4, 5, ...]>" in out.stdout  # the others as stand-ins
+    assert "(12)inv()\n-> return helper(x) * 2" in out.stdout
+    out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin="c\np x, scale\nw\nq\nq\n")
+    assert "Uncaught exception. Entering post mortem debugging" in out.stdout, out.stdout + out.stderr
+    assert "(8)helper()\n-> return scale / x\n(Pdb) (0, 10)" in out.stdout
+    here = _python(tmp_path, script.replace("p.map(", "p.run(").replace('[1, 0]}, map_over="x")', "0})"), "-i",
+                   "bug.py", "sequential", stdin="import pdb; pdb.pm()\np len(big)\nq\n")
+    assert "(8)helper()\n-> return scale / x\n(Pdb) 1000" in here.stdout, here.stdout + here.stderr  # in-process: live
+
+
+def test_ipython_debug_opens_in_the_users_innermost_frame(tmp_path):
+    pytest.importorskip("IPython")
+    (tmp_path / "bug.py").write_text(BUG)
+    cell = "%run bug.py\np.map(inputs={'x': [1, 0]}, map_over='x')\n%debug\np x, scale\nq\nexit\n"
+    out = subprocess.run([sys.executable, "-m", "IPython", "--simple-prompt", "--no-banner", "--colors=NoColor"],
+                         cwd=tmp_path, input=cell, capture_output=True, text=True, timeout=180)
+    assert "bug.py(8)helper()\n" in out.stdout and "ipdb> (0, 10)" in out.stdout, out.stdout + out.stderr
+
+
+def test_debug_runs_the_failed_item_again_here_with_live_locals(tmp_path):
+    script = BUG + textwrap.dedent("""
+        import os
+        print("caller", os.getpid())
+        out = p.map(inputs={"x": [1, 0, 2]}, map_over="x", on_error="continue")
+        print("failed again:", out[1].debug())
+    """)
+    out = _python(tmp_path, script, "bug.py", stdin="p len(big), x\np os.getpid()\nq\n")
+    caller = re.search(r"caller (\d+)", out.stdout)[1]
+    assert "-> return scale / x\n(Pdb) (1000, 0)\n(Pdb) " + caller in out.stdout, out.stdout + out.stderr
+    assert "failed again: True" in out.stdout
+    assert "hardy: item 1 failed again in this process: node 'inv' failed" in out.stderr
+
+
+def test_breakpoint_in_a_worker_fails_its_item_saying_how_to_debug(tmp_path):
+    script = """
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def stop_here(x):
+            breakpoint()
+            return x
+
+        out = Pipeline([stop_here]).map(inputs={"x": [1, 2]}, map_over="x", on_error="continue")
+        print(getattr(out[0], "error", out[0]))
+    """
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}  # (importing ray sets it, to its own)
+    out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script), env=plain)
+    assert out.returncode == 0, out.stderr
+    assert "DebuggerUnavailable: breakpoint() was called in a worker process" in out.stdout, out.stdout
+    assert "err.debug()" in out.stdout and "hardy replay REPORT --item N --pdb" in out.stdout
+    quiet = _python(tmp_path, script, "-", stdin=textwrap.dedent(script), env={**plain, "PYTHONBREAKPOINT": "0"})
+    assert quiet.stdout.strip() == "{'y': 1}"  # PYTHONBREAKPOINT=0 turns breakpoint() off, in workers too
+
+
+REPORTED = """
+import ctypes
+from hardy import Engine, Pipeline, node
+
+def helper(x):
+    scale = 10
+    return scale / x
+
+@node(output_name="y")
+def inv(x: int) -> float:
+    if x == 13:
+        ctypes.string_at(0)
+    return helper(x) * 2
+
+p = Pipeline([inv], engine=Engine(report_dir="reports"))
+out = p.map(inputs={"x": [1, 2, 0, 13]}, map_over="x", on_error="continue")
+"""
+
+
+def test_report_and_replay_show_the_stacks_and_replay_pdb_opens_in_the_item(tmp_path):
+    assert _python(tmp_path, REPORTED, "bug.py").returncode == 0
+    [report] = (tmp_path / "reports").glob("*.json")
+
+    def hardy(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hardy.cli", *args], cwd=tmp_path, input=stdin,
+                              capture_output=True, text=True, timeout=180)
+
+    shown = hardy("report", str(report), "--item", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("item 2: node 'inv' failed: ZeroDivisionError: division by zero\n")
+    assert "line 7, in helper\n    return scale / x\n" in shown.stdout and "--item 2 runs it again" in shown.stdout
+    crash = hardy("report", str(report), "--item", "3").stdout
+    assert "SIGSEGV" in crash and "native stack:" in crash and "Python stack:" in crash, crash
+    assert "each failure's stacks: hardy report" in hardy("report", str(report)).stdout
+    again = hardy("replay", str(report), "--item", "2")
+    assert again.returncode == 1
+    assert "line 7, in helper\n    return scale / x\n" in again.stdout, again.stdout  # the stack, not three lines
+    assert "node 'inv' failed on item 2 (inputs: x=0)" in again.stdout  # the run's item number, not 0
+    pdb = hardy("replay", str(report), "--item", "2", "--pdb", stdin="p x, scale\nup\nl\nq\n")
+    assert pdb.returncode == 1
+    assert "(7)helper()\n-> return scale / x\n(Pdb) (0, 10)" in pdb.stdout, pdb.stdout + pdb.stderr
+    assert "->\t    return helper(x) * 2" in pdb.stdout  # `up`, then `l`: the node's source
+    refused = hardy("replay", str(report), "--item", "3", "--pdb")
+    assert refused.returncode == 2 and "crashed its worker (SIGSEGV)" in refused.stderr and "--gdb" in refused.stderr
+
+
+def _shown(text: str) -> list[str]:
+    """The lines of a transcript the guide shows that must be printed as shown (not its elisions)."""
+    return [line for line in text.splitlines() if line.strip() and "..." not in line]
+
+
+def _session(transcript: str) -> tuple[str, list[str]]:
+    """A pdb session the guide shows: (the commands typed, the lines it printed)."""
+    commands = [line[len("(Pdb) "):] for line in transcript.splitlines() if line.startswith("(Pdb) ")]
+    printed = [line for line in _shown(transcript) if not line.startswith((">>> ", "(Pdb) "))]
+    return "".join(c + "\n" for c in commands) + "q\n", printed
+
+
+def test_the_guides_debugging_loop_runs_as_written(tmp_path):
+    """docs/guide/debugging.md, followed as a user would: its script, its traceback, its pdb sessions."""
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "debugging.md").read_text()
+    script = re.search(r"```python\n(.*?)```", guide, re.S)[1]
+    texts = re.findall(r"```text\n(.*?)```", guide, re.S)
+
+    def as_shown(out: str) -> str:
+        return re.sub(r"\(pid \d+\)", "(pid 4242)", out.replace(str(tmp_path), "/home/me"))
+
+    first = _python(tmp_path, script, "prices.py", name="prices.py")
+    assert first.returncode == 1
+    printed = as_shown(first.stderr).splitlines()
+    assert [line for line in _shown(texts[0]) if line not in printed] == [], first.stderr
+    commands, shown = _session(texts[1])  # pdb.pm() after python -i
+    pm = _python(tmp_path, script, "-i", "prices.py", stdin="import pdb; pdb.pm()\n" + commands, name="prices.py")
+    assert [line for line in shown if line not in as_shown(pm.stdout)] == [], pm.stdout
+    report = sorted((tmp_path / "reports").glob("*.json"))[0]
+    commands, shown = _session(texts[3])  # hardy replay --item 1 --pdb
+    replay = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(report), "--item", "1", "--pdb"],
+                            cwd=tmp_path, input=commands, capture_output=True, text=True, timeout=180)
+    assert [line for line in shown if line not in as_shown(replay.stdout + replay.stderr)] == [], replay.stdout
+    assert replay.returncode == 1
+
+
+def test_nested_failures_name_the_path_for_exceptions_as_for_crashes(tmp_path):
+    script = """
+        from hardy import Engine, Failed, Pipeline, node
+
+        @node(output_name="length")
+        def length(text: str) -> int:
+            if text == "boom":
+                raise ValueError("a bad document")
+            return len(text)
+
+        for on_error in ("continue", "raise"):
+            per_doc = Pipeline(nodes=[length], name="per_doc").as_node(
+                input_mapping={"docs": "text"}, output_mapping={"length": "lengths"}, map_over="docs",
+                on_error=on_error)
+            outer = Pipeline(nodes=[per_doc])
+            out = outer.map(inputs={"docs": [["ab", "boom", "cde"]]}, map_over="docs", on_error="continue")
+            err = out[0]["lengths"][1].error if on_error == "continue" else out[0].error
+            print(on_error, err)
+    """
+    out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "continue node 'per_doc/length' failed on item 1 (inputs: text='boom'): ValueError: a bad document"
+    assert lines[1] == ("raise node 'per_doc/length' failed on item 0, in nested map at 'per_doc' item 1 (inputs: "
+                        "text='boom'): ValueError: a bad document"), lines
+
+
+def test_an_uncaught_interrupt_exits_130_saying_what_it_held(tmp_path):
+    script = """
+        import os, signal, time
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def slow(x):
+            if x == 3:
+                os.kill(int(os.environ["SCRIPT"]), signal.SIGINT)  # Ctrl-C, as the terminal sends it to the script
+                time.sleep(60)
+            return x
+
+        os.environ["SCRIPT"] = str(os.getpid())  # workers see the script's environment
+        Pipeline([slow], engine=Engine(workers=1, report_dir="reports")).map(inputs={"x": range(6)}, map_over="x")
+    """
+    out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script))
+    assert out.returncode == 130, out.stderr
+    held = int(re.search(r"MapInterrupted: map interrupted: (\d) of 6 items completed", out.stderr)[1])
+    said = out.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"hardy: interrupted; the map's {held} finished result(s) were in MapInterrupted.results")
+    assert "run report in reports" in said
+    assert json.loads(next((tmp_path / "reports").glob("*.json")).read_text())["succeeded"] == held
