@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast, overload
 
 from . import arguments
-from .errors import NodeDefinitionError
+from .errors import InvalidArgumentType, NodeDefinitionError
 
 
 class Node:
@@ -252,3 +252,30 @@ def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[
                     backoff=backoff, timeout=timeout, gpus=gpus, batch_size=batch_size, batch_wait=batch_wait)
 
     return wrap(func) if func is not None else wrap
+
+
+def as_nodes(given: Any) -> list[Node]:
+    """What `Pipeline(nodes=...)` was given, as nodes: nodes as they are, plain functions wrapped,
+    pipelines as nodes (`as_node()`). A lone node, function or pipeline, or anything else, is
+    refused with the fix (iterating over it would fail deep inside with no hint)."""
+    if isinstance(given, Node) or callable(given) or hasattr(given, "as_node"):
+        shown = getattr(given, "name", None) or getattr(given, "__name__", type(given).__name__)
+        raise InvalidArgumentType(
+            f"Pipeline(nodes={given!r:.60}) is one node, not a list of them; pass Pipeline(nodes=[{shown}]).")
+    if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
+        raise InvalidArgumentType(
+            f"Pipeline(nodes={given!r:.60}) is a {type(given).__name__}, not a list of nodes; pass a list of "
+            "functions decorated with @node, plain functions, or pipelines.")
+    return [_as_node(obj, position) for position, obj in enumerate(given)]
+
+
+def _as_node(obj: Any, position: int) -> Node:
+    if isinstance(obj, Node):
+        return obj
+    if hasattr(obj, "as_node"):  # a Pipeline (hardy.pipeline stands above this module)
+        return cast(Node, obj.as_node())
+    if callable(obj):
+        return Node(obj)
+    raise NodeDefinitionError(
+        f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
+        "functions decorated with @node, plain functions, or pipelines.")

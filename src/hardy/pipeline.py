@@ -8,7 +8,7 @@ checks inputs and outputs and compiles the plan, every later call only executes 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import arguments
@@ -22,10 +22,8 @@ from .engine.streaming import Shifted, stream
 from .errors import (
     Failed,
     HardyError,
-    InvalidArgumentType,
     MapError,
     MissingInputError,
-    NodeDefinitionError,
     NodeError,
     UnknownInputWarning,
     UnknownOutputError,
@@ -37,7 +35,7 @@ from .interrupts import interrupted
 from .items import map_items, mapped_over, share_input_keys
 from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
-from .node import Node
+from .node import Node, as_nodes
 from .observe.callbacks import CallbackList, PipelineCallback, listening
 from .observe.events import Events
 from .observe.progress import MapProgress, count_cached, progress_wanted
@@ -67,7 +65,7 @@ class Pipeline:
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: PlanCache | None = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
-        self.graph = Graph(numbered([_as_node(n, i) for i, n in enumerate(_node_list(nodes))]))
+        self.graph = Graph(numbered(as_nodes(nodes)))
         self._plans: Memo[Any, Plan] = Memo(PLANS_KEPT)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE
@@ -480,29 +478,3 @@ class Pipeline:
         where an inner item failed instead of failing the node. Of the node's outputs, a run
         computes only those it needs (read by other nodes, or asked for)."""
         return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
-
-
-def _node_list(nodes: Any) -> Sequence[Any]:
-    """`Pipeline(nodes=...)`'s list; a lone node, function or pipeline is refused with the fix
-    (it is not a list of them: iterating over it would fail deep inside with no hint)."""
-    if isinstance(nodes, (Node, Pipeline)) or callable(nodes):
-        shown = getattr(nodes, "name", None) or getattr(nodes, "__name__", type(nodes).__name__)
-        raise InvalidArgumentType(
-            f"Pipeline(nodes={nodes!r:.60}) is one node, not a list of them; pass Pipeline(nodes=[{shown}]).")
-    if isinstance(nodes, (str, bytes, Mapping)) or not isinstance(nodes, Iterable):
-        raise InvalidArgumentType(
-            f"Pipeline(nodes={nodes!r:.60}) is a {type(nodes).__name__}, not a list of nodes; pass a list of "
-            "functions decorated with @node, plain functions, or pipelines.")
-    return list(nodes)
-
-
-def _as_node(obj: Any, position: int) -> Node:
-    if isinstance(obj, Node):
-        return obj
-    if isinstance(obj, Pipeline):
-        return obj.as_node()
-    if callable(obj):
-        return Node(obj)
-    raise NodeDefinitionError(
-        f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
-        "functions decorated with @node, plain functions, or pipelines.")
