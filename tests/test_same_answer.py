@@ -41,9 +41,88 @@ def patterns(group: str) -> list[str]:
 
 
 # Where an executor does not give the sequential executor's answer yet: (group, pattern) ->
-# {executor: why}. Each is a bug in the mechanism of docs/same-answer.md (strict: when it is fixed,
-# the test says so, and the entry goes).
-KNOWN: dict[tuple[str, str], dict[str, str]] = {}
+# {executor: why}. Each is a bug in the mechanism of docs/same-answer.md, or a limit still to be
+# refused or documented; strict, so that a fix shows (and its entry goes).
+WORKERS = ("process", "dask", "ray")
+
+
+def known(why: str, executors: tuple[str, ...] = WORKERS) -> dict[str, str]:
+    return {executor: why for executor in executors}
+
+
+PER_ITEM = ("refused item by item (a MapError, every item a Failed of node '<pipeline>') after the map "
+            "started, not by one ReplicaError before it (RayExecutor raises the ReplicaError)")
+KNOWN: dict[tuple[str, str], dict[str, str]] = {
+    ("module_state", "unpicklable_value_set_at_run_time"): known(PER_ITEM, ("process", "dask")),
+    ("module_state", "connection_opened_at_run_time"): known(PER_ITEM, ("process", "dask")),
+    ("module_state", "attribute_reached_through_a_package_chain"): known(
+        "chain_pkg.inner.LIMITS (read as chain_pkg.inner.LIMITS, a package's submodule attribute), filled in "
+        "place: not stamped, the workers keep their import's value"),
+    ("module_state", "dynamic_getattr_on_the_module"): known(
+        "getattr(sys.modules[__name__], 'MODE_SCALE'): a name read dynamically is not stamped; the workers "
+        "keep their import's value (to be refused or documented as a limit)"),
+    ("module_state", "value_deleted_from_the_module"): known(
+        "globals().get('OVERRIDE') after `del module.OVERRIDE`: not stamped, the workers still have it"),
+    ("module_state", "numpy_global_seed_set_by_the_script"): known(
+        "np.random.seed() in the script: numpy's global generator is a library's state, not carried; each "
+        "worker draws from its own seed (to be documented as a limit)"),
+    ("module_state", "deque_filled_at_run_time"): known(
+        "a collections.deque stamps by its type alone (RESOURCE), so the caller's filled deque and the "
+        "worker's empty one compare equal: stale, no refusal"),
+    ("module_state", "generator_object_rebound"): known(
+        "a numpy Generator stamps by its type alone (RESOURCE): the rebound generator is never installed, "
+        "the workers draw from their import's"),
+    ("module_state", "function_attribute_set_at_run_time"): known(
+        "an attribute set on a helper function (lookup.table = {...}) is not part of its stamp"),
+    ("module_state", "script_global_dict_changed_between_maps"): known(
+        "a __main__ dict changed in place between two maps: the second Dask map computes with the first "
+        "map's content", ("dask",)),
+    ("code_edits", "instance_of_an_edited_class_given_as_input"): known(
+        "an input's class travels by reference: a worker imports the edited file's class and runs its "
+        "code (1005, 1010, 1015), not the class the caller loaded (5, 10, 15)"),
+    ("code_edits", "module_file_broken_after_import"): known(
+        "the module's file has a syntax error since the caller imported it: every item fails (process, "
+        "Dask) or a bare SyntaxError escapes (Ray); the caller's loaded code does not travel, and no "
+        "refusal names the module"),
+    ("code_edits", "module_file_deleted_after_import"): known(
+        "the module's file was removed after the import: every item fails with ModuleNotFoundError "
+        "(process, Dask); Ray refuses with WorkerImportError: neither the caller's answer nor one refusal"),
+    ("code_edits", "script_function_redefined_between_maps"): known(
+        "a helper in a node's closure redefined between two maps: the plan is not recompiled (a cell "
+        "rebound), the second map runs the first helper", ("process",)),
+    ("environment", "environ_deleted_between_maps"): known(
+        "a variable the caller set, then deleted, stays set in a Ray worker that was given it (the delta "
+        "is taken against the caller's start environment, which never had it)", ("ray",)),
+    ("environment", "relative_path_resolved_by_a_module_at_import"): known(
+        "after os.chdir, a worker that has not imported the nodes' module yet looks for it through the '' "
+        "entry of sys.path, now the new directory: every item fails with ModuleNotFoundError",
+        ("process", "dask")),
+    ("environment", "timezone_set_by_the_script"): known(
+        "TZ set and time.tzset() called by the script: a worker has TZ in its environment but never "
+        "calls tzset (UTC hours)"),
+    ("environment", "umask_set_by_the_script"): known(
+        "os.umask() in the script: workers keep their own umask (files 0o644, not 0o600)"),
+    ("pools_and_calls", "stateful_resource_built_from_module_state"): known(
+        "a @stateful class's __init__ reads res_steps.CONFIG, which the script changed: the resource is "
+        "built in the worker from its import's CONFIG (what the class reads is not stamped)"),
+    ("notebooks", "spawn_pool_over_a_notebook_helper"): known(
+        "a spawn pool over a notebook's helper fails in the kernel (BrokenProcessPool) but works in "
+        "hardy's workers ([0, 1]): another answer (if intended, document it and change the pattern)"),
+    ("torch_state", "float32_sum_over_a_big_tensor"): known(
+        "a float32 sum's rounding depends on torch's thread count; a process worker is capped to cores / "
+        "workers threads, the caller is not", ("process",)),
+    ("torch_state", "default_dtype_set_by_the_script"): known(
+        "torch.set_default_dtype(torch.float64) in the script is torch's process state: workers compute "
+        "in float32"),
+}
+# Dask: a value over 64 KiB that the plan reads fails the map now and then ("the pipeline being
+# loaded is no longer in use": a worker asks for it by a replica that was dropped meanwhile), in
+# whichever of these patterns the race hits: not strict, since which one fails varies from run to run.
+FLAKY = {("module_state", name) for name in ("big_array_rebound", "big_array_written_in_place",
+                                              "big_array_changed_between_two_maps", "big_pandas_frame_rebound")}
+FLAKY |= {("torch_state", name) for name in ("big_tensor_rebound", "big_tensor_changed_in_place",
+                                             "float32_sum_over_a_big_tensor")}
+FLAKY |= {("notebooks", "cell_rebinding_a_big_array")}
 
 
 def cases() -> list[Any]:
@@ -55,6 +134,9 @@ def cases() -> list[Any]:
                 why = KNOWN.get((group, name), {}).get(executor)
                 if why:
                     marks.append(pytest.mark.xfail(strict=True, reason=why))
+                elif executor == "dask" and (group, name) in FLAKY:
+                    marks.append(pytest.mark.xfail(strict=False, reason="Dask: a big value's replica dropped "
+                                                   "while a worker asks for it ('no longer in use')"))
                 made.append(pytest.param(group, name, executor, marks=marks, id=f"{group}-{name}-{executor}"))
     return made
 
@@ -71,7 +153,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory):
         if (group, executor) not in _RUNS:
             folder = tmp_path_factory.mktemp(f"{group}-{executor}")
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(CORPUS)]),
-                   "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(folder)}
+                   "PYTHONDONTWRITEBYTECODE": "1"}
             with open(CORPUS / f"{group}.py") as script:
                 done = subprocess.run([sys.executable, "-", executor], stdin=script, cwd=folder, env=env,
                                       capture_output=True, text=True, timeout=1500)

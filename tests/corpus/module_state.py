@@ -802,36 +802,138 @@ def state_changed_between_map_and_run():
 
 
 @pattern
-def seeded_generator_in_the_module():
-    write("rng_steps.py", """
+def numpy_global_seed_set_by_the_script():
+    @node(output_name="y")
+    def drawn(x):
+        return round(float(np.random.random()), 12)
+
+    np.random.seed(1234)
+    return ys([drawn], xs=[1])
+
+
+@pattern
+def deque_filled_at_run_time():
+    write("dq_steps.py", """
+        import collections
+        from hardy import node
+        RECENT = collections.deque(maxlen=3)
+
+        @node(output_name="y")
+        def with_recent(x):
+            return [x, *RECENT]
+    """)
+    import dq_steps
+    dq_steps.RECENT.extend(["a", "b"])
+    return ys([dq_steps.with_recent])
+
+
+@pattern
+def generator_object_rebound():
+    write("genr_steps.py", """
         import numpy as np
         from hardy import node
         RNG = np.random.default_rng(0)
 
         @node(output_name="y")
-        def noisy(x):
-            return round(float(RNG.normal()), 12)
+        def first_draw(x):
+            return [x, round(float(np.random.default_rng(RNG.bit_generator.state["state"]["state"] % 1000).random()), 12)]
     """)
-    import rng_steps
-    rng_steps.RNG = np.random.default_rng(1234)  # the script seeds it
-    return ys([rng_steps.noisy])
+    import genr_steps
+    genr_steps.RNG = np.random.default_rng(99)
+    return ys([genr_steps.first_draw])
 
 
 @pattern
-def node_that_fills_a_module_memo():
-    write("memo_steps.py", """
+def function_attribute_set_at_run_time():
+    write("fattr_steps.py", """
         from hardy import node
-        SEEN = []
+
+        def lookup(key):
+            return getattr(lookup, "table", {}).get(key, "missing")
 
         @node(output_name="y")
-        def first_time(x):
-            new = x not in SEEN
-            SEEN.append(x)
-            return new
+        def looked_up(x):
+            return lookup(x)
     """)
-    import memo_steps
-    memo_steps.SEEN.append(2)
-    return ys([memo_steps.first_time], xs=[1, 2, 1, 3])
+    import fattr_steps
+    fattr_steps.lookup.table = {1: "one", 3: "three"}
+    return ys([fattr_steps.looked_up])
+
+
+@pattern
+def class_attribute_changed_between_maps():
+    write("clsb_steps.py", """
+        from hardy import node
+
+        class Model:
+            threshold = 0.5
+
+        @node(output_name="y")
+        def decided(x):
+            return x / 4 > Model.threshold
+    """)
+    import clsb_steps
+    first = ys([clsb_steps.decided])
+    clsb_steps.Model.threshold = 0.1
+    return [first, ys([clsb_steps.decided])]
+
+
+@pattern
+def object_attribute_set_between_maps():
+    write("objb_steps.py", """
+        from hardy import node
+
+        class Settings:
+            mode = "train"
+
+        SETTINGS = Settings()
+
+        @node(output_name="y")
+        def moded(x):
+            return f"{SETTINGS.mode}{x}"
+    """)
+    import objb_steps
+    first = ys([objb_steps.moded])
+    objb_steps.SETTINGS.mode = "eval"
+    return [first, ys([objb_steps.moded])]
+
+
+@pattern
+def read_only_array_rewritten_between_maps():
+    write("ro_steps.py", """
+        import numpy as np
+        from hardy import node
+        LUT = np.arange(4.0)
+        LUT.setflags(write=False)
+
+        @node(output_name="y")
+        def mapped(x):
+            return float(LUT[x])
+    """)
+    import ro_steps
+    first = ys([ro_steps.mapped])
+    ro_steps.LUT.setflags(write=True)
+    ro_steps.LUT[:] = [0.0, -1.0, -2.0, -3.0]  # a calibration step rewrites the table
+    ro_steps.LUT.setflags(write=False)
+    return [first, ys([ro_steps.mapped])]
+
+
+@pattern
+def helper_defaults_changed_between_maps():
+    write("hdf_steps.py", """
+        from hardy import node
+
+        def rounded(v, digits=0):
+            return round(v / 7, digits)
+
+        @node(output_name="y")
+        def approx(x):
+            return rounded(x)
+    """)
+    import hdf_steps
+    first = ys([hdf_steps.approx])
+    hdf_steps.rounded.__defaults__ = (3,)
+    return [first, ys([hdf_steps.approx])]
 
 
 corpus.close()

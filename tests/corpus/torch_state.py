@@ -163,4 +163,24 @@ def default_dtype_set_by_the_script():
         torch.set_default_dtype(torch.float32)
 
 
+@pattern
+def parameters_updated_through_data_between_maps():
+    # an older training loop's manual step: `p.data -= lr * grad` (torch counts no version for it)
+    torch.manual_seed(5)
+    torch_steps.MODEL = torch.nn.Linear(3, 1)
+    first = ys([torch_steps.predicted])
+    for p in torch_steps.MODEL.parameters():
+        p.data -= 0.5 * torch.ones_like(p)
+    return [first, ys([torch_steps.predicted])]
+
+
+@pattern
+def tensor_written_through_a_numpy_view_between_maps():
+    torch_steps.SCALE = torch.ones(3)
+    torch_steps.BIAS = torch.zeros(1)
+    first = ys([torch_steps.scaled])
+    torch_steps.SCALE.numpy()[:] = 4.0
+    return [first, ys([torch_steps.scaled])]
+
+
 corpus.close()
