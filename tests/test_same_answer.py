@@ -201,3 +201,17 @@ def test_same_answer_or_the_same_refusal(group, name, executor, outcomes):
         assert answer(line) == answer(expected), (
             f"{group}/{name} on {executor} differs from the sequential executor:\n  sequential: "
             f"{answer(expected)}\n  {executor}: {answer(line)}\n  {line.get('message', '')[:1500]}")
+
+
+def test_the_contract_page_lists_what_differs_and_counts_the_patterns():
+    """docs/same-answer.md's section on the corpus names every pattern that is not yet the same
+    (so that a fix, or a new difference, changes the page too) and the number of patterns."""
+    page = (ROOT / "docs" / "same-answer.md").read_text()
+    section = page[page.index("## The differential corpus"):]
+    listed = section[section.index("Not yet the same"):]
+    named = set(re.findall(r"`(\w+)`", listed))
+    assert named == {name for _, name in KNOWN}, "the page's list of differences is not KNOWN's"
+    total = sum(len(patterns(group)) for group in GROUPS)
+    assert f"The corpus holds {total} patterns." in section
+    for group in GROUPS:
+        assert f"`{group}.py`" in section, f"the table does not say where {group}.py's patterns stand"

@@ -112,7 +112,6 @@ def helper_module_edited_without_reload():
         def clipped(x):
             return hn_helpers.clip(x)
     """)
-    import hn_helpers
     import hn_steps
     write("hn_helpers.py", "LIMIT = 100\n\ndef clip(x):\n    return -x\n")
     return [ys([hn_steps.clipped]), hn_steps.clipped(3)]

@@ -121,7 +121,7 @@ def pattern(func: Callable[[], Any] | None = None, *, refused: tuple[str, list[s
     signal.alarm(PATTERN_TIMEOUT)
     try:
         line["value"] = comparable(func())
-    except BaseException as exc:  # noqa: B036 -- SystemExit from a node is an outcome too
+    except BaseException as exc:  # SystemExit from a node, the alarm's timeout: outcomes too
         line["error"] = type(exc).__name__
         line["cause"] = _cause(exc)
         line["message"] = str(exc)[:2000]
