@@ -26,7 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
 PREFIX = "@corpus "
-GROUPS = ("module_state", "code_edits", "environment", "pools_and_calls", "notebooks", "torch_state")
+GROUPS = ("module_state", "code_edits", "environment", "pools_and_calls", "notebooks", "torch_state",
+          "exits_and_batches")
 ENGINES = ("dask", "ray")  # each group starts its cluster once per run: marked slow
 EXECUTORS = ("threaded", "process", *ENGINES)
 
@@ -115,6 +116,18 @@ KNOWN: dict[tuple[str, str], dict[str, str]] = {
         "torch.set_default_dtype(torch.float64) in the script is torch's process state: workers compute "
         "in float32"),
 }
+# Batched nodes whose outputs are rows (docs/batching.md), and SystemExit in a batch call, still
+# raise out of the map in the calling process: no answer to compare yet.
+ROWS = ("a batch's DataFrame or Arrow table is not split by rows: in the calling process the map raises "
+        "ValueError (zip() argument 2 is shorter), in workers the items get column labels or 'worker "
+        "exited with code 0'")
+BATCH_EXIT = ("sys.exit in a batch call escapes map(on_error='continue') in the calling process (the process "
+              "executor's workers fail an innocent item of the call with it, as 'worker exited with code 0')")
+UNANSWERED = {("exits_and_batches", "batch_returns_a_dataframe_of_rows"): ROWS,
+              ("exits_and_batches", "batch_returns_an_arrow_table"): ROWS,
+              ("exits_and_batches", "sys_exit_in_a_batch_costs_its_item"): BATCH_EXIT}
+KNOWN.update({key: known(why) for key, why in UNANSWERED.items()})
+
 # Dask: a value over 64 KiB that the plan reads fails the map now and then ("the pipeline being
 # loaded is no longer in use": a worker asks for it by a replica that was dropped meanwhile), in
 # whichever of these patterns the race hits: not strict, since which one fails varies from run to run.
@@ -173,13 +186,23 @@ def answer(line: dict[str, Any]) -> Any:
 
 
 @pytest.mark.parametrize("group", GROUPS)
-def test_every_pattern_answers_on_the_sequential_executor(group, outcomes):
-    """The reference: each pattern ran and returned a value in the calling process (a pattern
-    that raises there tests nothing)."""
+def test_every_pattern_reports(group, outcomes):
     got, why = outcomes(group, "sequential")
     assert list(got) == patterns(group), f"patterns missing from the output ({why})"
-    raised = {name: (line["error"], line["message"][:300]) for name, line in got.items() if "value" not in line}
-    assert not raised, f"patterns failing in the calling process: {raised}"
+
+
+def references() -> list[Any]:
+    return [pytest.param(group, name, id=f"{group}-{name}", marks=[pytest.mark.xfail(strict=True, reason=why)]
+                         if (why := UNANSWERED.get((group, name))) else [])
+            for group in GROUPS for name in patterns(group)]
+
+
+@pytest.mark.parametrize(("group", "name"), references())
+def test_the_calling_process_answers(group, name, outcomes):
+    """The reference: the pattern returned a value on the sequential executor (a pattern that
+    raises there compares nothing, unless its error is the answer the contract gives)."""
+    line = outcomes(group, "sequential")[0].get(name)
+    assert line is not None and "value" in line, f"{group}/{name} raised in the calling process: {line}"
 
 
 @pytest.mark.parametrize(("group", "name", "executor"), cases())
