@@ -75,9 +75,23 @@ KNOWN: dict[tuple[str, str], dict[str, str]] = {
         "the workers draw from their import's"),
     ("module_state", "function_attribute_set_at_run_time"): known(
         "an attribute set on a helper function (lookup.table = {...}) is not part of its stamp"),
+    ("module_state", "big_array_rebound_before_each_of_ten_maps"): known(
+        "a value over 64 KiB, rebound before each of ten maps: items fail with 'the pipeline being loaded is "
+        "no longer in use' (each Dask thread ships the plan to its own pool, and each ship_plan makes a new "
+        "Replica that replaces the one kept for the plan: a worker asking by the first one's id finds it "
+        "gone)", ("dask",)),
     ("module_state", "script_global_dict_changed_between_maps"): known(
         "a __main__ dict changed in place between two maps: the second Dask map computes with the first "
         "map's content", ("dask",)),
+    ("module_state", "lru_cached_helper_called_before_its_table_changed"): known(
+        "the script called an lru_cache helper before changing the table it reads: the calling process "
+        "answers from its cache ('old' for key 1), a worker's cache is empty and reads the new table"),
+    ("module_state", "synthetic_module_put_in_sys_modules"): known(
+        "a module the script made (types.ModuleType put in sys.modules) and a node imports: every item fails "
+        "with ModuleNotFoundError in the workers; neither the value nor one refusal naming it"),
+    ("module_state", "module_reads_the_scripts_main"): known(
+        "a module reading __main__.SCRIPT_OFFSET: a worker's __main__ is not the script, every item fails "
+        "with AttributeError; neither the value nor one refusal"),
     ("code_edits", "instance_of_an_edited_class_given_as_input"): known(
         "an input's class travels by reference: a worker imports the edited file's class and runs its "
         "code (1005, 1010, 1015), not the class the caller loaded (5, 10, 15)"),
@@ -132,7 +146,8 @@ KNOWN.update({key: known(why) for key, why in UNANSWERED.items()})
 # loaded is no longer in use": a worker asks for it by a replica that was dropped meanwhile), in
 # whichever of these patterns the race hits: not strict, since which one fails varies from run to run.
 FLAKY = {("module_state", name) for name in ("big_array_rebound", "big_array_written_in_place",
-                                              "big_array_changed_between_two_maps", "big_pandas_frame_rebound")}
+                                              "big_array_changed_between_two_maps", "big_pandas_frame_rebound",
+                                              "big_vocabulary_list_filled_at_run_time")}
 FLAKY |= {("torch_state", name) for name in ("big_tensor_rebound", "big_tensor_changed_in_place",
                                              "float32_sum_over_a_big_tensor")}
 FLAKY |= {("notebooks", "cell_rebinding_a_big_array")}

@@ -15,6 +15,7 @@ from hardy import Pipeline, node
 
 engine = corpus.engine()
 XS = [1, 2, 3]
+SCRIPT_OFFSET = 40  # read by a module through `import __main__`
 
 
 def ys(nodes, xs=XS, output="y"):
@@ -168,6 +169,25 @@ def big_array_changed_between_two_maps():
     second = ys([bigtwice_steps.total])
     bigtwice_steps.TABLE = np.zeros(70_000)
     return [first, second, ys([bigtwice_steps.total])]
+
+
+@pattern
+def big_array_rebound_before_each_of_ten_maps():
+    write("bigten_steps.py", """
+        import numpy as np
+        from hardy import node
+        TABLE = np.zeros(10)
+
+        @node(output_name="y")
+        def total(x):
+            return float(TABLE.sum()) + x
+    """)
+    import bigten_steps
+    answers = []
+    for k in range(10):  # a parameter sweep: the script loads the next table before each map
+        bigten_steps.TABLE = np.full(100_000, float(k))
+        answers.append(ys([bigten_steps.total], xs=[1, 2, 3, 4]))
+    return answers
 
 
 @pattern
@@ -934,6 +954,105 @@ def helper_defaults_changed_between_maps():
     first = ys([hdf_steps.approx])
     hdf_steps.rounded.__defaults__ = (3,)
     return [first, ys([hdf_steps.approx])]
+
+
+@pattern
+def lru_cached_helper_called_before_its_table_changed():
+    write("lru_steps.py", """
+        import functools
+        from hardy import node
+        TABLE = {1: "old", 2: "old", 3: "old"}
+
+        @functools.lru_cache(maxsize=None)
+        def label(k):
+            return TABLE[k]
+
+        @node(output_name="y")
+        def labelled(x):
+            return label(x)
+    """)
+    import lru_steps
+    lru_steps.label(1)  # the script warms the cache for one key
+    lru_steps.TABLE.update({1: "new", 2: "new", 3: "new"})
+    return ys([lru_steps.labelled])
+
+
+@pattern
+def plugin_registered_by_importing_another_module():
+    write("plug_steps.py", """
+        from hardy import node
+        HANDLERS = {}
+
+        def register(name):
+            def wrap(fn):
+                HANDLERS[name] = fn
+                return fn
+            return wrap
+
+        @node(output_name="y")
+        def handled(x):
+            return sorted(HANDLERS) + [HANDLERS["double"](x) if "double" in HANDLERS else None]
+    """)
+    write("plug_double.py", """
+        from plug_steps import register
+
+        @register("double")
+        def double(x):
+            return 2 * x
+    """)
+    import plug_double  # noqa: F401 -- imported for its registration, as plugins are
+    import plug_steps
+    return ys([plug_steps.handled])
+
+
+@pattern
+def synthetic_module_put_in_sys_modules():
+    import types
+    write("synth_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def configured(x):
+            import run_config
+            return x * run_config.SCALE
+    """)
+    config = types.ModuleType("run_config")
+    config.SCALE = 6
+    sys.modules["run_config"] = config  # made by the script, no file behind it
+    import synth_steps
+    try:
+        return ys([synth_steps.configured])
+    finally:
+        del sys.modules["run_config"]
+
+
+@pattern
+def big_vocabulary_list_filled_at_run_time():
+    write("vocab_steps.py", """
+        from hardy import node
+        VOCAB = []
+
+        @node(output_name="y")
+        def encoded(x):
+            return [len(VOCAB), VOCAB.index(f"word{x * 1000}")]
+    """)
+    import vocab_steps
+    vocab_steps.VOCAB.extend(f"word{k}" for k in range(20_000))  # about 250 KB pickled
+    return ys([vocab_steps.encoded])
+
+
+@pattern
+def module_reads_the_scripts_main():
+    write("main_steps.py", """
+        import __main__
+        from hardy import node
+
+        @node(output_name="y")
+        def from_main(x):
+            return x + __main__.SCRIPT_OFFSET
+    """)
+    import main_steps
+    return ys([main_steps.from_main])
 
 
 corpus.close()
