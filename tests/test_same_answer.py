@@ -117,6 +117,9 @@ KNOWN: dict[tuple[str, str], dict[str, str]] = {
         "calls tzset (UTC hours)"),
     ("environment", "umask_set_by_the_script"): known(
         "os.umask() in the script: workers keep their own umask (files 0o644, not 0o600)"),
+    ("environment", "order_of_a_set_of_strings"): known(
+        "str hashes are salted per process: a set's iteration order in a worker is not the caller's (unless "
+        "PYTHONHASHSEED is set; to be documented as a limit, or the workers given the caller's salt)"),
     ("pools_and_calls", "stateful_resource_built_from_module_state"): known(
         "a @stateful class's __init__ reads res_steps.CONFIG, which the script changed: the resource is "
         "built in the worker from its import's CONFIG (what the class reads is not stamped)"),

@@ -417,4 +417,17 @@ def script_function_redefined_between_maps():
     return [first, p.map(inputs={"x": XS}, map_over="x")]
 
 
+@pattern
+def nested_pipeline_built_before_a_reload():
+    write("nest_steps.py", STEPS.format(offset=0, factor=10))
+    import nest_steps
+    inner = Pipeline(nodes=[nest_steps.transform], name="inner")
+    p = Pipeline(nodes=[inner.as_node(input_mapping={"xs": "x"}, output_mapping={"y": "ys"}, map_over="xs")],
+                 engine=engine)
+    first = p.run(inputs={"xs": XS})
+    write("nest_steps.py", STEPS.format(offset=1, factor=100))
+    importlib.reload(nest_steps)  # `inner` still holds the node it was built with
+    return [first, p.run(inputs={"xs": XS}), p.map(inputs={"xs": [[1], [2, 3]]}, map_over="xs")]
+
+
 corpus.close()

@@ -283,4 +283,15 @@ def umask_set_by_the_script():
         os.umask(previous)
 
 
+@pattern
+def order_of_a_set_of_strings():
+    # str hashes are salted per process (unless PYTHONHASHSEED is set): a set's order is the process's
+    @node(output_name="y")
+    def unique_words(x):
+        words = [f"token{k}" for k in range(30)] * x
+        return list(set(words))[:8]
+
+    return ys([unique_words], xs=[1, 2])
+
+
 corpus.close()
