@@ -52,49 +52,34 @@ def sys_exit_in_a_node():
     return Pipeline(nodes=[leaves], engine=engine).map(inputs={"x": XS}, map_over="x", on_error="continue")
 
 
-@pattern
-def os_exit_in_a_node_keeps_finished_items():
+def ending(end, factor):
+    """A node that logs each call and ends its process on item ENDS_ON by `end()`."""
     def make(log):
         @node(output_name="y")
         def leaves(x):
             with open(log, "a") as f:
                 f.write(f"{x}\n")
             if x == ENDS_ON:
-                os._exit(3)
-            return x * 2
+                end()
+            return x * factor
         return leaves
+    return make
 
-    return innocents(make, os.path.abspath("os_exit.log"))
+
+@pattern
+def os_exit_in_a_node_keeps_finished_items():
+    return innocents(ending(lambda: os._exit(3), 2), os.path.abspath("os_exit.log"))
 
 
 @pattern
 def exit_from_c_in_a_node_keeps_finished_items():
-    def make(log):
-        @node(output_name="y")
-        def leaves(x):
-            with open(log, "a") as f:
-                f.write(f"{x}\n")
-            if x == ENDS_ON:
-                ctypes.CDLL(None).exit(5)  # a C library calling exit(): atexit handlers run, then the process ends
-            return x * 3
-        return leaves
-
-    return innocents(make, os.path.abspath("c_exit.log"))
+    # a C library calling exit(): atexit handlers run, then the process ends
+    return innocents(ending(lambda: ctypes.CDLL(None).exit(5), 3), os.path.abspath("c_exit.log"))
 
 
 @pattern
 def segfault_in_a_node_keeps_finished_items():
-    def make(log):
-        @node(output_name="y")
-        def crashes(x):
-            with open(log, "a") as f:
-                f.write(f"{x}\n")
-            if x == ENDS_ON:
-                ctypes.string_at(0)
-            return x * 4
-        return crashes
-
-    return innocents(make, os.path.abspath("segv.log"))
+    return innocents(ending(lambda: ctypes.string_at(0), 4), os.path.abspath("segv.log"))
 
 
 def batch_map(fn, xs=XS):
