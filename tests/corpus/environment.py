@@ -1,0 +1,299 @@
+# The process around the nodes: environment variables, the working directory, sys.argv and
+# sys.path, changed by the script between calls on one engine. A node reading them computes what
+# it would compute in the calling process. Run as `python - EXECUTOR < environment.py`.
+import os
+import sys
+
+import corpus
+from corpus import pattern, write
+from hardy import Pipeline, node
+
+engine = corpus.engine()
+XS = list(range(8))  # chunks on both of an engine's workers
+
+
+@node(output_name="y")
+def mode(x):
+    return f"{os.environ.get('MODE', 'unset')}-{x}"
+
+
+def ys(nodes, xs=XS, output="y"):
+    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    return [o[output] for o in out]
+
+
+@pattern
+def environ_set_before_the_first_call():
+    os.environ["MODE"] = "first"
+    return ys([mode])
+
+
+@pattern
+def environ_changed_between_maps():
+    os.environ["MODE"] = "first"
+    first = ys([mode])
+    os.environ["MODE"] = "second"
+    return [first, ys([mode])]
+
+
+@pattern
+def environ_deleted_between_maps():
+    os.environ["MODE"] = "there"
+    first = ys([mode])
+    del os.environ["MODE"]
+    return [first, ys([mode])]
+
+
+@pattern
+def environ_changed_between_runs():
+    p = Pipeline(nodes=[mode], engine=engine)
+    os.environ["MODE"] = "a"
+    first = p.run(inputs={"x": 0})
+    os.environ["MODE"] = "b"
+    return [first, p.run(inputs={"x": 0})]
+
+
+@pattern
+def environ_set_with_putenv_style_update():
+    os.environ.update({"MODE": "bulk", "OTHER": "o"})
+    os.environ.setdefault("MODE", "ignored")
+    return ys([mode])
+
+
+@pattern
+def environ_variable_the_worker_started_with_removed():
+    # PATH is in every worker's own environment: removed here, a node must not see it.
+    @node(output_name="y")
+    def has_path(x):
+        return ("PATH" in os.environ, x)
+
+    first = ys([has_path])
+    path = os.environ.pop("PATH")
+    second = ys([has_path])
+    os.environ["PATH"] = path
+    return [first, second]
+
+
+@pattern
+def environ_read_by_a_helper_module():
+    write("env_helpers.py", """
+        import os
+
+        def device():
+            return os.getenv("DEVICE", "cpu")
+    """)
+    write("env_steps.py", """
+        import env_helpers
+        from hardy import node
+
+        @node(output_name="y")
+        def placed(x):
+            return f"{env_helpers.device()}:{x}"
+    """)
+    import env_steps
+    os.environ["DEVICE"] = "cuda:1"
+    return ys([env_steps.placed])
+
+
+@pattern
+def environ_read_at_import_of_the_nodes_module():
+    os.environ["STAGE"] = "import-time"
+    write("envimp_steps.py", """
+        import os
+        from hardy import node
+        STAGE = os.environ.get("STAGE", "none")
+
+        @node(output_name="y")
+        def staged(x):
+            return f"{STAGE}/{os.environ.get('STAGE')}/{x}"
+    """)
+    import envimp_steps
+    os.environ["STAGE"] = "call-time"
+    return ys([envimp_steps.staged])
+
+
+@pattern
+def working_directory_changed_between_maps():
+    for name, text in (("a", "alpha"), ("b", "beta")):
+        os.makedirs(name, exist_ok=True)
+        with open(os.path.join(name, "data.txt"), "w") as f:
+            f.write(text)
+
+    @node(output_name="y")
+    def read(x):
+        with open("data.txt") as f:
+            return f"{f.read()}{x}"
+
+    os.chdir("a")
+    first = ys([read])
+    os.chdir("../b")
+    return [first, ys([read])]
+
+
+@pattern
+def working_directory_changed_and_a_relative_file_written():
+    os.makedirs("out", exist_ok=True)
+
+    @node(output_name="y")
+    def saved(x):
+        with open(f"item{x}.txt", "w") as f:
+            f.write(str(x))
+        return os.path.basename(os.getcwd())
+
+    os.chdir("out")
+    names = ys([saved])
+    os.chdir("..")
+    return [names, sorted(os.listdir("out"))]
+
+
+@pattern
+def working_directory_changed_between_runs():
+    os.makedirs("r1", exist_ok=True)
+    os.makedirs("r2", exist_ok=True)
+
+    @node(output_name="y")
+    def where(x):
+        return os.path.basename(os.getcwd())
+
+    p = Pipeline(nodes=[where], engine=engine)
+    os.chdir("r1")
+    first = p.run(inputs={"x": 0})
+    os.chdir("../r2")
+    return [first, p.run(inputs={"x": 0})]
+
+
+@pattern
+def relative_path_resolved_by_a_module_at_import():
+    os.makedirs("proj/data", exist_ok=True)
+    with open("proj/data/labels.txt", "w") as f:
+        f.write("cat dog")
+    write("relimp_steps.py", """
+        import os
+        from hardy import node
+        DATA = os.path.abspath("proj/data")
+
+        @node(output_name="y")
+        def labels(x):
+            with open(os.path.join(DATA, "labels.txt")) as f:
+                return f.read().split()[x % 2]
+    """)
+    import relimp_steps
+    os.chdir("proj")  # the module resolved its path already, in the folder above
+    return ys([relimp_steps.labels])
+
+
+@pattern
+def argv_appended():
+    @node(output_name="y")
+    def flags(x):
+        return [a for a in sys.argv[1:] if a.startswith("--")] + [x]
+
+    sys.argv.append("--fast")
+    first = ys([flags])
+    sys.argv.append("--verbose")
+    return [first, ys([flags])]
+
+
+@pattern
+def argv_replaced_by_an_argument_parser_setup():
+    import argparse
+
+    @node(output_name="y")
+    def parsed(x):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("executor")
+        parser.add_argument("--epochs", type=int, default=1)
+        return parser.parse_args(sys.argv[1:]).epochs * x
+
+    sys.argv[1:] = [sys.argv[1], "--epochs", "7"]
+    return ys([parsed])
+
+
+@pattern(refused=("WorkerImportError", ["only_here", "ship_modules"]), by=("ray",))
+def sys_path_extended_to_import_a_module_only_there():
+    write("plugins/only_here.py", """
+        def plugin(x):
+            return f"plugin:{x}"
+    """)
+
+    @node(output_name="y")
+    def plugged(x):
+        import only_here
+        return only_here.plugin(x)
+
+    sys.path.append(os.path.abspath("plugins"))
+    return ys([plugged])
+
+
+@pattern(refused=("WorkerImportError", ["ext_steps", "ship_modules"]), by=("ray",))
+def sys_path_extended_for_the_nodes_own_module():
+    write("extra/ext_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def extended(x):
+            return x * 111
+    """)
+    sys.path.insert(0, os.path.abspath("extra"))
+    import ext_steps
+    return ys([ext_steps.extended])
+
+
+@pattern(refused=("WorkerImportError", ["shadowed", "ship_modules"]), by=("ray",))
+def sys_path_order_changed_to_shadow_a_module():
+    write("v1/shadowed.py", "VERSION = 'v1'\n")
+    write("v2/shadowed.py", "VERSION = 'v2'\n")
+
+    @node(output_name="y")
+    def version(x):
+        import shadowed
+        return shadowed.VERSION
+
+    sys.path.insert(0, os.path.abspath("v2"))
+    sys.path.insert(0, os.path.abspath("v1"))
+    return ys([version])
+
+
+@pattern
+def timezone_set_by_the_script():
+    import time
+
+    @node(output_name="y")
+    def local_hour(x):
+        return time.localtime(86400 * x).tm_hour
+
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    return ys([local_hour])
+
+
+@pattern
+def umask_set_by_the_script():
+    @node(output_name="y")
+    def mode_bits(x):
+        path = f"umask{x}.txt"
+        with open(path, "w") as f:
+            f.write("x")
+        return oct(os.stat(path).st_mode & 0o777)
+
+    previous = os.umask(0o077)
+    try:
+        return ys([mode_bits])
+    finally:
+        os.umask(previous)
+
+
+@pattern
+def order_of_a_set_of_strings():
+    # str hashes are salted per process (unless PYTHONHASHSEED is set): a set's order is the
+    # process's, so each script run has its own; what compares is whether the map's answer is the
+    # one this process computes
+    @node(output_name="y")
+    def unique_words(x):
+        words = [f"token{k}" for k in range(30)] * x
+        return list(set(words))[:8]
+
+    return ys([unique_words], xs=[1, 2]) == [unique_words(x) for x in [1, 2]]
+
+
+corpus.close()

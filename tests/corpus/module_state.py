@@ -1,0 +1,1058 @@
+# Module state a node reads, set or changed by the script at run time: each pattern writes the
+# user's module as a file beside the script, imports it, changes its state the way users do and
+# runs the pipeline. Run as `python - EXECUTOR < module_state.py` in an empty folder.
+import json
+import sqlite3
+import sys
+import threading
+
+import numpy as np
+import pandas as pd
+
+import corpus
+from corpus import pattern, write
+from hardy import Pipeline, node
+
+engine = corpus.engine()
+XS = [1, 2, 3]
+SCRIPT_OFFSET = 40  # read by a module through `import __main__`
+
+
+def ys(nodes, xs=XS, output="y"):
+    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    return [o[output] for o in out]
+
+
+@pattern
+def dict_filled_from_argv():
+    write("argv_steps.py", """
+        from hardy import node
+        SETTINGS = {}
+
+        @node(output_name="y")
+        def scaled(x):
+            return x * SETTINGS.get("scale", 1)
+    """)
+    import argv_steps
+    sys.argv += ["--scale", "10"]
+    argv_steps.SETTINGS["scale"] = int(sys.argv[sys.argv.index("--scale") + 1])
+    return ys([argv_steps.scaled])
+
+
+@pattern
+def dict_filled_from_a_config_file():
+    write("config.json", '{"offset": 7, "label": "from-file"}')
+    write("cfg_steps.py", """
+        from hardy import node
+        CONFIG = {"offset": 0, "label": "default"}
+
+        @node(output_name="y")
+        def labelled(x):
+            return f"{CONFIG['label']}:{x + CONFIG['offset']}"
+    """)
+    import cfg_steps
+    with open("config.json") as f:
+        cfg_steps.CONFIG.update(json.load(f))
+    return ys([cfg_steps.labelled])
+
+
+@pattern
+def list_appended_at_run_time():
+    write("list_steps.py", """
+        from hardy import node
+        STOPWORDS = ["the"]
+
+        @node(output_name="y")
+        def kept(x):
+            words = ["the", "a", "cat", "an"][: x + 1]
+            return [w for w in words if w not in STOPWORDS]
+    """)
+    import list_steps
+    list_steps.STOPWORDS.extend(["a", "an"])
+    return ys([list_steps.kept])
+
+
+@pattern
+def set_filled_at_run_time():
+    write("set_steps.py", """
+        from hardy import node
+        ALLOWED = set()
+
+        @node(output_name="y")
+        def allowed(x):
+            return x in ALLOWED
+    """)
+    import set_steps
+    set_steps.ALLOWED.update({1, 3})
+    return ys([set_steps.allowed])
+
+
+@pattern
+def numpy_weights_rebound():
+    write("np_steps.py", """
+        import numpy as np
+        from hardy import node
+        WEIGHTS = np.ones(3)
+
+        @node(output_name="y")
+        def weighted(x):
+            return float(WEIGHTS.sum() * x)
+    """)
+    import np_steps
+    np_steps.WEIGHTS = np.full(3, 5.0)
+    return ys([np_steps.weighted])
+
+
+@pattern
+def numpy_array_written_in_place():
+    write("npin_steps.py", """
+        import numpy as np
+        from hardy import node
+        WEIGHTS = np.ones(4)
+
+        @node(output_name="y")
+        def weighted(x):
+            return (WEIGHTS * x).tolist()
+    """)
+    import npin_steps
+    npin_steps.WEIGHTS[1:3] = 2.5
+    npin_steps.WEIGHTS *= 2
+    return ys([npin_steps.weighted])
+
+
+@pattern
+def big_array_rebound():
+    write("big_steps.py", """
+        import numpy as np
+        from hardy import node
+        TABLE = np.zeros(10)
+
+        @node(output_name="y")
+        def look_up(x):
+            return [float(TABLE[x * 1000]), float(TABLE.sum()), len(TABLE)]
+    """)
+    import big_steps
+    big_steps.TABLE = np.arange(200_000, dtype=np.float64)  # 1.6 MB: travels when a worker asks
+    return ys([big_steps.look_up])
+
+
+@pattern
+def big_array_written_in_place():
+    write("bigin_steps.py", """
+        import numpy as np
+        from hardy import node
+        TABLE = np.arange(100_000, dtype=np.float64)
+
+        @node(output_name="y")
+        def look_up(x):
+            return [float(TABLE[x]), float(TABLE.sum())]
+    """)
+    import bigin_steps
+    bigin_steps.TABLE[2] = -1e6
+    return ys([bigin_steps.look_up])
+
+
+@pattern
+def big_array_changed_between_two_maps():
+    write("bigtwice_steps.py", """
+        import numpy as np
+        from hardy import node
+        TABLE = np.ones(50_000)
+
+        @node(output_name="y")
+        def total(x):
+            return float(TABLE.sum()) + x
+    """)
+    import bigtwice_steps
+    first = ys([bigtwice_steps.total])
+    bigtwice_steps.TABLE[:10] = 100.0
+    second = ys([bigtwice_steps.total])
+    bigtwice_steps.TABLE = np.zeros(70_000)
+    return [first, second, ys([bigtwice_steps.total])]
+
+
+@pattern
+def big_array_rebound_before_each_of_ten_maps():
+    write("bigten_steps.py", """
+        import numpy as np
+        from hardy import node
+        TABLE = np.zeros(10)
+
+        @node(output_name="y")
+        def total(x):
+            return float(TABLE.sum()) + x
+    """)
+    import bigten_steps
+    answers = []
+    for k in range(10):  # a parameter sweep: the script loads the next table before each map
+        bigten_steps.TABLE = np.full(100_000, float(k))
+        answers.append(ys([bigten_steps.total], xs=[1, 2, 3, 4]))
+    return answers
+
+
+@pattern
+def pandas_frame_rebound():
+    write("pd_steps.py", """
+        import pandas as pd
+        from hardy import node
+        PRICES = pd.DataFrame({"item": [1, 2, 3], "price": [0.0, 0.0, 0.0]})
+
+        @node(output_name="y")
+        def price(x):
+            return float(PRICES.loc[PRICES["item"] == x, "price"].iloc[0])
+    """)
+    import pd_steps
+    pd_steps.PRICES = pd.DataFrame({"item": [1, 2, 3], "price": [9.5, 8.25, 7.0]})
+    return ys([pd_steps.price])
+
+
+@pattern
+def pandas_frame_changed_in_place():
+    write("pdin_steps.py", """
+        import pandas as pd
+        from hardy import node
+        PRICES = pd.DataFrame({"item": [1, 2, 3], "price": [1.0, 2.0, 3.0]})
+
+        @node(output_name="y")
+        def price(x):
+            row = PRICES[PRICES["item"] == x]
+            return float(row["price"].iloc[0]) + float(row.get("tax", pd.Series([0.0])).iloc[0])
+    """)
+    import pdin_steps
+    pdin_steps.PRICES.loc[0, "price"] = 100.0
+    pdin_steps.PRICES["tax"] = [0.5, 0.25, 0.125]
+    return ys([pdin_steps.price])
+
+
+@pattern
+def dataclass_config_mutated():
+    write("dc_steps.py", """
+        from dataclasses import dataclass, field
+        from hardy import node
+
+        @dataclass
+        class Config:
+            threshold: float = 0.5
+            tags: list = field(default_factory=list)
+
+        CONFIG = Config()
+
+        @node(output_name="y")
+        def classify(x):
+            return ("high" if x / 3 > CONFIG.threshold else "low", CONFIG.tags)
+    """)
+    import dc_steps
+    dc_steps.CONFIG.threshold = 0.9
+    dc_steps.CONFIG.tags.append("tuned")
+    return ys([dc_steps.classify])
+
+
+@pattern
+def dataclass_config_rebound():
+    write("dcr_steps.py", """
+        from dataclasses import dataclass
+        from hardy import node
+
+        @dataclass(frozen=True)
+        class Config:
+            threshold: float = 0.5
+
+        CONFIG = Config()
+
+        @node(output_name="y")
+        def classify(x):
+            return x / 3 > CONFIG.threshold
+    """)
+    import dcr_steps
+    dcr_steps.CONFIG = dcr_steps.Config(threshold=0.1)
+    return ys([dcr_steps.classify])
+
+
+@pattern
+def plain_object_attribute_set():
+    write("obj_steps.py", """
+        from hardy import node
+
+        class Settings:
+            def __init__(self):
+                self.mode = "train"
+
+        SETTINGS = Settings()
+
+        @node(output_name="y")
+        def moded(x):
+            return f"{SETTINGS.mode}-{x}"
+    """)
+    import obj_steps
+    obj_steps.SETTINGS.mode = "eval"
+    return ys([obj_steps.moded])
+
+
+@pattern
+def class_attribute_changed():
+    write("cls_steps.py", """
+        from hardy import node
+
+        class Scaler:
+            factor = 2
+
+            def apply(self, x):
+                return x * self.factor
+
+        @node(output_name="y")
+        def scaled(x):
+            return Scaler().apply(x)
+    """)
+    import cls_steps
+    cls_steps.Scaler.factor = 30
+    return ys([cls_steps.scaled])
+
+
+@pattern
+def class_attribute_dict_filled():
+    write("clsd_steps.py", """
+        from hardy import node
+
+        class Registry:
+            handlers = {}
+
+        @node(output_name="y")
+        def handled(x):
+            return Registry.handlers.get(x, "none")
+    """)
+    import clsd_steps
+    clsd_steps.Registry.handlers[2] = "two"
+    return ys([clsd_steps.handled])
+
+
+@pattern
+def global_counter_read_by_a_node():
+    write("counter_steps.py", """
+        from hardy import node
+        CALLS = 0
+
+        def bump():
+            global CALLS
+            CALLS += 1
+
+        @node(output_name="y")
+        def stamped(x):
+            return (x, CALLS)
+    """)
+    import counter_steps
+    for _ in range(5):
+        counter_steps.bump()
+    first = ys([counter_steps.stamped])
+    counter_steps.bump()
+    return [first, ys([counter_steps.stamped])]
+
+
+@pattern
+def nested_dict_changed_deep_inside():
+    write("deep_steps.py", """
+        from hardy import node
+        SETTINGS = {"model": {"layers": [{"units": 8}, {"units": 16}], "name": "small"}}
+
+        @node(output_name="y")
+        def units(x):
+            return SETTINGS["model"]["layers"][1]["units"] * x
+    """)
+    import deep_steps
+    first = ys([deep_steps.units])
+    deep_steps.SETTINGS["model"]["layers"][1]["units"] = 64
+    return [first, ys([deep_steps.units])]
+
+
+@pattern(refused=("ReplicaError", ["lock_steps.LOCK"]))
+def unpicklable_value_set_at_run_time():
+    write("lock_steps.py", f"""
+        from hardy import node
+        LOCK = None
+
+        @node(output_name="y")
+        def guarded(x):
+            open({corpus.ran("unpicklable_value_set_at_run_time")!r}, "a").close()
+            with LOCK:
+                return x + 1
+    """)
+    import lock_steps
+    lock_steps.LOCK = threading.Lock()
+    return ys([lock_steps.guarded])
+
+
+@pattern(refused=("ReplicaError", ["db_steps.DB"]))
+def connection_opened_at_run_time():
+    write("db_steps.py", f"""
+        from hardy import node
+        DB = None
+
+        @node(output_name="y")
+        def looked_up(x):
+            open({corpus.ran("connection_opened_at_run_time")!r}, "a").close()
+            return DB.execute("select v from t where k = ?", (x,)).fetchone()[0]
+    """)
+    import db_steps
+    db_steps.DB = sqlite3.connect(":memory:", check_same_thread=False)
+    db_steps.DB.execute("create table t (k int, v text)")
+    db_steps.DB.executemany("insert into t values (?, ?)", [(1, "one"), (2, "two"), (3, "three")])
+    return ys([db_steps.looked_up])
+
+
+@pattern
+def unpicklable_value_made_at_import_and_untouched():
+    write("implock_steps.py", """
+        import threading
+        from hardy import node
+        LOCK = threading.Lock()
+        TOTALS = {"n": 3}
+
+        @node(output_name="y")
+        def guarded(x):
+            with LOCK:
+                return x * TOTALS["n"]
+    """)
+    import implock_steps
+    implock_steps.TOTALS["n"] = 4
+    return ys([implock_steps.guarded])
+
+
+@pattern
+def function_valued_global_rebound():
+    write("fn_steps.py", """
+        from hardy import node
+
+        def relu(v):
+            return max(v, 0)
+
+        def leaky(v):
+            return v if v > 0 else v / 100
+
+        ACTIVATION = relu
+
+        @node(output_name="y")
+        def activated(x):
+            return ACTIVATION(x - 2)
+    """)
+    import fn_steps
+    fn_steps.ACTIVATION = fn_steps.leaky
+    return ys([fn_steps.activated])
+
+
+@pattern
+def function_valued_global_rebound_to_a_script_lambda():
+    write("fnl_steps.py", """
+        from hardy import node
+        TRANSFORM = abs
+
+        @node(output_name="y")
+        def transformed(x):
+            return TRANSFORM(x - 2)
+    """)
+    import fnl_steps
+    fnl_steps.TRANSFORM = lambda v: v * 1000 + 1
+    return ys([fnl_steps.transformed])
+
+
+@pattern
+def helper_rebound_to_another_modules_function():
+    write("other_helpers.py", """
+        def helper2(x):
+            return x ** 3
+    """)
+    write("reb_steps.py", """
+        from hardy import node
+
+        def helper(x):
+            return x + 1
+
+        @node(output_name="y")
+        def helped(x):
+            return helper(x)
+    """)
+    import other_helpers
+    import reb_steps
+    reb_steps.helper = other_helpers.helper2
+    return ys([reb_steps.helped])
+
+
+@pattern
+def registry_dict_of_functions_filled_at_run_time():
+    write("reg_steps.py", """
+        from hardy import node
+        REGISTRY = {"double": lambda v: 2 * v}
+
+        @node(output_name="y")
+        def dispatched(x):
+            return REGISTRY.get("custom", REGISTRY["double"])(x)
+    """)
+    import reg_steps
+
+    def custom(v):
+        return v - 100
+
+    reg_steps.REGISTRY["custom"] = custom
+    return ys([reg_steps.dispatched])
+
+
+@pattern
+def attribute_of_a_submodule_imported_as_an_alias():
+    write("alias_pkg/__init__.py", "")
+    write("alias_pkg/sub.py", """
+        FACTOR = 1
+        TABLE = {"a": 1}
+    """)
+    write("alias_steps.py", """
+        import alias_pkg.sub as s
+        from hardy import node
+
+        @node(output_name="y")
+        def scaled(x):
+            return x * s.FACTOR + s.TABLE["a"]
+    """)
+    import alias_pkg.sub
+    import alias_steps
+    alias_pkg.sub.FACTOR = 7
+    alias_pkg.sub.TABLE["a"] = 1000
+    return ys([alias_steps.scaled])
+
+
+@pattern
+def attribute_reached_through_a_package_chain():
+    write("chain_pkg/__init__.py", "from . import inner")
+    write("chain_pkg/inner.py", """
+        LIMITS = {"max": 10}
+    """)
+    write("chain_steps.py", """
+        import chain_pkg
+        from hardy import node
+
+        @node(output_name="y")
+        def clipped(x):
+            return min(x * 10, chain_pkg.inner.LIMITS["max"])
+    """)
+    import chain_pkg
+    import chain_steps
+    chain_pkg.inner.LIMITS["max"] = 25
+    return ys([chain_steps.clipped])
+
+
+@pattern
+def state_read_by_a_helper_in_another_module():
+    write("state_helpers.py", """
+        VOCAB = {}
+
+        def encode(word):
+            return VOCAB.get(word, -1)
+    """)
+    write("hm_steps.py", """
+        import state_helpers
+        from hardy import node
+
+        @node(output_name="y")
+        def encoded(x):
+            return state_helpers.encode(["a", "b", "c"][x - 1])
+    """)
+    import hm_steps
+    import state_helpers
+    state_helpers.VOCAB.update({"a": 10, "c": 30})
+    return ys([hm_steps.encoded])
+
+
+@pattern
+def closure_over_a_value():
+    write("clo_steps.py", """
+        from hardy import node
+
+        def make_scaler(factor):
+            @node(output_name="y")
+            def scaled(x):
+                return x * factor
+            return scaled
+    """)
+    import clo_steps
+    return ys([clo_steps.make_scaler(11)])
+
+
+@pattern
+def closure_over_a_list_changed_later():
+    write("clol_steps.py", """
+        from hardy import node
+
+        def make_filter(blocked):
+            @node(output_name="y")
+            def allowed(x):
+                return x not in blocked
+            return allowed
+    """)
+    import clol_steps
+    blocked = [1]
+    allowed = clol_steps.make_filter(blocked)
+    first = ys([allowed])
+    blocked.append(3)
+    return [first, ys([allowed])]
+
+
+@pattern
+def default_argument_dict_changed_in_place():
+    write("dflt_steps.py", """
+        from hardy import node
+        TABLE = {"k": 1}
+
+        @node(output_name="y")
+        def looked_up(x, table=TABLE):
+            return x * table["k"]
+    """)
+    import dflt_steps
+    first = ys([dflt_steps.looked_up])
+    dflt_steps.TABLE["k"] = 9
+    return [first, ys([dflt_steps.looked_up])]
+
+
+@pattern
+def default_argument_of_a_helper_changed_in_place():
+    write("dflth_steps.py", """
+        from hardy import node
+        UNITS = ["m"]
+
+        def fmt(v, units=UNITS):
+            return f"{v}{units[-1]}"
+
+        @node(output_name="y")
+        def formatted(x):
+            return fmt(x)
+    """)
+    import dflth_steps
+    dflth_steps.UNITS.append("km")
+    return ys([dflth_steps.formatted])
+
+
+SCRIPT_SETTINGS = {"add": 0}
+
+
+@node(output_name="y")
+def script_node(x):
+    return x + SCRIPT_SETTINGS["add"]
+
+
+@pattern
+def script_global_dict_changed_between_maps():
+    settings = SCRIPT_SETTINGS
+    first = ys([script_node])
+    settings["add"] = 5
+    return [first, ys([script_node])]
+
+
+@pattern
+def dynamic_getattr_on_the_module():
+    write("dyn_steps.py", """
+        import sys
+        from hardy import node
+        MODE_SCALE = 1
+
+        @node(output_name="y")
+        def scaled(x):
+            return x * getattr(sys.modules[__name__], "MODE_SCALE")
+    """)
+    import dyn_steps
+    dyn_steps.MODE_SCALE = 4
+    return ys([dyn_steps.scaled])
+
+
+@pattern
+def module_state_set_through_a_setup_function():
+    write("setup_steps.py", """
+        from hardy import node
+        _MODEL = None
+
+        def setup(path):
+            global _MODEL
+            with open(path) as f:
+                _MODEL = {"bias": float(f.read())}
+
+        @node(output_name="y")
+        def predicted(x):
+            if _MODEL is None:
+                return "not set up"
+            return x + _MODEL["bias"]
+    """)
+    write("bias.txt", "0.25")
+    import setup_steps
+    setup_steps.setup("bias.txt")
+    return ys([setup_steps.predicted])
+
+
+@pattern
+def value_deleted_from_the_module():
+    write("del_steps.py", """
+        from hardy import node
+        OVERRIDE = 5
+
+        @node(output_name="y")
+        def maybe(x):
+            return globals().get("OVERRIDE", 0) + x
+    """)
+    import del_steps
+    del del_steps.OVERRIDE
+    return ys([del_steps.maybe])
+
+
+@pattern
+def instance_method_reads_changed_instance_state():
+    write("inst_steps.py", """
+        from hardy import node
+
+        class Tokenizer:
+            def __init__(self):
+                self.vocab = {"a": 1}
+
+            def encode(self, text):
+                return [self.vocab.get(ch, 0) for ch in text]
+
+        TOKENIZER = Tokenizer()
+
+        @node(output_name="y")
+        def encoded(x):
+            return TOKENIZER.encode("abc"[:x])
+    """)
+    import inst_steps
+    inst_steps.TOKENIZER.vocab.update({"b": 2, "c": 3})
+    return ys([inst_steps.encoded])
+
+
+@pattern
+def enum_like_constant_tuple_rebound():
+    write("tup_steps.py", """
+        from hardy import node
+        LABELS = ("neg", "pos")
+
+        @node(output_name="y")
+        def labelled(x):
+            return LABELS[x % 2]
+    """)
+    import tup_steps
+    tup_steps.LABELS = ("even", "odd")
+    return ys([tup_steps.labelled])
+
+
+@pattern
+def array_view_of_a_module_array_written():
+    write("view_steps.py", """
+        import numpy as np
+        from hardy import node
+        BASE = np.zeros(6)
+        HEAD = BASE[:3]
+
+        @node(output_name="y")
+        def head(x):
+            return float(HEAD[x - 1])
+    """)
+    import view_steps
+    view_steps.BASE[:] = np.arange(6) * 10  # HEAD is a view: written through BASE
+    return ys([view_steps.head])
+
+
+@pattern
+def big_pandas_frame_rebound():
+    write("bigpd_steps.py", """
+        import pandas as pd
+        from hardy import node
+        FRAME = pd.DataFrame({"v": [0.0]})
+
+        @node(output_name="y")
+        def stats(x):
+            return [float(FRAME["v"].sum()), len(FRAME), float(FRAME["v"].iloc[x])]
+    """)
+    import bigpd_steps
+    bigpd_steps.FRAME = pd.DataFrame({"v": np.linspace(0, 1, 30_000), "w": np.arange(30_000)})
+    return ys([bigpd_steps.stats])
+
+
+@pattern
+def value_deleted_and_read_by_name():
+    write("delname_steps.py", """
+        from hardy import node
+        OVERRIDE = 5
+
+        @node(output_name="y")
+        def maybe(x):
+            try:
+                return OVERRIDE + x
+            except NameError:
+                return -x
+    """)
+    import delname_steps
+    del delname_steps.OVERRIDE
+    return ys([delname_steps.maybe])
+
+
+@pattern
+def value_added_to_the_module_at_run_time():
+    write("added_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def maybe(x):
+            try:
+                return EXTRA + x
+            except NameError:
+                return -x
+    """)
+    import added_steps
+    added_steps.EXTRA = 100
+    return ys([added_steps.maybe])
+
+
+@pattern
+def state_changed_between_map_and_run():
+    write("mr_steps.py", """
+        from hardy import node
+        STATE = {"k": 1}
+
+        @node(output_name="y")
+        def times(x):
+            return x * STATE["k"]
+    """)
+    import mr_steps
+    p = Pipeline(nodes=[mr_steps.times], engine=engine)
+    first = p.run(inputs={"x": 2})["y"]
+    mr_steps.STATE["k"] = 3
+    second = p.map(inputs={"x": XS}, map_over="x")
+    mr_steps.STATE["k"] = 5
+    return [first, second, p.run(inputs={"x": 2})["y"]]
+
+
+@pattern
+def numpy_global_seed_set_by_the_script():
+    @node(output_name="y")
+    def drawn(x):
+        return round(float(np.random.random()), 12)
+
+    np.random.seed(1234)
+    return ys([drawn], xs=[1])
+
+
+@pattern
+def deque_filled_at_run_time():
+    write("dq_steps.py", """
+        import collections
+        from hardy import node
+        RECENT = collections.deque(maxlen=3)
+
+        @node(output_name="y")
+        def with_recent(x):
+            return [x, *RECENT]
+    """)
+    import dq_steps
+    dq_steps.RECENT.extend(["a", "b"])
+    return ys([dq_steps.with_recent])
+
+
+@pattern
+def generator_object_rebound():
+    write("genr_steps.py", """
+        import numpy as np
+        from hardy import node
+        RNG = np.random.default_rng(0)
+
+        @node(output_name="y")
+        def first_draw(x):
+            return [x, round(float(np.random.default_rng(RNG.bit_generator.state["state"]["state"] % 1000).random()), 12)]
+    """)
+    import genr_steps
+    genr_steps.RNG = np.random.default_rng(99)
+    return ys([genr_steps.first_draw])
+
+
+@pattern
+def function_attribute_set_at_run_time():
+    write("fattr_steps.py", """
+        from hardy import node
+
+        def lookup(key):
+            return getattr(lookup, "table", {}).get(key, "missing")
+
+        @node(output_name="y")
+        def looked_up(x):
+            return lookup(x)
+    """)
+    import fattr_steps
+    fattr_steps.lookup.table = {1: "one", 3: "three"}
+    return ys([fattr_steps.looked_up])
+
+
+@pattern
+def class_attribute_changed_between_maps():
+    write("clsb_steps.py", """
+        from hardy import node
+
+        class Model:
+            threshold = 0.5
+
+        @node(output_name="y")
+        def decided(x):
+            return x / 4 > Model.threshold
+    """)
+    import clsb_steps
+    first = ys([clsb_steps.decided])
+    clsb_steps.Model.threshold = 0.1
+    return [first, ys([clsb_steps.decided])]
+
+
+@pattern
+def object_attribute_set_between_maps():
+    write("objb_steps.py", """
+        from hardy import node
+
+        class Settings:
+            mode = "train"
+
+        SETTINGS = Settings()
+
+        @node(output_name="y")
+        def moded(x):
+            return f"{SETTINGS.mode}{x}"
+    """)
+    import objb_steps
+    first = ys([objb_steps.moded])
+    objb_steps.SETTINGS.mode = "eval"
+    return [first, ys([objb_steps.moded])]
+
+
+@pattern
+def read_only_array_rewritten_between_maps():
+    write("ro_steps.py", """
+        import numpy as np
+        from hardy import node
+        LUT = np.arange(4.0)
+        LUT.setflags(write=False)
+
+        @node(output_name="y")
+        def mapped(x):
+            return float(LUT[x])
+    """)
+    import ro_steps
+    first = ys([ro_steps.mapped])
+    ro_steps.LUT.setflags(write=True)
+    ro_steps.LUT[:] = [0.0, -1.0, -2.0, -3.0]  # a calibration step rewrites the table
+    ro_steps.LUT.setflags(write=False)
+    return [first, ys([ro_steps.mapped])]
+
+
+@pattern
+def helper_defaults_changed_between_maps():
+    write("hdf_steps.py", """
+        from hardy import node
+
+        def rounded(v, digits=0):
+            return round(v / 7, digits)
+
+        @node(output_name="y")
+        def approx(x):
+            return rounded(x)
+    """)
+    import hdf_steps
+    first = ys([hdf_steps.approx])
+    hdf_steps.rounded.__defaults__ = (3,)
+    return [first, ys([hdf_steps.approx])]
+
+
+@pattern
+def lru_cached_helper_called_before_its_table_changed():
+    write("lru_steps.py", """
+        import functools
+        from hardy import node
+        TABLE = {1: "old", 2: "old", 3: "old"}
+
+        @functools.lru_cache(maxsize=None)
+        def label(k):
+            return TABLE[k]
+
+        @node(output_name="y")
+        def labelled(x):
+            return label(x)
+    """)
+    import lru_steps
+    lru_steps.label(1)  # the script warms the cache for one key
+    lru_steps.TABLE.update({1: "new", 2: "new", 3: "new"})
+    return ys([lru_steps.labelled])
+
+
+@pattern
+def plugin_registered_by_importing_another_module():
+    write("plug_steps.py", """
+        from hardy import node
+        HANDLERS = {}
+
+        def register(name):
+            def wrap(fn):
+                HANDLERS[name] = fn
+                return fn
+            return wrap
+
+        @node(output_name="y")
+        def handled(x):
+            return sorted(HANDLERS) + [HANDLERS["double"](x) if "double" in HANDLERS else None]
+    """)
+    write("plug_double.py", """
+        from plug_steps import register
+
+        @register("double")
+        def double(x):
+            return 2 * x
+    """)
+    import plug_double  # noqa: F401 -- imported for its registration, as plugins are
+    import plug_steps
+    return ys([plug_steps.handled])
+
+
+@pattern
+def synthetic_module_put_in_sys_modules():
+    import types
+    write("synth_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def configured(x):
+            import run_config
+            return x * run_config.SCALE
+    """)
+    config = types.ModuleType("run_config")
+    config.SCALE = 6
+    sys.modules["run_config"] = config  # made by the script, no file behind it
+    import synth_steps
+    try:
+        return ys([synth_steps.configured])
+    finally:
+        del sys.modules["run_config"]
+
+
+@pattern
+def big_vocabulary_list_filled_at_run_time():
+    write("vocab_steps.py", """
+        from hardy import node
+        VOCAB = []
+
+        @node(output_name="y")
+        def encoded(x):
+            return [len(VOCAB), VOCAB.index(f"word{x * 1000}")]
+    """)
+    import vocab_steps
+    vocab_steps.VOCAB.extend(f"word{k}" for k in range(20_000))  # about 250 KB pickled
+    return ys([vocab_steps.encoded])
+
+
+@pattern
+def module_reads_the_scripts_main():
+    write("main_steps.py", """
+        import __main__
+        from hardy import node
+
+        @node(output_name="y")
+        def from_main(x):
+            return x + __main__.SCRIPT_OFFSET
+    """)
+    import main_steps
+    return ys([main_steps.from_main])
+
+
+corpus.close()

@@ -1,0 +1,186 @@
+# torch state a node reads: tensors rebound or changed in place, a small model trained by the
+# script before the map, its mode switched, weights loaded from a file. (torch is imported here, in
+# the script's own process: never in the test process.) Run as `python - EXECUTOR < torch_state.py`.
+import torch
+
+import corpus
+from corpus import pattern, write
+from hardy import Pipeline
+
+engine = corpus.engine()
+XS = [1, 2, 3]
+
+write("torch_steps.py", """
+    import torch
+    from hardy import node
+
+    torch.manual_seed(0)
+    SCALE = torch.ones(3)
+    BIAS = torch.zeros(1)
+    TABLE = torch.zeros(10)
+    MODEL = torch.nn.Linear(3, 1)
+    NET = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    NORM = torch.nn.BatchNorm1d(3)
+    PARTS = {"head": torch.nn.Linear(3, 2)}
+    NOISE = torch.zeros(1)
+
+    def features(x):
+        return torch.tensor([[float(x), 2.0 * x, -x]])
+
+    @node(output_name="y")
+    def scaled(x):
+        return float((SCALE * x).sum() + BIAS[0])
+
+    @node(output_name="y")
+    def looked_up(x):
+        return [float(TABLE[x]), float(TABLE.sum()), TABLE.numel()]
+
+    @node(output_name="y")
+    def predicted(x):
+        with torch.no_grad():
+            return MODEL(features(x)).item()
+
+    @node(output_name="y")
+    def net_predicted(x):
+        with torch.no_grad():
+            return round(NET(features(x)).item(), 5)
+
+    @node(output_name="y")
+    def normalised(x):
+        with torch.no_grad():
+            return [round(v, 5) for v in NORM(features(x)).flatten().tolist()]
+
+    @node(output_name="y")
+    def head(x):
+        with torch.no_grad():
+            return [round(v, 5) for v in PARTS["head"](features(x)).flatten().tolist()]
+
+    @node(output_name="y")
+    def noise_total(x):
+        return float(NOISE.sum()) + x
+
+    @node(output_name="y")
+    def default_dtype(x):
+        return [str((torch.tensor([0.1]) * x).dtype), (torch.tensor([0.1]) * x).item()]
+""")
+import torch_steps  # noqa: E402 -- written by the script above, as a user's module
+
+
+def ys(nodes, xs=XS):
+    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    return [o["y"] for o in out]
+
+
+@pattern
+def tensor_rebound():
+    torch_steps.SCALE = torch.tensor([1.0, 10.0, 100.0])
+    return ys([torch_steps.scaled])
+
+
+@pattern
+def tensor_changed_in_place():
+    first = ys([torch_steps.scaled])
+    torch_steps.BIAS.add_(0.5)
+    torch_steps.SCALE[0] = -1.0
+    return [first, ys([torch_steps.scaled])]
+
+
+@pattern
+def big_tensor_rebound():
+    torch_steps.TABLE = torch.arange(50_000, dtype=torch.float64)  # 400 KB, sums exact in any order
+    return ys([torch_steps.looked_up])
+
+
+@pattern
+def big_tensor_changed_in_place():
+    torch_steps.TABLE = torch.ones(40_000)
+    first = ys([torch_steps.looked_up])
+    torch_steps.TABLE[:100] *= 3
+    return [first, ys([torch_steps.looked_up])]
+
+
+@pattern
+def model_trained_in_place_before_the_map():
+    model = torch_steps.MODEL
+    torch.manual_seed(1)
+    inputs, targets = torch.randn(32, 3), torch.randn(32, 1)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = ys([torch_steps.predicted])
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return [before, ys([torch_steps.predicted])]
+
+
+@pattern
+def model_weights_loaded_from_a_file():
+    torch.manual_seed(7)
+    torch.save(torch.nn.Linear(3, 1).state_dict(), "weights.pt")
+    torch_steps.MODEL.load_state_dict(torch.load("weights.pt"))
+    return ys([torch_steps.predicted])
+
+
+@pattern
+def model_switched_to_eval_mode():
+    # in training mode Dropout draws at random; the script switches to eval before the map
+    torch_steps.NET.eval()
+    return ys([torch_steps.net_predicted])
+
+
+@pattern
+def batchnorm_running_statistics_updated_by_forward_passes():
+    norm = torch_steps.NORM
+    norm.train()
+    torch.manual_seed(3)
+    for _ in range(3):
+        norm(torch.randn(16, 3) * 5 + 2)  # updates running_mean / running_var in place
+    norm.eval()
+    return ys([torch_steps.normalised])
+
+
+@pattern
+def model_in_a_dict_replaced():
+    torch.manual_seed(11)
+    torch_steps.PARTS["head"] = torch.nn.Linear(3, 2)
+    return ys([torch_steps.head])
+
+
+@pattern
+def float32_sum_over_a_big_tensor():
+    # a float32 reduction's rounding depends on how many threads torch splits it over
+    torch_steps.NOISE = torch.rand(1_000_000, generator=torch.Generator().manual_seed(0))
+    return ys([torch_steps.noise_total])
+
+
+@pattern
+def default_dtype_set_by_the_script():
+    torch.set_default_dtype(torch.float64)
+    try:
+        return ys([torch_steps.default_dtype])
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pattern
+def parameters_updated_through_data_between_maps():
+    # an older training loop's manual step: `p.data -= lr * grad` (torch counts no version for it)
+    torch.manual_seed(5)
+    torch_steps.MODEL = torch.nn.Linear(3, 1)
+    first = ys([torch_steps.predicted])
+    for p in torch_steps.MODEL.parameters():
+        p.data -= 0.5 * torch.ones_like(p)
+    return [first, ys([torch_steps.predicted])]
+
+
+@pattern
+def tensor_written_through_a_numpy_view_between_maps():
+    torch_steps.SCALE = torch.ones(3)
+    torch_steps.BIAS = torch.zeros(1)
+    first = ys([torch_steps.scaled])
+    torch_steps.SCALE.numpy()[:] = 4.0
+    return [first, ys([torch_steps.scaled])]
+
+
+corpus.close()
