@@ -55,6 +55,7 @@ class Results:
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
+        self.refused: ReplicaError | None = None  # a worker refused the pipeline (`fail`)
         self._raise = on_error == "raise"
         self.progress = progress
         self.events = events
@@ -64,6 +65,12 @@ class Results:
         self.retries: dict[int, int] = {}
         # item i's way to run again under pdb here (`NodeError.debug`), given to its error: the map's
         self.rerun: Callable[[int], Callable[[str], bool]] | None = None
+
+    def raise_refusal(self) -> None:
+        """End the call with the `ReplicaError` of a worker that refused its pipeline, if one did:
+        an executor calls it once its workers are stopped, whatever `on_error` says."""
+        if self.refused is not None:
+            raise self.refused
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
@@ -120,9 +127,12 @@ class Results:
     def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports.
-        A pipeline a worker refused to load (`PipelineRefused`) ends the call with one `ReplicaError`."""
+        A pipeline a worker refused to load (`PipelineRefused`) stops the call, which its executor then
+        ends with one `ReplicaError` (`raise_refusal`), after stopping its workers."""
         if isinstance(err, PipelineRefused):
-            raise ReplicaError(str(err.reason))
+            self.refused = self.refused or ReplicaError(str(err.reason))
+            self.stop = True
+            return
         if self._hits:
             self._count_hits(records)
         if self.events and (records or worker is not None):

@@ -115,9 +115,11 @@ class _Cell:
             return default
 
 
-def _module_reached(name: str | None) -> None:
+def _module_reached(name: str | None, as_module: bool = False) -> None:
+    """Note a user module the code reaches; `__main__` only when read as a module (`import __main__`
+    in a module's code), not as the home of a script's function (whose globals travel with it)."""
     reach = getattr(_RECORDING, "reach", None)
-    if reach is not None and name and name != "__main__" and name in sys.modules:
+    if reach is not None and name and (name != "__main__" or as_module) and name in sys.modules:
         reach.modules.add(name)
 
 
@@ -266,7 +268,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any,
     if isinstance(value, types.ModuleType):
         if is_user_module(value.__name__):
             out(b"mod:" + value.__name__.encode())
-            _module_reached(value.__name__)
+            _module_reached(value.__name__, as_module=True)
             _module_attributes(value, out, seen, chains, name, reader)
         else:
             _library_chains(value, out, chains)

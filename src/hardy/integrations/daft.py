@@ -213,7 +213,8 @@ class DaftExecutor(RemoteExecutor):
                 out = df.select(state.alias("state")).to_pydict()["state"]
             except Exception as exc:
                 if not self._is_crash(exc):
-                    raise self._translate(exc) from exc
+                    translated = self._translate(exc)  # (chained to `exc` unless it is `exc`)
+                    raise translated from translated.__cause__
                 if attempt:
                     for i in range(len(items)):
                         results.fail(i, NodeCrashed("?", i, f"a Daft UDF process running the map died, twice: "
@@ -221,6 +222,7 @@ class DaftExecutor(RemoteExecutor):
                 continue
             for raw in out:
                 self._deliver(pickle.loads(raw), results)
+            results.raise_refusal()
             return
 
     def _workers(self) -> int:

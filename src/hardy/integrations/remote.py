@@ -203,6 +203,14 @@ class RemoteExecutor(Executor):
                 results.fail(i, value, *records)
 
     def _translate(self, exc: BaseException) -> BaseException:
+        """The error to raise for the engine's `exc`: the user's own (a worker's `ReplicaError`
+        too) or hardy's naming the module a worker cannot import, chained to the engine's."""
+        translated = self._translate_cause(exc)
+        if translated is not exc and translated.__cause__ is None and translated is not exc.__cause__:
+            translated.__cause__ = exc
+        return translated
+
+    def _translate_cause(self, exc: BaseException) -> BaseException:
         cause = self._cause(exc)
         missing = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
         if missing is None and "No module named" in str(exc):
@@ -251,7 +259,8 @@ class TaskExecutor(RemoteExecutor):
                 except Exception as exc:
                     if not self._is_crash(exc):
                         self._cancel(list(pending))
-                        raise self._translate(exc) from exc
+                        translated = self._translate(exc)  # (chained to `exc` unless it is `exc`)
+                        raise translated from translated.__cause__
                     if fut in lost:  # the engine's worker died under this chunk twice
                         for i in chunk:
                             results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
@@ -265,6 +274,7 @@ class TaskExecutor(RemoteExecutor):
                 self._deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))
+                results.raise_refusal()
                 return
 
 

@@ -42,9 +42,10 @@ def build_plan(spec: bytes, wrap: Wrap | None = None,
                fetch: Fetch | None = None) -> Plan:
     """The plan a spec describes, compiled here once this process's user modules hold what the
     caller's do (`synced`)."""
-    body = synced(spec, fetch)[1]
+    replica, body = synced(spec, fetch)
     graph, provided, outputs, cache, keyed = cloudpickle.loads(body)
-    _adopt_main(graph.nodes)
+    if not replica.home:
+        _adopt_main(graph.nodes)
     return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
 
 
@@ -92,9 +93,22 @@ def replica_of(plan: Plan) -> Replica:
         binding = node.binding() or _binding(getattr(node, "func", None))
         if binding is not None:
             names.setdefault(binding[0], set()).add(binding[1])
-    return Replica({m: n for m, n in names.items() if m in sys.modules and is_user_module(m) and m != "__main__"
-                    and m.split(".")[0] not in by_value and m not in by_value
-                    and isinstance(getattr(sys.modules[m], "__loader__", None), SourceFileLoader)})
+    return Replica({m: n for m, n in names.items() if m in sys.modules and _replicable(m, by_value, reach.modules)})
+
+
+def _replicable(name: str, by_value: Any, reached: set[str]) -> bool:
+    """Whether a worker's copy of module `name` is compared with this process's: a user module loaded
+    by Python's own loader from source, or made at run time (no file: the worker rebuilds it), and
+    the names a module's code reads in `__main__` (`reached`: the modules read as modules). Not one
+    sent by value (`ship_modules`: its code travels with the plan), nor one loaded by another loader
+    (pytest's assertion rewriting changes the bytecode)."""
+    module = sys.modules[name]
+    if name == "__main__":
+        return name in reached
+    if not is_user_module(name) or name.split(".")[0] in by_value or name in by_value:
+        return False
+    made = getattr(module, "__spec__", None) is None and getattr(module, "__file__", None) is None
+    return made or isinstance(getattr(module, "__loader__", None), SourceFileLoader)
 
 
 def _binding(func: Any) -> tuple[str, str] | None:

@@ -65,9 +65,14 @@ class Replica:
         self.files: dict[str, str | None] = {}
         for module_name in sorted(reached):
             module = sys.modules[module_name]
-            names = [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
-            self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
-            self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
+            if module_name == "__main__":  # the script's: only what the plan reads (a worker's own stays)
+                names = sorted(reached[module_name])
+                self.stamps[module_name] = module_stamp(module, names)
+                self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
+            else:
+                names = [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
+                self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
+                self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
             self.files[module_name] = getattr(module, "__file__", None)
         _LIVE[self.id] = self
 
@@ -77,14 +82,14 @@ class Replica:
         worker that cannot ask back)."""
         entries: Names = {}
         for module_name, stamps in self.stamps.items():
-            read = self.read[module_name] | {NAMES}
+            read = self.read.get(module_name, set()) | {NAMES}
             entries[module_name] = {}
             for name, stamp in stamps.items():
                 payload = _payload(module_name, self.objects[module_name][name]) if everything or name in read else None
                 if payload is not None and not everything and len(payload) > SMALL:
                     payload = None
                 entries[module_name][name] = (stamp, payload)
-        return pickle.dumps((self.id, entries, self.files), protocol=5)
+        return pickle.dumps((self.id, entries, self.files, os.getpid()), protocol=5)
 
     def values(self, wanted: Wanted) -> dict[tuple[str, str], Any]:
         """The objects a worker asked for."""
@@ -128,8 +133,9 @@ def replica(replica_id: int) -> Replica | None:
 def reached_names(reads: Iterable[tuple[Any, str, Any]], modules: Iterable[str]) -> dict[str, set[str]]:
     """The names read (namespace, name, object), by user module: those of `modules`, and any other
     module whose namespace was read (a submodule reached through an attribute chain)."""
-    by_namespace = {id(vars(m)): name for name, m in list(sys.modules.items())
-                    if m is not None and (name in modules or is_user_module(name))}
+    by_namespace = {id(vars(m)): name for name, m in list(sys.modules.items())  # not under an alias:
+                    if m is not None and getattr(m, "__name__", None) == name  # (`__mp_main__` is `__main__`)
+                    and (name in modules or is_user_module(name))}
     names: dict[str, set[str]] = {}
     for namespace, name, _ in reads:
         module_name = by_namespace.get(id(namespace))
@@ -247,7 +253,8 @@ class Synced:
     chunk of this plan whenever another plan's sync changed them."""
 
     def __init__(self, header: bytes):
-        self.id, entries, self.files = pickle.loads(header)
+        self.id, entries, self.files, caller = pickle.loads(header)
+        self.home = caller == os.getpid()  # an engine running tasks in the caller's own process (Dask's threads)
         self.stamps = {(m, n): stamp for m, names in entries.items() for n, (stamp, _) in names.items()}
         self.payloads: dict[tuple[str, str], Any] = {
             (m, n): payload for m, names in entries.items() for n, (_, payload) in names.items() if payload is not None}
@@ -255,12 +262,14 @@ class Synced:
 
     def current(self) -> bool:
         """Whether this worker's modules hold what the caller's stamps say, as far as it installed them."""
-        return all(HELD.get(key) == stamp for key, stamp in self.stamps.items())
+        return self.home or all(HELD.get(key) == stamp for key, stamp in self.stamps.items())
 
     def sync(self, fetch: Fetch | None) -> None:
         """Make each name the caller's: compare, install what travelled, fetch the rest (or refuse).
         Names this worker already made the caller's for this stamp are not compared again: a node
         that changes its module's state here changes it for the next calls, as it would in-process."""
+        if self.home:  # these modules are the caller's own
+            return
         differing = []
         for (module_name, name), stamp in self.stamps.items():
             if HELD.get((module_name, name)) == stamp:

@@ -186,6 +186,7 @@ class MapRun(Deaths):
             while True:
                 if self.results.stop:  # on_error="raise" failed an item: the rest is not awaited
                     self.cancel()
+                    self.results.raise_refusal()  # (a worker refused the pipeline: one error for the call)
                     return
                 self.assign()
                 busy = [w for w in self.mine() if w.busy]

@@ -35,7 +35,7 @@ from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Refusal, Synced
 from .chunks import names_steps, run_chunk
 from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
-from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Values
+from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Stop, Values
 from .replies import REPLIES
 from .status import DEADLINE, IDLE, ITEM, LOADING, READING, READY, RETIRED, STEP, marked, open_status
 
@@ -156,8 +156,9 @@ def _serve(conn: Connection, status: Any) -> int:
             _take_context(msg)
         elif isinstance(msg, Resend):
             REPLIES.resend(msg.items)
-        else:  # Stop
+        elif isinstance(msg, Stop):
             return 0
+        # (else: an answer to a question no longer asked, `Values` of a plan that has loaded since)
 
 
 def _take_context(context: Context) -> None:
