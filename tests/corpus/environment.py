@@ -209,7 +209,7 @@ def argv_replaced_by_an_argument_parser_setup():
     return ys([parsed])
 
 
-@pattern(refused=("WorkerImportError", ["only_here", "ship_modules"]), by=("ray",))
+@pattern
 def sys_path_extended_to_import_a_module_only_there():
     write("plugins/only_here.py", """
         def plugin(x):
@@ -225,7 +225,7 @@ def sys_path_extended_to_import_a_module_only_there():
     return ys([plugged])
 
 
-@pattern(refused=("WorkerImportError", ["ext_steps", "ship_modules"]), by=("ray",))
+@pattern
 def sys_path_extended_for_the_nodes_own_module():
     write("extra/ext_steps.py", """
         from hardy import node
@@ -239,7 +239,7 @@ def sys_path_extended_for_the_nodes_own_module():
     return ys([ext_steps.extended])
 
 
-@pattern(refused=("WorkerImportError", ["shadowed", "ship_modules"]), by=("ray",))
+@pattern
 def sys_path_order_changed_to_shadow_a_module():
     write("v1/shadowed.py", "VERSION = 'v1'\n")
     write("v2/shadowed.py", "VERSION = 'v2'\n")

@@ -71,6 +71,8 @@ class _Stage:
     def __init__(self, spec: bytes, last: bool, paths: list[str], log: bool = False,
                  caller: Travelling | None = None):
         _prepare_worker(paths)
+        if caller is not None:
+            caller.take_import_path()
         self.plan, self.last, self.log, self.caller = plan_for(spec), last, log, caller
 
     @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)  # type: ignore[untyped-decorator]

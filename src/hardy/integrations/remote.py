@@ -65,6 +65,8 @@ def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False, caller: Trave
     pickle each, so the engine moves bytes instead of walking thousands of small objects. `log`:
     the caller listens to node events, which travel back in the rows (nodelog.py); `caller`: its
     environment, working directory and argv at the call (`shipping.context`)."""
+    if caller is not None:
+        caller.take_import_path()
     pool = _pool()
     before = pool.counts()
     rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log, caller)

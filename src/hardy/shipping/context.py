@@ -31,13 +31,13 @@ class Snapshot:
     def travelling(self) -> Travelling:
         """What of this state goes to an engine's worker on another machine (`arrived`): the
         variables this process set or removed since it started (not the machine's own; a variable
-        set at an earlier call and removed since counts as removed), its working directory, argv and
-        umask. Not sys.path: that machine's paths are its own."""
+        set at an earlier call and removed since counts as removed), its working directory, argv,
+        umask and sys.path (its entries that exist there, ahead of that machine's own)."""
         started = _started_with()
         changed, unset = environ_delta(started, self.environ)
         _SET.update(changed)
         unset += [name for name in _SET if name not in self.environ and name not in started]
-        return Travelling(changed, unset, self.cwd, self.argv, self.umask)
+        return Travelling(changed, unset, self.cwd, self.argv, self.umask, self.sys_path)
 
     def holds(self) -> bool:
         return (self.sys_path == sys.path and self.argv == sys.argv and self._raw == _raw_environ()
@@ -78,6 +78,7 @@ class Travelling(NamedTuple):
     cwd: str
     argv: list[str]
     umask: int
+    sys_path: list[str]
 
     def arrived(self) -> Snapshot:
         """This process's state with the caller's on top: its variables, its argv, and its working
@@ -88,9 +89,23 @@ class Travelling(NamedTuple):
         here.environ.update(self.environ)
         here.argv = list(self.argv)
         here.umask = self.umask
+        here.sys_path = self.import_path()
         if self.cwd and os.path.isdir(self.cwd):
             here.cwd = self.cwd
         return here
+
+    def import_path(self) -> list[str]:
+        """The caller's sys.path entries that exist here, in its order, then this process's others:
+        what an engine's worker imports the caller's modules with (`take_import_path`)."""
+        theirs = [p for p in self.sys_path if not p or os.path.isdir(p)]  # ('': the working directory)
+        return theirs + [p for p in sys.path if p not in theirs]
+
+    def take_import_path(self) -> None:
+        """Make this process's sys.path `import_path()`: an engine's worker process, before it loads
+        a plan whose modules the caller may have imported from a folder it added at run time. (In
+        the caller's own process, an engine running tasks in threads, it is the same list.)"""
+        if sys.path != self.sys_path:
+            sys.path[:] = self.import_path()
 
 
 _SET: set[str] = set()  # the variables this process set since it started, as far as calls saw them
