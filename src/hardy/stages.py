@@ -73,6 +73,9 @@ class _StageResults:
         stop: bool = self.results.stop
         return stop
 
+    def raise_refusal(self) -> None:
+        self.results.raise_refusal()  # (the map's results hold a worker's refusal of a stage)
+
     def started(self, i: int, worker: int | None = None) -> None:
         if self.first:
             self.results.started(self.indices[i], worker)

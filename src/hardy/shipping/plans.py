@@ -107,8 +107,8 @@ def _replicable(name: str, by_value: Any, reached: set[str]) -> bool:
         return name in reached
     if not is_user_module(name) or name.split(".")[0] in by_value or name in by_value:
         return False
-    made = getattr(module, "__spec__", None) is None and getattr(module, "__file__", None) is None
-    return made or isinstance(getattr(module, "__loader__", None), SourceFileLoader)
+    loader = getattr(module, "__loader__", None)  # None: made at run time, or rebuilt here from a caller's objects
+    return loader is None or isinstance(loader, SourceFileLoader)
 
 
 def _binding(func: Any) -> tuple[str, str] | None:
