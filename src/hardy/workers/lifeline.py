@@ -23,11 +23,11 @@ their own children, cannot tell those apart, so it leaves once too many have pil
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import os
 import select
 import signal
-import threading
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -46,11 +46,12 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     return os.getppid() == parent_pid  # else the parent died before prctl took effect
 
 
-def watch_peer(fd: int, on_hangup: Callable[[], None]) -> threading.Thread:
+def watch_peer(fd: int, on_hangup: Callable[[], None]) -> None:
     """Call `on_hangup` once the other end of `fd` (a socket or pipe) is closed.
 
     poll() reports POLLHUP whatever events are asked for, so waiting on POLLRDHUP alone never
-    competes with the reader of `fd` for its data.
+    competes with the reader of `fd` for its data. A bare thread (`_thread`): `threading.Thread.start`
+    waits until the new thread has run, a wait for the scheduler on every worker's start.
     """
     def wait() -> None:
         p = select.poll()
@@ -65,9 +66,7 @@ def watch_peer(fd: int, on_hangup: Callable[[], None]) -> threading.Thread:
                 on_hangup()
                 return
 
-    t = threading.Thread(target=wait, name="hardy-lifeline", daemon=True)
-    t.start()
-    return t
+    _thread.start_new_thread(wait, ())
 
 
 def end_worker() -> None:
@@ -166,7 +165,14 @@ def _children(pid: int) -> list[str] | None:
 
 
 def retiring(pid: int) -> bool:
-    """Whether worker `pid` holds ZOMBIES_MAX exited processes it adopted and nobody collects."""
+    """Whether worker `pid` (this process) holds ZOMBIES_MAX exited processes it adopted and nobody
+    collects. Asked before every chunk, so first the one question that answers it almost always:
+    whether any child has exited at all (`waitid` that collects nothing), before reading /proc."""
+    try:
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return False  # children, none exited
+    except ChildProcessError:
+        return False  # no child
     children = _children(pid)
     if children is None or len(children) < ZOMBIES_MAX:  # (unknown: its fork server collects them at its end)
         return False

@@ -66,6 +66,7 @@ class WorkerPool(Executor):
         self._topping: threading.Thread | None = None  # starting the spare
         self._generation = 0  # counts closes: a spare started before one is stopped, not kept
         self.owners: list[MapRun | None] = [None] * self.size  # which map or call uses each worker
+        self._leaving: list[Worker] = []  # recycled workers asked to leave, not collected yet (`_collect`)
         self._started = 0
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
@@ -168,10 +169,15 @@ class WorkerPool(Executor):
                 self.start_worker(k)
 
     def replace(self, slot: int, stop: bool) -> None:
+        """Take the worker out of `slot`: `stop` (recycled, idle) asks it to leave and collects it
+        later (`_collect`), so that nothing waits for its exit; otherwise it is killed."""
+        self._collect()
         w = self.workers[slot]
         if w is not None:
             if stop:
-                w.stop()
+                w.leave()
+                with self._lock:
+                    self._leaving.append(w)
             else:
                 w.process.kill()
                 w.process.join(1)
@@ -180,6 +186,21 @@ class WorkerPool(Executor):
         self.replaced += 1
         self.recycled += stop
         self._spare_wanted |= not stop
+
+    def _collect(self, timeout: float | None = None) -> None:
+        """Close the recycled workers that have left; with `timeout` (closing), wait for the others
+        that long, then kill them."""
+        with self._lock:  # (maps in other threads replace workers too)
+            leaving, self._leaving = self._leaving, []
+        kept = []
+        for w in leaving:
+            if timeout is None and w.process.is_alive():
+                kept.append(w)
+            else:
+                w.finish(timeout or 0.0)
+        if kept:
+            with self._lock:
+                self._leaving += kept
 
     def counts(self, peaks: bool = True) -> WorkerCounts:
         return WorkerCounts(self._started, self.replaced - self.recycled, self.recycled,
@@ -245,12 +266,12 @@ class WorkerPool(Executor):
     def _forget(self) -> None:
         """In a fork child: the workers are the parent's (launch.py let go of their pipes); this
         process starts its own if it maps."""
-        for w in [*self.workers, self._spare]:
+        for w in [*self.workers, self._spare, *self._leaving]:
             if w is not None:
                 for fd in w._fds:
                     os.close(fd)
                 w._fds = []
-        self.workers = [None] * self.size
+        self.workers, self._leaving = [None] * self.size, []
         self._spare, self._spare_wanted, self._topping = None, False, None
         self.owners = [None] * self.size
         self._launcher = None
@@ -271,9 +292,12 @@ class WorkerPool(Executor):
             spare, self._spare = self._spare, None
             self.workers = [None] * self.size
             launcher, self._launcher = self._launcher, None
-        for w in [*(w for _, w in workers), spare]:
-            if w is not None:
-                w.stop()
+        stopping = [w for w in [*(w for _, w in workers), spare] if w is not None]
+        for w in stopping:  # all asked first: they leave at once, not one after another
+            w.leave()
+        with self._lock:
+            self._leaving += stopping
+        self._collect(timeout=2.0)
         if launcher is not None:
             launch.release(self, launcher)
 

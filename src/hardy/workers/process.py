@@ -132,15 +132,23 @@ class Worker:
             pass
 
     def stop(self, timeout: float = 2.0) -> None:
-        try:
-            self.send(pickle.dumps(Stop()))
-        except (OSError, ValueError):
-            pass
+        self.leave()
+        self.finish(timeout)
+
+    def finish(self, timeout: float) -> None:
+        """Wait up to `timeout` for it to end (asked to leave), kill it if it has not, close its files."""
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(1)
         self.close_files()
+
+    def leave(self) -> None:
+        """Ask it to leave (`Stop`), without waiting: `stop` waits, `WorkerPool` collects it later."""
+        try:
+            self.send(pickle.dumps(Stop()))
+        except (OSError, ValueError):
+            pass
 
     def close_files(self) -> None:
         self.conn.close()

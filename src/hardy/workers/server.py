@@ -16,6 +16,7 @@ socket pair (SCM_RIGHTS); the server forks and replies ("pid", pid), later ("exi
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import selectors
@@ -30,6 +31,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..forensics.handler import prepare as prepare_native_handler
+from ..safety.environment import cap_loaded_runtimes
 from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 
 AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
@@ -58,6 +60,7 @@ def serve() -> None:
         become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
         failure = _preload(config["preload"], folder, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
+        _settle(failure)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -108,6 +111,17 @@ def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None
                     + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
     os.unlink(note)
     return None
+
+
+def _settle(failure: str | None) -> None:
+    """What every worker would otherwise do first, done once here: the thread caps applied to the
+    runtimes `preload` loaded (`cap_loaded_runtimes`: a comparison in each worker then), and every
+    object this process holds frozen (`gc.freeze`), so that no collection in a worker walks them:
+    a walk would write to every page that holds one (copying the server's heap into each worker,
+    torch's included) and cost each worker's first full collection as much as the server's heap."""
+    if failure is None:
+        cap_loaded_runtimes()
+    gc.freeze()
 
 
 def _answer(listener: socket.socket, config: dict[str, Any], failure: str | None,
