@@ -10,7 +10,7 @@ It lives below both the engine and the worker pool, which implement it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,6 +56,13 @@ class Executor(ABC):
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
         """Run every item of `items` through `plan`, calling `results.ok` / `results.fail` per item."""
 
+    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], Any]) -> dict[str, Any]:
+        """One item's outputs (`run()` on this executor), or its error raised; `sink()` makes the
+        results sink it goes through. A one-item map here; the worker pool has a shorter way."""
+        results = sink()
+        self.run_items(plan, [item], results)
+        return outcome(results)
+
     def counts(self, peaks: bool = True) -> WorkerCounts | None:
         """Worker processes this executor started so far (None: it starts none); `peaks`: also
         read their peak memory, the only part that costs anything."""
@@ -63,6 +70,17 @@ class Executor(ABC):
 
     def close(self) -> None:  # noqa: B027  (most executors start nothing to stop)
         """Stop whatever the executor started (threads, processes, connections)."""
+
+
+def outcome(results: Any) -> dict[str, Any]:
+    """The outputs of a one-item map's item, from its results sink, or its error raised as a call
+    raises it (numbered as no map's item)."""
+    if results.failures:
+        err = results.failures[0]
+        err.item = None
+        raise err
+    out: dict[str, Any] = results.values[0]
+    return out
 
 
 Where = tuple[int, float | None] | None

@@ -264,10 +264,11 @@ class Pipeline:
         """`run()` on the process executor: the one item goes to a worker (crash containment and
         timeouts as in a map), the node events listened to come back with it."""
         observers = self._observers
-        results = OneRun(self.name, Events(observers, self.name, [dict(values)]) if observers else None)
         if not observers:
-            return self._engine.run_one(plan, dict(values), results)
-        return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), results))
+            return self._engine.run_one(plan, dict(values), lambda: OneRun(self.name))
+        results = OneRun(self.name, Events(observers, self.name, [dict(values)]))
+        return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), lambda: results,
+                                                                         watched=True))
 
     def _observed_run(self, values: Mapping[str, Any], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         watch = self._watch("run", 1, MapProgress(1, self.name, False), None)

@@ -131,6 +131,13 @@ class Plan:
         self.keyed = keyed and cache is not None
         self._on_cached = on_cached
         self._calls = calls or {}
+        # A wrap that only names each step in a worker's status words (`wrap.inline`: the words and
+        # the slot) is written into a plain plan's code instead, a store before each call: a
+        # wrapper would cost a call of its own per node (see workers/status.py `marked`).
+        inline = getattr(wrap, "inline", None)
+        self.marks: tuple[Any, int] | None = inline if (
+            inline is not None and mode == "sequential" and cache is None and not calls
+            and not any(s.node.batch is not None for s in self.steps)) else None
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
         self.watched: Reach | None = None  # what its nodes read, when it must be checked for changes (`reads`)
         self.run: Callable[..., dict[str, Any]]
@@ -206,7 +213,7 @@ class Plan:
         ns: dict[str, Any] = {"_fail": self._fail, "_Exception": CAUGHT, "_LAZY": LAZY, "_lazy": _lazy,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
-                              "_oncached": self._on_cached}
+                              "_oncached": self._on_cached, "_st": self.marks[0] if self.marks else None}
         if self.mode == "async":
             import asyncio  # only async plans pay for importing asyncio
             ns["_gather"] = asyncio.gather
@@ -217,7 +224,7 @@ class Plan:
         instrumented (`wrap`) and under its failure policy; a batched node's function on lists of
         one item."""
         node = self._calls.get(self.steps[k].node.name, node)
-        func = guard(node, self._wrap(k, node) if self._wrap else node.func)
+        func = guard(node, self._wrap(k, node) if self._wrap and not self.marks else node.func)
         if node.batch is not None and node.batch is node.func:
             return one_item(func, node.name, len(node.outputs))
         return func

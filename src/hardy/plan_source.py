@@ -39,6 +39,7 @@ class PlanSource:
         self._keys = keys
         self.steps, self.provided, self.inputs, self.outputs = plan.steps, plan.provided, plan.inputs, plan.outputs
         self.mode, self.cache, self.keyed = plan.mode, plan.cache, plan.keyed
+        self._marks = plan.marks[1] if plan.marks is not None else None
         self._function_for = function_for
         self._reports_cached = reports_cached
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -89,6 +90,8 @@ class PlanSource:
         if self.cache is None and not concurrent:  # the plain straight line: nothing in between
             for k in ks:
                 lines.append(f"_s = {k}")
+                if self._marks is not None:  # (`Plan.marks`: a worker's status words name the step)
+                    lines.append(f"_st[{self._marks}] = {k}")
                 lines += self._store(k, self._call(k, is_async))
             return lines
         for k in ks:  # look up what the cache has; the result is _MISS where the node must run
@@ -300,7 +303,7 @@ class PlanSource:
 
 
 # Names the generated code uses itself (and builtins it calls): no local takes them.
-_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", *keyword.kwlist,
+_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", *keyword.kwlist,
                        *dir(builtins)})
 
 

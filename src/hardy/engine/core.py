@@ -261,16 +261,15 @@ class Engine:
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         self.executor.run_items(plan, items, results)
 
-    def run_one(self, plan: Plan, values: dict[str, Any], results: Results) -> dict[str, Any]:
+    def run_one(self, plan: Plan, values: dict[str, Any], sink: Callable[[], Results],
+                watched: bool = False) -> dict[str, Any]:
         """`run()`'s item in a worker process (see `runs_in_workers`): its outputs, or its error
-        raised (a crash, a timeout, an exception), with the same classification as a map's."""
-        self.executor.run_items(plan, [values], results)
-        if results.failures:
-            err = results.failures[0]
-            err.item = None
-            raise err
-        out: dict[str, Any] = results.values[0]
-        return out
+        raised (a crash, a timeout, an exception), with the same classification as a map's.
+        `sink()` makes its results sink; `watched`: its events are listened to, which a map's loop
+        delivers (unwatched, a warm idle worker answers it the short way: `workers.calls`)."""
+        if watched:
+            return Executor.run_one(self.executor, plan, values, sink)
+        return self.executor.run_one(plan, values, sink)
 
     def window_runner(self) -> Any:
         """The thread that runs this engine's streamed maps (`Pipeline.imap`), one window at a time."""

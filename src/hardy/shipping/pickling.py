@@ -14,6 +14,7 @@ import marshal
 import os
 import pickle
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -63,6 +64,8 @@ def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool
     made again with the big ones in its dicts, lists and tuples wrapped (`_lift`): a message with
     none costs no walk."""
     try:
+        if not by_value:
+            return _kept().dump(obj, buffer_callback)
         return _dump(obj, buffer_callback, by_value, _Sink())
     except _BigBytes:
         buffer_callback(None)
@@ -76,9 +79,70 @@ def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool, file
             ByValuePickler(file, protocol=5, buffer_callback=buffer_callback).dump(obj)
         else:
             pickler = pickle.Pickler(file, protocol=5, buffer_callback=buffer_callback)
-            pickler.dispatch_table = {**copyreg.dispatch_table, **_reductions()}
+            pickler.dispatch_table = _dispatch_table()
             pickler.dump(obj)
         return file.getvalue()
+
+
+class _Kept:
+    """`out_of_band`'s first attempt, with one pickler per thread kept from call to call: every
+    message between the parent and a worker is pickled so, and making a pickler (its dispatch
+    table, its file) cost twice the pickling of a small message. It is made again when copyreg's
+    table changed or torch was imported since; a pickling inside a pickling (a `__reduce__` that
+    pickles) gets a pickler of its own, and a failure drops the kept one."""
+
+    def __init__(self) -> None:
+        self.sink = _Sink()
+        self.pickler: pickle.Pickler | None = None
+        self.torch: Any = None  # sys.modules["torch"] when the pickler was made
+        self.registered: dict[Any, Any] = {}  # copyreg's table then
+        self.callback: Callable[[Any], bool] | None = None
+        self.busy = False
+
+    def dump(self, obj: Any, buffer_callback: Callable[[Any], bool]) -> bytes:
+        if self.busy:
+            return _dump(obj, buffer_callback, False, _Sink())
+        if (self.pickler is None or sys.modules.get("torch") is not self.torch
+                or copyreg.dispatch_table != self.registered):
+            self.pickler = pickle.Pickler(self.sink, protocol=5, buffer_callback=self._callback)
+            self.pickler.dispatch_table = _dispatch_table()
+            self.torch, self.registered = sys.modules.get("torch"), dict(copyreg.dispatch_table)
+        self.busy, self.callback, sink = True, buffer_callback, self.sink
+        try:
+            sink.seek(0)
+            sink.truncate()
+            self.pickler.dump(obj)
+            self.pickler.clear_memo()
+            return sink.getvalue()
+        except BaseException:
+            self.pickler = None  # (its state after a failure is not relied on)
+            raise
+        finally:
+            self.busy, self.callback = False, None
+
+    def _callback(self, buf: Any) -> bool:
+        assert self.callback is not None
+        return self.callback(buf)
+
+
+def _kept() -> _Kept:
+    """This thread's `_Kept` (a dict by thread: a `threading.local` costs more per attribute read)."""
+    ident = threading.get_ident()
+    kept = _KEPT.get(ident)
+    if kept is None:
+        if len(_KEPT) > 64:  # threads come and go: start over rather than keep the gone ones' picklers
+            _KEPT.clear()
+        kept = _KEPT[ident] = _Kept()
+    return kept
+
+
+_KEPT: dict[int, _Kept] = {}
+
+
+def _dispatch_table() -> dict[Any, Any]:
+    """copyreg's reductions, with `_reductions` ahead of them."""
+    return {**copyreg.dispatch_table, **_reductions()}
+
 
 
 class _BigBytes(Exception):

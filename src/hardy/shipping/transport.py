@@ -198,6 +198,11 @@ def send(conn: Any, head: bytes, packed: Packed) -> None:
         packed.close()
 
 
+def packed(data: bytes, start: int = 0) -> bool:
+    """Whether the message at `start` of `data` has segments to receive (else it is a plain pickle)."""
+    return data.startswith(MAGIC, start)
+
+
 def unpack(conn: Any, view: memoryview) -> Any:
     """The object in `view` (a message read from `conn`); its big buffers are views of the
     segments that follow on `conn`, each unmapped when the last of its views is collected."""

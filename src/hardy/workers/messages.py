@@ -23,10 +23,12 @@ class Setup(NamedTuple):
 
 
 class PlanSpec(NamedTuple):
-    """A pipeline to compile, once per worker per plan; chunks name it by `plan_id`."""
+    """A pipeline to compile, once per worker per plan; chunks name it by `plan_id`. `dated`: its
+    node calls note when they begin (the parent enforces a timeout, or reports stalls)."""
 
     plan_id: int
     spec: bytes
+    dated: bool = True
 
 
 class Chunk(NamedTuple):
@@ -41,6 +43,13 @@ class Chunk(NamedTuple):
     sealed: int
     singly: bool
     poison: dict[Any, Any] | None
+
+    def wire(self) -> tuple[Any, ...]:
+        """What is pickled: a plain (plan_id, items) pair when the rest is as usual (most chunks), read
+        back as such by the worker; a named tuple costs a class lookup each way."""
+        if self.log or self.sealed or self.singly or self.poison:
+            return self
+        return self.plan_id, self.items
 
 
 class Context(NamedTuple):

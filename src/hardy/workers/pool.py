@@ -11,7 +11,7 @@ import os
 import pickle
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import InvalidArgument, WorkerStartError
@@ -22,9 +22,10 @@ from ..safety.hazards import choose_start_method
 from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
 from ..sizes import parse_size
 from . import launch
+from .calls import call
 from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
-from .scheduling import MapRun
+from .scheduling import MapRun, has_timeouts
 
 SPARE_WAIT = 5.0  # seconds a worker start (or close) waits for the spare already on its way
 
@@ -70,7 +71,7 @@ class WorkerPool(Executor):
         self._started = 0
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
-        self._plan_ids: Memo[Plan, tuple[int, bytes]] = Memo(1024, weak=True)
+        self._plan_ids: Memo[Plan, tuple[int, bytes, bool]] = Memo(1024, weak=True)
         self._next_plan = 0
         self.per_item_times: dict[int, float] = {}
         self.replaced = 0
@@ -214,6 +215,29 @@ class WorkerPool(Executor):
                     self.owners[slot] = run
             return [slot for slot, owner in enumerate(self.owners) if owner is run]
 
+    def take_idle(self, plan_id: int) -> tuple[int, Worker] | None:
+        """A free slot whose worker has answered before, is idle and holds the plan, now taken by
+        a call (`calls.call`: `free` gives it back); None if there is none (the call then goes
+        through the map loop, which starts or waits for one)."""
+        with self._lock:
+            for slot, w in enumerate(self.workers):
+                if (w is not None and self.owners[slot] is None and plan_id in w.plans and not w.busy
+                        and w.started_any):
+                    self.owners[slot] = _CALL
+                    return slot, w
+        return None
+
+    def free(self, slot: int) -> None:
+        """`slot`, taken by a call (`take_idle`), is free again."""
+        with self._lock:
+            self.owners[slot] = None
+            self._freed.notify_all()
+
+    def hand_over(self, slot: int, run: MapRun) -> None:
+        """`slot`'s worker, taken by a call (`take_idle`), is now `run`'s."""
+        with self._lock:
+            self.owners[slot] = run
+
     def release(self, run: MapRun, slots: Sequence[int]) -> None:
         with self._lock:
             for slot in slots:
@@ -231,17 +255,25 @@ class WorkerPool(Executor):
 
     # --- shipping plans and items ----------------------------------------------------------------
 
-    def ship(self, plan: Plan) -> tuple[int, bytes]:
+    def ship(self, plan: Plan) -> tuple[int, bytes, bool]:
+        """The plan's id in this pool, the message that loads it in a worker, and whether a node of
+        it has a timeout (made once per plan)."""
         with self._lock:
             shipped = self._plan_ids.get(plan)
             if shipped is None:
                 self._next_plan += 1
                 plan_id = self._next_plan
         if shipped is None:
-            shipped = (plan_id, pickle.dumps(PlanSpec(plan_id, ship_plan(plan)), protocol=5))
+            timed = has_timeouts(plan.graph.nodes)
+            spec = PlanSpec(plan_id, ship_plan(plan), dated=timed or bool(self.stall_report))
+            shipped = (plan_id, pickle.dumps(spec, protocol=5), timed)
             with self._lock:
                 shipped = self._plan_ids.put(plan, shipped)
         return shipped
+
+    def shipped(self, plan: Plan) -> tuple[int, bytes, bool] | None:
+        """`ship`'s answer when the plan was shipped before (None if not), without a lock."""
+        return self._plan_ids.get(plan)
 
     def chunk_message(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
                sealed: int = 0, singly: bool = False,
@@ -254,7 +286,7 @@ class WorkerPool(Executor):
         killed a worker, `MapRun.split`); `poison`: nested items that crashed a worker before
         (`crash.poisoned_here`)."""
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
-            items, chunk, lambda pairs: Chunk(plan_id, pairs, log, sealed, singly, poison),
+            items, chunk, lambda pairs: Chunk(plan_id, pairs, log, sealed, singly, poison).wire(),
             dump=lambda msg: transport.pack(msg, dumps, shared))
         return packed  # what `dump` returned, and the items left out
 
@@ -262,6 +294,9 @@ class WorkerPool(Executor):
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
         MapRun(self, plan, items, results).loop()
+
+    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], Any]) -> dict[str, Any]:
+        return call(self, plan, item, sink)
 
     def _forget(self) -> None:
         """In a fork child: the workers are the parent's (launch.py let go of their pipes); this
@@ -300,6 +335,9 @@ class WorkerPool(Executor):
         self._collect(timeout=2.0)
         if launcher is not None:
             launch.release(self, launcher)
+
+
+_CALL: Any = object()  # the owner of a slot taken by a call (`take_idle`)
 
 
 def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:

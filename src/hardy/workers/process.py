@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import signal
 import time
 from array import array
@@ -77,6 +78,12 @@ class Worker:
             pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
                                self.context.cwd or os.getcwd(), self.context.argv, self.context.umask)),
             self._fds))
+        # polled without a selector made per call (multiprocessing's `wait` and `Connection.poll` make one)
+        self._readable = select.poll()
+        self._readable.register(self.conn.fileno(), select.POLLIN)
+        self._either = select.poll()  # its pipe, or its end
+        for fd in (self.conn.fileno(), self.process.sentinel):
+            self._either.register(fd, select.POLLIN)
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
@@ -99,6 +106,27 @@ class Worker:
         self.send(pickle.dumps(Context(changed, unset, now.cwd or self.context.cwd, now.argv, now.sys_path,
                                        now.umask)))
         self.context = now
+
+    def quiet(self) -> bool:
+        """Whether it has nothing to say: no message waiting, and alive."""
+        return not self._either.poll(0)
+
+    def readable(self) -> bool:
+        """Whether a message (or its pipe's end) is there to read now."""
+        return bool(self._readable.poll(0))
+
+    def wait(self) -> bytes | None:
+        """Its next message, waiting as long as it takes; None when it has died (its pipe closed,
+        or it ended with nothing more to read)."""
+        while True:
+            ready = self._either.poll()
+            if any(fd == self.conn.fileno() for fd, _ in ready):
+                try:
+                    return self.conn.recv_bytes()
+                except (EOFError, OSError):
+                    return None
+            if ready:
+                return None
 
     @property
     def busy(self) -> bool:

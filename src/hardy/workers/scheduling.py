@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import pickle
+import select
 import time
 from collections import deque
 from collections.abc import Sequence
-from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from ..batching import batched
@@ -49,6 +49,7 @@ log = logging.getLogger("hardy.workers")
 
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
+CHUNK_LEAST = 0.001    # seconds of work below which a chunk is not cut smaller (`next_chunk`)
 STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 
 
@@ -57,7 +58,7 @@ class MapRun(Deaths):
 
     def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: Any):
         self.pool, self.plan, self.items, self.results = pool, plan, items, results
-        self.plan_id, self.plan_msg = pool.ship(plan)
+        self.plan_id, self.plan_msg, timed = pool.ship(plan)
         self.next_fresh = 0
         self.retry: deque[list[int]] = deque()
         self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
@@ -67,7 +68,7 @@ class MapRun(Deaths):
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
         self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
-        self.limited = pool.max_memory is not None or bool(pool.stall_report) or _has_timeouts(plan.graph.nodes)
+        self.limited = pool.max_memory is not None or bool(pool.stall_report) or timed
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
         self.blameless: dict[int, int] = {}  # items run again after crashes in others' threads (`Deaths`)
@@ -89,11 +90,16 @@ class MapRun(Deaths):
         remaining = len(self.items) - self.next_fresh
         if remaining <= 0:
             return None
+        spread = -(-remaining // (2 * self.pool.size))  # chunks shrink toward the end: no worker waits on a long one
         if self.per_item is None:
-            size = 1 if len(self.items) < 64 else 4  # probe: learn the per-item time first
+            size = min(1 if len(self.items) < 64 else 4, spread)  # probe: learn the per-item time first
         else:
-            size = int(CHUNK_TARGET / max(self.per_item, 1e-7))
-        size = max(1, min(size, -(-remaining // (2 * self.pool.size))))
+            per_item = max(self.per_item, 1e-7)
+            # but none is cut below CHUNK_LEAST of work, unless that leaves a worker without one:
+            # under it, the round trip of one more chunk costs more than the wait it saves
+            least = min(int(CHUNK_LEAST / per_item), -(-remaining // self.pool.size))
+            size = min(int(CHUNK_TARGET / per_item), max(spread, least))
+        size = max(1, size)
         if self.group:
             size = min(remaining, -(-size // self.group) * self.group)
         if self.pool.max_tasks:
@@ -199,22 +205,8 @@ class MapRun(Deaths):
                     else:
                         pool.wait_for_a_free_worker()  # other threads' maps or calls hold them all
                     continue
-                waitables: dict[Any, Worker] = {}
-                for w in busy:
-                    waitables[w.conn] = w
-                    waitables[w.process.sentinel] = w
                 # woken every STOP_POLL at least: another thread may stop this run (a streamed map closed)
-                ready = wait(list(waitables), timeout=TICK if self.limited or self.due else STOP_POLL)
-                dead = []
-                for obj in ready:
-                    w = waitables[obj]
-                    if obj is w.conn:
-                        if not self.receive(w):
-                            dead.append(w)
-                    elif w not in dead:
-                        dead.append(w)
-                for w in dict.fromkeys(dead):
-                    self.on_death(w)
+                self.on_ready(busy, TICK if self.limited or self.due else STOP_POLL)
                 if self.limited:
                     self.check_limits(busy)
         except BaseException:
@@ -226,6 +218,25 @@ class MapRun(Deaths):
         finally:
             self.shared.close()
             pool.release(self, range(pool.size))
+
+    def on_ready(self, busy: list[Worker], timeout: float) -> None:
+        """Wait up to `timeout` for a busy worker's message or death, then take what came."""
+        poller, pipes, ends = select.poll(), {}, {}
+        for w in busy:
+            pipes[w.conn.fileno()] = w
+            ends[w.process.sentinel] = w
+            poller.register(w.conn.fileno(), select.POLLIN)
+            poller.register(w.process.sentinel, select.POLLIN)
+        dead = []
+        for fd, _ in poller.poll(int(timeout * 1000)):
+            w = pipes.get(fd)
+            if w is not None:
+                if not self.receive(w):
+                    dead.append(w)
+            elif ends[fd] not in dead:
+                dead.append(ends[fd])
+        for w in dict.fromkeys(dead):
+            self.on_death(w)
 
     def cancel(self) -> None:
         """Stop this run's busy workers now (a hung or slow item must not delay the error or the
@@ -247,48 +258,80 @@ class MapRun(Deaths):
     def receive(self, w: Worker) -> bool:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
-            while w.conn.poll():
-                data = w.conn.recv_bytes()
-                done, each, logged, unread, logs, elapsed, need = Header.unpack(data)
-                if need:  # loading a plan, it asks for the caller's objects its modules lack
-                    w.send(_answer(memoryview(data)[HEADER_SIZE:]))
-                    continue
-                w.started_any = True
-                self.pool.start_failures = 0
-                if unread:  # its chunk could not be unpickled there: it goes again, sealed
-                    chunk = list(w.unsent)
-                    w.plan, w.unsent = None, {}
-                    self.send_sealed(chunk, pickle.loads(memoryview(data)[HEADER_SIZE:]))
-                    return True
-                try:
-                    batch = transport.unpack(w.conn, memoryview(data)[HEADER_SIZE:])
-                except (EOFError, OSError):  # it died while passing its shared memory
-                    raise
-                except Exception:  # one result cannot be read here: at chunk end, ask for each alone
-                    w.resend = True
-                    batch, logged, logs = [], False, False
-                if logs:
-                    batch = _handle_logs(*batch)
-                unsent, free = w.unsent, done and not w.resend
-                if free:  # its next chunk goes first, to run while this batch is taken
-                    self.chunk_done(w, elapsed)
-                    if not self.results.stop:
-                        self.assign()
-                if each:
-                    self.take_each(unsent, batch)
-                else:
-                    rows, records = batch if logged else (batch, None)
-                    for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
-                        if not self.retry_out_of_memory(i, err):
-                            self.results.fail(i, err, *log)
-                if free:  # what it sends next belongs to its next chunk (or, released, to another map)
-                    return True
-                if done:  # the items with no result yet are those of unreadable batches
-                    w.send(pickle.dumps(Resend(list(w.unsent))))
-                    w.resend = False
+            while w.readable():
+                if not self.take(w, w.conn.recv_bytes()):
+                    break
         except (EOFError, OSError):
             return False
         return True
+
+    def take(self, w: Worker, data: bytes) -> bool:
+        """One message of the worker's; False when what it sends next is not this run's to read (its
+        chunk is done: the next one's, or, released, another map's)."""
+        done, each, logged, unread, logs, elapsed, need = Header.unpack(data)
+        if need:  # loading a plan, it asks for the caller's objects its modules lack
+            w.send(_answer(memoryview(data)[HEADER_SIZE:]))
+            return True
+        w.started_any = True
+        self.pool.start_failures = 0
+        if unread:  # its chunk could not be unpickled there: it goes again, sealed
+            chunk = list(w.unsent)
+            w.plan, w.unsent = None, {}
+            self.send_sealed(chunk, pickle.loads(memoryview(data)[HEADER_SIZE:]))
+            return False
+        try:
+            batch = transport.unpack(w.conn, memoryview(data)[HEADER_SIZE:])
+        except (EOFError, OSError):  # it died while passing its shared memory
+            raise
+        except Exception:  # one result cannot be read here: at chunk end, ask for each alone
+            w.resend = True
+            batch, logged, logs = [], False, False
+        if logs:
+            batch = _handle_logs(*batch)
+        unsent, free = w.unsent, done and not w.resend
+        if free:  # its next chunk goes first, to run while this batch is taken
+            self.chunk_done(w, elapsed)
+            if not self.results.stop:
+                self.assign()
+        if each:
+            self.take_each(unsent, batch)
+        else:
+            rows, records = batch if logged else (batch, None)
+            for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
+                if not self.retry_out_of_memory(i, err):
+                    self.results.fail(i, err, *log)
+        if free:
+            return False
+        if done:  # the items with no result yet are those of unreadable batches
+            w.send(pickle.dumps(Resend(list(w.unsent))))
+            w.resend = False
+        return True
+
+    def resume(self, w: Worker, data: bytes | None) -> None:
+        """Go on from `data`, what `w` sent on an adopted call (None: it died, or its pipe did)."""
+        alive = data is not None
+        if data is not None:
+            try:
+                alive = not self.take(w, data) or self.receive(w)
+            except (EOFError, OSError):  # it died while passing its shared memory
+                alive = False
+        if not alive:
+            self.on_death(w)
+
+    def stop(self) -> None:
+        """The caller was interrupted while `w` ran an adopted call: as `loop` does when it is."""
+        self.results.stop = True
+        try:
+            self.cancel()
+        finally:
+            self.shared.close()
+            self.pool.release(self, range(self.pool.size))
+
+    def adopt(self, slot: int, w: Worker) -> None:
+        """Take over a call in flight on worker `w` (`calls.call`, which handed it over): its one
+        item is out, `w` holds it in `slot`, which this run now owns."""
+        self.next_fresh = len(self.items)
+        self.pool.hand_over(slot, self)
 
     def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
         """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
@@ -399,9 +442,9 @@ def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
     return batch
 
 
-def _has_timeouts(nodes: Sequence[Any]) -> bool:
+def has_timeouts(nodes: Sequence[Any]) -> bool:
     """Whether a node, or a node of a pipeline nested in one, has a timeout for the pool to enforce."""
-    return any(n.timeout or _has_timeouts(getattr(getattr(n, "pipeline", None), "nodes", ())) for n in nodes)
+    return any(n.timeout or has_timeouts(getattr(getattr(n, "pipeline", None), "nodes", ())) for n in nodes)
 
 
 def _shared_values(items: Sequence[Any]) -> list[Any]:

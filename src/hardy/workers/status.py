@@ -13,7 +13,6 @@ node nested in a step (crash.deadlined), for the parent to enforce.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import time
 from collections.abc import Callable
@@ -31,18 +30,26 @@ FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported 
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 
 
-def open_status(fd: int) -> tuple[mmap.mmap, Any]:
+def open_status(fd: int) -> tuple[mmap.mmap, memoryview]:
+    """The status words in the memfd `fd`, as doubles (a memoryview: the cheapest store Python has)."""
     mm = mmap.mmap(fd, STATUS_SIZE)
-    return mm, (ctypes.c_double * SLOTS).from_buffer(mm)
+    return mm, memoryview(mm).cast("d")
 
 
 def marked(status: Any, k: int, func: Callable[..., Any], log: list[float] | None = None,
-           named: bool = False) -> Callable[..., Any]:
-    """`func`, dating each call in the status words (for the parent's deadlines and crash
-    reports); `log`: also noted in the node log (observe/nodelog.py), with the same clock read,
-    as a bare start time (the item's next step) or, `named`, with its step."""
+           named: bool = False, dated: bool = True) -> Callable[..., Any]:
+    """`func`, naming its step in the status words at each call (for the parent's crash reports)
+    and, `dated`, when it began (for its deadlines and stall reports: a plan with a timeout, or a
+    pool with `stall_report`); `log`: also noted in the node log (observe/nodelog.py), with the
+    same clock read, as a bare start time (the item's next step) or, `named`, with its step.
+    A plain plan names its steps in its own code instead (`inline`)."""
     clock = time.monotonic
 
+    if log is None and not dated:
+        def named_only(*args: Any, **kwargs: Any) -> Any:
+            status[STEP] = k
+            return func(*args, **kwargs)
+        return named_only
     if log is None:
         def call(*args: Any, **kwargs: Any) -> Any:
             status[STEP] = k

@@ -127,7 +127,7 @@ def _post_deadline(status: Any, t: float) -> float:
 
 def _serve(conn: Connection, status: Any) -> int:
     """Answer the parent's messages until it says stop or goes away; the exit code."""
-    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica]
+    plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica, dated]
     backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
     fetch = functools.partial(_fetch, conn, status, backlog)
     while True:
@@ -139,20 +139,22 @@ def _serve(conn: Connection, status: Any) -> int:
             except EOFError:
                 return 0
             msg = _read(conn, data, status)
-        if msg is None:
-            continue
-        if isinstance(msg, PlanSpec):
-            loaded, replica = _load_plan(msg.spec, status, fetch)
-            plans[msg.plan_id] = [msg.spec, loaded, None, replica]
-        elif isinstance(msg, Chunk):
-            POISON.clear()
-            POISON.update(msg.poison or {})
-            entry = plans[msg.plan_id]
+        kind = type(msg)
+        if kind is tuple or kind is Chunk:  # a chunk, in its short form when it has nothing but items (`Chunk.wire`)
+            log, sealed, singly, poison = (False, 0, False, None) if kind is tuple else msg[2:]
+            if POISON or poison:
+                POISON.clear()
+                POISON.update(poison or {})
+            entry = plans[msg[0]]
             loaded = _current(entry, status, fetch)
-            if not run_chunk(_plan(loaded, entry, msg.log, status, fetch), msg.items, status, msg.log, msg.sealed,
-                             msg.singly):
+            if not run_chunk(_plan(loaded, entry, log, status, fetch), msg[1], status, log, sealed, singly):
                 return RETIRED
-        elif isinstance(msg, Context):
+        elif msg is None:
+            continue
+        elif kind is PlanSpec:
+            loaded, replica = _load_plan(msg.spec, status, fetch, dated=msg.dated)
+            plans[msg.plan_id] = [msg.spec, loaded, None, replica, msg.dated]
+        elif kind is Context:
             _take_context(msg)
         elif isinstance(msg, Resend):
             REPLIES.resend(msg.items)
@@ -256,26 +258,31 @@ def _plan(plain: tuple[Plan, dict[str, str]] | str, entry: list[Any], log: bool,
     if not log or isinstance(plain, str):
         return plain
     if entry[2] is None:
-        entry[2] = _load_plan(entry[0], status, fetch, log="named" if names_steps(plain[0]) else "bare")[0]
+        entry[2] = _load_plan(entry[0], status, fetch, log="named" if names_steps(plain[0]) else "bare",
+                              dated=entry[4])[0]
     logged: tuple[Plan, dict[str, str]] | str = entry[2]
     return logged
 
 
-def _load_plan(spec: bytes, status: Any, fetch: Fetch,
-               log: str = "") -> tuple[tuple[Plan, dict[str, str]] | str, Synced | None]:
+def _load_plan(spec: bytes, status: Any, fetch: Fetch, log: str = "",
+               dated: bool = True) -> tuple[tuple[Plan, dict[str, str]] | str, Synced | None]:
     """The plan and which node produces each output, or why it cannot be loaded here; and its
     replica (`shipping.replica`). `log`: the plan notes its node calls (observe/nodelog.py),
-    "bare" or "named" (see `_plan`)."""
+    "bare" or "named" (see `_plan`); `dated`: the status words say when each call began (the
+    parent enforces a timeout or reports stalls: `PlanSpec.dated`), else only which step runs,
+    which a plain plan writes in its own code (`Plan.marks`)."""
     steps: dict[str, int] = {}  # its node names by step, for its cache hits' log entries
 
     def wrap(k: int, n: Any) -> Callable[..., Any]:
         if not log:
-            return marked(status, k, n.func)
+            return marked(status, k, n.func, dated=dated)
         steps[n.name] = k
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, marked(status, k, n.func))
         return marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
     wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.batching: else it only dates calls)
+    if not log and not dated:
+        wrap.inline = (status, STEP)  # type: ignore[attr-defined]
     before, status[ITEM] = status[ITEM], LOADING
     try:
         replica = synced(spec, fetch)[0]

@@ -1,0 +1,98 @@
+"""One call on a warm worker, the short way: `run()`'s item (or an isolated node's call) sent to an
+idle worker that holds the plan, in one message, and its outputs read back from one.
+
+The floor for a call that runs in another process is one round trip: a message each way, and
+each side woken once. `call` adds to it what containment needs and nothing else: no scheduling
+loop, no thread, no results sink, no selector made per call. Everything else goes through the map
+loop (`scheduling.MapRun`), which starts, waits for and loads workers, watches deadlines and
+memory, and classifies failures and deaths. A call that finds no idle worker holding its plan, or
+whose plan has limits to watch, is a one-item map from the start; a call whose answer is not a
+plain result (a question while the plan loads, log records, a failure, big buffers, a death, an
+interruption) is handed, where it stands, to a map loop that finishes it (`MapRun.adopt`), so
+that every outcome is the map's, written once.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..executor import outcome
+from ..plan import Plan
+from ..shipping import context, dumps, transport
+from .messages import HEADER_SIZE, Chunk
+from .scheduling import MapRun
+
+if TYPE_CHECKING:
+    from ..engine.results import Results
+    from .pool import WorkerPool
+    from .process import Worker
+
+PLAIN = b"\x01\x00\x00\x00\x00"  # a `Header`'s first five flags: its chunk done, its batch plain, no log
+
+
+def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results]) -> dict[str, Any]:
+    """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
+    one-item map gives them; `sink()` makes the results sink, when a map loop needs one."""
+    shipped = pool.shipped(plan)
+    taken = None
+    if shipped is not None and not shipped[2] and pool.max_memory is None and not pool.stall_report:
+        taken = pool.take_idle(shipped[0])
+    if shipped is None or taken is None:  # first call, limits to watch, or no idle worker holding the plan
+        return _mapped(MapRun(pool, plan, [item], sink()))
+    slot, w = taken
+    try:
+        message = transport.pack(Chunk(shipped[0], [(0, item)], False, 0, False, None).wire(), dumps)
+    except Exception:  # an input that cannot travel: the map loop names it
+        message = None
+    if message is None or not w.quiet():  # (quiet: it did not die idle, nor say anything)
+        if message is not None:
+            message.close()
+        pool.free(slot)
+        return _mapped(MapRun(pool, plan, [item], sink()))
+    w.plan, w.unsent, w.chunk_size, w.group = plan, {0: None}, 1, 0
+    try:
+        w.follow(context.current())
+        w.send(message)
+        data = w.wait()
+    except OSError:  # it died as we wrote
+        data = None
+    except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
+        _adopted(pool, plan, item, sink, slot, w).stop()
+        raise
+    if data is not None and data.startswith(PLAIN, 0) and not data[HEADER_SIZE - 1] and not transport.packed(
+            data, HEADER_SIZE):
+        try:
+            rows = pickle.loads(memoryview(data)[HEADER_SIZE:])
+        except Exception:  # unreadable here: the map loop asks for it again
+            rows = None
+        if rows is not None and len(rows) == 1 and rows[0][1] is True:
+            _done(pool, slot, w)
+            out: dict[str, Any] = rows[0][2]
+            return out
+    run = _adopted(pool, plan, item, sink, slot, w)
+    run.resume(w, data)
+    return _mapped(run)
+
+
+def _done(pool: WorkerPool, slot: int, w: Worker) -> None:
+    """The call came back plain: `w` is idle again and free (or, max_tasks_per_worker, recycled)."""
+    w.plan, w.unsent = None, {}
+    w.tasks += 1
+    pool.start_failures = 0
+    if pool.max_tasks and w.tasks >= pool.max_tasks:
+        pool.replace(slot, stop=True)
+    pool.free(slot)
+
+
+def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results], slot: int,
+             w: Worker) -> MapRun:
+    run = MapRun(pool, plan, [item], sink())
+    run.adopt(slot, w)
+    return run
+
+
+def _mapped(run: MapRun) -> dict[str, Any]:
+    run.loop()
+    return outcome(run.results)
