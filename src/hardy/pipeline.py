@@ -229,18 +229,24 @@ class Pipeline:
         if engine is not None and engine is not self._engine:
             return self._using(engine).run(inputs, output_name)
         values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
+        engine = self._engine
         try:
-            if self._engine.cache is not self._engine_cache:
+            if engine.cache is not self._engine_cache:
                 raise KeyError  # `p.engine.cache = ...` since: see _plan
             plan = self._plans[(tuple(values), output_name, False)]
-            if self._stale((tuple(values), output_name, False)):
+            watched = plan.watched
+            if watched is not None and watched.changed():  # (`_stale`, inline: every call asks)
                 raise KeyError  # compiled again below
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
+        if engine.runs_in_workers:  # the item runs where a crash costs only it, as a map's would
+            try:
+                return self._run_in_worker(values, plan)  # (nothing ran here to `_settle`)
+            finally:
+                if plan.cache is not None and self._reports:
+                    plan.cache.report()
         try:
-            if self._engine.runs_in_workers:  # the item runs where a crash costs only it, as a map's would
-                return self._run_in_worker(values, plan)
-            if (self.callbacks or self._engine.reporting) and self._observers:
+            if (self.callbacks or engine.reporting) and self._observers:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
         except NodeError as err:  # raised ending in the frames of the user's code that raised (pdb.pm())
@@ -263,7 +269,7 @@ class Pipeline:
     def _run_in_worker(self, values: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         """`run()` on the process executor: the one item goes to a worker (crash containment and
         timeouts as in a map), the node events listened to come back with it."""
-        observers = self._observers
+        observers = self._observers if self.callbacks or self._engine.reporting else None
         if not observers:
             return self._engine.run_one(plan, dict(values), lambda: OneRun(self.name))
         results = OneRun(self.name, Events(observers, self.name, [dict(values)]))

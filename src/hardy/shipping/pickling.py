@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..buffers import THRESHOLD
+from ..buffers import THRESHOLD, big_buffer
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -40,6 +40,24 @@ def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> byt
     if buffer_callback is not None:
         buffer_callback(None)
     return _pickled(obj, buffer_callback, by_value=True)
+
+
+def quick(obj: Any, main: bool = True) -> bytes | None:
+    """`obj` pickled as `transport.pack` would pickle it (`dumps`, or with `main` False
+    `out_of_band`) when that needs no shared memory: None when it holds a big buffer (or cannot
+    be pickled plainly, or, `main`, refers to `__main__`), for the caller to pack it the full way.
+    The one pickling most messages between the parent and its workers need: small ones."""
+    try:
+        data = _kept().dump(obj, _in_band)
+    except Exception:  # (a big buffer stops it at once)
+        return None
+    return None if main and b"__main__" in data else data
+
+
+def _in_band(buf: Any) -> bool:
+    if big_buffer(buf) is not None:
+        raise _BigBytes
+    return True
 
 
 def _pickled(obj: Any, buffer_callback: Callable[[Any], bool] | None, by_value: bool) -> bytes:

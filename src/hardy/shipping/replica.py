@@ -245,6 +245,7 @@ class Refusal(str):
     `PipelineRefused`, which the caller raises as one `ReplicaError`."""
 
 HELD: dict[tuple[str, str], bytes] = {}  # (module, name) -> the stamp this worker's copy has now, as installed
+_INSTALLS = [0]  # changes of HELD so far (`Synced.current`)
 
 
 class Synced:
@@ -259,10 +260,17 @@ class Synced:
         self.payloads: dict[tuple[str, str], Any] = {
             (m, n): payload for m, names in entries.items() for n, (_, payload) in names.items() if payload is not None}
         self.fetched: dict[tuple[str, str], Any] = {}
+        self.checked = -1  # `_INSTALLS` when `current` last found it current
 
     def current(self) -> bool:
-        """Whether this worker's modules hold what the caller's stamps say, as far as it installed them."""
-        return self.home or all(HELD.get(key) == stamp for key, stamp in self.stamps.items())
+        """Whether this worker's modules hold what the caller's stamps say, as far as it installed them
+        (asked before every chunk: answered from the last answer while nothing was installed since)."""
+        if self.home or self.checked == _INSTALLS[0]:
+            return True
+        if all(HELD.get(key) == stamp for key, stamp in self.stamps.items()):
+            self.checked = _INSTALLS[0]
+            return True
+        return False
 
     def sync(self, fetch: Fetch | None) -> None:
         """Make each name the caller's: compare, install what travelled, fetch the rest (or refuse).
@@ -278,6 +286,7 @@ class Synced:
             mine = _names_stamp(_own_names(module)) if name == NAMES else stamp_of(vars(module).get(name, ABSENT))
             if mine == stamp:
                 HELD[(module_name, name)] = stamp
+                _INSTALLS[0] += 1
             else:
                 differing.append((module_name, name))
         wanted = [key for key in differing if key not in self.payloads and key not in self.fetched]
@@ -304,6 +313,7 @@ class Synced:
         else:
             setattr(module, name, value)
         HELD[key] = stamp
+        _INSTALLS[0] += 1
 
 
 def _own_names(module: types.ModuleType) -> list[str]:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..buffers import big_buffer, map_pieces
+from .pickling import dumps, out_of_band, quick
 
 PIECE = 4 << 20  # bytes: a segment is cut into pieces no smaller than this, written at once
 WRITERS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
@@ -52,12 +53,16 @@ class Packed:
     __slots__ = ("data", "fds", "owned")
 
     def __init__(self, data: bytes, fds: Sequence[int] = (), owned: int = 0):
-        self.data, self.fds, self.owned = data, list(fds), owned
+        self.data, self.fds, self.owned = data, list(fds) if fds else _NONE, owned
 
     def close(self) -> None:
-        for fd in self.fds[:self.owned]:
-            os.close(fd)
-        self.owned = 0
+        if self.owned:
+            for fd in self.fds[:self.owned]:
+                os.close(fd)
+            self.owned = 0
+
+
+_NONE: list[int] = []  # the descriptors of a message that has none (never changed)
 
 
 class Shared:
@@ -98,10 +103,16 @@ class Shared:
 
 def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> Packed:
     """`obj` pickled, its big buffers in a fresh memfd segment (or, for values of `shared`, in
-    theirs). `dump(obj, buffer_callback)` is `shipping.dumps` or a function like it."""
+    theirs). `dump(obj, buffer_callback)` is `shipping.dumps` or a function like it; with one of
+    hardy's own two (`dumps`, `out_of_band`), a message without big buffers is pickled once, the
+    quick way (`pickling.quick`)."""
+    if dump is dumps or dump is out_of_band:
+        data = quick(obj, main=dump is dumps)
+        if data is not None:
+            return Packed(data)
     big: list[memoryview] = []
 
-    def out_of_band(buf: pickle.PickleBuffer | None) -> bool:
+    def take_out(buf: pickle.PickleBuffer | None) -> bool:
         if buf is None:  # `dump` starts a second attempt: the first one's buffers are not used
             big.clear()
             return True
@@ -111,7 +122,7 @@ def pack(obj: Any, dump: Callable[..., bytes], shared: Shared | None = None) -> 
         big.append(raw)
         return False
 
-    data = dump(obj, buffer_callback=out_of_band)
+    data = dump(obj, buffer_callback=take_out)
     if not big:
         return Packed(data)
     own = [raw for raw in big if shared is None or shared.segment(raw) is None]
@@ -189,13 +200,72 @@ def send(conn: Any, head: bytes, packed: Packed) -> None:
     segments' descriptors, `SCM_MAX_FD` per message (a map's shared values, cut into pieces, can
     pass more); the message's own are closed here: only the receiver holds them now."""
     try:
-        conn.send_bytes(head + packed.data if head else packed.data)
+        write_frame(conn.fileno(), head, packed.data)
         if packed.fds:
             with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 for k in range(0, len(packed.fds), SCM_MAX_FD):
                     socket.send_fds(s, [b"F"], packed.fds[k:k + SCM_MAX_FD])
     finally:
         packed.close()
+
+
+_LENGTH = struct.Struct("!i")  # a message's length in front of it, as multiprocessing's Connection frames it
+_SMALL = 16384  # bytes: a message sent in one write with its length (as Connection does up to that size)
+
+
+def write_frame(fd: int, head: bytes, data: bytes) -> None:
+    """`head` + `data` as one message on socket `fd`, framed as `Connection.send_bytes` frames it
+    (either end may read it with `recv_bytes`): written here without that method's layers, which
+    cost as much as the write itself on a small message, the common one."""
+    n = len(head) + len(data)
+    if n <= _SMALL:
+        _write_all(fd, _LENGTH.pack(n) + head + data)
+        return
+    if n > 0x7FFFFFFF:
+        _write_all(fd, _LENGTH.pack(-1) + struct.pack("!Q", n))
+    else:
+        _write_all(fd, _LENGTH.pack(n))
+    if head:
+        _write_all(fd, head)
+    _write_all(fd, data)
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = None
+    while True:
+        n = os.write(fd, data)
+        if n == len(data):
+            return
+        view = memoryview(data) if view is None else view
+        data = view = view[n:]
+
+
+def read_frame(fd: int) -> bytes:
+    """The next message on socket `fd` (framed as `write_frame` and `Connection.send_bytes` frame it);
+    EOFError at the end of the stream, as `Connection.recv_bytes` raises it."""
+    head = os.read(fd, 4)
+    if len(head) < 4:
+        head = _read_rest(fd, head, 4)
+    (size,) = _LENGTH.unpack(head)
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_rest(fd, b"", 8))
+    data = os.read(fd, size) if size else b""
+    return data if len(data) == size else _read_rest(fd, data, size)
+
+
+def _read_rest(fd: int, first: bytes, size: int) -> bytes:
+    if not first and size:
+        first = os.read(fd, size)
+        if not first:
+            raise EOFError
+    parts, got = [first], len(first)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            raise OSError("got end of file during message")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def packed(data: bytes, start: int = 0) -> bool:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..executor import outcome
 from ..plan import Plan
 from ..shipping import context, dumps, transport
-from .messages import HEADER_SIZE, Chunk
+from .messages import HEADER_SIZE
 from .scheduling import MapRun
 
 if TYPE_CHECKING:
@@ -36,22 +36,16 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
     one-item map gives them; `sink()` makes the results sink, when a map loop needs one."""
     shipped = pool.shipped(plan)
-    taken = None
-    if shipped is not None and not shipped[2] and pool.max_memory is None and not pool.stall_report:
-        taken = pool.take_idle(shipped[0])
-    if shipped is None or taken is None:  # first call, limits to watch, or no idle worker holding the plan
+    if (shipped is None or shipped[2] or pool.max_memory is not None or pool.stall_report
+            or (taken := pool.take_idle(shipped[0])) is None):  # first call, limits, or no idle worker with it
         return _mapped(MapRun(pool, plan, [item], sink()))
     slot, w = taken
     try:
-        message = transport.pack(Chunk(shipped[0], [(0, item)], False, 0, False, None).wire(), dumps)
+        message = transport.pack((shipped[0], [(0, item)]), dumps)  # (a `Chunk` of nothing but its item)
     except Exception:  # an input that cannot travel: the map loop names it
-        message = None
-    if message is None or not w.quiet():  # (quiet: it did not die idle, nor say anything)
-        if message is not None:
-            message.close()
         pool.free(slot)
         return _mapped(MapRun(pool, plan, [item], sink()))
-    w.plan, w.unsent, w.chunk_size, w.group = plan, {0: None}, 1, 0
+    w.plan, w.unsent, w.chunk_size = plan, {0: None}, 1
     try:
         w.follow(context.current())
         w.send(message)
@@ -61,29 +55,24 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
         _adopted(pool, plan, item, sink, slot, w).stop()
         raise
-    if data is not None and data.startswith(PLAIN, 0) and not data[HEADER_SIZE - 1] and not transport.packed(
+    if data is not None and data.startswith(PLAIN) and not data[HEADER_SIZE - 1] and not transport.packed(
             data, HEADER_SIZE):
         try:
             rows = pickle.loads(memoryview(data)[HEADER_SIZE:])
         except Exception:  # unreadable here: the map loop asks for it again
             rows = None
         if rows is not None and len(rows) == 1 and rows[0][1] is True:
-            _done(pool, slot, w)
+            w.plan, w.unsent = None, {}
+            w.tasks += 1
+            pool.start_failures = 0
+            if pool.max_tasks and w.tasks >= pool.max_tasks:  # recycled
+                pool.replace(slot, stop=True)
+            pool.free(slot)
             out: dict[str, Any] = rows[0][2]
             return out
     run = _adopted(pool, plan, item, sink, slot, w)
-    run.resume(w, data)
+    run.resume(slot, w, data)
     return _mapped(run)
-
-
-def _done(pool: WorkerPool, slot: int, w: Worker) -> None:
-    """The call came back plain: `w` is idle again and free (or, max_tasks_per_worker, recycled)."""
-    w.plan, w.unsent = None, {}
-    w.tasks += 1
-    pool.start_failures = 0
-    if pool.max_tasks and w.tasks >= pool.max_tasks:
-        pool.replace(slot, stop=True)
-    pool.free(slot)
 
 
 def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results], slot: int,

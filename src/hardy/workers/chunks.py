@@ -32,25 +32,30 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, 
     later CUDA call here would fail, so the rest of the chunk goes back to the parent unrun; or,
     before the chunk, when it holds too many exited processes nobody collects (`lifeline.retiring`)."""
     REPLIES.sent.clear()
-    REPLIES.names, REPLIES.producers = None, {}
-    if retiring(os.getpid()):  # (its items go back unrun, to a fresh worker)
-        REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
-                       "behind, which only its end collects")
-        return False
+    REPLIES.names = None
+    clock = time.monotonic
+    start = last = clock()
+    if start >= _CHECKED[0] + RETIRE_CHECK:  # (a question to the kernel: not before every small chunk)
+        _CHECKED[0] = start
+        if retiring(os.getpid()):  # (its items go back unrun, to a fresh worker)
+            REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
+                           "behind, which only its end collects")
+            return False
     if isinstance(loaded, str):  # it could not be loaded here, or was refused (`shipping.replica.Refusal`)
         cls = PipelineRefused if isinstance(loaded, Refusal) else NodeError
+        REPLIES.producers = {}
         REPLIES.send([(i, False, cls("<pipeline>", None, i, loaded)) for i, _ in items], True)
         return True
     plan, REPLIES.producers = loaded
-    REPLIES.names = tuple(s.node.name for s in plan.steps) if log else None
+    if log:
+        REPLIES.names = tuple(s.node.name for s in plan.steps)
     group = batched(plan)
     if group is not None:
         if sealed:  # opened first; an input that cannot be fails its item (sent with the first results)
             items = _open_all(plan, items, status)
         return _run_batched(group, plan, items, status, 1 if singly else group.group, log)
     named = log and names_steps(plan)
-    note, clock = LOG.data.extend if named else None, time.monotonic  # bare: items begin with a node call
-    start = last = clock()
+    note = LOG.data.extend if named else None  # bare: items begin with a node call
     batch = REPLIES.unsent
     for i, item in items:
         now = clock()  # one clock read: when the last batch went, and when this item began
@@ -81,6 +86,10 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, 
         plan.cache.report()  # the cache faults of this batch, in one warning
     REPLIES.send(batch, True, clock() - start)
     return True
+
+
+RETIRE_CHECK = 0.005  # seconds: how often, at most, a worker asks whether it must retire (`lifeline.retiring`)
+_CHECKED = [0.0]  # when it last asked
 
 
 def _open_all(plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> list[tuple[int, Any]]:

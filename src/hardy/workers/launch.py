@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import pickle
+import select
 import shutil
 import signal
 import socket
@@ -103,10 +105,12 @@ class WorkerProcess:
         self._collect, self._close = collect, close
         self._ended = False
         self.exitcode: int | None = None
+        self._end = select.poll()  # (asked before every chunk: no selector made per question)
+        self._end.register(sentinel, select.POLLIN)
         _live.add(self)
 
     def join(self, timeout: float | None = None) -> None:
-        if not self._ended and wait([self.sentinel], timeout):
+        if not self._ended and self._end.poll(-1 if timeout is None else max(0, math.ceil(timeout * 1000))):
             self._ended = True
             self.exitcode = self._collect()
 

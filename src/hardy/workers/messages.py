@@ -98,12 +98,12 @@ class Header(NamedTuple):
     need: bool = False
 
     def pack(self) -> bytes:
-        return _HEADER.pack(*self)
+        return HEADER.pack(*self)
 
     @classmethod
     def unpack(cls, data: bytes) -> Header:
-        return cls(*_HEADER.unpack_from(data))
+        return cls(*HEADER.unpack_from(data))
 
 
-_HEADER = struct.Struct("?????d?")
-HEADER_SIZE = _HEADER.size
+HEADER = struct.Struct("?????d?")  # `Header`'s layout (packed straight from its fields where speed counts)
+HEADER_SIZE = HEADER.size

@@ -71,9 +71,10 @@ class WorkerPool(Executor):
         self._started = 0
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
+        self._waiting = 0  # maps waiting for a free worker (`wait_for_a_free_worker`)
         self._plan_ids: Memo[Plan, tuple[int, bytes, bool]] = Memo(1024, weak=True)
         self._next_plan = 0
-        self.per_item_times: dict[int, float] = {}
+        self.per_item_times: dict[int, tuple[float | None, int]] = {}  # plan id -> (seconds per item, items timed)
         self.replaced = 0
         self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
         self.start_failures = 0
@@ -219,19 +220,21 @@ class WorkerPool(Executor):
         """A free slot whose worker has answered before, is idle and holds the plan, now taken by
         a call (`calls.call`: `free` gives it back); None if there is none (the call then goes
         through the map loop, which starts or waits for one)."""
+        owners = self.owners
         with self._lock:
             for slot, w in enumerate(self.workers):
-                if (w is not None and self.owners[slot] is None and plan_id in w.plans and not w.busy
-                        and w.started_any):
-                    self.owners[slot] = _CALL
+                if owners[slot] is None and w is not None and plan_id in w.plans and w.started_any and not w.busy:
+                    owners[slot] = _CALL
                     return slot, w
         return None
 
     def free(self, slot: int) -> None:
-        """`slot`, taken by a call (`take_idle`), is free again."""
-        with self._lock:
-            self.owners[slot] = None
-            self._freed.notify_all()
+        """`slot`, taken by a call (`take_idle`), is free again; the maps waiting for one are told
+        (none, almost always: then no lock is taken: see `wait_for_a_free_worker`)."""
+        self.owners[slot] = None
+        if self._waiting:
+            with self._lock:
+                self._freed.notify_all()
 
     def hand_over(self, slot: int, run: MapRun) -> None:
         """`slot`'s worker, taken by a call (`take_idle`), is now `run`'s."""
@@ -247,8 +250,12 @@ class WorkerPool(Executor):
 
     def wait_for_a_free_worker(self) -> None:
         with self._lock:
-            if all(owner is not None for owner in self.owners):
-                self._freed.wait(1.0)
+            self._waiting += 1  # before looking: a slot freed after this is seen, or `free` notifies
+            try:
+                if all(owner is not None for owner in self.owners):
+                    self._freed.wait(1.0)
+            finally:
+                self._waiting -= 1
 
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w is not None and w.process.pid]
@@ -312,6 +319,7 @@ class WorkerPool(Executor):
         self._launcher = None
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
+        self._waiting = 0
 
     def close(self) -> None:
         """Stop every worker (a map still running in another thread loses its workers), then

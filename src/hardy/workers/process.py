@@ -78,11 +78,12 @@ class Worker:
             pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
                                self.context.cwd or os.getcwd(), self.context.argv, self.context.umask)),
             self._fds))
+        self.fd = self.conn.fileno()
         # polled without a selector made per call (multiprocessing's `wait` and `Connection.poll` make one)
         self._readable = select.poll()
-        self._readable.register(self.conn.fileno(), select.POLLIN)
+        self._readable.register(self.fd, select.POLLIN)
         self._either = select.poll()  # its pipe, or its end
-        for fd in (self.conn.fileno(), self.process.sentinel):
+        for fd in (self.fd, self.process.sentinel):
             self._either.register(fd, select.POLLIN)
         self.plans: set[int] = set()
         self.plan: Plan | None = None
@@ -107,10 +108,6 @@ class Worker:
                                        now.umask)))
         self.context = now
 
-    def quiet(self) -> bool:
-        """Whether it has nothing to say: no message waiting, and alive."""
-        return not self._either.poll(0)
-
     def readable(self) -> bool:
         """Whether a message (or its pipe's end) is there to read now."""
         return bool(self._readable.poll(0))
@@ -118,22 +115,27 @@ class Worker:
     def wait(self) -> bytes | None:
         """Its next message, waiting as long as it takes; None when it has died (its pipe closed,
         or it ended with nothing more to read)."""
-        while True:
+        ready = None
+        while not ready:
             ready = self._either.poll()
-            if any(fd == self.conn.fileno() for fd, _ in ready):
-                try:
-                    return self.conn.recv_bytes()
-                except (EOFError, OSError):
-                    return None
-            if ready:
+        if ready[0][0] == self.fd or len(ready) > 1:  # (a message sent as it died comes first)
+            try:
+                return transport.read_frame(self.fd)
+            except (EOFError, OSError):
                 return None
+        return None
 
     @property
     def busy(self) -> bool:
         return bool(self.unsent) or self.plan is not None
 
     def send(self, data: bytes | transport.Packed) -> None:
-        transport.send(self.conn, b"", data if isinstance(data, transport.Packed) else transport.Packed(data))
+        if type(data) is bytes:
+            transport.write_frame(self.fd, b"", data)
+        elif data.fds:  # type: ignore[union-attr]
+            transport.send(self.conn, b"", data)  # type: ignore[arg-type]
+        else:
+            transport.write_frame(self.fd, b"", data.data)  # type: ignore[union-attr]
 
     def kill(self, reason: str, detail: str) -> None:
         """Ask for its last words and faulthandler's stack (works inside C loops too), then SIGKILL its group."""

@@ -23,7 +23,7 @@ from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
 from .lifeline import end_descendants
-from .messages import Header
+from .messages import HEADER, Header
 from .status import IDLE, ITEM, SENDING, STEP, STEP_START
 
 Row = tuple[Any, ...]  # (item, ok, its outputs or its error)
@@ -74,6 +74,7 @@ class Replies:
 
     def __init__(self) -> None:
         self.conn: Any = None
+        self.fd = -1  # the connection's descriptor
         self.status: Any = None
         self.unsent: list[Row] = []
         self.sent: list[Sent] = []
@@ -85,7 +86,7 @@ class Replies:
         self.fault = -1  # the crash record (`guard_exits`)
 
     def start(self, conn: Any, status: Any) -> None:
-        self.conn, self.status = conn, status
+        self.conn, self.status, self.fd = conn, status, conn.fileno()
         self.forward.install(status)
         watch_threads(lambda: (status[ITEM], status[STEP], status[STEP_START]))  # for `thread_line`
 
@@ -98,7 +99,8 @@ class Replies:
         self.sending = True
         status = self.status
         if not dying:  # (a dying worker's status words name the item that killed it)
-            status[ITEM], status[STEP] = SENDING, len(batch)
+            status[ITEM] = SENDING
+            status[STEP] = len(batch)
         try:
             names = self.names
             if dying and self.complete is not None:  # a batched plan's log: only its items written whole
@@ -113,13 +115,18 @@ class Replies:
             except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
                 batch[:] = [_picklable(self.producers, *row) for row in batch]
                 packed = transport.pack(message, dumps)
-            self.sent.append((list(batch), records))
-            transport.send(self.conn, Header(done, False, names is not None, False, logs, elapsed).pack(), packed)
+            self.sent.append((batch[:], records))
+            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False)
+            if packed.fds:
+                transport.send(self.conn, head, packed)
+            else:
+                transport.write_frame(self.fd, head, packed.data)
             batch.clear()
         finally:
             self.sending = False
             if not dying:
-                status[ITEM], status[STEP] = IDLE, -1
+                status[ITEM] = IDLE
+                status[STEP] = -1
 
     def resend(self, items: list[int]) -> None:
         """Items of the last chunk again, each pickled on its own, so that each is read on its

@@ -64,7 +64,8 @@ class MapRun(Deaths):
         self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
         self.attempts: dict[int, int] = {}
         self.sealed: dict[int, int] = {}  # items sent again sealed (`send_sealed`), and how
-        self.per_item = pool.per_item_times.get(self.plan_id)
+        # seconds per item, learnt from the chunks of this plan so far, and from how many items
+        self.per_item, self.timed = pool.per_item_times.get(self.plan_id, (None, 0))
         group = batched(plan)
         self.group = group.group if group is not None else 0  # a batched plan's chunks: whole groups
         self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
@@ -95,9 +96,11 @@ class MapRun(Deaths):
             size = min(1 if len(self.items) < 64 else 4, spread)  # probe: learn the per-item time first
         else:
             per_item = max(self.per_item, 1e-7)
-            # but none is cut below CHUNK_LEAST of work, unless that leaves a worker without one:
-            # under it, the round trip of one more chunk costs more than the wait it saves
-            least = min(int(CHUNK_LEAST / per_item), -(-remaining // self.pool.size))
+            # but, once the time per item is known from a few items a worker, none is cut below
+            # CHUNK_LEAST of work unless that leaves a worker without one: under it, the round trip
+            # of one more chunk costs more than the wait it saves
+            least = 0 if self.timed < 2 * self.pool.size else min(int(CHUNK_LEAST / per_item),
+                                                                   -(-remaining // self.pool.size))
             size = min(int(CHUNK_TARGET / per_item), max(spread, least))
         size = max(1, size)
         if self.group:
@@ -130,10 +133,7 @@ class MapRun(Deaths):
                 unneeded.append(slot)
                 continue
             if w is not None and not w.process.is_alive():
-                signame, text = describe_exit(w.process.exitcode)
-                log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
-                            after_return(w, signame, text, self.plan, self.began))
-                pool.replace(slot, stop=False)
+                self.replace_idle(slot, w)
                 w = None
             if w is None:
                 w = pool.start_worker(slot)
@@ -259,7 +259,7 @@ class MapRun(Deaths):
         """Take everything the worker sent; False if its pipe is closed (it died)."""
         try:
             while w.readable():
-                if not self.take(w, w.conn.recv_bytes()):
+                if not self.take(w, transport.read_frame(w.fd)):
                     break
         except (EOFError, OSError):
             return False
@@ -307,8 +307,23 @@ class MapRun(Deaths):
             w.resend = False
         return True
 
-    def resume(self, w: Worker, data: bytes | None) -> None:
+    def replace_idle(self, slot: int, w: Worker) -> None:
+        """`w` died while it had nothing to do: it is replaced, and nothing it was handed is blamed."""
+        signame, text = describe_exit(w.process.exitcode)
+        log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
+                    after_return(w, signame, text, self.plan, self.began))
+        if w.unsent:  # (handed just as it died, never read: it goes first to the next worker)
+            self.retry.appendleft(list(w.unsent))
+        w.plan, w.unsent = None, {}
+        self.pool.replace(slot, stop=False)
+
+    def resume(self, slot: int, w: Worker, data: bytes | None) -> None:
         """Go on from `data`, what `w` sent on an adopted call (None: it died, or its pipe did)."""
+        if data is None and int(w.status[words.ITEM]) == words.IDLE:
+            w.process.join(1)
+            if not w.process.is_alive():  # before it read the call: as `assign` finds one dead
+                self.replace_idle(slot, w)
+                return
         alive = data is not None
         if data is not None:
             try:
@@ -378,7 +393,8 @@ class MapRun(Deaths):
         if elapsed > 0:  # learn the per-item time: it sizes the next chunks toward CHUNK_TARGET
             sample = elapsed / size
             self.per_item = sample if self.per_item is None else 0.5 * (self.per_item + sample)
-            self.pool.per_item_times[self.plan_id] = self.per_item
+            self.timed += size
+            self.pool.per_item_times[self.plan_id] = (self.per_item, self.timed)
         pool = self.pool
         slot = pool.workers.index(w)
         if pool.max_tasks and w.tasks >= pool.max_tasks or pool.max_memory and rss(w.process.pid) > pool.max_memory:

@@ -130,24 +130,32 @@ def _serve(conn: Connection, status: Any) -> int:
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica, dated]
     backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
     fetch = functools.partial(_fetch, conn, status, backlog)
+    fd = conn.fileno()
     while True:
         if backlog:
             msg = backlog.popleft()
         else:
             try:
-                data = conn.recv_bytes()
+                data = transport.read_frame(fd)
             except EOFError:
                 return 0
             msg = _read(conn, data, status)
         kind = type(msg)
-        if kind is tuple or kind is Chunk:  # a chunk, in its short form when it has nothing but items (`Chunk.wire`)
-            log, sealed, singly, poison = (False, 0, False, None) if kind is tuple else msg[2:]
-            if POISON or poison:
+        if kind is tuple:  # a chunk in its short form: nothing but items (`Chunk.wire`)
+            if POISON:
                 POISON.clear()
-                POISON.update(poison or {})
             entry = plans[msg[0]]
+            replica = entry[3]
+            if not run_chunk(entry[1] if replica is None or replica.current() else _current(entry, status, fetch),
+                             msg[1], status, False):
+                return RETIRED
+        elif kind is Chunk:
+            POISON.clear()
+            POISON.update(msg.poison or {})
+            entry = plans[msg.plan_id]
             loaded = _current(entry, status, fetch)
-            if not run_chunk(_plan(loaded, entry, log, status, fetch), msg[1], status, log, sealed, singly):
+            if not run_chunk(_plan(loaded, entry, msg.log, status, fetch), msg.items, status, msg.log, msg.sealed,
+                             msg.singly):
                 return RETIRED
         elif msg is None:
             continue
@@ -223,6 +231,8 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
     words say it died READING, with the same outcome."""
     status[ITEM] = READING
     try:
+        if not transport.packed(data):
+            return pickle.loads(data)
         return transport.unpack(conn, memoryview(data))
     except EOFError:  # the parent died while passing the message's segments
         raise
