@@ -89,6 +89,10 @@ class _StageResults:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         return one_by_one(rows, unsent, records, self.ok)
 
+    def take_span(self, first: int, outputs: list[dict[str, Any]]) -> None:
+        """`Results.take_span` for one stage: each output goes on to `ok`."""
+        self.take([(i, True, out) for i, out in enumerate(outputs, first)], {})
+
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         n = self.indices[i]
         if self.last:

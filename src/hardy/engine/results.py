@@ -115,6 +115,15 @@ class Results:
             self._observed(rows if not failed else [row for row in rows if row[1]], time.perf_counter())
         return failed
 
+    def take_span(self, first: int, outputs: list[dict[str, Any]]) -> None:
+        """The outputs of items `first`, `first` + 1, ..., all succeeded (a worker's batch of outputs
+        only), delivered as `take` delivers them: in one slice when nothing watches each item."""
+        if self.ok_per_item or self.events:
+            self.take([(i, True, out) for i, out in enumerate(outputs, first)], {})
+            return
+        self.values[first:first + len(outputs)] = outputs
+        self.progress.done += len(outputs)
+
     def _observed(self, rows: Sequence[tuple[Any, ...]], now: float) -> None:
         """The ends of a worker's successful rows delivered at `now`, in one call (their node
         events were replayed just before: per item, events still come in order)."""

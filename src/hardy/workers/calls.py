@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING, Any
 from ..executor import outcome
 from ..plan import Plan
 from ..shipping import context, dumps, transport
-from .messages import HEADER_SIZE
+from .messages import HEADER_SIZE, plain_outputs
 from .scheduling import MapRun
 
 if TYPE_CHECKING:
     from ..engine.results import Results
     from .pool import WorkerPool
     from .process import Worker
-
-PLAIN = b"\x01\x00\x00\x00\x00"  # a `Header`'s first five flags: its chunk done, its batch plain, no log
-
 
 def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results]) -> dict[str, Any]:
     """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
@@ -55,20 +52,19 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
         _adopted(pool, plan, item, sink, slot, w).stop()
         raise
-    if data is not None and data.startswith(PLAIN) and not data[HEADER_SIZE - 1] and not transport.packed(
-            data, HEADER_SIZE):
+    if data is not None and plain_outputs(data) and not transport.packed(data, HEADER_SIZE):
         try:
-            rows = pickle.loads(memoryview(data)[HEADER_SIZE:])
+            outputs = pickle.loads(memoryview(data)[HEADER_SIZE:])
         except Exception:  # unreadable here: the map loop asks for it again
-            rows = None
-        if rows is not None and len(rows) == 1 and rows[0][1] is True:
+            outputs = None
+        if outputs is not None and len(outputs) == 1:
             w.plan, w.unsent = None, {}
             w.tasks += 1
             pool.start_failures = 0
             if pool.max_tasks and w.tasks >= pool.max_tasks:  # recycled
                 pool.replace(slot, stop=True)
             pool.free(slot)
-            out: dict[str, Any] = rows[0][2]
+            out: dict[str, Any] = outputs[0]
             return out
     run = _adopted(pool, plan, item, sink, slot, w)
     run.resume(slot, w, data)

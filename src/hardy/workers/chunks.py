@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from ..batching import Batched, batched
@@ -22,9 +23,9 @@ from .replies import REPLIES
 from .status import BATCH, FLUSH_EVERY, IDLE, ITEM, OPENING, STEP, STEP_START
 
 
-def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, dict[str, Any]]], status: Any,
+def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]], status: Any,
               log: bool, sealed: int = 0, singly: bool = False) -> bool:
-    """Run the items; `log`: their node calls are logged and each batch carries its log
+    """Run the items, (index, inputs) pairs; `log`: their node calls are logged and each batch carries its log
     (observe/nodelog.py); `sealed`: the chunk is sent again after it could not be unpickled whole,
     so each item's inputs are opened one by one (`open_item`), and, 2, after its results could not be
     pickled without a crash: each result is then sent alone; `singly`: a batched node is called
@@ -51,6 +52,7 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: list[tuple[int, 
         REPLIES.names = tuple(s.node.name for s in plan.steps)
     group = batched(plan)
     if group is not None:
+        items = list(items)
         if sealed:  # opened first; an input that cannot be fails its item (sent with the first results)
             items = _open_all(plan, items, status)
         return _run_batched(group, plan, items, status, 1 if singly else group.group, log)

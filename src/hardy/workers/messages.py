@@ -46,7 +46,8 @@ class Chunk(NamedTuple):
 
     def wire(self) -> tuple[Any, ...]:
         """What is pickled: a plain (plan_id, items) pair when the rest is as usual (most chunks), read
-        back as such by the worker; a named tuple costs a class lookup each way."""
+        back as such by the worker; a named tuple costs a class lookup each way. (A chunk of
+        consecutive items goes shorter still: (plan_id, first item, their inputs), `WorkerPool.chunk_message`.)"""
         if self.log or self.sealed or self.singly or self.poison:
             return self
         return self.plan_id, self.items
@@ -87,7 +88,9 @@ class Header(NamedTuple):
     """In front of each batch of results: the chunk is done; the batch was pickled item by item
     (a `Resend`'s); it carries node logs; the chunk could not be unpickled (the batch is then
     why); log records ride with it; seconds the chunk took. `need`: no batch but a question: the
-    worker, loading a plan, asks for the caller's objects named after it (answered by `Values`)."""
+    worker, loading a plan, asks for the caller's objects named after it (answered by `Values`).
+    `outputs`: every item of the batch succeeded, and it holds only their outputs, in the order of
+    the chunk's items (the common batch: no (item, ok) pair per item to pickle and read)."""
 
     done: bool
     each: bool
@@ -96,6 +99,7 @@ class Header(NamedTuple):
     logs: bool
     elapsed: float
     need: bool = False
+    outputs: bool = False
 
     def pack(self) -> bytes:
         return HEADER.pack(*self)
@@ -105,5 +109,11 @@ class Header(NamedTuple):
         return cls(*HEADER.unpack_from(data))
 
 
-HEADER = struct.Struct("?????d?")  # `Header`'s layout (packed straight from its fields where speed counts)
+HEADER = struct.Struct("?????d??")  # `Header`'s layout (packed straight from its fields where speed counts)
 HEADER_SIZE = HEADER.size
+_PLAIN = HEADER.pack(True, False, False, False, False, 0.0, False, True)
+
+
+def plain_outputs(data: bytes) -> bool:
+    """Whether `data` is a chunk done whose batch is outputs only, with no log and no question."""
+    return data.startswith(_PLAIN[:5]) and data[HEADER_SIZE - 2:HEADER_SIZE] == _PLAIN[-2:]

@@ -282,16 +282,22 @@ class WorkerPool(Executor):
         """`ship`'s answer when the plan was shipped before (None if not), without a lock."""
         return self._plan_ids.get(plan)
 
-    def chunk_message(self, plan_id: int, items: Any, chunk: list[int], shared: transport.Shared, log: bool = False,
-               sealed: int = 0, singly: bool = False,
-               poison: dict[Any, Any] | None = None) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
+    def chunk_message(self, plan_id: int, items: Any, chunk: Sequence[int], shared: transport.Shared,
+                      log: bool = False, sealed: int = 0, singly: bool = False,
+                      poison: dict[Any, Any] | None = None) -> tuple[transport.Packed | None, dict[int, Unshippable]]:
         """The chunk's message, less the items that cannot be pickled (returned apart, with why);
         `log`: the worker logs node events (observe/nodelog.py) because the parent listens;
         `shared`: the segments of the values every item of the map holds (written once);
         `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
         sent alone); `singly`: batched nodes are called for one item at a time (a batch that
         killed a worker, `MapRun.split`); `poison`: nested items that crashed a worker before
-        (`crash.poisoned_here`)."""
+        (`crash.poisoned_here`). Consecutive items with nothing else set travel shortest: (plan_id,
+        the first item, their inputs), no index per item."""
+        if type(chunk) is range and type(items) is list and not (log or sealed or singly or poison):
+            try:
+                return transport.pack((plan_id, chunk.start, items[chunk.start:chunk.stop]), dumps, shared), {}
+            except Exception:  # an item that cannot travel: found and left out below
+                pass
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(
             items, chunk, lambda pairs: Chunk(plan_id, pairs, log, sealed, singly, poison).wire(),
             dump=lambda msg: transport.pack(msg, dumps, shared))

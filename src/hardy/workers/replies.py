@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import operator
 import os
 import pickle
 import signal
@@ -110,13 +111,18 @@ class Replies:
             logs = bool(self.forward.records)
             if logs:  # what the nodes logged since the last batch, for the parent's handlers
                 message, self.forward.records = (message, self.forward.records), []
+            outputs = message is batch and not dying and all(map(_OK, batch))
+            if outputs:  # (`Header.outputs`)
+                message = list(map(_OUTPUT, batch))
             try:
                 packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
             except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
                 batch[:] = [_picklable(self.producers, *row) for row in batch]
+                if outputs:  # (some are failures now: rows again)
+                    message, outputs = batch, False
                 packed = transport.pack(message, dumps)
             self.sent.append((batch[:], records))
-            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False)
+            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs)
             if packed.fds:
                 transport.send(self.conn, head, packed)
             else:
@@ -199,6 +205,7 @@ class Replies:
 
 
 REPLIES = Replies()
+_OK, _OUTPUT = operator.itemgetter(1), operator.itemgetter(2)  # of a row
 _WORKER_LOOP = os.path.join("hardy", "workers", "worker.py")  # `worker.run`, whose own exit is not a node's
 
 

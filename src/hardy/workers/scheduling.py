@@ -9,6 +9,7 @@ checked on the same loop, every `TICK` seconds while a limited node is in flight
 
 from __future__ import annotations
 
+import itertools
 import logging
 import pickle
 import select
@@ -81,7 +82,8 @@ class MapRun(Deaths):
         # the caller's environment, working directory, argv and sys.path (an engine's chunk brings its caller's)
         self.context = getattr(results, "context", None) or context.current()
 
-    def next_chunk(self, w: Worker) -> list[int] | None:
+    def next_chunk(self, w: Worker) -> Sequence[int] | None:
+        """The next chunk for `w`: a retry whose backoff is over, or the next fresh items (a range)."""
         now = time.monotonic()
         for chunk in self.retry:  # the first one not waiting out a backoff delay
             if self.due.get(chunk[0], 0.0) <= now:
@@ -97,17 +99,17 @@ class MapRun(Deaths):
         else:
             per_item = max(self.per_item, 1e-7)
             # but, once the time per item is known from a few items a worker, none is cut below
-            # CHUNK_LEAST of work unless that leaves a worker without one: under it, the round trip
-            # of one more chunk costs more than the wait it saves
+            # CHUNK_LEAST of work, nor below an equal share of the map a worker: under that, the
+            # round trip of one more chunk costs more than the wait it saves
             least = 0 if self.timed < 2 * self.pool.size else min(int(CHUNK_LEAST / per_item),
-                                                                   -(-remaining // self.pool.size))
-            size = min(int(CHUNK_TARGET / per_item), max(spread, least))
+                                                                   -(-len(self.items) // self.pool.size))
+            size = min(int(CHUNK_TARGET / per_item), max(spread, least), remaining)
         size = max(1, size)
         if self.group:
             size = min(remaining, -(-size // self.group) * self.group)
         if self.pool.max_tasks:
             size = max(1, min(size, self.pool.max_tasks - w.tasks))
-        chunk = list(range(self.next_fresh, self.next_fresh + size))
+        chunk = range(self.next_fresh, self.next_fresh + size)
         self.next_fresh += size
         return chunk
 
@@ -146,6 +148,7 @@ class MapRun(Deaths):
             w.plan = self.plan
             w.group = 1 if singly else self.group
             w.unsent = dict.fromkeys(chunk)
+            w.span = chunk if type(chunk) is range else None
             w.chunk_size = len(chunk)
             self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
             try:
@@ -161,7 +164,7 @@ class MapRun(Deaths):
             pool.release(self, unneeded)
         pool.top_up(self.plan_id, self.plan_msg)
 
-    def shippable_chunk(self, w: Worker) -> tuple[list[int], transport.Packed | None]:
+    def shippable_chunk(self, w: Worker) -> tuple[Sequence[int], transport.Packed | None]:
         """The next chunk for `w` and its message; items that cannot be pickled fail here, alone."""
         while True:
             chunk = self.next_chunk(w)
@@ -178,7 +181,7 @@ class MapRun(Deaths):
             for i, why in bad.items():
                 self.results.fail(i, item_error(self.plan, i, why))
             if data is not None:
-                return [i for i in chunk if i not in bad], data
+                return [i for i in chunk if i not in bad] if bad else chunk, data
             if not self.has_work():
                 return [], None
 
@@ -268,7 +271,7 @@ class MapRun(Deaths):
     def take(self, w: Worker, data: bytes) -> bool:
         """One message of the worker's; False when what it sends next is not this run's to read (its
         chunk is done: the next one's, or, released, another map's)."""
-        done, each, logged, unread, logs, elapsed, need = Header.unpack(data)
+        done, each, logged, unread, logs, elapsed, need, outputs = Header.unpack(data)
         if need:  # loading a plan, it asks for the caller's objects its modules lack
             w.send(_answer(memoryview(data)[HEADER_SIZE:]))
             return True
@@ -289,12 +292,15 @@ class MapRun(Deaths):
         if logs:
             batch = _handle_logs(*batch)
         unsent, free = w.unsent, done and not w.resend
+        first = _first_of(w) if outputs else None
         if free:  # its next chunk goes first, to run while this batch is taken
             self.chunk_done(w, elapsed)
             if not self.results.stop:
                 self.assign()
         if each:
             self.take_each(unsent, batch)
+        elif outputs:
+            self.take_outputs(unsent, first, batch)
         else:
             rows, records = batch if logged else (batch, None)
             for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
@@ -347,6 +353,23 @@ class MapRun(Deaths):
         item is out, `w` holds it in `slot`, which this run now owns."""
         self.next_fresh = len(self.items)
         self.pool.hand_over(slot, self)
+
+    def take_outputs(self, unsent: dict[int, Any], first: int | None, outputs: list[Any]) -> None:
+        """A batch of outputs only (`Header.outputs`), one per item with no result yet, in their
+        order: the items `first`, `first` + 1, ... when known (`_first_of`)."""
+        k = len(outputs)
+        if first is not None:
+            if k == len(unsent):
+                unsent.clear()
+            else:
+                for i in range(first, first + k):
+                    del unsent[i]
+            self.results.take_span(first, outputs)
+            return
+        items = list(itertools.islice(unsent, k))
+        for i in items:
+            del unsent[i]
+        self.results.take([(i, True, out) for i, out in zip(items, outputs)], {})
 
     def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
         """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
@@ -447,6 +470,17 @@ def _answer(question: memoryview) -> transport.Packed:
     except Exception:
         assert found is not None
         return transport.pack(Values(replica_id, found.refusal(wanted)), dump_values)
+
+
+def _first_of(w: Worker) -> int | None:
+    """The first item with no result yet of `w`'s chunk, when its chunk was consecutive items
+    (`Worker.span`) whose results come in order, each batch taking the next: None otherwise (an
+    unreadable batch left items behind)."""
+    span, unsent = w.span, w.unsent
+    if span is None or w.resend or not unsent:
+        return None
+    first = span.stop - len(unsent)
+    return first if next(iter(unsent)) == first else None
 
 
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:

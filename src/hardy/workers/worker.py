@@ -141,13 +141,13 @@ def _serve(conn: Connection, status: Any) -> int:
                 return 0
             msg = _read(conn, data, status)
         kind = type(msg)
-        if kind is tuple:  # a chunk in its short form: nothing but items (`Chunk.wire`)
+        if kind is tuple:  # a chunk in its short form: nothing but items (`Chunk.wire`), maybe consecutive ones
             if POISON:
                 POISON.clear()
             entry = plans[msg[0]]
             replica = entry[3]
             if not run_chunk(entry[1] if replica is None or replica.current() else _current(entry, status, fetch),
-                             msg[1], status, False):
+                             msg[1] if len(msg) == 2 else enumerate(msg[2], msg[1]), status, False):
                 return RETIRED
         elif kind is Chunk:
             POISON.clear()
