@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, cast, overload
 
+from .columns import Items
 from .errors import MapInputError, UnhashableError
 from .plan import KEYS, Plan
 
@@ -56,14 +57,15 @@ def mapped_over(values: Mapping[str, Any], map_over: str | Sequence[str] | None,
 
 @overload
 def map_items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: Literal[False]) -> tuple[list[dict[str, Any]], int]: ...
+           lazy: Literal[False]) -> tuple[Sequence[dict[str, Any]], int]: ...
 @overload
 def map_items(values: Mapping[str, Any], over: list[str], mode: str,
            lazy: Literal[True]) -> tuple[Iterator[dict[str, Any]], int | None]: ...
 def map_items(values: Mapping[str, Any], over: list[str], mode: str,
-           lazy: bool) -> tuple[list[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
-    """The items of a map and their number (None for inputs of unknown length): a list, or with
-    `lazy` an iterator that reads the inputs only as it is advanced."""
+           lazy: bool) -> tuple[Sequence[dict[str, Any]] | Iterator[dict[str, Any]], int | None]:
+    """The items of a map and their number (None for inputs of unknown length): a sequence (a
+    list, or `Items` for a map over one list), or with `lazy` an iterator that reads the inputs
+    only as it is advanced."""
     seqs = []
     for name in over:
         v = values[name]
@@ -83,7 +85,10 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
         if len(over) == 1:
             name = over[0]
             if not lazy:
-                return [{**const, name: x} for x in seqs[0]], n
+                column = seqs[0]
+                if type(column) in (list, tuple, range):
+                    return Items(const, name, column), n
+                return [{**const, name: x} for x in column], n
             return ({**const, name: x} for x in seqs[0]), n
         combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:

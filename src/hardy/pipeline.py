@@ -239,13 +239,10 @@ class Pipeline:
                 raise KeyError  # compiled again below
         except (KeyError, TypeError):
             plan = self._plan(values, output_name, for_map=False)
-        if engine.runs_in_workers:  # the item runs where a crash costs only it, as a map's would
-            try:
-                return self._run_in_worker(values, plan)  # (nothing ran here to `_settle`)
-            finally:
-                if plan.cache is not None and self._reports:
-                    plan.cache.report()
+        here = not engine.runs_in_workers  # else the item runs where a crash costs only it, as a map's would
         try:
+            if not here:
+                return self._run_in_worker(values, plan)
             if (self.callbacks or engine.reporting) and self._observers:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
@@ -253,7 +250,8 @@ class Pipeline:
             err._rerun = lambda what: run_again(self, values, output_name, what)
             raise at_user_frames(err) from err.__cause__
         finally:
-            self._settle(plan, False)
+            if here:  # (in a worker, nothing ran here to `_settle`)
+                self._settle(plan, False)
             if plan.cache is not None and self._reports:
                 plan.cache.report()  # what the cache could not do, in one warning
 
@@ -397,6 +395,7 @@ class Pipeline:
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = map_items(values, over, map_mode, lazy=False)
         if plan.cache is not None and items:
+            items = list(items)  # (each item holds the keys of the inputs they share)
             share_input_keys(plan, items, over, self.name)
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             watch = self._watch("map", n, bar, items)

@@ -48,7 +48,12 @@ def quick(obj: Any, main: bool = True) -> bytes | None:
     be pickled plainly, or, `main`, refers to `__main__`), for the caller to pack it the full way.
     The one pickling most messages between the parent and its workers need: small ones."""
     try:
-        data = _kept().dump(obj, _in_band)
+        if "torch" in sys.modules:  # (its tensors pickle another way here: `_reductions`)
+            data = _kept().dump(obj, _in_band)
+        else:  # the same pickle, from C alone (a memoryview, which `_reductions` handles, fails it)
+            data = pickle.dumps(obj, protocol=5, buffer_callback=_in_band)
+            if len(data) >= THRESHOLD:  # a big bytes in it: out of band, the full way
+                return None
     except Exception:  # (a big buffer stops it at once)
         return None
     return None if main and b"__main__" in data else data

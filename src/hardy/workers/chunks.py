@@ -59,35 +59,53 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
     named = log and names_steps(plan)
     note = LOG.data.extend if named else None  # bare: items begin with a node call
     batch = REPLIES.unsent
+    run, append = plan.run, batch.append
     for i, item in items:
         now = clock()  # one clock read: when the last batch went, and when this item began
-        if batch and (sealed == 2 or now - last >= FLUSH_EVERY):
+        if (now - last >= FLUSH_EVERY or sealed == 2) and batch:
             REPLIES.send(batch, False)
             last = now = clock()
         status[STEP] = -1
         status[ITEM] = i
-        if sealed:
-            item = open_item(plan, i, item, status)
+        if sealed or note:
+            item = _begin(plan, i, item, status, sealed, note, now)
             if isinstance(item, NodeError):
-                batch.append((i, False, item))
+                append((i, False, item))
                 continue
-        if note:
-            note((BEGINS, now))  # an item begins (nodelog.py)
         try:
-            batch.append((i, True, plan.run(item, i)))
+            append((i, True, run(item, i)))
         except NodeError as err:  # a node's call that raised logged it (an error between calls is no node's)
-            if log:
-                LOG.failed(None if named or status[STEP] >= 0 else now)
-            batch.append((i, False, portable(err)))
-            if isinstance(err, CudaError) and err.retires_worker:
-                status[ITEM] = IDLE
-                REPLIES.send(batch, False)
+            if _failed(err, i, batch, status, log, named, now):
                 return False
         status[ITEM] = IDLE
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     REPLIES.send(batch, True, clock() - start)
     return True
+
+
+def _begin(plan: Plan, i: int, item: Any, status: Any, sealed: int, note: Any, now: float) -> Any:
+    """Item i's inputs, opened one by one when its chunk was sealed (or the error naming the one that
+    cannot be); its beginning noted in the node log (`note`)."""
+    if sealed:
+        item = open_item(plan, i, item, status)
+        if isinstance(item, NodeError):
+            return item
+    if note:
+        note((BEGINS, now))  # an item begins (nodelog.py)
+    return item
+
+
+def _failed(err: NodeError, i: int, batch: list[Any], status: Any, log: bool, named: bool, now: float) -> bool:
+    """Item i failed (`err`); True when the worker must retire (a sticky CUDA error), its batch sent."""
+    if log:
+        LOG.failed(None if named or status[STEP] >= 0 else now)
+    batch.append((i, False, portable(err)))
+    if isinstance(err, CudaError) and err.retires_worker:
+        status[ITEM] = IDLE
+        REPLIES.send(batch, False)
+        return True
+    return False
 
 
 RETIRE_CHECK = 0.005  # seconds: how often, at most, a worker asks whether it must retire (`lifeline.retiring`)

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..columns import Items
 from ..errors import InvalidArgument, WorkerStartError
 from ..executor import Executor, WorkerCounts
 from ..memo import Memo
@@ -293,9 +294,14 @@ class WorkerPool(Executor):
         killed a worker, `MapRun.split`); `poison`: nested items that crashed a worker before
         (`crash.poisoned_here`). Consecutive items with nothing else set travel shortest: (plan_id,
         the first item, their inputs), no index per item."""
-        if type(chunk) is range and type(items) is list and not (log or sealed or singly or poison):
+        if type(chunk) is range and not (log or sealed or singly or poison):
+            start, stop = chunk.start, chunk.stop
             try:
-                return transport.pack((plan_id, chunk.start, items[chunk.start:chunk.stop]), dumps, shared), {}
+                if type(items) is Items:  # (the worker builds them: `columns.built`)
+                    return transport.pack((plan_id, start, items.constants, items.name, items.column[start:stop]),
+                                          dumps, shared), {}
+                if type(items) is list:
+                    return transport.pack((plan_id, start, items[start:stop]), dumps, shared), {}
             except Exception:  # an item that cannot travel: found and left out below
                 pass
         packed: tuple[transport.Packed | None, dict[int, Unshippable]] = ship_items(

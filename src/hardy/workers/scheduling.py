@@ -50,7 +50,7 @@ log = logging.getLogger("hardy.workers")
 
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
-CHUNK_LEAST = 0.001    # seconds of work below which a chunk is not cut smaller (`next_chunk`)
+CHUNK_LEAST = 0.005    # seconds of work below which a chunk is not cut smaller (`next_chunk`)
 STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 
 

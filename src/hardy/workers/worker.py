@@ -18,11 +18,12 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from ..breakpoints import no_terminal
+from ..columns import built
 from ..crash import FATAL_SIGNALS, POISON, mark_contained, on_fatal_signal
 from ..errors import ReplicaError
 from ..forensics import handler as native_handler
@@ -147,7 +148,7 @@ def _serve(conn: Connection, status: Any) -> int:
             entry = plans[msg[0]]
             replica = entry[3]
             if not run_chunk(entry[1] if replica is None or replica.current() else _current(entry, status, fetch),
-                             msg[1] if len(msg) == 2 else enumerate(msg[2], msg[1]), status, False):
+                             _pairs(msg), status, False):
                 return RETIRED
         elif kind is Chunk:
             POISON.clear()
@@ -169,6 +170,18 @@ def _serve(conn: Connection, status: Any) -> int:
         elif isinstance(msg, Stop):
             return 0
         # (else: an answer to a question no longer asked, `Values` of a plan that has loaded since)
+
+
+def _pairs(msg: tuple[Any, ...]) -> Iterable[tuple[int, dict[str, Any]]]:
+    """The (index, inputs) pairs of a chunk in its short form (`Chunk.wire`): (plan_id, pairs), or
+    consecutive items from the first one's index: (plan_id, first, inputs), or (plan_id, first,
+    constants, name, values) for a map over one input (`columns.Items`)."""
+    if len(msg) == 2:
+        pairs: Iterable[tuple[int, dict[str, Any]]] = msg[1]
+        return pairs
+    if len(msg) == 3:
+        return enumerate(msg[2], msg[1])
+    return enumerate(built(msg[2], msg[3], msg[4]), msg[1])
 
 
 def _take_context(context: Context) -> None:
