@@ -8,6 +8,7 @@ its pool. Every executor writes to a `Results` sink (results.py).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,17 @@ def needs_gpu(node: Node) -> bool:
             f"node {node.name!r} asks for gpus={node.gpus:g}; a local GPU worker holds one GPU (or a share of "
             "one, with workers_per_gpu). Split the work over items, or use daft_engine() for multi-GPU tasks.")
     return node.gpus > 0
+
+
+_MAKING = threading.RLock()  # held while an engine makes its executor or a pool (`Engine.executor`)
+
+
+def _made_afresh() -> None:
+    global _MAKING
+    _MAKING = threading.RLock()  # (another thread may have held it at a fork)
+
+
+os.register_at_fork(after_in_child=_made_afresh)
 
 
 class OneRun(Results):
@@ -215,26 +227,36 @@ class Engine:
 
     @property
     def executor(self) -> Executor:
-        """The map executor built from `map_executor` (made on first use)."""
+        """The map executor built from `map_executor` (made on first use, once: the first calls of
+        several threads meet here)."""
         if self._map_executor is None:
-            spec = self.map_executor
-            if contained() and spec == "process":
-                self._map_executor = SequentialExecutor()  # in a worker already: a crash costs one item
-            elif spec == "threaded":
-                self._map_executor = ThreadedExecutor(self.workers)
-            elif spec == "async":
-                self._map_executor = AsyncExecutor(self.workers)
-            elif spec == "process" and self.gpu_slots:
-                from ..stages import StagedExecutor
-                self._map_executor = StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
-            elif spec == "process":
-                self._map_executor = self.process_pool()
-            else:
-                self._map_executor = SequentialExecutor()
+            with _MAKING:
+                if self._map_executor is None:
+                    self._map_executor = self._make_executor()
         return self._map_executor
+
+    def _make_executor(self) -> Executor:
+        spec = self.map_executor
+        if contained() and spec == "process":
+            return SequentialExecutor()  # in a worker already: a crash costs one item
+        if spec == "threaded":
+            return ThreadedExecutor(self.workers)
+        if spec == "async":
+            return AsyncExecutor(self.workers)
+        if spec == "process" and self.gpu_slots:
+            from ..stages import StagedExecutor
+            return StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
+        if spec == "process":
+            pool: Executor = self.process_pool()
+            return pool
+        return SequentialExecutor()
 
     def process_pool(self) -> Any:
         """The CPU workers; beside GPU workers they see no GPU (CUDA_VISIBLE_DEVICES="")."""
+        with _MAKING:  # (once, whichever thread comes first)
+            return self._process_pool or self._make_process_pool()
+
+    def _make_process_pool(self) -> Any:
         if self._process_pool is None:
             size = self.workers or os.cpu_count() or 1
             if self.process_options["start_method"] is None:
@@ -247,6 +269,10 @@ class Engine:
 
     def gpu_pool(self) -> Any:
         """The GPU workers: one per slot, each seeing its own GPU."""
+        with _MAKING:
+            return self._gpu_pool or self._make_gpu_pool()
+
+    def _make_gpu_pool(self) -> Any:
         if self._gpu_pool is None:
             from ..workers.pool import WorkerPool
             self._gpu_pool = WorkerPool(slot_env=[{"CUDA_VISIBLE_DEVICES": d} for d in self.gpu_slots],

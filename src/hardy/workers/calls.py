@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..executor import outcome
 from ..plan import Plan
 from ..shipping import context, dumps, transport
+from . import status as words
 from .messages import HEADER_SIZE, plain_outputs
 from .scheduling import MapRun
 
@@ -50,7 +51,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     except OSError:  # it died as we wrote
         data = None
     except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
-        _adopted(pool, plan, item, sink, slot, w).stop()
+        _interrupted(_adopted(pool, plan, item, sink, slot, w))
         raise
     if data is not None and plain_outputs(data) and not transport.packed(data, HEADER_SIZE):
         try:
@@ -67,15 +68,46 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
             out: dict[str, Any] = outputs[0]
             return out
     run = _adopted(pool, plan, item, sink, slot, w)
-    run.resume(slot, w, data)
+    _resume(run, slot, w, data)
     return _mapped(run)
 
 
 def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results], slot: int,
              w: Worker) -> MapRun:
+    """A map loop for the call in flight on worker `w`: its one item is out, `w` holds it in
+    `slot`, which the loop now owns."""
     run = MapRun(pool, plan, [item], sink())
-    run.adopt(slot, w)
+    run.next_fresh = 1
+    pool.hand_over(slot, run)
     return run
+
+
+def _resume(run: MapRun, slot: int, w: Worker, data: bytes | None) -> None:
+    """The adopted call goes on from `data`, what `w` sent (None: it died, or its pipe did)."""
+    if data is None and int(w.status[words.ITEM]) == words.IDLE:
+        w.process.join(1)
+        if not w.process.is_alive():  # before it read the call: as the map loop finds one dead
+            run.replace_idle(slot, w)
+            return
+    alive = data is not None
+    if data is not None:
+        try:
+            alive = not run.take(w, data) or run.receive(w)
+        except (EOFError, OSError):  # it died while passing its shared memory
+            alive = False
+    if not alive:
+        run.on_death(w)
+
+
+def _interrupted(run: MapRun) -> None:
+    """The caller was interrupted while the adopted call ran: as the map loop stops when it is
+    (the busy worker's last words asked for, then it is replaced)."""
+    run.results.stop = True
+    try:
+        run.cancel()
+    finally:
+        run.shared.close()
+        run.pool.release(run, range(run.pool.size))
 
 
 def _mapped(run: MapRun) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from . import status as words
 from .messages import Context, Setup, Stop
 
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
+WAKE_MS = 100          # milliseconds a wait for a worker sleeps at most, between looks at pending signals
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -117,8 +118,8 @@ class Worker:
         """Its next message, waiting as long as it takes; None when it has died (its pipe closed,
         or it ended with nothing more to read)."""
         ready = None
-        while not ready:
-            ready = self._either.poll()
+        while not ready:  # woken now and then: a Ctrl-C that another thread received is raised here then
+            ready = self._either.poll(WAKE_MS)
         if ready[0][0] == self.fd or len(ready) > 1:  # (a message sent as it died comes first)
             try:
                 return transport.read_frame(self.fd)

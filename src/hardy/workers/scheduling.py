@@ -323,37 +323,6 @@ class MapRun(Deaths):
         w.plan, w.unsent = None, {}
         self.pool.replace(slot, stop=False)
 
-    def resume(self, slot: int, w: Worker, data: bytes | None) -> None:
-        """Go on from `data`, what `w` sent on an adopted call (None: it died, or its pipe did)."""
-        if data is None and int(w.status[words.ITEM]) == words.IDLE:
-            w.process.join(1)
-            if not w.process.is_alive():  # before it read the call: as `assign` finds one dead
-                self.replace_idle(slot, w)
-                return
-        alive = data is not None
-        if data is not None:
-            try:
-                alive = not self.take(w, data) or self.receive(w)
-            except (EOFError, OSError):  # it died while passing its shared memory
-                alive = False
-        if not alive:
-            self.on_death(w)
-
-    def stop(self) -> None:
-        """The caller was interrupted while `w` ran an adopted call: as `loop` does when it is."""
-        self.results.stop = True
-        try:
-            self.cancel()
-        finally:
-            self.shared.close()
-            self.pool.release(self, range(self.pool.size))
-
-    def adopt(self, slot: int, w: Worker) -> None:
-        """Take over a call in flight on worker `w` (`calls.call`, which handed it over): its one
-        item is out, `w` holds it in `slot`, which this run now owns."""
-        self.next_fresh = len(self.items)
-        self.pool.hand_over(slot, self)
-
     def take_outputs(self, unsent: dict[int, Any], first: int | None, outputs: list[Any]) -> None:
         """A batch of outputs only (`Header.outputs`), one per item with no result yet, in their
         order: the items `first`, `first` + 1, ... when known (`_first_of`)."""
