@@ -31,7 +31,6 @@ import os
 import pickle
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

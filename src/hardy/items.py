@@ -87,7 +87,7 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
             if not lazy:
                 column = seqs[0]
                 if type(column) in (list, tuple, range):
-                    return Items(const, name, column), n
+                    return Items(const, name, cast("Sequence[Any]", column)), n
                 return [{**const, name: x} for x in column], n
             return ({**const, name: x} for x in seqs[0]), n
         combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)

@@ -109,9 +109,9 @@ class MapRun(Deaths):
             size = min(remaining, -(-size // self.group) * self.group)
         if self.pool.max_tasks:
             size = max(1, min(size, self.pool.max_tasks - w.tasks))
-        chunk = range(self.next_fresh, self.next_fresh + size)
+        fresh = range(self.next_fresh, self.next_fresh + size)
         self.next_fresh += size
-        return chunk
+        return fresh
 
     def backoff_left(self) -> float:
         """Seconds until a retry may run, when there is no fresh item and every retry waits."""
@@ -232,10 +232,10 @@ class MapRun(Deaths):
             poller.register(w.process.sentinel, select.POLLIN)
         dead = []
         for fd, _ in poller.poll(int(timeout * 1000)):
-            w = pipes.get(fd)
-            if w is not None:
-                if not self.receive(w):
-                    dead.append(w)
+            sender = pipes.get(fd)
+            if sender is not None:
+                if not self.receive(sender):
+                    dead.append(sender)
             elif ends[fd] not in dead:
                 dead.append(ends[fd])
         for w in dict.fromkeys(dead):

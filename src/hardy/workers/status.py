@@ -30,7 +30,7 @@ FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported 
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 
 
-def open_status(fd: int) -> tuple[mmap.mmap, memoryview]:
+def open_status(fd: int) -> tuple[mmap.mmap, Any]:
     """The status words in the memfd `fd`, as doubles (a memoryview: the cheapest store Python has)."""
     mm = mmap.mmap(fd, STATUS_SIZE)
     return mm, memoryview(mm).cast("d")
