@@ -75,6 +75,7 @@ class WorkerPool(Executor):
         self._waiting = 0  # maps waiting for a free worker (`wait_for_a_free_worker`)
         self._plan_ids: Memo[Plan, tuple[int, bytes, bool]] = Memo(1024, weak=True)
         self._next_plan = 0
+        self._last: tuple[Plan | None, Any] = (None, None)  # the plan `shipped` answered last, and its answer
         self.per_item_times: dict[int, tuple[float | None, int]] = {}  # plan id -> (seconds per item, items timed)
         self.replaced = 0
         self.recycled = 0  # of the replaced: stopped on purpose (max_tasks_per_worker, max_memory_per_worker)
@@ -280,8 +281,15 @@ class WorkerPool(Executor):
         return shipped
 
     def shipped(self, plan: Plan) -> tuple[int, bytes, bool] | None:
-        """`ship`'s answer when the plan was shipped before (None if not), without a lock."""
-        return self._plan_ids.get(plan)
+        """`ship`'s answer when the plan was shipped before (None if not), without a lock; the last
+        plan asked for is answered first (a loop of calls asks for one plan over and over)."""
+        last = self._last
+        if last[0] is plan:
+            return last[1]
+        shipped = self._plan_ids.get(plan)
+        if shipped is not None:
+            self._last = (plan, shipped)
+        return shipped
 
     def chunk_message(self, plan_id: int, items: Any, chunk: Sequence[int], shared: transport.Shared,
                       log: bool = False, sealed: int = 0, singly: bool = False,
