@@ -242,25 +242,35 @@ def _write_all(fd: int, data: Any) -> None:
 
 def read_frame(fd: int) -> bytes:
     """The next message on socket `fd` (framed as `write_frame` and `Connection.send_bytes` frame it);
-    EOFError at the end of the stream, as `Connection.recv_bytes` raises it."""
+    EOFError at the end of the stream, as `Connection.recv_bytes` raises it. On a socket with a
+    receive timeout (the parent's end of a worker's: `Worker.wait`), BlockingIOError when no
+    message began within it; once one has, its rest is waited for."""
     head = os.read(fd, 4)
     if len(head) < 4:
         head = _read_rest(fd, head, 4)
     (size,) = _LENGTH.unpack(head)
     if size == -1:
         (size,) = struct.unpack("!Q", _read_rest(fd, b"", 8))
-    data = os.read(fd, size) if size else b""
+    data = _read(fd, size) if size else b""
     return data if len(data) == size else _read_rest(fd, data, size)
+
+
+def _read(fd: int, size: int) -> bytes:
+    while True:
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:  # (a receive timeout, mid-message: the sender is still writing)
+            continue
 
 
 def _read_rest(fd: int, first: bytes, size: int) -> bytes:
     if not first and size:
-        first = os.read(fd, size)
+        first = _read(fd, size)
         if not first:
             raise EOFError
     parts, got = [first], len(first)
     while got < size:
-        chunk = os.read(fd, size - got)
+        chunk = _read(fd, size - got)
         if not chunk:
             raise OSError("got end of file during message")
         parts.append(chunk)
@@ -296,7 +306,10 @@ def receive_fds(conn: Any, n_fds: int) -> list[int]:
     fds: list[int] = []
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
         while len(fds) < n_fds:  # one byte per message of at most SCM_MAX_FD descriptors (`send`)
-            _, got, _, _ = socket.recv_fds(s, 1, min(SCM_MAX_FD, n_fds - len(fds)))
+            try:
+                _, got, _, _ = socket.recv_fds(s, 1, min(SCM_MAX_FD, n_fds - len(fds)))
+            except BlockingIOError:  # (a receive timeout: they follow their message, on their way)
+                continue
             fds += got
             if not got:
                 break
