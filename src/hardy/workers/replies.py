@@ -23,6 +23,7 @@ from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
+from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
 from .status import IDLE, ITEM, SENDING, STEP, STEP_START
@@ -104,6 +105,14 @@ class Replies:
             status[STEP] = len(batch)
         try:
             names = self.names
+            if names is None and not dying and not self.forward.records and all(map(_OK, batch)):
+                data = quick(list(map(_OUTPUT, batch)), main=False)  # the common batch: outputs, nothing else
+                if data is not None:
+                    self.sent.append((batch[:], None))
+                    transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True),
+                                          data)
+                    batch.clear()
+                    return
             if dying and self.complete is not None:  # a batched plan's log: only its items written whole
                 del LOG.data[self.complete:]
             records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
