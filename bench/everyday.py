@@ -39,7 +39,9 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from _measure import three_nodes  # bench/_measure.py
 from hardy import Engine, Failed, NodeCrashed, Pipeline, node
+from workers import burn  # bench/workers.py
 
 ROUNDS = 5
 HERE = Path(__file__).resolve().parent
@@ -52,22 +54,11 @@ def three(x: int) -> dict:
     return {"a": a, "b": b, "c": a + b}
 
 
-@node(output_name="a")
-def inc(x):
+NODES = three_nodes(node)  # a = x+1, b = 2a, c = a+b (bench/_measure.py)
+
+
+def plus_one(x: int) -> int:  # a module's function: a fresh worker imports it (its nodes above travel by value)
     return x + 1
-
-
-@node(output_name="b")
-def double(a):
-    return 2 * a
-
-
-@node(output_name="c")
-def total(a, b):
-    return a + b
-
-
-NODES = [inc, double, total]
 
 
 def rounds(cases: dict, number: dict) -> dict:
@@ -159,7 +150,7 @@ def calls(pool, rows: list) -> None:
 def maps(pool, rows: list) -> None:
     sequential = Pipeline(NODES, engine=Engine(map_executor="sequential"))
     default = Pipeline(NODES)
-    for n, number in ((100, 200), (10_000, 4)):
+    for n, number in ((100, 200), (10_000, 10)):
         xs = list(range(n))
         items = {"x": xs}
         default.map(inputs=items, map_over="x")
@@ -201,7 +192,7 @@ def start(rows: list) -> None:
         rows.append(("fresh worker, torch preloaded", "torch is not installed", "-", ""))
         return
     with Engine(preload=["torch"], max_tasks_per_worker=1, workers=1) as engine:
-        p = Pipeline([inc], engine=engine)
+        p = Pipeline([node(output_name="y")(plus_one)], engine=engine)
         p.run(inputs={"x": 1})
         best = rounds({"fresh": lambda: p.run(inputs={"x": 1})}, {"fresh": 5})["fresh"]
     fork = float(subprocess.run([sys.executable, "-c", FORK], capture_output=True, text=True, check=True).stdout)
@@ -258,23 +249,11 @@ def first(rows: list) -> None:
     rows.append(("", "launch to the process's exit (workers stopped)", f"{ends[k] * 1e3:.0f} ms", ""))
 
 
-def spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-@node(output_name="y")
-def busy(x: int) -> int:
-    spin(0.01)
-    return x
-
-
 def cpu(rows: list) -> None:
     items = list(range(200))
-    p = Pipeline([busy])
+    p = Pipeline([node(output_name="y")(burn)])  # 10 ms of CPU (bench/workers.py)
     p.map(inputs={"x": items[:4]}, map_over="x")
-    best = rounds({"loop": lambda: [busy.func(x) for x in items],
+    best = rounds({"loop": lambda: [burn(x) for x in items],
                    "default": lambda: p.map(inputs={"x": items}, map_over="x")}, {"loop": 1, "default": 1})
     rows.append(("200 items x 10 ms CPU", "plain loop", f"{best['loop']:.2f} s", "1.00x"))
     rows.append(("", "hardy default (2 worker processes)", f"{best['default']:.2f} s",

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
 import shutil
 import signal
@@ -36,6 +35,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from blake3 import blake3
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
 SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
@@ -73,7 +74,7 @@ def build(preload: bool = False) -> tuple[str | None, str]:
     `hardy repeat`'s runs)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
-    tag = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
+    tag = blake3(source + os.uname().machine.encode()).hexdigest()[:16]  # (not hashlib: every fork server would load OpenSSL)
     folder = os.path.join(cache_folder(), "native")
     target = os.path.join(folder, f"{'preload' if preload else 'handler'}-{tag}.so")
     if os.path.exists(target):
