@@ -74,7 +74,8 @@ def build(preload: bool = False) -> tuple[str | None, str]:
     `hardy repeat`'s runs)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
-    tag = blake3(source + os.uname().machine.encode()).hexdigest()[:16]  # (not hashlib: every fork server would load OpenSSL)
+    # blake3, not hashlib: every fork server would load OpenSSL for this
+    tag = blake3(source + os.uname().machine.encode()).hexdigest()[:16]
     folder = os.path.join(cache_folder(), "native")
     target = os.path.join(folder, f"{'preload' if preload else 'handler'}-{tag}.so")
     if os.path.exists(target):

@@ -285,7 +285,8 @@ class WorkerPool(Executor):
         plan asked for is answered first (a loop of calls asks for one plan over and over)."""
         last = self._last
         if last[0] is plan:
-            return last[1]
+            found: tuple[int, bytes, bool] = last[1]
+            return found
         shipped = self._plan_ids.get(plan)
         if shipped is not None:
             self._last = (plan, shipped)
