@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .pool import WorkerPool
     from .process import Worker
 
+
 def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results]) -> dict[str, Any]:
     """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
     one-item map gives them; `sink()` makes the results sink, when a map loop needs one."""
@@ -49,8 +50,10 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
         w.send(message)
         data = w.wait()
     except OSError:  # it died as we wrote
+        message.close()  # (its segments, if it was not sent)
         data = None
     except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
+        message.close()
         _interrupted(_adopted(pool, plan, item, sink, slot, w))
         raise
     if data is not None and plain_outputs(data) and not transport.packed(data, HEADER_SIZE):
