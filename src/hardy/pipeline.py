@@ -329,8 +329,7 @@ class Pipeline:
         missing = plan.unresolved()
         if missing:
             raise MissingInputError(missing, names, self.name)
-        self._plans.put(key, plan)
-        return plan
+        return self._plans.put(key, plan)  # (another thread's, if it got there first: one plan, shipped once)
 
     def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> Plan:
         """A new plan, with what its nodes read if it must be checked for changes (`_stale`): a
