@@ -25,7 +25,7 @@ import sys
 import textwrap
 import time
 
-from hardy.forensics import stacks, symbols
+from hardy.crash import stacks, symbols
 
 TORCH_LIB = os.path.join(os.path.dirname(__import__("importlib.util").util.find_spec("torch").origin), "lib")
 
@@ -69,7 +69,7 @@ def worker_start() -> None:
     print("2. worker start with the native handler vs without")
     code = textwrap.dedent("""
         import os, sys, time
-        from hardy.forensics import handler
+        from hardy.crash import handler
         handler.prepare()  # as the fork server does once
         fd = os.open(os.devnull, os.O_WRONLY)
         times = []
@@ -138,7 +138,7 @@ def hang_stacks() -> None:
             out = p.map(inputs={"x": [1]}, map_over="x", on_error="continue")
             print(f"{time.perf_counter() - t - 5:.2f}", out[0].error.stacks.splitlines()[0][:60])
     """)
-    without = code.replace("import time\n", "import time\nfrom hardy.forensics import stacks\n"
+    without = code.replace("import time\n", "import time\nfrom hardy.crash import stacks\n"
                            "stacks.py_spy = lambda: None  # as if py-spy were not installed\n", 1)
     for label, script in (("py-spy", code), ("faulthandler", without)):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -190,7 +190,7 @@ def replays() -> None:
     plain, off, on, kept = out.stdout.split()
     print(f"   map of 2,000 items, 20 failing (median of 5): plain loop {plain} ms; hardy {off} ms; "
           f"keep_failed_inputs=True {on} ms ({float(on) - float(off):+.1f} ms: {int(kept) // 5} inputs kept per map)")
-    from hardy.forensics.handler import build
+    from hardy.crash.handler import build
     preload, _ = build(preload=True)
     per = {}
     for label, env in (("without", {}), ("with", {"LD_PRELOAD": preload or ""})):

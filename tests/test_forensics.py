@@ -18,9 +18,9 @@ import pytest
 
 from conftest import needs_torch
 from hardy import DiskCache, Engine, NodeCrashed, NodeTimeout, Pipeline, node
+from hardy.crash import frames, handler, stacks, symbols
+from hardy.crash.frames import read_frames
 from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
-from hardy.forensics import frames, handler, stacks, symbols
-from hardy.forensics.frames import read_frames
 
 C_SOURCE = r"""
 #include <pthread.h>
@@ -186,7 +186,7 @@ def test_without_a_compiler_the_ctypes_handler_names_the_crash(tmp_path, libs):
     script.write_text(textwrap.dedent(f"""
         import ctypes
         from hardy import Engine, Pipeline, node
-        from hardy.forensics import handler
+        from hardy.crash import handler
         print(handler.mechanism())
 
         @node(output_name="y")
@@ -447,7 +447,7 @@ def shared_folder():
 
 
 def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, shared_folder):
-    from hardy.forensics import kept
+    from hardy.crash import kept
     report = _failed_map(tmp_path, libs["c"])
     path = kept.folder_of(report) / "item-3.pkl"
     assert _replay(report, "--item", "2").stderr.startswith("hardy replay: no kept inputs for item 2")
@@ -521,12 +521,12 @@ def test_keep_failed_inputs_without_a_report_dir(tmp_path, libs, monkeypatch, ca
 
 
 def kept_folder(report: Path) -> Path:
-    from hardy.forensics import kept
+    from hardy.crash import kept
     return kept.folder_of(report)
 
 
 def test_kept_inputs_are_capped_per_item_and_per_report(tmp_path, monkeypatch):
-    from hardy.forensics import kept
+    from hardy.crash import kept
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     small = kept.keep(tmp_path / "probe.json", None, {0: {"x": b""}})
     assert small == {0: "probe.inputs/item-0.pkl"}

@@ -198,7 +198,7 @@ def test_any_index_rows_are_read_as_misses_or_skipped_never_raised(tmp_path_fact
 @pytest.fixture(scope="module")
 def kept_report(tmp_path_factory):
     """A report with one kept item, as a failed map leaves it (in this user's private folder)."""
-    from hardy.forensics import kept
+    from hardy.crash import kept
     folder = tmp_path_factory.mktemp("reports")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("XDG_STATE_HOME", str(folder / "state"))  # the user's own key signs what is kept
@@ -212,7 +212,7 @@ def kept_report(tmp_path_factory):
 @given(cuts=st.lists(st.tuples(st.integers(0, 2000), st.binary(min_size=1, max_size=8)), max_size=3),
        length=st.integers(0, 4000))
 def test_a_changed_kept_input_is_refused_before_anything_is_unpickled(kept_report, cuts, length):
-    from hardy.forensics import kept
+    from hardy.crash import kept
     report, good = kept_report
     changed = bytearray(good)
     for at, what in cuts:
@@ -312,7 +312,8 @@ def libraries(tmp_path_factory) -> list[str]:
 def test_a_crash_record_of_any_content_is_read_without_an_exception_or_a_hang(libraries, lines):
     """A record's native lines name a library (read for its symbol table: a real one, a truncated or
     scrambled copy, a folder, a FIFO, a missing file) and an address in it; any other line is noise."""
-    from hardy.forensics.frames import MARK, crash_report, format_frames, read_frames
+    from hardy.crash.frames import MARK, format_frames, read_frames
+    from hardy.crash.sentence import crash_report
     text = [f"{MARK}{line[0]:x} {line[1]:x} {line[2] or '-'} {line[3]} {libraries[line[4]]}"
             if isinstance(line, tuple) else line for line in lines]
     record = "\n".join(text)
@@ -333,7 +334,7 @@ def test_a_library_whose_elf_headers_lie_is_read_as_no_symbols_or_some(tmp_path_
                                                                         offsets):
     """The symbol tables of the libraries a record names are read from their files: header fields
     (section and program tables, counts, offsets, string table links) of any value."""
-    from hardy.forensics.symbols import _EHDR, table
+    from hardy.crash.symbols import _EHDR, table
     real = Path(libraries[0]).read_bytes()
     body = bytearray(real)
     shoff = _EHDR.unpack_from(real)[6]

@@ -158,8 +158,8 @@ def test_a_report_folder_that_is_another_users_link_is_refused(area, tmp_path): 
 
 @needs_root
 def test_kept_inputs_and_the_state_folder_refuse_another_users_links(area, monkeypatch):  # noqa: F811
+    from hardy.crash import kept
     from hardy.errors import UntrustedCacheError
-    from hardy.forensics import kept
     monkeypatch.setenv("XDG_STATE_HOME", str(area / "state"))
     (area / "state").mkdir(mode=0o700)
     shared = area / "reports"

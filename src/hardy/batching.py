@@ -18,10 +18,10 @@ run items. What stays per item:
 - **errors**: a batch call that raises is split in halves, and again, until each failing item is
   alone; its error names the node and that item's inputs, every other item gets its result. The
   node's `retries`/`retry_on` apply to each call (`hardy.policy`). A crash or a timeout in a worker
-  process runs the batch again one item per call on a fresh worker (`workers/deaths.py`: each
+  process runs the batch again one item per call on a fresh worker (`crash/verdict.py`: each
   death costs a worker start, so halving would cost more deaths). Inside a nested map, the
   enclosing item runs again with that map's calls one item each (`_call` names its items for
-  `crash.nesting`), then without the culprit.
+  `crash.containment.nesting`), then without the culprit.
 - **events**: items start, end and fail one by one; each item's event for the batched node lasts
   its share of the call that computed it (the call's time over its items), so a node's total is
   the time its calls took. Each call is also reported whole (`called`: the node's step, its
@@ -218,7 +218,7 @@ class Batched:
               ) -> list[tuple[bool, Any, Span]]:
         """(ok, the item's output or the exception, its share of the call) per item: one call,
         split in halves where it raises. `_hardy_batch` names the call's node and items for a
-        crash inside it (`crash.nesting`: which inner items of a nested map it held)."""
+        crash inside it (`crash.containment.nesting`: which inner items of a nested map it held)."""
         assert part.node is not None and part.call is not None
         _, calling, called = hooks
         n = len(rows)

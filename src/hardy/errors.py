@@ -346,8 +346,8 @@ class NodeCrashed(NodeError):
                  native_stack: str = "", diagnosis: Sequence[str] = (), inputs: dict[str, Any] | None = None):
         super().__init__(node, inputs, item, reason)
         self.signal, self.exitcode, self.stack = signal, exitcode, stack
-        # the crashing thread's native frames (hardy.forensics.symbols.Frame), innermost first; their
-        # text as the message shows it; what they say about hazards hardy knows (hardy.forensics.diagnosis)
+        # the crashing thread's native frames (hardy.crash.symbols.Frame), innermost first; their
+        # text as the message shows it; what they say about hazards hardy knows (hardy.crash.diagnosis)
         self.native_frames, self.native_stack, self.diagnosis = list(native_frames), native_stack, list(diagnosis)
 
     def __str__(self) -> str:

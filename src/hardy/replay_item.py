@@ -34,7 +34,7 @@ def _post(t: float) -> float:
 
 
 def _watchdog(overall: float) -> None:
-    """Stops the item past its node's timeout (posted as in a worker: `crash.mark_contained`) or
+    """Stops the item past its node's timeout (posted as in a worker: `crash.containment.mark_contained`) or
     past `overall` seconds from now (0: no such limit)."""
     main = threading.main_thread().ident
     assert main is not None
@@ -56,11 +56,11 @@ def _watchdog(overall: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .crash import mark_contained
+    from .crash import handler
+    from .crash.containment import mark_contained
+    from .crash.kept import load
     from .engine import Engine
     from .errors import ReplayError
-    from .forensics import handler
-    from .forensics.kept import load
     from .workers.launch import worker_environment
     report, item = argv[0], int(argv[1])
     deadline = float(argv[2]) if len(argv) > 2 else 0.0

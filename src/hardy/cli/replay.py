@@ -1,6 +1,6 @@
 """`hardy replay REPORT --item N [--repeat K | --gdb | --py-spy | --pdb]`: one failed item of a run report, run again.
 
-The item's kept inputs (`hardy.forensics.kept`) run through the same pipeline on a process engine with one
+The item's kept inputs (`hardy.crash.kept`) run through the same pipeline on a process engine with one
 worker that serves a single item (`max_tasks_per_worker=1`) and the original engine's worker
 options (preload, preload_libs, start method, memory limit), so every run starts as the original
 worker did: a fresh process from a clean fork server, the worker environment, the native
@@ -67,8 +67,8 @@ class Replay:
 
 def replay(report: str | os.PathLike[str], item: int, repeat: int = 1) -> Replay:
     """Run the kept item `repeat` times, each in a fresh worker."""
+    from ..crash.kept import load
     from ..engine import Engine
-    from ..forensics.kept import load
     kept = load(report, item)
     pipeline, inputs = kept["pipeline"], kept["inputs"]
     result = Replay(item, pipeline.name)
@@ -104,8 +104,8 @@ def described(err: NodeError) -> str:
 def under_pdb(report: str, item: int) -> int:
     """Run the kept item in this process under pdb (`debugging.run_again`); refused, before
     anything runs, for an item that crashed its worker: it would end this process too."""
+    from ..crash.kept import load
     from ..debugging import run_again
-    from ..forensics.kept import load
     crash = _crash_of(report, item)
     if crash:
         return _missing(f"item {item} crashed its worker ({crash}): run in this process under pdb it would end "
@@ -173,10 +173,10 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
     time went. The exit code (module docstring). py-spy attaches to the item's process (`--pid`),
     which waits for it before running the item: a spawned child that crashed was seen to leave
     py-spy 0.4 waiting forever, and its own exit status tells the signal."""
+    from ..crash.kept import folder_of
+    from ..crash.sentence import crash_report
+    from ..crash.stacks import py_spy
     from ..errors import install_hint
-    from ..forensics.frames import crash_report
-    from ..forensics.kept import folder_of
-    from ..forensics.stacks import py_spy
     program = py_spy()
     if program is None:
         return _missing(f"--py-spy needs py-spy, which is not installed here: {install_hint('forensics')}")
@@ -298,8 +298,8 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     Exit code: 0 when every run succeeded, 1 when one failed, 2 when the item cannot be replayed
     (or --gdb / --py-spy's tool is not installed).
     """
+    from ..crash.kept import check
     from ..errors import ReplayError
-    from ..forensics.kept import check
     if gdb or py_spy or pdb:
         if gdb + py_spy + pdb > 1 or repeat > 1:
             typer.echo("hardy replay: --gdb, --py-spy, --pdb and --repeat are one at a time", err=True)

@@ -140,8 +140,8 @@ def examine_libraries(dirs: Sequence[str]) -> list[Finding]:
 def examine_forensics() -> list[Finding]:
     """Whether a crashed worker will name its native frames and a hung one its stacks, here, and
     what to change if not (docs/failures.md, "Native crash forensics")."""
-    from ..forensics.handler import mechanism
-    from ..forensics.stacks import ptrace_scope, py_spy
+    from ..crash.handler import mechanism
+    from ..crash.stacks import ptrace_scope, py_spy
     kind, why = mechanism()
     found = [Finding("ok", "forensics", "native frames of crashes: the compiled handler is installed in workers")
              if kind == "native" else

@@ -8,7 +8,7 @@ does that for any command, classifies every exit (success, exit code, signal by 
 
 What a crashing run leaves: Python commands run with PYTHONFAULTHANDLER=1 (the Python stack), and
 every process of a run gets hardy's native fatal-signal handler through LD_PRELOAD (the variant of
-`forensics/native_handler.c` that installs itself when loaded, writing to stderr): the crashing
+`crash/native_handler.c` that installs itself when loaded, writing to stderr): the crashing
 thread's native frames, named from the libraries' symbol tables, so each failing run says which
 library and function it died in. LD_PRELOAD is what glibc's own `catchsegv` used (removed in glibc
 2.35); it reaches dynamically linked programs, not static or setuid ones.
@@ -27,8 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..crash import describe_exit
-from ..forensics.frames import crash_report
+from ..crash.sentence import crash_report, describe_exit
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ def classify(returncode: int | None, timed_out: bool) -> tuple[str, str | None]:
 
 def _preload(native: bool) -> tuple[dict[str, str], str]:
     """The environment that gives each run the native handler, and why not when it cannot."""
-    from ..forensics.handler import build
+    from ..crash.handler import build
     if not native or os.environ.get("HARDY_NATIVE_HANDLER") == "off":
         return {}, "native frames off"
     path, why = build(preload=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import arguments
 from ..cache.keys import PlanCache
-from ..crash import contained, deadlined
+from ..crash.containment import contained, deadlined
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from ..executor import Executor, IsolatedCall, WorkerCounts
 from ..node import Node
@@ -107,7 +107,7 @@ class Engine:
     environment variable HARDY_REPORT_DIR, read here) also writes each one there as JSON.
     Recording instruments node calls like a callback does, so it is off by default.
     keep_failed_inputs: keep the inputs of a map's failed items beside its report, signed, for
-    `hardy replay` (`hardy.forensics.kept`). None (the default): when reports are written to a
+    `hardy replay` (`hardy.crash.kept`). None (the default): when reports are written to a
     directory; True: also without one, a map with failures then writes its report to
     `~/.local/state/hardy/reports` ($XDG_STATE_HOME) and logs where; False: never.
     gpus: GPU workers for `@node(gpus=...)` nodes ("all", a count or indices such as [0, 1]),

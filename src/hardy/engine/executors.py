@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batching import Batched, batched
-from ..crash import reported_crashes
+from ..crash.signals import reported_crashes
 from ..errors import NodeError
 from ..executor import Executor
 from ..plan import Plan, run_sync

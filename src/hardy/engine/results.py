@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..crash import POISON, poisoned_here
+from ..crash.containment import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError, PipelineRefused, ReplicaError
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
@@ -225,7 +225,7 @@ class Results:
 
     def crashed(self) -> dict[int | None, Any]:
         """The items of this map that crashed a worker before (a nested map in a worker, run
-        again without them: `crash.poisoned_here`); {} almost always."""
+        again without them: `crash.containment.poisoned_here`); {} almost always."""
         return poisoned_here() if POISON else {}
 
     def _runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:

@@ -195,11 +195,11 @@ class Recorder(PipelineCallback):
 
 def _folder(engine: Any, failures: dict[int, NodeError]) -> Path | None:
     """Where the report is written: the engine's report directory, else with failures and
-    `keep_failed_inputs=True` the user's own (`forensics.kept.default_folder`), else nowhere."""
+    `keep_failed_inputs=True` the user's own (`crash.kept.default_folder`), else nowhere."""
     if engine.report_dir:
         return Path(engine.report_dir)
     if failures and engine.keep_failed_inputs:
-        from ..forensics.kept import default_folder
+        from ..crash.kept import default_folder
         return default_folder(create=True)
     return None
 
@@ -219,10 +219,10 @@ def _write(report: RunReport, folder: Path, pipeline: Any, live: LiveReport, fai
 
 def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: list[dict[str, Any]],
                         failures: dict[int, NodeError]) -> None:
-    """The inputs of the first failed items, beside the report, for `hardy replay` (forensics/kept.py);
+    """The inputs of the first failed items, beside the report, for `hardy replay` (crash/kept.py);
     each failure of the report says where its inputs are, or why they were not kept; a log line
     says how to replay the first one."""
-    from ..forensics.kept import FAILURES_KEPT, keep
+    from ..crash.kept import FAILURES_KEPT, keep
     from ..shipping.pickling import pickled_by_value
     wanted = sorted(failures)[:FAILURES_KEPT]
     kept = keep(path, pipeline, {i: items[i] for i in wanted if i < len(items)}, pickled_by_value)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..crash import contained
+from ..crash.containment import contained
 from ..errors import Failed, MapError, NodeError
 from .callbacks import in_call
 from .events import Events

@@ -22,7 +22,8 @@ dying worker can never leave something locked that the others need):
     Resend(items)      ── a batch was unreadable ────►  those items again, one pickle each
     exit status        ◄── from the fork server ─────   the worker died (its group, and every process it
                                                           adopted, is killed: lifeline.py)
-      → read status + crash file: the item, node, signal, Python and native stacks (deaths.py)
+      → read status (the item, the step) and the fault record, once (deaths.py); the crash
+        package says what the death means (hardy/crash: the walk)
       → that item fails (or is retried; it runs again, unblamed, when the crash was in a Python
         thread it did not start); unsent items are re-queued; the worker is replaced
     Stop()             ── on close / recycling ──────►  flush, end the processes under it, os._exit(0):

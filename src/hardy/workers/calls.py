@@ -99,7 +99,7 @@ def _resume(run: MapRun, slot: int, w: Worker, data: bytes | None) -> None:
         except (EOFError, OSError):  # it died while passing its shared memory
             alive = False
     if not alive:
-        run.on_death(w)
+        run.deaths.on_death(w)
 
 
 def _interrupted(run: MapRun) -> None:

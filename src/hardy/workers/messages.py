@@ -35,7 +35,7 @@ class Chunk(NamedTuple):
     """Items to run: `items` are (index, inputs) pairs. `log`: log node events (the parent
     listens); `sealed`: each input pickled on its own (1), and each result sent alone (2);
     `singly`: batched nodes take one item per call; `poison`: nested items that crashed a worker
-    before (`crash.poisoned_here`)."""
+    before (`crash.containment.poisoned_here`)."""
 
     plan_id: int
     items: list[tuple[int, Any]]

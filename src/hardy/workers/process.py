@@ -14,7 +14,7 @@ import struct
 import time
 from array import array
 
-from ..forensics.stacks import hang_stacks
+from ..crash.stacks import hang_stacks
 from ..plan import Plan
 from ..shipping import context, transport
 from . import launch

@@ -17,9 +17,10 @@ import signal
 import sys
 from typing import Any, NoReturn
 
-from ..crash import LAST_WORDS_LIMIT, exit_line, nesting_line, thread_line, watch_threads
+from ..crash import handler, mapped
+from ..crash.record import exit_line, nesting_line, thread_line, watch_threads
+from ..crash.signals import LAST_WORDS_LIMIT
 from ..errors import NodeError
-from ..forensics import handler, mapped
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
@@ -158,7 +159,7 @@ class Replies:
         """Runs in the handler of a fatal signal (or of the parent's SIGUSR1 before a kill), in
         the thread that received it: where a nested pipeline was and which thread this is, for the
         parent to name (before faulthandler's stack), then the results not sent yet, then which
-        files the crash's libraries were mapped from (`forensics.mapped`); then it ends the
+        files the crash's libraries were mapped from (`crash.mapped`); then it ends the
         processes its nodes started (`lifeline.end_descendants`)."""
         try:
             os.write(fault, (nesting_line() + thread_line()).encode())

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batching import batched
-from ..crash import describe_exit
+from ..crash.death import ended
+from ..crash.stacks import hang_stacks
 from ..errors import (
     GpuOutOfMemory,
     NodeError,
 )
-from ..forensics.stacks import hang_stacks
 from ..plan import Plan
 from ..policy import delay
 from ..shipping import (
@@ -54,7 +54,7 @@ CHUNK_LEAST = 0.005    # seconds of work below which a chunk is not cut smaller 
 STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 
 
-class MapRun(Deaths):
+class MapRun:
     """One map (or one isolated call) through the pool: the scheduling loop and its bookkeeping."""
 
     def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: Any):
@@ -72,9 +72,11 @@ class MapRun(Deaths):
         self.singly: set[int] = set()  # first items of chunks whose batched calls take one item (`split`)
         self.limited = pool.max_memory is not None or bool(pool.stall_report) or timed
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
-        self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.poisoned_here`
-        self.blameless: dict[int, int] = {}  # items run again after crashes in others' threads (`Deaths`)
+        self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.containment.poisoned_here`
         self.began = time.monotonic()  # (a thread started before was started by an earlier map's item)
+        self.deaths = Deaths(pool, plan, (self.plan_id, self.plan_msg), items, results, self.began, self.receive,
+                             retry=self.retry, due=self.due, attempts=self.attempts, sealed=self.sealed,
+                             singly=self.singly, poison=self.poison)
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
@@ -159,7 +161,7 @@ class MapRun(Deaths):
                 w.send(data)
             except OSError:  # it died just now: its chunk goes back to the queue
                 data.close()
-                self.on_death(w)
+                self.deaths.on_death(w)
         if unneeded:
             pool.release(self, unneeded)
         pool.top_up(self.plan_id, self.plan_msg)
@@ -239,7 +241,7 @@ class MapRun(Deaths):
             elif ends[fd] not in dead:
                 dead.append(ends[fd])
         for w in dict.fromkeys(dead):
-            self.on_death(w)
+            self.deaths.on_death(w)
 
     def cancel(self) -> None:
         """Stop this run's busy workers now (a hung or slow item must not delay the error or the
@@ -280,7 +282,7 @@ class MapRun(Deaths):
         if unread:  # its chunk could not be unpickled there: it goes again, sealed
             chunk = list(w.unsent)
             w.plan, w.unsent = None, {}
-            self.send_sealed(chunk, pickle.loads(memoryview(data)[HEADER_SIZE:]))
+            self.deaths.send_sealed(chunk, pickle.loads(memoryview(data)[HEADER_SIZE:]))
             return False
         try:
             batch = transport.unpack(w.conn, memoryview(data)[HEADER_SIZE:])
@@ -315,9 +317,9 @@ class MapRun(Deaths):
 
     def replace_idle(self, slot: int, w: Worker) -> None:
         """`w` died while it had nothing to do: it is replaced, and nothing it was handed is blamed."""
-        signame, text = describe_exit(w.process.exitcode)
-        log.warning("worker %d died while idle (%s); replacing it%s", w.number, text,
-                    after_return(w, signame, text, self.plan, self.began))
+        end = ended(w.fault_path, w.process.exitcode)
+        log.warning("worker %d died while idle (%s); replacing it%s", w.number, end.reason,
+                    after_return(end, self.plan, self.began))
         if w.unsent:  # (handed just as it died, never read: it goes first to the next worker)
             self.retry.appendleft(list(w.unsent))
         w.plan, w.unsent = None, {}
@@ -403,16 +405,16 @@ class MapRun(Deaths):
                 started = w.status[words.STEP_START]
                 if timeout and now - started > timeout:
                     w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
-                    self.on_death(w)
+                    self.deaths.on_death(w)
                     continue
                 stall = self.pool.stall_report
                 if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
                     self.stalled[w.number] = (item, step, started)
                     self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
-                deadline = w.status[words.DEADLINE]  # of a node nested in the step (crash.deadlined)
+                deadline = w.status[words.DEADLINE]  # of a node nested in the step (crash.containment.deadlined)
                 if 0 < deadline < now:
                     w.kill("timeout", "node ran past its timeout")
-                    self.on_death(w)
+                    self.deaths.on_death(w)
                     continue
             limit = self.pool.max_memory
             if limit is not None:
@@ -420,7 +422,7 @@ class MapRun(Deaths):
                 if used > limit:
                     w.kill("memory", f"worker memory {used / 2**20:.0f} MiB passed max_memory_per_worker "
                                      f"({limit / 2**20:.0f} MiB)")
-                    self.on_death(w)
+                    self.deaths.on_death(w)
 
     def report_stall(self, w: Worker, item: int, node: str, running: float) -> None:
         """Log every thread's stack of a node call running past `stall_report` (it goes on running)."""

@@ -30,7 +30,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
-from ..forensics.handler import prepare as prepare_native_handler
+from ..crash.handler import prepare as prepare_native_handler
 from ..safety.environment import cap_loaded_runtimes
 from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 

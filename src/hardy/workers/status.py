@@ -8,7 +8,7 @@ small integers, exact in a double. READY turns 1 once the worker is set up (so a
 its setup's: preload_libs, the environment; a death after never is). Between items, ITEM says
 what the worker does: IDLE, READING a message (a chunk's items are unpickled then), or SENDING
 results (pickled then), and STEP how many results that batch holds. DEADLINE: the deadline of a
-node nested in a step (crash.deadlined), for the parent to enforce.
+node nested in a step (crash.containment.deadlined), for the parent to enforce.
 """
 
 from __future__ import annotations

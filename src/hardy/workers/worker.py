@@ -24,10 +24,11 @@ from typing import Any
 
 from ..breakpoints import no_terminal
 from ..columns import built
-from ..crash import FATAL_SIGNALS, POISON, mark_contained, on_fatal_signal
+from ..crash import handler as native_handler
+from ..crash.containment import POISON, mark_contained
+from ..crash.signals import FATAL_SIGNALS, on_fatal_signal
+from ..crash.stacks import allow_tracing
 from ..errors import ReplicaError
-from ..forensics import handler as native_handler
-from ..forensics.stacks import allow_tracing
 from ..observe.nodelog import LOG
 from ..plan import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
@@ -121,7 +122,7 @@ def _open_status_words(status_fd: int) -> Any:
 
 
 def _post_deadline(status: Any, t: float) -> float:
-    """A nested node's deadline, for the parent to enforce (`crash.deadlined`); the one before."""
+    """A nested node's deadline, for the parent to enforce (`crash.containment.deadlined`); the one before."""
     before, status[DEADLINE] = status[DEADLINE], t
     return float(before)
 

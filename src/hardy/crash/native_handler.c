@@ -6,7 +6,7 @@
  * find the default action and end the process before the first had written anything. Instead the
  * first thread in writes; any other waits for the process to end. A fault inside this handler,
  * its signal blocked, is fatal at once (the kernel's rule), so it cannot loop.
- * The parent symbolises the offsets after the death (hardy/forensics/symbols.py).
+ * The parent symbolises the offsets after the death (hardy/crash/symbols.py).
  * Built with -DHARDY_PRELOAD, it installs itself when loaded (LD_PRELOAD, for `hardy repeat`),
  * writing to stderr. A Python started with PYTHONFAULTHANDLER=1 then installs faulthandler over
  * it, whose handler calls this one from inside itself (raise()): the crash's frames are then those

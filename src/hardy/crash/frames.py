@@ -1,7 +1,9 @@
-"""A worker's crash record, read by the parent: native frames, and the sentence that names them.
+"""A crash's frames: the native ones named from the lines the native handler wrote, which of
+them the crash is named by, and the line of the node's own code in the Python stack.
 
-The record is the worker's faulthandler file: the native handler (`handler.py`) writes its
-`hardy-native:` lines there first, then faulthandler the Python stack.
+The native handler (`handler.py`) writes the crashing thread's return addresses into the fault
+record as `hardy-native:` lines (`record.py` holds the whole format); `mapped.py` says which file
+each library was mapped from. Naming them reads each library's symbol table (`symbols.py`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sysconfig
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from . import mapped
 from .symbols import Frame, demangle, symbolise
@@ -23,12 +25,18 @@ _INTERPRETER = re.compile(r"^(libpython|python\d|_ctypes\.|libffi\.)")
 
 
 def read_frames(text: str) -> list[Frame]:
-    """The crashing thread's native frames in a crash record's text, innermost first, named: from
-    each library's file on disk, unless the worker said that file is not the one it had mapped
-    (`mapped.py`: then from the mapped copy, or not at all)."""
+    """The crashing thread's native frames in a crash record's text, innermost first, named."""
     libraries, named = mapped.read(text)
+    return name_frames(mapped.native_lines(text), libraries, named)
+
+
+def name_frames(native: list[mapped.Native], libraries: Mapping[str, mapped.Mapped],
+                named: Mapping[int, tuple[str, int]]) -> list[Frame]:
+    """Native frames as a record holds them, named: from each library's file on disk, unless the
+    worker said that file is not the one it had mapped (`mapped.py`: then from the mapped copy,
+    or not at all)."""
     frames: list[Frame] = []
-    for address, base, saddr, exported, library in mapped.native_lines(text):
+    for address, base, saddr, exported, library in native:
         said = libraries.get(library)
         if said is None or not said.replaced(library):
             frames.append(symbolise(address, base, library, exported, caller=bool(frames)))
@@ -40,29 +48,6 @@ def read_frames(text: str) -> list[Frame]:
         else:
             frames.append(Frame(address, library, address - base, replaced=True))
     return frames
-
-
-def crash_report(stderr: str) -> tuple[str, str, str]:
-    """(the frame a crash is named by, the native stack, faulthandler's Python stack) in the stderr of
-    a process that had the native handler and faulthandler write there (`hardy repeat`'s runs,
-    `hardy replay --py-spy`'s): the last native record (a process that ran before, such as a contained hardy worker,
-    may have left one too), the Python stack from its "Fatal Python error" on."""
-    start = stderr.rfind(MARK + "signal ")
-    frames = read_frames(stderr[start:]) if start >= 0 else []
-    named = culprit(frames)
-    fatal = stderr.rfind("Fatal Python error: ")
-    python = "" if fatal < 0 else "\n".join(
-        ln for ln in stderr[fatal:].splitlines() if not ln.startswith(MARK)).strip()[:4000]
-    return (named.short() if named else ""), format_frames(frames) if frames else "", python
-
-
-def read_record(path: str) -> list[Frame]:
-    """`read_frames` of the record file at `path` (no frames if it cannot be read)."""
-    try:
-        with open(path, errors="replace") as f:
-            return read_frames(f.read())
-    except OSError:
-        return []
 
 
 def own(frames: list[Frame]) -> list[Frame]:
@@ -112,18 +97,6 @@ _NOT_USER_CODE = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "p
                        | {os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep})
 
 
-def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str, stack: str) -> str:
-    """`worker died from SIGSEGV in libfoo.so (crash_here+0x12), called from node 'embed' (x.py:8)`;
-    `reason` (the exit's plain description) when no native frame was recorded."""
-    frame = culprit(frames)
-    if frame is None or signame is None:
-        return reason
-    site = python_site(stack, node)
-    hint = reason.partition(" (")[2].rstrip(")")  # describe_exit's explanation of the signal
-    return (f"worker died from {signame} in {frame.short()}, called from node {node!r}"
-            + (f" ({site})" if site else "") + (f": {hint}" if hint else ""))
-
-
 def format_frames(frames: list[Frame], limit: int = 24) -> str:
     """The native stack as the error shows it, numbered, innermost first."""
     mine = own(frames)
@@ -132,29 +105,3 @@ def format_frames(frames: list[Frame], limit: int = 24) -> str:
     if hidden:
         lines.append(f"  ... {hidden} more frame(s), in the Python interpreter and below")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Death:
-    """What the parent makes of a dead worker's record: the first line, frames, diagnosis, stacks."""
-
-    reason: str
-    frames: list[Frame]
-    native_stack: str
-    diagnosis: list[str]
-    stacks: str = ""
-
-
-def examine(record: str, signame: str | None, reason: str, node: str, stack: str,
-            hang: tuple[str, str] | None = None, after_return: bool = False) -> Death:
-    """The death of a worker whose crash record is the file `record`. `hang`: for a worker killed
-    for running too long, (py-spy's stacks, why none) as `stacks.hang_stacks` gave them, the
-    Python stacks of `stack` standing in when py-spy gave none."""
-    from .diagnosis import diagnose
-    if hang is not None:
-        text, why = hang
-        stacks = text or (f"faulthandler, Python frames only ({why}):\n{stack}" if stack else "")
-        return Death(reason, [], "", diagnose(stacks=text), stacks)
-    frames = read_record(record)
-    return Death(crash_line(signame, reason, frames, node, stack), frames, format_frames(frames),
-                 diagnose(frames, after_return=after_return))

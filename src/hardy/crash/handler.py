@@ -16,7 +16,7 @@ hardy is pure Python, so the handler reaches a machine in one of two ways, chose
 - "ctypes", when there is no compiler (or the build failed): the same steps written in Python and
   installed through ctypes. It runs Python inside the signal handler, as hardy's last-words
   callback already does: not async-signal-safe (a crash while the allocator's lock is held can
-  hang it; `crash.LAST_WORDS_LIMIT` then ends the process) and without an alternate stack, so a
+  hang it; `signals.LAST_WORDS_LIMIT` then ends the process) and without an alternate stack, so a
   stack overflow leaves no native frames. Shipping prebuilt binaries instead would mean one per
   libc and CPU inside a pure-Python wheel; a compiler is on almost every machine that builds
   native code, and the fallback covers the rest.

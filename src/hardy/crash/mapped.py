@@ -17,7 +17,7 @@ of its frames, read from that file's symbol table:
 
     hardy-symbol: <address> <offset into the function> <symbol>
 
-The parent (`frames.read_frames`) names a frame from the disk only when its library is `same` and
+The parent (`frames.name_frames`) names a frame from the disk only when its library is `same` and
 the file still has that identity; for a replaced one it takes the `hardy-symbol` name, else the
 exported name `dladdr` found in the worker's memory (the mapped copy's own dynamic symbols), else
 says "library replaced since it was loaded" instead of a name. A record without these lines (a

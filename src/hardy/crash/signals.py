@@ -1,0 +1,148 @@
+"""Fatal signals: a callback between a signal and faulthandler's stack, and the sentence a crash of
+this very process prints during an in-process map.
+
+A worker's last words (`workers/replies.py`) run through `on_fatal_signal`; so does the report of a
+crash of the calling process while a sequential, threaded or async map runs (`reported_crashes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+HINTS = {  # what each fatal signal most often means
+    "SIGSEGV": "segmentation fault in native code",
+    "SIGABRT": "abort: a failed C/C++ assertion, std::terminate or os.abort()",
+    "SIGKILL": "killed from outside, most often by the kernel's out-of-memory killer",
+    "SIGBUS": "bus error: a truncated memory-mapped file or misaligned access",
+    "SIGFPE": "arithmetic fault in native code",
+    "SIGILL": "illegal instruction: a binary built for another CPU",
+    "SIGTERM": "terminated from outside",
+    "SIGALRM": "an alarm: the node's own signal.alarm, or a crash in a native thread that left hardy's "
+               "crash handler no way to run (it gives up after LAST_WORDS_LIMIT seconds)",
+}
+
+
+# --- last words: a callback between a fatal signal and faulthandler's stack ---------------------
+
+FATAL_SIGNALS = ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
+LAST_WORDS_LIMIT = 2  # seconds: a callback that hangs in a corrupted process is ended by SIGALRM
+
+
+def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FATAL_SIGNALS) -> Callable[[], None]:
+    """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
+    installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
+    of it). Python cannot do this itself: its handlers run between bytecodes, after the process
+    is dead. Returns the function that puts the previous handlers back."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int) -> None:
+        libc.alarm(LAST_WORDS_LIMIT)
+        try:
+            callback(signum)
+        finally:
+            libc.alarm(0)
+            libc.signal(signum, previous[signum])
+            getattr(libc, "raise")(signum)  # blocked in this handler: delivered to the previous one as it returns
+
+    c_handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(handler)
+    for name in signals:
+        signum = int(getattr(signal, name))
+        previous[signum] = libc.signal(signum, ctypes.cast(c_handler, ctypes.c_void_p))
+
+    def undo() -> None:
+        for signum, old in previous.items():
+            libc.signal(signum, old)
+        _alive.pop(id(c_handler), None)
+    _alive[id(c_handler)] = c_handler
+    return undo
+
+
+_alive: dict[int, Any] = {}  # installed C handlers must outlive the call that made them
+
+
+# --- a crash of this process during an in-process map -------------------------------------------
+#
+# Sequential, threaded and async maps run nodes in this process: a segfault there ends the
+# interpreter, without a word (rc 139) unless faulthandler is on. While such a map runs, a fatal
+# signal first makes hardy name the node and the item (read from the frame of the plan's generated
+# function: its `_s` is the step, `_item` the item, so nothing is paid per item), print the Python
+# stack as faulthandler would, and say what would have contained the crash; then the process dies
+# of the same signal. The handler is installed once, at the first in-process map, and is inert
+# outside maps (it hands the signal straight to whatever handled it before): installing and
+# removing C handlers around every map would cost a small map ~40x its time. A faulthandler the
+# user turned on speaks instead of hardy.
+
+_maps: dict[str, Any] = {"running": 0, "executor": ""}  # the in-process maps running now, and the executor's name
+_installed: list[Callable[[], None]] = []
+_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def reported_crashes(executor: str) -> Iterator[None]:
+    """Around an in-process map: a fatal signal prints node, item, the stack and the remedy."""
+    with _guard:
+        if not _installed:
+            _installed.append(on_fatal_signal(_last_words))
+        _maps["running"] += 1
+        _maps["executor"] = executor
+    try:
+        yield
+    finally:
+        with _guard:
+            _maps["running"] -= 1
+
+
+def _last_words(signum: int) -> None:
+    import faulthandler
+    if not _maps["running"] or faulthandler.is_enabled():
+        return
+    name = signal.Signals(signum).name
+    where = _in_flight()
+    what = f"{name} ({HINTS.get(name, name)})"
+    text = (f"\nhardy: {where} crashed this process with {what}.\n" if where else
+            f"\nhardy: this process crashed with {what} while a map was running.\n")
+    os.write(2, text.encode(errors="replace"))
+    os.write(2, _stack().encode(errors="replace"))
+    os.write(2, (f"hardy: map_executor={_maps['executor']!r} runs nodes in this process, so the crash ends it; "
+                 "map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n"
+                 ).encode())
+
+
+def _stack() -> str:
+    """faulthandler's dump of every thread, without the frames of this handler."""
+    import faulthandler
+    import tempfile
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return "".join(ln for ln in f if __file__ not in ln)
+
+
+def _in_flight() -> str:
+    """'node N on item I' for each plan function running in this process, the crashing thread first."""
+    frames = [sys._getframe()] + [f for t, f in sys._current_frames().items() if t != threading.get_ident()]
+    found = []
+    for frame in frames:
+        f: FrameType | None = frame
+        while f is not None and not f.f_code.co_filename.startswith("<hardy plan"):
+            f = f.f_back
+        if f is None:
+            continue
+        plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
+        step, item = f.f_locals.get("_s"), f.f_locals.get("_item")
+        node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
+        found.append(f"node {node!r}" + (f" on item {item}" if item is not None else ""))
+    return "; ".join(found)
