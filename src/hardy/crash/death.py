@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .diagnosis import diagnose
 from .frames import format_frames
 from .record import FaultRecord, read
 from .sentence import crash_line, describe_exit
@@ -58,6 +57,7 @@ def examine(record: FaultRecord, signame: str | None, reason: str, node: str, st
     """The death of a worker whose fault record is `record`. `hang`: for a worker killed for
     running too long, (py-spy's stacks, why none) as `stacks.hang_stacks` gave them, the Python
     stacks of `stack` standing in when py-spy gave none."""
+    from .diagnosis import diagnose  # deaths only: a pool's import stays light
     if hang is not None:
         text, why = hang
         stacks = text or (f"faulthandler, Python frames only ({why}):\n{stack}" if stack else "")

@@ -300,7 +300,7 @@ class WorkerPool(Executor):
         `shared`: the segments of the values every item of the map holds (written once);
         `sealed`: `items` are sealed (`shipping.seal`), to be opened one by one (2: and each result
         sent alone); `singly`: batched nodes are called for one item at a time (a batch that
-        killed a worker, `MapRun.split`); `poison`: nested items that crashed a worker before
+        killed a worker, `crash.verdict.split`); `poison`: nested items that crashed a worker before
         (`crash.containment.poisoned_here`). Consecutive items with nothing else set travel shortest: (plan_id,
         the first item, their inputs), no index per item."""
         if type(chunk) is range and not (log or sealed or singly or poison):
