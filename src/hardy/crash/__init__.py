@@ -6,10 +6,10 @@ The walk, top-down (each step calls only the ones below it; nothing climbs back)
     handler.py (native_handler.c) ─┐
     workers/replies.py, last words:├─► fault record ─► 1. workers/deaths.Deaths.on_death
       mapped.record, record.*_line │   (a memfd)          │ which item, which step (status words)
-    faulthandler ──────────────────┘                     ├─► 2. death.ended ─► 3. record.read
+    faulthandler ──────────────────┘                      ├─► 2. autopsy.ended ─► 3. record.read
                                                           │      the file opened once: FaultRecord
                                                           └─► 4. verdict.charge
-                                                                 ├─► 5. death.examine
+                                                                 ├─► 5. autopsy.examine
                                                                  │      ├ record.frames (frames, symbols)
                                                                  │      ├ sentence.crash_line
                                                                  │      └ diagnosis.diagnose
@@ -24,12 +24,12 @@ The walk, top-down (each step calls only the ones below it; nothing climbs back)
    `record.thread_line`); faulthandler writes every thread's Python stack.
 1. `workers/deaths.Deaths.on_death`: the pool's bookkeeping: which item was in flight, what it
    had sent; then it asks this package, passing what it knows, and applies the answer (7).
-2. `death.ended`: how the worker ended (`sentence.describe_exit`, or why the parent killed it).
+2. `autopsy.ended`: how the worker ended (`sentence.describe_exit`, or why the parent killed it).
 3. `record.read`: the fault record, opened once and parsed into a `FaultRecord` (Python stacks,
    nesting chain, thread, exit, native frames). Nothing after this opens the file.
 4. `verdict.charge`: what the death means for the item in flight: the error, and whether the item
    fails, runs again (its node's retries) or runs again with a nested map's inner item failed.
-5. `death.examine`: the record's native frames named (`frames`, `symbols`, `mapped`), the first
+5. `autopsy.examine`: the record's native frames named (`frames`, `symbols`, `mapped`), the first
    line (`sentence.crash_line`: signal, library, function, the node's line), the hazards it shows
    (`diagnosis`); for a hang, the stacks taken before the kill (`stacks.hang_stacks`).
 6. `NodeCrashed` / `NodeTimeout` (`hardy.errors`) carry it all; their message is the user's.

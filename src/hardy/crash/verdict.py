@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NodeCrashed, NodeTimeout
+from .autopsy import Ending, examine
 from .containment import BATCH
-from .death import Ending, examine
 
 if TYPE_CHECKING:
     from ..node import Node

@@ -2,7 +2,7 @@
 
 `MapRun` (scheduling.py) calls `on_death` for every worker that died or was killed while it held
 items. This reads the worker's status words (which item, which step) and its fault record, once
-(`crash.death.ended`), asks the crash package what the death means for the item in flight
+(`crash.autopsy.ended`), asks the crash package what the death means for the item in flight
 (`crash.verdict.charge`) and applies the verdict to the map's queues. The walk from a death to
 the user's message is in `hardy/crash/__init__.py`.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..crash import verdict
-from ..crash.death import Ending, ended, examine, outside_items
+from ..crash.autopsy import Ending, ended, examine, outside_items
 from ..errors import NodeCrashed, NodeError, ShippingError, WorkerStartError
 from ..plan import KEYS, Plan
 from ..policy import delay
@@ -256,7 +256,7 @@ def started_by(thread: dict[str, Any], plan: Plan | None, began: float) -> str:
 
 
 def after_return(end: Ending, plan: Plan | None = None, began: float = 0.0) -> str:
-    """What a worker's fault record says of a death outside any item (`crash.death.outside_items`),
+    """What a worker's fault record says of a death outside any item (`crash.autopsy.outside_items`),
     with who started the thread it died in, as lines to add to the warning."""
     thread = end.record.thread
     return outside_items(end, started_by(thread, plan, began) if thread else "")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..batching import batched
-from ..crash.death import ended
+from ..crash.autopsy import ended
 from ..crash.stacks import hang_stacks
 from ..errors import (
     GpuOutOfMemory,

@@ -1,4 +1,4 @@
-"""What a worker's death means: how it ended, its fault record (read once), and what both say.
+"""The autopsy of a dead worker: how it ended, its fault record (read once), and what both say.
 
 `ended` is the one place the parent reads a dead worker's fault record; every later step takes
 the `Ending` it returns. `examine` turns it into a `Death`: the sentence (`sentence.crash_line`),
