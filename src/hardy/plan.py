@@ -132,10 +132,10 @@ class Plan:
         self._on_cached = on_cached
         self._calls = calls or {}
         # A wrap that only names each step in a worker's status words (`wrap.inline`: the words and
-        # the slot) is written into a plain plan's code instead, a store before each call: a
+        # the field that names the step) is written into a plain plan's code instead, a store before each call: a
         # wrapper would cost a call of its own per node (see workers/status.py `marked`).
         inline = getattr(wrap, "inline", None)
-        self.marks: tuple[Any, int] | None = inline if (
+        self.marks: tuple[Any, str] | None = inline if (
             inline is not None and mode == "sequential" and cache is None and not calls
             and not any(s.node.batch is not None for s in self.steps)) else None
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name

@@ -13,8 +13,8 @@ dying worker can never leave something locked that the others need):
     Values(objects)    ◄── Header(need) + names ────   only when big module state differs (it asks)
     Chunk(plan_id, items, ...) ── one at a time ─────►  (modules made the plan's again if another
       short forms (Chunk.wire): (plan_id, pairs);         plan changed them) then for each item:
-      consecutive items (plan_id, first, inputs);         status[item] = i   (shared mmap)
-      a map over one list (plan_id, first,                status[step] = k, written by the plan's own
+      consecutive items (plan_id, first, inputs);         status.item = i   (shared mmap)
+      a map over one list (plan_id, first,                status.step = k, written by the plan's own
       constants, name, values: columns.py)                 code (and its start time, if `dated`)
                                                           run the compiled plan
     results.ok / fail  ◄── Header + pickled batch ───  batched every ≥5 ms, and at chunk end; a batch

@@ -87,7 +87,7 @@ def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[
 
 def _resume(run: MapRun, slot: int, w: Worker, data: bytes | None) -> None:
     """The adopted call goes on from `data`, what `w` sent (None: it died, or its pipe did)."""
-    if data is None and int(w.status[words.ITEM]) == words.IDLE:
+    if data is None and int(w.status.item) == words.IDLE:
         w.process.join(1)
         if not w.process.is_alive():  # before it read the call: as the map loop finds one dead
             run.replace_idle(slot, w)

@@ -20,11 +20,11 @@ from ..shipping import open_input, portable, unopened
 from ..shipping.replica import Refusal
 from .lifeline import ZOMBIES_MAX, retiring
 from .replies import REPLIES
-from .status import BATCH, FLUSH_EVERY, IDLE, ITEM, OPENING, STEP, STEP_START
+from .status import BATCH, FLUSH_EVERY, IDLE, OPENING, StatusWords
 
 
-def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]], status: Any,
-              log: bool, sealed: int = 0, singly: bool = False) -> bool:
+def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]],
+              status: StatusWords, log: bool, sealed: int = 0, singly: bool = False) -> bool:
     """Run the items, (index, inputs) pairs; `log`: their node calls are logged and each batch carries its log
     (observe/nodelog.py); `sealed`: the chunk is sent again after it could not be unpickled whole,
     so each item's inputs are opened one by one (`open_item`), and, 2, after its results could not be
@@ -65,8 +65,8 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
         if (now - last >= FLUSH_EVERY or sealed == 2) and batch:
             REPLIES.send(batch, False)
             last = now = clock()
-        status[STEP] = -1
-        status[ITEM] = i
+        status.step = -1
+        status.item = i
         if sealed or note:
             item = _begin(plan, i, item, status, sealed, note, now)
             if isinstance(item, NodeError):
@@ -77,14 +77,14 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
         except NodeError as err:  # a node's call that raised logged it (an error between calls is no node's)
             if _failed(err, i, batch, status, log, named, now):
                 return False
-        status[ITEM] = IDLE
+        status.item = IDLE
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     REPLIES.send(batch, True, clock() - start)
     return True
 
 
-def _begin(plan: Plan, i: int, item: Any, status: Any, sealed: int, note: Any, now: float) -> Any:
+def _begin(plan: Plan, i: int, item: Any, status: StatusWords, sealed: int, note: Any, now: float) -> Any:
     """Item i's inputs, opened one by one when its chunk was sealed (or the error naming the one that
     cannot be); its beginning noted in the node log (`note`)."""
     if sealed:
@@ -96,13 +96,13 @@ def _begin(plan: Plan, i: int, item: Any, status: Any, sealed: int, note: Any, n
     return item
 
 
-def _failed(err: NodeError, i: int, batch: list[Any], status: Any, log: bool, named: bool, now: float) -> bool:
+def _failed(err: NodeError, i: int, batch: list[Any], status: StatusWords, log: bool, named: bool, now: float) -> bool:
     """Item i failed (`err`); True when the worker must retire (a sticky CUDA error), its batch sent."""
     if log:
-        LOG.failed(None if named or status[STEP] >= 0 else now)
+        LOG.failed(None if named or status.step >= 0 else now)
     batch.append((i, False, portable(err)))
     if isinstance(err, CudaError) and err.retires_worker:
-        status[ITEM] = IDLE
+        status.item = IDLE
         REPLIES.send(batch, False)
         return True
     return False
@@ -112,22 +112,22 @@ RETIRE_CHECK = 0.005  # seconds: how often, at most, a worker asks whether it mu
 _CHECKED = [0.0]  # when it last asked
 
 
-def _open_all(plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any) -> list[tuple[int, Any]]:
+def _open_all(plan: Plan, items: list[tuple[int, dict[str, Any]]], status: StatusWords) -> list[tuple[int, Any]]:
     """A sealed chunk's items opened before a batched plan runs them; one that cannot be opened
     fails alone (its error goes with the first results)."""
     opened = []
     for i, item in items:
-        status[ITEM] = i
+        status.item = i
         value = open_item(plan, i, item, status)
         if isinstance(value, NodeError):
             REPLIES.unsent.append((i, False, value))
         else:
             opened.append((i, value))
-    status[ITEM] = IDLE
+    status.item = IDLE
     return opened
 
 
-def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Any, size: int,
+def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: StatusWords, size: int,
                  log: bool) -> bool:
     """`run_chunk` for a plan with batched nodes (`hardy.batching`): the status words name the
     item running, or BATCH and the node while a batch call runs; a group's results are sent as
@@ -139,17 +139,17 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
     arranged = Arranged() if log else None
 
     def at(i: int, span: tuple[float, float] | None = None) -> None:
-        status[STEP] = -1
-        status[ITEM] = i
+        status.step = -1
+        status.item = i
         if arranged is not None:
             arranged.at(i, span)
 
     def calling(k: int) -> None:
         if arranged is not None:
             arranged.flush()
-        status[ITEM] = BATCH
-        status[STEP] = k
-        status[STEP_START] = clock()
+        status.item = BATCH
+        status.step = k
+        status.step_start = clock()
 
     if arranged is not None:
         for row in batch:  # sealed items that could not be opened: logged first, as their rows are sent
@@ -161,7 +161,7 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
                 arranged.ended(i)
             batch.append((i, True, value) if ok else (i, False, portable(value)))
             if not ok and isinstance(value, CudaError) and value.retires_worker:
-                status[ITEM] = -1
+                status.item = -1
                 REPLIES.send(batch, False)
                 return False
             now = clock()
@@ -172,7 +172,7 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
                 arranged.mark = REPLIES.complete = len(LOG.data)
     finally:
         REPLIES.complete = None
-    status[ITEM] = -1
+    status.item = -1
     if plan.cache is not None:
         plan.cache.report()
     REPLIES.send(batch, True, clock() - start)
@@ -258,22 +258,22 @@ class Arranged:
         self.mark = REPLIES.complete = len(data)
 
 
-def open_item(plan: Plan, i: int, item: Any, status: Any) -> Any:
+def open_item(plan: Plan, i: int, item: Any, status: StatusWords) -> Any:
     """A sealed item's inputs, each unpickled on its own (STEP says which, should one crash the
     worker); the error naming the input that cannot be."""
     parts = list(item.items()) if isinstance(item, dict) else [(None, item)]
     opened = {}
     for k, (name, value) in enumerate(parts):
-        status[STEP] = OPENING - k
+        status.step = OPENING - k
         try:
             value = open_input(value)
         except Exception as exc:  # whatever a __setstate__ raises
             return unopened(plan, i, name, item[name] if name is not None else item, exc)
         if name is None:  # a whole item, as an engine's task shipped it (`shipping.Pickled`)
-            status[STEP] = -1
+            status.step = -1
             return value
         opened[name] = value
-    status[STEP] = -1
+    status.step = -1
     return opened
 
 

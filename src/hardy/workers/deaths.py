@@ -118,12 +118,12 @@ class Deaths:
         slot = pool.workers.index(w) if w in pool.workers else None
         if slot is None:
             return
-        if w.status[words.READY] == 1.0:  # (one that dies setting up would fail again)
+        if w.status.ready == 1.0:  # (one that dies setting up would fail again)
             pool.died(self.plan_id, self.plan_msg)
         self.receive(w)  # results it sent before dying are kept
         w.process.join(1)
         end = ended(w.fault_path, w.process.exitcode, w.killed_for, w.kill_detail, w.hang)
-        item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
+        item, step = int(w.status.item), int(w.status.step)
         foreign = self.not_its_thread(w, end, item)
         in_flight = item if item in w.unsent and not foreign else None
         if item == words.BATCH and w.unsent and not foreign:
@@ -145,7 +145,7 @@ class Deaths:
             pass  # a batch it died in is queued again one item per call (`split`)
         elif item in (words.READING, words.SENDING, words.LOADING) and w.unsent:
             self.died_between_items(w, item, step, crash)
-        elif w.status[words.READY] != 1.0:  # (preload= modules load in the fork server, which says so)
+        elif w.status.ready != 1.0:  # (preload= modules load in the fork server, which says so)
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies setting up: retrying would loop forever
                 pool.replace(slot, stop=False)
@@ -178,7 +178,7 @@ class Deaths:
             return ""
         started = thread.get("started") or [words.IDLE, -1, 0.0, 0.0]
         if started[3] >= self.began and (item >= 0 and started[0] == item or item == words.BATCH and started[0] == item
-                                         and started[2] == w.status[words.STEP_START]):
+                                         and started[2] == w.status.step_start):
             return ""  # a thread the item (or the batch call) running now started: its own
         first = item if item in w.unsent else next(iter(w.unsent))
         self.blameless[first] = self.blameless.get(first, 0) + 1

@@ -27,7 +27,7 @@ from ..shipping import dumps, out_of_band, transport
 from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
-from .status import IDLE, ITEM, SENDING, STEP, STEP_START
+from .status import IDLE, SENDING, StatusWords
 
 Row = tuple[Any, ...]  # (item, ok, its outputs or its error)
 Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
@@ -41,7 +41,7 @@ class Forward(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.status: Any = None
+        self.status: StatusWords | None = None
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -53,13 +53,13 @@ class Forward(logging.Handler):
             for key, value in record.__dict__.items():
                 if not isinstance(value, (str, int, float, bool, type(None), tuple)):
                     record.__dict__[key] = repr(value)  # an `extra=` object: its text
-            item = int(self.status[ITEM])
+            item = int(self.status.item) if self.status is not None else IDLE
             record.hardy_worker, record.hardy_item = os.getpid(), item if item >= 0 else None
             self.records.append(record)
         except Exception:
             self.handleError(record)
 
-    def install(self, status: Any) -> None:
+    def install(self, status: StatusWords) -> None:
         """Records at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
         self.status = status
         root = logging.getLogger()
@@ -78,7 +78,7 @@ class Replies:
     def __init__(self) -> None:
         self.conn: Any = None
         self.fd = -1  # the connection's descriptor
-        self.status: Any = None
+        self.status: StatusWords | None = None
         self.unsent: list[Row] = []
         self.sent: list[Sent] = []
         self.producers: dict[str, str] = {}
@@ -88,10 +88,10 @@ class Replies:
         self.forward = Forward()
         self.fault = -1  # the crash record (`guard_exits`)
 
-    def start(self, conn: Any, status: Any) -> None:
+    def start(self, conn: Any, status: StatusWords) -> None:
         self.conn, self.status, self.fd = conn, status, conn.fileno()
         self.forward.install(status)
-        watch_threads(lambda: (status[ITEM], status[STEP], status[STEP_START]))  # for `thread_line`
+        watch_threads(lambda: (status.item, status.step, status.step_start))  # for `thread_line`
 
     def send(self, batch: list[Row], done: bool, elapsed: float = 0.0, dying: bool = False) -> None:
         """A batch of results, pickled at once (fast), with the node log of its items when it is
@@ -101,9 +101,10 @@ class Replies:
         runs, last words stay silent: the batch is on its way already."""
         self.sending = True
         status = self.status
+        assert status is not None  # (`start` set it, before any item ran)
         if not dying:  # (a dying worker's status words name the item that killed it)
-            status[ITEM] = SENDING
-            status[STEP] = len(batch)
+            status.item = SENDING
+            status.step = len(batch)
         try:
             names = self.names
             if names is None and not dying and not self.forward.records and all(map(_OK, batch)):
@@ -141,8 +142,8 @@ class Replies:
         finally:
             self.sending = False
             if not dying:
-                status[ITEM] = IDLE
-                status[STEP] = -1
+                status.item = IDLE
+                status.step = -1
 
     def resend(self, items: list[int]) -> None:
         """Items of the last chunk again, each pickled on its own, so that each is read on its
@@ -204,7 +205,7 @@ class Replies:
         stack) go to its crash record, then its last words. Nothing when no item is in flight and
         every result was sent (the worker's own exit)."""
         status = self.status
-        if not self.unsent and (status is None or int(status[ITEM]) == IDLE):
+        if not self.unsent and (status is None or int(status.item) == IDLE):
             return
         try:
             os.write(fault, exit_line(how).encode())

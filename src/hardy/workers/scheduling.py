@@ -399,10 +399,10 @@ class MapRun:
         for w in busy:
             if not w.busy or not w.process.is_alive():
                 continue
-            item, step = int(w.status[words.ITEM]), int(w.status[words.STEP])
+            item, step = int(w.status.item), int(w.status.step)
             if (item >= 0 or item == words.BATCH) and 0 <= step < len(self.plan.steps):
                 timeout = self.plan.steps[step].node.timeout
-                started = w.status[words.STEP_START]
+                started = w.status.step_start
                 if timeout and now - started > timeout:
                     w.kill("timeout", f"node ran past its timeout of {timeout:g} s")
                     self.deaths.on_death(w)
@@ -411,7 +411,7 @@ class MapRun:
                 if stall and now - started > stall and self.stalled.get(w.number) != (item, step, started):
                     self.stalled[w.number] = (item, step, started)
                     self.report_stall(w, item, self.plan.steps[step].node.name, now - started)
-                deadline = w.status[words.DEADLINE]  # of a node nested in the step (crash.containment.deadlined)
+                deadline = w.status.deadline  # of a node nested in the step (crash.containment.deadlined)
                 if 0 < deadline < now:
                     w.kill("timeout", "node ran past its timeout")
                     self.deaths.on_death(w)

@@ -1,18 +1,19 @@
 """A worker's status words: what it is doing, readable by the parent at any moment, even after
 the worker died.
 
-A small shared mapping of doubles, written by the worker and read by the parent after a death
-(which item, which step, since when) or for deadlines. Doubles, because the step's start is
-`time.monotonic()`, the clock of the node log (observe/nodelog.py); the item and the step are
-small integers, exact in a double. READY turns 1 once the worker is set up (so a death before is
-its setup's: preload_libs, the environment; a death after never is). Between items, ITEM says
+A small shared record of doubles (`StatusWords`), written by the worker and read by the parent
+after a death (which item, which step, since when) or for deadlines. Doubles, because the step's
+start is `time.monotonic()`, the clock of the node log (observe/nodelog.py); the item and the step
+are small integers, exact in a double. `ready` turns 1 once the worker is set up (so a death before
+is its setup's: preload_libs, the environment; a death after never is). Between items, `item` says
 what the worker does: IDLE, READING a message (a chunk's items are unpickled then), or SENDING
-results (pickled then), and STEP how many results that batch holds. DEADLINE: the deadline of a
-node nested in a step (crash.containment.deadlined), for the parent to enforce.
+results (pickled then), and `step` how many results that batch holds. `deadline`: the deadline of
+a node nested in a step (crash.containment.deadlined), for the parent to enforce.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import time
 from collections.abc import Callable
@@ -21,22 +22,43 @@ from typing import Any
 from ..observe.nodelog import LOG
 from ..observe.nodelog import STEP as STEP_NAMED
 
-ITEM, STEP, STEP_START, READY, DEADLINE, SLOTS = 0, 1, 2, 3, 4, 5
 IDLE, READING, SENDING, LOADING = -1, -3, -4, -5  # LOADING: the pipeline, its nodes' modules
-BATCH = -2  # ITEM while a batched node's call runs: the parent splits the batch if the worker dies
-OPENING = -2  # STEP while a sealed item's input k is unpickled: OPENING - k (ITEM is the item)
-STATUS_SIZE = 8 * SLOTS
+BATCH = -2  # `item` while a batched node's call runs: the parent splits the batch if the worker dies
+OPENING = -2  # `step` while a sealed item's input k is unpickled: OPENING - k (`item` is the item)
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 
 
-def open_status(fd: int) -> tuple[mmap.mmap, Any]:
-    """The status words in the memfd `fd`, as doubles (a memoryview: the cheapest store Python has)."""
+class StatusWords(ctypes.Structure):
+    """The words, by name, over the shared memory itself: a field read or written is one double
+    there (a C descriptor, about as cheap as indexing a memoryview: they are written per item
+    and per step, on the hot path). -1 in each before the worker sets it."""
+
+    _fields_ = [("item", ctypes.c_double), ("step", ctypes.c_double), ("step_start", ctypes.c_double),
+                ("ready", ctypes.c_double), ("deadline", ctypes.c_double)]
+    item: float
+    """The item being run (its index in the chunk's map), or IDLE, READING, SENDING, LOADING, BATCH."""
+    step: float
+    """The step (node) of the plan running, -1 between steps, OPENING - k, or a batch's size (SENDING)."""
+    step_start: float
+    """When the step began, `time.monotonic()` (for deadlines and stall reports)."""
+    ready: float
+    """1 once the worker is set up."""
+    deadline: float
+    """A nested node's deadline, monotonic (crash.containment.deadlined), -1 when none."""
+
+
+SLOTS = len(StatusWords._fields_)
+STATUS_SIZE = ctypes.sizeof(StatusWords)
+
+
+def open_status(fd: int) -> tuple[mmap.mmap, StatusWords]:
+    """The status words in the memfd `fd`, and the mapping they live in."""
     mm = mmap.mmap(fd, STATUS_SIZE)
-    return mm, memoryview(mm).cast("d")
+    return mm, StatusWords.from_buffer(mm)
 
 
-def marked(status: Any, k: int, func: Callable[..., Any], log: list[float] | None = None,
+def marked(status: StatusWords, k: int, func: Callable[..., Any], log: list[float] | None = None,
            named: bool = False, dated: bool = True) -> Callable[..., Any]:
     """`func`, naming its step in the status words at each call (for the parent's crash reports)
     and, `dated`, when it began (for its deadlines and stall reports: a plan with a timeout, or a
@@ -47,13 +69,13 @@ def marked(status: Any, k: int, func: Callable[..., Any], log: list[float] | Non
 
     if log is None and not dated:
         def named_only(*args: Any, **kwargs: Any) -> Any:
-            status[STEP] = k
+            status.step = k
             return func(*args, **kwargs)
         return named_only
     if log is None:
         def call(*args: Any, **kwargs: Any) -> Any:
-            status[STEP] = k
-            status[STEP_START] = clock()
+            status.step = k
+            status.step_start = clock()
             return func(*args, **kwargs)
         return call
     note: Callable[[float], None] = log.append
@@ -62,8 +84,8 @@ def marked(status: Any, k: int, func: Callable[..., Any], log: list[float] | Non
             log.extend((STEP_NAMED, k, now))
 
     def logged(*args: Any, **kwargs: Any) -> Any:
-        status[STEP] = k
-        status[STEP_START] = now = clock()
+        status.step = k
+        status.step_start = now = clock()
         note(now)
         try:
             return func(*args, **kwargs)

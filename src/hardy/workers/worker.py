@@ -39,7 +39,7 @@ from .chunks import names_steps, run_chunk
 from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Stop, Values
 from .replies import REPLIES
-from .status import DEADLINE, IDLE, ITEM, LOADING, READING, READY, RETIRED, STEP, marked, open_status
+from .status import IDLE, LOADING, READING, RETIRED, StatusWords, marked, open_status
 
 
 def run(fd: int) -> None:
@@ -112,22 +112,22 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
 
 
-def _open_status_words(status_fd: int) -> Any:
+def _open_status_words(status_fd: int) -> StatusWords:
     _, status = open_status(status_fd)
     os.close(status_fd)  # (the mapping stays)
-    status[ITEM] = IDLE
-    status[STEP] = status[DEADLINE] = -1
-    status[READY] = 1.0
+    status.item = IDLE
+    status.step = status.deadline = -1
+    status.ready = 1.0
     return status
 
 
-def _post_deadline(status: Any, t: float) -> float:
+def _post_deadline(status: StatusWords, t: float) -> float:
     """A nested node's deadline, for the parent to enforce (`crash.containment.deadlined`); the one before."""
-    before, status[DEADLINE] = status[DEADLINE], t
+    before, status.deadline = status.deadline, t
     return float(before)
 
 
-def _serve(conn: Connection, status: Any) -> int:
+def _serve(conn: Connection, status: StatusWords) -> int:
     """Answer the parent's messages until it says stop or goes away; the exit code."""
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica, dated]
     backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
@@ -201,7 +201,7 @@ def _take_context(context: Context) -> None:
         pass
 
 
-def _fetch(conn: Connection, status: Any, backlog: deque[Any], replica_id: int,
+def _fetch(conn: Connection, status: StatusWords, backlog: deque[Any], replica_id: int,
            wanted: list[tuple[str, str]]) -> Any:
     """Ask the caller for the objects of its modules that this worker's copies lack (`shipping.replica`),
     and wait for them; messages that come meanwhile are kept for later, in order."""
@@ -212,9 +212,9 @@ def _fetch(conn: Connection, status: Any, backlog: deque[Any], replica_id: int,
             data = conn.recv_bytes()
         except EOFError:
             os._exit(0)
-        before = status[ITEM]
+        before = status.item
         msg = _read(conn, data, status)
-        status[ITEM] = before
+        status.item = before
         if isinstance(msg, Values) and msg.replica == replica_id:
             return msg.values
         if msg is not None:
@@ -238,12 +238,12 @@ def _close_sqlite() -> None:
                 pass
 
 
-def _read(conn: Any, data: bytes, status: Any) -> Any:
+def _read(conn: Any, data: bytes, status: StatusWords) -> Any:
     """The message in `data`; None if it could not be unpickled here (a chunk's item whose class
     this process cannot import, or whose rebuilding raises): the parent is told, and sends the
     chunk again sealed (`chunks.open_item`). Should the unpickling crash the process instead, the status
     words say it died READING, with the same outcome."""
-    status[ITEM] = READING
+    status.item = READING
     try:
         if not transport.packed(data):
             return pickle.loads(data)
@@ -255,26 +255,26 @@ def _read(conn: Any, data: bytes, status: Any) -> Any:
         conn.send_bytes(Header(True, False, False, True, False, 0.0).pack() + why)
         return None
     finally:
-        status[ITEM] = IDLE
+        status.item = IDLE
 
 
-def _current(entry: list[Any], status: Any, fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
+def _current(entry: list[Any], status: StatusWords, fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
     """The entry's plain plan, with this worker's modules made its caller's again if another
     plan's sync changed them since (`shipping.replica.Synced`)."""
     loaded: tuple[Plan, dict[str, str]] | str = entry[1]
     replica: Synced | None = entry[3]
     if replica is not None and not isinstance(loaded, str) and not replica.current():
-        before, status[ITEM] = status[ITEM], LOADING
+        before, status.item = status.item, LOADING
         try:
             replica.sync(fetch)
         except Exception as exc:
             return _unloadable(exc)
         finally:
-            status[ITEM] = before
+            status.item = before
     return loaded
 
 
-def _plan(plain: tuple[Plan, dict[str, str]] | str, entry: list[Any], log: bool, status: Any,
+def _plan(plain: tuple[Plan, dict[str, str]] | str, entry: list[Any], log: bool, status: StatusWords,
           fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
     """The plain plan, or (when the parent listens to node events) the logged one, built once.
     A plan whose steps may start out of order (a cache looks its hits up before its misses run;
@@ -288,7 +288,7 @@ def _plan(plain: tuple[Plan, dict[str, str]] | str, entry: list[Any], log: bool,
     return logged
 
 
-def _load_plan(spec: bytes, status: Any, fetch: Fetch, log: str = "",
+def _load_plan(spec: bytes, status: StatusWords, fetch: Fetch, log: str = "",
                dated: bool = True) -> tuple[tuple[Plan, dict[str, str]] | str, Synced | None]:
     """The plan and which node produces each output, or why it cannot be loaded here; and its
     replica (`shipping.replica`). `log`: the plan notes its node calls (observe/nodelog.py),
@@ -306,15 +306,15 @@ def _load_plan(spec: bytes, status: Any, fetch: Fetch, log: str = "",
         return marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
     wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.batching: else it only dates calls)
     if not log and not dated:
-        wrap.inline = (status, STEP)  # type: ignore[attr-defined]
-    before, status[ITEM] = status[ITEM], LOADING
+        wrap.inline = (status, "step")  # type: ignore[attr-defined]
+    before, status.item = status.item, LOADING
     try:
         replica = synced(spec, fetch)[0]
         plan = build_plan(spec, wrap=wrap, on_cached=LOG.cache_hook(steps) if log else None)
     except Exception as exc:
         return _unloadable(exc), None
     finally:
-        status[ITEM] = before
+        status.item = before
     return (plan, {o: s.node.name for s in plan.steps for o in s.node.outputs}), replica
 
 
