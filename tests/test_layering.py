@@ -127,3 +127,86 @@ def test_no_module_imports_another_modules_private_names():
                if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("hardy"))
                for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert private == []
+
+
+# Other libraries' private names hardy relies on, each on purpose: what for, and where it is checked.
+FOREIGN_PRIVATE = {
+    "_call_s3": "s3fs: a raw S3 call with the bucket's own arguments (cache/objectstore.py)",
+    "_is_compiled": "torch.cuda: whether this torch has CUDA, without initialising it",
+    "_is_in_bad_fork": "torch.cuda: the fork probe (doctor's matrix pins the versions it holds for)",
+    "_C": "torch: the CUDA arch flags this build has (doctor)",
+    "_parameters": "torch.nn.Module: a module's own tensors, hashed for cache keys",
+    "_buffers": "torch.nn.Module: as _parameters",
+    "_modules": "torch.nn.Module: as _parameters",
+    "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
+    "_dispatcher": "numba: a jitted function's Python function, for its cache key",
+    "_config": "multiprocessing: a daemonic process's flag, lifted so a Dask worker may start hardy's",
+    "_dynamic_class_reduce": "cloudpickle: a class pickled by value",
+    "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def _class_names(tree: ast.AST) -> set[str]:
+    """The private attribute names a module's classes define: methods, names in a class body or its
+    `__slots__`, and what its methods assign to `self.`/`cls.`."""
+    found: set[str] = set()
+    for c in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for s in c.body:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(s.name)
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, ast.AnnAssign) else []
+            found.update(t.id for t in targets if isinstance(t, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets) and s.value is not None:
+                found.update(e.value for e in ast.walk(s.value) if isinstance(e, ast.Constant))
+    found.update(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                 and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+    return {name for name in found if isinstance(name, str) and _private(name)}
+
+
+def private_reaches(sources: dict[str, str]) -> list[str]:
+    """`where: x._name` for each attribute access (read, write or delete) of a private name that the
+    accessing module's classes do not define: one another hardy module's classes define (reach
+    into it through a public name, or move the logic to its owner), or one that no hardy class
+    defines and the module neither sets on objects itself (a mark it puts on them) nor is listed
+    in FOREIGN_PRIVATE (another library's). `os._exit` and the like, read off a module imported by
+    name, are that module's own public way in."""
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    owned = {name: _class_names(tree) for name, tree in trees.items()}
+    found = []
+    for name, tree in trees.items():
+        modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                   for a in n.names if not a.name.startswith("hardy")}
+        marks = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Attribute) and _private(n.attr)) or n.attr in owned[name]:
+                continue
+            if isinstance(n.value, ast.Name) and n.value.id in modules:
+                continue
+            owners = sorted(other for other, names in owned.items() if n.attr in names)
+            if owners or (n.attr not in marks and n.attr not in FOREIGN_PRIVATE):
+                found.append(f"{name}:{n.lineno}: {ast.unparse(n)}" + (f" (defined in {', '.join(owners)})"
+                                                                      if owners else ""))
+    return found
+
+
+def test_the_private_attribute_rule_sees_reaches_and_leaves_owners_alone():
+    sources = {
+        "plan": "class Plan:\n    __slots__ = ('_steps',)\n    def __init__(self):\n        self._wrap = None\n"
+                "    def _run(self):\n        return self._wrap, self._steps\n",
+        "batching": "import os\ndef cut(plan):\n    os._exit(0)\n    return plan._wrap, plan._steps, plan._run()\n",
+        "marks": "def mark(exc):\n    exc._step = 1\n    return exc._step, exc._unknown\n",
+    }
+    assert private_reaches(sources) == [
+        "batching:4: plan._wrap (defined in plan)", "batching:4: plan._steps (defined in plan)",
+        "batching:4: plan._run (defined in plan)", "marks:3: exc._unknown"]
+
+
+def test_no_module_reaches_into_another_modules_private_attributes():
+    sources = {str(p.relative_to(SRC)): p.read_text() for p in sorted(SRC.rglob("*.py"))}
+    assert private_reaches(sources) == []
+    used = {n.attr for text in sources.values() for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute)}
+    assert sorted(set(FOREIGN_PRIVATE) - used) == []  # each entry still needed

@@ -93,7 +93,7 @@ class Batched:
 
     def __init__(self, plan: Plan):
         index = {s.node.name: k for k, s in enumerate(plan.steps)}
-        outer = plan._wrap
+        outer = plan.wrap
         wrap = (lambda k, n: outer(index[n.name], n)) if outer is not None else None
         batched = {s.node.name: s.node for s in plan.steps if s.node.batch is not None}
         self.group = max(n.batch_size for n in batched.values())
@@ -104,7 +104,7 @@ class Batched:
         self.keyed = plan.keyed
         self._here = threading.local()  # the outcome `_Handed` gives, per thread running items
         handed = {name: _stand_in(n, _Handed(self._here)) for name, n in batched.items()}
-        options: dict[str, Any] = dict(wrap=wrap, on_cached=plan._on_cached, name=plan.name, calls=handed)
+        options: dict[str, Any] = dict(wrap=wrap, on_cached=plan.on_cached, name=plan.name, calls=handed)
         stages = cut(plan, lambda n: n.name if n.batch is not None else None, **options)
         if stages[0][1] is plan:  # one batched node alone: still its own keyed plan
             stages = [(stages[0][0], Plan(plan.graph, plan.provided, plan.outputs, cache=plan.cache, keyed=True,
@@ -118,7 +118,7 @@ class Batched:
             probe = None
             if stage.cache is not None and node.cache:
                 probe = Plan(plan.graph, stage.provided, stage.outputs, cache=stage.cache, keyed=True,
-                             on_cached=plan._on_cached, name=plan.name, calls={name: _stand_in(node, _defer)})
+                             on_cached=plan.on_cached, name=plan.name, calls={name: _stand_in(node, _defer)})
             direct = stage.cache is None and (outer is None or getattr(outer, "observes", True) is False)
             self.parts.append(_Part(node, stage, probe, guard(node, node.call_batch), index[name], direct))
 

@@ -185,7 +185,7 @@ class NodeError(HardyError):
 
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
     cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
-    _rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
+    rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
     nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 
     def __init__(self, node: str, inputs: dict[str, Any] | None = None, item: int | None = None,
@@ -223,7 +223,7 @@ class NodeError(HardyError):
         return f"{type(self).__name__}({str(self).splitlines()[0]!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep node/item/cause when crossing process boundaries
-        state = {k: v for k, v in self.__dict__.items() if k != "_rerun"}  # how to run it again: this process's
+        state = {k: v for k, v in self.__dict__.items() if k != "rerun"}  # how to run it again: this process's
         return (_rebuild_node_error, (type(self), state, self.__cause__))
 
     def debug(self) -> bool:
@@ -235,7 +235,7 @@ class NodeError(HardyError):
             raise HardyError(f"{self.node!r} crashed its worker ({self.signal or 'it died'}): run here, it would end "
                              "this process too; `hardy replay REPORT --item N --gdb` runs it under gdb in a process "
                              "of its own (REPORT: Engine(report_dir=...) writes one)")
-        rerun = self._rerun
+        rerun = self.rerun
         if rerun is None:
             raise HardyError("this error does not know how to run its item again (only the process that ran the map "
                              "does); `hardy replay REPORT --item N --pdb` runs a kept item under pdb")

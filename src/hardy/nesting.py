@@ -47,22 +47,23 @@ class PipelineNode(Node):
         if on_error not in ("raise", "continue"):
             raise InvalidArgument(
                 f"as_node({self.name!r}): on_error must be 'raise' or 'continue', got {on_error!r}.")
-        free = [i for i in pipeline.graph.root_inputs if i not in pipeline._bound]
-        self._inner_inputs = {inner_to_outer.get(i, i): i for i in free}
-        self._inner_outputs = (tuple(o for o in pipeline.graph.outputs if o in output_mapping) if output_mapping
+        bound = pipeline.bound_inputs
+        free = [i for i in pipeline.graph.root_inputs if i not in bound]
+        self.inner_inputs = {inner_to_outer.get(i, i): i for i in free}
+        self.inner_outputs = (tuple(o for o in pipeline.graph.outputs if o in output_mapping) if output_mapping
                                else pipeline.graph.exposed)
-        self.inputs = tuple(self._inner_inputs)
+        self.inputs = tuple(self.inner_inputs)
         optional = {i for i in free if all(i in c.defaults for c in pipeline.graph.consumers.get(i, []))}
         self.defaults = {inner_to_outer.get(i, i): None for i in optional}
         self.kwonly = frozenset(self.inputs)
-        self.outputs = tuple(output_mapping.get(o, o) for o in self._inner_outputs)
+        self.outputs = tuple(output_mapping.get(o, o) for o in self.inner_outputs)
         over = [map_over] if isinstance(map_over, str) else list(map_over or [])
         for o in over:
-            if o not in self._inner_inputs:
+            if o not in self.inner_inputs:
                 raise InvalidArgument(
                     f"as_node({self.name!r}): map_over names {o!r}, which is not an input of this node "
                     f"(its inputs are {list(self.inputs)}).")
-        self.map_over = [self._inner_inputs[o] for o in over]
+        self.map_over = [self.inner_inputs[o] for o in over]
         self.map_mode = map_mode
         self.on_error = on_error
         self.is_async = False
@@ -86,9 +87,8 @@ class PipelineNode(Node):
     def under(self, engine: Engine) -> PipelineNode:
         """This node run by the engine of the pipeline it is part of, unless its own pipeline was
         given one: a nested pipeline follows its parent's choice of where calls run."""
-        if (self.pipeline._engine_given and not engine.in_process) or self.pipeline.engine is engine:
-            return self
-        return self._copy(self.pipeline._using(engine))
+        inner = self.pipeline.nested_under(engine)
+        return self if inner is self.pipeline else self._copy(inner)
 
     def _copy(self, pipeline: Pipeline, **changes: Any) -> PipelineNode:
         copy = type(self).__new__(type(self))
@@ -101,13 +101,13 @@ class PipelineNode(Node):
         and the node takes just the inputs those nodes read."""
         if outputs == self.outputs:
             return self
-        outer_of = dict(zip(self._inner_outputs, self.outputs))
+        outer_of = dict(zip(self.inner_outputs, self.outputs))
         inner_outputs = tuple(i for i, o in outer_of.items() if o in outputs)
         graph = self.pipeline.graph
-        provided = {*self._inner_inputs.values(), *self.pipeline._bound}
+        provided = {*self.inner_inputs.values(), *self.pipeline.bound_inputs}
         read = {v for s in resolve(graph, provided, inner_outputs) for _, v in s.args}
-        inner_inputs = {o: i for o, i in self._inner_inputs.items() if i in read or i in self.map_over}
-        return self._copy(self.pipeline, _inner_outputs=inner_outputs, outputs=outputs, _inner_inputs=inner_inputs,
+        inner_inputs = {o: i for o, i in self.inner_inputs.items() if i in read or i in self.map_over}
+        return self._copy(self.pipeline, inner_outputs=inner_outputs, outputs=outputs, inner_inputs=inner_inputs,
                           inputs=tuple(inner_inputs), kwonly=frozenset(inner_inputs),
                           defaults={k: v for k, v in self.defaults.items() if k in inner_inputs})
 
@@ -128,7 +128,7 @@ class PipelineNode(Node):
         return dict(zip(self.outputs, (out,) if len(self.outputs) == 1 else out))
 
     def _call(self, **kwargs: Any) -> Any:
-        inner = {self._inner_inputs[k]: v for k, v in kwargs.items()}
+        inner = {self.inner_inputs[k]: v for k, v in kwargs.items()}
         if self.pipeline.callbacks:
             out = Events(self.pipeline.callbacks).nested(self.pipeline.name, lambda: self._run(inner))
         else:
@@ -136,7 +136,7 @@ class PipelineNode(Node):
         return out[0] if len(out) == 1 else out
 
     def _run(self, inner: dict[str, Any]) -> tuple[Any, ...]:
-        wanted = list(self._inner_outputs)
+        wanted = list(self.inner_outputs)
         if self.map_over:
             try:
                 rows = self.pipeline.map(inner, self.map_over, self.map_mode, output_name=wanted,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from . import arguments
 from .batching import batched
@@ -60,6 +60,8 @@ class Pipeline:
 
     `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error.
     """
+
+    _checks_bound_names: ClassVar[bool] = True  # `bind` refuses a name no node takes (not HyperNodes')
 
     def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
@@ -160,7 +162,7 @@ class Pipeline:
     def bind(self, **values: Any) -> Pipeline:
         """Fix inputs for every later call; inputs given to run()/map() override them. A name no
         node takes is refused here (a typo would otherwise be a value silently never used)."""
-        err = self.graph.unknown_inputs(values, self.name)
+        err = self.graph.unknown_inputs(values, self.name) if self._checks_bound_names else None
         if err is not None:
             raise err
         self._bound.update(values)
@@ -190,7 +192,7 @@ class Pipeline:
             self._with_cache[id(cache)] = copy
         return copy
 
-    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
+    def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Self:
         """A copy of this pipeline reporting to `callbacks` (a nested pipeline reports to its
         parent's); the pipeline itself is unchanged."""
         if list(callbacks) == self.callbacks:
@@ -198,6 +200,13 @@ class Pipeline:
         copy = self._copy()
         copy.callbacks = list(callbacks)
         return copy
+
+    def nested_under(self, engine: Engine) -> Pipeline:
+        """This pipeline as a node of one run by `engine`: it follows its parent's choice of where
+        calls run, unless it was given an engine of its own and the parent's runs calls elsewhere."""
+        if (self._engine_given and not engine.in_process) or self.engine is engine:
+            return self
+        return self._using(engine)
 
     def _using(self, engine: Engine | None) -> Pipeline:
         """This pipeline run by `engine` for one call (`run(engine=...)`), its plans kept per engine."""
@@ -247,7 +256,7 @@ class Pipeline:
                 return self._observed_run(values, lambda: plan.run(values))
             return plan.run(values)
         except NodeError as err:  # raised ending in the frames of the user's code that raised (pdb.pm())
-            err._rerun = lambda what: run_again(self, values, output_name, what)
+            err.rerun = lambda what: run_again(self, values, output_name, what)
             raise at_user_frames(err) from err.__cause__
         finally:
             if here:  # (in a worker, nothing ran here to `_settle`)

@@ -125,11 +125,11 @@ class Plan:
         self.steps = resolve(graph, set(self.provided), self.outputs)
         given = set(self.provided)
         self.inputs = tuple(dict.fromkeys(v for s in self.steps for _, v in s.args if v in given))
-        self._wrap = wrap
+        self.wrap = wrap
         self._submit = submit
         self.cache = cache
         self.keyed = keyed and cache is not None
-        self._on_cached = on_cached
+        self.on_cached = on_cached
         self._calls = calls or {}
         # A wrap that only names each step in a worker's status words (`wrap.inline`: the words and
         # the field that names the step) is written into a plain plan's code instead, a store before each call: a
@@ -195,7 +195,7 @@ class Plan:
 
     def _compile(self) -> None:
         ns = self._namespace()
-        source = PlanSource(self, ns, self._function_for, reports_cached=self._on_cached is not None, keys=KEYS)
+        source = PlanSource(self, ns, self._function_for, reports_cached=self.on_cached is not None, keys=KEYS)
         self.source, self._vars = source.text, source.vars
         self.hashed_inputs, self._fingerprints = source.hashed_inputs, source.fingerprints
         self.filename = f"<hardy plan {self.name!r} #{next(_PLAN_NUMBERS)}>"
@@ -213,7 +213,7 @@ class Plan:
         ns: dict[str, Any] = {"_fail": self._fail, "_Exception": CAUGHT, "_LAZY": LAZY, "_lazy": _lazy,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
-                              "_oncached": self._on_cached, "_st": self.marks[0] if self.marks else None}
+                              "_oncached": self.on_cached, "_st": self.marks[0] if self.marks else None}
         if self.mode == "async":
             import asyncio  # only async plans pay for importing asyncio
             ns["_gather"] = asyncio.gather
@@ -224,7 +224,7 @@ class Plan:
         instrumented (`wrap`) and under its failure policy; a batched node's function on lists of
         one item."""
         node = self._calls.get(self.steps[k].node.name, node)
-        func = guard(node, self._wrap(k, node) if self._wrap and not self.marks else node.func)
+        func = guard(node, self.wrap(k, node) if self.wrap and not self.marks else node.func)
         if node.batch is not None and node.batch is node.func:
             return one_item(func, node.name, len(node.outputs))
         return func

@@ -123,7 +123,7 @@ def _add(s: Scene, pipeline: Pipeline, prefix: str, depth: int | None, sources: 
         if bound.intersection(n.inputs):
             lines.append("bound: " + ", ".join(i for i in n.inputs if i in bound))
         if nested and (pn := cast("PipelineNode", n)).map_over:
-            outer = {inner: outer for outer, inner in pn._inner_inputs.items()}
+            outer = {inner: outer for outer, inner in pn.inner_inputs.items()}
             lines.append("map over: " + ", ".join(outer[m] for m in pn.map_over))
         box = Box(prefix + n.name, lines, "pipeline" if nested else "function",
                   prefix.rstrip("/"))
@@ -140,13 +140,13 @@ def _expand(s: Scene, n: Any, prefix: str, depth: int | None, sources: dict[str,
     """A nested pipeline drawn inside a labelled frame; returns the outer names it produces."""
     inner = n.pipeline
     cluster = prefix + n.name
-    outer_names = {i: o for o, i in n._inner_inputs.items()}
+    outer_names = {i: o for o, i in n.inner_inputs.items()}
     label = f"{n.name} (map over: {', '.join(outer_names[m] for m in n.map_over)})" if n.map_over else n.name
     s.clusters[cluster] = label
-    inner_sources = {i: sources[o] for o, i in n._inner_inputs.items() if o in sources}
+    inner_sources = {i: sources[o] for o, i in n.inner_inputs.items() if o in sources}
     produced = _add(s, inner, cluster + "/", None if depth is None else depth - 1, inner_sources,
                     frozenset(inner.bound_inputs))
-    return {outer: produced[i] for i, outer in zip(n._inner_outputs, n.outputs) if i in produced}
+    return {outer: produced[i] for i, outer in zip(n.inner_outputs, n.outputs) if i in produced}
 
 
 # --- output formats ------------------------------------------------------------------------------

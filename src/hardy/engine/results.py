@@ -153,7 +153,7 @@ class Results:
         err.item = self.offset + i
         err.__traceback__ = None  # hardy's frames; its cause's traceback holds the user's
         if self.rerun is not None:
-            err._rerun = self.rerun(i)
+            err.rerun = self.rerun(i)
         self.failures[i] = err
         self.values[i] = Failed(err)
         self.progress.failed += 1

@@ -215,7 +215,7 @@ class DaftExecutor(RemoteExecutor):
                 out = df.select(state.alias("state")).to_pydict()["state"]
             except Exception as exc:
                 if not self._is_crash(exc):
-                    translated = self._translate(exc)  # (chained to `exc` unless it is `exc`)
+                    translated = self.translate(exc)  # (chained to `exc` unless it is `exc`)
                     raise translated from translated.__cause__
                 if attempt:
                     for i in range(len(items)):
@@ -223,7 +223,7 @@ class DaftExecutor(RemoteExecutor):
                                                             f"{_UDF_DIED}"))
                 continue
             for raw in out:
-                self._deliver(pickle.loads(raw), results)
+                self.deliver(pickle.loads(raw), results)
             results.raise_refusal()
             return
 

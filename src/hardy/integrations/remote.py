@@ -197,14 +197,15 @@ class RemoteExecutor(Executor):
             results.fail(i, item_error(plan, i, why))
         return pickle.dumps(blobs, protocol=5) if blobs else None
 
-    def _deliver(self, rows: list[tuple[Any, ...]], results: Any) -> None:
+    def deliver(self, rows: list[tuple[Any, ...]], results: Any) -> None:
+        """A chunk's rows (`run_contained`), each item's outcome to `results`."""
         for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
                 results.ok(i, value, *records)
             else:
                 results.fail(i, value, *records)
 
-    def _translate(self, exc: BaseException) -> BaseException:
+    def translate(self, exc: BaseException) -> BaseException:
         """The error to raise for the engine's `exc`: the user's own (a worker's `ReplicaError`
         too) or hardy's naming the module a worker cannot import, chained to the engine's."""
         translated = self._translate_cause(exc)
@@ -261,7 +262,7 @@ class TaskExecutor(RemoteExecutor):
                 except Exception as exc:
                     if not self._is_crash(exc):
                         self._cancel(list(pending))
-                        translated = self._translate(exc)  # (chained to `exc` unless it is `exc`)
+                        translated = self.translate(exc)  # (chained to `exc` unless it is `exc`)
                         raise translated from translated.__cause__
                     if fut in lost:  # the engine's worker died under this chunk twice
                         for i in chunk:
@@ -273,7 +274,7 @@ class TaskExecutor(RemoteExecutor):
                         lost.add(again)
                     continue
                 self._counts += counts
-                self._deliver(rows, results)
+                self.deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))
                 results.raise_refusal()

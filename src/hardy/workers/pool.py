@@ -331,9 +331,7 @@ class WorkerPool(Executor):
         process starts its own if it maps."""
         for w in [*self.workers, self._spare, *self._leaving]:
             if w is not None:
-                for fd in w._fds:
-                    os.close(fd)
-                w._fds = []
+                w.close_fds()
         self.workers, self._leaving = [None] * self.size, []
         self._spare, self._spare_wanted, self._topping = None, False, None
         self.owners = [None] * self.size

@@ -194,6 +194,11 @@ class Worker:
         self.process.close()
         del self.status
         self._mm.close()
+        self.close_fds()
+
+    def close_fds(self) -> None:
+        """Close this process's descriptors of its status words and fault file (in a fork child:
+        the worker is the parent's, which keeps its own)."""
         for fd in self._fds:
             os.close(fd)
         self._fds = []

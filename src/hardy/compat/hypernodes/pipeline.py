@@ -25,6 +25,9 @@ class Pipeline(HardyPipeline):
 
     _own_callbacks: list[PipelineCallback]  # set by the `callbacks` setter (the base __init__ calls it)
     _inherited: bool
+    # HyperNodes checks bound values when a call runs, not in `bind` (hardy's own refuses a name no
+    # node takes at once): the call then warns about it and names the inputs missing.
+    _checks_bound_names = False
 
     def __init__(self, nodes: Sequence[Any], engine: Any = None, name: str | None = None,
                  cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None, strict: bool = False):
@@ -45,15 +48,10 @@ class Pipeline(HardyPipeline):
 
     def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Pipeline:
         """Nested in another pipeline, HyperNodes reports to the parent's callbacks only."""
-        copy = self._copy()
-        copy._own_callbacks, copy._inherited = list(callbacks), True
+        copy = super().observed_by(callbacks)
+        if copy is not self:
+            copy._inherited = True  # the parent's callbacks alone, not with its engine's
         return copy
-
-    def bind(self, **values: Any) -> Pipeline:
-        """HyperNodes checks bound values when a call runs, not here (hardy's own `bind` refuses a
-        name no node takes at once): the call then warns about it and names the inputs missing."""
-        self._bound.update(values)
-        return self
 
     @property
     def unfulfilled_args(self) -> tuple[str, ...]:
