@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -234,6 +235,34 @@ def test_stage_failures_raise_and_continue_and_isolated_gpu_nodes(monkeypatch):
         isolated = node(embed.func, output_name="embedding", name="embed", gpus=1, isolate=True)
         single = Pipeline(nodes=[prepare, isolated], engine=engine).run(inputs={"x": 4})
         assert single["embedding"][:2] == (8, "0")
+
+
+def test_an_interrupted_staged_map_ends_as_a_map_interrupted_on_one_pool_does(tmp_path):
+    """Ctrl-C while the GPU stage runs: the stage's view of the map's results is told to stop (it
+    passes that on to the map's), and the script exits 130 with what it held, as for one pool."""
+    script = """
+        import os, signal, time
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="features")
+        def prepare(x):
+            return x
+
+        @node(output_name="embedding", gpus=1)
+        def embed(features):
+            if features == 3:
+                os.kill(int(os.environ["SCRIPT"]), signal.SIGINT)  # Ctrl-C, as the terminal sends it
+                time.sleep(60)
+            return features * 2
+
+        os.environ["SCRIPT"] = str(os.getpid())  # workers see the script's environment
+        engine = Engine(map_executor="process", workers=1, gpus=1)
+        Pipeline([prepare, embed], engine=engine).map(inputs={"x": range(6)}, map_over="x")
+    """
+    out = subprocess.run([sys.executable, "-"], input=textwrap.dedent(script), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=180, env={**os.environ, "HARDY_ASSUME_GPUS": "1"})
+    assert out.returncode == 130, out.stderr
+    assert "MapInterrupted: map interrupted" in out.stderr and "AttributeError" not in out.stderr, out.stderr
 
 
 def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):

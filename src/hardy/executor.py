@@ -3,19 +3,95 @@
 An executor receives a compiled `Plan`, the list of item inputs and a results sink, and runs the
 items: in this process (`engine/executors.py`), in hardy's worker processes (`workers/pool.py`),
 per stage (`stages.py`) or on Dask, Ray and Daft (`integrations/`). The engine relies on exactly
-what this class declares, so that a new executor is a subclass, not a guess at duck types.
+what this class declares, so that a new executor is a subclass, not a guess at duck types; the
+sink's side of the seam is declared here too (`ResultsSink`, `MapResults`), as the map's
+`engine.results.Results` and one stage's view of it (`stages`) keep it.
 It lives below both the engine and the worker pool, which implement it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from .errors import NodeError
+    from .observe.events import Events
+    from .observe.nodelog import NodeLogBatch
     from .plan import Plan
+    from .shipping.context import Snapshot
+
+Row = tuple[Any, ...]
+"""A worker's outcome of one item: `(i, ok, outputs or NodeError[, its node log])`."""
+
+
+class ResultsSink(Protocol):
+    """What every executor delivers a map's items to, by index from 0: each outcome, when each
+    item started and where, and whether to stop. A map's `Results` keeps them; one stage's view
+    (`stages`) passes them on to the map's."""
+
+    log_nodes: bool
+    """Whether items run elsewhere send their node log back (someone listens to node events)."""
+
+    stop: bool
+    """Set when the map ends early (on_error="raise" failed an item, the caller was interrupted):
+    an executor hands out no more items."""
+
+    @property
+    def context(self) -> Snapshot | None:
+        """The caller's state the items run with, when not this process's now (`shipping.context`)."""
+
+    def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
+        """Item i succeeded; `records`: its node log, from where it ran (a part per stage)."""
+
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
+        """Item i failed; `worker`: the pid of a worker process that died running it (0: unknown)."""
+
+    def retried(self, i: int, err: NodeError, worker: int | None = None) -> None:
+        """Item i's worker died of `err` and the item runs again (its node's `retries`)."""
+
+    def started(self, i: int, worker: int | None = None) -> None:
+        """Item i was handed to worker process `worker` (a pid), or is about to run here (None)."""
+
+    def handed(self, chunk: Sequence[int], worker: int, again: bool = False) -> None:
+        """The items of `chunk` were handed to `worker` at once; `again`: after one that died."""
+
+    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
+        """A worker's batch of rows: the successes delivered, their items removed from `unsent`, the
+        failures returned for the executor's policy to retry or `fail`."""
+
+    def take_span(self, first: int, outputs: list[dict[str, Any]]) -> None:
+        """The outputs of items `first`, `first` + 1, ..., all succeeded."""
+
+    def raise_refusal(self) -> None:
+        """Raise the `ReplicaError` of a worker that refused the pipeline, if one did."""
+
+
+class MapResults(ResultsSink, Protocol):
+    """A whole map's results (`engine.results.Results`): what an executor running items in this
+    process runs them through (the plan's runner, observed as the map is), and where a one-item
+    map's outcome is read from (`outcome`). One stage's view is not one."""
+
+    values: list[Any]
+    failures: dict[int, NodeError]
+    offset: int
+    """The map's index of item 0 (a window of a streamed map), for errors and events."""
+
+    events: Events | None
+
+    def runner(self, plan: Plan) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+        """`plan.run` as item i of this map runs it here: numbered and observed as the map's."""
+
+    def async_runner(self, plan: Plan) -> Callable[[dict[str, Any], int], Awaitable[dict[str, Any]]]:
+        """`runner` for an async plan: a coroutine per item."""
+
+    def crashed(self) -> dict[int | None, Any]:
+        """The items of this map that crashed a worker before (a nested map run again without them)."""
+
+    def batch_called(self, name: str, size: int, duration: float) -> None:
+        """A batched node's call ran in this process."""
 
 
 @dataclass
@@ -53,10 +129,10 @@ class Executor(ABC):
     not, the engine refuses timed nodes rather than pretend (`hardy.policy`)."""
 
     @abstractmethod
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         """Run every item of `items` through `plan`, calling `results.ok` / `results.fail` per item."""
 
-    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], Any]) -> dict[str, Any]:
+    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults]) -> dict[str, Any]:
         """One item's outputs (`run()` on this executor), or its error raised; `sink()` makes the
         results sink it goes through. A one-item map here; the worker pool has a shorter way."""
         results = sink()
@@ -72,7 +148,7 @@ class Executor(ABC):
         """Stop whatever the executor started (threads, processes, connections)."""
 
 
-def outcome(results: Any) -> dict[str, Any]:
+def outcome(results: MapResults) -> dict[str, Any]:
     """The outputs of a one-item map's item, from its results sink, or its error raised as a call
     raises it (numbered as no map's item)."""
     if results.failures:

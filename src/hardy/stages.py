@@ -14,13 +14,14 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import NodeError
-from .executor import Executor
+from .executor import Executor, ResultsSink, Row
 from .node import Node
 from .observe.nodelog import one_by_one
 from .plan import KEYS, Plan
 
 if TYPE_CHECKING:
     from .observe.nodelog import NodeLogBatch
+    from .shipping.context import Snapshot
 
 
 def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[Any, Plan]]:
@@ -56,22 +57,29 @@ def merge(values: dict[str, Any], result: dict[str, Any], last: bool) -> dict[st
     return {**values, **result, KEYS: {**values.get(KEYS, {}), **keys}}
 
 
-class _StageResults:
+class _StageResults(ResultsSink):
     """The sink an executor writes one stage's items to: failures and the last stage's outputs go
     to the map's results (by the item's index in the map); an earlier stage's outputs join the
     item's values for the next stage."""
 
-    def __init__(self, results: Any, values: list[dict[str, Any]], indices: Sequence[int], first: bool, last: bool,
-                 records: dict[int, list[NodeLogBatch]]):
+    def __init__(self, results: ResultsSink, values: list[dict[str, Any]], indices: Sequence[int], first: bool,
+                 last: bool, records: dict[int, list[NodeLogBatch]]):
         self.results, self.values, self.indices, self.first, self.last = results, values, indices, first, last
         self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
         self.log_nodes = results.log_nodes
 
-    @property
+    @property  # the map's: a stage view keeps none of its own
     def stop(self) -> bool:
-        stop: bool = self.results.stop
-        return stop
+        return self.results.stop
+
+    @stop.setter
+    def stop(self, stop: bool) -> None:
+        self.results.stop = stop
+
+    @property
+    def context(self) -> Snapshot | None:
+        return self.results.context
 
     def raise_refusal(self) -> None:
         self.results.raise_refusal()  # (the map's results hold a worker's refusal of a stage)
@@ -84,8 +92,7 @@ class _StageResults:
         if self.first:
             self.results.handed([self.indices[i] for i in chunk], worker, again)
 
-    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
-             records: NodeLogBatch | None = None) -> list[tuple[Any, ...]]:
+    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         return one_by_one(rows, unsent, records, self.ok)
 
@@ -110,7 +117,7 @@ class _StageResults:
         self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
 
-def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any]], results: Any) -> None:
+def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
     """A map through `stages` ((executor, stage plan) pairs), one stage after another: each stage
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)
@@ -136,7 +143,7 @@ class StagedExecutor(Executor, Generic[K]):
         """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.policy`)."""
         self.needs, self.executor_for, self.enforces_timeouts = needs, executor_for, enforces_timeouts
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         stages = cut(plan, self.needs)
         if len(stages) == 1:
             self.executor_for(stages[0][0]).run_items(plan, items, results)

@@ -1,9 +1,10 @@
 """In-process map executors: where the items of a map run.
 
-An executor receives the compiled Plan, the list of item inputs and a `Results` sink, and runs
-chunks of items through `plan.run`. It never interprets the pipeline itself, so run/map/nesting/
-errors exist once (plan.py, engine/core.py) and executors differ only in *where* a chunk runs.
-Executors that run elsewhere (worker processes, Dask, Ray) keep the same contract (`hardy.executor`).
+An executor receives the compiled Plan, the list of item inputs and a map's `Results`, and runs
+chunks of items through `plan.run`, as the results observe them (`whole`). It never interprets the
+pipeline itself, so run/map/nesting/errors exist once (plan.py, engine/core.py) and executors
+differ only in *where* a chunk runs. Executors that run elsewhere (worker processes, Dask, Ray)
+keep the same contract (`hardy.executor`).
 """
 
 from __future__ import annotations
@@ -11,19 +12,17 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..batching import Batched, batched
 from ..crash.signals import reported_crashes
 from ..errors import NodeError
-from ..executor import Executor
+from ..executor import Executor, MapResults, ResultsSink
 from ..plan import Plan, run_sync
-
-if TYPE_CHECKING:
-    from .results import Results
+from .results import Results
 
 
-def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
+def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
     """The one loop that runs items in this process: results and failures go to the sink."""
     group = batched(plan)
     if group is not None:
@@ -89,7 +88,7 @@ def _reading_ahead(plan: Plan, items: Sequence[dict[str, Any]], indices: range) 
     return window
 
 
-def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
+def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
     """`run_chunk` for a plan with batched nodes: items a group at a time (`hardy.batching`)."""
     for _ in delivered(group, items, indices, results):
         if results.stop:
@@ -97,7 +96,7 @@ def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range
 
 
 def delivered(group: Batched, items: Sequence[dict[str, Any]], indices: Sequence[int],
-              results: Results) -> Iterator[int]:
+              results: MapResults) -> Iterator[int]:
     """Each item of a batched plan's chunk handed to the sink as its group finishes; yields its index."""
     events, offset, seen, names = results.events, results.offset, set(), group.names
 
@@ -135,12 +134,22 @@ def chunk_size(plan: Plan, size: int) -> int:
     return max(1, -(-size // group.group)) * group.group
 
 
+def whole(results: ResultsSink) -> MapResults:
+    """The map's own results, which items run in this process go through (`MapResults.runner`
+    numbers and observes each as the map's). One stage's view of them (`stages`) is handed to
+    worker pools only, which deliver rows; an executor here cannot run a stage."""
+    if isinstance(results, Results):
+        return results
+    raise TypeError(f"{type(results).__name__} is not a map's Results: an in-process executor runs whole "
+                    f"maps only, not a stage of one (stages run on worker pools)")
+
+
 class SequentialExecutor(Executor):
     """Every item in turn, in this process."""
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         with reported_crashes("sequential"):
-            run_chunk(plan, items, range(len(items)), results)
+            run_chunk(plan, items, range(len(items)), whole(results))
 
 
 class ThreadedExecutor(Executor):
@@ -151,8 +160,8 @@ class ThreadedExecutor(Executor):
         self._pool: Any = None
         self._here = threading.local()  # `running`: this thread is one of the pool's, running a chunk
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
-        n = len(items)
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], sink: ResultsSink) -> None:
+        n, results = len(items), whole(sink)
         if getattr(self._here, "running", False):
             # a nested map, from an item this pool runs: its chunks would wait for threads that all
             # wait for them. Its items run here, in the outer item's thread, as a worker runs them
@@ -168,7 +177,7 @@ class ThreadedExecutor(Executor):
             for f in futures:
                 f.result()
 
-    def _chunk(self, plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: Results) -> None:
+    def _chunk(self, plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
         self._here.running = True
         try:
             run_chunk(plan, items, indices, results)
@@ -189,11 +198,11 @@ class AsyncExecutor(Executor):
     def __init__(self, workers: int | None = None):
         self.workers = workers or 1024
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         with reported_crashes("async"):
-            run_sync(self._run_all(plan, items, results))
+            run_sync(self._run_all(plan, items, whole(results)))
 
-    async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
+    async def _run_all(self, plan: Plan, items: Sequence[dict[str, Any]], results: MapResults) -> None:
         import asyncio
         gate = asyncio.Semaphore(self.workers)
         arun = results.async_runner(plan)

@@ -9,11 +9,12 @@ worker pool and the stream runner, which all hand it results.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash.containment import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError, PipelineRefused, ReplicaError
+from ..executor import MapResults, Row
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
 from ..observe.watch import Watch
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ..shipping.context import Snapshot
 
 
-class Results:
+class Results(MapResults):
     """Where executors put each item's outcome, by index.
 
     Executors count items from 0; `offset` is the map's index of item 0 (a window of a streamed
@@ -87,8 +88,7 @@ class Results:
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
-    def take(self, rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any],
-             records: NodeLogBatch | None = None) -> list[tuple[Any, ...]]:
+    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
         """A worker's batch of rows `(i, ok, value)` and their node log: each success delivered as
         `ok` would, each row's item removed from `unsent`; the failures are returned (with their
         part of the log, unless replayed here already), for the pool's policy to retry or `fail`
@@ -96,7 +96,7 @@ class Results:
         cost, which bounds the whole map's throughput."""
         if self.ok_per_item:
             return one_by_one(rows, unsent, records, self.ok)
-        failed: list[tuple[Any, ...]] = []
+        failed: list[Row] = []
         pop = unsent.pop
         values = self.values
         for row in rows:
@@ -124,7 +124,7 @@ class Results:
         self.values[first:first + len(outputs)] = outputs
         self.progress.done += len(outputs)
 
-    def _observed(self, rows: Sequence[tuple[Any, ...]], now: float) -> None:
+    def _observed(self, rows: Sequence[Row], now: float) -> None:
         """The ends of a worker's successful rows delivered at `now`, in one call (their node
         events were replayed just before: per item, events still come in order)."""
         if self._watch_items:
@@ -239,7 +239,7 @@ class Results:
             return run(item, offset + i)
         return observed
 
-    def async_runner(self, plan: Plan) -> Callable[..., Any]:
+    def async_runner(self, plan: Plan) -> Callable[[dict[str, Any], int], Awaitable[dict[str, Any]]]:
         assert plan.arun is not None
         if not self.events and not self.offset:
             return plan.arun

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..engine.core import Engine
 from ..errors import InvalidArgument, NodeCrashed, did_you_mean
+from ..executor import ResultsSink
 from ..plan import Plan
 from ..shipping import Pickled, context, dumps, item_error, ship_each, ship_plan
 from ..shipping.context import Travelling
@@ -164,7 +165,7 @@ class DaftExecutor(RemoteExecutor):
                 pass  # a runner is set already (by the user, or an earlier map): it stays
         self._ready = True
 
-    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         udfs = []
         stages = self._stages(plan)
         caller = context.current().travelling()
@@ -193,7 +194,7 @@ class DaftExecutor(RemoteExecutor):
             return self.node_resources[node.name]
         return {**self.resources, "gpus": node.gpus} if node.gpus else self.resources
 
-    def _run(self, plan: Plan, udfs: list[Any], items: Sequence[dict[str, Any]], results: Any) -> None:
+    def _run(self, plan: Plan, udfs: list[Any], items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         """The map as one query; should a UDF process itself die (Daft's own out-of-memory kill), once
         more, then its items fail naming Daft's report."""
         size = max(1, min(ROW_ITEMS, -(-len(items) // (4 * self._workers()))))

@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import pickle
 import threading
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +35,8 @@ import cloudpickle
 
 from ..engine.executors import chunk_size
 from ..engine.results import Results
-from ..errors import NodeCrashed, WorkerImportError, install_hint
-from ..executor import Executor, WorkerCounts
+from ..errors import NodeCrashed, NodeError, WorkerImportError, install_hint
+from ..executor import Executor, ResultsSink, Row, WorkerCounts
 from ..memo import Memo
 from ..observe.nodelog import NodeLogBatch, died
 from ..observe.watch import Watch
@@ -95,7 +96,7 @@ class _Rows(Results):
         if records:
             self.records[i] = list(records)
 
-    def fail(self, i: int, err: Any, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
+    def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         super().fail(i, err)
         if records or (worker is not None and self.log_nodes):
             self.records[i] = list(records) or [died(worker or 0)]
@@ -114,12 +115,12 @@ def _pool() -> WorkerPool:
 
 
 def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False,
-                  caller: Travelling | None = None) -> list[tuple[Any, ...]]:
+                  caller: Travelling | None = None) -> list[Row]:
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
     process here (`_pool`), with the caller's environment, working directory and argv (`caller`)."""
     results = _Rows(len(chunk), log, caller)
     _pool().run_items(plan, [item for _, item in chunk], results)
-    rows: list[tuple[Any, ...]] = []
+    rows: list[Row] = []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
         if err is not None:
@@ -140,7 +141,8 @@ def require(module: str, extra: str) -> Any:
 
 class RemoteExecutor(Executor):
     """What every engine-backed map executor shares: shipping with hardy's own errors first,
-    delivering per-item rows, translating the engine's errors."""
+    delivering per-item rows, translating the engine's errors. An engine implements its abstract
+    methods (what an engine provides, below)."""
 
     engine = "engine"
     enforces_timeouts = True  # chunks run in hardy's worker processes (run_contained)
@@ -156,19 +158,21 @@ class RemoteExecutor(Executor):
 
     # --- what an engine provides ---------------------------------------------------------------
 
+    @abstractmethod
     def _start(self) -> None:
         """Connect to (or start) the engine; called before every map, cheap once started."""
-        raise NotImplementedError
 
-    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
+    @abstractmethod
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         """Run every item, delivering to `results`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _is_crash(self, exc: BaseException) -> bool:
         """Whether the engine's error means the worker process died."""
-        raise NotImplementedError
 
-    def close(self) -> None: raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None:
+        """Let go of the engine (a cluster this executor started is shut down)."""
 
     def _cause(self, exc: BaseException) -> BaseException:
         """The user-level exception inside an engine's wrapper, if any."""
@@ -176,7 +180,7 @@ class RemoteExecutor(Executor):
 
     # --- the shared part -----------------------------------------------------------------------
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         # cloudpickle's by-value registry is process-wide: `ship_modules` apply to this map only
         extra = [name for name in self.ship_modules if name not in cloudpickle.list_registry_pickle_by_value()]
         for name in extra:
@@ -190,14 +194,15 @@ class RemoteExecutor(Executor):
             for name in extra:
                 cloudpickle.unregister_pickle_by_value(importlib.import_module(name))
 
-    def _ship(self, plan: Plan, items: Sequence[dict[str, Any]], chunk: Sequence[int], results: Any) -> bytes | None:
+    def _ship(self, plan: Plan, items: Sequence[dict[str, Any]], chunk: Sequence[int],
+              results: ResultsSink) -> bytes | None:
         """The chunk for a task (`shipping.ship_each`); its items that cannot be pickled fail here."""
         blobs, bad = ship_each(items, chunk)
         for i, why in bad.items():
             results.fail(i, item_error(plan, i, why))
         return pickle.dumps(blobs, protocol=5) if blobs else None
 
-    def deliver(self, rows: list[tuple[Any, ...]], results: Any) -> None:
+    def deliver(self, rows: list[Row], results: ResultsSink) -> None:
         """A chunk's rows (`run_contained`), each item's outcome to `results`."""
         for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
@@ -230,14 +235,31 @@ class TaskExecutor(RemoteExecutor):
     """A map executor on an engine that runs Python functions as tasks (see the module docstring):
     an engine says how to start, submit a function, wait, and what its "a worker died" errors are."""
 
-    def _workers(self) -> int: raise NotImplementedError
-    def _put(self, data: bytes) -> Any: raise NotImplementedError
-    def _submit(self, fn: Any, *args: Any) -> Any: raise NotImplementedError
-    def _wait_any(self, futures: list[Any]) -> list[Any]: raise NotImplementedError
-    def _result(self, future: Any) -> Any: raise NotImplementedError
-    def _cancel(self, futures: list[Any]) -> None: raise NotImplementedError
+    @abstractmethod
+    def _workers(self) -> int:
+        """How many tasks the engine runs at once (chunks are sized to keep them all busy)."""
 
-    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: Any) -> None:
+    @abstractmethod
+    def _put(self, data: bytes) -> Any:
+        """`data` in the engine's object store, once for every task: a handle the tasks take."""
+
+    @abstractmethod
+    def _submit(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` as a task: its future."""
+
+    @abstractmethod
+    def _wait_any(self, futures: list[Any]) -> list[Any]:
+        """The futures of `futures` done, once at least one is."""
+
+    @abstractmethod
+    def _result(self, future: Any) -> Any:
+        """A done task's value, or the engine's error raised."""
+
+    @abstractmethod
+    def _cancel(self, futures: list[Any]) -> None:
+        """Stop the tasks of `futures` (a map that ends early)."""
+
+    def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         handle = self._put(spec)
         caller = context.current().travelling()
         n = len(items)

@@ -26,24 +26,24 @@ from .messages import HEADER_SIZE, plain_outputs
 from .scheduling import MapRun
 
 if TYPE_CHECKING:
-    from ..engine.results import Results
+    from ..executor import MapResults
     from .pool import WorkerPool
     from .process import Worker
 
 
-def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results]) -> dict[str, Any]:
+def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults]) -> dict[str, Any]:
     """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
     one-item map gives them; `sink()` makes the results sink, when a map loop needs one."""
     shipped = pool.shipped(plan)
     if (shipped is None or shipped[2] or pool.max_memory is not None or pool.stall_report
             or (taken := pool.take_idle(shipped[0])) is None):  # first call, limits, or no idle worker with it
-        return _mapped(MapRun(pool, plan, [item], sink()))
+        return _mapped(pool, plan, item, sink())
     slot, w = taken
     try:
         message = transport.pack((shipped[0], [(0, item)]), dumps)  # (a `Chunk` of nothing but its item)
     except Exception:  # an input that cannot travel: the map loop names it
         pool.free(slot)
-        return _mapped(MapRun(pool, plan, [item], sink()))
+        return _mapped(pool, plan, item, sink())
     w.plan, w.unsent, w.chunk_size = plan, {0: None}, 1
     try:
         w.follow(context.current())
@@ -54,7 +54,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
         data = None
     except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
         message.close()
-        _interrupted(_adopted(pool, plan, item, sink, slot, w))
+        _interrupted(_adopted(pool, plan, item, sink(), slot, w))
         raise
     if data is not None and plain_outputs(data) and not transport.packed(data, HEADER_SIZE):
         try:
@@ -70,16 +70,18 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
             pool.free(slot)
             out: dict[str, Any] = outputs[0]
             return out
-    run = _adopted(pool, plan, item, sink, slot, w)
+    results = sink()
+    run = _adopted(pool, plan, item, results, slot, w)
     _resume(run, slot, w, data)
-    return _mapped(run)
+    run.loop()
+    return outcome(results)
 
 
-def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], Results], slot: int,
+def _adopted(pool: WorkerPool, plan: Plan, item: dict[str, Any], results: MapResults, slot: int,
              w: Worker) -> MapRun:
     """A map loop for the call in flight on worker `w`: its one item is out, `w` holds it in
     `slot`, which the loop now owns."""
-    run = MapRun(pool, plan, [item], sink())
+    run = MapRun(pool, plan, [item], results)
     run.next_fresh = 1
     pool.hand_over(slot, run)
     return run
@@ -113,6 +115,6 @@ def _interrupted(run: MapRun) -> None:
         run.pool.release(run, range(run.pool.size))
 
 
-def _mapped(run: MapRun) -> dict[str, Any]:
-    run.loop()
-    return outcome(run.results)
+def _mapped(pool: WorkerPool, plan: Plan, item: dict[str, Any], results: MapResults) -> dict[str, Any]:
+    MapRun(pool, plan, [item], results).loop()
+    return outcome(results)

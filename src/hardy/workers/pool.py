@@ -16,7 +16,7 @@ from typing import Any
 
 from ..columns import Items
 from ..errors import InvalidArgument, WorkerStartError
-from ..executor import Executor, WorkerCounts
+from ..executor import Executor, MapResults, ResultsSink, WorkerCounts
 from ..memo import Memo
 from ..plan import Plan
 from ..safety.hazards import choose_start_method
@@ -320,10 +320,10 @@ class WorkerPool(Executor):
 
     # --- the map executor ------------------------------------------------------------------------
 
-    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Any) -> None:
+    def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         MapRun(self, plan, items, results).loop()
 
-    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], Any]) -> dict[str, Any]:
+    def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults]) -> dict[str, Any]:
         return call(self, plan, item, sink)
 
     def _forget(self) -> None:

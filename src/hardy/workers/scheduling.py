@@ -43,6 +43,7 @@ from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Worker, rss
 
 if TYPE_CHECKING:
+    from ..executor import ResultsSink
     from ..observe.nodelog import NodeLogBatch
     from .pool import WorkerPool
 
@@ -57,7 +58,7 @@ STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.s
 class MapRun:
     """One map (or one isolated call) through the pool: the scheduling loop and its bookkeeping."""
 
-    def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: Any):
+    def __init__(self, pool: WorkerPool, plan: Plan, items: Sequence[Any], results: ResultsSink):
         self.pool, self.plan, self.items, self.results = pool, plan, items, results
         self.plan_id, self.plan_msg, timed = pool.ship(plan)
         self.next_fresh = 0
@@ -82,7 +83,7 @@ class MapRun:
             check_constants(items)
         self.shared = transport.Shared(_shared_values(items), dumps)
         # the caller's environment, working directory, argv and sys.path (an engine's chunk brings its caller's)
-        self.context = getattr(results, "context", None) or context.current()
+        self.context = results.context or context.current()
 
     def next_chunk(self, w: Worker) -> Sequence[int] | None:
         """The next chunk for `w`: a retry whose backoff is over, or the next fresh items (a range)."""
