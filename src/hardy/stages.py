@@ -17,7 +17,7 @@ from .errors import NodeError
 from .executor import Executor, ResultsSink, Row
 from .node import Node
 from .observe.nodelog import one_by_one
-from .plan import KEYS, Plan
+from .plan import KEYS, Plan, Step
 
 if TYPE_CHECKING:
     from .observe.nodelog import NodeLogBatch
@@ -29,7 +29,7 @@ def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[
     may return any value that compares with ==: consecutive steps with equal needs share a stage.
     A plan with no step (every output provided) is one stage that needs None. `options` go to
     each stage's `Plan` (a batched plan's parts: `hardy.batching`)."""
-    groups: list[tuple[Any, list[Any]]] = []
+    groups: list[tuple[Any, list[Step]]] = []
     for step in plan.steps:
         wanted = needs(step.node)
         if groups and groups[-1][0] == wanted:
@@ -38,7 +38,8 @@ def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[
             groups.append((wanted, [step]))
     if len(groups) <= 1:
         return [(groups[0][0] if groups else None, plan)]
-    stages, available = [], list(plan.provided)
+    stages: list[tuple[Any, Plan]] = []
+    available = list(plan.provided)
     for n, (wanted, steps) in enumerate(groups):
         later = {v for _, rest in groups[n + 1:] for step in rest for _, v in step.args} | set(plan.outputs)
         last = n == len(groups) - 1
@@ -117,7 +118,7 @@ class _StageResults(ResultsSink):
         self.results.fail(n, err, [*self.records.pop(n, ()), *records], worker)
 
 
-def run_stages(stages: Sequence[tuple[Any, Plan]], items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
+def run_stages(stages: Sequence[tuple[Executor, Plan]], items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
     """A map through `stages` ((executor, stage plan) pairs), one stage after another: each stage
     runs every item still alive, an item that fails leaves at its stage as that item's failure."""
     values = list(items)

@@ -21,6 +21,7 @@ from ..crash import handler, mapped
 from ..crash.record import exit_line, nesting_line, thread_line, watch_threads
 from ..crash.signals import LAST_WORDS_LIMIT
 from ..errors import NodeError
+from ..executor import Row
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan import CAUGHT
 from ..shipping import dumps, out_of_band, transport
@@ -29,7 +30,6 @@ from .lifeline import end_descendants
 from .messages import HEADER, Header
 from .status import IDLE, SENDING, StatusWords
 
-Row = tuple[Any, ...]  # (item, ok, its outputs or its error)
 Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
 
 

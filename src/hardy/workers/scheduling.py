@@ -357,7 +357,7 @@ class MapRun:
             elif not self.retry_out_of_memory(i, value):
                 self.results.fail(i, value, logs)
 
-    def retry_out_of_memory(self, i: int, err: Any) -> bool:
+    def retry_out_of_memory(self, i: int, err: NodeError) -> bool:
         """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has
         nothing allocated) and the item runs again on a fresh worker, after the node's backoff."""
         if not isinstance(err, GpuOutOfMemory) or self.attempts.get(i, 0) >= err.retries:

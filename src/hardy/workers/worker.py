@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..breakpoints import no_terminal
 from ..columns import built
@@ -40,6 +40,9 @@ from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Stop, Values
 from .replies import REPLIES
 from .status import IDLE, LOADING, READING, RETIRED, StatusWords, marked, open_status
+
+if TYPE_CHECKING:
+    from ..node import Node
 
 
 def run(fd: int) -> None:
@@ -297,7 +300,7 @@ def _load_plan(spec: bytes, status: StatusWords, fetch: Fetch, log: str = "",
     which a plain plan writes in its own code (`Plan.marks`)."""
     steps: dict[str, int] = {}  # its node names by step, for its cache hits' log entries
 
-    def wrap(k: int, n: Any) -> Callable[..., Any]:
+    def wrap(k: int, n: Node) -> Callable[..., Any]:
         if not log:
             return marked(status, k, n.func, dated=dated)
         steps[n.name] = k
