@@ -16,10 +16,14 @@ import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.doctor import runs_on
+from hardy.engine.executors import SequentialExecutor
+from hardy.engine.results import Results
 from hardy.errors import CudaError, GpuOutOfMemory, InvalidArgument, NodeDefinitionError, NoGpuError
 from hardy.gpus import cuda_failure, gpu_slots, parse_smi
+from hardy.observe.watch import Watch
 from hardy.plan import Plan
-from hardy.stages import cut
+from hardy.stages import StagedExecutor, cut
+from hardy.workers.pool import WorkerPool
 
 # Messages as torch, cupy, numba and jax print them (from their issue trackers), and what they are.
 REAL_TEXTS = [
@@ -263,6 +267,23 @@ def test_an_interrupted_staged_map_ends_as_a_map_interrupted_on_one_pool_does(tm
                          text=True, timeout=180, env={**os.environ, "HARDY_ASSUME_GPUS": "1"})
     assert out.returncode == 130, out.stderr
     assert "MapInterrupted: map interrupted" in out.stderr and "AttributeError" not in out.stderr, out.stderr
+
+
+def test_an_in_process_executor_refuses_one_stage_of_a_map():
+    """Items run here go through the map's own results (numbered and observed as the map's); one
+    stage's view of them only ever meets worker pools, and an in-process executor says so."""
+    staged = StagedExecutor(lambda n: n.gpus > 0, lambda gpu: SequentialExecutor(), enforces_timeouts=False)
+    plan = Plan(Pipeline(nodes=MIXED).graph, ["x"], ["score"])
+    results = Results(1, "continue", Watch.quiet(1, "map"))
+    with pytest.raises(TypeError, match="_StageResults is not a map's Results: an in-process executor runs whole"):
+        staged.run_items(plan, [{"x": 1}], results)
+    pool = WorkerPool(workers=1)  # where stages do run
+    staged.executor_for = lambda gpu: pool
+    try:
+        staged.run_items(plan, [{"x": 1}], results)
+    finally:
+        pool.close()
+    assert results.values[0]["score"][0] == 3
 
 
 def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):
