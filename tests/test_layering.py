@@ -135,11 +135,15 @@ FOREIGN_PRIVATE = {
     "_is_compiled": "torch.cuda: whether this torch has CUDA, without initialising it",
     "_is_in_bad_fork": "torch.cuda: the fork probe (doctor's matrix pins the versions it holds for)",
     "_C": "torch: the CUDA arch flags this build has (doctor)",
+    "_cuda_getArchFlags": "torch._C: as _C",
     "_parameters": "torch.nn.Module: a module's own tensors, hashed for cache keys",
     "_buffers": "torch.nn.Module: as _parameters",
     "_modules": "torch.nn.Module: as _parameters",
     "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
-    "_dispatcher": "numba: a jitted function's Python function, for its cache key",
+    "_dispatcher": "numba: a ufunc's dispatcher, for its cache key",
+    "_frozen": "numba: whether a ufunc's loops are fixed, for its cache key",
+    "_backends": "jax: whether a backend was started before a fork",
+    "_data": "os.environ: its encoded mapping, compared cheaply to see that nothing changed",
     "_config": "multiprocessing: a daemonic process's flag, lifted so a Dask worker may start hardy's",
     "_dynamic_class_reduce": "cloudpickle: a class pickled by value",
     "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",
@@ -167,27 +171,40 @@ def _class_names(tree: ast.AST) -> set[str]:
     return {name for name in found if isinstance(name, str) and _private(name)}
 
 
+def _accesses(tree: ast.AST) -> list[tuple[ast.AST, ast.expr, str, bool]]:
+    """Every `(node, x, "_name", sets)` of a private attribute: `x._name` (`sets`: assigned), and
+    `getattr`, `hasattr`, `setattr` or `delattr` with the name spelled out."""
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and _private(n.attr):
+            found.append((n, n.value, n.attr, isinstance(n.ctx, ast.Store)))
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and len(n.args) >= 2
+              and n.func.id in ("getattr", "hasattr", "setattr", "delattr")
+              and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str) and _private(n.args[1].value)):
+            found.append((n, n.args[0], n.args[1].value, n.func.id == "setattr"))
+    return found
+
+
 def private_reaches(sources: dict[str, str]) -> list[str]:
-    """`where: x._name` for each attribute access (read, write or delete) of a private name that the
-    accessing module's classes do not define: one another hardy module's classes define (reach
-    into it through a public name, or move the logic to its owner), or one that no hardy class
-    defines and the module neither sets on objects itself (a mark it puts on them) nor is listed
-    in FOREIGN_PRIVATE (another library's). `os._exit` and the like, read off a module imported by
-    name, are that module's own public way in."""
+    """`where: x._name` for each access (read, write or delete, or through `getattr` and kin) of a
+    private attribute that the accessing module's classes do not define: one another hardy
+    module's classes define (reach it through a public name, or move the logic to its owner), or
+    one that no hardy class defines and the module neither sets on objects itself (a mark it puts
+    on them) nor is listed in FOREIGN_PRIVATE (another library's). `os._exit` and the like, read
+    off a module imported by name, are that module's own public way in."""
     trees = {name: ast.parse(text) for name, text in sources.items()}
     owned = {name: _class_names(tree) for name, tree in trees.items()}
     found = []
     for name, tree in trees.items():
         modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                    for a in n.names if not a.name.startswith("hardy")}
-        marks = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
-        for n in ast.walk(tree):
-            if not (isinstance(n, ast.Attribute) and _private(n.attr)) or n.attr in owned[name]:
+        accesses = _accesses(tree)
+        marks = {attr for _, _, attr, sets in accesses if sets}
+        for n, x, attr, _ in accesses:
+            if attr in owned[name] or (isinstance(x, ast.Name) and x.id in modules):
                 continue
-            if isinstance(n.value, ast.Name) and n.value.id in modules:
-                continue
-            owners = sorted(other for other, names in owned.items() if n.attr in names)
-            if owners or (n.attr not in marks and n.attr not in FOREIGN_PRIVATE):
+            owners = sorted(other for other, names in owned.items() if attr in names)
+            if owners or (attr not in marks and attr not in FOREIGN_PRIVATE):
                 found.append(f"{name}:{n.lineno}: {ast.unparse(n)}" + (f" (defined in {', '.join(owners)})"
                                                                       if owners else ""))
     return found
@@ -198,15 +215,17 @@ def test_the_private_attribute_rule_sees_reaches_and_leaves_owners_alone():
         "plan": "class Plan:\n    __slots__ = ('_steps',)\n    def __init__(self):\n        self._wrap = None\n"
                 "    def _run(self):\n        return self._wrap, self._steps\n",
         "batching": "import os\ndef cut(plan):\n    os._exit(0)\n    return plan._wrap, plan._steps, plan._run()\n",
-        "marks": "def mark(exc):\n    exc._step = 1\n    return exc._step, exc._unknown\n",
+        "marks": "def mark(exc):\n    exc._step = 1\n    return exc._step, exc._unknown, getattr(exc, '_other', 0)\n",
+        "probe": "def probe(p):\n    return hasattr(p, '_wrap'), getattr(p, 'public')\n",
     }
     assert private_reaches(sources) == [
         "batching:4: plan._wrap (defined in plan)", "batching:4: plan._steps (defined in plan)",
-        "batching:4: plan._run (defined in plan)", "marks:3: exc._unknown"]
+        "batching:4: plan._run (defined in plan)", "marks:3: exc._unknown", "marks:3: getattr(exc, '_other', 0)",
+        "probe:2: hasattr(p, '_wrap') (defined in plan)"]
 
 
 def test_no_module_reaches_into_another_modules_private_attributes():
     sources = {str(p.relative_to(SRC)): p.read_text() for p in sorted(SRC.rglob("*.py"))}
     assert private_reaches(sources) == []
-    used = {n.attr for text in sources.values() for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute)}
+    used = {attr for text in sources.values() for _, _, attr, _ in _accesses(ast.parse(text))}
     assert sorted(set(FOREIGN_PRIVATE) - used) == []  # each entry still needed
