@@ -91,7 +91,7 @@ class PlanSource:
             for k in ks:
                 lines.append(f"_s = {k}")
                 if self._marks is not None:  # (`Plan.marks`: a worker's status words name the step)
-                    lines.append(f"_st.{self._marks} = {k}")
+                    lines.append(f"_st.{self._marks} = {float(k)}")  # (a double's word: no conversion)
                 lines += self._store(k, self._call(k, is_async))
             return lines
         for k in ks:  # look up what the cache has; the result is _MISS where the node must run

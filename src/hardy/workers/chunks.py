@@ -20,7 +20,7 @@ from ..shipping import open_input, portable, unopened
 from ..shipping.replica import Refusal
 from .lifeline import ZOMBIES_MAX, retiring
 from .replies import REPLIES
-from .status import BATCH, FLUSH_EVERY, IDLE, OPENING, StatusWords
+from .status import BATCH, FLUSH_EVERY, IDLE, NO_STEP, OPENING, StatusWords
 
 
 def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]],
@@ -65,7 +65,7 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
         if (now - last >= FLUSH_EVERY or sealed == 2) and batch:
             REPLIES.send(batch, False)
             last = now = clock()
-        status.step = -1
+        status.step = NO_STEP
         status.item = i
         if sealed or note:
             item = _begin(plan, i, item, status, sealed, note, now)
@@ -139,7 +139,7 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
     arranged = Arranged() if log else None
 
     def at(i: int, span: tuple[float, float] | None = None) -> None:
-        status.step = -1
+        status.step = NO_STEP
         status.item = i
         if arranged is not None:
             arranged.at(i, span)
@@ -161,7 +161,7 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
                 arranged.ended(i)
             batch.append((i, True, value) if ok else (i, False, portable(value)))
             if not ok and isinstance(value, CudaError) and value.retires_worker:
-                status.item = -1
+                status.item = IDLE
                 REPLIES.send(batch, False)
                 return False
             now = clock()
@@ -172,7 +172,7 @@ def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, An
                 arranged.mark = REPLIES.complete = len(LOG.data)
     finally:
         REPLIES.complete = None
-    status.item = -1
+    status.item = IDLE
     if plan.cache is not None:
         plan.cache.report()
     REPLIES.send(batch, True, clock() - start)
@@ -270,10 +270,10 @@ def open_item(plan: Plan, i: int, item: Any, status: StatusWords) -> Any:
         except Exception as exc:  # whatever a __setstate__ raises
             return unopened(plan, i, name, item[name] if name is not None else item, exc)
         if name is None:  # a whole item, as an engine's task shipped it (`shipping.Pickled`)
-            status.step = -1
+            status.step = NO_STEP
             return value
         opened[name] = value
-    status.step = -1
+    status.step = NO_STEP
     return opened
 
 

@@ -28,7 +28,7 @@ from ..shipping import dumps, out_of_band, transport
 from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
-from .status import IDLE, SENDING, StatusWords
+from .status import IDLE, NO_STEP, SENDING, StatusWords
 
 Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
 
@@ -143,7 +143,7 @@ class Replies:
             self.sending = False
             if not dying:
                 status.item = IDLE
-                status.step = -1
+                status.step = NO_STEP
 
     def resend(self, items: list[int]) -> None:
         """Items of the last chunk again, each pickled on its own, so that each is read on its

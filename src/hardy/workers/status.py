@@ -22,8 +22,11 @@ from typing import Any
 from ..observe.nodelog import LOG
 from ..observe.nodelog import STEP as STEP_NAMED
 
-IDLE, READING, SENDING, LOADING = -1, -3, -4, -5  # LOADING: the pipeline, its nodes' modules
-BATCH = -2  # `item` while a batched node's call runs: the parent splits the batch if the worker dies
+# What `item` says between items, as floats: the words are doubles, and a float is stored as it is
+# (an int is converted, a float made, at every store: they are stored per item, on the hot path).
+IDLE, READING, SENDING, LOADING = -1.0, -3.0, -4.0, -5.0  # LOADING: the pipeline, its nodes' modules
+BATCH = -2.0  # `item` while a batched node's call runs: the parent splits the batch if the worker dies
+NO_STEP = -1.0  # `step` between steps
 OPENING = -2  # `step` while a sealed item's input k is unpickled: OPENING - k (`item` is the item)
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
@@ -65,16 +68,16 @@ def marked(status: StatusWords, k: int, func: Callable[..., Any], log: list[floa
     pool with `stall_report`); `log`: also noted in the node log (observe/nodelog.py), with the
     same clock read, as a bare start time (the item's next step) or, `named`, with its step.
     A plain plan names its steps in its own code instead (`inline`)."""
-    clock = time.monotonic
+    clock, step = time.monotonic, float(k)
 
     if log is None and not dated:
         def named_only(*args: Any, **kwargs: Any) -> Any:
-            status.step = k
+            status.step = step
             return func(*args, **kwargs)
         return named_only
     if log is None:
         def call(*args: Any, **kwargs: Any) -> Any:
-            status.step = k
+            status.step = step
             status.step_start = clock()
             return func(*args, **kwargs)
         return call
@@ -84,7 +87,7 @@ def marked(status: StatusWords, k: int, func: Callable[..., Any], log: list[floa
             log.extend((STEP_NAMED, k, now))
 
     def logged(*args: Any, **kwargs: Any) -> Any:
-        status.step = k
+        status.step = step
         status.step_start = now = clock()
         note(now)
         try:
