@@ -25,6 +25,7 @@ from . import status as words
 from .process import Worker
 
 if TYPE_CHECKING:
+    from ..executor import ResultsSink
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
@@ -42,7 +43,7 @@ class Deaths:
     sent again) and `poison` (inner items of nested maps to fail, per nested map)."""
 
     def __init__(self, pool: WorkerPool, plan: Plan, shipped: tuple[int, bytes], items: Sequence[Any],
-                 results: Any, began: float, receive: Callable[[Worker], bool], *, retry: deque[list[int]],
+                 results: ResultsSink, began: float, receive: Callable[[Worker], bool], *, retry: deque[list[int]],
                  due: dict[int, float], attempts: dict[int, int], sealed: dict[int, int], singly: set[int],
                  poison: dict[tuple[Any, ...], dict[int | None, NodeError]]):
         self.pool, self.plan, self.items, self.results, self.began = pool, plan, items, results, began
