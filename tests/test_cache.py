@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardy import DiskCache, Engine, Failed, MapError, Pipeline, UnhashableError, node
+from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.cache.entry import HEADER, MAGIC, VERSION
+from hardy.errors import UnhashableError
 from hardy.hashing import hash_value
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's own counters and warnings, seen here

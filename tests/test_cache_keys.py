@@ -14,7 +14,8 @@ import threading
 import pytest
 
 from conftest import needs_torch
-from hardy import DiskCache, Engine, NodeError, Pipeline, UnhashableError, node
+from hardy import DiskCache, Engine, NodeError, Pipeline, node
+from hardy.errors import UnhashableError
 from hardy.hashing import code_fingerprint, hash_value
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # what a key covers, counted in this process

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hardy import DiskCache, Pipeline, UntrustedCacheError
+from hardy import DiskCache, Pipeline
 from hardy.cache import FileStore
 from hardy.cache.keys import call_fingerprint, call_key
+from hardy.errors import UntrustedCacheError
 from hardy.hashing import FORMAT, hash_value
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's counters, seen here

@@ -17,14 +17,13 @@ import pytest
 import hardy
 from conftest import Unloadable
 from hardy import DiskCache, Engine, Failed, NodeCrashed, Pipeline, node, stateful
-from hardy.errors import PicklingError, ShippingError
+from hardy.errors import PicklingError, ShippingError, WorkerImportError
 
 IN_PROCESS = Engine(map_executor="sequential")  # the cache's counters and the reference results, here
 
 pytest.importorskip("distributed")
 pytest.importorskip("ray")
 
-from hardy import WorkerImportError  # noqa: E402
 from hardy.integrations.dask import DaskExecutor  # noqa: E402
 from hardy.integrations.ray import RayExecutor  # noqa: E402
 

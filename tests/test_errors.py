@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -343,25 +345,54 @@ def documented_errors() -> list[str]:
     return re.search(r"members: \[([^\]]*)\]", errors_section)[1].replace(" ", "").split(",")
 
 
-def test_every_error_is_documented_importable_from_hardy_and_a_hardy_error():
+def test_every_error_is_documented_importable_from_hardy_errors_and_a_hardy_error():
     import hardy
     import hardy.errors as errors
     defined = {name for name, obj in vars(errors).items()
                if isinstance(obj, type) and issubclass(obj, BaseException | Warning) and obj.__module__ == errors.__name__}
     documented = documented_errors()
     assert sorted(defined - set(INTERNAL)) == sorted(documented), "docs/api.md's error list and hardy/errors.py differ"
+    caught = {name for name in hardy.__all__ if name in defined}
+    assert caught | hardy.MOVED_TO_ERRORS == set(documented) and not caught & hardy.MOVED_TO_ERRORS, (
+        "each error is either one a caller catches (in hardy.__all__) or one that moved to hardy.errors")
     for name in documented:
-        cls = getattr(hardy, name)  # importable from hardy, as docs/api.md says
-        assert cls is getattr(errors, name) and name in hardy.__all__
-        if issubclass(cls, Warning) or cls is hardy.MapInterrupted:  # a KeyboardInterrupt: not an Exception
+        cls = getattr(errors, name)
+        assert name not in caught or vars(hardy)[name] is cls  # the errors a caller catches: from hardy itself
+        if issubclass(cls, Warning) or cls is errors.MapInterrupted:  # a KeyboardInterrupt: not an Exception
             continue
-        assert issubclass(cls, hardy.HardyError), f"{name} is not a HardyError"
+        assert issubclass(cls, errors.HardyError), f"{name} is not a HardyError"
         builtin_bases = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (object, BaseException,
                                                                                               Exception)]
         # a node's error carries its cause's type; a RemoteError's stand-ins take the original's built-in
-        assert builtin_bases or issubclass(cls, hardy.NodeError | hardy.MapError | hardy.RemoteError) or (
-            cls is hardy.HardyError), (
+        assert builtin_bases or issubclass(cls, errors.NodeError | errors.MapError | errors.RemoteError) or (
+            cls is errors.HardyError), (
             f"{name} derives from no built-in a caller would catch it by (ValueError, TypeError, OSError, ...)")
+
+
+def test_an_error_moved_to_hardy_errors_still_imports_from_hardy_with_a_warning_naming_the_new_import():
+    import hardy
+    import hardy.errors as errors
+    for name in sorted(hardy.MOVED_TO_ERRORS):
+        with pytest.warns(DeprecationWarning, match=rf"write `from hardy.errors import {name}`") as seen:
+            assert getattr(hardy, name) is getattr(errors, name)
+        assert seen[0].filename == __file__  # the warning points at the line that used the old name
+    with pytest.warns(DeprecationWarning, match="from hardy.errors import CycleError") as seen:
+        from hardy import CycleError as moved
+    assert moved is errors.CycleError and {w.filename for w in seen} == {__file__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # what a script writes imports without a warning
+        exec("from hardy import *", {})
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
+        hardy.NoSuchError  # noqa: B018
+
+
+def test_a_script_that_imports_a_moved_error_from_hardy_runs_and_is_told_the_new_import(tmp_path):
+    script = "from hardy import Pipeline, UnknownInputError, node\nprint(UnknownInputError.__module__)\n"
+    out = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout == "hardy.errors\n", out.stderr
+    assert "<stdin>:1: DeprecationWarning: hardy.UnknownInputError has moved: write `from hardy.errors import " \
+           "UnknownInputError`" in out.stderr
 
 
 def exception_classes_outside_errors() -> list[str]:

@@ -916,8 +916,8 @@ def test_only_compat_keys_leave_private_attributes_out(tmp_path):
     import threading
 
     from hardy import DiskCache as HardyDiskCache
-    from hardy import UnhashableError
     from hardy.compat.hypernodes import DiskCache
+    from hardy.errors import UnhashableError
 
     class Client:
         def __init__(self, model, session):

@@ -207,7 +207,8 @@ def test_bad_window_is_refused():
 
 FINALISED = """
 import gc, sys, threading, time
-from hardy import Engine, EngineClosed, Pipeline, node
+from hardy import Engine, Pipeline, node
+from hardy.errors import EngineClosed
 
 @node(output_name="y")
 def slowish(x):

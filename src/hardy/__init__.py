@@ -2,52 +2,24 @@
 
     from hardy import node, Pipeline, Engine
 
-The public surface is re-exported here; everything else is an implementation detail.
+Here is what a script writes (node, Pipeline, Engine, DiskCache, ...) and the errors a caller
+catches around a run (a node's error, crash or timeout; a map's; a GPU's); every error hardy
+raises, these included, is importable from `hardy.errors`. The rest of the package is
+implementation.
 """
 
+from . import system  # noqa: F401  # first: on any platform but Linux, import stops here, saying why
 from .engine import Engine
 from .errors import (
-    BatchShapeError,
-    CacheUnavailable,
     CudaError,
-    CycleError,
-    DebuggerUnavailable,
-    DuplicateNodeError,
-    DuplicateOutputError,
-    EngineClosed,
     Failed,
     GpuOutOfMemory,
-    GraphError,
     HardyError,
-    HazardError,
-    InvalidArgument,
-    InvalidArgumentType,
-    LazyOutputError,
     MapError,
-    MapInputError,
     MapInterrupted,
-    MissingInputError,
     NodeCrashed,
-    NodeDefinitionError,
     NodeError,
     NodeTimeout,
-    NoGpuError,
-    OutputCountError,
-    PicklingError,
-    RemoteError,
-    ReplayError,
-    ReplicaError,
-    SelfDependencyError,
-    ShippingError,
-    UnencodableOutput,
-    UnhashableError,
-    UnknownInputError,
-    UnknownInputWarning,
-    UnknownOutputError,
-    UntrustedCacheError,
-    WheelError,
-    WorkerImportError,
-    WorkerStartError,
 )
 from .nesting import PipelineNode
 from .node import Node, node
@@ -56,6 +28,17 @@ from .pipeline import Pipeline
 from .stateful import stateful
 
 __version__ = "0.1.0"
+
+# Errors that used to be importable from `hardy` too; they describe a mistake to fix rather than
+# an outcome to catch, and live in `hardy.errors` only. `hardy.X` still resolves, with a warning.
+MOVED_TO_ERRORS = frozenset({
+    "BatchShapeError", "CacheUnavailable", "CycleError", "DebuggerUnavailable", "DuplicateNodeError",
+    "DuplicateOutputError", "EngineClosed", "GraphError", "HazardError", "InvalidArgument", "InvalidArgumentType",
+    "LazyOutputError", "MapInputError", "MissingInputError", "NodeDefinitionError", "NoGpuError",
+    "OutputCountError", "PicklingError", "RemoteError", "ReplayError", "ReplicaError", "SelfDependencyError",
+    "ShippingError", "UnencodableOutput", "UnhashableError", "UnknownInputError", "UnknownInputWarning",
+    "UnknownOutputError", "UntrustedCacheError", "WheelError", "WorkerImportError", "WorkerStartError",
+})
 
 
 def __getattr__(name: str) -> object:
@@ -67,18 +50,20 @@ def __getattr__(name: str) -> object:
     if name == "daft_engine":
         from .integrations.daft import daft_engine
         return daft_engine
+    if name in MOVED_TO_ERRORS:
+        import warnings
+
+        from . import errors
+        warnings.warn(f"hardy.{name} has moved: write `from hardy.errors import {name}` (the old name will go)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(errors, name)
     raise AttributeError(f"module 'hardy' has no attribute {name!r}")
 
 __all__ = [
     "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful", "DiskCache",
     "PipelineCallback", "CallbackContext",
-    # every error hardy raises (hardy/errors.py)
-    "HardyError", "InvalidArgument", "InvalidArgumentType", "NodeDefinitionError", "GraphError", "CycleError",
-    "DuplicateOutputError", "SelfDependencyError", "DuplicateNodeError", "MissingInputError", "UnknownInputError",
-    "UnknownInputWarning", "UnknownOutputError", "MapInputError", "NodeError", "OutputCountError", "NodeCrashed",
-    "NodeTimeout", "UnencodableOutput", "ShippingError", "LazyOutputError", "CudaError", "GpuOutOfMemory",
-    "NoGpuError", "MapError", "MapInterrupted", "EngineClosed", "DebuggerUnavailable", "RemoteError", "HazardError",
-    "WorkerStartError", "PicklingError", "ReplicaError", "WorkerImportError", "UnhashableError", "BatchShapeError",
-    "UntrustedCacheError", "CacheUnavailable", "ReplayError", "WheelError",
+    # the errors a caller catches around a run; every error is in hardy.errors
+    "HardyError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError", "MapInterrupted", "CudaError",
+    "GpuOutOfMemory",
     "__version__",
 ]
