@@ -143,6 +143,38 @@ def in_process_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardy.pipeline, "_DEFAULT_ENGINE", Engine(map_executor="sequential"))
 
 
+# The fast loop, `python -m pytest -m fast` (CONTRIBUTING.md): the tests of these files, the core
+# of hardy (the API, plans, the executors and worker processes, crash handling, the cache, the
+# layering rules), less those marked slow. Every other file runs in the whole suite, or by name.
+CORE = frozenset({
+    "test_pipeline.py", "test_errors.py", "test_execution.py", "test_plan_source.py", "test_policy.py",
+    "test_streaming.py", "test_hypernodes_compat.py", "test_system.py", "test_layering.py",
+    "test_workers.py", "test_calls.py", "test_containment.py", "test_lifecycle.py", "test_exits.py",
+    "test_transport.py", "test_outcomes.py", "test_same_answer.py",
+    "test_forensics.py", "test_thread_crashes.py", "test_bad_items.py",
+    "test_cache.py", "test_cache_keys.py", "test_cache_code_kinds.py", "test_cache_code_edits.py",
+    "test_cache_faults.py", "test_cache_mmap.py", "test_cache_trust.py", "test_cache_collisions.py",
+    "test_cache_distributions.py",
+})
+assert not [f for f in CORE if not (Path(__file__).parent / f).exists()], "CORE names a test file that is gone"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in CORE and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
+
+
+CLUSTERS = ("dask", "ray", "daft")
+
+
+def executors(*names: str) -> list:
+    """`names` to parametrize a test over, those that start a Dask, Ray or Daft cluster marked slow:
+    `-m "not slow"` and the fast loop run the test on the others."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n.split("-")[0] in CLUSTERS else n for n in names]
+
+
 def needs_torch() -> None:
     """Skip without torch. Never imports it here: torch's OpenMP pool would be a fork hazard in
     this test process for every test that follows (those that use torch run it in a subprocess)."""

@@ -145,6 +145,7 @@ with Engine(map_executor="process", workers=2) as engine:
 """
 
 
+@pytest.mark.slow  # torch in a subprocess
 def test_sparse_tensors_travel_by_torchs_own_pickling():
     needs_torch()
     done = subprocess.run([sys.executable, "-"], input=SPARSE, capture_output=True, text=True, timeout=300,

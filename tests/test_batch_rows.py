@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import executors
+
 pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")
 
@@ -167,7 +169,7 @@ def test_sys_exit_and_other_base_exceptions_in_a_batch_call_fail_their_item_alon
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("executor", ["threaded", "process", "dask", "ray"])
+@pytest.mark.parametrize("executor", executors("threaded", "process", "dask", "ray"))
 def test_every_executor_gives_the_sequential_answer(executor, sequential):
     if executor in ("dask", "ray"):
         pytest.importorskip("distributed" if executor == "dask" else "ray")

@@ -200,6 +200,7 @@ def double_waiting(x: list[int]) -> tuple[list[int], list[int]]:
     return [v * 2 for v in x], [len(x)] * len(x)
 
 
+@pytest.mark.slow  # waits on a slow stream, item by item
 @pytest.mark.parametrize("executor", ["sequential", "process"])
 def test_batch_wait_calls_a_partial_batch_of_a_slow_stream(executor):
     """A source that yields an item every 50 ms: with batch_wait=0.2 the first items reach their
@@ -337,6 +338,7 @@ def test_cache_entries_are_per_item_and_a_warm_run_makes_no_batch_call(tmp_path)
     assert DiskCache(tmp_path / "c").stats().entries == 14  # one per item, whoever computed it
 
 
+@pytest.mark.slow  # torch in a subprocess
 @pytest.mark.parametrize("executor", ["sequential", "threaded", "process"])
 def test_torch_embed_pipeline_local_executors(executor, monkeypatch):
     crash = executor == "process"
@@ -428,6 +430,7 @@ def test_a_hanging_item_times_out_alone(monkeypatch):
     assert isinstance(out[2].error, NodeTimeout) and out[2].error.node == "wait"
 
 
+@pytest.mark.slow  # torch in a subprocess
 def test_gpu_batched_node_gets_batches_on_gpu_workers_and_the_rest_runs_on_cpu_workers(monkeypatch):
     """`@node(gpus=1, batch_size=8)` without a GPU: slots declared by HARDY_ASSUME_GPUS, each GPU
     worker started with its CUDA_VISIBLE_DEVICES (read back inside the batch call)."""
@@ -511,6 +514,7 @@ def remote_executors():
         ex.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["dask", "ray", "daft"])
 def test_torch_embed_pipeline_on_dask_ray_and_daft(name, monkeypatch, request):

@@ -651,6 +651,7 @@ def test_keyed_stages_key_every_node_as_the_whole_plan(tmp_path):
     assert first[KEYS]["h"] == whole[KEYS]["h"] and "a" not in first
 
 
+@pytest.mark.slow  # 200 races of 16 connections
 def test_many_connections_opening_a_fresh_index_at_once(tmp_path):
     """Workers of every engine open the index at the same moment on a map's first items; on a fresh
     index SQLite can refuse the switch to WAL at once ("database is locked", no busy wait). Seen in

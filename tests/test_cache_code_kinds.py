@@ -500,6 +500,7 @@ def test_the_table_has_forty_kinds_or_more():
     assert len(CASES) >= 40
 
 
+@pytest.mark.slow  # every kind of callable, edited and run again in one long process
 @pytest.mark.parametrize("kind", list(CASES))
 def test_editing_what_a_callable_runs_changes_its_key_and_no_stale_entry_is_served(kind, table):
     case = table[kind]
@@ -517,6 +518,7 @@ def test_editing_what_a_callable_runs_changes_its_key_and_no_stale_entry_is_serv
 SAME_RESULTS = {"singledispatch, implementation registered", "lru_cache typed"}
 
 
+@pytest.mark.slow  # the same table
 def test_the_table_reaches_every_kind_of_the_fingerprint(table):
     """Every branch of the dispatch keys some case of the table above, whose edit changed the key
     under unchanged names: no kind is keyed by its name alone (the one kind left, "not callable",

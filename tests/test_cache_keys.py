@@ -393,6 +393,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # torch in a subprocess
 def test_torch_modules_hash_by_class_configuration_and_weights(tmp_path):
     needs_torch()  # torch runs in its own process: its OpenMP pool would be a fork hazard here
     out = json.loads(subprocess.run([sys.executable, "-c", TORCH_SCRIPT, str(tmp_path / "c")], check=True,
@@ -429,6 +430,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # scikit-learn and SciPy imported
 def test_scikit_learn_estimators_hash_by_parameters_and_fitted_state():
     if importlib.util.find_spec("sklearn") is None:  # not imported here: its OpenMP runtime would be a fork hazard
         pytest.skip("scikit-learn is not installed (pip install scikit-learn)")

@@ -24,6 +24,8 @@ from hypothesis.stateful import (
 from hardy import DiskCache
 from hardy.cache.store import LocalStore
 
+pytestmark = pytest.mark.slow  # a property-based state machine: many runs of real processes
+
 WORKER = """
 import hashlib, json, sys
 from hardy import DiskCache

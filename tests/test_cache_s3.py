@@ -29,7 +29,7 @@ boto3 = pytest.importorskip("boto3")
 from hardy.cache.keys import MISS  # noqa: E402
 from hardy.cache.objectstore import BucketStore  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # a real S3 server (moto) on loopback
 SECRET = "team-secret"
 CREDS = {"key": "testing", "secret": "testing"}
 

@@ -27,7 +27,7 @@ pytest.importorskip("ray")
 from hardy.integrations.dask import DaskExecutor  # noqa: E402
 from hardy.integrations.ray import RayExecutor  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # Dask, Ray and Daft clusters on loopback
 HARDY_ROOT = os.path.dirname(os.path.dirname(hardy.__file__))  # hardy itself is installed on every worker
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # every page run as pasted; on its own: python -m pytest tests/test_docs.py
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PAGE_IDS = [str(p.relative_to(ROOT)) for p in PAGES]
 FENCE = re.compile(r"(?:<!-- not run: (?P<why>[^>]*?) -->\n)?```python\n(?P<code>.*?)```", re.S)

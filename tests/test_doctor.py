@@ -15,6 +15,10 @@ from hardy.doctor import import_matrix
 from hardy.doctor.repeat import repeat, wilson
 from hardy.errors import WorkerStartError
 
+# The doctor examines environments, not pipelines: commands run over and over for a crash rate,
+# import orders tried in processes of their own, libraries built with gcc.
+pytestmark = pytest.mark.slow
+
 
 def hardy_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, **kw)

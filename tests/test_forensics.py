@@ -244,6 +244,7 @@ def hang(x: int, lib: str) -> int:
     return x
 
 
+@pytest.mark.slow  # py-spy
 def test_a_hung_worker_s_stacks_come_from_py_spy(engine, libs):
     if stacks.py_spy() is None:
         pytest.skip("py-spy is not installed (pip install py-spy)")
@@ -266,6 +267,7 @@ def test_without_py_spy_the_python_stacks_say_why(engine, libs, monkeypatch):
     assert "in hang" in err.stacks
 
 
+@pytest.mark.slow  # py-spy
 def test_a_hang_in_openmp_after_a_fork_is_named(tmp_path, libs):
     if stacks.py_spy() is None:
         pytest.skip("py-spy is not installed (pip install py-spy)")
@@ -446,6 +448,7 @@ def shared_folder():
     shutil.rmtree(folder)
 
 
+@pytest.mark.slow  # a second uid
 def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, shared_folder):
     from hardy.crash import kept
     report = _failed_map(tmp_path, libs["c"])
@@ -551,6 +554,7 @@ def slow_in_c(x: int, lib: str) -> int:
     return x
 
 
+@pytest.mark.slow  # py-spy, and an item left running on purpose
 def test_a_long_running_item_has_its_stacks_logged_and_goes_on(tmp_path, libs, caplog):
     if stacks.py_spy() is None:
         pytest.skip("py-spy is not installed (pip install py-spy)")
@@ -598,6 +602,7 @@ def crash_and_hang_report(tmp_path_factory, libs) -> Path:
     return report
 
 
+@pytest.mark.slow  # gdb
 def test_replay_under_gdb_prints_the_native_backtrace_of_the_crash_and_of_the_hang(crash_and_hang_report, libs):
     if shutil.which("gdb") is None:
         pytest.skip("gdb is not installed (apt-get install gdb; .ci/run installs it)")
@@ -653,6 +658,7 @@ def test_a_process_with_one_thread_stopped_by_its_tracer_counts_as_held():
         child.wait()
 
 
+@pytest.mark.slow  # py-spy
 def test_replay_under_py_spy_names_the_crash_and_where_a_hang_spent_its_time(crash_and_hang_report):
     if stacks.py_spy() is None:
         pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")

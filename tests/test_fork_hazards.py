@@ -116,6 +116,7 @@ def test_numba_guard_version_range():
     assert not numba_guard_supported("dev")
 
 
+@pytest.mark.slow  # torch in a subprocess
 def test_forked_workers_get_their_thread_caps_through_threadpoolctl():
     """Environment variables reach only runtimes loaded after them: a worker forked from a parent
     whose OpenMP and OpenBLAS runtimes are loaded gets its cap through each runtime's own call."""

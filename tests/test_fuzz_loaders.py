@@ -25,7 +25,7 @@ from hardy.errors import InvalidArgument, ReplayError
 from hardy.observe.report import RunReport
 from hardy.observe.report_schema import drawing
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # fuzzing: hundreds of generated inputs per test
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
 

@@ -60,6 +60,7 @@ def test_cuda_error_texts_are_classified(kind, text, expected):
     assert cuda_failure(exc) == expected
 
 
+@pytest.mark.slow  # torch imported
 def test_torch_out_of_memory_type_is_oom_and_a_wrapped_cause_is_read():
     torch = pytest.importorskip("torch")
     assert cuda_failure(torch.OutOfMemoryError("nothing said")) == "oom"

@@ -565,6 +565,7 @@ def test_sigterm_while_the_server_starts_leaves_no_folder(tmp_path):
         assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.slow  # waits out its preload timeout
 def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path):
     (tmp_path / "hardy_blocking_mod.py").write_text("import time\ntime.sleep(1000)\n")
     script = _script(tmp_path, """
@@ -604,6 +605,7 @@ def test_that_leaves_nothing():
 """
 
 
+@pytest.mark.slow  # a pytest run of its own, which waits out the suite's grace for what a test left
 @pytest.mark.parametrize("which, fails", [("process", True), ("folder", True), ("nothing", False)])
 def test_the_suite_fails_when_a_test_leaves_a_process_or_a_folder(tmp_path, which, fails):
     """The session fixture of tests/conftest.py, on a suite of its own run by pytest."""

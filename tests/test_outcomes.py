@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from conftest import executors
 from hardy import Engine, Failed, Pipeline, node
 from hardy.errors import LazyOutputError, RemoteError
 
@@ -92,7 +93,7 @@ def _engine(name: str) -> Engine:
 CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "fine"]
 
 
-@pytest.mark.parametrize("name", ["sequential", "threaded", "async", "process", "dask", "ray", "daft"])
+@pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
 def test_one_outcome_per_failure_on_every_executor(name):
     with _engine(name) as engine:
         out = Pipeline(nodes=[misbehave], engine=engine).map(inputs={"case": CASES}, map_over="case",

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from conftest import executors
 from hardy import Engine, Failed, NodeTimeout, Pipeline, node
 from hardy.errors import InvalidArgument, NodeDefinitionError
 from hardy.policy import BACKOFF_MAX, delay
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(300)
 
 N, K = 8, 3
 IN_PROCESS = ["sequential", "threaded", "async"]
-CONTAINED = ["process", "dask", "ray", "daft"]
+CONTAINED = executors("process", "dask", "ray", "daft")
 
 
 def _ran(log: str, x: int) -> int:
@@ -170,6 +171,7 @@ def patient(x: int, log: str) -> int:
     return crash_once.func(x, log)
 
 
+@pytest.mark.slow  # waits out a backoff
 def test_a_crash_retry_waits_out_its_backoff_while_the_other_items_run(engines, tmp_path):
     out, runs = _map(engines["process"], patient, tmp_path)
     order = [int(v) for v in (tmp_path / "runs.txt").read_text().split()]

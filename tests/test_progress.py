@@ -90,6 +90,7 @@ def test_terminal_bar_nests_maps_and_counts_cache_hits_and_failures(tmp_path):
             batched[-3:]
 
 
+@pytest.mark.slow  # a Jupyter kernel
 def test_notebook_bar_without_ipywidgets_or_warnings(tmp_path):
     jupyter_client = pytest.importorskip("jupyter_client", reason="needs jupyter_client and ipykernel")
     pytest.importorskip("ipykernel")

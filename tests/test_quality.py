@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Left out of the fast loop, which runs ruff, mypy and mkdocs on their own (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

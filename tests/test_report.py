@@ -227,6 +227,7 @@ def _chromium(*args: str, profile: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.slow  # headless Chromium
 def test_html_page_escapes_everything_and_shows_the_dag_and_failures(tmp_path):
     with Engine(map_executor="process", workers=2, report=True) as engine:
         p = pipeline(engine)

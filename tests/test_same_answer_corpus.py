@@ -31,7 +31,7 @@ GROUPS = ("module_state", "code_edits", "environment", "pools_and_calls", "noteb
 ENGINES = ("dask", "ray")  # each group starts its cluster once per run: marked slow
 EXECUTORS = ("threaded", "process", *ENGINES)
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # every pattern on every executor
 
 
 def patterns(group: str) -> list[str]:

@@ -51,6 +51,7 @@ def open_in_chromium(page: Path, profile: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # headless Chromium
 @chromium
 def test_a_crafted_report_renders_as_text_and_runs_no_script(tmp_path):
     """`dag.svg` and `failures[].item` were inserted as they were: a refresh to the author's page (whose

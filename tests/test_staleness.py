@@ -131,6 +131,7 @@ CELLS = [
 ]
 
 
+@pytest.mark.slow  # a Jupyter kernel
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_notebook_cell_run_again(tmp_path, cached):
     """A real ipykernel: the cell defining a helper and a global is edited and run again, then

@@ -117,6 +117,7 @@ def test_a_crash_in_a_native_thread_of_the_nodes_openmp_team_is_the_nodes(libs):
     assert "in thread" not in out[1]
 
 
+@pytest.mark.slow  # crashes repeated up to the bound
 def test_an_item_that_keeps_meeting_other_threads_crashes_fails_after_a_bounded_number_of_runs(libs, tmp_path):
     # a module whose import starts a thread, in worker processes, that crashes a second later: each
     # fresh worker imports it as it loads the pipeline, so item 1 (slow) meets that crash on every

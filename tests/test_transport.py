@@ -206,6 +206,7 @@ def test_more_segments_than_one_message_may_pass():
     receiver.close()
 
 
+@pytest.mark.slow  # torch in a subprocess
 def test_torch_tensors_cross_as_shared_pages_both_ways(engine):
     torch = pytest.importorskip("torch")
     tensors = [torch.arange(MB, dtype=torch.float32),  # 4 MiB

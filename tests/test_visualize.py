@@ -200,6 +200,7 @@ def test_uses_system_dot_when_present(tmp_path):
 
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.slow  # headless Chromium
 def test_html_page_renders_in_headless_chromium(tmp_path):
     page = nested().visualize(depth=None, use_dot=False).save(tmp_path / "pipeline.html")
     shot = tmp_path / "shot.png"

@@ -13,6 +13,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real wheels built and installed with pip
+
 
 def hardy_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hardy.cli", *args], capture_output=True, text=True, **kw)

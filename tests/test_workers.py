@@ -298,6 +298,7 @@ SPARE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # six rounds, each closing at another moment of the spare's start
 def test_a_death_starts_a_spare_and_closing_stops_it_whenever_it_comes(tmp_path):
     """A worker's death starts a spare worker at once (it takes the dead one's place); closing the
     pool while that spare is still starting stops it when it comes: no worker, no fork server is
