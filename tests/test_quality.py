@@ -69,3 +69,19 @@ def test_benchmarks_page_shows_every_table_cell(site):
     shown = page_text(site / "benchmarks" / "index.html")
     missing = sorted(c for c in cells if c not in shown)
     assert len(cells) > 50 and not missing, f"the built benchmarks page does not show these cells: {missing}"
+
+
+def test_the_fast_loop_is_the_cores_tests_less_the_slow_ones():
+    """`python -m pytest -m fast` (CONTRIBUTING.md): every file of tests/conftest.py's CORE takes
+    part, no other file does, and no test marked slow runs in it."""
+    from conftest import CORE
+
+    def selected(marks: str) -> set[str]:
+        out = run(sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", marks)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr
+        return {line for line in out.stdout.splitlines() if "::" in line}
+
+    fast, not_slow = selected("fast"), selected("not slow")
+    assert fast <= not_slow, f"slow tests in the fast loop: {sorted(fast - not_slow)[:5]}"
+    assert {test.split("::")[0].removeprefix("tests/") for test in fast} == set(CORE)
+    assert "tests/test_workers.py::test_one_crash_costs_one_item[c_loop]" in fast  # a crash, in a worker
