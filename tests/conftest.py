@@ -151,7 +151,7 @@ CORE = frozenset({
     "test_streaming.py", "test_hypernodes_compat.py", "test_system.py", "test_layering.py",
     "test_workers.py", "test_calls.py", "test_containment.py", "test_lifecycle.py", "test_exits.py",
     "test_transport.py", "test_outcomes.py", "test_same_answer.py",
-    "test_forensics.py", "test_thread_crashes.py", "test_bad_items.py",
+    "test_forensics.py", "test_fault_record.py", "test_thread_crashes.py", "test_bad_items.py",
     "test_cache.py", "test_cache_keys.py", "test_cache_code_kinds.py", "test_cache_code_edits.py",
     "test_cache_faults.py", "test_cache_mmap.py", "test_cache_trust.py", "test_cache_collisions.py",
     "test_cache_distributions.py",
