@@ -307,6 +307,7 @@ def test_random_dags_run_in_dependency_order(dag, x0):
     assert sorted(log) == list(range(len(deps)))
 
 
+@pytest.mark.slow  # thirty generated graphs, each mapped in worker processes
 @settings(max_examples=30, deadline=None)
 @given(dags(), st.lists(st.integers(-5, 5), max_size=6))
 def test_map_equals_list_of_runs(dag, xs):

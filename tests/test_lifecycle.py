@@ -311,6 +311,7 @@ def test_a_node_from_a_module_loaded_by_path_runs_in_the_workers(tmp_path, monke
     assert out == [{"y": 1}, {"y": 2}]
 
 
+@pytest.mark.slow  # an IPython session
 def test_ipython_session_runs_a_process_map(tmp_path):
     pytest.importorskip("IPython")
     code = textwrap.dedent(UNGUARDED)
@@ -541,6 +542,7 @@ def test_a_fork_server_that_never_gets_its_configuration_removes_its_folder(tmp_
     assert not folder.exists()
 
 
+@pytest.mark.slow  # SIGTERM at twelve moments of a server's start
 def test_sigterm_while_the_server_starts_leaves_no_folder(tmp_path):
     """A server that finds its parent gone before it could ask for the parent's death signal
     leaves through its clean-up, not a bare exit that skipped it."""
