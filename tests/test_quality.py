@@ -7,6 +7,8 @@ mkdocs.yml; a failure prints the tool's own findings.
 from __future__ import annotations
 
 import html
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -71,17 +73,33 @@ def test_benchmarks_page_shows_every_table_cell(site):
     assert len(cells) > 50 and not missing, f"the built benchmarks page does not show these cells: {missing}"
 
 
-def test_the_fast_loop_is_the_cores_tests_less_the_slow_ones():
+# Loaded into a collection of the suite (`-p`): every test's id and its marks, once the conftest
+# has marked the fast loop's tests.
+MARKS_PLUGIN = """
+import json, os
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    marks = {item.nodeid: [m.name for m in item.iter_markers()] for item in items}
+    with open(os.environ["HARDY_TEST_MARKS"], "w") as out:
+        json.dump(marks, out)
+"""
+
+
+def test_the_fast_loop_is_the_cores_tests_less_the_slow_ones(tmp_path):
     """`python -m pytest -m fast` (CONTRIBUTING.md): every file of tests/conftest.py's CORE takes
     part, no other file does, and no test marked slow runs in it."""
     from conftest import CORE
-
-    def selected(marks: str) -> set[str]:
-        out = run(sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", marks)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr
-        return {line for line in out.stdout.splitlines() if "::" in line}
-
-    fast, not_slow = selected("fast"), selected("not slow")
-    assert fast <= not_slow, f"slow tests in the fast loop: {sorted(fast - not_slow)[:5]}"
+    (tmp_path / "hardy_test_marks.py").write_text(MARKS_PLUGIN)
+    env = {**os.environ, "HARDY_TEST_MARKS": str(tmp_path / "marks.json"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p",
+                          "hardy_test_marks"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr
+    marks = json.loads((tmp_path / "marks.json").read_text())
+    fast = {test for test, names in marks.items() if "fast" in names}
+    assert not [test for test in fast if "slow" in marks[test]], "a slow test in the fast loop"
     assert {test.split("::")[0].removeprefix("tests/") for test in fast} == set(CORE)
     assert "tests/test_workers.py::test_one_crash_costs_one_item[c_loop]" in fast  # a crash, in a worker
+    assert "tests/test_distributed.py::test_two_node_ray_cluster_on_loopback" in set(marks) - fast
