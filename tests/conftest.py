@@ -138,9 +138,9 @@ def in_process_default(monkeypatch: pytest.MonkeyPatch) -> None:
     events with their inputs) which the calling process observes directly. Each such module says
     so with `pytestmark = pytest.mark.usefixtures("in_process_default")`; what the same features
     do in worker processes is tested beside the workers."""
-    import hardy.pipeline
+    import hardy.api.pipeline
     from hardy import Engine
-    monkeypatch.setattr(hardy.pipeline, "_DEFAULT_ENGINE", Engine(map_executor="sequential"))
+    monkeypatch.setattr(hardy.api.pipeline, "_DEFAULT_ENGINE", Engine(map_executor="sequential"))
 
 
 # The fast loop, `python -m pytest -m fast` (CONTRIBUTING.md): the tests of these files, the core

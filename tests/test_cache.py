@@ -621,7 +621,7 @@ def test_engine_level_cache_and_pipeline_override(tmp_path, counter):
 def test_keyed_stages_key_every_node_as_the_whole_plan(tmp_path):
     """A plan cut into keyed stages (how daft_engine() gives nodes their own UDF) derives every cache
     key exactly as the whole plan does: multi-output and uncached producers included."""
-    from hardy.plan import KEYS, Plan
+    from hardy.plan.compiled import KEYS, Plan
 
     @node(output_name="a")
     def inc(x):

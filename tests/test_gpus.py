@@ -16,13 +16,13 @@ import pytest
 
 from hardy import DiskCache, Engine, Failed, MapError, Pipeline, node
 from hardy.doctor import runs_on
-from hardy.engine.executors import SequentialExecutor
+from hardy.engine.in_process import SequentialExecutor
 from hardy.engine.results import Results
 from hardy.errors import CudaError, GpuOutOfMemory, InvalidArgument, NodeDefinitionError, NoGpuError
-from hardy.gpus import cuda_failure, gpu_slots, parse_smi
 from hardy.observe.watch import Watch
-from hardy.plan import Plan
-from hardy.stages import StagedExecutor, cut
+from hardy.parts.stages import StagedExecutor, cut
+from hardy.plan.compiled import Plan
+from hardy.safety.gpus import cuda_failure, gpu_slots, parse_smi
 from hardy.workers.pool import WorkerPool
 
 # Messages as torch, cupy, numba and jax print them (from their issue trackers), and what they are.

@@ -13,7 +13,7 @@ import traceback
 import pytest
 
 from hardy import DiskCache, Engine, NodeError, Pipeline, node
-from hardy.plan import Plan
+from hardy.plan.compiled import Plan
 
 
 @node(output_name="cleaned")
@@ -291,10 +291,10 @@ def test_the_documented_plan_is_what_the_generator_writes():
     import textwrap
     from pathlib import Path
 
-    import hardy.plan
+    import hardy.plan.compiled
 
     written = Pipeline(nodes=[clean, count]).explain(inputs=["text"])
-    in_docstring = hardy.plan.__doc__.split("shows:\n\n")[1].split("\n\n")[0]
+    in_docstring = hardy.plan.compiled.__doc__.split("shows:\n\n")[1].split("\n\n")[0]
     assert textwrap.dedent(in_docstring) + "\n" == written
     architecture = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
     assert "```text\n" + written + "```" in architecture

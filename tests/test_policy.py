@@ -22,7 +22,7 @@ import pytest
 from conftest import executors
 from hardy import Engine, Failed, NodeTimeout, Pipeline, node
 from hardy.errors import InvalidArgument, NodeDefinitionError
-from hardy.policy import BACKOFF_MAX, delay
+from hardy.model.policy import BACKOFF_MAX, delay
 
 pytestmark = pytest.mark.timeout(300)
 

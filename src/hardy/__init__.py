@@ -9,6 +9,8 @@ implementation.
 """
 
 from . import system  # noqa: F401  # first: on any platform but Linux, import stops here, saying why
+from .api.nesting import PipelineNode
+from .api.pipeline import Pipeline
 from .engine import Engine
 from .errors import (
     CudaError,
@@ -21,11 +23,9 @@ from .errors import (
     NodeError,
     NodeTimeout,
 )
-from .nesting import PipelineNode
-from .node import Node, node
+from .model.node import Node, node
+from .model.stateful import stateful
 from .observe import CallbackContext, PipelineCallback
-from .pipeline import Pipeline
-from .stateful import stateful
 
 __version__ = "0.1.0"
 

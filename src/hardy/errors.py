@@ -470,7 +470,7 @@ class MapInterrupted(KeyboardInterrupt):
     map's workers were stopped; `report_dir`: where its run report was written, if anywhere.
 
     Uncaught, it ends a script as Ctrl-C does, with exit code 130 (CPython gives 130 to a
-    `KeyboardInterrupt` itself only), saying how many results it held (`hardy.interrupts`)."""
+    `KeyboardInterrupt` itself only), saying how many results it held (`hardy.api.interrupts`)."""
 
     def __init__(self, results: list[Any], failures: dict[int, NodeError], report_dir: Any = None):
         self.results = results
@@ -554,7 +554,7 @@ class Exited(HardyError, RuntimeError):
 class Escaped(Exited):
     """A batch call's BaseException that is neither an Exception nor a SystemExit (a `class
     Stop(BaseException)`), handed to its item as an ordinary exception: the plan fails that item,
-    naming it as the cause, instead of letting it end the map and the caller (`hardy.batching`)."""
+    naming it as the cause, instead of letting it end the map and the caller (`hardy.parts.batching`)."""
 
     def __init__(self, exc: BaseException):
         RuntimeError.__init__(self, f"{type(exc).__name__}: {exc}")

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import arguments
 from ..errors import InvalidArgument, UnhashableError
 from ..hashing import FORMAT, hash_value
-from ..sizes import parse_size
+from ..model import arguments
+from ..model.sizes import parse_size
 from .entry import BUFFERS, FORMATS, HEADER, KEY_ID, MAGIC, TAG, VERSION, dumps, laid_out, private, split, unpack
 from .files import FileStore, choose_store
 from .flight import flight

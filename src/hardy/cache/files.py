@@ -32,7 +32,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any, cast
 
-from ..arguments import bad
+from ..model.arguments import bad
 from .folders import Folder, open_named
 from .store import Buffer, Data, EntryInfo, LocalStore, Store, copy_fd, pieces
 

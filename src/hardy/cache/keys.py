@@ -15,7 +15,7 @@ from blake3 import blake3
 
 from ..errors import UnhashableError
 from ..hashing import DIGEST, FORMAT, digest
-from ..node import Node
+from ..model.node import Node
 
 MISS: Any = object()  # "not in the cache": a node whose result slot holds this must run
 

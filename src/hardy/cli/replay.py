@@ -104,8 +104,8 @@ def described(err: NodeError) -> str:
 def under_pdb(report: str, item: int) -> int:
     """Run the kept item in this process under pdb (`debugging.run_again`); refused, before
     anything runs, for an item that crashed its worker: it would end this process too."""
+    from ..api.debugging import run_again
     from ..crash.kept import load
-    from ..debugging import run_again
     crash = _crash_of(report, item)
     if crash:
         return _missing(f"item {item} crashed its worker ({crash}): run in this process under pdb it would end "

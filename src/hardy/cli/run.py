@@ -45,7 +45,7 @@ def load_pipeline(target: str) -> Any:
     """`pkg.module:name` (a dotted attribute path after the colon) as a Pipeline. Whatever goes
     wrong while importing the module (it raises, has a syntax error, calls sys.exit) is a usage
     error: nothing has run yet."""
-    from ..pipeline import Pipeline
+    from ..api.pipeline import Pipeline
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         _fail_usage(f"{target!r} is not MODULE:PIPELINE, e.g. mypkg.flows:pipeline")

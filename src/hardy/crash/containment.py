@@ -58,7 +58,7 @@ def nesting(frame: FrameType | None = None) -> list[tuple[str, int | None, str |
     """The plans running in this thread, outermost first: (node, item, the node's on_error when it
     maps a nested pipeline, or BATCH for a batched node's call, its timeout). Read from the
     generated functions' frames (`_s` the step, `_item` the item) and from a batch call's
-    (`hardy.batching`: `_hardy_batch`, the innermost of its halves), so nothing is paid while
+    (`hardy.parts.batching`: `_hardy_batch`, the innermost of its halves), so nothing is paid while
     nothing asks."""
     chain = []
     batch_seen = False

@@ -20,7 +20,7 @@ from .autopsy import Ending, examine
 from .containment import BATCH
 
 if TYPE_CHECKING:
-    from ..node import Node
+    from ..model.node import Node
 
 MAX_NESTED_CRASHES = 100  # inner items of one nested map that may crash workers before its outer item fails
 

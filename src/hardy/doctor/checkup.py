@@ -171,7 +171,7 @@ def examine_gpus(cuda_hazards: Sequence[str] = ()) -> tuple[dict[str, Any], list
     """The GPUs the driver reports, the CUDA versions the installed torch/cupy were built for and
     whether the driver runs them, the GPUs' compute capabilities against torch's architectures,
     and what this process has done with CUDA; all without initialising CUDA here."""
-    from ..gpus import ASSUME, inventory
+    from ..safety.gpus import ASSUME, inventory
     found: list[Finding] = []
     try:
         inv = inventory()

@@ -12,19 +12,19 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import arguments
 from ..cache.keys import PlanCache
 from ..crash.containment import contained, deadlined
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
-from ..executor import Executor, IsolatedCall, WorkerCounts
-from ..node import Node
+from ..model import arguments
+from ..model.executor import Executor, IsolatedCall, WorkerCounts
+from ..model.node import Node
 from ..observe.progress import MapProgress
 from ..observe.watch import Watch
-from .executors import AsyncExecutor, SequentialExecutor, ThreadedExecutor
+from .in_process import AsyncExecutor, SequentialExecutor, ThreadedExecutor
 from .results import Results
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..plan.compiled import Plan
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
 _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
@@ -145,7 +145,7 @@ class Engine:
         arguments.whole_number("Engine", "workers_per_gpu", workers_per_gpu, 1)
         self.gpu_slots: list[str] = []  # CUDA_VISIBLE_DEVICES of each GPU worker
         if gpus:
-            from ..gpus import gpu_slots
+            from ..safety.gpus import gpu_slots
             self.gpu_slots = gpu_slots(gpus, workers_per_gpu)
         self._map_executor: Executor | None = None if isinstance(map_executor, str) else map_executor
         self._node_pool: Any = None
@@ -195,7 +195,7 @@ class Engine:
 
     def timeout_runner(self, for_map: bool) -> str | None:
         """What calls nodes in this process, where a node's timeout could not stop it (see
-        `hardy.policy`); None when calls run where timeouts are enforced: in worker processes,
+        `hardy.model.policy`); None when calls run where timeouts are enforced: in worker processes,
         including nested pipelines inside a worker (the worker posts their deadlines)."""
         if contained() or self.in_process or (for_map or self.runs_in_workers) and self.executor.enforces_timeouts:
             return None
@@ -244,7 +244,7 @@ class Engine:
         if spec == "async":
             return AsyncExecutor(self.workers)
         if spec == "process" and self.gpu_slots:
-            from ..stages import StagedExecutor
+            from ..parts.stages import StagedExecutor
             return StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
         if spec == "process":
             pool: Executor = self.process_pool()

@@ -1,5 +1,5 @@
 """`@node(isolate=True)`: every call of the node is a one-item map on the engine's worker pool, so
-crash reports, retries and timeouts are the pool's, written once (`hardy.executor.IsolatedCall`)."""
+crash reports, retries and timeouts are the pool's, written once (`hardy.model.executor.IsolatedCall`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import NodeError
-from ..executor import Executor, IsolatedCall, Where
-from ..graph import Graph
 from ..hashing import Reach
-from ..memo import Memo
-from ..node import Node
+from ..model.executor import Executor, IsolatedCall, Where
+from ..model.graph import Graph
+from ..model.node import Node
 from ..observe.nodelog import NodeLogBatch
 from ..observe.watch import Watch
-from ..plan import Plan
+from ..plan.compiled import Plan
+from ..plan.memo import Memo
 from .results import Results
 
 

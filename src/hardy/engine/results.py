@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash.containment import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError, PipelineRefused, ReplicaError
-from ..executor import MapResults, Row
+from ..model.executor import MapResults, Row
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
 from ..observe.watch import Watch
 
 if TYPE_CHECKING:
     from ..observe.nodelog import NodeLogBatch
-    from ..plan import Plan
+    from ..plan.compiled import Plan
     from ..shipping.context import Snapshot
 
 
@@ -173,7 +173,7 @@ class Results(MapResults):
                 self.progress.batch(name, size, duration)
 
     def batch_called(self, name: str, size: int, duration: float) -> None:
-        """A batched node's call ran in this process (`hardy.batching`): the bar and the callbacks."""
+        """A batched node's call ran in this process (`hardy.parts.batching`): the bar and the callbacks."""
         self.progress.batch(name, size, duration)
         if self.events:
             self.events.batch_called(name, size, duration)

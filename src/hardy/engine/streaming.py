@@ -19,15 +19,15 @@ import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ..batching import batched
 from ..errors import EngineClosed, Failed, MapError, NodeError
+from ..parts.batching import batched
 from ..tracebacks import at_user_frames
-from .executors import SequentialExecutor, delivered
+from .in_process import SequentialExecutor, delivered
 from .results import Results
 
 if TYPE_CHECKING:
     from ..observe.nodelog import NodeLogBatch
-    from ..plan import Plan
+    from ..plan.compiled import Plan
     from .core import Engine
 
 Outcome = Any  # a result dict, or a Failed
@@ -142,7 +142,7 @@ def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
     start, pulled = 0, _Pulled(items, group.wait if group is not None else None)
     while chunk := pulled.next(window):
         results = make_results(start, chunk, Results)
-        if group is not None:  # batched nodes: a group of items per call (hardy.batching)
+        if group is not None:  # batched nodes: a group of items per call (hardy.parts.batching)
             for j in delivered(group, chunk, range(len(chunk)), results):
                 yield results, j
             start += len(chunk)

@@ -42,11 +42,11 @@ from typing import Any
 
 from ..engine.core import Engine
 from ..errors import InvalidArgument, NodeCrashed, did_you_mean
-from ..executor import ResultsSink
-from ..plan import Plan
+from ..model.executor import ResultsSink
+from ..parts.stages import cut, merge
+from ..plan.compiled import Plan
 from ..shipping import Pickled, context, dumps, item_error, ship_each, ship_plan
 from ..shipping.context import Travelling
-from ..stages import cut, merge
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
 daft = require("daft", "daft")
@@ -178,7 +178,7 @@ class DaftExecutor(RemoteExecutor):
         self._run(plan, udfs, items, results)
 
     def _stages(self, plan: Plan) -> list[tuple[dict[str, Any], Plan]]:
-        """The plan cut where the UDF options change (`hardy.stages.cut`, shared with the local
+        """The plan cut where the UDF options change (`hardy.parts.stages.cut`, shared with the local
         pool's GPU workers): one stage is the plan itself; several are keyed plans."""
         unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
         if unknown:

@@ -33,14 +33,14 @@ from typing import Any
 
 import cloudpickle
 
-from ..engine.executors import chunk_size
+from ..engine.in_process import chunk_size
 from ..engine.results import Results
 from ..errors import NodeCrashed, NodeError, WorkerImportError, install_hint
-from ..executor import Executor, ResultsSink, Row, WorkerCounts
-from ..memo import Memo
+from ..model.executor import Executor, ResultsSink, Row, WorkerCounts
 from ..observe.nodelog import NodeLogBatch, died
 from ..observe.watch import Watch
-from ..plan import Plan
+from ..plan.compiled import Plan
+from ..plan.memo import Memo
 from ..shipping import Pickled, build_plan, check_constants, context, dumps, item_error, portable, ship_each, ship_plan
 from ..shipping.context import Travelling
 from ..workers.pool import WorkerPool

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..executor import IsolatedCall
-from ..node import Node
+from ..model.executor import IsolatedCall
+from ..model.node import Node
 from .callbacks import (
     NODE_EVENTS,
     CallbackContext,
@@ -389,7 +389,7 @@ class Events:
                     self._deliver(raised, "on_error", name, error or RuntimeError("failed in a worker"), ctx)
 
     def batch_called(self, node_id: str, size: int, duration: float) -> None:
-        """A batched node's call in this process (`hardy.batching`): its on_batch_end."""
+        """A batched node's call in this process (`hardy.parts.batching`): its on_batch_end."""
         self.emit("on_batch_end", node_id, size, duration)
 
     def crashed(self, i: int, error: Exception, worker: int, retry: int = 0) -> None:

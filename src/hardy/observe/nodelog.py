@@ -51,7 +51,7 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..node import Node
+from ..model.node import Node
 
 ITEM, PAUSE, RAISED, CACHED, SPAN, STEP, FAILED = -1, -2, -3, -4, -5, -6, -7  # the entries that are not a bare start
 WAIT, BATCHED = -8, -9

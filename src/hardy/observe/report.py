@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, UntrustedCacheError
-from ..executor import WorkerCounts
+from ..model.executor import WorkerCounts
 from .callbacks import CallbackContext, PipelineCallback
 from .report_views import FAILURES_SHOWN, rich_tables, to_html
 

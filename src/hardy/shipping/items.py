@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import PicklingError, ShippingError
-from ..plan import Plan
+from ..plan.compiled import Plan
 from .pickling import dumps
 
 
@@ -98,7 +98,7 @@ def check_constants(items: Sequence[dict[str, Any]]) -> None:
 
 
 FIX_INPUT = ("Pass plain data (or a path) instead, construct the object inside a node, or wrap its class with "
-             "@hardy.stateful so each worker builds its own.")
+             "@hardy.model.stateful so each worker builds its own.")
 
 
 def item_error(plan: Plan, i: int, why: Unshippable) -> ShippingError:

@@ -18,9 +18,9 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PicklingError
-from ..graph import walk_nodes
 from ..hashing import Reach, is_user_module, recording
-from ..plan import Plan, Wrap
+from ..model.graph import walk_nodes
+from ..plan.compiled import Plan, Wrap
 from .pickling import ByValuePickler
 from .replica import Fetch, Replica, Synced, kept, reached_names
 

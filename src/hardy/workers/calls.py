@@ -18,15 +18,15 @@ import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..executor import outcome
-from ..plan import Plan
+from ..model.executor import outcome
+from ..plan.compiled import Plan
 from ..shipping import context, dumps, transport
 from . import status as words
 from .messages import HEADER_SIZE, plain_outputs
 from .scheduling import MapRun
 
 if TYPE_CHECKING:
-    from ..executor import MapResults
+    from ..model.executor import MapResults
     from .pool import WorkerPool
     from .process import Worker
 

@@ -1,5 +1,5 @@
 """Running a chunk of items in the worker: item after item through the compiled plan, or group
-after group through a batched plan (`hardy.batching`), the status words saying which item and
+after group through a batched plan (`hardy.parts.batching`), the status words saying which item and
 step run, results sent in batches as they come (`replies.REPLIES`).
 """
 
@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..batching import Batched, batched
 from ..errors import CudaError, NodeError, PipelineRefused
 from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import STEP as STEP_NAMED
-from ..plan import Plan
+from ..parts.batching import Batched, batched
+from ..plan.compiled import Plan
 from ..shipping import open_input, portable, unopened
 from ..shipping.replica import Refusal
 from .lifeline import ZOMBIES_MAX, retiring
@@ -129,7 +129,7 @@ def _open_all(plan: Plan, items: list[tuple[int, dict[str, Any]]], status: Statu
 
 def _run_batched(group: Batched, plan: Plan, items: list[tuple[int, dict[str, Any]]], status: StatusWords, size: int,
                  log: bool) -> bool:
-    """`run_chunk` for a plan with batched nodes (`hardy.batching`): the status words name the
+    """`run_chunk` for a plan with batched nodes (`hardy.parts.batching`): the status words name the
     item running, or BATCH and the node while a batch call runs; a group's results are sent as
     soon as they exist, so a crash in a later batch costs none of them. `log`: node events are
     logged (`Arranged`)."""
@@ -204,7 +204,7 @@ class Arranged:
     `ITEM` its start, its steps named, `WAIT` where each part of it ends, the batch calls made
     since the last item written (`BATCH`: the node's step, its items, start and end), `FAILED`
     (ends the item, failed or not). The batched node's own step, for an item, lasts the item's
-    share of the call that computed it (`hardy.batching`)."""
+    share of the call that computed it (`hardy.parts.batching`)."""
 
     def __init__(self) -> None:
         self.items: dict[int, list[float]] = {}

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from ..crash import verdict
 from ..crash.autopsy import Ending, ended, examine, outside_items
 from ..errors import NodeCrashed, NodeError, ShippingError, WorkerStartError
-from ..plan import KEYS, Plan
-from ..policy import delay
+from ..model.policy import delay
+from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
 from . import status as words
 from .process import Worker
 
 if TYPE_CHECKING:
-    from ..executor import ResultsSink
+    from ..model.executor import ResultsSink
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")

@@ -14,14 +14,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..columns import Items
 from ..errors import InvalidArgument, WorkerStartError
-from ..executor import Executor, MapResults, ResultsSink, WorkerCounts
-from ..memo import Memo
-from ..plan import Plan
+from ..model.executor import Executor, MapResults, ResultsSink, WorkerCounts
+from ..model.sizes import parse_size
+from ..plan.columns import Items
+from ..plan.compiled import Plan
+from ..plan.memo import Memo
 from ..safety.hazards import choose_start_method
 from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
-from ..sizes import parse_size
 from . import launch
 from .calls import call
 from .messages import Chunk, PlanSpec

@@ -15,7 +15,7 @@ import time
 from array import array
 
 from ..crash.stacks import hang_stacks
-from ..plan import Plan
+from ..plan.compiled import Plan
 from ..shipping import context, transport
 from . import launch
 from . import status as words

@@ -21,9 +21,9 @@ from ..crash import handler, mapped
 from ..crash.record import exit_line, nesting_line, thread_line, watch_threads
 from ..crash.signals import LAST_WORDS_LIMIT
 from ..errors import NodeError
-from ..executor import Row
+from ..model.executor import Row
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
-from ..plan import CAUGHT
+from ..plan.compiled import CAUGHT
 from ..shipping import dumps, out_of_band, transport
 from ..shipping.pickling import quick
 from .lifeline import end_descendants

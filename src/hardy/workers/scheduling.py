@@ -18,15 +18,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..batching import batched
 from ..crash.autopsy import ended
 from ..crash.stacks import hang_stacks
 from ..errors import (
     GpuOutOfMemory,
     NodeError,
 )
-from ..plan import Plan
-from ..policy import delay
+from ..model.policy import delay
+from ..parts.batching import batched
+from ..plan.compiled import Plan
 from ..shipping import (
     check_constants,
     context,
@@ -43,7 +43,7 @@ from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Worker, rss
 
 if TYPE_CHECKING:
-    from ..executor import ResultsSink
+    from ..model.executor import ResultsSink
     from ..observe.nodelog import NodeLogBatch
     from .pool import WorkerPool
 
@@ -63,7 +63,7 @@ class MapRun:
         self.plan_id, self.plan_msg, timed = pool.ship(plan)
         self.next_fresh = 0
         self.retry: deque[list[int]] = deque()
-        self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.policy) ends
+        self.due: dict[int, float] = {}  # item -> when its backoff delay (hardy.model.policy) ends
         self.attempts: dict[int, int] = {}
         self.sealed: dict[int, int] = {}  # items sent again sealed (`send_sealed`), and how
         # seconds per item, learnt from the chunks of this plan so far, and from how many items
@@ -206,7 +206,7 @@ class MapRun:
                     if not self.has_work():
                         return
                     backoff = self.backoff_left()
-                    if backoff:  # only retries waiting out their backoff delay (hardy.policy)
+                    if backoff:  # only retries waiting out their backoff delay (hardy.model.policy)
                         time.sleep(backoff)
                     else:
                         pool.wait_for_a_free_worker()  # other threads' maps or calls hold them all

@@ -22,19 +22,19 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..breakpoints import no_terminal
-from ..columns import built
 from ..crash import handler as native_handler
 from ..crash.containment import POISON, mark_contained
 from ..crash.signals import FATAL_SIGNALS, on_fatal_signal
 from ..crash.stacks import allow_tracing
 from ..errors import ReplicaError
 from ..observe.nodelog import LOG
-from ..plan import Plan
+from ..plan.columns import built
+from ..plan.compiled import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, synced, transport
 from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Refusal, Synced
+from .breakpoints import no_terminal
 from .chunks import names_steps, run_chunk
 from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Stop, Values
@@ -42,7 +42,7 @@ from .replies import REPLIES
 from .status import IDLE, LOADING, READING, RETIRED, StatusWords, marked, open_status
 
 if TYPE_CHECKING:
-    from ..node import Node
+    from ..model.node import Node
 
 
 def run(fd: int) -> None:
@@ -307,7 +307,7 @@ def _load_plan(spec: bytes, status: StatusWords, fetch: Fetch, log: str = "",
         if n.is_async:  # its calls may overlap: the log notes each whole (and the status its creation)
             return LOG.note(k, n, marked(status, k, n.func))
         return marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
-    wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.batching: else it only dates calls)
+    wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.parts.batching: else it only dates calls)
     if not log and not dated:
         wrap.inline = (status, "step")  # type: ignore[attr-defined]
     before, status.item = status.item, LOADING

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ...api.visualize import STYLES as DESIGN_STYLES
+from ...api.visualize import Theme as GraphvizTheme
 from ...errors import CycleError, GraphError, HardyError, NodeError
-from ...node import Node
+from ...model.node import Node
+from ...model.stateful import stateful
 from ...observe import CallbackContext, PipelineCallback
-from ...stateful import stateful
-from ...visualize import STYLES as DESIGN_STYLES
-from ...visualize import Theme as GraphvizTheme
 from .cache import DiskCache
 from .engines import DaskEngine, HypernodesEngine, SeqEngine
 from .pipeline import DualNode, Pipeline, node

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ... import arguments
+from ...api.pipeline import Pipeline as HardyPipeline
 from ...errors import MapError, NodeError
-from ...node import Node
+from ...model import arguments
+from ...model.node import Node
 from ...observe import PipelineCallback
-from ...pipeline import Pipeline as HardyPipeline
 from .engines import SeqEngine, check_callbacks
 from .pipeline_node import PipelineNode
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ...nesting import PipelineNode as HardyPipelineNode
+from ...api.nesting import PipelineNode as HardyPipelineNode
 
 if TYPE_CHECKING:
-    from ...pipeline import Pipeline
+    from ...api.pipeline import Pipeline
 
 
 class PipelineNode(HardyPipelineNode):

@@ -11,7 +11,7 @@ import graphlib
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
-from .errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError, UnknownInputError
+from ..errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError, UnknownInputError
 from .node import Node
 
 
@@ -107,7 +107,7 @@ def walk_nodes(nodes: Iterable[Node]) -> Iterable[Node]:
     """Nodes, and those of the pipelines nested in them, at any depth."""
     for node in nodes:
         yield node
-        inner = getattr(node, "pipeline", None)  # a PipelineNode (hardy.nesting)
+        inner = getattr(node, "pipeline", None)  # a PipelineNode (hardy.api.nesting)
         if inner is not None:
             yield from walk_nodes(inner.graph.nodes)
 

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast, overload
 
+from ..errors import InvalidArgumentType, NodeDefinitionError
 from . import arguments
-from .errors import InvalidArgumentType, NodeDefinitionError
 
 
 class Node:
@@ -127,14 +127,14 @@ class Node:
 
     def call_batch(self, **columns: list[Any]) -> Any:
         """A batched node's call on a batch: each parameter's list of values, by name
-        (`hardy.batching`); HyperNodes' DualNode passes them its own way."""
+        (`hardy.parts.batching`); HyperNodes' DualNode passes them its own way."""
         assert self.batch is not None
         return self.batch(**columns)
 
     def fingerprint(self) -> bytes:
         """The node's identity for caching: its code (transitively), its outputs and the key format.
         A pipeline used as a node overrides it with its inner nodes' fingerprints."""
-        from .hashing import FORMAT, code_fingerprint, digest
+        from ..hashing import FORMAT, code_fingerprint, digest
         return digest(FORMAT, b"node", code_fingerprint(self.func), repr(self.outputs).encode())
 
     def __repr__(self) -> str:
@@ -237,7 +237,7 @@ def node(func: Callable[..., Any] | None = None, *, output_name: str | Sequence[
     `isolate=True` runs the node in a crash-containing worker process whatever the engine.
     `retries` reruns it after a crash, a timeout or an exception listed in `retry_on`, waiting
     `backoff` seconds (doubling, with jitter) before each retry; `timeout` is seconds per attempt.
-    The same rules hold under every executor: see `hardy.policy`.
+    The same rules hold under every executor: see `hardy.model.policy`.
     `gpus=1` (or a share, 0.5) marks a GPU node: with `Engine(map_executor="process", gpus=...)` it
     runs on GPU workers and the other nodes on CPU workers; daft_engine() gives it a GPU UDF.
     `batch_size=64` makes a batched node: the function takes one list per parameter and returns
@@ -272,7 +272,7 @@ def as_nodes(given: Any) -> list[Node]:
 def _as_node(obj: Any, position: int) -> Node:
     if isinstance(obj, Node):
         return obj
-    if hasattr(obj, "as_node"):  # a Pipeline (hardy.pipeline stands above this module)
+    if hasattr(obj, "as_node"):  # a Pipeline (hardy.api.pipeline stands above this module)
         return cast(Node, obj.as_node())
     if callable(obj):
         return Node(obj)

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .engine.core import Engine
-from .errors import Failed, InvalidArgument, InvalidArgumentType, MapError
-from .node import Node
-from .observe.callbacks import PipelineCallback
-from .observe.events import Events
-from .observe.progress import nested_progress
-from .plan import resolve
+from ..engine.core import Engine
+from ..errors import Failed, InvalidArgument, InvalidArgumentType, MapError
+from ..model.node import Node
+from ..observe.callbacks import PipelineCallback
+from ..observe.events import Events
+from ..observe.progress import nested_progress
+from ..plan.compiled import resolve
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -153,7 +153,7 @@ class PipelineNode(Node):
         return tuple(result[o] for o in wanted)
 
     def fingerprint(self) -> bytes:
-        from .hashing import FORMAT, digest, hash_value
+        from ..hashing import FORMAT, digest, hash_value
         inner = sorted(n.fingerprint() for n in self.pipeline.graph.nodes)
         return digest(FORMAT, b"pipeline", *inner, repr((self.inputs, self.outputs, self.map_over,
                                                           self.map_mode)).encode(),

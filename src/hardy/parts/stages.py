@@ -13,22 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .errors import NodeError
-from .executor import Executor, ResultsSink, Row
-from .node import Node
-from .observe.nodelog import one_by_one
-from .plan import KEYS, Plan, Step
+from ..errors import NodeError
+from ..model.executor import Executor, ResultsSink, Row
+from ..model.node import Node
+from ..observe.nodelog import one_by_one
+from ..plan.compiled import KEYS, Plan, Step
 
 if TYPE_CHECKING:
-    from .observe.nodelog import NodeLogBatch
-    from .shipping.context import Snapshot
+    from ..observe.nodelog import NodeLogBatch
+    from ..shipping.context import Snapshot
 
 
 def cut(plan: Plan, needs: Callable[[Node], Any], **options: Any) -> list[tuple[Any, Plan]]:
     """(what the stage needs, its plan) in step order; one stage is the plan itself. `needs(node)`
     may return any value that compares with ==: consecutive steps with equal needs share a stage.
     A plan with no step (every output provided) is one stage that needs None. `options` go to
-    each stage's `Plan` (a batched plan's parts: `hardy.batching`)."""
+    each stage's `Plan` (a batched plan's parts: `hardy.parts.batching`)."""
     groups: list[tuple[Any, list[Step]]] = []
     for step in plan.steps:
         wanted = needs(step.node)
@@ -141,7 +141,7 @@ class StagedExecutor(Executor, Generic[K]):
 
     def __init__(self, needs: Callable[[Node], K], executor_for: Callable[[K], Executor],
                  enforces_timeouts: bool):
-        """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.policy`)."""
+        """`enforces_timeouts`: whether every executor stops a node at its timeout (`hardy.model.policy`)."""
         self.needs, self.executor_for, self.enforces_timeouts = needs, executor_for, enforces_timeouts
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:

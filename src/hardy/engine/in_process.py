@@ -4,7 +4,7 @@ An executor receives the compiled Plan, the list of item inputs and a map's `Res
 chunks of items through `plan.run`, as the results observe them (`whole`). It never interprets the
 pipeline itself, so run/map/nesting/errors exist once (plan.py, engine/core.py) and executors
 differ only in *where* a chunk runs. Executors that run elsewhere (worker processes, Dask, Ray)
-keep the same contract (`hardy.executor`).
+keep the same contract (`hardy.model.executor`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..batching import Batched, batched
 from ..crash.signals import reported_crashes
 from ..errors import NodeError
-from ..executor import Executor, MapResults, ResultsSink
-from ..plan import Plan, run_sync
+from ..model.executor import Executor, MapResults, ResultsSink
+from ..parts.batching import Batched, batched
+from ..plan.compiled import Plan, run_sync
 from .results import Results
 
 
@@ -89,7 +89,7 @@ def _reading_ahead(plan: Plan, items: Sequence[dict[str, Any]], indices: range) 
 
 
 def _run_batched(group: Batched, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
-    """`run_chunk` for a plan with batched nodes: items a group at a time (`hardy.batching`)."""
+    """`run_chunk` for a plan with batched nodes: items a group at a time (`hardy.parts.batching`)."""
     for _ in delivered(group, items, indices, results):
         if results.stop:
             return

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from .errors import DebuggerUnavailable
+from ..errors import DebuggerUnavailable
 
 HOW = ("to debug a node, run its item again in your own process under pdb: err.debug() on the NodeError "
        "(or failed.error.debug() on a Failed, map_error.debug() on a MapError), or `hardy replay REPORT --item N "

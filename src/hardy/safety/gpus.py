@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import arguments
-from .errors import InvalidArgument, NoGpuError, install_hint
+from ..errors import InvalidArgument, NoGpuError, install_hint
+from ..model import arguments
 
 ASSUME = "HARDY_ASSUME_GPUS"
 

@@ -13,7 +13,7 @@ import numbers
 import os
 from typing import Any
 
-from .errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
+from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from .sizes import parse_size
 
 NODE = "node "  # how a node's owner begins: node.py passes f"node {name!r}"
@@ -64,7 +64,7 @@ def flag(owner: str, name: str, value: Any) -> bool:
 
 
 def size(owner: str, name: str, value: Any) -> int | None:
-    """Bytes, from a number or a string such as "10GB" (`hardy.sizes`); None stays None."""
+    """Bytes, from a number or a string such as "10GB" (`hardy.model.sizes`); None stays None."""
     if value is None:
         return None
     expected = "a number of bytes > 0 or a size such as '10GB' or '512M', or None for no limit"

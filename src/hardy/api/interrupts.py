@@ -14,7 +14,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from .errors import MapInterrupted, NodeError
+from ..errors import MapInterrupted, NodeError
 
 _BEFORE: list[Any] = []  # the excepthook hardy's replaced, once installed
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import BatchShapeError
+from ..errors import BatchShapeError
 
 _FIX = ("return one entry per item, in the items' order: a list, an array or tensor with a row per item, a "
         "DataFrame or Arrow table with a row per item, or a dict of such columns")

@@ -20,11 +20,11 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .cache.keys import call_fingerprint, call_key, output_key
+from ..cache.keys import call_fingerprint, call_key, output_key
 
 if TYPE_CHECKING:
-    from .node import Node
-    from .plan import Plan
+    from ..model.node import Node
+    from .compiled import Plan
 
 class PlanSource:
     """The generated function of one plan: `text`, its source, and what the plan needs to know

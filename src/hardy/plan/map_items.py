@@ -10,9 +10,9 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, cast, overload
 
+from ..errors import MapInputError, UnhashableError
 from .columns import Items
-from .errors import MapInputError, UnhashableError
-from .plan import KEYS, Plan
+from .compiled import KEYS, Plan
 
 
 def share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:

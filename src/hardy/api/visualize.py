@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .errors import InvalidArgument, install_hint
+from ..errors import InvalidArgument, install_hint
 
 if TYPE_CHECKING:
     from .nesting import PipelineNode

@@ -50,8 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cache.keys import MISS, PlanCache, call_key, output_key
-from .errors import (
+from ..cache.keys import MISS, PlanCache, call_key, output_key
+from ..errors import (
     NOT_COMPUTED,
     CudaError,
     Exited,
@@ -61,14 +61,14 @@ from .errors import (
     OutputCountError,
     UnhashableError,
 )
-from .graph import Graph, node_functions
-from .hashing import Reach, recording
-from .hashing.state import token
-from .node import Node
-from .plan_source import PlanSource
-from .policy import guard
+from ..hashing import Reach, recording
+from ..hashing.state import token
+from ..model.graph import Graph, node_functions
+from ..model.node import Node
+from ..model.policy import guard
+from ..tracebacks import own_frames
 from .rows import batch_outputs
-from .tracebacks import own_frames
+from .source import PlanSource
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -117,7 +117,7 @@ class Plan:
         whole plan run at once. `name` (the pipeline's) names the generated code's file in
         tracebacks: `<hardy plan 'name' #3>`. `calls` stands nodes in for the named ones when they
         are called (keys and names stay the originals': a batched node's results handed out
-        per item, `hardy.batching`)."""
+        per item, `hardy.parts.batching`)."""
         self.graph = graph
         self.provided = tuple(provided)
         self.outputs = tuple(outputs)
@@ -286,7 +286,7 @@ def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeEr
                                                    "that runs it: raise an exception instead")
     if isinstance(exc, LazyOutputError):
         return NodeError(node.name, inputs, reason=str(exc))
-    from .gpus import cuda_failure  # failures only: `import hardy` stays light
+    from ..safety.gpus import cuda_failure  # failures only: `import hardy` stays light
 
     kind = cuda_failure(exc)
     if kind is None:

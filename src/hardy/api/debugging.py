@@ -13,10 +13,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .engine.core import Engine
-from .engine.results import Results
-from .errors import NodeError
-from .tracebacks import own_frames, user_traceback
+from ..engine.core import Engine
+from ..engine.results import Results
+from ..errors import NodeError
+from ..tracebacks import own_frames, user_traceback
 
 R = TypeVar("R", bound=Results)
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from .errors import NodeError
-    from .observe.events import Events
-    from .observe.nodelog import NodeLogBatch
-    from .plan import Plan
-    from .shipping.context import Snapshot
+    from ..errors import NodeError
+    from ..observe.events import Events
+    from ..observe.nodelog import NodeLogBatch
+    from ..plan.compiled import Plan
+    from ..shipping.context import Snapshot
 
 Row = tuple[Any, ...]
 """A worker's outcome of one item: `(i, ok, outputs or NodeError[, its node log])`."""
@@ -126,7 +126,7 @@ class Executor(ABC):
 
     enforces_timeouts: bool = False
     """Whether a node running past its `timeout=` is stopped (in a worker process, killed). Where
-    not, the engine refuses timed nodes rather than pretend (`hardy.policy`)."""
+    not, the engine refuses timed nodes rather than pretend (`hardy.model.policy`)."""
 
     @abstractmethod
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
@@ -166,7 +166,7 @@ Where = tuple[int, float | None] | None
 class IsolatedCall(ABC):
     """A node's function as a plan calls it when every call runs elsewhere (`@node(isolate=True)`:
     a one-item map on the engine's worker pool). It applies the node's retries and timeout where
-    it runs, so `hardy.policy` leaves it alone, and it can say where it ran and for how long, for
+    it runs, so `hardy.model.policy` leaves it alone, and it can say where it ran and for how long, for
     node events. An async node's calls are coroutines: both methods are then `async`."""
 
     @abstractmethod

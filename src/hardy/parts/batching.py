@@ -17,7 +17,7 @@ run items. What stays per item:
   (`_handed`: the plan's node call hands out the item's result).
 - **errors**: a batch call that raises is split in halves, and again, until each failing item is
   alone; its error names the node and that item's inputs, every other item gets its result. The
-  node's `retries`/`retry_on` apply to each call (`hardy.policy`). A crash or a timeout in a worker
+  node's `retries`/`retry_on` apply to each call (`hardy.model.policy`). A crash or a timeout in a worker
   process runs the batch again one item per call on a fresh worker (`crash/verdict.py`: each
   death costs a worker start, so halving would cost more deaths). Inside a nested map, the
   enclosing item runs again with that map's calls one item each (`_call` names its items for
@@ -36,11 +36,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .errors import BatchShapeError, Escaped, NodeError
-from .node import Node
-from .plan import KEYS, Plan
-from .policy import guard
-from .rows import batch_outputs
+from ..errors import BatchShapeError, Escaped, NodeError
+from ..model.node import Node
+from ..model.policy import guard
+from ..plan.compiled import KEYS, Plan
+from ..plan.rows import batch_outputs
 from .stages import cut
 
 Outcome = tuple[int, bool, Any]  # (item, ok, its outputs or its NodeError)

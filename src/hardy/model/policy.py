@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import Exited, NodeDefinitionError, NodeTimeout
+from ..errors import Exited, NodeDefinitionError, NodeTimeout
 from .executor import IsolatedCall
 
 log = logging.getLogger("hardy.policy")

@@ -11,15 +11,12 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from . import arguments
-from .batching import batched
-from .cache.keys import PlanCache
-from .debugging import run_again, with_reruns
-from .engine.core import Engine, OneRun
-from .engine.executors import SequentialExecutor
-from .engine.results import Results
-from .engine.streaming import Shifted, stream
-from .errors import (
+from ..cache.keys import PlanCache
+from ..engine.core import Engine, OneRun
+from ..engine.in_process import SequentialExecutor
+from ..engine.results import Results
+from ..engine.streaming import Shifted, stream
+from ..errors import (
     Failed,
     HardyError,
     MapError,
@@ -28,22 +25,25 @@ from .errors import (
     UnknownInputWarning,
     UnknownOutputError,
 )
-from .graph import Graph
-from .hashing import Reach, recording
-from .hashing.state import token
+from ..hashing import Reach, recording
+from ..hashing.state import token
+from ..model import arguments
+from ..model.graph import Graph
+from ..model.node import Node, as_nodes
+from ..model.policy import check_timeouts
+from ..observe.callbacks import CallbackList, PipelineCallback, listening
+from ..observe.events import Events
+from ..observe.progress import MapProgress, count_cached, progress_wanted
+from ..observe.report import Recorder, RunReport
+from ..observe.watch import Watch
+from ..parts.batching import batched
+from ..plan.compiled import Plan
+from ..plan.map_items import map_items, mapped_over, share_input_keys
+from ..plan.memo import Memo
+from ..tracebacks import at_user_frames
+from .debugging import run_again, with_reruns
 from .interrupts import interrupted
-from .items import map_items, mapped_over, share_input_keys
-from .memo import Memo
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
-from .node import Node, as_nodes
-from .observe.callbacks import CallbackList, PipelineCallback, listening
-from .observe.events import Events
-from .observe.progress import MapProgress, count_cached, progress_wanted
-from .observe.report import Recorder, RunReport
-from .observe.watch import Watch
-from .plan import Plan
-from .policy import check_timeouts
-from .tracebacks import at_user_frames
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 _R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
-PLANS_KEPT = 256  # compiled plans a pipeline keeps (hardy.memo)
+PLANS_KEPT = 256  # compiled plans a pipeline keeps (hardy.plan.memo)
 
 
 class Pipeline:
@@ -154,7 +154,7 @@ class Pipeline:
         return self
 
     def visualize(self, filename: str | None = None, depth: int | None = 1, **options: Any) -> Any:
-        """A drawing of the pipeline (see `hardy.visualize.visualize`): displays in notebooks, and
+        """A drawing of the pipeline (see `hardy.api.visualize.visualize`): displays in notebooks, and
         `filename` saves it as .svg, .png, .html or .dot."""
         from .visualize import visualize
         return visualize(self, filename=filename, depth=depth, **options)
