@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -11,6 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+# A suite started in the background by a non-interactive shell (`pytest &`, a CI step's `&`)
+# inherits SIGINT ignored, and so would every script a Ctrl-C test starts: Python installs its
+# KeyboardInterrupt handler only where SIGINT is not ignored. A handler here is reset to the
+# default in each child at exec, so those scripts get Ctrl-C as a terminal gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests rewrite a module and run it again within the same second. Python's own bytecode cache
 # checks a source by its mtime (to the second) and size, so a same-sized edit would run the old

@@ -287,7 +287,7 @@ def test_each_plan_has_its_own_file_name_released_with_the_plan():
 
 
 def test_the_documented_plan_is_what_the_generator_writes():
-    """The example in plan.py's docstring and docs/architecture.md cannot drift from the generator."""
+    """The example in plan/compiled.py's docstring and docs/architecture.md cannot drift from the generator."""
     import textwrap
     from pathlib import Path
 

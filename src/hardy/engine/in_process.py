@@ -2,7 +2,7 @@
 
 An executor receives the compiled Plan, the list of item inputs and a map's `Results`, and runs
 chunks of items through `plan.run`, as the results observe them (`whole`). It never interprets the
-pipeline itself, so run/map/nesting/errors exist once (plan.py, engine/core.py) and executors
+pipeline itself, so run/map/nesting/errors exist once (plan/compiled.py, engine/core.py) and executors
 differ only in *where* a chunk runs. Executors that run elsewhere (worker processes, Dask, Ray)
 keep the same contract (`hardy.model.executor`).
 """

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from .sizes import parse_size
 
-NODE = "node "  # how a node's owner begins: node.py passes f"node {name!r}"
+NODE = "node "  # how a node's owner begins: model/node.py passes f"node {name!r}"
 HardyArgumentError = NodeDefinitionError | InvalidArgument
 
 

@@ -1,8 +1,8 @@
 """The contract every map executor keeps, and what it reports about worker processes.
 
 An executor receives a compiled `Plan`, the list of item inputs and a results sink, and runs the
-items: in this process (`engine/executors.py`), in hardy's worker processes (`workers/pool.py`),
-per stage (`stages.py`) or on Dask, Ray and Daft (`integrations/`). The engine relies on exactly
+items: in this process (`engine/in_process.py`), in hardy's worker processes (`workers/pool.py`),
+per stage (`parts/stages.py`) or on Dask, Ray and Daft (`integrations/`). The engine relies on exactly
 what this class declares, so that a new executor is a subclass, not a guess at duck types; the
 sink's side of the seam is declared here too (`ResultsSink`, `MapResults`), as the map's
 `engine.results.Results` and one stage's view of it (`stages`) keep it.

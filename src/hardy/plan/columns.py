@@ -6,7 +6,7 @@ item only when something reads it (an in-process executor, a failure's report), 
 worker process travels as its slice of the column and the constants (`WorkerPool.chunk_message`),
 from which the worker builds its own (`built`). So a worker starts on its chunk at once, instead
 of after this process has built a dict per item of the map, and the pickle holds plain values.
-A leaf: the map's API (`items.py`) makes it, the worker pool ships it.
+A leaf: the map's API (`plan/map_items.py`) makes it, the worker pool ships it.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ implementation of "run the nodes of one item", whatever the engine.
 Three emission modes share one generator: "sequential" (straight line), "threaded" (independent
 nodes of a dependency level are submitted to a thread pool) and "async" (an `async def` whose
 independent async nodes are gathered). With a cache, the same generator adds key derivation and
-lookups around each call; without one, none of that code exists. `plan_source.py` writes the
+lookups around each call; without one, none of that code exists. `plan/source.py` writes the
 function; this module resolves the steps, compiles and runs the function, and builds the error
 of a node that failed in it.
 """
@@ -191,7 +191,7 @@ class Plan:
             except UnhashableError:
                 pass
 
-    # --- the generated function (written by plan_source.py) ---------------------------------------
+    # --- the generated function (written by plan/source.py) ---------------------------------------
 
     def _compile(self) -> None:
         ns = self._namespace()
@@ -306,7 +306,7 @@ _PLAN_NUMBERS = itertools.count(1)  # each plan's code has its own file name, fo
 
 def one_item(func: Callable[..., Any], name: str, outputs: int) -> Callable[..., Any]:
     """A batched node's function called for one item: each argument as a list of one, the entry
-    of each output taken back, by rows (`rows.py`; `Pipeline.run`, and maps whose executor does not batch)."""
+    of each output taken back, by rows (`plan/rows.py`; `Pipeline.run`, and maps whose executor does not batch)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         out = func(*[[a] for a in args], **{p: [a] for p, a in kwargs.items()})
         columns = batch_outputs(out, name, outputs, 1)
@@ -329,7 +329,7 @@ def _tag(exc: BaseException, k: int) -> None:
 
 
 async def _mark_step(k: int, coro: Any) -> Any:
-    """A gathered node's call (an asyncio task: its SystemExit leaves as `Exited`, see policy.py)."""
+    """A gathered node's call (an asyncio task: its SystemExit leaves as `Exited`, see model/policy.py)."""
     try:
         return await coro
     except SystemExit as exc:

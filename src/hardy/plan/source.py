@@ -1,6 +1,6 @@
 """The source of a plan's generated function: the straight-line Python that runs its steps.
 
-`PlanSource` writes `_run(_v, _item=None)` for a `Plan` (see `plan.py` for an example): one line
+`PlanSource` writes `_run(_v, _item=None)` for a `Plan` (see `plan/compiled.py` for an example): one line
 per node call, locals named after the values they hold and node functions after their nodes
 (valid, unique identifiers), `_s` set to the step running, for the error the plan builds when a
 node fails. It puts the node functions (and, with a cache, the cache's calls and the nodes'

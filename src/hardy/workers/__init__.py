@@ -15,7 +15,7 @@ dying worker can never leave something locked that the others need):
       short forms (Chunk.wire): (plan_id, pairs);         plan changed them) then for each item:
       consecutive items (plan_id, first, inputs);         status.item = i   (shared mmap)
       a map over one list (plan_id, first,                status.step = k, written by the plan's own
-      constants, name, values: columns.py)                 code (and its start time, if `dated`)
+      constants, name, values: plan/columns.py)           code (and its start time, if `dated`)
                                                           run the compiled plan
     results.ok / fail  ◄── Header + pickled batch ───  batched every ≥5 ms, and at chunk end; a batch
       (Header.outputs: the outputs alone)                 whose items all succeeded: their outputs alone
