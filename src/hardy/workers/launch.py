@@ -107,12 +107,24 @@ class WorkerProcess:
         self.exitcode: int | None = None
         self._end = select.poll()  # (asked before every chunk: no selector made per question)
         self._end.register(sentinel, select.POLLIN)
+        self._collecting = threading.Lock()
         _live.add(self)
 
     def join(self, timeout: float | None = None) -> None:
-        if not self._ended and self._end.poll(-1 if timeout is None else max(0, math.ceil(timeout * 1000))):
-            self._ended = True
-            self.exitcode = self._collect()
+        if self._ended:
+            return
+        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+        try:
+            ended = self._end.poll(ms)
+        except RuntimeError:  # another thread asks at this moment (Engine.close beside a stream's runner):
+            once = select.poll()  # a poll object answers one thread at a time, so this one asks its own
+            once.register(self.sentinel, select.POLLIN)
+            ended = once.poll(ms)
+        if ended:
+            with self._collecting:
+                if not self._ended:  # collected once, by whichever thread got here first
+                    self.exitcode = self._collect()
+                    self._ended = True
 
     def is_alive(self) -> bool:
         self.join(0)
