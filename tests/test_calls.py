@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hardy import Engine, NodeCrashed, NodeError, Pipeline, node
-from hardy.workers import scheduling
+from hardy.workers import scheduling, status
 
 
 @node(output_name="out")
@@ -104,6 +104,22 @@ def test_a_worker_that_died_idle_is_replaced_and_the_call_runs(warm, caplog):
     assert out[0] == 8 and out[1] != first
     assert "died while idle" in caplog.text and "no item in flight" not in caplog.text, caplog.text
     assert warm.engine.worker_counts(peaks=False).died == 1
+
+
+def test_a_worker_killed_before_it_marked_itself_idle_is_not_charged_with_the_next_call(warm, caplog):
+    """A worker writes its answer, then marks itself idle; one preempted in between (a loaded
+    machine: the caller it woke takes the core) and killed there still says SENDING. The next call
+    handed to it is not charged with its death: it runs on the worker that replaces it."""
+    pool = warm.engine.process_pool()
+    first = pool.pids()[0]  # the idle worker a call takes first
+    worker = next(w for w in pool.workers if w is not None and w.process.pid == first)
+    worker.status.item, worker.status.step = status.SENDING, 1.0  # its words as the preempted worker left them
+    os.kill(first, signal.SIGKILL)
+    time.sleep(0.2)
+    with caplog.at_level(logging.WARNING, logger="hardy.workers"):
+        out = warm.run(inputs={"x": 7, "how": "plain"})["out"]
+    assert out[0] == 8 and out[1] != first
+    assert "died while idle" in caplog.text, caplog.text
 
 
 def test_log_records_reach_the_callers_handlers(warm, caplog):

@@ -46,6 +46,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
         return _mapped(pool, plan, item, sink())
     w.plan, w.unsent, w.chunk_size = plan, {0: None}, 1
     try:
+        w.idle()
         w.follow(context.current())
         w.send(message)
         data = w.wait()

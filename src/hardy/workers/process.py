@@ -138,6 +138,14 @@ class Worker:
     def busy(self) -> bool:
         return bool(self.unsent) or self.plan is not None
 
+    def idle(self) -> None:
+        """Its status words say idle before it is handed work, as its parent knows it is (its last
+        answer was read): a worker that sent that answer and was preempted before it marked itself
+        idle, then killed, would otherwise read as dying while it sent results, and the work handed
+        to it would be charged with its death instead of going to another worker."""
+        self.status.item = words.IDLE
+        self.status.step = words.NO_STEP
+
     def send(self, data: bytes | transport.Packed) -> None:
         if type(data) is bytes:
             transport.write_frame(self.fd, b"", data)

@@ -155,6 +155,7 @@ class MapRun:
             w.chunk_size = len(chunk)
             self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
             try:
+                w.idle()
                 w.follow(self.context)  # first: the plan's modules are imported with the caller's sys.path
                 if self.plan_id not in w.plans:
                     w.send(self.plan_msg)
