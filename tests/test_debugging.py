@@ -69,7 +69,7 @@ def test_a_workers_exception_prints_the_worker_frames_the_same_text_as_in_proces
     # the worker's frames: file, line, function and source line, the part that raised underlined
     assert f'File "{tmp_path / "bug.py"}", line 12, in inv\n    return helper(x) * 2\n' in text, text
     assert 'line 8, in helper\n    return scale / x\n           ~~~~~~^~~\nZeroDivisionError' in text, text
-    assert "<hardy plan" not in text and "engine/core.py" not in text and "executors.py" not in text, text
+    assert "<hardy plan" not in text and "engine/core.py" not in text and "in_process.py" not in text, text
     assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
 
 

@@ -54,7 +54,7 @@ class Node:
         owner = f"node {self.name!r}"
         self.cache = arguments.flag(owner, "cache", cache)
         self.isolate = arguments.flag(owner, "isolate", isolate)
-        # the failure policy (hardy/policy.py): the same under every executor
+        # the failure policy (hardy/model/policy.py): the same under every executor
         self.retries: int = arguments.whole_number(owner, "retries", retries, 0)
         self.retry_on: tuple[type[Exception], ...] = (
             arguments.exception_types(owner, retry_on) if retry_on != () else ())

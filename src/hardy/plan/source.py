@@ -35,7 +35,7 @@ class PlanSource:
                  reports_cached: bool, keys: str):
         """`ns`: the function's globals, where the names it calls are put; `function_for(k, node)`:
         what step k calls; `reports_cached`: whether to call `_oncached` for a cache hit; `keys`:
-        the entry of a keyed plan's values and results that holds cache keys (`plan.KEYS`)."""
+        the entry of a keyed plan's values and results that holds cache keys (`compiled.KEYS`)."""
         self._keys = keys
         self.steps, self.provided, self.inputs, self.outputs = plan.steps, plan.provided, plan.inputs, plan.outputs
         self.mode, self.cache, self.keyed = plan.mode, plan.cache, plan.keyed
