@@ -173,23 +173,23 @@ class Plan:
         those that can change in place), for `Reach.changed` to tell when the plan no longer
         computes what its nodes would now: a plan that runs in other processes, or whose cache
         keys hold code and state, is then made again (docs/same-answer.md)."""
+        return self.reached().watch(token, node_functions(self.graph.nodes))
+
+    def reached(self) -> Reach:
+        """What the nodes reach, noted while they are fingerprinted as a cache would key them (an
+        uncached plan checked for code edits, `Pipeline._stale`; a replica's stamps); a node that
+        cannot be fingerprinted is noted as far as it could."""
         reach = Reach()
         previous = recording(reach)
         try:
-            self.fingerprint_nodes()
+            for step in self.steps:
+                try:
+                    step.node.fingerprint()
+                except UnhashableError:
+                    pass
         finally:
             recording(previous)
-        return reach.watch(token, node_functions(self.graph.nodes))
-
-    def fingerprint_nodes(self) -> None:
-        """Fingerprint the nodes as a cache would key them, for what they reach to be noted while
-        `hashing.recording` (an uncached plan checked for code edits, `Pipeline._stale`); a node
-        that cannot be fingerprinted is noted as far as it could."""
-        for step in self.steps:
-            try:
-                step.node.fingerprint()
-            except UnhashableError:
-                pass
+        return reach
 
     # --- the generated function (written by plan/source.py) ---------------------------------------
 

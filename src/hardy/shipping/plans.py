@@ -18,7 +18,7 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PicklingError
-from ..hashing import Reach, is_user_module, recording
+from ..hashing import is_user_module
 from ..model.graph import walk_nodes
 from ..plan.compiled import Plan, Wrap
 from .pickling import ByValuePickler
@@ -81,12 +81,7 @@ def replica_of(plan: Plan) -> Replica:
     """What `plan`'s nodes reach in user modules, the nodes' own names included, as this process has
     it now. Modules loaded by another loader than Python's own (pytest's assertion rewriting changes
     their bytecode) or sent by value (`ship_modules`: their code travels with the plan) are left out."""
-    reach = Reach()
-    previous = recording(reach)
-    try:
-        plan.fingerprint_nodes()
-    finally:
-        recording(previous)
+    reach = plan.reached()
     by_value = cloudpickle.list_registry_pickle_by_value()
     names = reached_names(reach.reads, reach.modules)
     for node in walk_nodes(plan.graph.nodes):  # each node's own name, or its function's, where it is found by name
