@@ -19,15 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..crash.doing import BATCH as BATCH  # what `item` says between items: the crash package reads them
+from ..crash.doing import IDLE as IDLE
+from ..crash.doing import LOADING as LOADING
+from ..crash.doing import OPENING as OPENING
+from ..crash.doing import READING as READING
+from ..crash.doing import SENDING as SENDING
 from ..observe.nodelog import LOG
 from ..observe.nodelog import STEP as STEP_NAMED
 
-# What `item` says between items, as floats: the words are doubles, and a float is stored as it is
-# (an int is converted, a float made, at every store: they are stored per item, on the hot path).
-IDLE, READING, SENDING, LOADING = -1.0, -3.0, -4.0, -5.0  # LOADING: the pipeline, its nodes' modules
-BATCH = -2.0  # `item` while a batched node's call runs: the parent splits the batch if the worker dies
 NO_STEP = -1.0  # `step` between steps
-OPENING = -2  # `step` while a sealed item's input k is unpickled: OPENING - k (`item` is the item)
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 
