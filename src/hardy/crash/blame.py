@@ -35,12 +35,17 @@ class Map:
 @dataclass(frozen=True)
 class Elsewhere:
     """A death in a thread the work in flight did not start: `first`, the item the worker held
-    first, is blamed `times` times now; `warning`, what the run logs as its items run again, none
-    blamed ("" once `times` passes `MAX_THREAD_RERUNS`: then `first` is charged)."""
+    first, was spared so `times` times now; `warning`, what the run logs as its items run again,
+    none blamed ("" once `times` passes `MAX_THREAD_RERUNS`: then `first` is charged)."""
 
     first: int
     times: int
     warning: str
+
+    @property
+    def rerun(self) -> bool:
+        """The worker's items run again, none blamed; else `first` is charged (`verdict.charge`)."""
+        return self.times <= MAX_THREAD_RERUNS
 
 
 def started_by(thread: Mapping[str, Any], run: Map) -> str:

@@ -1,10 +1,13 @@
 """The pool's side of a worker's death: which item was in flight, and the queues it goes back to.
 
 `MapRun` (scheduling.py) calls `on_death` for every worker that died or was killed while it held
-items. This reads the worker's status words (which item, which step) and its fault record, once
-(`crash.autopsy.ended`), asks the crash package what the death means for the item in flight
-(`crash.verdict.charge`) and applies the verdict to the map's queues. The walk from a death to
-the user's message is in `hardy/crash/__init__.py`.
+items, and `while_idle` for one that died with nothing to do. This reads the worker's status words
+(which item, which step) and its fault record, once (`crash.autopsy.ended`), asks the crash package
+what the death means (`crash.blame` for a thread the work did not start, `crash.verdict` for the
+item in flight, a batched call or a death between items) and applies the answers: the results
+sink fails or retries items, the map's queues take back the innocent ones, the pool replaces the
+worker. It decides nothing about a death itself. The walk from a death to the user's message is
+in `hardy/crash/__init__.py`.
 """
 
 from __future__ import annotations
@@ -29,9 +32,6 @@ if TYPE_CHECKING:
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
-
-RERUN, CHARGE = "rerun", "charge"  # what a crash in a thread the work in flight did not start means (`not_its_thread`)
-
 
 class Deaths:
     """The part of a map's run (`scheduling.MapRun`) that handles worker deaths. Its inputs: the
@@ -121,15 +121,14 @@ class Deaths:
         end = ended(w.fault_path, w.process.exitcode, w.killed_for, w.kill_detail, w.hang)
         item, step = int(w.status.item), int(w.status.step)
         foreign = self.not_its_thread(w, end, item)
-        in_flight = item if item in w.unsent and not foreign else None
-        if item == words.BATCH and w.unsent and not foreign:
+        in_flight = item if item in w.unsent and foreign is None else None
+        if item == words.BATCH and w.unsent and foreign is None:
             in_flight = self.split(w, end)
-        if foreign == RERUN:
+        if foreign is not None and foreign.rerun:
             pass  # its items go back below, none blamed (`not_its_thread` said why)
-        elif foreign:  # it kept meeting such crashes: the item it holds first is charged, whatever it did
-            first = item if item in w.unsent else next(iter(w.unsent))
-            del w.unsent[first]
-            self.charge(w, end, first, step if first == item else -1)
+        elif foreign is not None:  # it kept meeting such crashes: the item it holds first is charged
+            del w.unsent[foreign.first]
+            self.charge(w, end, foreign.first, step if foreign.first == item else -1)
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(end, in_flight, words.OPENING - step)
@@ -160,19 +159,16 @@ class Deaths:
         w.plan = None
         pool.replace(slot, stop=False)
 
-    def not_its_thread(self, w: Worker, end: Ending, item: int) -> str:
+    def not_its_thread(self, w: Worker, end: Ending, item: int) -> blame.Elsewhere | None:
         """What a death in a Python thread the work in flight did not start means, as
-        `blame.elsewhere` says: RERUN when the worker's items run again, none blamed (with its
-        warning); CHARGE for an item that kept dying so (`charge` names the thread); "" when the
-        crash is the work's own."""
+        `blame.elsewhere` says (None: the crash is the work's own); counted, and warned of when
+        the worker's items run again, none blamed."""
         found = blame.elsewhere(end, item, w.status.step_start, list(w.unsent), self.blameless, self.map)
-        if found is None:
-            return ""
-        self.blameless[found.first] = found.times
-        if not found.warning:
-            return CHARGE
-        log.warning("%s", found.warning)
-        return RERUN
+        if found is not None:
+            self.blameless[found.first] = found.times
+            if found.rerun:
+                log.warning("%s", found.warning)
+        return found
 
     def died_opening(self, end: Ending, i: int, k: int) -> None:
         """Item i's input k killed the worker as it was unpickled there (a sealed chunk's): it
