@@ -7,8 +7,10 @@ start is `time.monotonic()`, the clock of the node log (observe/nodelog.py); the
 are small integers, exact in a double. `ready` turns 1 once the worker is set up (so a death before
 is its setup's: preload_libs, the environment; a death after never is). Between items, `item` says
 what the worker does: IDLE, READING a message (a chunk's items are unpickled then), or SENDING
-results (pickled then), and `step` how many results that batch holds. `deadline`: the deadline of
-a node nested in a step (crash.containment.deadlined), for the parent to enforce.
+results (pickled then), and `step` how many results that batch holds. Those words are defined in
+`crash/doing.py`, beside the crash package that reads them after a death to decide what it
+means. `deadline`: the deadline of a node nested in a step (crash.containment.deadlined), for the
+parent to enforce.
 """
 
 from __future__ import annotations
