@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import subprocess
 import sys
 import threading
@@ -119,6 +120,36 @@ def test_a_result_whose_pickling_crashes_the_worker_costs_its_item(engine):
     err = failed[7]
     assert isinstance(err, NodeCrashed) and err.node == "bad_result_at_7" and err.signal == "SIGSEGV"
     assert "while pickling the item's result" in str(err)
+
+
+CRASHES_ON_IMPORT = """
+import ctypes, os
+if str(os.getpid()) != os.environ.get("HARDY_TEST_IMPORTER"):  # any process but the test's: its workers
+    ctypes.string_at(0)
+from hardy import node
+
+@node(output_name="y")
+def double(x):
+    return 2 * x
+"""
+
+
+def test_a_node_module_whose_import_crashes_the_worker_fails_the_chunks_items(tmp_path, monkeypatch):
+    """The worker dies loading the pipeline (importing the node's module), before any item runs:
+    each item of the chunk fails with the crash, named as the pipeline's, and the map ends."""
+    (tmp_path / "hardy_crashes_on_import.py").write_text(CRASHES_ON_IMPORT)
+    monkeypatch.setenv("HARDY_TEST_IMPORTER", str(os.getpid()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hardy_crashes_on_import", raising=False)
+    from hardy_crashes_on_import import double
+    with Engine(map_executor="process", workers=1) as engine:
+        out = Pipeline(nodes=[double], engine=engine).map(inputs={"x": [1, 2, 3]}, map_over="x", on_error="continue")
+    ok, failed = _split(out)
+    assert ok == [] and sorted(failed) == [0, 1, 2]
+    for i, err in failed.items():
+        assert isinstance(err, NodeCrashed) and err.node == "<pipeline>" and err.item == i and err.signal == "SIGSEGV"
+        assert "died (worker died from SIGSEGV (segmentation fault in native code)) while loading the pipeline " \
+               "(unpickling its nodes, importing their modules)" in str(err), err
 
 
 def test_a_poison_input_fails_the_map_at_once_under_on_error_raise(engine):

@@ -18,8 +18,7 @@ import pytest
 
 from conftest import needs_torch
 from hardy import DiskCache, Engine, NodeCrashed, NodeTimeout, Pipeline, node
-from hardy.crash import frames, handler, stacks, symbols
-from hardy.crash.frames import read_frames
+from hardy.crash import frames, handler, record, stacks, symbols
 from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
 
 C_SOURCE = r"""
@@ -229,7 +228,7 @@ def test_symbols_are_read_from_the_symtab_and_cached(libs):
     text = "\n".join(["hardy-native: signal 0xb",
                       f"hardy-native: 0x{0x10000 + 0x1000:x} 0x10000 0x0 ? {libs['c']}",
                       "hardy-native: 0x1234 0x0 0x0 ? ?"])
-    frames = read_frames(text)
+    frames = record.parse(text).frames
     assert frames[0].library == libs["c"] and frames[0].offset == 0x1000
     assert frames[1].library == "" and "JIT" in str(frames[1])
     assert symbols.table(libs["c"]) is symbols.table(libs["c"])  # one read per build-id

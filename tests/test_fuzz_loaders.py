@@ -312,13 +312,14 @@ def libraries(tmp_path_factory) -> list[str]:
 def test_a_crash_record_of_any_content_is_read_without_an_exception_or_a_hang(libraries, lines):
     """A record's native lines name a library (read for its symbol table: a real one, a truncated or
     scrambled copy, a folder, a FIFO, a missing file) and an address in it; any other line is noise."""
-    from hardy.crash.frames import MARK, format_frames, read_frames
+    from hardy.crash.frames import MARK, format_frames
+    from hardy.crash.record import parse
     from hardy.crash.sentence import crash_report
     text = [f"{MARK}{line[0]:x} {line[1]:x} {line[2] or '-'} {line[3]} {libraries[line[4]]}"
             if isinstance(line, tuple) else line for line in lines]
     record = "\n".join(text)
     done: list = []
-    reader = threading.Thread(target=lambda: done.append((read_frames(record), crash_report(record))), daemon=True)
+    reader = threading.Thread(target=lambda: done.append((parse(record).frames, crash_report(record))), daemon=True)
     reader.start()
     reader.join(60)
     assert done, "reading the crash record hung"

@@ -90,6 +90,15 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+def test_the_worker_pool_asks_what_a_death_means_in_one_place():
+    """What a worker's death means (the record read, whose fault, the item's fate, the message) is
+    the crash package's, and `crash/__init__.py` draws the walk from the pool into it: in the pool,
+    `workers/deaths.py` alone asks, so no entry goes undrawn and no decision stays behind."""
+    deciding = {f"hardy.crash.{m}" for m in ("autopsy", "blame", "verdict", "diagnosis", "sentence", "frames")}
+    asking = sorted(m for m, deps in import_graph().items() if m.startswith("hardy.workers") and deps & deciding)
+    assert asking == ["hardy.workers.deaths"]
+
+
 def test_functions_are_short_enough_to_read_at_once():
     long = [f"{p.relative_to(SRC)}:{f.lineno} {f.name} ({f.end_lineno - f.lineno + 1} lines)"
             for p in sorted(SRC.rglob("*.py")) for f in _functions(ast.parse(p.read_text()))

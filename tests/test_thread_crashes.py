@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_library
-from hardy.workers.deaths import MAX_THREAD_RERUNS
+from hardy.crash.blame import MAX_THREAD_RERUNS
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

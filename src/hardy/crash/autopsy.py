@@ -66,12 +66,3 @@ def examine(record: FaultRecord, signame: str | None, reason: str, node: str, st
     return Death(crash_line(signame, reason, frames, node, stack), frames, format_frames(frames),
                  diagnose(frames, after_return=after_return))
 
-
-def outside_items(end: Ending, thread: str) -> str:
-    """What a fault record says of a death outside any item, as lines to add to a warning: the
-    thread it died in (`thread`: who started it, "" for the plan's own), the diagnosis (a crash at
-    exit, in which library) and the native stack."""
-    death = examine(end.record, end.signal, end.reason, "?", "", after_return=True)
-    return (f"\nin thread {end.record.thread['name']!r} ({thread})" if end.record.thread else "") + "".join(
-        f"\ndiagnosis: {d}" for d in death.diagnosis) + (
-        f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")

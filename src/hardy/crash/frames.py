@@ -24,12 +24,6 @@ _RUNTIME = re.compile(r"^(libc\.so|libpthread|ld-linux|libgcc_s|libstdc\+\+)")
 _INTERPRETER = re.compile(r"^(libpython|python\d|_ctypes\.|libffi\.)")
 
 
-def read_frames(text: str) -> list[Frame]:
-    """The crashing thread's native frames in a crash record's text, innermost first, named."""
-    libraries, named = mapped.read(text)
-    return name_frames(mapped.native_lines(text), libraries, named)
-
-
 def name_frames(native: list[mapped.Native], libraries: Mapping[str, mapped.Mapped],
                 named: Mapping[int, tuple[str, int]]) -> list[Frame]:
     """Native frames as a record holds them, named: from each library's file on disk, unless the

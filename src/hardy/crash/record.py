@@ -56,7 +56,7 @@ def nesting_line() -> str:
 # thread that an earlier item's node started) is not the fault of the item in flight: the parent
 # reads which thread it was (`thread_line`, written by the dying thread itself) and what was in
 # flight when that thread was started (`watch_threads`), and runs the item in flight again
-# (`workers/deaths.py`). A native thread (an OpenMP team, a library's own pool) works for the call
+# (`blame.elsewhere`). A native thread (an OpenMP team, a library's own pool) works for the call
 # running now, and a thread running the plan's code (an async plan's sync nodes) is the node's.
 
 _THREAD = "hardy-thread: "

@@ -1,23 +1,27 @@
-"""What becomes of the item a worker died on: the error it fails with, and whether it runs again.
+"""What becomes of the items a worker died with: the error each fails with, and whether it runs again.
 
-The worker pool (`workers/deaths.py`) knows which item was in flight and keeps the queues; it
-asks `charge` what the death means for that item and applies the `Verdict`: fail the item, run
-it again (its node's retries), or, for a crash inside a nested map that keeps going
-(on_error="continue"), run it again with that inner item failed as it crashed (`poison`), so
-that only the inner item is lost, as in-process. `split` is the same decision for a batched
-node's call that several items shared.
+The worker pool (`workers/deaths.py`) knows which item was in flight and keeps the queues; it asks
+this module what the death means and applies the answer. `charge`: the item in flight fails, runs
+again (its node's retries), or, for a crash inside a nested map that keeps going
+(on_error="continue"), runs again with that inner item failed as it crashed (`poison`), so that
+only the inner item is lost, as in-process. `split`: the same decision for a batched node's call
+that several items shared. `opening` and `between_items`: a death with no node running (unpickling
+an input, a chunk or the pipeline, pickling results), where the chunk is sent again sealed
+(`reseal`) or its items fail. A death in a thread the work did not start is `blame.elsewhere`'s.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NodeCrashed, NodeTimeout
+from ..errors import NodeCrashed, NodeTimeout, ShippingError
 from .autopsy import Ending, examine
+from .blame import Map, thread_clause
 from .containment import BATCH
+from .doing import LOADING, READING
 
 if TYPE_CHECKING:
     from ..model.node import Node
@@ -40,10 +44,11 @@ class Verdict:
 
 
 def charge(end: Ending, item: int, node: Node | None, inputs: dict[str, Any] | None, attempts: int,
-           poison: Mapping[tuple[Any, ...], Mapping[Any, Any]], thread: str = "") -> Verdict:
-    """The verdict on `item`, in flight in node `node` when its worker ended so. `attempts`: its
-    runs that failed before; `poison`: the inner items already failed so, per nested map;
-    `thread`: where a Python thread it died in came from (`, in thread 'x' (started by ...)`)."""
+           poison: Mapping[tuple[Any, ...], Mapping[Any, Any]], run: Map, spared: int) -> Verdict:
+    """The verdict on `item`, in flight in node `node` of the map `run` when its worker ended so.
+    `attempts`: its runs that failed before; `poison`: the inner items already failed so, per
+    nested map; `spared`: the times it ran again after crashes in threads it did not start
+    (`blame.elsewhere`), said with the thread it died in (`blame.thread_clause`)."""
     record = end.record
     chain = record.nesting
     named = "/".join(str(level[0]) for level in chain) if len(chain) > 1 else node.name if node else "?"
@@ -51,7 +56,7 @@ def charge(end: Ending, item: int, node: Node | None, inputs: dict[str, Any] | N
     if record.exit_how and end.signal is None and not end.killed_for:  # it left on a node's word: which
         text = f"{text.partition(' (')[0]}: {record.exit_how}"
     death = examine(record, end.signal, text, named, record.stack, end.hang if end.killed_for == "timeout" else None)
-    said = death.reason + thread
+    said = death.reason + thread_clause(end, run, spared)
     cls = NodeTimeout if end.killed_for == "timeout" else NodeCrashed
     err = cls(node.name if node else "?", item, said, signal=end.signal, exitcode=end.exitcode, stack=record.stack,
               native_frames=death.frames, native_stack=death.native_stack, diagnosis=death.diagnosis, inputs=inputs)
@@ -78,6 +83,63 @@ def split(unsent: list[int], group: int) -> tuple[int | None, list[int], list[in
     if len(suspects) == 1:
         return suspects[0], [], []  # the items after it stay unsent: they go back as a chunk
     return None, suspects, rest
+
+
+def opening(end: Ending, item: int, node: str, what: str) -> NodeCrashed:
+    """The error of `item`, whose input `what` (`input 'x' (a dict of 3 items)`) killed the worker
+    as it was unpickled there, one by one (a sealed chunk's, `reseal`): `node`, the nodes that
+    read that input."""
+    return _died(end, node, item, f"while unpickling its {what}, before the node ran")
+
+
+@dataclass(frozen=True)
+class Between:
+    """What a death with no node running means: `seal`, items to send again sealed (`reseal`;
+    `alone`: each result sent alone) for the reason `why`; `failed`, items that fail, with their
+    errors; `unsent`, the worker's items that run again as they were."""
+
+    seal: list[int]
+    why: str = ""
+    alone: bool = False
+    failed: list[tuple[int, NodeCrashed]] = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)
+
+
+def between_items(end: Ending, doing: float, count: int, unsent: list[int], producers: str) -> Between:
+    """A worker died with the items `unsent` not answered and no node running, `doing` (a status
+    word): READING a chunk (it is sent again sealed, each item's inputs unpickled one by one, so
+    that the item at fault fails alone: `opening`), LOADING the pipeline (the chunk's items fail,
+    as when loading raises), or pickling a batch of `count` results (SENDING: those items run
+    again sealed, each result sent alone; an item alone fails, in the nodes `producers`)."""
+    if doing == READING:
+        return Between(unsent, f"the worker process died ({end.reason}) unpickling it")
+    if doing == LOADING:
+        return Between([], failed=[(i, _died(end, "<pipeline>", i, "while loading the pipeline (unpickling its "
+                                             "nodes, importing their modules)")) for i in unsent])
+    batch = unsent[:max(1, count)]
+    if len(batch) > 1:
+        return Between(batch, f"the worker process died ({end.reason}) pickling their results", alone=True,
+                       unsent=unsent[len(batch):])
+    return Between([], failed=[(batch[0], _died(
+        end, producers or "?", batch[0], "while pickling the item's result to send it back, after its nodes ran; "
+        "return plain data (numbers, arrays, dicts, paths)"))], unsent=unsent[len(batch):])
+
+
+def _died(end: Ending, node: str, item: int, doing: str) -> NodeCrashed:
+    return NodeCrashed(node, item, f"the worker process died ({end.reason}) {doing}", signal=end.signal,
+                       exitcode=end.exitcode, stack=end.record.stack)
+
+
+def reseal(chunk: list[int], sealed: Mapping[int, int], alone: bool, node: str,
+           why: str) -> list[tuple[int, ShippingError]]:
+    """Whether a chunk that could not be unpickled in the worker, or whose unpickling or results
+    killed it (`why`), is sent again sealed (`alone`: each result sent alone too; `sealed`: how
+    each item was sent before): the errors its items fail with when it was sealed so already
+    (nothing an item holds can make a sealed chunk fail so: no loop), else none."""
+    if sealed.get(chunk[0], 0) < 1 + alone:
+        return []
+    return [(i, ShippingError(node, None, i, f"its chunk could not be unpickled in the worker process, even sealed: "
+                              f"{why}")) for i in chunk]
 
 
 def _without(chain: tuple[tuple[Any, ...], ...], err: NodeCrashed, crash: str,

@@ -93,7 +93,7 @@ def _resume(run: MapRun, slot: int, w: Worker, data: bytes | None) -> None:
     if data is None and int(w.status.item) == words.IDLE:
         w.process.join(1)
         if not w.process.is_alive():  # before it read the call: as the map loop finds one dead
-            run.replace_idle(slot, w)
+            run.deaths.while_idle(slot, w)
             return
     alive = data is not None
     if data is not None:

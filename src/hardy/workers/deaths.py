@@ -1,10 +1,13 @@
 """The pool's side of a worker's death: which item was in flight, and the queues it goes back to.
 
 `MapRun` (scheduling.py) calls `on_death` for every worker that died or was killed while it held
-items. This reads the worker's status words (which item, which step) and its fault record, once
-(`crash.autopsy.ended`), asks the crash package what the death means for the item in flight
-(`crash.verdict.charge`) and applies the verdict to the map's queues. The walk from a death to
-the user's message is in `hardy/crash/__init__.py`.
+items, and `while_idle` for one that died with nothing to do. This reads the worker's status words
+(which item, which step) and its fault record, once (`crash.autopsy.ended`), asks the crash package
+what the death means (`crash.blame` for a thread the work did not start, `crash.verdict` for the
+item in flight, a batched call or a death between items) and applies the answers: the results
+sink fails or retries items, the map's queues take back the innocent ones, the pool replaces the
+worker. It decides nothing about a death itself. The walk from a death to the user's message is
+in `hardy/crash/__init__.py`.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..crash import verdict
-from ..crash.autopsy import Ending, ended, examine, outside_items
-from ..errors import NodeCrashed, NodeError, ShippingError, WorkerStartError
+from ..crash import blame, verdict
+from ..crash.autopsy import Ending, ended
+from ..errors import NodeError, WorkerStartError
 from ..model.policy import delay
 from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
@@ -29,10 +32,6 @@ if TYPE_CHECKING:
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
-
-MAX_THREAD_RERUNS = 3  # times an item runs again after crashes in threads it did not start, before it fails
-RERUN, CHARGE = "rerun", "charge"  # what a crash in a thread the work in flight did not start means (`not_its_thread`)
-
 
 class Deaths:
     """The part of a map's run (`scheduling.MapRun`) that handles worker deaths. Its inputs: the
@@ -52,17 +51,16 @@ class Deaths:
         self.retry, self.due, self.attempts, self.sealed, self.singly = retry, due, attempts, sealed, singly
         self.poison = poison
         self.blameless: dict[int, int] = {}  # items run again after crashes in others' threads (`not_its_thread`)
+        self.map = blame.Map(tuple(s.node.name for s in plan.steps), began)  # what a thread's record refers to
 
     def send_sealed(self, chunk: list[int], why: str, alone: bool = False) -> None:
-        """A chunk that could not be unpickled in the worker, or whose unpickling killed it, or
-        that killed it while its results were pickled: sent again (first) sealed, so that each
-        item's inputs are opened one by one (`alone`: and each result is sent alone), and the item
-        at fault fails alone (`chunks.open_item`, `died_between_items`). A sealed chunk that fails so
-        (nothing an item holds can make it) fails its items: no loop."""
-        if self.sealed.get(chunk[0], 0) >= 1 + alone:
-            for i in chunk:
-                self.results.fail(i, ShippingError(readers(self.plan, None), None, i, f"its chunk could not be "
-                                                   f"unpickled in the worker process, even sealed: {why}"))
+        """A chunk that could not be unpickled in the worker, or whose unpickling or results killed
+        it: sent again (first) sealed, or its items fail when it was sealed so already, as
+        `verdict.reseal` says."""
+        failed = verdict.reseal(chunk, self.sealed, alone, readers(self.plan, None), why)
+        for i, err in failed:
+            self.results.fail(i, err)
+        if failed:
             return
         self.sealed.update(dict.fromkeys(chunk, 1 + alone))
         size = -(-len(chunk) // (2 * self.pool.size))  # in pieces, for every worker to share: it runs last
@@ -89,11 +87,8 @@ class Deaths:
         says."""
         steps = self.plan.steps
         node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
-        thread = end.record.thread if not end.killed_for else None
-        times = self.blameless.get(i, 0)
-        said = "" if thread is None else f", in thread {thread['name']!r} ({self.started_by(thread)})" + (
-            f", {times} time(s) while this item ran" if times else "")  # its own, or one that kept coming
-        found = verdict.charge(end, i, node, _inputs(self.items[i]), self.attempts.get(i, 0), self.poison, said)
+        found = verdict.charge(end, i, node, _inputs(self.items[i]), self.attempts.get(i, 0), self.poison, self.map,
+                               self.blameless.get(i, 0))
         err = found.error
         if found.poison is not None:
             key, item, inner = found.poison
@@ -126,26 +121,24 @@ class Deaths:
         end = ended(w.fault_path, w.process.exitcode, w.killed_for, w.kill_detail, w.hang)
         item, step = int(w.status.item), int(w.status.step)
         foreign = self.not_its_thread(w, end, item)
-        in_flight = item if item in w.unsent and not foreign else None
-        if item == words.BATCH and w.unsent and not foreign:
+        in_flight = item if item in w.unsent and foreign is None else None
+        if item == words.BATCH and w.unsent and foreign is None:
             in_flight = self.split(w, end)
-        crash = (end.signal, end.reason, w.process.exitcode, end.record.stack)
-        if foreign == RERUN:
+        if foreign is not None and foreign.rerun:
             pass  # its items go back below, none blamed (`not_its_thread` said why)
-        elif foreign:  # it kept meeting such crashes: the item it holds first is charged, whatever it did
-            first = item if item in w.unsent else next(iter(w.unsent))
-            del w.unsent[first]
-            self.charge(w, end, first, step if first == item else -1)
+        elif foreign is not None:  # it kept meeting such crashes: the item it holds first is charged
+            del w.unsent[foreign.first]
+            self.charge(w, end, foreign.first, step if foreign.first == item else -1)
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
-            self.died_opening(in_flight, words.OPENING - step, crash)
+            self.died_opening(end, in_flight, words.OPENING - step)
         elif in_flight is not None:
             del w.unsent[in_flight]
             self.charge(w, end, in_flight, step)
         elif item == words.BATCH:
             pass  # a batch it died in is queued again one item per call (`split`)
         elif item in (words.READING, words.SENDING, words.LOADING) and w.unsent:
-            self.died_between_items(w, item, step, crash)
+            self.died_between_items(w, end, item, step)
         elif w.status.ready != 1.0:  # (preload= modules load in the fork server, which says so)
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies setting up: retrying would loop forever
@@ -159,108 +152,55 @@ class Deaths:
                      f"because {end.record.exit_how}" if end.record.exit_how else "after a CUDA error")
         else:
             log.warning("a worker died with no item in flight (%s); its results were already kept%s", end.reason,
-                        after_return(end, self.plan, self.began))
+                        blame.after_return(end, self.map))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
         w.unsent = {}
         w.plan = None
         pool.replace(slot, stop=False)
 
-    def not_its_thread(self, w: Worker, end: Ending, item: int) -> str:
-        """Whether the worker died in a Python thread that the work in flight did not start (a
-        prefetch or I/O thread of an earlier item's node, one started while the plan loaded): RERUN
-        when its items then run again, none blamed (a warning names the thread and the item whose
-        node started it); CHARGE for an item that keeps dying so, after MAX_THREAD_RERUNS (`charge`
-        names the thread), so this never loops; "" when the crash is the work's own: in the main
-        thread, in a thread running the plan's code or in a native thread (an OpenMP team), as
-        `crash.record.thread_line` tells, or in a thread the item in flight started."""
-        thread = end.record.thread
-        if thread is None or w.killed_for or not w.unsent:
-            return ""
-        started = thread.get("started") or [words.IDLE, -1, 0.0, 0.0]
-        if started[3] >= self.began and (item >= 0 and started[0] == item or item == words.BATCH and started[0] == item
-                                         and started[2] == w.status.step_start):
-            return ""  # a thread the item (or the batch call) running now started: its own
-        first = item if item in w.unsent else next(iter(w.unsent))
-        self.blameless[first] = self.blameless.get(first, 0) + 1
-        if self.blameless[first] > MAX_THREAD_RERUNS:
-            return CHARGE
-        steps, step = self.plan.steps, int(started[1]) if started[3] >= self.began else -1
-        death = examine(end.record, end.signal, end.reason, steps[step].node.name if 0 <= step < len(steps) else "?",
-                        end.record.threads)
-        log.warning("a worker died in thread %r (%s), not in the work in flight: %s. Item(s) %s run again, not "
-                    "blamed (%d of %d)%s", thread["name"], self.started_by(thread), death.reason,
-                    ", ".join(map(str, w.unsent)), self.blameless[first], MAX_THREAD_RERUNS,
-                    f"\nnative stack:\n{death.native_stack}" if death.native_stack else "")
-        return RERUN
+    def not_its_thread(self, w: Worker, end: Ending, item: int) -> blame.Elsewhere | None:
+        """What a death in a Python thread the work in flight did not start means, as
+        `blame.elsewhere` says (None: the crash is the work's own); counted, and warned of when
+        the worker's items run again, none blamed."""
+        found = blame.elsewhere(end, item, w.status.step_start, list(w.unsent), self.blameless, self.map)
+        if found is not None:
+            self.blameless[found.first] = found.times
+            if found.rerun:
+                log.warning("%s", found.warning)
+        return found
 
-    def started_by(self, thread: dict[str, Any]) -> str:
-        return started_by(thread, self.plan, self.began)
-
-    def died_opening(self, i: int, k: int, crash: tuple[str | None, str, int | None, str]) -> None:
-        """Item i's input k killed the worker as it was unpickled there (a sealed chunk's)."""
-        signame, text, exitcode, stack = crash
+    def died_opening(self, end: Ending, i: int, k: int) -> None:
+        """Item i's input k killed the worker as it was unpickled there (a sealed chunk's): it
+        fails with `verdict.opening`'s error, which names the input."""
         item, name = self.items[i], None
         if isinstance(item, Pickled):
             what = f"input (types in it: {', '.join(globals_in(item.blob)) or 'builtins only'})"
         else:
             name = list(item)[k] if k < len(item) else "?"
             what = f"input {name!r} ({described(item.get(name))})"
-        self.results.fail(i, NodeCrashed(readers(self.plan, name), i, f"the worker process died ({text}) while "
-                                         f"unpickling its {what}, before the node ran", signal=signame,
-                                         exitcode=exitcode, stack=stack))
+        self.results.fail(i, verdict.opening(end, i, readers(self.plan, name), what))
 
-    def died_between_items(self, w: Worker, doing: int, count: int,
-                           crash: tuple[str | None, str, int | None, str]) -> None:
-        """The worker died with no node running: unpickling a chunk (READING: it is sent again
-        sealed), pickling a batch of `count` results (SENDING: those items run again sealed, each
-        result sent alone; an item alone fails), or loading the pipeline (LOADING: the chunk's
-        items fail, as when loading raises). `w.unsent` keeps the innocent items."""
-        unsent = list(w.unsent)
-        signame, text, exitcode, stack = crash
-        if doing == words.READING:
-            w.unsent = {}
-            self.send_sealed(unsent, f"the worker process died ({text}) unpickling it")
-            return
-        if doing == words.LOADING:
-            w.unsent = {}
-            for i in unsent:
-                self.results.fail(i, NodeCrashed("<pipeline>", i, f"the worker process died ({text}) while loading "
-                                                 "the pipeline (unpickling its nodes, importing their modules)",
-                                                 signal=signame, exitcode=exitcode, stack=stack))
-            return
-        batch = unsent[:max(1, count)]
-        w.unsent = dict.fromkeys(unsent[len(batch):])
-        if len(batch) > 1:
-            self.send_sealed(batch, f"the worker process died ({text}) pickling their results", alone=True)
-            return
+    def died_between_items(self, w: Worker, end: Ending, doing: int, count: int) -> None:
+        """The worker died with no node running, `doing` (a status word): its chunk is sent again
+        sealed or its items fail, as `verdict.between_items` says; `w.unsent` keeps the innocent."""
         producers = [s.node.name for s in self.plan.steps if set(s.node.outputs) & set(self.plan.outputs)]
-        self.results.fail(batch[0], NodeCrashed(
-            " / ".join(producers) or "?", batch[0], f"the worker process died ({text}) while pickling the item's "
-            "result to send it back, after its nodes ran; return plain data (numbers, arrays, dicts, paths)",
-            signal=signame, exitcode=exitcode, stack=stack))
+        found = verdict.between_items(end, doing, count, list(w.unsent), " / ".join(producers))
+        w.unsent = dict.fromkeys(found.unsent)
+        if found.seal:
+            self.send_sealed(found.seal, found.why, alone=found.alone)
+        for i, err in found.failed:
+            self.results.fail(i, err)
 
-
-def started_by(thread: dict[str, Any], plan: Plan | None, began: float) -> str:
-    """Who started a thread, as `crash.record.thread_line` noted it: `started by item 0, in node 'f'` of
-    `plan`, the map that began at `began` (monotonic); of an earlier map or run, item and node are
-    that one's, so the node is not named."""
-    item, step, _, when = thread.get("started") or [words.IDLE, -1, 0.0, 0.0]
-    steps = plan.steps if plan is not None and when >= began else ()
-    node = f", in node {steps[int(step)].node.name!r}" if 0 <= step < len(steps) else ""
-    earlier = "" if when >= began else " of an earlier map or run on this worker"
-    if item >= 0:
-        return f"started by item {int(item)}{earlier}{node}"
-    if item == words.BATCH:
-        return f"started by a batch call{earlier}{node}"
-    return "started outside any item (while the worker loaded a pipeline, or between items)"
-
-
-def after_return(end: Ending, plan: Plan | None = None, began: float = 0.0) -> str:
-    """What a worker's fault record says of a death outside any item (`crash.autopsy.outside_items`),
-    with who started the thread it died in, as lines to add to the warning."""
-    thread = end.record.thread
-    return outside_items(end, started_by(thread, plan, began) if thread else "")
+    def while_idle(self, slot: int, w: Worker) -> None:
+        """`w` died while it had nothing to do: it is replaced, and nothing it was handed is blamed."""
+        end = ended(w.fault_path, w.process.exitcode)
+        log.warning("worker %d died while idle (%s); replacing it%s", w.number, end.reason,
+                    blame.after_return(end, self.map))
+        if w.unsent:  # (handed just as it died, never read: it goes first to the next worker)
+            self.retry.appendleft(list(w.unsent))
+        w.plan, w.unsent = None, {}
+        self.pool.replace(slot, stop=False)
 
 
 def _inputs(item: Any) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..crash.autopsy import ended
 from ..crash.stacks import hang_stacks
 from ..errors import (
     GpuOutOfMemory,
@@ -38,7 +37,7 @@ from ..shipping import (
 )
 from ..shipping.replica import dump_values, replica
 from . import status as words
-from .deaths import Deaths, after_return
+from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Worker, rss
 
@@ -138,7 +137,7 @@ class MapRun:
                 unneeded.append(slot)
                 continue
             if w is not None and not w.process.is_alive():
-                self.replace_idle(slot, w)
+                self.deaths.while_idle(slot, w)
                 w = None
             if w is None:
                 w = pool.start_worker(slot)
@@ -316,16 +315,6 @@ class MapRun:
             w.send(pickle.dumps(Resend(list(w.unsent))))
             w.resend = False
         return True
-
-    def replace_idle(self, slot: int, w: Worker) -> None:
-        """`w` died while it had nothing to do: it is replaced, and nothing it was handed is blamed."""
-        end = ended(w.fault_path, w.process.exitcode)
-        log.warning("worker %d died while idle (%s); replacing it%s", w.number, end.reason,
-                    after_return(end, self.plan, self.began))
-        if w.unsent:  # (handed just as it died, never read: it goes first to the next worker)
-            self.retry.appendleft(list(w.unsent))
-        w.plan, w.unsent = None, {}
-        self.pool.replace(slot, stop=False)
 
     def take_outputs(self, unsent: dict[int, Any], first: int | None, outputs: list[Any]) -> None:
         """A batch of outputs only (`Header.outputs`), one per item with no result yet, in their

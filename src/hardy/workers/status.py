@@ -7,8 +7,10 @@ start is `time.monotonic()`, the clock of the node log (observe/nodelog.py); the
 are small integers, exact in a double. `ready` turns 1 once the worker is set up (so a death before
 is its setup's: preload_libs, the environment; a death after never is). Between items, `item` says
 what the worker does: IDLE, READING a message (a chunk's items are unpickled then), or SENDING
-results (pickled then), and `step` how many results that batch holds. `deadline`: the deadline of
-a node nested in a step (crash.containment.deadlined), for the parent to enforce.
+results (pickled then), and `step` how many results that batch holds. Those words are defined in
+`crash/doing.py`, beside the crash package that reads them after a death to decide what it
+means. `deadline`: the deadline of a node nested in a step (crash.containment.deadlined), for the
+parent to enforce.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..crash.doing import BATCH as BATCH  # what `item` says between items: the crash package reads them
+from ..crash.doing import IDLE as IDLE
+from ..crash.doing import LOADING as LOADING
+from ..crash.doing import OPENING as OPENING
+from ..crash.doing import READING as READING
+from ..crash.doing import SENDING as SENDING
 from ..observe.nodelog import LOG
 from ..observe.nodelog import STEP as STEP_NAMED
 
-# What `item` says between items, as floats: the words are doubles, and a float is stored as it is
-# (an int is converted, a float made, at every store: they are stored per item, on the hot path).
-IDLE, READING, SENDING, LOADING = -1.0, -3.0, -4.0, -5.0  # LOADING: the pipeline, its nodes' modules
-BATCH = -2.0  # `item` while a batched node's call runs: the parent splits the batch if the worker dies
 NO_STEP = -1.0  # `step` between steps
-OPENING = -2  # `step` while a sealed item's input k is unpickled: OPENING - k (`item` is the item)
 FLUSH_EVERY = 0.005  # seconds: fast items are batched, slow items are reported one by one
 RETIRED = 75  # the exit code of a worker that left after a sticky CUDA error (or a GPU OOM to retry)
 
