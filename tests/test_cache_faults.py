@@ -97,22 +97,29 @@ def square(x):
 """
 
 PREPARE = """
-import sys
+import os, sys
 sys.path.insert(0, sys.argv[2])
 from squares import square
-from hardy import DiskCache, Pipeline
-Pipeline(nodes=[square], cache=DiskCache(sys.argv[1])).map(inputs={"x": list(range(20))}, map_over="x")
+from hardy import DiskCache, Engine, Pipeline
+engine = Engine(map_executor="sequential") if sys.argv[3] == "unfolded" else None
+Pipeline(nodes=[square], cache=DiskCache(sys.argv[1]), engine=engine).map(inputs={"x": list(range(20))}, map_over="x")
+if sys.argv[3] == "unfolded":  # ended before its index's write-ahead log was folded in (killed, in effect)
+    os._exit(0)
 """
 
 
-def test_a_read_only_prepared_cache_is_served_and_never_written(read_only_view, tmp_path, caplog, monkeypatch):
+@pytest.mark.parametrize("ending", ["exits", "unfolded"])
+def test_a_read_only_prepared_cache_is_served_and_never_written(read_only_view, tmp_path, caplog, monkeypatch,
+                                                                ending):
     caplog.set_level(logging.WARNING, "hardy.cache")
     source, view = read_only_view
     (tmp_path / "squares.py").write_text(SQUARES)
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("CALLS", str(calls))
     monkeypatch.syspath_prepend(str(tmp_path))
-    subprocess.run([sys.executable, "-c", PREPARE, str(source / "c"), str(tmp_path)], check=True)
+    subprocess.run([sys.executable, "-c", PREPARE, str(source / "c"), str(tmp_path), ending], check=True)
+    wal = source / "c" / "index.sqlite-wal"
+    assert (ending == "unfolded") <= (wal.exists() and wal.stat().st_size > 0)  # the log the reader must see
     before = sorted(p.name for p in (source / "c").rglob("*"))
     calls.write_text("")
     from squares import square

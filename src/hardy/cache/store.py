@@ -88,6 +88,15 @@ class Store(Protocol):
     def exists(self) -> bool: ...
 
 
+def _unfolded(db: str) -> bool:
+    """Whether `db` has a write-ahead log with writes not yet folded into it, and the -shm file that
+    lets a reader see them without writing anything."""
+    try:
+        return os.path.getsize(db + "-wal") > 0 and os.path.exists(db + "-shm")
+    except OSError:
+        return False
+
+
 def is_corruption(exc: sqlite3.Error) -> bool:
     """Only a damaged file is corruption; a full disk, a read-only mount, missing permission, an I/O
     error or a lock held past the timeout are faults of the environment, and leave the index alone."""
@@ -212,9 +221,12 @@ class LocalStore:
         timeout (a lock upgrade SQLite refuses rather than risk a deadlock): that is retried. A
         directory we cannot write to (a read-only mount of a prepared cache) is opened read-only."""
         if os.path.exists(self._db) and not os.access(self.path, os.W_OK):  # (index first: it implies the folder)
-            # Nobody can write a read-only mount: the index is immutable (no -shm needed). A
-            # directory only we cannot write to is opened read-only, seeing others' writes.
-            mode = "immutable=1" if os.statvfs(self.path).f_flag & os.ST_RDONLY else "mode=ro"
+            # Nobody can write a read-only mount: the index is immutable (no -shm needed), unless
+            # its writer ended before folding its write-ahead log into it (a process killed, or one
+            # whose workers still held the index): SQLite reads that log read-only through the -shm
+            # file beside it. A directory only we cannot write to is opened read-only, seeing others' writes.
+            frozen = os.statvfs(self.path).f_flag & os.ST_RDONLY and not _unfolded(self._db)
+            mode = "immutable=1" if frozen else "mode=ro"
             return sqlite3.connect(f"file:{self._db}?{mode}", uri=True, isolation_level=None,
                                    check_same_thread=False)
         self._private_index()
