@@ -652,3 +652,51 @@ def test_a_fork_server_killed_from_outside_leaves_no_folder(tmp_path):
                          timeout=120, env=_env(tmp_path))
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["[{'y': 4}]", "[]"], run.stdout
+
+
+HOLDS_A_SERVER = """
+    import sys
+    import psutil
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y")
+    def twice(x):
+        return 2 * x
+
+    engine = Engine(workers=1)
+    p = Pipeline([twice], engine=engine)
+    p.map(inputs={"x": [1]}, map_over="x")
+    [server] = [c for c in psutil.Process().children() if any("hardy-server-" in a for a in c.cmdline())]
+    print(server.pid, server.cmdline()[-1], flush=True)
+    sys.stdin.readline()  # until the test says: map again
+    print(p.map(inputs={"x": [2]}, map_over="x"), flush=True)
+"""
+
+
+def test_a_server_killed_with_its_parent_leaves_a_folder_the_next_server_removes(tmp_path):
+    """SIGKILL ends a fork server and its parent with no clean-up (a cluster's worker killed at
+    shutdown, with the server it started): the folder stays until the next fork server of this
+    user starts, which removes it, and leaves a live server's folder, however old, alone."""
+    env = _env(tmp_path)
+    killed, live = (subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDS_A_SERVER)], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2))
+    try:
+        (killed_server, killed_folder), (_, live_folder) = (p.stdout.readline().split() for p in (killed, live))
+        os.kill(int(killed_server), signal.SIGKILL)
+        killed.kill()
+        killed.wait()
+        assert os.path.isdir(killed_folder)
+        long_ago = time.time() - 3600
+        for folder in (killed_folder, live_folder):
+            os.utime(folder, (long_ago, long_ago))
+        starts = subprocess.run([sys.executable, "-c", textwrap.dedent(HOLDS_A_SERVER)], input="\n", env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert starts.stdout.splitlines()[-1] == "[{'y': 4}]", starts.stderr
+        assert not os.path.exists(killed_folder) and os.path.isdir(live_folder)
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.stdout.readline().strip() == "[{'y': 4}]"
+    finally:
+        for p in (killed, live):
+            p.kill()
+            p.wait()

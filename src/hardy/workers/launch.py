@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..errors import WorkerStartError
-from .lifeline import die_with_parent, kill_group
+from .lifeline import die_with_parent, kill_group, sweep_leftovers
 
 log = logging.getLogger("hardy.workers")
 
@@ -147,6 +147,7 @@ class ForkServer:
     """A hardy fork server process: started clean (fork+exec), reachable only by this process."""
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
+        sweep_leftovers(tempfile.gettempdir(), "hardy-server-")  # what killed servers left
         self.folder = tempfile.mkdtemp(prefix="hardy-server-")  # 0700: nobody else may enter
         _starting.add(self.folder)  # removed by a SIGTERM handler until the server owns it
         self.address = os.path.join(self.folder, "socket")

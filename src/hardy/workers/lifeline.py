@@ -19,6 +19,10 @@ every process it adopted as it collects the worker (`server.py`). A subreaper al
 exit status of the orphans it adopted, which nobody else will: a worker, whose nodes wait for
 their own children, cannot tell those apart, so it leaves once too many have piled up
 (`ZOMBIES_MAX`, `retiring`), and its fork server collects them all.
+
+What no process can clean up after itself is a SIGKILL: a fork server killed with its parent (a
+cluster's worker killed at shutdown) leaves its folder. The next fork server of the same user
+removes such leftovers (`sweep_leftovers`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ import _thread
 import ctypes
 import os
 import select
+import shutil
 import signal
+import socket
+import stat
+import time
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -178,3 +186,55 @@ def retiring(pid: int) -> bool:
         return False
     states = _processes()
     return sum(states.get(int(c), (0, ""))[1] == "Z" for c in children) >= ZOMBIES_MAX
+
+
+LEFTOVER_AGE = 60.0  # seconds: a server folder this old that no process serves is a killed server's
+
+
+def sweep_leftovers(folder: str, prefix: str) -> None:
+    """Remove the folders in `folder` named `prefix...` that this user's killed servers left: each
+    ours (owner, a real directory, not a link), older than LEFTOVER_AGE (a server starts in far less),
+    named in no running process's command line (a server has its folder there) and whose socket
+    takes no connection (a server this /proc cannot see, in another PID namespace, still would)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return
+    now, uid = time.time(), os.getuid()
+    old = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and now - st.st_mtime > LEFTOVER_AGE:
+            old.append(path)
+    if not old:
+        return
+    served = _named_in_command_lines(prefix)
+    for path in old:
+        if path not in served and not _answers(os.path.join(path, "socket")):
+            shutil.rmtree(path, ignore_errors=True)  # (fd-based on Linux: a planted link is not followed)
+
+
+def _named_in_command_lines(prefix: str) -> set[str]:
+    named: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            named.update(os.fsdecode(a) for a in args if prefix.encode() in a)
+    return named
+
+
+def _answers(address: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(address)
+        except OSError:  # refused (nobody listens), absent, or not a socket
+            return False
+    return True
