@@ -233,8 +233,11 @@ def _named_in_command_lines(prefix: str) -> set[str]:
 
 def _answers(address: str) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)  # a live server whose queue is full (workers asked for while it imports) makes us wait
         try:
             s.connect(address)
+        except TimeoutError:  # someone listens: alive
+            return True
         except OSError:  # refused (nobody listens), absent, or not a socket
             return False
     return True
