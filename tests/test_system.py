@@ -41,7 +41,18 @@ def test_import_hardy_elsewhere_than_linux_is_one_clear_error(platform):
     assert out.stdout.strip() == "['hardy', 'hardy.system']"
 
 
-def test_import_hardy_on_linux_loads_the_package():
+def test_import_hardy_on_linux_loads_the_api_on_first_use():
+    """`import hardy` loads its errors; the pipeline API loads when a script first names it (a fork
+    server imports hardy's worker modules and never the API: a first map waits for it to boot)."""
     out = import_hardy_on(sys.platform)
     assert out.returncode == 0, out.stderr
-    assert "hardy.engine" in out.stdout
+    assert "hardy.errors" in out.stdout and "hardy.engine" not in out.stdout
+    script = ("import sys, hardy\nfrom hardy import *\nimport hardy.workers.worker\n"
+              "print(Pipeline.__module__, Engine.__module__, node.__module__, sorted(set(hardy.__all__) - set(dir())))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["hardy.api.pipeline", "hardy.engine.core", "hardy.model.node", "[]"]
+    worker_only = subprocess.run([sys.executable, "-c", "import sys, hardy.workers.worker\n"
+                                  "print(sorted(m for m in sys.modules if m.startswith('hardy.api')))"],
+                                 capture_output=True, text=True, timeout=60)
+    assert worker_only.stdout.strip() == "[]", worker_only.stderr

@@ -8,10 +8,9 @@ raises, these included, is importable from `hardy.errors`. The rest of the packa
 implementation.
 """
 
+from typing import TYPE_CHECKING
+
 from . import system  # noqa: F401  # first: on any platform but Linux, import stops here, saying why
-from .api.nesting import PipelineNode
-from .api.pipeline import Pipeline
-from .engine import Engine
 from .errors import (
     CudaError,
     Failed,
@@ -23,9 +22,15 @@ from .errors import (
     NodeError,
     NodeTimeout,
 )
-from .model.node import Node, node
-from .model.stateful import stateful
-from .observe import CallbackContext, PipelineCallback
+
+if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
+    from .api.nesting import PipelineNode
+    from .api.pipeline import Pipeline
+    from .cache import DiskCache
+    from .engine import Engine
+    from .model.node import Node, node
+    from .model.stateful import stateful
+    from .observe.callbacks import CallbackContext, PipelineCallback
 
 __version__ = "0.1.0"
 
@@ -41,9 +46,20 @@ MOVED_TO_ERRORS = frozenset({
 })
 
 
+# The names a script uses load on first use (PEP 562): a fork server imports hardy's worker modules,
+# which never need the pipeline API, and a first map waits for that server to boot. They load
+# together (they share most of their modules), with the cyclic garbage collector paused: an import
+# allocates thousands of objects that nothing frees, and the collections they trigger walk every
+# object alive (several ms in all).
+API = ("Pipeline", "PipelineNode", "Engine", "node", "Node", "stateful", "PipelineCallback", "CallbackContext")
+
+
 def __getattr__(name: str) -> object:
-    # The cache (sqlite3, pickle, hmac) and Daft load on first use, keeping `import hardy` fast;
-    # daft_engine() stays out of __all__ so that `import *` works without the daft extra.
+    # The cache (sqlite3, pickle, hmac) and Daft load on their own first use; daft_engine() stays
+    # out of __all__ so that `import *` works without the daft extra.
+    if name in API:
+        globals().update(_api())
+        return globals()[name]
     if name == "DiskCache":
         from .cache import DiskCache
         return DiskCache
@@ -58,6 +74,29 @@ def __getattr__(name: str) -> object:
                       DeprecationWarning, stacklevel=2)
         return getattr(errors, name)
     raise AttributeError(f"module 'hardy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *API, "DiskCache"})
+
+
+def _api() -> dict[str, object]:
+    import gc
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from .api.nesting import PipelineNode
+        from .api.pipeline import Pipeline
+        from .engine import Engine
+        from .model.node import Node, node
+        from .model.stateful import stateful
+        from .observe.callbacks import CallbackContext, PipelineCallback
+    finally:
+        if collecting:
+            gc.enable()
+    return {"Pipeline": Pipeline, "PipelineNode": PipelineNode, "Engine": Engine, "node": node, "Node": Node,
+            "stateful": stateful, "PipelineCallback": PipelineCallback, "CallbackContext": CallbackContext}
+
 
 __all__ = [
     "node", "Node", "Pipeline", "PipelineNode", "Engine", "Failed", "stateful", "DiskCache",

@@ -400,6 +400,7 @@ class Pipeline:
         """
         if engine is not None and engine is not self._engine:
             return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
+        self._engine.executor  # noqa: B018  # made first: a first map's fork server boots while the plan is made
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = map_items(values, over, map_mode, lazy=False)
         if plan.cache is not None and items:

@@ -2,19 +2,27 @@
 
 Both stay off the hot path when unused: with no callback registered, plans are compiled without
 instrumentation, and progress costs one counter increment per item.
+
+The names below load on first use (PEP 562): a worker imports this package for its node log
+(`nodelog`) alone, and the run report's modules would lengthen every fork server's boot.
 """
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .callbacks import CallbackContext, PipelineCallback
-from .progress import MapProgress
-from .report import RunReport
+if TYPE_CHECKING:
+    from .callbacks import CallbackContext, PipelineCallback
+    from .otel import OpenTelemetryCallback
+    from .progress import MapProgress
+    from .report import RunReport
 
 __all__ = ["CallbackContext", "PipelineCallback", "MapProgress", "RunReport", "OpenTelemetryCallback"]
 
+_HOMES = {"CallbackContext": "callbacks", "PipelineCallback": "callbacks", "MapProgress": "progress",
+          "RunReport": "report", "OpenTelemetryCallback": "otel"}  # (otel: the optional extra)
+
 
 def __getattr__(name: str) -> Any:
-    if name == "OpenTelemetryCallback":  # the otel extra is optional
-        from .otel import OpenTelemetryCallback
-        return OpenTelemetryCallback
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'hardy.observe' has no attribute {name!r}")

@@ -51,7 +51,9 @@ log = logging.getLogger("hardy.workers")
 
 _HARDY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s"
-SERVER_BOOT = _BOOT % "server import serve; serve()"
+# The server's collector stays paused through its imports and `preload` (objects that live as long
+# as the process: collections would only walk them), until `server._settle` freezes them.
+SERVER_BOOT = "import gc; gc.disable(); " + _BOOT % "server import serve; serve()"
 IMPORTING = "importing"  # the file in a server's folder naming the preload module it imports now
 
 
@@ -176,6 +178,7 @@ class ForkServer:
         _ends.add(self.process.stdin)
         self.process.stdin.write(pickle.dumps(config))
         self.process.stdin.flush()  # stays open: its end-of-file tells the server we are gone
+        import hmac  # noqa: F401  # (the challenge's: its first import loads OpenSSL, done while the server boots)
 
     @property
     def alive(self) -> bool:

@@ -122,6 +122,7 @@ def _settle(failure: str | None) -> None:
     if failure is None:
         cap_loaded_runtimes()
     gc.freeze()
+    gc.enable()  # (paused since the server's start: `launch.SERVER_BOOT`)
 
 
 def _answer(listener: socket.socket, config: dict[str, Any], failure: str | None,
