@@ -217,6 +217,10 @@ FIRST = textwrap.dedent("""
 """)
 
 
+SERVER_IMPORTS = "import time, gc; gc.disable(); t = time.perf_counter(); " \
+    "import hardy.workers.server, hardy.workers.worker; print(time.time(), time.perf_counter() - t)"
+
+
 def first(rows: list) -> None:
     # compiled bytecode, as an installed package has it (this machine may set PYTHONDONTWRITEBYTECODE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -232,21 +236,26 @@ def first(rows: list) -> None:
             done = time.time()
             fields = [float(v) for v in out.stdout.split()]
             return fields[0] - t, done - t, fields[1:]
-        bare, maps_, ends, imports, mapping = [], [], [], [], []
+        took: dict[str, list] = {k: [] for k in ("bare", "nosite", "map", "end", "import", "mapping", "server")}
         for _ in range(ROUNDS):
-            bare.append(launch(["-c", "import time; print(time.time())"])[0])
+            took["bare"].append(launch(["-c", "import time; print(time.time())"])[0])
+            took["nosite"].append(launch(["-S", "-c", "import time; print(time.time())"])[0])
+            took["server"].append(launch(["-c", SERVER_IMPORTS])[2][0])
             ready, ended, (imported, mapped) = launch([script])
-            maps_.append(ready)
-            ends.append(ended)
-            imports.append(imported)
-            mapping.append(mapped)
-    k = min(range(ROUNDS), key=maps_.__getitem__)
+            took["map"].append(ready)
+            took["end"].append(ended)
+            took["import"].append(imported)
+            took["mapping"].append(mapped)
+    k = min(range(ROUNDS), key=took["map"].__getitem__)
+    bare, server = min(took["bare"]), min(took["server"])
     rows.append(("first default map, 10 items, fresh interpreter", "bare interpreter: `python -c` to its first line",
-                 f"{min(bare) * 1e3:.0f} ms", ""))
-    rows.append(("", "launch to the first map's results", f"{maps_[k] * 1e3:.0f} ms",
-                 f"+{(maps_[k] - min(bare)) * 1e3:.0f} ms (target <= +100 ms): import hardy "
-                 f"{imports[k] * 1e3:.0f} ms, the map {mapping[k] * 1e3:.0f} ms"))
-    rows.append(("", "launch to the process's exit (workers stopped)", f"{ends[k] * 1e3:.0f} ms", ""))
+                 f"{bare * 1e3:.0f} ms", f"of which site-packages' .pth files {(bare - min(took['nosite'])) * 1e3:.0f} ms"))
+    rows.append(("", "launch to the first map's results", f"{took['map'][k] * 1e3:.0f} ms",
+                 f"+{(took['map'][k] - bare) * 1e3:.0f} ms (target <= +100 ms): import hardy "
+                 f"{took['import'][k] * 1e3:.0f} ms, the map {took['mapping'][k] * 1e3:.0f} ms"))
+    rows.append(("", "  the map waits for the fork server: an interpreter and hardy's worker modules",
+                 f"{(bare + server) * 1e3:.0f} ms", f"their imports {server * 1e3:.0f} ms"))
+    rows.append(("", "launch to the process's exit (workers stopped)", f"{took['end'][k] * 1e3:.0f} ms", ""))
 
 
 def cpu(rows: list) -> None:

@@ -386,3 +386,43 @@ def test_stateful_resource_is_built_once_per_worker():
     in_process = Engine(map_executor="sequential")
     assert Pipeline(nodes=[predict], engine=in_process).run(inputs={"x": 2, "model": model})["pred"][0] == 6
     assert Model.builds == 1
+
+
+def test_the_fork_server_loads_the_pipeline_api_once_idle_for_the_workers_after(tmp_path):
+    """A first map's workers fork before hardy's pipeline API is imported (nothing of it runs
+    there); a user's module that a worker loads imports it (`from hardy import node`). Once the
+    server is idle it imports the API itself, so that later workers (a crash's replacement, a
+    recycled one) fork with it. Whichever worker loads the module, the call's answer is the same."""
+    (tmp_path / "api_user_mod.py").write_text(textwrap.dedent("""
+        import os, sys
+        with open(os.environ["HARDY_TEST_PROBE"], "a") as f:  # (before the import below)
+            f.write(f"{'hardy.api.pipeline' in sys.modules}\\n")
+        from hardy import node
+
+        @node(output_name="y")
+        def twice(x):
+            return 2 * x
+    """))
+    probe = tmp_path / "probe.txt"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(tmp_path)!r})
+        os.environ["HARDY_TEST_PROBE"] = {str(probe)!r}
+        import api_user_mod
+        from hardy import Engine, Pipeline
+        with Engine(max_tasks_per_worker=1, workers=1) as engine:  # a fresh worker per call
+            p = Pipeline([api_user_mod.twice], engine=engine)
+            answers = []
+            for attempt in range(100):
+                answers.append(p.run(inputs={{"x": attempt}})["y"])
+                if open({str(probe)!r}).read().split()[-1] == "True":
+                    break
+                time.sleep(0.1)
+            print(answers == [2 * k for k in range(len(answers))], len(answers))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    same, calls = out.stdout.split()
+    assert same == "True"
+    seen = probe.read_text().split()  # the parent's import (before its own of hardy), then each worker's
+    assert seen[0] == "False" and seen[-1] == "True" and len(seen) == int(calls) + 1

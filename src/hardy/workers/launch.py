@@ -40,12 +40,13 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable
-from multiprocessing import reduction
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerStartError
 from .lifeline import die_with_parent, kill_group, sweep_leftovers
+
+if TYPE_CHECKING:  # (multiprocessing's connections load after a fork server starts: `ForkServer`)
+    from multiprocessing.connection import Connection
 
 log = logging.getLogger("hardy.workers")
 
@@ -178,13 +179,18 @@ class ForkServer:
         _ends.add(self.process.stdin)
         self.process.stdin.write(pickle.dumps(config))
         self.process.stdin.flush()  # stays open: its end-of-file tells the server we are gone
-        import hmac  # noqa: F401  # (the challenge's: its first import loads OpenSSL, done while the server boots)
+        # What asking it for a worker needs, imported while it boots rather than before it starts: its
+        # connections, and the challenge's hmac, whose first import loads OpenSSL (milliseconds each).
+        import hmac  # noqa: F401
+        import multiprocessing.connection  # noqa: F401
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
+        from multiprocessing import reduction
+        from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
         ours, theirs = socket.socketpair()
         status: Connection | None = None
         try:
@@ -225,6 +231,7 @@ class ForkServer:
         """Until the server answers (a server that dies ends the connection too): after
         PRELOAD_WARN seconds a warning names the module it imports; after PRELOAD_TIMEOUT the
         server is killed and the map fails naming it."""
+        from multiprocessing.connection import wait
         if wait([status], min(PRELOAD_WARN, PRELOAD_TIMEOUT)):
             return
         module = self._importing()
@@ -278,6 +285,7 @@ class Forker:
         self.users: set[int] = set()
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
+        from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
         parent, main_thread = os.getpid(), threading.current_thread() is threading.main_thread()
         pid = os.fork()

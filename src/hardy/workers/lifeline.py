@@ -28,7 +28,6 @@ removes such leftovers (`sweep_leftovers`).
 from __future__ import annotations
 
 import _thread
-import ctypes
 import os
 import select
 import shutil
@@ -46,6 +45,7 @@ ZOMBIES_MAX = 100  # exited processes a worker may hold uncollected before it le
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     """Get `sig` when the parent ends. False if that happened already (no signal will come): the
     caller leaves its own way, a fork server through the clean-up that removes its folder."""
+    import ctypes  # (here: a first map's parent loads this module before its fork server starts)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
@@ -93,6 +93,7 @@ def kill_group(pgid: int) -> None:
 
 def become_subreaper() -> bool:
     """Adopt the processes under this one whose parent ends (Linux 3.4+); False where it cannot."""
+    import ctypes
     try:
         return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):

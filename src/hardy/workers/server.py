@@ -35,6 +35,7 @@ from ..safety.environment import cap_loaded_runtimes
 from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 
 AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
+IDLE_IMPORT = 0.05  # seconds without a request after which the server imports the pipeline API (`_import_api`)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -70,8 +71,13 @@ def serve() -> None:
         sel.register(wake_r, selectors.EVENT_READ, "child")
         sel.register(listener, selectors.EVENT_READ, "request")
         closing = [0, wake_r, wake_w, listener.fileno()]
+        idle: float | None = IDLE_IMPORT
         while True:
-            for key, _ in sel.select():
+            ready = sel.select(idle)
+            if not ready:  # idle since the first workers were asked for: what they may need later
+                _import_api(failure)
+                idle = None
+            for key, _ in ready:
                 if key.data == "parent":
                     serving[0] = False  # a SIGTERM from here on finds the clean-up under way
                     return  # end of file: the parent closed us or died
@@ -123,6 +129,20 @@ def _settle(failure: str | None) -> None:
         cap_loaded_runtimes()
     gc.freeze()
     gc.enable()  # (paused since the server's start: `launch.SERVER_BOOT`)
+
+
+def _import_api(failure: str | None) -> None:
+    """hardy's pipeline API, imported once the first workers have forked without it (a first map
+    waits for nothing it does not use): a user's module that a worker loads imports it (`from hardy
+    import node`), in each worker forked before this. Frozen as the preload is (`_settle`)."""
+    if failure is not None:
+        return
+    try:
+        import hardy
+        hardy.Pipeline  # noqa: B018  # (its first use loads the API: hardy/__init__.py)
+    except Exception:  # a worker that needs it says why
+        return
+    gc.freeze()
 
 
 def _answer(listener: socket.socket, config: dict[str, Any], failure: str | None,
