@@ -151,8 +151,7 @@ class ForkServer:
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
         sweep_leftovers(tempfile.gettempdir(), "hardy-server-")  # what killed servers left
-        self.folder = tempfile.mkdtemp(prefix="hardy-server-")  # 0700: nobody else may enter
-        _starting.add(self.folder)  # removed by a SIGTERM handler until the server owns it
+        self.folder = _new_folder()
         self.address = os.path.join(self.folder, "socket")
         self._key = os.urandom(32)
         self.users: set[int] = set()
@@ -373,6 +372,21 @@ def _stop_everything(wait: bool = True) -> None:
 
 _starting: set[str] = set()  # folders of fork servers being started
 _ends: weakref.WeakSet[Any] = weakref.WeakSet()  # this process's ends of its servers' and workers' pipes
+
+
+def _new_folder() -> str:
+    """A fresh 0700 folder for a server (nobody else may enter), named in `_starting` before it
+    exists: a SIGTERM handler that runs at any moment removes it, where one that ran between
+    `tempfile.mkdtemp` and the registration would have left it behind (as mkdtemp does, a random
+    name, created exclusively)."""
+    while True:
+        folder = os.path.join(tempfile.gettempdir(), f"hardy-server-{os.urandom(6).hex()}")
+        _starting.add(folder)  # removed by a SIGTERM handler until the server owns it
+        try:
+            os.mkdir(folder, 0o700)
+            return folder
+        except FileExistsError:
+            _starting.discard(folder)
 
 
 def _parent_end(conn: Connection) -> Connection:
