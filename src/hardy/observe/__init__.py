@@ -7,7 +7,6 @@ The names below load on first use (PEP 562): a worker imports this package for i
 (`nodelog`) alone, and the run report's modules would lengthen every fork server's boot.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,11 +17,18 @@ if TYPE_CHECKING:
 
 __all__ = ["CallbackContext", "PipelineCallback", "MapProgress", "RunReport", "OpenTelemetryCallback"]
 
-_HOMES = {"CallbackContext": "callbacks", "PipelineCallback": "callbacks", "MapProgress": "progress",
-          "RunReport": "report", "OpenTelemetryCallback": "otel"}  # (otel: the optional extra)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    if name in ("CallbackContext", "PipelineCallback"):
+        from . import callbacks
+        return getattr(callbacks, name)
+    if name == "MapProgress":
+        from .progress import MapProgress
+        return MapProgress
+    if name == "RunReport":
+        from .report import RunReport
+        return RunReport
+    if name == "OpenTelemetryCallback":  # the otel extra is optional
+        from .otel import OpenTelemetryCallback
+        return OpenTelemetryCallback
     raise AttributeError(f"module 'hardy.observe' has no attribute {name!r}")
