@@ -15,6 +15,7 @@ lookups around each call (see `_cache_prelude`); without one, none of that code 
 from __future__ import annotations
 
 import builtins
+import functools
 import keyword
 import re
 from collections.abc import Callable
@@ -39,7 +40,7 @@ class PlanSource:
         self._keys = keys
         self.steps, self.provided, self.inputs, self.outputs = plan.steps, plan.provided, plan.inputs, plan.outputs
         self.mode, self.cache, self.keyed = plan.mode, plan.cache, plan.keyed
-        self._marks = plan.marks[1] if plan.marks is not None else None
+        self._marks = plan.marks
         self._function_for = function_for
         self._reports_cached = reports_cached
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -50,9 +51,10 @@ class PlanSource:
         by_level: dict[int, list[int]] = {}
         for k, s in enumerate(self.steps):
             by_level.setdefault(s.level, []).append(k)
+        self._step_lines: list[str] = []  # the steps' lines, in order
         for level in sorted(by_level):
-            lines += self._level(by_level[level])
-        self.text = self._function(lines)
+            self._step_lines += self._level(by_level[level])
+        self.text = self._function(lines + self._step_lines)
 
     def _name_locals(self, ns: dict[str, Any]) -> list[str]:
         """Name each value's local after the value and each node's function after the node (unique,
@@ -91,7 +93,7 @@ class PlanSource:
             for k in ks:
                 lines.append(f"_s = {k}")
                 if self._marks is not None:  # (`Plan.marks`: a worker's status words name the step)
-                    lines.append(f"_st.{self._marks} = {float(k)}")  # (a double's word: no conversion)
+                    lines.append(f"_st[{self._marks.step}] = {float(k)}")  # (a double's word: no conversion)
                 lines += self._store(k, self._call(k, is_async))
             return lines
         for k in ks:  # look up what the cache has; the result is _MISS where the node must run
@@ -150,6 +152,36 @@ class PlanSource:
         return (f"{head} _run(_v, _item=None):\n    _s = 0\n    try:\n{body}\n"
                 f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
                 f"    return {{{result}}}\n")
+
+    def each_text(self, over: str | None) -> str:
+        """`_each(_xs, _c, _i, _columns, _due)`: the items of a chunk through the plan's steps in one
+        loop, for a worker whose plan only names its steps in the status words (`Plan.marks`).
+        `_xs` iterates the values of the input `over` (the other inputs are `_c`), or, `over`
+        None, each item's inputs; `_i` is the first item's index. Each item's outputs are appended
+        to `_columns`, a list per output (no tuple per item, nothing for the collector to track),
+        and the status words name the item while it runs. It returns (the next item's index,
+        None) once `_xs` is done or the clock passed `_due` (a batch of results is due), or (the
+        item's index, its NodeError) when one fails: the caller goes on from there, with the same
+        iterator."""
+        m = self._marks
+        assert m is not None
+        loop_var = "_v" if over is None else self.vars.get(over, "_x")
+        before = [] if over is None else [f"{self.vars[n]} = _c[{n!r}]" for n in self.provided
+                                          if n in self.vars and n != over]
+        reads = [f"{self.vars[n]} = _v[{n!r}]" for n in self.provided if n in self.vars] if over is None else []
+        body = _without_repeated_steps([*self._step_lines, *self._lazy_checks()])  # (from step 0: `_s = 0`)
+        appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
+        stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
+        return "\n".join([
+            "def _each(_xs, _c, _i, _columns, _due):", f"    {', '.join(appends)}, = [c.append for c in _columns]",
+            *(f"    {ln}" for ln in before),
+            f"    for {loop_var} in _xs:", *(f"        {ln}" for ln in reads),
+            f"        _st[{m.step}] = {float(m.no_step)}", f"        _st[{m.item}] = _i", "        _s = 0",
+            "        try:", *(f"            {ln}" for ln in body or ["pass"]),
+            "        except _Exception as _e:", "            return _i, _fail(_s, _e, locals())",
+            f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _i += 1.0",
+            "        if _clock() >= _due:", "            return _i, None",
+            "    return _i, None", ""])
 
     def _lazy_checks(self) -> list[str]:
         """A generator (or coroutine) a node returns as one of the plan's outputs fails that node:
@@ -303,8 +335,22 @@ class PlanSource:
 
 
 # Names the generated code uses itself (and builtins it calls): no local takes them.
-_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", *keyword.kwlist,
+_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", "_xs", "_c", "_i",
+                       "_columns", "_due", "_clock", "_x", *keyword.kwlist,
                        *dir(builtins)})
+
+
+@functools.lru_cache(maxsize=256)
+def columns_to_dicts(outputs: tuple[str, ...]) -> Callable[[list[list[Any]]], list[dict[str, Any]]]:
+    """The function making the columns `_each` fills (`PlanSource.each_text`) the plan's result
+    dicts, {output: value}, in the outputs' order: one generated comprehension (three times as
+    fast as `dict(zip(...))` per item, and a map's parent makes one per item)."""
+    names = [f"_{k}" for k in range(len(outputs))] or ["_"]
+    entries = ", ".join(f"{o!r}: {n}" for o, n in zip(outputs, names, strict=False))
+    ns: dict[str, Any] = {}
+    exec(f"def _dicts(_columns):\n    return [{{{entries}}} for {', '.join(names)}, in zip(*_columns)]\n", ns)
+    made: Callable[[list[list[Any]]], list[dict[str, Any]]] = ns["_dicts"]
+    return made
 
 
 def _identifier(name: str, taken: set[str]) -> str:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import CudaError, NodeError, PipelineRefused
 from ..observe.nodelog import BATCHED, CACHED, FAILED, LOG, RAISED, SPAN, WAIT
 from ..observe.nodelog import ITEM as BEGINS
 from ..observe.nodelog import STEP as STEP_NAMED
 from ..parts.batching import Batched, batched
+from ..plan.columns import built
 from ..plan.compiled import Plan
 from ..shipping import open_input, portable, unopened
 from ..shipping.replica import Refusal
@@ -23,9 +24,26 @@ from .replies import REPLIES
 from .status import BATCH, FLUSH_EVERY, IDLE, NO_STEP, OPENING, StatusWords
 
 
-def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]],
+class Span(NamedTuple):
+    """Consecutive items from `first` (a chunk's short forms, `Chunk.wire`): the values of the one
+    input mapped over, `over`, the others being `constants`; or, `over` None, each item's inputs."""
+
+    first: int
+    constants: dict[str, Any]
+    over: str | None
+    values: Sequence[Any]
+
+    def pairs(self) -> Iterable[tuple[int, dict[str, Any]]]:
+        """The items as (index, inputs) pairs."""
+        if self.over is None:
+            return enumerate(self.values, self.first)
+        return enumerate(built(self.constants, self.over, self.values), self.first)
+
+
+def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]] | Span,
               status: StatusWords, log: bool, sealed: int = 0, singly: bool = False) -> bool:
-    """Run the items, (index, inputs) pairs; `log`: their node calls are logged and each batch carries its log
+    """Run the items, (index, inputs) pairs or a `Span` (which a plain plan runs in its own loop,
+    `Plan.each`); `log`: their node calls are logged and each batch carries its log
     (observe/nodelog.py); `sealed`: the chunk is sent again after it could not be unpickled whole,
     so each item's inputs are opened one by one (`open_item`), and, 2, after its results could not be
     pickled without a crash: each result is then sent alone; `singly`: a batched node is called
@@ -42,6 +60,10 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
             REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
                            "behind, which only its end collects")
             return False
+    each = _own_loop(loaded, items, log)
+    if each is not None:
+        return _run_each(each, loaded, items, status, start)  # type: ignore[arg-type]
+    items = items.pairs() if isinstance(items, Span) else items
     if isinstance(loaded, str):  # it could not be loaded here, or was refused (`shipping.replica.Refusal`)
         cls = PipelineRefused if isinstance(loaded, Refusal) else NodeError
         REPLIES.producers = {}
@@ -81,6 +103,40 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     REPLIES.send(batch, True, clock() - start)
+    return True
+
+
+def _own_loop(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[int, dict[str, Any]]] | Span,
+              log: bool) -> Callable[..., Any] | None:
+    """The plan's own loop for `items` (`Plan.each`): for a `Span` through a plain plan whose node
+    calls are not logged."""
+    if not isinstance(items, Span) or isinstance(loaded, str) or log:
+        return None
+    return loaded[0].each(items.over)
+
+
+def _run_each(each: Callable[..., Any], loaded: tuple[Plan, dict[str, str]], span: Span, status: StatusWords,
+              start: float) -> bool:
+    """`run_chunk` for a plain plan (`Plan.marks`): its own loop runs the items (`Plan.each`),
+    their outputs appended to `REPLIES.outs` (a list per output), and comes back here when a
+    batch of results is due or an item failed."""
+    plan, REPLIES.producers = loaded
+    columns = REPLIES.take_outputs(span.first, plan.outputs)
+    values, i, end = iter(span.values), span.first, span.first + len(span.values)
+    clock = time.monotonic
+    while i < end:
+        at, err = each(values, span.constants, float(i), columns, clock() + FLUSH_EVERY)
+        i = int(at)
+        if err is not None:
+            REPLIES.to_rows()  # (a batch with a failure is rows)
+            REPLIES.first = i + 1  # (`outs` go on from the next item)
+            status.item = IDLE
+            if _failed(err, i, REPLIES.unsent, status, False, False, 0.0):
+                return False
+            i += 1
+        elif i < end:
+            REPLIES.send(REPLIES.unsent, False)
+    REPLIES.send(REPLIES.unsent, True, clock() - start)
     return True
 
 

@@ -15,7 +15,9 @@ import os
 import pickle
 import signal
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any, NamedTuple, NoReturn
 
 from ..crash import handler, mapped
 from ..crash.record import exit_line, nesting_line, thread_line, watch_threads
@@ -24,13 +26,14 @@ from ..errors import NodeError
 from ..model.executor import Row
 from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan.compiled import CAUGHT
+from ..plan.source import columns_to_dicts
 from ..shipping import dumps, out_of_band, transport
 from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
 from .status import IDLE, NO_STEP, SENDING, StatusWords
 
-Sent = tuple[list[Row], NodeLogBatch | None]  # a batch of results sent, with its node log
+Sent = tuple["list[Row] | Outputs", NodeLogBatch | None]  # a batch of results sent, with its node log
 
 
 class Forward(logging.Handler):
@@ -68,10 +71,26 @@ class Forward(logging.Handler):
         logging.captureWarnings(True)  # a node's (or the cache's) warnings too, as `py.warnings` records
 
 
+class Outputs(NamedTuple):
+    """The outputs of items `first`, `first` + 1, ..., as a plan's own loop keeps them (`Plan.each`:
+    a list per output), and how to make them result dicts."""
+
+    first: int
+    columns: list[list[Any]]
+    dicts: Callable[[list[list[Any]]], list[dict[str, Any]]]
+
+    def rows(self) -> list[Row]:
+        """As (item, ok, its result dict) rows."""
+        values = self.dicts(self.columns)
+        return list(zip(range(self.first, self.first + len(values)), repeat(True), values))
+
+
 class Replies:
     """The worker's side of the results: `unsent` holds the current chunk's results not sent
-    yet, `sent` the chunk's batches already sent (until the next chunk: the parent may ask for
-    them again), `producers` which node makes each output of the plan running, `names` its
+    yet, and `outs` the outputs of items from `first` on that a plan's own loop ran (`Plan.each`),
+    a list per output, which travel as they are when nothing else does (the parent makes them
+    dicts); `sent` the chunk's batches already sent (until the next chunk: the parent may ask
+    for them again), `producers` which node makes each output of the plan running, `names` its
     nodes by step while its calls are logged, `complete` where the node log's complete items end
     while a batched plan logs (`chunks.Arranged`)."""
 
@@ -80,6 +99,9 @@ class Replies:
         self.fd = -1  # the connection's descriptor
         self.status: StatusWords | None = None
         self.unsent: list[Row] = []
+        self.outs: list[list[Any]] = []  # (emptied in place: the plan's loop appends to these lists)
+        self.first = 0
+        self.dicts: Callable[[list[list[Any]]], list[dict[str, Any]]] = columns_to_dicts(())
         self.sent: list[Sent] = []
         self.producers: dict[str, str] = {}
         self.names: tuple[str, ...] | None = None
@@ -93,6 +115,30 @@ class Replies:
         self.forward.install(status)
         watch_threads(lambda: (status.item, status.step, status.step_start))  # for `thread_line`
 
+    def take_outputs(self, first: int, outputs: tuple[str, ...]) -> list[list[Any]]:
+        """`outs` for the outputs of the plan `outputs`, of items `first`, `first` + 1, ..."""
+        self.first, self.dicts = first, columns_to_dicts(outputs)
+        self.outs = [[] for _ in outputs]
+        return self.outs
+
+    def pending(self) -> int:
+        """How many items' outputs `outs` holds."""
+        return len(self.outs[0]) if self.outs else 0
+
+    def to_rows(self) -> None:
+        """`outs` as rows at the end of `unsent`: for a batch that holds more than outputs."""
+        n = self.pending()
+        if not n:
+            return
+        sending, self.sending = self.sending, True  # (last words wait: `outs` is moved whole)
+        try:
+            self.unsent += Outputs(self.first, self.outs, self.dicts).rows()
+            self.first += n
+            for column in self.outs:
+                column.clear()
+        finally:
+            self.sending = sending
+
     def send(self, batch: list[Row], done: bool, elapsed: float = 0.0, dying: bool = False) -> None:
         """A batch of results, pickled at once (fast), with the node log of its items when it is
         kept (the items that ended only, if `dying`). A value that cannot be pickled fails its
@@ -104,15 +150,19 @@ class Replies:
         assert status is not None  # (`start` set it, before any item ran)
         if not dying:  # (a dying worker's status words name the item that killed it)
             status.item = SENDING
-            status.step = len(batch)
+            status.step = len(batch) + self.pending()
         try:
             names = self.names
+            if self.pending():
+                if not (batch or dying or names is not None or self.forward.records) and self._send_outs(done, elapsed):
+                    return
+                self.to_rows()
             if names is None and not dying and not self.forward.records and all(map(_OK, batch)):
                 data = quick(list(map(_OUTPUT, batch)), main=False)  # the common batch: outputs, nothing else
                 if data is not None:
                     self.sent.append((batch[:], None))
-                    transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True),
-                                          data)
+                    transport.write_frame(
+                        self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, False), data)
                     batch.clear()
                     return
             if dying and self.complete is not None:  # a batched plan's log: only its items written whole
@@ -133,7 +183,7 @@ class Replies:
                     message, outputs = batch, False
                 packed = transport.pack(message, dumps)
             self.sent.append((batch[:], records))
-            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs)
+            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs, False)
             if packed.fds:
                 transport.send(self.conn, head, packed)
             else:
@@ -145,11 +195,24 @@ class Replies:
                 status.item = IDLE
                 status.step = NO_STEP
 
+    def _send_outs(self, done: bool, elapsed: float) -> bool:
+        """`outs` sent as they are (`Header.columns`), when they pickle plainly; False if not."""
+        data = quick(self.outs, main=False)
+        if data is None:
+            return False
+        transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, True), data)
+        self.sent.append((Outputs(self.first, [column[:] for column in self.outs], self.dicts), None))
+        self.first += self.pending()
+        for column in self.outs:
+            column.clear()
+        return True
+
     def resend(self, items: list[int]) -> None:
         """Items of the last chunk again, each pickled on its own, so that each is read on its
         own, with its own node log (None when not logged)."""
         outcomes: dict[int, tuple[bool, Any, NodeLogBatch | None]] = {}
-        for rows, records in self.sent:
+        for batch, records in self.sent:
+            rows = batch.rows() if isinstance(batch, Outputs) else batch
             for (i, ok, value), log in zip(rows, row_logs(records, len(rows))):
                 outcomes[i] = (ok, value, log)
         data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
@@ -167,7 +230,7 @@ class Replies:
         except Exception:
             pass
         transport.WRITERS = 1  # no threads started in a dying process: segments are written by this one
-        if self.unsent and not self.sending:
+        if (self.unsent or self.pending()) and not self.sending:
             self.send(self.unsent, False, dying=True)
         signal.alarm(LAST_WORDS_LIMIT)  # the results are out: the forensics get a limit of their own
         mapped.record(fault)  # which files the crash's libraries were mapped from (after: results first)
@@ -205,7 +268,7 @@ class Replies:
         stack) go to its crash record, then its last words. Nothing when no item is in flight and
         every result was sent (the worker's own exit)."""
         status = self.status
-        if not self.unsent and (status is None or int(status.item) == IDLE):
+        if not self.unsent and not self.pending() and (status is None or int(status.item) == IDLE):
             return
         try:
             os.write(fault, exit_line(how).encode())

@@ -14,8 +14,9 @@ import logging
 import pickle
 import select
 import time
+import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..crash.stacks import hang_stacks
@@ -26,6 +27,7 @@ from ..errors import (
 from ..model.policy import delay
 from ..parts.batching import batched
 from ..plan.compiled import Plan
+from ..plan.source import columns_to_dicts
 from ..shipping import (
     check_constants,
     context,
@@ -51,6 +53,9 @@ log = logging.getLogger("hardy.workers")
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
 CHUNK_LEAST = 0.005    # seconds of work below which a chunk is not cut smaller (`next_chunk`)
+# seconds of work in a worker's equal share of a short map from which it gets it in two chunks: the
+# parent takes the first one's results (a dict per item, made here) while the worker runs the second
+CHUNK_HALVED = 0.001
 STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 
 
@@ -74,9 +79,9 @@ class MapRun:
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.containment.poisoned_here`
         self.began = time.monotonic()  # (a thread started before was started by an earlier map's item)
-        self.deaths = Deaths(pool, plan, (self.plan_id, self.plan_msg), items, results, self.began, self.receive,
-                             retry=self.retry, due=self.due, attempts=self.attempts, sealed=self.sealed,
-                             singly=self.singly, poison=self.poison)
+        self.deaths = Deaths(pool, plan, (self.plan_id, self.plan_msg), items, results, self.began,
+                             _weakly(self.receive), retry=self.retry, due=self.due, attempts=self.attempts,
+                             sealed=self.sealed, singly=self.singly, poison=self.poison)
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
@@ -101,10 +106,13 @@ class MapRun:
         else:
             per_item = max(self.per_item, 1e-7)
             # but, once the time per item is known from a few items a worker, none is cut below
-            # CHUNK_LEAST of work, nor below an equal share of the map a worker: under that, the
-            # round trip of one more chunk costs more than the wait it saves
-            least = 0 if self.timed < 2 * self.pool.size else min(int(CHUNK_LEAST / per_item),
-                                                                   -(-len(self.items) // self.pool.size))
+            # CHUNK_LEAST of work, nor below an equal share of the map a worker (half a share when
+            # that is CHUNK_HALVED of work or more): under that, the round trip of one more chunk
+            # costs more than the wait it saves
+            share = -(-len(self.items) // self.pool.size)
+            if share * per_item >= CHUNK_HALVED:
+                share = -(-share // 2)
+            least = 0 if self.timed < 2 * self.pool.size else min(int(CHUNK_LEAST / per_item), share)
             size = min(int(CHUNK_TARGET / per_item), max(spread, least), remaining)
         size = max(1, size)
         if self.group:
@@ -274,7 +282,7 @@ class MapRun:
     def take(self, w: Worker, data: bytes) -> bool:
         """One message of the worker's; False when what it sends next is not this run's to read (its
         chunk is done: the next one's, or, released, another map's)."""
-        done, each, logged, unread, logs, elapsed, need, outputs = Header.unpack(data)
+        done, each, logged, unread, logs, elapsed, need, outputs, columns = Header.unpack(data)
         if need:  # loading a plan, it asks for the caller's objects its modules lack
             w.send(_answer(memoryview(data)[HEADER_SIZE:]))
             return True
@@ -303,7 +311,7 @@ class MapRun:
         if each:
             self.take_each(unsent, batch)
         elif outputs:
-            self.take_outputs(unsent, first, batch)
+            self.take_outputs(unsent, first, columns_to_dicts(self.plan.outputs)(batch) if columns else batch)
         else:
             rows, records = batch if logged else (batch, None)
             for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
@@ -421,6 +429,18 @@ class MapRun:
         log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
                     node, running, self.pool.stall_report, w.process.pid,
                     f"its stacks:\n{text}" if text else f"no stacks: {why}")
+def _weakly(receive: Callable[[Worker], bool]) -> Callable[[Worker], bool]:
+    """`MapRun.receive` for its `Deaths`, without a reference back: a map's run, its items and
+    its results are freed as the map returns, not at the collector's next full pass (which, with
+    a million results held, takes a while and keeps their memory until then)."""
+    method = weakref.WeakMethod(receive)
+
+    def weak(w: Worker) -> bool:
+        found = method()
+        return found(w) if found is not None else False
+    return weak
+
+
 def _answer(question: memoryview) -> transport.Packed:
     """The caller's objects a worker asked for while loading a plan (`shipping.replica`), big
     buffers through shared memory; or, when one cannot travel, the sentence refusing the plan."""

@@ -19,7 +19,7 @@ import ctypes
 import mmap
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..crash.doing import BATCH as BATCH  # what `item` says between items: the crash package reads them
 from ..crash.doing import IDLE as IDLE
@@ -56,6 +56,27 @@ class StatusWords(ctypes.Structure):
 
 SLOTS = len(StatusWords._fields_)
 STATUS_SIZE = ctypes.sizeof(StatusWords)
+
+
+class Marks(NamedTuple):
+    """What a plain plan's own code writes in the status words (`Plan.marks`, `Plan.each`): the
+    words as doubles, where the item and the step are, and what they say between items and
+    between steps. A store through a memoryview of doubles costs about 10 ns, a ctypes field's 20
+    to 25, and a chunk of fast items makes six per item."""
+
+    words: memoryview[float]
+    item: int
+    step: int
+    idle: float
+    no_step: float
+
+
+def marks(status: StatusWords) -> Marks:
+    """The `Marks` of `status`: its words, the same memory seen as doubles."""
+    words = memoryview(status).cast("B").cast("d")
+    size = ctypes.sizeof(ctypes.c_double)
+    item, step = (getattr(StatusWords, name).offset // size for name in ("item", "step"))
+    return Marks(words, item, step, IDLE, NO_STEP)
 
 
 def open_status(fd: int) -> tuple[mmap.mmap, StatusWords]:

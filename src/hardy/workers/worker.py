@@ -28,18 +28,17 @@ from ..crash.signals import FATAL_SIGNALS, on_fatal_signal
 from ..crash.stacks import allow_tracing
 from ..errors import ReplicaError
 from ..observe.nodelog import LOG
-from ..plan.columns import built
 from ..plan.compiled import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, synced, transport
 from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Refusal, Synced
 from .breakpoints import no_terminal
-from .chunks import names_steps, run_chunk
+from .chunks import Span, names_steps, run_chunk
 from .lifeline import become_subreaper, end_descendants, end_worker, watch_peer
 from .messages import Chunk, Context, Header, PlanSpec, Resend, Setup, Stop, Values
 from .replies import REPLIES
-from .status import IDLE, LOADING, READING, RETIRED, StatusWords, marked, open_status
+from .status import IDLE, LOADING, READING, RETIRED, StatusWords, marked, marks, open_status
 
 if TYPE_CHECKING:
     from ..model.node import Node
@@ -176,16 +175,16 @@ def _serve(conn: Connection, status: StatusWords) -> int:
         # (else: an answer to a question no longer asked, `Values` of a plan that has loaded since)
 
 
-def _pairs(msg: tuple[Any, ...]) -> Iterable[tuple[int, dict[str, Any]]]:
-    """The (index, inputs) pairs of a chunk in its short form (`Chunk.wire`): (plan_id, pairs), or
-    consecutive items from the first one's index: (plan_id, first, inputs), or (plan_id, first,
-    constants, name, values) for a map over one input (`columns.Items`)."""
+def _pairs(msg: tuple[Any, ...]) -> Iterable[tuple[int, dict[str, Any]]] | Span:
+    """The items of a chunk in its short form (`Chunk.wire`): (plan_id, pairs), (index, inputs)
+    pairs; or consecutive items from the first one's index (a `Span`): (plan_id, first, inputs),
+    or (plan_id, first, constants, name, values) for a map over one input (`columns.Items`)."""
     if len(msg) == 2:
         pairs: Iterable[tuple[int, dict[str, Any]]] = msg[1]
         return pairs
     if len(msg) == 3:
-        return enumerate(msg[2], msg[1])
-    return enumerate(built(msg[2], msg[3], msg[4]), msg[1])
+        return Span(msg[1], {}, None, msg[2])
+    return Span(*msg[1:])
 
 
 def _take_context(context: Context) -> None:
@@ -309,7 +308,7 @@ def _load_plan(spec: bytes, status: StatusWords, fetch: Fetch, log: str = "",
         return marked(status, k, LOG.note(k, n, n.func), LOG.data, named=log == "named")
     wrap.observes = bool(log)  # type: ignore[attr-defined]  # (hardy.parts.batching: else it only dates calls)
     if not log and not dated:
-        wrap.inline = (status, "step")  # type: ignore[attr-defined]
+        wrap.inline = marks(status)  # type: ignore[attr-defined]
     before, status.item = status.item, LOADING
     try:
         replica = synced(spec, fetch)[0]

@@ -1,0 +1,222 @@
+"""A plain plan runs a chunk's items in a loop of its own, generated with it (`Plan.each`), in real
+worker processes: the same outputs and failures as the sequential executor for every shape of
+pipeline and map, the status words naming the item a SIGKILL hit, the outputs computed before a
+segfault delivered as its last words (no finished item runs twice), a result that cannot be read
+in the parent failing alone, and slow items' results sent one by one. In the parent, a map's run
+(its items, its results) is freed when the map returns, not at the collector's next full pass.
+
+A node reports which function called it (`_each`, the plan's loop, or `_run`, one call), so these
+tests fail if the loop is not the one that ran."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from hardy import Engine, Failed, NodeCrashed, Pipeline, PipelineCallback, node
+
+if sys.platform != "linux":  # pragma: no cover
+    pytest.skip("worker processes are tested on Linux", allow_module_level=True)
+
+N = 3000  # items per map: after the first map's probes, chunks of hundreds
+
+
+def caller() -> str:
+    return sys._getframe(2).f_code.co_name  # (1: the node; 2: what called it)
+
+
+@node(output_name="a")
+def inc(x: int) -> int:
+    if x % 7 == 3 or x in (10, 11, 12) or x == N - 1:
+        raise ValueError(f"bad {x}")
+    if x == 500:
+        sys.exit(2)
+    return x + 1
+
+
+@node(output_name=("lo", "hi"))
+def split(a: int, k: int) -> tuple[int, int]:
+    return a - k, a + k
+
+
+@node(output_name="n words")
+def words(lo: int, hi: int) -> int:
+    return hi - lo
+
+
+@node(output_name="via")
+def via(x: int) -> str:
+    return caller()
+
+
+@node(output_name="lazy")
+def maybe_lazy(x: int):
+    return (i for i in range(x)) if x == 20 else x
+
+
+@node(output_name="s")
+def add(x: int, y: int) -> int:
+    if x == y:
+        raise ValueError("equal")
+    return x + y
+
+
+SHAPES = {
+    "one output": ([inc], {"x": list(range(N))}, "x", "zip", None),
+    "several outputs, a constant, a tuple node, a name with a space": (
+        [inc, split, words], {"x": list(range(N)), "k": 3}, "x", "zip", None),
+    "some outputs only": ([inc, split, words], {"x": list(range(N)), "k": 3}, "x", "zip", ["n words", "a"]),
+    "inputs as outputs": ([inc, split], {"x": list(range(N)), "k": 3}, "x", "zip", ["x", "k", "hi"]),
+    "a generator output": ([maybe_lazy], {"x": list(range(N))}, "x", "zip", None),
+    "two inputs zipped": ([add], {"x": list(range(N)), "y": list(range(N, 0, -1))}, ["x", "y"], "zip", None),
+    "a product": ([add], {"x": list(range(60)), "y": list(range(50))}, ["x", "y"], "product", None),
+    "a tuple column": ([inc, via], {"x": tuple(range(N))}, "x", "zip", ["a"]),
+}
+
+
+def _outcome(o):
+    if isinstance(o, Failed):
+        err = o.error
+        return ("failed", type(err).__name__, err.node, err.item, str(err).splitlines()[0])
+    return o
+
+
+@pytest.fixture(scope="module")
+def engines():
+    with Engine(map_executor="process", workers=2) as default, Engine(map_executor="sequential") as sequential:
+        yield default, sequential
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_plans_loop_gives_what_the_sequential_executor_gives(shape, engines):
+    nodes, inputs, over, mode, outputs = SHAPES[shape]
+    default, sequential = engines
+    expected = Pipeline(nodes, engine=sequential).map(inputs=inputs, map_over=over, map_mode=mode,
+                                                      output_name=outputs, on_error="continue")
+    p = Pipeline(nodes, engine=default)
+    for _ in range(2):  # the first map learns the time per item with small chunks
+        got = p.map(inputs=inputs, map_over=over, map_mode=mode, output_name=outputs, on_error="continue")
+        assert [_outcome(o) for o in got] == [_outcome(o) for o in expected]
+    assert sum(isinstance(o, Failed) for o in got) == sum(isinstance(o, Failed) for o in expected)
+
+
+def test_a_map_of_plain_items_runs_in_the_plans_own_loop(engines):
+    p = Pipeline([via], engine=engines[0])
+    p.map(inputs={"x": list(range(N))}, map_over="x")
+    calls = Counter(o["via"] for o in p.map(inputs={"x": list(range(N))}, map_over="x"))
+    assert calls["_each"] == N, calls
+
+
+@node(output_name="y")
+def counted(x: int, runs: str, how: str) -> int:
+    with open(runs, "a") as f:  # a side effect: once per item
+        f.write(f"{x}\n")
+    if x == 1337:
+        os.kill(os.getpid(), signal.SIGKILL if how == "sigkill" else signal.SIGSEGV)
+    return 2 * x
+
+
+@pytest.mark.parametrize("how", ["segv", "sigkill"])
+def test_a_crash_in_the_plans_loop_costs_its_item_only(how, tmp_path):
+    """A segfault's handler sends the outputs of the chunk's items before it (no item runs twice);
+    a SIGKILL leaves no last words: the status words name the item and its node, and the chunk's
+    other items run again."""
+    runs = tmp_path / "runs"
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([counted], engine=engine)
+        p.map(inputs={"x": list(range(64)), "runs": str(tmp_path / "warm"), "how": how}, map_over="x")
+        out = p.map(inputs={"x": list(range(N)), "runs": str(runs), "how": how}, map_over="x", on_error="continue")
+    failed = {i: o.error for i, o in enumerate(out) if isinstance(o, Failed)}
+    assert list(failed) == [1337]
+    err = failed[1337]
+    assert type(err) is NodeCrashed and err.node == "counted" and err.item == 1337, err
+    assert err.signal == ("SIGKILL" if how == "sigkill" else "SIGSEGV")
+    assert all(out[x] == {"y": 2 * x} for x in range(N) if x != 1337)
+    ran = Counter(int(line) for line in runs.read_text().split())
+    assert set(ran) == set(range(N))
+    if how == "segv":
+        assert [x for x, n in ran.items() if n > 1] == [], "a finished item ran twice"
+
+
+class Ghost:
+    """Pickled in the worker; unpickling it in the parent raises."""
+
+    def __reduce__(self):
+        return (_refuse_outside_workers, ())
+
+
+def _refuse_outside_workers():
+    if os.environ.get("HARDY_WORKER_TEST") != "worker":
+        raise RuntimeError("not here")
+    return Ghost()
+
+
+@node(output_name="y")
+def ghost_at(x: int):
+    os.environ["HARDY_WORKER_TEST"] = "worker"
+    return Ghost() if x == 1500 else x
+
+
+def test_a_result_the_parent_cannot_read_fails_alone(engines):
+    p = Pipeline([ghost_at], engine=engines[0])
+    for _ in range(2):
+        out = p.map(inputs={"x": list(range(N))}, map_over="x", on_error="continue")
+        assert isinstance(out[1500], Failed) and "cannot be unpickled in this process" in str(out[1500].error)
+        assert [o["y"] for i, o in enumerate(out) if i != 1500] == [x for x in range(N) if x != 1500]
+
+
+@node(output_name="t")
+def slow(x: int, pause: float) -> float:
+    time.sleep(pause)
+    return time.monotonic()
+
+
+class Arrivals(PipelineCallback):
+    """When each item's end reached the parent (an item event: the nodes' calls are not logged)."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}
+
+    def on_map_item_end(self, i, duration, ctx):
+        self.at[i] = time.monotonic()
+
+
+def test_slow_items_results_come_one_by_one():
+    """Each result reaches the parent before the next item is done: the loop comes back to send
+    once a batch is due (every 5 ms), however many items its chunk holds (five here: the map
+    before taught the pool that this plan's items are fast)."""
+    arrivals = Arrivals()
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([slow, via], engine=engine, callbacks=[arrivals])
+        p.map(inputs={"x": list(range(500)), "pause": 0.0}, map_over="x")
+        out = p.map(inputs={"x": list(range(5)), "pause": 0.3}, map_over="x")
+    assert [o["via"] for o in out] == ["_each"] * 5
+    for i in range(4):
+        assert arrivals.at[i] < out[i + 1]["t"]
+
+
+def test_a_maps_run_is_freed_as_it_returns(engines):
+    """No reference cycle keeps a map's run, its items or its results (a million of them, say)
+    alive until the collector's next full pass: reference counting frees them. (A failure's
+    error holds its exception and the exception its traceback: cycles, as anywhere in Python.)"""
+    p = Pipeline([via], engine=engines[0])
+    p.map(inputs={"x": list(range(N))}, map_over="x")
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        out = p.map(inputs={"x": list(range(N))}, map_over="x")
+        del out
+        gc.collect()
+        left = sorted({type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("hardy")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == [], left
