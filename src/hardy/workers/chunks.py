@@ -54,12 +54,8 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
     REPLIES.names = None
     clock = time.monotonic
     start = last = clock()
-    if start >= _CHECKED[0] + RETIRE_CHECK:  # (a question to the kernel: not before every small chunk)
-        _CHECKED[0] = start
-        if retiring(os.getpid()):  # (its items go back unrun, to a fresh worker)
-            REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left "
-                           "behind, which only its end collects")
-            return False
+    if _retiring(start):
+        return False
     each = _own_loop(loaded, items, log)
     if each is not None:
         return _run_each(each, loaded, items, status, start)  # type: ignore[arg-type]
@@ -103,6 +99,20 @@ def run_chunk(loaded: tuple[Plan, dict[str, str]] | str, items: Iterable[tuple[i
     if plan.cache is not None:
         plan.cache.report()  # the cache faults of this batch, in one warning
     REPLIES.send(batch, True, clock() - start)
+    return True
+
+
+def _retiring(now: float) -> bool:
+    """Whether the worker must retire before its next chunk (its items go back unrun, to a fresh
+    worker): it holds too many exited processes. A question to the kernel, so not before every
+    small chunk."""
+    if now < _CHECKED[0] + RETIRE_CHECK:
+        return False
+    _CHECKED[0] = now
+    if not retiring(os.getpid()):
+        return False
+    REPLIES.retire(f"it held {ZOMBIES_MAX} or more exited processes that its nodes' processes left behind, "
+                   "which only its end collects")
     return True
 
 
