@@ -9,6 +9,7 @@ checked on the same loop, every `TICK` seconds while a limited node is in flight
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import pickle
@@ -311,7 +312,7 @@ class MapRun:
         if each:
             self.take_each(unsent, batch)
         elif outputs:
-            self.take_outputs(unsent, first, columns_to_dicts(self.plan.outputs)(batch) if columns else batch)
+            self.take_outputs(unsent, first, _dicts(self.plan.outputs, batch) if columns else batch)
         else:
             rows, records = batch if logged else (batch, None)
             for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
@@ -439,6 +440,20 @@ def _weakly(receive: Callable[[Worker], bool]) -> Callable[[Worker], bool]:
         found = method()
         return found(w) if found is not None else False
     return weak
+
+
+def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str, Any]]:
+    """A worker's columns of outputs (`Header.columns`) as the result dicts of its items, made with
+    the collector paused: each dict made counts toward the next collection, which then walks the
+    young containers (the map's results, its chunks' bookkeeping) while none of these dicts can be
+    garbage; a map of fast items makes one per item, here, on its critical path."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return columns_to_dicts(outputs)(columns)
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _answer(question: memoryview) -> transport.Packed:
