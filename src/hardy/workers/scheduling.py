@@ -54,9 +54,11 @@ log = logging.getLogger("hardy.workers")
 TICK = 0.05            # seconds between deadline / memory checks while limits apply
 CHUNK_TARGET = 0.05    # seconds of work per chunk, once the per-item time is known
 CHUNK_LEAST = 0.005    # seconds of work below which a chunk is not cut smaller (`next_chunk`)
-# seconds of work in a worker's equal share of a short map from which it gets it in two chunks: the
-# parent takes the first one's results (a dict per item, made here) while the worker runs the second
-CHUNK_HALVED = 0.001
+# seconds of work in a worker's equal share of a short map from which its chunks are cut down to a
+# third of the share: the parent takes one chunk's results (a dict per item, made here) while the
+# worker runs the next, and the last chunks, small, leave the parent little to take once the
+# workers are done (against halves: a 10,000-item map 7% faster, taking turns)
+CHUNK_THIRDS = 0.001
 STOP_POLL = 0.1       # seconds: how soon a run another thread stops (`results.stop`) notices
 
 
@@ -107,12 +109,12 @@ class MapRun:
         else:
             per_item = max(self.per_item, 1e-7)
             # but, once the time per item is known from a few items a worker, none is cut below
-            # CHUNK_LEAST of work, nor below an equal share of the map a worker (half a share when
-            # that is CHUNK_HALVED of work or more): under that, the round trip of one more chunk
-            # costs more than the wait it saves
+            # CHUNK_LEAST of work, nor below an equal share of the map a worker (a third of a share
+            # when that is CHUNK_THIRDS of work or more): under that, the round trip of one more
+            # chunk costs more than the wait it saves
             share = -(-len(self.items) // self.pool.size)
-            if share * per_item >= CHUNK_HALVED:
-                share = -(-share // 2)
+            if share * per_item >= CHUNK_THIRDS:
+                share = -(-share // 3)
             least = 0 if self.timed < 2 * self.pool.size else min(int(CHUNK_LEAST / per_item), share)
             size = min(int(CHUNK_TARGET / per_item), max(spread, least), remaining)
         size = max(1, size)
