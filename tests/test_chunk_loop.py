@@ -158,17 +158,38 @@ def _refuse_outside_workers():
 
 
 @node(output_name="y")
-def ghost_at(x: int):
+def ghost_at(x: int, ghost: int, pause: float):
     os.environ["HARDY_WORKER_TEST"] = "worker"
-    return Ghost() if x == 1500 else x
+    time.sleep(pause)
+    return Ghost() if x == ghost else x
 
 
 def test_a_result_the_parent_cannot_read_fails_alone(engines):
     p = Pipeline([ghost_at], engine=engines[0])
     for _ in range(2):
-        out = p.map(inputs={"x": list(range(N))}, map_over="x", on_error="continue")
+        out = p.map(inputs={"x": list(range(N)), "ghost": 1500, "pause": 0.0}, map_over="x", on_error="continue")
         assert isinstance(out[1500], Failed) and "cannot be unpickled in this process" in str(out[1500].error)
         assert [o["y"] for i, o in enumerate(out) if i != 1500] == [x for x in range(N) if x != 1500]
+
+
+class NodeEvents(PipelineCallback):
+    """Listens to node events: the workers log their node calls, and a chunk runs in `run_chunk`."""
+
+    def on_node_end(self, node_name, outputs, duration, ctx):
+        pass
+
+
+@pytest.mark.parametrize("loop", ["the plan's own", "run_chunk's"])
+def test_batches_after_one_the_parent_cannot_read_go_to_their_own_items(loop):
+    """Slow items: each result its own batch, the second one unreadable here; the batches after it
+    say which items they are (`Header.first`), so none is taken for another's."""
+    callbacks = [NodeEvents()] if loop == "run_chunk's" else []
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([ghost_at], engine=engine, callbacks=callbacks)
+        p.map(inputs={"x": list(range(10, 510)), "ghost": -1, "pause": 0.0}, map_over="x")
+        out = p.map(inputs={"x": list(range(6)), "ghost": 1, "pause": 0.02}, map_over="x", on_error="continue")
+    assert isinstance(out[1], Failed) and "cannot be unpickled in this process" in str(out[1].error)
+    assert [o["y"] for i, o in enumerate(out) if i != 1] == [0, 2, 3, 4, 5]
 
 
 @node(output_name="t")
@@ -220,3 +241,57 @@ def test_a_maps_run_is_freed_as_it_returns(engines):
         gc.garbage.clear()
         gc.enable()
     assert left == [], left
+
+
+@node(output_name="lo")
+def fail_slowly(x: int, pause: float, ends: str) -> int:
+    time.sleep(pause)
+    with open(ends, "a") as f:
+        f.write(f"{x} {time.monotonic()}\n")
+    if pause and x < 4:
+        raise ValueError(f"slow failure {x}")
+    return x
+
+
+class Failures(Arrivals):
+    def on_map_item_error(self, i, error, ctx):
+        self.at[i] = time.monotonic()
+
+
+def test_failures_are_sent_as_they_come(tmp_path):
+    """A failure goes back once its batch is due, as a result does, not with the next success:
+    each reaches the parent before the next item ends."""
+    failures, ends = Failures(), tmp_path / "ends"
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([fail_slowly, via], engine=engine, callbacks=[failures])
+        p.map(inputs={"x": list(range(100, 600)), "pause": 0.0, "ends": str(tmp_path / "warm")}, map_over="x")
+        out = p.map(inputs={"x": list(range(6)), "pause": 0.2, "ends": str(ends)}, map_over="x", on_error="continue")
+    assert [isinstance(o, Failed) for o in out] == [True] * 4 + [False] * 2
+    assert [o["via"] for o in out[4:]] == ["_each"] * 2
+    ended = {int(x): float(t) for x, t in (line.split() for line in ends.read_text().splitlines())}
+    for i in range(4):
+        assert failures.at[i] < ended[i + 1]
+
+
+@node(output_name="v")
+def inner_v(item: int) -> int:
+    if item >= 1000:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 3 * item
+
+
+INNER = Pipeline([inner_v], name="inner").as_node(name="im", map_over="xs", input_mapping={"xs": "item"},
+                                                  output_mapping={"v": "vs"}, on_error="continue")
+
+
+def test_a_nested_maps_crash_costs_its_inner_item_only(engines):
+    """Two items of the plan's loop each map a nested pipeline whose third item segfaults: each
+    runs again without its own inner item (`crash.containment.nesting` reads `_item` in the
+    loop's frame, as in `_run`'s), and nothing else fails."""
+    p = Pipeline([INNER], engine=engines[0])
+    p.map(inputs={"xs": [[k] for k in range(300)]}, map_over="xs")
+    xs = [[k, k, 1000 + k] if k in (0, 150) else [k] for k in range(300)]
+    out = p.map(inputs={"xs": xs}, map_over="xs", on_error="continue")
+    for k in (0, 150):
+        assert out[k]["vs"][:2] == [3 * k, 3 * k] and isinstance(out[k]["vs"][2], Failed), out[k]
+    assert all(out[k] == {"vs": [3 * k]} for k in range(300) if k not in (0, 150))

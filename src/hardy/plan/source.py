@@ -154,14 +154,15 @@ class PlanSource:
                 f"    return {{{result}}}\n")
 
     def each_text(self, over: str | None) -> str:
-        """`_each(_xs, _c, _i, _columns, _due)`: the items of a chunk through the plan's steps in one
-        loop, for a worker whose plan only names its steps in the status words (`Plan.marks`).
+        """`_each(_xs, _c, _item, _columns, _due)`: the items of a chunk through the plan's steps in
+        one loop, for a worker whose plan only names its steps in the status words (`Plan.marks`).
         `_xs` iterates the values of the input `over` (the other inputs are `_c`), or, `over`
-        None, each item's inputs; `_i` is the first item's index. Each item's outputs are appended
-        to `_columns`, a list per output (no tuple per item, nothing for the collector to track),
-        and the status words name the item while it runs. It returns (the next item's index,
-        None) once `_xs` is done or the clock passed `_due` (a batch of results is due), or (the
-        item's index, its NodeError) when one fails: the caller goes on from there, with the same
+        None, each item's inputs; `_item` is the first item's index (and, as in `_run`, the
+        item's, for `crash.containment.nesting`). Each item's outputs are appended to `_columns`,
+        a list per output (no tuple per item, nothing for the collector to track), and the status
+        words name the item while it runs. It returns None once `_xs` is done, (the next item's
+        index, None) once the clock passed `_due` (a batch of results is due), or (the item's
+        index, its NodeError) when one fails: the caller goes on from there, with the same
         iterator."""
         m = self._marks
         assert m is not None
@@ -169,19 +170,19 @@ class PlanSource:
         before = [] if over is None else [f"{self.vars[n]} = _c[{n!r}]" for n in self.provided
                                           if n in self.vars and n != over]
         reads = [f"{self.vars[n]} = _v[{n!r}]" for n in self.provided if n in self.vars] if over is None else []
-        body = _without_repeated_steps([*self._step_lines, *self._lazy_checks()])  # (from step 0: `_s = 0`)
+        body = _without_repeated_steps([*reads, *self._step_lines, *self._lazy_checks()])  # (from step 0)
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
         return "\n".join([
-            "def _each(_xs, _c, _i, _columns, _due):", f"    {', '.join(appends)}, = [c.append for c in _columns]",
-            *(f"    {ln}" for ln in before),
-            f"    for {loop_var} in _xs:", *(f"        {ln}" for ln in reads),
-            f"        _st[{m.step}] = {float(m.no_step)}", f"        _st[{m.item}] = _i", "        _s = 0",
+            "def _each(_xs, _c, _item, _columns, _due):",
+            f"    {', '.join(appends)}, = [c.append for c in _columns]", *(f"    {ln}" for ln in before),
+            f"    for {loop_var} in _xs:",
+            f"        _st[{m.step}] = {float(m.no_step)}", f"        _st[{m.item}] = _item", "        _s = 0",
             "        try:", *(f"            {ln}" for ln in body or ["pass"]),
-            "        except _Exception as _e:", "            return _i, _fail(_s, _e, locals())",
-            f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _i += 1.0",
-            "        if _clock() >= _due:", "            return _i, None",
-            "    return _i, None", ""])
+            "        except _Exception as _e:", "            return _item, _fail(_s, _e, locals())",
+            f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _item += 1",
+            "        if _clock() >= _due:", "            return _item, None",
+            "    return None", ""])
 
     def _lazy_checks(self) -> list[str]:
         """A generator (or coroutine) a node returns as one of the plan's outputs fails that node:
@@ -335,7 +336,7 @@ class PlanSource:
 
 
 # Names the generated code uses itself (and builtins it calls): no local takes them.
-_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", "_xs", "_c", "_i",
+_INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", "_xs", "_c",
                        "_columns", "_due", "_clock", "_x", *keyword.kwlist,
                        *dir(builtins)})
 

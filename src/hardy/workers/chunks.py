@@ -129,23 +129,22 @@ def _run_each(each: Callable[..., Any], loaded: tuple[Plan, dict[str, str]], spa
               start: float) -> bool:
     """`run_chunk` for a plain plan (`Plan.marks`): its own loop runs the items (`Plan.each`),
     their outputs appended to `REPLIES.outs` (a list per output), and comes back here when a
-    batch of results is due or an item failed."""
+    batch of results is due or an item failed; a batch goes when it is due, as in `run_chunk`."""
     plan, REPLIES.producers = loaded
     columns = REPLIES.take_outputs(span.first, plan.outputs)
-    values, i, end = iter(span.values), span.first, span.first + len(span.values)
-    clock = time.monotonic
-    while i < end:
-        at, err = each(values, span.constants, float(i), columns, clock() + FLUSH_EVERY)
-        i = int(at)
+    values, clock, last, i = iter(span.values), time.monotonic, start, span.first
+    while (stopped := each(values, span.constants, i, columns, last + FLUSH_EVERY)) is not None:
+        i, err = stopped
         if err is not None:
+            status.item = IDLE  # (its outcome is known: a death from here on is not its)
             REPLIES.to_rows()  # (a batch with a failure is rows)
             REPLIES.first = i + 1  # (`outs` go on from the next item)
-            status.item = IDLE
             if _failed(err, i, REPLIES.unsent, status, False, False, 0.0):
                 return False
             i += 1
-        elif i < end:
+        if clock() - last >= FLUSH_EVERY and (REPLIES.unsent or REPLIES.pending()):
             REPLIES.send(REPLIES.unsent, False)
+            last = clock()
     REPLIES.send(REPLIES.unsent, True, clock() - start)
     return True
 

@@ -89,10 +89,10 @@ class Header(NamedTuple):
     (a `Resend`'s); it carries node logs; the chunk could not be unpickled (the batch is then
     why); log records ride with it; seconds the chunk took. `need`: no batch but a question: the
     worker, loading a plan, asks for the caller's objects named after it (answered by `Values`).
-    `outputs`: every item of the batch succeeded, and it holds only their outputs, in the order of
-    the chunk's items (the common batch: no (item, ok) pair per item to pickle and read);
-    `columns`: those outputs as a plan's own loop keeps them (`Plan.each`), a list of values per
-    output, which the parent makes result dicts (`plan.source.columns_to_dicts`)."""
+    `outputs`: every item of the batch succeeded, and it holds only their outputs, those of the
+    items `first`, `first` + 1, ... (the common batch: no (item, ok) pair per item to pickle and
+    read); `columns`: those outputs as a plan's own loop keeps them (`Plan.each`), a list of
+    values per output, which the parent makes result dicts (`plan.source.columns_to_dicts`)."""
 
     done: bool
     each: bool
@@ -103,6 +103,7 @@ class Header(NamedTuple):
     need: bool = False
     outputs: bool = False
     columns: bool = False
+    first: int = -1
 
     def pack(self) -> bytes:
         return HEADER.pack(*self)
@@ -112,11 +113,12 @@ class Header(NamedTuple):
         return cls(*HEADER.unpack_from(data))
 
 
-HEADER = struct.Struct("?????d???")  # `Header`'s layout (packed straight from its fields where speed counts)
+HEADER = struct.Struct("=?????d???q")  # `Header`'s layout (packed straight from its fields where speed counts)
 HEADER_SIZE = HEADER.size
-_PLAIN = HEADER.pack(True, False, False, False, False, 0.0, False, True, False)
+_PLAIN = HEADER.pack(True, False, False, False, False, 0.0, False, True, False, 0)
+_FLAGS = slice(struct.calcsize("=?????d"), struct.calcsize("=?????d???"))  # need, outputs, columns
 
 
 def plain_outputs(data: bytes) -> bool:
     """Whether `data` is a chunk done whose batch is outputs only (as dicts), with no log and no question."""
-    return data.startswith(_PLAIN[:5]) and data[HEADER_SIZE - 3:HEADER_SIZE] == _PLAIN[-3:]
+    return data.startswith(_PLAIN[:5]) and data[_FLAGS] == _PLAIN[_FLAGS]

@@ -93,7 +93,6 @@ class Worker:
         self.plans: set[int] = set()
         self.plan: Plan | None = None
         self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
-        self.span: range | None = None  # the current chunk, when it is consecutive items
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0

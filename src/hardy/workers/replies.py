@@ -9,6 +9,7 @@ producers) lives here rather than on a call's stack.
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import logging
 import operator
 import os
@@ -157,12 +158,13 @@ class Replies:
                 if not (batch or dying or names is not None or self.forward.records) and self._send_outs(done, elapsed):
                     return
                 self.to_rows()
-            if names is None and not dying and not self.forward.records and all(map(_OK, batch)):
+            first = _consecutive(batch)
+            if names is None and not dying and not self.forward.records and first >= 0 and all(map(_OK, batch)):
                 data = quick(list(map(_OUTPUT, batch)), main=False)  # the common batch: outputs, nothing else
                 if data is not None:
                     self.sent.append((batch[:], None))
-                    transport.write_frame(
-                        self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, False), data)
+                    head = HEADER.pack(done, False, False, False, False, elapsed, False, True, False, first)
+                    transport.write_frame(self.fd, head, data)
                     batch.clear()
                     return
             if dying and self.complete is not None:  # a batched plan's log: only its items written whole
@@ -172,7 +174,7 @@ class Replies:
             logs = bool(self.forward.records)
             if logs:  # what the nodes logged since the last batch, for the parent's handlers
                 message, self.forward.records = (message, self.forward.records), []
-            outputs = message is batch and not dying and all(map(_OK, batch))
+            outputs = message is batch and not dying and first >= 0 and all(map(_OK, batch))
             if outputs:  # (`Header.outputs`)
                 message = list(map(_OUTPUT, batch))
             try:
@@ -183,7 +185,8 @@ class Replies:
                     message, outputs = batch, False
                 packed = transport.pack(message, dumps)
             self.sent.append((batch[:], records))
-            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs, False)
+            head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs, False,
+                               first if outputs else -1)
             if packed.fds:
                 transport.send(self.conn, head, packed)
             else:
@@ -200,7 +203,8 @@ class Replies:
         data = quick(self.outs, main=False)
         if data is None:
             return False
-        transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, True), data)
+        transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, True,
+                                                   self.first), data)
         self.sent.append((Outputs(self.first, [column[:] for column in self.outs], self.dicts), None))
         self.first += self.pending()
         for column in self.outs:
@@ -279,8 +283,17 @@ class Replies:
 
 
 REPLIES = Replies()
-_OK, _OUTPUT = operator.itemgetter(1), operator.itemgetter(2)  # of a row
+_INDEX, _OK, _OUTPUT = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)  # of a row
 _WORKER_LOOP = os.path.join("hardy", "workers", "worker.py")  # `worker.run`, whose own exit is not a node's
+
+
+def _consecutive(batch: list[Row]) -> int:
+    """The first item of `batch` when its rows are items `first`, `first` + 1, ... in order (its
+    outputs alone then say which items they are: `Header.first`), else -1."""
+    if not batch:
+        return 0
+    first = batch[0][0]
+    return first if all(map(operator.eq, map(_INDEX, batch), itertools.count(first))) else -1
 
 
 def _in_band(buf: Any) -> bool:

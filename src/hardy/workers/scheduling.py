@@ -10,7 +10,6 @@ checked on the same loop, every `TICK` seconds while a limited node is in flight
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import pickle
 import select
@@ -161,7 +160,6 @@ class MapRun:
             w.plan = self.plan
             w.group = 1 if singly else self.group
             w.unsent = dict.fromkeys(chunk)
-            w.span = chunk if type(chunk) is range else None
             w.chunk_size = len(chunk)
             self.results.handed(chunk, w.process.pid, again=self.next_fresh == fresh)
             try:
@@ -285,7 +283,7 @@ class MapRun:
     def take(self, w: Worker, data: bytes) -> bool:
         """One message of the worker's; False when what it sends next is not this run's to read (its
         chunk is done: the next one's, or, released, another map's)."""
-        done, each, logged, unread, logs, elapsed, need, outputs, columns = Header.unpack(data)
+        done, each, logged, unread, logs, elapsed, need, outputs, columns, first = Header.unpack(data)
         if need:  # loading a plan, it asks for the caller's objects its modules lack
             w.send(_answer(memoryview(data)[HEADER_SIZE:]))
             return True
@@ -306,7 +304,6 @@ class MapRun:
         if logs:
             batch = _handle_logs(*batch)
         unsent, free = w.unsent, done and not w.resend
-        first = _first_of(w) if outputs else None
         if free:  # its next chunk goes first, to run while this batch is taken
             self.chunk_done(w, elapsed)
             if not self.results.stop:
@@ -327,22 +324,15 @@ class MapRun:
             w.resend = False
         return True
 
-    def take_outputs(self, unsent: dict[int, Any], first: int | None, outputs: list[Any]) -> None:
-        """A batch of outputs only (`Header.outputs`), one per item with no result yet, in their
-        order: the items `first`, `first` + 1, ... when known (`_first_of`)."""
+    def take_outputs(self, unsent: dict[int, Any], first: int, outputs: list[Any]) -> None:
+        """A batch of outputs only (`Header.outputs`), one per item, of the items `first`, `first` + 1, ..."""
         k = len(outputs)
-        if first is not None:
-            if k == len(unsent):
-                unsent.clear()
-            else:
-                for i in range(first, first + k):
-                    del unsent[i]
-            self.results.take_span(first, outputs)
-            return
-        items = list(itertools.islice(unsent, k))
-        for i in items:
-            del unsent[i]
-        self.results.take([(i, True, out) for i, out in zip(items, outputs)], {})
+        if k and k == len(unsent) and next(iter(unsent)) == first:
+            unsent.clear()
+        else:
+            for i in range(first, first + k):
+                unsent.pop(i, None)
+        self.results.take_span(first, outputs)
 
     def take_each(self, unsent: dict[int, Any], batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
         """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
@@ -469,17 +459,6 @@ def _answer(question: memoryview) -> transport.Packed:
     except Exception:
         assert found is not None
         return transport.pack(Values(replica_id, found.refusal(wanted)), dump_values)
-
-
-def _first_of(w: Worker) -> int | None:
-    """The first item with no result yet of `w`'s chunk, when its chunk was consecutive items
-    (`Worker.span`) whose results come in order, each batch taking the next: None otherwise (an
-    unreadable batch left items behind)."""
-    span, unsent = w.span, w.unsent
-    if span is None or w.resend or not unsent:
-        return None
-    first = span.stop - len(unsent)
-    return first if next(iter(unsent)) == first else None
 
 
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
