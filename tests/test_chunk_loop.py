@@ -14,12 +14,15 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
+import weakref
 from collections import Counter
 
 import pytest
 
 from hardy import Engine, Failed, NodeCrashed, Pipeline, PipelineCallback, node
+from hardy.workers.replies import Replies
 
 if sys.platform != "linux":  # pragma: no cover
     pytest.skip("worker processes are tested on Linux", allow_module_level=True)
@@ -295,3 +298,117 @@ def test_a_nested_maps_crash_costs_its_inner_item_only(engines):
     for k in (0, 150):
         assert out[k]["vs"][:2] == [3 * k, 3 * k] and isinstance(out[k]["vs"][2], Failed), out[k]
     assert all(out[k] == {"vs": [3 * k]} for k in range(300) if k not in (0, 150))
+
+
+HELD: list[weakref.ref] = []  # the intermediates made so far, in the process that runs the nodes
+
+
+class Held:
+    pass
+
+
+@node(output_name="held")
+def hold(x: int) -> Held:
+    alive = sum(r() is not None for r in HELD)
+    HELD[:] = [weakref.ref(h := Held())]
+    h.before = alive
+    return h
+
+
+@node(output_name="earlier")
+def earlier_alive(held: Held) -> int:
+    return held.before
+
+
+def test_an_items_intermediates_are_freed_before_the_next_item(engines):
+    """As `_run`'s return frees its locals: an intermediate (not an output) of one item is gone
+    before the next item begins (a second copy of a big array or a GPU buffer otherwise, or a
+    file closed an item late)."""
+    p = Pipeline([hold, earlier_alive], engine=engines[0])
+    for _ in range(2):
+        out = p.map(inputs={"x": list(range(N))}, map_over="x", output_name="earlier")
+        assert sum(o["earlier"] for o in out) == 0
+
+
+class Bomb:
+    def __repr__(self) -> str:  # a native object whose text crashes, say: read as a failure is written down
+        if os.environ.get("HARDY_WORKER_TEST") == "worker":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return "Bomb()"
+
+
+@node(output_name="y")
+def fails_with_a_bomb(x: int, runs: str) -> int:
+    os.environ["HARDY_WORKER_TEST"] = "worker"
+    bomb = Bomb()  # noqa: F841  # (a local: the failure's frames are written down with it)
+    if x == 150:
+        with open(runs, "a") as f:
+            f.write("150\n")
+        raise ValueError("bad item")
+    return x
+
+
+def test_a_crash_while_a_failure_is_written_down_is_its_items(tmp_path):
+    """The status words still name the failed item while its error is made ready to travel (its
+    frames' locals written as text: user code): a crash there is charged to it, once."""
+    runs = tmp_path / "runs"
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([fails_with_a_bomb], engine=engine)
+        p.map(inputs={"x": list(range(1000, 1500)), "runs": str(runs)}, map_over="x")
+        out = p.map(inputs={"x": list(range(300)), "runs": str(runs)}, map_over="x", on_error="continue")
+    assert [(i, type(o.error)) for i, o in enumerate(out) if isinstance(o, Failed)] == [(150, NodeCrashed)]
+    assert runs.read_text().split() == ["150"]
+
+
+def test_last_words_between_an_items_stores_keep_its_outputs_together():
+    """Last words (a signal's handler, between any two bytecodes) can come while an item's
+    outputs are being appended, one list each: only the items stored whole become rows; the
+    half-stored item's outputs stay, and its next appends complete it."""
+    replies = Replies()
+    a, b = replies.take_outputs(10, ("a", "b"))
+    a += [1, 2, 3]
+    b += [-1, -2]  # item 12: "a" stored, "b" not yet
+    replies.to_rows()
+    assert replies.unsent == [(10, True, {"a": 1, "b": -1}), (11, True, {"a": 2, "b": -2})]
+    assert (replies.first, a, b) == (12, [3], [])
+    b.append(-3)
+    replies.unsent.clear()
+    replies.to_rows()
+    assert replies.unsent == [(12, True, {"a": 3, "b": -3})]
+
+
+def test_the_collector_is_left_as_the_user_set_it(engines):
+    """The parent pauses the collector while it makes result dicts only when it is on and this is
+    the process's one thread: a collector a user switched off stays off, and no other thread can
+    find its switch undone (the map's calls of gc.disable and gc.enable are watched)."""
+    p = Pipeline([via], engine=engines[0])  # (no failure: every batch is columns)
+    switched: list[str] = []
+
+    def watch(frame, event, arg):
+        if event == "c_call" and arg in (gc.disable, gc.enable):
+            switched.append(arg.__name__)
+
+    def mapped():
+        p.map(inputs={"x": list(range(N))}, map_over="x")
+
+    sys.setprofile(watch)
+    try:
+        mapped()  # alone: paused and resumed around each chunk's dicts
+    finally:
+        sys.setprofile(None)
+    assert switched and set(switched) == {"disable", "enable"}
+    switched.clear()
+    gc.disable()
+    try:
+        mapped()
+        assert not gc.isenabled() and switched == []
+    finally:
+        gc.enable()
+    threading.setprofile(watch)
+    try:
+        thread = threading.Thread(target=mapped)
+        thread.start()
+        thread.join()
+    finally:
+        threading.setprofile(None)
+    assert switched == []

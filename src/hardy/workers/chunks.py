@@ -136,11 +136,11 @@ def _run_each(each: Callable[..., Any], loaded: tuple[Plan, dict[str, str]], spa
     while (stopped := each(values, span.constants, i, columns, last + FLUSH_EVERY)) is not None:
         i, err = stopped
         if err is not None:
-            status.item = IDLE  # (its outcome is known: a death from here on is not its)
             REPLIES.to_rows()  # (a batch with a failure is rows)
             REPLIES.first = i + 1  # (`outs` go on from the next item)
-            if _failed(err, i, REPLIES.unsent, status, False, False, 0.0):
+            if _failed(err, i, REPLIES.unsent, status, False, False, 0.0):  # (its error made portable: its code)
                 return False
+            status.item = IDLE
             i += 1
         if clock() - last >= FLUSH_EVERY and (REPLIES.unsent or REPLIES.pending()):
             REPLIES.send(REPLIES.unsent, False)

@@ -123,8 +123,9 @@ class Replies:
         return self.outs
 
     def pending(self) -> int:
-        """How many items' outputs `outs` holds."""
-        return len(self.outs[0]) if self.outs else 0
+        """How many items' outputs `outs` holds whole (last words may come between an item's
+        appends: its outputs stored so far stay where they are)."""
+        return min(map(len, self.outs)) if self.outs else 0
 
     def to_rows(self) -> None:
         """`outs` as rows at the end of `unsent`: for a batch that holds more than outputs."""
@@ -133,10 +134,10 @@ class Replies:
             return
         sending, self.sending = self.sending, True  # (last words wait: `outs` is moved whole)
         try:
-            self.unsent += Outputs(self.first, self.outs, self.dicts).rows()
+            self.unsent += Outputs(self.first, [column[:n] for column in self.outs], self.dicts).rows()
             self.first += n
             for column in self.outs:
-                column.clear()
+                del column[:n]
         finally:
             self.sending = sending
 

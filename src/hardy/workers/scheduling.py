@@ -13,6 +13,7 @@ import gc
 import logging
 import pickle
 import select
+import threading
 import time
 import weakref
 from collections import deque
@@ -438,14 +439,17 @@ def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str,
     """A worker's columns of outputs (`Header.columns`) as the result dicts of its items, made with
     the collector paused: each dict made counts toward the next collection, which then walks the
     young containers (the map's results, its chunks' bookkeeping) while none of these dicts can be
-    garbage; a map of fast items makes one per item, here, on its critical path."""
-    paused = gc.isenabled()
+    garbage; a map of fast items makes one per item, here, on its critical path. Only while this
+    is the process's one thread: another could switch the collector off meanwhile, and find it
+    on again after."""
+    make = columns_to_dicts(outputs)
+    if threading.active_count() > 1 or not gc.isenabled():
+        return make(columns)
     gc.disable()
     try:
-        return columns_to_dicts(outputs)(columns)
+        return make(columns)
     finally:
-        if paused:
-            gc.enable()
+        gc.enable()
 
 
 def _answer(question: memoryview) -> transport.Packed:
