@@ -240,7 +240,8 @@ def test_a_results_header_unpacks_whatever_its_bytes_or_says_it_is_short(data):
     else:
         header = Header.unpack(data)
         assert len(header) == len(Header._fields)
-        assert all(isinstance(v, bool) for name, v in zip(Header._fields, header) if name != "elapsed")
+        assert all(isinstance(v, bool) for name, v in zip(Header._fields, header) if name not in ("elapsed", "first"))
+        assert type(header.elapsed) is float and type(header.first) is int
 
 
 @FUZZ
