@@ -173,9 +173,9 @@ class PlanSource:
         body = _without_repeated_steps([*reads, *self._step_lines, *self._lazy_checks()])  # (from step 0)
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
-        made = [name for k, s in enumerate(self.steps)  # (freed before the next item, as `_run`'s return frees them)
-                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 else []),
-                             *(self.vars[o] for o in s.node.outputs)]]
+        made = [name for k, s in enumerate(self.steps)  # (freed before the next item, as `_run`'s return frees them;
+                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 else []),  # outputs are held anyway)
+                             *(self.vars[o] for o in s.node.outputs if o not in self.outputs)]]
         if made:
             stores += f"; del {', '.join(made)}"
         return "\n".join([
