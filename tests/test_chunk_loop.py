@@ -177,20 +177,18 @@ def test_a_result_the_parent_cannot_read_fails_alone(engines):
         assert [o["y"] for i, o in enumerate(out) if i != 1500] == [x for x in range(N) if x != 1500]
 
 
-class NodeEvents(PipelineCallback):
-    """Listens to node events: the workers log their node calls, and a chunk runs in `run_chunk`."""
-
-    def on_node_end(self, node_name, outputs, duration, ctx):
-        pass
+@node(output_name="y", timeout=60)
+def ghost_at_timed(x: int, ghost: int, pause: float):
+    """`ghost_at` with a deadline: its calls are dated, so a chunk runs in `run_chunk`'s loop."""
+    return ghost_at.func(x, ghost, pause)
 
 
 @pytest.mark.parametrize("loop", ["the plan's own", "run_chunk's"])
 def test_batches_after_one_the_parent_cannot_read_go_to_their_own_items(loop):
-    """Slow items: each result its own batch, the second one unreadable here; the batches after it
-    say which items they are (`Header.first`), so none is taken for another's."""
-    callbacks = [NodeEvents()] if loop == "run_chunk's" else []
+    """Slow items: each result its own batch of outputs only, the second one unreadable here; the
+    batches after it say which items they are (`Header.first`), so none is taken for another's."""
     with Engine(map_executor="process", workers=1) as engine:
-        p = Pipeline([ghost_at], engine=engine, callbacks=callbacks)
+        p = Pipeline([ghost_at if loop == "the plan's own" else ghost_at_timed], engine=engine)
         p.map(inputs={"x": list(range(10, 510)), "ghost": -1, "pause": 0.0}, map_over="x")
         out = p.map(inputs={"x": list(range(6)), "ghost": 1, "pause": 0.02}, map_over="x", on_error="continue")
     assert isinstance(out[1], Failed) and "cannot be unpickled in this process" in str(out[1].error)
@@ -434,3 +432,34 @@ def test_the_collector_is_left_as_the_user_set_it(engines):
     finally:
         threading.setprofile(None)
     assert switched == []
+
+
+class Fragile:
+    """An intermediate whose destructor crashes (a native handle freed twice, say) for one item."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __del__(self) -> None:
+        if self.x == 1500:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@node(output_name="fragile")
+def fragile(x: int) -> Fragile:
+    return Fragile(x)
+
+
+@node(output_name="y")
+def use(fragile: Fragile) -> int:
+    return 2 * fragile.x
+
+
+def test_a_crash_as_an_items_intermediates_are_freed_is_its(engines):
+    """Freed at the end of its pass while the status words still name it, as `_run`'s return
+    frees them: the crash fails that item, it does not come back as a success."""
+    p = Pipeline([fragile, use], engine=engines[0])
+    p.map(inputs={"x": list(range(2000, 2000 + N))}, map_over="x", output_name="y")
+    out = p.map(inputs={"x": list(range(N))}, map_over="x", output_name="y", on_error="continue")
+    assert [(i, type(o.error)) for i, o in enumerate(out) if isinstance(o, Failed)] == [(1500, NodeCrashed)]
+    assert all(out[x] == {"y": 2 * x} for x in range(N) if x != 1500)

@@ -173,18 +173,19 @@ class PlanSource:
         body = _without_repeated_steps([*reads, *self._step_lines, *self._lazy_checks()])  # (from step 0)
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
-        made = [name for k, s in enumerate(self.steps)  # (freed before the next item, as `_run`'s return frees them;
-                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 else []),  # outputs are held anyway)
+        # The intermediates (the outputs are held anyway) are freed before the next item, as `_run`'s
+        # return frees them, while the status words still name the item: a destructor's crash is its.
+        made = [name for k, s in enumerate(self.steps)
+                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 else []),
                              *(self.vars[o] for o in s.node.outputs if o not in self.outputs)]]
-        if made:
-            stores += f"; del {', '.join(made)}"
+        freed = [f"        del {', '.join(made)}"] if made else []
         return "\n".join([
             "def _each(_xs, _c, _item, _columns, _due):",
             f"    {', '.join(appends)}, = [c.append for c in _columns]", *(f"    {ln}" for ln in before),
             f"    for {loop_var} in _xs:",
             f"        _st[{m.step}] = {float(m.no_step)}", f"        _st[{m.item}] = _item", "        _s = 0",
             "        try:", *(f"            {ln}" for ln in body or ["pass"]),
-            "        except _Exception as _e:", "            return _item, _fail(_s, _e, locals())",
+            "        except _Exception as _e:", "            return _item, _fail(_s, _e, locals())", *freed,
             f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _item += 1",
             "        if _clock() >= _due:", "            return _item, None",
             "    return None", ""])

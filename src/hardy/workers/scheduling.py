@@ -445,8 +445,8 @@ def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str,
     make = columns_to_dicts(outputs)
     if threading.active_count() > 1 or not gc.isenabled():
         return make(columns)
-    gc.disable()
     try:
+        gc.disable()
         return make(columns)
     finally:
         gc.enable()
