@@ -365,7 +365,7 @@ def test_last_words_between_an_items_stores_keep_its_outputs_together():
     outputs are being appended, one list each: only the items stored whole become rows; the
     half-stored item's outputs stay, and its next appends complete it."""
     replies = Replies()
-    a, b = replies.take_outputs(10, ("a", "b"))
+    a, b = replies.start_outs(10, ("a", "b"))
     a += [1, 2, 3]
     b += [-1, -2]  # item 12: "a" stored, "b" not yet
     replies.to_rows()

@@ -131,7 +131,7 @@ def _run_each(each: Callable[..., Any], loaded: tuple[Plan, dict[str, str]], spa
     their outputs appended to `REPLIES.outs` (a list per output), and comes back here when a
     batch of results is due or an item failed; a batch goes when it is due, as in `run_chunk`."""
     plan, REPLIES.producers = loaded
-    columns = REPLIES.take_outputs(span.first, plan.outputs)
+    columns = REPLIES.start_outs(span.first, plan.outputs)
     values, clock, last, i = iter(span.values), time.monotonic, start, span.first
     while (stopped := each(values, span.constants, i, columns, last + FLUSH_EVERY)) is not None:
         i, err = stopped

@@ -17,7 +17,6 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any, NamedTuple, NoReturn
 
 from ..crash import handler, mapped
@@ -83,7 +82,7 @@ class Outputs(NamedTuple):
     def rows(self) -> list[Row]:
         """As (item, ok, its result dict) rows."""
         values = self.dicts(self.columns)
-        return list(zip(range(self.first, self.first + len(values)), repeat(True), values))
+        return list(zip(range(self.first, self.first + len(values)), itertools.repeat(True), values))
 
 
 class Replies:
@@ -116,7 +115,7 @@ class Replies:
         self.forward.install(status)
         watch_threads(lambda: (status.item, status.step, status.step_start))  # for `thread_line`
 
-    def take_outputs(self, first: int, outputs: tuple[str, ...]) -> list[list[Any]]:
+    def start_outs(self, first: int, outputs: tuple[str, ...]) -> list[list[Any]]:
         """`outs` for the outputs of the plan `outputs`, of items `first`, `first` + 1, ..."""
         self.first, self.dicts = first, columns_to_dicts(outputs)
         self.outs = [[] for _ in outputs]
@@ -127,17 +126,26 @@ class Replies:
         appends: its outputs stored so far stay where they are)."""
         return min(map(len, self.outs)) if self.outs else 0
 
+    def _whole(self) -> Outputs:
+        """The outputs of the items `outs` holds whole, copied (`_drop` takes them out)."""
+        n = self.pending()
+        return Outputs(self.first, [column[:n] for column in self.outs], self.dicts)
+
+    def _drop(self, n: int) -> None:
+        """The first `n` items' outputs out of `outs`, in place (the plan's loop appends to these lists)."""
+        self.first += n
+        for column in self.outs:
+            del column[:n]
+
     def to_rows(self) -> None:
         """`outs` as rows at the end of `unsent`: for a batch that holds more than outputs."""
-        n = self.pending()
-        if not n:
+        if not self.pending():
             return
         sending, self.sending = self.sending, True  # (last words wait: `outs` is moved whole)
         try:
-            self.unsent += Outputs(self.first, [column[:n] for column in self.outs], self.dicts).rows()
-            self.first += n
-            for column in self.outs:
-                del column[:n]
+            whole = self._whole()
+            self.unsent += whole.rows()
+            self._drop(len(whole.columns[0]))
         finally:
             self.sending = sending
 
@@ -159,8 +167,9 @@ class Replies:
                 if not (batch or dying or names is not None or self.forward.records) and self._send_outs(done, elapsed):
                     return
                 self.to_rows()
-            first = _consecutive(batch)
-            if names is None and not dying and not self.forward.records and first >= 0 and all(map(_OK, batch)):
+            plain = names is None and not dying and not self.forward.records  # (outputs alone may do)
+            first = _consecutive(batch) if plain else -1
+            if first >= 0 and all(map(_OK, batch)):
                 data = quick(list(map(_OUTPUT, batch)), main=False)  # the common batch: outputs, nothing else
                 if data is not None:
                     self.sent.append((batch[:], None))
@@ -175,7 +184,7 @@ class Replies:
             logs = bool(self.forward.records)
             if logs:  # what the nodes logged since the last batch, for the parent's handlers
                 message, self.forward.records = (message, self.forward.records), []
-            outputs = message is batch and not dying and first >= 0 and all(map(_OK, batch))
+            outputs = message is batch and first >= 0 and all(map(_OK, batch))
             if outputs:  # (`Header.outputs`)
                 message = list(map(_OUTPUT, batch))
             try:
@@ -201,15 +210,14 @@ class Replies:
 
     def _send_outs(self, done: bool, elapsed: float) -> bool:
         """`outs` sent as they are (`Header.columns`), when they pickle plainly; False if not."""
-        data = quick(self.outs, main=False)
+        whole = self._whole()
+        data = quick(whole.columns, main=False)
         if data is None:
             return False
         transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, True,
-                                                   self.first), data)
-        self.sent.append((Outputs(self.first, [column[:] for column in self.outs], self.dicts), None))
-        self.first += self.pending()
-        for column in self.outs:
-            column.clear()
+                                                   whole.first), data)
+        self.sent.append((whole, None))
+        self._drop(len(whole.columns[0]))
         return True
 
     def resend(self, items: list[int]) -> None:

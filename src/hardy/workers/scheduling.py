@@ -423,6 +423,8 @@ class MapRun:
         log.warning("item %d: node %r has been running for %.0f s (stall_report=%g s) in worker pid %d; %s", item,
                     node, running, self.pool.stall_report, w.process.pid,
                     f"its stacks:\n{text}" if text else f"no stacks: {why}")
+
+
 def _weakly(receive: Callable[[Worker], bool]) -> Callable[[Worker], bool]:
     """`MapRun.receive` for its `Deaths`, without a reference back: a map's run, its items and
     its results are freed as the map returns, not at the collector's next full pass (which, with
