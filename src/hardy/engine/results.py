@@ -9,7 +9,7 @@ worker pool and the stream runner, which all hand it results.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash.containment import POISON, poisoned_here
@@ -88,7 +88,8 @@ class Results(MapResults):
                 if self.live:
                     self.live.item_end(self.offset + i, True)
 
-    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
+    def take(self, rows: Sequence[Row], unsent: MutableMapping[int, Any],
+             records: NodeLogBatch | None = None) -> list[Row]:
         """A worker's batch of rows `(i, ok, value)` and their node log: each success delivered as
         `ok` would, each row's item removed from `unsent`; the failures are returned (with their
         part of the log, unless replayed here already), for the pool's policy to retry or `fail`

@@ -12,7 +12,7 @@ It lives below both the engine and the worker pool, which implement it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -58,7 +58,8 @@ class ResultsSink(Protocol):
     def handed(self, chunk: Sequence[int], worker: int, again: bool = False) -> None:
         """The items of `chunk` were handed to `worker` at once; `again`: after one that died."""
 
-    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
+    def take(self, rows: Sequence[Row], unsent: MutableMapping[int, Any],
+             records: NodeLogBatch | None = None) -> list[Row]:
         """A worker's batch of rows: the successes delivered, their items removed from `unsent`, the
         failures returned for the executor's policy to retry or `fail`."""
 

@@ -48,7 +48,7 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ..model.node import Node
@@ -252,7 +252,7 @@ def row_logs(records: NodeLogBatch | None, n: int) -> list[NodeLogBatch | None]:
     return logs[:n] + [None] * (n - len(logs))
 
 
-def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: dict[int, Any], records: NodeLogBatch | None,
+def one_by_one(rows: Sequence[tuple[Any, ...]], unsent: MutableMapping[int, Any], records: NodeLogBatch | None,
                ok: Callable[[int, dict[str, Any], Sequence[NodeLogBatch]], None]) -> list[tuple[Any, ...]]:
     """A worker's batch for a sink whose `ok` sees each success alone, with its item's own log:
     each row's item leaves `unsent`; the failures are returned, each with its log."""

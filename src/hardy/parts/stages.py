@@ -10,7 +10,7 @@ exactly as in the whole plan run at once, and the cache is shared with every oth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import NodeError
@@ -93,7 +93,8 @@ class _StageResults(ResultsSink):
         if self.first:
             self.results.handed([self.indices[i] for i in chunk], worker, again)
 
-    def take(self, rows: Sequence[Row], unsent: dict[int, Any], records: NodeLogBatch | None = None) -> list[Row]:
+    def take(self, rows: Sequence[Row], unsent: MutableMapping[int, Any],
+             records: NodeLogBatch | None = None) -> list[Row]:
         """`Results.take` for one stage: each success goes on to `ok`, the failures are returned."""
         return one_by_one(rows, unsent, records, self.ok)
 

@@ -171,6 +171,9 @@ class PlanSource:
                                           if n in self.vars and n != over]
         reads = [f"{self.vars[n]} = _v[{n!r}]" for n in self.provided if n in self.vars] if over is None else []
         body = _without_repeated_steps([*reads, *self._step_lines, *self._lazy_checks()])  # (from step 0)
+        begin = f"_st[{m.step}] = {float(m.no_step)}"
+        if body and body[0] == f"_st[{m.step}] = 0.0":  # an item begins with step 0: named before the item is
+            begin = body.pop(0)
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
         # The intermediates (the outputs are held anyway) are freed before the next item, as `_run`'s
@@ -183,7 +186,7 @@ class PlanSource:
             "def _each(_xs, _c, _item, _columns, _due):",
             f"    {', '.join(appends)}, = [c.append for c in _columns]", *(f"    {ln}" for ln in before),
             f"    for {loop_var} in _xs:",
-            f"        _st[{m.step}] = {float(m.no_step)}", f"        _st[{m.item}] = _item", "        _s = 0",
+            f"        {begin}", f"        _st[{m.item}] = _item", "        _s = 0",
             "        try:", *(f"            {ln}" for ln in body or ["pass"]),
             "        except _Exception as _e:", "            return _item, _fail(_s, _e, locals())", *freed,
             f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _item += 1",

@@ -23,6 +23,7 @@ from ..plan.compiled import Plan
 from ..shipping import context, dumps, transport
 from . import status as words
 from .messages import HEADER_SIZE, plain_outputs
+from .process import Unsent
 from .scheduling import MapRun
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     except Exception:  # an input that cannot travel: the map loop names it
         pool.free(slot)
         return _mapped(pool, plan, item, sink())
-    w.plan, w.unsent, w.chunk_size = plan, {0: None}, 1
+    w.plan, w.unsent, w.chunk_size = plan, Unsent(range(1)), 1
     try:
         w.idle()
         w.follow(context.current())
@@ -63,7 +64,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
         except Exception:  # unreadable here: the map loop asks for it again
             outputs = None
         if outputs is not None and len(outputs) == 1:
-            w.plan, w.unsent = None, {}
+            w.plan, w.unsent = None, Unsent()
             w.tasks += 1
             pool.start_failures = 0
             if pool.max_tasks and w.tasks >= pool.max_tasks:  # recycled

@@ -25,7 +25,7 @@ from ..model.policy import delay
 from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
 from . import status as words
-from .process import Worker
+from .process import Unsent, Worker
 
 if TYPE_CHECKING:
     from ..model.executor import ResultsSink
@@ -72,7 +72,7 @@ class Deaths:
         culprit, suspects, rest = verdict.split(list(w.unsent), w.group)
         if culprit is not None:
             return culprit
-        w.unsent = {}
+        w.unsent = Unsent()
         log.info("a batch of %d items died (%s: %s); running them again one item per call", len(suspects),
                  end.signal, end.reason)
         self.singly.add(suspects[0])
@@ -155,7 +155,7 @@ class Deaths:
                         blame.after_return(end, self.map))
         if w.unsent:  # innocent items whose results had not been sent yet: run them again
             self.retry.append(list(w.unsent))
-        w.unsent = {}
+        w.unsent = Unsent()
         w.plan = None
         pool.replace(slot, stop=False)
 
@@ -186,7 +186,7 @@ class Deaths:
         sealed or its items fail, as `verdict.between_items` says; `w.unsent` keeps the innocent."""
         producers = [s.node.name for s in self.plan.steps if set(s.node.outputs) & set(self.plan.outputs)]
         found = verdict.between_items(end, doing, count, list(w.unsent), " / ".join(producers))
-        w.unsent = dict.fromkeys(found.unsent)
+        w.unsent = Unsent(found.unsent)
         if found.seal:
             self.send_sealed(found.seal, found.why, alone=found.alone)
         for i, err in found.failed:
@@ -199,7 +199,7 @@ class Deaths:
                     blame.after_return(end, self.map))
         if w.unsent:  # (handed just as it died, never read: it goes first to the next worker)
             self.retry.appendleft(list(w.unsent))
-        w.plan, w.unsent = None, {}
+        w.plan, w.unsent = None, Unsent()
         self.pool.replace(slot, stop=False)
 
 

@@ -13,6 +13,7 @@ import socket
 import struct
 import time
 from array import array
+from collections.abc import Iterable, Iterator, MutableMapping
 
 from ..crash.stacks import hang_stacks
 from ..plan.compiled import Plan
@@ -24,6 +25,67 @@ from .messages import Context, Setup, Stop
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 WAKE_MS = 100          # milliseconds a wait for a worker sleeps at most, between looks at pending signals
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class Unsent(MutableMapping[int, None]):
+    """The items of a worker's current chunk with no result yet, in order: a dict of them, but
+    for consecutive items answered in order (most chunks), which stay a range. In a map of
+    10,000 fast items, a dict entry made and freed per item was a tenth of the parent's time."""
+
+    __slots__ = ("start", "stop", "rest")
+
+    def __init__(self, items: Iterable[int] = ()) -> None:
+        self.start = self.stop = 0
+        self.rest: dict[int, None] | None = None  # (None: the items are range(start, stop))
+        if type(items) is range and items.step == 1:
+            self.start, self.stop = items.start, max(items.start, items.stop)
+        else:
+            self.rest = dict.fromkeys(items)
+
+    def _dict(self) -> dict[int, None]:
+        if self.rest is None:
+            self.rest = dict.fromkeys(range(self.start, self.stop))
+        return self.rest
+
+    def __len__(self) -> int:
+        return len(self.rest) if self.rest is not None else self.stop - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rest if self.rest is not None else range(self.start, self.stop))
+
+    def __contains__(self, i: object) -> bool:
+        if self.rest is not None:
+            return i in self.rest
+        return type(i) is int and self.start <= i < self.stop
+
+    def __getitem__(self, i: int) -> None:
+        if i not in self:
+            raise KeyError(i)
+
+    def __setitem__(self, i: int, value: None) -> None:
+        self._dict()[i] = value
+
+    def __delitem__(self, i: int) -> None:
+        if self.rest is None and i == self.start < self.stop:
+            self.start += 1
+        else:
+            del self._dict()[i]
+
+    def pop(self, i: int, default: None = None) -> None:  # type: ignore[override]  # (values are None)
+        if i in self:
+            del self[i]
+        return default
+
+    def clear(self) -> None:
+        self.rest, self.start, self.stop = None, 0, 0
+
+    def answered(self, first: int, n: int) -> None:
+        """Items `first` to `first` + n - 1 answered."""
+        if self.rest is None and first == self.start:
+            self.start = min(self.stop, first + n)
+        else:
+            for i in range(first, first + n):
+                self.pop(i)
 
 
 def rss(pid: int) -> int:
@@ -92,7 +154,7 @@ class Worker:
             self._either.register(fd, select.POLLIN)
         self.plans: set[int] = set()
         self.plan: Plan | None = None
-        self.unsent: dict[int, None] = {}   # items of the current chunk with no result yet, in order
+        self.unsent = Unsent()  # items of the current chunk with no result yet, in order
         self.tasks = 0
         self.started_any = False
         self.chunk_size = 0
