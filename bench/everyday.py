@@ -6,6 +6,8 @@ guard, as users write scripts; hardy's workers never re-run this file).
 Work: three trivial nodes (a = x+1, b = 2a, c = a+b). Each figure is the best of 5 rounds (a round:
 many calls, their mean), the rows of a section taking turns round after round, so that a busy
 moment of this shared machine falls on all of them alike; the load average is printed.
+`multiprocessing.Pool` and hardy's sequential executor run in processes of their own and time their
+calls there (`side_process`).
 
 1. calls: one call. The floor is a bare pipe round trip between two Python processes with the same
    payloads (a pickled int out, the 3-key dict back, over a socket pair as the pools use); beside
@@ -36,8 +38,10 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from _measure import three_nodes  # bench/_measure.py
 from hardy import Engine, Failed, NodeCrashed, Pipeline, node
@@ -63,17 +67,81 @@ def plus_one(x: int) -> int:  # a module's function: a fresh worker imports it (
 
 def rounds(cases: dict, number: dict) -> dict:
     """{name: seconds per call}, the best of ROUNDS rounds; each round runs every case once, in
-    turn, `number[name]` calls of it (one warm-up round first)."""
+    turn, `number[name]` calls of it (one warm-up round first), timed here or, for an
+    `Elsewhere` case, where it runs."""
     best = dict.fromkeys(cases, float("inf"))
     for r in range(ROUNDS + 1):
         for name, call in cases.items():
             n = number[name]
+            if isinstance(call, Elsewhere):
+                took = call(n)
+            else:
+                t = time.perf_counter()
+                for _ in range(n):
+                    call()
+                took = (time.perf_counter() - t) / n
+            if r:
+                best[name] = min(best[name], took)
+    return best
+
+
+class Elsewhere:
+    """`n` calls timed in a process of their own (`side_process`): seconds per call. `what`: which
+    of its calls, over a list of `size` items."""
+
+    def __init__(self, side: Connection, what: str, size: int = 0):
+        self.side, self.what, self.size = side, what, size
+
+    def __call__(self, n: int) -> float:
+        self.side.send((self.what, n, self.size))
+        return self.side.recv()
+
+
+def side_process(make: Callable[[], tuple[dict[str, Callable[[list], Any]], Callable[[], Any]]]
+                 ) -> tuple[Connection, int]:
+    """A forked process that makes its calls (`make()`, there: {what: call(items)}, and how to
+    close them) and times them there (`Elsewhere`), until it is sent None. Each contender runs in
+    a process of its own, as a user's program would: `Pool`'s three threads in hardy's process
+    would switch hardy's collector pause off (it pauses only while the parent is the process's one
+    thread, `workers.scheduling._pause`), and an in-process map's garbage would be the default
+    map's collector's work (its full collections landed in the default's rounds: 3.1 ms a map
+    alone, 3.9 ms taking turns in one process)."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        conn = Connection(theirs.detach())
+        made, close = make()
+        while True:
+            try:
+                asked = conn.recv()
+            except EOFError:
+                asked = None
+            if asked is None:
+                close()
+                os._exit(0)
+            what, n, size = asked
+            call, xs = made[what], list(range(size))
             t = time.perf_counter()
             for _ in range(n):
-                call()
-            if r:
-                best[name] = min(best[name], (time.perf_counter() - t) / n)
-    return best
+                call(xs)
+            conn.send((time.perf_counter() - t) / n)
+    theirs.close()
+    return Connection(ours.detach()), pid
+
+
+def pool_calls() -> tuple[dict[str, Callable[[list], Any]], Callable[[], Any]]:
+    """`multiprocessing.Pool(2)`'s calls of `three` (forked: it is the function of this module)."""
+    pool = mp.get_context("fork").Pool(2)
+    pool.map(three, range(100))
+    return {"apply": lambda xs: pool.apply(three, (1,)), "map": lambda xs: pool.map(three, xs)}, pool.terminate
+
+
+def sequential_calls() -> tuple[dict[str, Callable[[list], Any]], Callable[[], Any]]:
+    """hardy's in-process executor's calls of the same nodes."""
+    p = Pipeline(NODES, engine=Engine(map_executor="sequential"))
+    return {"run": lambda xs: p.run(inputs={"x": 1}),
+            "map": lambda xs: p.map(inputs={"x": xs}, map_over="x")}, lambda: None
 
 
 def echo_server() -> tuple[Connection, int]:
@@ -119,17 +187,16 @@ def hypernodes_run() -> tuple[float | None, str]:
     return float(out.stdout.split()[-1]), "HyperNodes 0.4.8, in-process run()"
 
 
-def calls(pool, rows: list) -> None:
+def calls(sides: dict[str, Connection], rows: list) -> None:
     conn, pid = echo_server()
 
     def floor():
         conn.send_bytes(pickle.dumps(1, protocol=5))
         return pickle.loads(conn.recv_bytes())
-    sequential = Pipeline(NODES, engine=Engine(map_executor="sequential"))
     default = Pipeline(NODES)
     default.run(inputs={"x": 1})
-    cases = {"floor": floor, "Pool.apply": lambda: pool.apply(three, (1,)),
-             "hardy sequential": lambda: sequential.run(inputs={"x": 1}),
+    cases = {"floor": floor, "Pool.apply": Elsewhere(sides["pool"], "apply"),
+             "hardy sequential": Elsewhere(sides["sequential"], "run"),
              "hardy default": lambda: default.run(inputs={"x": 1})}
     best = rounds(cases, {"floor": 3000, "Pool.apply": 1000, "hardy sequential": 20000, "hardy default": 3000})
     conn.close()
@@ -147,16 +214,15 @@ def calls(pool, rows: list) -> None:
                  f"{best['hardy default'] / base:.2f}x the floor (target <= 1.25x)"))
 
 
-def maps(pool, rows: list) -> None:
-    sequential = Pipeline(NODES, engine=Engine(map_executor="sequential"))
+def maps(sides: dict[str, Connection], rows: list) -> None:
     default = Pipeline(NODES)
     for n, number in ((100, 200), (10_000, 10)):
         xs = list(range(n))
         items = {"x": xs}
         default.map(inputs=items, map_over="x")
         default.map(inputs=items, map_over="x")
-        cases = {"Pool.map": lambda xs=xs: pool.map(three, xs),
-                 "hardy sequential": lambda items=items: sequential.map(inputs=items, map_over="x"),
+        cases = {"Pool.map": Elsewhere(sides["pool"], "map", n),
+                 "hardy sequential": Elsewhere(sides["sequential"], "map", n),
                  "hardy default": lambda items=items: default.map(inputs=items, map_over="x")}
         best = rounds(cases, dict.fromkeys(cases, number))
         base = best["Pool.map"]
@@ -298,16 +364,17 @@ sections = sys.argv[1:] or ["calls", "maps", "start", "first", "cpu", "soak"]
 print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
       f"best of {ROUNDS} rounds")
 rows: list = []
-pool = mp.get_context("fork").Pool(2) if {"calls", "maps"} & set(sections) else None
-if pool is not None:
-    pool.map(three, range(100))
+sides = ({"pool": side_process(pool_calls), "sequential": side_process(sequential_calls)}
+         if {"calls", "maps"} & set(sections) else {})
 for section in sections:
     if section in ("calls", "maps"):
-        globals()[section](pool, rows)
+        globals()[section]({name: conn for name, (conn, _) in sides.items()}, rows)
     else:
         globals()[section](rows)
-if pool is not None:
-    pool.terminate()
+for conn, pid in sides.values():
+    conn.send(None)  # (not its end closed: the processes forked since hold it too)
+    conn.close()
+    os.waitpid(pid, 0)
 for work, how, figure, ratio in rows:
     print(f"{work:<48} {how:<66} {figure:>11}   {ratio}")
 print(f"load average {os.getloadavg()[0]:.2f} at the end")

@@ -170,10 +170,13 @@ class PlanSource:
         before = [] if over is None else [f"{self.vars[n]} = _c[{n!r}]" for n in self.provided
                                           if n in self.vars and n != over]
         reads = [f"{self.vars[n]} = _v[{n!r}]" for n in self.provided if n in self.vars] if over is None else []
-        body = _without_repeated_steps([*reads, *self._step_lines, *self._lazy_checks()])  # (from step 0)
+        body = _without_repeated_steps([*reads, *self._step_lines])  # (from step 0)
         begin = f"_st[{m.step}] = {float(m.no_step)}"
         if body and body[0] == f"_st[{m.step}] = 0.0":  # an item begins with step 0: named before the item is
             begin = body.pop(0)
+        seen = [_identifier(f"_k{k}", self._taken) for k in range(len(self.outputs))]
+        body += self._lazy_checks_seen(dict(zip(self.outputs, seen, strict=True)))
+        before += [f"{', '.join(seen)} = {', '.join('None' for _ in seen)}"] if seen else []
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
         # The intermediates (the outputs are held anyway) are freed before the next item, as `_run`'s
@@ -192,6 +195,19 @@ class PlanSource:
             f"        _st[{m.item}] = {float(m.idle)}", f"        {stores}", "        _item += 1",
             "        if _clock() >= _due:", "            return _item, None",
             "    return None", ""])
+
+    def _lazy_checks_seen(self, seen: dict[str, str]) -> list[str]:
+        """`_lazy_checks` for a loop over items: an output of the class the last item's had (held in
+        its `seen` variable) passed the test already. A class compared costs a third of a set's
+        lookup, and a chunk's outputs mostly keep their class."""
+        lines = []
+        for k, step in enumerate(self.steps):
+            for o in step.node.outputs:
+                if o in self.outputs:
+                    v, last = self.vars[o], seen[o]
+                    lines += [f"if {v}.__class__ is not {last}:", f"    _s = {k}",
+                              f"    if {v}.__class__ in _LAZY: _lazy({o!r}, {v})", f"    {last} = {v}.__class__"]
+        return lines
 
     def _lazy_checks(self) -> list[str]:
         """A generator (or coroutine) a node returns as one of the plan's outputs fails that node:
