@@ -434,6 +434,70 @@ def test_the_collector_is_left_as_the_user_set_it(engines):
     assert switched == []
 
 
+class Switches(PipelineCallback):
+    """Item events: whether the collector is on as each item's end is delivered, and, at one item,
+    the user's code switching it off."""
+
+    def __init__(self) -> None:
+        self.on: set[bool] = set()
+
+    def on_map_item_end(self, i, duration, ctx):
+        self.on.add(gc.isenabled())
+        if i == N // 2:
+            gc.disable()
+
+
+def test_callbacks_run_with_the_collector_as_the_user_set_it(engines):
+    """The collector's pause covers the making of the result dicts, not their delivery: a callback
+    runs with it on, and one that switches it off finds it off after the map."""
+    callback = Switches()
+    p = Pipeline([via], engine=engines[0], callbacks=[callback])
+    p.map(inputs={"x": list(range(N))}, map_over="x")
+    try:
+        assert callback.on == {True, False} and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+class Flaky:
+    """A lazy proxy's kind of value (lazy_object_proxy): its class is resolved on first use, and
+    the first resolution fails."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        self.tries += 1
+        if self.tries == 1:
+            raise RuntimeError("backing store unavailable")
+        return int
+
+
+@node(output_name="y")
+def flaky_at(x: int):
+    return Flaky() if x == N - 10 else x + 1
+
+
+@node(output_name="z")
+def doubled(x: int) -> int:
+    return 2 * x
+
+
+def test_an_outputs_class_read_is_its_nodes(engines):
+    """Reading an output's class (for the generator test) is its node's: a failure there names
+    the node that made it, as the sequential executor does, not the step that ran last."""
+    default, sequential = engines
+    inputs = {"x": list(range(N))}
+    expected = Pipeline([flaky_at, doubled], engine=sequential).map(inputs=inputs, map_over="x", on_error="continue")
+    p = Pipeline([flaky_at, doubled], engine=default)
+    p.map(inputs=inputs, map_over="x", on_error="continue")
+    got = p.map(inputs=inputs, map_over="x", on_error="continue")
+    assert [_outcome(o) for o in got] == [_outcome(o) for o in expected]
+    assert [i for i, o in enumerate(got) if isinstance(o, Failed)] == [N - 10]
+    assert got[N - 10].error.node == "flaky_at"
+
+
 class Fragile:
     """An intermediate whose destructor crashes (a native handle freed twice, say) for one item."""
 

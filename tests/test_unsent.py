@@ -54,3 +54,13 @@ def test_consecutive_items_answered_in_order_stay_a_range():
     assert unsent.rest is None and (unsent.start, unsent.stop) == (2102, 5100)
     unsent.pop(4000)  # out of order: a dict from here on
     assert unsent.rest is not None and len(unsent) == 2997 and 4000 not in unsent and 4001 in unsent
+
+
+def test_a_key_equal_to_an_int_is_that_item_as_in_a_dict():
+    np = pytest.importorskip("numpy")
+    for key in (True, 2.0, np.int64(2)):
+        mine, theirs = Unsent(range(0, 5)), dict.fromkeys(range(0, 5))
+        assert (key in mine) == (key in theirs)
+        mine.pop(key, None)
+        theirs.pop(key, None)
+        assert list(mine) == list(theirs)

@@ -205,7 +205,7 @@ class PlanSource:
             for o in step.node.outputs:
                 if o in self.outputs:
                     v, last = self.vars[o], seen[o]
-                    lines += [f"if {v}.__class__ is not {last}:", f"    _s = {k}",
+                    lines += [f"_s = {k}", f"if {v}.__class__ is not {last}:",  # (its class read is its node's)
                               f"    if {v}.__class__ in _LAZY: _lazy({o!r}, {v})", f"    {last} = {v}.__class__"]
         return lines
 

@@ -56,7 +56,9 @@ class Unsent(MutableMapping[int, None]):
     def __contains__(self, i: object) -> bool:
         if self.rest is not None:
             return i in self.rest
-        return type(i) is int and self.start <= i < self.stop
+        if type(i) is int:
+            return self.start <= i < self.stop
+        return i in range(self.start, self.stop)  # (equal to an int, as a dict's key would be: True, 2.0)
 
     def __getitem__(self, i: int) -> None:
         if i not in self:

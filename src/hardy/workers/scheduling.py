@@ -328,18 +328,11 @@ class MapRun:
 
     def take_outputs(self, unsent: Unsent, first: int, batch: list[Any], columns: bool) -> None:
         """A batch of outputs only (`Header.outputs`) of the items `first`, `first` + 1, ...: one
-        per item, or, `columns`, a list per output (`Header.columns`), made their result dicts
-        here. The batch is emptied."""
-        paused = _pause()
-        try:
-            outputs = columns_to_dicts(self.plan.outputs)(batch) if columns else batch
-            unsent.answered(first, len(outputs))
-            self.results.take_span(first, outputs)
-            batch.clear()  # (freed before the collector runs: it would walk its lists)
-            del outputs
-        finally:
-            if paused:
-                gc.enable()
+        per item, or, `columns`, a list per output (`Header.columns`, emptied here), made their
+        result dicts here."""
+        outputs = _dicts(self.plan.outputs, batch) if columns else batch
+        unsent.answered(first, len(outputs))
+        self.results.take_span(first, outputs)
 
     def take_each(self, unsent: Unsent, batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
         """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
@@ -443,18 +436,27 @@ def _weakly(receive: Callable[[Worker], bool]) -> Callable[[Worker], bool]:
     return weak
 
 
-def _pause() -> bool:
-    """Pause the collector while a batch of outputs is taken (`MapRun.take_outputs`); whether it
-    was. Each result dict made counts toward the next collection, though none can be garbage, and
-    a collection then walks the young containers, the batch's lists of thousands of values among
-    them: in a map of 10,000 fast items, 4 or 5 collections of 40 us each, on the parent's critical
-    path. Paused, one runs after the batch was freed, over a few small containers. Only while this
-    is the process's one thread: another could switch the collector off meanwhile, and find it on
-    again after."""
+def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str, Any]]:
+    """A worker's columns of outputs (`Header.columns`) as the result dicts of its items, the
+    columns emptied, with the collector paused. Each dict made counts toward the next collection,
+    though none can be garbage, and a collection then walks the young containers, the columns'
+    lists of thousands of values among them: in a map of 10,000 fast items, 4 or 5 collections of
+    40 us each, on the parent's critical path. Paused, one runs after the columns were freed. No
+    user code runs in the pause (the results are delivered after it), and it is made only while
+    this is the process's one thread: another could switch the collector off meanwhile, and find
+    it on again after."""
+    make = columns_to_dicts(outputs)
     if threading.active_count() > 1 or not gc.isenabled():
-        return False
-    gc.disable()
-    return True
+        made = make(columns)
+        columns.clear()
+        return made
+    try:
+        gc.disable()
+        made = make(columns)
+        columns.clear()  # (freed before the collector runs again: it would walk their values)
+        return made
+    finally:
+        gc.enable()
 
 
 def _answer(question: memoryview) -> transport.Packed:
