@@ -175,7 +175,7 @@ class PlanSource:
         if body and body[0] == f"_st[{m.step}] = 0.0":  # an item begins with step 0: named before the item is
             begin = body.pop(0)
         seen = [_identifier(f"_k{k}", self._taken) for k in range(len(self.outputs))]
-        body += self._lazy_checks_seen(dict(zip(self.outputs, seen, strict=True)))
+        body += self._lazy_checks(dict(zip(self.outputs, seen, strict=True)))
         before += [f"{', '.join(seen)} = {', '.join('None' for _ in seen)}"] if seen else []
         appends = [_identifier(f"_o{k}", self._taken) for k in range(len(self.outputs))]
         stores = "; ".join(f"{a}({self.vars[o]})" for a, o in zip(appends, self.outputs, strict=True))
@@ -196,28 +196,22 @@ class PlanSource:
             "        if _clock() >= _due:", "            return _item, None",
             "    return None", ""])
 
-    def _lazy_checks_seen(self, seen: dict[str, str]) -> list[str]:
-        """`_lazy_checks` for a loop over items: an output of the class the last item's had (held in
-        its `seen` variable) passed the test already. A class compared costs a third of a set's
-        lookup, and a chunk's outputs mostly keep their class."""
-        lines = []
-        for k, step in enumerate(self.steps):
-            for o in step.node.outputs:
-                if o in self.outputs:
-                    v, last = self.vars[o], seen[o]
-                    lines += [f"_s = {k}", f"if {v}.__class__ is not {last}:",  # (its class read is its node's)
-                              f"    if {v}.__class__ in _LAZY: _lazy({o!r}, {v})", f"    {last} = {v}.__class__"]
-        return lines
-
-    def _lazy_checks(self) -> list[str]:
+    def _lazy_checks(self, seen: dict[str, str] | None = None) -> list[str]:
         """A generator (or coroutine) a node returns as one of the plan's outputs fails that node:
         in this process its work would run later, outside hardy's errors, timeouts and crash
-        containment, and from a worker it cannot come back at all. One class test per output."""
+        containment, and from a worker it cannot come back at all. One class test per output; in
+        a loop over items (`each_text`), only for an output whose class is not the last item's
+        (held in its `seen` variable, which passed the test): a class compared costs a third of a
+        set's lookup, and a chunk's outputs mostly keep their class."""
         lines = []
         for k, step in enumerate(self.steps):
             for o in step.node.outputs:
                 if o in self.outputs:
-                    lines += [f"_s = {k}", f"if {self.vars[o]}.__class__ in _LAZY: _lazy({o!r}, {self.vars[o]})"]
+                    v = self.vars[o]
+                    test = f"if {v}.__class__ in _LAZY: _lazy({o!r}, {v})"
+                    lines.append(f"_s = {k}")  # (before the class is read: a class that raises is its node's)
+                    lines += [test] if seen is None else [f"if {v}.__class__ is not {seen[o]}:", f"    {test}",
+                                                          f"    {seen[o]} = {v}.__class__"]
         return lines
 
     # Caching, compiled in. A node's key is BLAKE3(its fingerprint + the keys of its arguments),

@@ -446,17 +446,16 @@ def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str,
     this is the process's one thread: another could switch the collector off meanwhile, and find
     it on again after."""
     make = columns_to_dicts(outputs)
-    if threading.active_count() > 1 or not gc.isenabled():
-        made = make(columns)
-        columns.clear()
-        return made
+    paused = threading.active_count() == 1 and gc.isenabled()
     try:
-        gc.disable()
+        if paused:
+            gc.disable()
         made = make(columns)
         columns.clear()  # (freed before the collector runs again: it would walk their values)
         return made
     finally:
-        gc.enable()
+        if paused:
+            gc.enable()
 
 
 def _answer(question: memoryview) -> transport.Packed:
