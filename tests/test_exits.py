@@ -21,7 +21,19 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 C_SOURCE = r"""
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 void quit_now(int code) { exit(code); }
+int fork_and_crash(void) {  /* a helper process forked from C, which segfaults */
+    pid_t pid = fork();
+    if (pid == 0) {
+        *(volatile int *)0 = 1;
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+}
 """
 
 SCRIPT = r"""
@@ -59,10 +71,10 @@ print(json.dumps({"twice": sorted(k for k, n in runs.items() if n > 1), "missing
 """
 
 
-def run_script(code: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
+def run_script(code: str, *args: str, timeout: float = 180,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-", *args], input=textwrap.dedent(code), capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env={**os.environ, "PYTHONPATH": SRC, **(env or {})}, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +126,57 @@ def test_a_nodes_fork_children_exit_their_own_way(quitting_lib):
     """, quitting_lib)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "[{'codes': (5, 6)}, {'codes': (6, 7)}, {'codes': (7, 8)}]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("handler", ["auto", "ctypes", "off"])
+def test_a_nodes_fork_child_that_crashes_is_its_own_affair(handler, quitting_lib):
+    """A helper process that a node forks (multiprocessing's, a DataLoader's, one forked from C)
+    and that crashes dies of its signal as it would outside hardy. Before, it inherited the
+    worker's crash handlers: it sent the worker's unsent results to the parent as its own last
+    words (each of those items ended twice), and wrote its stacks into the worker's crash record,
+    so the worker's own later crash was reported at the helper's line. With each native handler:
+    compiled, through ctypes, none (`HARDY_NATIVE_HANDLER`)."""
+    done = run_script("""
+        import collections, ctypes, json, os, sys
+        from hardy import Engine, Pipeline, PipelineCallback, node
+
+        class Ends(PipelineCallback):
+            def __init__(self):
+                self.ends = collections.Counter()
+
+            def on_map_item_end(self, i, duration, ctx):
+                self.ends[i] += 1
+
+        @node(output_name="y")
+        def step(x, lib):
+            if x == 20:  # a helper process this node forks crashes; the node carries on
+                pid = os.fork()
+                if pid == 0:
+                    ctypes.string_at(0)
+                return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if x == 30:  # the same, forked from C
+                return ctypes.CDLL(lib).fork_and_crash()
+            if x == 40:
+                ctypes.string_at(0)  # the worker's own crash
+            return x
+
+        ends = Ends()
+        with Engine(map_executor="process", workers=1) as engine:
+            out = Pipeline(nodes=[step], engine=engine, callbacks=[ends]).map(
+                inputs={"x": list(range(60)), "lib": sys.argv[1]}, map_over="x", on_error="continue")
+        print(json.dumps({"helpers": [out[20], out[30]], "twice": sorted(i for i, n in ends.ends.items() if n > 1),
+                          "ok": [o == {"y": x} for x, o in enumerate(out)].count(True), "error": str(out[40].error)}))
+    """, quitting_lib, env={"HARDY_NATIVE_HANDLER": handler})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["helpers"] == [{"y": -11}, {"y": -11}], out  # each helper died of its SIGSEGV
+    assert out["twice"] == [] and out["ok"] == 57, out  # no item ended twice; all but 20, 30 and 40 as computed
+    error = out["error"]
+    assert error.startswith("node 'step' failed on item 40 (inputs: lib="), error
+    assert "SIGSEGV" in error and 'File "<stdin>", line 22 in step' in error, error  # the worker's own line
+    assert "line 17 in step" not in error, error  # not the Python helper's
+    if handler != "off":  # (without a native handler, faulthandler writes a C helper's stack: it cannot tell)
+        assert "line 20 in step" not in error, error
 
 
 def test_a_result_whose_pickling_calls_sys_exit_fails_its_item_and_ends_nothing():

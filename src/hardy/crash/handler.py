@@ -207,8 +207,13 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
             (info.sname or b"?") if known else b"?", fname or b"?")
 
     entered: list[bool] = []
+    owner = os.getpid()
 
     def on_signal(signum: int, siginfo: int, context: int) -> None:
+        if os.getpid() != owner:  # a fork child (as in native_handler.c): the default action
+            libc.signal(signum, None)
+            getattr(libc, "raise")(signum)
+            return
         if entered:  # another thread is writing its record: wait for the process to end with it
             while True:
                 libc.pause()

@@ -6,6 +6,10 @@
  * find the default action and end the process before the first had written anything. Instead the
  * first thread in writes; any other waits for the process to end. A fault inside this handler,
  * its signal blocked, is fatal at once (the kernel's rule), so it cannot loop.
+ * Only in the process that installed it: a fork child of the worker (a node's helper process,
+ * forked from Python or from C) inherits the handler, and must neither write into the worker's
+ * record nor hand the signal to the worker's last words; it dies of the signal as it would
+ * without hardy.
  * The parent symbolises the offsets after the death (hardy/crash/symbols.py).
  * Built with -DHARDY_PRELOAD, it installs itself when loaded (LD_PRELOAD, for `hardy repeat`),
  * writing to stderr. A Python started with PYTHONFAULTHANDLER=1 then installs faulthandler over
@@ -24,6 +28,7 @@
 
 #define MAX_FRAMES 64
 static int out_fd = -1;
+static pid_t owner;  /* the process that installed the handler */
 static struct sigaction previous[65];
 static void *frames[MAX_FRAMES];
 static char line[1200];
@@ -79,6 +84,14 @@ static void frame(uintptr_t address) {
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
     (void)info;
+#ifndef HARDY_PRELOAD
+    if (getpid() != owner) {  /* a fork child: the default action, blocked until this returns */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        errno = saved;
+        return;
+    }
+#endif
     if (__atomic_exchange_n(&entered, 1, __ATOMIC_SEQ_CST))
         for (;;) pause();  /* another thread is writing its record; the process ends with it */
     if (out_fd >= 0) {
@@ -150,6 +163,7 @@ int hardy_native_install(int fd, const int *signals, int count) {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     out_fd = fd;
+    owner = getpid();
     for (int i = 0; i < count; i++)
         if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], &action, &previous[signals[i]]) != 0)
             return -1;

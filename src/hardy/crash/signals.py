@@ -41,17 +41,21 @@ def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FA
     """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
     installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
     of it). Python cannot do this itself: its handlers run between bytecodes, after the process
-    is dead. Returns the function that puts the previous handlers back."""
+    is dead. Only in this process: a fork child that inherits the handler skips the callback (a
+    worker's last words would send the worker's results from another process). Returns the
+    function that puts the previous handlers back."""
     import ctypes
     libc = ctypes.CDLL(None)
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
     previous: dict[int, Any] = {}
+    owner = os.getpid()
 
     def handler(signum: int) -> None:
         libc.alarm(LAST_WORDS_LIMIT)
         try:
-            callback(signum)
+            if os.getpid() == owner:
+                callback(signum)
         finally:
             libc.alarm(0)
             libc.signal(signum, previous[signum])

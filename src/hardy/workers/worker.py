@@ -112,6 +112,19 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
     REPLIES.guard_exits(fault_file.fileno())  # os._exit, exit() from C: the same last words
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
+    os.register_at_fork(after_in_child=_own_crashes)
+
+
+def _own_crashes() -> None:
+    """In a node's fork child (multiprocessing's, a DataLoader's): its crash is its own, as it
+    would be without hardy. faulthandler's disable puts back the fatal signals' handlers from
+    before the worker's (so the three above go), its unregister SIGUSR1's; faulthandler writes
+    to stderr again if the user asked for it. (A child forked from C keeps the handlers, which
+    find they are not in their process: `crash.handler`.)"""
+    faulthandler.disable()
+    faulthandler.unregister(signal.SIGUSR1)
+    if os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions:
+        faulthandler.enable()
 
 
 def _open_status_words(status_fd: int) -> StatusWords:
