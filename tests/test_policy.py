@@ -131,6 +131,34 @@ def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor
         assert run.returncode == -11 and "hardy:" not in run.stderr and "line 8 in fragile" in run.stderr
 
 
+def test_a_fork_child_of_the_caller_reports_its_own_in_process_crash(tmp_path):
+    """The report is installed once per process, at its first in-process map; a child forked
+    after that (a multiprocessing worker, say) that runs a map and crashes reports it the same
+    way (a check that hardy's handlers act only in their own process must not silence it)."""
+    script = tmp_path / "forks.py"
+    script.write_text(textwrap.dedent(f"""
+        import ctypes, os
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def fragile(x):
+            if x == {K}:
+                ctypes.string_at(0)
+            return x
+
+        p = Pipeline(nodes=[fragile], engine=Engine(map_executor="sequential"))
+        p.map(inputs={{"x": list(range({K}))}}, map_over="x")
+        pid = os.fork()
+        if pid == 0:
+            p.map(inputs={{"x": list(range({N}))}}, map_over="x")
+            os._exit(0)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "child -11", (run.stdout, run.stderr)
+    assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("executor", IN_PROCESS + CONTAINED)
 def test_an_exception_listed_in_retry_on_is_retried_in_place(engines, executor, tmp_path):
     out, runs = _map(engines[executor], flaky_once, tmp_path)

@@ -21,6 +21,12 @@ hardy is pure Python, so the handler reaches a machine in one of two ways, chose
   libc and CPU inside a pure-Python wheel; a compiler is on almost every machine that builds
   native code, and the fallback covers the rest.
 `HARDY_NATIVE_HANDLER=ctypes` forces the fallback, `=off` installs neither.
+
+A process a node forks inherits the handler. There it writes nothing: it puts back what the
+worker had before hardy's handlers (`remember`) and hands the signal to it. The fallback has to
+enter Python to find that out, which a process forked from C (not through `os.fork`, which
+resets the interpreter's locks) may never manage: another thread may have held the interpreter's
+lock at the fork.
 """
 
 from __future__ import annotations
@@ -123,6 +129,7 @@ def _native() -> tuple[Any, str]:
     except OSError as exc:
         return None, f"{path} cannot be loaded: {exc}"
     lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+    lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
     ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker
     return lib, ""
 
@@ -140,6 +147,29 @@ def mechanism() -> tuple[str, str]:
     if os.uname().machine not in _PC_OFFSET:
         return "off", f"{why}; the ctypes fallback knows no {os.uname().machine} signal context"
     return "ctypes", why
+
+
+def remember(signals: Sequence[str]) -> Callable[[int], None]:
+    """Note the dispositions of `signals` now, before any of hardy's handlers are installed; returns
+    the function that puts one back (by number). A process forked from the one that installs them
+    inherits hardy's handlers (a node's helper process, from Python or from C): there each of them
+    puts back what was here before and hands the signal to it, writing nothing, as if hardy had
+    never been there (the compiled handler from its own copy, `hardy_native_remember`)."""
+    numbers = [int(getattr(signal, name)) for name in signals]
+    libc = ctypes.CDLL(None)
+    libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    saved = {n: _SigAction() for n in numbers}
+    for n, action in saved.items():
+        libc.sigaction(n, None, ctypes.byref(action))
+    _kept.append(saved)
+    _ORIGINAL.update(saved)
+    lib = _native()[0] if mechanism()[0] == "native" else None
+    if lib is not None:
+        lib.hardy_native_remember((ctypes.c_int * len(numbers))(*numbers), len(numbers))
+
+    def put_back(signum: int) -> None:
+        libc.sigaction(signum, ctypes.byref(saved[signum]), None)
+    return put_back
 
 
 def install(fd: int, signals: Sequence[str] = SIGNALS) -> str:
@@ -187,6 +217,7 @@ class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86_64, aarch64
 _SA_SIGINFO = 4
 _HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _kept: list[Any] = []  # the installed callback and its buffers live as long as the process
+_ORIGINAL: dict[int, _SigAction] = {}  # the dispositions before hardy's handlers (`remember`)
 
 
 def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
@@ -210,8 +241,8 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
     owner = os.getpid()
 
     def on_signal(signum: int, siginfo: int, context: int) -> None:
-        if os.getpid() != owner:  # a fork child (as in native_handler.c): the default action
-            libc.signal(signum, None)
+        if os.getpid() != owner:  # a fork child: what was there before hardy (`remember`), or the default
+            libc.sigaction(signum, ctypes.byref(_ORIGINAL.get(signum, _SigAction())), None)
             getattr(libc, "raise")(signum)
             return
         if entered:  # another thread is writing its record: wait for the process to end with it

@@ -8,8 +8,9 @@
  * its signal blocked, is fatal at once (the kernel's rule), so it cannot loop.
  * Only in the process that installed it: a fork child of the worker (a node's helper process,
  * forked from Python or from C) inherits the handler, and must neither write into the worker's
- * record nor hand the signal to the worker's last words; it dies of the signal as it would
- * without hardy.
+ * record nor hand the signal to the worker's last words. There it puts back the disposition the
+ * worker had before any of hardy's handlers (`hardy_native_remember`; a runtime's own handler,
+ * or the default action) and lets the signal go to that, as it would without hardy.
  * The parent symbolises the offsets after the death (hardy/crash/symbols.py).
  * Built with -DHARDY_PRELOAD, it installs itself when loaded (LD_PRELOAD, for `hardy repeat`),
  * writing to stderr. A Python started with PYTHONFAULTHANDLER=1 then installs faulthandler over
@@ -30,6 +31,7 @@
 static int out_fd = -1;
 static pid_t owner;  /* the process that installed the handler */
 static struct sigaction previous[65];
+static struct sigaction original[65];  /* before any of hardy's handlers (SIG_DFL if not remembered) */
 static void *frames[MAX_FRAMES];
 static char line[1200];
 static char alt_stack[1 << 16];
@@ -85,8 +87,8 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
     (void)info;
 #ifndef HARDY_PRELOAD
-    if (getpid() != owner) {  /* a fork child: the default action, blocked until this returns */
-        signal(sig, SIG_DFL);
+    if (getpid() != owner) {  /* a fork child: what was there before hardy, blocked until this returns */
+        sigaction(sig, &original[sig], NULL);
         raise(sig);
         errno = saved;
         return;
@@ -147,6 +149,13 @@ int hardy_native_at_exit(void (*callback)(int), unsigned limit) {
     exit_limit = limit;
     exit_pid = getpid();
     return on_exit(on_exit_hook, NULL);
+}
+
+int hardy_native_remember(const int *signals, int count) {
+    for (int i = 0; i < count; i++)
+        if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], NULL, &original[signals[i]]) != 0)
+            return -1;
+    return 0;
 }
 
 int hardy_native_install(int fd, const int *signals, int count) {

@@ -37,13 +37,15 @@ FATAL_SIGNALS = ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL")
 LAST_WORDS_LIMIT = 2  # seconds: a callback that hangs in a corrupted process is ended by SIGALRM
 
 
-def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FATAL_SIGNALS) -> Callable[[], None]:
+def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FATAL_SIGNALS,
+                    elsewhere: Callable[[int], None] | None = None) -> Callable[[], None]:
     """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
     installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
     of it). Python cannot do this itself: its handlers run between bytecodes, after the process
-    is dead. Only in this process: a fork child that inherits the handler skips the callback (a
-    worker's last words would send the worker's results from another process). Returns the
-    function that puts the previous handlers back."""
+    is dead. `elsewhere`: in a process forked from this one, which inherits the handler, it calls
+    neither the callback nor the previous handler but `elsewhere(signum)`, which puts back what
+    should handle the signal there (a worker's last words and its crash record are the worker's
+    own). Returns the function that puts the previous handlers back."""
     import ctypes
     libc = ctypes.CDLL(None)
     libc.signal.restype = ctypes.c_void_p
@@ -52,10 +54,13 @@ def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FA
     owner = os.getpid()
 
     def handler(signum: int) -> None:
+        if elsewhere is not None and os.getpid() != owner:
+            elsewhere(signum)
+            getattr(libc, "raise")(signum)  # (blocked in this handler: delivered as it returns)
+            return
         libc.alarm(LAST_WORDS_LIMIT)
         try:
-            if os.getpid() == owner:
-                callback(signum)
+            callback(signum)
         finally:
             libc.alarm(0)
             libc.signal(signum, previous[signum])

@@ -102,29 +102,28 @@ def _take_setup(setup: Setup) -> None:
 
 def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     """What a dying worker leaves behind, in order: its native frames, its unsent results (its
-    last words), then faulthandler's Python stack, all in the crash file the parent reads."""
+    last words), then faulthandler's Python stack, all in the crash file the parent reads. A
+    process a node forks inherits these handlers; there they stand aside (`native_handler.remember`)."""
+    put_back = native_handler.remember((*FATAL_SIGNALS, "SIGUSR1"))  # (first: before any of hardy's)
     fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
-    on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"))
+    on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"),
+                    elsewhere=put_back)
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
     REPLIES.guard_exits(fault_file.fileno())  # os._exit, exit() from C: the same last words
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
-    os.register_at_fork(after_in_child=_own_crashes)
+    os.register_at_fork(after_in_child=_stderr_for_faulthandler)
 
 
-def _own_crashes() -> None:
-    """In a node's fork child (multiprocessing's, a DataLoader's): its crash is its own, as it
-    would be without hardy. faulthandler's disable puts back the fatal signals' handlers from
-    before the worker's (so the three above go), its unregister SIGUSR1's; faulthandler writes
-    to stderr again if the user asked for it. (A child forked from C keeps the handlers, which
-    find they are not in their process: `crash.handler`.)"""
-    faulthandler.disable()
-    faulthandler.unregister(signal.SIGUSR1)
-    if os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions:
-        faulthandler.enable()
+def _stderr_for_faulthandler() -> None:
+    """In a node's fork child: faulthandler, should the child's own handlers reach it (it was on
+    before hardy's, PYTHONFAULTHANDLER), writes to stderr, not into the worker's crash record.
+    Only its file changes (enabled, `enable` installs nothing)."""
+    if faulthandler.is_enabled():
+        faulthandler.enable(file=2, all_threads=True)
 
 
 def _open_status_words(status_fd: int) -> StatusWords:
