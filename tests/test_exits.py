@@ -47,13 +47,17 @@ int fork_and_signal(int sig) {  /* a helper forked from C that gets `sig` */
     }
     return waited(pid);
 }
-/* A runtime with a SIGSEGV handler of its own (as a JVM or a WebAssembly runtime has): a fault
- * ends the process with code 42. */
+/* A runtime with a SIGSEGV handler of its own (as a JVM or a WebAssembly runtime has), which reads
+ * the fault's details: a fault ends the process with code 42; a SIGSEGV sent (kill, raise), 99. */
 static struct sigaction before;
-static void on_fault(int sig) { (void)sig; _exit(42); }
+static void on_fault(int sig, siginfo_t *info, void *context) {
+    (void)sig; (void)context;
+    _exit(info->si_code > 0 ? 42 : 99);
+}
 void rt_init(void) {
     struct sigaction mine = {0};
-    mine.sa_handler = on_fault;
+    mine.sa_sigaction = on_fault;
+    mine.sa_flags = SA_SIGINFO;
     sigemptyset(&mine.sa_mask);
     sigaction(SIGSEGV, &mine, &before);
 }
@@ -222,9 +226,9 @@ def test_a_nodes_fork_child_keeps_the_signal_handlers_it_would_have_without_hard
     """In a helper process, hardy's handlers stand aside for what the worker had before them, and
     leave alone what a node installed after them: a runtime's own SIGSEGV handler, installed by a
     node before it forks, or preloaded in the fork server (`Engine(preload=)`) under hardy's,
-    still handles the helper's fault; a helper that gets SIGUSR1 dies of it (the
-    worker's handler, inherited, had written its stack into the worker's crash record and let it
-    live)."""
+    still handles the helper's fault, with the fault's own details (`si_code`: the fault happens
+    again, rather than a signal sent again); a helper that gets SIGUSR1 dies of it (the worker's handler, inherited, had written its stack into the worker's
+    crash record and let it live); a helper's own faulthandler writes its stacks."""
     (tmp_path / "runtime.py").write_text("import ctypes, os\nctypes.CDLL(os.environ['RT_LIB']).rt_init()\n")
     done = run_script("""
         import ctypes, json, os, signal, sys
@@ -253,26 +257,42 @@ def test_a_nodes_fork_child_keeps_the_signal_handlers_it_would_have_without_hard
                     os.kill(os.getpid(), signal.SIGUSR1)
                     os._exit(0)
                 return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            if x.startswith("own faulthandler"):
+                path = os.path.join(sys.argv[3], x.replace(" ", "-").replace(",", ""))
+                pid = os.fork()
+                if pid == 0:
+                    import faulthandler
+                    with open(path, "w") as f:
+                        if x.endswith("SIGSEGV"):
+                            faulthandler.enable(file=f)
+                            ctypes.string_at(0)
+                        faulthandler.register(signal.SIGUSR1, file=f)
+                        os.kill(os.getpid(), signal.SIGUSR1)
+                    os._exit(0)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                return code, "Current thread" in open(path).read()
             ctypes.string_at(0)  # the worker's own crash
 
         lib = sys.argv[1]
         with Engine(map_executor="process", workers=1) as engine:
             out = Pipeline(nodes=[step], engine=engine).map(
-                inputs={"x": ["runtime, then fork", "SIGUSR1", "crash"], "lib": lib}, map_over="x", on_error="continue")
-        helpers = [out[0], out[1]]
+                inputs={"x": ["runtime, then fork", "SIGUSR1", "own faulthandler, SIGSEGV", "own faulthandler, SIGUSR1",
+                              "crash"], "lib": lib}, map_over="x", on_error="continue")
+        helpers = out[:4]
         with Engine(map_executor="process", workers=1, preload=["runtime"]) as engine:
             preloaded = Pipeline(nodes=[step], engine=engine)
             helpers.append(preloaded.run(inputs={"x": "preloaded runtime, then fork", "lib": lib}))
             if sys.argv[2] == "from C":
                 helpers.append(preloaded.run(inputs={"x": "preloaded runtime, fork from C", "lib": lib}))
-        print(json.dumps({"helpers": helpers, "error": str(out[2].error)}))
-    """, quitting_lib, "from C" if handler == "auto" else "-",
+        print(json.dumps({"helpers": helpers, "error": str(out[4].error)}))
+    """, quitting_lib, "from C" if handler == "auto" else "-", str(tmp_path),
         env={**_handler_env(handler), "RT_LIB": quitting_lib, "PYTHONPATH": f"{SRC}:{tmp_path}"})
     assert done.returncode == 0, done.stdout + done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
-    assert out["helpers"] == [{"y": 42}, {"y": -signal.SIGUSR1}, {"y": 42}] + ([{"y": 42}] if handler == "auto" else []), out
+    assert out["helpers"] == [{"y": 42}, {"y": -signal.SIGUSR1}, {"y": [-signal.SIGSEGV, True]}, {"y": [0, True]},
+                              {"y": 42}] + ([{"y": 42}] if handler == "auto" else []), out
     error = out["error"]
-    assert "SIGSEGV" in error and 'File "<stdin>", line 28 in step' in error, error  # the worker's own crash
+    assert "SIGSEGV" in error and 'File "<stdin>", line 42 in step' in error, error  # the worker's own crash
     assert "line 25 in step" not in error, error  # and not the SIGUSR1 helper's stack
 
 
@@ -301,3 +321,34 @@ def test_a_result_whose_pickling_calls_sys_exit_fails_its_item_and_ends_nothing(
         "99 node 'make' failed on item 5: its output 'y' (__main__.Quits) cannot be pickled back to the parent "
         "process (SystemExit: 9); return plain data (numbers, arrays, dicts, paths) or make the type picklable"), \
         done.stdout + done.stderr
+
+
+def test_a_nested_map_leaves_the_workers_compiled_handler_in_front():
+    """A map run inside a node (in the worker, in-process) does not put hardy's Python crash report
+    in front of the worker's compiled handler: a helper the node then forks from C would enter
+    Python from it, and wait forever when another thread held the interpreter's lock at the fork
+    (seen with a busy thread: the item ran past its timeout)."""
+    done = run_script("""
+        import ctypes, signal
+        from hardy import Engine, Pipeline, node
+
+        def handler_of(sig):  # the address in its struct sigaction (glibc: the first field)
+            action = (ctypes.c_char * 152)()
+            ctypes.CDLL(None).sigaction(sig, None, action)
+            return ctypes.c_void_p.from_buffer(action).value
+
+        @node(output_name="y")
+        def double(x):
+            return 2 * x
+
+        @node(output_name="same")
+        def outer(n):
+            before = handler_of(signal.SIGSEGV)
+            Pipeline(nodes=[double]).map(inputs={"x": list(range(n))}, map_over="x")
+            return before == handler_of(signal.SIGSEGV)
+
+        with Engine(map_executor="process", workers=1) as engine:
+            print(Pipeline(nodes=[outer], engine=engine).run(inputs={"n": 5}))
+    """, env={"HARDY_NATIVE_HANDLER": "auto"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "{'same': True}", done.stdout + done.stderr

@@ -224,6 +224,37 @@ def test_a_handler_others_may_write_is_not_loaded(tmp_path, monkeypatch):
     assert handler.build() == (path, "")
 
 
+def test_a_handler_built_from_another_source_is_not_loaded(tmp_path):
+    """A library under this source's name that lacks one of its functions (built from another
+    source, as a build that raced an upgrade of hardy could leave it) is not loaded: workers fall
+    back to the ctypes handler and a map runs. Before, the missing function ended the fork server,
+    and every map failed saying a preload= module crashed."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    built = subprocess.run([sys.executable, "-c", "from hardy.crash import handler; print(handler.build()[0])"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    path = Path(built.stdout.strip())
+    assert path.exists(), built.stdout + built.stderr
+    other = tmp_path / "other.c"
+    other.write_text("int hardy_native_install(int fd, const int *s, int n) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(other)], check=True)
+    os.chmod(path, 0o700)
+    run = subprocess.run([sys.executable, "-"], input=textwrap.dedent("""
+        from hardy import Engine, Pipeline, node
+        from hardy.crash import handler
+
+        @node(output_name="y")
+        def double(x):
+            return 2 * x
+
+        kind, why = handler.mechanism()
+        print(kind, "cannot be loaded" in why and "hardy_native_remember" in why)
+        print(Pipeline(nodes=[double], engine=Engine(map_executor="process", workers=1)).map(
+            inputs={"x": [1, 2]}, map_over="x"))
+    """), capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == ["ctypes True", "[{'y': 2}, {'y': 4}]"], run.stdout + run.stderr
+
+
 def test_symbols_are_read_from_the_symtab_and_cached(libs):
     text = "\n".join(["hardy-native: signal 0xb",
                       f"hardy-native: 0x{0x10000 + 0x1000:x} 0x10000 0x0 ? {libs['c']}",

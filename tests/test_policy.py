@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import executors
+from conftest import build_library, executors
 from hardy import Engine, Failed, NodeTimeout, Pipeline, node
 from hardy.errors import InvalidArgument, NodeDefinitionError
 from hardy.model.policy import BACKOFF_MAX, delay
@@ -129,6 +129,52 @@ def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor
         run = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == -11 and "hardy:" not in run.stderr and "line 8 in fragile" in run.stderr
+
+
+REPORTER = r"""
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+/* A native crash reporter (as Sentry's or Crashpad's): its SIGSEGV handler, installed with
+ * SA_SIGINFO, reads the signal's details; 7 when they are whole, 8 when not. */
+static void on_crash(int sig, siginfo_t *info, void *context) {
+    (void)context;
+    _exit(info && info->si_signo == sig ? 7 : 8);
+}
+void reporter_init(void) {
+    struct sigaction a = {0};
+    a.sa_sigaction = on_crash;
+    a.sa_flags = SA_SIGINFO;
+    sigemptyset(&a.sa_mask);
+    sigaction(SIGSEGV, &a, NULL);
+}
+"""
+
+
+def test_an_in_process_crash_reaches_a_native_crash_reporter_with_its_details(tmp_path):
+    """hardy's report of a crash in this process hands the signal on to the handler installed
+    before it with that handler's flags: a reporter installed with SA_SIGINFO gets the signal's
+    details. Before, the handler was put back with `signal()`, which drops SA_SIGINFO: the
+    reporter was called with garbage where its details should be."""
+    lib = build_library(tmp_path, "libreporter.so", REPORTER)
+    script = tmp_path / "reported.py"
+    script.write_text(textwrap.dedent(f"""
+        import ctypes
+        from hardy import Engine, Pipeline, node
+        ctypes.CDLL({str(lib)!r}).reporter_init()
+
+        @node(output_name="y")
+        def fragile(x):
+            if x == {K}:
+                ctypes.string_at(0)
+            return x
+
+        Pipeline(nodes=[fragile], engine=Engine(map_executor="sequential")).map(inputs={{"x": list(range({N}))}},
+                                                                               map_over="x")
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
+    assert run.returncode == 7, (run.returncode, run.stderr)  # the reporter read whole details
 
 
 def test_a_fork_child_of_the_caller_reports_its_own_in_process_crash(tmp_path):

@@ -44,6 +44,8 @@ from typing import Any
 
 from blake3 import blake3
 
+from . import sigaction
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
 SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
 MAX_FRAMES = 64
@@ -99,9 +101,12 @@ def build(preload: bool = False) -> tuple[str | None, str]:
         return None, f"{folder} is not this user's own (or others may write it)"
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".so")
     os.close(fd)
+    fd, code = tempfile.mkstemp(dir=folder, suffix=".c")  # the source hashed, not the file (which may change)
+    with os.fdopen(fd, "wb") as f:
+        f.write(source)
     try:
         done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
-                               scratch, SOURCE],
+                               scratch, code],
                               capture_output=True, text=True, timeout=60)
         if done.returncode:
             return None, f"{cc} failed: {done.stderr.strip()[-300:]}"
@@ -110,8 +115,9 @@ def build(preload: bool = False) -> tuple[str | None, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{cc} failed: {exc}"
     finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+        for path in (scratch, code):
+            if os.path.exists(path):
+                os.unlink(path)
     return target, ""
 
 
@@ -126,10 +132,10 @@ def _native() -> tuple[Any, str]:
         return None, why
     try:
         lib = ctypes.CDLL(path)
-    except OSError as exc:
+        lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+        lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+    except (OSError, AttributeError) as exc:  # (a build of another source under this one's name: remove it)
         return None, f"{path} cannot be loaded: {exc}"
-    lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
-    lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
     ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker
     return lib, ""
 
@@ -156,19 +162,24 @@ def remember(signals: Sequence[str]) -> Callable[[int], None]:
     puts back what was here before and hands the signal to it, writing nothing, as if hardy had
     never been there (the compiled handler from its own copy, `hardy_native_remember`)."""
     numbers = [int(getattr(signal, name)) for name in signals]
-    libc = ctypes.CDLL(None)
-    libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-    saved = {n: _SigAction() for n in numbers}
-    for n, action in saved.items():
-        libc.sigaction(n, None, ctypes.byref(action))
-    _kept.append(saved)
+    saved = {n: sigaction.read(n) for n in numbers}
     _ORIGINAL.update(saved)
     lib = _native()[0] if mechanism()[0] == "native" else None
     if lib is not None:
         lib.hardy_native_remember((ctypes.c_int * len(numbers))(*numbers), len(numbers))
 
     def put_back(signum: int) -> None:
-        libc.sigaction(signum, ctypes.byref(saved[signum]), None)
+        sigaction.put(signum, saved[signum])
+    return put_back
+
+
+def kept(signals: Sequence[str]) -> Callable[[], None]:
+    """The function that puts the dispositions of `signals` back as they are now."""
+    now = {n: sigaction.read(n) for n in (int(getattr(signal, name)) for name in signals)}
+
+    def put_back() -> None:
+        for n, action in now.items():
+            sigaction.put(n, action)
     return put_back
 
 
@@ -209,24 +220,16 @@ class _DlInfo(ctypes.Structure):
                 ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
 
 
-class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86_64, aarch64)
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
-                ("restorer", ctypes.c_void_p)]
-
-
-_SA_SIGINFO = 4
-_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _kept: list[Any] = []  # the installed callback and its buffers live as long as the process
-_ORIGINAL: dict[int, _SigAction] = {}  # the dispositions before hardy's handlers (`remember`)
+_ORIGINAL: dict[int, sigaction.SigAction] = {}  # the dispositions before hardy's handlers (`remember`)
 
 
 def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
     libc = ctypes.CDLL(None)
-    libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
     libc.dladdr.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
     frames = (ctypes.c_void_p * MAX_FRAMES)()
     info = _DlInfo()
-    previous = {n: _SigAction() for n in numbers}
+    previous: dict[int, sigaction.SigAction] = {}
     offset = _PC_OFFSET[os.uname().machine]
     libc.backtrace(frames, MAX_FRAMES)  # warm up: the first call loads libgcc_s
 
@@ -241,9 +244,10 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
     owner = os.getpid()
 
     def on_signal(signum: int, siginfo: int, context: int) -> None:
-        if os.getpid() != owner:  # a fork child: what was there before hardy (`remember`), or the default
-            libc.sigaction(signum, ctypes.byref(_ORIGINAL.get(signum, _SigAction())), None)
-            getattr(libc, "raise")(signum)
+        if fd != 2 and os.getpid() != owner:  # a fork child: what was there before hardy (as in C)
+            sigaction.put(signum, _ORIGINAL.get(signum, sigaction.SigAction()))
+            if sigaction.sent(siginfo):  # (a fault faults again, with its own details)
+                getattr(libc, "raise")(signum)
             return
         if entered:  # another thread is writing its record: wait for the process to end with it
             while True:
@@ -257,14 +261,11 @@ def _install_ctypes(fd: int, numbers: Sequence[int]) -> None:
             os.write(fd, b"hardy-native: signal %#x\n" % signum + b"".join(map(frame, chain))
                      + b"hardy-native: end\n")
         finally:
-            libc.sigaction(signum, ctypes.byref(previous[signum]), None)
+            sigaction.put(signum, previous[signum])
             getattr(libc, "raise")(signum)
 
-    callback = _HANDLER(on_signal)
-    action = _SigAction()
-    action.handler = ctypes.cast(callback, ctypes.c_void_p).value
-    action.flags = _SA_SIGINFO  # no alternate stack: the interpreter needs more than one gives
+    callback = sigaction.HANDLER(on_signal)
+    action = sigaction.handling(callback)
     for n in numbers:
-        libc.sigaction(n, ctypes.byref(action), ctypes.byref(previous[n]))
+        previous[n] = sigaction.put(n, action)
     _kept.append((callback, frames, info, previous, action, frame, on_signal))
-

@@ -10,7 +10,10 @@
  * forked from Python or from C) inherits the handler, and must neither write into the worker's
  * record nor hand the signal to the worker's last words. There it puts back the disposition the
  * worker had before any of hardy's handlers (`hardy_native_remember`; a runtime's own handler,
- * or the default action) and lets the signal go to that, as it would without hardy.
+ * or the default action) and lets the signal go to that, as it would without hardy: a fault by
+ * returning (the instruction faults again, with its own address and code, which a runtime's
+ * handler may read), a signal sent by raising it again. A handler writing to stderr (`hardy
+ * replay`'s) writes to each process's own and stays.
  * The parent symbolises the offsets after the death (hardy/crash/symbols.py).
  * Built with -DHARDY_PRELOAD, it installs itself when loaded (LD_PRELOAD, for `hardy repeat`),
  * writing to stderr. A Python started with PYTHONFAULTHANDLER=1 then installs faulthandler over
@@ -85,14 +88,17 @@ static void frame(uintptr_t address) {
 
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
-    (void)info;
 #ifndef HARDY_PRELOAD
-    if (getpid() != owner) {  /* a fork child: what was there before hardy, blocked until this returns */
+    if (out_fd != 2 && getpid() != owner) {  /* a fork child: what was there before hardy */
         sigaction(sig, &original[sig], NULL);
-        raise(sig);
+        if (!info || info->si_code <= 0)  /* sent (kill, raise, abort): again, blocked until this returns */
+            raise(sig);
+        /* else a fault: the instruction runs again, and faults with its own address and code */
         errno = saved;
         return;
     }
+#else
+    (void)info;
 #endif
     if (__atomic_exchange_n(&entered, 1, __ATOMIC_SEQ_CST))
         for (;;) pause();  /* another thread is writing its record; the process ends with it */

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .containment import contained
+
 if TYPE_CHECKING:
     from types import FrameType
 
@@ -41,41 +43,42 @@ def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FA
                     elsewhere: Callable[[int], None] | None = None) -> Callable[[], None]:
     """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
     installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
-    of it). Python cannot do this itself: its handlers run between bytecodes, after the process
-    is dead. `elsewhere`: in a process forked from this one, which inherits the handler, it calls
-    neither the callback nor the previous handler but `elsewhere(signum)`, which puts back what
-    should handle the signal there (a worker's last words and its crash record are the worker's
-    own). Returns the function that puts the previous handlers back."""
-    import ctypes
-    libc = ctypes.CDLL(None)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    of it), with its flags as they were (`crash.sigaction`). Python cannot do this itself: its
+    handlers run between bytecodes, after the process is dead. `elsewhere`: in a process forked
+    from this one, which inherits the handler, it calls neither the callback nor the previous
+    handler but `elsewhere(signum)`, which puts back what should handle the signal there (a
+    worker's last words and its crash record are the worker's own); a fault then faults again,
+    with its own details. Returns the function that puts the previous handlers back."""
+    from . import sigaction  # (ctypes: loaded when a handler is installed, not with hardy)
+    libc = sigaction.libc()
     previous: dict[int, Any] = {}
     owner = os.getpid()
 
-    def handler(signum: int) -> None:
+    def handler(signum: int, siginfo: int, context: int) -> None:
         if elsewhere is not None and os.getpid() != owner:
             elsewhere(signum)
-            getattr(libc, "raise")(signum)  # (blocked in this handler: delivered as it returns)
+            if sigaction.sent(siginfo):
+                getattr(libc, "raise")(signum)  # (blocked in this handler: delivered as it returns)
             return
         libc.alarm(LAST_WORDS_LIMIT)
         try:
             callback(signum)
         finally:
             libc.alarm(0)
-            libc.signal(signum, previous[signum])
+            sigaction.put(signum, previous[signum])
             getattr(libc, "raise")(signum)  # blocked in this handler: delivered to the previous one as it returns
 
-    c_handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(handler)
+    c_handler = sigaction.HANDLER(handler)
+    action = sigaction.handling(c_handler)
     for name in signals:
         signum = int(getattr(signal, name))
-        previous[signum] = libc.signal(signum, ctypes.cast(c_handler, ctypes.c_void_p))
+        previous[signum] = sigaction.put(signum, action)
 
     def undo() -> None:
         for signum, old in previous.items():
-            libc.signal(signum, old)
+            sigaction.put(signum, old)
         _alive.pop(id(c_handler), None)
-    _alive[id(c_handler)] = c_handler
+    _alive[id(c_handler)] = (c_handler, action)
     return undo
 
 
@@ -101,9 +104,11 @@ _guard = threading.Lock()
 
 @contextlib.contextmanager
 def reported_crashes(executor: str) -> Iterator[None]:
-    """Around an in-process map: a fatal signal prints node, item, the stack and the remedy."""
+    """Around an in-process map: a fatal signal prints node, item, the stack and the remedy. Not in
+    a worker (a nested pipeline's map), whose faulthandler speaks instead: a Python handler in front
+    of its compiled one would make a process a node forks from C enter Python (`crash.handler`)."""
     with _guard:
-        if not _installed:
+        if not _installed and not contained():
             _installed.append(on_fatal_signal(_last_words))
         _maps["running"] += 1
         _maps["executor"] = executor

@@ -103,27 +103,35 @@ def _take_setup(setup: Setup) -> None:
 def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     """What a dying worker leaves behind, in order: its native frames, its unsent results (its
     last words), then faulthandler's Python stack, all in the crash file the parent reads. A
-    process a node forks inherits these handlers; there they stand aside (`native_handler.remember`)."""
-    put_back = native_handler.remember((*FATAL_SIGNALS, "SIGUSR1"))  # (first: before any of hardy's)
+    process a node forks inherits these handlers; there they stand aside (`native_handler.remember`,
+    `_helpers_faulthandler`)."""
+    signals = (*FATAL_SIGNALS, "SIGUSR1")
+    put_back = native_handler.remember(signals)  # (first: before any of hardy's)
+    os.register_at_fork(after_in_child=functools.partial(_helpers_faulthandler, faulthandler.is_enabled(), signals))
     fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
     faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
-    on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), (*FATAL_SIGNALS, "SIGUSR1"),
-                    elsewhere=put_back)
+    on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), signals, elsewhere=put_back)
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
     REPLIES.guard_exits(fault_file.fileno())  # os._exit, exit() from C: the same last words
     allow_tracing(fd)  # py-spy, started by the parent, may read a hung worker's stacks
-    os.register_at_fork(after_in_child=_stderr_for_faulthandler)
 
 
-def _stderr_for_faulthandler() -> None:
-    """In a node's fork child: faulthandler, should the child's own handlers reach it (it was on
-    before hardy's, PYTHONFAULTHANDLER), writes to stderr, not into the worker's crash record.
-    Only its file changes (enabled, `enable` installs nothing)."""
-    if faulthandler.is_enabled():
-        faulthandler.enable(file=2, all_threads=True)
+def _helpers_faulthandler(was_on: bool, signals: tuple[str, ...]) -> None:
+    """In a process a node forks (from Python), faulthandler as it would be there without hardy:
+    on, writing to stderr, if it was on before the worker's (PYTHONFAULTHANDLER); else off, so
+    that the helper's own `faulthandler.enable()` or `register()` installs its handlers (hardy's,
+    on, would leave them to the handlers in front). Turning it off puts back the handlers from
+    before it, over any a node installed since: the dispositions as they are are kept."""
+    if was_on:
+        faulthandler.enable(file=2, all_threads=True)  # (on: only its file changes)
+        return
+    put_back = native_handler.kept(signals)
+    faulthandler.disable()
+    faulthandler.unregister(signal.SIGUSR1)
+    put_back()
 
 
 def _open_status_words(status_fd: int) -> StatusWords:
