@@ -136,10 +136,11 @@ REPORTER = r"""
 #include <string.h>
 #include <unistd.h>
 /* A native crash reporter (as Sentry's or Crashpad's): its SIGSEGV handler, installed with
- * SA_SIGINFO, reads the signal's details; 7 when they are whole, 8 when not. */
+ * SA_SIGINFO, reads the fault's details; 7 when they are the fault's own (a fault's code, the
+ * address 0x10), 8 when not. */
 static void on_crash(int sig, siginfo_t *info, void *context) {
     (void)context;
-    _exit(info && info->si_signo == sig ? 7 : 8);
+    _exit(info && info->si_signo == sig && info->si_code > 0 && info->si_addr == (void *)0x10 ? 7 : 8);
 }
 void reporter_init(void) {
     struct sigaction a = {0};
@@ -152,10 +153,11 @@ void reporter_init(void) {
 
 
 def test_an_in_process_crash_reaches_a_native_crash_reporter_with_its_details(tmp_path):
-    """hardy's report of a crash in this process hands the signal on to the handler installed
-    before it with that handler's flags: a reporter installed with SA_SIGINFO gets the signal's
-    details. Before, the handler was put back with `signal()`, which drops SA_SIGINFO: the
-    reporter was called with garbage where its details should be."""
+    """hardy's report of a crash in this process hands the fault on to the handler installed
+    before it with that handler's flags, by letting it happen again: a reporter installed with
+    SA_SIGINFO gets the fault's own details (its code, its address). Before, the handler was put
+    back with `signal()`, which drops SA_SIGINFO (the reporter was called with garbage where its
+    details should be), and the signal was raised again (a code and an address of `tkill`'s)."""
     lib = build_library(tmp_path, "libreporter.so", REPORTER)
     script = tmp_path / "reported.py"
     script.write_text(textwrap.dedent(f"""
@@ -166,7 +168,7 @@ def test_an_in_process_crash_reaches_a_native_crash_reporter_with_its_details(tm
         @node(output_name="y")
         def fragile(x):
             if x == {K}:
-                ctypes.string_at(0)
+                ctypes.string_at(0x10)
             return x
 
         Pipeline(nodes=[fragile], engine=Engine(map_executor="sequential")).map(inputs={{"x": list(range({N}))}},
@@ -174,7 +176,7 @@ def test_an_in_process_crash_reaches_a_native_crash_reporter_with_its_details(tm
     """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
-    assert run.returncode == 7, (run.returncode, run.stderr)  # the reporter read whole details
+    assert run.returncode == 7, (run.returncode, run.stderr)  # the reporter read the fault's own details
 
 
 def test_a_fork_child_of_the_caller_reports_its_own_in_process_crash(tmp_path):

@@ -134,6 +134,7 @@ def _native() -> tuple[Any, str]:
         lib = ctypes.CDLL(path)
         lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
         lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+        lib.hardy_native_at_exit.argtypes = (_EXIT_CALLBACK, ctypes.c_uint)
     except (OSError, AttributeError) as exc:  # (a build of another source under this one's name: remove it)
         return None, f"{path} cannot be loaded: {exc}"
     ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker

@@ -43,7 +43,8 @@ def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FA
                     elsewhere: Callable[[int], None] | None = None) -> Callable[[], None]:
     """Call `callback(signum)` when one of `signals` arrives, then hand the signal to the handler
     installed before (faulthandler's: it prints the stack; for a fatal signal the process then dies
-    of it), with its flags as they were (`crash.sigaction`). Python cannot do this itself: its
+    of it), with its flags as they were (`crash.sigaction`): a fault by returning, so that it
+    happens again with its own details, a signal sent by sending it again. Python cannot do this itself: its
     handlers run between bytecodes, after the process is dead. `elsewhere`: in a process forked
     from this one, which inherits the handler, it calls neither the callback nor the previous
     handler but `elsewhere(signum)`, which puts back what should handle the signal there (a
@@ -66,7 +67,8 @@ def on_fatal_signal(callback: Callable[[int], None], signals: Sequence[str] = FA
         finally:
             libc.alarm(0)
             sigaction.put(signum, previous[signum])
-            getattr(libc, "raise")(signum)  # blocked in this handler: delivered to the previous one as it returns
+            if sigaction.sent(siginfo):  # blocked in this handler: delivered to the previous one as it returns
+                getattr(libc, "raise")(signum)  # (a fault faults again, its details whole for that handler)
 
     c_handler = sigaction.HANDLER(handler)
     action = sigaction.handling(c_handler)

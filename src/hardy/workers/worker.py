@@ -121,16 +121,17 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
 
 def _helpers_faulthandler(was_on: bool, signals: tuple[str, ...]) -> None:
     """In a process a node forks (from Python), faulthandler as it would be there without hardy:
-    on, writing to stderr, if it was on before the worker's (PYTHONFAULTHANDLER); else off, so
-    that the helper's own `faulthandler.enable()` or `register()` installs its handlers (hardy's,
-    on, would leave them to the handlers in front). Turning it off puts back the handlers from
-    before it, over any a node installed since: the dispositions as they are are kept."""
+    on, writing to stderr, if it was on before the worker's (PYTHONFAULTHANDLER); else off; and
+    the worker's SIGUSR1 registration gone. So the helper's own `faulthandler.enable()` or
+    `register()` installs its handlers (hardy's, on, would leave them behind the handlers in
+    front). Turning them off puts back the handlers from before them, over any a node installed
+    since: the dispositions as they are are kept."""
+    put_back = native_handler.kept(signals)
     if was_on:
         faulthandler.enable(file=2, all_threads=True)  # (on: only its file changes)
-        return
-    put_back = native_handler.kept(signals)
-    faulthandler.disable()
-    faulthandler.unregister(signal.SIGUSR1)
+    else:
+        faulthandler.disable()
+    faulthandler.unregister(signal.SIGUSR1)  # (the worker's: the helper may register its own)
     put_back()
 
 
