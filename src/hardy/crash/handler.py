@@ -50,6 +50,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handle
 SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
 MAX_FRAMES = 64
 _PC_OFFSET = {"x86_64": 168, "aarch64": 440}  # the pc in a glibc ucontext_t (REG_RIP; mcontext.pc)
+_SIGNAL_ARRAY = ctypes.c_int * 8  # signal numbers for C (the type made in the fork server: 70 us in a worker)
 
 
 def cache_folder() -> str:
@@ -141,7 +142,11 @@ def _native() -> tuple[Any, str]:
     return lib, ""
 
 
-prepare = _native
+def prepare() -> tuple[Any, str]:
+    """`_native`, with ctypes' handle on the C library loaded: the fork server calls this once, so
+    that its workers start with both (each reads its dispositions through it, `remember`)."""
+    sigaction.libc()
+    return _native()
 
 
 def mechanism() -> tuple[str, str]:
@@ -167,7 +172,7 @@ def remember(signals: Sequence[str]) -> Callable[[int], None]:
     _ORIGINAL.update(saved)
     lib = _native()[0] if mechanism()[0] == "native" else None
     if lib is not None:
-        lib.hardy_native_remember((ctypes.c_int * len(numbers))(*numbers), len(numbers))
+        lib.hardy_native_remember(_SIGNAL_ARRAY(*numbers), len(numbers))
 
     def put_back(signum: int) -> None:
         sigaction.put(signum, saved[signum])
@@ -191,7 +196,7 @@ def install(fd: int, signals: Sequence[str] = SIGNALS) -> str:
     numbers = [int(getattr(signal, name)) for name in signals]
     if kind == "native":
         lib, _ = _native()
-        ok = lib.hardy_native_install(fd, (ctypes.c_int * len(numbers))(*numbers), len(numbers)) == 0
+        ok = lib.hardy_native_install(fd, _SIGNAL_ARRAY(*numbers), len(numbers)) == 0
         return "native" if ok else "off"
     if kind == "ctypes":
         _install_ctypes(fd, numbers)
