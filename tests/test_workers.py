@@ -37,6 +37,8 @@ def _crash(kind: str, lib: str) -> None:
         os._exit(3)
     elif kind == "c_loop":
         ctypes.CDLL(lib).spin_forever()
+    elif kind == "c_sleep":  # a C call the signal before the kill interrupts: it must not return (a success)
+        ctypes.CDLL(None).sleep(30)
     elif kind == "raise":
         raise ValueError("plain Python error")
     elif kind == "leak":
@@ -60,6 +62,7 @@ CASES = {
     "sigkill": (NodeCrashed, "SIGKILL", "out-of-memory", False),
     "exit3": (NodeCrashed, None, "exited with code 3: os._exit(3) was called", True),  # where: its stack
     "c_loop": (NodeTimeout, "SIGKILL", "timeout of 2 s", True),
+    "c_sleep": (NodeTimeout, "SIGKILL", "timeout of 2 s", True),
     "raise": (NodeError, None, "plain Python error", False),
     "leak": (NodeCrashed, "SIGKILL", "max_memory_per_worker", True),
 }

@@ -136,6 +136,7 @@ def _native() -> tuple[Any, str]:
         lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
         lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
         lib.hardy_native_at_exit.argtypes = (_EXIT_CALLBACK, ctypes.c_uint)
+        lib.hardy_native_hold.argtypes = (ctypes.c_int,)
     except (OSError, AttributeError) as exc:  # (a build of another source under this one's name: remove it)
         return None, f"{path} cannot be loaded: {exc}"
     ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker
@@ -177,6 +178,30 @@ def remember(signals: Sequence[str]) -> Callable[[int], None]:
     def put_back(signum: int) -> None:
         sigaction.put(signum, saved[signum])
     return put_back
+
+
+def hold(signum: int) -> None:
+    """Make `signum` wait forever (for the kill that follows it): installed under faulthandler's
+    registration with `chain`, so that, once the worker's last words and stacks are written, the
+    call the signal interrupted never goes on (a `sleep()` in C returns early when interrupted,
+    and its node's result would then come back after its timeout, as a success)."""
+    lib = _native()[0] if mechanism()[0] == "native" else None
+    if lib is not None:
+        lib.hardy_native_hold(signum)
+        return
+    libc = sigaction.libc()
+
+    def waits(signum: int) -> None:  # (the fallback: the interpreter is this thread's, in its handler)
+        while True:
+            libc.pause()
+    callback = _HOLD(waits)
+    _kept.append(callback)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signum, ctypes.cast(callback, ctypes.c_void_p))
+
+
+_HOLD = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
 def kept(signals: Sequence[str]) -> Callable[[], None]:

@@ -157,6 +157,21 @@ int hardy_native_at_exit(void (*callback)(int), unsigned limit) {
     return on_exit(on_exit_hook, NULL);
 }
 
+/* The worker's last handler of the SIGUSR1 that comes before a kill: it waits for the kill, so that
+ * a call the signal interrupted (a sleep() in C, which does not restart) never returns early. */
+static void hold(int sig) {
+    (void)sig;
+    for (;;) pause();
+}
+
+int hardy_native_hold(int sig) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = hold;
+    sigemptyset(&action.sa_mask);
+    return sigaction(sig, &action, NULL);
+}
+
 int hardy_native_remember(const int *signals, int count) {
     for (int i = 0; i < count; i++)
         if (signals[i] > 0 && signals[i] < 65 && sigaction(signals[i], NULL, &original[signals[i]]) != 0)

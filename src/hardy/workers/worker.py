@@ -111,7 +111,10 @@ def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
     fault_file = open(fault_fd, "w")  # noqa: SIM115 - faulthandler writes here until the process ends
     faulthandler.enable(file=fault_file, all_threads=True)
     # The parent sends SIGUSR1 before killing a hung or oversized worker: the stack of a loop in C too.
-    faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True)
+    # Then the worker waits for the kill (`chain` to `hold`): the call the signal interrupted (a
+    # `sleep()` in C, which does not restart) must not return and send its result.
+    native_handler.hold(signal.SIGUSR1)
+    faulthandler.register(signal.SIGUSR1, file=fault_file, all_threads=True, chain=True)
     # Before faulthandler writes the stack: results not sent yet go now, so those items never run again.
     on_fatal_signal(lambda signum: REPLIES.last_words(fault_file.fileno()), signals, elsewhere=put_back)
     native_handler.install(fault_file.fileno())  # in front of both: the native frames, written first
