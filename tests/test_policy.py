@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,23 +104,29 @@ def test_a_crash_is_retried_by_the_crashing_nodes_retries(engines, executor, tmp
     assert runs == [2 if i == K else 1 for i in range(N)]  # the culprit twice, the others never again
 
 
-@pytest.mark.parametrize("executor", IN_PROCESS)
-def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor, tmp_path):
-    script = tmp_path / "crashes.py"
+def _crashing(script: Path, rest: str, address: int = 0) -> Path:
+    """`script`: a user's script whose node `fragile` segfaults on item K, reading `address` (line
+    8), then `rest`."""
     script.write_text(textwrap.dedent(f"""
-        import ctypes
+        import ctypes, os
         from hardy import Engine, Pipeline, node
 
         @node(output_name="y")
         def fragile(x):
             if x == {K}:
-                ctypes.string_at(0)
+                ctypes.string_at({address})
             return x
+    """) + textwrap.dedent(rest))
+    return script
 
+
+@pytest.mark.parametrize("executor", IN_PROCESS)
+def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor, tmp_path):
+    script = _crashing(tmp_path / "crashes.py", f"""
         Pipeline(nodes=[fragile], engine=Engine(map_executor={executor!r})).map(inputs={{"x": list(range({N}))}},
                                                                                  map_over="x")
         print("survived")
-    """))
+    """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == -11 and "survived" not in run.stdout, (run.returncode, run.stderr)
     assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
@@ -159,21 +166,11 @@ def test_an_in_process_crash_reaches_a_native_crash_reporter_with_its_details(tm
     back with `signal()`, which drops SA_SIGINFO (the reporter was called with garbage where its
     details should be), and the signal was raised again (a code and an address of `tkill`'s)."""
     lib = build_library(tmp_path, "libreporter.so", REPORTER)
-    script = tmp_path / "reported.py"
-    script.write_text(textwrap.dedent(f"""
-        import ctypes
-        from hardy import Engine, Pipeline, node
+    script = _crashing(tmp_path / "reported.py", f"""
         ctypes.CDLL({str(lib)!r}).reporter_init()
-
-        @node(output_name="y")
-        def fragile(x):
-            if x == {K}:
-                ctypes.string_at(0x10)
-            return x
-
         Pipeline(nodes=[fragile], engine=Engine(map_executor="sequential")).map(inputs={{"x": list(range({N}))}},
                                                                                map_over="x")
-    """))
+    """, address=0x10)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr
     assert run.returncode == 7, (run.returncode, run.stderr)  # the reporter read the fault's own details
@@ -183,17 +180,7 @@ def test_a_fork_child_of_the_caller_reports_its_own_in_process_crash(tmp_path):
     """The report is installed once per process, at its first in-process map; a child forked
     after that (a multiprocessing worker, say) that runs a map and crashes reports it the same
     way (a check that hardy's handlers act only in their own process must not silence it)."""
-    script = tmp_path / "forks.py"
-    script.write_text(textwrap.dedent(f"""
-        import ctypes, os
-        from hardy import Engine, Pipeline, node
-
-        @node(output_name="y")
-        def fragile(x):
-            if x == {K}:
-                ctypes.string_at(0)
-            return x
-
+    script = _crashing(tmp_path / "forks.py", f"""
         p = Pipeline(nodes=[fragile], engine=Engine(map_executor="sequential"))
         p.map(inputs={{"x": list(range({K}))}}, map_over="x")
         pid = os.fork()
@@ -201,7 +188,7 @@ def test_a_fork_child_of_the_caller_reports_its_own_in_process_crash(tmp_path):
             p.map(inputs={{"x": list(range({N}))}}, map_over="x")
             os._exit(0)
         print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-    """))
+    """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "child -11", (run.stdout, run.stderr)
     assert f"node 'fragile' on item {K} crashed this process with SIGSEGV" in run.stderr, run.stderr

@@ -162,18 +162,26 @@ def mechanism() -> tuple[str, str]:
     return "ctypes", why
 
 
+def _compiled() -> Any:
+    """The loaded compiled handler when `install` would use it, else None."""
+    return _native()[0] if mechanism()[0] == "native" else None
+
+
+def _dispositions(signals: Sequence[str]) -> dict[int, sigaction.SigAction]:
+    return {n: sigaction.read(n) for n in (int(getattr(signal, name)) for name in signals)}
+
+
 def remember(signals: Sequence[str]) -> Callable[[int], None]:
     """Note the dispositions of `signals` now, before any of hardy's handlers are installed; returns
     the function that puts one back (by number). A process forked from the one that installs them
     inherits hardy's handlers (a node's helper process, from Python or from C): there each of them
     puts back what was here before and hands the signal to it, writing nothing, as if hardy had
     never been there (the compiled handler from its own copy, `hardy_native_remember`)."""
-    numbers = [int(getattr(signal, name)) for name in signals]
-    saved = {n: sigaction.read(n) for n in numbers}
+    saved = _dispositions(signals)
     _ORIGINAL.update(saved)
-    lib = _native()[0] if mechanism()[0] == "native" else None
+    lib = _compiled()
     if lib is not None:
-        lib.hardy_native_remember(_SIGNAL_ARRAY(*numbers), len(numbers))
+        lib.hardy_native_remember(_SIGNAL_ARRAY(*saved), len(saved))
 
     def put_back(signum: int) -> None:
         sigaction.put(signum, saved[signum])
@@ -185,28 +193,24 @@ def hold(signum: int) -> None:
     registration with `chain`, so that, once the worker's last words and stacks are written, the
     call the signal interrupted never goes on (a `sleep()` in C returns early when interrupted,
     and its node's result would then come back after its timeout, as a success)."""
-    lib = _native()[0] if mechanism()[0] == "native" else None
+    lib = _compiled()
     if lib is not None:
         lib.hardy_native_hold(signum)
         return
     libc = sigaction.libc()
 
-    def waits(signum: int) -> None:  # (the fallback: the interpreter is this thread's, in its handler)
+    def waits(signum: int, siginfo: int, context: int) -> None:  # (the fallback: in this thread's handler)
         while True:
             libc.pause()
-    callback = _HOLD(waits)
-    _kept.append(callback)
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    libc.signal(signum, ctypes.cast(callback, ctypes.c_void_p))
-
-
-_HOLD = ctypes.CFUNCTYPE(None, ctypes.c_int)
+    callback = sigaction.HANDLER(waits)
+    action = sigaction.handling(callback)
+    _kept.append((callback, action))
+    sigaction.put(signum, action)
 
 
 def kept(signals: Sequence[str]) -> Callable[[], None]:
     """The function that puts the dispositions of `signals` back as they are now."""
-    now = {n: sigaction.read(n) for n in (int(getattr(signal, name)) for name in signals)}
+    now = _dispositions(signals)
 
     def put_back() -> None:
         for n, action in now.items():
@@ -236,7 +240,7 @@ def at_exit(callback: Callable[[int], None], limit: int) -> bool:
     frames that called it to the crash record (`install`'s `fd`; install first). Only the
     compiled handler can: it checks in C that the exiting process is this one, so a fork child's
     exit never enters a Python that is already finalised. False without it (no compiler)."""
-    lib, _ = _native() if mechanism()[0] == "native" else (None, "")
+    lib = _compiled()
     if lib is None:
         return False
     c_callback = _EXIT_CALLBACK(callback)
