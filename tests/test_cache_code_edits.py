@@ -114,6 +114,77 @@ class Options(typing.NamedTuple):
 def step(x):
     return Options().factor * x
 ''', ("int = 2", "int = 3")),
+    "try_else": ('''
+def step(x):
+    try:
+        try:
+            y = 10 // x
+            z = 10 // (x - 1)
+        except ZeroDivisionError:
+            return "inner"
+        return z + y
+    except ZeroDivisionError:
+        return "outer"
+''', ("            z = 10 // (x - 1)\n        except ZeroDivisionError:\n            return \"inner\"\n",
+        "        except ZeroDivisionError:\n            return \"inner\"\n        else:\n            z = 10 // (x - 1)\n")),
+    "function_attribute": ('''
+def helper(x):
+    return x
+
+helper.factor = 2
+
+def step(x):
+    return helper.factor * x
+''', ("helper.factor = 2", "helper.factor = 3")),
+    "enum_method": ('''
+import enum
+
+class Mode(enum.Enum):
+    A = 1
+
+    def factor(self):
+        return 2
+
+DEFAULT = Mode.A
+
+def step(x):
+    return DEFAULT.factor() * x
+''', ("return 2", "return 3")),
+    "namedtuple_method": ('''
+import typing
+
+class Options(typing.NamedTuple):
+    k: int
+
+    def factor(self):
+        return 2 * self.k
+
+DEFAULT = Options(1)
+
+def step(x):
+    return DEFAULT.factor() * x
+''', ("2 * self.k", "3 * self.k")),
+    "str_subclass_method": ('''
+class Tag(str):
+    def marked(self):
+        return self + "!"
+
+DEFAULT = Tag("a")
+
+def step(x):
+    return DEFAULT.marked() * x
+''', ('"!"', '"?"')),
+    "annotation": ('''
+import dataclasses
+import typing
+
+@dataclasses.dataclass
+class Options:
+    v: int = 2
+
+def step(x):
+    return typing.get_type_hints(Options)["v"](x)
+''', ("v: int", "v: float")),
     "control": ('''
 class Model:
     FACTOR = 2

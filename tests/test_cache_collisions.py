@@ -139,6 +139,20 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
         frame(a=pd().Categorical(["a", "b"], ordered=True)), frame(a=pd().Categorical(["a", "b"]))), DISTINCT),
     ("categorical: an unused category", lambda: (pd().Series(pd().Categorical(["a"], categories=["a", "b"])),
                                                  pd().Series(pd().Categorical(["a"]))), DISTINCT),
+    # a probe's pairs that code tells apart
+    ("nan vs -nan", lambda: (float("nan"), -float("nan")), DISTINCT),
+    ("nan made twice", lambda: (float("nan"), float("nan")), EQUAL),
+    ("bytearray vs memoryview of the same bytes", lambda: (bytearray(b"ab"), memoryview(b"ab")), DISTINCT),
+    ("memoryview vs its cast", lambda: (memoryview(b"abcd"), memoryview(b"abcd").cast("i")), DISTINCT),
+    ("dates with a frequency vs the same dates without", lambda: (
+        pd().Series([1, 2], index=pd().date_range("2024-01-01", periods=2, freq="D")),
+        pd().Series([1, 2], index=pd().DatetimeIndex(["2024-01-01", "2024-01-02"]))), DISTINCT),
+    ("torch: the same values, other strides", lambda: (
+        torch().arange(6.0).reshape(3, 2).t(), torch().arange(6.0).reshape(3, 2).t().contiguous()), DISTINCT),
+    ("torch: a conjugate view vs the tensor", lambda: (torch().tensor([1 + 2j]).conj(), torch().tensor([1 + 2j])),
+     DISTINCT),
+    ("torch: a conjugate view vs its values", lambda: (
+        torch().tensor([1 + 2j]).conj(), torch().tensor([1 + 2j]).conj().resolve_conj()), DISTINCT),
     # the review's controls, keyed apart already
     ("-0.0 vs 0.0", lambda: (-0.0, 0.0), DISTINCT),
     ("np.float64(1.5) vs 1.5", lambda: (np().float64(1.5), 1.5), DISTINCT),

@@ -215,10 +215,26 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
             _fingerprint(target, out, seen)
         elif not name.startswith("__") and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
-            try:
-                encode_into(member, out, set())
-            except UnhashableError:  # a class-level cache, lock or registry: state, not configuration
-                out(b"?")
+            _tolerant(member, out)  # (a class-level cache, lock or registry: state, not configuration)
+    annotations = members.get("__annotations__")
+    if annotations:  # what dataclasses, pydantic and `typing.get_type_hints` make of the fields
+        out(b"annotations")
+        for name, hint in annotations.items():
+            out(name.encode())
+            _tolerant(hint, out, by_repr=True)
+
+
+def _tolerant(value: Any, out: Callable[[bytes], Any], by_repr: bool = False) -> None:
+    """A value inside code (a class attribute, a function's attribute, a type hint) by content;
+    where it has none, by its repr when asked and that holds no address (`typing.Optional[int]`),
+    else as one unhashable value ("?")."""
+    try:
+        encode_into(value, out, set())
+        return
+    except UnhashableError:
+        pass
+    text = repr(value) if by_repr else ""
+    out(b"r:" + text.encode() if text and " at 0x" not in text else b"?")
 
 
 _VALUES = ("callable object", "not callable")  # callables keyed by content, like any class-level value
@@ -232,6 +248,12 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     _code(code, out)
     out(b"defaults")
     encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
+    attributes = {k: v for k, v in getattr(func, "__dict__", {}).items() if k != "__wrapped__"}
+    if attributes:  # what was set on it (`helper.factor = 2`), which code reads as `helper.factor`
+        out(b"attributes")
+        for name, value in sorted(attributes.items()):
+            out(name.encode())
+            _tolerant(value, out)
     globs = getattr(func, "__globals__", {})
     chains = _chains(code)
     _module_reached(getattr(func, "__module__", None))
@@ -441,8 +463,11 @@ def code_bytes(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
 
 def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
     out(b"code" + length(len(code.co_code)) + code.co_code)
-    out(repr((code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount,
-              code.co_flags & _SEMANTIC_FLAGS)).encode())
+    # (the exception table: which lines a `try` covers, moved into its `else:`, leaves co_code as it was)
+    table = getattr(code, "co_exceptiontable", b"")
+    out(b"except" + length(len(table)) + table)
+    out(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+              code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags & _SEMANTIC_FLAGS)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code(const, out)

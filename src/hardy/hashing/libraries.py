@@ -66,6 +66,9 @@ def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     if isinstance(v, pd.Index):
         _encode_pandas_values(v, out, active)
         encode_into(list(v.names), out, active)
+        freq = getattr(v, "freq", None)  # a date range's step, which `shift`, `asfreq` and `str(freq)` read
+        if freq is not None:
+            encode_into(str(freq), out, active)
         return
     encode_into(dict(v.attrs), out, active)
     _encode_pandas(v.index, out, active)
@@ -132,6 +135,11 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
     if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
         out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
+    if not v.is_contiguous():  # strides code can read (`.stride()`, `.is_contiguous()`), as for arrays
+        out(b"K" + str(v.stride()).encode())
+    if v.is_conj() or v.is_neg():  # a lazy conjugate or negation: its values made, and said
+        out(b"C" if v.is_conj() else b"N")
+        v = v.resolve_conj().resolve_neg()
     _encode_numpy(v.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
 
 

@@ -17,6 +17,7 @@ encoders of library types are in `hardy.hashing.libraries`.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextvars
 import dataclasses
@@ -145,7 +146,7 @@ def encode_into(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     if exact is not None:
         exact(v, out, active)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
-        out(b"K" + type_name(t) + (_code_fingerprint[0](t) if is_user_module(t.__module__) else b""))
+        out(b"K" + type_name(t) + _class_code(t))
         encode_into(v.__cache_key__(), out, active)
     else:
         encoder = _RESOLVED.get(t)
@@ -180,7 +181,11 @@ def _encode_int(v: int, out: Callable[[bytes], Any], active: set[int]) -> None:
 
 
 def _encode_float(v: float, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"D" + (b"nan" if math.isnan(v) else float.hex(v).encode()) + b";")
+    if math.isnan(v):  # float("nan") as ever; another NaN (-nan: `copysign` reads its sign) by its bits
+        bits = _NAN.pack(v)
+        out(b"D" + (b"nan" if bits == _QUIET_NAN else bits.hex().encode()) + b";")
+        return
+    out(b"D" + float.hex(v).encode() + b";")
 
 
 def _encode_str(v: str, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -197,23 +202,27 @@ def _encode_complex(v: complex, out: Callable[[bytes], Any], active: set[int]) -
 
 
 def _encode_buffer(v: bytearray | memoryview, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """The bytes; a memoryview's format and shape too (a cast reads the same bytes as other items)."""
     data = bytes(v)
-    out(b"A" + length(len(data)) + data)
+    out(b"A" + (b"" if isinstance(v, bytearray) else f"m{v.format}{v.shape}".encode()) + length(len(data)) + data)
 
 
 _SCALARS = (bool, int, float, str, bytes)
+_NAN = struct.Struct("<d")  # a NaN's bits: its sign, which `math.copysign` reads
+_QUIET_NAN = _NAN.pack(float("nan"))
 
 
 def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A subclass of a scalar type (an IntEnum, numpy.float64): the class, then the base value."""
     base = next(b for b in _SCALARS if isinstance(v, b))
-    out(b"B" + type_name(type(v)))
+    out(b"B" + type_name(type(v)) + _class_code(type(v)))
     encode_into(base(v) if base is not str else str.__str__(v), out, active)
 
 
 def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
     t = type(v)
-    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t)) + length(len(v)))
+    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t) + _class_code(t))
+        + length(len(v)))
     for i, x in enumerate(_guard(v, active)):
         try:
             encode_into(x, out, active)
@@ -226,7 +235,7 @@ def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any]
 
 def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """In insertion order: code can read it (next(iter(d)), json.dumps)."""
-    out(b"M" + (b"" if type(v) is dict else type_name(type(v))) + length(len(v)))
+    out(b"M" + (b"" if type(v) is dict else type_name(type(v)) + _class_code(type(v))) + length(len(v)))
     for k, x in _guard(v, active).items():
         encode_into(k, out, active)
         try:
@@ -241,7 +250,8 @@ def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int
 def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """No order to read: the sorted digests of the members."""
     digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + length(len(digests)) + b"".join(digests))
+    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + _class_code(type(v)) + length(len(digests))
+        + b"".join(digests))
     if type(v) not in (set, frozenset):
         _container_state(v, out, active)
     active.discard(id(v))
@@ -260,8 +270,15 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 
 
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"En" + type_name(type(v)))
+    out(b"En" + type_name(type(v)) + _class_code(type(v)))
     encode_into(v.value, out, active)
+
+
+def _class_code(t: type) -> bytes:
+    """A user class's code (`hardy.hashing.code`), which its instances' methods run: an Enum's, a
+    named tuple's, a subclass of a built-in type's, as a plain object's (`encode_object`); nothing
+    for a library's class (its name says it, with the library's version where that matters)."""
+    return _code_fingerprint[0](t) if is_user_module(t.__module__) else b""
 
 
 def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -390,6 +407,8 @@ _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", identified_by(vars)),
     (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
     (lambda t: t.__name__ in ("cython_function_or_method", "fused_cython_function"), encode_callable),
+    # a ctypes array, structure or number: its type and its memory (`buf[0] = 9` changes it in place)
+    (lambda t: any(c.__module__ == "_ctypes" for c in t.__mro__[1:]), identified_by(lambda v: bytes(memoryview(v)))),
 )
 
 for _callable in _CALLABLES:
@@ -399,6 +418,7 @@ for _operator in _OPERATORS:
 for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dict, _encode_dict),
                       (set, _encode_set), (frozenset, _encode_set), (enum.Enum, _encode_enum),
                       (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
+                      (array.array, identified_by(lambda a: (a.typecode, a.tobytes()))),
                       (range, identified_by(lambda r: (r.start, r.stop, r.step))),
                       (types.SimpleNamespace, identified_by(vars)),  # configuration objects
                       (collections.deque, identified_by(lambda d: (d.maxlen, list(d)))),
