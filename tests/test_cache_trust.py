@@ -137,6 +137,25 @@ def test_a_directory_another_user_made_first_is_refused(area, monkeypatch):
 
 
 @needs_root
+def test_a_directory_another_user_makes_after_the_constructor_is_refused_without_failing_the_node(
+        area, monkeypatch, caplog):
+    """The directory is made on the first write, so another user can make it after `DiskCache(...)`
+    looked: it is refused all the same, but the node runs (uncached) and the warning says why."""
+    import logging
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    folder = area / "late"
+    cache = DiskCache(folder)
+    as_attacker(area, folder)
+    with caplog.at_level(logging.WARNING, logger="hardy.cache"):
+        assert victim_run(area, cache) == {"y": 2}
+        assert victim_run(area, cache) == {"y": 2}
+        cache.report()
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "hardy.cache")
+    assert "UntrustedCacheError" in said and "belongs to nobody (uid 65534)" in said and "ran uncached" in said
+    assert cache.hits == 0 and not (area / "PWNED").exists()
+
+
+@needs_root
 def test_a_group_writable_directory_is_refused_and_shared_mode_never_runs_their_entry(area, monkeypatch, caplog):
     monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(area / "root-state"))

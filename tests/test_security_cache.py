@@ -273,6 +273,10 @@ for k in range(3):
 path = os.path.join(shard, name)
 if kind == "fifo":
     os.mkfifo(path, 0o666)
+elif kind == "sparse":  # a terabyte that takes no room
+    with open(path, "wb") as f:
+        f.truncate(1 << 40)
+    os.chmod(path, 0o666)
 elif kind == "folder":
     os.mkdir(path, 0o777)
 else:
@@ -292,11 +296,14 @@ class Pwn:
 
 
 @needs_root
-@pytest.mark.parametrize("kind", ["another key id", "a newer format", "garbage", "fifo", "folder"])
+@pytest.mark.parametrize("kind", ["another key id", "a newer format", "garbage", "fifo", "sparse", "folder"])
 def test_a_forged_entry_in_a_shared_directory_is_deleted_and_recomputed(area, team, kind, caplog):  # noqa: F811
     """A writer without the team secret puts an entry where the victim's is kept: a header naming
-    another secret, an unknown format byte, garbage, a FIFO (to hang the reader), a folder. None is
-    skipped for good, unpickled or waited on: the node runs, and a forgery it may delete is replaced."""
+    another secret, an unknown format byte, garbage, a FIFO (to hang the reader), a sparse file of
+    a terabyte (no buffer that size can be made), a folder. None is skipped for good, unpickled or
+    waited on: the node runs, and a forgery it may delete is replaced."""
+    if kind == "sparse" and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip("this kernel would grant a terabyte's buffer (vm.overcommit_memory=1) and read it")
     import pickle
 
     from hardy.cache.entry import HEADER, MAGIC, VERSION
@@ -321,6 +328,41 @@ def test_a_forged_entry_in_a_shared_directory_is_deleted_and_recomputed(area, te
     said = warnings_of(caplog)
     assert ("named another secret in this secret's own folder" if kind == "another key id" else "1 damaged entry") \
         in said and "HARDY_CACHE_KEY" not in said
+
+
+def bounded(call, limit: float = 120.0) -> None:
+    """`call()` in a thread; still running after `limit` seconds fails the test (a liveness bound:
+    it takes milliseconds unless something blocks it)."""
+    failed: list = []
+
+    def go() -> None:
+        try:
+            call()
+        except BaseException as exc:  # shown by the assertion below
+            failed.append(exc)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), f"still blocked after {limit:.0f} s"
+    assert not failed, failed[0]
+
+
+@needs_root
+@pytest.mark.parametrize("name", ["the victim's lock", "any name"])
+def test_a_fifo_another_user_plants_among_the_teams_locks_never_blocks(area, team, name):  # noqa: F811
+    """With a team secret, the team can write the secret's lock folder: a FIFO there, where a plain
+    open waits for a writer for ever, is not a lock file. Single flight computes at once, and the
+    sweep of stale locks (prune, clear) passes it by."""
+    names = team_layout(area)
+    locks = team / "locks" / names["F"] / names["N"]
+    planted = names["key"] if name == "the victim's lock" else "anything"
+    assert "planted" in attacker(FORGE, str(locks), planted, "fifo", "")
+    cache = DiskCache(team, **TEAM_CACHE)
+    assert run_victim(area, cache) == {"y": bytes([1]) * BIG}
+    bounded(lambda: cache.prune(max_size=0))
+    bounded(cache.clear)
+    assert (locks / planted).exists()  # not a lock file: not ours to remove
 
 
 @needs_root

@@ -569,8 +569,9 @@ class BatchShapeError(HardyError, ValueError):
 
 
 class UntrustedCacheError(HardyError, RuntimeError):
-    """A cache directory or key that someone else could have written: never used. Not an OSError:
-    the cache turns those into "ran uncached"; this one must be seen."""
+    """A cache directory or key that someone else could have written: never used. Raised by
+    `DiskCache(...)`, where it must be seen; found only later (a directory another user made after
+    the constructor looked), the cache's calls run uncached and its warning says why."""
 
 
 class CacheUnavailable(HardyError, OSError):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidArgument, UnhashableError
+from ..errors import InvalidArgument, UnhashableError, UntrustedCacheError
 from ..hashing import FORMAT, hash_value
 from ..model import arguments
 from ..model.sizes import parse_size
@@ -40,7 +40,10 @@ from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_dire
 
 log = logging.getLogger("hardy.cache")
 
-FAULTS = (OSError, sqlite3.Error)  # what a store raises when its environment misbehaves
+# What a store raises when its environment misbehaves: counted, and the node runs uncached. With
+# them, a directory found untrusted after the constructor checked it (another user made it
+# since): refused like one found there, but the cache's to report, never a node's failure.
+FAULTS = (OSError, sqlite3.Error, UntrustedCacheError)
 
 
 @dataclass(frozen=True)

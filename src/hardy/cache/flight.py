@@ -58,7 +58,7 @@ def lock_file(locks: Folder, name: str) -> int | None:
     except FileExistsError:
         pass
     try:
-        fd = locks.open(name, os.O_RDONLY)
+        fd = locks.open(name, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO planted there: opened without a wait, refused)
     except FileNotFoundError:  # removed by its holder meanwhile: its value is stored
         return locks.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     st = os.fstat(fd)
@@ -69,14 +69,17 @@ def lock_file(locks: Folder, name: str) -> int | None:
 
 
 def sweep(folder: Folder) -> int:
-    """Remove lock files nobody holds (left by killed holders). Returns how many."""
+    """Remove lock files nobody holds (left by killed holders). Returns how many. Anything else
+    there (a FIFO, which a plain open would wait on for ever) is not a lock file: left alone."""
     removed = 0
     for _, name in folder.files(depth=0):
         try:
-            fd = folder.open(name, os.O_RDONLY)
+            fd = folder.open(name, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             removed += folder.unlink(name)
         except OSError:  # held: a computation is in flight
