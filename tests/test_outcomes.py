@@ -136,3 +136,18 @@ def test_one_outcome_per_failure_on_every_executor(name):
                                                                           map_over="n", window=window):
                     got.append(row["w"])
             assert got == list(range(1, 41))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["sequential", "process"])
+def test_the_same_outcomes_with_a_run_report(name, tmp_path):
+    """With a report, each failure also travels in the node log: an exception that pickle cannot
+    rebuild there made the parent ask for the chunk's results again, for ever."""
+    with Engine(map_executor=name, workers=2, report_dir=tmp_path) as engine:
+        p = Pipeline(nodes=[misbehave], engine=engine)
+        out = p.map(inputs={"case": CASES}, map_over="case", on_error="continue")
+        assert out[0] == {"y": "OK"} and out[-1] == {"y": "FINE"}
+        full = out[CASES.index("two arguments")].error.__cause__
+        assert type(full) is DiskFull and str(full) == "disk /data is full: no space left on device"
+        with pytest.raises(Exception, match="disk /data is full"):
+            p.run(inputs={"case": "two arguments"})

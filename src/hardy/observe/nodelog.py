@@ -305,13 +305,15 @@ class NodeLog:
         self.data += (RAISED, time.monotonic(), self.kept(exc))
 
     def kept(self, exc: BaseException) -> int:
-        """Where `exc` is kept in the details, to travel with the log: itself where it can be
-        pickled (callbacks see what the node raised, also for an attempt that was retried), else
-        its text."""
+        """Where `exc` is kept in the details, to travel with the log: itself where it comes back
+        from a pickle (callbacks see what the node raised, also for an attempt that was retried),
+        else its text. The round trip, because unpickling is where an exception fails: one whose
+        constructor takes other arguments than it passes to Exception pickles, but cannot be
+        rebuilt."""
         try:
-            pickle.dumps(exc)
+            pickle.loads(pickle.dumps(exc))
         except Exception:
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            exc = RuntimeError(f"{type(exc).__name__}: {_text(exc)}")
         self.details.append(exc)
         return len(self.details) - 1
 
@@ -355,3 +357,11 @@ def _wall_offset() -> int:
     """What turns this process's monotonic clock into wall-clock time: round(t * 1e9) + offset
     nanoseconds."""
     return time.time_ns() - time.monotonic_ns()
+
+
+def _text(exc: BaseException) -> str:
+    """`str(exc)`, or what Python prints when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"

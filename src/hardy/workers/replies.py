@@ -221,14 +221,15 @@ class Replies:
         return True
 
     def resend(self, items: list[int]) -> None:
-        """Items of the last chunk again, each pickled on its own, so that each is read on its
-        own, with its own node log (None when not logged)."""
+        """Items of the last chunk again, each result and each node log (None when not logged)
+        pickled on its own, so that the parent reads each on its own: the message itself is
+        only bytes, which it can always read (else it would ask again, for ever)."""
         outcomes: dict[int, tuple[bool, Any, NodeLogBatch | None]] = {}
         for batch, records in self.sent:
             rows = batch.rows() if isinstance(batch, Outputs) else batch
             for (i, ok, value), log in zip(rows, row_logs(records, len(rows))):
                 outcomes[i] = (ok, value, log)
-        data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), log)
+        data = pickle.dumps([(i, ok, dumps(value, buffer_callback=_in_band), _pickled(log))
                              for i in items for ok, value, log in [outcomes[i]]], protocol=5)
         self.conn.send_bytes(Header(True, True, False, False, False, 0.0).pack() + data)
 
@@ -303,6 +304,14 @@ def _consecutive(batch: list[Row]) -> int:
         return 0
     first = batch[0][0]
     return first if all(map(operator.eq, map(_INDEX, batch), itertools.count(first))) else -1
+
+
+def _pickled(log: NodeLogBatch | None) -> bytes | None:
+    """A node log on its own (`resend`); None when there is none, or it cannot be pickled."""
+    try:
+        return None if log is None else dumps(log, buffer_callback=_in_band)
+    except Exception:
+        return None
 
 
 def _in_band(buf: Any) -> bool:

@@ -334,14 +334,19 @@ class MapRun:
         unsent.answered(first, len(outputs))
         self.results.take_span(first, outputs)
 
-    def take_each(self, unsent: Unsent, batch: list[tuple[int, bool, bytes, NodeLogBatch | None]]) -> None:
-        """Results sent again one by one (`replies.Replies.resend`), each with its node log."""
-        for i, ok, blob, log in batch:
+    def take_each(self, unsent: Unsent, batch: list[tuple[int, bool, bytes, bytes | None]]) -> None:
+        """Results sent again one by one (`replies.Replies.resend`), each with its node log (left
+        out where it cannot be read here: the result counts, its events are lost)."""
+        for i, ok, blob, log_blob in batch:
             unsent.pop(i, None)
             try:
                 value = pickle.loads(blob)
             except Exception as exc:
                 ok, value = False, self.unreadable(i, blob, exc)
+            try:
+                log: NodeLogBatch | None = pickle.loads(log_blob) if log_blob is not None else None
+            except Exception:
+                log = None
             logs = (log,) if log is not None else ()
             if ok:
                 self.results.ok(i, value, logs)
