@@ -296,4 +296,74 @@ def order_of_a_set_of_strings():
     return ys([unique_words], xs=[1, 2]) == [unique_words(x) for x in [1, 2]]
 
 
+@pattern
+def warnings_made_errors_by_the_script():
+    import warnings
+
+    @node(output_name="y")
+    def warned(x):
+        try:
+            warnings.warn(f"item {x} is odd", UserWarning)
+        except UserWarning as w:
+            return f"error: {w}"
+        return "went on"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        strict = ys([warned], xs=[1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [strict, ys([warned], xs=[3])]
+
+
+@pattern
+def decimal_context_set_by_the_script():
+    import decimal
+
+    @node(output_name="y")
+    def third(x):
+        return str(decimal.Decimal(x) / 3)
+
+    decimal.getcontext().prec = 5
+    decimal.getcontext().rounding = decimal.ROUND_DOWN
+    try:
+        return ys([third], xs=[1, 2])
+    finally:
+        decimal.setcontext(decimal.Context())
+
+
+@pattern
+def recursion_limit_raised_by_the_script():
+    @node(output_name="y")
+    def depth(x):
+        def down(n):
+            return 0 if n == 0 else 1 + down(n - 1)
+        return down(1500 * x)
+
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)
+    try:
+        return ys([depth], xs=[1, 2])
+    finally:
+        sys.setrecursionlimit(previous)
+
+
+@pattern
+def numpy_division_by_zero_made_an_error():
+    import numpy as np
+
+    @node(output_name="y")
+    def ratio(x):
+        try:
+            return float(np.float64(x) / np.float64(x - 1))
+        except FloatingPointError as exc:
+            return f"raised: {exc}"
+
+    previous = np.seterr(divide="raise")
+    try:
+        return ys([ratio], xs=[1, 2])
+    finally:
+        np.seterr(**previous)
+
+
 corpus.close()

@@ -1055,4 +1055,128 @@ def module_reads_the_scripts_main():
     return ys([main_steps.from_main])
 
 
+@pattern
+def class_attribute_changed_under_an_instance_made_at_import():
+    write("atimport_steps.py", """
+        from hardy import node
+
+        class Model:
+            threshold = 0.5
+
+            def predict(self, x):
+                return x / 4 > self.threshold
+
+        MODEL = Model()
+
+        @node(output_name="y")
+        def decided(x):
+            return MODEL.predict(x)
+    """)
+    import atimport_steps
+    first = ys([atimport_steps.decided])
+    atimport_steps.Model.threshold = 0.1
+    return [first, ys([atimport_steps.decided])]
+
+
+def _scaled_by_ten(self, x):
+    return x * 10
+
+
+@pattern
+def method_replaced_on_the_class_of_an_instance_made_at_import():
+    write("meth_steps.py", """
+        import abc
+
+        from hardy import node
+
+        class Base(abc.ABC):
+            offset = 1
+
+            @abc.abstractmethod
+            def scale(self, x): ...
+
+            def apply(self, x):
+                return self.scale(x) + self.offset
+
+        class Doubler(Base):
+            def scale(self, x):
+                return 2 * x
+
+            def apply(self, x):
+                return -super().apply(x)
+
+        MODEL = Doubler()
+
+        @node(output_name="y")
+        def applied(x):
+            return MODEL.apply(x)
+    """)
+    import meth_steps
+    meth_steps.Doubler.scale = _scaled_by_ten  # the script's function, on the module's class
+    meth_steps.Base.offset = 5
+    return ys([meth_steps.applied])
+
+
+@pattern
+def class_changed_and_imported_by_another_module():
+    write("kind_steps.py", """
+        class Item:
+            unit = "cm"
+
+            def label(self, x):
+                return f"{x}{self.unit}"
+
+        DEFAULT = Item()
+    """)
+    write("kind_users.py", """
+        from hardy import node
+        from kind_steps import DEFAULT, Item
+
+        @node(output_name="y")
+        def labelled(x):
+            return [isinstance(DEFAULT, Item), Item().label(x), DEFAULT.label(x)]
+    """)
+    import kind_steps
+    import kind_users
+    kind_steps.Item.unit = "mm"
+    return ys([kind_users.labelled])
+
+
+@pattern
+def stdlib_array_written_in_place_between_maps():
+    write("stdarr_steps.py", """
+        import array
+
+        from hardy import node
+
+        BUF = array.array("d", [1.0, 2.0])
+
+        @node(output_name="y")
+        def summed(x):
+            return x + sum(BUF)
+    """)
+    import stdarr_steps
+    first = ys([stdarr_steps.summed])
+    stdarr_steps.BUF[0] = 100.0
+    return [first, ys([stdarr_steps.summed])]
+
+
+@pattern(refused=("ReplicaError", ["cty_steps.BUF"]))
+def ctypes_array_written_in_place():
+    write("cty_steps.py", """
+        import ctypes
+
+        from hardy import node
+
+        BUF = (ctypes.c_int * 2)(1, 2)
+
+        @node(output_name="y")
+        def read(x):
+            return [x, list(BUF)]
+    """)
+    import cty_steps
+    cty_steps.BUF[0] = 9
+    return ys([cty_steps.read])
+
+
 corpus.close()

@@ -5,7 +5,7 @@ import torch
 
 import corpus
 from corpus import pattern, write
-from hardy import Pipeline
+from hardy import Pipeline, node
 
 engine = corpus.engine()
 XS = [1, 2, 3]
@@ -181,6 +181,17 @@ def tensor_written_through_a_numpy_view_between_maps():
     first = ys([torch_steps.scaled])
     torch_steps.SCALE.numpy()[:] = 4.0
     return [first, ys([torch_steps.scaled])]
+
+
+@pattern
+def grad_disabled_by_the_script():
+    @node(output_name="y")
+    def scaled(x):
+        w = torch.ones(2, requires_grad=True)
+        return [(w * x).requires_grad, torch.is_grad_enabled()]
+
+    with torch.no_grad():
+        return [o["y"] for o in Pipeline(nodes=[scaled], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")]
 
 
 corpus.close()

@@ -9,6 +9,7 @@ keep the same contract (`hardy.model.executor`).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +20,7 @@ from ..errors import NodeError
 from ..model.executor import Executor, MapResults, ResultsSink
 from ..parts.batching import Batched, batched
 from ..plan.compiled import Plan, run_sync
+from ..shipping.context import thread_modes
 
 
 def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
@@ -170,15 +172,20 @@ class ThreadedExecutor(Executor):
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
         size = chunk_size(plan, max(1, n // (self.workers * 4)))
+        modes = thread_modes()
         with reported_crashes("threaded"):
-            futures = [self._pool.submit(self._chunk, plan, items, range(s, min(n, s + size)), results)
-                       for s in range(0, n, size)]
+            # each chunk in a copy of the caller's context variables (decimal's context, numpy's
+            # error state, a ContextVar the caller set) and with its thread's modes: as in-process
+            futures = [self._pool.submit(contextvars.copy_context().run, self._chunk, modes, plan, items,
+                                         range(s, min(n, s + size)), results) for s in range(0, n, size)]
             for f in futures:
                 f.result()
 
-    def _chunk(self, plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
+    def _chunk(self, modes: Callable[[], Any], plan: Plan, items: Sequence[dict[str, Any]], indices: range,
+               results: MapResults) -> None:
         self._here.running = True
         try:
+            modes()
             run_chunk(plan, items, indices, results)
         finally:
             self._here.running = False

@@ -12,7 +12,8 @@ reads (`hashing.state.module_stamp`: code by bytecode, values by content), with 
 object pickled for the small ones. Before the plan is built there, the worker compares the stamps
 with its own copy (`sync`) and installs the caller's object for each name that differs: a function
 rebuilt from the caller's code over the worker's own module globals (so it reads the same state
-and the module stays one module), a class or a node by value, a value as the caller has it. Big
+and the module stays one module), a class made the caller's where it stands (its instances
+follow), a node by value, a value as the caller has it. Big
 values are not pickled up front (a model the worker imported itself is usually the same); a
 worker that needs one asks (`Need`), and the caller sends it through the shared-memory transport.
 A value that can neither be compared nor sent (a lock, a client made at run time) is refused by
@@ -21,6 +22,7 @@ name. docs/same-answer.md is the contract this implements.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import io
@@ -155,9 +157,9 @@ class _Payload(ByValuePickler):
     by value even when its module would let it travel by reference (the point is to replace what
     the reference finds there); anything else as `dumps` would."""
 
-    def __init__(self, file: Any, root: Any, **kwargs: Any):
+    def __init__(self, file: Any, roots: Iterable[Any], **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
-        self.root = root
+        self.roots = {id(root) for root in roots}  # (alive: the caller holds them while it pickles)
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.FunctionType):
@@ -165,11 +167,23 @@ class _Payload(ByValuePickler):
             if home is not None:
                 return _rebuilt, (home, obj.__code__, obj.__name__, obj.__qualname__, obj.__defaults__,
                                   obj.__kwdefaults__, _cells(obj), dict(vars(obj)))
-        elif obj is self.root and isinstance(obj, type):
+        elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not _found_by_name(obj):
+            # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
+            raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
+        elif id(obj) in self.roots and isinstance(obj, type):
             return cloudpickle.cloudpickle._dynamic_class_reduce(obj)
-        elif obj is self.root and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
+        elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
+
+
+def _found_by_name(cls: type) -> bool:
+    """Whether another process finds `cls` where its module and name say."""
+    module = sys.modules.get(cls.__module__)
+    target: Any = module
+    for part in cls.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is cls
 
 
 def _home(func: types.FunctionType) -> str | None:
@@ -216,16 +230,19 @@ def _payload(module_name: str, value: Any) -> bytes | None:
     """`value` pickled for another process's `module_name`, or None when it cannot be."""
     try:
         file = io.BytesIO()
-        _Payload(file, value).dump(value)
+        _Payload(file, (value,)).dump(value)
         return file.getvalue()
     except Exception:
         return None
 
 
 def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
-    """A `Values` message's objects, big buffers out of band (`transport.pack`'s `dump`)."""
+    """A `Values` message (`workers.messages`), big buffers out of band (`transport.pack`'s
+    `dump`), each object pickled as `_payload` pickles it: a class or a node by value, where its
+    reference would find the worker's own."""
     file = io.BytesIO()
-    _Payload(file, None, buffer_callback=buffer_callback).dump(values)
+    objects = values.values if isinstance(values.values, dict) else {}
+    _Payload(file, objects.values(), buffer_callback=buffer_callback).dump(values)
     return file.getvalue()
 
 
@@ -310,10 +327,54 @@ class Synced:
                 delattr(module, extra)
         elif stamp == ABSENT_STAMP:
             vars(module).pop(name, None)
-        else:
+        elif not _updated_in_place(vars(module).get(name), value):
             setattr(module, name, value)
         HELD[key] = stamp
         _INSTALLS[0] += 1
+
+
+# Members a class keeps when it is updated (`_updated_in_place`): tied to the class object its
+# `class` statement made (`_abc_impl`: an ABC's registered subclasses), never moved to another.
+_OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "_abc_impl"})
+_PLAIN_METACLASSES = (type, abc.ABCMeta)
+
+
+def _updated_in_place(mine: Any, theirs: Any) -> bool:
+    """Whether this worker's class `mine` was made the caller's class `theirs` member by member.
+    A class is updated where it is rather than bound anew, because its old object lives on
+    elsewhere: in the instances this worker's import made (`MODEL = Model()`: a method or class
+    attribute the caller changed must reach `MODEL.predict`), and under other names (`from model
+    import Model` in another module, where `isinstance` must still hold). Only a class of the same
+    name, bases, slots and a plain metaclass (an Enum's guards its members): else False, and the
+    caller's class is bound under the name as it stands."""
+    if not (isinstance(mine, type) and isinstance(theirs, type) and mine is not theirs
+            and type(mine) is type(theirs) and type(mine) in _PLAIN_METACLASSES
+            and mine.__qualname__ == theirs.__qualname__ and mine.__bases__ == theirs.__bases__
+            and vars(mine).get("__slots__") == vars(theirs).get("__slots__")):
+        return False
+    members = {k: v for k, v in vars(theirs).items() if k not in _OWN_MEMBERS}
+    for name in [k for k in vars(mine) if k not in _OWN_MEMBERS and k not in members]:
+        delattr(mine, name)
+    for name, member in members.items():
+        for func in _functions_of(member):
+            _rehome(func, made=theirs, kept=mine)
+        if vars(mine).get(name, ABSENT) is not member:
+            setattr(mine, name, member)
+    return True
+
+
+def _functions_of(member: Any) -> list[types.FunctionType]:
+    """The functions a class member runs: itself, a static or class method's, a property's accessors."""
+    found = [getattr(member, a, None) for a in ("__func__", "fget", "fset", "fdel", "func")] + [member]
+    return [f for f in found if isinstance(f, types.FunctionType)]
+
+
+def _rehome(func: types.FunctionType, made: type, kept: type) -> None:
+    """`func`'s `__class__` cell (which zero-argument `super()` reads) made `kept` where it held
+    `made`, the class unpickled with it, which is dropped."""
+    for var, cell in zip(func.__code__.co_freevars, func.__closure__ or (), strict=True):
+        if var == "__class__" and cell.cell_contents is made:
+            cell.cell_contents = kept
 
 
 def _own_names(module: types.ModuleType) -> list[str]:

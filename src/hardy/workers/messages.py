@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
+from ..shipping.context import Settings
+
 
 class Setup(NamedTuple):
     """The first message: the parent's environment now (a fork server's dates from its start)."""
@@ -20,6 +22,7 @@ class Setup(NamedTuple):
     cwd: str
     argv: list[str]
     umask: int
+    settings: Settings
 
 
 class PlanSpec(NamedTuple):
@@ -55,8 +58,8 @@ class Chunk(NamedTuple):
 
 class Context(NamedTuple):
     """The caller's process state at this call, where it changed since the worker last heard: the
-    environment's changed and removed variables, then the working directory, sys.argv, sys.path
-    and the umask whole (docs/same-answer.md)."""
+    environment's changed and removed variables, then the working directory, sys.argv, sys.path,
+    the umask and the interpreter's settings whole (docs/same-answer.md)."""
 
     environ: dict[str, str]
     unset: list[str]
@@ -64,6 +67,7 @@ class Context(NamedTuple):
     argv: list[str]
     sys_path: list[str]
     umask: int
+    settings: Settings
 
 
 class Values(NamedTuple):

@@ -143,7 +143,8 @@ class Worker:
         self.context = context.current()
         transport.send(self.conn, b"", transport.Packed(
             pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
-                               self.context.cwd or os.getcwd(), self.context.argv, self.context.umask)),
+                               self.context.cwd or os.getcwd(), self.context.argv, self.context.umask,
+                               self.context.settings)),
             self._fds))
         self.fd = self.conn.fileno()
         with socket.fromfd(self.fd, socket.AF_UNIX, socket.SOCK_STREAM) as end:  # (the same socket: `wait`)
@@ -168,13 +169,13 @@ class Worker:
 
     def follow(self, now: context.Snapshot) -> None:
         """Bring the worker to the caller's state `now` (environment, working directory, argv,
-        sys.path) before it runs a call made then: what changed since it last heard, if anything."""
+        sys.path, settings) before it runs a call made then: what changed since it last heard, if anything."""
         if now is self.context:
             return
         before, after = {**self.context.environ, **self.overlay}, {**now.environ, **self.overlay}
         changed, unset = context.environ_delta(before, after)
         self.send(pickle.dumps(Context(changed, unset, now.cwd or self.context.cwd, now.argv, now.sys_path,
-                                       now.umask)))
+                                       now.umask, now.settings)))
         self.context = now
 
     def readable(self) -> bool:

@@ -31,6 +31,7 @@ from ..observe.nodelog import LOG
 from ..plan.compiled import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, synced, transport
+from ..shipping.context import take_settings
 from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Refusal, Synced
 from .breakpoints import no_terminal
@@ -88,6 +89,7 @@ def _take_setup(setup: Setup) -> None:
     sys.path[:] = setup.sys_path
     sys.argv[:] = setup.argv  # a node reading its script's arguments reads the parent's, as in-process
     os.umask(setup.umask)
+    take_settings(setup.settings)
     try:
         os.chdir(setup.cwd)
     except OSError:
@@ -212,7 +214,7 @@ def _pairs(msg: tuple[Any, ...]) -> Iterable[tuple[int, dict[str, Any]]] | Span:
 
 
 def _take_context(context: Context) -> None:
-    """The caller's environment, working directory, argv and sys.path at this call (as `_take_setup`)."""
+    """The caller's environment, working directory, argv, sys.path and settings at this call (as `_take_setup`)."""
     os.environ.update(context.environ)
     for name in context.unset:
         os.environ.pop(name, None)
@@ -221,6 +223,7 @@ def _take_context(context: Context) -> None:
     os.umask(context.umask)
     sys.argv[:] = context.argv
     sys.path[:] = context.sys_path
+    take_settings(context.settings)
     try:
         os.chdir(context.cwd)
     except OSError:  # gone, or not readable here: the node fails as it would there
