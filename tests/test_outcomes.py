@@ -32,6 +32,11 @@ class HoldsLock(Exception):
         self.code = 507
 
 
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
 def _local_class() -> type[Exception]:
     class Local(KeyError):  # no module attribute names it: the caller cannot import it
         def __init__(self, a: str, b: str):
@@ -51,6 +56,8 @@ def misbehave(case: str) -> object:
         raise HoldsLock("the lock is held")
     if case == "local class":
         raise _local_class()("this", "that")
+    if case == "str raises":
+        raise BadStr("boom")
     return case.upper()
 
 
@@ -90,7 +97,7 @@ def _engine(name: str) -> Engine:
     return daft_engine()
 
 
-CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "fine"]
+CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "str raises", "fine"]
 
 
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
@@ -120,6 +127,10 @@ def test_one_outcome_per_failure_on_every_executor(name):
         local = failed["local class"].__cause__  # a class the caller cannot import: a stand-in of that name
         assert type(local).__name__ == "Local" and isinstance(local, KeyError) and str(local) == "'this and that'"
         assert isinstance(local, RemoteError) == (name not in ("sequential", "threaded", "async"))
+
+        unprintable = failed["str raises"]  # reported as Python's traceback reports it; the map goes on
+        assert str(unprintable).endswith("BadStr: <exception str() failed>")
+        assert type(unprintable.__cause__).__name__ == "BadStr"
 
         # sys.exit in an async node: one Failed, and nothing left behind for the next map
         asynchronous = Pipeline(nodes=[exits_async], engine=engine)

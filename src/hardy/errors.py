@@ -25,6 +25,15 @@ from .wording import install_hint as install_hint
 from .wording import summarize as summarize
 
 
+def text_of(exc: BaseException) -> str:
+    """`str(exc)`, or what Python's own traceback prints when that raises: an exception whose
+    `__str__` fails must still be reported, and must not stop what reports it."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"
+
+
 class HardyError(Exception):
     """Base class of every error hardy raises on purpose."""
 
@@ -208,7 +217,7 @@ class NodeError(HardyError):
             where += f" (inputs: {self.inputs_summary})"
         cause = self.reason
         if cause is None and self.__cause__ is not None:
-            cause = f"{type(self.__cause__).__name__}: {self.__cause__}"
+            cause = f"{type(self.__cause__).__name__}: {text_of(self.__cause__)}"
         return f"{where}: {cause}" if cause else where
 
     def reported(self) -> dict[str, Any]:
@@ -216,7 +225,7 @@ class NodeError(HardyError):
         raised (type and message) or why hardy failed it, and the signal of a crash."""
         cause = self.__cause__
         return {"node": self.node, "error": type(cause or self).__name__,
-                "message": str(cause) if cause is not None else (self.reason or str(self)),
+                "message": text_of(cause) if cause is not None else (self.reason or str(self)),
                 "signal": getattr(self, "signal", None)}
 
     def __repr__(self) -> str:  # a list of Failed entries should read as what went wrong

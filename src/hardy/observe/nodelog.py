@@ -51,6 +51,7 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from ..errors import text_of
 from ..model.node import Node
 
 ITEM, PAUSE, RAISED, CACHED, SPAN, STEP, FAILED = -1, -2, -3, -4, -5, -6, -7  # the entries that are not a bare start
@@ -313,7 +314,7 @@ class NodeLog:
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:
-            exc = RuntimeError(f"{type(exc).__name__}: {_text(exc)}")
+            exc = RuntimeError(f"{type(exc).__name__}: {text_of(exc)}")
         self.details.append(exc)
         return len(self.details) - 1
 
@@ -357,11 +358,3 @@ def _wall_offset() -> int:
     """What turns this process's monotonic clock into wall-clock time: round(t * 1e9) + offset
     nanoseconds."""
     return time.time_ns() - time.monotonic_ns()
-
-
-def _text(exc: BaseException) -> str:
-    """`str(exc)`, or what Python prints when that raises."""
-    try:
-        return str(exc)
-    except Exception:
-        return "<exception str() failed>"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgument, NoGpuError, install_hint
+from ..errors import InvalidArgument, NoGpuError, install_hint, text_of
 from ..model import arguments
 
 ASSUME = "HARDY_ASSUME_GPUS"
@@ -48,7 +48,7 @@ def cuda_failure(exc: BaseException) -> str | None:
     while seen is not None and len(chain) < 5:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    text = "\n".join(f"{type(e).__name__}: {e}" for e in chain).lower()
+    text = "\n".join(f"{type(e).__name__}: {text_of(e)}" for e in chain).lower()
     if any(m in text for m in _STICKY):
         return "sticky"
     if any(m in text for m in _OOM) or any(type(e).__name__ == "OutOfMemoryError"

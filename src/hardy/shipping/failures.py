@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ..errors import NodeError, rebuilt_exception
+from ..errors import NodeError, rebuilt_exception, text_of
 from ..tracebacks import travelling
 from .pickling import dumps
 
@@ -40,21 +40,14 @@ class _CauseCopy(Exception):
     message, `args` and attributes (those that pickle, the others as their repr)."""
 
     def __init__(self, exc: BaseException):
-        super().__init__(str(exc))
+        super().__init__(text_of(exc))
         kind = type(exc)
         base = next((c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"), "Exception")
-        self.recipe = (kind.__module__, kind.__qualname__, base, _message(exc), tuple(_travelling(a) for a in exc.args),
+        self.recipe = (kind.__module__, kind.__qualname__, base, text_of(exc), tuple(_travelling(a) for a in exc.args),
                        {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
         return rebuilt_exception, self.recipe
-
-
-def _message(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # a __str__ that raises must not hide the error
-        return f"<{type(exc).__name__} whose str() failed>"
 
 
 def _travelling(value: Any) -> Any:
