@@ -73,6 +73,47 @@ def test_a_workers_exception_prints_the_worker_frames_the_same_text_as_in_proces
     assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
 
 
+CHAINED = """
+import sys, traceback
+from hardy import Engine, Pipeline, node
+
+def lookup(key):
+    try:
+        return {"a": 1}[key]
+    except KeyError as e:
+        raise ValueError(f"no setting {key!r}") from e
+
+@node(output_name="y")
+def read(key: str) -> int:
+    if key == "zero":
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            raise RuntimeError("while handling it")
+    return lookup(key)
+
+p = Pipeline([read], engine=Engine(map_executor=sys.argv[1]))
+out = p.map(inputs={"key": ["b", "zero"]}, map_over="key", on_error="continue")
+for failed in out:
+    traceback.print_exception(failed.error.__cause__)
+"""
+
+
+def test_a_chained_exception_prints_its_whole_chain_on_every_executor(tmp_path):
+    """`raise ... from e` and an exception raised while handling another: pickle leaves the chain
+    out, so a worker's error came back without the exceptions it was raised from."""
+    texts = {}
+    for executor in ("sequential", "process", "threaded"):
+        out = _python(tmp_path, CHAINED, "bug.py", executor)
+        assert out.returncode == 0, out.stderr
+        texts[executor] = out.stderr
+    text = texts["process"]
+    assert "KeyError: 'b'\n\nThe above exception was the direct cause of the following exception:" in text, text
+    assert "ZeroDivisionError: division by zero\n\nDuring handling of the above exception" in text, text
+    assert 'line 7, in lookup\n    return {"a": 1}[key]' in text, text  # the chained exception's own frames
+    assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
+
+
 def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
     script = BUG + 'p.map(inputs={"x": [1, 0]}, map_over="x")\n'
     out = _python(tmp_path, script, "-i", "bug.py", stdin="import pdb; pdb.pm()\np x, scale\np big\nup\np x\nq\n")

@@ -27,12 +27,40 @@ def portable(err: NodeError) -> NodeError:
         err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     if cause is not None and cause.__traceback__ is not None and not getattr(err, "cause_frames", None):
         err.cause_frames = travelling(cause.__traceback__)  # the cause's traceback, rebuilt where it lands
-    try:
-        pickle.loads(dumps(err))  # the round trip: unpickling is where such exceptions fail
-        return err
-    except Exception:
+    if cause is not None and err.cause_chain is None:
+        err.cause_chain = _chain(cause)
+    if not _survives(err):
         err.__cause__ = _CauseCopy(cause) if cause is not None else None
-        return err
+    return err
+
+
+def _survives(value: Any) -> bool:
+    """Whether `value` comes back from a pickle: unpickling is where such exceptions fail."""
+    try:
+        pickle.loads(dumps(value))
+        return True
+    except Exception:
+        return False
+
+
+def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, Any]]:
+    """The exceptions `exc` was raised from or while handling (which pickle leaves out), each as
+    (the exception, or a copy that travels; whether it is the `__cause__` of the one before, and
+    whether its `__context__` (`raise ... from e` in an `except` makes it both); that one's
+    `__suppress_context__`; its traceback's frames), for `errors.relinked` to hang them back on
+    the cause, as Python prints them."""
+    links: list[tuple[BaseException, bool, bool, bool, Any]] = []
+    seen = {id(exc)}
+    while len(links) < 16:
+        nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return links
+        seen.add(id(nxt))
+        frames = travelling(nxt.__traceback__) if nxt.__traceback__ is not None else None
+        links.append((nxt if _survives(nxt) else _CauseCopy(nxt), exc.__cause__ is nxt, exc.__context__ is nxt,
+                      exc.__suppress_context__, frames))
+        exc = nxt
+    return links
 
 
 class _CauseCopy(Exception):
