@@ -71,6 +71,33 @@ def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp
     assert "worker died from SIGSEGV" in (tmp_path / "run.html").read_text()
 
 
+CHATTY = """
+import os
+print("importing chatty")
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def twice(x: int) -> int:
+    print("processing", x)
+    os.write(1, b"written to descriptor 1\\n")  # as C code prints
+    return 2 * x
+
+pipeline = Pipeline([twice])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_run_keeps_standard_output_for_the_result_lines(tmp_path, executor):
+    """What the pipeline's code prints, at its import or in a node, in this process or a worker,
+    goes to standard error: every line of standard output is an item's JSON."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    out = _hardy_run(tmp_path, "chatty:pipeline", "--set", "x=[1,2]", "--map-over", "x", "--executor", executor)
+    assert out.returncode == 0, out.stderr
+    assert sorted(json.loads(line)["outputs"]["y"] for line in out.stdout.splitlines()) == [2, 4], out.stdout
+    assert "importing chatty" in out.stderr and "processing 2" in out.stderr, out.stderr
+    assert out.stderr.count("written to descriptor 1") == 2, out.stderr
+
+
 def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (tmp_path / "flows.py").write_text(FLOWS)
     for _ in range(2):

@@ -157,6 +157,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         output = _resumed(resume, output)
     if output:
         output_path(output)
+    lines = None if output else _results_only()
     pipeline = load_pipeline(target)
     values, over = _inputs(pipeline, set_, inputs, map_over)
     wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
@@ -168,12 +169,12 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
     before = written(resume) if resume else {}
-    with engine, _Interruptible() as interrupted, _opened(output, append=bool(resume)) as out:
+    with engine, _Interruptible() as interrupted, _opened(output, lines, append=bool(resume)) as out:
         writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
         unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, before, engine, progress, writer))
     done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
     if unwritable is not None:
-        _unwritable(unwritable, writer.done, output)
+        _unwritable(unwritable, writer.done, output, out)
     if report and (writer.done or not before):
         pipeline.report().save(report)
     elif report:  # --resume found every item written: nothing ran, nothing to report
@@ -272,13 +273,13 @@ def _once(pipeline: Any, values: dict[str, Any], wanted: list[str] | None, engin
     return None
 
 
-def _unwritable(exc: OSError, done: int, output: str | None) -> NoReturn:
+def _unwritable(exc: OSError, done: int, output: str | None, out: IO[str]) -> NoReturn:
     """The output cannot be written: a closed pipe (`| head`) ends the command as SIGPIPE would
     (141), anything else (a full disk) with 74 (EX_IOERR), saying so on stderr."""
     closed = isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE
     if output is None:  # stdout stays unwritable: the interpreter's last flush must not complain again
         with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     what = "the output was closed (a closed pipe)" if closed else f"cannot write {output or 'stdout'}: {exc.strerror}"
     with contextlib.suppress(OSError):
         typer.echo(f"hardy: {what} after {done} item(s); the map was stopped and its workers with it", err=True)
@@ -320,11 +321,23 @@ class _Interruptible:
         signal.signal(signal.SIGINT, self._previous_int)
 
 
+def _results_only() -> IO[str]:
+    """Standard output for the result lines alone: what the pipeline's code prints (its module's
+    import, its nodes, in this process or in a worker, from Python or from C) goes to standard
+    error from here on, so that every line of standard output is one item's JSON."""
+    sys.stdout.flush()
+    lines = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8", errors=sys.stdout.errors)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return lines
+
+
 @contextlib.contextmanager
-def _opened(output: str | None, append: bool = False) -> Iterator[IO[str]]:
-    """--output, created (emptied) once the map has started, or appended to (--resume), or stdout."""
+def _opened(output: str | None, lines: IO[str] | None, append: bool = False) -> Iterator[IO[str]]:
+    """--output, created (emptied) once the map has started, or appended to (--resume), or
+    standard output (`lines`, `_results_only`)."""
     if not output:
-        yield sys.stdout
+        assert lines is not None
+        yield lines
         return
     with open(output, "a" if append else "w", encoding="utf-8") as f:
         yield f
