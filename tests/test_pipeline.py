@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hardy import Engine, Failed, Node, Pipeline, node
-from hardy.errors import NodeError
+from hardy.errors import MapInputError, NodeError
 
 
 @node(output_name="cleaned")
@@ -125,6 +125,28 @@ def test_map_over_any_iterable(make):
     p = Pipeline(nodes=[add_one])
     out = p.map(inputs={"x": make([0, 1, 2])}, map_over="x")
     assert [int(o["a"]) for o in out] == [1, 2, 3]
+
+
+class CountsOtherThings:
+    """A len() that counts something else than what iterating gives (as a DataFrame's does)."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self):
+        return iter([0])
+
+
+def test_map_over_a_frame_or_a_miscounting_iterable_is_refused_with_the_fix():
+    import pandas as pd
+    p = Pipeline(nodes=[add_one])
+    frame = pd.DataFrame({"x": [0, 1]})
+    for lazy in (p.map, lambda **kw: list(p.imap(**kw))):
+        with pytest.raises(MapInputError, match=r"iterates over its column names.*df\.to_dict\('records'\)"):
+            lazy(inputs={"x": frame}, map_over="x")
+    with pytest.raises(MapInputError, match="says it holds 3 values .len. but iterating it gives 1"):
+        p.map(inputs={"x": CountsOtherThings()}, map_over="x")
+    assert [o["a"] for o in p.map(inputs={"x": frame["x"]}, map_over="x")] == [1, 2]  # a column: its values
 
 
 def test_map_equals_list_of_runs_for_every_executor():

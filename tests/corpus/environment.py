@@ -303,7 +303,7 @@ def warnings_made_errors_by_the_script():
     @node(output_name="y")
     def warned(x):
         try:
-            warnings.warn(f"item {x} is odd", UserWarning)
+            warnings.warn(f"item {x} is odd", UserWarning, stacklevel=1)
         except UserWarning as w:
             return f"error: {w}"
         return "went on"

@@ -73,6 +73,12 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
             raise MapInputError(
                 f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
                 f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
+        if type(v).__name__ == "DataFrame":  # pandas' and polars': len() counts rows, iterating gives columns
+            raise MapInputError(
+                f"map_over input {name!r} is a {type(v).__module__.split('.')[0]} DataFrame, which iterates over "
+                f"its column names, not its rows: pass one value per item, such as a column ({name}=df['col']), "
+                "its rows as dicts (df.to_dict('records') in pandas, df.to_dicts() in polars), or "
+                "list(df.itertuples()); or give the whole frame as an input that is not mapped over.")
         seqs.append(v if lazy or isinstance(v, Sized) else list(v))
     const = {k: v for k, v in values.items() if k not in over}
     sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
@@ -88,7 +94,12 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
                 column = seqs[0]
                 if type(column) in (list, tuple, range):
                     return Items(const, name, cast("Sequence[Any]", column)), n
-                return [{**const, name: x} for x in column], n
+                items = [{**const, name: x} for x in column]
+                if len(items) != n:  # a len() that counts something else than what iterating gives
+                    raise MapInputError(
+                        f"map_over input {name!r} (a {type(column).__name__}) says it holds {n} values (len) but "
+                        f"iterating it gives {len(items)}: pass a list of the per-item values.")
+                return items, n
             return ({**const, name: x} for x in seqs[0]), n
         combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:
