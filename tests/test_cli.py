@@ -142,6 +142,24 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     assert "Traceback" not in out.stderr and not (tmp_path / "ran").exists()  # told before any work
 
 
+@pytest.mark.parametrize("args, message", [
+    (["demo", "--workers", "0"], "greater than or equal to 1"),
+    (["demo", "--items", "-5"], "greater than or equal to 2"),
+    (["demo", "--executor", "bogus"], "one of sequential, threaded, async, process"),
+    (["repeat", "-n", "0", "--", "true"], "greater than or equal to 1"),
+    (["repeat", "-n", "2", "--", "/no/such/command"], "'/no/such/command': no such command"),
+    (["libs", "/no/such/folder"], "not a folder: /no/such/folder"),
+    (["doctor", "--then", "pass"], "give --matrix MODULES --repeat N too"),
+    (["wheel", "verify", "no-such.whl"], "no-such.whl: no such file"),
+])
+def test_other_commands_refuse_what_they_cannot_do_with_a_usage_error(tmp_path, args, message):
+    """Exit code 2 and one line saying what to give (a traceback before, or a silent success)."""
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert message in " ".join(out.stderr.split()) and "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_usage_error_leaves_an_earlier_results_file_as_it_was(tmp_path):
     (tmp_path / "flows.py").write_text(FLOWS)
     (tmp_path / "out.jsonl").write_text("yesterday's results\n")

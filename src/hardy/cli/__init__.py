@@ -24,11 +24,13 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def demo(items: int = typer.Option(3000, metavar="N", help="How many documents to generate."),
-         executor: str = typer.Option("process", metavar="EXECUTOR", help="sequential | threaded | process"),
-         workers: int = typer.Option(2, metavar="N", help="Worker threads or processes."),
+def demo(items: int = typer.Option(3000, min=2, metavar="N", help="How many documents to generate (2 or more)."),
+         executor: str = typer.Option("process", metavar="EXECUTOR", help="sequential | threaded | async | process"),
+         workers: int = typer.Option(2, min=1, metavar="N", help="Worker threads or processes."),
          progress: bool = typer.Option(True, help="Show the progress bar.")) -> None:
     """Run a real example pipeline: clean -> tokenise -> statistics over generated documents."""
+    if executor not in ("sequential", "threaded", "async", "process"):
+        raise typer.BadParameter(f"{executor!r}: one of sequential, threaded, async, process", param_hint="--executor")
     from .demo import run_demo
     raise typer.Exit(run_demo(items, executor, workers, progress))
 

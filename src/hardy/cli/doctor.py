@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,9 @@ def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES
                                               help="The name --matrix had (with --repeat), kept for scripts."),
            then: str | None = typer.Option(None, "--then", metavar="CODE",
                                            help="Python code to run after the imports (--matrix only)."),
-           repeat: int = typer.Option(0, "--repeat", "-n", metavar="N",
+           repeat: int = typer.Option(0, "--repeat", "-n", min=0, metavar="N",
                                       help="Fresh interpreters per cell of the crash matrix."),
-           jobs: int = typer.Option(2, "--jobs", "-j", metavar="N", help="Interpreters run at once (--matrix)."),
+           jobs: int = typer.Option(2, "--jobs", "-j", min=1, metavar="N", help="Interpreters run at once (--matrix)."),
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Diagnose this Python environment; with --matrix a,b --repeat N, find the import order that crashes.
 
@@ -54,6 +55,9 @@ def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES
         if not repeat:
             raise typer.BadParameter("--matrix needs --repeat N (fresh interpreters per cell)", param_hint="--repeat")
         _crash_matrix(_names(matrix), then, repeat, jobs, as_json)
+    if then:
+        raise typer.BadParameter("--then runs after each cell's imports: give --matrix MODULES --repeat N too",
+                                 param_hint="--then")
     _examination(_names(import_ or ""), as_json)
 
 
@@ -149,8 +153,8 @@ def _print_gpus(gpu: dict[str, Any]) -> None:
 
 
 def repeat(ctx: typer.Context,
-           n: int = typer.Option(30, "-n", metavar="N", help="How many runs."),
-           jobs: int = typer.Option(1, "--jobs", "-j", metavar="N", help="Runs at once."),
+           n: int = typer.Option(30, "-n", min=1, metavar="N", help="How many runs."),
+           jobs: int = typer.Option(1, "--jobs", "-j", min=1, metavar="N", help="Runs at once."),
            stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="Stop at the first failing run."),
            timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS",
                                                 help="Seconds before a run counts as hung "
@@ -170,6 +174,8 @@ def repeat(ctx: typer.Context,
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the command after --, e.g. hardy repeat -n 30 -- python pipeline.py")
+    if shutil.which(command[0]) is None:
+        raise typer.BadParameter(f"{command[0]!r}: no such command (not a file, nor found on PATH)")
     width = len(str(n))
 
     def line(r: RunOutcome, total: int) -> None:
@@ -210,7 +216,7 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
                                            "e.g. nvidia."),
          order: bool = typer.Option(False, "--order", help="Print the preload order (dependencies first)."),
          preload: bool = typer.Option(False, "--preload", help="dlopen them in that order, here, as a test."),
-         as_json: bool = typer.Option(False, "--json")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Index ELF shared libraries: report unresolvable DT_NEEDED and the order to preload them.
 
     Exit code 2 if a needed library is found nowhere, 1 if cycles were found.
@@ -218,6 +224,9 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
     from ..native.libs import analyse, package_dirs, scan
     from ..native.libs import preload as do_preload
     search = [p for p in sys.path if p and os.path.isdir(p)]
+    absent = [p for p in paths or [] if not os.path.isdir(p)]
+    if absent:
+        raise typer.BadParameter(f"not a folder: {', '.join(absent)}", param_hint="FOLDER")
     dirs = [*(paths or []), *package_dirs(package)] or search
     plan = analyse(scan(dirs, environment=dirs is search), search=search)
     if as_json:
@@ -270,6 +279,8 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", metavar="FILE", help="
 def wheel_verify(wheel: str = typer.Argument(..., metavar="WHEEL", help="The wheel to check.")) -> None:
     """Check every file's sha256 and size against RECORD. Exit code 1 on any mismatch."""
     from ..doctor.wheel import verify_wheel
+    if not os.path.isfile(wheel):
+        raise typer.BadParameter(f"{wheel}: no such file", param_hint="WHEEL")
     result = verify_wheel(wheel)
     for p in result.problems:
         console.print(f"[red]bad[/] {p}", highlight=False)
