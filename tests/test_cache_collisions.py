@@ -230,10 +230,13 @@ def test_keys_are_the_same_in_every_interpreter(tmp_path):
         "import collections, json, sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_cache_collisions import Scale, tagged\n"
-        "from hardy.hashing import hash_value\n"
+        "import typing\n"
+        "from hardy.hashing import code_fingerprint, hash_value\n"
+        "class Hinted:\n"
+        "    z: typing.Annotated[int, frozenset({'alpha', 'beta', 'gamma', 'delta'})]\n"
         "values = [Scale(2.0), {'b', 'a', 'c'}, frozenset({('x', 1), ('y', 2)}), tagged('kg'),\n"
         "          collections.defaultdict(int, a=1)]\n"
-        "print(json.dumps([hash_value(v).hex() for v in values]))\n")
+        "print(json.dumps([hash_value(v).hex() for v in values] + [code_fingerprint(Hinted).hex()]))\n")
     runs = [subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr

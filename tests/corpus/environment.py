@@ -366,4 +366,71 @@ def numpy_division_by_zero_made_an_error():
         np.seterr(**previous)
 
 
+@pattern
+def warning_filter_on_a_category_of_a_folder_added_at_run_time():
+    # the category's module is found only through a folder the script adds to sys.path: the filter
+    # travels by the category's name, and a worker that has not loaded that module leaves it out
+    write("late_plugins/plugwarn.py", """
+        class PlugWarning(UserWarning):
+            pass
+    """)
+    import warnings
+
+    @node(output_name="y")
+    def plus(x):
+        return x + 1
+
+    first = ys([plus], xs=[5, 7, 11, 13])
+    sys.path.append(os.path.abspath("late_plugins"))
+    import plugwarn
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugwarn.PlugWarning)
+        later = ys([plus], xs=[5, 7, 11, 13])
+        once = Pipeline(nodes=[plus], engine=engine).run(inputs={"x": 100})
+        return [first, later, once, ys([plus], xs=[5, 7, 11, 13])]
+
+
+@pattern
+def settings_changed_back_and_forth_between_calls():
+    import decimal
+
+    import numpy as np
+
+    @node(output_name="y")
+    def strict(x):
+        out = []
+        try:
+            out.append(str(np.float64(x) / np.float64(0)))
+        except FloatingPointError:
+            out.append("divide raised")
+        try:
+            out.append(str(np.float64(1e308) * np.float64(10 * x)))
+        except FloatingPointError:
+            out.append("over raised")
+        try:
+            out.append(str(decimal.Decimal(x) / 0))
+        except decimal.DivisionByZero:
+            out.append("decimal raised")
+        out.append(len(str(10 ** 5000)))
+        return out
+
+    answers = []
+    previous, digits = np.geterr(), sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        for _ in range(3):
+            np.seterr(divide="ignore")
+            np.seterr(divide="raise", over="raise")
+            decimal.getcontext().traps[decimal.DivisionByZero] = False
+            answers.append(ys([strict], xs=[1]))
+            np.seterr(divide="raise", over="ignore")
+            decimal.getcontext().traps[decimal.DivisionByZero] = True
+            answers.append(ys([strict], xs=[1]))
+        return answers
+    finally:
+        np.seterr(**previous)
+        decimal.setcontext(decimal.Context())
+        sys.set_int_max_str_digits(digits)
+
+
 corpus.close()

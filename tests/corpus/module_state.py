@@ -1179,4 +1179,44 @@ def ctypes_array_written_in_place():
     return ys([cty_steps.read])
 
 
+def _plus_a_thousand(self, x):
+    return x * self.scale + 1000
+
+
+@pattern
+def method_replaced_on_a_slotted_class_of_an_instance_made_at_import():
+    write("slot_steps.py", """
+        import dataclasses
+
+        from hardy import node
+
+        class Slotted:
+            __slots__ = ("scale",)
+
+            def __init__(self):
+                self.scale = 2
+
+            def apply(self, x):
+                return x * self.scale
+
+        @dataclasses.dataclass(slots=True)
+        class Frozen:
+            scale: int = 3
+
+            def apply(self, x):
+                return x * self.scale
+
+        ONE, TWO = Slotted(), Frozen()
+
+        @node(output_name="y")
+        def applied(x):
+            return [ONE.apply(x), TWO.apply(x)]
+    """)
+    import slot_steps
+    first = ys([slot_steps.applied])
+    slot_steps.Slotted.apply = _plus_a_thousand
+    slot_steps.Frozen.apply = _plus_a_thousand
+    return [first, ys([slot_steps.applied])]
+
+
 corpus.close()

@@ -19,6 +19,7 @@ import functools
 import sys
 import threading
 import types
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -221,20 +222,35 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
         out(b"annotations")
         for name, hint in annotations.items():
             out(name.encode())
-            _tolerant(hint, out, by_repr=True)
+            _hint(hint, out)
 
 
-def _tolerant(value: Any, out: Callable[[bytes], Any], by_repr: bool = False) -> None:
-    """A value inside code (a class attribute, a function's attribute, a type hint) by content;
-    where it has none, by its repr when asked and that holds no address (`typing.Optional[int]`),
-    else as one unhashable value ("?")."""
+def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
+    """A value inside code (a class attribute, a function's attribute) by content; where it has
+    none, as one unhashable value ("?")."""
     try:
         encode_into(value, out, set())
+    except UnhashableError:
+        out(b"?")
+
+
+def _hint(hint: Any, out: Callable[[bytes], Any]) -> None:
+    """A type hint by content: a class or a string as a value, a generic (`list[int]`,
+    `Optional[X]`, `Annotated[int, ...]`) by its origin and each argument in turn (not by its
+    repr, which lists a set's members in the process's hash order)."""
+    try:
+        encode_into(hint, out, set())
         return
     except UnhashableError:
         pass
-    text = repr(value) if by_repr else ""
-    out(b"r:" + text.encode() if text and " at 0x" not in text else b"?")
+    origin = typing.get_origin(hint)
+    if origin is None:
+        text = repr(hint)
+        out(b"r:" + text.encode() if " at 0x" not in text else b"?")
+        return
+    out(b"h:" + repr(origin).encode())
+    for arg in typing.get_args(hint):
+        _hint(arg, out)
 
 
 _VALUES = ("callable object", "not callable")  # callables keyed by content, like any class-level value

@@ -20,61 +20,69 @@ from typing import Any, NamedTuple
 
 
 class Settings(NamedTuple):
-    """The interpreter's settings a node's result can depend on (`settings()`); a library's part
-    only where the caller loaded the library and changed it from its default (else None, and a
-    worker that never loads it pays nothing)."""
+    """The interpreter's settings a node's result can depend on (`settings()`), in plain values
+    (names, not classes: unpickling a class imports its module, which a worker may not have or
+    need); a library's part only where the caller loaded the library and changed it from its
+    default (else None, and a worker that never loads it pays nothing)."""
 
     recursion_limit: int
-    int_max_str_digits: int  # (0 before Python 3.11: no limit)
-    warning_filters: tuple[Any, ...]  # `warnings.filters`, those a worker can unpickle
-    decimal: tuple[Any, ...] | None  # decimal's context: (prec, rounding, Emin, Emax, capitals, clamp, traps)
+    int_max_str_digits: int | None  # (None before Python 3.11; 0: no limit)
+    warning_filters: tuple[Filter, ...]  # `warnings.filters`, each category by (module, name)
+    decimal: tuple[Any, ...] | None  # decimal's context: (prec, rounding, Emin, Emax, capitals, clamp, traps' names)
     numpy_errors: dict[str, str] | None  # `np.geterr()`
     torch_modes: tuple[bool, bool] | None  # grad enabled, deterministic algorithms
 
 
+Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
 NUMPY_ERRORS = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}  # numpy's defaults
 
 
 def settings() -> Settings:
     """The calling thread's settings now (see `Settings`)."""
     int_digits = getattr(sys, "get_int_max_str_digits", None)
-    return Settings(sys.getrecursionlimit(), int_digits() if int_digits else 0,
-                    tuple(f for f in warnings.filters if _findable(f[2])), _decimal(), _numpy_errors(), _torch_modes())
+    filters = tuple((action, message, _named(category), module, line)
+                    for action, message, category, module, line in warnings.filters)
+    return Settings(sys.getrecursionlimit(), int_digits() if int_digits else None, filters, _decimal(),
+                    _numpy_errors(), _torch_modes())
 
 
 def settings_key() -> tuple[Any, ...]:
     """What tells cheaply that `settings()` may have changed (`Snapshot.holds`): the limits, the
     filters' list, its length and first entry (`filterwarnings` puts one first, `catch_warnings`
-    swaps the list), decimal's context and its precision and rounding, numpy's error state (one
-    object, replaced by `np.seterr`) and torch's modes; about 0.3 us, 0.7 with torch loaded."""
+    swaps the list), decimal's context and its fields, numpy's error state (one object, replaced
+    by `np.seterr`) and torch's modes. The objects themselves, not their ids: an object freed
+    since could leave its id to the next one. About 0.3 us, 0.7 with torch loaded."""
     filters = warnings.filters
     modules = sys.modules
-    key: tuple[Any, ...] = (sys.getrecursionlimit(), id(filters), len(filters), id(filters[0]) if filters else 0)
+    key: tuple[Any, ...] = (sys.getrecursionlimit(), filters, len(filters), filters[0] if filters else None)
     if "decimal" in modules:
-        context = modules["decimal"].getcontext()
-        key += (id(context), context.prec, context.rounding)
+        c = modules["decimal"].getcontext()
+        key += (c, c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, tuple(c.traps.values()))
     if "numpy" in modules:
         key += (_numpy_state(),)
     if "torch" in modules:
         torch = modules["torch"]
         key += (torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
     int_digits = getattr(sys, "get_int_max_str_digits", None)
-    return key + (int_digits() if int_digits else 0,)
+    return key + (int_digits() if int_digits else None,)
 
 
 def take_settings(theirs: Settings) -> None:
     """Make this process's settings the caller's (a worker, at each call that changed them). A
     library loaded here whose setting the caller left at its default is set back to it."""
     sys.setrecursionlimit(theirs.recursion_limit)
-    if theirs.int_max_str_digits and hasattr(sys, "set_int_max_str_digits"):
+    if theirs.int_max_str_digits is not None and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(theirs.int_max_str_digits)
-    warnings.filters[:] = theirs.warning_filters  # type: ignore[index]  # (typeshed: a Sequence; it is a list)
-    warnings._filters_mutated()  # type: ignore[attr-defined]  # (the C part caches what the filters said)
+    warnings.filters[:] = [f for f in map(_loaded_filter, theirs.warning_filters) if f is not None]  # type: ignore[index]
+    mutated = getattr(warnings, "_filters_mutated", None)  # (the C part caches what the filters said)
+    if mutated is not None:
+        mutated()
     if theirs.decimal is not None or "decimal" in sys.modules:
         import decimal
         if theirs.decimal:
             prec, rounding, emin, emax, capitals, clamp, traps = theirs.decimal
-            made = decimal.Context(prec, rounding, emin, emax, capitals, clamp, traps=traps)
+            made = decimal.Context(prec, rounding, emin, emax, capitals, clamp,
+                                   traps=[getattr(decimal, name) for name in traps])
         else:
             made = decimal.Context()  # (a copy of the default)
         decimal.setcontext(made)
@@ -86,6 +94,24 @@ def take_settings(theirs: Settings) -> None:
         grad, deterministic = theirs.torch_modes or (True, False)
         torch.set_grad_enabled(grad)
         torch.use_deterministic_algorithms(deterministic)
+
+
+def _named(category: Any) -> tuple[str, str]:
+    """A warning category as (module, name): how `_loaded_filter` finds it again."""
+    return (category.__module__, category.__qualname__) if isinstance(category, type) else ("", "")
+
+
+def _loaded_filter(entry: Filter) -> Any:
+    """A caller's warning filter, its category found among the modules this process has loaded
+    (never imported for it: a filter on a library's warning is the library's business once it
+    is loaded here); None while its module is not (docs/same-answer.md)."""
+    action, message, (module, name), where, line = entry
+    category: Any = sys.modules.get(module)
+    for part in name.split("."):
+        category = getattr(category, part, None)
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        return None
+    return action, message, category, where, line
 
 
 def thread_modes() -> Callable[[], Any]:
@@ -103,27 +129,17 @@ def _no_modes() -> None:
     """Nothing to take: torch is not loaded."""
 
 
-def _findable(category: Any) -> bool:
-    """Whether another process finds a warning category where its module and name say (a
-    script's own class does not travel: its filter stays here)."""
-    module = sys.modules.get(getattr(category, "__module__", ""))
-    found: Any = module if category.__module__ != "__main__" else None
-    for part in getattr(category, "__qualname__", "?").split("."):
-        found = getattr(found, part, None)
-    return found is category
-
-
 def _decimal() -> tuple[Any, ...] | None:
     decimal = sys.modules.get("decimal")
     if decimal is None:
         return None
-    c = decimal.getcontext()
-    traps = [t for t, on in c.traps.items() if on]
-    made = (c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, traps)
-    fresh = decimal.Context()  # (the default context, as a thread starts with it)
-    default = (fresh.prec, fresh.rounding, fresh.Emin, fresh.Emax, fresh.capitals, fresh.clamp,
-               [t for t, on in fresh.traps.items() if on])
+    made, default = _fields(decimal.getcontext()), _fields(decimal.Context())  # (as a thread starts with it)
     return None if made == default else made
+
+
+def _fields(c: Any) -> tuple[Any, ...]:
+    """A decimal context as `Settings.decimal` holds it."""
+    return c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, [t.__name__ for t, on in c.traps.items() if on]
 
 
 def _numpy_errors() -> dict[str, str] | None:
@@ -137,7 +153,7 @@ def _numpy_state() -> Any:
     numpy = sys.modules["numpy"]
     config = sys.modules.get("numpy._core._ufunc_config")
     state = getattr(config, "_extobj_contextvar", None)
-    return id(state.get()) if state is not None else tuple(sorted(numpy.geterr().items()))
+    return state.get() if state is not None else tuple(sorted(numpy.geterr().items()))
 
 
 def _torch_modes() -> tuple[bool, bool] | None:

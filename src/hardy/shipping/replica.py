@@ -352,8 +352,8 @@ def _updated_in_place(mine: Any, theirs: Any) -> bool:
             and mine.__qualname__ == theirs.__qualname__ and mine.__bases__ == theirs.__bases__
             and vars(mine).get("__slots__") == vars(theirs).get("__slots__")):
         return False
-    members = {k: v for k, v in vars(theirs).items() if k not in _OWN_MEMBERS}
-    for name in [k for k in vars(mine) if k not in _OWN_MEMBERS and k not in members]:
+    members = {k: v for k, v in vars(theirs).items() if k not in _OWN_MEMBERS and not _slot(v)}
+    for name in [k for k, v in vars(mine).items() if k not in _OWN_MEMBERS and k not in members and not _slot(v)]:
         delattr(mine, name)
     for name, member in members.items():
         for func in _functions_of(member):
@@ -361,6 +361,12 @@ def _updated_in_place(mine: Any, theirs: Any) -> bool:
         if vars(mine).get(name, ABSENT) is not member:
             setattr(mine, name, member)
     return True
+
+
+def _slot(member: Any) -> bool:
+    """Whether a class member is a slot's descriptor, which belongs to the class that made it
+    (cloudpickle leaves them out of the class it rebuilds: the worker's own are kept)."""
+    return isinstance(member, (types.MemberDescriptorType, types.GetSetDescriptorType))
 
 
 def _functions_of(member: Any) -> list[types.FunctionType]:
