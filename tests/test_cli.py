@@ -151,6 +151,10 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (["libs", "/no/such/folder"], "not a folder: /no/such/folder"),
     (["doctor", "--then", "pass"], "give --matrix MODULES --repeat N too"),
     (["wheel", "verify", "no-such.whl"], "no-such.whl: no such file"),
+    (["replay", "no-such.json", "--item", "1"], "no-such.json: no such report"),
+    (["replay", "no-such.json", "--item", "-1"], "greater than or equal to 0"),
+    (["report", "no-such.json"], "no-such.json: no such report"),
+    (["report", "."], ". is a folder: give one of the run reports' JSON files in it"),
 ])
 def test_other_commands_refuse_what_they_cannot_do_with_a_usage_error(tmp_path, args, message):
     """Exit code 2 and one line saying what to give (a traceback before, or a silent success)."""

@@ -484,6 +484,7 @@ def test_replay_refuses_kept_inputs_it_cannot_trust(tmp_path, libs, shared_folde
     report = _failed_map(tmp_path, libs["c"])
     path = kept.folder_of(report) / "item-3.pkl"
     assert _replay(report, "--item", "2").stderr.startswith("hardy replay: no kept inputs for item 2")
+    assert "(the items kept there: 3)" in _replay(report, "--item", "2").stderr
     data = path.read_bytes()
     marker = tmp_path / "unpickled"
     evil = pickle.dumps({"sys_path": [], "cwd": "/"}) + pickle.dumps(_Marker(str(marker)))

@@ -280,7 +280,7 @@ def _missing(why: str) -> int:
 
 def replay_command(report: str = typer.Argument(..., metavar="REPORT",
                                                 help="A run report's JSON (Engine(report_dir=...) writes them)."),
-           item: int = typer.Option(..., "--item", metavar="N", help="The failed item to run again."),
+           item: int = typer.Option(..., "--item", min=0, metavar="N", help="The failed item to run again."),
            repeat: int = typer.Option(1, "--repeat", "-n", min=1, metavar="N",
                                       help="Runs, each in a fresh worker: with more "
                                       "than one, the failure rate and its 95% confidence interval."),

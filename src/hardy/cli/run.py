@@ -374,7 +374,7 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
                                       help="A report's JSON (Engine(report_dir=...) writes them)."),
            html: str | None = typer.Option(None, "--html", metavar="FILE",
                                            help="Also write it as a self-contained page."),
-           item: int | None = typer.Option(None, "--item", metavar="N",
+           item: int | None = typer.Option(None, "--item", min=0, metavar="N",
                                            help="Print the failure of item N: its error, Python and native stacks.")
            ) -> None:
     """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
@@ -385,6 +385,10 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
         report_path(html, (".html",))
     try:
         loaded = RunReport.load(path)
+    except FileNotFoundError:
+        _fail_usage(f"{path}: no such report (give a run report's JSON: Engine(report_dir=...) writes them)")
+    except IsADirectoryError:
+        _fail_usage(f"{path} is a folder: give one of the run reports' JSON files in it")
     except (OSError, ValueError) as exc:
         _fail_usage(str(exc))
     if item is not None:

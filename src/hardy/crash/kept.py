@@ -147,10 +147,14 @@ def _read_own(path: Path) -> bytes:
 def check(report: str | os.PathLike[str], item: int) -> bytes:
     """The verified bytes of `item`'s kept file (after its magic line and signature); raises
     `ReplayError` if it is missing, not this user's, writable by others, or not signed by this user."""
+    if not os.path.isfile(report):
+        raise ReplayError(f"{report}: no such report (give a run report's JSON: Engine(report_dir=...) writes them)")
     path = folder_of(report) / f"item-{item}.pkl"
     if not os.path.lexists(path):
-        raise ReplayError(f"no kept inputs for item {item} beside {report} (looked for {path}); inputs are kept "
-                          "for failed items of maps run with Engine(report_dir=...) or Engine(keep_failed_inputs=True)")
+        kept = sorted(int(p.stem[5:]) for p in folder_of(report).glob("item-*.pkl") if p.stem[5:].isdigit())
+        which = f"the items kept there: {', '.join(map(str, kept))}" if kept else f"looked for {path}"
+        raise ReplayError(f"no kept inputs for item {item} beside {report} ({which}); inputs are kept for failed "
+                          "items of maps run with Engine(report_dir=...) or Engine(keep_failed_inputs=True)")
     data = _read_own(path)
     size = len(_MAGIC) + DIGEST
     try:
