@@ -164,6 +164,16 @@ def test_other_commands_refuse_what_they_cannot_do_with_a_usage_error(tmp_path, 
     assert message in " ".join(out.stderr.split()) and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("command", ["doctor", "demo --items 200 --no-progress"])
+def test_a_reader_that_goes_away_ends_a_printing_command_as_sigpipe_does(tmp_path, command):
+    """`hardy doctor | head -2`: exit status 141, as a Unix tool's, not click's silent 1 (a failure)."""
+    out = subprocess.run(["bash", "-c", f"{sys.executable} -m hardy.cli {command} | head -1 >/dev/null; "
+                                        "echo ${PIPESTATUS[0]}"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.strip() == "141", (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_usage_error_leaves_an_earlier_results_file_as_it_was(tmp_path):
     (tmp_path / "flows.py").write_text(FLOWS)
     (tmp_path / "out.jsonl").write_text("yesterday's results\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from .. import __version__
@@ -29,6 +31,7 @@ def demo(items: int = typer.Option(3000, min=2, metavar="N", help="How many docu
          workers: int = typer.Option(2, min=1, metavar="N", help="Worker threads or processes."),
          progress: bool = typer.Option(True, help="Show the progress bar.")) -> None:
     """Run a real example pipeline: clean -> tokenise -> statistics over generated documents."""
+    quiet_when_the_reader_goes()
     if executor not in ("sequential", "threaded", "async", "process"):
         raise typer.BadParameter(f"{executor!r}: one of sequential, threaded, async, process", param_hint="--executor")
     from .demo import run_demo
@@ -48,6 +51,13 @@ app.command(cls=PlainUsage)(libs)
 app.command(cls=PlainUsage)(run)
 app.command(cls=PlainUsage)(report)
 app.command(name="replay", cls=PlainUsage)(replay_command)
+
+
+def quiet_when_the_reader_goes() -> None:
+    """A reader that goes away (`hardy doctor | head -2`) ends the command as SIGPIPE ends a Unix
+    tool (exit status 141), not with click's silent exit code 1, which reads as a failure. For
+    commands that only print; `hardy run` stops its map and its workers first."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def main() -> None:

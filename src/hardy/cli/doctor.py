@@ -47,6 +47,8 @@ def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES
 
     Exit code: 0 all fine, 1 warnings, 2 errors (or, for the matrix, 1 if any cell crashed).
     """
+    from . import quiet_when_the_reader_goes
+    quiet_when_the_reader_goes()
     if imports and repeat:  # the old spelling of --matrix
         matrix = imports
     elif imports:  # ... and, without --repeat, of --import
