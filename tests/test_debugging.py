@@ -116,9 +116,11 @@ def test_a_chained_exception_prints_its_whole_chain_on_every_executor(tmp_path):
 
 def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
     script = BUG + 'p.map(inputs={"x": [1, 0]}, map_over="x")\n'
-    out = _python(tmp_path, script, "-i", "bug.py", stdin="import pdb; pdb.pm()\np x, scale\np big\nup\np x\nq\n")
+    out = _python(tmp_path, script, "-i", "bug.py",
+                  stdin="import pdb; pdb.pm()\np x, scale\np big\nup\np x\np helper.__name__, sys.argv[1:]\nq\n")
     assert "(8)helper()\n-> return scale / x" in out.stdout, out.stdout + out.stderr
     assert "(0, 10)" in out.stdout  # the worker's plain locals came back
+    assert "('helper', [])" in out.stdout, out.stdout  # and the module's globals are there, as in the worker
     assert "<list left in the worker process: [0, 1, 2, 3, 4, 5, ...]>" in out.stdout  # the others as stand-ins
     assert "(12)inv()\n-> return helper(x) * 2" in out.stdout
     out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin="c\np x, scale\nw\nq\nq\n")

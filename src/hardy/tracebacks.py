@@ -179,12 +179,27 @@ def rebuilt(frames: Frames) -> types.TracebackType | None:
 def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types.FrameType, int]:
     """A frame of `code` that ended by raising, and the instruction it raised at."""
     try:
-        exec(code, {"__name__": module, "__file__": filename}, {})  # noqa: S102 - our own stub (`_stub`)
+        exec(code, _globals(module, filename), {})  # noqa: S102 - our own stub (`_stub`)
     except (NameError, TypeError) as exc:
         tb = exc.__traceback__
         assert tb is not None and tb.tb_next is not None
         return tb.tb_next.tb_frame, tb.tb_next.tb_lasti
     raise AssertionError("a traceback stub did not raise")
+
+
+_STUB_NAMES = frozenset({"iter", *("Q" * width for width in range(1, 6))})  # what a stub reads (`_stub`)
+
+
+def _globals(module: str, filename: str) -> dict[str, Any]:
+    """The globals of a rebuilt frame: the module's own where this process loaded it from the same
+    file (pdb then reads `helper` or `np` there, as in the worker), else its name alone. Not where
+    the module binds a name the stub reads: the stub must raise where it stands."""
+    loaded = sys.modules.get(module)
+    namespace = getattr(loaded, "__dict__", None)
+    if isinstance(namespace, dict) and getattr(loaded, "__file__", None) == filename \
+            and _STUB_NAMES.isdisjoint(namespace):
+        return namespace
+    return {"__name__": module, "__file__": filename}
 
 
 @functools.lru_cache(maxsize=512)
