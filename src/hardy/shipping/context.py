@@ -55,9 +55,10 @@ def settings_key() -> tuple[Any, ...]:
     filters = warnings.filters
     modules = sys.modules
     key: tuple[Any, ...] = (sys.getrecursionlimit(), filters, len(filters), filters[0] if filters else None)
-    if "decimal" in modules:
-        c = modules["decimal"].getcontext()
-        key += (c, c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, tuple(c.traps.values()))
+    if "decimal" in modules:  # (pandas loads it) its context's fields but the flags, in one call
+        context = modules["decimal"].getcontext()
+        fields = context.__reduce__()[1]
+        key += (context, fields[:6], fields[7])
     if "numpy" in modules:
         key += (_numpy_state(),)
     if "torch" in modules:
