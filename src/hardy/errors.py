@@ -194,7 +194,7 @@ class NodeError(HardyError):
 
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
     cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
-    cause_chain: list[Any] | None = None  # what the cause was raised from or while handling (`relinked`)
+    cause_chain: list[Any] | None = None  # what the cause was raised from or while handling (`tracebacks.relinked`)
     rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
     nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 
@@ -260,34 +260,12 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
         cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
     frames = state.get("cause_frames")
-    if frames and cause is not None:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
-        _with_frames(cause, frames)
-    if cause is not None:
+    if cause is not None:  # the worker's frames, and the exceptions it was raised from, as if raised here
+        from .tracebacks import relinked, with_frames
+        if frames:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
+            with_frames(cause, frames)
         relinked(cause, state.get("cause_chain") or ())
     return err
-
-
-def _with_frames(exc: BaseException, frames: Any) -> None:
-    """`exc` given a traceback made of the worker's frames, as if raised here."""
-    from .tracebacks import rebuilt
-    try:
-        exc.__traceback__ = rebuilt(frames)
-    except Exception:  # a traceback that cannot be made again must not cost the error: `stack` has its text
-        pass
-
-
-def relinked(exc: BaseException, chain: Any) -> None:
-    """The exceptions `exc` was raised from or while handling, hung back on it as they were in the
-    worker (`shipping.failures._chain`): `raise ... from` and "during handling" print as in-process."""
-    for link, is_cause, is_context, suppress, frames in chain:
-        if is_cause:
-            exc.__cause__ = link
-        if is_context:
-            exc.__context__ = link
-        exc.__suppress_context__ = suppress
-        if frames:
-            _with_frames(link, frames)
-        exc = link
 
 
 class DebuggerUnavailable(HardyError, RuntimeError):

@@ -166,6 +166,29 @@ def _plain(value: Any, depth: int) -> bool:
     return False
 
 
+def with_frames(exc: BaseException, frames: Frames) -> None:
+    """`exc` given a traceback made of the worker's frames (`rebuilt`), as if raised here."""
+    try:
+        exc.__traceback__ = rebuilt(frames)
+    except Exception:  # a traceback that cannot be made again must not cost the error: its text travelled too
+        pass
+
+
+def relinked(exc: BaseException, chain: Any) -> None:
+    """The exceptions `exc` was raised from or while handling, hung back on it as they were in the
+    worker (`shipping.failures._chain`), each with its frames: `raise ... from` and "during
+    handling" print as in-process."""
+    for link, is_cause, is_context, suppress, frames in chain:
+        if is_cause:
+            exc.__cause__ = link
+        if is_context:
+            exc.__context__ = link
+        exc.__suppress_context__ = suppress
+        if frames:
+            with_frames(link, frames)
+        exc = link
+
+
 def rebuilt(frames: Frames) -> types.TracebackType | None:
     """A traceback whose frames read as `frames` did where they ran (`travelling`)."""
     top = None

@@ -47,7 +47,7 @@ def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, An
     """The exceptions `exc` was raised from or while handling (which pickle leaves out), each as
     (the exception, or a copy that travels; whether it is the `__cause__` of the one before, and
     whether its `__context__` (`raise ... from e` in an `except` makes it both); that one's
-    `__suppress_context__`; its traceback's frames), for `errors.relinked` to hang them back on
+    `__suppress_context__`; its traceback's frames), for `tracebacks.relinked` to hang them back on
     the cause, as Python prints them."""
     links: list[tuple[BaseException, bool, bool, bool, Any]] = []
     seen = {id(exc)}
