@@ -39,11 +39,9 @@ NUMPY_ERRORS = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": 
 
 def settings() -> Settings:
     """The calling thread's settings now (see `Settings`)."""
-    int_digits = getattr(sys, "get_int_max_str_digits", None)
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
-    return Settings(sys.getrecursionlimit(), int_digits() if int_digits else None, filters, _decimal(),
-                    _numpy_errors(), _torch_modes())
+    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _torch_modes())
 
 
 def settings_key() -> tuple[Any, ...]:
@@ -51,21 +49,25 @@ def settings_key() -> tuple[Any, ...]:
     filters' list, its length and first entry (`filterwarnings` puts one first, `catch_warnings`
     swaps the list), decimal's context and its fields, numpy's error state (one object, replaced
     by `np.seterr`) and torch's modes. The objects themselves, not their ids: an object freed
-    since could leave its id to the next one. About 0.3 us, 0.7 with torch loaded."""
+    since could leave its id to the next one. About 0.3 us, 0.8 with pandas and torch loaded."""
     filters = warnings.filters
     modules = sys.modules
-    key: tuple[Any, ...] = (sys.getrecursionlimit(), filters, len(filters), filters[0] if filters else None)
-    if "decimal" in modules:  # (pandas loads it) its context's fields but the flags, in one call
-        context = modules["decimal"].getcontext()
-        fields = context.__reduce__()[1]
-        key += (context, fields[:6], fields[7])
-    if "numpy" in modules:
-        key += (_numpy_state(),)
-    if "torch" in modules:
-        torch = modules["torch"]
-        key += (torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
-    int_digits = getattr(sys, "get_int_max_str_digits", None)
-    return key + (int_digits() if int_digits else None,)
+    decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
+    return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
+            _decimal_key(decimal) if decimal is not None else None,
+            _numpy_state(numpy) if numpy is not None else None,
+            (torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled()) if torch is not None else None)
+
+
+_RECURSION_LIMIT = sys.getrecursionlimit
+_INT_DIGITS: Callable[[], int | None] = getattr(sys, "get_int_max_str_digits", lambda: None)
+
+
+def _decimal_key(decimal: Any) -> tuple[Any, ...]:
+    """decimal's context (pandas loads the module) and its fields but the flags, in one call."""
+    context = decimal.getcontext()
+    fields = context.__reduce__()[1]
+    return context, fields[:6], fields[7]
 
 
 def take_settings(theirs: Settings) -> None:
@@ -149,9 +151,8 @@ def _numpy_errors() -> dict[str, str] | None:
     return None if errors is None or errors == NUMPY_ERRORS else errors
 
 
-def _numpy_state() -> Any:
+def _numpy_state(numpy: Any) -> Any:
     """numpy's error state as one object (numpy 2: its context variable's value), else its settings."""
-    numpy = sys.modules["numpy"]
     config = sys.modules.get("numpy._core._ufunc_config")
     state = getattr(config, "_extobj_contextvar", None)
     return state.get() if state is not None else tuple(sorted(numpy.geterr().items()))
