@@ -94,12 +94,19 @@ def test_preloaded_torch_is_imported_once_in_the_fork_server_not_per_worker():
         def held(x):
             return "torch" in sys.modules  # this node never imports torch itself
 
+        @node(output_name="y")
+        def compiler_loaded(x):
+            return "torch._dynamo" in sys.modules
+
         with Engine(map_executor="process", workers=1, preload=["torch"]) as e:
             print(Pipeline(nodes=[held], engine=e).map(inputs={"x": [0]}, map_over="x")[0]["y"])
+            # taking the caller's torch settings (docs/same-answer.md) loads nothing more: the first
+            # call of torch.use_deterministic_algorithms imports torch's compiler (a second, 800 modules)
+            print(Pipeline(nodes=[compiler_loaded], engine=e).map(inputs={"x": [0]}, map_over="x")[0]["y"])
         with Engine(map_executor="process", workers=1) as e:
             print(Pipeline(nodes=[held], engine=e).map(inputs={"x": [0]}, map_over="x")[0]["y"])
     """)
-    assert out.split() == ["True", "False"]
+    assert out.split() == ["True", "False", "False"]
 
 
 def test_worker_environment_leaves_user_settings():

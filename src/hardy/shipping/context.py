@@ -95,8 +95,10 @@ def take_settings(theirs: Settings) -> None:
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
         grad, deterministic = theirs.torch_modes or (True, False)
-        torch.set_grad_enabled(grad)
-        torch.use_deterministic_algorithms(deterministic)
+        if torch.is_grad_enabled() != grad:
+            torch.set_grad_enabled(grad)
+        if torch.are_deterministic_algorithms_enabled() != deterministic:  # (its first call loads torch's
+            torch.use_deterministic_algorithms(deterministic)  # compiler stack: a second, where torch is preloaded)
 
 
 def _named(category: Any) -> tuple[str, str]:
