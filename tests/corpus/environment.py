@@ -433,4 +433,20 @@ def settings_changed_back_and_forth_between_calls():
         sys.set_int_max_str_digits(digits)
 
 
+@pattern
+def warnings_recorded_around_a_map():
+    # catch_warnings(record=True), as pytest.warns does: a worker's warnings are warned again here
+    import warnings
+
+    @node(output_name="y")
+    def noisy(x):
+        warnings.warn(f"item {x} is odd" if x % 2 else f"item {x} is even", RuntimeWarning, stacklevel=1)
+        return x
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        ys([noisy], xs=[1, 2, 3])
+    return sorted((str(w.message), w.category.__name__, os.path.basename(w.filename)) for w in got)
+
+
 corpus.close()

@@ -16,6 +16,7 @@ import os
 import pickle
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
@@ -68,7 +69,42 @@ class Forward(logging.Handler):
         root = logging.getLogger()
         root.handlers[:] = [self]
         root.setLevel(int(os.environ.get("HARDY_LOG_LEVEL", logging.WARNING)))
-        logging.captureWarnings(True)  # a node's (or the cache's) warnings too, as `py.warnings` records
+        warnings.showwarning = self.warned  # a node's (or the cache's) warnings too, whatever the level
+
+    def warned(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: Any = None, line: str | None = None) -> None:
+        """A warning the filters let through here (the caller's filters: `shipping.context`), sent
+        as a `py.warnings` record that says what it was (`hardy_warning`), for the parent to warn
+        again (`rewarn`): its own filters, `catch_warnings(record=True)` and `pytest.warns` see it
+        as they see one raised in-process."""
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        record = logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, "%s", (text.rstrip(),), None)
+        record.hardy_warning = (category.__module__, category.__qualname__, str(message), filename, lineno)
+        self.emit(record)
+
+
+def rewarn(record: logging.LogRecord) -> bool:
+    """A worker's warning (`Forward.warned`) warned again in this process, as raised at its file
+    and line, of its category where this process has loaded its module (else `UserWarning`);
+    False for any other record, or where the warning became an error here (a filter the worker
+    did not have): then it is logged, as before."""
+    what = getattr(record, "hardy_warning", None)
+    if not (isinstance(what, tuple) and len(what) == 5):
+        return False
+    module, name, message, filename, lineno = what
+    category: Any = sys.modules.get(module)
+    for part in name.split("."):
+        category = getattr(category, part, None)
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        category = UserWarning
+    try:
+        warnings.warn_explicit(message, category, filename, lineno, registry=_REGISTRIES.setdefault(filename, {}))
+    except Exception:
+        return False
+    return True
+
+
+_REGISTRIES: dict[str, dict[Any, Any]] = {}  # per file, as each module's __warningregistry__: "default" warns once
 
 
 class Outputs(NamedTuple):

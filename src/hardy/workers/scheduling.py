@@ -43,6 +43,7 @@ from . import status as words
 from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
+from .replies import rewarn
 
 if TYPE_CHECKING:
     from ..model.executor import ResultsSink
@@ -477,8 +478,11 @@ def _answer(question: memoryview) -> transport.Packed:
 
 
 def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
-    """Log records a worker sent (`replies.Forward`), handled by this process's loggers."""
+    """Log records a worker sent (`replies.Forward`), handled by this process's loggers; its
+    warnings warned again here (`replies.rewarn`)."""
     for record in records:
+        if rewarn(record):
+            continue
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
