@@ -98,6 +98,13 @@ def test_run_keeps_standard_output_for_the_result_lines(tmp_path, executor):
     assert out.stderr.count("written to descriptor 1") == 2, out.stderr
 
 
+def test_run_writes_its_lines_with_standard_error_closed(tmp_path):
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    out = subprocess.run(["bash", "-c", f"{sys.executable} -m hardy.cli run chatty:pipeline --set 'x=[1,2]' "
+                                        "--map-over x 2>&-"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and sorted(json.loads(line)["outputs"]["y"] for line in out.stdout.splitlines()) == [2, 4]
+
+
 def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (tmp_path / "flows.py").write_text(FLOWS)
     for _ in range(2):
@@ -155,6 +162,8 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (["replay", "no-such.json", "--item", "-1"], "greater than or equal to 0"),
     (["report", "no-such.json"], "no-such.json: no such report"),
     (["report", "."], ". is a folder: give one of the run reports' JSON files in it"),
+    (["replay", ".", "--item", "0"], ". is a folder: give one of the run reports' JSON files in it"),
+    (["doctor", "--matrix", ",", "--repeat", "1"], "name the modules, comma-separated"),
 ])
 def test_other_commands_refuse_what_they_cannot_do_with_a_usage_error(tmp_path, args, message):
     """Exit code 2 and one line saying what to give (a traceback before, or a silent success)."""

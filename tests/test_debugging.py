@@ -114,6 +114,35 @@ def test_a_chained_exception_prints_its_whole_chain_on_every_executor(tmp_path):
     assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
 
 
+def test_a_long_chain_keeps_its_root_cause(tmp_path):
+    script = """
+import sys
+from hardy import Engine, Pipeline, node
+
+@node(output_name="y")
+def wrapped(x):
+    try:
+        raise OSError("disk full: the root cause")
+    except OSError as exc:
+        err = exc
+    for k in range(20):
+        try:
+            raise RuntimeError(f"wrapper {k}") from err
+        except RuntimeError as exc:
+            err = exc
+    raise err
+
+out = Pipeline([wrapped], engine=Engine(map_executor=sys.argv[1])).map(inputs={"x": [0]}, map_over="x",
+                                                                       on_error="continue")
+links, exc = 0, out[0].error.__cause__
+while exc is not None:
+    links, root, exc = links + 1, exc, exc.__cause__
+print(links, root)
+"""
+    seen = {executor: _python(tmp_path, script, "bug.py", executor).stdout.strip() for executor in ("sequential", "process")}
+    assert seen["process"] == seen["sequential"] == "21 disk full: the root cause", seen
+
+
 def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
     script = BUG + 'p.map(inputs={"x": [1, 0]}, map_over="x")\n'
     out = _python(tmp_path, script, "-i", "bug.py",

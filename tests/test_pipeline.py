@@ -144,9 +144,21 @@ def test_map_over_a_frame_or_a_miscounting_iterable_is_refused_with_the_fix():
     for lazy in (p.map, lambda **kw: list(p.imap(**kw))):
         with pytest.raises(MapInputError, match=r"iterates over its column names.*df\.to_dict\('records'\)"):
             lazy(inputs={"x": frame}, map_over="x")
-    with pytest.raises(MapInputError, match="says it holds 3 values .len. but iterating it gives 1"):
+    with pytest.raises(MapInputError, match="len.. says 3 item.s., but iterating them gives 1"):
         p.map(inputs={"x": CountsOtherThings()}, map_over="x")
     assert [o["a"] for o in p.map(inputs={"x": frame["x"]}, map_over="x")] == [1, 2]  # a column: its values
+
+    class Subclassed(pd.DataFrame):  # (geopandas' GeoDataFrame is one)
+        pass
+
+    pair = Pipeline(nodes=[node(output_name="s")(lambda x, b: (x, b))])
+    with pytest.raises(MapInputError, match="is a pandas DataFrame"):
+        pair.map(inputs={"x": Subclassed({"c": [1, 2]}), "b": [7, 8]}, map_over=["x", "b"])
+    for mode in ("zip", "product"):  # several inputs: no trailing None either
+        with pytest.raises(MapInputError, match="but iterating them gives"):
+            pair.map(inputs={"x": CountsOtherThings(), "b": [7, 8, 9]}, map_over=["x", "b"], map_mode=mode)
+    with pytest.raises(MapInputError, match="holds a single value"):
+        p.map(inputs={"x": np.array(5)}, map_over="x")
 
 
 def test_map_equals_list_of_runs_for_every_executor():

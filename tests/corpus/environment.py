@@ -443,10 +443,24 @@ def warnings_recorded_around_a_map():
         warnings.warn(f"item {x} is odd" if x % 2 else f"item {x} is even", RuntimeWarning, stacklevel=1)
         return x
 
+    @node(output_name="y")
+    def deprecated(x):
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)  # Python shows these for __main__ only
+        return x
+
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         ys([noisy], xs=[1, 2, 3])
-    return sorted((str(w.message), w.category.__name__, os.path.basename(w.filename)) for w in got)
+    with warnings.catch_warnings(record=True) as by_module:  # filters that name the module
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings("always", module="__main__")
+        ys([deprecated], xs=[1, 2])
+    with warnings.catch_warnings(record=True) as default:
+        warnings.resetwarnings()
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        ys([deprecated], xs=[1, 2])
+    return [sorted((str(w.message), w.category.__name__, os.path.basename(w.filename)) for w in found)
+            for found in (got, by_module, default)]
 
 
 corpus.close()

@@ -194,4 +194,24 @@ def grad_disabled_by_the_script():
         return [o["y"] for o in Pipeline(nodes=[scaled], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")]
 
 
+@pattern
+def deterministic_algorithms_that_only_warn():
+    @node(output_name="y")
+    def accumulated(x):
+        t = torch.zeros(3)
+        try:  # one index twice: not deterministic, refused, or done with a warning when warn_only
+            t.put_(torch.tensor([0, 0]), torch.tensor([1.0, 1.0 * x]))
+            done = "ran"
+        except RuntimeError:
+            done = "refused"
+        return [torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                done]
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return [o["y"] for o in Pipeline(nodes=[accumulated], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")]
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 corpus.close()

@@ -53,6 +53,8 @@ def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES
         matrix = imports
     elif imports:  # ... and, without --repeat, of --import
         import_ = import_ or imports
+    if matrix is not None and not _names(matrix):
+        raise typer.BadParameter("name the modules, comma-separated: --matrix torch,cuml", param_hint="--matrix")
     if matrix:
         if not repeat:
             raise typer.BadParameter("--matrix needs --repeat N (fresh interpreters per cell)", param_hint="--repeat")

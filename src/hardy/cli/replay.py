@@ -298,8 +298,13 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     Exit code: 0 when every run succeeded, 1 when one failed, 2 when the item cannot be replayed
     (or --gdb / --py-spy's tool is not installed).
     """
-    from ..crash.kept import check
+    from ..crash.kept import a_report, check
     from ..errors import ReplayError
+    try:
+        a_report(report)
+    except ReplayError as exc:
+        typer.echo(f"hardy replay: {exc}", err=True)
+        raise typer.Exit(2) from None
     if gdb or py_spy or pdb:
         if gdb + py_spy + pdb > 1 or repeat > 1:
             typer.echo("hardy replay: --gdb, --py-spy, --pdb and --repeat are one at a time", err=True)

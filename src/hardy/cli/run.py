@@ -327,7 +327,8 @@ def _results_only() -> IO[str]:
     error from here on, so that every line of standard output is one item's JSON."""
     sys.stdout.flush()
     lines = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8", errors=sys.stdout.errors)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    elsewhere = sys.stderr.fileno() if sys.stderr is not None else os.open(os.devnull, os.O_WRONLY)  # (2>&-)
+    os.dup2(elsewhere, sys.stdout.fileno())
     return lines
 
 

@@ -144,15 +144,23 @@ def _read_own(path: Path) -> bytes:
         return f.read()
 
 
+def a_report(report: str | os.PathLike[str]) -> None:
+    """Raises `ReplayError` saying why `report` is not a report's file: a folder, or nothing there."""
+    if os.path.isdir(report):
+        raise ReplayError(f"{report} is a folder: give one of the run reports' JSON files in it")
+    if not os.path.isfile(report):
+        raise ReplayError(f"{report}: no such report (give a run report's JSON: Engine(report_dir=...) writes them)")
+
+
 def check(report: str | os.PathLike[str], item: int) -> bytes:
     """The verified bytes of `item`'s kept file (after its magic line and signature); raises
     `ReplayError` if it is missing, not this user's, writable by others, or not signed by this user."""
-    if not os.path.isfile(report):
-        raise ReplayError(f"{report}: no such report (give a run report's JSON: Engine(report_dir=...) writes them)")
+    a_report(report)
     path = folder_of(report) / f"item-{item}.pkl"
     if not os.path.lexists(path):
         kept = sorted(int(p.stem[5:]) for p in folder_of(report).glob("item-*.pkl") if p.stem[5:].isdigit())
-        which = f"the items kept there: {', '.join(map(str, kept))}" if kept else f"looked for {path}"
+        shown = ", ".join(map(str, kept[:20])) + (f" and {len(kept) - 20} more" if len(kept) > 20 else "")
+        which = f"the items kept there: {shown}" if kept else f"looked for {path}"
         raise ReplayError(f"no kept inputs for item {item} beside {report} ({which}); inputs are kept for failed "
                           "items of maps run with Engine(report_dir=...) or Engine(keep_failed_inputs=True)")
     data = _read_own(path)

@@ -73,12 +73,19 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
             raise MapInputError(
                 f"map_over input {name!r} must be a list (or any iterable) of per-item values, got "
                 f"{type(v).__name__} {v!r:.60}; wrap a single value in a list.")
-        if type(v).__name__ == "DataFrame":  # pandas' and polars': len() counts rows, iterating gives columns
+        frame = next((c for c in type(v).__mro__ if c.__name__ == "DataFrame"), None)
+        if frame is not None:  # pandas', polars', a GeoDataFrame: len() counts rows, iterating gives columns
             raise MapInputError(
-                f"map_over input {name!r} is a {type(v).__module__.split('.')[0]} DataFrame, which iterates over "
+                f"map_over input {name!r} is a {frame.__module__.split('.')[0]} DataFrame, which iterates over "
                 f"its column names, not its rows: pass one value per item, such as a column ({name}=df['col']), "
                 "its rows as dicts (df.to_dict('records') in pandas, df.to_dicts() in polars), or "
                 "list(df.itertuples()); or give the whole frame as an input that is not mapped over.")
+        if isinstance(v, Sized):
+            try:
+                len(v)
+            except TypeError:  # a 0-d array: iterable and sized by its type, neither in fact
+                raise MapInputError(f"map_over input {name!r} ({type(v).__name__}) holds a single value, not one "
+                                    "per item; wrap it in a list.") from None
         seqs.append(v if lazy or isinstance(v, Sized) else list(v))
     const = {k: v for k, v in values.items() if k not in over}
     sized = all(isinstance(s, Sized) for s in seqs)  # always, unless `lazy`
@@ -94,12 +101,7 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
                 column = seqs[0]
                 if type(column) in (list, tuple, range):
                     return Items(const, name, cast("Sequence[Any]", column)), n
-                items = [{**const, name: x} for x in column]
-                if len(items) != n:  # a len() that counts something else than what iterating gives
-                    raise MapInputError(
-                        f"map_over input {name!r} (a {type(column).__name__}) says it holds {n} values (len) but "
-                        f"iterating it gives {len(items)}: pass a list of the per-item values.")
-                return items, n
+                return _counted([{**const, name: x} for x in column], n, over, seqs), n
             return ({**const, name: x} for x in seqs[0]), n
         combos: Iterable[tuple[Any, ...]] = zip(*seqs) if sized else _zip_checked(over, seqs)
     else:
@@ -107,8 +109,18 @@ def map_items(values: Mapping[str, Any], over: list[str], mode: str,
             n = math.prod(len(s) for s in cast("list[Sized]", seqs))
         combos = itertools.product(*seqs)
     if not lazy:
-        return [{**const, **dict(zip(over, combo))} for combo in combos], n
+        return _counted([{**const, **dict(zip(over, combo))} for combo in combos], n, over, seqs), n
     return ({**const, **dict(zip(over, combo))} for combo in combos), n
+
+
+def _counted(items: list[dict[str, Any]], n: int | None, over: list[str], seqs: list[Any]) -> list[dict[str, Any]]:
+    """`items`, when as many as the inputs' len() said (else an input's len() counts something
+    other than what iterating it gives, and items would be missing: refused)."""
+    if n is None or len(items) == n:
+        return items
+    kinds = ", ".join(f"{name!r} (a {type(seq).__name__})" for name, seq in zip(over, seqs, strict=True))
+    raise MapInputError(f"map_over input(s) {kinds}: their len() says {n} item(s), but iterating them gives "
+                        f"{len(items)}; pass a list of the per-item values.")
 
 
 def _check_lengths(lengths: dict[str, int]) -> None:

@@ -30,7 +30,7 @@ class Settings(NamedTuple):
     warning_filters: tuple[Filter, ...]  # `warnings.filters`, each category by (module, name)
     decimal: tuple[Any, ...] | None  # decimal's context: (prec, rounding, Emin, Emax, capitals, clamp, traps' names)
     numpy_errors: dict[str, str] | None  # `np.geterr()`
-    torch_modes: tuple[bool, bool] | None  # grad enabled, deterministic algorithms
+    torch_modes: tuple[bool, bool, bool] | None  # grad enabled, deterministic algorithms, only warning so
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
@@ -56,7 +56,7 @@ def settings_key() -> tuple[Any, ...]:
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
             _decimal_key(decimal) if decimal is not None else None,
             _numpy_state(numpy) if numpy is not None else None,
-            (torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled()) if torch is not None else None)
+            _torch_now(torch) if torch is not None else None)
 
 
 _RECURSION_LIMIT = sys.getrecursionlimit
@@ -94,11 +94,12 @@ def take_settings(theirs: Settings) -> None:
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
-        grad, deterministic = theirs.torch_modes or (True, False)
-        if torch.is_grad_enabled() != grad:
+        grad, deterministic, warn_only = theirs.torch_modes or _TORCH_DEFAULTS
+        now = _torch_now(torch)
+        if now[0] != grad:
             torch.set_grad_enabled(grad)
-        if torch.are_deterministic_algorithms_enabled() != deterministic:  # (its first call loads torch's
-            torch.use_deterministic_algorithms(deterministic)  # compiler stack: a second, where torch is preloaded)
+        if now[1:] != (deterministic, warn_only):  # (its first call loads torch's compiler stack: a second)
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def _named(category: Any) -> tuple[str, str]:
@@ -160,12 +161,19 @@ def _numpy_state(numpy: Any) -> Any:
     return state.get() if state is not None else tuple(sorted(numpy.geterr().items()))
 
 
-def _torch_modes() -> tuple[bool, bool] | None:
+def _torch_modes() -> tuple[bool, bool, bool] | None:
     torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    modes = (bool(torch.is_grad_enabled()), bool(torch.are_deterministic_algorithms_enabled()))
-    return None if modes == (True, False) else modes
+    modes = _torch_now(torch) if torch is not None else _TORCH_DEFAULTS
+    return None if modes == _TORCH_DEFAULTS else modes
+
+
+def _torch_now(torch: Any) -> tuple[bool, bool, bool]:
+    """torch's grad mode and deterministic algorithms (and whether they only warn), as set now."""
+    return (bool(torch.is_grad_enabled()), bool(torch.are_deterministic_algorithms_enabled()),
+            bool(torch.is_deterministic_algorithms_warn_only_enabled()))
+
+
+_TORCH_DEFAULTS = (True, False, False)
 
 
 class Snapshot:

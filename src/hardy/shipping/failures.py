@@ -43,6 +43,9 @@ def _survives(value: Any) -> bool:
         return False
 
 
+CHAIN_LIMIT = 100  # links of an exception chain that travel (Python prints every one: a chain that long is rare)
+
+
 def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, Any]]:
     """The exceptions `exc` was raised from or while handling (which pickle leaves out), each as
     (the exception, or a copy that travels; whether it is the `__cause__` of the one before, and
@@ -51,7 +54,7 @@ def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, An
     the cause, as Python prints them."""
     links: list[tuple[BaseException, bool, bool, bool, Any]] = []
     seen = {id(exc)}
-    while len(links) < 16:
+    while len(links) < CHAIN_LIMIT:
         nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
         if nxt is None or id(nxt) in seen:
             return links

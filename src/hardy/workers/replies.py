@@ -79,8 +79,21 @@ class Forward(logging.Handler):
         as they see one raised in-process."""
         text = warnings.formatwarning(message, category, filename, lineno, line)
         record = logging.LogRecord("py.warnings", logging.WARNING, filename, lineno, "%s", (text.rstrip(),), None)
-        record.hardy_warning = (category.__module__, category.__qualname__, str(message), filename, lineno)
+        record.hardy_warning = (category.__module__, category.__qualname__, str(message), filename, lineno,
+                                _warned_in(filename, lineno))
         self.emit(record)
+
+
+def _warned_in(filename: str, lineno: int) -> str:
+    """The module a warning was raised for, which filters name (`module="__main__"`, Python's own
+    `default::DeprecationWarning:__main__`): that of the frame at its file and line (where
+    `stacklevel` put it), else the file's name, as `warnings` itself derives it then."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_lineno == lineno and frame.f_code.co_filename == filename:
+            return str(frame.f_globals.get("__name__", ""))
+        frame = frame.f_back  # type: ignore[assignment]
+    return filename[:-3] if filename.endswith(".py") else filename or "<unknown>"
 
 
 def rewarn(record: logging.LogRecord) -> bool:
@@ -89,22 +102,23 @@ def rewarn(record: logging.LogRecord) -> bool:
     False for any other record, or where the warning became an error here (a filter the worker
     did not have): then it is logged, as before."""
     what = getattr(record, "hardy_warning", None)
-    if not (isinstance(what, tuple) and len(what) == 5):
+    if not (isinstance(what, tuple) and len(what) == 6):
         return False
-    module, name, message, filename, lineno = what
-    category: Any = sys.modules.get(module)
+    home, name, message, filename, lineno, module = what
+    category: Any = sys.modules.get(home)
     for part in name.split("."):
         category = getattr(category, part, None)
     if not (isinstance(category, type) and issubclass(category, Warning)):
         category = UserWarning
     try:
-        warnings.warn_explicit(message, category, filename, lineno, registry=_REGISTRIES.setdefault(filename, {}))
+        warnings.warn_explicit(message, category, filename, lineno, module=module,
+                               registry=_REGISTRIES.setdefault(module, {}))
     except Exception:
         return False
     return True
 
 
-_REGISTRIES: dict[str, dict[Any, Any]] = {}  # per file, as each module's __warningregistry__: "default" warns once
+_REGISTRIES: dict[str, dict[Any, Any]] = {}  # per module, as its __warningregistry__: "default" warns once
 
 
 class Outputs(NamedTuple):
