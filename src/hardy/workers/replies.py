@@ -96,6 +96,18 @@ def _warned_in(filename: str, lineno: int) -> str:
     return filename[:-3] if filename.endswith(".py") else filename or "<unknown>"
 
 
+def handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
+    """Log records a worker sent (`Forward`), handled by this process's loggers; its warnings
+    warned again here (`rewarn`). Returns `batch`, the results they came with."""
+    for record in records:
+        if rewarn(record):
+            continue
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+    return batch
+
+
 def rewarn(record: logging.LogRecord) -> bool:
     """A worker's warning (`Forward.warned`) warned again in this process, as raised at its file
     and line, of its category where this process has loaded its module (else `UserWarning`);

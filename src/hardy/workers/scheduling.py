@@ -43,7 +43,7 @@ from . import status as words
 from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
-from .replies import rewarn
+from .replies import handle_logs
 
 if TYPE_CHECKING:
     from ..model.executor import ResultsSink
@@ -305,7 +305,7 @@ class MapRun:
             w.resend = True
             batch, logged, logs = [], False, False
         if logs:
-            batch = _handle_logs(*batch)
+            batch = handle_logs(*batch)
         unsent, free = w.unsent, done and not w.resend
         if free:  # its next chunk goes first, to run while this batch is taken
             self.chunk_done(w, elapsed)
@@ -475,18 +475,6 @@ def _answer(question: memoryview) -> transport.Packed:
     except Exception:
         assert found is not None
         return transport.pack(Values(replica_id, found.refusal(wanted)), dump_values)
-
-
-def _handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
-    """Log records a worker sent (`replies.Forward`), handled by this process's loggers; its
-    warnings warned again here (`replies.rewarn`)."""
-    for record in records:
-        if rewarn(record):
-            continue
-        logger = logging.getLogger(record.name)
-        if logger.isEnabledFor(record.levelno):
-            logger.handle(record)
-    return batch
 
 
 def has_timeouts(nodes: Sequence[Any]) -> bool:
