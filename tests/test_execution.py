@@ -257,6 +257,11 @@ def test_import_hardy_stays_light():
             "'concurrent.futures', 'numpy'} & set(sys.modules); print(sorted(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+    # nor does building a pipeline: what only a worker's call needs (shipping, cloudpickle) loads then
+    code = ("import sys; from hardy import Pipeline, node; heavy = {'cloudpickle', 'ctypes', 'hardy.shipping', "
+            "'multiprocessing', 'numpy'} & set(sys.modules); print(sorted(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # --- property-based: random DAGs ------------------------------------------------------------------

@@ -20,7 +20,6 @@ from ..errors import NodeError
 from ..model.executor import Executor, MapResults, ResultsSink
 from ..parts.batching import Batched, batched
 from ..plan.compiled import Plan, run_sync
-from ..shipping.context import thread_modes
 
 
 def run_chunk(plan: Plan, items: Sequence[dict[str, Any]], indices: range, results: MapResults) -> None:
@@ -171,6 +170,7 @@ class ThreadedExecutor(Executor):
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hardy-map")
+        from ..shipping.context import thread_modes  # (here: the shipping package is not `import hardy`'s)
         size = chunk_size(plan, max(1, n // (self.workers * 4)))
         modes = thread_modes()
         with reported_crashes("threaded"):
