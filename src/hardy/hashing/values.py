@@ -146,7 +146,7 @@ def encode_into(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     if exact is not None:
         exact(v, out, active)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
-        out(b"K" + type_name(t) + _class_code(t))
+        out(b"K" + type_name(t) + _class_code(t, active))
         encode_into(v.__cache_key__(), out, active)
     else:
         encoder = _RESOLVED.get(t)
@@ -215,13 +215,13 @@ _QUIET_NAN = _NAN.pack(float("nan"))
 def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A subclass of a scalar type (an IntEnum, numpy.float64): the class, then the base value."""
     base = next(b for b in _SCALARS if isinstance(v, b))
-    out(b"B" + type_name(type(v)) + _class_code(type(v)))
+    out(b"B" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(base(v) if base is not str else str.__str__(v), out, active)
 
 
 def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
     t = type(v)
-    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t) + _class_code(t))
+    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t) + _class_code(t, active))
         + length(len(v)))
     for i, x in enumerate(_guard(v, active)):
         try:
@@ -235,7 +235,7 @@ def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any]
 
 def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """In insertion order: code can read it (next(iter(d)), json.dumps)."""
-    out(b"M" + (b"" if type(v) is dict else type_name(type(v)) + _class_code(type(v))) + length(len(v)))
+    out(b"M" + (b"" if type(v) is dict else type_name(type(v)) + _class_code(type(v), active)) + length(len(v)))
     for k, x in _guard(v, active).items():
         encode_into(k, out, active)
         try:
@@ -250,8 +250,8 @@ def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int
 def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """No order to read: the sorted digests of the members."""
     digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + _class_code(type(v)) + length(len(digests))
-        + b"".join(digests))
+    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + _class_code(type(v), active)
+        + length(len(digests)) + b"".join(digests))
     if type(v) not in (set, frozenset):
         _container_state(v, out, active)
     active.discard(id(v))
@@ -270,15 +270,30 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 
 
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"En" + type_name(type(v)) + _class_code(type(v)))
+    out(b"En" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(v.value, out, active)
 
 
-def _class_code(t: type) -> bytes:
+def _class_code(t: type, active: set[int]) -> bytes:
     """A user class's code (`hardy.hashing.code`), which its instances' methods run: an Enum's, a
-    named tuple's, a subclass of a built-in type's, as a plain object's (`encode_object`); nothing
-    for a library's class (its name says it, with the library's version where that matters)."""
-    return _code_fingerprint[0](t) if is_user_module(t.__module__) else b""
+    named tuple's, a subclass of a built-in type's, a plain object's (`encode_object`); nothing for
+    a library's class (its name says it, with the library's version where that matters). Once per
+    class in one hashing pass (the pass's `active` set names it): a list of 10,000 named tuples
+    fingerprints their class once, not 10,000 times; a class changed between two passes is
+    fingerprinted again."""
+    if not is_user_module(t.__module__):
+        return b""
+    memo: tuple[set[int], dict[type, bytes]] | None = getattr(_PASS, "memo", None)
+    if memo is None or memo[0] is not active:
+        memo = _PASS.memo = (active, {})
+    code = memo[1].get(t)
+    if code is None:
+        code = memo[1][t] = _code_fingerprint[0](t)  # (hashes values of its own: passes of their own)
+        _PASS.memo = memo
+    return code
+
+
+_PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: its code}), `_class_code`
 
 
 def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -341,7 +356,7 @@ def encode_object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[byt
     a library's: its methods change results) and its fields; a field that cannot be hashed is
     reported by its attribute path."""
     t = type(v)
-    code = _code_fingerprint[0](t) if is_user_module(t.__module__) else module_identity(t.__module__)
+    code = _class_code(t, active) if is_user_module(t.__module__) else module_identity(t.__module__)
     out(tag + type_name(t) + code)
     _guard(v, active)
     encode_attributes(fields, out, active)

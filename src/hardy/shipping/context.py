@@ -108,16 +108,20 @@ def _named(category: Any) -> tuple[str, str]:
 
 
 def _loaded_filter(entry: Filter) -> Any:
-    """A caller's warning filter, its category found among the modules this process has loaded
-    (never imported for it: a filter on a library's warning is the library's business once it
-    is loaded here); None while its module is not (docs/same-answer.md)."""
+    """A caller's warning filter, its category found among the modules this process has loaded;
+    None while its module is not (docs/same-answer.md)."""
     action, message, (module, name), where, line = entry
-    category: Any = sys.modules.get(module)
+    category = loaded_warning(module, name)
+    return None if category is None else (action, message, category, where, line)
+
+
+def loaded_warning(module: str, name: str) -> type[Warning] | None:
+    """The warning category `name` of `module` where this process has loaded that module (never
+    imported for it: a library's warning is the library's business once it is loaded here)."""
+    found: Any = sys.modules.get(module)
     for part in name.split("."):
-        category = getattr(category, part, None)
-    if not (isinstance(category, type) and issubclass(category, Warning)):
-        return None
-    return action, message, category, where, line
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) and issubclass(found, Warning) else None
 
 
 def thread_modes() -> Callable[[], Any]:

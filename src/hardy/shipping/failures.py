@@ -83,11 +83,9 @@ class _CauseCopy(Exception):
 
 def _travelling(value: Any) -> Any:
     """`value` if it survives pickling there and back, else its repr."""
-    try:
-        pickle.loads(dumps(value))
+    if _survives(value):
         return value
+    try:
+        return repr(value)
     except Exception:
-        try:
-            return repr(value)
-        except Exception:
-            return f"<{type(value).__name__}>"
+        return f"<{type(value).__name__}>"

@@ -39,6 +39,7 @@ import cloudpickle
 
 from ..errors import ReplicaError
 from ..hashing import is_user_module
+from ..hashing.callables import resolves
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
 from .pickling import ByValuePickler
@@ -167,7 +168,7 @@ class _Payload(ByValuePickler):
             if home is not None:
                 return _rebuilt, (home, obj.__code__, obj.__name__, obj.__qualname__, obj.__defaults__,
                                   obj.__kwdefaults__, _cells(obj), dict(vars(obj)))
-        elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not _found_by_name(obj):
+        elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
             # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
             raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
         elif id(obj) in self.roots and isinstance(obj, type):
@@ -175,15 +176,6 @@ class _Payload(ByValuePickler):
         elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
-
-
-def _found_by_name(cls: type) -> bool:
-    """Whether another process finds `cls` where its module and name say."""
-    module = sys.modules.get(cls.__module__)
-    target: Any = module
-    for part in cls.__qualname__.split("."):
-        target = getattr(target, part, None)
-    return target is cls
 
 
 def _home(func: types.FunctionType) -> str | None:

@@ -29,6 +29,7 @@ from ..observe.nodelog import LOG, NodeLogBatch, row_logs
 from ..plan.compiled import CAUGHT
 from ..plan.source import columns_to_dicts
 from ..shipping import dumps, out_of_band, transport
+from ..shipping.context import loaded_warning
 from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
@@ -117,11 +118,7 @@ def rewarn(record: logging.LogRecord) -> bool:
     if not (isinstance(what, tuple) and len(what) == 6):
         return False
     home, name, message, filename, lineno, module = what
-    category: Any = sys.modules.get(home)
-    for part in name.split("."):
-        category = getattr(category, part, None)
-    if not (isinstance(category, type) and issubclass(category, Warning)):
-        category = UserWarning
+    category = loaded_warning(home, name) or UserWarning
     try:
         warnings.warn_explicit(message, category, filename, lineno, module=module,
                                registry=_REGISTRIES.setdefault(module, {}))
