@@ -103,7 +103,7 @@ def side_process(make: Callable[[], tuple[dict[str, Callable[[list], Any]], Call
     close them) and times them there (`Elsewhere`), until it is sent None. Each contender runs in
     a process of its own, as a user's program would: `Pool`'s three threads in hardy's process
     would switch hardy's collector pause off (it pauses only while the parent is the process's one
-    thread, `workers.scheduling._pause`), and an in-process map's garbage would be the default
+    thread, `workers.scheduling._collector_paused`), and an in-process map's garbage would be the default
     map's collector's work (its full collections landed in the default's rounds: 3.1 ms a map
     alone, 3.9 ms taking turns in one process)."""
     ours, theirs = socket.socketpair()

@@ -225,6 +225,29 @@ def test_slow_items_results_come_one_by_one():
         assert arrivals.at[i] < out[i + 1]["t"]
 
 
+@node(output_name="t")
+def fast_then_slow(x: int, slow_from: int, pause: float) -> float:
+    if x >= slow_from:
+        time.sleep(pause)
+    return time.monotonic()
+
+
+def test_slow_items_after_fast_ones_are_sent_at_most_15_items_late():
+    """The plan's loop reads the clock after its 1st, 2nd, 4th, 8th item, then every 16th
+    (`source._CLOCK_READ`): in one call of the loop, a run of slow items after fast ones is sent
+    at the next read, then, the loop called again, one by one."""
+    arrivals = Arrivals()
+    with Engine(map_executor="process", workers=1) as engine:
+        p = Pipeline([fast_then_slow, via], engine=engine, callbacks=[arrivals])
+        p.map(inputs={"x": list(range(2000)), "slow_from": 10**9, "pause": 0.0}, map_over="x")
+        out = p.map(inputs={"x": list(range(300)), "slow_from": 200, "pause": 0.01}, map_over="x")
+    assert [o["via"] for o in out] == ["_each"] * 300
+    late = [i for i in range(200, 284) if arrivals.at[i] > out[i + 16]["t"]]
+    assert late == [], late
+    one_by_one = [i for i in range(230, 299) if arrivals.at[i] > out[i + 1]["t"]]
+    assert one_by_one == [], one_by_one
+
+
 def test_a_maps_run_is_freed_as_it_returns(engines):
     """No reference cycle keeps a map's run, its items or its results (a million of them, say)
     alive until the collector's next full pass: reference counting frees them. (A failure's

@@ -66,6 +66,10 @@ class ResultsSink(Protocol):
     def take_span(self, first: int, outputs: list[dict[str, Any]]) -> None:
         """The outputs of items `first`, `first` + 1, ..., all succeeded."""
 
+    def take_columns(self, first: int, names: tuple[str, ...], columns: list[list[Any]]) -> int:
+        """`take_span` for outputs sent as a list per output name (a worker's `Header.columns`),
+        emptied here: how many items they are."""
+
     def raise_refusal(self) -> None:
         """Raise the `ReplicaError` of a worker that refused the pipeline, if one did."""
 

@@ -18,6 +18,7 @@ from ..model.executor import Executor, ResultsSink, Row
 from ..model.node import Node
 from ..observe.nodelog import one_by_one
 from ..plan.compiled import KEYS, Plan, Step
+from ..plan.source import columns_to_dicts
 
 if TYPE_CHECKING:
     from ..observe.nodelog import NodeLogBatch
@@ -101,6 +102,12 @@ class _StageResults(ResultsSink):
     def take_span(self, first: int, outputs: list[dict[str, Any]]) -> None:
         """`Results.take_span` for one stage: each output goes on to `ok`."""
         self.take([(i, True, out) for i, out in enumerate(outputs, first)], {})
+
+    def take_columns(self, first: int, names: tuple[str, ...], columns: list[list[Any]]) -> int:
+        outputs = columns_to_dicts(names)(columns)
+        columns.clear()
+        self.take_span(first, outputs)
+        return len(outputs)
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         n = self.indices[i]

@@ -9,11 +9,9 @@ checked on the same loop, every `TICK` seconds while a limited node is in flight
 
 from __future__ import annotations
 
-import gc
 import logging
 import pickle
 import select
-import threading
 import time
 import weakref
 from collections import deque
@@ -28,7 +26,6 @@ from ..errors import (
 from ..model.policy import delay
 from ..parts.batching import batched
 from ..plan.compiled import Plan
-from ..plan.source import columns_to_dicts
 from ..shipping import (
     check_constants,
     context,
@@ -329,11 +326,13 @@ class MapRun:
 
     def take_outputs(self, unsent: Unsent, first: int, batch: list[Any], columns: bool) -> None:
         """A batch of outputs only (`Header.outputs`) of the items `first`, `first` + 1, ...: one
-        per item, or, `columns`, a list per output (`Header.columns`, emptied here), made their
-        result dicts here."""
-        outputs = _dicts(self.plan.outputs, batch) if columns else batch
-        unsent.answered(first, len(outputs))
-        self.results.take_span(first, outputs)
+        per item, or, `columns`, a list per output (`Header.columns`)."""
+        if columns:
+            n = self.results.take_columns(first, self.plan.outputs, batch)
+        else:
+            n = len(batch)
+            self.results.take_span(first, batch)
+        unsent.answered(first, n)
 
     def take_each(self, unsent: Unsent, batch: list[tuple[int, bool, bytes, bytes | None]]) -> None:
         """Results sent again one by one (`replies.Replies.resend`), each with its node log (left
@@ -440,28 +439,6 @@ def _weakly(receive: Callable[[Worker], bool]) -> Callable[[Worker], bool]:
         found = method()
         return found(w) if found is not None else False
     return weak
-
-
-def _dicts(outputs: tuple[str, ...], columns: list[list[Any]]) -> list[dict[str, Any]]:
-    """A worker's columns of outputs (`Header.columns`) as the result dicts of its items, the
-    columns emptied, with the collector paused. Each dict made counts toward the next collection,
-    though none can be garbage, and a collection then walks the young containers, the columns'
-    lists of thousands of values among them: in a map of 10,000 fast items, 4 or 5 collections of
-    40 us each, on the parent's critical path. Paused, one runs after the columns were freed. No
-    user code runs in the pause (the results are delivered after it), and it is made only while
-    this is the process's one thread: another could switch the collector off meanwhile, and find
-    it on again after."""
-    make = columns_to_dicts(outputs)
-    paused = threading.active_count() == 1 and gc.isenabled()
-    try:
-        if paused:
-            gc.disable()
-        made = make(columns)
-        columns.clear()  # (freed before the collector runs again: it would walk their values)
-        return made
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _answer(question: memoryview) -> transport.Packed:

@@ -5,9 +5,10 @@ A small shared record of doubles (`StatusWords`), written by the worker and read
 after a death (which item, which step, since when) or for deadlines. Doubles, because the step's
 start is `time.monotonic()`, the clock of the node log (observe/nodelog.py); the item and the step
 are small integers, exact in a double. `ready` turns 1 once the worker is set up (so a death before
-is its setup's: preload_libs, the environment; a death after never is). Between items, `item` says
+is its setup's: preload_libs, the environment; a death after never is). Outside items, `item` says
 what the worker does: IDLE, READING a message (a chunk's items are unpickled then), or SENDING
-results (pickled then), and `step` how many results that batch holds. Those words are defined in
+results (pickled then), and `step` how many results that batch holds (a plain plan's own loop
+leaves an item named until the next begins: `Plan.each`). Those words are defined in
 `crash/doing.py`, beside the crash package that reads them after a death to decide what it
 means. `deadline`: the deadline of a node nested in a step (crash.containment.deadlined), for the
 parent to enforce.
@@ -60,14 +61,13 @@ STATUS_SIZE = ctypes.sizeof(StatusWords)
 
 class Marks(NamedTuple):
     """What a plain plan's own code writes in the status words (`Plan.marks`, `Plan.each`): the
-    words as doubles, where the item and the step are, and what they say between items and
-    between steps. A store through a memoryview of doubles costs about 10 ns, a ctypes field's 20
-    to 25, and a chunk of fast items makes six per item."""
+    words as doubles, where the item and the step are, and what `step` says between steps. A
+    store through a memoryview of doubles costs about 10 ns, a ctypes field's 20 to 25, and a
+    chunk of fast items makes one per item and one per step."""
 
     words: memoryview[float]
     item: int
     step: int
-    idle: float
     no_step: float
 
 
@@ -76,7 +76,7 @@ def marks(status: StatusWords) -> Marks:
     words = memoryview(status).cast("B").cast("d")
     size = ctypes.sizeof(ctypes.c_double)
     item, step = (getattr(StatusWords, name).offset // size for name in ("item", "step"))
-    return Marks(words, item, step, IDLE, NO_STEP)
+    return Marks(words, item, step, NO_STEP)
 
 
 def open_status(fd: int) -> tuple[mmap.mmap, StatusWords]:
