@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from conftest import executors
-from hardy import Engine, Failed, Pipeline, node
+from hardy import Engine, Failed, MapInterrupted, Pipeline, node
 from hardy.errors import LazyOutputError, RemoteError
 
 pytestmark = pytest.mark.timeout(600)  # Ray and Daft start their own processes: slow on a loaded machine
@@ -162,3 +162,34 @@ def test_the_same_outcomes_with_a_run_report(name, tmp_path):
         assert type(full) is DiskFull and str(full) == "disk /data is full: no space left on device"
         with pytest.raises(Exception, match="disk /data is full"):
             p.run(inputs={"case": "two arguments"})
+
+
+@node(output_name="v")
+def interrupts(n: int) -> int:
+    if n == 3:
+        raise KeyboardInterrupt("stop here")
+    return n
+
+
+@pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
+def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
+    """A node that raises KeyboardInterrupt interrupts the call, as Ctrl-C does: `run()` raises it,
+    a map raises MapInterrupted with the results so far (on_error="continue" too), imap raises it,
+    and the engine works after. In a worker process it counted as one crashed item; the async
+    executor's loop ran the interrupted map's items on into the next map."""
+    with _engine(name) as engine:
+        p = Pipeline(nodes=[interrupts], engine=engine)
+        try:
+            with pytest.raises(KeyboardInterrupt, match="stop here"):
+                p.run(inputs={"n": 3})
+            for on_error in ("raise", "continue"):
+                with pytest.raises(MapInterrupted) as info:
+                    p.map(inputs={"n": list(range(8))}, map_over="n", on_error=on_error)
+                results = info.value.results
+                assert results[3] is None and not info.value.failures
+                assert all(r is None or r == {"v": n} for n, r in enumerate(results))
+            with pytest.raises(KeyboardInterrupt, match="stop here"):
+                list(p.imap(inputs={"n": list(range(8))}, map_over="n"))
+            assert p.map(inputs={"n": [1, 2]}, map_over="n") == [{"v": 1}, {"v": 2}]
+        except KeyboardInterrupt as exc:  # (escaping, it would end the test session)
+            pytest.fail(f"{exc!r} escaped")

@@ -273,8 +273,7 @@ class DebuggerUnavailable(HardyError, RuntimeError):
 
 
 class LazyOutputError(HardyError, TypeError):
-    """A node returned a generator or a coroutine as an output of the pipeline: the cause of its
-    item's `NodeError`, on every executor (docs/failures.md)."""
+    """A node returned a generator or a coroutine as a pipeline output: its item's error's cause."""
 
 
 class RemoteError(HardyError):
@@ -539,9 +538,12 @@ class ReplicaError(HardyError, ImportError):
 
 
 class PipelineRefused(NodeError):
-    """A worker refused to load the pipeline (`ReplicaError`'s sentence is the reason): each item
-    sent to it comes back with this, and the call raises the `ReplicaError` once instead
-    (`engine.results.Results.fail`), before any node ran."""
+    """A worker refused the pipeline (its `ReplicaError`'s sentence is the reason): the call raises
+    that `ReplicaError` once, before any node ran (`engine.results.Results.fail`)."""
+
+
+class NodeInterrupted(NodeError):
+    """A node raised KeyboardInterrupt in a worker: the call raises it, as in-process (`Results.fail`)."""
 
 
 class WorkerImportError(HardyError, ModuleNotFoundError):
@@ -550,10 +552,9 @@ class WorkerImportError(HardyError, ModuleNotFoundError):
 
 
 class Exited(HardyError, RuntimeError):
-    """A node's SystemExit, carried out of an asyncio task as an ordinary exception. asyncio
-    re-raises a task's SystemExit out of the event loop, past every `await`, and the loop (hardy
-    keeps one per thread) then raised it again in the next, unrelated map; as an Exception it
-    reaches the plan, which fails the item naming the exit code, as on every executor."""
+    """A node's SystemExit, carried out of an asyncio task as an ordinary exception (asyncio raises
+    a task's SystemExit out of the event loop, past every `await`): it reaches the plan, which
+    fails the item naming the exit code, as on every executor."""
 
     def __init__(self, exit: SystemExit):
         super().__init__(exit.code)

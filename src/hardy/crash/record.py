@@ -61,6 +61,7 @@ def nesting_line() -> str:
 
 _THREAD = "hardy-thread: "
 _EXIT = "hardy-exit: "
+_INTERRUPTED = "hardy-interrupted: "
 
 
 def watch_threads(now: Callable[[], tuple[float, ...]]) -> None:
@@ -102,6 +103,12 @@ def exit_line(how: str) -> str:
     return f"{_EXIT}{how}\n"
 
 
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """`hardy-interrupted: <its text>`: the worker left because a node raised KeyboardInterrupt,
+    which in-process interrupts the call (the parent does the same: `FaultRecord.interrupted`)."""
+    return f"{_INTERRUPTED}{json.dumps(str(exc))}\n"
+
+
 _MACHINERY = ("/hardy/workers/", "/hardy/integrations/", "/multiprocessing/", "/site-packages/daft/",
               "<frozen runpy>", "<hardy plan", 'File "<string>"')
 STACK_LIMIT = 4000  # characters of the Python stack an error keeps (its last ones: the innermost frames)
@@ -113,7 +120,8 @@ class FaultRecord:
     threads that ran the user's code (hardy's worker loop and multiprocessing dropped); `threads`:
     every thread's; `nesting`: the chain of nested plans it died in (outermost first, empty unless
     one plan was nested in another); `thread`: the Python thread it died in when not the plan's;
-    `exit_how`: what it said of an exit of its own; `native`: the crashing thread's native frames
+    `exit_how`: what it said of an exit of its own; `interrupted`: the text of the KeyboardInterrupt
+    a node raised, which ended it (None if none did); `native`: the crashing thread's native frames
     as written (`frames`: named, on first use: naming reads the libraries' symbol tables)."""
 
     stack: str = ""
@@ -121,6 +129,7 @@ class FaultRecord:
     nesting: tuple[tuple[Any, ...], ...] = ()
     thread: dict[str, Any] | None = None
     exit_how: str = ""
+    interrupted: str | None = None
     native: tuple[mapped.Native, ...] = ()
     libraries: Mapping[str, mapped.Mapped] = field(default_factory=dict)
     symbols: Mapping[int, tuple[str, int]] = field(default_factory=dict)
@@ -143,18 +152,20 @@ def read(path: str) -> FaultRecord:
 def parse(text: str) -> FaultRecord:
     """The record a worker wrote, from its text."""
     lines = text.strip().splitlines()
-    thread, how, chain = None, "", ""
+    thread, how, chain, interrupted = None, "", "", None
     for ln in lines:
         if ln.startswith(_THREAD):
             thread = _json(ln[len(_THREAD):], thread)
         elif ln.startswith(_EXIT):
             how = ln[len(_EXIT):].strip()
+        elif ln.startswith(_INTERRUPTED):
+            interrupted = str(_json(ln[len(_INTERRUPTED):], ""))
         elif ln.startswith(_NESTING) and not chain:
             chain = ln[len(_NESTING):]
     libraries, symbols = mapped.read(text)
     return FaultRecord(stack=_python(_busy_threads(lines)), threads=_python(lines),
                        nesting=_chain(chain),
-                       thread=thread, exit_how=how, native=tuple(mapped.native_lines(text)),
+                       thread=thread, exit_how=how, interrupted=interrupted, native=tuple(mapped.native_lines(text)),
                        libraries=libraries, symbols=symbols)
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..crash.containment import POISON, poisoned_here
-from ..errors import Failed, NodeCrashed, NodeError, PipelineRefused, ReplicaError
+from ..errors import Failed, NodeCrashed, NodeError, NodeInterrupted, PipelineRefused, ReplicaError
 from ..model.executor import MapResults, Row
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
@@ -60,7 +60,7 @@ class Results(MapResults):
         self.values: list[Any] = [None] * n
         self.failures: dict[int, NodeError] = {}
         self.stop = False
-        self.refused: ReplicaError | None = None  # a worker refused the pipeline (`fail`)
+        self.ending: ReplicaError | NodeInterrupted | None = None  # what stopped the call (`fail`)
         self._raise = on_error == "raise"
         self.progress = progress
         self.events = events
@@ -71,11 +71,14 @@ class Results(MapResults):
         # item i's way to run again under pdb here (`NodeError.debug`), given to its error: the map's
         self.rerun: Callable[[int], Callable[[str], bool]] | None = None
 
-    def raise_refusal(self) -> None:
-        """End the call with the `ReplicaError` of a worker that refused its pipeline, if one did:
-        an executor calls it once its workers are stopped, whatever `on_error` says."""
-        if self.refused is not None:
-            raise self.refused
+    def raise_ending(self) -> None:
+        """End the call with the `ReplicaError` of a worker that refused its pipeline, or the
+        KeyboardInterrupt a node raised in one, if either came: an executor calls it once its
+        workers are stopped, whatever `on_error` says."""
+        if isinstance(self.ending, NodeInterrupted):
+            raise KeyboardInterrupt(*[self.ending.reason] if self.ending.reason else [])
+        if self.ending is not None:
+            raise self.ending
 
     def ok(self, i: int, out: dict[str, Any], records: Sequence[NodeLogBatch] = ()) -> None:
         """Item i succeeded; `records`: its node log, from where it ran (a part per stage; nodelog.py)."""
@@ -158,9 +161,10 @@ class Results(MapResults):
         """Item i failed; `records` as for `ok`; `worker`: the pid of a worker process that died
         running it (0 where the engine does not say which), so that the node it died in reports.
         A pipeline a worker refused to load (`PipelineRefused`) stops the call, which its executor then
-        ends with one `ReplicaError` (`raise_refusal`), after stopping its workers."""
-        if isinstance(err, PipelineRefused):
-            self.refused = self.refused or ReplicaError(str(err.reason))
+        ends with one `ReplicaError` (`raise_ending`), after stopping its workers; and so does a
+        node's KeyboardInterrupt (`NodeInterrupted`), its item left unrun, as in-process."""
+        if isinstance(err, (PipelineRefused, NodeInterrupted)):
+            self.ending = self.ending or (ReplicaError(str(err.reason)) if isinstance(err, PipelineRefused) else err)
             self.stop = True
             return
         if self._hits:

@@ -225,7 +225,7 @@ class DaftExecutor(RemoteExecutor):
                 continue
             for raw in out:
                 self.deliver(pickle.loads(raw), results)
-            results.raise_refusal()
+            results.raise_ending()
             return
 
     def _workers(self) -> int:

@@ -35,7 +35,7 @@ import cloudpickle
 
 from ..engine.in_process import chunk_size
 from ..engine.results import Results
-from ..errors import NodeCrashed, NodeError, WorkerImportError, install_hint
+from ..errors import NodeCrashed, NodeError, NodeInterrupted, WorkerImportError, install_hint
 from ..model.executor import Executor, ResultsSink, Row, WorkerCounts
 from ..observe.nodelog import NodeLogBatch, died
 from ..observe.watch import Watch
@@ -119,10 +119,16 @@ def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False,
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
     process here (`_pool`), with the caller's environment, working directory and argv (`caller`)."""
     results = _Rows(len(chunk), log, caller)
-    _pool().run_items(plan, [item for _, item in chunk], results)
-    rows: list[Row] = []
+    try:
+        _pool().run_items(plan, [item for _, item in chunk], results)
+    except KeyboardInterrupt:  # a node's (`Results.raise_ending`): its items unrun come back saying so
+        if not isinstance(results.ending, NodeInterrupted):
+            raise
+    ending, rows = results.ending, []
     for k, (i, _) in enumerate(chunk):
         err = results.failures.get(k)
+        if err is None and results.values[k] is None and isinstance(ending, NodeInterrupted):
+            err = NodeInterrupted(ending.node, None, i, ending.reason)  # (the caller's results stop at the first)
         if err is not None:
             err.item = i
         row = (i, True, results.values[k]) if err is None else (i, False, portable(err))
@@ -299,7 +305,7 @@ class TaskExecutor(RemoteExecutor):
                 self.deliver(rows, results)
             if results.stop:
                 self._cancel(list(pending))
-                results.raise_refusal()
+                results.raise_ending()
                 return
 
 

@@ -70,8 +70,8 @@ class ResultsSink(Protocol):
         """`take_span` for outputs sent as a list per output name (a worker's `Header.columns`),
         emptied here: how many items they are."""
 
-    def raise_refusal(self) -> None:
-        """Raise the `ReplicaError` of a worker that refused the pipeline, if one did."""
+    def raise_ending(self) -> None:
+        """Raise what ended the call before its items did (`engine.results.Results.ending`), if anything."""
 
 
 class MapResults(ResultsSink, Protocol):

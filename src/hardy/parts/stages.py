@@ -83,8 +83,8 @@ class _StageResults(ResultsSink):
     def context(self) -> Snapshot | None:
         return self.results.context
 
-    def raise_refusal(self) -> None:
-        self.results.raise_refusal()  # (the map's results hold a worker's refusal of a stage)
+    def raise_ending(self) -> None:
+        self.results.raise_ending()  # (the map's results hold a worker's refusal of a stage)
 
     def started(self, i: int, worker: int | None = None) -> None:
         if self.first:

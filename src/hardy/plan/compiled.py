@@ -398,6 +398,27 @@ def resolve(graph: Graph, provided: set[str], outputs: Sequence[str]) -> tuple[S
 _loops = threading.local()
 
 
+def _close(loop: Any) -> None:
+    """A thread's loop that a KeyboardInterrupt or SystemExit left (Ctrl-C, or a node raised it):
+    asyncio lets those out of the task they hit at once, the coroutine's other tasks still
+    pending, which the loop's next run would resume (a map's items ran on into the next map).
+    They are cancelled and the loop closed, as `asyncio.run` leaves one; the next call makes its
+    own."""
+    import asyncio
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    try:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    except BaseException:  # (the interrupt again, from the task that awaited the one it hit)
+        pass
+    finally:
+        for task in pending:  # their exceptions taken: none is reported as never retrieved
+            if task.done() and not task.cancelled():
+                task.exception()
+        loop.close()
+
+
 def run_sync(coro: Any) -> Any:
     """Run a coroutine to completion from synchronous code.
 
@@ -416,7 +437,11 @@ def run_sync(coro: Any) -> Any:
         loop = getattr(_loops, "loop", None)
         if loop is None or loop.is_closed():
             loop = _loops.loop = asyncio.new_event_loop()
-        return loop.run_until_complete(coro)
+        try:
+            return loop.run_until_complete(coro)
+        except (KeyboardInterrupt, SystemExit):
+            _close(loop)
+            raise
     box: list[Any] = []
 
     def target() -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..crash import blame, verdict
 from ..crash.autopsy import Ending, ended
-from ..errors import NodeError, WorkerStartError
+from ..errors import NodeError, NodeInterrupted, WorkerStartError
 from ..model.policy import delay
 from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
@@ -29,6 +29,7 @@ from .process import Unsent, Worker
 
 if TYPE_CHECKING:
     from ..model.executor import ResultsSink
+    from ..model.node import Node
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
@@ -81,12 +82,16 @@ class Deaths:
             self.retry.append(rest)
         return None
 
+    def node_at(self, step: int) -> Node | None:
+        """The node of the plan's step `step` (the status words' word; a one-node plan's alone)."""
+        steps = self.plan.steps
+        return steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
+
     def charge(self, w: Worker, end: Ending, i: int, step: int) -> None:
         """Item i was in flight when worker `w` died: it fails, or runs again (its node's retries;
         or, when it crashed inside a nested map, with that inner item failed), as `verdict.charge`
         says."""
-        steps = self.plan.steps
-        node = steps[step].node if 0 <= step < len(steps) else (steps[0].node if len(steps) == 1 else None)
+        node = self.node_at(step)
         found = verdict.charge(end, i, node, _inputs(self.items[i]), self.attempts.get(i, 0), self.poison, self.map,
                                self.blameless.get(i, 0))
         err = found.error
@@ -129,6 +134,11 @@ class Deaths:
         elif foreign is not None:  # it kept meeting such crashes: the item it holds first is charged
             del w.unsent[foreign.first]
             self.charge(w, end, foreign.first, step if foreign.first == item else -1)
+        elif in_flight is not None and end.record.interrupted is not None:  # a node raised KeyboardInterrupt
+            del w.unsent[in_flight]  # (it stops the call: `Results.fail`)
+            node = self.node_at(step)
+            self.results.fail(in_flight, NodeInterrupted(node.name if node else "?", None, in_flight,
+                                                         end.record.interrupted))
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(end, in_flight, words.OPENING - step)

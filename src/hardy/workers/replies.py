@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
 from ..crash import handler, mapped
-from ..crash.record import exit_line, nesting_line, thread_line, watch_threads
+from ..crash.record import exit_line, interrupted_line, nesting_line, thread_line, watch_threads
 from ..crash.signals import LAST_WORDS_LIMIT
 from ..errors import NodeError
 from ..model.executor import Row
@@ -322,6 +322,11 @@ class Replies:
             if os.getpid() == me:
                 loop = sys._getframe(1).f_code.co_filename.endswith(_WORKER_LOOP)
                 escaped = sys.exc_info()[1] if loop else None
+                if isinstance(escaped, KeyboardInterrupt):  # a node's: it interrupts the call (`deaths`)
+                    try:
+                        os.write(fault, interrupted_line(escaped).encode())
+                    except OSError:
+                        pass
                 self.farewell(fault, f"{escaped!r} ended the worker's loop" if escaped is not None else
                               f"os._exit({status}) was called")
             leave(status)

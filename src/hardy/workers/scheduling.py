@@ -207,7 +207,7 @@ class MapRun:
             while True:
                 if self.results.stop:  # on_error="raise" failed an item: the rest is not awaited
                     self.cancel()
-                    self.results.raise_refusal()  # (a worker refused the pipeline: one error for the call)
+                    self.results.raise_ending()  # (a worker refused the pipeline: one error for the call)
                     return
                 self.assign()
                 busy = [w for w in self.mine() if w.busy]
