@@ -441,6 +441,28 @@ def test_a_tampered_object_is_never_unpickled_deleted_and_republished(s3, bucket
     assert any("1 damaged entry deleted" in w for w in cache_warnings(caplog))
 
 
+def test_an_object_bigger_than_half_the_memory_is_never_read(s3, bucket, tmp_path, caplog):
+    """Whoever can write to the bucket could plant an object bigger than a reader's memory under an
+    entry's name: read whole, it would grow the reader until the kernel killed it. A reader does
+    not read an object over its limit (half the machine's memory; 10 kB here): the item is
+    computed here, the object left alone (it may be a bigger machine's), a warning says so."""
+    caplog.set_level(logging.WARNING, "hardy.cache")
+    Pipeline(nodes=[triple], cache=cache_for(s3, bucket, tmp_path / "a"), engine=SEQ).run(inputs={"x": 5})
+    [name] = s3.keys(bucket)
+    planted = os.urandom(64 << 10)
+    s3.client.delete_object(Bucket=bucket, Key=name)
+    s3.client.put_object(Bucket=bucket, Key=name, Body=planted)
+
+    reader = cache_for(s3, bucket, tmp_path / "b")
+    assert reader.store.bucket.read_limit > 1 << 30  # (half this machine's memory)
+    reader.store.bucket.read_limit = 10_000
+    assert Pipeline(nodes=[triple], cache=reader, engine=SEQ).run(inputs={"x": 5})["y"] == 15
+    assert reader.hits == 0 and reader.rejected == 0  # never read, so never judged
+    assert s3.client.get_object(Bucket=bucket, Key=name)["Body"].read() == planted
+    assert any("1 entry not read (bigger than 9.31e-06 GiB, half this machine's memory)" in w
+               for w in cache_warnings(caplog)), cache_warnings(caplog)
+
+
 def test_a_conditional_delete_loses_to_a_republish(s3, bucket, tmp_path):
     """A reader found an object damaged; before it deletes it, another machine deleted the same
     damaged object and published a good one: the first reader's delete (If-Match on the ETag it

@@ -107,6 +107,7 @@ class BucketStore:
         self.storage_options = dict(storage_options or {})
         self.concurrency = concurrency
         self.lease_key: bytes | None = None  # signs single flight's leases (DiskCache sets it from the secret)
+        self.read_limit = _half_the_memory()  # bytes: a bigger object is not read (`_fetch`)
         self._setup()
 
     def _setup(self) -> None:
@@ -124,7 +125,7 @@ class BucketStore:
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix,
                 "namespace": self.namespace, "storage_options": self.storage_options, "concurrency": self.concurrency,
-                "lease_key": self.lease_key}
+                "lease_key": self.lease_key, "read_limit": self.read_limit}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -219,12 +220,21 @@ class BucketStore:
     # --- entries -----------------------------------------------------------------------------------
 
     async def _fetch(self, key: bytes) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag; None if there is none. Raises Unavailable."""
+        """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`
+        (half this machine's memory): whoever can write to the bucket could otherwise make every
+        reader load an object until the kernel kills it; its item is computed here instead, the
+        warning saying so. Raises Unavailable."""
         if self.down():
             raise self._skipped("looked up")
         try:
             resp = await self._call("get_object", Key=self.path(key))
             async with resp["Body"] as body:
+                size = resp.get("ContentLength")
+                if isinstance(size, int) and size > self.read_limit:
+                    with self._lock:
+                        self._problems[f"not read (bigger than {self.read_limit / 2**30:.3g} GiB, half this "
+                                       "machine's memory)"] += 1
+                    return None
                 data = await body.read()
         except FileNotFoundError as exc:
             if code_of(exc) != "NoSuchBucket":
@@ -496,3 +506,11 @@ def _settle_all() -> None:
     for bucket in list(_live):
         if bucket._pending and bucket._pid == os.getpid():
             bucket.settle(timeout=10.0)
+
+
+def _half_the_memory() -> int:
+    """Half this machine's physical memory, in bytes (4 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
