@@ -71,6 +71,40 @@ def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp
     assert "worker died from SIGSEGV" in (tmp_path / "run.html").read_text()
 
 
+RAISES = """
+from hardy import Pipeline, node
+
+def helper(x):
+    return 10 // (x - 2)
+
+@node(output_name="y")
+def divide(x):
+    return helper(x)
+
+pipeline = Pipeline([divide])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_failed_items_line_says_where_it_failed(tmp_path, executor):
+    """The line may be all a batch job keeps: a failure's carries the traceback of what the node
+    raised, from the worker it ran in, as the run report does; a crash's, its stacks."""
+    (tmp_path / "divide.py").write_text(RAISES)
+    (tmp_path / "flows.py").write_text(FLOWS)
+    out = _hardy_run(tmp_path, "divide:pipeline", "--set", "x=[1, 2]", "--map-over", "x", "--executor", executor)
+    assert out.returncode == 1, out.stderr
+    failed = next(line for line in map(json.loads, out.stdout.splitlines()) if not line["ok"])
+    assert failed["item"] == 1 and failed["error"] == "ZeroDivisionError"
+    stack = failed["stack"]
+    assert stack.startswith("Traceback (most recent call last):") and stack.rstrip().endswith(
+        "ZeroDivisionError: integer division or modulo by zero"), stack
+    assert f'{tmp_path / "divide.py"}", line 9, in divide' in stack and "line 5, in helper" in stack, stack
+    crashed = _hardy_run(tmp_path, "flows:pipeline", "--set", "factor=3", "--set", "x=[13]", "--map-over", "x",
+                         "--executor", "process")
+    line = json.loads(crashed.stdout)
+    assert line["signal"] == "SIGSEGV" and "Python stack:" in line["stack"] and "scale" in line["stack"], line
+
+
 CHATTY = """
 import os
 print("importing chatty")

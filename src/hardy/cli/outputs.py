@@ -119,8 +119,9 @@ class Writer:
         self.failed += not record["ok"]
 
     def record(self, i: int, row: Any) -> dict[str, Any]:
-        if isinstance(row, Failed):
-            return {"item": i, "ok": False, **row.error.reported()}
+        if isinstance(row, Failed):  # with where it failed: the line may be all a batch job keeps
+            from ..observe.report import failure_stack  # (only once an item fails: `hardy run` starts faster)
+            return {"item": i, "ok": False, **row.error.reported(), "stack": failure_stack(row.error)}
         outputs = {}
         for name, value in row.items():
             try:

@@ -254,18 +254,24 @@ def _p95(times: array[float]) -> float:
 def _failure(i: int, err: NodeError, with_stack: bool = True) -> dict[str, Any]:
     """`with_stack`: keep its stack (a map where everything failed would otherwise make a report of
     a kilobyte per item: the first failures' stacks tell what the rest do)."""
+    return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None),
+            "stack": failure_stack(err) if with_stack else "", "diagnosis": list(getattr(err, "diagnosis", ()))}
+
+
+def failure_stack(err: NodeError) -> str:
+    """Where a failure happened, as text: the traceback of what the node raised (from the worker it
+    ran in), a timeout's stacks of every thread, or a crash's native stack and Python stack."""
     import traceback
     cause = err.__cause__
-    stack = "" if not with_stack else getattr(err, "stack", "") or (
+    stack = getattr(err, "stack", "") or (
         "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)) if cause else "")
     every: str = getattr(err, "stacks", "")  # a timeout's: every thread, native frames with py-spy
     native: str = getattr(err, "native_stack", "")  # a crash's
-    if with_stack and every:
-        stack = every
-    elif with_stack and native:
-        stack = f"native stack:\n{native}\nPython stack:\n{stack}"
-    return {"item": i, **err.reported(), "exitcode": getattr(err, "exitcode", None), "stack": stack,
-            "diagnosis": list(getattr(err, "diagnosis", ()))}
+    if every:
+        return every
+    if native:
+        return f"native stack:\n{native}\nPython stack:\n{stack}"
+    return stack
 
 
 def _batches(s: _NodeStats) -> dict[str, Any]:
