@@ -105,6 +105,34 @@ def test_a_failed_items_line_says_where_it_failed(tmp_path, executor):
     assert line["signal"] == "SIGSEGV" and "Python stack:" in line["stack"] and "scale" in line["stack"], line
 
 
+INTERRUPTS = """
+from hardy import Pipeline, node
+
+@node(output_name="v")
+def stop_at_3(n):
+    if n == 3:
+        raise KeyboardInterrupt("stop here")
+    return n
+
+pipeline = Pipeline([stop_at_3])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_nodes_keyboard_interrupt_ends_hardy_run_as_an_interruption(tmp_path, executor):
+    """Exit 130 and a line saying so, as Ctrl-C's: it exited 0, silently, with items missing."""
+    (tmp_path / "interrupts.py").write_text(INTERRUPTS)
+    out = _hardy_run(tmp_path, "interrupts:pipeline", "--set", "n=[0, 1, 2, 3, 4, 5]", "--map-over", "n",
+                     "--executor", executor)
+    assert out.returncode == 130, out.stdout + out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(line["ok"] and line["outputs"] == {"v": line["item"]} for line in lines) and 3 not in {
+        line["item"] for line in lines}
+    assert "interrupted by a node's KeyboardInterrupt('stop here')" in out.stderr, out.stderr
+    once = _hardy_run(tmp_path, "interrupts:pipeline", "--set", "n=3", "--executor", executor)
+    assert once.returncode == 130 and once.stdout == "" and "after 0 item(s)" in once.stderr, once.stderr
+
+
 CHATTY = """
 import os
 print("importing chatty")

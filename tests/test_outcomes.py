@@ -5,6 +5,7 @@ results, the same failures with the same messages and causes, and leaves the eng
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 
@@ -171,6 +172,24 @@ def interrupts(n: int) -> int:
     return n
 
 
+@node(output_name="v", batch_size=4)
+def interrupts_batch(n: list[int]) -> list[int]:
+    if 3 in n:
+        raise KeyboardInterrupt("stop here")
+    return n
+
+
+@node(output_name="v")
+def logs_then_interrupts(n: int, ran: str) -> int:
+    """Notes each item as it starts, and whether item 0 had interrupted the map by then."""
+    with open(ran, "a") as f:
+        f.write(f"{n} {'after' if os.path.exists(ran + '.interrupted') else 'before'}\n")
+    if n == 0:
+        open(ran + ".interrupted", "w").close()
+        raise KeyboardInterrupt("stop here")
+    return n
+
+
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
 def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
     """A node that raises KeyboardInterrupt interrupts the call, as Ctrl-C does: `run()` raises it,
@@ -188,8 +207,32 @@ def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
                 results = info.value.results
                 assert results[3] is None and not info.value.failures
                 assert all(r is None or r == {"v": n} for n, r in enumerate(results))
+            got: list = []
+            with pytest.raises(KeyboardInterrupt, match="stop here"):  # what finished before it, first
+                got.extend(p.imap(inputs={"n": list(range(8))}, map_over="n"))
+            assert got == [{"v": n} for n in range(len(got))] and len(got) == 3 or name != "sequential", got
+            got.clear()
             with pytest.raises(KeyboardInterrupt, match="stop here"):
-                list(p.imap(inputs={"n": list(range(8))}, map_over="n"))
+                got.extend(p.imap(inputs={"n": list(range(8))}, map_over="n", ordered=False, indexed=True))
+            assert all(row == {"v": i} for i, row in got) and 3 not in dict(got), got
+            with pytest.raises(MapInterrupted) as info:  # a batched node's (batches as each executor makes them)
+                Pipeline(nodes=[interrupts_batch], engine=engine).map(inputs={"n": list(range(8))}, map_over="n")
+            results = info.value.results
+            assert results[3] is None and all(r in (None, {"v": n}) for n, r in enumerate(results))
+            assert not info.value.failures
             assert p.map(inputs={"n": [1, 2]}, map_over="n") == [{"v": 1}, {"v": 2}]
         except KeyboardInterrupt as exc:  # (escaping, it would end the test session)
             pytest.fail(f"{exc!r} escaped")
+
+
+def test_no_item_starts_on_the_threaded_executor_once_a_map_is_interrupted(tmp_path):
+    """Its threads cannot be stopped mid-item, but the chunks not started are cancelled and those
+    running stop at their next item: the interrupted map's items ran on into whatever came next
+    (all 199 others, before; here at most the few another thread began as item 0 raised)."""
+    ran = tmp_path / "ran"
+    with Engine(map_executor="threaded", workers=2) as engine:
+        with pytest.raises(MapInterrupted):
+            Pipeline(nodes=[logs_then_interrupts], engine=engine).map(
+                inputs={"n": list(range(200)), "ran": str(ran)}, map_over="n")
+    after = [line for line in ran.read_text().splitlines() if line.endswith("after")]
+    assert len(after) <= 5, after

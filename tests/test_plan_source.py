@@ -298,3 +298,24 @@ def test_the_documented_plan_is_what_the_generator_writes():
     assert textwrap.dedent(in_docstring) + "\n" == written
     architecture = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
     assert "```text\n" + written + "```" in architecture
+
+
+def test_the_plans_loop_reads_the_clock_after_items_1_2_4_8_then_every_16th():
+    """`_each`'s clock schedule (`source._CLOCK_READ`): a batch due is seen after the 1st item, so
+    slow items beginning a call of the loop go one by one, and at worst 15 items late after fast ones."""
+    from hardy.plan import source
+    ns: dict = {}
+    exec("def loop(_xs, _due, _clock):\n    _item = 0\n    _next, _every = _item + 1, 1\n    for _x in _xs:\n"
+         "        _item += 1\n" + "\n".join(source._CLOCK_READ) + "\n", ns)
+    count, read_after = [0], []
+
+    def items():
+        for x in range(100):
+            count[0] = x + 1
+            yield x
+
+    def clock() -> float:
+        read_after.append(count[0])
+        return 0.0
+    ns["loop"](items(), 1.0, clock)
+    assert read_after == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96]

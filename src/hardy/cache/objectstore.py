@@ -4,33 +4,27 @@
     <prefix>/leases/<key format>/<key id>/<key>     single flight's leases (only with single_flight)
 
 The key format (`hardy-key-3`) and the key id (which secret signed the entry) are in the path, so
-entries of other formats or secrets are never even fetched; the two hex digits shard the keys for
-listing in parallel. There is no index object and nothing is listed on the hot path: a lookup is
-one GET, a publication one PUT.
+entries of other formats or secrets are never fetched; two hex digits shard the keys for listing in
+parallel. No index object, nothing listed on the hot path: a lookup is one GET, a publication one PUT.
 
 Why these mechanisms:
 - Publication is a create-only write (`If-None-Match: *`): a second writer of the same entry gets
-  412, which is success (entries of a key are interchangeable: any verified one is right), and a
-  409 `ConditionalRequestConflict` (two conditional writes in flight) is retried with jitter. An
-  object is never overwritten, so a reader never sees a mix of two bodies.
-- Nothing the bucket says is trusted: DiskCache verifies each entry's MAC before unpickling, as for
-  a local one (a bucket has many writers; an ETag is a checksum anyone can compute). A damaged
-  entry is deleted with `If-Match` on the ETag that was read, so a good entry published since
-  by someone else is never the one deleted.
+  412, which is success (any verified entry of a key is right), and a 409 (two conditional writes
+  in flight) is retried with jitter. An object is never overwritten: no reader sees two bodies mixed.
+- Nothing the bucket says is trusted: DiskCache verifies each entry's MAC before unpickling (a
+  bucket has many writers; an ETag is a checksum anyone can compute). A damaged entry is deleted
+  with `If-Match` on the ETag read: a good one published since by someone else is never deleted.
 - The remote side never fails a node: an unreachable, slow (timeouts below), throttling (503
-  SlowDown: retried with backoff by botocore and s3fs, then given up) or misconfigured store
-  (credentials or bucket missing) makes lookups miss and publications wait for another run; the
-  local store in front goes on working, and `settle()` tells DiskCache's one warning per map what
-  happened. After a failure that says the store is unusable, it is left alone for `DOWN_FOR`
-  seconds: a map over a dead server does not pay a timeout per item.
-- Nothing in the bucket can stop a reader: every object under `<key id>/` is this secret's to
-  verify, so one whose header names another secret is forged (or damaged), deleted and republished
-  like any other (`DiskCache._load`), never skipped for good; a lease is signed with a key derived
-  from the secret, and one that does not verify (written by someone without the secret) is taken
-  over at once instead of being waited on (`lease`).
-- s3fs rather than boto3 directly: fsspec's `storage_options` are how pandas, Dask and Ray name a
-  bucket's credentials and endpoint, and its event loop gives concurrent requests (publishing in
-  the background, fetching a batch of keys at once) without a thread per request.
+  SlowDown, retried with backoff by botocore and s3fs) or misconfigured store makes lookups miss
+  and publications wait for another run; the local store in front goes on working, and `settle()`
+  tells DiskCache's one warning per map what happened. A store that says it is unusable is left
+  alone for `DOWN_FOR` seconds: a map over a dead server does not pay a timeout per item.
+- Nothing in the bucket can stop a reader: an object under `<key id>/` whose header names another
+  secret is forged (or damaged), deleted and republished like any other (`DiskCache._load`), never
+  skipped for good; a lease that does not verify (signed without the secret) is taken over at
+  once (`lease`); an object too big for this machine is not read (`_fetch`).
+- s3fs rather than boto3: fsspec's `storage_options` are how pandas, Dask and Ray name a bucket,
+  and its event loop gives concurrent requests without a thread per request.
 
 `BucketStore` is the bucket as a `Store` (what `hardy cache ... --remote` maintains);
 `DiskCache("s3://bucket/prefix", ...)` puts it behind a local store (`cache/shared.py`).
@@ -107,7 +101,7 @@ class BucketStore:
         self.storage_options = dict(storage_options or {})
         self.concurrency = concurrency
         self.lease_key: bytes | None = None  # signs single flight's leases (DiskCache sets it from the secret)
-        self.read_limit = _half_the_memory()  # bytes: a bigger object is not read (`_fetch`)
+        self.read_limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2  # half the memory: `_fetch`
         self._setup()
 
     def _setup(self) -> None:
@@ -138,8 +132,7 @@ class BucketStore:
 
     @property
     def fs(self) -> Any:
-        """The s3fs filesystem of this process (a forked child makes its own: event loops and
-        connections never cross a fork)."""
+        """The s3fs filesystem of this process (a forked child makes its own: no loop crosses a fork)."""
         if self._fs is None or self._pid != os.getpid():
             try:
                 import s3fs
@@ -149,8 +142,7 @@ class BucketStore:
             config = {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                       "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},
                       "max_pool_connections": self.concurrency,  # botocore's default, 10, would cap it
-                      # CRC32 checksums on every request and response are redundant with the MAC
-                      # every entry is verified by, and cost client CPU on the warm path
+                      # (CRC32 checksums of every request and response: redundant with the MAC, and CPU)
                       "request_checksum_calculation": "when_required", "response_checksum_validation": "when_required",
                       **options.pop("config_kwargs", {})}
             fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **options)
@@ -196,6 +188,10 @@ class BucketStore:
             self._problems[f"could not be {action} ({_reason(exc)})"] += 1
         return Unavailable(f"{self.url}: {_reason(exc)}")
 
+    def _too_big(self) -> None:
+        with self._lock:
+            self._problems[f"not read (bigger than {self.read_limit / 2**30:.3g} GiB, half this machine's memory)"] += 1
+
     def _skipped(self, action: str) -> Unavailable:
         with self._lock:
             self._problems[f"not {action} (the store failed less than {DOWN_FOR:.0f} s before)"] += 1
@@ -220,10 +216,8 @@ class BucketStore:
     # --- entries -----------------------------------------------------------------------------------
 
     async def _fetch(self, key: bytes) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`
-        (half this machine's memory): whoever can write to the bucket could otherwise make every
-        reader load an object until the kernel kills it; its item is computed here instead, the
-        warning saying so. Raises Unavailable."""
+        """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`:
+        a bucket's writer could make a reader load one until the kernel kills it. Raises Unavailable."""
         if self.down():
             raise self._skipped("looked up")
         try:
@@ -231,9 +225,7 @@ class BucketStore:
             async with resp["Body"] as body:
                 size = resp.get("ContentLength")
                 if isinstance(size, int) and size > self.read_limit:
-                    with self._lock:
-                        self._problems[f"not read (bigger than {self.read_limit / 2**30:.3g} GiB, half this "
-                                       "machine's memory)"] += 1
+                    self._too_big()
                     return None
                 data = await body.read()
         except FileNotFoundError as exc:
@@ -506,11 +498,3 @@ def _settle_all() -> None:
     for bucket in list(_live):
         if bucket._pending and bucket._pid == os.getpid():
             bucket.settle(timeout=10.0)
-
-
-def _half_the_memory() -> int:
-    """Half this machine's physical memory, in bytes (4 GiB where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30

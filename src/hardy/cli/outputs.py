@@ -110,6 +110,7 @@ class Writer:
     def __init__(self, out: IO[str], producers: dict[str, str]):
         self.out, self.producers = out, producers
         self.done = self.failed = 0
+        self.interrupt: BaseException | None = None  # what stopped the items (a node's KeyboardInterrupt too)
 
     def item(self, i: int, row: Any) -> None:
         record = self.record(i, row)

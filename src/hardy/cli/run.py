@@ -181,10 +181,11 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         typer.echo(f"hardy: every item had its line in {resume} already: nothing ran, no report written", err=True)
         report = None
     where = f"; see {report}" if report else ""
-    if interrupted.signal:
-        typer.echo(f"hardy: interrupted by {interrupted.signal} after {done} item(s) ({failed} failed), each written "
+    if interrupted.signal or writer.interrupt is not None:  # Ctrl-C, SIGTERM, or a node's KeyboardInterrupt
+        by = interrupted.signal or f"a node's {writer.interrupt!r}"
+        typer.echo(f"hardy: interrupted by {by} after {done} item(s) ({failed} failed), each written "
                    f"to {output or 'stdout'}{where}", err=True)
-        raise typer.Exit(128 + interrupted.number)
+        raise typer.Exit(128 + (interrupted.number if interrupted.signal else signal.SIGINT))
     if failed:
         typer.echo(f"hardy: {failed} of {done} item(s) failed{where}", err=True)
     raise typer.Exit(1 if failed else 0)
@@ -246,7 +247,8 @@ def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[
             writer.item(index if todo is None else todo[index], row)
     except HardyError as exc:  # a usage error the map only finds running (an input that cannot be sent)
         _fail_usage(str(exc))
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, _Terminated) as exc:
+        writer.interrupt = exc
         rows.close()  # stops the map's workers; every line written so far stays
     except OSError as exc:
         engine.close()  # its workers first: the items they run are not waited for
@@ -264,7 +266,8 @@ def _once(pipeline: Any, values: dict[str, Any], wanted: list[str] | None, engin
         row = Failed(err)
     except HardyError as exc:
         _fail_usage(str(exc))
-    except (KeyboardInterrupt, _Terminated):
+    except (KeyboardInterrupt, _Terminated) as exc:
+        writer.interrupt = exc
         return None
     try:
         writer.item(0, row)

@@ -178,8 +178,14 @@ class ThreadedExecutor(Executor):
             # error state, a ContextVar the caller set) and with its thread's modes: as in-process
             futures = [self._pool.submit(contextvars.copy_context().run, self._chunk, modes, plan, items,
                                          range(s, min(n, s + size)), results) for s in range(0, n, size)]
-            for f in futures:
-                f.result()
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:  # interrupted (Ctrl-C, a node's KeyboardInterrupt): no item starts after
+                results.stop = True  # (those running end theirs; a thread cannot be stopped mid-item)
+                for f in futures:
+                    f.cancel()
+                raise
 
     def _chunk(self, modes: Callable[[], Any], plan: Plan, items: Sequence[dict[str, Any]], indices: range,
                results: MapResults) -> None:
@@ -187,6 +193,9 @@ class ThreadedExecutor(Executor):
         try:
             modes()
             run_chunk(plan, items, indices, results)
+        except BaseException:  # a node's KeyboardInterrupt: this thread starts no other chunk's item
+            results.stop = True
+            raise
         finally:
             self._here.running = False
 

@@ -67,7 +67,8 @@ class _Streamed(Results):
 
     def fail(self, i: int, err: NodeError, records: Sequence[NodeLogBatch] = (), worker: int | None = None) -> None:
         super().fail(i, err, records, worker)
-        self.finished.put((self, i))
+        if i in self.failures:  # (an error that ends the call instead, a node's KeyboardInterrupt, records none)
+            self.finished.put((self, i))
 
 
 def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
@@ -187,6 +188,10 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
             if isinstance(message, BaseException):
                 raise message
             results, j = message
+            if isinstance(j, BaseException):  # the executor raised (a node's KeyboardInterrupt, say)
+                if ordered:  # what finished before it first, as the sequential executor yields it
+                    yield from _finished_prefix(results)
+                raise j
             if j is not None:  # one item finished (ordered=False)
                 yield results, j
                 continue
@@ -198,6 +203,14 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
         pulled.raise_error()
     finally:
         runner.cancel(stream)
+
+
+def _finished_prefix(results: Results) -> Iterator[tuple[Results, int]]:
+    """A window's items from its first to the last one finished in a row."""
+    for k, value in enumerate(results.values):
+        if value is None:
+            return
+        yield results, k
 
 
 class _Stream:
@@ -250,7 +263,7 @@ class WindowRunner:
                 self.engine.run_items(stream.plan, chunk, results)
             except BaseException as err:  # the executor itself failed: that stream raises it
                 stream.closed = True
-                stream.finished.put(err)
+                stream.finished.put((results, err))
             else:
                 stream.finished.put((results, None))
             self.current = None

@@ -363,7 +363,7 @@ class PlanSource:
 # items late, and only at a run of slow items after fast ones in one call of the loop: a batch
 # sent, or an item failed, the loop is called again and reads the clock after its first item.
 _CLOCK_READ = ("        if _item >= _next:", "            if _clock() >= _due:", "                return _item, None",
-               "            if _every < 16:", "                _every += _every", "            _next = _item + _every")
+               "            _next = _item + _every", "            if _every < 16:", "                _every += _every")
 
 _INTERNAL = frozenset({"_v", "_item", "_s", "_e", "_pk", "_found", "_todo", "_res", "_st", "_xs", "_c",
                        "_columns", "_due", "_clock", "_next", "_every", "_x", *keyword.kwlist,

@@ -127,18 +127,20 @@ class Deaths:
         item, step = int(w.status.item), int(w.status.step)
         foreign = self.not_its_thread(w, end, item)
         in_flight = item if item in w.unsent and foreign is None else None
-        if item == words.BATCH and w.unsent and foreign is None:
+        interrupted = foreign is None and end.record.interrupted is not None and (
+            in_flight is not None or item == words.BATCH and bool(w.unsent))  # a node raised KeyboardInterrupt
+        if item == words.BATCH and w.unsent and foreign is None and not interrupted:
             in_flight = self.split(w, end)
         if foreign is not None and foreign.rerun:
             pass  # its items go back below, none blamed (`not_its_thread` said why)
         elif foreign is not None:  # it kept meeting such crashes: the item it holds first is charged
             del w.unsent[foreign.first]
             self.charge(w, end, foreign.first, step if foreign.first == item else -1)
-        elif in_flight is not None and end.record.interrupted is not None:  # a node raised KeyboardInterrupt
-            del w.unsent[in_flight]  # (it stops the call: `Results.fail`)
+        elif interrupted:  # it stops the call (`Results.fail`), the item (or the batch's first) unrun
+            i = in_flight if in_flight is not None else next(iter(w.unsent))
+            del w.unsent[i]
             node = self.node_at(step)
-            self.results.fail(in_flight, NodeInterrupted(node.name if node else "?", None, in_flight,
-                                                         end.record.interrupted))
+            self.results.fail(i, NodeInterrupted(node.name if node else "?", None, i, end.record.interrupted or ""))
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(end, in_flight, words.OPENING - step)
