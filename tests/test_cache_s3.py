@@ -223,6 +223,7 @@ class FaultProxy(http.server.ThreadingHTTPServer):
         self.inject: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self.injected: list[tuple[str, int]] = []
         self.stall = 0.0
+        self.chunked = False  # answers to GET without a Content-Length (chunked), as some proxies send them
         self.seen: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.in_flight = self.peak = 0  # requests being answered now, and at most at once
         self.lock = threading.Lock()
@@ -278,9 +279,13 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         for k, v in resp.getheaders():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
                 self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        chunked = srv.chunked and self.command == "GET"
+        self.send_header(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(len(data)))))
         self.end_headers()
-        if self.command != "HEAD":
+        if chunked:
+            self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(data[k:k + 4096]), data[k:k + 4096])
+                                      for k in range(0, len(data), 4096)) + b"0\r\n\r\n")
+        elif self.command != "HEAD":
             self.wfile.write(data)
         conn.close()
 
@@ -461,6 +466,48 @@ def test_an_object_bigger_than_half_the_memory_is_never_read(s3, bucket, tmp_pat
     assert s3.client.get_object(Bucket=bucket, Key=name)["Body"].read() == planted
     assert any("1 entry not read (bigger than 9.31e-06 GiB, half this machine's memory)" in w
                for w in cache_warnings(caplog)), cache_warnings(caplog)
+
+
+def test_what_a_reader_holds_of_a_bucket_is_capped_as_it_arrives(s3, bucket, proxy):
+    """Through a proxy that sends no Content-Length (chunked answers), an object over the limit is
+    still not read whole: the cap counts the bytes as they come, and an entry under it reads as
+    ever. A batch fetched ahead holds at most an eighth of the limit, between its objects: planted
+    objects each just under the limit cannot add up (those left out are neither found nor
+    absent: looked up alone when their item needs them). The limit is each process's own."""
+    store = BucketStore(f"s3://{bucket}/team", "hardy-key-3/00", storage_options=s3.options(proxy.endpoint))
+    store.read_limit = 80_000
+    big, small = os.urandom(16), os.urandom(16)
+    s3.client.put_object(Bucket=bucket, Key=store.path(big), Body=os.urandom(100_000))
+    s3.client.put_object(Bucket=bucket, Key=store.path(small), Body=b"x" * 5000)
+    proxy.chunked = True
+    assert store.fetch(big) is None and store.fetch(small)[0] == b"x" * 5000
+    assert store.settle() == ["1 entry not read (bigger than 7.45e-05 GiB, half this machine's memory) at "
+                              f"s3://{bucket}/team; the local cache was used"]
+    proxy.chunked = False
+    keys = [os.urandom(16) for _ in range(20)]
+    for key in keys:
+        s3.client.put_object(Bucket=bucket, Key=store.path(key), Body=os.urandom(3000))
+    found, absent = store.fetch_ahead(tuple(keys)).result()
+    assert len(found) == 3 and sum(len(data) for data, _ in found.values()) == 9000 and not absent
+    assert all(store.fetch(key) is not None for key in keys)
+    import pickle
+
+    from hardy.cache.s3 import half_the_memory
+    assert pickle.loads(pickle.dumps(store)).read_limit == half_the_memory() > 1 << 28
+
+
+def test_a_lease_longer_than_ours_is_taken_over_unread(s3, bucket, tmp_path):
+    """A lease of ours is a short line: one padded past 4 kB is taken over as forged, without
+    being read, even when what it holds is signed and alive (a writer could otherwise make every
+    waiting reader load a huge one, again and again)."""
+    store = cache_for(s3, bucket, tmp_path / "a", single_flight=True).store.bucket
+    key = os.urandom(16)
+    path, alive = store.lease_path(key), store._lease_body(key, "alive", 600)
+    s3.client.put_object(Bucket=bucket, Key=path, Body=alive)
+    assert store._run(store._expired(key, path)) == (None, False)  # signed and alive: waited on
+    s3.client.put_object(Bucket=bucket, Key=path, Body=alive[:-1] + b', "pad": "' + b"x" * 8000 + b'"}')
+    condition, forged = store._run(store._expired(key, path))
+    assert forged and "IfMatch" in condition
 
 
 def test_a_conditional_delete_loses_to_a_republish(s3, bucket, tmp_path):

@@ -535,3 +535,41 @@ def test_a_reader_that_goes_away_ends_a_run_still_waiting_for_its_items(tmp_path
     assert run.wait(timeout=120) == 141
     assert "the output was closed" in run.stderr.read()
     assert _processes_with(mark) == []
+
+
+DEEP = """
+from hardy import Pipeline, node
+
+def down(n):
+    if n == 0:
+        raise ValueError("the bottom")
+    return across(n - 1)
+
+def across(n):  # (two functions in turn: Python's traceback folds a frame repeated)
+    return down(n)
+
+@node(output_name="v")
+def deep(x):
+    return down(200)
+
+pipeline = Pipeline([deep])
+"""
+
+
+def test_a_failed_lines_stack_keeps_its_innermost_8000_characters_and_resume_reads_lines(tmp_path):
+    """A stack of 400 frames: its line keeps the innermost part, saying how much it left out; and
+    --resume reads such a file a line at a time (it read the whole file into memory)."""
+    (tmp_path / "deep.py").write_text(DEEP)
+    out = _hardy_run(tmp_path, "deep:pipeline", "--set", "x=[1, 2]", "--map-over", "x", "--executor", "sequential",
+                     "--output", "out.jsonl")
+    assert out.returncode == 1, out.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    stack = lines[0]["stack"]
+    assert stack.startswith("[") and "characters left out]\n" in stack and stack.endswith("ValueError: the bottom\n")
+    assert len(stack) < 8100 and int(stack[1:stack.index(" ")].replace(",", "")) > 1000
+    with open(tmp_path / "out.jsonl", "a") as f:
+        f.write('{"item": 7, "ok": tr')  # a line cut short by whatever ended the run
+    again = _hardy_run(tmp_path, "deep:pipeline", "--set", "x=[1, 2]", "--map-over", "x", "--executor", "sequential",
+                       "--resume", "out.jsonl")
+    assert again.returncode == 1, again.stderr  # (the failed items' lines are there: nothing runs again)
+    assert (tmp_path / "out.jsonl").read_text().count("\n") == 2  # the cut line dropped, nothing run again

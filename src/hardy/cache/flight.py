@@ -9,7 +9,7 @@ One another user made, or could open, is not waited on: the node is computed at 
 usual (duplicated work, never a wait on someone else). In a shared directory signed with the user's
 own key the lock files live in that key id's 0700 folder, where nobody else can make one; with a
 team secret, teammates' processes each compute (a machine's processes of one user still wait for
-each other). Across machines, a bucket's leases do the same (`objectstore.py`).
+each other). Across machines, a bucket's leases do the same (`leases.py`).
 """
 
 from __future__ import annotations

@@ -35,10 +35,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
-import contextlib
-import hmac
-import json
-import math
 import os
 import random
 import threading
@@ -50,37 +46,19 @@ from typing import Any, TypeVar
 
 from ..errors import CacheUnavailable as Unavailable
 from ..errors import InvalidArgument, install_hint
+from .leases import Leases
+from .s3 import CONFLICT_TRIES, UNUSABLE, code_of, half_the_memory, read_capped, reason
 from .store import Buffer, Data, EntryInfo, pieces
-from .trust import sign
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 3.0  # seconds to open a connection: a loopback or in-region server needs milliseconds
 READ_TIMEOUT = 20.0  # seconds without a byte on an open connection: a stalled server, not a big entry
 ATTEMPTS = 3  # botocore's tries per request (standard mode: 503 SlowDown, 500s, connection errors)
+AHEAD_SHARE = 8  # a batch fetched ahead holds at most this share of `read_limit` (two are kept a thread)
 DOWN_FOR = 30.0  # seconds the bucket is left alone after a failure that says it is unusable
-CONFLICT_TRIES = 6  # 409 ConditionalRequestConflict: retried this often, with jittered backoff
-FORGED_LEASE = "computed without single flight: its lease was forged again after each takeover"
-LEASE_TTL = 60.0  # seconds a single-flight lease lives unless renewed (renewed every third of it)
-UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-            "InvalidToken", "AllAccessDisabled", "SlowDown", "ServiceUnavailable", "InternalError", "503", "500"}
 
 
-def code_of(exc: BaseException) -> str:
-    """The S3 error code behind an exception (s3fs translates botocore's into OSErrors, keeping the
-    original as the cause); the exception's type name for what never reached the server."""
-    for e in (exc, exc.__cause__):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict) and "Error" in response:
-            return str(response["Error"].get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
-    return type(exc.__cause__ or exc).__name__
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{code_of(exc)}: {text}"[:160]
-
-
-class BucketStore:
+class BucketStore(Leases):
     """Entries as objects under `s3://bucket/prefix/<namespace>/`: a `Store` over the S3 API.
 
     `namespace` is `<key format>/<key id hex>` (DiskCache makes it). `storage_options` go to
@@ -101,7 +79,6 @@ class BucketStore:
         self.storage_options = dict(storage_options or {})
         self.concurrency = concurrency
         self.lease_key: bytes | None = None  # signs single flight's leases (DiskCache sets it from the secret)
-        self.read_limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2  # half the memory: `_fetch`
         self._setup()
 
     def _setup(self) -> None:
@@ -115,11 +92,12 @@ class BucketStore:
         self._pending: set[Future[None]] = set()
         self._room: threading.BoundedSemaphore = threading.BoundedSemaphore(4 * self.concurrency)
         self._gate: asyncio.Semaphore | None = None
+        self.read_limit = half_the_memory()  # bytes of one object, at most (`_fetch`); this process's own
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "root": self.root, "bucket": self.bucket, "prefix": self.prefix,
                 "namespace": self.namespace, "storage_options": self.storage_options, "concurrency": self.concurrency,
-                "lease_key": self.lease_key, "read_limit": self.read_limit}
+                "lease_key": self.lease_key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -185,12 +163,8 @@ class BucketStore:
         if not hasattr(exc, "response") and not hasattr(exc.__cause__, "response") or code in UNUSABLE:
             self._down_until = time.monotonic() + DOWN_FOR
         with self._lock:
-            self._problems[f"could not be {action} ({_reason(exc)})"] += 1
-        return Unavailable(f"{self.url}: {_reason(exc)}")
-
-    def _too_big(self) -> None:
-        with self._lock:
-            self._problems[f"not read (bigger than {self.read_limit / 2**30:.3g} GiB, half this machine's memory)"] += 1
+            self._problems[f"could not be {action} ({reason(exc)})"] += 1
+        return Unavailable(f"{self.url}: {reason(exc)}")
 
     def _skipped(self, action: str) -> Unavailable:
         with self._lock:
@@ -215,30 +189,41 @@ class BucketStore:
 
     # --- entries -----------------------------------------------------------------------------------
 
-    async def _fetch(self, key: bytes) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`:
-        a bucket's writer could make a reader load one until the kernel kills it. Raises Unavailable."""
+    async def _fetch(self, key: bytes, budget: list[int] | None = None) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`
+        (`s3.read_capped`: a bucket's writer could make a reader load one until the kernel kills
+        it). `budget`: the bytes a batch fetched ahead may still hold, between them; an object that
+        does not fit raises `Later` (it is looked up alone when its item needs it). Raises Unavailable."""
         if self.down():
             raise self._skipped("looked up")
         try:
             resp = await self._call("get_object", Key=self.path(key))
-            async with resp["Body"] as body:
-                size = resp.get("ContentLength")
-                if isinstance(size, int) and size > self.read_limit:
-                    self._too_big()
-                    return None
-                data = await body.read()
+            size, cap = resp.get("ContentLength"), self.read_limit
+            if budget is not None:  # its room taken before it is read: the batch's reads run at once
+                cap = min(cap, size if isinstance(size, int) and size <= budget[0] else budget[0])
+                budget[0] -= cap
+            data = await read_capped(resp, cap)
         except FileNotFoundError as exc:
             if code_of(exc) != "NoSuchBucket":
                 return None
             raise self._failed("looked up", exc) from None
         except Exception as exc:
             raise self._failed("looked up", exc) from None
+        if budget is not None:  # (what it did not use)
+            budget[0] += cap - (len(data) if data is not None else 0)
+        if data is None and cap < self.read_limit:
+            raise Later(key)
+        if data is None:
+            with self._lock:
+                self._problems[f"not read (bigger than {cap / 2**30:.3g} GiB, half this machine's memory)"] += 1
+            return None
         return data, resp["ETag"]
 
     async def _fetch_many(self, keys: tuple[bytes, ...]) -> dict[bytes, tuple[bytes, str]]:
-        """Those of `keys` the bucket has, fetched concurrently; failures count, never raise."""
-        got = await asyncio.gather(*(self._fetch(k) for k in keys), return_exceptions=True)
+        """Those of `keys` the bucket has, fetched concurrently, together at most `read_limit` bytes
+        (those that do not fit are misses); failures count, never raise."""
+        budget = [self.read_limit]
+        got = await asyncio.gather(*(self._fetch(k, budget) for k in keys), return_exceptions=True)
         return {k: g for k, g in zip(keys, got) if isinstance(g, tuple)}
 
     async def _publish(self, key: bytes, body: bytes) -> None:
@@ -276,8 +261,9 @@ class BucketStore:
         """`_fetch_many`, also telling which keys the bucket answered it has no entry for. The first
         key goes alone: a bucket that fails it is left alone (`down`) before the others are sent,
         instead of every one of them being tried and retried at once."""
-        got = list(await asyncio.gather(self._fetch(keys[0]), return_exceptions=True))
-        got += await asyncio.gather(*(self._fetch(k) for k in keys[1:]), return_exceptions=True)
+        budget = [self.read_limit // AHEAD_SHARE]
+        got = list(await asyncio.gather(self._fetch(keys[0], budget), return_exceptions=True))
+        got += await asyncio.gather(*(self._fetch(k, budget) for k in keys[1:]), return_exceptions=True)
         return ({k: g for k, g in zip(keys, got) if isinstance(g, tuple)},
                 {k for k, g in zip(keys, got) if g is None})
 
@@ -379,114 +365,9 @@ class BucketStore:
         for info in list(self.entries()):
             self.delete(info.key)
 
-    # --- single flight across machines -------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def lease(self, key: bytes, ttl: float = LEASE_TTL) -> Iterator[None]:
-        """Hold the lease of `key` while computing it, or wait until its entry is published.
-
-        The lease is an object created with If-None-Match (one holder), renewed every ttl/3 with
-        If-Match on its ETag, and taken over with If-Match once the server's clock says it has not
-        been renewed for `ttl` seconds (its holder died): expiry is judged by the server's
-        LastModified and Date, so the machines' clocks need not agree. Returns (enters) when this
-        process holds the lease or the entry exists; any failure enters without a lease (the
-        node computes; duplicated work is only time). Leases are signed (`lease_key`): one that
-        does not verify is not waited on but taken over, and a bucket without the key has none."""
-        if self.down() or self.lease_key is None:
-            yield
-            return
-        held = self._run(self._acquire(key, ttl))
-        if held is None:
-            yield
-            return
-        stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(key, held, ttl, stop), daemon=True)
-        renewer.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            renewer.join()
-            self.settle()  # the entry is published before the lease goes: waiters then find it
-            with contextlib.suppress(Exception):
-                self.delete_lease(key, held[0])
-
-    def delete_lease(self, key: bytes, etag: str) -> None:
-        self._run(self._call("delete_object", Key=self.lease_path(key), IfMatch=etag))
-
-    def _lease_body(self, key: bytes, holder: str, ttl: float) -> bytes:
-        return json.dumps({"holder": holder, "ttl": ttl, "mac": self._lease_mac(key, holder, ttl)}).encode()
-
-    def _lease_mac(self, key: bytes, holder: str, ttl: float) -> str:
-        assert self.lease_key is not None
-        return sign(self.lease_key, f"{self.lease_path(key)}\0{holder}\0{float(ttl)!r}".encode()).hex()
-
-    def _lease_ttl(self, key: bytes, raw: bytes) -> float | None:
-        """The lease's ttl if it is signed with this secret's lease key, else None (forged or garbled)."""
-        try:
-            held = json.loads(raw)
-            holder, ttl, mac = held["holder"], float(held["ttl"]), held["mac"]
-        except (ValueError, TypeError, KeyError):
-            return None
-        if not isinstance(holder, str) or not isinstance(mac, str) or not math.isfinite(ttl):
-            return None
-        return ttl if hmac.compare_digest(mac, self._lease_mac(key, holder, ttl)) else None
-
-    async def _acquire(self, key: bytes, ttl: float) -> list[str] | None:
-        """[the lease's ETag] once held; None when the entry exists, the bucket fails, or a forged
-        lease is put back each time it is taken over (CONFLICT_TRIES times: then computed alone)."""
-        body = self._lease_body(key, f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}", ttl)
-        path, delay, forged = self.lease_path(key), 0.05, 0
-        try:
-            while True:
-                with contextlib.suppress(FileNotFoundError):
-                    await self._call("head_object", Key=self.path(key))
-                    return None  # published: no need to compute
-                condition, fake = await self._expired(key, path)
-                if condition is not None:
-                    try:
-                        put = await self._call("put_object", Key=path, Body=body, **condition)
-                        return [put["ETag"]]
-                    except Exception as exc:
-                        if code_of(exc) not in ("PreconditionFailed", "ConditionalRequestConflict"):
-                            raise
-                forged += fake
-                if forged >= CONFLICT_TRIES:
-                    with self._lock:
-                        self._problems[FORGED_LEASE] += 1
-                    return None
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(2 * delay, ttl / 10, 1.0)
-        except Exception as exc:
-            self._failed("single-flighted", exc)
-            return None
-
-    async def _expired(self, key: bytes, path: str) -> tuple[dict[str, str] | None, bool]:
-        """The condition to take the lease with: none there (If-None-Match), expired or forged (If-Match
-        on its ETag); None while a holder of the secret holds it. And whether it was forged."""
-        try:
-            resp = await self._call("get_object", Key=path)
-            async with resp["Body"] as b:
-                raw = await b.read()
-        except FileNotFoundError:
-            return {"IfNoneMatch": "*"}, False
-        ttl = self._lease_ttl(key, raw)
-        if ttl is None:
-            return {"IfMatch": resp["ETag"]}, True
-        from email.utils import parsedate_to_datetime
-        now = parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
-        if now - resp["LastModified"].timestamp() > ttl:
-            return {"IfMatch": resp["ETag"]}, False
-        return None, False
-
-    def _renew(self, key: bytes, held: list[str], ttl: float, stop: threading.Event) -> None:
-        body = self._lease_body(key, "renewed", ttl)
-        while not stop.wait(ttl / 3):
-            try:
-                put = self._run(self._call("put_object", Key=self.lease_path(key), Body=body, IfMatch=held[0]))
-                held[0] = put["ETag"]
-            except Exception:  # taken over or unreachable: computing on costs only time
-                return
+class Later(Exception):
+    """An object a batch fetched ahead had no room for (`BucketStore._fetch`): neither found nor absent."""
 
 
 _live: weakref.WeakSet[BucketStore] = weakref.WeakSet()

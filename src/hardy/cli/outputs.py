@@ -102,6 +102,9 @@ def _unencodable(value: Any, path: str) -> UnencodableOutput:
                              f"{kind.__module__}.{kind.__qualname__}", path)
 
 
+STACK_CHARACTERS = 8000  # of a failed item's stack in its line (a million failures: 8 GB at most)
+
+
 class Writer:
     """`hardy run`'s output: each item's line, written and flushed as the item finishes (whatever
     ends the command then leaves every finished item in it). `producers`: the node that makes each
@@ -122,7 +125,10 @@ class Writer:
     def record(self, i: int, row: Any) -> dict[str, Any]:
         if isinstance(row, Failed):  # with where it failed: the line may be all a batch job keeps
             from ..observe.report import failure_stack  # (only once an item fails: `hardy run` starts faster)
-            return {"item": i, "ok": False, **row.error.reported(), "stack": failure_stack(row.error)}
+            stack = failure_stack(row.error)
+            if len(stack) > STACK_CHARACTERS:  # (a timeout's threads, a long chain): its innermost part
+                stack = f"[{len(stack) - STACK_CHARACTERS:,} characters left out]\n{stack[-STACK_CHARACTERS:]}"
+            return {"item": i, "ok": False, **row.error.reported(), "stack": stack}
         outputs = {}
         for name, value in row.items():
             try:
@@ -134,21 +140,22 @@ class Writer:
 
 def written(path: str) -> dict[int, bool]:
     """The items an earlier run's results file holds a line for (`--resume`), and whether each
-    succeeded; a last line cut short by whatever ended that run is dropped from the file, so that
-    the lines appended after it are whole."""
+    succeeded, read line by line; a last line cut short by whatever ended that run is dropped from
+    the file, so that the lines appended after it are whole."""
     seen: dict[int, bool] = {}
     with open(path, "r+b") as f:
-        data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            f.truncate(end)
-    for text in data[:end].decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("item"), int):
-            seen[record["item"]] = bool(record.get("ok"))
+        end = 0
+        for line in f:
+            if not line.endswith(b"\n"):
+                f.truncate(end)
+                break
+            end += len(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("item"), int):
+                seen[record["item"]] = bool(record.get("ok"))
     return seen
 
 
