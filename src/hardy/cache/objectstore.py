@@ -193,7 +193,7 @@ class BucketStore(Leases):
         """The object's bytes and ETag; None if there is none, or if it is bigger than `read_limit`
         (`s3.read_capped`: a bucket's writer could make a reader load one until the kernel kills
         it). `budget`: the bytes a batch fetched ahead may still hold, between them; an object that
-        does not fit raises `Later` (it is looked up alone when its item needs it). Raises Unavailable."""
+        does not fit raises `_Later` (it is looked up alone when its item needs it). Raises Unavailable."""
         if self.down():
             raise self._skipped("looked up")
         try:
@@ -212,7 +212,7 @@ class BucketStore(Leases):
         if budget is not None:  # (what it did not use)
             budget[0] += cap - (len(data) if data is not None else 0)
         if data is None and cap < self.read_limit:
-            raise Later(key)
+            raise _Later(key)
         if data is None:
             with self._lock:
                 self._problems[f"not read (bigger than {cap / 2**30:.3g} GiB, half this machine's memory)"] += 1
@@ -366,7 +366,7 @@ class BucketStore(Leases):
             self.delete(info.key)
 
 
-class Later(Exception):
+class _Later(Exception):
     """An object a batch fetched ahead had no room for (`BucketStore._fetch`): neither found nor absent."""
 
 
