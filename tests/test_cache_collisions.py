@@ -139,6 +139,13 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
         frame(a=pd().Categorical(["a", "b"], ordered=True)), frame(a=pd().Categorical(["a", "b"]))), DISTINCT),
     ("categorical: an unused category", lambda: (pd().Series(pd().Categorical(["a"], categories=["a", "b"])),
                                                  pd().Series(pd().Categorical(["a"]))), DISTINCT),
+    ("MultiIndex: an unused level value", lambda: (
+        pd().MultiIndex.from_tuples([("a", 1), ("b", 2)])[:1], pd().MultiIndex.from_tuples([("a", 1)])), DISTINCT),
+    ("MultiIndex built twice", lambda: (pd().MultiIndex.from_tuples([("a", 1), ("b", float("nan"))]),
+                                        pd().MultiIndex.from_tuples([("a", 1), ("b", float("nan"))])), EQUAL),
+    ("frame flags: duplicate labels refused", lambda: (
+        frame(a=[1]).set_flags(allows_duplicate_labels=False), frame(a=[1])), DISTINCT),
+    ("masked: a hard mask", lambda: (masked([0, 0, 1]).harden_mask(), masked([0, 0, 1])), DISTINCT),
     # a probe's pairs that code tells apart
     ("nan vs -nan", lambda: (float("nan"), -float("nan")), DISTINCT),
     ("nan made twice", lambda: (float("nan"), float("nan")), EQUAL),

@@ -32,13 +32,16 @@ from .values import (
 
 def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """dtype, shape, memory order and bytes. A subclass adds its class (np.matrix multiplies as
-    matrices, a recarray reads fields as attributes), a masked array its mask and fill value."""
+    matrices, a recarray reads fields as attributes), a masked array its mask, fill value and
+    whether the mask is hard (an assignment to a masked element is then ignored)."""
     import numpy as np
     if type(v) is not np.ndarray and not isinstance(v, np.generic):
         out(b"NS" + type_name(type(v)))
         if isinstance(v, np.ma.MaskedArray):
             _encode_numpy(np.ma.getmaskarray(v), out, active)
             encode_into(v.fill_value, out, active)
+            if v.hardmask:  # (said only when hard: a soft mask's keys stay those of earlier versions)
+                out(b"H")
         v = v.view(np.ndarray)
     if v.dtype.hasobject:
         out(b"NO" + str(v.shape).encode())
@@ -56,8 +59,9 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
 
 def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A frame, series or index by everything code can read: class, names and labels (typed: a
-    column `1` is not a column `"1"`), `attrs`, each column's dtype (a categorical's categories and
-    order) and values (object columns typed like Python values)."""
+    column `1` is not a column `"1"`), `attrs` and flags (`set_flags`: duplicate labels refused),
+    each column's dtype (a categorical's categories and order) and values (object columns typed
+    like Python values); a MultiIndex by its levels, unused values too, and codes."""
     import pandas as pd
     out(b"PD" + type_name(type(v)))
     if isinstance(v, pd.api.extensions.ExtensionArray):  # a Categorical, a nullable or Arrow array
@@ -71,6 +75,8 @@ def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
             encode_into(str(freq), out, active)
         return
     encode_into(dict(v.attrs), out, active)
+    if not v.flags.allows_duplicate_labels:  # (said only when set: other frames' keys stay as they were)
+        out(b"u")
     _encode_pandas(v.index, out, active)
     if isinstance(v, pd.Series):
         encode_into(v.name, out, active)
@@ -94,7 +100,9 @@ def _encode_pandas_values(v: Any, out: Callable[[bytes], Any], active: set[int])
     elif isinstance(dtype, np.dtype) and not isinstance(v, pd.MultiIndex):
         _encode_numpy(v.to_numpy(), out, active)  # object columns element by element, typed
     elif isinstance(v, pd.MultiIndex):
-        encode_into(list(v), out, active)
+        for level, codes in zip(v.levels, v.codes, strict=True):
+            _encode_pandas(level, out, active)
+            _encode_numpy(np.asarray(codes), out, active)
     else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow): pandas' own row hashes
         rows = pd.util.hash_pandas_object(v, index=False).to_numpy()
         out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
