@@ -52,9 +52,9 @@ async def read_capped(resp: dict[str, Any], cap: int) -> bytes | None:
     any is read, or found as it arrives); the connection is closed either way."""
     async with resp["Body"] as body:
         size = resp.get("ContentLength")
-        if isinstance(size, int) and size > cap:
-            return None
-        pieces, total = [], 0
+        if isinstance(size, int):  # (the client reads no more than it says: one read, as ever)
+            return await body.read() if size <= cap else None
+        pieces, total = [], 0  # none said: counted as it arrives
         while piece := await body.read(PIECE):
             total += len(piece)
             if total > cap:

@@ -140,7 +140,7 @@ class Deaths:
             i = in_flight if in_flight is not None else next(iter(w.unsent))
             del w.unsent[i]
             node = self.node_at(step)
-            self.results.fail(i, NodeInterrupted(node.name if node else "?", None, i, end.record.interrupted or ""))
+            self.results.fail(i, NodeInterrupted(node.name if node else "?", None, i, end.record.interrupted))
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(end, in_flight, words.OPENING - step)
