@@ -1219,4 +1219,94 @@ def method_replaced_on_a_slotted_class_of_an_instance_made_at_import():
     return [first, ys([slot_steps.applied])]
 
 
+@pattern
+def nested_class_changed_between_maps():
+    write("nest_steps.py", """
+        from hardy import node
+
+        class Outer:
+            scale = 1
+
+            class Base:
+                offset = 0
+
+                def apply(self, x):
+                    return x + self.offset
+
+            class Inner(Base):
+                factor = 2
+
+                def apply(self, x):
+                    return super().apply(x) * self.factor
+
+                class Deep:
+                    bonus = 0
+
+            DEFAULT = None
+
+        Outer.Inner.home = Outer
+        Outer.DEFAULT = Outer.Inner()
+        HELPER = Outer.Inner()
+
+        @node(output_name="y")
+        def computed(x):
+            same = [isinstance(HELPER, Outer.Inner), isinstance(Outer.DEFAULT, Outer.Inner),
+                    Outer.Inner.home is Outer, issubclass(Outer.Inner, Outer.Base)]
+            return [Outer.Inner().apply(x), HELPER.apply(x), Outer.DEFAULT.apply(x), Outer.Inner.Deep.bonus,
+                    Outer.scale, same]
+    """)
+    import nest_steps
+    first = ys([nest_steps.computed])
+    nest_steps.Outer.Inner.factor = 10
+    nest_steps.Outer.Base.offset = 100
+    nest_steps.Outer.Inner.Deep.bonus = 7
+    return [first, ys([nest_steps.computed])]
+
+
+@pattern(refused=("ReplicaError", ["nlock_steps.Outer.Guarded"]))
+def nested_class_holding_a_lock_changed():
+    write("nlock_steps.py", f"""
+        import threading
+
+        from hardy import node
+
+        class Outer:
+            class Guarded:
+                lock = threading.Lock()
+                factor = 2
+
+        @node(output_name="y")
+        def guarded(x):
+            open({corpus.ran("nested_class_holding_a_lock_changed")!r}, "a").close()
+            with Outer.Guarded.lock:
+                return x * Outer.Guarded.factor
+    """)
+    import nlock_steps
+    nlock_steps.Outer.Guarded.factor = 20
+    return ys([nlock_steps.guarded])
+
+
+@pattern
+def class_changed_beside_a_nested_class_holding_a_lock():
+    write("nlock2_steps.py", """
+        import threading
+
+        from hardy import node
+
+        class Outer:
+            scale = 1
+
+            class Guarded:
+                lock = threading.Lock()
+
+        @node(output_name="y")
+        def scaled(x):
+            with Outer.Guarded.lock:
+                return x * Outer.scale
+    """)
+    import nlock2_steps
+    nlock2_steps.Outer.scale = 30
+    return ys([nlock2_steps.scaled])
+
+
 corpus.close()

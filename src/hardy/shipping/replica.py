@@ -156,11 +156,15 @@ class _Payload(ByValuePickler):
     """Pickles a module's object for another process's copy of that module: its functions rebuilt
     there from this process's code over *that* module's globals (`_rebuilt`), the object itself
     by value even when its module would let it travel by reference (the point is to replace what
-    the reference finds there); anything else as `dumps` would."""
+    the reference finds there), and so the classes defined in a class's body; anything else as
+    `dumps` would."""
 
     def __init__(self, file: Any, roots: Iterable[Any], **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
+        roots = list(roots)
         self.roots = {id(root) for root in roots}  # (alive: the caller holds them while it pickles)
+        # classes defined in a root class's body (`Outer.Inner`) are part of it: by value too
+        self.nests = {(root.__module__, f"{root.__qualname__}.") for root in roots if isinstance(root, type)}
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.FunctionType):
@@ -171,11 +175,45 @@ class _Payload(ByValuePickler):
         elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
             # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
             raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
-        elif id(obj) in self.roots and isinstance(obj, type):
-            return cloudpickle.cloudpickle._dynamic_class_reduce(obj)
+        elif isinstance(obj, type) and id(obj) in self.roots:
+            return _class_by_value(obj)
+        elif isinstance(obj, type) and self._nested(obj):
+            if _payload(obj.__module__, obj) is not None:
+                return _class_by_value(obj)
+            return _own_class, (obj.__module__, obj.__qualname__, stamp_of(obj))  # (it cannot travel: a lock in it)
         elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
+
+    def _nested(self, cls: type) -> bool:
+        """Whether `cls` was defined in a root class's body: by reference it would be the worker's
+        own nested class, with the values the caller has since changed in it (`Outer.Inner.factor = 10`)."""
+        if not self.nests:
+            return False
+        module, qualname = cls.__module__, cls.__qualname__
+        return "<locals>" not in qualname and any(module == m and qualname.startswith(start) for m, start in self.nests)
+
+
+def _class_by_value(cls: type) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a class by value, keeping its qualified name (it would make it the
+    bare name: `Outer.Inner` must stay that for the worker to find its own `Outer.Inner` in it)."""
+    made = cloudpickle.cloudpickle._dynamic_class_reduce(cls)
+    state, slots = made[2]
+    return (*made[:2], ({**state, "__qualname__": cls.__qualname__}, slots), *made[3:])
+
+
+def _own_class(module_name: str, qualname: str, stamp: bytes) -> type:
+    """The worker's own nested class `qualname` of `module_name`, for one of the caller's that cannot
+    travel by value: only when it holds what the caller's does (`stamp`), else the plan is refused."""
+    found: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, type) or stamp_of(found) != stamp:
+        raise ReplicaError(f"{module_name}.{qualname} in the calling process is not what this worker's import of "
+                           f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the "
+                           "pipeline with another class under that name. Keep what does not pickle (a lock, a "
+                           "client) out of the class, or build it inside the node or a @stateful class.")
+    return found
 
 
 def _home(func: types.FunctionType) -> str | None:
@@ -331,28 +369,52 @@ _OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
 
 
-def _updated_in_place(mine: Any, theirs: Any) -> bool:
+def _updated_in_place(mine: Any, theirs: Any, kept: dict[int, type] | None = None) -> bool:
     """Whether this worker's class `mine` was made the caller's class `theirs` member by member.
     A class is updated where it is rather than bound anew, because its old object lives on
     elsewhere: in the instances this worker's import made (`MODEL = Model()`: a method or class
     attribute the caller changed must reach `MODEL.predict`), and under other names (`from model
     import Model` in another module, where `isinstance` must still hold). Only a class of the same
     name, bases, slots and a plain metaclass (an Enum's guards its members): else False, and the
-    caller's class is bound under the name as it stands."""
+    caller's class is bound under the name as it stands. A class defined in its body (`Outer.Inner`,
+    which travels by value with it) is updated where it stands too; `kept` maps each class the
+    caller's pickle made to the worker's own kept in its place, for members that refer to one."""
+    kept = {} if kept is None else kept
     if not (isinstance(mine, type) and isinstance(theirs, type) and mine is not theirs
             and type(mine) is type(theirs) and type(mine) in _PLAIN_METACLASSES
-            and mine.__qualname__ == theirs.__qualname__ and mine.__bases__ == theirs.__bases__
+            and mine.__qualname__ == theirs.__qualname__
+            and mine.__bases__ == tuple(kept.get(id(base), base) for base in theirs.__bases__)
             and vars(mine).get("__slots__") == vars(theirs).get("__slots__")):
         return False
+    kept[id(theirs)] = mine
     members = {k: v for k, v in vars(theirs).items() if k not in _OWN_MEMBERS and not _slot(v)}
     for name in [k for k, v in vars(mine).items() if k not in _OWN_MEMBERS and k not in members and not _slot(v)]:
         delattr(mine, name)
+    nested = f"{theirs.__qualname__}."
     for name, member in members.items():
+        if (isinstance(member, type) and member.__qualname__ == nested + name
+                and _updated_in_place(vars(mine).get(name), member, kept)):
+            continue  # (the worker's own nested class, made the caller's)
         for func in _functions_of(member):
             _rehome(func, made=theirs, kept=mine)
+        member = kept.get(id(member), member) if isinstance(member, type) else member
         if vars(mine).get(name, ABSENT) is not member:
             setattr(mine, name, member)
+    for member in vars(mine).values():  # (`Outer.DEFAULT = Outer.Inner()`: of the worker's own class, kept)
+        _adopted(member, kept)
     return True
+
+
+def _adopted(value: Any, kept: dict[int, type]) -> None:
+    """`value` made an instance of the worker's own class where the caller's pickle made it one of
+    a class `_updated_in_place` kept the worker's own in place of (its methods' `super()` and
+    `isinstance` name that one)."""
+    own = kept.get(id(type(value)))
+    if own is not None:
+        try:
+            value.__class__ = own
+        except TypeError:  # (a layout the kept class does not share: left as it came)
+            pass
 
 
 def _slot(member: Any) -> bool:
