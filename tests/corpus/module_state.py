@@ -1263,9 +1263,9 @@ def nested_class_changed_between_maps():
     return [first, ys([nest_steps.computed])]
 
 
-@pattern(refused=("ReplicaError", ["nlock_steps.Outer.Guarded"]))
+@pattern
 def nested_class_holding_a_lock_changed():
-    write("nlock_steps.py", f"""
+    write("nlock_steps.py", """
         import threading
 
         from hardy import node
@@ -1277,13 +1277,33 @@ def nested_class_holding_a_lock_changed():
 
         @node(output_name="y")
         def guarded(x):
-            open({corpus.ran("nested_class_holding_a_lock_changed")!r}, "a").close()
             with Outer.Guarded.lock:
                 return x * Outer.Guarded.factor
     """)
     import nlock_steps
+    first = ys([nlock_steps.guarded])
     nlock_steps.Outer.Guarded.factor = 20
-    return ys([nlock_steps.guarded])
+    return [first, ys([nlock_steps.guarded])]
+
+
+@pattern(refused=("ReplicaError", ["nlockset_steps.Outer.Guarded.lock"]))
+def lock_set_on_a_nested_class_at_run_time():
+    write("nlockset_steps.py", f"""
+        from hardy import node
+
+        class Outer:
+            class Guarded:
+                lock = None
+
+        @node(output_name="y")
+        def guarded(x):
+            open({corpus.ran("lock_set_on_a_nested_class_at_run_time")!r}, "a").close()
+            with Outer.Guarded.lock:
+                return x + 1
+    """)
+    import nlockset_steps
+    nlockset_steps.Outer.Guarded.lock = threading.Lock()
+    return ys([nlockset_steps.guarded])
 
 
 @pattern
@@ -1307,6 +1327,108 @@ def class_changed_beside_a_nested_class_holding_a_lock():
     import nlock2_steps
     nlock2_steps.Outer.scale = 30
     return ys([nlock2_steps.scaled])
+
+
+@pattern
+def nested_classes_kept_beside_a_change():
+    write("keep_steps.py", """
+        import enum
+
+        from hardy import node
+
+        REGISTRY = []
+
+        class Registered:
+            def __init_subclass__(cls, **kwargs):
+                super().__init_subclass__(**kwargs)
+                REGISTRY.append(cls.__qualname__)
+
+        class Meta(type):
+            pass
+
+        class Outer:
+            scale = 1
+
+            class Color(enum.Enum):
+                RED = 1
+
+            class Base:
+                def apply(self, x):
+                    return x + 1
+
+            class Zchild(Base, Registered):
+                def apply(self, x):
+                    return super().apply(x) * 2
+
+            class Made(metaclass=Meta):
+                pass
+
+            HANDLERS = {"child": Zchild}
+
+        WEIGHTS = {Outer.Color.RED: 10}
+        MADE = Outer.Made()
+
+        @node(output_name="y")
+        def computed(x):
+            handler = Outer.HANDLERS["child"]()
+            return [x * Outer.scale, WEIGHTS.get(Outer.Color.RED), isinstance(MADE, Outer.Made), handler.apply(x),
+                    Outer.HANDLERS["child"] is Outer.Zchild, len(REGISTRY)]
+    """)
+    import keep_steps
+    first = ys([keep_steps.computed])
+    keep_steps.Outer.scale = 3
+    return [first, ys([keep_steps.computed])]
+
+
+@pattern
+def abc_virtual_subclass_registered_at_run_time():
+    write("abcreg_steps.py", """
+        import abc
+
+        from hardy import node
+
+        class Scalar(abc.ABC):
+            pass
+
+        @node(output_name="y")
+        def kind(x):
+            return "scalar" if isinstance(x, Scalar) else "other"
+    """)
+    import abcreg_steps
+    abcreg_steps.Scalar.register(int)
+    return ys([abcreg_steps.kind])
+
+
+def _area_times_a_hundred(self):
+    return self.x * 100
+
+
+@pattern
+def cached_property_replaced_on_a_class():
+    write("cprop_steps.py", """
+        import functools
+
+        from hardy import node
+
+        class Shape:
+            def __init__(self, x):
+                self.x = x
+
+            @functools.cached_property
+            def area(self):
+                return self.x * self.x
+
+        @node(output_name="y")
+        def measured(x):
+            return Shape(x).area
+    """)
+    import functools
+
+    import cprop_steps
+    first = ys([cprop_steps.measured])
+    cprop_steps.Shape.area = functools.cached_property(_area_times_a_hundred)
+    cprop_steps.Shape.area.__set_name__(cprop_steps.Shape, "area")
+    return [first, ys([cprop_steps.measured])]
 
 
 corpus.close()

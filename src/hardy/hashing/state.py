@@ -11,7 +11,9 @@ the module before it runs the plan: code by its bytecode, values by content (doc
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import functools
 import pickle
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -134,15 +136,29 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
     elif isinstance(value, type):
         out(b"c" + type_name(value))
         for name, member in sorted(vars(value).items()):
+            if name == "__slotnames__":  # (copyreg's cache, set on the class once an instance is pickled)
+                continue
             out(name.encode())
-            target = getattr(member, "__func__", member)
-            target = getattr(target, "fget", target)
-            _code_of(target, out, seen) if _is_code(target) else _tolerant(target, out)
+            for target in _accessors(member):
+                _code_of(target, out, seen) if _is_code(target) else _tolerant(target, out)
+        if isinstance(value, abc.ABCMeta):  # the classes `register` made its virtual subclasses
+            registered = abc._get_dump(value)[0]  # type: ignore[attr-defined]  # (no public way lists them)
+            out(b"registered" + b",".join(sorted(type_name(ref()) for ref in registered if ref() is not None)))
     else:
         out(b"w" + type_name(type(value)))
         config = getattr(value, "__dict__", {})
         _tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
         _code_of(value.__wrapped__, out, seen)
+
+
+def _accessors(member: Any) -> list[Any]:
+    """What a class member runs: a static or class method's function, a property's three accessors,
+    a `cached_property`'s function; else the member itself."""
+    if isinstance(member, property):
+        return [member.fget, member.fset, member.fdel]
+    if isinstance(member, functools.cached_property):
+        return [member.func]
+    return [getattr(member, "__func__", member)]
 
 
 def _attributes(func: types.FunctionType) -> dict[str, Any]:

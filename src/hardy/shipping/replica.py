@@ -23,6 +23,7 @@ name. docs/same-answer.md is the contract this implements.
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import importlib.util
 import io
@@ -33,7 +34,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -156,15 +157,15 @@ class _Payload(ByValuePickler):
     """Pickles a module's object for another process's copy of that module: its functions rebuilt
     there from this process's code over *that* module's globals (`_rebuilt`), the object itself
     by value even when its module would let it travel by reference (the point is to replace what
-    the reference finds there), and so the classes defined in a class's body; anything else as
-    `dumps` would."""
+    the reference finds there); anything else as `dumps` would."""
 
     def __init__(self, file: Any, roots: Iterable[Any], **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
         roots = list(roots)
         self.roots = {id(root) for root in roots}  # (alive: the caller holds them while it pickles)
-        # classes defined in a root class's body (`Outer.Inner`) are part of it: by value too
-        self.nests = {(root.__module__, f"{root.__qualname__}.") for root in roots if isinstance(root, type)}
+        # the classes defined in a root class's body (`Outer.Inner`) are part of it (`_class_here`)
+        self.nests = tuple((root.__module__, f"{root.__qualname__}.") for root in roots if isinstance(root, type))
+        self.travels: dict[int, bool] = {}  # class members tried alone (`_members`): id -> whether they pickle
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.FunctionType):
@@ -175,45 +176,128 @@ class _Payload(ByValuePickler):
         elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
             # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
             raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
-        elif isinstance(obj, type) and id(obj) in self.roots:
-            return _class_by_value(obj)
-        elif isinstance(obj, type) and self._nested(obj):
-            if _payload(obj.__module__, obj) is not None:
-                return _class_by_value(obj)
-            return _own_class, (obj.__module__, obj.__qualname__, stamp_of(obj))  # (it cannot travel: a lock in it)
+        elif isinstance(obj, type) and (id(obj) in self.roots or self._nested(obj)):
+            made = cloudpickle.cloudpickle._dynamic_class_reduce(obj)  # (how to make it, should the worker lack it)
+            state, slots = made[2]
+            own = {k: v for k, v in vars(obj).items() if k not in _OWN_MEMBERS and not _slot(v)}  # (cloudpickle's
+            # state leaves out what a base holds too, which a class made anew inherits but the worker's may not)
+            # a plain class is updated in place whatever it holds; another (an Enum) is kept where it is the same
+            plain = (type(obj), obj.__bases__, vars(obj).get("__slots__")) if type(obj) in _PLAIN_METACLASSES else None
+            stamp = b"" if plain else stamp_of(obj)
+            return (_class_here, (obj.__module__, obj.__qualname__, stamp, plain, made[0], made[1]),
+                    (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5]),
+                    None, None, _class_state)
+        elif type(obj) is functools.cached_property:  # (its lock does not pickle)
+            return _cached_property, (obj.func, obj.attrname)
         elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
 
     def _nested(self, cls: type) -> bool:
         """Whether `cls` was defined in a root class's body: by reference it would be the worker's
-        own nested class, with the values the caller has since changed in it (`Outer.Inner.factor = 10`)."""
+        own nested class as its import made it, not what the caller has since made of it
+        (`Outer.Inner.factor = 10`)."""
         if not self.nests:
             return False
         module, qualname = cls.__module__, cls.__qualname__
         return "<locals>" not in qualname and any(module == m and qualname.startswith(start) for m, start in self.nests)
 
+    def _members(self, members: dict[str, Any]) -> dict[str, Any]:
+        """A class's members, each that does not pickle (a lock) replaced by its stamp (`_Unsent`):
+        the worker keeps its own where that is the same, and refuses the plan where it is not. Each
+        member is tried alone, once (a class in it travels by reference then: it is tried as a
+        member of its own)."""
+        sent = {}
+        for name, member in members.items():
+            travels = isinstance(member, type) or self.travels.get(id(member))
+            if travels is None:
+                try:
+                    _Payload(io.BytesIO(), ()).dump(member)
+                    travels = True
+                except Exception:
+                    travels = False
+                self.travels[id(member)] = travels
+            sent[name] = member if travels else _Unsent(stamp_of(member), f"{type(member).__module__}."
+                                                                          f"{type(member).__qualname__}")
+        return sent
 
-def _class_by_value(cls: type) -> tuple[Any, ...]:
-    """cloudpickle's reduction of a class by value, keeping its qualified name (it would make it the
-    bare name: `Outer.Inner` must stay that for the worker to find its own `Outer.Inner` in it)."""
-    made = cloudpickle.cloudpickle._dynamic_class_reduce(cls)
-    state, slots = made[2]
-    return (*made[:2], ({**state, "__qualname__": cls.__qualname__}, slots), *made[3:])
+
+class _Unsent(NamedTuple):
+    """A class's member that could not be pickled, by its stamp and its type (`_Payload._members`)."""
+    stamp: bytes
+    kind: str
 
 
-def _own_class(module_name: str, qualname: str, stamp: bytes) -> type:
-    """The worker's own nested class `qualname` of `module_name`, for one of the caller's that cannot
-    travel by value: only when it holds what the caller's does (`stamp`), else the plan is refused."""
-    found: Any = importlib.import_module(module_name)
+# what `_class_here` made of each class it found, for `_class_state`: "keep" it as it is, or
+# "update" it (weak keys: an unpickling that failed between the two leaves nothing behind)
+_FOUND: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+
+
+def _cached_property(func: Callable[[Any], Any], attrname: str | None) -> functools.cached_property[Any]:
+    made = functools.cached_property(func)  # (`__set_name__` would check the class it is set on)
+    made.attrname = attrname
+    return made
+
+
+def _class_here(module_name: str, qualname: str, stamp: bytes, plain: tuple[type, tuple[type, ...], Any] | None,
+                make: Callable[..., type], newargs: tuple[Any, ...]) -> type:
+    """The worker's own class `qualname` of `module_name`, which `_class_state` then makes the
+    caller's where it stands: the instances the worker's import made (`MODEL = Model()`), other
+    modules' names for it (`from model import Model`) and every reference to it in the caller's
+    objects (a class defined in its body, a sibling's base, an attribute, `super()` in its methods)
+    all land on that one class. A class bound anew (as a class by value would be) left
+    `MODEL = Model()` on the old one, and a class defined in another's body, by reference, stayed
+    the worker's as its import made it (`Outer.Inner.factor = 10` never reached it). One the worker
+    lacks, or cannot update in place (another metaclass, such as an Enum's; other bases or slots),
+    is made by value (cloudpickle's `make`)."""
+    found = _importable(module_name)
     for part in qualname.split("."):
-        found = getattr(found, part, None)
-    if not isinstance(found, type) or stamp_of(found) != stamp:
-        raise ReplicaError(f"{module_name}.{qualname} in the calling process is not what this worker's import of "
-                           f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the "
-                           "pipeline with another class under that name. Keep what does not pickle (a lock, a "
-                           "client) out of the class, or build it inside the node or a @stateful class.")
-    return found
+        found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
+    if isinstance(found, type) and found.__qualname__ == qualname:
+        if plain is not None and plain == (type(found), found.__bases__, vars(found).get("__slots__")):
+            _FOUND[found] = "update"
+            return found
+        if plain is None and stamp_of(found) == stamp:  # the same as the caller's: left as it is (an Enum's members)
+            _FOUND[found] = "keep"
+            return found
+    return make(*newargs)
+
+
+def _importable(module_name: str) -> types.ModuleType | None:
+    """The worker's module `module_name`, when it can import it; never its `__main__`, which is not
+    the caller's script (the script's classes travel by value)."""
+    if module_name == "__main__":
+        return None
+    try:
+        return sys.modules.get(module_name) or importlib.import_module(module_name)
+    except Exception:
+        return None
+
+
+def _class_state(cls: type, state: tuple[dict[str, Any], dict[str, Any], dict[str, Any], Callable[..., Any]]) -> None:
+    """`cls` given the caller's members (all of them, and as cloudpickle's state has them): the
+    worker's own class updated member by member (its methods' `super()` names it already: they
+    were pickled with a reference to it), or a class made by value given them as cloudpickle gives
+    them. A member that could not travel (`_Unsent`) must be the worker's own as it stands, else
+    the plan is refused, naming it."""
+    members, made, slots, setstate = state
+    found = _FOUND.pop(cls, None)
+    if found == "keep":
+        return
+    unsent = {name: member for name, member in members.items() if type(member) is _Unsent}
+    for name, member in unsent.items():
+        if found is None or stamp_of(vars(cls).get(name, ABSENT)) != member.stamp:
+            raise ReplicaError(_refusal(cls.__module__, f"{made['__qualname__']}.{name}", member))
+    if found is None:
+        setstate(cls, (made, slots))
+        return
+    for name in [k for k, v in vars(cls).items() if k not in _OWN_MEMBERS and k not in members and not _slot(v)]:
+        delattr(cls, name)
+    for name, member in members.items():
+        if name not in unsent and vars(cls).get(name, ABSENT) is not member:
+            setattr(cls, name, member)
+    for registered in made.get("_abc_impl") or ():  # an ABC's virtual subclasses (`Scalar.register(int)`)
+        cls.register(registered)  # type: ignore[attr-defined]
 
 
 def _home(func: types.FunctionType) -> str | None:
@@ -277,7 +361,7 @@ def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = Non
 
 
 def _refusal(module_name: str, name: str, value: Any) -> str:
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    kind = value.kind if type(value) is _Unsent else f"{type(value).__module__}.{type(value).__qualname__}"
     return (f"{module_name}.{name} in the calling process ({kind}) is not what this worker's import of "
             f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the pipeline "
             f"with another value under that name. Build it where it is used (inside the node, or in a "
@@ -357,84 +441,22 @@ class Synced:
                 delattr(module, extra)
         elif stamp == ABSENT_STAMP:
             vars(module).pop(name, None)
-        elif not _updated_in_place(vars(module).get(name), value):
+        elif vars(module).get(name, ABSENT) is not value:  # (a class is the worker's own, made the caller's)
             setattr(module, name, value)
         HELD[key] = stamp
         _INSTALLS[0] += 1
 
 
-# Members a class keeps when it is updated (`_updated_in_place`): tied to the class object its
-# `class` statement made (`_abc_impl`: an ABC's registered subclasses), never moved to another.
+# Members a class keeps when it is updated (`_class_state`): tied to the class object its `class`
+# statement made (`_abc_impl`: an ABC's registered subclasses), never moved to another.
 _OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "_abc_impl"})
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
-
-
-def _updated_in_place(mine: Any, theirs: Any, kept: dict[int, type] | None = None) -> bool:
-    """Whether this worker's class `mine` was made the caller's class `theirs` member by member.
-    A class is updated where it is rather than bound anew, because its old object lives on
-    elsewhere: in the instances this worker's import made (`MODEL = Model()`: a method or class
-    attribute the caller changed must reach `MODEL.predict`), and under other names (`from model
-    import Model` in another module, where `isinstance` must still hold). Only a class of the same
-    name, bases, slots and a plain metaclass (an Enum's guards its members): else False, and the
-    caller's class is bound under the name as it stands. A class defined in its body (`Outer.Inner`,
-    which travels by value with it) is updated where it stands too; `kept` maps each class the
-    caller's pickle made to the worker's own kept in its place, for members that refer to one."""
-    kept = {} if kept is None else kept
-    if not (isinstance(mine, type) and isinstance(theirs, type) and mine is not theirs
-            and type(mine) is type(theirs) and type(mine) in _PLAIN_METACLASSES
-            and mine.__qualname__ == theirs.__qualname__
-            and mine.__bases__ == tuple(kept.get(id(base), base) for base in theirs.__bases__)
-            and vars(mine).get("__slots__") == vars(theirs).get("__slots__")):
-        return False
-    kept[id(theirs)] = mine
-    members = {k: v for k, v in vars(theirs).items() if k not in _OWN_MEMBERS and not _slot(v)}
-    for name in [k for k, v in vars(mine).items() if k not in _OWN_MEMBERS and k not in members and not _slot(v)]:
-        delattr(mine, name)
-    nested = f"{theirs.__qualname__}."
-    for name, member in members.items():
-        if (isinstance(member, type) and member.__qualname__ == nested + name
-                and _updated_in_place(vars(mine).get(name), member, kept)):
-            continue  # (the worker's own nested class, made the caller's)
-        for func in _functions_of(member):
-            _rehome(func, made=theirs, kept=mine)
-        member = kept.get(id(member), member) if isinstance(member, type) else member
-        if vars(mine).get(name, ABSENT) is not member:
-            setattr(mine, name, member)
-    for member in vars(mine).values():  # (`Outer.DEFAULT = Outer.Inner()`: of the worker's own class, kept)
-        _adopted(member, kept)
-    return True
-
-
-def _adopted(value: Any, kept: dict[int, type]) -> None:
-    """`value` made an instance of the worker's own class where the caller's pickle made it one of
-    a class `_updated_in_place` kept the worker's own in place of (its methods' `super()` and
-    `isinstance` name that one)."""
-    own = kept.get(id(type(value)))
-    if own is not None:
-        try:
-            value.__class__ = own
-        except TypeError:  # (a layout the kept class does not share: left as it came)
-            pass
 
 
 def _slot(member: Any) -> bool:
     """Whether a class member is a slot's descriptor, which belongs to the class that made it
     (cloudpickle leaves them out of the class it rebuilds: the worker's own are kept)."""
     return isinstance(member, (types.MemberDescriptorType, types.GetSetDescriptorType))
-
-
-def _functions_of(member: Any) -> list[types.FunctionType]:
-    """The functions a class member runs: itself, a static or class method's, a property's accessors."""
-    found = [getattr(member, a, None) for a in ("__func__", "fget", "fset", "fdel", "func")] + [member]
-    return [f for f in found if isinstance(f, types.FunctionType)]
-
-
-def _rehome(func: types.FunctionType, made: type, kept: type) -> None:
-    """`func`'s `__class__` cell (which zero-argument `super()` reads) made `kept` where it held
-    `made`, the class unpickled with it, which is dropped."""
-    for var, cell in zip(func.__code__.co_freevars, func.__closure__ or (), strict=True):
-        if var == "__class__" and cell.cell_contents is made:
-            cell.cell_contents = kept
 
 
 def _own_names(module: types.ModuleType) -> list[str]:
