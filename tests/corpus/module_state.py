@@ -1431,4 +1431,30 @@ def cached_property_replaced_on_a_class():
     return [first, ys([cprop_steps.measured])]
 
 
+@pattern
+def singledispatch_implementation_registered_at_run_time():
+    write("disp_steps.py", """
+        import functools
+
+        from hardy import node
+
+        @functools.singledispatch
+        def shown(v):
+            return f"obj:{v}"
+
+        def use_fancy_ints():
+            @shown.register(int)
+            def _(v):
+                return f"int:{v}"
+
+        @node(output_name="y")
+        def formatted(x):
+            return shown(x)
+    """)
+    import disp_steps
+    first = ys([disp_steps.formatted])
+    disp_steps.use_fancy_ints()
+    return [first, ys([disp_steps.formatted])]
+
+
 corpus.close()

@@ -35,7 +35,8 @@ from ..shipping import (
     seal,
     transport,
 )
-from ..shipping.replica import dump_values, replica
+from ..shipping.payload import dump_values
+from ..shipping.replica import replica
 from . import status as words
 from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values

@@ -1,0 +1,285 @@
+"""The caller's objects pickled for a worker's copy of their module (`shipping.replica` decides
+which, and installs them there).
+
+A function travels as its code, rebuilt there over the worker's own module globals (`_rebuilt`):
+the module stays one module and reads the same state. A class travels as a reduction that, unpickled,
+*is* the worker's own class (`_class_here`), which its state then makes the caller's member by member
+(`_class_state`): the instances the worker's import made, other modules' names for it and every
+reference to it in what travels (a class defined in another's body, a sibling's base, a dict of
+handlers, the cell `super()` reads) land on that one object. A member that does not pickle (a lock)
+travels as its stamp (`_Unsent`); a `singledispatch` function as its implementations (`_dispatcher`).
+Anything else travels as `dumps` would send it, by value where its module would let it go by reference.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import importlib
+import io
+import pickle
+import sys
+import types
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import cloudpickle
+
+from ..errors import ReplicaError
+from ..hashing import is_user_module
+from ..hashing.callables import resolves
+from ..hashing.state import stamp_of
+from ..hashing.values import ABSENT
+from .pickling import ByValuePickler
+
+
+class _Payload(ByValuePickler):
+    """Pickles a module's object for another process's copy of that module: its functions rebuilt
+    there from this process's code over *that* module's globals (`_rebuilt`), the object itself
+    by value even when its module would let it travel by reference (the point is to replace what
+    the reference finds there); anything else as `dumps` would."""
+
+    def __init__(self, file: Any, roots: Iterable[Any], **kwargs: Any):
+        super().__init__(file, protocol=5, **kwargs)
+        roots = list(roots)
+        self.roots = {id(root) for root in roots}  # (alive: the caller holds them while it pickles)
+        # the classes defined in a root class's body (`Outer.Inner`) are part of it (`_class_here`)
+        self.nests = tuple((root.__module__, f"{root.__qualname__}.") for root in roots if isinstance(root, type))
+        self.travels: dict[int, bool] = {}  # class members tried alone (`_members`): id -> whether they pickle
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType) and _dispatches(obj):
+            return _dispatcher, (obj.__module__, obj.__qualname__, dict(obj.registry))  # type: ignore[attr-defined]
+        if isinstance(obj, types.FunctionType):
+            home = _home(obj)
+            if home is not None:
+                return _rebuilt, (home, obj.__code__, obj.__name__, obj.__qualname__, obj.__defaults__,
+                                  obj.__kwdefaults__, _cells(obj), dict(vars(obj)))
+        elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
+            # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
+            raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
+        elif isinstance(obj, type) and (id(obj) in self.roots or self._nested(obj)):
+            made = cloudpickle.cloudpickle._dynamic_class_reduce(obj)  # (how to make it, should the worker lack it)
+            state, slots = made[2]
+            own = {k: v for k, v in vars(obj).items() if k not in _OWN_MEMBERS and not _slot(v)}  # (cloudpickle's
+            # state leaves out what a base holds too, which a class made anew inherits but the worker's may not)
+            # a plain class is updated in place whatever it holds; another (an Enum) is kept where it is the same
+            plain = (type(obj), obj.__bases__, vars(obj).get("__slots__")) if type(obj) in _PLAIN_METACLASSES else None
+            stamp = b"" if plain else stamp_of(obj)
+            return (_class_here, (obj.__module__, obj.__qualname__, stamp, plain, made[0], made[1]),
+                    (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5]),
+                    None, None, _class_state)
+        elif type(obj) is functools.cached_property:  # (its lock does not pickle)
+            return _cached_property, (obj.func, obj.attrname)
+        elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
+            return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
+        return super().reducer_override(obj)
+
+    def _nested(self, cls: type) -> bool:
+        """Whether `cls` was defined in a root class's body: by reference it would be the worker's
+        own nested class as its import made it, not what the caller has since made of it
+        (`Outer.Inner.factor = 10`)."""
+        if not self.nests:
+            return False
+        module, qualname = cls.__module__, cls.__qualname__
+        return "<locals>" not in qualname and any(module == m and qualname.startswith(start) for m, start in self.nests)
+
+    def _members(self, members: dict[str, Any]) -> dict[str, Any]:
+        """A class's members, each that does not pickle (a lock) replaced by its stamp (`_Unsent`):
+        the worker keeps its own where that is the same, and refuses the plan where it is not. Each
+        member is tried alone, once (a class in it travels by reference then: it is tried as a
+        member of its own)."""
+        sent = {}
+        for name, member in members.items():
+            travels = isinstance(member, type) or self.travels.get(id(member))
+            if travels is None:
+                try:
+                    _Payload(io.BytesIO(), ()).dump(member)
+                    travels = True
+                except Exception:
+                    travels = False
+                self.travels[id(member)] = travels
+            sent[name] = member if travels else _Unsent(stamp_of(member), f"{type(member).__module__}."
+                                                                          f"{type(member).__qualname__}")
+        return sent
+
+
+class _Unsent(NamedTuple):
+    """A class's member that could not be pickled, by its stamp and its type (`_Payload._members`)."""
+    stamp: bytes
+    kind: str
+
+
+# what `_class_here` made of each class it found, for `_class_state`: "keep" it as it is, or
+# "update" it (weak keys: an unpickling that failed between the two leaves nothing behind)
+_FOUND: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+
+
+def _dispatches(func: types.FunctionType) -> bool:
+    """Whether `func` is a user module's `functools.singledispatch` function: its own globals are
+    functools', so it would travel by reference, and the worker's has none of the implementations
+    the caller registered since (`@fmt.register(int)`)."""
+    return (callable(getattr(func, "register", None)) and isinstance(getattr(func, "registry", None), Mapping)
+            and is_user_module(func.__module__))
+
+
+def _dispatcher(module_name: str, qualname: str, registry: dict[type, Callable[..., Any]]) -> Callable[..., Any]:
+    """The worker's own `singledispatch` function `qualname`, given the caller's implementations
+    (other modules' names for it see them too); one the worker lacks is made anew."""
+    found: Any = _importable(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not (isinstance(found, types.FunctionType) and _dispatches(found)):
+        found = functools.singledispatch(registry[object])
+    for cls, impl in registry.items():
+        if found.registry.get(cls) is not impl:
+            found.register(cls, impl)
+    return found  # type: ignore[no-any-return]
+
+
+def _cached_property(func: Callable[[Any], Any], attrname: str | None) -> functools.cached_property[Any]:
+    made = functools.cached_property(func)  # (`__set_name__` would check the class it is set on)
+    made.attrname = attrname
+    return made
+
+
+def _class_here(module_name: str, qualname: str, stamp: bytes, plain: tuple[type, tuple[type, ...], Any] | None,
+                make: Callable[..., type], newargs: tuple[Any, ...]) -> type:
+    """The worker's own class `qualname` of `module_name`, which `_class_state` then makes the
+    caller's where it stands: the instances the worker's import made (`MODEL = Model()`), other
+    modules' names for it (`from model import Model`) and every reference to it in the caller's
+    objects (a class defined in its body, a sibling's base, an attribute, `super()` in its methods)
+    all land on that one class. A class bound anew (as a class by value would be) left
+    `MODEL = Model()` on the old one, and a class defined in another's body, by reference, stayed
+    the worker's as its import made it (`Outer.Inner.factor = 10` never reached it). One the worker
+    lacks, or cannot update in place (another metaclass, such as an Enum's; other bases or slots),
+    is made by value (cloudpickle's `make`)."""
+    found = _importable(module_name)
+    for part in qualname.split("."):
+        found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
+    if isinstance(found, type) and found.__qualname__ == qualname:
+        if plain is not None and plain == (type(found), found.__bases__, vars(found).get("__slots__")):
+            _FOUND[found] = "update"
+            return found
+        if plain is None and stamp_of(found) == stamp:  # the same as the caller's: left as it is (an Enum's members)
+            _FOUND[found] = "keep"
+            return found
+    return make(*newargs)
+
+
+def _importable(module_name: str) -> types.ModuleType | None:
+    """The worker's module `module_name`, when it can import it; never its `__main__`, which is not
+    the caller's script (the script's classes travel by value)."""
+    if module_name == "__main__":
+        return None
+    try:
+        return sys.modules.get(module_name) or importlib.import_module(module_name)
+    except Exception:
+        return None
+
+
+def _class_state(cls: type, state: tuple[dict[str, Any], dict[str, Any], dict[str, Any], Callable[..., Any]]) -> None:
+    """`cls` given the caller's members (all of them, and as cloudpickle's state has them): the
+    worker's own class updated member by member (its methods' `super()` names it already: they
+    were pickled with a reference to it), or a class made by value given them as cloudpickle gives
+    them. A member that could not travel (`_Unsent`) must be the worker's own as it stands, else
+    the plan is refused, naming it."""
+    members, made, slots, setstate = state
+    found = _FOUND.pop(cls, None)
+    if found == "keep":
+        return
+    unsent = {name: member for name, member in members.items() if type(member) is _Unsent}
+    for name, member in unsent.items():
+        if found is None or stamp_of(vars(cls).get(name, ABSENT)) != member.stamp:
+            raise ReplicaError(refusal(cls.__module__, f"{made['__qualname__']}.{name}", member))
+    if found is None:
+        setstate(cls, (made, slots))
+        return
+    for name in [k for k, v in vars(cls).items() if k not in _OWN_MEMBERS and k not in members and not _slot(v)]:
+        delattr(cls, name)
+    for name, member in members.items():
+        if name not in unsent and vars(cls).get(name, ABSENT) is not member:
+            setattr(cls, name, member)
+    for registered in made.get("_abc_impl") or ():  # an ABC's virtual subclasses (`Scalar.register(int)`)
+        cls.register(registered)  # type: ignore[attr-defined]
+
+
+def _home(func: types.FunctionType) -> str | None:
+    """The user module whose globals `func` runs in, if it is one (not `__main__`: its code travels by value)."""
+    name = func.__globals__.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or name == "__main__" or vars(module) is not func.__globals__ or not is_user_module(name):
+        return None
+    return name
+
+
+def _cells(func: types.FunctionType) -> tuple[Any, ...] | None:
+    if func.__closure__ is None:
+        return None
+    values = []
+    for cell in func.__closure__:
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            values.append(_EMPTY)
+    return tuple(values)
+
+
+class _Empty:
+    def __reduce__(self) -> str:
+        return "_EMPTY"
+
+
+_EMPTY = _Empty()
+
+
+def _rebuilt(module_name: str, code: types.CodeType, name: str, qualname: str, defaults: Any, kwdefaults: Any,
+             cells: tuple[Any, ...] | None, attributes: dict[str, Any]) -> types.FunctionType:
+    """A function of the caller's, over this process's copy of its module's globals."""
+    module = importlib.import_module(module_name)
+    closure = None if cells is None else tuple(types.CellType() if v is _EMPTY else types.CellType(v) for v in cells)
+    func = types.FunctionType(code, vars(module), name, defaults, closure)
+    func.__qualname__, func.__kwdefaults__ = qualname, kwdefaults
+    func.__dict__.update(attributes)
+    return func
+
+
+def payload(module_name: str, value: Any) -> bytes | None:
+    """`value` pickled for another process's `module_name`, or None when it cannot be."""
+    try:
+        file = io.BytesIO()
+        _Payload(file, (value,)).dump(value)
+        return file.getvalue()
+    except Exception:
+        return None
+
+
+def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
+    """A `Values` message (`workers.messages`), big buffers out of band (`transport.pack`'s
+    `dump`), each object pickled as `_payload` pickles it: a class or a node by value, where its
+    reference would find the worker's own."""
+    file = io.BytesIO()
+    objects = values.values if isinstance(values.values, dict) else {}
+    _Payload(file, objects.values(), buffer_callback=buffer_callback).dump(values)
+    return file.getvalue()
+
+
+def refusal(module_name: str, name: str, value: Any) -> str:
+    kind = value.kind if type(value) is _Unsent else f"{type(value).__module__}.{type(value).__qualname__}"
+    return (f"{module_name}.{name} in the calling process ({kind}) is not what this worker's import of "
+            f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the pipeline "
+            f"with another value under that name. Build it where it is used (inside the node, or in a "
+            f"@stateful class), or pass it to the pipeline as an input.")
+
+
+# Members a class keeps when it is updated (`_class_state`): tied to the class object its `class`
+# statement made (`_abc_impl`: an ABC's registered subclasses), never moved to another.
+_OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "_abc_impl"})
+_PLAIN_METACLASSES = (type, abc.ABCMeta)
+
+
+def _slot(member: Any) -> bool:
+    """Whether a class member is a slot's descriptor, which belongs to the class that made it
+    (cloudpickle leaves them out of the class it rebuilds: the worker's own are kept)."""
+    return isinstance(member, (types.MemberDescriptorType, types.GetSetDescriptorType))
