@@ -1457,4 +1457,33 @@ def singledispatch_implementation_registered_at_run_time():
     return [first, ys([disp_steps.formatted])]
 
 
+@pattern
+def helper_defaults_changed_in_place_between_maps():
+    write("dfip_steps.py", """
+        import collections
+
+        from hardy import node
+
+        VOCAB = ["a"]
+        Point = collections.namedtuple("Point", "x y", defaults=(0, 2))
+
+        def encode(token, vocab=VOCAB):
+            return vocab.index(token) if token in vocab else -1
+
+        def rounded(v, *, digits=0):
+            return round(v, digits)
+
+        @node(output_name="y")
+        def computed(x):
+            return [encode("b"), rounded(1 / 7), Point(x).y]
+    """)
+    import dfip_steps
+    pipeline = Pipeline(nodes=[dfip_steps.computed], engine=engine)  # (one plan, made stale by the changes)
+    first = pipeline.map(inputs={"x": XS}, map_over="x")
+    dfip_steps.VOCAB.append("b")
+    dfip_steps.rounded.__kwdefaults__ = {"digits": 3}
+    dfip_steps.Point.__new__.__defaults__ = (0, 20)
+    return [first, pipeline.map(inputs={"x": XS}, map_over="x")]
+
+
 corpus.close()

@@ -48,15 +48,15 @@ class Reach:
         self.reads: list[tuple[Any, str, Any]] = []
         self.modules: set[str] = set()
         self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
-        self.codes: list[tuple[Any, Any, Any]] = []  # (function, its code, its defaults) when watched
+        self.codes: list[tuple[Any, Any, Any, Any]] = []  # (function, its code and defaults) when watched
         self._token: Callable[[Any], bytes | None] | None = None
 
     def changed(self) -> bool:
         for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
             if namespace.get(name, ABSENT) is not found:
                 return True
-        for func, code, defaults in self.codes:
-            if func.__code__ is not code or func.__defaults__ is not defaults:
+        for func, code, defaults, kwdefaults in self.codes:
+            if func.__code__ is not code or func.__defaults__ is not defaults or func.__kwdefaults__ is not kwdefaults:
                 return True
         if not self.watched:
             return False
@@ -64,14 +64,20 @@ class Reach:
         return token is not None and any(token(found) != before for found, before in self.watched)
 
     def watch(self, token: Callable[[Any], bytes | None], functions: Iterable[Any] = ()) -> Reach:
-        """Also notice values changed in place: `token(obj)` is None for an object whose identity
-        says whether it changed, else a digest of its content (`hashing.state.token`); and code
-        replaced in place, in the functions read and in `functions` (a plan's nodes' own)."""
+        """Also notice values changed in place (`token(obj)`: None for an object whose identity says
+        whether it changed, else a digest of its content, `hashing.state.token`), and code or
+        defaults replaced in place in the functions read, the methods of the user classes read (a
+        named tuple's `__new__`, which a call reaches with no attribute read) and `functions` (a
+        plan's nodes'), whose mutable defaults are watched as values (`def f(x, vocab=VOCAB)`)."""
         self._token = token
         objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
         objects.update((id(f), f) for f in functions)
+        code = [f for f in objects.values() if isinstance(f, types.FunctionType)]
+        code += [f for c in objects.values() if isinstance(c, type) and is_user_module(c.__module__)
+                 for m in vars(c).values() if isinstance(f := getattr(m, "__func__", m), types.FunctionType)]
+        objects.update((id(d), d) for f in code for d in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()))
         self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
-        self.codes = [(f, f.__code__, f.__defaults__) for f in objects.values() if isinstance(f, types.FunctionType)]
+        self.codes = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in code]
         return self
 
     def settle(self) -> None:
