@@ -21,7 +21,7 @@ STEPS = """
 
 
 def ys(nodes, xs=XS, output="y", **options):
-    out = Pipeline(nodes=nodes, engine=engine, **options).map(inputs={"x": xs}, map_over="x")
+    out = corpus.pipeline(nodes, engine, **options).map(inputs={"x": xs}, map_over="x")
     return [o[output] for o in out]
 
 

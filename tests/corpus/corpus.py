@@ -13,7 +13,7 @@ workers are other processes refuses with that error naming those names before an
 (`ran()` is the file a refusal pattern's nodes touch, so that "before" is checked, not assumed).
 Each pattern's changes to the process (environment, working directory, argv, sys.path) are undone
 after it, so that patterns do not lean on one another; the engine and its workers are shared, as
-they are in a user's session.
+they are in a user's session, and so is the pipeline of each list of nodes (`pipeline`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,20 @@ def engine(**options: Any) -> Engine:
     made = Engine(map_executor=executor(), workers=2, **options)
     _engines.append(made)
     return made
+
+
+_pipelines: dict[tuple[Any, ...], Any] = {}
+
+
+def pipeline(nodes: list[Any], engine: Engine, **options: Any) -> Any:
+    """One pipeline per list of nodes (and options), as a session keeps one: a change between two
+    maps must make its plan stale, which a pipeline made anew for each map never shows (the
+    nodes stay alive in it, so no id is reused)."""
+    from hardy import Pipeline
+    key = (tuple(map(id, nodes)), id(engine), repr(sorted(options.items())))
+    if key not in _pipelines:
+        _pipelines[key] = Pipeline(nodes=nodes, engine=engine, **options)
+    return _pipelines[key]
 
 
 def write(path: str, source: str) -> str:

@@ -18,7 +18,7 @@ def mode(x):
 
 
 def ys(nodes, xs=XS, output="y"):
-    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    out = corpus.pipeline(nodes, engine).map(inputs={"x": xs}, map_over="x")
     return [o[output] for o in out]
 
 

@@ -19,7 +19,7 @@ SCRIPT_OFFSET = 40  # read by a module through `import __main__`
 
 
 def ys(nodes, xs=XS, output="y"):
-    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    out = corpus.pipeline(nodes, engine).map(inputs={"x": xs}, map_over="x")
     return [o[output] for o in out]
 
 
@@ -1478,12 +1478,66 @@ def helper_defaults_changed_in_place_between_maps():
             return [encode("b"), rounded(1 / 7), Point(x).y]
     """)
     import dfip_steps
-    pipeline = Pipeline(nodes=[dfip_steps.computed], engine=engine)  # (one plan, made stale by the changes)
-    first = pipeline.map(inputs={"x": XS}, map_over="x")
+    first = ys([dfip_steps.computed])
     dfip_steps.VOCAB.append("b")
     dfip_steps.rounded.__kwdefaults__ = {"digits": 3}
     dfip_steps.Point.__new__.__defaults__ = (0, 20)
-    return [first, pipeline.map(inputs={"x": XS}, map_over="x")]
+    return [first, ys([dfip_steps.computed])]
+
+
+def _custom_attribute(name):
+    if name.startswith("item_"):
+        return f"custom-{name[5:]}"
+    raise AttributeError(name)
+
+
+@pattern
+def module_getattr_set_at_run_time():
+    write("mga_steps.py", """
+        from hardy import node
+
+        def __getattr__(name):
+            if name.startswith("item_"):
+                return f"default-{name[5:]}"
+            raise AttributeError(name)
+
+        @node(output_name="y")
+        def looked_up(x):
+            import mga_steps
+            return getattr(mga_steps, f"item_{x}")
+    """)
+    import mga_steps
+    mga_steps.__getattr__ = _custom_attribute
+    return ys([mga_steps.looked_up])
+
+
+@pattern
+def enum_member_attribute_set_at_run_time():
+    write("emem_steps.py", """
+        import enum
+
+        from hardy import node
+
+        class Unit(enum.Enum):
+            CM = "cm"
+            MM = "mm"
+
+            def __init__(self, symbol):
+                self.factor = 1
+
+            def scale(self, x):
+                return x * self.factor
+
+        DEFAULT = Unit.CM
+
+        @node(output_name="y")
+        def converted(x):
+            return [DEFAULT.scale(x), Unit.MM.scale(x), DEFAULT is Unit.CM]
+    """)
+    import emem_steps
+    first = ys([emem_steps.converted])
+    emem_steps.Unit.CM.factor = 10
+    return [first, ys([emem_steps.converted])]
 
 
 corpus.close()

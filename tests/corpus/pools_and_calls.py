@@ -31,7 +31,7 @@ import pool_steps  # noqa: E402 -- written by the script above, as a user's modu
 
 
 def ys(nodes, xs=XS, output="y", **options):
-    out = Pipeline(nodes=nodes, engine=engine, **options).map(inputs={"x": xs}, map_over="x")
+    out = corpus.pipeline(nodes, engine, **options).map(inputs={"x": xs}, map_over="x")
     return [o[output] if not isinstance(o, Failed) else corpus.comparable(o) for o in out]
 
 

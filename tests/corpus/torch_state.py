@@ -67,7 +67,7 @@ import torch_steps  # noqa: E402 -- written by the script above, as a user's mod
 
 
 def ys(nodes, xs=XS):
-    out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": xs}, map_over="x")
+    out = corpus.pipeline(nodes, engine).map(inputs={"x": xs}, map_over="x")
     return [o["y"] for o in out]
 
 

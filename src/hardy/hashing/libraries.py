@@ -18,6 +18,7 @@ from typing import Any
 
 from .distributions import module_identity
 from .values import (
+    CONTENT_TOKEN,
     Encoder,
     encode_attributes,
     encode_callable,
@@ -132,12 +133,14 @@ def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
 
 TENSOR_VERSIONS = contextvars.ContextVar("hardy_tensor_versions", default=False)
 """Set while a change token is made (`hashing.state.token`), not a key: a tensor is then named by
-its identity and version counter, which every in-place operation bumps, instead of its bytes."""
+its identity and version counter, which every in-place operation bumps, instead of its bytes;
+unless it is a CPU tensor of `CONTENT_TOKEN` bytes or fewer, named by its bytes, which also see a
+write the counter does not (through `.data` or a numpy view)."""
 
 
 def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import torch
-    if TENSOR_VERSIONS.get():
+    if TENSOR_VERSIONS.get() and (v.device.type != "cpu" or v.numel() * v.element_size() > CONTENT_TOKEN):
         out(b"TV" + repr((id(v), v._version, v.data_ptr(), tuple(v.shape), str(v.dtype), str(v.device))).encode())
         return
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())

@@ -23,7 +23,7 @@ from blake3 import blake3
 
 from .code import code_bytes
 from .origin import is_user_module
-from .values import ABSENT, DIGEST, encode_into, type_name
+from .values import ABSENT, CONTENT_TOKEN, DIGEST, encode_into, type_name
 
 # Objects whose identity says everything: they cannot change in place (or, code, are compared by
 # identity and recompiled when rebound), so a read of one costs one identity test per call.
@@ -63,9 +63,11 @@ def token(value: Any) -> bytes | None:
 
 
 def _frozen_array(value: Any) -> bool:
+    """A read-only numpy array owning its memory, too big to hash at every call: identity says
+    whether it changed (a small one is hashed: it can be made writable again and written)."""
     flags = getattr(value, "flags", None)
     return (type(value).__module__ == "numpy" and flags is not None and not flags.writeable
-            and getattr(value, "base", None) is None)
+            and getattr(value, "base", None) is None and value.nbytes > CONTENT_TOKEN)
 
 
 def module_stamp(module: types.ModuleType, names: Iterable[str]) -> dict[str, bytes]:

@@ -42,6 +42,7 @@ from .origin import is_user_module
 
 FORMAT = b"hardy-key-3"  # 3: BLAKE3 instead of blake2b
 DIGEST = 16
+CONTENT_TOKEN = 64 * 1024  # bytes: a tensor or read-only array up to this is watched by content (`state.token`)
 
 Encoder = Callable[[Any, Callable[[bytes], Any], set[int]], None]  # (value, out, values being encoded)
 
@@ -272,6 +273,19 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"En" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(v.value, out, active)
+    attributes = member_attributes(v)
+    if attributes:  # (said only when set: a plain member's key stays what it was)
+        out(b"attributes")
+        encode_into(attributes, out, active)
+
+
+def member_attributes(member: enum.Enum) -> dict[str, Any]:
+    """What an Enum member holds besides its name and value (`Unit.CM.factor = 10`, or set by the
+    enum's `__init__`), which its methods read."""
+    return {k: x for k, x in sorted(vars(member).items()) if k not in _ENUM_OWN}
+
+
+_ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})
 
 
 def _class_code(t: type, active: set[int]) -> bytes:

@@ -14,6 +14,7 @@ Anything else travels as `dumps` would send it, by value where its module would 
 from __future__ import annotations
 
 import abc
+import enum
 import functools
 import importlib
 import io
@@ -30,7 +31,7 @@ from ..errors import ReplicaError
 from ..hashing import is_user_module
 from ..hashing.callables import resolves
 from ..hashing.state import stamp_of
-from ..hashing.values import ABSENT
+from ..hashing.values import ABSENT, member_attributes
 from .pickling import ByValuePickler
 
 
@@ -68,7 +69,8 @@ class _Payload(ByValuePickler):
             plain = (type(obj), obj.__bases__, vars(obj).get("__slots__")) if type(obj) in _PLAIN_METACLASSES else None
             stamp = b"" if plain else stamp_of(obj)
             return (_class_here, (obj.__module__, obj.__qualname__, stamp, plain, made[0], made[1]),
-                    (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5]),
+                    (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5],
+                     {m.name: member_attributes(m) for m in obj} if issubclass(obj, enum.Enum) else {}),
                     None, None, _class_state)
         elif type(obj) is functools.cached_property:  # (its lock does not pickle)
             return _cached_property, (obj.func, obj.attrname)
@@ -179,16 +181,19 @@ def _importable(module_name: str) -> types.ModuleType | None:
         return None
 
 
-def _class_state(cls: type, state: tuple[dict[str, Any], dict[str, Any], dict[str, Any], Callable[..., Any]]) -> None:
+def _class_state(cls: type, state: tuple[dict[str, Any], dict[str, Any], dict[str, Any], Callable[..., Any],
+                                        dict[str, dict[str, Any]]]) -> None:
     """`cls` given the caller's members (all of them, and as cloudpickle's state has them): the
     worker's own class updated member by member (its methods' `super()` names it already: they
     were pickled with a reference to it), or a class made by value given them as cloudpickle gives
     them. A member that could not travel (`_Unsent`) must be the worker's own as it stands, else
     the plan is refused, naming it."""
-    members, made, slots, setstate = state
+    members, made, slots, setstate, attributes = state
     found = _FOUND.pop(cls, None)
     if found == "keep":
         return
+    for name, held in attributes.items():  # an Enum's members' own (its class made anew gave them none)
+        vars(vars(cls)["_member_map_"][name]).update(held)
     unsent = {name: member for name, member in members.items() if type(member) is _Unsent}
     for name, member in unsent.items():
         if found is None or stamp_of(vars(cls).get(name, ABSENT)) != member.stamp:

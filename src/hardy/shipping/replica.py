@@ -69,7 +69,7 @@ class Replica:
                 self.stamps[module_name] = module_stamp(module, names)
                 self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
             else:
-                names = [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
+                names = _own_names(module)
                 self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
                 self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
             self.files[module_name] = getattr(module, "__file__", None)
@@ -225,7 +225,12 @@ class Synced:
 
 
 def _own_names(module: types.ModuleType) -> list[str]:
-    return [n for n in vars(module) if not (n.startswith("__") and n.endswith("__"))]
+    """The names a module binds for its code, besides the interpreter's; a module's own
+    `__getattr__` and `__dir__` (PEP 562) are its code, answering for the names it does not bind."""
+    return [n for n in vars(module) if not (n.startswith("__") and n.endswith("__")) or n in _MODULE_HOOKS]
+
+
+_MODULE_HOOKS = ("__getattr__", "__dir__")
 
 
 def _module(name: str, file: str | None) -> types.ModuleType:
