@@ -141,6 +141,10 @@ FOREIGN_PRIVATE = {
     "_data": "os.environ: its encoded mapping, compared cheaply to see that nothing changed",
     "_config": "multiprocessing: a daemonic process's flag, lifted so a Dask worker may start hardy's",
     "_dynamic_class_reduce": "cloudpickle: a class pickled by value",
+    "_abc_registry_clear": "abc.ABCMeta: an ABC's virtual subclasses made a caller's again in a worker (a reload "
+                           "took one back: no public way forgets a registration)",
+    "_abc_caches_clear": "abc.ABCMeta: as _abc_registry_clear, its isinstance caches",
+    "_clear_cache": "functools.singledispatch: told apart from another function with a registry attribute",
     "_extobj_contextvar": "numpy 2: the context variable holding its error state, read at every call to see that "
                           "np.seterr changed nothing (np.geterr costs 0.8 us; numpy 1 takes that path)",
     "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",

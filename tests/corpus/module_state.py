@@ -1540,4 +1540,126 @@ def enum_member_attribute_set_at_run_time():
     return [first, ys([emem_steps.converted])]
 
 
+def _legacy_int(v):
+    return "legacy-int"
+
+
+def _twice(x):
+    return 2 * x
+
+
+@pattern
+def class_and_dispatcher_bound_under_two_names():
+    write("twice_steps.py", """
+        import functools
+
+        from hardy import node
+
+        class Model:
+            factor = 1
+
+            def apply(self, x):
+                return x * self.factor
+
+        LegacyModel = Model  # the old class kept under another name
+
+        class Model:  # redefined: one qualified name, two classes
+            factor = 2
+
+            def apply(self, x):
+                return x * self.factor + 1000
+
+        @functools.singledispatch
+        def shown(v):
+            return "old"
+
+        legacy_shown = shown
+
+        @functools.singledispatch
+        def shown(v):  # noqa: F811
+            return "new"
+
+        def handle(name, x):
+            return handle.registry.get(name, lambda v: None)(x)
+
+        handle.registry = {}
+        handle.register = lambda name: lambda fn: handle.registry.setdefault(name, fn)
+
+        @node(output_name="y")
+        def used(x):
+            return [Model().apply(x), LegacyModel().apply(x), shown(x), legacy_shown(x), handle("double", x)]
+    """)
+    import twice_steps
+    first = ys([twice_steps.used])
+    twice_steps.LegacyModel.factor = 10
+    twice_steps.legacy_shown.register(int, _legacy_int)
+    twice_steps.handle.register("double")(_twice)
+    return [first, ys([twice_steps.used])]
+
+
+@pattern
+def state_behind_a_name_changed_between_maps():
+    write("behind_steps.py", """
+        import abc
+        import collections
+        import dataclasses
+        import enum
+        import functools
+
+        from hardy import node
+
+        @dataclasses.dataclass
+        class Config:
+            scale: int = 2
+
+            def __post_init__(self):
+                self.factor = self.scale * 10
+
+        class Scaled:
+            def __init__(self, fn):
+                functools.update_wrapper(self, fn)
+                self.fn, self.factor = fn, 2
+
+            def __call__(self, x):
+                return self.fn(x) * self.factor
+
+        @Scaled
+        def doubled(x):
+            return x
+
+        class Base:
+            SCALE = 2
+
+        class Model(Base):
+            pass
+
+        class Level(enum.IntEnum):
+            LOW = 1
+
+        class Scalar(abc.ABC):
+            pass
+
+        CONFIG = Config()
+        TABLE = {"a": 1}
+        lookup = TABLE.get
+        SETTINGS = collections.ChainMap({}, {"scale": 2})
+        Level.LOW.weight = 1
+
+        @node(output_name="y")
+        def read(x):
+            return [x * CONFIG.factor, lookup("a"), doubled(x), x * Model.SCALE, SETTINGS["scale"],
+                    Level.LOW.weight, isinstance(x, Scalar)]
+    """)
+    import behind_steps
+    first = ys([behind_steps.read])
+    behind_steps.CONFIG.factor = 7
+    behind_steps.TABLE["a"] = 100
+    behind_steps.doubled.factor = 10
+    behind_steps.Model.SCALE = 10
+    behind_steps.SETTINGS["scale"] = 10
+    behind_steps.Level.LOW.weight = 5
+    behind_steps.Scalar.register(int)
+    return [first, ys([behind_steps.read])]
+
+
 corpus.close()

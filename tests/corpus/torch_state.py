@@ -214,4 +214,31 @@ def deterministic_algorithms_that_only_warn():
         torch.use_deterministic_algorithms(False)
 
 
+def _doubled_output(module, inputs, output):
+    return output * 2
+
+
+@pattern
+def forward_hook_registered_between_maps():
+    write("hook_steps.py", """
+        import torch
+
+        from hardy import node
+
+        torch.manual_seed(0)
+        MODEL = torch.nn.Linear(2, 1)
+        torch.nn.init.constant_(MODEL.weight, 1.0)
+        torch.nn.init.constant_(MODEL.bias, 0.0)
+
+        @node(output_name="y")
+        def predicted(x):
+            with torch.no_grad():
+                return float(MODEL(torch.tensor([float(x), 1.0]))[0])
+    """)
+    import hook_steps
+    first = ys([hook_steps.predicted])
+    hook_steps.MODEL.register_forward_hook(_doubled_output)
+    return [first, ys([hook_steps.predicted])]
+
+
 corpus.close()

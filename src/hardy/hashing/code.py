@@ -20,7 +20,7 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from blake3 import blake3
@@ -29,81 +29,10 @@ from ..errors import UnhashableError
 from .callables import KINDS, kind_of, library_function, resolves
 from .distributions import module_identity
 from .origin import is_user_file, is_user_module
+from .reach import Reach as Reach
+from .reach import note_read, recorder
+from .reach import recording as recording
 from .values import ABSENT, DIGEST, encode_into, install_code_fingerprint, length, type_name
-
-
-class Reach:
-    """What a set of fingerprints read, to tell cheaply whether it still holds: each global,
-    module attribute, class attribute and module imported inside a function that the code
-    reaches, as (namespace, name, the object found there), and the user modules reached. A
-    notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
-    put another object under a name; `changed()` is one dict lookup and an identity test per
-    name. A value changed in place (a global dict filled, an array written) keeps its object, and so
-    does a function whose code IPython's autoreload replaced: `watch` adds a content token for each
-    such value and the code of each function, compared too."""
-
-    __slots__ = ("reads", "modules", "watched", "codes", "_token")
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[Any, str, Any]] = []
-        self.modules: set[str] = set()
-        self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
-        self.codes: list[tuple[Any, Any, Any, Any]] = []  # (function, its code and defaults) when watched
-        self._token: Callable[[Any], bytes | None] | None = None
-
-    def changed(self) -> bool:
-        for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
-            if namespace.get(name, ABSENT) is not found:
-                return True
-        for func, code, defaults, kwdefaults in self.codes:
-            if func.__code__ is not code or func.__defaults__ is not defaults or func.__kwdefaults__ is not kwdefaults:
-                return True
-        if not self.watched:
-            return False
-        token = self._token
-        return token is not None and any(token(found) != before for found, before in self.watched)
-
-    def watch(self, token: Callable[[Any], bytes | None], functions: Iterable[Any] = ()) -> Reach:
-        """Also notice values changed in place (`token(obj)`: None for an object whose identity says
-        whether it changed, else a digest of its content, `hashing.state.token`), and code or
-        defaults replaced in place in the functions read, the methods of the user classes read (a
-        named tuple's `__new__`, which a call reaches with no attribute read) and `functions` (a
-        plan's nodes'), whose mutable defaults are watched as values (`def f(x, vocab=VOCAB)`)."""
-        self._token = token
-        objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
-        objects.update((id(f), f) for f in functions)
-        code = [f for f in objects.values() if isinstance(f, types.FunctionType)]
-        code += [f for c in objects.values() if isinstance(c, type) and is_user_module(c.__module__)
-                 for m in vars(c).values() if isinstance(f := getattr(m, "__func__", m), types.FunctionType)]
-        objects.update((id(d), d) for f in code for d in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()))
-        self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
-        self.codes = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in code]
-        return self
-
-    def settle(self) -> None:
-        """Take the values watched as they are now: what nodes running in this process changed in
-        them during a call is theirs (a memo, a counter), as in a plain loop; only what changes
-        between calls makes the reads stale."""
-        token = self._token
-        if token is not None and self.watched:
-            self.watched = [(found, token(found) or b"") for found, _ in self.watched]
-
-
-_RECORDING = threading.local()
-
-
-def recording(reach: Reach | None) -> Any:
-    """Make this thread's fingerprints note what they read into `reach` (None: stop); returns the
-    previous recorder, to restore."""
-    previous = getattr(_RECORDING, "reach", None)
-    _RECORDING.reach = reach
-    return previous
-
-
-def _read(namespace: Any, name: str) -> None:
-    reach = getattr(_RECORDING, "reach", None)
-    if reach is not None:
-        reach.reads.append((namespace, name, namespace.get(name, ABSENT)))
 
 
 class _Cell:
@@ -125,7 +54,7 @@ class _Cell:
 def _module_reached(name: str | None, as_module: bool = False) -> None:
     """Note a user module the code reaches; `__main__` only when read as a module (`import __main__`
     in a module's code), not as the home of a script's function (whose globals travel with it)."""
-    reach = getattr(_RECORDING, "reach", None)
+    reach = recorder()
     if reach is not None and name and (name != "__main__" or as_module) and name in sys.modules:
         reach.modules.add(name)
 
@@ -185,9 +114,9 @@ def _noting(handler: Any, state: Callable[[Any], Any]) -> Any:
     global rebound."""
     def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
         found = state(obj)
-        if isinstance(found, dict) and getattr(_RECORDING, "reach", None) is not None:
+        if isinstance(found, dict) and recorder() is not None:
             for name in found:
-                _read(found, name)
+                note_read(found, name)
         handler(obj, out, seen, recurse)
     return handle
 
@@ -206,7 +135,9 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
     _module_reached(cls.__module__)
     members = vars(cls)
     for name in members:
-        _read(members, name)
+        note_read(members, name)
+    for name in {n for base in cls.__mro__[1:] if is_user_module(base.__module__) for n in vars(base)} - set(members):
+        note_read(members, name)  # (what it inherits: set on it later, `Model.SCALE = 10` shadows the base's)
     for base in (*cls.__mro__[1:], type(cls)):
         if is_user_module(base.__module__):
             _fingerprint(base, out, seen)
@@ -281,14 +212,14 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     _module_reached(getattr(func, "__module__", None))
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
-            _read(globs, name)
+            note_read(globs, name)
     for name in sorted(_global_names(code)):
         if name in globs:
             out(b"g:" + name.encode())
             _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
-        _read(_Cell(cell), name)
+        note_read(_Cell(cell), name)
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned later in the enclosing function)
@@ -298,7 +229,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     for root in sorted(r for r in chains if r[0] == "import"):  # imports inside the function
         out(b"i:" + root[1].encode())
         module = _imported(root[1])
-        _read(sys.modules, root[1])
+        note_read(sys.modules, root[1])
         if module is not ABSENT:
             _reference(module, out, seen, chains[root], root[1], func)
         else:  # a library imported only inside the node: by its distribution, found without importing it
@@ -367,7 +298,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
         else:
             seen[id(module)] = (len(seen), module)
             for attr in vars(module):
-                _read(vars(module), attr)  # a module read whole: any name it binds again counts
+                note_read(vars(module), attr)  # a module read whole: any name it binds again counts
             for attr, value in sorted(vars(module).items()):
                 if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
                     out(b"a:" + attr.encode())
@@ -378,7 +309,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             if not (isinstance(target, types.ModuleType) and is_user_module(target.__name__)):
                 break
             path += "." + attr
-            _read(vars(target), attr)
+            note_read(vars(target), attr)
             target = getattr(target, attr, ABSENT)  # type: ignore[arg-type]  # absent: fails the same way when run
         out(b"." + path.encode())
         if target is ABSENT:

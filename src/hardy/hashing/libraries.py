@@ -16,9 +16,9 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import UnhashableError
 from .distributions import module_identity
 from .values import (
-    CONTENT_TOKEN,
     Encoder,
     encode_attributes,
     encode_callable,
@@ -131,16 +131,28 @@ def _encode_sparse(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
         _encode_numpy(np.asarray(part), out, active)
 
 
-TENSOR_VERSIONS = contextvars.ContextVar("hardy_tensor_versions", default=False)
+TENSOR_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hardy_tensor_versions",
+                                                                                 default=None)
 """Set while a change token is made (`hashing.state.token`), not a key: a tensor is then named by
 its identity and version counter, which every in-place operation bumps, instead of its bytes;
-unless it is a CPU tensor of `CONTENT_TOKEN` bytes or fewer, named by its bytes, which also see a
-write the counter does not (through `.data` or a numpy view)."""
+except CPU tensors while the token's budget of `CONTENT_TOKEN` bytes lasts (the one item of the
+list), named by their bytes, which also see a write the counter does not (through `.data` or a
+numpy view). A budget for the whole token, not a size per tensor: a model of many small tensors
+hashed whole at every call cost 1.6 ms a call."""
+
+
+def _spent(budget: list[int], size: int) -> bool:
+    """Whether a tensor of `size` bytes is past what is left of a token's `budget` (else taken from it)."""
+    if size > budget[0]:
+        return True
+    budget[0] -= size
+    return False
 
 
 def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     import torch
-    if TENSOR_VERSIONS.get() and (v.device.type != "cpu" or v.numel() * v.element_size() > CONTENT_TOKEN):
+    budget = TENSOR_VERSIONS.get()
+    if budget is not None and (v.device.type != "cpu" or _spent(budget, v.numel() * v.element_size())):
         out(b"TV" + repr((id(v), v._version, v.data_ptr(), tuple(v.shape), str(v.dtype), str(v.device))).encode())
         return
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
@@ -166,9 +178,27 @@ def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) 
         _TORCH_INTERNALS = frozenset(vars(type(m).__mro__[-2]())) - {"training"}  # a bare torch.nn.Module
     config = {k: x for k, x in vars(m).items() if k not in _TORCH_INTERNALS}
     encode_object(m, b"TM", config, out, active)
-    for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
-        out(tag)
-        encode_attributes(members, out, active)
+    budget = TENSOR_VERSIONS.get()  # a change token: a module's tensors by their version counters (its
+    left = budget[0] if budget is not None else 0  # bytes at every call cost 1.6 ms for a model of many small ones)
+    if budget is not None:
+        budget[0] = 0
+    try:
+        for tag, members in ((b"p", m._parameters), (b"b", m._buffers), (b"m", m._modules)):
+            out(tag)
+            encode_attributes(members, out, active)
+    finally:
+        if budget is not None:
+            budget[0] = left
+    hooks = {k: v for k in _HOOKS if (v := getattr(m, k, None))}
+    if hooks:  # `register_forward_hook(...)`: said only when there is one (a module without keeps its key)
+        out(b"hooks")
+        try:
+            encode_attributes(hooks, out, active)
+        except UnhashableError:  # (a library's hook object hardy cannot hash: how many there are)
+            out(repr(sorted((k, len(v)) for k, v in hooks.items())).encode())
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import enum
 import functools
 import pickle
 import types
@@ -35,7 +36,7 @@ RESOURCE = b"?"  # a value hardy cannot hash (a lock, a client): compared by its
 @contextlib.contextmanager
 def _versions_only() -> Iterator[None]:
     from . import libraries
-    token = libraries.TENSOR_VERSIONS.set(True)
+    token = libraries.TENSOR_VERSIONS.set([CONTENT_TOKEN])
     try:
         yield
     finally:
@@ -49,7 +50,12 @@ def token(value: Any) -> bytes | None:
     arrays that own their memory by identity)."""
     if isinstance(value, types.FunctionType) and _attributes(value):  # its attributes can change in place
         return stamp_of(value)
-    if isinstance(value, _FIXED) or hasattr(value, "__wrapped__") or _frozen_array(value):
+    if isinstance(value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type)):
+        return token(value.__self__)  # `lookup = TABLE.get`: the data it is bound to
+    if hasattr(value, "__wrapped__") and not isinstance(value, types.FunctionType) and hasattr(value, "__dict__"):
+        return stamp_of(value)  # a decorator object: the configuration it holds (`scaled.factor = 10`)
+    if (isinstance(value, _FIXED) and not isinstance(value, enum.Enum)  # (an IntEnum's member holds attributes)
+            or hasattr(value, "__wrapped__") or _frozen_array(value)):
         return None
     if type(value) is tuple and all(isinstance(v, _FIXED) for v in value):
         return None
@@ -57,8 +63,11 @@ def token(value: Any) -> bytes | None:
     try:
         with _versions_only():
             encode_into(value, h.update, set())
-    except Exception:  # UnhashableError, or a library refusing (a tensor on the meta device): a resource
-        return None
+    except Exception:  # UnhashableError, or a library refusing (a tensor on the meta device): by its pickle
+        try:  # (a ConfigParser, a ChainMap, a UserDict: plain data, no encoder), else a resource
+            return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)
+        except Exception:
+            return None
     return h.digest(DIGEST)
 
 

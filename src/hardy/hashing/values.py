@@ -218,6 +218,10 @@ def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int
     base = next(b for b in _SCALARS if isinstance(v, b))
     out(b"B" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(base(v) if base is not str else str.__str__(v), out, active)
+    attributes = member_attributes(v) if isinstance(v, enum.Enum) else None
+    if attributes:  # (an IntEnum's or StrEnum's member: as `_encode_enum` says a member's own)
+        out(b"attributes")
+        encode_into(attributes, out, active)
 
 
 def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -280,8 +284,10 @@ def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) ->
 
 
 def member_attributes(member: enum.Enum) -> dict[str, Any]:
-    """What an Enum member holds besides its name and value (`Unit.CM.factor = 10`, or set by the
-    enum's `__init__`), which its methods read."""
+    """What a user Enum's member holds besides its name and value (`Unit.CM.factor = 10`, or set by
+    the enum's `__init__`), which its methods read; a library's are its version's (`HTTPStatus.OK.phrase`)."""
+    if not is_user_module(type(member).__module__):
+        return {}
     return {k: x for k, x in sorted(vars(member).items()) if k not in _ENUM_OWN}
 
 
@@ -326,7 +332,10 @@ def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> No
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    encode_object(v, b"DC", {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, out, active)
+    fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+    extra = {k: x for k, x in (getattr(v, "__dict__", None) or {}).items() if k not in fields}
+    # (an attribute that is no field, set in `__post_init__` or later, which methods read: said only when there is one)
+    encode_object(v, b"DC", {**fields, "__extra__": extra} if extra else fields, out, active)
 
 
 def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:

@@ -22,7 +22,7 @@ import pickle
 import sys
 import types
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -41,17 +41,23 @@ class _Payload(ByValuePickler):
     by value even when its module would let it travel by reference (the point is to replace what
     the reference finds there); anything else as `dumps` would."""
 
-    def __init__(self, file: Any, roots: Iterable[Any], **kwargs: Any):
+    def __init__(self, file: Any, roots: dict[tuple[str, str], Any], bound: dict[tuple[str, str], Any] | None = None,
+                 **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
-        roots = list(roots)
-        self.roots = {id(root) for root in roots}  # (alive: the caller holds them while it pickles)
-        # the classes defined in a root class's body (`Outer.Inner`) are part of it (`_class_here`)
-        self.nests = tuple((root.__module__, f"{root.__qualname__}.") for root in roots if isinstance(root, type))
+        self.roots = {id(root) for root in roots.values()}  # (alive: the caller holds them while it pickles)
+        # where the worker finds its own of each root, and of each class its module binds (`bound`: the
+        # module and name it is bound to, as `Legacy = Model` then `class Model` binds two classes of one
+        # qualified name; `MODEL = Model()` must land on the worker's `Model`), and of each class defined
+        # in a root class's body (`Outer.Inner`: under that root's name)
+        self.where = {id(c): (module, (name,)) for (module, name), c in (bound or {}).items() if isinstance(c, type)}
+        self.where.update((id(root), (module, (name,))) for (module, name), root in roots.items())
+        self.nests = [(root.__module__, f"{root.__qualname__}.", module, name)
+                      for (module, name), root in roots.items() if isinstance(root, type)]
         self.travels: dict[int, bool] = {}  # class members tried alone (`_members`): id -> whether they pickle
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.FunctionType) and _dispatches(obj):
-            return _dispatcher, (obj.__module__, obj.__qualname__, dict(obj.registry))  # type: ignore[attr-defined]
+        if isinstance(obj, types.FunctionType) and _dispatches(obj):  # (one found nowhere is made anew)
+            return _dispatcher, (*(self._where(obj) or (obj.__module__, ())), dict(obj.registry))  # type: ignore[attr-defined]
         if isinstance(obj, types.FunctionType):
             home = _home(obj)
             if home is not None:
@@ -60,7 +66,7 @@ class _Payload(ByValuePickler):
         elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
             # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
             raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
-        elif isinstance(obj, type) and (id(obj) in self.roots or self._nested(obj)):
+        elif isinstance(obj, type) and (where := self._where(obj, by_name=False)):
             made = cloudpickle.cloudpickle._dynamic_class_reduce(obj)  # (how to make it, should the worker lack it)
             state, slots = made[2]
             own = {k: v for k, v in vars(obj).items() if k not in _OWN_MEMBERS and not _slot(v)}  # (cloudpickle's
@@ -68,24 +74,37 @@ class _Payload(ByValuePickler):
             # a plain class is updated in place whatever it holds; another (an Enum) is kept where it is the same
             plain = (type(obj), obj.__bases__, vars(obj).get("__slots__")) if type(obj) in _PLAIN_METACLASSES else None
             stamp = b"" if plain else stamp_of(obj)
-            return (_class_here, (obj.__module__, obj.__qualname__, stamp, plain, made[0], made[1]),
+            return (_class_here, (*where, obj.__qualname__, stamp, plain, made[0], made[1]),
                     (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5],
                      {m.name: member_attributes(m) for m in obj} if issubclass(obj, enum.Enum) else {}),
                     None, None, _class_state)
         elif type(obj) is functools.cached_property:  # (its lock does not pickle)
             return _cached_property, (obj.func, obj.attrname)
+        elif isinstance(obj, type) and id(obj) in self.roots:  # (one the worker cannot find: by value)
+            return cloudpickle.cloudpickle._dynamic_class_reduce(obj)
         elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
 
-    def _nested(self, cls: type) -> bool:
-        """Whether `cls` was defined in a root class's body: by reference it would be the worker's
-        own nested class as its import made it, not what the caller has since made of it
-        (`Outer.Inner.factor = 10`)."""
-        if not self.nests:
-            return False
-        module, qualname = cls.__module__, cls.__qualname__
-        return "<locals>" not in qualname and any(module == m and qualname.startswith(start) for m, start in self.nests)
+    def _where(self, obj: Any, by_name: bool = True) -> tuple[str, tuple[str, ...]] | None:
+        """Where the worker finds its own `obj` (a class, a `singledispatch` function): a root's
+        module and name; a class defined in a root class's body, under that root (by reference it
+        would be the worker's as its import made it, not what the caller has since made of it:
+        `Outer.Inner.factor = 10`); else, `by_name`, its module and qualified name, where they find
+        it here too (another class travels by reference: its module's own stamps follow it). None
+        where nothing does (it travels as `dumps` sends it)."""
+        found = self.where.get(id(obj))
+        if found is not None:
+            return found
+        qualname = obj.__qualname__
+        if "<locals>" in qualname:
+            return None
+        for module, start, bound, name in self.nests:
+            if obj.__module__ == module and qualname.startswith(start):
+                return bound, (name, *qualname[len(start):].split("."))
+        if not by_name or _found(obj.__module__, qualname) is not obj:
+            return None
+        return obj.__module__, tuple(qualname.split("."))
 
     def _members(self, members: dict[str, Any]) -> dict[str, Any]:
         """A class's members, each that does not pickle (a lock) replaced by its stamp (`_Unsent`):
@@ -97,7 +116,7 @@ class _Payload(ByValuePickler):
             travels = isinstance(member, type) or self.travels.get(id(member))
             if travels is None:
                 try:
-                    _Payload(io.BytesIO(), ()).dump(member)
+                    _Payload(io.BytesIO(), {}).dump(member)
                     travels = True
                 except Exception:
                     travels = False
@@ -122,22 +141,37 @@ def _dispatches(func: types.FunctionType) -> bool:
     """Whether `func` is a user module's `functools.singledispatch` function: its own globals are
     functools', so it would travel by reference, and the worker's has none of the implementations
     the caller registered since (`@fmt.register(int)`)."""
-    return (callable(getattr(func, "register", None)) and isinstance(getattr(func, "registry", None), Mapping)
+    registry = getattr(func, "registry", None)
+    return (isinstance(registry, types.MappingProxyType) and object in registry
+            and callable(getattr(func, "dispatch", None)) and callable(getattr(func, "_clear_cache", None))
             and is_user_module(func.__module__))
 
 
-def _dispatcher(module_name: str, qualname: str, registry: dict[type, Callable[..., Any]]) -> Callable[..., Any]:
-    """The worker's own `singledispatch` function `qualname`, given the caller's implementations
-    (other modules' names for it see them too); one the worker lacks is made anew."""
-    found: Any = _importable(module_name)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-    if not (isinstance(found, types.FunctionType) and _dispatches(found)):
+def _dispatcher(module_name: str, path: tuple[str, ...], registry: dict[type, Callable[..., Any]]
+                ) -> Callable[..., Any]:
+    """The worker's own `singledispatch` function found at `path`, given the caller's implementations
+    (other modules' names for it see them too); made anew where the worker lacks it or holds an
+    implementation the caller does not (none can be taken back)."""
+    found = _walk(module_name, path)
+    usable = isinstance(found, types.FunctionType) and _dispatches(found)
+    if not usable or set(vars(found)["registry"]) - set(registry):
         found = functools.singledispatch(registry[object])
     for cls, impl in registry.items():
         if found.registry.get(cls) is not impl:
             found.register(cls, impl)
     return found  # type: ignore[no-any-return]
+
+
+def _found(module_name: str, qualname: str) -> Any:
+    """What this process's `module_name` holds at the dotted `qualname` (None: nothing)."""
+    return _walk(module_name, tuple(qualname.split(".")))
+
+
+def _walk(module_name: str, path: tuple[str, ...]) -> Any:
+    found: Any = _importable(module_name)
+    for part in path:
+        found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
+    return found
 
 
 def _cached_property(func: Callable[[Any], Any], attrname: str | None) -> functools.cached_property[Any]:
@@ -146,9 +180,11 @@ def _cached_property(func: Callable[[Any], Any], attrname: str | None) -> functo
     return made
 
 
-def _class_here(module_name: str, qualname: str, stamp: bytes, plain: tuple[type, tuple[type, ...], Any] | None,
-                make: Callable[..., type], newargs: tuple[Any, ...]) -> type:
-    """The worker's own class `qualname` of `module_name`, which `_class_state` then makes the
+def _class_here(module_name: str, path: tuple[str, ...], qualname: str, stamp: bytes,
+                plain: tuple[type, tuple[type, ...], Any] | None, make: Callable[..., type],
+                newargs: tuple[Any, ...]) -> type:
+    """The worker's own class at `path` in `module_name` (where the caller's is bound; a class of
+    another qualified name there is not it), which `_class_state` then makes the
     caller's where it stands: the instances the worker's import made (`MODEL = Model()`), other
     modules' names for it (`from model import Model`) and every reference to it in the caller's
     objects (a class defined in its body, a sibling's base, an attribute, `super()` in its methods)
@@ -157,9 +193,7 @@ def _class_here(module_name: str, qualname: str, stamp: bytes, plain: tuple[type
     the worker's as its import made it (`Outer.Inner.factor = 10` never reached it). One the worker
     lacks, or cannot update in place (another metaclass, such as an Enum's; other bases or slots),
     is made by value (cloudpickle's `make`)."""
-    found = _importable(module_name)
-    for part in qualname.split("."):
-        found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
+    found = _walk(module_name, path)
     if isinstance(found, type) and found.__qualname__ == qualname:
         if plain is not None and plain == (type(found), found.__bases__, vars(found).get("__slots__")):
             _FOUND[found] = "update"
@@ -206,8 +240,24 @@ def _class_state(cls: type, state: tuple[dict[str, Any], dict[str, Any], dict[st
     for name, member in members.items():
         if name not in unsent and vars(cls).get(name, ABSENT) is not member:
             setattr(cls, name, member)
-    for registered in made.get("_abc_impl") or ():  # an ABC's virtual subclasses (`Scalar.register(int)`)
-        cls.register(registered)  # type: ignore[attr-defined]
+    if isinstance(cls, abc.ABCMeta):
+        _registered(cls, made.get("_abc_impl") or [])
+
+
+def _registered(cls: abc.ABCMeta, registered: list[type]) -> None:
+    """An ABC's virtual subclasses made the caller's (`Scalar.register(int)`), the ones it no longer
+    has (a reload) taken back; held here too (the ABC holds them weakly, and a class of the script,
+    made by value, has no other holder)."""
+    if {ref() for ref in abc._get_dump(cls)[0]} - {None} == set(registered):  # type: ignore[attr-defined]
+        return
+    cls._abc_registry_clear()  # type: ignore[attr-defined]
+    cls._abc_caches_clear()  # type: ignore[attr-defined]
+    for sub in registered:
+        cls.register(sub)
+    _HELD.extend(registered)
+
+
+_HELD: list[type] = []
 
 
 def _home(func: types.FunctionType) -> str | None:
@@ -250,11 +300,13 @@ def _rebuilt(module_name: str, code: types.CodeType, name: str, qualname: str, d
     return func
 
 
-def payload(module_name: str, value: Any) -> bytes | None:
-    """`value` pickled for another process's `module_name`, or None when it cannot be."""
+def payload(module_name: str, name: str, value: Any, bound: dict[str, Any] | None = None) -> bytes | None:
+    """`value`, bound to `name` in `module_name`, pickled for another process's copy of that module
+    (`bound`: what the module binds, for its classes), or None when it cannot be."""
     try:
         file = io.BytesIO()
-        _Payload(file, (value,)).dump(value)
+        binds = {(module_name, n): v for n, v in (bound or {}).items()}
+        _Payload(file, {(module_name, name): value}, binds).dump(value)
         return file.getvalue()
     except Exception:
         return None
@@ -266,7 +318,7 @@ def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = Non
     reference would find the worker's own."""
     file = io.BytesIO()
     objects = values.values if isinstance(values.values, dict) else {}
-    _Payload(file, objects.values(), buffer_callback=buffer_callback).dump(values)
+    _Payload(file, objects, buffer_callback=buffer_callback).dump(values)
     return file.getvalue()
 
 

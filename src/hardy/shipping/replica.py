@@ -84,7 +84,8 @@ class Replica:
             read = self.read.get(module_name, set()) | {NAMES}
             entries[module_name] = {}
             for name, stamp in stamps.items():
-                sent = payload(module_name, self.objects[module_name][name]) if everything or name in read else None
+                objects = self.objects[module_name]
+                sent = payload(module_name, name, objects[name], objects) if everything or name in read else None
                 if sent is not None and not everything and len(sent) > SMALL:
                     sent = None
                 entries[module_name][name] = (stamp, sent)
@@ -98,7 +99,7 @@ class Replica:
         """Why one of the objects asked for cannot be sent (the worker then refuses the plan)."""
         for module_name, name in wanted:
             value = self.objects.get(module_name, {}).get(name)
-            if payload(module_name, value) is None:
+            if payload(module_name, name, value) is None:
                 return refusal(module_name, name, value)
         return "the objects asked for cannot be sent to the worker"
 

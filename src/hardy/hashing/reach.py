@@ -1,0 +1,107 @@
+"""What a plan's fingerprints read, to tell cheaply whether the plan still holds between calls.
+
+While a `Reach` records (`recording`), the fingerprints of `hashing.code` note every name they
+read (`note_read`); a pipeline keeps the `Reach` of its compiled plan and asks it, at each call,
+whether anything read was bound again or changed in place since (docs/caching.md,
+docs/same-answer.md).
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .origin import is_user_module
+from .values import ABSENT
+
+
+class Reach:
+    """What a set of fingerprints read, to tell cheaply whether it still holds: each global,
+    module attribute, class attribute and module imported inside a function that the code
+    reaches, as (namespace, name, the object found there), and the user modules reached. A
+    notebook cell run again, a helper redefined, a global reassigned or `importlib.reload` all
+    put another object under a name; `changed()` is one dict lookup and an identity test per
+    name. A value changed in place (a global dict filled, an array written) keeps its object, and so
+    does a function whose code IPython's autoreload replaced: `watch` adds a content token for each
+    such value and the code of each function, compared too."""
+
+    __slots__ = ("reads", "modules", "watched", "codes", "registered", "_token")
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[Any, str, Any]] = []
+        self.modules: set[str] = set()
+        self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
+        self.codes: list[tuple[Any, Any, Any, Any]] = []  # (function, its code and defaults) when watched
+        self.registered: object = None  # abc's count of registrations, when a user ABC is read (`ABC.register`)
+        self._token: Callable[[Any], bytes | None] | None = None
+
+    def changed(self) -> bool:
+        for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
+            if namespace.get(name, ABSENT) is not found:
+                return True
+        for func, code, defaults, kwdefaults in self.codes:
+            if func.__code__ is not code or func.__defaults__ is not defaults or func.__kwdefaults__ is not kwdefaults:
+                return True
+        if self.registered is not None and abc.get_cache_token() != self.registered:
+            return True
+        if not self.watched:
+            return False
+        token = self._token
+        return token is not None and any(token(found) != before for found, before in self.watched)
+
+    def watch(self, token: Callable[[Any], bytes | None], functions: Iterable[Any] = ()) -> Reach:
+        """Also notice values changed in place (`token(obj)`: None for an object whose identity says
+        whether it changed, else a digest of its content, `hashing.state.token`), and code or
+        defaults replaced in place in the functions read, the methods a call of a user class read
+        reaches with no attribute read (`_IMPLICIT`: a named tuple's `__new__`) and `functions` (a
+        plan's nodes'), whose mutable defaults are watched as values (`def f(x, vocab=VOCAB)`)."""
+        self._token = token
+        objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
+        objects.update((id(f), f) for f in functions)
+        code = [f for f in objects.values() if isinstance(f, types.FunctionType)]
+        code += [f for c in objects.values() if isinstance(c, type) and is_user_module(c.__module__)
+                 for m in map(vars(c).get, _IMPLICIT) if isinstance(f := getattr(m, "__func__", m), types.FunctionType)]
+        objects.update((id(d), d) for f in code for d in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()))
+        self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
+        self.codes = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in code]
+        abcs = any(isinstance(c, abc.ABCMeta) and is_user_module(c.__module__) for c in objects.values())
+        self.registered = abc.get_cache_token() if abcs else None
+        return self
+
+    def settle(self) -> None:
+        """Take the values watched as they are now: what nodes running in this process changed in
+        them during a call is theirs (a memo, a counter), as in a plain loop; only what changes
+        between calls makes the reads stale."""
+        token = self._token
+        if token is not None and self.watched:
+            self.watched = [(found, token(found) or b"") for found, _ in self.watched]
+        if self.registered is not None:
+            self.registered = abc.get_cache_token()
+
+
+_IMPLICIT = ("__new__", "__init__", "__call__")  # (every other method is read by name, and watched as read)
+
+_RECORDING = threading.local()
+
+
+def recording(reach: Reach | None) -> Any:
+    """Make this thread's fingerprints note what they read into `reach` (None: stop); returns the
+    previous recorder, to restore."""
+    previous = getattr(_RECORDING, "reach", None)
+    _RECORDING.reach = reach
+    return previous
+
+
+def recorder() -> Reach | None:
+    """The `Reach` this thread's fingerprints note what they read into, if any."""
+    found: Reach | None = getattr(_RECORDING, "reach", None)
+    return found
+
+
+def note_read(namespace: Any, name: str) -> None:
+    reach = recorder()
+    if reach is not None:
+        reach.reads.append((namespace, name, namespace.get(name, ABSENT)))
