@@ -137,8 +137,9 @@ TENSOR_VERSIONS: contextvars.ContextVar[list[int] | None] = contextvars.ContextV
 its identity and version counter, which every in-place operation bumps, instead of its bytes;
 except CPU tensors while the token's budget of `CONTENT_TOKEN` bytes lasts (the one item of the
 list), named by their bytes, which also see a write the counter does not (through `.data` or a
-numpy view). A budget for the whole token, not a size per tensor: a model of many small tensors
-hashed whole at every call cost 1.6 ms a call."""
+numpy view). A budget for the whole token, not a size per tensor: a container of many small
+tensors is not hashed whole at every call (a torch module's tensors are always named by their
+counters: `_encode_torch_module`)."""
 
 
 def _spent(budget: list[int], size: int) -> bool:

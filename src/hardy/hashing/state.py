@@ -153,13 +153,17 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
             for target in _accessors(member):
                 _code_of(target, out, seen) if _is_code(target) else _tolerant(target, out)
         if isinstance(value, abc.ABCMeta):  # the classes `register` made its virtual subclasses
-            registered = abc._get_dump(value)[0]  # type: ignore[attr-defined]  # (no public way lists them)
-            out(b"registered" + b",".join(sorted(type_name(ref()) for ref in registered if ref() is not None)))
+            out(b"registered" + b",".join(sorted(type_name(c) for c in registered(value))))
     else:
         out(b"w" + type_name(type(value)))
         config = getattr(value, "__dict__", {})
         _tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
         _code_of(value.__wrapped__, out, seen)
+
+
+def registered(cls: abc.ABCMeta) -> set[type]:
+    """The classes `cls.register` made an ABC's virtual subclasses (no public way lists them)."""
+    return {c for ref in abc._get_dump(cls)[0] if (c := ref()) is not None}  # type: ignore[attr-defined]
 
 
 def _accessors(member: Any) -> list[Any]:

@@ -218,10 +218,8 @@ def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int
     base = next(b for b in _SCALARS if isinstance(v, b))
     out(b"B" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(base(v) if base is not str else str.__str__(v), out, active)
-    attributes = member_attributes(v) if isinstance(v, enum.Enum) else None
-    if attributes:  # (an IntEnum's or StrEnum's member: as `_encode_enum` says a member's own)
-        out(b"attributes")
-        encode_into(attributes, out, active)
+    if isinstance(v, enum.Enum):  # an IntEnum's or StrEnum's member
+        _encode_member_attributes(v, out, active)
 
 
 def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -277,6 +275,10 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"En" + type_name(type(v)) + _class_code(type(v), active))
     encode_into(v.value, out, active)
+    _encode_member_attributes(v, out, active)
+
+
+def _encode_member_attributes(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
     attributes = member_attributes(v)
     if attributes:  # (said only when set: a plain member's key stays what it was)
         out(b"attributes")

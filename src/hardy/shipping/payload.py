@@ -30,26 +30,26 @@ import cloudpickle
 from ..errors import ReplicaError
 from ..hashing import is_user_module
 from ..hashing.callables import resolves
+from ..hashing.state import registered as registered_in
 from ..hashing.state import stamp_of
 from ..hashing.values import ABSENT, member_attributes
 from .pickling import ByValuePickler
 
 
 class _Payload(ByValuePickler):
-    """Pickles a module's object for another process's copy of that module: its functions rebuilt
-    there from this process's code over *that* module's globals (`_rebuilt`), the object itself
-    by value even when its module would let it travel by reference (the point is to replace what
-    the reference finds there); anything else as `dumps` would."""
+    """Pickles a module's object for another process's copy of that module (see the module's
+    docstring): `roots`, the objects pickled, by (module, name); `classes`, the classes those modules
+    bind, by the same, so that a class met anywhere in them lands on the worker's own."""
 
-    def __init__(self, file: Any, roots: dict[tuple[str, str], Any], bound: dict[tuple[str, str], Any] | None = None,
+    def __init__(self, file: Any, roots: dict[tuple[str, str], Any], classes: dict[tuple[str, str], type] | None = None,
                  **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
         self.roots = {id(root) for root in roots.values()}  # (alive: the caller holds them while it pickles)
-        # where the worker finds its own of each root, and of each class its module binds (`bound`: the
+        # where the worker finds its own of each root, and of each class its module binds (`classes`: the
         # module and name it is bound to, as `Legacy = Model` then `class Model` binds two classes of one
         # qualified name; `MODEL = Model()` must land on the worker's `Model`), and of each class defined
         # in a root class's body (`Outer.Inner`: under that root's name)
-        self.where = {id(c): (module, (name,)) for (module, name), c in (bound or {}).items() if isinstance(c, type)}
+        self.where = {id(c): (module, (name,)) for (module, name), c in (classes or {}).items()}
         self.where.update((id(root), (module, (name,))) for (module, name), root in roots.items())
         self.nests = [(root.__module__, f"{root.__qualname__}.", module, name)
                       for (module, name), root in roots.items() if isinstance(root, type)]
@@ -102,9 +102,8 @@ class _Payload(ByValuePickler):
         for module, start, bound, name in self.nests:
             if obj.__module__ == module and qualname.startswith(start):
                 return bound, (name, *qualname[len(start):].split("."))
-        if not by_name or _found(obj.__module__, qualname) is not obj:
-            return None
-        return obj.__module__, tuple(qualname.split("."))
+        path = tuple(qualname.split("."))
+        return (obj.__module__, path) if by_name and _walk(obj.__module__, path) is obj else None
 
     def _members(self, members: dict[str, Any]) -> dict[str, Any]:
         """A class's members, each that does not pickle (a lock) replaced by its stamp (`_Unsent`):
@@ -162,12 +161,8 @@ def _dispatcher(module_name: str, path: tuple[str, ...], registry: dict[type, Ca
     return found  # type: ignore[no-any-return]
 
 
-def _found(module_name: str, qualname: str) -> Any:
-    """What this process's `module_name` holds at the dotted `qualname` (None: nothing)."""
-    return _walk(module_name, tuple(qualname.split(".")))
-
-
 def _walk(module_name: str, path: tuple[str, ...]) -> Any:
+    """What this process's `module_name` holds at `path`, a name then attributes of classes (None: nothing)."""
     found: Any = _importable(module_name)
     for part in path:
         found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
@@ -248,7 +243,7 @@ def _registered(cls: abc.ABCMeta, registered: list[type]) -> None:
     """An ABC's virtual subclasses made the caller's (`Scalar.register(int)`), the ones it no longer
     has (a reload) taken back; held here too (the ABC holds them weakly, and a class of the script,
     made by value, has no other holder)."""
-    if {ref() for ref in abc._get_dump(cls)[0]} - {None} == set(registered):  # type: ignore[attr-defined]
+    if registered_in(cls) == set(registered):
         return
     cls._abc_registry_clear()  # type: ignore[attr-defined]
     cls._abc_caches_clear()  # type: ignore[attr-defined]
@@ -300,13 +295,13 @@ def _rebuilt(module_name: str, code: types.CodeType, name: str, qualname: str, d
     return func
 
 
-def payload(module_name: str, name: str, value: Any, bound: dict[str, Any] | None = None) -> bytes | None:
+def payload(module_name: str, name: str, value: Any, classes: dict[tuple[str, str], type] | None = None
+            ) -> bytes | None:
     """`value`, bound to `name` in `module_name`, pickled for another process's copy of that module
-    (`bound`: what the module binds, for its classes), or None when it cannot be."""
+    (`classes`: the classes it binds, by (module, name)), or None when it cannot be."""
     try:
         file = io.BytesIO()
-        binds = {(module_name, n): v for n, v in (bound or {}).items()}
-        _Payload(file, {(module_name, name): value}, binds).dump(value)
+        _Payload(file, {(module_name, name): value}, classes).dump(value)
         return file.getvalue()
     except Exception:
         return None

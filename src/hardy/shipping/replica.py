@@ -83,9 +83,10 @@ class Replica:
         for module_name, stamps in self.stamps.items():
             read = self.read.get(module_name, set()) | {NAMES}
             entries[module_name] = {}
+            objects = self.objects[module_name]
+            classes = {(module_name, n): v for n, v in objects.items() if isinstance(v, type)}  # (once a module)
             for name, stamp in stamps.items():
-                objects = self.objects[module_name]
-                sent = payload(module_name, name, objects[name], objects) if everything or name in read else None
+                sent = payload(module_name, name, objects[name], classes) if everything or name in read else None
                 if sent is not None and not everything and len(sent) > SMALL:
                     sent = None
                 entries[module_name][name] = (stamp, sent)
