@@ -150,6 +150,35 @@ def test_forked_workers_get_their_thread_caps_through_threadpoolctl():
     assert "('openmp', 1)" in child and "('blas', 1)" in child    # 2 workers: one thread each
 
 
+def test_runtimes_loaded_in_a_worker_or_preloaded_in_its_server_get_the_workers_cap():
+    """A fork server without preload loads no OpenMP or BLAS runtime, so it asks threadpoolctl
+    nothing (its import would delay every first map): a runtime a node loads reads the cap from
+    the worker's environment. A preloaded runtime is loaded before the caps apply: the server caps
+    it through threadpoolctl, once, before its workers fork."""
+    needs_torch()
+    out = run_script("""
+        import sys
+        from hardy import Engine, Pipeline, node
+        from hardy.native.loaded import may_hold_thread_pools
+
+        @node(output_name="threads")
+        def threads(x):
+            asked = "threadpoolctl" in sys.modules  # before this node loads torch
+            import torch
+            return asked, torch.get_num_threads()
+
+        print(may_hold_thread_pools())  # this process: none loaded yet
+        for preload in ([], ["torch"]):
+            with Engine(map_executor="process", workers=2, preload=preload) as e:
+                out = Pipeline(nodes=[threads], engine=e).map(inputs={"x": [0, 1]}, map_over="x")
+            print(*out[0]["threads"])
+        import torch
+        print(may_hold_thread_pools(), torch.get_num_threads())
+    """, env={k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES})  # no caps chosen by the user
+    cap = max(1, (os.cpu_count() or 1) // 2)
+    assert out.split("\n")[:4] == ["False", f"False {cap}", f"True {cap}", f"True {os.cpu_count()}"]
+
+
 def test_a_process_pool_of_the_users_after_a_map_never_waits_on_a_lost_sigterm():
     """After a map, hardy's SIGTERM handler is installed (it stops its servers first). A
     multiprocessing pool forked afterwards ends its workers with SIGTERM as it closes; one that

@@ -14,8 +14,6 @@ import textwrap
 import threading
 import time
 import warnings
-from multiprocessing import reduction
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
 import psutil
@@ -389,59 +387,57 @@ def _as_nobody(action) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
+def _socket_inodes(pid: int) -> dict[int, int]:
+    """The inodes of the sockets process `pid` holds, each with one descriptor number that holds it."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found[int(link[8:-1])] = int(fd)
+    return found
+
+
+def _listening_unix_sockets() -> set[int]:
+    """Inodes of the Unix sockets that accept connections, on the whole machine (/proc/net/unix)."""
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return {int(row[6]) for row in rows if int(row[3], 16) & 0x10000}  # __SO_ACCEPTCON
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_user_cannot_reach_or_use_the_fork_server():
+    """A server takes requests only on its standard input, one end of a socket pair with no name:
+    there is no socket to connect to, in its folder or anywhere; each end is held by one process
+    (not by the server's workers, nor by anyone else); and another user cannot read the server's
+    descriptors to take its end."""
     with Engine(map_executor="process", workers=1) as engine:
         assert _seen(engine, 1)
         server = engine.process_pool()._launcher
-        key = server._key
-
-        def connect() -> int:
+        pid = server.process.pid
+        assert os.listdir(server.folder) == []  # no socket (and its imports are done: no note either)
+        held = _socket_inodes(pid)
+        assert not set(held) & _listening_unix_sockets()
+        ours, theirs = os.fstat(server._requests.fileno()).st_ino, os.stat(f"/proc/{pid}/fd/0").st_ino
+        holders: dict[int, set[int]] = {ours: set(), theirs: set()}
+        for proc in psutil.process_iter():
             try:
-                socket.socket(socket.AF_UNIX).connect(server.address)
+                for inode in set(_socket_inodes(proc.pid)) & set(holders):
+                    holders[inode].add(proc.pid)
+            except OSError:  # (a process that ended meanwhile)
+                continue
+        assert holders == {ours: {os.getpid()}, theirs: {pid}}  # the worker does not hold the server's end
+
+        def take_the_servers_end() -> int:
+            try:
+                os.listdir(f"/proc/{pid}/fd")
             except PermissionError:
                 return 13
             return 0
 
-        assert _as_nobody(connect) == 13  # the 0700 folder keeps other users out
-        os.chmod(server.folder, 0o755)  # as if the folder's mode were lost: the peer check remains
-        os.chmod(server.address, 0o777)
-
-        def request_with_the_right_key() -> int:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(server.address)
-            try:
-                conn = Connection(s.detach())
-                answer_challenge(conn, key)
-                deliver_challenge(conn, key)
-            except (EOFError, OSError):
-                return 1  # the server hung up on a peer with another uid
-            return 0
-
-        def forged_request() -> int:
-            """Skip the handshake: send a socket for a worker straight away, then read what comes."""
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(server.address)
-            mine, _ = socket.socketpair()
-            try:
-                reduction.sendfds(s, [mine.fileno()])
-                s.settimeout(30)
-                said = s.recv(4096)
-            except OSError:
-                return 1
-            return 1 if said == b"" else 2  # hung up on at once, before any challenge was sent
-
-        children = {c.pid for c in psutil.Process(server.process.pid).children()}
-        assert _as_nobody(request_with_the_right_key) == 1
-        assert forged_request() == 2  # this user's request is answered with the challenge: the check is the uid
-        assert _as_nobody(forged_request) == 1
-        assert {c.pid for c in psutil.Process(server.process.pid).children()} == children  # nothing forked for them
-        s = socket.socket(socket.AF_UNIX)  # same user, wrong key
-        s.connect(server.address)
-        with pytest.raises(AuthenticationError):
-            conn = Connection(s.detach())
-            answer_challenge(conn, b"not the key")
-        conn.close()
+        assert _as_nobody(take_the_servers_end) == 13
         assert _seen(engine, 4)  # and the server serves its own pool as before
 
 
@@ -534,10 +530,10 @@ def test_a_fork_server_that_never_gets_its_configuration_removes_its_folder(tmp_
     from hardy.workers.launch import SERVER_BOOT
     folder = tmp_path / "hardy-server-x"
     folder.mkdir()
-    (folder / "socket").write_text("")
-    server = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, str(folder)], stdin=subprocess.PIPE,
-                              env=_env(tmp_path))
-    server.stdin.close()  # as the parent's death closes it
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, str(folder)], stdin=theirs, env=_env(tmp_path))
+    theirs.close()
+    ours.close()  # as the parent's death closes it
     assert server.wait(GONE_WITHIN) == 0
     assert not folder.exists()
 

@@ -14,7 +14,6 @@ Errors that users catch by their built-in meaning also inherit from the matching
 from __future__ import annotations
 
 import builtins
-import difflib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -145,6 +144,7 @@ class MissingInputError(HardyError, ValueError):
     def __init__(self, missing: dict[str, list[str]], provided: Iterable[str], pipeline: str):
         self.missing = missing
         provided = list(provided)
+        import difflib  # (here: a worker imports this module, and only this error uses it)
         parts = []
         for name, consumers in missing.items():
             given = difflib.get_close_matches(name, provided, n=1, cutoff=0.6)  # the user's typo, renamed

@@ -27,8 +27,8 @@ worker's stacks, `stacks.hang_stacks`, for step 6.)
 0. In the worker (its side of the record): the native handler (`handler.py`, compiled from
    `native_handler.c`) writes the crashing thread's return addresses; the worker's last words,
    run through `signals.on_fatal_signal`, add which file each library was mapped from
-   (`mapped.record`), the chain of nested plans and the thread it died in (`record.nesting_line`,
-   `record.thread_line`, which notes what the status words said as the thread started: `doing`);
+   (`mapped.record`), the chain of nested plans and the thread it died in (`lines.nesting_line`,
+   `lines.thread_line`, which notes what the status words said as the thread started: `doing`);
    faulthandler writes every thread's Python stack.
 1. `workers/deaths.Deaths.on_death` (`while_idle` for a worker that died with nothing to do): the
    pool's bookkeeping: which item was in flight, what it had sent; it passes what it knows to this

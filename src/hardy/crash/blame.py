@@ -3,7 +3,7 @@
 A worker runs its items in its main thread. A crash in another Python thread (a prefetch or I/O
 thread that an earlier item's node started, one started while the plan loaded) is not the fault of
 the item in flight: the dying thread names itself in the fault record and notes what was in flight
-when it was started (`record.thread_line`, `record.watch_threads`). `elsewhere` decides what such a
+when it was started (`lines.thread_line`, `lines.watch_threads`). `elsewhere` decides what such a
 death means: the worker's items run again, none blamed, with a warning, up to `MAX_THREAD_RERUNS`
 times for the item it holds first; after that the item is charged (`verdict.charge` names the
 thread and the count: `thread_clause`), so this never loops. A native thread (an OpenMP team) and a
@@ -49,7 +49,7 @@ class Elsewhere:
 
 
 def started_by(thread: Mapping[str, Any], run: Map) -> str:
-    """Who started a thread, as `record.thread_line` noted it: `started by item 0, in node 'f'` of
+    """Who started a thread, as `lines.thread_line` noted it: `started by item 0, in node 'f'` of
     `run`; of an earlier map or run, item and node are that one's, so the node is not named."""
     item, step, _, when = thread.get("started") or [IDLE, -1, 0.0, 0.0]
     steps = run.steps if when >= run.began else ()

@@ -2,7 +2,7 @@
 
 A crash in a worker costs only the item in flight, so everything a worker runs (nested pipelines,
 their maps, `run()`) runs in it, in-process. The chain of nested plans (`nesting`) is what the
-worker writes into its fault record as it dies (`record.nesting_line`), and what the parent sends
+worker writes into its fault record as it dies (`lines.nesting_line`), and what the parent sends
 back as poison: inner items that crashed before and now fail without running (`poisoned_here`).
 """
 

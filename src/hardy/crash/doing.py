@@ -2,7 +2,7 @@
 
 A worker's status words (`workers/status.py`) say which item it runs and which step; between
 items, `item` holds one of these words instead, and each Python thread it starts notes them in its
-fault record (`record.thread_line`). They are defined here, in the package that reads them after a
+fault record (`lines.thread_line`). They are defined here, in the package that reads them after a
 death to decide what the death means (`verdict`, `blame`); the status words re-export them. Floats:
 the words are doubles, and a float is stored as it is (an int is converted, a float made, at every
 store: they are stored per item, on the hot path).

@@ -1,4 +1,5 @@
-"""A worker's fault record: its format, written by the dying worker, read once by the parent.
+"""A worker's fault record: its format, written by the dying worker (`lines.py` and the native
+handler), read once by the parent.
 
 The record is the worker's faulthandler file (a memfd the parent reads by path after a death).
 What the worker writes there, in this order:
@@ -7,9 +8,9 @@ What the worker writes there, in this order:
     hardy-native: <addr> <base> <saddr> <sym> <library>    thread's return addresses, then
     hardy-native: end
     hardy-mapped: / hardy-symbol:             which file each library was mapped from (`mapped.py`)
-    hardy-nesting: [[node, item, on_error, timeout], ...]  the chain of nested plans (`nesting_line`)
+    hardy-nesting: [[node, item, on_error, timeout], ...]  the chain of nested plans (`lines.nesting_line`)
     hardy-thread: {"name": ..., "started": [...]}          a Python thread that is not the plan's
-    hardy-exit: the node called os._exit(3)   how it left on its own (`exit_line`)
+    hardy-exit: the node called os._exit(3)   how it left on its own (`lines.exit_line`)
     Fatal Python error: ... / Thread 0x...    faulthandler's Python stack of every thread
 
 The parent opens it once (`read`) into a `FaultRecord`; the scheduler, `NodeCrashed`'s message
@@ -21,92 +22,19 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import mapped
-from .containment import nesting
 from .frames import MARK, name_frames
+from .lines import EXIT, INTERRUPTED, NESTING, THREAD
 
 if TYPE_CHECKING:
-    from types import FrameType
 
     from .symbols import Frame
 
-_NESTING = "hardy-nesting: "
 _NOT_STACK = "hardy-"  # lines of a crash file that hardy wrote (`hardy-native: `...), not faulthandler
-
-
-def nesting_line() -> str:
-    """The deepest chain of nested plans among this process's threads, as the first line of a
-    worker's crash file (`hardy-nesting: [...]`); empty when no plan is nested in another."""
-    import json
-    chains = [nesting(f) for f in sys._current_frames().values()]
-    deepest = max(chains, key=len, default=[])
-    return f"{_NESTING}{json.dumps(deepest)}\n" if len(deepest) > 1 else ""
-
-
-
-# --- which thread died, and how a worker left ----------------------------------------------------
-#
-# A worker runs its items in its main thread. A crash in another Python thread (a prefetch or I/O
-# thread that an earlier item's node started) is not the fault of the item in flight: the parent
-# reads which thread it was (`thread_line`, written by the dying thread itself) and what was in
-# flight when that thread was started (`watch_threads`), and runs the item in flight again
-# (`blame.elsewhere`). A native thread (an OpenMP team, a library's own pool) works for the call
-# running now, and a thread running the plan's code (an async plan's sync nodes) is the node's.
-
-_THREAD = "hardy-thread: "
-_EXIT = "hardy-exit: "
-_INTERRUPTED = "hardy-interrupted: "
-
-
-def watch_threads(now: Callable[[], tuple[float, ...]]) -> None:
-    """Note on each thread started from now on what was in flight as it started (`now()`: the
-    worker's item, step and the step's start, from its status words) and when (monotonic: which
-    map it was), for `thread_line`."""
-    import time
-    start = threading.Thread.start
-
-    def started(self: threading.Thread) -> None:
-        self._hardy_started = (*now(), time.monotonic())  # type: ignore[attr-defined]
-        start(self)
-    threading.Thread.start = started  # type: ignore[method-assign]
-
-
-def thread_line() -> str:
-    """`hardy-thread: {"name": ..., "started": [item, step, step start, when]}` for the thread this
-    runs in (a crashing one, in its fatal-signal handler), when it is a Python thread other than the
-    one running the plan; empty for the main thread, a thread running the plan's code, and a native
-    thread (not started by Python), all of which work for the node running now."""
-    import json
-    ident = threading.get_ident()
-    if ident == threading.main_thread().ident:
-        return ""
-    thread = next((t for t in threading.enumerate() if t.ident == ident), None)
-    if thread is None or type(thread).__name__ == "_DummyThread":  # a native thread calling into Python
-        return ""
-    f: FrameType | None = sys._getframe(1)
-    while f is not None:
-        if f.f_code.co_filename.startswith("<hardy plan") or f.f_code.co_name == "_thread_call":
-            return ""
-        f = f.f_back
-    started = getattr(thread, "_hardy_started", None)
-    return f"{_THREAD}{json.dumps({'name': thread.name, 'started': started})}\n"
-
-
-def exit_line(how: str) -> str:
-    """`hardy-exit: the node called os._exit(3)`: how a worker left on its own."""
-    return f"{_EXIT}{how}\n"
-
-
-def interrupted_line(exc: KeyboardInterrupt) -> str:
-    """`hardy-interrupted: <its text>`: the worker left because a node raised KeyboardInterrupt,
-    which in-process interrupts the call (the parent does the same: `FaultRecord.interrupted`)."""
-    return f"{_INTERRUPTED}{json.dumps(str(exc))}\n"
 
 
 _MACHINERY = ("/hardy/workers/", "/hardy/integrations/", "/multiprocessing/", "/site-packages/daft/",
@@ -154,14 +82,14 @@ def parse(text: str) -> FaultRecord:
     lines = text.strip().splitlines()
     thread, how, chain, interrupted = None, "", "", None
     for ln in lines:
-        if ln.startswith(_THREAD):
-            thread = _json(ln[len(_THREAD):], thread)
-        elif ln.startswith(_EXIT):
-            how = ln[len(_EXIT):].strip()
-        elif ln.startswith(_INTERRUPTED):
-            interrupted = str(_json(ln[len(_INTERRUPTED):], ""))
-        elif ln.startswith(_NESTING) and not chain:
-            chain = ln[len(_NESTING):]
+        if ln.startswith(THREAD):
+            thread = _json(ln[len(THREAD):], thread)
+        elif ln.startswith(EXIT):
+            how = ln[len(EXIT):].strip()
+        elif ln.startswith(INTERRUPTED):
+            interrupted = str(_json(ln[len(INTERRUPTED):], ""))
+        elif ln.startswith(NESTING) and not chain:
+            chain = ln[len(NESTING):]
     libraries, symbols = mapped.read(text)
     return FaultRecord(stack=_python(_busy_threads(lines)), threads=_python(lines),
                        nesting=_chain(chain),

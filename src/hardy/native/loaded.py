@@ -38,6 +38,18 @@ def loaded_libraries() -> list[str]:
     return names
 
 
+# Every file name threadpoolctl recognises as an OpenMP or BLAS runtime holds one of these
+# (libgomp, libiomp, libomp, vcomp; libopenblas, libscipy_openblas, libblas, libflexiblas; libblis; libmkl_rt)
+_RUNTIME_MARKS = ("omp", "blas", "blis", "mkl")
+
+
+def may_hold_thread_pools() -> bool:
+    """Whether a library loaded here might be a runtime threadpoolctl governs: False means none is,
+    so there is nothing to cap, without importing threadpoolctl (a fork server's first map waits
+    for its imports). True may be a false alarm (a name that holds a mark by chance)."""
+    return any(mark in os.path.basename(path).lower() for path in loaded_libraries() for mark in _RUNTIME_MARKS)
+
+
 def thread_pools() -> list[dict[str, Any]]:
     """The OpenMP and BLAS runtimes loaded in this process, as threadpoolctl finds them: each with
     its `user_api` ("openmp" or "blas"), `internal_api`, `filepath`, `version` and `num_threads`.

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from threadpoolctl import threadpool_limits
+from ..native.loaded import may_hold_thread_pools
 
 NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
 
@@ -28,15 +28,18 @@ def cap_loaded_runtimes() -> None:
     The variables reach only runtimes loaded after they are set: a worker forked from the parent
     (start_method="fork!") holds the parent's runtimes with the parent's thread counts. threadpoolctl
     finds the loaded runtimes and calls each one's own setter (~0.2 ms when none is loaded, 7 to 12 ms
-    with torch's); it is imported with this module, in the fork server, so workers do not pay for
-    the import. A fork server applies its caps once, after `preload`: its workers fork with those
-    runtimes, capped, and the same variables, so theirs is a comparison."""
+    with torch's). It is imported only where a loaded library may be such a runtime: a fork server
+    without `preload` (a fresh interpreter and hardy's modules) has none, and its first map does not
+    wait for the import. A fork server applies its caps once, after `preload`: its workers fork with
+    those runtimes, capped, and the same variables, so theirs is a comparison."""
     global _capped
     caps = {"openmp": os.environ.get("OMP_NUM_THREADS"), "blas": os.environ.get("OPENBLAS_NUM_THREADS")}
     limits = {api: int(n) for api, n in caps.items() if n and n.isdigit()}
     if limits == _capped:  # applied already, to the same runtimes (a fork server's, before its workers forked)
         return
-    threadpool_limits(limits=limits)
+    if may_hold_thread_pools():  # else none is loaded: those loaded later read the variables themselves
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(limits=limits)
     _capped = limits
 
 

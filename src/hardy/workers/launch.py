@@ -147,75 +147,65 @@ _live: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
 
 
 class ForkServer:
-    """A hardy fork server process: started clean (fork+exec), reachable only by this process."""
+    """A hardy fork server process: started clean (fork+exec), reachable only by this process.
+
+    Asked for workers over a socket pair that is the server's standard input (`server.py`): one
+    message per worker, no connection or handshake, so a first map's workers start as soon as the
+    server has imported its modules, and a crash's replacement costs one message each way."""
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
         sweep_leftovers(tempfile.gettempdir(), "hardy-server-")  # what killed servers left
         self.folder = _new_folder()
-        self.address = os.path.join(self.folder, "socket")
-        self._key = os.urandom(32)
         self.users: set[int] = set()
         self.label = f"preload={list(preload)}" if preload else "no preload"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.address)
-        os.chmod(self.address, 0o600)
-        listener.listen(64)  # requests queue here while the server imports `preload`
-        config = dict(listen_fd=listener.fileno(), key=self._key, folder=self.folder, spawn=spawn,
-                      preload=["hardy.workers.worker", *preload], parent=os.getpid(), boot=WORKER_BOOT,
+        # SOCK_SEQPACKET: each request one message, whole, whichever thread sends it
+        self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = dict(folder=self.folder, spawn=spawn, preload=["hardy.workers.worker", *preload],
+                      parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
         try:
             # the folder in its arguments: a server that never gets its configuration still removes it
-            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, self.folder], stdin=subprocess.PIPE,
-                                            pass_fds=[listener.fileno()], env={**os.environ, **env},
-                                            start_new_session=True)
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, self.folder], stdin=theirs.fileno(),
+                                            env={**os.environ, **env}, start_new_session=True)
         except BaseException:
+            self._requests.close()
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
-            listener.close()
+            theirs.close()
             _starting.discard(self.folder)
-        assert self.process.stdin is not None
-        _ends.add(self.process.stdin)
-        self.process.stdin.write(pickle.dumps(config))
-        self.process.stdin.flush()  # stays open: its end-of-file tells the server we are gone
-        # What asking it for a worker needs, imported while it boots rather than before it starts: its
-        # connections, and the challenge's hmac, whose first import loads OpenSSL (milliseconds each).
-        import hmac  # noqa: F401
-        import multiprocessing.connection  # noqa: F401
+        _ends.add(self._requests)  # stays open: its end of file tells the server we are gone
+        self._requests.sendall(pickle.dumps(config))
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
-        from multiprocessing import reduction
-        from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+        from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
-        status: Connection | None = None
+        mine, replies = socket.socketpair()  # the server's replies about this worker: its pid, its exit
+        conn = Connection(mine.detach())
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.connect(self.address)
-                status = Connection(os.dup(s.fileno()))
-                self._wait_for_preload(status)
-                answer_challenge(status, self._key)
-                deliver_challenge(status, self._key)
-                reduction.sendfds(s, [theirs.fileno()])
-            kind, value = pickle.loads(status.recv_bytes())
+            try:
+                socket.send_fds(self._requests, [b"w"], [theirs.fileno(), replies.fileno()])
+            finally:
+                theirs.close()
+                replies.close()
+            self._wait_for_preload(conn)
+            kind, value = pickle.loads(conn.recv_bytes())
         except (OSError, EOFError) as exc:
             ours.close()
-            if status is not None:
-                status.close()
+            conn.close()
             code = self.process.poll()
             raise WorkerStartError(
                 f"the fork server ({self.label}) "
                 + (f"exited with code {code}" if code is not None else f"did not answer ({exc})")
                 + "; a module in preload= may crash on import: try importing it in a plain python") from exc
-        finally:
-            theirs.close()
         if kind == "error":
-            status.close()
+            conn.close()
             raise WorkerStartError(value)
-        return WorkerProcess(value, status.fileno(), lambda: _exit_status(status), status.close), \
+        return WorkerProcess(value, conn.fileno(), lambda: _exit_status(conn), conn.close), \
             _parent_end(Connection(ours.detach()))
 
     def _importing(self) -> str:
@@ -252,11 +242,7 @@ class ForkServer:
 
     def stop(self, wait: bool = True) -> None:
         """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-        except OSError:
-            pass
+        self._requests.close()
         if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
             return
         try:
@@ -404,7 +390,7 @@ def _forked() -> None:
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         for end in list(_ends):
-            if not end.closed:
+            if not _closed(end):
                 os.dup2(null, end.fileno(), inheritable=False)
         for w in list(_live):
             if not w._ended:
@@ -424,6 +410,11 @@ def _forked() -> None:
         except ValueError:  # (not the main thread: cannot happen in a fork child, whose one thread is)
             pass
     _unmask()
+
+
+def _closed(end: Any) -> bool:
+    """A connection's or a socket's (a fork server's requests) own answer to "closed?"."""
+    return end.fileno() == -1 if isinstance(end, socket.socket) else bool(end.closed)
 
 
 _masked: list[Any] = []  # the forking thread's signal mask before `_mask`

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
 from ..crash import handler, mapped
-from ..crash.record import exit_line, interrupted_line, nesting_line, thread_line, watch_threads
+from ..crash.lines import exit_line, interrupted_line, nesting_line, thread_line, watch_threads
 from ..crash.signals import LAST_WORDS_LIMIT
 from ..errors import NodeError
 from ..model.executor import Row

@@ -1,17 +1,20 @@
-"""The fork server process: imports `preload` once, then forks one worker per authenticated request.
+"""The fork server process: imports `preload` once, then forks one worker per request.
 
 Started clean by fork+exec (`launch.ForkServer`), so no CUDA context, OpenMP pool or lock of the
-user's process is ever inherited. Its standard input is a pipe only the parent process writes: it
-reads its configuration there, and end-of-file means the parent has closed it or died. Either way
-it kills every worker's process group, removes its folder and exits, so nothing outlives the user's
-process. It never waits on a child that is still running, so closing it cannot hang.
+user's process is ever inherited. Its standard input is one end of a socket pair whose other end
+only the parent process holds: it reads its configuration there, then its requests, and
+end-of-file means the parent has closed it or died. Either way it kills every worker's process
+group, removes its folder and exits, so nothing outlives the user's process. It never waits on a
+child that is still running, so closing it cannot hang.
 
-Who may ask for a worker: the listening socket lives in a 0700 folder; each connection's peer uid
-(SO_PEERCRED) must be ours; and the peer must answer an HMAC challenge on a random key that only
-the parent holds (multiprocessing.connection's own challenge, both ways).
+Who may ask for a worker: only a holder of that socket pair, which has no name anywhere (no path,
+no abstract address) and which the parent lets go of in its fork children and the server closes
+in its workers. There is nothing to connect to, so nothing to authenticate: another process, of
+this user or another, cannot reach the server at all.
 
-Each exchange: the parent connects, both sides authenticate, the parent sends the worker's end of a
-socket pair (SCM_RIGHTS); the server forks and replies ("pid", pid), later ("exit", code).
+Each request is one message carrying two descriptors (SCM_RIGHTS): the worker's end of a socket
+pair to the parent, and the end of a second pair on which the server replies ("pid", pid), later
+("exit", code).
 """
 
 from __future__ import annotations
@@ -23,20 +26,17 @@ import selectors
 import shutil
 import signal
 import socket
-import struct
 import sys
 import traceback
-from multiprocessing import reduction
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ..crash.handler import prepare as prepare_native_handler
 from ..safety.environment import cap_loaded_runtimes
 from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 
-AUTH_TIMEOUT = 5  # seconds a connected peer has to authenticate before it is dropped
+CONFIG_MAX = 1 << 20  # bytes: the configuration's message (a few hundred, with a long preload list a few thousand)
 IDLE_IMPORT = 0.05  # seconds without a request after which the server imports the pipeline API (`_import_api`)
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def serve() -> None:
@@ -45,7 +45,7 @@ def serve() -> None:
     serving = [True]
 
     def leave(*_: Any) -> None:
-        """SIGTERM (the parent's death signal, sent as its pipe closes): leave through the clean-up
+        """SIGTERM (the parent's death signal, sent as its end closes): leave through the clean-up
         below, once. Raised inside that clean-up, it would cut it short and leave the folder."""
         if serving[0]:
             serving[0] = False
@@ -54,10 +54,10 @@ def serve() -> None:
     signal.signal(signal.SIGTERM, leave)
     children: dict[int, Connection] = {}
     try:
-        config = pickle.load(sys.stdin.buffer)  # end of file: the parent died before sending it
+        parent = socket.socket(fileno=0)
+        config = pickle.loads(parent.recv(CONFIG_MAX))  # end of file (b""): the parent died before sending it
         if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
             return  # the parent died while we started
-        listener = socket.socket(fileno=config["listen_fd"])
         become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
         failure = _preload(config["preload"], folder, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
@@ -69,8 +69,7 @@ def serve() -> None:
         sel = selectors.DefaultSelector()
         sel.register(0, selectors.EVENT_READ, "parent")
         sel.register(wake_r, selectors.EVENT_READ, "child")
-        sel.register(listener, selectors.EVENT_READ, "request")
-        closing = [0, wake_r, wake_w, listener.fileno()]
+        closing = [0, wake_r, wake_w]
         idle: float | None = IDLE_IMPORT
         while True:
             ready = sel.select(idle)
@@ -78,14 +77,12 @@ def serve() -> None:
                 _import_api(failure)
                 idle = None
             for key, _ in ready:
-                if key.data == "parent":
-                    serving[0] = False  # a SIGTERM from here on finds the clean-up under way
-                    return  # end of file: the parent closed us or died
                 if key.data == "child":
                     os.read(wake_r, 4096)
                     _reap(children)
-                else:
-                    _answer(listener, config, failure, children, closing)
+                elif not _answer(parent, config, failure, children, closing):
+                    serving[0] = False  # a SIGTERM from here on finds the clean-up under way
+                    return  # end of file: the parent closed us or died
     finally:
         serving[0] = False
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the parent's death signal must not cut this short
@@ -145,46 +142,39 @@ def _import_api(failure: str | None) -> None:
     gc.freeze()
 
 
-def _answer(listener: socket.socket, config: dict[str, Any], failure: str | None,
-            children: dict[int, Connection], closing: list[int]) -> None:
-    """One request: check who asks, authenticate, fork a worker. A bad peer costs only its request."""
+def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
+            children: dict[int, Connection], closing: list[int]) -> bool:
+    """One request: fork a worker on the descriptors it brings. False at end of file (the parent is gone)."""
     try:
-        sock, _ = listener.accept()
+        said, fds, _, _ = socket.recv_fds(parent, 1, 2, socket.MSG_CMSG_CLOEXEC)
     except OSError:
-        return
-    with sock:
-        if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the 0700 folder and the key remain
-            _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            if uid != os.getuid():
-                return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", AUTH_TIMEOUT, 0))
-        conn = Connection(os.dup(sock.fileno()))
-        try:
-            deliver_challenge(conn, config["key"])
-            answer_challenge(conn, config["key"])
-            (fd,) = reduction.recvfds(sock, 1)
-        except Exception:  # wrong key, a peer that went away or stalls: refuse this one only
-            conn.close()
-            return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
-        if failure:
-            conn.send_bytes(pickle.dumps(("error", failure)))
-            conn.close()
+        return False
+    if not said and not fds:
+        return False
+    if len(fds) != 2:  # (the parent never sends one without its two ends)
+        for fd in fds:
             os.close(fd)
-            return
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _become_worker(fd, config, closing + [conn.fileno(), sock.fileno()]
-                               + [c.fileno() for c in children.values()])
-            finally:
-                os._exit(1)
+        return True
+    fd, status = fds
+    conn = Connection(status)
+    if failure:
+        conn.send_bytes(pickle.dumps(("error", failure)))
+        conn.close()
         os.close(fd)
-        children[pid] = conn
+        return True
+    pid = os.fork()
+    if pid == 0:
         try:
-            conn.send_bytes(pickle.dumps(("pid", pid)))
-        except OSError:
-            pass
+            _become_worker(fd, config, closing + [conn.fileno()] + [c.fileno() for c in children.values()])
+        finally:
+            os._exit(1)
+    os.close(fd)
+    children[pid] = conn
+    try:
+        conn.send_bytes(pickle.dumps(("pid", pid)))
+    except OSError:
+        pass
+    return True
 
 
 def _become_worker(fd: int, config: dict[str, Any], closing: list[int]) -> None:
