@@ -441,6 +441,43 @@ def test_another_user_cannot_reach_or_use_the_fork_server():
         assert _seen(engine, 4)  # and the server serves its own pool as before
 
 
+@node(output_name="pid")
+def worker_pid(x):
+    return os.getpid()
+
+
+def _children_of(pid: int, n: int) -> set[int]:
+    """The children of `pid`, once it has `n` (a server forks only after its imports)."""
+    deadline = time.monotonic() + GONE_WITHIN
+    while True:
+        children = {c.pid for c in psutil.Process(pid).children()}
+        if len(children) >= n or time.monotonic() > deadline:
+            return children
+        time.sleep(0.01)
+
+
+def test_a_maps_first_workers_are_asked_for_together_and_those_never_set_up_leave_with_the_server():
+    """The workers a map asks for ahead fork before the first one is set up, and are the ones that
+    run its items; workers asked for but never set up hold nothing open: they end with the server."""
+    with Engine(map_executor="process", workers=2) as engine:
+        pool = engine.process_pool()
+        pool.ask_ahead(2)
+        server = pool._launcher.process.pid
+        asked = _children_of(server, 2)
+        assert len(asked) == 2 and not any(pool.workers)  # forked before any worker was set up
+        out = Pipeline([worker_pid], engine=engine).map(inputs={"x": list(range(8))}, map_over="x")
+        assert {o["pid"] for o in out} <= asked
+        assert _children_of(server, 2) == asked  # nothing else forked
+    with Engine(map_executor="process", workers=3) as engine:
+        pool = engine.process_pool()
+        pool.ask_ahead(3)
+        server = pool._launcher.process.pid
+        asked = _children_of(server, 3)
+        assert len(asked) == 3
+        Pipeline([worker_pid], engine=engine).run(inputs={"x": 0})  # sets up one: two stay asked for
+    assert _gone([server, *asked]) == []
+
+
 # --- 5. no orphan, no leftover, no silent hang, in the corners --------------------------------
 
 THREAD_THEN_FORK_CHILD = """

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -158,6 +159,8 @@ class ForkServer:
         self.folder = _new_folder()
         self.users: set[int] = set()
         self.label = f"preload={list(preload)}" if preload else "no preload"
+        self._asked: deque[tuple[socket.socket, Connection]] = deque()  # workers asked for ahead (`ask`)
+        self._asking = threading.Lock()
         # SOCK_SEQPACKET: each request one message, whole, whichever thread sends it
         self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(folder=self.folder, spawn=spawn, preload=["hardy.workers.worker", *preload],
@@ -181,32 +184,58 @@ class ForkServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def start_worker(self) -> tuple[WorkerProcess, Connection]:
+    def ask(self, n: int) -> None:
+        """Ask for `n` workers now, which `start_worker` then sets up one by one: a map's first
+        workers fork together, not each after the one before it was set up (which left the last
+        one's first item to end a short map alone)."""
+        with self._asking:
+            while len(self._asked) < n:
+                self._asked.append(self._request())
+
+    def _request(self) -> tuple[socket.socket, Connection]:
+        """One worker asked for: this process's end of its socket, and the server's replies about
+        it (its pid, later its exit)."""
         from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
-        mine, replies = socket.socketpair()  # the server's replies about this worker: its pid, its exit
-        conn = Connection(mine.detach())
+        mine, replies = socket.socketpair()
         try:
-            try:
-                socket.send_fds(self._requests, [b"w"], [theirs.fileno(), replies.fileno()])
-            finally:
-                theirs.close()
-                replies.close()
+            socket.send_fds(self._requests, [b"w"], [theirs.fileno(), replies.fileno()])
+        except OSError:
+            ours.close()
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+            replies.close()
+        return ours, Connection(mine.detach())
+
+    def start_worker(self) -> tuple[WorkerProcess, Connection]:
+        from multiprocessing.connection import Connection
+        with self._asking:
+            asked = self._asked.popleft() if self._asked else None
+        try:
+            ours, conn = asked or self._request()
+        except OSError as exc:
+            raise self._failed(exc) from exc
+        try:
             self._wait_for_preload(conn)
             kind, value = pickle.loads(conn.recv_bytes())
         except (OSError, EOFError) as exc:
             ours.close()
             conn.close()
-            code = self.process.poll()
-            raise WorkerStartError(
-                f"the fork server ({self.label}) "
-                + (f"exited with code {code}" if code is not None else f"did not answer ({exc})")
-                + "; a module in preload= may crash on import: try importing it in a plain python") from exc
+            raise self._failed(exc) from exc
         if kind == "error":
             conn.close()
             raise WorkerStartError(value)
         return WorkerProcess(value, conn.fileno(), lambda: _exit_status(conn), conn.close), \
             _parent_end(Connection(ours.detach()))
+
+    def _failed(self, exc: BaseException) -> WorkerStartError:
+        code = self.process.poll()
+        return WorkerStartError(
+            f"the fork server ({self.label}) "
+            + (f"exited with code {code}" if code is not None else f"did not answer ({exc})")
+            + "; a module in preload= may crash on import: try importing it in a plain python")
 
     def _importing(self) -> str:
         """The preload module the server imports now ("" once it is done, or before it began)."""
@@ -243,6 +272,13 @@ class ForkServer:
     def stop(self, wait: bool = True) -> None:
         """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
         self._requests.close()
+        while self._asked:  # asked for and never set up: they leave with the server
+            try:
+                ours, conn = self._asked.popleft()
+            except IndexError:  # (taken by a thread meanwhile: this may run in a signal handler, no lock)
+                break
+            ours.close()
+            conn.close()
         if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
             return
         try:

@@ -153,21 +153,38 @@ class WorkerPool(Executor):
         with self._lock:
             if slot is None and (generation != self._generation or self._launcher is None):
                 raise WorkerStartError("no spare worker: the pool was closed")
-            if self._launcher is not None and not self._launcher.alive:  # its fork server died (killed from
-                launch.release(self, self._launcher)                      # outside): a fresh one serves on
-                self._launcher = None
-            if self._launcher is None:
-                self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
+            launcher = self._live_launcher()
             self._started += 1
-            number, launcher = self._started, self._launcher
+            number = self._started
         env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
         w = Worker(launcher, number, env, self.preload_libs)
         if slot is not None:
             self.workers[slot] = w
         return w
 
+    def _live_launcher(self) -> launch.Launcher:
+        """This pool's launcher (under `_lock`), acquired now if it has none or its fork server
+        died (killed from outside: a fresh one serves on)."""
+        if self._launcher is not None and not self._launcher.alive:
+            launch.release(self, self._launcher)
+            self._launcher = None
+        if self._launcher is None:
+            self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
+        return self._launcher
+
+    def ask_ahead(self, fresh: int) -> None:
+        """`fresh` workers are about to start one after the other (a map's first): ask the fork
+        server for them all now, so that they fork together (`launch.ForkServer.ask`). A spare
+        ready or on its way takes the place of one."""
+        with self._lock:
+            launcher = self._live_launcher()
+            fresh -= self._spare is not None or self._topping is not None
+        if fresh > 1 and isinstance(launcher, launch.ForkServer):
+            launcher.ask(fresh)
+
     def start(self) -> None:
         """Start every worker now (otherwise they start on first use)."""
+        self.ask_ahead(sum(w is None for w in self.workers))
         for k in range(self.size):
             if self.workers[k] is None:
                 self.start_worker(k)

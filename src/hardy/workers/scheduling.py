@@ -107,7 +107,7 @@ class MapRun:
             return None
         spread = -(-remaining // (2 * self.pool.size))  # chunks shrink toward the end: no worker waits on a long one
         if self.per_item is None:
-            size = min(1 if len(self.items) < 64 else 4, spread)  # probe: learn the per-item time first
+            size = min(self.probe, spread)  # probe: learn the per-item time first
         else:
             per_item = max(self.per_item, 1e-7)
             # but, once the time per item is known from a few items a worker, none is cut below
@@ -128,6 +128,11 @@ class MapRun:
         self.next_fresh += size
         return fresh
 
+    @property
+    def probe(self) -> int:
+        """Items in a chunk while the time per item is unknown."""
+        return 1 if len(self.items) < 64 else 4
+
     def backoff_left(self) -> float:
         """Seconds until a retry may run, when there is no fresh item and every retry waits."""
         if self.next_fresh < len(self.items) or not self.retry:
@@ -142,7 +147,11 @@ class MapRun:
         """Give a chunk to every idle worker this run holds; hand back those it has no work for."""
         pool = self.pool
         unneeded = []
-        for slot in pool.claim(self):
+        slots = pool.claim(self)
+        empty = sum(pool.workers[slot] is None for slot in slots)
+        if empty > 1 and self.per_item is None:  # a map's first workers: each gets a probe chunk
+            pool.ask_ahead(min(empty, (len(self.items) - self.next_fresh) // self.probe))
+        for slot in slots:
             w = pool.workers[slot]
             if w is not None and w.busy:
                 continue
