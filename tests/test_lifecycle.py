@@ -446,14 +446,24 @@ def worker_pid(x):
     return os.getpid()
 
 
-def _children_of(pid: int, n: int) -> set[int]:
-    """The children of `pid`, once it has `n` (a server forks only after its imports)."""
+def _new_children(pid: int, before: set[int], n: int) -> set[int]:
+    """The children of `pid` not in `before`, once there are `n` (a server forks only after its
+    imports; one this process's other engines share has their workers too)."""
     deadline = time.monotonic() + GONE_WITHIN
     while True:
-        children = {c.pid for c in psutil.Process(pid).children()}
+        children = {c.pid for c in psutil.Process(pid).children()} - before
         if len(children) >= n or time.monotonic() > deadline:
             return children
         time.sleep(0.01)
+
+
+def _asked_ahead(pool, n: int) -> tuple[int, set[int]]:
+    """Ask `pool`'s fork server for `n` workers ahead: its pid, and the workers it forked for them."""
+    pool.ask_ahead(0)  # (its server, started or shared: asked for nothing)
+    server = pool._launcher.process.pid
+    before = {c.pid for c in psutil.Process(server).children()}
+    pool.ask_ahead(n)
+    return server, _new_children(server, before, n)
 
 
 def test_a_maps_first_workers_are_asked_for_together_and_those_never_set_up_leave_with_the_server():
@@ -461,18 +471,14 @@ def test_a_maps_first_workers_are_asked_for_together_and_those_never_set_up_leav
     run its items; workers asked for but never set up hold nothing open: they end with the server."""
     with Engine(map_executor="process", workers=2) as engine:
         pool = engine.process_pool()
-        pool.ask_ahead(2)
-        server = pool._launcher.process.pid
-        asked = _children_of(server, 2)
+        server, asked = _asked_ahead(pool, 2)
         assert len(asked) == 2 and not any(pool.workers)  # forked before any worker was set up
         out = Pipeline([worker_pid], engine=engine).map(inputs={"x": list(range(8))}, map_over="x")
         assert {o["pid"] for o in out} <= asked
-        assert _children_of(server, 2) == asked  # nothing else forked
-    with Engine(map_executor="process", workers=3) as engine:
+        assert {w.process.pid for w in pool.workers} == asked  # nothing else forked for it
+    with Engine(map_executor="process", workers=3, preload=["calendar"]) as engine:  # a server of its own
         pool = engine.process_pool()
-        pool.ask_ahead(3)
-        server = pool._launcher.process.pid
-        asked = _children_of(server, 3)
+        server, asked = _asked_ahead(pool, 3)
         assert len(asked) == 3
         Pipeline([worker_pid], engine=engine).run(inputs={"x": 0})  # sets up one: two stay asked for
     assert _gone([server, *asked]) == []

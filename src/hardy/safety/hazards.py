@@ -108,7 +108,7 @@ def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
 
 def choose_start_method(requested: str) -> str:
     """A start method the user asked for: "fork" only when no hazard is present; "fork!" forces.
-    (The default, a fork server, needs no check: `workers.launch.default_start_method`.)"""
+    (The default, a fork server, needs no check: `workers.launch.DEFAULT_START_METHOD`.)"""
     import multiprocessing as mp
     available = mp.get_all_start_methods()
     if requested in ("fork", "fork!"):

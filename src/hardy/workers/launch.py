@@ -77,10 +77,7 @@ def worker_environment(workers: int) -> dict[str, str]:
     return env
 
 
-def default_start_method() -> str:
-    """A fork server where there is one (Linux), else spawn: workers never fork this process."""
-    import multiprocessing
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+DEFAULT_START_METHOD = "forkserver"  # workers never fork this process (hardy runs on Linux alone: `system.py`)
 
 
 def _preload_timeout() -> float:
@@ -342,9 +339,7 @@ def warm(preload: tuple[str, ...], workers: int) -> None:
     """Start now the fork server that a pool of `workers` with the default start method will use:
     it boots (a fresh interpreter importing hardy's worker modules, the longest part of a first
     map) while the caller imports the pool and ships its plan. The pool then acquires it."""
-    start_method = default_start_method()
-    if start_method != "fork":
-        _launcher(start_method, preload, worker_environment(workers), None)
+    _launcher(DEFAULT_START_METHOD, preload, worker_environment(workers), None)
 
 
 def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> Launcher:

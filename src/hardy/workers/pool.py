@@ -50,7 +50,7 @@ class WorkerPool(Executor):
         worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
         self.slot_env = list(slot_env)
         self.size = len(self.slot_env) or workers or os.cpu_count() or 1
-        self.start_method = launch.default_start_method() if start_method is None else choose_start_method(start_method)
+        self.start_method = launch.DEFAULT_START_METHOD if start_method is None else choose_start_method(start_method)
         self.preload = tuple(preload)
         self.preload_libs = tuple(preload_libs)
         self.max_tasks = max_tasks_per_worker
