@@ -420,7 +420,7 @@ def test_another_user_cannot_reach_or_use_the_fork_server():
         assert os.listdir(server.folder) == []  # no socket (and its imports are done: no note either)
         held = _socket_inodes(pid)
         assert not set(held) & _listening_unix_sockets()
-        ours, theirs = os.fstat(server._requests.fileno()).st_ino, os.stat(f"/proc/{pid}/fd/0").st_ino
+        ours, theirs = os.fstat(server._requests.sock.fileno()).st_ino, os.stat(f"/proc/{pid}/fd/0").st_ino
         holders: dict[int, set[int]] = {ours: set(), theirs: set()}
         for proc in psutil.process_iter():
             try:
@@ -482,6 +482,77 @@ def test_a_maps_first_workers_are_asked_for_together_and_those_never_set_up_leav
         assert len(asked) == 3
         Pipeline([worker_pid], engine=engine).run(inputs={"x": 0})  # sets up one: two stay asked for
     assert _gone([server, *asked]) == []
+
+
+def test_an_asked_worker_killed_while_it_waits_is_passed_over(tmp_path):
+    """A worker asked for ahead and never set up may wait a long time (a map that used fewer);
+    killed meanwhile (the OOM killer picks an idle process), the next worker start drops it."""
+    with Engine(map_executor="process", workers=2, preload=["calendar"]) as engine:
+        pool = engine.process_pool()
+        server, asked = _asked_ahead(pool, 2)
+        victim = min(asked)
+        os.kill(victim, signal.SIGKILL)
+        assert _gone([victim]) == []
+        out = Pipeline([worker_pid], engine=engine).map(inputs={"x": list(range(6))}, map_over="x")
+        assert victim not in {o["pid"] for o in out} and len(out) == 6
+
+
+@node(output_name="y", batch_size=8)
+def batched_sum(x: list) -> list:
+    return [v + 1 for v in x]
+
+
+def test_a_batched_map_asks_only_for_the_workers_its_groups_fill():
+    with Engine(map_executor="process", workers=4) as engine:
+        out = Pipeline([batched_sum], engine=engine).map(inputs={"x": list(range(10))}, map_over="x")
+        pool = engine.process_pool()
+        assert [o["y"] for o in out] == list(range(1, 11))
+        assert len(pool._launcher._requests.asked) == 0  # 10 items in groups of 8: two workers asked for, two set up
+        assert sum(w is not None for w in pool.workers) == 2
+
+
+def test_asking_ahead_never_waits_for_a_server_that_is_importing(tmp_path):
+    """A map of 1,200 items on 300 workers while the server's preload import blocks: 300 probe
+    chunks of 4, more requests than the server's queue holds (about 280). Asking ahead stops short
+    of filling it, so the map still fails after HARDY_PRELOAD_TIMEOUT, naming the module, rather
+    than waiting for ever to ask."""
+    (tmp_path / "hardy_blocking_mod.py").write_text("import time\ntime.sleep(1000)\n")
+    script = _script(tmp_path, """
+        from hardy import Engine, Pipeline, node
+        @node(output_name="y")
+        def f(x):
+            return x
+        try:
+            Pipeline(nodes=[f], engine=Engine(workers=300, preload=["hardy_blocking_mod"])).map(
+                inputs={"x": list(range(1200))}, map_over="x")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), "HARDY_PRELOAD_TIMEOUT": "3"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("WorkerStartError preload module 'hardy_blocking_mod' did not finish importing"), \
+        done.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_server_whose_folder_is_swept_while_it_imports_still_serves(tmp_path):
+    """The server names the module it imports in its folder, for the parent's warning; a sweep by
+    a process that cannot see the server (another PID namespace sharing /tmp) may remove that
+    folder meanwhile, which costs the name, not the server."""
+    (tmp_path / "hardy_sweeping_mod.py").write_text("import shutil, sys\nshutil.rmtree(sys.argv[1])\n")
+    script = _script(tmp_path, """
+        from hardy import Engine, Pipeline, node
+        @node(output_name="y")
+        def f(x):
+            return x + 1
+        print(Pipeline(nodes=[f], engine=Engine(workers=1, preload=["hardy_sweeping_mod"])).map(
+            inputs={"x": [1]}, map_over="x"))
+    """)
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[{'y': 2}]"
 
 
 # --- 5. no orphan, no leftover, no silent hang, in the corners --------------------------------

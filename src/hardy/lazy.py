@@ -10,12 +10,16 @@ import importlib
 from collections.abc import Callable
 
 
-def exports(package: str, homes: dict[str, str]) -> Callable[[str], object]:
-    """The `__getattr__` of `package`: each name in `homes` from its submodule there."""
+def exports(package: str, homes: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """The `__getattr__` and `__dir__` of `package`: each name in `homes` from its submodule
+    there, and listed with the package's own (completion in a REPL or an editor)."""
 
     def __getattr__(name: str) -> object:
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
 
-    return __getattr__
+    def __dir__() -> list[str]:
+        return sorted({*vars(importlib.import_module(package)), *homes})
+
+    return __getattr__, __dir__

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["loaded_libraries", "openmp_runtimes", "Library", "read_library", "scan", "analyse", "LoadPlan",
            "Missing", "preload", "package_dirs"]
-__getattr__ = exports(__name__, {"loaded_libraries": "loaded", "openmp_runtimes": "loaded", "Library": "elf",
-                                 "read_library": "elf", "scan": "libs", "analyse": "libs", "LoadPlan": "libs",
-                                 "Missing": "libs", "preload": "libs", "package_dirs": "libs"})
+__getattr__, __dir__ = exports(__name__, {
+    "loaded_libraries": "loaded", "openmp_runtimes": "loaded", "Library": "elf", "read_library": "elf",
+    "scan": "libs", "analyse": "libs", "LoadPlan": "libs", "Missing": "libs", "preload": "libs",
+    "package_dirs": "libs"})

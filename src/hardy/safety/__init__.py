@@ -14,5 +14,6 @@ if TYPE_CHECKING:
     from .hazards import Hazard, choose_start_method, fork_hazards
 
 __all__ = ["Hazard", "fork_hazards", "choose_start_method", "install_numba_guard", "numba_guard_supported"]
-__getattr__ = exports(__name__, {"Hazard": "hazards", "fork_hazards": "hazards", "choose_start_method": "hazards",
-                                 "install_numba_guard": "environment", "numba_guard_supported": "environment"})
+__getattr__, __dir__ = exports(__name__, {
+    "Hazard": "hazards", "fork_hazards": "hazards", "choose_start_method": "hazards",
+    "install_numba_guard": "environment", "numba_guard_supported": "environment"})

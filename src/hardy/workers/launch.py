@@ -39,11 +39,11 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerStartError
+from .asking import Requests
 from .lifeline import die_with_parent, kill_group, sweep_leftovers
 
 if TYPE_CHECKING:  # (multiprocessing's connections load after a fork server starts: `ForkServer`)
@@ -156,10 +156,8 @@ class ForkServer:
         self.folder = _new_folder()
         self.users: set[int] = set()
         self.label = f"preload={list(preload)}" if preload else "no preload"
-        self._asked: deque[tuple[socket.socket, Connection]] = deque()  # workers asked for ahead (`ask`)
-        self._asking = threading.Lock()
-        # SOCK_SEQPACKET: each request one message, whole, whichever thread sends it
-        self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._requests = Requests(ours)
         config = dict(folder=self.folder, spawn=spawn, preload=["hardy.workers.worker", *preload],
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
@@ -168,60 +166,40 @@ class ForkServer:
             self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, self.folder], stdin=theirs.fileno(),
                                             env={**os.environ, **env}, start_new_session=True)
         except BaseException:
-            self._requests.close()
+            ours.close()
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
             theirs.close()
             _starting.discard(self.folder)
-        _ends.add(self._requests)  # stays open: its end of file tells the server we are gone
-        self._requests.sendall(pickle.dumps(config))
+        _ends.add(ours)  # stays open: its end of file tells the server we are gone
+        ours.sendall(pickle.dumps(config))
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def ask(self, n: int) -> None:
-        """Ask for `n` workers now, which `start_worker` then sets up one by one: a map's first
-        workers fork together, not each after the one before it was set up (which left the last
-        one's first item to end a short map alone)."""
-        with self._asking:
-            while len(self._asked) < n:
-                self._asked.append(self._request())
-
-    def _request(self) -> tuple[socket.socket, Connection]:
-        """One worker asked for: this process's end of its socket, and the server's replies about
-        it (its pid, later its exit)."""
-        from multiprocessing.connection import Connection
-        ours, theirs = socket.socketpair()
-        mine, replies = socket.socketpair()
-        try:
-            socket.send_fds(self._requests, [b"w"], [theirs.fileno(), replies.fileno()])
-        except OSError:
-            ours.close()
-            mine.close()
-            raise
-        finally:
-            theirs.close()
-            replies.close()
-        return ours, Connection(mine.detach())
+        """Ask for `n` workers now, which `start_worker` then sets up one by one (`asking.py`)."""
+        self._requests.ahead(n)
 
     def start_worker(self) -> tuple[WorkerProcess, Connection]:
         from multiprocessing.connection import Connection
-        with self._asking:
-            asked = self._asked.popleft() if self._asked else None
         try:
-            ours, conn = asked or self._request()
+            ours, conn, said = self._requests.take() or (*self._requests.one(), None)
         except OSError as exc:
             raise self._failed(exc) from exc
         try:
-            self._wait_for_preload(conn)
-            kind, value = pickle.loads(conn.recv_bytes())
+            if said is None:
+                self._wait_for_preload(conn)
+                said = pickle.loads(conn.recv_bytes())
         except (OSError, EOFError) as exc:
             ours.close()
             conn.close()
             raise self._failed(exc) from exc
+        kind, value = said
         if kind == "error":
+            ours.close()
             conn.close()
             raise WorkerStartError(value)
         return WorkerProcess(value, conn.fileno(), lambda: _exit_status(conn), conn.close), \
@@ -247,12 +225,13 @@ class ForkServer:
         PRELOAD_WARN seconds a warning names the module it imports; after PRELOAD_TIMEOUT the
         server is killed and the map fails naming it."""
         from multiprocessing.connection import wait
-        if wait([status], min(PRELOAD_WARN, PRELOAD_TIMEOUT)):
+        warn = min(PRELOAD_WARN, PRELOAD_TIMEOUT)
+        if wait([status], warn):
             return
         module = self._importing()
         if module:
             log.warning("the fork server has been importing preload module %r for %g s (it fails after %g s: "
-                        "HARDY_PRELOAD_TIMEOUT)", module, PRELOAD_WARN, PRELOAD_TIMEOUT)
+                        "HARDY_PRELOAD_TIMEOUT)", module, warn, PRELOAD_TIMEOUT)
         if wait([status], max(0.0, PRELOAD_TIMEOUT - PRELOAD_WARN)):
             return
         module = self._importing()
@@ -269,13 +248,6 @@ class ForkServer:
     def stop(self, wait: bool = True) -> None:
         """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
         self._requests.close()
-        while self._asked:  # asked for and never set up: they leave with the server
-            try:
-                ours, conn = self._asked.popleft()
-            except IndexError:  # (taken by a thread meanwhile: this may run in a signal handler, no lock)
-                break
-            ours.close()
-            conn.close()
         if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
             return
         try:

@@ -182,13 +182,6 @@ class WorkerPool(Executor):
         if fresh > 1 and isinstance(launcher, launch.ForkServer):
             launcher.ask(fresh)
 
-    def start(self) -> None:
-        """Start every worker now (otherwise they start on first use)."""
-        self.ask_ahead(sum(w is None for w in self.workers))
-        for k in range(self.size):
-            if self.workers[k] is None:
-                self.start_worker(k)
-
     def replace(self, slot: int, stop: bool) -> None:
         """Take the worker out of `slot`: `stop` (recycled, idle) asks it to leave and collects it
         later (`_collect`), so that nothing waits for its exit; otherwise it is killed."""

@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterable, Iterator, MutableMapping
 
 from ..crash.stacks import hang_stacks
+from ..errors import WorkerStartError
 from ..plan.compiled import Plan
 from ..shipping import context, transport
 from . import launch
@@ -132,20 +133,17 @@ class Worker:
         self._mm, self.status = words.open_status(self._fds[0])
         try:
             self.process, self.conn = launcher.start_worker()
+            # this process's state now (a fork server's dates from its start), with the caps; `follow` keeps
+            # it so; the log level: the records it forwards
+            self.overlay = {**env, "HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}
+            self.context = context.current()
+            self._set_up(preload_libs)
         except BaseException:  # (a preload that fails or blocks): nothing of it stays open
             del self.status
             self._mm.close()
             for fd in self._fds:
                 os.close(fd)
             raise
-        # this process's state now (a fork server's dates from its start), with the caps; `follow` keeps it so
-        self.overlay = {**env, "HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}  # (records it forwards)
-        self.context = context.current()
-        transport.send(self.conn, b"", transport.Packed(
-            pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
-                               self.context.cwd or os.getcwd(), self.context.argv, self.context.umask,
-                               self.context.settings)),
-            self._fds))
         self.fd = self.conn.fileno()
         with socket.fromfd(self.fd, socket.AF_UNIX, socket.SOCK_STREAM) as end:  # (the same socket: `wait`)
             end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, WAKE_MS * 1000))
@@ -166,6 +164,23 @@ class Worker:
         self.killed_for: str | None = None  # "timeout" / "memory" when the parent killed it
         self.kill_detail = ""
         self.hang: tuple[str, str] = ("", "")  # py-spy's stacks before a kill for a timeout, or why none
+
+    def _set_up(self, preload_libs: tuple[str, ...]) -> None:
+        """Its first message (`worker.run`); a worker that ended before it (killed while it waited,
+        asked for ahead: `launch.ForkServer.ask`) is collected and named."""
+        try:
+            transport.send(self.conn, b"", transport.Packed(
+                pickle.dumps(Setup({**self.context.environ, **self.overlay}, preload_libs, self.context.sys_path,
+                                   self.context.cwd or os.getcwd(), self.context.argv, self.context.umask,
+                                   self.context.settings)),
+                self._fds))
+        except OSError as exc:
+            self.process.kill()
+            self.process.join(1)
+            self.conn.close()
+            self.process.close()
+            raise WorkerStartError(f"a new worker (pid {self.process.pid}) ended before it was set up "
+                                   f"(exit code {self.process.exitcode}; {exc}): killed from outside?") from exc
 
     def follow(self, now: context.Snapshot) -> None:
         """Bring the worker to the caller's state `now` (environment, working directory, argv,

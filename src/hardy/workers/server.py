@@ -102,8 +102,7 @@ def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None
     import importlib
     note = os.path.join(folder, "importing")  # launch.IMPORTING
     for name in modules:
-        with open(note, "w") as f:
-            f.write(name)
+        _note(note, name)
         try:
             importlib.import_module(name)
         except BaseException as exc:
@@ -112,8 +111,22 @@ def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None
             return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
                     f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
                     + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
-    os.unlink(note)
+    _note(note, None)
     return None
+
+
+def _note(path: str, module: str | None) -> None:
+    """Name the module being imported (None: done) in the folder, for the parent. Only a help: a
+    folder swept away meanwhile (by a process of another PID namespace that cannot see this one,
+    `lifeline.sweep_leftovers`) costs the name, not the import."""
+    try:
+        if module is None:
+            os.unlink(path)
+        else:
+            with open(path, "w") as f:
+                f.write(module)
+    except OSError:
+        pass
 
 
 def _settle(failure: str | None) -> None:
