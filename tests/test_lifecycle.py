@@ -555,6 +555,77 @@ def test_a_server_whose_folder_is_swept_while_it_imports_still_serves(tmp_path):
     assert done.stdout.strip() == "[{'y': 2}]"
 
 
+def test_a_fork_server_killed_while_it_is_asked_for_a_worker_is_replaced():
+    """The server dies between the pool's "alive?" and its answer (killed from outside): the
+    worker starts on a fresh server instead of the call failing. Made certain here: the server is
+    stopped (SIGSTOP) before the request and killed while the parent waits for its answer."""
+    with Engine(map_executor="process", workers=1, max_tasks_per_worker=1, preload=["calendar"]) as engine:
+        p = Pipeline([worker_pid], engine=engine)
+        p.run(inputs={"x": 0})
+        server = engine.process_pool()._launcher.process.pid
+        os.kill(server, signal.SIGSTOP)
+        threading.Timer(0.5, os.kill, (server, signal.SIGKILL)).start()
+        assert isinstance(p.run(inputs={"x": 1})["pid"], int)  # a worker of a fresh server (each run: a fresh worker)
+        assert engine.process_pool()._launcher.process.pid != server
+
+
+def test_a_first_map_of_no_items_gives_its_fork_server_back():
+    with Engine(map_executor="process", workers=2, preload=["calendar"]) as engine:
+        assert Pipeline([worker_pid], engine=engine).map(inputs={"x": []}, map_over="x") == []
+        server = engine.process_pool()._launcher.process.pid
+    assert _gone([server]) == []
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_a_pool_makes_room_for_its_workers_descriptors_or_says_it_cannot(tmp_path, hard):
+    """40 workers hold about 240 of the parent's descriptors: past the soft limit the pool raises
+    it, within the hard one; past the hard one, one error naming the limit and the fix, before
+    any worker starts."""
+    script = _script(tmp_path, f"""
+        import resource
+        from hardy import Engine, Pipeline, node
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48 if {hard} else limit))
+        @node(output_name="y")
+        def f(x):
+            return x
+        try:
+            print(len(Pipeline(nodes=[f], engine=Engine(workers=40)).map(inputs={{"x": list(range(40))}}, map_over="x")),
+                  resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 240)
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    if hard:
+        assert done.stdout.startswith("WorkerStartError 40 workers need about "), done.stdout
+        assert "and its limit is 48 (ulimit -Hn): use fewer workers, or raise the limit" in done.stdout
+    else:
+        assert done.stdout.strip() == "40 True"
+
+
+def test_a_preload_module_is_found_as_the_script_finds_it(tmp_path):
+    """A script that puts its own folder on sys.path and preloads a module from there: the server
+    imports it with the script's sys.path, as a worker imports the script's modules."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "hardy_own_preload.py").write_text("import os\nLOADED_IN = os.getpid()\n")
+    script = _script(tmp_path, f"""
+        import os, sys
+        sys.path.insert(0, {str(mods)!r})
+        from hardy import Engine, Pipeline, node
+        @node(output_name="y")
+        def where(x):
+            import hardy_own_preload
+            return hardy_own_preload.LOADED_IN != os.getpid()  # imported before this worker forked
+        with Engine(workers=1, preload=["hardy_own_preload"]) as engine:
+            print(Pipeline(nodes=[where], engine=engine).map(inputs={{"x": [0]}}, map_over="x"))
+    """)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[{'y': True}]"
+
+
 # --- 5. no orphan, no leftover, no silent hang, in the corners --------------------------------
 
 THREAD_THEN_FORK_CHILD = """

@@ -26,6 +26,7 @@ the module; a warning names it after `PRELOAD_WARN` seconds.
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import math
 import os
@@ -78,6 +79,25 @@ def worker_environment(workers: int) -> dict[str, str]:
 
 
 DEFAULT_START_METHOD = "forkserver"  # workers never fork this process (hardy runs on Linux alone: `system.py`)
+
+
+DESCRIPTORS_PER_WORKER = 6  # this process's, per worker: its socket, its server's replies, two memfds; room
+
+
+def room_for(workers: int) -> None:
+    """Raise this process's soft limit of open files to what `workers` need, within its hard
+    limit (what systemd advises a program that needs many: the soft limit stays 1024 for the
+    programs that `select()`); past the hard limit, one error that says so, before any worker
+    starts, rather than the first call that runs out failing wherever it is."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + DESCRIPTORS_PER_WORKER * workers + 16
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise WorkerStartError(f"{workers} workers need about {need} open files in this process, and its limit is "
+                               f"{hard} (ulimit -Hn): use fewer workers, or raise the limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def _preload_timeout() -> float:
@@ -156,9 +176,10 @@ class ForkServer:
         self.folder = _new_folder()
         self.users: set[int] = set()
         self.label = f"preload={list(preload)}" if preload else "no preload"
+        self.preloads = bool(preload)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests = Requests(ours)
-        config = dict(folder=self.folder, spawn=spawn, preload=["hardy.workers.worker", *preload],
+        config = dict(folder=self.folder, spawn=spawn, preload=list(preload), sys_path=list(sys.path),
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
         try:
@@ -206,11 +227,22 @@ class ForkServer:
             _parent_end(Connection(ours.detach()))
 
     def _failed(self, exc: BaseException) -> WorkerStartError:
-        code = self.process.poll()
-        return WorkerStartError(
-            f"the fork server ({self.label}) "
-            + (f"exited with code {code}" if code is not None else f"did not answer ({exc})")
-            + "; a module in preload= may crash on import: try importing it in a plain python")
+        """The error for a worker this server could not start, once the server has ended if it is
+        ending (then the pool starts a fresh one in its place: `pool._new_worker`)."""
+        try:
+            code = self.process.wait(1)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            why = f"exited with code {code}" + (
+                "; a module in preload= may crash on import: try importing it in a plain python" if self.preloads
+                else " (killed from outside? the OOM killer, a kill -9)")
+        elif isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+            why = (f"could not be asked ({exc}): each worker holds about five of this process's descriptors; "
+                   "raise the limit (ulimit -n) or use fewer workers")
+        else:
+            why = f"did not answer ({exc})"
+        return WorkerStartError(f"the fork server ({self.label}) {why}")
 
     def _importing(self) -> str:
         """The preload module the server imports now ("" once it is done, or before it began)."""

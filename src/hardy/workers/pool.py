@@ -59,6 +59,7 @@ class WorkerPool(Executor):
         if self.max_tasks is not None and self.max_tasks < 1:
             raise InvalidArgument("max_tasks_per_worker must be at least 1")
         self.env = launch.worker_environment(self.size)
+        launch.room_for(self.size)
         self._launcher: launch.Launcher | None = None
         self.workers: list[Worker | None] = [None] * self.size
         # Once a worker has died, one more is kept started (with the plan running then): the next
@@ -157,7 +158,14 @@ class WorkerPool(Executor):
             self._started += 1
             number = self._started
         env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
-        w = Worker(launcher, number, env, self.preload_libs)
+        try:
+            w = Worker(launcher, number, env, self.preload_libs)
+        except WorkerStartError:
+            if slot is None or launcher.alive:  # (a spare's failure only costs the spare: `_start_spare`)
+                raise
+            with self._lock:  # its fork server ended as it was asked (killed from outside): a fresh one, once
+                launcher = self._live_launcher()
+            w = Worker(launcher, number, env, self.preload_libs)
         if slot is not None:
             self.workers[slot] = w
         return w
@@ -171,6 +179,12 @@ class WorkerPool(Executor):
         if self._launcher is None:
             self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
         return self._launcher
+
+    def acquire(self) -> None:
+        """Take this pool's fork server now (started early by `launch.warm`), so that closing the
+        pool gives it back even if no worker ever started (a first map of no items)."""
+        with self._lock:
+            self._live_launcher()
 
     def ask_ahead(self, fresh: int) -> None:
         """`fresh` workers are about to start one after the other (a map's first): ask the fork

@@ -59,7 +59,10 @@ def serve() -> None:
         if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
             return  # the parent died while we started
         become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
-        failure = _preload(config["preload"], folder, serving)
+        failure = _preload(["hardy.workers.worker"], folder, serving)
+        if not failure and config["preload"]:  # the user's modules, found as the parent finds them (a script's
+            sys.path[:] = config["sys_path"]  # `sys.path.insert` included), as a worker does once set up
+            failure = _preload(config["preload"], folder, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
         _settle(failure)
         wake_r, wake_w = os.pipe()
@@ -175,12 +178,16 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
         conn.close()
         os.close(fd)
         return True
+    # SIGTERM held while it forks: delivered inside the fork's own hooks (logging's), `leave`'s exit
+    # would be swallowed there, and the server would stay; it comes right after instead
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     pid = os.fork()
     if pid == 0:
         try:
-            _become_worker(fd, config, closing + [conn.fileno()] + [c.fileno() for c in children.values()])
+            _become_worker(fd, config, closing + [conn.fileno()] + [c.fileno() for c in children.values()], mask)
         finally:
             os._exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(fd)
     children[pid] = conn
     try:
@@ -190,11 +197,12 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
     return True
 
 
-def _become_worker(fd: int, config: dict[str, Any], closing: list[int]) -> None:
+def _become_worker(fd: int, config: dict[str, Any], closing: list[int], mask: set[int | signal.Signals]) -> None:
     server = os.getppid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (SIGTERM, held as the server forked)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for other in closing:
         try:
