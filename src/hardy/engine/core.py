@@ -265,8 +265,6 @@ class Engine:
             from ..workers.pool import WorkerPool
             hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * size if self.gpu_slots else ()
             self._process_pool = WorkerPool(workers=self.workers, slot_env=hidden, **self.process_options)
-            if self.process_options["start_method"] is None:
-                self._process_pool.acquire()  # the server `warm` started is the pool's to give back
         return self._process_pool
 
     def gpu_pool(self) -> Any:

@@ -81,25 +81,6 @@ def worker_environment(workers: int) -> dict[str, str]:
 DEFAULT_START_METHOD = "forkserver"  # workers never fork this process (hardy runs on Linux alone: `system.py`)
 
 
-DESCRIPTORS_PER_WORKER = 6  # this process's, per worker: its socket, its server's replies, two memfds; room
-
-
-def room_for(workers: int) -> None:
-    """Raise this process's soft limit of open files to what `workers` need, within its hard
-    limit (what systemd advises a program that needs many: the soft limit stays 1024 for the
-    programs that `select()`); past the hard limit, one error that says so, before any worker
-    starts, rather than the first call that runs out failing wherever it is."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = len(os.listdir("/proc/self/fd")) + DESCRIPTORS_PER_WORKER * workers + 16
-    if soft == resource.RLIM_INFINITY or need <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise WorkerStartError(f"{workers} workers need about {need} open files in this process, and its limit is "
-                               f"{hard} (ulimit -Hn): use fewer workers, or raise the limit")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
-
 def _preload_timeout() -> float:
     text = os.environ.get("HARDY_PRELOAD_TIMEOUT", "120")
     try:
@@ -351,12 +332,15 @@ def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict
     return _launcher(start_method, preload, env, user)
 
 
-def _launcher(start_method: str, preload: tuple[str, ...], env: dict[str, str], user: object | None) -> Launcher:
-    _watch_sigterm()
+def _key(start_method: str, preload: tuple[str, ...], env: dict[str, str], user: object | None) -> tuple[Any, ...]:
     key: tuple[Any, ...] = (start_method, preload if start_method == "forkserver" else (),
                             tuple(sorted(env.items())))
-    if start_method == "fork":  # never shared: each pool reaps its own forks
-        key += (id(user),)
+    return key + (id(user),) if start_method == "fork" else key  # (forks are never shared: each pool reaps its own)
+
+
+def _launcher(start_method: str, preload: tuple[str, ...], env: dict[str, str], user: object | None) -> Launcher:
+    _watch_sigterm()
+    key = _key(start_method, preload, env, user)
     with _lock:
         launcher = _launchers.get(key)
         if launcher is None or not launcher.alive:
@@ -374,6 +358,20 @@ def release(user: object, launcher: Launcher) -> None:
     with _lock:
         launcher.users.discard(id(user))
         if launcher.users:
+            return
+        for key, value in list(_launchers.items()):
+            if value is launcher:
+                del _launchers[key]
+    launcher.stop()
+
+
+def release_unused(start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> None:
+    """Stop the server for these settings if no pool uses it: one `warm` started for a pool that
+    never took it (its first map had no items). A pool that warmed the same one meanwhile and
+    finds it gone starts another (`pool._new_worker`)."""
+    with _lock:
+        launcher = _launchers.get(_key(start_method, preload, env, None))
+        if launcher is None or launcher.users:
             return
         for key, value in list(_launchers.items()):
             if value is launcher:

@@ -59,7 +59,7 @@ class WorkerPool(Executor):
         if self.max_tasks is not None and self.max_tasks < 1:
             raise InvalidArgument("max_tasks_per_worker must be at least 1")
         self.env = launch.worker_environment(self.size)
-        launch.room_for(self.size)
+        _room_for(self.size)
         self._launcher: launch.Launcher | None = None
         self.workers: list[Worker | None] = [None] * self.size
         # Once a worker has died, one more is kept started (with the plan running then): the next
@@ -156,14 +156,16 @@ class WorkerPool(Executor):
                 raise WorkerStartError("no spare worker: the pool was closed")
             launcher = self._live_launcher()
             self._started += 1
-            number = self._started
+            number, generation = self._started, self._generation
         env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
         try:
             w = Worker(launcher, number, env, self.preload_libs)
         except WorkerStartError:
             if slot is None or launcher.alive:  # (a spare's failure only costs the spare: `_start_spare`)
                 raise
-            with self._lock:  # its fork server ended as it was asked (killed from outside): a fresh one, once
+            with self._lock:  # its fork server ended as it was asked (killed from outside): a fresh one, once,
+                if generation != self._generation:  # unless it ended because the pool was closed meanwhile
+                    raise
                 launcher = self._live_launcher()
             w = Worker(launcher, number, env, self.preload_libs)
         if slot is not None:
@@ -179,12 +181,6 @@ class WorkerPool(Executor):
         if self._launcher is None:
             self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
         return self._launcher
-
-    def acquire(self) -> None:
-        """Take this pool's fork server now (started early by `launch.warm`), so that closing the
-        pool gives it back even if no worker ever started (a first map of no items)."""
-        with self._lock:
-            self._live_launcher()
 
     def ask_ahead(self, fresh: int) -> None:
         """`fresh` workers are about to start one after the other (a map's first): ask the fork
@@ -386,6 +382,27 @@ class WorkerPool(Executor):
         self._collect(timeout=2.0)
         if launcher is not None:
             launch.release(self, launcher)
+        else:  # never took one: the server `launch.warm` started for it (a first map of no items) goes
+            launch.release_unused(self.start_method, self.preload, self.env)
+
+
+DESCRIPTORS_PER_WORKER = 6  # this process's, per worker: its socket, its server's replies, two memfds; room
+
+
+def _room_for(workers: int) -> None:
+    """Raise this process's soft limit of open files to what `workers` need, within its hard
+    limit (what systemd advises a program that needs many: the soft limit stays 1024 for the
+    programs that `select()`); past the hard limit, one error that says so, before any worker
+    starts, rather than the first call that runs out failing wherever it is."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + DESCRIPTORS_PER_WORKER * workers + 16
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise WorkerStartError(f"{workers} workers need about {need} open files in this process, and its limit is "
+                               f"{hard} (ulimit -Hn): use fewer workers, or raise the limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 _CALL: Any = object()  # the owner of a slot taken by a call (`take_idle`)
