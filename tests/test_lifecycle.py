@@ -511,31 +511,6 @@ def test_a_batched_map_asks_only_for_the_workers_its_groups_fill():
         assert sum(w is not None for w in pool.workers) == 2
 
 
-def test_asking_ahead_never_waits_for_a_server_that_is_importing(tmp_path):
-    """A map of 1,200 items on 300 workers while the server's preload import blocks: 300 probe
-    chunks of 4, more requests than the server's queue holds (about 280). Asking ahead stops short
-    of filling it, so the map still fails after HARDY_PRELOAD_TIMEOUT, naming the module, rather
-    than waiting for ever to ask."""
-    (tmp_path / "hardy_blocking_mod.py").write_text("import time\ntime.sleep(1000)\n")
-    script = _script(tmp_path, """
-        from hardy import Engine, Pipeline, node
-        @node(output_name="y")
-        def f(x):
-            return x
-        try:
-            Pipeline(nodes=[f], engine=Engine(workers=300, preload=["hardy_blocking_mod"])).map(
-                inputs={"x": list(range(1200))}, map_over="x")
-        except Exception as exc:
-            print(type(exc).__name__, exc)
-    """)
-    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), "HARDY_PRELOAD_TIMEOUT": "3"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("WorkerStartError preload module 'hardy_blocking_mod' did not finish importing"), \
-        done.stdout
-    assert list((tmp_path / "tmp").iterdir()) == []
-
-
 def test_a_server_whose_folder_is_swept_while_it_imports_still_serves(tmp_path):
     """The server names the module it imports in its folder, for the parent's warning; a sweep by
     a process that cannot see the server (another PID namespace sharing /tmp) may remove that
@@ -778,26 +753,33 @@ def test_sigterm_as_the_server_folder_is_made_leaves_no_folder(tmp_path):
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
-@pytest.mark.slow  # waits out its preload timeout
-def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path):
+@pytest.mark.parametrize("workers, items, limit", [
+    pytest.param(1, 2, 15, marks=pytest.mark.slow),  # waits out its preload timeout
+    # 300 probe chunks of 4, more requests than the server's queue holds (about 280): asking ahead
+    # stops short of filling it, rather than waiting for ever to ask
+    (300, 1200, 3),
+])
+def test_a_preload_whose_import_blocks_fails_the_map_naming_it(tmp_path, workers, items, limit):
     (tmp_path / "hardy_blocking_mod.py").write_text("import time\ntime.sleep(1000)\n")
-    script = _script(tmp_path, """
+    script = _script(tmp_path, f"""
         from hardy import Engine, Pipeline, node
         @node(output_name="y")
         def f(x):
             return x
         try:
-            Pipeline(nodes=[f], engine=Engine(map_executor="process", workers=1, preload=["hardy_blocking_mod"])).map(
-                inputs={"x": [0, 1]}, map_over="x")
+            Pipeline(nodes=[f], engine=Engine(map_executor="process", workers={workers},
+                                              preload=["hardy_blocking_mod"])).map(
+                inputs={{"x": list(range({items}))}}, map_over="x")
         except Exception as exc:
             print(type(exc).__name__, exc)
-        print(Pipeline(nodes=[f], engine=Engine(map_executor="process", workers=1)).map(inputs={"x": [2]}, map_over="x"))
+        print(Pipeline(nodes=[f], engine=Engine(map_executor="process", workers=1)).map(inputs={{"x": [2]}}, map_over="x"))
     """)
-    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), "HARDY_PRELOAD_TIMEOUT": "15"}
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), "HARDY_PRELOAD_TIMEOUT": str(limit)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.strip().splitlines()
-    assert first.startswith("WorkerStartError preload module 'hardy_blocking_mod' did not finish importing within 15 s")
+    assert first.startswith(
+        f"WorkerStartError preload module 'hardy_blocking_mod' did not finish importing within {limit} s")
     assert "HARDY_PRELOAD_TIMEOUT" in first
     assert second == "[{'y': 2}]"  # the next engine is not held up
     assert "importing preload module 'hardy_blocking_mod'" in done.stderr  # the warning came first

@@ -219,7 +219,7 @@ class ForkServer:
                 "; a module in preload= may crash on import: try importing it in a plain python" if self.preloads
                 else " (killed from outside? the OOM killer, a kill -9)")
         elif isinstance(exc, OSError) and exc.errno == errno.EMFILE:
-            why = (f"could not be asked ({exc}): each worker holds about five of this process's descriptors; "
+            why = (f"could not be asked ({exc}): this process ran out of descriptors (each worker holds a few); "
                    "raise the limit (ulimit -n) or use fewer workers")
         else:
             why = f"did not answer ({exc})"

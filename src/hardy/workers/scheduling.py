@@ -148,9 +148,10 @@ class MapRun:
         pool = self.pool
         unneeded = []
         slots = pool.claim(self)
-        empty = sum(pool.workers[slot] is None for slot in slots)
-        if empty > 1 and self.per_item is None:  # a map's first workers: each gets a probe chunk (whole groups)
-            pool.ask_ahead(min(empty, (len(self.items) - self.next_fresh) // max(self.probe, self.group)))
+        if self.per_item is None:  # a map's first workers (each gets a probe chunk, whole groups): asked together
+            empty = sum(pool.workers[slot] is None for slot in slots)
+            if empty > 1:
+                pool.ask_ahead(min(empty, (len(self.items) - self.next_fresh) // max(self.probe, self.group)))
         for slot in slots:
             w = pool.workers[slot]
             if w is not None and w.busy:
