@@ -148,6 +148,39 @@ def test_the_callers_environment_at_each_call(warm, monkeypatch):
     assert warm.run(inputs={"x": 0, "how": "env"})["out"] == "second"
 
 
+def _cpu_ticks(pid: int) -> int:
+    """The process's user and system time so far, in clock ticks (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_worker_waits_awake_for_the_next_call_only_briefly(warm):
+    """After answering a call, a worker waits for the next on the CPU (`transport.spin_for`), then
+    sleeps: idle for half a second after a burst of calls, it uses next to no CPU."""
+    pids = warm.engine.process_pool().pids()
+    for k in range(50):
+        warm.run(inputs={"x": k, "how": "plain"})
+    before = {pid: _cpu_ticks(pid) for pid in pids}
+    time.sleep(0.5)
+    used = {pid: _cpu_ticks(pid) - before[pid] for pid in pids}
+    assert all(ticks <= 5 for ticks in used.values()), f"clock ticks used idle, by worker: {used}"
+
+
+def test_a_caller_waits_awake_for_an_answer_only_briefly(warm):
+    """The caller, too, waits for a call's answer on the CPU only at first: through a node that
+    sleeps half a second, the calling process sleeps too."""
+    @node(output_name="slept")
+    def nap(x: int) -> int:
+        time.sleep(0.5)
+        return x
+    p = Pipeline([nap], engine=warm.engine)
+    p.run(inputs={"x": 0})  # (the plan shipped: the next calls go the short way)
+    t = time.process_time()
+    assert [p.run(inputs={"x": k})["slept"] for k in range(2)] == [0, 1]
+    assert time.process_time() - t < 0.2  # (spinning through both naps would take a second)
+
+
 def test_recycled_after_max_tasks_through_the_short_way():
     with Engine(workers=1, max_tasks_per_worker=2) as engine:
         p = Pipeline([act], engine=engine)

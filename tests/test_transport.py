@@ -298,3 +298,23 @@ def test_pickling_for_workers_never_imports_torch():
             "transport.pack({'a': np.ones(2**18), 'b': b'x' * 2**21, 'm': memoryview(b'ab')}, dumps).close(); "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spin_for_returns_at_data_at_the_end_of_its_time_or_of_the_peer():
+    """`spin_for` waits on the CPU until the descriptor is readable, for at most its time: it
+    returns with the message there, with nothing there, and when the other end is gone."""
+    import select
+    import socket
+    ours, theirs = socket.socketpair()
+    poller = select.poll()
+    poller.register(ours.fileno(), select.POLLIN)
+    transport.spin_for(poller, 0.001)  # nothing comes
+    assert not poller.poll(0)
+    transport.write_frame(theirs.fileno(), b"", b"hello")
+    transport.spin_for(poller, 60)  # there already: returns at once (else the test times out)
+    assert transport.read_frame(ours.fileno()) == b"hello"
+    theirs.close()
+    transport.spin_for(poller, 60)  # the peer is gone
+    with pytest.raises(EOFError):
+        transport.read_frame(ours.fileno())
+    ours.close()

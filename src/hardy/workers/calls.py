@@ -50,7 +50,7 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
         w.idle()
         w.follow(context.current())
         w.send(message)
-        data = w.wait()
+        data = w.wait(transport.SPIN)
     except OSError:  # it died as we wrote
         message.close()  # (its segments, if it was not sent)
         data = None

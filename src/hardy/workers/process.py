@@ -197,13 +197,15 @@ class Worker:
         """Whether a message (or its pipe's end) is there to read now."""
         return bool(self._readable.poll(0))
 
-    def wait(self) -> bytes | None:
+    def wait(self, spin: float = 0.0) -> bytes | None:
         """Its next message, waiting as long as it takes; None when it has died (its pipe closed,
         or it ended with nothing more to read). The wait is a read, as a bare pipe's: waiting on
         its pipe and its end at once (poll) cost a woken process several microseconds more on this
         project's machine. So the read times out every WAKE_MS (SO_RCVTIMEO) to look at its end
         (a process its nodes forked may hold its pipe open after it died) and to let a Ctrl-C that
-        another thread received be raised."""
+        another thread received be raised. `spin`: seconds it first waits awake (`transport.spin_for`)."""
+        if spin:
+            transport.spin_for(self._readable, spin)
         while True:
             try:
                 return transport.read_frame(self.fd)

@@ -14,6 +14,7 @@ import faulthandler
 import functools
 import os
 import pickle
+import select
 import signal
 import sys
 import time
@@ -161,24 +162,31 @@ def _serve(conn: Connection, status: StatusWords) -> int:
     backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
     fetch = functools.partial(_fetch, conn, status, backlog)
     fd = conn.fileno()
+    readable = select.poll()
+    readable.register(fd, select.POLLIN)
+    spin = False  # one item was answered (a call): the caller's next may come within microseconds
     while True:
         if backlog:
             msg = backlog.popleft()
         else:
+            if spin:
+                transport.spin_for(readable, transport.SPIN)
             try:
                 data = transport.read_frame(fd)
             except EOFError:
                 return 0
             msg = _read(conn, data, status)
-        kind = type(msg)
+        kind, spin = type(msg), False
         if kind is tuple:  # a chunk in its short form: nothing but items (`Chunk.wire`), maybe consecutive ones
             if POISON:
                 POISON.clear()
             entry = plans[msg[0]]
             replica = entry[3]
+            items = _pairs(msg)
             if not run_chunk(entry[1] if replica is None or replica.current() else _current(entry, status, fetch),
-                             _pairs(msg), status, False):
+                             items, status, False):
                 return RETIRED
+            spin = _one_item(items)
         elif kind is Chunk:
             POISON.clear()
             POISON.update(msg.poison or {})
@@ -211,6 +219,11 @@ def _pairs(msg: tuple[Any, ...]) -> Iterable[tuple[int, dict[str, Any]]] | Span:
     if len(msg) == 3:
         return Span(msg[1], {}, None, msg[2])
     return Span(*msg[1:])
+
+
+def _one_item(items: Iterable[tuple[int, dict[str, Any]]] | Span) -> bool:
+    """Whether a chunk in its short form held one item: `run()`'s call, or a small map's."""
+    return len(items.values if isinstance(items, Span) else items) == 1  # type: ignore[arg-type]
 
 
 def _take_context(context: Context) -> None:
