@@ -3,7 +3,6 @@ how to install an optional part. A leaf below `errors`, which builds its message
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +23,7 @@ def install_hint(extra: str) -> str:
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """The hint appended to an error about a misspelt name: " (did you mean 'x'?)", or ""."""
+    import difflib  # (here: `import hardy` and every worker import this module, and only errors use it)
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
 

@@ -37,7 +37,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -105,6 +104,7 @@ def build(preload: bool = False) -> tuple[str | None, str]:
     fd, code = tempfile.mkstemp(dir=folder, suffix=".c")  # the source hashed, not the file (which may change)
     with os.fdopen(fd, "wb") as f:
         f.write(source)
+    import subprocess  # (here: a fork server imports this module, and compiles the handler once a machine)
     try:
         done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
                                scratch, code],

@@ -16,7 +16,6 @@ import os
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 
 from ..errors import install_hint
@@ -59,6 +58,7 @@ def hang_stacks(pid: int, deadline: float = PY_SPY_DEADLINE) -> tuple[str, str]:
     program = py_spy()
     if program is None:
         return "", f"py-spy is not installed (for native frames: {install_hint('forensics')})"
+    import subprocess  # (here: a worker imports this module, and only the parent asks for stacks)
     try:
         done = subprocess.run([program, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=deadline)

@@ -20,10 +20,10 @@ namespace packages, once per process.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
-import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
@@ -204,13 +204,23 @@ class Site:
 _SITES: dict[str, Site] = {}
 _ROOTS: dict[tuple[tuple[str, ...], bool], tuple[str, ...]] = {}
 _REAL: dict[str, str] = {}
-_STDLIB = {os.path.realpath(p) for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
-           if p}
-_IN_STDLIB = tuple(root + os.sep for root in _STDLIB)
+
+
+@functools.cache
+def _stdlib() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The standard library's folders, and each as a prefix; made once asked for: a fork server
+    imports this module, and its workers seldom ask."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    roots = frozenset(os.path.realpath(p) for p in (paths.get("stdlib"), paths.get("platstdlib")) if p)
+    return roots, tuple(root + os.sep for root in roots)
 
 
 def _in_stdlib(root: str) -> bool:
-    return "-packages" not in root and (root in _STDLIB or root.startswith(_IN_STDLIB))
+    if "-packages" in root:
+        return False
+    roots, prefixes = _stdlib()
+    return root in roots or root.startswith(prefixes)
 
 
 def _real(path: str) -> str:

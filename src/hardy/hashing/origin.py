@@ -4,15 +4,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import sysconfig
 
 from .distributions import is_local_install
-
-_LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
-                                    sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
-                        if p})
 
 
 def is_user_module(module_name: str | None) -> bool:
@@ -47,11 +43,19 @@ def is_user_file(path: str) -> bool:
     """Whether code read from `path` is the user's: outside the standard library and the site
     directories, or installed there from a local folder or file."""
     real = os.path.realpath(path)
-    if any(real.startswith(root + os.sep) for root in _REAL_ROOTS) or "site-packages" in real \
+    if any(real.startswith(root + os.sep) for root in _library_roots()) or "site-packages" in real \
             or "dist-packages" in real:
         return is_local_install(real)
     return True
 
 
-_REAL_ROOTS = tuple(os.path.realpath(root) for root in _LIBRARY_ROOTS)
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    """The standard library's and the site directories' real paths, made once asked for: a fork
+    server imports this module before it can fork, and `sysconfig` takes a while to answer."""
+    import sysconfig
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(p) for p in {paths.get(k) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+                 if p)
+
 _USER: dict[str, bool] = {}

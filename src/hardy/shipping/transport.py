@@ -215,6 +215,31 @@ _LENGTH = struct.Struct("!i")  # a message's length in front of it, as multiproc
 _SMALL = 16384  # bytes: a message sent in one write with its length (as Connection does up to that size)
 
 
+class Channel:
+    """One end of a socket, with the three methods of multiprocessing's `Connection` that a fork
+    server and its workers use (`send_bytes`, `recv_bytes`, `fileno`) and the same framing
+    (`write_frame`, `read_frame`): the other end may be a `Connection`. A fork server imports what
+    its workers need before it can fork the first, and `multiprocessing.connection` (with the
+    `subprocess` it imports) was a tenth of that, for these three methods."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def send_bytes(self, data: bytes) -> None:
+        write_frame(self.fd, b"", data)
+
+    def recv_bytes(self) -> bytes:
+        return read_frame(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def write_frame(fd: int, head: bytes, data: bytes) -> None:
     """`head` + `data` as one message on socket `fd`, framed as `Connection.send_bytes` frames it
     (either end may read it with `recv_bytes`): written here without that method's layers, which

@@ -28,11 +28,11 @@ import signal
 import socket
 import sys
 import traceback
-from multiprocessing.connection import Connection
 from typing import Any
 
 from ..crash.handler import prepare as prepare_native_handler
 from ..safety.environment import cap_loaded_runtimes
+from ..shipping import transport
 from .lifeline import become_subreaper, die_with_parent, end_descendants, kill_group
 
 CONFIG_MAX = 1 << 20  # bytes: the configuration's message (a few hundred, with a long preload list a few thousand)
@@ -52,7 +52,7 @@ def serve() -> None:
             sys.exit(0)
 
     signal.signal(signal.SIGTERM, leave)
-    children: dict[int, Connection] = {}
+    children: dict[int, transport.Channel] = {}
     try:
         parent = socket.socket(fileno=0)
         config = pickle.loads(parent.recv(CONFIG_MAX))  # end of file (b""): the parent died before sending it
@@ -159,7 +159,7 @@ def _import_api(failure: str | None) -> None:
 
 
 def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
-            children: dict[int, Connection], closing: list[int]) -> bool:
+            children: dict[int, transport.Channel], closing: list[int]) -> bool:
     """One request: fork a worker on the descriptors it brings. False at end of file (the parent is gone)."""
     try:
         said, fds, _, _ = socket.recv_fds(parent, 1, 2, socket.MSG_CMSG_CLOEXEC)
@@ -172,7 +172,7 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
             os.close(fd)
         return True
     fd, status = fds
-    conn = Connection(status)
+    conn = transport.Channel(status)
     if failure:
         conn.send_bytes(pickle.dumps(("error", failure)))
         conn.close()
@@ -219,7 +219,7 @@ def _become_worker(fd: int, config: dict[str, Any], closing: list[int], mask: se
     run(fd)
 
 
-def _reap(children: dict[int, Connection]) -> None:
+def _reap(children: dict[int, transport.Channel]) -> None:
     while True:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -230,7 +230,7 @@ def _reap(children: dict[int, Connection]) -> None:
         _reap_one(info.si_pid, children)
 
 
-def _reap_one(pid: int, children: dict[int, Connection]) -> None:
+def _reap_one(pid: int, children: dict[int, transport.Channel]) -> None:
     """Kill what is left of the worker's group while its pid still names it, then collect it, and
     end the processes its nodes started that left its group (a subreaper, this server adopted
     them as the worker ended: any child of ours that is not a live worker). Orphans come here too

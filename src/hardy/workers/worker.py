@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import multiprocessing.reduction  # noqa: F401  # (in the fork server: every worker's setup uses it, `main_by_value_in_pools`)
 import os
 import pickle
 import select
@@ -20,7 +21,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ..crash import handler as native_handler
@@ -54,7 +54,7 @@ def run(fd: int) -> None:
     worker imports the user's modules as the parent does (and a node reads the script's arguments),
     but never re-runs the parent's `__main__`.
     """
-    conn = Connection(fd)
+    conn = transport.Channel(fd)
     try:
         setup = Setup(*pickle.loads(conn.recv_bytes()))
         status_fd, fault_fd = transport.receive_fds(conn, 2)
@@ -103,7 +103,7 @@ def _take_setup(setup: Setup) -> None:
                 paths=[p for p in setup.preload_libs if os.path.isdir(p)])
 
 
-def _install_crash_handlers(conn: Connection, fault_fd: int, fd: int) -> None:
+def _install_crash_handlers(conn: transport.Channel, fault_fd: int, fd: int) -> None:
     """What a dying worker leaves behind, in order: its native frames, its unsent results (its
     last words), then faulthandler's Python stack, all in the crash file the parent reads. A
     process a node forks inherits these handlers; there they stand aside (`native_handler.remember`,
@@ -156,7 +156,7 @@ def _post_deadline(status: StatusWords, t: float) -> float:
     return float(before)
 
 
-def _serve(conn: Connection, status: StatusWords) -> int:
+def _serve(conn: transport.Channel, status: StatusWords) -> int:
     """Answer the parent's messages until it says stop or goes away; the exit code."""
     plans: dict[int, list[Any]] = {}  # id -> [spec, loaded plan, the logged one once asked for, its replica, dated]
     backlog: deque[Any] = deque()  # messages that came while a plan's load waited for the caller's objects
@@ -243,7 +243,7 @@ def _take_context(context: Context) -> None:
         pass
 
 
-def _fetch(conn: Connection, status: StatusWords, backlog: deque[Any], replica_id: int,
+def _fetch(conn: transport.Channel, status: StatusWords, backlog: deque[Any], replica_id: int,
            wanted: list[tuple[str, str]]) -> Any:
     """Ask the caller for the objects of its modules that this worker's copies lack (`shipping.replica`),
     and wait for them; messages that come meanwhile are kept for later, in order."""
