@@ -237,7 +237,9 @@ class Channel:
         return read_frame(self.fd)
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:  # (once: a second close would close whatever took the number since)
+            os.close(self.fd)
+            self.fd = -1
 
 
 def write_frame(fd: int, head: bytes, data: bytes) -> None:

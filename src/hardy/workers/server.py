@@ -174,7 +174,10 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
     fd, status = fds
     conn = transport.Channel(status)
     if failure:
-        conn.send_bytes(pickle.dumps(("error", failure)))
+        try:
+            conn.send_bytes(pickle.dumps(("error", failure)))
+        except OSError:  # the parent closed its end: nothing to tell
+            pass
         conn.close()
         os.close(fd)
         return True
