@@ -148,6 +148,25 @@ def test_the_callers_environment_at_each_call(warm, monkeypatch):
     assert warm.run(inputs={"x": 0, "how": "env"})["out"] == "second"
 
 
+class _Interrupting:
+    """An input whose pickling is interrupted: a Ctrl-C as the call packs its item, after it took a worker."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise KeyboardInterrupt
+
+
+def test_a_call_interrupted_before_it_sends_gives_its_worker_back():
+    """Interrupted after it took an idle worker and before it sent anything, a call gives the
+    worker back: the next calls run on it (with one worker, they waited for it forever)."""
+    with Engine(workers=1) as engine:
+        p = Pipeline([act], engine=engine)
+        first = p.run(inputs={"x": 0, "how": "plain"})["out"][1]
+        with pytest.raises(KeyboardInterrupt):
+            p.run(inputs={"x": _Interrupting(), "how": "plain"})
+        assert engine.process_pool().owners == [None]
+        assert p.run(inputs={"x": 1, "how": "plain"})["out"] == (2, first)  # the same worker, not replaced
+
+
 def _cpu_ticks(pid: int) -> int:
     """The process's user and system time so far, in clock ticks (/proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -32,12 +32,31 @@ if TYPE_CHECKING:
     from .process import Worker
 
 
+class _Call:
+    """The owner of the slot a call takes (`WorkerPool.take_idle`), one per call: an exception
+    raised between two of its first bytecodes (a Ctrl-C, a signal handler's), before anything was
+    sent, finds that slot by it and gives it back (`WorkerPool.let_go`), where it would have stayed
+    taken, and the next calls waited for it forever."""
+
+    __slots__ = ()
+
+
 def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults]) -> dict[str, Any]:
     """`item`'s outputs through `plan` on one of `pool`'s workers, or its error raised, as a
     one-item map gives them; `sink()` makes the results sink, when a map loop needs one."""
+    caller = _Call()
+    try:
+        return _call(pool, plan, item, sink, caller)
+    except BaseException:
+        pool.let_go(caller)
+        raise
+
+
+def _call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults],
+          caller: _Call) -> dict[str, Any]:
     shipped = pool.shipped(plan)
     if (shipped is None or shipped[2] or pool.max_memory is not None or pool.stall_report
-            or (taken := pool.take_idle(shipped[0])) is None):  # first call, limits, or no idle worker with it
+            or (taken := pool.take_idle(shipped[0], caller)) is None):  # first call, limits, or no idle worker
         return _mapped(pool, plan, item, sink())
     slot, w = taken
     try:
@@ -45,8 +64,8 @@ def call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[], 
     except Exception:  # an input that cannot travel: the map loop names it
         pool.free(slot)
         return _mapped(pool, plan, item, sink())
-    w.plan, w.unsent, w.chunk_size = plan, Unsent(range(1)), 1
     try:
+        w.plan, w.unsent, w.chunk_size = plan, Unsent(range(1)), 1  # (here: an interruption now replaces it)
         w.idle()
         w.follow(context.current())
         w.send(message)

@@ -238,17 +238,24 @@ class WorkerPool(Executor):
                     self.owners[slot] = run
             return [slot for slot, owner in enumerate(self.owners) if owner is run]
 
-    def take_idle(self, plan_id: int) -> tuple[int, Worker] | None:
+    def take_idle(self, plan_id: int, caller: object) -> tuple[int, Worker] | None:
         """A free slot whose worker has answered before, is idle and holds the plan, now taken by
-        a call (`calls.call`: `free` gives it back); None if there is none (the call then goes
-        through the map loop, which starts or waits for one)."""
+        the call `caller` (`calls.call`: `free` gives it back); None if there is none (the call then
+        goes through the map loop, which starts or waits for one)."""
         owners = self.owners
         with self._lock:
             for slot, w in enumerate(self.workers):
                 if owners[slot] is None and w is not None and plan_id in w.plans and w.started_any and not w.busy:
-                    owners[slot] = _CALL
+                    owners[slot] = caller
                     return slot, w
         return None
+
+    def let_go(self, caller: object) -> None:
+        """The slot the call `caller` took, if it still holds one, is free again (it was interrupted
+        before it sent anything: `calls.call`)."""
+        for slot, owner in enumerate(self.owners):
+            if owner is caller:
+                self.free(slot)
 
     def free(self, slot: int) -> None:
         """`slot`, taken by a call (`take_idle`), is free again; the maps waiting for one are told
@@ -405,7 +412,6 @@ def _room_for(workers: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-_CALL: Any = object()  # the owner of a slot taken by a call (`take_idle`)
 
 
 def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:
