@@ -68,7 +68,7 @@ class WorkerPool(Executor):
         self._spare_wanted = False
         self._topping: threading.Thread | None = None  # starting the spare
         self._generation = 0  # counts closes: a spare started before one is stopped, not kept
-        self.owners: list[MapRun | None] = [None] * self.size  # which map or call uses each worker
+        self.owners: list[MapRun | None] = [None] * self.size  # which map or call (`calls._Call`) uses each worker
         self._leaving: list[Worker] = []  # recycled workers asked to leave, not collected yet (`_collect`)
         self._started = 0
         self._lock = threading.Lock()
@@ -238,7 +238,7 @@ class WorkerPool(Executor):
                     self.owners[slot] = run
             return [slot for slot, owner in enumerate(self.owners) if owner is run]
 
-    def take_idle(self, plan_id: int, caller: object) -> tuple[int, Worker] | None:
+    def take_idle(self, plan_id: int, caller: Any) -> tuple[int, Worker] | None:
         """A free slot whose worker has answered before, is idle and holds the plan, now taken by
         the call `caller` (`calls.call`: `free` gives it back); None if there is none (the call then
         goes through the map loop, which starts or waits for one)."""
