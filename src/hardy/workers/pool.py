@@ -412,8 +412,6 @@ def _room_for(workers: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-
-
 def _close_at_exit(ref: weakref.ref[WorkerPool]) -> None:
     pool = ref()
     if pool is not None:
