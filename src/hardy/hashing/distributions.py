@@ -207,20 +207,20 @@ _REAL: dict[str, str] = {}
 
 
 @functools.cache
-def _stdlib() -> tuple[frozenset[str], tuple[str, ...]]:
-    """The standard library's folders, and each as a prefix; made once asked for: a fork server
-    imports this module, and its workers seldom ask."""
+def real_paths(*kinds: str) -> tuple[str, ...]:
+    """The real paths of these `sysconfig` folders ("stdlib", "purelib"...), each once, asked for
+    when first needed: a fork server imports this module before it can fork, and `sysconfig`
+    takes a while to answer."""
     import sysconfig
     paths = sysconfig.get_paths()
-    roots = frozenset(os.path.realpath(p) for p in (paths.get("stdlib"), paths.get("platstdlib")) if p)
-    return roots, tuple(root + os.sep for root in roots)
+    return tuple(dict.fromkeys(os.path.realpath(paths[k]) for k in kinds if paths.get(k)))
 
 
 def _in_stdlib(root: str) -> bool:
     if "-packages" in root:
         return False
-    roots, prefixes = _stdlib()
-    return root in roots or root.startswith(prefixes)
+    roots = real_paths("stdlib", "platstdlib")
+    return root in roots or root.startswith(tuple(r + os.sep for r in roots))
 
 
 def _real(path: str) -> str:

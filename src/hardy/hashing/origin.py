@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
-from .distributions import is_local_install
+from .distributions import is_local_install, real_paths
 
 
 def is_user_module(module_name: str | None) -> bool:
@@ -43,19 +42,10 @@ def is_user_file(path: str) -> bool:
     """Whether code read from `path` is the user's: outside the standard library and the site
     directories, or installed there from a local folder or file."""
     real = os.path.realpath(path)
-    if any(real.startswith(root + os.sep) for root in _library_roots()) or "site-packages" in real \
-            or "dist-packages" in real:
+    roots = real_paths("purelib", "platlib", "stdlib", "platstdlib")
+    if any(real.startswith(root + os.sep) for root in roots) or "site-packages" in real or "dist-packages" in real:
         return is_local_install(real)
     return True
 
-
-@functools.cache
-def _library_roots() -> tuple[str, ...]:
-    """The standard library's and the site directories' real paths, made once asked for: a fork
-    server imports this module before it can fork, and `sysconfig` takes a while to answer."""
-    import sysconfig
-    paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(p) for p in {paths.get(k) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
-                 if p)
 
 _USER: dict[str, bool] = {}

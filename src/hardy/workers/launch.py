@@ -369,13 +369,12 @@ def release_unused(start_method: str, preload: tuple[str, ...], env: dict[str, s
     """Stop the server for these settings if no pool uses it: one `warm` started for a pool that
     never took it (its first map had no items). A pool that warmed the same one meanwhile and
     finds it gone starts another (`pool._new_worker`)."""
+    key = _key(start_method, preload, env, None)
     with _lock:
-        launcher = _launchers.get(_key(start_method, preload, env, None))
+        launcher = _launchers.get(key)
         if launcher is None or launcher.users:
             return
-        for key, value in list(_launchers.items()):
-            if value is launcher:
-                del _launchers[key]
+        del _launchers[key]
     launcher.stop()
 
 
