@@ -286,3 +286,28 @@ def test_the_architecture_page_names_every_module():
     modules = [str(p.relative_to(hardy)) for p in sorted(hardy.rglob("*.py"))
                if p.name not in ("__init__.py", "__main__.py") and "compat" not in p.relative_to(hardy).parts]
     assert [m for m in modules if m not in named] == []
+
+
+
+# What a first map's critical path would wait for without using it: a script's `from hardy import`
+# (before its map starts the fork server), the server's launch, and the server's own imports
+# (before it forks a worker). Each is imported by the function that needs it.
+HELPERS = ("pathlib", "shutil", "tempfile", "subprocess", "importlib.abc", "importlib.resources")
+LATER = ("logging", "pickle", "traceback", "queue")  # needed by a map, once its fork server is on its way
+NOT_WAITED_FOR = {
+    "from hardy import Pipeline, node": HELPERS + LATER,
+    "from hardy import Pipeline, node; import hardy.workers.launch": ("pathlib", "importlib.abc") + LATER,
+    "import hardy.workers.server, hardy.workers.worker": HELPERS,
+}
+
+
+def test_a_first_map_waits_for_no_module_it_does_not_use():
+    import subprocess
+    import sys
+    for imports, names in NOT_WAITED_FOR.items():
+        # -S: site's .pth files may import these themselves (this machine's does); the test's
+        # sys.path stands in for what site would add
+        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; {imports}; "
+                f"print(' '.join(m for m in {names!r} if m in sys.modules))")
+        loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True)
+        assert loaded.stdout.split() == [], imports

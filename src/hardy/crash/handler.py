@@ -34,10 +34,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import shutil
 import signal
 import stat
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,6 +58,7 @@ def cache_folder() -> str:
 
 def compiler() -> str | None:
     """The C compiler to build the handler with, or None when this machine has none."""
+    import shutil  # (not at the top: a fork server imports this module and finds the handler already built)
     cc = os.environ.get("CC")
     if cc:
         return shutil.which(cc)
@@ -99,12 +98,13 @@ def build(preload: bool = False) -> tuple[str | None, str]:
         return None, f"cannot create {folder}: {exc}"
     if not _trusted(folder):
         return None, f"{folder} is not this user's own (or others may write it)"
+    import subprocess
+    import tempfile
     fd, scratch = tempfile.mkstemp(dir=folder, suffix=".so")
     os.close(fd)
     fd, code = tempfile.mkstemp(dir=folder, suffix=".c")  # the source hashed, not the file (which may change)
     with os.fdopen(fd, "wb") as f:
         f.write(source)
-    import subprocess  # (here: a fork server imports this module, and compiles the handler once a machine)
     try:
         done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
                                scratch, code],

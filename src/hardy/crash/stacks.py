@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import socket
 import struct
 import sys
@@ -49,6 +48,7 @@ def ptrace_scope() -> int | None:
 
 def py_spy() -> str | None:
     """The py-spy program: on PATH or beside this interpreter (a virtual environment's bin)."""
+    import shutil  # (here: every fork server imports this module; py-spy is looked for once a worker hangs)
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 

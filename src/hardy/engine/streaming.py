@@ -12,7 +12,6 @@ the producers. The sequential executor needs no thread: items run one by one as 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 import weakref
@@ -26,6 +25,8 @@ from .in_process import SequentialExecutor, delivered
 from .results import Results
 
 if TYPE_CHECKING:
+    import queue
+
     from ..observe.nodelog import NodeLogBatch
     from ..plan.compiled import Plan
     from .core import Engine
@@ -217,6 +218,7 @@ class _Stream:
     """One streamed map's side of the runner: its plan, where its windows report, whether it ended."""
 
     def __init__(self, plan: Plan):
+        import queue  # (here and in `WindowRunner`: `import hardy` stays light)
         self.plan = plan
         self.finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
@@ -235,6 +237,7 @@ class WindowRunner:
     runner ends every stream still waiting for a window, with an error that says so."""
 
     def __init__(self, engine: Engine):
+        import queue
         self.engine = engine
         self.todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.current: tuple[_Stream, Results] | None = None

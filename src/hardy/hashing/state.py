@@ -15,7 +15,6 @@ import abc
 import contextlib
 import enum
 import functools
-import pickle
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -65,7 +64,7 @@ def token(value: Any) -> bytes | None:
             encode_into(value, h.update, set())
     except Exception:  # UnhashableError, or a library refusing (a tensor on the meta device): by its pickle
         try:  # (a ConfigParser, a ChainMap, a UserDict: plain data, no encoder), else a resource
-            return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)
+            return _by_pickle(value)
         except Exception:
             return None
     return h.digest(DIGEST)
@@ -107,7 +106,7 @@ def stamp_of(value: Any, home: str = "") -> bytes:
             encode_into(value, h.update, set())
     except Exception:  # UnhashableError, or a library's own refusal: its pickle, or its type
         try:
-            return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)
+            return _by_pickle(value)
         except Exception:
             return RESOURCE + type_name(type(value))
     return h.digest(DIGEST)
@@ -189,3 +188,9 @@ def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
         out(h.digest(DIGEST))
     except Exception:  # UnhashableError, or a library's own refusal
         out(RESOURCE + type_name(type(value)))
+
+
+def _by_pickle(value: Any) -> bytes:
+    """A value no encoder takes, by its pickle (raises if it has none)."""
+    import pickle  # (here: `import hardy` stays light, and most values have an encoder)
+    return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)

@@ -19,15 +19,12 @@ together (a flaky service) do not retry in lockstep. `backoff=0` (the default) r
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import Exited, NodeDefinitionError, NodeTimeout
 from .executor import IsolatedCall
-
-log = logging.getLogger("hardy.policy")
 
 BACKOFF_MAX = 60.0  # seconds: the longest delay before one retry
 
@@ -58,7 +55,9 @@ def guard(node: Any, func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _retrying(node: Any, retry: int, what: str) -> float:
     wait = delay(node.backoff, retry)
-    log.warning("node %r: %s; retrying (%d of %d) in %.2g s", node.name, what, retry, node.retries, wait)
+    import logging  # (here: `import hardy` stays light, and retries are rare)
+    logging.getLogger("hardy.policy").warning("node %r: %s; retrying (%d of %d) in %.2g s", node.name, what, retry,
+                                              node.retries, wait)
     return wait
 
 

@@ -14,7 +14,6 @@ import functools
 import itertools
 import operator
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -179,6 +178,7 @@ class Events:
         if who in self._warned:
             return
         self._warned.add(who)
+        import traceback  # (here: `import hardy` stays light)
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         warnings.warn(f"hardy: callback {who} raised {type(exc).__name__}: {exc}{where}; the pipeline goes on "

@@ -43,7 +43,6 @@ things really happened. When nobody listens, the worker runs the plain plan: not
 from __future__ import annotations
 
 import os
-import pickle
 import struct
 import sys
 import time
@@ -311,6 +310,7 @@ class NodeLog:
         else its text. The round trip, because unpickling is where an exception fails: one whose
         constructor takes other arguments than it passes to Exception pickles, but cannot be
         rebuilt."""
+        import pickle  # (here: `import hardy` stays light)
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:

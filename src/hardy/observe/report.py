@@ -14,14 +14,12 @@ by another process.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 import warnings
 from array import array
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, UntrustedCacheError
@@ -30,12 +28,12 @@ from .callbacks import CallbackContext, PipelineCallback
 from .report_views import FAILURES_SHOWN, rich_tables, to_html
 
 if TYPE_CHECKING:
+    from pathlib import Path  # (imported where used: pathlib costs `import hardy` 3 ms)
+
     from ..errors import NodeError
 
 TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
 FORMAT = 1
-log = logging.getLogger("hardy.report")
-
 
 class _NodeStats:
     __slots__ = ("calls", "cached", "failures", "times", "batch_sizes", "batch_times")
@@ -197,6 +195,7 @@ def _folder(engine: Any, failures: dict[int, NodeError]) -> Path | None:
     """Where the report is written: the engine's report directory, else with failures and
     `keep_failed_inputs=True` the user's own (`crash.kept.default_folder`), else nowhere."""
     if engine.report_dir:
+        from pathlib import Path
         return Path(engine.report_dir)
     if failures and engine.keep_failed_inputs:
         from ..crash.kept import default_folder
@@ -231,6 +230,8 @@ def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: lis
             failure["kept_inputs"] = kept[failure["item"]]
     done = [i for i, said in kept.items() if not said.startswith("not kept")]
     if done:
+        import logging  # (here: `import hardy` stays light)
+        log = logging.getLogger("hardy.report")
         log.warning("inputs of %d failed item(s) of pipeline %r kept; run one again with: hardy replay %s --item %d",
                     len(done), pipeline.name, path, done[0])
 
@@ -321,6 +322,7 @@ class RunReport:
         (`report_schema.py`): raises `InvalidArgument` naming the first field that is not, and
         `OSError` for a file that cannot be read. Whoever wrote the file, what loads renders as text."""
         import json
+        from pathlib import Path
 
         from .report_schema import check
         try:
@@ -338,6 +340,7 @@ class RunReport:
 
     def save(self, path: str | Path) -> Path:
         """Writes .html (one file, viewable offline) or .json, by the file's suffix."""
+        from pathlib import Path
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix not in (".html", ".json"):

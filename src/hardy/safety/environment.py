@@ -10,7 +10,6 @@ numba versions known to use it in the same way.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import itertools
 import os
@@ -86,8 +85,10 @@ def _patch_bytecode(module: Any) -> None:
     identity._unique_ids = _UniqueIds()
 
 
-class _NumbaHook(importlib.abc.MetaPathFinder):
-    """Patches numba.core.bytecode the moment it is imported, whoever imports it."""
+class _NumbaHook:
+    """Patches numba.core.bytecode the moment it is imported, whoever imports it. (A finder needs
+    only `find_spec`: not `importlib.abc.MetaPathFinder`, whose import loads pathlib and more
+    into every fork server.)"""
 
     target = "numba.core.bytecode"
 

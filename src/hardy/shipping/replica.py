@@ -135,12 +135,13 @@ def reached_names(reads: Iterable[tuple[Any, str, Any]], modules: Iterable[str])
     """The names read (namespace, name, object), by user module: those of `modules`, and any other
     module whose namespace was read (a submodule reached through an attribute chain)."""
     by_namespace = {id(vars(m)): name for name, m in list(sys.modules.items())  # not under an alias:
-                    if m is not None and getattr(m, "__name__", None) == name  # (`__mp_main__` is `__main__`)
-                    and (name in modules or is_user_module(name))}
+                    if m is not None and getattr(m, "__name__", None) == name}  # (`__mp_main__` is `__main__`)
     names: dict[str, set[str]] = {}
     for namespace, name, _ in reads:
         module_name = by_namespace.get(id(namespace))
-        if module_name is not None:
+        # only a module that was read is asked whether it is the user's (the first map's hundreds of
+        # loaded modules would each cost a look at their distribution)
+        if module_name is not None and (module_name in modules or is_user_module(module_name)):
             names.setdefault(module_name, set()).add(name)
     for module_name in modules:
         names.setdefault(module_name, set())

@@ -10,7 +10,6 @@ before it was set up, and each is then taken in turn (`take`).
 
 from __future__ import annotations
 
-import pickle
 import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -66,6 +65,7 @@ class Requests:
                 ours, conn = self.asked.popleft()
             except IndexError:
                 return None
+            import pickle  # (here: the fork server's launch need not wait for it)
             try:
                 said = pickle.loads(conn.recv_bytes()) if conn.poll(0) else None
                 if said is None or not conn.poll(0):  # nothing but its pid: alive

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import atexit
 import errno
-import logging
 import math
 import os
-import pickle
 import select
 import shutil
 import signal
@@ -49,8 +47,6 @@ from .lifeline import die_with_parent, kill_group, sweep_leftovers
 
 if TYPE_CHECKING:  # (multiprocessing's connections load after a fork server starts: `ForkServer`)
     from multiprocessing.connection import Connection
-
-log = logging.getLogger("hardy.workers")
 
 _HARDY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s"
@@ -175,6 +171,7 @@ class ForkServer:
             theirs.close()
             _starting.discard(self.folder)
         _ends.add(ours)  # stays open: its end of file tells the server we are gone
+        import pickle  # (here and below, as logging: a first map's fork server starts without waiting for them)
         ours.sendall(pickle.dumps(config))
 
     @property
@@ -194,6 +191,7 @@ class ForkServer:
         try:
             if said is None:
                 self._wait_for_preload(conn)
+                import pickle
                 said = pickle.loads(conn.recv_bytes())
         except (OSError, EOFError) as exc:
             ours.close()
@@ -243,6 +241,8 @@ class ForkServer:
             return
         module = self._importing()
         if module:
+            import logging
+            log = logging.getLogger("hardy.workers")
             log.warning("the fork server has been importing preload module %r for %g s (it fails after %g s: "
                         "HARDY_PRELOAD_TIMEOUT)", module, warn, PRELOAD_TIMEOUT)
         if wait([status], max(0.0, PRELOAD_TIMEOUT - PRELOAD_WARN)):
@@ -272,6 +272,7 @@ class ForkServer:
 
 
 def _exit_status(status: Connection) -> int | None:
+    import pickle
     try:
         kind, code = pickle.loads(status.recv_bytes())
         return code if kind == "exit" else None

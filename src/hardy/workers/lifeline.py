@@ -30,7 +30,6 @@ from __future__ import annotations
 import _thread
 import os
 import select
-import shutil
 import signal
 import stat
 import time
@@ -214,6 +213,7 @@ def sweep_leftovers(folder: str, prefix: str) -> None:
     if not old:
         return
     served = _named_in_command_lines(prefix)
+    import shutil  # (here: a fork server imports this module, and rarely finds a leftover)
     for path in old:
         if path not in served:
             shutil.rmtree(path, ignore_errors=True)  # (fd-based on Linux: a planted link is not followed)

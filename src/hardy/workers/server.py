@@ -23,7 +23,6 @@ import gc
 import os
 import pickle
 import selectors
-import shutil
 import signal
 import socket
 import sys
@@ -94,6 +93,7 @@ def serve() -> None:
         for pid in list(children):
             _reap_one(pid, children)
         end_descendants(os.getpid())  # what the last workers' nodes started, in sessions of their own
+        import shutil  # (here: its import, with bz2's and lzma's, would delay every first map)
         shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
