@@ -307,7 +307,7 @@ def test_a_first_map_waits_for_no_module_it_does_not_use():
     for imports, names in NOT_WAITED_FOR.items():
         # -S: site's .pth files may import these themselves (this machine's does); the test's
         # sys.path stands in for what site would add
-        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; {imports}; "
+        code = (f"import sys; sys.path[:0] = {[str(SRC), *(p for p in sys.path if p)]!r}; {imports}; "
                 f"print(' '.join(m for m in {names!r} if m in sys.modules))")
         loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True)
         assert loaded.stdout.split() == [], imports
