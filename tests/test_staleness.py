@@ -190,3 +190,33 @@ def test_an_object_a_node_is_bound_to_changed_between_two_maps(tmp_path, executo
                          env={**os.environ, "PYTHONPATH": SRC})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4], [2, 4]] [[3, 6], [3, 6], [3, 6]]"
+
+
+ODD_SYS_MODULES = """
+import sys
+from hardy import Pipeline, node
+
+class Registry:  # a library may put any object in sys.modules: this one has no __dict__
+    __slots__ = ("__name__",)
+
+odd = Registry()
+odd.__name__ = "odd_registry"
+sys.modules["odd_registry"] = odd
+FACTOR = 2
+
+@node(output_name="y")
+def scaled(x):
+    return x * FACTOR
+
+p = Pipeline([scaled])
+first = p.map(inputs={"x": [1, 2]}, map_over="x")
+FACTOR = 3
+print([r["y"] for r in first], [r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")])
+"""
+
+
+def test_an_object_without_a_namespace_in_sys_modules_does_not_stop_a_map():
+    out = subprocess.run([sys.executable, "-"], input=ODD_SYS_MODULES, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[2, 4] [3, 6]"

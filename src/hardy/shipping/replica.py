@@ -134,8 +134,9 @@ def replica(replica_id: int) -> Replica | None:
 def reached_names(reads: Iterable[tuple[Any, str, Any]], modules: Iterable[str]) -> dict[str, set[str]]:
     """The names read (namespace, name, object), by user module: those of `modules`, and any other
     module whose namespace was read (a submodule reached through an attribute chain)."""
-    by_namespace = {id(vars(m)): name for name, m in list(sys.modules.items())  # not under an alias:
-                    if m is not None and getattr(m, "__name__", None) == name}  # (`__mp_main__` is `__main__`)
+    by_namespace = {id(m.__dict__): name for name, m in list(sys.modules.items())  # not under an alias:
+                    if getattr(m, "__name__", None) == name  # (`__mp_main__` is `__main__`)
+                    and hasattr(m, "__dict__")}  # (anything may sit in sys.modules: an object with slots)
     names: dict[str, set[str]] = {}
     for namespace, name, _ in reads:
         module_name = by_namespace.get(id(namespace))
