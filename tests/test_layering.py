@@ -288,7 +288,6 @@ def test_the_architecture_page_names_every_module():
     assert [m for m in modules if m not in named] == []
 
 
-
 # What a first map's critical path would wait for without using it: a script's `from hardy import`
 # (before its map starts the fork server), the server's launch, and the server's own imports
 # (before it forks a worker). Each is imported by the function that needs it.

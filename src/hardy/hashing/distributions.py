@@ -217,10 +217,12 @@ def real_paths(*kinds: str) -> tuple[str, ...]:
 
 
 def _in_stdlib(root: str) -> bool:
-    if "-packages" in root:
-        return False
-    roots = real_paths("stdlib", "platstdlib")
-    return root in roots or root.startswith(tuple(r + os.sep for r in roots))
+    return "-packages" not in root and (root in real_paths("stdlib", "platstdlib") or root.startswith(_under_stdlib()))
+
+
+@functools.cache
+def _under_stdlib() -> tuple[str, ...]:
+    return tuple(root + os.sep for root in real_paths("stdlib", "platstdlib"))
 
 
 def _real(path: str) -> str:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
 FORMAT = 1
 
+
 class _NodeStats:
     __slots__ = ("calls", "cached", "failures", "times", "batch_sizes", "batch_times")
 
