@@ -310,3 +310,43 @@ def test_a_first_map_waits_for_no_module_it_does_not_use():
                 f"print(' '.join(m for m in {names!r} if m in sys.modules))")
         loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True)
         assert loaded.stdout.split() == [], imports
+
+
+# What runs a call (the plan compiler, the cache keys and hashing, the executors and the results
+# sink, events) loads after a first call has launched its fork server, which boots meanwhile; and
+# what explains a worker's death (the crash package's autopsy) and checks a start method's hazards
+# loads only when needed: a map without deaths never waits for them.
+MACHINERY = ("hardy.plan.compiled", "hardy.cache.keys", "hardy.hashing", "hardy.engine.results",
+             "hardy.engine.in_process", "hardy.observe.watch", "hardy.observe.events", "hardy.parts.batching")
+ON_DEMAND = ("hardy.crash.autopsy", "hardy.crash.blame", "hardy.crash.verdict", "hardy.workers.deaths",
+             "hardy.safety.hazards")
+LAUNCH_PROBE = """
+import subprocess, sys
+from hardy import Pipeline, node
+launch = subprocess.Popen
+
+def spy(*args, **kwargs):
+    print("at launch:", *[m for m in {machinery!r} if m in sys.modules])
+    return launch(*args, **kwargs)
+
+subprocess.Popen = spy
+
+@node(output_name="y")
+def f(x):
+    return x + 1
+
+p = Pipeline([f])
+{call}
+print("after:", *[m for m in {on_demand!r} if m in sys.modules])
+"""
+
+
+def test_a_first_call_launches_its_fork_server_before_it_loads_what_runs_the_call():
+    import subprocess
+    import sys
+    for call in ('p.map(inputs={"x": [1, 2, 3]}, map_over="x")', 'p.run(inputs={"x": 1})',
+                 'list(p.imap(inputs={"x": [1, 2, 3]}, map_over="x"))'):
+        code = LAUNCH_PROBE.format(machinery=MACHINERY, on_demand=ON_DEMAND, call=call)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**__import__("os").environ, "PYTHONPATH": str(SRC)}).stdout
+        assert out.splitlines() == ["at launch:", "after:"], (call, out)

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..engine.core import Engine
-from ..engine.results import Results
 from ..errors import NodeError
 from ..tracebacks import own_frames, user_traceback
 
-R = TypeVar("R", bound=Results)
+if TYPE_CHECKING:
+    from ..engine.results import Results
+
+R = TypeVar("R", bound="Results")
 
 
 def with_reruns(results: R, pipeline: Any, items: Sequence[dict[str, Any]], outputs: Sequence[str]) -> R:

@@ -8,15 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..engine.core import Engine
 from ..errors import Failed, InvalidArgument, InvalidArgumentType, MapError
 from ..model.node import Node
 from ..observe.callbacks import PipelineCallback
-from ..observe.events import Events
 from ..observe.progress import nested_progress
-from ..plan.compiled import resolve
 
 if TYPE_CHECKING:
+    from ..engine.core import Engine
     from .pipeline import Pipeline
 
 
@@ -103,6 +101,7 @@ class PipelineNode(Node):
             return self
         outer_of = dict(zip(self.inner_outputs, self.outputs))
         inner_outputs = tuple(i for i, o in outer_of.items() if o in outputs)
+        from ..plan.compiled import resolve  # (with the plan that narrows it: `api.pipeline`)
         graph = self.pipeline.graph
         provided = {*self.inner_inputs.values(), *self.pipeline.bound_inputs}
         read = {v for s in resolve(graph, provided, inner_outputs) for _, v in s.args}
@@ -130,6 +129,7 @@ class PipelineNode(Node):
     def _call(self, **kwargs: Any) -> Any:
         inner = {self.inner_inputs[k]: v for k, v in kwargs.items()}
         if self.pipeline.callbacks:
+            from ..observe.events import Events  # (loaded by the plan running this node: `api.pipeline`)
             out = Events(self.pipeline.callbacks).nested(self.pipeline.name, lambda: self._run(inner))
         else:
             out = self._run(inner)

@@ -11,33 +11,15 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..cache.keys import PlanCache
-from ..engine.core import Engine, OneRun
-from ..engine.in_process import SequentialExecutor
-from ..engine.results import Results
-from ..engine.streaming import Shifted, stream
-from ..errors import (
-    Failed,
-    HardyError,
-    MapError,
-    MissingInputError,
-    NodeError,
-    UnknownInputWarning,
-    UnknownOutputError,
-)
-from ..hashing import Reach, recording
-from ..hashing.state import token
+from ..engine.core import Engine
+from ..errors import Failed, HardyError, MapError, MissingInputError, NodeError, UnknownInputWarning, UnknownOutputError
 from ..model import arguments
 from ..model.graph import Graph
 from ..model.node import Node, as_nodes
 from ..model.policy import check_timeouts
 from ..observe.callbacks import CallbackList, PipelineCallback, listening
-from ..observe.events import Events
 from ..observe.progress import MapProgress, count_cached, progress_wanted
 from ..observe.report import Recorder, RunReport
-from ..observe.watch import Watch
-from ..parts.batching import batched
-from ..plan.compiled import Plan
 from ..plan.map_items import map_items, mapped_over, share_input_keys
 from ..plan.memo import Memo
 from ..tracebacks import at_user_frames
@@ -45,11 +27,18 @@ from .debugging import run_again, with_reruns
 from .interrupts import interrupted
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
 
+# What runs a call (plans, executors, results sinks, events) loads in the method that needs it: a first
+# map starts its fork server first (`Engine.executor`), which boots meanwhile (docs/architecture.md).
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from ..cache.keys import PlanCache
+    from ..engine.results import Results
+    from ..observe.watch import Watch
+    from ..plan.compiled import Plan
 
-_R = TypeVar("_R", bound=Results)  # the class of a streamed window's sink
+
+_R = TypeVar("_R", bound="Results")  # the class of a streamed window's sink
 _DEFAULT_ENGINE = Engine()
 
 PLANS_KEPT = 256  # compiled plans a pipeline keeps (hardy.plan.memo)
@@ -247,6 +236,8 @@ class Pipeline:
             if watched is not None and watched.changed():  # (`_stale`, inline: every call asks)
                 raise KeyError  # compiled again below
         except (KeyError, TypeError):
+            if engine.runs_in_workers:
+                engine.executor  # noqa: B018  # made first, as in `map`: a first run's fork server boots meanwhile
             plan = self._plan(values, output_name, for_map=False)
         here = not engine.runs_in_workers  # else the item runs where a crash costs only it, as a map's would
         try:
@@ -278,10 +269,10 @@ class Pipeline:
         timeouts as in a map), the node events listened to come back with it."""
         observers = self._observers if self.callbacks or self._engine.reporting else None
         if not observers:
-            return self._engine.run_one(plan, dict(values), lambda: OneRun(self.name))
-        results = OneRun(self.name, Events(observers, self.name, [dict(values)]))
-        return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), lambda: results,
-                                                                         watched=True))
+            return self._engine.run_one(plan, dict(values), self.name)
+        from ..observe.events import Events
+        events = Events(observers, self.name, [dict(values)])
+        return self._observed_run(values, lambda: self._engine.run_one(plan, dict(values), self.name, events))
 
     def _observed_run(self, values: Mapping[str, Any], call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         watch = self._watch("run", 1, MapProgress(1, self.name, False), None)
@@ -289,6 +280,7 @@ class Pipeline:
 
     def _watch(self, kind: str, n: int, bar: MapProgress, items: Sequence[dict[str, Any]] | None) -> Watch:
         """What observes this call (`Watch.begin`): `bar`, the callbacks' events, the run report."""
+        from ..observe.watch import Watch
         return Watch.begin(self, kind, n, bar, items, self._observers, self._recorder)
 
     @property
@@ -344,6 +336,9 @@ class Pipeline:
         """A new plan, with what its nodes read if it must be checked for changes (`_stale`): a
         plan whose keys hold code and state, or one that runs in other processes."""
         mode = self._engine.plan_mode(for_map)
+        from ..hashing import Reach, recording
+        from ..hashing.state import token
+        from ..plan.compiled import Plan
         cache = self.cache if self.cache is not None else self._engine.cache
         reach = Reach() if cache is not None else None
         previous = recording(reach)
@@ -377,6 +372,7 @@ class Pipeline:
                 node = node.observed_by(observers)
         func = self._engine.node_function(node)
         if observers:
+            from ..observe.events import Events
             func = Events(observers).instrument(node, func)
         return func
 
@@ -384,6 +380,7 @@ class Pipeline:
         count_cached()
         observers = self._observers
         if observers:
+            from ..observe.events import Events
             Events(observers).cached(node_name, key, item)
 
     # --- map -------------------------------------------------------------------------------------
@@ -401,6 +398,7 @@ class Pipeline:
         if engine is not None and engine is not self._engine:
             return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error, progress)
         self._engine.executor  # noqa: B018  # made first: a first map's fork server boots while the plan is made
+        from ..engine.results import Results
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = map_items(values, over, map_mode, lazy=False)
         if plan.cache is not None and items:
@@ -408,8 +406,7 @@ class Pipeline:
             share_input_keys(plan, items, over, self.name)
         with MapProgress(n, self.name, progress_wanted(progress)) as bar:
             watch = self._watch("map", n, bar, items)
-            results = with_reruns(Results(n, on_error, watch, cached=plan.cache is not None,
-                                          batched=batched(plan) is not None), self, items, plan.outputs)
+            results = self._sink(Results, n, on_error, watch, plan, items)
             try:
                 watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
                              self._node_ids, n)
@@ -443,24 +440,23 @@ class Pipeline:
         arguments.whole_number("imap", "window", window, 1, optional=True)
         arguments.flag("imap", "ordered", ordered)
         arguments.flag("imap", "indexed", indexed)
+        self._engine.executor  # noqa: B018  # made first, as in `map`
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
         items, n = map_items(values, over, map_mode, lazy=True)
-        if window is None:
-            window = 64 if isinstance(self._engine.executor, SequentialExecutor) else 1024
         return self._stream(plan, values, items, n, over, window, ordered, on_error, progress, indexed)
 
     def _stream(self, plan: Plan, values: dict[str, Any], items: Iterator[dict[str, Any]], n: int | None,
-                over: list[str], window: int, ordered: bool, on_error: str,
+                over: list[str], window: int | None, ordered: bool, on_error: str,
                 progress: bool | None, indexed: bool) -> Iterator[Any]:
+        from ..engine.streaming import Shifted, stream
+        from ..observe.events import Events
         observers, name = self._observers, self.name
 
         def make_results(start: int, chunk: list[dict[str, Any]], cls: type[_R]) -> _R:
             if plan.cache is not None:
                 share_input_keys(plan, chunk, over, name)
             events = Events(observers, name, Shifted(chunk, start)) if observers else None
-            return with_reruns(cls(len(chunk), on_error, watch.window(events), offset=start,
-                                   cached=plan.cache is not None, batched=batched(plan) is not None), self, chunk,
-                               plan.outputs)
+            return self._sink(cls, len(chunk), on_error, watch.window(events), plan, chunk, start)
 
         with MapProgress(n, name, progress_wanted(progress)) as bar:
             watch = self._watch("imap", n or 0, bar, ())
@@ -471,6 +467,13 @@ class Pipeline:
                 yield from watch.streamed(name, dict(values), outcomes, self._node_ids, n)
             finally:
                 self._settle(plan, True)
+
+    def _sink(self, cls: type[_R], n: int, on_error: str, watch: Watch, plan: Plan, items: Sequence[dict[str, Any]],
+              offset: int = 0) -> _R:
+        """A map's results sink (a streamed window's, from `offset`), knowing how each item runs again under pdb."""
+        from ..parts.batching import batched
+        return with_reruns(cls(n, on_error, watch, offset=offset, cached=plan.cache is not None,
+                               batched=batched(plan) is not None), self, items, plan.outputs)
 
     def _map_plan(self, inputs: Mapping[str, Any] | None, map_over: str | Sequence[str] | None, map_mode: str,
                   output_name: str | Sequence[str] | None, on_error: str) -> tuple[dict[str, Any], Plan, list[str]]:
@@ -493,3 +496,4 @@ class Pipeline:
         where an inner item failed instead of failing the node. Of the node's outputs, a run
         computes only those it needs (read by other nodes, or asked for)."""
         return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
+

@@ -12,19 +12,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..cache.keys import PlanCache
 from ..crash.containment import contained, deadlined
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from ..model import arguments
 from ..model.executor import Executor, IsolatedCall, WorkerCounts
 from ..model.node import Node
-from ..observe.progress import MapProgress
-from ..observe.watch import Watch
-from .in_process import AsyncExecutor, SequentialExecutor, ThreadedExecutor
-from .results import Results
 
 if TYPE_CHECKING:
+    from ..cache.keys import PlanCache
     from ..plan.compiled import Plan
+    from .results import Results
 
 _NODE_EXECUTORS = ("sequential", "threaded", "async")
 _MAP_EXECUTORS = ("sequential", "threaded", "async", "process")
@@ -52,8 +49,14 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
                               "leave it out for the safe default (forkserver).")
     arguments.whole_number("Engine", "max_tasks_per_worker", max_tasks, 1, optional=True)
     arguments.size("Engine", "max_memory_per_worker", max_memory)
-    if cache is not None and not isinstance(cache, PlanCache):
+    if cache is not None and not _is_cache(cache):
         raise InvalidArgumentType(f"Engine(cache={cache!r:.80}) is not a cache; pass DiskCache(path) or None.")
+
+
+def _is_cache(cache: object) -> bool:
+    """(The key formulas load here, or with the first plan: after a first map's fork server launch.)"""
+    from ..cache.keys import PlanCache
+    return isinstance(cache, PlanCache)
 
 
 def _check_reports(report: Any, report_dir: Any) -> None:
@@ -80,15 +83,6 @@ def _made_afresh() -> None:
 
 
 os.register_at_fork(after_in_child=_made_afresh)
-
-
-class OneRun(Results):
-    """The sink of `run()`'s item in a worker process: node events are replayed from the worker's
-    log as for a map's items, but a run has no items to announce."""
-
-    def __init__(self, name: str, events: Any = None):
-        super().__init__(1, "raise", Watch(MapProgress(1, name, False), events))
-        self._watch_items = False
 
 
 class Engine:
@@ -237,18 +231,18 @@ class Engine:
 
     def _make_executor(self) -> Executor:
         spec = self.map_executor
-        if contained() and spec == "process":
-            return SequentialExecutor()  # in a worker already: a crash costs one item
+        if spec == "process" and not contained():  # (inside a worker already, a crash costs one item: sequential)
+            if self.gpu_slots:
+                from ..parts.stages import StagedExecutor
+                return StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
+            pool: Executor = self.process_pool()
+            return pool
+        # (imported below the process branch: a first map's fork server launches before the plans' machinery loads)
+        from .in_process import AsyncExecutor, SequentialExecutor, ThreadedExecutor
         if spec == "threaded":
             return ThreadedExecutor(self.workers)
         if spec == "async":
             return AsyncExecutor(self.workers)
-        if spec == "process" and self.gpu_slots:
-            from ..parts.stages import StagedExecutor
-            return StagedExecutor(needs_gpu, self._pool_for, enforces_timeouts=True)
-        if spec == "process":
-            pool: Executor = self.process_pool()
-            return pool
         return SequentialExecutor()
 
     def process_pool(self) -> Any:
@@ -287,13 +281,15 @@ class Engine:
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: Results) -> None:
         self.executor.run_items(plan, items, results)
 
-    def run_one(self, plan: Plan, values: dict[str, Any], sink: Callable[[], Results],
-                watched: bool = False) -> dict[str, Any]:
+    def run_one(self, plan: Plan, values: dict[str, Any], name: str, events: Any = None) -> dict[str, Any]:
         """`run()`'s item in a worker process (see `runs_in_workers`): its outputs, or its error
-        raised (a crash, a timeout, an exception), with the same classification as a map's.
-        `sink()` makes its results sink; `watched`: its events are listened to, which a map's loop
-        delivers (unwatched, a warm idle worker answers it the short way: `workers.calls`)."""
-        if watched:
+        raised (a crash, a timeout, an exception), with the same classification as a map's. Its
+        results sink (made only if a map's loop needs one: unwatched, a warm idle worker answers
+        the short way, `workers.calls`) delivers the node events that `events` listens to."""
+        def sink() -> Results:
+            from .results import OneRun
+            return OneRun(name, events)
+        if events is not None:
             return Executor.run_one(self.executor, plan, values, sink)
         return self.executor.run_one(plan, values, sink)
 

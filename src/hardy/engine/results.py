@@ -20,6 +20,7 @@ from ..errors import Failed, NodeCrashed, NodeError, NodeInterrupted, PipelineRe
 from ..model.executor import MapResults, Row
 from ..observe.callbacks import ITEM_EVENTS, NODE_EVENTS
 from ..observe.nodelog import one_by_one
+from ..observe.progress import MapProgress
 from ..observe.watch import Watch
 from ..plan.source import columns_to_dicts
 
@@ -276,6 +277,15 @@ class Results(MapResults):
             out: dict[str, Any] = await arun(item, offset + i)
             return out
         return observed
+
+
+class OneRun(Results):
+    """The sink of `run()`'s item in a worker process: node events are replayed from the worker's
+    log as for a map's items, but a run has no items to announce."""
+
+    def __init__(self, name: str, events: Any = None):
+        super().__init__(1, "raise", Watch(MapProgress(1, name, False), events))
+        self._watch_items = False
 
 
 def _skipping(run: Callable[[dict[str, Any], int], dict[str, Any]],

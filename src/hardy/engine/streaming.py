@@ -72,17 +72,17 @@ class _Streamed(Results):
             self.finished.put((self, i))
 
 
-def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int, ordered: bool,
+def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: int | None, ordered: bool,
            raise_on_error: bool, make_results: MakeResults, indexed: bool = False) -> Iterator[Any]:
     """Outcomes of `items`, in input order or (ordered=False) as they finish; `indexed`: as
-    (item index, outcome) pairs.
+    (item index, outcome) pairs. `window` defaults to 1,024 items, 64 on the sequential executor.
 
     With `raise_on_error`, the first failure reached raises MapError; its `.results` are the
     outcomes of that failure's window, whose first item is `.offset`."""
     if isinstance(engine.executor, SequentialExecutor):
-        outcomes = _inline(plan, items, window, make_results)
+        outcomes = _inline(plan, items, window or 64, make_results)
     else:
-        outcomes = _windows(engine, plan, items, window, ordered, make_results)
+        outcomes = _windows(engine, plan, items, window or 1024, ordered, make_results)
     try:
         for results, j in outcomes:
             value = results.values[j]

@@ -8,11 +8,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..errors import MapInputError, UnhashableError
 from .columns import Items
-from .compiled import KEYS, Plan
+
+if TYPE_CHECKING:
+    from .compiled import Plan
 
 
 def share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], pipeline: str) -> None:
@@ -32,6 +34,7 @@ def share_input_keys(plan: Plan, items: list[dict[str, Any]], over: list[str], p
         if name not in over:
             shared[name] = key
     if shared:
+        from .compiled import KEYS  # (loaded by then, with the plan: a map's `from hardy import` need not wait for it)
         for item in items:
             item[KEYS] = shared
 

@@ -20,7 +20,6 @@ from ..model.sizes import parse_size
 from ..plan.columns import Items
 from ..plan.compiled import Plan
 from ..plan.memo import Memo
-from ..safety.hazards import choose_start_method
 from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
 from . import launch
 from .calls import call
@@ -50,7 +49,10 @@ class WorkerPool(Executor):
         worker (GPU workers: their CUDA_VISIBLE_DEVICES); it then sets the number of workers."""
         self.slot_env = list(slot_env)
         self.size = len(self.slot_env) or workers or os.cpu_count() or 1
-        self.start_method = launch.DEFAULT_START_METHOD if start_method is None else choose_start_method(start_method)
+        self.start_method = launch.DEFAULT_START_METHOD
+        if start_method is not None:  # (the hazards' checks, and what they load, only for a method asked for)
+            from ..safety.hazards import choose_start_method
+            self.start_method = choose_start_method(start_method)
         self.preload = tuple(preload)
         self.preload_libs = tuple(preload_libs)
         self.max_tasks = max_tasks_per_worker
