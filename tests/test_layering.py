@@ -314,12 +314,12 @@ def test_a_first_map_waits_for_no_module_it_does_not_use():
 
 # What runs a call (the plan compiler, the cache keys and hashing, the executors and the results
 # sink, events) loads after a first call has launched its fork server, which boots meanwhile; and
-# what explains a worker's death (the crash package's autopsy) and checks a start method's hazards
-# loads only when needed: a map without deaths never waits for them.
+# the hazards' checks of a start method load only for one asked for. (What explains a worker's
+# death loads with the pool, not at the first death: a parent short of memory or descriptors as a
+# worker dies must still be able to say why.)
 MACHINERY = ("hardy.plan.compiled", "hardy.cache.keys", "hardy.hashing", "hardy.engine.results",
              "hardy.engine.in_process", "hardy.observe.watch", "hardy.observe.events", "hardy.parts.batching")
-ON_DEMAND = ("hardy.crash.autopsy", "hardy.crash.blame", "hardy.crash.verdict", "hardy.workers.deaths",
-             "hardy.safety.hazards")
+ON_DEMAND = ("hardy.safety.hazards",)
 LAUNCH_PROBE = """
 import subprocess, sys
 from hardy import Pipeline, node

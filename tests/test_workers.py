@@ -394,12 +394,13 @@ def test_stateful_resource_is_built_once_per_worker():
 def test_the_fork_server_loads_the_pipeline_api_once_idle_for_the_workers_after(tmp_path):
     """A first map's workers fork before hardy's pipeline API is imported (nothing of it runs
     there); a user's module that a worker loads imports it (`from hardy import node`). Once the
-    server is idle it imports the API itself, so that later workers (a crash's replacement, a
-    recycled one) fork with it. Whichever worker loads the module, the call's answer is the same."""
+    server is idle it imports the API itself, with what its calls run (a nested pipeline's, in a
+    worker), so that later workers (a crash's replacement, a recycled one) fork with it. Whichever
+    worker loads the module, the call's answer is the same."""
     (tmp_path / "api_user_mod.py").write_text(textwrap.dedent("""
         import os, sys
         with open(os.environ["HARDY_TEST_PROBE"], "a") as f:  # (before the import below)
-            f.write(f"{'hardy.api.pipeline' in sys.modules}\\n")
+            f.write(f"{'hardy.api.pipeline' in sys.modules and 'hardy.engine.streaming' in sys.modules}\\n")
         from hardy import node
 
         @node(output_name="y")

@@ -38,6 +38,7 @@ from ..shipping import (
 from ..shipping.payload import dump_values
 from ..shipping.replica import replica
 from . import status as words
+from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
 from .replies import handle_logs
@@ -45,7 +46,6 @@ from .replies import handle_logs
 if TYPE_CHECKING:
     from ..model.executor import ResultsSink
     from ..observe.nodelog import NodeLogBatch
-    from .deaths import Deaths
     from .pool import WorkerPool
 
 log = logging.getLogger("hardy.workers")
@@ -84,24 +84,15 @@ class MapRun:
         self.stalled: dict[int, tuple[int, int, float]] = {}  # worker number -> the call whose stacks were logged
         self.poison: dict[tuple[Any, ...], dict[int | None, NodeError]] = {}  # see `crash.containment.poisoned_here`
         self.began = time.monotonic()  # (a thread started before was started by an earlier map's item)
-        self._deaths: Deaths | None = None
+        self.deaths = Deaths(pool, plan, (self.plan_id, self.plan_msg), items, results, self.began,
+                             _weakly(self.receive), retry=self.retry, due=self.due, attempts=self.attempts,
+                             sealed=self.sealed, singly=self.singly, poison=self.poison)
         self.log = results.log_nodes
         if items and isinstance(items[0], dict):  # a constant input that cannot travel: before anything starts
             check_constants(items)
         self.shared = transport.Shared(_shared_values(items), dumps)
         # the caller's environment, working directory, argv and sys.path (an engine's chunk brings its caller's)
         self.context = results.context or context.current()
-
-    @property
-    def deaths(self) -> Deaths:
-        """The part of this run that handles worker deaths (`deaths.py`), made at the first: the
-        crash package's analysis it stands on loads then, not on a first map's path."""
-        if self._deaths is None:
-            from .deaths import Deaths
-            self._deaths = Deaths(self.pool, self.plan, (self.plan_id, self.plan_msg), self.items, self.results,
-                                  self.began, _weakly(self.receive), retry=self.retry, due=self.due,
-                                  attempts=self.attempts, sealed=self.sealed, singly=self.singly, poison=self.poison)
-        return self._deaths
 
     def next_chunk(self, w: Worker) -> Sequence[int] | None:
         """The next chunk for `w`: a retry whose backoff is over, or the next fresh items (a range)."""

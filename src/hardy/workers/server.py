@@ -147,12 +147,17 @@ def _settle(failure: str | None) -> None:
 def _import_api(failure: str | None) -> None:
     """hardy's pipeline API, imported once the first workers have forked without it (a first map
     waits for nothing it does not use): a user's module that a worker loads imports it (`from hardy
-    import node`), in each worker forked before this. Frozen as the preload is (`_settle`)."""
+    import node`), in each worker forked before this. With it, what its calls run (the executors,
+    the results sink, streaming), which a script's import leaves to its first call: a pipeline
+    nested in a node would otherwise load them inside the node's timed call, once per worker.
+    Frozen as the preload is (`_settle`)."""
     if failure is not None:
         return
+    import importlib
     try:
         import hardy
         hardy.Pipeline  # noqa: B018  # (its first use loads the API: hardy/__init__.py)
+        importlib.import_module("hardy.engine.streaming")  # (by name, as `_preload`: a module above this one)
     except Exception:  # a worker that needs it says why
         return
     gc.freeze()
