@@ -99,9 +99,9 @@ class PipelineNode(Node):
         and the node takes just the inputs those nodes read."""
         if outputs == self.outputs:
             return self
+        from ..plan.compiled import resolve  # (loaded by then, with the plan that narrows it: `api.pipeline`)
         outer_of = dict(zip(self.inner_outputs, self.outputs))
         inner_outputs = tuple(i for i, o in outer_of.items() if o in outputs)
-        from ..plan.compiled import resolve  # (with the plan that narrows it: `api.pipeline`)
         graph = self.pipeline.graph
         provided = {*self.inner_inputs.values(), *self.pipeline.bound_inputs}
         read = {v for s in resolve(graph, provided, inner_outputs) for _, v in s.args}

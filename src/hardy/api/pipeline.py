@@ -335,7 +335,7 @@ class Pipeline:
     def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> Plan:
         """A new plan, with what its nodes read if it must be checked for changes (`_stale`): a
         plan whose keys hold code and state, or one that runs in other processes."""
-        mode = self._engine.plan_mode(for_map)
+        mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
         from ..hashing import Reach, recording
         from ..hashing.state import token
         from ..plan.compiled import Plan
@@ -496,4 +496,3 @@ class Pipeline:
         where an inner item failed instead of failing the node. Of the node's outputs, a run
         computes only those it needs (read by other nodes, or asked for)."""
         return PipelineNode(self, name, input_mapping, output_mapping, map_over, map_mode, on_error)
-

@@ -54,7 +54,8 @@ def _check_engine(node_executor: Any, map_executor: Any, workers: Any, start_met
 
 
 def _is_cache(cache: object) -> bool:
-    """(The key formulas load here, or with the first plan: after a first map's fork server launch.)"""
+    """Whether `cache` is a `PlanCache`, whose module (the key formulas) loads here or with a first
+    plan: after a first map has launched its fork server."""
     from ..cache.keys import PlanCache
     return isinstance(cache, PlanCache)
 
