@@ -207,22 +207,17 @@ _REAL: dict[str, str] = {}
 
 
 @functools.cache
-def real_paths(*kinds: str) -> tuple[str, ...]:
-    """The real paths of these `sysconfig` folders ("stdlib", "purelib"...), each once, asked for
-    when first needed: a fork server imports this module before it can fork, and `sysconfig`
-    takes a while to answer."""
+def folders(*kinds: str) -> tuple[str, ...]:
+    """The real paths of these `sysconfig` folders ("stdlib", "purelib"...), each once and ending in
+    a separator (a path is in one when it starts with it), asked for when first needed: a fork
+    server imports this module before it can fork, and `sysconfig` takes a while to answer."""
     import sysconfig
     paths = sysconfig.get_paths()
-    return tuple(dict.fromkeys(os.path.realpath(paths[k]) for k in kinds if paths.get(k)))
+    return tuple(dict.fromkeys(os.path.join(os.path.realpath(paths[k]), "") for k in kinds if paths.get(k)))
 
 
 def _in_stdlib(root: str) -> bool:
-    return "-packages" not in root and (root in real_paths("stdlib", "platstdlib") or root.startswith(_under_stdlib()))
-
-
-@functools.cache
-def _under_stdlib() -> tuple[str, ...]:
-    return tuple(root + os.sep for root in real_paths("stdlib", "platstdlib"))
+    return "-packages" not in root and os.path.join(root, "").startswith(folders("stdlib", "platstdlib"))
 
 
 def _real(path: str) -> str:

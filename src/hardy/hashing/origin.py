@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .distributions import is_local_install, real_paths
+from .distributions import folders, is_local_install
 
 
 def is_user_module(module_name: str | None) -> bool:
@@ -42,8 +42,8 @@ def is_user_file(path: str) -> bool:
     """Whether code read from `path` is the user's: outside the standard library and the site
     directories, or installed there from a local folder or file."""
     real = os.path.realpath(path)
-    roots = real_paths("purelib", "platlib", "stdlib", "platstdlib")
-    if any(real.startswith(root + os.sep) for root in roots) or "site-packages" in real or "dist-packages" in real:
+    if real.startswith(folders("purelib", "platlib", "stdlib", "platstdlib")) or "site-packages" in real \
+            or "dist-packages" in real:
         return is_local_install(real)
     return True
 
