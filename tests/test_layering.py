@@ -295,7 +295,9 @@ HELPERS = ("pathlib", "shutil", "tempfile", "subprocess", "importlib.abc", "impo
 LATER = ("logging", "pickle", "traceback", "queue")  # needed by a map, once its fork server is on its way
 NOT_WAITED_FOR = {
     "from hardy import Pipeline, node": HELPERS + LATER,
-    "from hardy import Pipeline, node; import hardy.workers.launch": ("pathlib", "importlib.abc") + LATER,
+    # (the launch itself runs `subprocess`; a fork server's folder, gone, cost it `tempfile` and `shutil`)
+    "from hardy import Pipeline, node; import hardy.workers.launch": tuple(h for h in HELPERS if h != "subprocess")
+    + LATER,
     "import hardy.workers.server, hardy.workers.worker": HELPERS,
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from conftest import Unloadable
 from hardy import Engine, NodeCrashed, NodeTimeout, Pipeline, node
 from hardy.errors import WorkerStartError
+from hardy.workers.launch import SERVER_TAG
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 GONE_WITHIN = 20  # seconds: a generous bound for "every process has ended", not a timing claim
@@ -41,6 +43,19 @@ def _gone(pids: list[int]) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def _carrying(name: str, value: str) -> list[int]:
+    """The processes whose environment sets `name` to `value` (what a test's parent and everything
+    it started inherit), found however far they moved from the test (new sessions, adopted by init)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):  # ended meanwhile, or a kernel thread
+            continue
+    return found
 
 
 def _wait_for(path: Path) -> str:
@@ -417,7 +432,6 @@ def test_another_user_cannot_reach_or_use_the_fork_server():
         assert _seen(engine, 1)
         server = engine.process_pool()._launcher
         pid = server.process.pid
-        assert os.listdir(server.folder) == []  # no socket (and its imports are done: no note either)
         held = _socket_inodes(pid)
         assert not set(held) & _listening_unix_sockets()
         ours, theirs = os.fstat(server._requests.sock.fileno()).st_ino, os.stat(f"/proc/{pid}/fd/0").st_ino
@@ -511,25 +525,6 @@ def test_a_batched_map_asks_only_for_the_workers_its_groups_fill():
         assert sum(w is not None for w in pool.workers) == 2
 
 
-def test_a_server_whose_folder_is_swept_while_it_imports_still_serves(tmp_path):
-    """The server names the module it imports in its folder, for the parent's warning; a sweep by
-    a process that cannot see the server (another PID namespace sharing /tmp) may remove that
-    folder meanwhile, which costs the name, not the server."""
-    (tmp_path / "hardy_sweeping_mod.py").write_text("import shutil, sys\nshutil.rmtree(sys.argv[1])\n")
-    script = _script(tmp_path, """
-        from hardy import Engine, Pipeline, node
-        @node(output_name="y")
-        def f(x):
-            return x + 1
-        print(Pipeline(nodes=[f], engine=Engine(workers=1, preload=["hardy_sweeping_mod"])).map(
-            inputs={"x": [1]}, map_over="x"))
-    """)
-    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)])}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[{'y': 2}]"
-
-
 def test_a_fork_server_killed_while_it_is_asked_for_a_worker_is_replaced():
     """The server dies between the pool's "alive?" and its answer (killed from outside): the
     worker starts on a fresh server instead of the call failing. Made certain here: the server is
@@ -545,7 +540,7 @@ def test_a_fork_server_killed_while_it_is_asked_for_a_worker_is_replaced():
 
 
 def _servers() -> set[int]:
-    return {c.pid for c in psutil.Process().children() if any("hardy-server-" in a for a in c.cmdline())}
+    return {c.pid for c in psutil.Process().children() if c.cmdline()[-1:] == [SERVER_TAG]}
 
 
 def test_a_first_map_of_no_items_gives_its_fork_server_back():
@@ -692,23 +687,21 @@ def test_fork_start_method_leaves_no_file_when_the_parent_is_killed(tmp_path):
         parent.kill()
 
 
-def test_a_fork_server_that_never_gets_its_configuration_removes_its_folder(tmp_path):
+def test_a_fork_server_that_never_gets_its_configuration_ends(tmp_path):
     """The parent killed between starting its server and writing its configuration."""
     from hardy.workers.launch import SERVER_BOOT
-    folder = tmp_path / "hardy-server-x"
-    folder.mkdir()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    server = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, str(folder)], stdin=theirs, env=_env(tmp_path))
+    server = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, SERVER_TAG], stdin=theirs, env=_env(tmp_path))
     theirs.close()
     ours.close()  # as the parent's death closes it
     assert server.wait(GONE_WITHIN) == 0
-    assert not folder.exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 @pytest.mark.slow  # SIGTERM at twelve moments of a server's start
-def test_sigterm_while_the_server_starts_leaves_no_folder(tmp_path):
+def test_sigterm_while_the_server_starts_leaves_nothing(tmp_path):
     """A server that finds its parent gone before it could ask for the parent's death signal
-    leaves through its clean-up, not a bare exit that skipped it."""
+    leaves through its clean-up, not a bare exit that skipped it: no process and no file stays."""
     script = _script(tmp_path, """
         from hardy import Engine, Pipeline, node
         @node(output_name="y")
@@ -719,38 +712,14 @@ def test_sigterm_while_the_server_starts_leaves_no_folder(tmp_path):
         Pipeline(nodes=[f], engine=engine).map(inputs={"x": [0, 1]}, map_over="x")
     """)
     for step in range(12):  # SIGTERM at 0..0.22 s: before the server exists, while it imports, once it serves
-        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=_env(tmp_path))
+        env = {**_env(tmp_path), "HARDY_TEST_STEP": f"{tmp_path}:{step}"}
+        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
         parent.stdout.readline()
         time.sleep(step * 0.02)
         parent.terminate()
         parent.wait(GONE_WITHIN)
-        deadline = time.monotonic() + GONE_WITHIN  # a server still running cleans up as it ends
-        while list((tmp_path / "tmp").iterdir()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert _gone(_carrying("HARDY_TEST_STEP", env["HARDY_TEST_STEP"])) == []
         assert list((tmp_path / "tmp").iterdir()) == []
-
-
-def test_sigterm_as_the_server_folder_is_made_leaves_no_folder(tmp_path):
-    """The SIGTERM handler runs the moment the folder exists (a profile hook sends it as `os.mkdir`
-    returns): the folder was named for the handler before it was made, so the handler removes it.
-    Made with `tempfile.mkdtemp` and named after, it stayed behind (found by the test above, 1 run
-    in about 12 under load)."""
-    script = _script(tmp_path, """
-        import os, signal, sys
-        from hardy.workers import launch
-
-        def on_return(frame, event, arg):
-            if event == "c_return" and arg is os.mkdir:
-                sys.setprofile(None)
-                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the caller's next line
-        sys.setprofile(on_return)
-        launch.warm((), 1)
-        print("not ended")
-    """)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(tmp_path),
-                          timeout=60)
-    assert done.returncode == -signal.SIGTERM and "not ended" not in done.stdout, done.stderr
-    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 @pytest.mark.parametrize("workers, items, limit", [
@@ -793,7 +762,7 @@ def test_that_leaves_a_process_in_a_session_of_its_own():
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 
 def test_that_leaves_a_folder():
-    tempfile.mkdtemp(prefix="hardy-server-")
+    tempfile.mkdtemp(prefix="hardy-leftover-")
 
 def test_that_leaves_nothing():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
@@ -812,7 +781,7 @@ def test_the_suite_fails_when_a_test_leaves_a_process_or_a_folder(tmp_path, whic
     if fails:
         assert run.returncode != 0 and "the tests left" in run.stdout, run.stdout
         said = run.stdout.split("the tests left", 1)[1]
-        assert ("time.sleep(600)" in said) if which == "process" else ("hardy-server-" in said)
+        assert ("time.sleep(600)" in said) if which == "process" else ("hardy-leftover-" in said)
     else:
         assert run.returncode == 0, run.stdout
 
@@ -829,8 +798,8 @@ KILLED_SERVER = """
     p = Pipeline([twice])
     first = Engine(workers=1)  # open until the process ends, as a pipeline's default engine is
     p.map(inputs={"x": [1]}, map_over="x", engine=first)
-    [server] = [c for c in psutil.Process().children() if any("hardy-server-" in a for a in c.cmdline())]
-    server.kill()  # killed from outside (the OOM killer, a kill -9): it cannot remove its own folder
+    [server] = [c for c in psutil.Process().children() if c.cmdline()[-1:] == ["hardy-fork-server"]]
+    server.kill()  # killed from outside (the OOM killer, a kill -9): no clean-up of its own
     server.wait()
     with Engine(workers=1) as engine:  # the same settings: a new server in its place
         print(p.map(inputs={"x": [2]}, map_over="x", engine=engine))
@@ -840,7 +809,7 @@ KILLED_SERVER = """
 """
 
 
-def test_a_fork_server_killed_from_outside_leaves_no_folder(tmp_path):
+def test_a_fork_server_killed_from_outside_is_replaced_and_leaves_nothing(tmp_path):
     run = subprocess.run([sys.executable, "-"], input=textwrap.dedent(KILLED_SERVER), capture_output=True, text=True,
                          timeout=120, env=_env(tmp_path))
     assert run.returncode == 0, run.stderr
@@ -859,37 +828,58 @@ HOLDS_A_SERVER = """
     engine = Engine(workers=1)
     p = Pipeline([twice], engine=engine)
     p.map(inputs={"x": [1]}, map_over="x")
-    [server] = [c for c in psutil.Process().children() if any("hardy-server-" in a for a in c.cmdline())]
-    print(server.pid, server.cmdline()[-1], flush=True)
+    [server] = [c for c in psutil.Process().children() if c.cmdline()[-1:] == ["hardy-fork-server"]]
+    print(server.pid, flush=True)
     sys.stdin.readline()  # until the test says: map again
     print(p.map(inputs={"x": [2]}, map_over="x"), flush=True)
 """
 
 
-def test_a_server_killed_with_its_parent_leaves_a_folder_the_next_server_removes(tmp_path):
+def test_a_server_killed_with_its_parent_leaves_nothing(tmp_path):
     """SIGKILL ends a fork server and its parent with no clean-up (a cluster's worker killed at
-    shutdown, with the server it started): the folder stays until the next fork server of this
-    user starts, which removes it, and leaves a live server's folder, however old, alone."""
-    env = _env(tmp_path)
-    killed, live = (subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDS_A_SERVER)], env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2))
+    shutdown, with the server it started): its workers follow their parent's pipe, and the server
+    wrote nothing, while it served or after, for anyone to sweep."""
+    held = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDS_A_SERVER)], env=_env(tmp_path), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        (killed_server, killed_folder), (_, live_folder) = (p.stdout.readline().split() for p in (killed, live))
-        os.kill(int(killed_server), signal.SIGKILL)
-        killed.kill()
-        killed.wait()
-        assert os.path.isdir(killed_folder)
-        long_ago = time.time() - 3600
-        for folder in (killed_folder, live_folder):
-            os.utime(folder, (long_ago, long_ago))
-        starts = subprocess.run([sys.executable, "-c", textwrap.dedent(HOLDS_A_SERVER)], input="\n", env=env,
-                                capture_output=True, text=True, timeout=120)
-        assert starts.stdout.splitlines()[-1] == "[{'y': 4}]", starts.stderr
-        assert not os.path.exists(killed_folder) and os.path.isdir(live_folder)
-        live.stdin.write("\n")
-        live.stdin.flush()
-        assert live.stdout.readline().strip() == "[{'y': 4}]"
+        server = psutil.Process(int(held.stdout.readline()))
+        workers = [c.pid for c in server.children()]
+        assert workers
+        assert list((tmp_path / "tmp").iterdir()) == []  # while it serves
+        server.kill()
+        held.kill()
+        held.wait()
+        assert _gone([server.pid, *workers]) == []
+        assert list((tmp_path / "tmp").iterdir()) == []
     finally:
-        for p in (killed, live):
-            p.kill()
-            p.wait()
+        held.kill()
+        held.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare, to mount read-only temporary directories in a namespace")
+def test_a_default_map_runs_where_no_temporary_directory_is_writable(tmp_path):
+    """A full or read-only /tmp: every folder Python's `tempfile` would try (its variables unset,
+    /tmp and /var/tmp mounted read-only, the working directory /proc) refuses a file, and a default
+    map still runs: its fork server writes no file, a worker's status words and crash record are
+    memfds. (A server's folder in the temporary directory failed the map here.)"""
+    if SRC.startswith(("/tmp/", "/var/tmp/")):
+        pytest.skip("this checkout lies in a temporary directory, which the read-only mount would hide")
+    mounts = " && ".join(f"mount -t tmpfs -o ro tmpfs {d}" for d in ("/tmp", "/var/tmp") if os.path.isdir(d))
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    script = textwrap.dedent("""
+        import tempfile
+        from hardy import Pipeline, node
+        try:
+            tempfile.gettempdir()
+        except FileNotFoundError:
+            print("no temporary directory")
+        @node(output_name="y")
+        def twice(x):
+            return 2 * x
+        print(Pipeline([twice]).map(inputs={"x": [1, 2]}, map_over="x"))
+    """)
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"{mounts} && cd /proc && exec {sys.executable} -"],
+                          input=script, env={**env, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["no temporary directory", "[{'y': 2}, {'y': 4}]"], done.stdout

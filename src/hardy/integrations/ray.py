@@ -40,8 +40,8 @@ class RayExecutor(TaskExecutor):
                 # LocalCluster do the same); a cluster's workers need the code installed.
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
                 # A Ray worker that exits SIGKILLs its children (Ray 2.x), hardy's fork server among
-                # them, which then cannot remove its folder; told not to, the server cleans up itself
-                # as the worker's pipe closes (its workers included), as under any other parent.
+                # them, which then cannot collect its workers and what their nodes started; told not
+                # to, the server cleans up itself as the worker's pipe closes, as under any other parent.
                 os.environ.setdefault("RAY_kill_child_processes_on_worker_exit", "0")
                 paths = os.pathsep.join(p for p in sys.path if p)
                 kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": paths}})

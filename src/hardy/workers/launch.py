@@ -30,12 +30,10 @@ import errno
 import math
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable
@@ -43,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkerStartError
 from .asking import Requests
-from .lifeline import die_with_parent, kill_group, sweep_leftovers
+from .lifeline import die_with_parent, kill_group
 
 if TYPE_CHECKING:  # (multiprocessing's connections load after a fork server starts: `ForkServer`)
     from multiprocessing.connection import Connection
@@ -53,7 +51,8 @@ _BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s
 # The server's collector stays paused through its imports and `preload` (objects that live as long
 # as the process: collections would only walk them), until `server._settle` freezes them.
 SERVER_BOOT = "import gc; gc.disable(); " + _BOOT % "server import serve; serve()"
-IMPORTING = "importing"  # the file in a server's folder naming the preload module it imports now
+SERVER_TAG = "hardy-fork-server"  # its one argument: what `ps` shows (and the tests look for)
+NOTE_MAX = 4096  # bytes: a server's note of the module it imports (`server._say`)
 
 
 # Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
@@ -149,27 +148,23 @@ class ForkServer:
     server has imported its modules, and a crash's replacement costs one message each way."""
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], spawn: bool):
-        sweep_leftovers(tempfile.gettempdir(), "hardy-server-")  # what killed servers left
-        self.folder = _new_folder()
         self.users: set[int] = set()
         self.label = f"preload={list(preload)}" if preload else "no preload"
         self.preloads = bool(preload)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests = Requests(ours)
-        config = dict(folder=self.folder, spawn=spawn, preload=list(preload), sys_path=list(sys.path),
+        self._note = ""  # the module the server said it imports (`_importing`)
+        config = dict(spawn=spawn, preload=list(preload), sys_path=list(sys.path),
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
         try:
-            # the folder in its arguments: a server that never gets its configuration still removes it
-            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, self.folder], stdin=theirs.fileno(),
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, SERVER_TAG], stdin=theirs.fileno(),
                                             env={**os.environ, **env}, start_new_session=True)
         except BaseException:
             ours.close()
-            shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
             theirs.close()
-            _starting.discard(self.folder)
         _ends.add(ours)  # stays open: its end of file tells the server we are gone
         import pickle  # (here and below, as logging: a first map's fork server starts without waiting for them)
         ours.sendall(pickle.dumps(config))
@@ -224,12 +219,17 @@ class ForkServer:
         return WorkerStartError(f"the fork server ({self.label}) {why}")
 
     def _importing(self) -> str:
-        """The preload module the server imports now ("" once it is done, or before it began)."""
-        try:
-            with open(os.path.join(self.folder, IMPORTING)) as f:
-                return f.read().strip()
-        except OSError:
-            return ""
+        """The preload module the server imports now ("" once it is done, or before it began): the
+        last of its notes (`server._say`), which queue at this end of its standard input, read
+        only here."""
+        while True:
+            try:
+                said = self._requests.sock.recv(NOTE_MAX, socket.MSG_DONTWAIT)
+            except OSError:  # (BlockingIOError: nothing more said)
+                return self._note
+            if not said:  # end of file: the server is gone
+                return self._note
+            self._note = said.decode(errors="replace")[1:]  # (a first byte: an empty message reads as end of file)
 
     def _wait_for_preload(self, status: Connection) -> None:
         """Until the server answers (a server that dies ends the connection too): after
@@ -250,7 +250,6 @@ class ForkServer:
         module = self._importing()
         self.process.kill()  # (its workers: none could start)
         self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
         what = f"preload module {module!r}" if module else f"the fork server ({self.label})"
         raise WorkerStartError(
             f"{what} did not finish importing within {PRELOAD_TIMEOUT:g} s, so no worker could start: its import "
@@ -259,7 +258,7 @@ class ForkServer:
             "HARDY_PRELOAD_TIMEOUT (seconds).")
 
     def stop(self, wait: bool = True) -> None:
-        """End of file on its stdin: it kills what is left of its workers, removes its folder, exits."""
+        """End of file on its stdin: it kills what is left of its workers and exits."""
         self._requests.close()
         if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
             return
@@ -268,7 +267,6 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _exit_status(status: Connection) -> int | None:
@@ -345,7 +343,7 @@ def _launcher(start_method: str, preload: tuple[str, ...], env: dict[str, str], 
     with _lock:
         launcher = _launchers.get(key)
         if launcher is None or not launcher.alive:
-            if isinstance(launcher, ForkServer):  # killed from outside: its folder is left for us to remove
+            if isinstance(launcher, ForkServer):  # killed from outside: collected, its requests' end closed
                 launcher.stop()
             launcher = _launchers[key] = (Forker() if start_method == "fork" else
                                           ForkServer(key[1], env, spawn=start_method == "spawn"))
@@ -385,27 +383,9 @@ def _stop_everything(wait: bool = True) -> None:
         w.kill()  # only while it runs: an ended worker's pid may name someone else by now
     for launcher in list(_launchers.values()):
         launcher.stop(wait)
-    for folder in list(_starting):  # a server being started: it has not read where its folder is yet
-        shutil.rmtree(folder, ignore_errors=True)
 
 
-_starting: set[str] = set()  # folders of fork servers being started
 _ends: weakref.WeakSet[Any] = weakref.WeakSet()  # this process's ends of its servers' and workers' pipes
-
-
-def _new_folder() -> str:
-    """A fresh 0700 folder for a server (nobody else may enter), named in `_starting` before it
-    exists: a SIGTERM handler that runs at any moment removes it, where one that ran between
-    `tempfile.mkdtemp` and the registration would have left it behind (as mkdtemp does, a random
-    name, created exclusively)."""
-    while True:
-        folder = os.path.join(tempfile.gettempdir(), f"hardy-server-{os.urandom(6).hex()}")
-        _starting.add(folder)  # removed by a SIGTERM handler until the server owns it
-        try:
-            os.mkdir(folder, 0o700)
-            return folder
-        except FileExistsError:
-            _starting.discard(folder)
 
 
 def _parent_end(conn: Connection) -> Connection:
@@ -434,7 +414,6 @@ def _forked() -> None:
     _ends.clear()
     _live.clear()
     _launchers.clear()
-    _starting.clear()
     global _lock
     _lock = threading.Lock()  # another thread may have held it at the fork
     if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # nothing of hardy's to stop here: SIGTERM ends it

@@ -20,9 +20,8 @@ exit status of the orphans it adopted, which nobody else will: a worker, whose n
 their own children, cannot tell those apart, so it leaves once too many have piled up
 (`ZOMBIES_MAX`, `retiring`), and its fork server collects them all.
 
-What no process can clean up after itself is a SIGKILL: a fork server killed with its parent (a
-cluster's worker killed at shutdown) leaves its folder. The next fork server of the same user
-removes such leftovers (`sweep_leftovers`).
+What no process can clean up after itself is a SIGKILL. So none of them has anything on disk to
+clean up: status words and crash records are memfds, and a fork server writes no file.
 """
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ import _thread
 import os
 import select
 import signal
-import stat
-import time
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -42,7 +39,7 @@ ZOMBIES_MAX = 100  # exited processes a worker may hold uncollected before it le
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     """Get `sig` when the parent ends. False if that happened already (no signal will come): the
-    caller leaves its own way, a fork server through the clean-up that removes its folder."""
+    caller leaves its own way, a fork server through the clean-up that ends its workers."""
     import ctypes  # (here: a first map's parent loads this module before its fork server starts)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -185,48 +182,3 @@ def retiring(pid: int) -> bool:
         return False
     states = _processes()
     return sum(states.get(int(c), (0, ""))[1] == "Z" for c in children) >= ZOMBIES_MAX
-
-
-LEFTOVER_AGE = 60.0  # seconds: a server folder this old that no process serves is a killed server's
-
-
-def sweep_leftovers(folder: str, prefix: str) -> None:
-    """Remove the folders in `folder` named `prefix...` that this user's killed servers left: each
-    ours (owner, a real directory, not a link), older than LEFTOVER_AGE (a server starts in far less)
-    and named in no running process's command line (a server has its folder there). A live server
-    this /proc cannot see (another PID namespace) loses nothing it needs: past its imports, its
-    folder holds nothing (its requests come on its standard input, `server.py`)."""
-    try:
-        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
-    except OSError:
-        return
-    now, uid = time.time(), os.getuid()
-    old = []
-    for name in names:
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and now - st.st_mtime > LEFTOVER_AGE:
-            old.append(path)
-    if not old:
-        return
-    served = _named_in_command_lines(prefix)
-    import shutil  # (here: a fork server imports this module, and rarely finds a leftover)
-    for path in old:
-        if path not in served:
-            shutil.rmtree(path, ignore_errors=True)  # (fd-based on Linux: a planted link is not followed)
-
-
-def _named_in_command_lines(prefix: str) -> set[str]:
-    named: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            named.update(os.fsdecode(a) for a in args if prefix.encode() in a)
-    return named

@@ -4,8 +4,10 @@ Started clean by fork+exec (`launch.ForkServer`), so no CUDA context, OpenMP poo
 user's process is ever inherited. Its standard input is one end of a socket pair whose other end
 only the parent process holds: it reads its configuration there, then its requests, and
 end-of-file means the parent has closed it or died. Either way it kills every worker's process
-group, removes its folder and exits, so nothing outlives the user's process. It never waits on a
-child that is still running, so closing it cannot hang.
+group and exits, so nothing outlives the user's process. It never waits on a child that is still
+running, so closing it cannot hang. It writes no file: what it tells the parent goes on that
+socket too (the module it imports) or on each request's own (a worker's pid and exit), so a server
+killed at any moment leaves nothing on disk to sweep.
 
 Who may ask for a worker: only a holder of that socket pair, which has no name anywhere (no path,
 no abstract address) and which the parent lets go of in its fork children and the server closes
@@ -39,13 +41,12 @@ IDLE_IMPORT = 0.05  # seconds without a request after which the server imports t
 
 
 def serve() -> None:
-    folder = sys.argv[1]  # known before anything can fail: whatever happens next, it is removed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     serving = [True]
 
     def leave(*_: Any) -> None:
         """SIGTERM (the parent's death signal, sent as its end closes): leave through the clean-up
-        below, once. Raised inside that clean-up, it would cut it short and leave the folder."""
+        below, once. Raised inside that clean-up, it would cut it short and leave workers running."""
         if serving[0]:
             serving[0] = False
             sys.exit(0)
@@ -58,10 +59,10 @@ def serve() -> None:
         if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
             return  # the parent died while we started
         become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
-        failure = _preload(["hardy.workers.worker"], folder, serving)
+        failure = _preload(["hardy.workers.worker"], parent, serving)
         if not failure and config["preload"]:  # the user's modules, found as the parent finds them (a script's
             sys.path[:] = config["sys_path"]  # `sys.path.insert` included), as a worker does once set up
-            failure = _preload(config["preload"], folder, serving)
+            failure = _preload(config["preload"], parent, serving)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
         _settle(failure)
         wake_r, wake_w = os.pipe()
@@ -93,19 +94,16 @@ def serve() -> None:
         for pid in list(children):
             _reap_one(pid, children)
         end_descendants(os.getpid())  # what the last workers' nodes started, in sessions of their own
-        import shutil  # (here: its import, with bz2's and lzma's, would delay every first map)
-        shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
 
-def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None:
+def _preload(modules: list[str], parent: socket.socket, serving: list[bool]) -> str | None:
     """Import the preload modules; the error text if one fails (reported to every request). The
-    module being imported is named in the folder's IMPORTING file, for the parent to name one
-    whose import blocks (`launch.ForkServer`)."""
+    module being imported is said to the parent, for it to name one whose import blocks
+    (`launch.ForkServer._importing`)."""
     import importlib
-    note = os.path.join(folder, "importing")  # launch.IMPORTING
     for name in modules:
-        _note(note, name)
+        _say(parent, name)
         try:
             importlib.import_module(name)
         except BaseException as exc:
@@ -114,20 +112,16 @@ def _preload(modules: list[str], folder: str, serving: list[bool]) -> str | None
             return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
                     f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
                     + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
-    _note(note, None)
+    _say(parent, "")
     return None
 
 
-def _note(path: str, module: str | None) -> None:
-    """Name the module being imported (None: done) in the folder, for the parent. Only a help: a
-    folder swept away meanwhile (by a process of another PID namespace that cannot see this one,
-    `lifeline.sweep_leftovers`) costs the name, not the import."""
+def _say(parent: socket.socket, module: str) -> None:
+    """Name the module being imported ("": done) to the parent, which reads its server's notes
+    only when one is slow to answer. Only a help: a note that finds the parent's queue full (a
+    preload list of hundreds of modules) is dropped, and the import goes on."""
     try:
-        if module is None:
-            os.unlink(path)
-        else:
-            with open(path, "w") as f:
-                f.write(module)
+        parent.send(b"i" + module.encode(errors="replace"), socket.MSG_DONTWAIT)
     except OSError:
         pass
 
