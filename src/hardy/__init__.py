@@ -81,19 +81,14 @@ def __dir__() -> list[str]:
 
 
 def _api() -> dict[str, object]:
-    import gc
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    from .collector import paused
+    with paused():  # (modules: objects that live as long as the process)
         from .api.nesting import PipelineNode
         from .api.pipeline import Pipeline
         from .engine import Engine
         from .model.node import Node, node
         from .model.stateful import stateful
         from .observe.callbacks import CallbackContext, PipelineCallback
-    finally:
-        if collecting:
-            gc.enable()
     return {"Pipeline": Pipeline, "PipelineNode": PipelineNode, "Engine": Engine, "node": node, "Node": Node,
             "stateful": stateful, "PipelineCallback": PipelineCallback, "CallbackContext": CallbackContext}
 

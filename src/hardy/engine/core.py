@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..collector import paused
 from ..crash.containment import contained, deadlined
 from ..errors import InvalidArgument, InvalidArgumentType, NodeDefinitionError
 from ..model import arguments
@@ -254,12 +255,14 @@ class Engine:
     def _make_process_pool(self) -> Any:
         if self._process_pool is None:
             size = self.workers or os.cpu_count() or 1
-            if self.process_options["start_method"] is None:
-                from ..workers import launch  # its fork server boots while the pool is imported and the plan shipped
-                launch.warm(tuple(self.process_options["preload"]), size)
-            from ..workers.pool import WorkerPool
-            hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * size if self.gpu_slots else ()
-            self._process_pool = WorkerPool(workers=self.workers, slot_env=hidden, **self.process_options)
+            with paused():  # (the launch's and the pool's modules: 17 to 19 collections walked them, now one)
+                if self.process_options["start_method"] is None:
+                    # its fork server boots while the pool is imported and the plan shipped
+                    from ..workers import launch
+                    launch.warm(tuple(self.process_options["preload"]), size)
+                from ..workers.pool import WorkerPool
+                hidden = [{"CUDA_VISIBLE_DEVICES": ""}] * size if self.gpu_slots else ()
+                self._process_pool = WorkerPool(workers=self.workers, slot_env=hidden, **self.process_options)
         return self._process_pool
 
     def gpu_pool(self) -> Any:

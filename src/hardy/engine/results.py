@@ -8,13 +8,11 @@ worker pool and the stream runner, which all hand it results.
 
 from __future__ import annotations
 
-import gc
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..collector import paused
 from ..crash.containment import POISON, poisoned_here
 from ..errors import Failed, NodeCrashed, NodeError, NodeInterrupted, PipelineRefused, ReplicaError
 from ..model.executor import MapResults, Row
@@ -135,10 +133,12 @@ class Results(MapResults):
 
     def take_columns(self, first: int, names: tuple[str, ...], columns: list[list[Any]]) -> int:
         """`take_span` for a list of outputs per name: each item's result dict made here, and,
-        when no callback watches each item, delivered, with the collector paused
-        (`_collector_paused`)."""
+        when no callback watches each item, delivered, with the collector paused: in a map of
+        10,000 fast items, 4 or 5 collections of 20 to 40 us each would walk the young containers,
+        the columns' and the batch's lists of thousands of values among them, on the parent's
+        critical path; paused, one runs after those lists were freed."""
         quiet = not (self.ok_per_item or self.events)
-        with _collector_paused():
+        with paused():
             outputs = columns_to_dicts(names)(columns)
             columns.clear()  # (freed before the collector runs again: it would walk their values)
             n = len(outputs)
@@ -304,23 +304,3 @@ def _skipping(run: Callable[[dict[str, Any], int], dict[str, Any]],
 def _cause(err: NodeError) -> Exception:
     """What a node raised, as callbacks' on_error reports it (the NodeError, where it lost that)."""
     return err.__cause__ if isinstance(err.__cause__, Exception) else err
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The garbage collector paused while a worker's batch of outputs becomes result dicts and,
-    when no callback runs meanwhile, while they are delivered (`Results.take_columns`). Each dict
-    made counts toward the next collection, though none can be garbage, and a collection then
-    walks the young containers, the columns' and the batch's lists of thousands of values among
-    them: in a map of 10,000 fast items, 4 or 5 collections of 20 to 40 us each, on the parent's
-    critical path. Paused, one runs after those lists were freed. No user code runs in the pause,
-    and it is made only while this is the process's one thread: another could switch the
-    collector off meanwhile, and find it on again after."""
-    paused = threading.active_count() == 1 and gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()

@@ -1,0 +1,30 @@
+"""Python's garbage collector paused around work that makes many objects and no garbage.
+
+Importing modules, building a first call's machinery, or turning a worker's batch of outputs
+into result dicts: each object made counts toward the next collection, none of them can be
+garbage, and each collection walks them all. Paused, one collection runs after the work, when the
+objects that were temporary are gone.
+
+Only while this is the process's one thread: another could switch the collector off meanwhile
+(for its own reasons, for good), and would find it on again after. No user code runs in a pause.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """The collector off for the block, if it was on and no other thread runs."""
+    import threading  # (here: `import hardy` pauses it before anything has loaded this)
+    pause = threading.active_count() == 1 and gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause:
+            gc.enable()
