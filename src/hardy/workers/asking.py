@@ -10,6 +10,7 @@ before it was set up, and each is then taken in turn (`take`).
 
 from __future__ import annotations
 
+import array
 import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ class Requests:
         from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
         mine, replies = socket.socketpair()
-        try:
-            socket.send_fds(self.sock, [b"w"], [theirs.fileno(), replies.fileno()], flags)
+        try:  # (not `socket.send_fds`, which drops `flags` before Python 3.13: a full queue would block)
+            fds = array.array("i", [theirs.fileno(), replies.fileno()])
+            self.sock.sendmsg([b"w"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], flags)
         except OSError:
             ours.close()
             mine.close()

@@ -52,7 +52,7 @@ _BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s
 # as the process: collections would only walk them), until `server._settle` freezes them.
 SERVER_BOOT = "import gc; gc.disable(); " + _BOOT % "server import serve; serve()"
 SERVER_TAG = "hardy-fork-server"  # its one argument: what `ps` shows (and the tests look for)
-NOTE_MAX = 4096  # bytes: a server's note of the module it imports (`server._say`)
+NOTE_MAX = 4096  # bytes: the note of the module a server imports, kept current in a memfd (`server._say`)
 
 
 # Thread caps: N workers each running an OpenMP/BLAS pool of `cores` threads oversubscribe the
@@ -153,15 +153,17 @@ class ForkServer:
         self.preloads = bool(preload)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests = Requests(ours)
-        self._note = ""  # the module the server said it imports (`_importing`)
-        config = dict(spawn=spawn, preload=list(preload), sys_path=list(sys.path),
+        # where the server keeps the name of the module it imports (`_importing`), ours and its
+        self._note = os.memfd_create("hardy-server-note", os.MFD_CLOEXEC)
+        config = dict(spawn=spawn, preload=list(preload), sys_path=list(sys.path), note=self._note,
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
         try:
             self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, SERVER_TAG], stdin=theirs.fileno(),
-                                            env={**os.environ, **env}, start_new_session=True)
+                                            pass_fds=(self._note,), env={**os.environ, **env}, start_new_session=True)
         except BaseException:
             ours.close()
+            os.close(self._note)
             raise
         finally:
             theirs.close()
@@ -219,17 +221,16 @@ class ForkServer:
         return WorkerStartError(f"the fork server ({self.label}) {why}")
 
     def _importing(self) -> str:
-        """The preload module the server imports now ("" once it is done, or before it began): the
-        last of its notes (`server._say`), which queue at this end of its standard input, read
-        only here."""
-        while True:
-            try:
-                said = self._requests.sock.recv(NOTE_MAX, socket.MSG_DONTWAIT)
-            except OSError:  # (BlockingIOError: nothing more said)
-                return self._note
-            if not said:  # end of file: the server is gone
-                return self._note
-            self._note = said.decode(errors="replace")[1:]  # (a first byte: an empty message reads as end of file)
+        """The preload module the server imports now ("" once it is done, or before it began), as
+        its note says (`server._say`): one current value, however many modules it went through,
+        readable after the server died. (A read that meets a note being rewritten may find a
+        mix of two names, which only a server that is not blocked writes; it reads as no name.)"""
+        try:
+            said = os.pread(self._note, NOTE_MAX, 0)
+        except OSError:  # (closed: the server was stopped)
+            return ""
+        name, end, _ = said.partition(b"\n")
+        return name.decode(errors="replace") if end else ""
 
     def _wait_for_preload(self, status: Connection) -> None:
         """Until the server answers (a server that dies ends the connection too): after
@@ -262,6 +263,9 @@ class ForkServer:
         self._requests.close()
         if not wait:  # in a signal handler: it cleans up by itself, and waiting could deadlock
             return
+        note, self._note = self._note, -1  # (stopped once: a second close could hit a reused descriptor)
+        if note >= 0:
+            os.close(note)
         try:
             self.process.wait(5)
         except subprocess.TimeoutExpired:

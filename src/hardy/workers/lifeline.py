@@ -21,7 +21,8 @@ their own children, cannot tell those apart, so it leaves once too many have pil
 (`ZOMBIES_MAX`, `retiring`), and its fork server collects them all.
 
 What no process can clean up after itself is a SIGKILL. So none of them has anything on disk to
-clean up: status words and crash records are memfds, and a fork server writes no file.
+clean up: status words, crash records and a fork server's note are memfds, and a fork server keeps
+no file.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ user's process is ever inherited. Its standard input is one end of a socket pair
 only the parent process holds: it reads its configuration there, then its requests, and
 end-of-file means the parent has closed it or died. Either way it kills every worker's process
 group and exits, so nothing outlives the user's process. It never waits on a child that is still
-running, so closing it cannot hang. It writes no file: what it tells the parent goes on that
-socket too (the module it imports) or on each request's own (a worker's pid and exit), so a server
-killed at any moment leaves nothing on disk to sweep.
+running, so closing it cannot hang. It keeps no file: what it tells the parent goes on each
+request's own socket (a worker's pid and exit) or in a memfd the parent gave it (the module it
+imports), so a server killed at any moment leaves nothing on disk to sweep.
 
 Who may ask for a worker: only a holder of that socket pair, which has no name anywhere (no path,
 no abstract address) and which the parent lets go of in its fork children and the server closes
@@ -59,10 +59,11 @@ def serve() -> None:
         if config["pdeathsig"] and not die_with_parent(config["parent"], signal.SIGTERM):
             return  # the parent died while we started
         become_subreaper()  # a dead worker's processes come here, to be ended (`_reap_one`)
-        failure = _preload(["hardy.workers.worker"], parent, serving)
+        failure = _preload(["hardy.workers.worker"], config["note"], serving)
         if not failure and config["preload"]:  # the user's modules, found as the parent finds them (a script's
             sys.path[:] = config["sys_path"]  # `sys.path.insert` included), as a worker does once set up
-            failure = _preload(config["preload"], parent, serving)
+            failure = _preload(config["preload"], config["note"], serving)
+        os.close(config["note"])  # (not a worker's)
         prepare_native_handler()  # built and loaded once here: workers fork with it (handler.py)
         _settle(failure)
         wake_r, wake_w = os.pipe()
@@ -97,13 +98,13 @@ def serve() -> None:
         os._exit(0)
 
 
-def _preload(modules: list[str], parent: socket.socket, serving: list[bool]) -> str | None:
+def _preload(modules: list[str], note: int, serving: list[bool]) -> str | None:
     """Import the preload modules; the error text if one fails (reported to every request). The
-    module being imported is said to the parent, for it to name one whose import blocks
+    module being imported is named in the note, for the parent to name one whose import blocks
     (`launch.ForkServer._importing`)."""
     import importlib
     for name in modules:
-        _say(parent, name)
+        _say(note, name)
         try:
             importlib.import_module(name)
         except BaseException as exc:
@@ -112,18 +113,15 @@ def _preload(modules: list[str], parent: socket.socket, serving: list[bool]) -> 
             return (f"preload module {name!r} failed to import in the fork server ({type(exc).__name__}: "
                     f"{exc}); fix or install it, or leave it out of preload=. Its traceback:\n"
                     + "".join(traceback.format_exc().splitlines(keepends=True)[-12:]))
-    _say(parent, "")
+    _say(note, "")
     return None
 
 
-def _say(parent: socket.socket, module: str) -> None:
-    """Name the module being imported ("": done) to the parent, which reads its server's notes
-    only when one is slow to answer. Only a help: a note that finds the parent's queue full (a
-    preload list of hundreds of modules) is dropped, and the import goes on."""
-    try:
-        parent.send(b"i" + module.encode(errors="replace"), socket.MSG_DONTWAIT)
-    except OSError:
-        pass
+def _say(note: int, module: str) -> None:
+    """Name the module being imported ("": done) in the note, rewritten in place: the parent
+    reads it only when the server is slow to answer, and finds the current name however many
+    modules came before (up to its first newline: a longer name's end may follow)."""
+    os.pwrite(note, (module + "\n").encode(errors="replace"), 0)
 
 
 def _settle(failure: str | None) -> None:
