@@ -235,7 +235,7 @@ def test_no_module_reaches_into_another_modules_private_attributes():
 # Bottom to top: each package (or top-level module) may import only those listed before it. The
 # architecture page draws the same list; a new package takes its place here or the test fails.
 ORDER = [
-    "system", "lazy", "collector", "wording", "tracebacks", "buffers", "native", "errors",  # leaves
+    "system", "lazy", "collector", "patching", "wording", "tracebacks", "buffers", "native", "errors",  # leaves
     "hashing", "model", "cache", "safety", "crash",  # fingerprints, the model, the cache, hazards, crashes
     "plan", "shipping", "observe", "parts",  # compiled plans, what crosses processes, observing, plan parts
     "workers", "engine", "api",  # the runtime, from the worker pool up to what users call
@@ -298,7 +298,8 @@ NOT_WAITED_FOR = {
     # (the launch itself runs `subprocess`; a fork server's folder, gone, cost it `tempfile` and `shutil`)
     "from hardy import Pipeline, node; import hardy.workers.launch": tuple(h for h in HELPERS if h != "subprocess")
     + LATER,
-    "import hardy.workers.server, hardy.workers.worker": HELPERS,
+    # (`multiprocessing`: patched as a node imports it, `patching.when_imported`)
+    "import hardy.workers.server, hardy.workers.worker": HELPERS + ("multiprocessing",),
 }
 
 
