@@ -154,7 +154,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests = Requests(ours)
         # where the server keeps the name of the module it imports (`_importing`), ours and its
-        self._note = os.memfd_create("hardy-server-note", os.MFD_CLOEXEC)
+        self._note = os.memfd_create("server-note", os.MFD_CLOEXEC)
         config = dict(spawn=spawn, preload=list(preload), sys_path=list(sys.path), note=self._note,
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
