@@ -120,8 +120,12 @@ def _preload(modules: list[str], note: int, serving: list[bool]) -> str | None:
 def _say(note: int, module: str) -> None:
     """Name the module being imported ("": done) in the note, rewritten in place: the parent
     reads it only when the server is slow to answer, and finds the current name however many
-    modules came before (up to its first newline: a longer name's end may follow)."""
-    os.pwrite(note, (module + "\n").encode(errors="replace"), 0)
+    modules came before (up to its first newline: a longer name's end may follow). Only a help:
+    a note that cannot be written (memory short) costs the name, not the import."""
+    try:
+        os.pwrite(note, (module + "\n").encode(errors="replace"), 0)
+    except OSError:
+        pass
 
 
 def _settle(failure: str | None) -> None:
