@@ -871,14 +871,14 @@ def test_a_server_killed_with_its_parent_leaves_nothing(tmp_path):
 def test_a_default_map_runs_where_no_temporary_directory_is_writable(tmp_path):
     """A full or read-only /tmp: every folder Python's `tempfile` would try (its variables unset,
     /tmp and /var/tmp mounted read-only, the working directory /proc) refuses a file, and a default
-    map still runs: its fork server writes no file, a worker's status words and crash record are
+    map still runs: its fork server keeps no file, a worker's status words and crash record are
     memfds. (A server's folder in the temporary directory failed the map here.)"""
     hidden = ("/tmp/", "/var/tmp/")
     if any(p.startswith(hidden) for p in (SRC, sys.executable, sys.prefix, *sys.path)):
         pytest.skip("this checkout or this Python lies in a temporary directory, which the read-only mount would hide")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
-        pytest.skip("no mount namespace here (root without CAP_SYS_ADMIN?)")
     mounts = " && ".join(f"mount -t tmpfs -o ro tmpfs {d}" for d in ("/tmp", "/var/tmp") if os.path.isdir(d))
+    if subprocess.run(["unshare", "-m", "sh", "-c", mounts], capture_output=True).returncode:
+        pytest.skip("no mount namespace or tmpfs mount here (root without CAP_SYS_ADMIN?)")
     env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
     script = textwrap.dedent("""
         import tempfile
@@ -930,6 +930,7 @@ def test_asking_a_fork_server_whose_queue_is_full_never_waits():
     not do before Python 3.13 (it dropped the flag); nothing reads this queue."""
     from hardy.workers.asking import Requests
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # full after a few requests, not hundreds of descriptors
     requests, asked = Requests(ours), []
 
     def fill() -> None:
