@@ -235,7 +235,7 @@ def test_no_module_reaches_into_another_modules_private_attributes():
 # Bottom to top: each package (or top-level module) may import only those listed before it. The
 # architecture page draws the same list; a new package takes its place here or the test fails.
 ORDER = [
-    "system", "lazy", "collector", "patching", "wording", "tracebacks", "buffers", "native", "errors",  # leaves
+    "system", "lazy", "collector", "wording", "tracebacks", "buffers", "native", "errors",  # leaves
     "hashing", "model", "cache", "safety", "crash",  # fingerprints, the model, the cache, hazards, crashes
     "plan", "shipping", "observe", "parts",  # compiled plans, what crosses processes, observing, plan parts
     "workers", "engine", "api",  # the runtime, from the worker pool up to what users call
@@ -298,8 +298,7 @@ NOT_WAITED_FOR = {
     # (the launch itself runs `subprocess`; a fork server's folder, gone, cost it `tempfile` and `shutil`)
     "from hardy import Pipeline, node; import hardy.workers.launch": tuple(h for h in HELPERS if h != "subprocess")
     + LATER,
-    # (`multiprocessing`: patched as a node imports it, `patching.when_imported`)
-    "import hardy.workers.server, hardy.workers.worker": HELPERS + ("multiprocessing",),
+    "import hardy.workers.server, hardy.workers.worker": HELPERS,
 }
 
 
@@ -399,3 +398,30 @@ def test_a_first_map_builds_its_pool_with_the_collector_paused():
     assert int(collections) <= 2 and during == "True" and after == "True", said
     assert said["off"] == ["0", "False", "False"], said
     assert int(said["thread"][0]) > 5 and said["thread"][1:] == ["True", "True"], said
+
+
+def test_a_ctrl_c_as_the_collector_is_paused_leaves_it_on(monkeypatch):
+    """A signal's handler runs between any two bytecodes: a Ctrl-C that lands just after the pause
+    switched the collector off (here, `gc.disable` raising it once it has) must still find the
+    clean-up that switches it on again. Before, it landed outside it, and the process ran on with
+    the collector off for good (a caught `MapInterrupted`, a REPL)."""
+    import gc
+
+    from hardy.collector import paused
+    off = gc.disable
+
+    def disable_then_interrupted() -> None:
+        off()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gc, "disable", disable_then_interrupted)
+    assert gc.isenabled()
+    try:
+        with paused():
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        enabled = gc.isenabled()
+        gc.enable()
+    assert enabled

@@ -6,7 +6,8 @@ garbage, and each collection walks them all. Paused, one collection runs after t
 objects that were temporary are gone.
 
 Only while this is the process's one thread: another could switch the collector off meanwhile
-(for its own reasons, for good), and would find it on again after. No user code runs in a pause.
+(for its own reasons, for good), and would find it on again after. Only hardy's own work runs in
+a pause (a signal handler or an at-fork hook aside).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ def paused() -> Iterator[None]:
     """The collector off for the block, if it was on and no other thread runs."""
     import threading  # (here: `import hardy` pauses it before anything has loaded this)
     pause = threading.active_count() == 1 and gc.isenabled()
-    if pause:
-        gc.disable()
-    try:
+    try:  # (the disable inside: a Ctrl-C between it and the `try` would leave the collector off for good)
+        if pause:
+            gc.disable()
         yield
     finally:
         if pause:

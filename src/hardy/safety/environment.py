@@ -10,13 +10,13 @@ numba versions known to use it in the same way.
 
 from __future__ import annotations
 
+import importlib.machinery
 import itertools
 import os
 import sys
 from typing import Any
 
 from ..native.loaded import may_hold_thread_pools
-from ..patching import when_imported
 
 NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
 
@@ -85,6 +85,35 @@ def _patch_bytecode(module: Any) -> None:
     identity._unique_ids = _UniqueIds()
 
 
+class _NumbaHook:
+    """Patches numba.core.bytecode the moment it is imported, whoever imports it. (A finder needs
+    only `find_spec`: not `importlib.abc.MetaPathFinder`, whose import loads pathlib and more
+    into every fork server.)"""
+
+    target = "numba.core.bytecode"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.target:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            if module.__name__ == _NumbaHook.target:  # (a zip's importer loads its other modules too)
+                _patch_bytecode(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def install_numba_guard() -> None:
     """Apply the guard now if numba is loaded, else as soon as it is imported."""
-    when_imported("numba.core.bytecode", _patch_bytecode)
+    module = sys.modules.get(_NumbaHook.target)
+    if module is not None:
+        _patch_bytecode(module)
+    elif not any(isinstance(f, _NumbaHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NumbaHook())

@@ -18,13 +18,11 @@ import threading
 import types
 import weakref
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import cloudpickle
 
 from ..buffers import THRESHOLD, big_buffer
-from ..patching import when_imported
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -207,18 +205,18 @@ def main_by_value_in_pools() -> None:
     or notebook's function to a process pool of its own (multiprocessing, concurrent.futures)
     would send it by a name its pool's processes cannot find (`__main__.helper`). multiprocessing
     pickles what it sends with `ForkingPickler`; from here on, functions and classes of
-    `__main__` go by value there (cloudpickle), whatever the pool's start method: now, or as a
-    node first imports multiprocessing."""
-    when_imported("multiprocessing.reduction", _main_by_value)
+    `__main__` go by value there (cloudpickle), whatever the pool's start method. (Imported up
+    front, in the fork server: patched as a node first imports multiprocessing instead, which
+    saved a first map about 1 ms, a finder that a node or a library puts first on `sys.meta_path`
+    would bypass the patch, and the node's pool would fail to find the script's functions.)"""
+    from multiprocessing.reduction import ForkingPickler
 
-
-def _main_by_value(reduction: ModuleType) -> None:
     def by_value(self: Any, obj: Any) -> Any:
         if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
             return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=5),)
         return NotImplemented
 
-    reduction.ForkingPickler.reducer_override = by_value
+    ForkingPickler.reducer_override = by_value  # type: ignore[method-assign]
 
 
 def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import multiprocessing.reduction  # noqa: F401  # (in the fork server: every worker's setup uses it, `main_by_value_in_pools`)
 import os
 import pickle
 import select
