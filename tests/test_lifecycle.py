@@ -873,8 +873,12 @@ def test_a_default_map_runs_where_no_temporary_directory_is_writable(tmp_path):
     /tmp and /var/tmp mounted read-only, the working directory /proc) refuses a file, and a default
     map still runs: its fork server keeps no file, a worker's status words and crash record are
     memfds. (A server's folder in the temporary directory failed the map here.)"""
-    hidden = ("/tmp/", "/var/tmp/")
-    if any(p.startswith(hidden) for p in (SRC, sys.executable, sys.prefix, *sys.path)):
+    import site
+
+    import cloudpickle
+    hidden = ("/tmp/", "/var/tmp/")  # (this process's sys.path: other tests put their folders there)
+    needed = (SRC, sys.executable, sys.prefix, *site.getsitepackages(), os.path.dirname(cloudpickle.__file__))
+    if any(p.startswith(hidden) for p in needed):
         pytest.skip("this checkout or this Python lies in a temporary directory, which the read-only mount would hide")
     mounts = " && ".join(f"mount -t tmpfs -o ro tmpfs {d}" for d in ("/tmp", "/var/tmp") if os.path.isdir(d))
     if subprocess.run(["unshare", "-m", "sh", "-c", mounts], capture_output=True).returncode:
