@@ -13,6 +13,7 @@ a pause (a signal handler or an at-fork hook aside).
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +21,6 @@ from contextlib import contextmanager
 @contextmanager
 def paused() -> Iterator[None]:
     """The collector off for the block, if it was on and no other thread runs."""
-    import threading  # (here: `import hardy` pauses it before anything has loaded this)
     pause = threading.active_count() == 1 and gc.isenabled()
     try:  # (the disable inside: a Ctrl-C between it and the `try` would leave the collector off for good)
         if pause:

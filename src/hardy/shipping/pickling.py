@@ -205,10 +205,10 @@ def main_by_value_in_pools() -> None:
     or notebook's function to a process pool of its own (multiprocessing, concurrent.futures)
     would send it by a name its pool's processes cannot find (`__main__.helper`). multiprocessing
     pickles what it sends with `ForkingPickler`; from here on, functions and classes of
-    `__main__` go by value there (cloudpickle), whatever the pool's start method. (Imported up
-    front, in the fork server: patched as a node first imports multiprocessing instead, which
-    saved a first map about 1 ms, a finder that a node or a library puts first on `sys.meta_path`
-    would bypass the patch, and the node's pool would fail to find the script's functions.)"""
+    `__main__` go by value there (cloudpickle), whatever the pool's start method. Imported up
+    front, in the fork server, rather than patched as a node first imports multiprocessing (about
+    1 ms of a first map): a finder that a node or a library puts first on `sys.meta_path` would
+    skip that patch, and the node's pool would not find the script's functions."""
     from multiprocessing.reduction import ForkingPickler
 
     def by_value(self: Any, obj: Any) -> Any:
