@@ -201,3 +201,68 @@ def test_a_process_pool_of_the_users_after_a_map_never_waits_on_a_lost_sigterm()
         print(total)
     """, timeout=120)
     assert out.strip() == "300"
+
+
+
+def _walking(walk: str) -> str:
+    """A script's start: a thread that lists the loaded libraries, over and over."""
+    return f"""
+    import os, sys, threading, time
+    from hardy.native.loaded import loaded_libraries, thread_pools
+
+    def walk():
+        while True:
+            {walk}()
+
+    threading.Thread(target=walk, daemon=True).start()
+    time.sleep(0.05)
+"""
+
+
+def test_a_fork_never_lands_inside_one_of_hardys_walks_of_the_loaded_libraries():
+    """glibc does not reset the loader's list lock in a fork child: a fork while another thread
+    walked the list (threadpoolctl does) left the child's own walk, or any dlopen, waiting forever."""
+    out = run_script(_walking("thread_pools") + """
+    hung = 0
+    for _ in range(20):
+        pid = os.fork()
+        if pid == 0:
+            thread_pools()
+            os._exit(0)
+        for _ in range(200):  # 10 s: a child that walks takes milliseconds
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.05)
+        else:
+            hung += 1
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    print("hung", hung)
+    """, timeout=300)
+    assert out.strip() == "hung 0"
+
+
+def test_listing_the_loaded_libraries_blocks_neither_an_import_nor_a_forked_worker():
+    """hardy lists a process's libraries as a map diagnoses a crash, while a pool's spare-worker
+    thread forks the next worker, and as each worker starts. Read from the loader's list, the
+    listing held the loader's lock while it waited for the GIL: a thread importing an extension
+    module (GIL held, waiting for that lock) hung both, and a worker forked meanwhile never
+    started. Bounded by the node's timeout: a worker that hangs is a NodeTimeout here."""
+    out = run_script(_walking("loaded_libraries") + """
+    import _bz2, _csv, _decimal, _lzma, _opcode, _queue, _statistics  # extension modules, loaded now
+    import warnings
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="y", timeout=20)
+    def crash_or_not(x):
+        if x % 2:
+            os.kill(os.getpid(), 11)
+        return x
+
+    warnings.simplefilter("ignore")  # "fork!" with a thread running warns of it
+    with Engine(map_executor="process", workers=1, start_method="fork!") as engine:
+        out = Pipeline([crash_or_not], engine=engine).map(inputs={"x": list(range(12))}, map_over="x",
+                                                          on_error="continue")
+    print(*[o["y"] if isinstance(o, dict) else type(o.error).__name__ for o in out])
+    """, timeout=180)
+    assert out.split() == [str(x) if x % 2 == 0 else "NodeCrashed" for x in range(12)]

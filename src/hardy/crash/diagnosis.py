@@ -65,23 +65,21 @@ def _waits_in_openmp(stacks: str) -> bool:
 
 
 def _elsewhere(frames: Sequence[Frame]) -> list[str]:
-    """Libraries of the crash that this process loaded from another directory (paths resolved
-    for those libraries only: a crash is diagnosed while the map waits for its worker's place to
-    be filled, and a process with torch loaded maps a hundred libraries)."""
-    named = {frame.name for frame in frames if frame.library}
+    """Libraries of the crash that this process loaded from another directory. Both sides by real
+    path (this process's map names files so): a worker that loaded a soname's link and this process
+    that loaded the file behind it name one library."""
+    theirs = {frame.library: os.path.realpath(frame.library) for frame in frames if frame.library}
     here: dict[str, str] = {}
     for path in loaded_libraries():
-        name = os.path.basename(path)
-        if name in named and name not in here:
-            here[name] = os.path.realpath(path)
+        here.setdefault(os.path.basename(path), path)
     said: list[str] = []
     for frame in frames:
         if not frame.library:
             continue
-        mine = here.get(frame.name)
-        theirs = os.path.realpath(frame.library)
-        if mine and os.path.dirname(mine) != os.path.dirname(theirs) and frame.name not in str(said):
-            said.append(f"{frame.name} was loaded from {os.path.dirname(theirs)} in the worker but from "
+        real = theirs[frame.library]
+        mine = here.get(os.path.basename(real))
+        if mine and os.path.dirname(mine) != os.path.dirname(real) and frame.name not in str(said):
+            said.append(f"{frame.name} was loaded from {os.path.dirname(real)} in the worker but from "
                         f"{os.path.dirname(mine)} in this process: two copies of one library, the worker's from "
                         "an unexpected directory (LD_LIBRARY_PATH, RPATH or import order; `hardy libs` shows "
                         "which package ships each, preload_libs= pins one)")

@@ -131,7 +131,7 @@ def examine_libraries(dirs: Sequence[str]) -> list[Finding]:
     from ..native.libs import analyse, scan
     from ..native.loaded import loaded_libraries
     plan = analyse(scan(dirs), search=[p for p in sys.path if p and os.path.isdir(p)])
-    loaded = {os.path.realpath(path) for path in loaded_libraries()}
+    loaded = set(loaded_libraries())  # (real paths)
     return [Finding("note", "shared libraries", f"{m}; it is not loaded here (an optional part of its package, "
                     "loaded only when asked for), so nothing fails unless something loads it")
             for m in plan.missing if os.path.realpath(m.library.path) not in loaded]

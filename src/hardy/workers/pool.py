@@ -118,8 +118,11 @@ class WorkerPool(Executor):
     def top_up(self, plan_id: int, plan_msg: bytes) -> None:
         """Start the spare worker when one is wanted (a worker died) and none is ready or on its
         way, and send it the plan running now, loaded there while it waits: on a thread of its own
-        (starting a worker is a few exchanges with the fork server), so that it delays no map."""
-        if self.slot_env:
+        (starting a worker is a few exchanges with the fork server), so that it delays no map.
+        Not for workers forked from this process (start_method "fork"): the child of a fork from a
+        second thread holds, forever, any lock the map's thread held at that moment; such a worker
+        costs milliseconds, forked on the map's thread when it is needed."""
+        if self.slot_env or isinstance(self._launcher, launch.Forker):
             return
         with self._lock:
             if (not self._spare_wanted or self._spare is not None or self._topping is not None
