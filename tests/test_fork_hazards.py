@@ -219,9 +219,11 @@ def _walking(walk: str) -> str:
 """
 
 
-def test_a_fork_never_lands_inside_one_of_hardys_walks_of_the_loaded_libraries():
-    """glibc does not reset the loader's list lock in a fork child: a fork while another thread
-    walked the list (threadpoolctl does) left the child's own walk, or any dlopen, waiting forever."""
+def test_a_fork_as_another_thread_asks_threadpoolctl_for_the_runtimes_leaves_a_working_child():
+    """threadpoolctl before 3.7 walked the loader's list, whose lock glibc does not reset in a fork
+    child: a fork as another thread asked it (hardy does as it checks for fork hazards and as a
+    worker caps its runtimes) left the child's own question, or any dlopen, waiting forever.
+    hardy requires a threadpoolctl that reads the memory map instead."""
     out = run_script(_walking("thread_pools") + """
     hung = 0
     for _ in range(20):

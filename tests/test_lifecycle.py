@@ -235,6 +235,24 @@ def test_every_start_method_kills_a_crashed_workers_children(tmp_path, start_met
     assert _gone([int(marker.read_text())]) == []
 
 
+
+@node(output_name="thread")
+def forking_thread(x: int) -> str:
+    if x % 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return threading.current_thread().name  # in a fork child: the thread that forked it
+
+
+def test_a_pool_that_forks_this_process_forks_each_replacement_on_the_maps_thread():
+    """A worker forked from a second thread holds, for good, any lock the map's thread held at
+    that moment (a crash's diagnosis walked the loader's list then): so no spare-worker thread."""
+    with warnings.catch_warnings(), Engine(map_executor="process", workers=1, start_method="fork!") as engine:
+        warnings.simplefilter("ignore")
+        out = Pipeline(nodes=[forking_thread], engine=engine).map(inputs={"x": list(range(6))}, map_over="x",
+                                                                   on_error="continue")
+    assert [o["thread"] for o in out[::2]] == [threading.current_thread().name] * 3
+    assert [type(o.error) for o in out[1::2]] == [NodeCrashed] * 3
+
 INTERRUPTED_PARENT = """
     import os, signal, sys, time
     from hardy import Engine, Pipeline, node

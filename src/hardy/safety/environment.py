@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from ..native.loaded import loader_walk, may_hold_thread_pools
+from ..native.loaded import may_hold_thread_pools
 
 NUMBA_GUARD_RANGE = ">=0.55,<0.69"  # the versions whose FunctionIdentity was read (a PEP 440 specifier)
 
@@ -38,8 +38,7 @@ def cap_loaded_runtimes() -> None:
         return
     if may_hold_thread_pools():  # else none is loaded: those loaded later read the variables themselves
         from threadpoolctl import threadpool_limits
-        with loader_walk:  # (it walks the loaded libraries too)
-            threadpool_limits(limits=limits)
+        threadpool_limits(limits=limits)
     _capped = limits
 
 
