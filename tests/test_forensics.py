@@ -20,6 +20,7 @@ from conftest import needs_torch
 from hardy import DiskCache, Engine, NodeCrashed, NodeTimeout, Pipeline, node
 from hardy.crash import frames, handler, record, stacks, symbols
 from hardy.errors import InvalidArgument, InvalidArgumentType, install_hint
+from hardy.native.loaded import loaded_libraries
 
 C_SOURCE = r"""
 #include <pthread.h>
@@ -140,6 +141,31 @@ def test_a_library_loaded_from_another_directory_than_here_is_named(engine, libs
     said = [d for d in err.diagnosis if d.startswith("libtwin.so was loaded from")]
     assert said and os.path.dirname(libs["twin_b"]) in said[0] and os.path.dirname(libs["twin_a"]) in said[0]
     assert not any("loaded from" in d for d in _crash(engine, libs["c"], "crash_here").diagnosis)
+
+
+def test_two_copies_are_named_when_the_worker_loaded_a_sonames_link(engine, tmp_path):
+    """This process's libraries are read from its memory map, which names files by their real
+    path: a worker that loaded `libsoname.so.1` (a link to `libsoname.so.1.0`) names the same one."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    ctypes.CDLL(_compile(here, "libsoname.so.1.0", C_SOURCE, "-pthread"))
+    _compile(there, "libsoname.so.1.0", C_SOURCE, "-pthread")
+    (there / "libsoname.so.1").symlink_to("libsoname.so.1.0")
+    err = _crash(engine, str(there / "libsoname.so.1"), "crash_here")
+    said = [d for d in err.diagnosis if " was loaded from " in d]
+    assert said and f"from {there} in the worker but from {here} in this process" in said[0], err.diagnosis
+
+
+def test_the_loaded_libraries_are_listed_by_real_path_even_once_removed(tmp_path):
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    lib = _compile(folder, "liblisted.so.2.1", C_SOURCE, "-pthread")
+    (folder / "liblisted.so.2").symlink_to("liblisted.so.2.1")
+    ctypes.CDLL(str(folder / "liblisted.so.2"))
+    assert lib in loaded_libraries()
+    os.unlink(lib)  # mapped still: " (deleted)" in the map
+    assert lib in loaded_libraries() and loaded_libraries().count(lib) == 1
 
 
 @node(output_name="y")

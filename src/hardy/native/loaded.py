@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 # A mapping's line: address range, permissions, offset, device, inode, then the file's path, with
-# " (deleted)" after a file removed or replaced since. Shared objects: *.so, *.so.1, *.so.1.2.3.
-_SHARED_OBJECT = re.compile(rb"^\S+ \S+ \S+ \S+ \S+ +(/.*?\.so(?:\.\d+)*)(?: \(deleted\))?$", re.MULTILINE)
+# " (deleted)" after a file removed or replaced since. Shared objects: *.so, *.so.1, *.so.1.2.3-git.
+_SHARED_OBJECT = re.compile(rb"^\S+ \S+ \S+ \S+ \S+ +(/.*?\.so(?:\.[^/\s]+)?)(?: \(deleted\))?$", re.MULTILINE)
 
 
 def loaded_libraries() -> list[str]:
