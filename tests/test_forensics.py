@@ -157,6 +157,22 @@ def test_two_copies_are_named_when_the_worker_loaded_a_sonames_link(engine, tmp_
     assert said and f"from {there} in the worker but from {here} in this process" in said[0], err.diagnosis
 
 
+
+def test_two_builds_of_one_soname_are_named_as_two_copies(engine, tmp_path):
+    """The classic mix: an environment's libstdc++.so.6 (6.0.32) here, the system's (6.0.30) in the
+    worker. Their files' names differ; the library is one, up to its major version."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    _compile(here, "libbuilds.so.1.0", C_SOURCE, "-pthread")
+    (here / "libbuilds.so.1").symlink_to("libbuilds.so.1.0")
+    ctypes.CDLL(str(here / "libbuilds.so.1"))
+    _compile(there, "libbuilds.so.1.1", C_SOURCE, "-pthread")
+    (there / "libbuilds.so.1").symlink_to("libbuilds.so.1.1")
+    err = _crash(engine, str(there / "libbuilds.so.1"), "crash_here")
+    said = [d for d in err.diagnosis if " was loaded from " in d]
+    assert said and f"from {there} in the worker but from {here} in this process" in said[0], err.diagnosis
+
 def test_the_loaded_libraries_are_listed_by_real_path_even_once_removed(tmp_path):
     folder = tmp_path / "a folder"
     folder.mkdir()

@@ -66,21 +66,32 @@ def _waits_in_openmp(stacks: str) -> bool:
 
 def _elsewhere(frames: Sequence[Frame]) -> list[str]:
     """Libraries of the crash that this process loaded from another directory. Both sides by real
-    path (this process's map names files so): a worker that loaded a soname's link and this process
-    that loaded the file behind it name one library."""
+    path (this process's map names files so), matched by name up to the major version
+    (`_one_library`): a worker that loaded a soname's link and this process the file behind it,
+    or two builds of `libstdc++.so.6` (6.0.30 and 6.0.32), name one library."""
     theirs = {frame.library: os.path.realpath(frame.library) for frame in frames if frame.library}
     here: dict[str, str] = {}
     for path in loaded_libraries():
-        here.setdefault(os.path.basename(path), path)
+        here.setdefault(_one_library(path), path)
     said: list[str] = []
     for frame in frames:
         if not frame.library:
             continue
         real = theirs[frame.library]
-        mine = here.get(os.path.basename(real))
+        mine = here.get(_one_library(real))
         if mine and os.path.dirname(mine) != os.path.dirname(real) and frame.name not in str(said):
             said.append(f"{frame.name} was loaded from {os.path.dirname(real)} in the worker but from "
                         f"{os.path.dirname(mine)} in this process: two copies of one library, the worker's from "
                         "an unexpected directory (LD_LIBRARY_PATH, RPATH or import order; `hardy libs` shows "
                         "which package ships each, preload_libs= pins one)")
     return said
+
+
+_MAJOR = re.compile(r"^(.*?\.so(?:\.\d+)?)(?:\..*)?$")  # the name up to `.so.N`
+
+
+def _one_library(path: str) -> str:
+    """`libstdc++.so.6` for `.../libstdc++.so.6.0.32`; a name without `.so` as it is."""
+    name = os.path.basename(path)
+    major = _MAJOR.match(name)
+    return major.group(1) if major else name
