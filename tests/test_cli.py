@@ -140,7 +140,7 @@ from hardy import Pipeline, node
 
 @node(output_name="y")
 def twice(x: int) -> int:
-    print("processing", x)
+    print(f"processing {x}")  # one write: two workers' unbuffered prints (PYTHONUNBUFFERED) interleave by write
     os.write(1, b"written to descriptor 1\\n")  # as C code prints
     return 2 * x
 
