@@ -225,3 +225,74 @@ def test_edits_reached_through_classes_change_the_key_in_a_fresh_process(tmp_pat
     after = fingerprints(tmp_path)
     changed = {name for name in CASES if before[name] != after[name]}
     assert changed == set(CASES) - {"control"}
+
+
+# name -> (files under the folder, the edit: (file, old, new)); module `name` defines the node `step`.
+# What a probe found keyed by nothing, or by the wrong file: each edit must change the key.
+IMPORT_CASES: dict[str, tuple[dict[str, str], tuple[str, str, str]]] = {
+    "dotted_import": ({  # `import pkg.sub` inside the node, the package's __init__ not importing `sub`
+        "dotted_import.py": "def step(x):\n    import lazypkg.sub\n    return lazypkg.sub.scale(x)\n",
+        "lazypkg/__init__.py": "",
+        "lazypkg/sub.py": "def scale(x):\n    return x * 2\n",
+    }, ("lazypkg/sub.py", "x * 2", "x * 3")),
+    "relpkg.nodes": ({  # a relative import inside the node
+        "relpkg/__init__.py": "",
+        "relpkg/nodes.py": "def step(x):\n    from .helpers import scale\n    return scale(x)\n",
+        "relpkg/helpers.py": "def scale(x):\n    return x * 2\n",
+    }, ("relpkg/helpers.py", "x * 2", "x * 3")),
+    "relsub.nodes": ({  # `from . import helpers`: a submodule its package does not import
+        "relsub/__init__.py": "",
+        "relsub/nodes.py": "def step(x):\n    from . import helpers\n    return helpers.scale(x)\n",
+        "relsub/helpers.py": "def scale(x):\n    return x * 2\n",
+    }, ("relsub/helpers.py", "x * 2", "x * 3")),
+    "renamed": ({  # a function's name, which the node reads
+        "renamed.py": "def mean_abs(xs):\n    return 1\n\nMETRICS = [mean_abs]\n\n"
+                      "def step(x):\n    return {f.__name__: f(x) for f in METRICS}\n",
+    }, ("renamed.py", "def mean_abs(xs):\n    return 1\n\nMETRICS = [mean_abs]",
+        "def mae(xs):\n    return 1\n\nMETRICS = [mae]")),
+    "vendored": ({  # a package on a site-packages folder that no distribution installed
+        "vendored.py": "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'vendor', "
+                       "'site-packages'))\nimport fakepkg\n\ndef step(x):\n    return fakepkg.scale(x)\n",
+        "vendor/site-packages/fakepkg/__init__.py": "from .core import scale\n",
+        "vendor/site-packages/fakepkg/core.py": "def scale(x):\n    return x * 2\n",
+    }, ("vendor/site-packages/fakepkg/core.py", "x * 2", "x * 3")),
+    "passed_module": ({  # a module passed along as a value: its constants count
+        "passed_module.py": "import passed_cfg\n\ndef limit(settings, x):\n    return min(x, settings.THRESHOLD)\n\n"
+                            "def step(x):\n    return limit(passed_cfg, x)\n",
+        "passed_cfg.py": "THRESHOLD = 10\n",
+    }, ("passed_cfg.py", "THRESHOLD = 10", "THRESHOLD = 20")),
+}
+
+KEYS_FIRST = """
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+from hardy import node
+from hardy.cache.keys import call_fingerprint
+keys = {}
+for name in sys.argv[2].split(","):
+    step = node(output_name="y")(importlib.import_module(name).step)
+    keys[name] = call_fingerprint(step, ["x"]).hex()  # before the node runs, as a cached run keys it
+    assert step.func(1) is not None
+print(json.dumps(keys))
+"""
+
+
+def test_edits_reached_through_imports_and_names_change_the_key_in_a_fresh_process(tmp_path):
+    for files, _ in IMPORT_CASES.values():
+        for path, source in files.items():
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text(source)
+
+    def keys() -> dict[str, str]:
+        out = subprocess.run([sys.executable, "-", str(tmp_path), ",".join(IMPORT_CASES)], input=KEYS_FIRST,
+                             text=True, capture_output=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    before = keys()
+    for _, (path, old, new) in IMPORT_CASES.values():
+        source = (tmp_path / path).read_text()
+        assert old in source
+        (tmp_path / path).write_text(source.replace(old, new))
+    after = keys()
+    assert {name for name in IMPORT_CASES if before[name] == after[name]} == set()

@@ -46,6 +46,43 @@ class Scale:
         return self.factor * x
 
 
+class Day(datetime.date):
+    pass
+
+
+class Money(__import__("decimal").Decimal):
+    pass
+
+
+class Z(complex):
+    pass
+
+
+class Window(collections.deque):
+    pass
+
+
+class Word(str):
+    pass
+
+
+class Failure(Exception):
+    pass
+
+
+def with_attribute(value: object, **attributes: object) -> object:
+    for name, x in attributes.items():
+        setattr(value, name, x)
+    return value
+
+
+def image(meta: str):
+    class Image(np().ndarray):  # numpy's subclassing recipe: `meta` set as views are made
+        def __array_finalize__(self, obj):
+            self.meta = getattr(obj, "meta", None)
+    return with_attribute(np().zeros(2).view(Image), meta=meta)
+
+
 class Point(typing.NamedTuple):
     x: int
     y: int = 0
@@ -160,6 +197,17 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
      DISTINCT),
     ("torch: a conjugate view vs its values", lambda: (
         torch().tensor([1 + 2j]).conj(), torch().tensor([1 + 2j]).conj().resolve_conj()), DISTINCT),
+    # a probe's user subclasses of value types: every instance shared one key
+    ("date subclass: two dates", lambda: (Day(2024, 12, 31), Day(2020, 1, 1)), DISTINCT),
+    ("Decimal subclass: two amounts", lambda: (Money("99.99"), Money("1.50")), DISTINCT),
+    ("complex subclass: two numbers", lambda: (Z(7, 8), Z(1, 2)), DISTINCT),
+    ("str subclass: an attribute's value", lambda: (with_attribute(Word("w"), lang="fr"),
+                                                    with_attribute(Word("w"), lang="en")), DISTINCT),
+    ("str subclass: the same word twice", lambda: (Word("w"), Word("w")), EQUAL),
+    ("deque subclass: an attribute's value", lambda: (with_attribute(Window([1]), label="a"),
+                                                      with_attribute(Window([1]), label="b")), DISTINCT),
+    ("exception: two messages", lambda: (Failure("a"), Failure("b")), DISTINCT),
+    ("ndarray subclass: an attribute's value", lambda: (image("left"), image("right")), DISTINCT),
     # the review's controls, keyed apart already
     ("-0.0 vs 0.0", lambda: (-0.0, 0.0), DISTINCT),
     ("np.float64(1.5) vs 1.5", lambda: (np().float64(1.5), 1.5), DISTINCT),
@@ -223,6 +271,19 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
 def test_collision_table(make, expected):
     a, b = make()
     assert (hash_value(a) != hash_value(b)) == (expected == DISTINCT)
+
+
+def test_a_user_class_built_on_a_type_whose_value_no_attribute_shows_is_refused():
+    """A subclass of io.BytesIO holds its bytes where no attribute shows them: keyed by its
+    attributes, every instance shared one key. It is refused, naming the class and the fix."""
+    import io
+
+    from hardy.errors import UnhashableError
+
+    class Buffer(io.BytesIO):
+        pass
+    with pytest.raises(UnhashableError, match=r"Buffer is built on _io\.BytesIO.*__cache_key__"):
+        hash_value(Buffer(b"x"))
 
 
 def test_the_table_is_large_enough():

@@ -1662,4 +1662,41 @@ def state_behind_a_name_changed_between_maps():
     return [first, ys([behind_steps.read])]
 
 
+
+
+def normalize(v, *, scale=1.0):  # the script's own helper and node: they travel by value
+    return v * scale
+
+
+@node(output_name="y")
+def normalized(x):
+    return normalize(x)
+
+
+class Token(str):
+    pass
+
+
+PAD = Token("<pad>")
+PAD.id = 0
+
+
+@node(output_name="y")
+def padded(x):
+    return [PAD.id] * x
+
+
+@pattern
+def keyword_default_changed_in_place():
+    first = ys([normalized])
+    normalize.__kwdefaults__["scale"] = 5.0
+    return [first, ys([normalized])]
+
+
+@pattern
+def attribute_of_a_str_subclass_changed():
+    first = ys([padded])
+    PAD.id = 99
+    return [first, ys([padded])]
+
 corpus.close()

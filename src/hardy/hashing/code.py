@@ -199,6 +199,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     it imports), each with the attribute chains the code reads from it."""
     code = func.__code__
     _code(code, out)
+    out(b"name:" + f"{getattr(func, '__name__', '')}/{getattr(func, '__qualname__', '')}".encode())
     out(b"defaults")
     encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
     attributes = {k: v for k, v in getattr(func, "__dict__", {}).items() if k != "__wrapped__"}
@@ -226,14 +227,19 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             out(b"empty")
             continue
         _reference(value, out, seen, chains.get(("c", name), ()), name, func)
-    for root in sorted(r for r in chains if r[0] == "import"):  # imports inside the function
-        out(b"i:" + root[1].encode())
-        module = _imported(root[1])
-        note_read(sys.modules, root[1])
+    for _, name in sorted(r for r in chains if r[0] == "submodule"):
+        _imported(name)  # `import pkg.sub` inside: what `pkg.sub.f` then reads
+    for root in sorted(r for r in chains if r[0] in ("import", "from")):  # imports inside the function
+        name = _absolute(root[1], globs)
+        out(b"i:" + name.encode())
+        module = _imported(name)
+        note_read(sys.modules, name)
         if module is not ABSENT:
-            _reference(module, out, seen, chains[root], root[1], func)
+            if root[0] == "from":
+                _import_submodules(module, chains[root])
+            _reference(module, out, seen, chains[root], name, func)
         else:  # a library imported only inside the node: by its distribution, found without importing it
-            out(module_identity(root[1]))
+            out(module_identity(name))
 
 
 def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any, name: str, reader: Any) -> None:
@@ -283,15 +289,20 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], chain
                 last = target
         out(b"." + path.encode() + b"@" + module_identity(last.__name__))
         origin = getattr(target, "__module__", None) if not isinstance(target, types.ModuleType) else None
-        if isinstance(origin, str) and origin.split(".")[0] != last.__name__.split(".")[0]:
-            out(b"from:" + module_identity(origin))  # re-exported from another distribution
+        if isinstance(origin, str) and origin != last.__name__ and (
+                origin.split(".")[0] != last.__name__.split(".")[0]
+                or module_identity(origin) != module_identity(last.__name__)):
+            # re-exported from another distribution, or from another file of a package no
+            # distribution installed (keyed by each file's content: `fakepkg.scale` from its `core.py`)
+            out(b"from:" + module_identity(origin))
 
 
 def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: Seen,
                        chains: Any, name: str, reader: Any) -> None:
     """What a function reaches through a user module: each attribute chain, followed through
     submodules to the first object that is not one. Read without a chain (`getattr(m, name)`,
-    passed along as a value), the module counts by all the functions and classes it defines."""
+    passed along as a value), the module counts by all the functions and classes it defines and
+    by its values (`settings.THRESHOLD`, read by the function it was passed to)."""
     if not chains or () in chains:
         if id(module) in seen:
             out(b"@" + length(seen[id(module)][0]))
@@ -300,9 +311,13 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             for attr in vars(module):
                 note_read(vars(module), attr)  # a module read whole: any name it binds again counts
             for attr, value in sorted(vars(module).items()):
-                if isinstance(value, (types.FunctionType, type)) and value.__module__ == module.__name__:
-                    out(b"a:" + attr.encode())
-                    _fingerprint(value, out, seen)
+                if isinstance(value, (types.FunctionType, type)):
+                    if value.__module__ == module.__name__:
+                        out(b"a:" + attr.encode())
+                        _fingerprint(value, out, seen)
+                elif not (attr.startswith("__") or isinstance(value, types.ModuleType) or callable(value)):
+                    out(b"v:" + attr.encode())
+                    _tolerant(value, out)
     for chain in sorted(c for c in chains if c):
         target, path = module, name
         for attr in chain:
@@ -318,6 +333,28 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             _reference(target, out, seen, ((),) if isinstance(target, types.ModuleType) else (), path, reader)
 
 
+def _absolute(name: str, globs: dict[str, Any]) -> str:
+    """The module an import inside a function names, a relative one (`from .helpers import f`,
+    kept with its dots by `_scan_chains`) resolved as Python does, from the function's package;
+    "" where it cannot be (the import fails the same way when it runs)."""
+    if not name.startswith("."):
+        return name
+    import importlib.util
+    package = globs.get("__package__") or globs.get("__name__", "").rpartition(".")[0]
+    try:
+        return importlib.util.resolve_name(name, package)
+    except (ImportError, ValueError):
+        return ""
+
+
+def _import_submodules(module: types.ModuleType, chains: Any) -> None:
+    """`from pkg import sub` inside a function imports the submodule `pkg.sub` when the package does
+    not bind `sub`: so does this (user code only, as `_imported`), for its code to count."""
+    for chain in chains:
+        if chain and chain[0] not in vars(module) and hasattr(module, "__path__"):
+            _imported(f"{module.__name__}.{chain[0]}")
+
+
 def _imported(module_name: str) -> Any:
     """The module an import inside a function binds. One not imported yet is imported now only if
     it is user code: a library imported inside a node (`import torch` there, to keep the parent
@@ -325,6 +362,8 @@ def _imported(module_name: str) -> Any:
     module = sys.modules.get(module_name)
     if module is not None:
         return module
+    if not module_name:
+        return ABSENT
     import importlib.util
     try:
         top = importlib.util.find_spec(module_name.split(".")[0])  # a top-level name: no code runs
@@ -339,8 +378,9 @@ def _imported(module_name: str) -> Any:
 def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]:
     """The attribute chains the code (and its nested code) reads, from the bytecode:
     `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
-    Roots are globals ("g"), closure cells ("c") and modules imported inside the function
-    ("import", top module): `from m import f` there, then `f.g`, is the chain m.f.g."""
+    Roots are globals ("g"), closure cells ("c") and modules imported inside the function: `import
+    a.b` binds ("import", "a") and imports ("submodule", "a.b"); `from m import f` reads from
+    ("from", "m"), so that `f.g` is the chain m.f.g, and `from .m import f` from ("from", ".m")."""
     found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
     stack = [code]
     while stack:
@@ -358,7 +398,7 @@ def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, 
     attrs: list[str] = []
     importing: tuple[str, str] | None = None
     prefix: tuple[str, ...] = ()
-    last_const: Any = None  # IMPORT_NAME's fromlist: None for `import a.b`
+    consts: list[Any] = [None, None]  # IMPORT_NAME's two constants: its level, its fromlist (None: `import a.b`)
     for ins in dis.get_instructions(c):
         op = ins.opname
         if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
@@ -375,7 +415,13 @@ def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, 
             root, chain = bound[ins.argval]
             attrs = list(chain)
         elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
-            importing = ("import", ins.argval if last_const is not None else ins.argval.split(".")[0])
+            level, fromlist = consts
+            if fromlist is not None:
+                importing = ("from", "." * (level if isinstance(level, int) else 0) + ins.argval)
+            else:
+                importing = ("import", ins.argval.split(".")[0])
+                if "." in ins.argval:
+                    found.setdefault(("submodule", ins.argval), set())
             prefix = ()
             found.setdefault(importing, set())
             continue
@@ -390,7 +436,7 @@ def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, 
         elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
             continue
         importing = None
-        last_const = ins.argval if op == "LOAD_CONST" else None
+        consts = [consts[1], ins.argval] if op == "LOAD_CONST" else [None, None]
     if root is not None:
         found.setdefault(root, set()).add(tuple(attrs))
 
@@ -419,7 +465,8 @@ def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
     # (the exception table: which lines a `try` covers, moved into its `else:`, leaves co_code as it was)
     table = getattr(code, "co_exceptiontable", b"")
     out(b"except" + length(len(table)) + table)
-    out(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+    out(repr((code.co_name, getattr(code, "co_qualname", ""),  # what a function made from it is named
+              code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
               code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags & _SEMANTIC_FLAGS)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):

@@ -18,13 +18,16 @@ from typing import Any
 
 from ..errors import UnhashableError
 from .distributions import module_identity
+from .origin import is_user_module
 from .values import (
     Encoder,
+    class_code,
     encode_attributes,
     encode_callable,
     encode_into,
     encode_object,
     identified_by,
+    instance_fields,
     length,
     register_library,
     type_name,
@@ -38,6 +41,9 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
     import numpy as np
     if type(v) is not np.ndarray and not isinstance(v, np.generic):
         out(b"NS" + type_name(type(v)))
+        if is_user_module(type(v).__module__):  # a user's subclass: its code, and what `__array_finalize__` set
+            out(class_code(type(v), active))
+            encode_attributes(instance_fields(v), out, active)
         if isinstance(v, np.ma.MaskedArray):
             _encode_numpy(np.ma.getmaskarray(v), out, active)
             encode_into(v.fill_value, out, active)

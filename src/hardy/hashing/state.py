@@ -29,6 +29,7 @@ from .values import ABSENT, CONTENT_TOKEN, DIGEST, encode_into, type_name
 # identity and recompiled when rebound), so a read of one costs one identity test per call.
 _FIXED = (type(None), bool, int, float, complex, str, bytes, range, types.FunctionType, types.BuiltinFunctionType,
           types.MethodType, types.ModuleType, type, types.CodeType, frozenset)
+_SCALARS = (int, float, complex, str, bytes)
 RESOURCE = b"?"  # a value hardy cannot hash (a lock, a client): compared by its type alone
 
 
@@ -49,11 +50,14 @@ def token(value: Any) -> bytes | None:
     arrays that own their memory by identity)."""
     if isinstance(value, types.FunctionType) and _attributes(value):  # its attributes can change in place
         return stamp_of(value)
+    if isinstance(value, types.FunctionType) and value.__kwdefaults__:  # so can its keyword defaults
+        return _defaults_token(value)
     if isinstance(value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type)):
         return token(value.__self__)  # `lookup = TABLE.get`: the data it is bound to
     if hasattr(value, "__wrapped__") and not isinstance(value, types.FunctionType) and hasattr(value, "__dict__"):
         return stamp_of(value)  # a decorator object: the configuration it holds (`scaled.factor = 10`)
-    if (isinstance(value, _FIXED) and not isinstance(value, enum.Enum)  # (an IntEnum's member holds attributes)
+    if (isinstance(value, _FIXED) and not isinstance(value, enum.Enum)  # (an IntEnum's member holds attributes,
+            and not (isinstance(value, _SCALARS) and hasattr(value, "__dict__"))  # so can a `str` subclass's)
             or hasattr(value, "__wrapped__") or _frozen_array(value)):
         return None
     if type(value) is tuple and all(isinstance(v, _FIXED) for v in value):
@@ -67,6 +71,14 @@ def token(value: Any) -> bytes | None:
             return _by_pickle(value)
         except Exception:
             return None
+    return h.digest(DIGEST)
+
+
+def _defaults_token(func: types.FunctionType) -> bytes:
+    """A function's defaults by content (`normalize.__kwdefaults__["scale"] = 5.0` changes them in
+    place); its code is seen by identity, as any function's."""
+    h = blake3()
+    _tolerant((func.__defaults__, func.__kwdefaults__), h.update)
     return h.digest(DIGEST)
 
 

@@ -147,7 +147,7 @@ def encode_into(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     if exact is not None:
         exact(v, out, active)
     elif hasattr(v, "__cache_key__") and not isinstance(v, type):
-        out(b"K" + type_name(t) + _class_code(t, active))
+        out(b"K" + type_name(t) + class_code(t, active))
         encode_into(v.__cache_key__(), out, active)
     else:
         encoder = _RESOLVED.get(t)
@@ -164,8 +164,18 @@ def _resolve(t: type) -> Encoder:
     _load_lazy()
     for cls in t.__mro__:
         if cls in _ENCODERS:
+            if cls in _VALUE_ONLY and cls is not t and is_user_module(t.__module__):
+                return functools.partial(_encode_subclass, _ENCODERS[cls])
             return _ENCODERS[cls]
     return next((encoder for applies, encoder in _STRUCTURAL if applies(t)), _encode_plain_object)
+
+
+def _encode_subclass(encoder: Encoder, v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A user's subclass of a type keyed by its value alone (`class Window(deque)`): the value,
+    then the subclass's code and what the instance holds besides it (`window.label`)."""
+    encoder(v, out, active)
+    out(b"sub" + class_code(type(v), active))
+    _container_state(v, out, active)
 
 
 def _encode_none(v: None, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -208,23 +218,31 @@ def _encode_buffer(v: bytearray | memoryview, out: Callable[[bytes], Any], activ
     out(b"A" + (b"" if isinstance(v, bytearray) else f"m{v.format}{v.shape}".encode()) + length(len(data)) + data)
 
 
-_SCALARS = (bool, int, float, str, bytes)
+_SCALARS = (bool, int, float, str, bytes, complex, bytearray)
+# A scalar subclass's value as its base type, read past any override of `__int__`, `__str__`...
+_AS_BASE: dict[type, Callable[[Any], Any]] = {
+    bool: bool, int: int.__index__, float: float.__float__, str: str.__str__,
+    bytes: lambda v: bytes(memoryview(v)), bytearray: lambda v: bytearray(memoryview(v)),
+    complex: lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))}
 _NAN = struct.Struct("<d")  # a NaN's bits: its sign, which `math.copysign` reads
 _QUIET_NAN = _NAN.pack(float("nan"))
 
 
 def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A subclass of a scalar type (an IntEnum, numpy.float64): the class, then the base value."""
+    """A subclass of a scalar type (an IntEnum, numpy.float64, a `str` that carries a `.lang`): the
+    class, the base value, then what the instance holds besides it, which its code can read."""
     base = next(b for b in _SCALARS if isinstance(v, b))
-    out(b"B" + type_name(type(v)) + _class_code(type(v), active))
-    encode_into(base(v) if base is not str else str.__str__(v), out, active)
+    out(b"B" + type_name(type(v)) + class_code(type(v), active))
+    encode_into(_AS_BASE[base](v), out, active)
     if isinstance(v, enum.Enum):  # an IntEnum's or StrEnum's member
         _encode_member_attributes(v, out, active)
+    else:
+        _container_state(v, out, active)
 
 
 def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any], active: set[int]) -> None:
     t = type(v)
-    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t) + _class_code(t, active))
+    out((b"L" if isinstance(v, list) else b"U") + (b"" if t in (list, tuple) else type_name(t) + class_code(t, active))
         + length(len(v)))
     for i, x in enumerate(_guard(v, active)):
         try:
@@ -238,7 +256,7 @@ def _encode_sequence(v: list[Any] | tuple[Any, ...], out: Callable[[bytes], Any]
 
 def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """In insertion order: code can read it (next(iter(d)), json.dumps)."""
-    out(b"M" + (b"" if type(v) is dict else type_name(type(v)) + _class_code(type(v), active)) + length(len(v)))
+    out(b"M" + (b"" if type(v) is dict else type_name(type(v)) + class_code(type(v), active)) + length(len(v)))
     for k, x in _guard(v, active).items():
         encode_into(k, out, active)
         try:
@@ -253,7 +271,7 @@ def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int
 def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
     """No order to read: the sorted digests of the members."""
     digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + _class_code(type(v), active)
+    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + class_code(type(v), active)
         + length(len(digests)) + b"".join(digests))
     if type(v) not in (set, frozenset):
         _container_state(v, out, active)
@@ -261,9 +279,9 @@ def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], activ
 
 
 def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """What a subclass of a built-in container holds besides its items, which code can read: its
-    attributes, and a defaultdict's `default_factory` (`d["new"]` is 0 or [] by it)."""
-    fields = dict(getattr(v, "__dict__", None) or {})
+    """What a subclass of a built-in or library type holds besides its value, which code can read:
+    its attributes (slots included), and a defaultdict's `default_factory` (`d["new"]` is 0 or [] by it)."""
+    fields = instance_fields(v)
     factory = getattr(v, "default_factory", ABSENT) if isinstance(v, collections.defaultdict) else ABSENT
     if factory is not ABSENT:
         fields["default_factory"] = factory
@@ -273,7 +291,7 @@ def _container_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 
 
 def _encode_enum(v: enum.Enum, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"En" + type_name(type(v)) + _class_code(type(v), active))
+    out(b"En" + type_name(type(v)) + class_code(type(v), active))
     encode_into(v.value, out, active)
     _encode_member_attributes(v, out, active)
 
@@ -296,7 +314,7 @@ def member_attributes(member: enum.Enum) -> dict[str, Any]:
 _ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})
 
 
-def _class_code(t: type, active: set[int]) -> bytes:
+def class_code(t: type, active: set[int]) -> bytes:
     """A user class's code (`hardy.hashing.code`), which its instances' methods run: an Enum's, a
     named tuple's, a subclass of a built-in type's, a plain object's (`encode_object`); nothing for
     a library's class (its name says it, with the library's version where that matters). Once per
@@ -315,7 +333,7 @@ def _class_code(t: type, active: set[int]) -> bytes:
     return code
 
 
-_PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: its code}), `_class_code`
+_PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: its code}), `class_code`
 
 
 def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -329,8 +347,18 @@ def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[i
 
 
 def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"R" + type_name(type(v)))
-    encode_into(repr(v), out, active)  # datetime, decimal, uuid, fractions: exact, deterministic reprs
+    """datetime, decimal, uuid, fractions: exact, deterministic reprs. A subclass's by its base's
+    repr (one of its own may leave the value out), its code and its attributes."""
+    t = type(v)
+    base = next(c for c in t.__mro__ if c.__module__ in _BY_REPR)
+    out(b"R" + type_name(t))
+    encode_into(base.__repr__(v), out, active)  # type: ignore[call-arg]  # (the base's own, given `v`)
+    if base is not t:
+        out(class_code(t, active))
+        _container_state(v, out, active)
+
+
+_BY_REPR = ("datetime", "decimal", "uuid", "fractions")
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -350,20 +378,46 @@ def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
 
 
 def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """An instance of a user class by its state (slots included); anything else cannot be hashed."""
+    """An instance of a user class by its state (slots included); anything else cannot be hashed,
+    nor can a user class built on a type that keeps its value where attributes cannot show it (a
+    subclass of `io.BytesIO`: every instance would get one key). An exception by its `args` too."""
     t = type(v)
     if not (is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__"))):
         raise _cannot(t)
-    state = dict(getattr(v, "__dict__", {}))
-    for cls in t.__mro__:
-        for s in getattr(cls, "__slots__", ()):
-            if isinstance(s, str) and hasattr(v, s) and s not in ("__dict__", "__weakref__"):
-                state[s] = getattr(v, s)
+    hidden = _native_bases(t)
+    if hidden and not issubclass(t, BaseException):
+        base = f"{hidden[0].__module__}.{hidden[0].__qualname__}"
+        raise UnhashableError(f"a {t.__module__}.{t.__qualname__} is built on {base}, whose value its attributes "
+                              f"do not show; {UNHASHABLE_FIXES}", t)
+    state = instance_fields(v)
     if not state and not hasattr(v, "__dict__"):
         raise _cannot(t)
+    if hidden:
+        state = {"__args__": v.args, **state}
     if _PUBLIC_ONLY.get():
         state = {k: x for k, x in state.items() if not k.startswith("_")}
     encode_object(v, b"O", state, out, active)
+
+
+def instance_fields(v: Any) -> dict[str, Any]:
+    """An instance's attributes: its `__dict__` and the slots its classes declare."""
+    fields = dict(getattr(v, "__dict__", None) or {})
+    for cls in type(v).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(v, name):
+                fields[name] = getattr(v, name)
+    return fields
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a `class` statement, whose state attributes show
+
+
+def _native_bases(t: type) -> tuple[type, ...]:
+    """The bases of `t` written in C that hold more than a plain object does (`datetime.date`,
+    `io.BytesIO`, `BaseException`): what they hold is no attribute."""
+    return tuple(c for c in t.__mro__ if c is not object and not c.__flags__ & _HEAP_TYPE
+                 and c.__basicsize__ > object.__basicsize__)
 
 
 _EXACT: dict[type, Encoder] = {type(None): _encode_none, bool: _encode_bool, int: _encode_int,
@@ -381,7 +435,7 @@ def encode_object(v: Any, tag: bytes, fields: dict[str, Any], out: Callable[[byt
     a library's: its methods change results) and its fields; a field that cannot be hashed is
     reported by its attribute path."""
     t = type(v)
-    code = _class_code(t, active) if is_user_module(t.__module__) else module_identity(t.__module__)
+    code = class_code(t, active) if is_user_module(t.__module__) else module_identity(t.__module__)
     out(tag + type_name(t) + code)
     _guard(v, active)
     encode_attributes(fields, out, active)
@@ -440,7 +494,7 @@ _OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operat
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: issubclass(t, os.PathLike), _encode_path),
-    (lambda t: t.__module__ in ("datetime", "decimal", "uuid", "fractions"), _encode_by_repr),
+    (lambda t: any(c.__module__ in _BY_REPR for c in t.__mro__), _encode_by_repr),
     (dataclasses.is_dataclass, _encode_dataclass),
     (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
     (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
@@ -465,6 +519,9 @@ for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dic
                       # what a dataclass's generated __init__ holds for a field with a default_factory
                       (type(dataclasses._HAS_DEFAULT_FACTORY), identified_by(lambda _: "default_factory"))):  # type: ignore[attr-defined]
     _register(_cls, _encoder)
+
+# Types keyed by their value alone, whose user subclasses add their code and attributes (`_resolve`).
+_VALUE_ONLY = frozenset({array.array, collections.deque, types.SimpleNamespace})
 
 # Library types (`hardy.hashing.libraries`), registered when their module is first seen loaded.
 _LAZY: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {}
