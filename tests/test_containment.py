@@ -319,6 +319,33 @@ def test_worker_log_records_reach_the_parents_handlers():
     assert lines == [f"INFO mynodes {i} embedding {i}" for i in range(3)]
 
 
+def test_a_loggers_own_level_below_the_roots_lets_its_records_through():
+    """A project's logger at INFO with its own handler, the root left at WARNING: in-process its
+    INFO records are handled; from a worker too (the worker used to send the root's level only)."""
+    out = run_script("""
+        import logging, sys
+        from hardy import Pipeline, node
+        log = logging.getLogger("myproject")
+        log.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+        log.addHandler(handler)
+
+        @node(output_name="y")
+        def step(x):
+            log.info("processing %s", x)
+            log.debug("not shown %s", x)
+            logging.getLogger("other").info("not shown either %s", x)
+            return x
+
+        Pipeline([step]).map(inputs={"x": [0, 1]}, map_over="x")
+    """)
+    assert out.returncode == 0, out.stderr
+    assert sorted(ln for ln in out.stdout.splitlines() if ln) == ["INFO myproject processing 0",
+                                                                   "INFO myproject processing 1"]
+    assert "not shown" not in out.stdout + out.stderr
+
+
 @node(output_name="r", retries=1)
 def dies_once(x: int, marker: str) -> int:
     if not os.path.exists(marker):

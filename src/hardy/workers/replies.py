@@ -65,7 +65,8 @@ class Forward(logging.Handler):
             self.handleError(record)
 
     def install(self, status: StatusWords) -> None:
-        """Records at the parent's root level (passed as HARDY_LOG_LEVEL) go to the parent."""
+        """Records at the lowest level a parent's logger handles (passed as HARDY_LOG_LEVEL,
+        `process.forwarded_level`) go to the parent, whose loggers' levels then decide."""
         self.status = status
         root = logging.getLogger()
         root.handlers[:] = [self]
