@@ -166,6 +166,7 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
              make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     runner, stream, group = engine.window_runner(), _Stream(plan), batched(plan)
     start, pulled = 0, _Pulled(items, group.wait if group is not None else None)
+    running: list[Results] = []  # (ordered) the windows submitted and not handed out yet, oldest first
 
     def submit() -> bool:
         nonlocal start
@@ -175,6 +176,7 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
         results: Results
         if ordered:
             results = make_results(start, chunk, Results)
+            running.append(results)
         else:
             results = streamed = make_results(start, chunk, _Streamed)
             streamed.finished = stream.finished
@@ -185,7 +187,13 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
     try:
         pending = submit() + submit()
         while pending:
-            message = stream.finished.get()
+            try:
+                message = stream.finished.get()
+            except KeyboardInterrupt:  # Ctrl-C as it waits for a window: what finished in order is handed
+                if ordered and running:  # out first (the sequential executor would have yielded it), then raised
+                    runner.cancel(stream)
+                    yield from _finished_prefix(running[0])
+                raise
             if isinstance(message, BaseException):
                 raise message
             results, j = message
@@ -199,6 +207,7 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
             pending -= 1
             pending += submit()  # a window is done: let the next one in before handing this one out
             if ordered:
+                running.remove(results)
                 for k in range(len(results.values)):
                     yield results, k
         pulled.raise_error()
