@@ -146,6 +146,7 @@ def test_a_crash_in_a_nested_map_costs_only_its_inner_item_under_run_and_map():
     err = out["tokens"][1].error
     # named by its path, as an exception in it would be
     assert isinstance(err, NodeCrashed) and err.node == "prep/tokenize" and err.item == 1 and err.signal == "SIGSEGV"
+    assert "failed on item 1 (inputs: doc='poison')" in str(err)  # the inner item's, as an exception's names them
     rows = outer.map(inputs={"docs": [["a", "poison"], ["b"], ["poison", "poison", "d"]]}, map_over="docs")
     assert [r["n"] for r in rows] == [1, 1, 1]
     assert [i for i, t in enumerate(rows[2]["tokens"]) if isinstance(t, Failed)] == [0, 1]

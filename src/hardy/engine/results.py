@@ -296,7 +296,12 @@ def _skipping(run: Callable[[dict[str, Any], int], dict[str, Any]],
 
     def skipping(item: dict[str, Any], i: int) -> dict[str, Any]:
         if i in crashed:
-            raise crashed[i]
+            err = crashed[i]
+            if not err.inputs_summary:  # (the parent that made it never saw this inner item: it is here)
+                from ..plan.compiled import KEYS
+                from ..wording import summarize
+                err.inputs_summary = summarize({k: v for k, v in item.items() if k != KEYS})
+            raise err
         return run(item, i)
     return skipping
 
