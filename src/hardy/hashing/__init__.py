@@ -1,7 +1,8 @@
 """Deterministic fingerprints for cache keys: of values (`values.py`, `libraries.py`) and of code (`code.py`).
 
 The two recurse into each other (a value's class is hashed by its code, a function's globals by
-their values); `code` imports `values` and installs its fingerprint there, and `libraries` (numpy,
+their values); `code` imports `values` and installs its fingerprint in `classes` (what a value's
+class adds to its key: its code, an instance's attributes), and `libraries` (numpy,
 pandas, torch... encoders) registers its types there the same way, so importing this package loads
 all three. `callables.py` keys each kind of callable by what it runs (a bound method with its
 instance, a partial with its arguments...), `distributions.py` library code by the installed

@@ -27,12 +27,13 @@ from blake3 import blake3
 
 from ..errors import UnhashableError
 from .callables import KINDS, kind_of, library_function, resolves
+from .classes import install_code_fingerprint
 from .distributions import module_identity
 from .origin import is_user_file, is_user_module
 from .reach import Reach as Reach
 from .reach import note_read, recorder
 from .reach import recording as recording
-from .values import ABSENT, DIGEST, encode_into, install_code_fingerprint, length, type_name
+from .values import ABSENT, DIGEST, encode_into, length, type_name
 
 
 class _Cell:

@@ -17,17 +17,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnhashableError
+from .classes import class_code, instance_fields
 from .distributions import module_identity
 from .origin import is_user_module
 from .values import (
     Encoder,
-    class_code,
     encode_attributes,
     encode_callable,
     encode_into,
     encode_object,
     identified_by,
-    instance_fields,
     length,
     register_library,
     type_name,

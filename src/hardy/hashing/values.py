@@ -37,6 +37,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UNHASHABLE_FIXES, UnhashableError
+from .classes import class_code, code_fingerprint_of, instance_fields, native_bases
 from .distributions import module_identity
 from .origin import is_user_module
 
@@ -47,16 +48,6 @@ CONTENT_TOKEN = 64 * 1024  # bytes: a tensor or read-only array up to this is wa
 Encoder = Callable[[Any, Callable[[bytes], Any], set[int]], None]  # (value, out, values being encoded)
 
 ABSENT = object()  # a name that is not there (a sentinel no value can be)
-
-# Values and code recurse into each other: a function or a user class inside a value is hashed by its
-# code, and a function's globals by their values. `hardy.hashing.code` imports this module and
-# installs its fingerprint here, so that the import graph points one way (code -> values).
-_code_fingerprint: list[Callable[[Any], bytes]] = []
-
-
-def install_code_fingerprint(fingerprint: Callable[[Any], bytes]) -> None:
-    _code_fingerprint[:] = [fingerprint]
-
 
 # Value hashing is a table keyed by type, looked up along the value's MRO (the most specific class
 # wins), as dask's `normalize_token`: built-in types are registered below with `_register`, library
@@ -314,31 +305,9 @@ def member_attributes(member: enum.Enum) -> dict[str, Any]:
 _ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})
 
 
-def class_code(t: type, active: set[int]) -> bytes:
-    """A user class's code (`hardy.hashing.code`), which its instances' methods run: an Enum's, a
-    named tuple's, a subclass of a built-in type's, a plain object's (`encode_object`); nothing for
-    a library's class (its name says it, with the library's version where that matters). Once per
-    class in one hashing pass (the pass's `active` set names it): a list of 10,000 named tuples
-    fingerprints their class once, not 10,000 times; a class changed between two passes is
-    fingerprinted again."""
-    if not is_user_module(t.__module__):
-        return b""
-    memo: tuple[set[int], dict[type, bytes]] | None = getattr(_PASS, "memo", None)
-    if memo is None or memo[0] is not active:
-        memo = _PASS.memo = (active, {})
-    code = memo[1].get(t)
-    if code is None:
-        code = memo[1][t] = _code_fingerprint[0](t)  # (hashes values of its own: passes of their own)
-        _PASS.memo = memo
-    return code
-
-
-_PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: its code}), `class_code`
-
-
 def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A callable inside a value: by its code fingerprint (`hardy.hashing.code`)."""
-    out(b"Fn" + _code_fingerprint[0](v))
+    out(b"Fn" + code_fingerprint_of(v))
 
 
 def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -384,7 +353,7 @@ def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) 
     t = type(v)
     if not (is_user_module(t.__module__) and (hasattr(v, "__dict__") or hasattr(t, "__slots__"))):
         raise _cannot(t)
-    hidden = _native_bases(t)
+    hidden = native_bases(t)
     if hidden and not issubclass(t, BaseException):
         base = f"{hidden[0].__module__}.{hidden[0].__qualname__}"
         raise UnhashableError(f"a {t.__module__}.{t.__qualname__} is built on {base}, whose value its attributes "
@@ -397,27 +366,6 @@ def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) 
     if _PUBLIC_ONLY.get():
         state = {k: x for k, x in state.items() if not k.startswith("_")}
     encode_object(v, b"O", state, out, active)
-
-
-def instance_fields(v: Any) -> dict[str, Any]:
-    """An instance's attributes: its `__dict__` and the slots its classes declare."""
-    fields = dict(getattr(v, "__dict__", None) or {})
-    for cls in type(v).__mro__:
-        slots = getattr(cls, "__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(v, name):
-                fields[name] = getattr(v, name)
-    return fields
-
-
-_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a `class` statement, whose state attributes show
-
-
-def _native_bases(t: type) -> tuple[type, ...]:
-    """The bases of `t` written in C that hold more than a plain object does (`datetime.date`,
-    `io.BytesIO`, `BaseException`): what they hold is no attribute."""
-    return tuple(c for c in t.__mro__ if c is not object and not c.__flags__ & _HEAP_TYPE
-                 and c.__basicsize__ > object.__basicsize__)
 
 
 _EXACT: dict[type, Encoder] = {type(None): _encode_none, bool: _encode_bool, int: _encode_int,

@@ -1,0 +1,70 @@
+"""What a value's class adds to its key: the class's code, for a user class (its methods are code
+the node runs), and what an instance holds besides its value.
+
+Values and code recurse into each other: a function or a user class inside a value is hashed by
+its code, and a function's globals by their values. `hardy.hashing.code` imports the value
+encoders and installs its fingerprint here (`install_code_fingerprint`), so that the import graph
+points one way (code -> values -> classes).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .origin import is_user_module
+
+_code_fingerprint: list[Callable[[Any], bytes]] = []
+
+
+def install_code_fingerprint(fingerprint: Callable[[Any], bytes]) -> None:
+    _code_fingerprint[:] = [fingerprint]
+
+
+def code_fingerprint_of(obj: Any) -> bytes:
+    """`hardy.hashing.code.code_fingerprint`, as installed."""
+    return _code_fingerprint[0](obj)
+
+
+def class_code(t: type, active: set[int]) -> bytes:
+    """A user class's code (`hardy.hashing.code`), which its instances' methods run: an Enum's, a
+    named tuple's, a subclass of a built-in type's, a plain object's (`values.encode_object`);
+    nothing for a library's class (its name says it, with the library's version where that
+    matters). Once per class in one hashing pass (the pass's `active` set names it): a list of
+    10,000 named tuples fingerprints their class once, not 10,000 times; a class changed between
+    two passes is fingerprinted again."""
+    if not is_user_module(t.__module__):
+        return b""
+    memo: tuple[set[int], dict[type, bytes]] | None = getattr(_PASS, "memo", None)
+    if memo is None or memo[0] is not active:
+        memo = _PASS.memo = (active, {})
+    code = memo[1].get(t)
+    if code is None:
+        code = memo[1][t] = _code_fingerprint[0](t)  # (hashes values of its own: passes of their own)
+        _PASS.memo = memo
+    return code
+
+
+_PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: its code}), `class_code`
+
+
+def instance_fields(v: Any) -> dict[str, Any]:
+    """An instance's attributes: its `__dict__` and the slots its classes declare."""
+    fields = dict(getattr(v, "__dict__", None) or {})
+    for cls in type(v).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(v, name):
+                fields[name] = getattr(v, name)
+    return fields
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a `class` statement, whose state attributes show
+
+
+def native_bases(t: type) -> tuple[type, ...]:
+    """The bases of `t` written in C that hold more than a plain object does (`datetime.date`,
+    `io.BytesIO`, `BaseException`): what they hold is no attribute."""
+    return tuple(c for c in t.__mro__ if c is not object and not c.__flags__ & _HEAP_TYPE
+                 and c.__basicsize__ > object.__basicsize__)
