@@ -2,7 +2,10 @@
 anything from `__main__` (workers never import the user's main script, so its classes and
 functions travel by value), code keeping its file name and line numbers (`_reduce_code`), so crash
 stacks name the user's lines; and, to and from hardy's own workers, big torch tensors and
-bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `shipping.transport`).
+bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `shipping.transport`);
+and what the libraries' own pickling drops kept: a tensor's `.grad` (`_reduce_tensor`), an ndarray
+subclass's instance attributes (`_reduce_array`); an open text file refused, as a binary one is,
+where cloudpickle would send a `StringIO` copy of it (`ByValuePickler`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import copyreg
 import io
 import linecache
 import marshal
+import operator
 import os
 import pickle
 import sys
@@ -48,8 +52,8 @@ def quick(obj: Any, main: bool = True) -> bytes | None:
     be pickled plainly, or, `main`, refers to `__main__`), for the caller to pack it the full way.
     The one pickling most messages between the parent and its workers need: small ones."""
     try:
-        if "torch" in sys.modules:  # (its tensors pickle another way here: `_reductions`)
-            data = _kept().dump(obj, _in_band)
+        if "torch" in sys.modules or "numpy" in sys.modules:  # (their tensors, and ndarray subclasses,
+            data = _kept().dump(obj, _in_band)  # pickle another way here: `_reductions`)
         else:  # the same pickle, from C alone (a memoryview, which `_reductions` handles, fails it)
             data = pickle.dumps(obj, protocol=5, buffer_callback=_in_band)
             if len(data) >= THRESHOLD:  # a big bytes in it: out of band, the full way
@@ -68,8 +72,18 @@ def _in_band(buf: Any) -> bool:
 def _pickled(obj: Any, buffer_callback: Callable[[Any], bool] | None, by_value: bool) -> bytes:
     if buffer_callback is not None:
         return out_of_band(obj, buffer_callback, by_value)
-    data: bytes = cloudpickle.dumps(obj, protocol=5) if by_value else pickle.dumps(obj, protocol=5)
-    return data
+    if by_value:  # (not cloudpickle.dumps: `ByValuePickler` refuses an open text file, keeps a tensor's grad)
+        with io.BytesIO() as file:
+            ByValuePickler(file, protocol=5).dump(obj)
+            return file.getvalue()
+    if "torch" not in sys.modules and "numpy" not in sys.modules:
+        data: bytes = pickle.dumps(obj, protocol=5)
+        return data
+    with io.BytesIO() as file:  # every buffer in band: tensors as torch pickles them (`_in_band_table`)
+        pickler = pickle.Pickler(file, protocol=5)
+        pickler.dispatch_table = _in_band_table()
+        pickler.dump(obj)
+        return file.getvalue()
 
 
 def pickled_by_value(obj: Any) -> bytes:
@@ -164,7 +178,57 @@ _KEPT: dict[int, _Kept] = {}
 
 def _dispatch_table() -> dict[Any, Any]:
     """copyreg's reductions, with `_reductions` ahead of them."""
-    return {**copyreg.dispatch_table, **_reductions()}
+    return _Table({**copyreg.dispatch_table, **_reductions()})
+
+
+def _in_band_table() -> dict[Any, Any]:
+    """`_dispatch_table` for a pickle that keeps every buffer in band: a tensor pickled as torch
+    pickles it (its `.grad` kept), not as a buffer for the transport."""
+    table = _dispatch_table()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        table[torch.Tensor] = _reduce_tensor_as_torch
+    return table
+
+
+class _Table(dict):  # type: ignore[type-arg]
+    """A C pickler's dispatch table that also finds hardy's reduction for a subclass (of
+    `numpy.ndarray`, of `torch.Tensor`: `_subclass_reduction`), which a lookup by exact type cannot
+    name in advance. The pickler looks every type up once per object; a type the table lacks is
+    decided here once and kept: another type gets the pickler's own default (`__reduce_ex__(5)`,
+    called from C), a class of another metaclass its name (as the pickler's `save_global`). So no
+    object costs a Python call past its type's first."""
+
+    def __missing__(self, kind: type) -> Any:
+        found = _subclass_reduction(kind)
+        if found is None:
+            found = _BY_NAME if issubclass(kind, type) else _DEFAULT
+        if len(self) < 4096:  # (types made at run time, without end: decided anew past that)
+            self[kind] = found
+        return found
+
+
+_DEFAULT = operator.methodcaller("__reduce_ex__", 5)  # what the C pickler does without a table entry
+_BY_NAME = operator.attrgetter("__qualname__")  # a string: the pickler saves the object as a global
+
+
+def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
+    """hardy's reduction for objects of `kind` that `_reductions` cannot list by exact type: a
+    tensor subclass (a `nn.Parameter`: its grad), an ndarray subclass that pickles as numpy does
+    (its instance attributes); None for any other type."""
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and issubclass(kind, torch.Tensor) and kind is not torch.Tensor:
+            return _reduce_tensor_as_torch
+        numpy = sys.modules.get("numpy")
+        if (numpy is not None and issubclass(kind, numpy.ndarray) and kind is not numpy.ndarray
+                and not issubclass(kind, numpy.memmap)  # (its attributes are its file's mapping: the data travels)
+                and kind.__reduce_ex__ is numpy.ndarray.__reduce_ex__
+                and kind.__reduce__ is numpy.ndarray.__reduce__):
+            return _reduce_array
+    except Exception:  # (a metaclass whose subclass check raises: the pickler's own way)
+        pass
+    return None
 
 
 
@@ -189,15 +253,25 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.ours = _reductions()
+        self.ours: dict[type, Callable[[Any], Any] | None] = dict(_reductions())
 
     def reducer_override(self, obj: Any) -> Any:
-        reduce = self.ours.get(type(obj))
+        kind = type(obj)
+        reduce = self.ours.get(kind, _UNSEEN)
+        if reduce is _UNSEEN:
+            reduce = self.ours[kind] = _subclass_reduction(kind)
         if reduce is not None:
             return reduce(obj)
-        if type(obj) is types.CodeType:
+        if kind is types.CodeType:
             return _reduce_code(obj)
+        if kind is io.TextIOWrapper and obj is not sys.stdout and obj is not sys.stderr:
+            # cloudpickle would send a StringIO of what is left to read: another object than the
+            # file the node has in this process. Refused as pickle refuses a binary file.
+            raise TypeError(f"cannot pickle {kind.__module__ + '.' + kind.__qualname__!r} object")
         return super().reducer_override(obj)
+
+
+_UNSEEN: Any = object()
 
 
 def main_by_value_in_pools() -> None:
@@ -305,11 +379,79 @@ def _reduce_tensor(tensor: Any) -> Any:
     plus dtype, shape and requires_grad: out of band, so that it arrives as a view of the shared
     pages (`_tensor`), where torch would have written a copy of its storage into the pickle. Any
     other tensor (not contiguous, not on the CPU, sparse, quantized, named, conjugated, part of an
-    autograd graph, with attributes of its own) is pickled the way torch does it."""
+    autograd graph, with attributes of its own) is pickled the way torch does it. Either way its
+    `.grad`, which torch's pickling drops, travels with it (`_with_grad`)."""
     data = _tensor_bytes(tensor)
     if data is None:
-        return tensor.__reduce_ex__(5)
-    return _tensor, (pickle.PickleBuffer(data), tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
+        return _reduce_tensor_as_torch(tensor)
+    reduced = _tensor, (pickle.PickleBuffer(data), tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
+    return _with_grad(tensor, reduced)
+
+
+def _reduce_tensor_as_torch(tensor: Any) -> Any:
+    """A tensor (or a subclass's: a `nn.Parameter`) pickled as torch pickles it, its grad kept."""
+    return _with_grad(tensor, tensor.__reduce_ex__(5))
+
+
+def _with_grad(tensor: Any, reduced: Any) -> Any:
+    """`reduced` (the tensor's reduction) with its grad, set once the tensor is rebuilt (a grad
+    is not part of torch's pickle: a saliency map, a gradient a node computed, would arrive None).
+    A tensor outside autograd's leaves holds none unless it retains it; its `.grad` is not read
+    (it warns)."""
+    if not (tensor.is_leaf or tensor.retains_grad):
+        return reduced
+    grad = tensor.grad
+    if grad is None:
+        return reduced
+    return _with_state(reduced, grad, _set_grad)
+
+
+def _set_grad(tensor: Any, grad: Any) -> None:
+    tensor.grad = grad
+
+
+def _with_state(reduced: Any, extra: Any, setter: Callable[[Any, Any], None]) -> Any:
+    """The reduction `reduced`, extended with `setter(obj, extra)` once its own state is set
+    (pickle's state setter, run after the object is memoized: `extra` may refer to it)."""
+    if isinstance(reduced, str):  # (a global: nothing to add to)
+        return reduced
+    func, args, state, items, entries, setter_of_its_own = (*reduced, None, None, None, None)[:6]
+    return func, args, (state, setter_of_its_own, extra, setter), items, entries, _set_both
+
+
+def _set_both(obj: Any, states: tuple[Any, Any, Any, Callable[[Any, Any], None]]) -> None:
+    """The object's own state set as pickle's BUILD sets it, then hardy's (`_with_state`)."""
+    state, setter, extra, ours = states
+    if setter is not None:
+        setter(obj, state)
+    elif state is not None:
+        setstate = getattr(obj, "__setstate__", None)
+        if setstate is not None:
+            setstate(state)
+        else:
+            slots = None
+            if isinstance(state, tuple) and len(state) == 2:
+                state, slots = state
+            if state:
+                obj.__dict__.update(state)
+            for name, value in (slots or {}).items():
+                setattr(obj, name, value)
+    ours(obj, extra)
+
+
+def _reduce_array(array: Any) -> Any:
+    """An ndarray subclass's instance as numpy pickles it (the subclass, its data), plus the
+    attributes it holds (numpy's pickle drops them: `meta` set in `__array_finalize__`, as numpy's
+    subclassing guide does, would arrive None), set after numpy's state, once the instance is made."""
+    reduced = array.__reduce_ex__(5)
+    attributes = getattr(array, "__dict__", None)
+    if not attributes:
+        return reduced
+    return _with_state(reduced, dict(attributes), _set_attributes)
+
+
+def _set_attributes(obj: Any, attributes: dict[str, Any]) -> None:
+    obj.__dict__.update(attributes)
 
 
 def _tensor_bytes(tensor: Any) -> Any:

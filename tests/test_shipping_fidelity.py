@@ -1,0 +1,168 @@
+"""What crosses to a worker and back is what the sequential executor hands over, or a clear refusal
+(docs/same-answer.md): values whose libraries' own pickling loses part of them, through real
+worker processes, each compared with the sequential executor's answer.
+
+- an open text file: cloudpickle would send a `StringIO` copy of what is left to read; it is
+  refused as a binary file is (an input: the item fails, or the call before anything runs; a
+  result: its item fails);
+- an ndarray subclass's instance attributes (numpy's pickle drops them): they arrive;
+- a tensor's `.grad` (torch's pickle drops it), a module's parameters' too: it arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import needs_torch
+from hardy import Engine, Failed, Pipeline, node
+from hardy.buffers import THRESHOLD
+from hardy.errors import PicklingError
+
+pytestmark = pytest.mark.timeout(180)
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+@pytest.fixture(scope="module")
+def engines():
+    process = Engine(map_executor="process", workers=2)
+    yield {"sequential": Engine(map_executor="sequential"), "process": process}
+    process.close()
+
+
+@node(output_name="f")
+def opened(mode: str):
+    return open(__file__, mode)
+
+
+@node(output_name="kind")
+def kind_of(fh, x):
+    return type(fh).__name__
+
+
+def test_an_open_text_file_returned_fails_its_item_as_a_binary_file_does(engines):
+    got = Pipeline([opened], engine=engines["process"]).map(inputs={"mode": ["r", "rb"]}, map_over="mode",
+                                                           on_error="continue")
+    assert all(isinstance(o, Failed) for o in got), got  # (a StringIO copy came back before)
+    for o, kind in zip(got, ("_io.TextIOWrapper", "_io.BufferedReader")):
+        assert f"its output 'f' ({kind}) cannot be pickled back to the parent process" in str(o.error)
+        assert f"cannot pickle '{kind}' object" in str(o.error)
+    here = Pipeline([opened], engine=engines["sequential"]).map(inputs={"mode": ["r"]}, map_over="mode")
+    assert type(here[0]["f"]).__name__ == "TextIOWrapper"  # (what a worker cannot hand back)
+    here[0]["f"].close()
+
+
+@pytest.mark.parametrize("mode", ["r", "rb"])
+def test_an_open_text_file_given_is_refused_as_a_binary_file_is(engines, mode):
+    pipeline = Pipeline([kind_of], engine=engines["process"])
+    with open(__file__, mode) as one, open(__file__, mode) as two:
+        got = pipeline.map(inputs={"fh": [one, two], "x": 1}, map_over="fh", on_error="continue")
+        assert all(isinstance(o, Failed) for o in got), got  # (the node saw a StringIO before)
+        kind = type(one).__name__
+        for o in got:
+            assert f"input 'fh' (_io.{kind}) cannot be pickled to be sent" in str(o.error)
+            assert "Pass plain data (or a path) instead" in str(o.error)
+        with pytest.raises(PicklingError, match=rf"input 'fh' \(_io.{kind}, given to every item\) cannot be sent"):
+            pipeline.map(inputs={"fh": one, "x": [1, 2]}, map_over="x")  # before anything runs
+        here = Pipeline([kind_of], engine=engines["sequential"]).map(inputs={"fh": [one], "x": 1}, map_over="fh")
+        assert here[0]["kind"] == kind
+
+
+class Image(np.ndarray):
+    """numpy's subclassing recipe: an attribute set in `__array_finalize__`."""
+
+    def __new__(cls, a, meta=None):
+        obj = np.asarray(a).view(cls)
+        obj.meta = meta
+        return obj
+
+    def __array_finalize__(self, obj):
+        self.meta = getattr(obj, "meta", None)
+
+
+@node(output_name="cam")
+def camera(img):
+    return (type(img).__name__, img.meta, float(img.sum()))
+
+
+@node(output_name="img")
+def load(i: int):
+    return {"small": Image(np.full(3, i), meta={"camera": f"cam{i}"}),
+            "big": Image(np.full(THRESHOLD // 8 + 1, float(i)), meta=f"big{i}")}  # (> 1 MiB: the big path)
+
+
+def test_an_ndarray_subclass_keeps_its_attributes_both_ways(engines):
+    images = [Image([1, 2], meta={"camera": "left"}), Image(np.ones(THRESHOLD // 8 + 1), meta="big")]
+    answers = {}
+    for name, engine in engines.items():
+        read = Pipeline([camera], engine=engine).map(inputs={"img": images}, map_over="img")
+        made = Pipeline([load], engine=engine).map(inputs={"i": [7]}, map_over="i")[0]["img"]
+        answers[name] = ([r["cam"] for r in read],
+                         [(type(a).__name__, a.meta, float(a.sum())) for a in (made["small"], made["big"])])
+    assert answers["process"] == answers["sequential"]  # (meta None in a worker, and back, before)
+    assert answers["sequential"][0][0] == ("Image", {"camera": "left"}, 3.0)
+
+
+SALIENCY = """
+    import torch
+    from hardy import Engine, Pipeline, node
+
+    @node(output_name="image")
+    def saliency(model, seed):
+        image = torch.rand(4, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        model(image).sum().backward()
+        return image                        # the caller reads image.grad
+
+    @node(output_name="trained")
+    def one_step(model, seed):
+        m = torch.nn.Linear(4, 1)
+        m.load_state_dict(model.state_dict())
+        m(torch.ones(4)).sum().backward()
+        return m                            # the caller reads m.weight.grad
+
+    @node(output_name="grads")
+    def grads_of(x, w):
+        return (x.grad.tolist(), w.grad.tolist(), type(w).__name__)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x = torch.rand(3, requires_grad=True)
+    (x * 2).sum().backward()
+    w = torch.nn.Parameter(torch.ones(2))
+    (w * 3).sum().backward()
+    big = torch.rand(300_000, requires_grad=True)   # over 1 MiB: out of band
+    big.sum().backward()
+    for name in ("sequential", "process"):
+        engine = Engine(map_executor=name, workers=2)
+        out = Pipeline(nodes=[saliency], engine=engine).map(inputs={"model": model, "seed": [1, 2]}, map_over="seed")
+        print(name, "image.grad", [r["image"].grad.tolist() for r in out])
+        t = Pipeline(nodes=[one_step], engine=engine).run(inputs={"model": model, "seed": 0})
+        print(name, "weight.grad", t["trained"].weight.grad.tolist(), t["trained"].bias.grad.tolist())
+        g = Pipeline(nodes=[grads_of], engine=engine).map(inputs={"x": [x, x], "w": w}, map_over="x")
+        print(name, "inputs' grads", [r["grads"] for r in g])
+        b = Pipeline(nodes=[grads_of], engine=engine).run(inputs={"x": big, "w": w})
+        print(name, "big input's grad", b["grads"][0] == big.grad.tolist())
+        engine.close()
+"""
+
+
+def test_a_tensor_keeps_its_grad_both_ways(tmp_path):
+    """torch in a subprocess (conftest.needs_torch): a leaf's `.grad`, a node's input and its
+    result, a module's parameters' grads, a `Parameter` and a tensor over 1 MiB."""
+    needs_torch()
+    out = subprocess.run([sys.executable, "-"], input=textwrap.dedent(SALIENCY), text=True, capture_output=True,
+                         timeout=150, cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    seq = [line.split(" ", 1)[1] for line in lines if line.startswith("sequential ")]
+    process = [line.split(" ", 1)[1] for line in lines if line.startswith("process ")]
+    assert len(seq) == 4 and "None" not in " ".join(seq), lines
+    assert process == seq  # (every grad None in a worker, and back, before)
+    assert seq[-1] == "big input's grad True"
