@@ -335,7 +335,7 @@ def test_an_engine_that_is_not_installed_names_the_extra():
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERNAL = {"Exited": "a node's SystemExit inside the plan, turned back into it before any caller sees it",
-            "Escaped": "a batch call's BaseException inside the plan, turned back into it before any caller sees it",
+            "Escaped": "a node's other BaseException out of an asyncio task, turned back into it before any caller sees it",
             "PipelineRefused": "a worker's refusal of a pipeline, raised as one ReplicaError before any caller sees it",
             "NodeInterrupted": "a node's KeyboardInterrupt in a worker, raised as one before any caller sees it"}
 

@@ -65,7 +65,8 @@ def _run(_v, _item=None):
         _s = 2
         if head.__class__ in _LAZY: _lazy('head', head)
         if tail.__class__ in _LAZY: _lazy('tail', tail)
-    except _Exception as _e:
+    except BaseException as _e:
+        if _passes(_e): raise
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words, 'head': head, 'tail': tail}
 """
@@ -96,7 +97,8 @@ def _run(_v, _item=None):
         if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
         _s = 1
         if n_words.__class__ in _LAZY: _lazy('n words', n_words)
-    except _Exception as _e:
+    except BaseException as _e:
+        if _passes(_e): raise
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words}
 """
@@ -128,7 +130,8 @@ def _run(_v, _item=None):
         if n_words.__class__ in _LAZY: _lazy('n words', n_words)
         _s = 2
         if n_chars.__class__ in _LAZY: _lazy('n chars', n_chars)
-    except _Exception as _e:
+    except BaseException as _e:
+        if _passes(_e): raise
         raise _fail(_s, _e, locals())
     return {'cleaned': cleaned, 'n words': n_words, 'n chars': n_chars}
 """
@@ -165,7 +168,8 @@ async def _run(_v, _item=None):
         if b.__class__ in _LAZY: _lazy('b', b)
         _s = 2
         if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
-    except _Exception as _e:
+    except BaseException as _e:
+        if _passes(_e): raise
         raise _fail(_s, _e, locals())
     return {'a': a, 'b': b, 'cleaned': cleaned}
 """
@@ -184,7 +188,8 @@ def _run(_v, _item=None):
         n_words = count_result
         n_words_key = count_key
         if n_words.__class__ in _LAZY: _lazy('n words', n_words)
-    except _Exception as _e:
+    except BaseException as _e:
+        if _passes(_e): raise
         raise _fail(_s, _e, locals())
     return {'n words': n_words, '__hardy_keys__': {'n words': n_words_key}}
 """

@@ -562,9 +562,9 @@ class Exited(HardyError, RuntimeError):
 
 
 class Escaped(Exited):
-    """A batch call's BaseException that is neither an Exception nor a SystemExit (a `class
-    Stop(BaseException)`), handed to its item as an ordinary exception: the plan fails that item,
-    naming it as the cause, instead of letting it end the map and the caller (`hardy.parts.batching`)."""
+    """A node's BaseException that is neither an Exception nor a SystemExit (GeneratorExit, its own
+    CancelledError, a `class Stop(BaseException)`), carried out of an asyncio task as `Exited`
+    carries a SystemExit: the plan fails the item naming it as the cause (`model.policy.carried`)."""
 
     def __init__(self, exc: BaseException):
         RuntimeError.__init__(self, f"{type(exc).__name__}: {exc}")

@@ -19,11 +19,12 @@ together (a flaky service) do not retry in lockstep. `backoff=0` (the default) r
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import Exited, NodeDefinitionError, NodeTimeout
+from ..errors import Escaped, Exited, NodeDefinitionError, NodeTimeout
 from .executor import IsolatedCall
 
 BACKOFF_MAX = 60.0  # seconds: the longest delay before one retry
@@ -108,11 +109,43 @@ def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseE
     return call
 
 
+def passes(exc: BaseException) -> bool:
+    """Whether `exc`, leaving a node's call, goes on up rather than failing its item: a
+    KeyboardInterrupt (Ctrl-C, or a node's own: it interrupts the call on every executor), or the
+    CancelledError of a cancel asked of the asyncio task it left (a timeout, an interrupted map:
+    asyncio's own). Any other, `sys.exit()`, GeneratorExit, a CancelledError the node raised
+    itself, a library's `class Stop(BaseException)`, fails the item as an exception does: left
+    through, it ended a map on one executor and a worker on another (docs/failures.md)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    asyncio = sys.modules.get("asyncio")  # (not imported: no CancelledError was made)
+    if asyncio is None or not isinstance(exc, asyncio.CancelledError):
+        return False
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no loop runs in this thread: no task of it was cancelled
+        return False
+    if task is None:
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11: how many cancels were asked of it
+    return cancelling is None or cancelling() > 0  # (3.10 cannot tell: a task's CancelledError is its cancel)
+
+
+def carried(exc: BaseException) -> Exited:
+    """A node's BaseException that is no Exception and does not pass (`passes`), as an ordinary
+    exception for an asyncio task to end with: asyncio raises a SystemExit out of the event loop
+    and takes a CancelledError for the task's cancel. The plan fails the item with the original
+    (`Plan._fail`)."""
+    return Exited(exc) if isinstance(exc, SystemExit) else Escaped(exc)
+
+
 async def _contained(coro: Any) -> Any:
     try:
         return await coro
-    except SystemExit as exc:
-        raise Exited(exc) from None
+    except BaseException as exc:
+        if isinstance(exc, Exception) or passes(exc):
+            raise
+        raise carried(exc) from None
 
 
 def check_timeouts(nodes: Iterable[Any], runner: str | None) -> None:

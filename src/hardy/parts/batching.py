@@ -36,9 +36,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..errors import BatchShapeError, Escaped, NodeError
+from ..errors import BatchShapeError, NodeError
 from ..model.node import Node
-from ..model.policy import guard
+from ..model.policy import guard, passes
 from ..plan.compiled import KEYS, Plan
 from ..plan.rows import batch_outputs
 from .stages import cut
@@ -233,7 +233,7 @@ class Batched:
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
             return [(False, exc, self._span(part, n, start, called))] * n
         except BaseException as exc:  # sys.exit() too: an item's failure, never the caller's end
-            if isinstance(exc, KeyboardInterrupt):
+            if passes(exc):
                 raise
             span = self._span(part, n, start, called)
             if n == 1:
@@ -283,8 +283,6 @@ class _Handed:
         ok, value, _ = self.here.outcome
         if ok:
             return value
-        if not isinstance(value, (Exception, SystemExit)):  # a BaseException the plan would let through
-            raise Escaped(value)
         raise value
 
     def located(self, *args: Any, **kwargs: Any) -> tuple[tuple[None, float], Callable[[], Any]]:

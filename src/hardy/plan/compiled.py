@@ -16,15 +16,18 @@ For `clean` (text -> cleaned) then `count` (cleaned -> n words), `Pipeline.expla
             if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
             _s = 1
             if n_words.__class__ in _LAZY: _lazy('n words', n_words)
-        except _Exception as _e:
+        except BaseException as _e:
+            if _passes(_e): raise
             raise _fail(_s, _e, locals())
         return {'cleaned': cleaned, 'n words': n_words}
 
 Locals are named after the values they hold and node functions after their nodes (valid, unique
 identifiers); `_s` is the step running, for the error `_fail` builds; `_item` is the item's index in
-a map, for cache callbacks. The code is registered in `linecache` under its own file name
-(`<hardy plan 'pipeline' #3>`), so pdb stepping through a run shows its lines (a node's own
-traceback leaves them out: it starts at the node, `hardy.tracebacks`).
+a map, for cache callbacks. Whatever a node raises fails its item, sys.exit() and GeneratorExit
+too, but what `_passes` lets through (an interrupt, asyncio's cancel: `model.policy.passes`). The
+code is registered in `linecache` under its own file name (`<hardy plan 'pipeline' #3>`), so pdb
+stepping through a run shows its lines (a node's own traceback leaves them out: it starts at the
+node, `hardy.tracebacks`).
 
 Why generate code: the per-call cost of hardy is the cost of walking a plan, and a straight-line
 function is the cheapest walk CPython has (no dict lookups per argument, no loop, no branches).
@@ -66,7 +69,7 @@ from ..hashing import Reach, recording
 from ..hashing.state import token
 from ..model.graph import Graph, node_functions
 from ..model.node import Node
-from ..model.policy import guard
+from ..model.policy import carried, guard, passes
 from ..tracebacks import own_frames
 from .rows import batch_outputs
 from .source import PlanSource
@@ -86,7 +89,7 @@ class Step:
 KEYS = "__hardy_keys__"  # in a keyed plan's values and results: {value name: its cache key}
 
 
-CAUGHT = (Exception, SystemExit)  # what fails a node's item: sys.exit() too, the same on every executor
+CAUGHT = (Exception, SystemExit)  # what fails an item when a worker pickles its result (`workers/replies.py`)
 LAZY = frozenset({types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType})
 
 
@@ -232,7 +235,7 @@ class Plan:
 
     def _namespace(self) -> dict[str, Any]:
         """The generated function's globals: hardy's helpers, under names no local can take."""
-        ns: dict[str, Any] = {"_fail": self._fail, "_Exception": CAUGHT, "_LAZY": LAZY, "_lazy": _lazy,
+        ns: dict[str, Any] = {"_fail": self._fail, "_passes": passes, "_LAZY": LAZY, "_lazy": _lazy,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
                               "_oncached": self.on_cached, "_st": self.marks.words if self.marks else None,
@@ -352,22 +355,25 @@ def _tag(exc: BaseException, k: int) -> None:
 
 
 async def _mark_step(k: int, coro: Any) -> Any:
-    """A gathered node's call (an asyncio task: its SystemExit leaves as `Exited`, see model/policy.py)."""
+    """A gathered node's call (an asyncio task: its SystemExit or CancelledError leaves as an
+    ordinary exception, `model.policy.carried`)."""
     try:
         return await coro
-    except SystemExit as exc:
-        exited = Exited(exc)
-        _tag(exited, k)
-        raise exited from None
     except Exception as exc:
         _tag(exc, k)
         raise
+    except BaseException as exc:
+        if passes(exc):
+            raise
+        exited = carried(exc)
+        _tag(exited, k)
+        raise exited from None
 
 
 def _thread_call(k: int, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return func(*args, **kwargs)
-    except CAUGHT as exc:
+    except BaseException as exc:
         _tag(exc, k)
         raise
 

@@ -150,7 +150,8 @@ class PlanSource:
         body = "\n".join("        " + ln for ln in _without_repeated_steps(lines)) or "        pass"
         head = "async def" if self.mode == "async" else "def"
         return (f"{head} _run(_v, _item=None):\n    _s = 0\n    try:\n{body}\n"
-                f"    except _Exception as _e:\n        raise _fail(_s, _e, locals())\n"
+                f"    except BaseException as _e:\n        if _passes(_e): raise\n"
+                f"        raise _fail(_s, _e, locals())\n"
                 f"    return {{{result}}}\n")
 
     def each_text(self, over: str | None) -> str:
@@ -195,7 +196,8 @@ class PlanSource:
             f"    for {loop_var} in _xs:",
             f"        {begin}", f"        _st[{m.item}] = _item", "        _s = 0",
             "        try:", *(f"            {ln}" for ln in body or ["pass"]),
-            "        except _Exception as _e:", "            return _item, _fail(_s, _e, locals())", *freed,
+            "        except BaseException as _e:", "            if _passes(_e): raise",
+            "            return _item, _fail(_s, _e, locals())", *freed,
             f"        {stores}", "        _item += 1", *_CLOCK_READ,
             "    return None", ""])
 
