@@ -420,3 +420,11 @@ def test_no_exception_class_is_defined_outside_errors_py():
     assert not public, "exception classes outside hardy/errors.py:\n" + "\n".join(public)
     named = [c for c in outside if re.search(r"class \w*(Error|Exception)\(", c)]
     assert not named, "a class named ...Error/...Exception outside hardy/errors.py:\n" + "\n".join(named)
+
+
+def test_a_map_errors_text_ends_each_sentence_once():
+    """A first failure whose fix ends its sentence (an input that cannot be sent) read
+    "...builds its own.. Use on_error=..." inside MapError's text."""
+    from hardy.errors import MapError, NodeError
+    first = NodeError("embed", {"x": 1}, 0, "cannot be sent. Pass plain data instead.")
+    assert ".. " not in str(MapError([None, 1], {0: first}))

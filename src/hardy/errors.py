@@ -460,10 +460,9 @@ class MapError(HardyError):
         first = failures[min(failures)]
         done = sum(1 for r in results if r is not None and not isinstance(r, Failed))
         super().__init__(
-            f"{len(failures)} map item(s) failed; {done} of {len(results)} completed. .results has one "
-            f"entry per item: the result, a Failed, or None for an item not run. First failure: {first}. "
-            f"Use on_error='continue' to run every item."
-        )
+            f"{len(failures)} map item(s) failed; {done} of {len(results)} completed. .results has one entry per "
+            f"item: the result, a Failed, or None for an item not run. First failure: {str(first).rstrip('.')}. "
+            f"Use on_error='continue' to run every item.")
         self.__cause__ = first
 
     def debug(self) -> bool:
