@@ -86,8 +86,11 @@ def stream(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window: 
     try:
         for results, j in outcomes:
             value = results.values[j]
-            if raise_on_error and type(value) is Failed:
-                raise at_user_frames(MapError(results.values, {results.offset + j: value.error}, offset=results.offset))
+            if raise_on_error and (type(value) is Failed or value is None and results.failures):
+                # a failure, or an item its window's failure stopped before it ran (in flight on
+                # another worker: on_error="raise" does not wait for it), which has no result to hand out
+                failures = {results.offset + i: err for i, err in results.failures.items()}
+                raise at_user_frames(MapError(results.values, failures, offset=results.offset))
             yield (results.offset + j, value) if indexed else value
     finally:
         outcomes.close()
