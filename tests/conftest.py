@@ -9,6 +9,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -180,6 +181,25 @@ def executors(*names: str) -> list:
     """`names` to parametrize a test over, those that start a Dask, Ray or Daft cluster marked slow:
     `-m "not slow"` and the fast loop run the test on the others."""
     return [pytest.param(n, marks=pytest.mark.slow) if n.split("-")[0] in CLUSTERS else n for n in names]
+
+
+def engine_named(name: str) -> Any:
+    """A fresh engine on the executor `executors` names: the three in-process ones, "process",
+    or one on a Dask, Ray or Daft cluster (skipped where its extra is not installed)."""
+    from hardy import Engine
+    if name in ("sequential", "threaded", "async", "process"):
+        return Engine(map_executor=name, workers=2)
+    if name == "dask":
+        pytest.importorskip("distributed")
+        from hardy.integrations.dask import DaskExecutor
+        return Engine(map_executor=DaskExecutor(workers=2))
+    if name == "ray":
+        pytest.importorskip("ray")
+        from hardy.integrations.ray import RayExecutor
+        return Engine(map_executor=RayExecutor(workers=2))
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import daft_engine
+    return daft_engine()
 
 
 def needs_torch() -> None:

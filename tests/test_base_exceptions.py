@@ -14,7 +14,7 @@ import traceback
 
 import pytest
 
-from conftest import executors
+from conftest import engine_named, executors
 from hardy import Engine, Failed, MapError, MapInterrupted, NodeError, NodeTimeout, Pipeline, node
 
 pytestmark = pytest.mark.timeout(600)  # Ray and Daft start their own processes: slow on a loaded machine
@@ -62,22 +62,6 @@ def escapes_batch(case: list[str]) -> list[str]:
     return [_escape(c) for c in case]
 
 
-def _engine(name: str) -> Engine:
-    if name in ("sequential", "threaded", "async", "process"):
-        return Engine(map_executor=name, workers=2)
-    if name == "dask":
-        pytest.importorskip("distributed")
-        from hardy.integrations.dask import DaskExecutor
-        return Engine(map_executor=DaskExecutor(workers=2))
-    if name == "ray":
-        pytest.importorskip("ray")
-        from hardy.integrations.ray import RayExecutor
-        return Engine(map_executor=RayExecutor(workers=2))
-    pytest.importorskip("daft")
-    from hardy.integrations.daft import daft_engine
-    return daft_engine()
-
-
 def _check_failures(rows: list, node_name: str) -> None:
     """The map's rows: the three cases failed, each a NodeError caused by what the node raised,
     with the node's frames; the others computed."""
@@ -96,7 +80,7 @@ def _check_failures(rows: list, node_name: str) -> None:
 
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
 def test_a_base_exception_fails_its_item_on_every_executor(name):
-    with _engine(name) as engine:
+    with engine_named(name) as engine:
         p = Pipeline(nodes=[escapes], engine=engine)
         _check_failures(p.map(inputs={"case": CASES}, map_over="case", on_error="continue"), "escapes")
 

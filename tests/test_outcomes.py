@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from conftest import executors
+from conftest import engine_named, executors
 from hardy import Engine, Failed, MapInterrupted, Pipeline, node
 from hardy.errors import LazyOutputError, RemoteError
 
@@ -82,28 +82,12 @@ def _raising_at(k: int):
         yield n
 
 
-def _engine(name: str) -> Engine:
-    if name in ("sequential", "threaded", "async", "process"):
-        return Engine(map_executor=name, workers=2)
-    if name == "dask":
-        pytest.importorskip("distributed")
-        from hardy.integrations.dask import DaskExecutor
-        return Engine(map_executor=DaskExecutor(workers=2))
-    if name == "ray":
-        pytest.importorskip("ray")
-        from hardy.integrations.ray import RayExecutor
-        return Engine(map_executor=RayExecutor(workers=2))
-    pytest.importorskip("daft")
-    from hardy.integrations.daft import daft_engine
-    return daft_engine()
-
-
 CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "str raises", "fine"]
 
 
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
 def test_one_outcome_per_failure_on_every_executor(name):
-    with _engine(name) as engine:
+    with engine_named(name) as engine:
         out = Pipeline(nodes=[misbehave], engine=engine).map(inputs={"case": CASES}, map_over="case",
                                                                on_error="continue")
         assert out[0] == {"y": "OK"} and out[-1] == {"y": "FINE"}
@@ -196,7 +180,7 @@ def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
     a map raises MapInterrupted with the results so far (on_error="continue" too), imap raises it,
     and the engine works after. In a worker process it counted as one crashed item; the async
     executor's loop ran the interrupted map's items on into the next map."""
-    with _engine(name) as engine:
+    with engine_named(name) as engine:
         p = Pipeline(nodes=[interrupts], engine=engine)
         try:
             with pytest.raises(KeyboardInterrupt, match="stop here"):
