@@ -585,15 +585,15 @@ def test_a_class_is_fingerprinted_once_per_hashing_pass_and_again_after_it_chang
         from hardy.hashing import hash_value
         calls = []
         real = code_module.code_fingerprint
-        values = importlib.import_module("hardy.hashing.values")
-        values.install_code_fingerprint(lambda obj: calls.append(obj) or real(obj))
+        classes = importlib.import_module("hardy.hashing.classes")
+        classes.install_code_fingerprint(lambda obj: calls.append(obj) or real(obj))
         try:
             before = hash_value([points.Point(i) for i in range(100)])
             assert calls.count(points.Point) == 1
             points.Point.scaled = lambda self: 3 * self.x
             assert hash_value([points.Point(i) for i in range(100)]) != before
         finally:
-            values.install_code_fingerprint(real)
+            classes.install_code_fingerprint(real)
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("points", None)
