@@ -295,6 +295,27 @@ q = Pipeline(nodes=[fa, fb, boom], engine=SeqEngine(callbacks=[rec]))
 raised = outcome(lambda: q.run(inputs={"x": 1}))
 result = {"run": run_events, "cached": cached_events, "map": map_events, "error": rec.events, "raised": raised}
 ''',
+    "callbacks_of_nodes_with_two_outputs_or_a_dict": '''
+from hypernodes import Pipeline, SeqEngine, node
+from hypernodes.callbacks import PipelineCallback
+
+class Recorder(PipelineCallback):
+    def __init__(self): self.events = []
+    def on_node_end(self, node_id, outputs, duration, ctx): self.events.append([node_id, repr(outputs)])
+
+@node(output_name=("c", "d"))
+def split(b): return b, -b
+
+@node(output_name="info")
+def describe(c): return {"c": c, "double": 2 * c}
+
+rec = Recorder()
+p = Pipeline(nodes=[split, describe], engine=SeqEngine(callbacks=[rec]))
+p.run(inputs={"b": 2})
+run_events, rec.events = rec.events, []
+p.map(inputs={"b": [1, 3]}, map_over="b")
+result = {"run": run_events, "map": rec.events}
+''',
     "callbacks_nested": '''
 from hypernodes import Pipeline, SeqEngine, node
 from hypernodes.callbacks import PipelineCallback

@@ -421,7 +421,9 @@ class Events:
             return func
         name, params = node.name, node.inputs
 
-        def outputs(value: Any) -> dict[str, Any]:
+        def outputs(value: Any) -> dict[Any, Any]:
+            if getattr(node, "hypernodes_events", False):  # HyperNodes' own shape, for its callbacks
+                return value if isinstance(value, dict) else {node.output_name: value}  # (`compat.hypernodes`)
             return {node.outputs[0]: value} if len(node.outputs) == 1 else dict(zip(node.outputs, value))
 
         def inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

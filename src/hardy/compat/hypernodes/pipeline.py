@@ -114,8 +114,16 @@ def node(output_name: str | Sequence[str] | Callable[..., Any] | None = None, ca
     """`@node`, `@node("out")`, `@node(output_name=("a", "b"), cache=False)`. hardy's own options
     (`isolate`, `retries`, `timeout`) are accepted too."""
     if callable(output_name):
-        return Node(output_name, cache=cache, **options)
-    return lambda func: Node(func, output_name, cache=cache, **options)
+        return _reporting_as_hypernodes(Node(output_name, cache=cache, **options))
+    return lambda func: _reporting_as_hypernodes(Node(func, output_name, cache=cache, **options))
+
+
+def _reporting_as_hypernodes(made: Node) -> Node:
+    """A node whose `on_node_end` outputs take HyperNodes' shape: `{("c", "d"): (2, -2)}` for a
+    node of two outputs, a returned dict as itself (`observe.events`), where hardy's own give
+    one entry per output name."""
+    made.hypernodes_events = True  # type: ignore[attr-defined]
+    return made
 
 
 class DualNode(Node):
@@ -133,6 +141,7 @@ class DualNode(Node):
                 name = name[: -len(suffix)]
                 break
         super().__init__(singular, output_name, name=name, cache=cache)
+        _reporting_as_hypernodes(self)
         self.singular = singular
         self.batch = batch
         self.batch_size = arguments.whole_number(f"DualNode {name!r}", "batch_size", batch_size, 1)
