@@ -71,6 +71,23 @@ def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp
     assert "worker died from SIGSEGV" in (tmp_path / "run.html").read_text()
 
 
+def test_every_key_of_an_inputs_line_is_that_items_input_and_no_line_runs_nothing(tmp_path):
+    """A line's key left out of --map-over was dropped (the node took its default: wrong results,
+    exit 0); an empty --inputs file ran the pipeline once."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "items.jsonl").write_text('{"x": 1, "factor": 10}\n{"x": 2, "factor": 100}\n')
+    out = _hardy_run(tmp_path, "flows:pipeline", "--inputs", "items.jsonl", "--map-over", "x",
+                     "--executor", "sequential")
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["outputs"]["y"] for line in out.stdout.splitlines()] == [10, 200]
+    (tmp_path / "empty.jsonl").write_text("\n")
+    for over in ([], ["--map-over", "x"]):
+        out = _hardy_run(tmp_path, "flows:pipeline", "--inputs", "empty.jsonl", *over, "--output", "out.jsonl")
+        assert out.returncode == 0 and out.stdout == "", out.stderr
+        assert "--inputs empty.jsonl holds no item: nothing ran" in out.stderr
+        assert (tmp_path / "out.jsonl").read_text() == ""
+
+
 RAISES = """
 from hardy import Pipeline, node
 
@@ -193,6 +210,9 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (["flows:pipeline", "--set", "x"], "--set 'x' is not NAME=VALUE"),
     (["flows:pipeline", "--set", "factor=1"], "Missing required input(s): ['x']"),
     (["flows:pipeline", "--inputs", "bad.jsonl"], "bad.jsonl line 2 is not JSON"),
+    (["flows:pipeline", "--inputs", "uneven.jsonl"], "uneven.jsonl line 2 holds ['factor', 'x'], line 1 ['x']: each "
+                                                     "line holds the same inputs"),
+    (["flows:pipeline", "--inputs", "braces.jsonl"], "braces.jsonl line 1 is not a JSON object of input values"),
     (["flows:pipeline", "--executor", "gpu"], "Engine(map_executor='gpu') is not one of"),
     (["flows:pipeline", "--set", "x=1", "--set", "fctor=3"], "'fctor'"),
     (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers'"),
@@ -206,6 +226,8 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (tmp_path / "exits.py").write_text(FLOWS + "import sys\nsys.exit(0)\n")  # a script without a __main__ guard
     (tmp_path / "needs.py").write_text("import hardy_no_such_dependency\n" + FLOWS)
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')
+    (tmp_path / "uneven.jsonl").write_text('{"x": 1}\n{"x": 2, "factor": 5}\n')  # a key line 1 lacks
+    (tmp_path / "braces.jsonl").write_text('{}\n{}\n')  # no input: two lines made one item
     out = _hardy_run(tmp_path, *args)
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "ran").exists()  # told before any work
@@ -408,6 +430,10 @@ def test_cache_commands_take_the_folder_as_an_argument(tmp_path):
     assert json.loads(cache("stats", "-d", folder, "--json").stdout)["entries"] == 2
     assert cache("stats", "--help").stdout.splitlines()[0] == "Usage: python -m hardy.cli cache stats [OPTIONS] [FOLDER]"
     assert cache("verify", folder).returncode == 0 and cache("ls", folder).stdout.count("index") == 2
+    bogus = cache("prune", folder, "--max-size", "10XB")  # (a traceback and exit code 1 before)
+    assert bogus.returncode == 2 and "Traceback" not in bogus.stderr, bogus.stderr
+    assert "max_size='10XB' is not valid; max_size must be a number of bytes, or a size such as '10GB'" in " ".join(
+        bogus.stderr.split())
     assert "deleted 2 entries" in cache("prune", folder, "--max-size", "0").stdout
     assert cache("clear", folder, "--yes").returncode == 0
 

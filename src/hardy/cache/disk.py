@@ -452,7 +452,11 @@ class DiskCache(PlanCache):
         cache holds at most `max_size` bytes; then unreferenced files and stale locks. Returns how
         many entries were deleted. A fault (even deleting needs room in SQLite's journal) stops it
         there, counted for `report()`, never raised: pruning also runs inside `put`."""
-        limit = parse_size(max_size)
+        try:
+            limit = parse_size(max_size)
+        except (ValueError, OverflowError):
+            raise arguments.bad("DiskCache.prune", "max_size", max_size,
+                                "a number of bytes, or a size such as '10GB' or '512M'") from None
         deleted = 0
         try:
             es = self.entries()  # least recently used first

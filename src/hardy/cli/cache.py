@@ -133,7 +133,11 @@ def prune(folder: str | None = FOLDER, path: str = DIR,
     """Evict least recently used entries and entries not used for a while."""
     path = folder or path
     days = None if older_than is None else older_than * 86400
-    n = _open(path, remote, endpoint).prune(max_size=max_size, older_than=days)
+    from ..errors import InvalidArgument
+    try:
+        n = _open(path, remote, endpoint).prune(max_size=max_size, older_than=days)
+    except InvalidArgument as exc:
+        raise typer.BadParameter(str(exc), param_hint="--max-size") from None
     typer.echo(f"deleted {n} entries")
 
 

@@ -108,26 +108,32 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
 
 
 def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
-    """The JSONL file's lines as per-item values; maps over `over`, or every key of the first line."""
+    """The JSONL file's lines as per-item values: every key a line holds is that item's input (a
+    key left out of `--map-over` used to be dropped, and the node took its default instead), so
+    each line holds the same keys; maps over those keys. No line: no item (`{}`, None)."""
     columns: dict[str, list[Any]] = {}
     try:
         lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     except OSError as exc:
         _fail_usage(f"--inputs {path}: {exc.strerror}")
+    keys: list[str] | None = None
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except ValueError as exc:
             _fail_usage(f"--inputs {path} line {number} is not JSON: {exc}")
-        if not isinstance(row, dict):
-            _fail_usage(f"--inputs {path} line {number} is not a JSON object of input values")
-        over = over or list(row)
+        if not isinstance(row, dict) or not row:
+            _fail_usage(f"--inputs {path} line {number} is not a JSON object of input values (one item's inputs)")
+        keys = keys if keys is not None else list(row)
         missing = [name for name in over if name not in row]
         if missing:
             _fail_usage(f"--inputs {path} line {number} has no {missing} (each line needs every --map-over name)")
-        for name in over:
+        if set(row) != set(keys):
+            _fail_usage(f"--inputs {path} line {number} holds {sorted(row)}, line 1 {sorted(keys)}: each line "
+                        "holds the same inputs, one value each per item (give the others with --set)")
+        for name in keys:
             columns.setdefault(name, []).append(row[name])
-    return columns, over
+    return columns, keys or over
 
 
 def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
@@ -159,7 +165,12 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         output_path(output)
     lines = None if output else _results_only()
     pipeline = load_pipeline(target)
-    values, over = _inputs(pipeline, set_, inputs, map_over)
+    values, over, given = _inputs(pipeline, set_, inputs, map_over)
+    if given == 0:  # an empty --inputs file: no item, not one run
+        if output and not resume:
+            open(output, "w").close()  # (the results file a batch job reads next, empty)
+        typer.echo(f"hardy: --inputs {inputs} holds no item: nothing ran", err=True)
+        raise typer.Exit(0)
     wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
     try:
         engine = _engine(pipeline.engine, executor, workers, report is not None)
@@ -207,17 +218,20 @@ def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | Non
 
 
 def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str]
-            ) -> tuple[dict[str, Any], list[str]]:
-    """The inputs given (--set, the --inputs lines) and the names mapped over, checked before anything runs."""
+            ) -> tuple[dict[str, Any], list[str], int | None]:
+    """The inputs given (--set, the --inputs lines), the names mapped over and the number of
+    --inputs lines (None without the option), checked before anything runs."""
     values = parse_sets(set_)
     over = [n for spec in map_over for n in spec.split(",") if n]
+    lines = None
     if inputs:
         columns, over = read_items(inputs, over)
         values.update(columns)
+        lines = len(next(iter(columns.values()), []))
     unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
-    if unknown is not None:  # a typo in --set or in the input lines: nothing runs
+    if unknown is not None and lines != 0:  # a typo in --set or in the input lines: nothing runs
         _fail_usage(str(unknown))
-    return values, over
+    return values, over, lines
 
 
 def _resumed(resume: str, output: str | None) -> str:
