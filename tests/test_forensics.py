@@ -751,6 +751,26 @@ def test_replay_under_py_spy_names_the_crash_and_where_a_hang_spent_its_time(cra
     assert profile.parent == crash_and_hang_report.parent / f"{crash_and_hang_report.stem}.inputs"
 
 
+def test_replay_under_py_spy_writes_no_file_a_link_beside_the_report_names(crash_and_hang_report, tmp_path):
+    """py-spy wrote its profile by path into the folder beside the report, which a team's report
+    folder lets another user swap for a link of theirs while the replay runs: the file that link
+    named was overwritten (any file the replaying user may write). The profile is recorded in a
+    private folder and copied beside the report through the checked folder: a link found there
+    is replaced, never followed. (The link is planted here by this user; the probe that found it
+    swapped the folder as another one.)"""
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    target = tmp_path / "somebody_elses_file"
+    target.write_text("ORIGINAL")
+    link = crash_and_hang_report.parent / f"{crash_and_hang_report.stem}.inputs" / "item-1.py-spy.txt"
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    run = _replay(crash_and_hang_report, "--item", "1", "--py-spy")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert target.read_text() == "ORIGINAL"
+    assert not link.is_symlink() and link.is_file()
+
+
 def test_replay_says_when_gdb_or_py_spy_is_missing(crash_and_hang_report, tmp_path, monkeypatch, capsys):
     no_gdb = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(crash_and_hang_report), "--item",
                              "1", "--gdb"], capture_output=True, text=True, timeout=120,

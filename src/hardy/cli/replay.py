@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,14 +174,14 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
     time went. The exit code (module docstring). py-spy attaches to the item's process (`--pid`),
     which waits for it before running the item: a spawned child that crashed was seen to leave
     py-spy 0.4 waiting forever, and its own exit status tells the signal."""
-    from ..crash.kept import folder_of
     from ..crash.sentence import crash_report
     from ..crash.stacks import py_spy
     from ..errors import install_hint
     program = py_spy()
     if program is None:
         return _missing(f"--py-spy needs py-spy, which is not installed here: {install_hint('forensics')}")
-    profile = folder_of(report) / f"item-{item}.py-spy.txt"
+    scratch = Path(tempfile.mkdtemp(prefix="hardy-py-spy-"))  # py-spy writes by path: in a folder of ours alone
+    profile = scratch / f"item-{item}.py-spy.txt"
     proc = subprocess.Popen([*_item_command(report, item, timeout), "--wait"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     spy = subprocess.Popen([program, "record", "--pid", str(proc.pid), "--native", "--idle", "--format", "raw",
@@ -210,8 +211,33 @@ def under_py_spy(report: str, item: int, timeout: float) -> int:
         typer.echo(f"native stack:\n{native}\n{python}" if native else python)
     elif proc.returncode:
         typer.echo(err.rstrip())
-    typer.echo(_hot_stacks(profile) or f"py-spy recorded nothing of the item: {(attached + said).strip()[-300:]}")
+    kept = _kept_beside(report, profile)
+    typer.echo(_hot_stacks(profile, kept) or f"py-spy recorded nothing of the item: {(attached + said).strip()[-300:]}")
+    if kept != profile:
+        shutil.rmtree(scratch, ignore_errors=True)
     return 1 if proc.returncode else 0
+
+
+def _kept_beside(report: str, profile: Path) -> Path:
+    """The profile copied beside the item's kept inputs, `<report>.inputs/item-N.py-spy.txt`,
+    through that folder's checked descriptor (ours, private, never through a link: a team's
+    report folder lets others swap the folder for a link of theirs between the replay's checks
+    and py-spy's write, which would have written the file their link names); where that fails,
+    the private copy (said so)."""
+    from ..cache.folders import open_named
+    from ..crash.kept import folder_of
+    from ..errors import UntrustedCacheError
+    folder = folder_of(report)
+    try:
+        data = profile.read_bytes()
+        with open_named(str(folder.parent), private=False) as parent, \
+                parent.sub(folder.name, private=True) as kept:
+            kept.write(profile.name, data, mode=0o600)
+    except (OSError, UntrustedCacheError) as exc:
+        if profile.exists():
+            typer.echo(f"hardy replay: the profile stays in {profile.parent}, not beside the report ({exc})", err=True)
+        return profile
+    return folder / profile.name
 
 
 def _unless_held(proc: subprocess.Popen[str], spy: subprocess.Popen[str]) -> tuple[str, str, bool]:
@@ -248,7 +274,7 @@ def _traced_stop(pid: int) -> bool:
     return False
 
 
-def _hot_stacks(profile: Path, top: int = 5, depth: int = 6) -> str:
+def _hot_stacks(profile: Path, kept: Path, top: int = 5, depth: int = 6) -> str:
     """py-spy's collapsed stacks (`a;b;c count`, outermost first) summed up: those of the item's
     nodes (under hardy's plan function; the process's start is not the item's), busiest first,
     innermost frame first, idle waits included (a hang is mostly those)."""
@@ -269,7 +295,7 @@ def _hot_stacks(profile: Path, top: int = 5, depth: int = 6) -> str:
         frames = [f.strip() for f in busy.split(";")][::-1]
         more = f" <- ... {len(frames) - depth} more" if len(frames) > depth else ""
         lines.append(f"  {samples / total:4.0%}  " + " <- ".join(frames[:depth]) + more)
-    lines.append(f"every stack (collapsed; flamegraph.pl, inferno or speedscope draw it): {profile}")
+    lines.append(f"every stack (collapsed; flamegraph.pl, inferno or speedscope draw it): {kept}")
     return "\n".join(lines)
 
 
