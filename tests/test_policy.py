@@ -120,11 +120,12 @@ def _crashing(script: Path, rest: str, address: int = 0) -> Path:
     return script
 
 
+@pytest.mark.parametrize("how", ["map", "imap"])  # (a sequential imap said nothing before: `hardy run` uses it)
 @pytest.mark.parametrize("executor", IN_PROCESS)
-def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor, tmp_path):
+def test_a_crash_in_process_ends_it_with_node_item_stack_and_the_remedy(executor, how, tmp_path):
     script = _crashing(tmp_path / "crashes.py", f"""
-        Pipeline(nodes=[fragile], engine=Engine(map_executor={executor!r})).map(inputs={{"x": list(range({N}))}},
-                                                                                 map_over="x")
+        p = Pipeline(nodes=[fragile], engine=Engine(map_executor={executor!r}))
+        list(p.{how}(inputs={{"x": list(range({N}))}}, map_over="x"))
         print("survived")
     """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

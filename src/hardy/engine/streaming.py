@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..crash.signals import reported_crashes
 from ..errors import EngineClosed, Failed, MapError, NodeError
 from ..parts.batching import batched
 from ..tracebacks import at_user_frames
@@ -143,6 +144,14 @@ class _Pulled:
 
 def _inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
             make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
+    """The items run here, one at a time, each handed out as it is done; a crash of this process
+    meanwhile names node and item as it dies, as an in-process map's does (`reported_crashes`)."""
+    with reported_crashes("sequential"):
+        yield from _run_inline(plan, items, window, make_results)
+
+
+def _run_inline(plan: Plan, items: Iterator[dict[str, Any]], window: int,
+                make_results: MakeResults) -> Generator[tuple[Results, int], None, None]:
     group = batched(plan)
     start, pulled = 0, _Pulled(items, group.wait if group is not None else None)
     while chunk := pulled.next(window):
