@@ -20,7 +20,10 @@ umask; a setgid group folder passes its group on).
 Access times come from the filesystem (no write on read), so LRU order follows atime where the
 mount records it, else creation order. Entries are read, not mapped: a page of a mapped NFS file
 deleted by another machine can fail to load later (SIGBUS); `view` reads into a buffer of its own,
-one copy, which the caller may keep and write into.
+one copy, which the caller may keep and write into. Another user's file that no writer of entries
+makes is damage, never read: one with holes (entries are written whole; a sparse terabyte costs
+its planter no disk) or bigger than half the memory (a bucket's cap: `s3.half_the_memory`). The
+user's own files are read as written (a filesystem that compresses may store their zeros as holes).
 
 `choose_store` is which store `DiskCache(store=...)` means.
 """
@@ -34,7 +37,8 @@ from typing import Any, cast
 
 from ..model.arguments import bad
 from .folders import Folder, open_named
-from .store import Buffer, Data, EntryInfo, LocalStore, Store, copy_fd, pieces
+from .s3 import half_the_memory
+from .store import Buffer, Data, EntryInfo, LocalStore, Store, copy_fd, pieces, unreadable
 
 
 class FileStore:
@@ -50,6 +54,7 @@ class FileStore:
         self.levels = ["entries", *(namespace.split("/") if namespace else [])]
         self.root = os.path.join(self.path, *self.levels)
         self._folders: dict[str, Folder] = {}
+        self.read_limit = half_the_memory()  # bytes of one entry, at most (`view`): as a bucket's; this process's own
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "namespace": self.namespace, "shared": self.shared, "own": self.own}
@@ -113,6 +118,8 @@ class FileStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):  # a FIFO that would hang the reader, a device: damage
                 return b""
+            if st.st_uid != os.geteuid() and unreadable(st, self.read_limit):  # another's: sparse (entries
+                return b""  # are written whole), or past the cap: damage, unread (ours: written by us, as big)
             try:
                 return copy_fd(fd, st.st_size)
             except MemoryError:  # a size no entry of ours has (a sparse file of a terabyte): damage

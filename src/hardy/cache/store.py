@@ -41,10 +41,12 @@ from typing import Any, Protocol, TypeVar
 
 from . import flight
 from .folders import Folder, open_named
+from .s3 import half_the_memory
 
 log = logging.getLogger("hardy.cache")
 
 INLINE_MAX = 256 << 10
+HOLES_ALLOWED = 1 << 20  # bytes of a file's size its blocks may fall short of (block rounding, a tiny inline file)
 _generation = 0  # bumped in a forked child: SQLite connections must never cross a fork
 
 
@@ -120,11 +122,28 @@ def pieces(data: Data) -> Sequence[Buffer]:
     return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
+def unreadable(st: os.stat_result, limit: int | None = None) -> str | None:
+    """Why a regular file someone else may have written is no file of hardy's to read into memory,
+    told by its `fstat` alone; None if it may be read. hardy writes its files whole, so one with
+    holes (a sparse terabyte costs its writer no disk, and its reader the time and memory of
+    reading every zero) is not; nor is one bigger than `limit` (default: half the memory this
+    process may use, `s3.half_the_memory`, the cap a bucket's objects are read under)."""
+    if st.st_size - st.st_blocks * 512 > HOLES_ALLOWED:
+        return f"a sparse file ({st.st_size:,} bytes long, {st.st_blocks * 512:,} on disk)"
+    limit = half_the_memory() if limit is None else limit
+    if st.st_size > limit:
+        return f"{st.st_size:,} bytes, more than the {limit:,} read at most"
+    return None
+
+
 def read_fd(fd: int) -> bytes:
-    """The whole of a regular file (anything else, a FIFO planted to hang the reader, is refused)."""
+    """The whole of a regular file (anything else, a FIFO planted to hang the reader, is refused;
+    someone else's file too if it is `unreadable`)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise OSError(errno.EINVAL, "not a regular file")
+    if st.st_uid != os.geteuid() and (why := unreadable(st)):
+        raise OSError(errno.EFBIG, f"not read: {why}")
     with open(fd, "rb", closefd=False) as f:
         return f.read()
 
@@ -138,12 +157,15 @@ def map_or_copy(fd: int) -> Buffer:
     A mapping dies (SIGBUS) when its file is truncated later, so only files nobody else can
     truncate are mapped: the current user's, read-only (blobs are written 0444; an older writable
     one of ours is made read-only here). Anyone else's file is read into memory of our own: one
-    copy, and a truncation meanwhile makes a short entry that fails its MAC."""
+    copy, and a truncation meanwhile makes a short entry that fails its MAC; never one that is
+    `unreadable` (sparse, or bigger than half the memory)."""
     from ..buffers import map_fd  # here: `import hardy` does not load ctypes
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise OSError(errno.EINVAL, "not a regular file")
     if st.st_uid != os.geteuid():
+        if why := unreadable(st):
+            raise OSError(errno.EFBIG, f"not read: {why}")
         return copy_fd(fd, st.st_size)
     if st.st_mode & 0o222:
         os.fchmod(fd, 0o444)

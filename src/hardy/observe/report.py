@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ..errors import NodeError
 
 TIMELINE_LIMIT = 5000  # items drawn on the timeline: the first ones; counts and statistics cover all
+REPORT_LIMIT = 256 << 20  # bytes of a report file `load` reads, at most (the stacks of the first FAILURES_SHOWN
+# failures, TIMELINE_LIMIT rows, and about 300 bytes for each other failed item: a million failed items fit)
 FORMAT = 1
 
 
@@ -321,13 +323,30 @@ class RunReport:
     def load(cls, path: str | Path) -> RunReport:
         """The report in the JSON file `path`, checked against the schema of what hardy writes
         (`report_schema.py`): raises `InvalidArgument` naming the first field that is not, and
-        `OSError` for a file that cannot be read. Whoever wrote the file, what loads renders as text."""
+        `OSError` for a file that cannot be read. Whoever wrote the file, what loads renders as text:
+        a FIFO, a device, a sparse file or one past `REPORT_LIMIT` bytes is refused before anything
+        is read (`InvalidArgument`), so no report can hang the reader or fill its memory."""
+        import errno
         import json
-        from pathlib import Path
+        import os
+        import stat
 
+        from ..cache.store import unreadable
         from .report_schema import check
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait for a writer
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidArgument(f"{path} is not a regular file (a FIFO, a socket or a device): not read; "
+                                      "a run report is a JSON file")
+            why = unreadable(st, REPORT_LIMIT)
+            if why:
+                raise InvalidArgument(f"{path} is not a hardy run report: {why}; not read")
+            raw = f.read()
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads(raw.decode("utf-8"))
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             data = None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
