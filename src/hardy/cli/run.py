@@ -165,12 +165,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         output_path(output)
     lines = None if output else _results_only()
     pipeline = load_pipeline(target)
-    values, over, given = _inputs(pipeline, set_, inputs, map_over)
-    if given == 0:  # an empty --inputs file: no item, not one run
-        if output and not resume:
-            open(output, "w").close()  # (the results file a batch job reads next, empty)
-        typer.echo(f"hardy: --inputs {inputs} holds no item: nothing ran", err=True)
-        raise typer.Exit(0)
+    values, over = _inputs(pipeline, set_, inputs, map_over, output, resume)
     wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
     try:
         engine = _engine(pipeline.engine, executor, workers, report is not None)
@@ -217,21 +212,30 @@ def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | Non
     return unwritable
 
 
-def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str]
-            ) -> tuple[dict[str, Any], list[str], int | None]:
-    """The inputs given (--set, the --inputs lines), the names mapped over and the number of
-    --inputs lines (None without the option), checked before anything runs."""
+def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str], output: str | None,
+            resume: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The inputs given (--set, the --inputs lines) and the names mapped over, checked before
+    anything runs; an --inputs file of no line ends the command here (`_no_item`)."""
     values = parse_sets(set_)
     over = [n for spec in map_over for n in spec.split(",") if n]
-    lines = None
     if inputs:
         columns, over = read_items(inputs, over)
+        if not columns:
+            _no_item(inputs, output, resume)
         values.update(columns)
-        lines = len(next(iter(columns.values()), []))
     unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
-    if unknown is not None and lines != 0:  # a typo in --set or in the input lines: nothing runs
+    if unknown is not None:  # a typo in --set or in the input lines: nothing runs
         _fail_usage(str(unknown))
-    return values, over, lines
+    return values, over
+
+
+def _no_item(inputs: str, output: str | None, resume: str | None) -> NoReturn:
+    """An empty --inputs file: no item, so nothing runs (not one run); an --output file is left
+    empty, for the batch job that reads it next."""
+    if output and not resume:
+        open(output, "w").close()
+    typer.echo(f"hardy: --inputs {inputs} holds no item: nothing ran", err=True)
+    raise typer.Exit(0)
 
 
 def _resumed(resume: str, output: str | None) -> str:
