@@ -181,3 +181,23 @@ def test_hardy_run_goes_on_past_a_base_exception(tmp_path, executor):
     lines = sorted(map(json.loads, out.stdout.splitlines()), key=lambda line: line["item"])
     assert [line["ok"] for line in lines] == [True, False, True], out.stdout + out.stderr
     assert lines[2]["outputs"] == {"y": 4} and lines[1]["error"] == "Stop", lines[1]
+
+
+class _Pending:
+    def __await__(self):
+        yield  # suspends the coroutine awaiting it, as a future not done yet does
+
+
+def test_a_coroutine_closed_while_it_waits_is_closed_not_failed():
+    """A node's coroutine closed while it waits (a task destroyed pending, a loop shut down) gets
+    GeneratorExit at its await, which it must let through: taken for the node's failure, close()
+    raised and the collector printed 'Exception ignored' (a review found it)."""
+    from hardy.model.policy import _contained
+    from hardy.plan.compiled import _mark_step
+
+    async def node_call():
+        await _Pending()
+
+    for wrapped in (_contained(node_call()), _mark_step(0, node_call())):
+        wrapped.send(None)
+        wrapped.close()  # (raised Escaped before)

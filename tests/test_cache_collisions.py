@@ -70,6 +70,13 @@ class Failure(Exception):
     pass
 
 
+class Secret:
+    __slots__ = ("__secret",)  # a private slot: Python names it _Secret__secret
+
+    def __init__(self, secret: int):
+        self.__secret = secret
+
+
 def with_attribute(value: object, **attributes: object) -> object:
     for name, x in attributes.items():
         setattr(value, name, x)
@@ -207,6 +214,7 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
     ("deque subclass: an attribute's value", lambda: (with_attribute(Window([1]), label="a"),
                                                       with_attribute(Window([1]), label="b")), DISTINCT),
     ("exception: two messages", lambda: (Failure("a"), Failure("b")), DISTINCT),
+    ("a private slot's value", lambda: (Secret(1), Secret(2)), DISTINCT),
     ("ndarray subclass: an attribute's value", lambda: (image("left"), image("right")), DISTINCT),
     # the review's controls, keyed apart already
     ("-0.0 vs 0.0", lambda: (-0.0, 0.0), DISTINCT),
@@ -284,6 +292,29 @@ def test_a_user_class_built_on_a_type_whose_value_no_attribute_shows_is_refused(
         pass
     with pytest.raises(UnhashableError, match=r"Buffer is built on _io\.BytesIO.*__cache_key__"):
         hash_value(Buffer(b"x"))
+
+
+def test_a_library_subclass_or_a_time_zone_is_never_keyed_by_a_repr_that_leaves_its_value_out():
+    """A review's cases: pandas' Timestamp is a datetime whose datetime repr drops nanoseconds (two
+    instants, one key), a time zone's base repr is an address (a key per process, or one for two
+    zones): each gets keys apart, or is refused; a user's tzinfo keeps its key from its fields."""
+    import zoneinfo
+
+    from hardy.errors import UnhashableError
+
+    def apart(a: object, b: object) -> bool:
+        try:
+            return hash_value(a) != hash_value(b)
+        except UnhashableError:
+            return True
+    assert apart(pd().Timestamp("2020-01-01 00:00:00.000000001"), pd().Timestamp("2020-01-01 00:00:00.000000002"))
+    assert apart(pd().Timedelta(1, "ns"), pd().Timedelta(2, "ns"))
+    assert apart(zoneinfo.ZoneInfo("UTC"), zoneinfo.ZoneInfo("Asia/Tokyo"))
+
+    class Fixed(datetime.tzinfo):
+        def __init__(self, hours: int):
+            self.hours = hours
+    assert hash_value(Fixed(1)) == hash_value(Fixed(1)) != hash_value(Fixed(2))
 
 
 def test_the_table_is_large_enough():

@@ -339,13 +339,14 @@ def test_a_loggers_own_level_below_the_roots_lets_its_records_through():
             log.info("processing %s", x)
             log.debug("not shown %s", x)
             logging.getLogger("other").info("not shown either %s", x)
-            return x
+            return logging.getLogger("other").isEnabledFor(logging.INFO)  # (nothing handles it: not sent)
 
-        Pipeline([step]).map(inputs={"x": [0, 1]}, map_over="x")
+        print("others sent:", [r["y"] for r in Pipeline([step]).map(inputs={"x": [0, 1]}, map_over="x")])
     """)
     assert out.returncode == 0, out.stderr
     assert sorted(ln for ln in out.stdout.splitlines() if ln) == ["INFO myproject processing 0",
-                                                                   "INFO myproject processing 1"]
+                                                                   "INFO myproject processing 1",
+                                                                   "others sent: [False, False]"]
     assert "not shown" not in out.stdout + out.stderr
 
 

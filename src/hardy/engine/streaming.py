@@ -204,7 +204,10 @@ def _windows(engine: Engine, plan: Plan, items: Iterator[dict[str, Any]], window
             except KeyboardInterrupt:  # Ctrl-C as it waits for a window: what finished in order is handed
                 if ordered and running:  # out first (the sequential executor would have yielded it), then raised
                     runner.cancel(stream)
-                    yield from _finished_prefix(running[0])
+                    for results in running:  # (a window all done, its message not read yet: then the next's)
+                        yield from _finished_prefix(results)
+                        if None in results.values:
+                            break
                 raise
             if isinstance(message, BaseException):
                 raise message

@@ -55,6 +55,8 @@ def instance_fields(v: Any) -> dict[str, Any]:
     for cls in type(v).__mro__:
         slots = getattr(cls, "__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name.startswith("__") and not name.endswith("__"):
+                name = f"_{cls.__name__.lstrip('_')}{name}"  # a private slot, as Python names it
             if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(v, name):
                 fields[name] = getattr(v, name)
     return fields
@@ -68,3 +70,21 @@ def native_bases(t: type) -> tuple[type, ...]:
     `io.BytesIO`, `BaseException`): what they hold is no attribute."""
     return tuple(c for c in t.__mro__ if c is not object and not c.__flags__ & _HEAP_TYPE
                  and c.__basicsize__ > object.__basicsize__)
+
+
+BY_REPR = ("datetime", "decimal", "uuid", "fractions")  # modules whose types are keyed by their repr (`values`)
+# Their value types, whose repr holds the whole value (not tzinfo's, object's own: an address), by
+# name: hashing imports none of these modules.
+_VALUE_TYPES = frozenset({("datetime", "date"), ("datetime", "time"), ("datetime", "datetime"),
+                          ("datetime", "timedelta"), ("decimal", "Decimal"), ("uuid", "UUID"),
+                          ("fractions", "Fraction")})
+
+
+def a_value_type(c: type) -> bool:
+    return (c.__module__, c.__name__) in _VALUE_TYPES
+
+
+def by_repr(t: type) -> bool:
+    """A type of those modules; a user's subclass of one of their value types (a library's, such
+    as pandas' Timestamp, has more than its base's repr shows: registered, or refused)."""
+    return t.__module__ in BY_REPR or is_user_module(t.__module__) and any(map(a_value_type, t.__mro__))

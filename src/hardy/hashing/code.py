@@ -437,7 +437,7 @@ def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, 
         elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
             continue
         importing = None
-        consts = [consts[1], ins.argval] if op == "LOAD_CONST" else [None, None]
+        consts = [consts[1], ins.argval] if op in ("LOAD_CONST", "LOAD_SMALL_INT") else [None, None]
     if root is not None:
         found.setdefault(root, set()).add(tuple(attrs))
 

@@ -37,7 +37,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UNHASHABLE_FIXES, UnhashableError
-from .classes import class_code, code_fingerprint_of, instance_fields, native_bases
+from .classes import BY_REPR, a_value_type, by_repr, class_code, code_fingerprint_of, instance_fields, native_bases
 from .distributions import module_identity
 from .origin import is_user_module
 
@@ -227,7 +227,7 @@ def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int
     encode_into(_AS_BASE[base](v), out, active)
     if isinstance(v, enum.Enum):  # an IntEnum's or StrEnum's member
         _encode_member_attributes(v, out, active)
-    else:
+    elif is_user_module(type(v).__module__):  # (a library's may hold a whole tree: bs4's NavigableString)
         _container_state(v, out, active)
 
 
@@ -316,18 +316,16 @@ def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[i
 
 
 def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """datetime, decimal, uuid, fractions: exact, deterministic reprs. A subclass's by its base's
-    repr (one of its own may leave the value out), its code and its attributes."""
+    """datetime, decimal, uuid, fractions: exact, deterministic reprs. A user's subclass of one of
+    their value types by its base's repr (one of its own may leave the value out), its code and
+    its attributes."""
     t = type(v)
-    base = next(c for c in t.__mro__ if c.__module__ in _BY_REPR)
+    base = t if t.__module__ in BY_REPR else next(c for c in t.__mro__ if a_value_type(c))
     out(b"R" + type_name(t))
     encode_into(base.__repr__(v), out, active)  # type: ignore[call-arg]  # (the base's own, given `v`)
     if base is not t:
         out(class_code(t, active))
         _container_state(v, out, active)
-
-
-_BY_REPR = ("datetime", "decimal", "uuid", "fractions")
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -442,7 +440,7 @@ _OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operat
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (lambda t: issubclass(t, os.PathLike), _encode_path),
-    (lambda t: any(c.__module__ in _BY_REPR for c in t.__mro__), _encode_by_repr),
+    (by_repr, _encode_by_repr),
     (dataclasses.is_dataclass, _encode_dataclass),
     (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
     (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2

@@ -131,6 +131,14 @@ def passes(exc: BaseException) -> bool:
     return cancelling is None or cancelling() > 0  # (3.10 cannot tell: a task's CancelledError is its cancel)
 
 
+def passes_in_coroutine(exc: BaseException) -> bool:
+    """`passes`, in a coroutine, which must also let through its own close (`close()`, a task
+    destroyed while it waited): a GeneratorExit raised at its own await, the frame that catches
+    it (one a node raised comes up from the node's frames, and fails its item)."""
+    tb = exc.__traceback__
+    return passes(exc) or isinstance(exc, GeneratorExit) and tb is not None and tb.tb_next is None
+
+
 def carried(exc: BaseException) -> Exited:
     """A node's BaseException that is no Exception and does not pass (`passes`), as an ordinary
     exception for an asyncio task to end with: asyncio raises a SystemExit out of the event loop
@@ -143,7 +151,7 @@ async def _contained(coro: Any) -> Any:
     try:
         return await coro
     except BaseException as exc:
-        if isinstance(exc, Exception) or passes(exc):
+        if isinstance(exc, Exception) or passes_in_coroutine(exc):
             raise
         raise carried(exc) from None
 

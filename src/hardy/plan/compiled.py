@@ -69,7 +69,7 @@ from ..hashing import Reach, recording
 from ..hashing.state import token
 from ..model.graph import Graph, node_functions
 from ..model.node import Node
-from ..model.policy import carried, guard, passes
+from ..model.policy import carried, guard, passes, passes_in_coroutine
 from ..tracebacks import own_frames
 from .rows import batch_outputs
 from .source import PlanSource
@@ -235,7 +235,8 @@ class Plan:
 
     def _namespace(self) -> dict[str, Any]:
         """The generated function's globals: hardy's helpers, under names no local can take."""
-        ns: dict[str, Any] = {"_fail": self._fail, "_passes": passes, "_LAZY": LAZY, "_lazy": _lazy,
+        ns: dict[str, Any] = {"_fail": self._fail, "_LAZY": LAZY,
+                              "_passes": passes_in_coroutine if self.mode == "async" else passes, "_lazy": _lazy,
                               "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
                               "_oncached": self.on_cached, "_st": self.marks.words if self.marks else None,
@@ -363,7 +364,7 @@ async def _mark_step(k: int, coro: Any) -> Any:
         _tag(exc, k)
         raise
     except BaseException as exc:
-        if passes(exc):
+        if passes_in_coroutine(exc):
             raise
         exited = carried(exc)
         _tag(exited, k)

@@ -231,7 +231,6 @@ def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     return None
 
 
-
 class _BigBytes(Exception):
     pass
 

@@ -28,14 +28,16 @@ WAKE_MS = 100          # milliseconds a wait for a worker sleeps at most, betwee
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+def log_levels() -> dict[str, str]:
+    """This process's log levels, for a worker to take (`replies.Forward.install`): the root's, and
+    each logger's set on it (a `myproject` logger at INFO under a root at WARNING: the worker's
+    root alone would drop its records), so a worker sends the records that are handled here and
+    no others (every library's DEBUG, built, pickled and thrown away)."""
+    import json
+    own = {name: lg.level for name, lg in logging.Logger.manager.loggerDict.items()
+           if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET}
+    return {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel()), "HARDY_LOG_LEVELS": json.dumps(own)}
 
-def forwarded_level() -> int:
-    """The lowest level one of this process's loggers handles: a worker sends its records from it
-    up, and each is handled here as its own logger's level says (`replies.handle_logs`). The root's
-    alone would drop a `myproject` logger's INFO records where the root stays at WARNING."""
-    levels = [lg.level for lg in logging.Logger.manager.loggerDict.values()
-              if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET]
-    return min([logging.getLogger().getEffectiveLevel(), *levels])
 
 class Unsent(MutableMapping[int, None]):
     """The items of a worker's current chunk with no result yet, in order: a dict of them, but
@@ -144,7 +146,7 @@ class Worker:
             self.process, self.conn = launcher.start_worker()
             # this process's state now (a fork server's dates from its start), with the caps; `follow` keeps
             # it so; the log level: the records it forwards
-            self.overlay = {**env, "HARDY_LOG_LEVEL": str(forwarded_level())}
+            self.overlay = {**env, **log_levels()}
             self.context = context.current()
             self._set_up(preload_libs)
         except BaseException:  # (a preload that fails or blocks): nothing of it stays open
