@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnhashableError
-from .classes import class_code, instance_fields
 from .distributions import module_identity
 from .origin import is_user_module
 from .values import (
@@ -26,6 +25,7 @@ from .values import (
     encode_callable,
     encode_into,
     encode_object,
+    encode_subclass_state,
     identified_by,
     length,
     register_library,
@@ -41,8 +41,7 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
     if type(v) is not np.ndarray and not isinstance(v, np.generic):
         out(b"NS" + type_name(type(v)))
         if is_user_module(type(v).__module__):  # a user's subclass: its code, and what `__array_finalize__` set
-            out(class_code(type(v), active))
-            encode_attributes(instance_fields(v), out, active)
+            encode_subclass_state(v, out, active)
         if isinstance(v, np.ma.MaskedArray):
             _encode_numpy(np.ma.getmaskarray(v), out, active)
             encode_into(v.fill_value, out, active)

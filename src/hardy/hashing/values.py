@@ -163,8 +163,14 @@ def _resolve(t: type) -> Encoder:
 
 def _encode_subclass(encoder: Encoder, v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A user's subclass of a type keyed by its value alone (`class Window(deque)`): the value,
-    then the subclass's code and what the instance holds besides it (`window.label`)."""
+    then what the subclass adds (`encode_subclass_state`)."""
     encoder(v, out, active)
+    encode_subclass_state(v, out, active)
+
+
+def encode_subclass_state(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """What a user's subclass of a value type adds to the value: its code, and what the instance
+    holds besides the value (`window.label`, an ndarray's `meta`), which its code can read."""
     out(b"sub" + class_code(type(v), active))
     _container_state(v, out, active)
 
@@ -324,8 +330,7 @@ def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> No
     out(b"R" + type_name(t))
     encode_into(base.__repr__(v), out, active)  # type: ignore[call-arg]  # (the base's own, given `v`)
     if base is not t:
-        out(class_code(t, active))
-        _container_state(v, out, active)
+        encode_subclass_state(v, out, active)
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:

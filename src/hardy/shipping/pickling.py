@@ -419,22 +419,13 @@ def _with_state(reduced: Any, extra: Any, setter: Callable[[Any, Any], None]) ->
 
 
 def _set_both(obj: Any, states: tuple[Any, Any, Any, Callable[[Any, Any], None]]) -> None:
-    """The object's own state set as pickle's BUILD sets it, then hardy's (`_with_state`)."""
+    """The object's own state set as pickle's BUILD sets it, then hardy's (`_with_state`). Only
+    arrays and tensors come here: a state of theirs has a `__setstate__` (numpy's) or none."""
     state, setter, extra, ours = states
     if setter is not None:
         setter(obj, state)
     elif state is not None:
-        setstate = getattr(obj, "__setstate__", None)
-        if setstate is not None:
-            setstate(state)
-        else:
-            slots = None
-            if isinstance(state, tuple) and len(state) == 2:
-                state, slots = state
-            if state:
-                obj.__dict__.update(state)
-            for name, value in (slots or {}).items():
-                setattr(obj, name, value)
+        obj.__setstate__(state)
     ours(obj, extra)
 
 
