@@ -147,6 +147,16 @@ FOREIGN_PRIVATE = {
     "_clear_cache": "functools.singledispatch: told apart from another function with a registry attribute",
     "_extobj_contextvar": "numpy 2: the context variable holding its error state, read at every call to see that "
                           "np.seterr changed nothing (np.geterr costs 0.8 us; numpy 1 takes that path)",
+    "_InferenceMode": "torch._C: the guard torch.inference_mode() enters, entered in a worker for its caller (torch "
+                      "has no setter for the mode)",
+    "_get_deterministic_algorithms": "torch._C: read at every call to see that torch's settings changed nothing "
+                                     "(shipping/context.py; the public calls and torch.backends' properties "
+                                     "cost 0.1 to 0.3 us each, these 0.03)",
+    "_get_deterministic_algorithms_warn_only": "torch._C: as _get_deterministic_algorithms",
+    "_get_float32_matmul_precision": "torch._C: as _get_deterministic_algorithms",
+    "_get_cudnn_deterministic": "torch._C: as _get_deterministic_algorithms",
+    "_get_cudnn_benchmark": "torch._C: as _get_deterministic_algorithms",
+    "_get_cudnn_allow_tf32": "torch._C: as _get_deterministic_algorithms",
     "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",
 }
 

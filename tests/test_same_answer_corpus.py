@@ -55,8 +55,6 @@ LIBRARY_STATE = "a library's process state (documented limit): set it inside the
 KNOWN: dict[tuple[str, str], dict[str, str]] = {
     ("module_state", "numpy_global_seed_set_by_the_script"): known(
         f"np.random.seed() in the script: numpy's global generator is {LIBRARY_STATE}"),
-    ("torch_state", "default_dtype_set_by_the_script"): known(
-        f"torch.set_default_dtype() in the script: {LIBRARY_STATE}"),
     ("module_state", "lru_cached_helper_called_before_its_table_changed"): known(
         "what an lru_cache holds is the process's own (documented limit): a worker's is empty, so it computes "
         "with the table as it is now where the script's cache still answers with the old one"),

@@ -6,7 +6,9 @@ worker processes, each compared with the sequential executor's answer.
   refused as a binary file is (an input: the item fails, or the call before anything runs; a
   result: its item fails);
 - an ndarray subclass's instance attributes (numpy's pickle drops them): they arrive;
-- a tensor's `.grad` (torch's pickle drops it), a module's parameters' too: it arrives.
+- a tensor's `.grad` (torch's pickle drops it), a module's parameters' too: it arrives;
+- a module that made itself an instance of its own class (`torch.backends.cudnn`), read by a
+  script's node: it travels by reference (cloudpickle pickled its attributes, and failed).
 """
 
 from __future__ import annotations
@@ -166,3 +168,59 @@ def test_a_tensor_keeps_its_grad_both_ways(tmp_path):
     assert len(seq) == 4 and "None" not in " ".join(seq), lines
     assert process == seq  # (every grad None in a worker, and back, before)
     assert seq[-1] == "big input's grad True"
+
+
+FLAGS = """
+import sys
+from hardy import Engine, Pipeline, node
+
+open("flags.py", "w").write('''
+import sys, types
+
+class _Flags(types.ModuleType):  # a module made an instance of its own class, for a property
+    @property
+    def strict(self):
+        return self.level > 1
+
+level = 0
+sys.modules[__name__].__class__ = _Flags
+''')
+import flags
+flags.level = 2
+
+@node(output_name="y")
+def checked(x):
+    return [flags.strict, x]
+
+@node(output_name="y")
+def cudnn_flags(x):
+    return [torch.backends.cudnn.deterministic, torch.backends.cudnn.is_available(), x]
+
+nodes = [checked]
+if sys.argv[1] == "torch":
+    import torch
+    torch.backends.cudnn.deterministic = True
+    nodes = [checked, cudnn_flags]
+for name in ("sequential", "process"):
+    engine = Engine(map_executor=name)
+    for n in nodes:
+        print(name, Pipeline(nodes=[n], engine=engine).map(inputs={"x": [1, 2]}, map_over="x"))
+    engine.close()
+"""
+
+
+@pytest.mark.parametrize("library", ["own", "torch"])
+def test_a_script_node_reading_a_module_that_replaced_itself_travels(tmp_path, library):
+    """A module replaced in `sys.modules` by an instance of its own subclass (for properties: the
+    user's own, or torch's `torch.backends.cudnn`), read by a node of a script: it travels by
+    reference, as a module does, where cloudpickle pickled its attributes and failed."""
+    if library == "torch":
+        needs_torch()
+    out = subprocess.run([sys.executable, "-", library], input=textwrap.dedent(FLAGS), text=True,
+                         capture_output=True, timeout=150, cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    seq = [line.split(" ", 1)[1] for line in lines if line.startswith("sequential ")]
+    assert [line.split(" ", 1)[1] for line in lines if line.startswith("process ")] == seq
+    assert seq[0] == "[{'y': [True, 1]}, {'y': [True, 2]}]"
+    assert len(seq) == (2 if library == "torch" else 1)

@@ -367,6 +367,24 @@ def numpy_division_by_zero_made_an_error():
 
 
 @pattern
+def numpy_print_options_set_by_the_script():
+    # a node that writes arrays as text (a report, a prompt) writes them as np.set_printoptions says
+    import numpy as np
+
+    @node(output_name="y")
+    def shown(x):
+        return [str(np.array([1 / 3, 2e-9]) * x), repr(np.arange(2000) * x)[-40:]]
+
+    before = ys([shown], xs=[1, 2])
+    previous = np.get_printoptions()
+    np.set_printoptions(precision=3, suppress=True, threshold=50)
+    try:
+        return [before, ys([shown], xs=[1, 2])]
+    finally:
+        np.set_printoptions(**previous)
+
+
+@pattern
 def warning_filter_on_a_category_of_a_folder_added_at_run_time():
     # the category's module is found only through a folder the script adds to sys.path: the filter
     # travels by the category's name, and a worker that has not loaded that module leaves it out

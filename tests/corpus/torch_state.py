@@ -60,6 +60,17 @@ write("torch_steps.py", """
         return float(NOISE.sum()) + x
 
     @node(output_name="y")
+    def under_modes(x):
+        out = MODEL(features(x))
+        return [round(out.item(), 5), out.requires_grad, torch.is_inference_mode_enabled(), torch.is_grad_enabled()]
+
+    @node(output_name="y")
+    def seeded_flags(x):
+        import torch.backends.cudnn as cudnn  # (a module torch replaced with an object of its own class)
+        return [cudnn.deterministic, cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision(), x]
+
+    @node(output_name="y")
     def default_dtype(x):
         return [str((torch.tensor([0.1]) * x).dtype), (torch.tensor([0.1]) * x).item()]
 """)
@@ -161,6 +172,36 @@ def default_dtype_set_by_the_script():
         return ys([torch_steps.default_dtype])
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pattern
+def map_in_inference_mode_then_without():
+    # `with torch.inference_mode():` around an evaluation loop; then a map outside it builds graphs
+    torch.manual_seed(3)
+    torch_steps.MODEL = torch.nn.Linear(3, 1)
+    with torch.inference_mode():
+        inside = ys([torch_steps.under_modes])
+    return [inside, ys([torch_steps.under_modes])]
+
+
+@pattern
+def seed_helper_sets_cudnn_flags_and_matmul_precision():
+    # the `set_seed` helper of many training scripts
+    def set_seed(seed):
+        torch.manual_seed(seed)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("high")
+
+    before = ys([torch_steps.seeded_flags])
+    set_seed(0)
+    try:
+        return [before, ys([torch_steps.seeded_flags])]
+    finally:
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")
 
 
 @pattern

@@ -1,9 +1,10 @@
 """The calling process's state that a node can read besides its inputs and modules: environment
 variables, working directory, `sys.argv` and `sys.path`, and the interpreter's settings that change
 what code computes (`Settings`: the warning filters, the recursion limit, decimal's context,
-numpy's error handling, torch's grad mode). A worker takes them at each call, as the caller has
-them then (docs/same-answer.md), so a node reading `os.environ["MODE"]` or a relative path, or
-dividing by zero under `np.seterr(divide="raise")`, computes what it would compute in the caller.
+numpy's error handling and print options, torch's modes and default dtype). A worker takes them at
+each call, as the caller has them then (docs/same-answer.md), so a node reading
+`os.environ["MODE"]` or a relative path, or dividing by zero under `np.seterr(divide="raise")`,
+computes what it would compute in the caller.
 
 `current()` is on every call's path, so it answers from the snapshot it made last whenever nothing
 changed: a few comparisons, about a microsecond, and the same object, which a worker that already
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -30,33 +32,56 @@ class Settings(NamedTuple):
     warning_filters: tuple[Filter, ...]  # `warnings.filters`, each category by (module, name)
     decimal: tuple[Any, ...] | None  # decimal's context: (prec, rounding, Emin, Emax, capitals, clamp, traps' names)
     numpy_errors: dict[str, str] | None  # `np.geterr()`
-    torch_modes: tuple[bool, bool, bool] | None  # grad enabled, deterministic algorithms, only warning so
+    numpy_print: dict[str, Any] | None  # `np.get_printoptions()` but its functions (`NUMPY_PRINT`)
+    torch_modes: TorchModes | None
+
+
+class TorchModes(NamedTuple):
+    """torch's settings that change what a node computes: its thread's grad and inference modes
+    and the process's algorithms, default dtype and matmul precision (a `set_seed` helper's
+    `cudnn.deterministic = True`), each as `torch.get_*` and `torch.backends.cudnn` read them."""
+
+    grad: bool = True
+    deterministic: bool = False
+    warn_only: bool = False
+    inference: bool = False
+    default_dtype: str = "float32"
+    matmul_precision: str = "highest"
+    cudnn_deterministic: bool = False
+    cudnn_benchmark: bool = False
+    cudnn_allow_tf32: bool = True
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
 NUMPY_ERRORS = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}  # numpy's defaults
+# numpy's default print options, but `formatter` and `override_repr` (functions, which travel by
+# plain pickle only by reference: they stay the caller's, docs/same-answer.md)
+NUMPY_PRINT = {"edgeitems": 3, "threshold": 1000, "floatmode": "maxprec", "precision": 8, "suppress": False,
+               "linewidth": 75, "nanstr": "nan", "infstr": "inf", "sign": "-", "legacy": False}
 
 
 def settings() -> Settings:
     """The calling thread's settings now (see `Settings`)."""
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
-    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _torch_modes())
+    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _numpy_print(),
+                    _torch_modes())
 
 
 def settings_key() -> tuple[Any, ...]:
     """What tells cheaply that `settings()` may have changed (`Snapshot.holds`): the limits, the
     filters' list, its length and first entry (`filterwarnings` puts one first, `catch_warnings`
-    swaps the list), decimal's context and its fields, numpy's error state (one object, replaced
-    by `np.seterr`) and torch's modes. The objects themselves, not their ids: an object freed
-    since could leave its id to the next one. About 0.3 us, 0.8 with pandas and torch loaded."""
+    swaps the list), decimal's context and its fields, numpy's error state and print options (one
+    object each, replaced by `np.seterr` and `np.set_printoptions`) and torch's modes. The objects
+    themselves, not their ids: an object freed since could leave its id to the next one. About 0.3
+    us, 1.1 with pandas and torch loaded."""
     filters = warnings.filters
     modules = sys.modules
     decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
             _decimal_key(decimal) if decimal is not None else None,
-            _numpy_state(numpy) if numpy is not None else None,
-            _torch_now(torch) if torch is not None else None)
+            (_numpy_state(numpy), _numpy_print_state(numpy)) if numpy is not None else None,
+            _torch_key(torch._C, torch.get_default_dtype) if torch is not None else None)
 
 
 _RECURSION_LIMIT = sys.getrecursionlimit
@@ -92,14 +117,49 @@ def take_settings(theirs: Settings) -> None:
     if theirs.numpy_errors is not None or "numpy" in sys.modules:
         import numpy
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
+    if theirs.numpy_print is not None or "numpy" in sys.modules:
+        import numpy
+        if _numpy_print() != theirs.numpy_print:
+            numpy.set_printoptions(**(theirs.numpy_print or NUMPY_PRINT))
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
-        grad, deterministic, warn_only = theirs.torch_modes or _TORCH_DEFAULTS
-        now = _torch_now(torch)
-        if now[0] != grad:
-            torch.set_grad_enabled(grad)
-        if now[1:] != (deterministic, warn_only):  # (its first call loads torch's compiler stack: a second)
-            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        _take_torch_modes(torch, theirs.torch_modes or _TORCH_DEFAULTS)
+
+
+def _take_torch_modes(torch: Any, theirs: TorchModes) -> None:
+    """Set each of torch's settings that differs from the caller's (inference mode before grad
+    mode: entering or leaving it sets grad mode too)."""
+    now = _torch_now(torch)
+    if now.inference != theirs.inference:
+        _take_inference(torch, theirs.inference)
+    if bool(torch.is_grad_enabled()) != theirs.grad:
+        torch.set_grad_enabled(theirs.grad)
+    if now[1:3] != theirs[1:3]:  # (its first call loads torch's compiler stack: a second)
+        torch.use_deterministic_algorithms(theirs.deterministic, warn_only=theirs.warn_only)
+    if now.default_dtype != theirs.default_dtype:
+        torch.set_default_dtype(getattr(torch, theirs.default_dtype))
+    if now.matmul_precision != theirs.matmul_precision:
+        torch.set_float32_matmul_precision(theirs.matmul_precision)
+    cudnn = torch.backends.cudnn
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:]
+
+
+_INFERENCE = threading.local()  # `held`: the inference-mode guard this thread entered for its caller
+
+
+def _take_inference(torch: Any, wanted: bool) -> None:
+    """Enter or leave inference mode on this thread as the caller has it. torch offers no setter,
+    only a guard (`torch.inference_mode()` enters one): the guard this thread entered for an
+    earlier call is left first, which restores the mode from before it, and a new one is entered
+    only if that is not the caller's."""
+    held = getattr(_INFERENCE, "held", None)
+    _INFERENCE.held = None
+    if held is not None:
+        held.__exit__(None, None, None)
+    if bool(torch.is_inference_mode_enabled()) != wanted:
+        guard = torch._C._InferenceMode(wanted)
+        guard.__enter__()
+        _INFERENCE.held = guard
 
 
 def _named(category: Any) -> tuple[str, str]:
@@ -126,13 +186,19 @@ def loaded_warning(module: str, name: str) -> type[Warning] | None:
 
 def thread_modes() -> Callable[[], Any]:
     """What of the calling thread's settings another thread must take to compute the same (the
-    threaded executor's chunks): torch's grad mode is the thread's own. (Decimal's context and
-    numpy's error state live in context variables: a copied `contextvars` context carries them.)"""
+    threaded executor's chunks): torch's grad and inference modes are the thread's own. (Decimal's
+    context and numpy's error state and print options live in context variables: a copied
+    `contextvars` context carries them; torch's other settings are the process's.)"""
     torch = sys.modules.get("torch")
     if torch is None:
         return _no_modes
-    grad = torch.is_grad_enabled()
-    return lambda: torch.set_grad_enabled(grad)
+    grad, inference = bool(torch.is_grad_enabled()), bool(torch.is_inference_mode_enabled())
+
+    def take() -> None:
+        if bool(torch.is_inference_mode_enabled()) != inference or getattr(_INFERENCE, "held", None) is not None:
+            _take_inference(torch, inference)
+        torch.set_grad_enabled(grad)
+    return take
 
 
 def _no_modes() -> None:
@@ -165,19 +231,42 @@ def _numpy_state(numpy: Any) -> Any:
     return state.get() if state is not None else tuple(sorted(numpy.geterr().items()))
 
 
-def _torch_modes() -> tuple[bool, bool, bool] | None:
+def _numpy_print() -> dict[str, Any] | None:
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    options = {name: value for name, value in numpy.get_printoptions().items() if name in NUMPY_PRINT}
+    return None if options == NUMPY_PRINT else options
+
+
+def _numpy_print_state(numpy: Any) -> Any:
+    """numpy's print options as one object (numpy 2: its context variable's value), else a copy."""
+    config = sys.modules.get("numpy._core.printoptions")
+    state = getattr(config, "format_options", None)
+    return state.get() if state is not None else numpy.get_printoptions()
+
+
+def _torch_modes() -> TorchModes | None:
     torch = sys.modules.get("torch")
     modes = _torch_now(torch) if torch is not None else _TORCH_DEFAULTS
     return None if modes == _TORCH_DEFAULTS else modes
 
 
-def _torch_now(torch: Any) -> tuple[bool, bool, bool]:
-    """torch's grad mode and deterministic algorithms (and whether they only warn), as set now."""
-    return (bool(torch.is_grad_enabled()), bool(torch.are_deterministic_algorithms_enabled()),
-            bool(torch.is_deterministic_algorithms_warn_only_enabled()))
+def _torch_now(torch: Any) -> TorchModes:
+    """torch's settings (`TorchModes`) as set now."""
+    raw = list(_torch_key(torch._C, torch.get_default_dtype))
+    raw[4] = str(raw[4]).rpartition(".")[2]  # (torch.float64: "float64")
+    return TorchModes(*raw)
 
 
-_TORCH_DEFAULTS = (True, False, False)
+def _torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
+    """`TorchModes`' fields as torch's own calls return them (the dtype an object): about 0.6 us."""
+    return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
+            c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
+            c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32())
+
+
+_TORCH_DEFAULTS = TorchModes()
 
 
 class Snapshot:

@@ -215,7 +215,9 @@ _BY_NAME = operator.attrgetter("__qualname__")  # a string: the pickler saves th
 def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     """hardy's reduction for objects of `kind` that `_reductions` cannot list by exact type: a
     tensor subclass (a `nn.Parameter`: its grad), an ndarray subclass that pickles as numpy does
-    (its instance attributes); None for any other type."""
+    (its instance attributes), a module of its own class (`_reduce_module`); None for any other type."""
+    if issubclass(kind, types.ModuleType) and kind is not types.ModuleType:
+        return _reduce_module
     try:
         torch = sys.modules.get("torch")
         if torch is not None and issubclass(kind, torch.Tensor) and kind is not torch.Tensor:
@@ -229,6 +231,17 @@ def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     except Exception:  # (a metaclass whose subclass check raises: the pickler's own way)
         pass
     return None
+
+
+def _reduce_module(module: types.ModuleType) -> Any:
+    """A module that replaced itself in `sys.modules` with an instance of its own subclass, for
+    properties (`torch.backends.cudnn`), by reference, as cloudpickle sends a plain module: it finds
+    submodules that a function's attribute chains reach in `sys.modules`, and would pickle such an
+    object's attributes instead (which fails). Any other: pickle's own way."""
+    name = module.__name__
+    if name != "__main__" and sys.modules.get(name) is module:
+        return cloudpickle.cloudpickle.subimport, (name,)
+    return NotImplemented
 
 
 class _BigBytes(Exception):
