@@ -33,6 +33,14 @@ class HoldsLock(Exception):
         self.code = 507
 
 
+class ApiError(Exception):
+    """Its constructor makes its message: pickle, calling it with that message, would make another."""
+
+    def __init__(self, status: int):
+        super().__init__(f"API returned HTTP {status}")
+        self.status = status
+
+
 class BadStr(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no str")
@@ -59,6 +67,10 @@ def misbehave(case: str) -> object:
         raise _local_class()("this", "that")
     if case == "str raises":
         raise BadStr("boom")
+    if case == "message made":
+        raise ApiError(503)
+    if case == "unpicklable argument":
+        raise Exception("the lock", threading.Lock())
     return case.upper()
 
 
@@ -82,7 +94,8 @@ def _raising_at(k: int):
         yield n
 
 
-CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "str raises", "fine"]
+CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "str raises",
+         "message made", "unpicklable argument", "fine"]
 
 
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
@@ -112,6 +125,13 @@ def test_one_outcome_per_failure_on_every_executor(name):
         local = failed["local class"].__cause__  # a class the caller cannot import: a stand-in of that name
         assert type(local).__name__ == "Local" and isinstance(local, KeyError) and str(local) == "'this and that'"
         assert isinstance(local, RemoteError) == (name not in ("sequential", "threaded", "async"))
+
+        made = failed["message made"].__cause__  # said once, not "API returned HTTP API returned HTTP 503"
+        assert type(made) is ApiError and str(made) == "API returned HTTP 503" and made.status == 503
+        assert "ApiError: API returned HTTP 503" in str(failed["message made"])
+
+        lock_arg = failed["unpicklable argument"].__cause__  # each argument kept (the lock as its repr)
+        assert lock_arg.args[0] == "the lock" and str(lock_arg).startswith("('the lock', <unlocked _thread.lock")
 
         unprintable = failed["str raises"]  # reported as Python's traceback reports it; the map goes on
         assert str(unprintable).endswith("BadStr: <exception str() failed>")

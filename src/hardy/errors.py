@@ -284,11 +284,13 @@ class RemoteError(HardyError):
 
     _origin: tuple[str, str, str] = ("builtins", "Exception", "Exception")  # module, qualname, built-in base
 
+    _text: str | None = None  # the message, where `args` are the original's (`shipping.failures.rebuilt`)
+
     def __str__(self) -> str:  # the message as it was (KeyError's own would quote it)
-        return str(self.args[0]) if self.args else ""
+        return self._text if self._text is not None else str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:  # its class is made at run time: it travels as its recipe
-        return stand_in, (*self._origin, str(self))
+        return stand_in, (*self._origin, str(self)), {**self.__dict__, "args": self.args}
 
 
 _STAND_INS: dict[tuple[str, str, str], type[RemoteError]] = {}
@@ -312,31 +314,6 @@ def stand_in(module: str, qualname: str, base: str, message: str) -> RemoteError
                                                                        "_origin": key})
         _STAND_INS[key] = cls
     return cls(message)
-
-
-def rebuilt_exception(module: str, qualname: str, base: str, message: str, args: tuple[Any, ...],
-                      state: dict[str, Any]) -> BaseException:
-    """An exception that pickle could not carry (`shipping.portable`), rebuilt: of its own class,
-    by its constructor if that accepts its `args`, else without calling it, with its picklable
-    attributes; or, if its class cannot be found here or the copy would read differently, its
-    `stand_in`."""
-    import importlib
-    try:
-        cls: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            try:
-                exc = cls(*args)  # as pickle would: its constructor sets what it sets (SystemExit's code)
-            except Exception:
-                exc = cls.__new__(cls, *args)
-                exc.args = args
-            exc.__dict__.update(state)
-            if str(exc) == message:
-                return exc
-    except Exception:  # not importable here, or a class that will not be made this way
-        pass
-    return stand_in(module, qualname, base, message)
 
 
 class OutputCountError(NodeError):

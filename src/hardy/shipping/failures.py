@@ -1,7 +1,7 @@
 """A node's error, made ready to travel back to the caller (`portable`): its cause's traceback kept
 as text and as frames that become a real traceback again on the other side (`hardy.tracebacks`),
 and a cause that pickle cannot carry replaced by a recipe that rebuilds it on the other side
-(`errors.rebuilt_exception`), so a failure is never lost on the way.
+(`rebuilt`), so a failure is never lost on the way, nor reads differently.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ..errors import NodeError, rebuilt_exception, text_of
+from ..errors import NodeError, stand_in, text_of
 from ..tracebacks import travelling
 from .pickling import dumps
 
@@ -18,9 +18,9 @@ def portable(err: NodeError) -> NodeError:
     """The error, ready to cross a process: its cause's traceback kept as text in `stack` and as
     frames in `cause_frames` (a traceback does not pickle; `errors` rebuilds one from them), and a
     cause that would not come back whole (an exception whose constructor takes other arguments
-    than it passes to Exception, or holding an unpicklable attribute: pickle rebuilds an exception
-    by calling its class with its `args`) replaced by a copy that rebuilds it on the other side
-    (`errors.rebuilt_exception`)."""
+    than it passes to Exception, or builds its message from them, or holding an unpicklable
+    attribute: pickle rebuilds an exception by calling its class with its `args`) replaced by a
+    copy that rebuilds it on the other side (`rebuilt`)."""
     cause = err.__cause__
     if cause is not None and not getattr(err, "stack", ""):
         import traceback
@@ -29,18 +29,23 @@ def portable(err: NodeError) -> NodeError:
         err.cause_frames = travelling(cause.__traceback__)  # the cause's traceback, rebuilt where it lands
     if cause is not None and err.cause_chain is None:
         err.cause_chain = _chain(cause)
-    if not _survives(err):
+    if not _survives(err) or cause is not None and not _survives(cause):
         err.__cause__ = _CauseCopy(cause) if cause is not None else None
     return err
 
 
 def _survives(value: Any) -> bool:
-    """Whether `value` comes back from a pickle: unpickling is where such exceptions fail."""
+    """Whether `value` comes back from a pickle (unpickling is where such exceptions fail), and an
+    exception as the same class saying the same: `ApiError(503)`, whose constructor makes its
+    message "API returned HTTP 503", is called again with that message by pickle, and would say
+    "API returned HTTP API returned HTTP 503"."""
     try:
-        pickle.loads(dumps(value))
-        return True
+        copy = pickle.loads(dumps(value))
     except Exception:
         return False
+    if isinstance(value, BaseException):
+        return type(copy) is type(value) and text_of(copy) == text_of(value)
+    return True
 
 
 CHAIN_LIMIT = 100  # links of an exception chain that travel (Python prints every one: a chain that long is rare)
@@ -78,7 +83,52 @@ class _CauseCopy(Exception):
                        {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return rebuilt_exception, self.recipe
+        return rebuilt, self.recipe
+
+
+def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any, ...],
+            state: dict[str, Any]) -> BaseException:
+    """An exception that pickle could not carry (`_CauseCopy`), rebuilt where it lands: of its own
+    class, by its constructor if that accepts its `args` and says the same, else without calling
+    it, with its `args` and picklable attributes; or, if its class cannot be found here or the copy
+    would say something else, its `errors.stand_in`, which says the original's message and keeps
+    its `args` and attributes (those that did not pickle as their repr)."""
+    import importlib
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            for made in (_constructed, _unconstructed):
+                exc = made(cls, args)
+                if exc is not None:
+                    exc.__dict__.update(state)
+                    if text_of(exc) == message:
+                        return exc
+    except Exception:  # not importable here, or a class that will not be made this way
+        pass
+    exc = stand_in(module, qualname, base, message)
+    exc._text, exc.args = message, args
+    exc.__dict__.update((k, v) for k, v in state.items() if k not in vars(type(exc)))
+    return exc
+
+
+def _constructed(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException | None:
+    """As pickle would make it: its constructor sets what it sets (SystemExit's code)."""
+    try:
+        return cls(*args)
+    except Exception:
+        return None
+
+
+def _unconstructed(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException | None:
+    """Made without its constructor, which takes other arguments or builds its message from them."""
+    try:
+        exc = cls.__new__(cls, *args)
+        exc.args = args
+        return exc
+    except Exception:
+        return None
 
 
 def _travelling(value: Any) -> Any:
