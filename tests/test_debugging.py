@@ -204,6 +204,22 @@ def test_breakpoint_in_a_worker_fails_its_item_saying_how_to_debug(tmp_path):
     assert quiet.stdout.strip() == "{'y': 1}"  # PYTHONBREAKPOINT=0 turns breakpoint() off, in workers too
 
 
+
+def test_a_map_under_a_debugger_says_once_that_its_breakpoints_in_nodes_are_not_hit(tmp_path):
+    """`python -m pdb script.py` with a breakpoint in a node: the worker passes it by, so the
+    first map says why (where it said nothing); a tracer that is no debugger says nothing."""
+    script = BUG + 'print(p.map(inputs={"x": [1, 2]}, map_over="x"), p.run(inputs={"x": 4}))\n'
+    out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin="b bug.py:12\nc\nq\n")
+    said = "a debugger is tracing this process, but its breakpoints in nodes are not hit"
+    assert "[{'y': 20.0, 'z': 20.0}, {'y': 10.0, 'z': 10.0}] {'y': 5.0, 'z': 5.0}" in out.stdout, out.stdout + out.stderr
+    assert out.stderr.count(said) == 1, out.stderr  # once, for the map and the run
+    assert "bug.py:22: UserWarning" in out.stderr  # at the user's call
+    traced = _python(tmp_path, "import sys\nsys.settrace(lambda *a: None)\n" + script, "bug.py")
+    assert traced.returncode == 0 and said not in traced.stderr, traced.stderr
+    here = _python(tmp_path, script, "-m", "pdb", "bug.py", "sequential", stdin="b bug.py:12\nc\np x\nq\n")
+    assert "(12)inv()" in here.stdout and said not in here.stderr  # in-process, the breakpoint stops
+
+
 REPORTED = """
 import ctypes
 from hardy import Engine, Pipeline, node

@@ -1,13 +1,17 @@
-"""`breakpoint()` in a node that runs in a worker process, which has no terminal to talk to.
+"""Debuggers and worker processes: `breakpoint()` in a node that runs in a worker process, which
+has no terminal to talk to, and breakpoints a debugger set in the caller, which a worker never hits.
 
 Instead of pdb reading the worker's empty stdin and quitting (`BdbQuit`, with no hint), the item
-fails with one message saying how to debug it: run it again in the caller's process under pdb.
+fails with one message saying how to debug it: run it again in the caller's process under pdb. A
+map started under pdb or an IDE's debugger (`python -m pdb script.py`, VS Code's debugpy) says
+once that its breakpoints in nodes will not stop there (`warn_if_debugged`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 from ..errors import DebuggerUnavailable
@@ -27,3 +31,31 @@ def no_terminal(*args: Any, **kwargs: Any) -> Any:
     if wanted not in ("", "pdb.set_trace", "pdb"):
         return sys.__breakpointhook__(*args, **kwargs)
     raise DebuggerUnavailable(f"breakpoint() was called in a worker process, which has no terminal for pdb; {HOW}")
+
+
+_WARNED: list[bool] = []
+
+
+def warn_if_debugged() -> None:
+    """Once per process, when a debugger traces the caller (pdb's `Bdb`, debugpy's pydevd): the
+    breakpoints it holds are this process's, and a node running in a worker passes them by
+    without a word. (A coverage tracer or a profiler is no debugger: said nothing.) About 60 ns."""
+    trace = sys.gettrace()
+    if trace is None or _WARNED:
+        return
+    owner = getattr(trace, "__self__", None)
+    bdb = sys.modules.get("bdb")
+    where = getattr(type(owner) if owner is not None else trace, "__module__", None) or ""
+    if (bdb is not None and isinstance(owner, bdb.Bdb)) or "pydevd" in where:
+        _WARNED.append(True)
+        warnings.warn("a debugger is tracing this process, but its breakpoints in nodes are not hit: nodes run in "
+                      f"hardy's worker processes; {HOW}", UserWarning, stacklevel=_outside_hardy())
+
+
+def _outside_hardy() -> int:
+    """The `stacklevel` of the first frame that is not hardy's: the user's call of map or run."""
+    here, level = os.path.dirname(os.path.dirname(__file__)), 1
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level

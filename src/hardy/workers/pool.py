@@ -22,6 +22,7 @@ from ..plan.compiled import Plan
 from ..plan.memo import Memo
 from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
 from . import launch
+from .breakpoints import warn_if_debugged
 from .calls import call
 from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
@@ -353,9 +354,11 @@ class WorkerPool(Executor):
     # --- the map executor ------------------------------------------------------------------------
 
     def run_items(self, plan: Plan, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
+        warn_if_debugged()
         MapRun(self, plan, items, results).loop()
 
     def run_one(self, plan: Plan, item: dict[str, Any], sink: Callable[[], MapResults]) -> dict[str, Any]:
+        warn_if_debugged()
         return call(self, plan, item, sink)
 
     def _forget(self) -> None:
