@@ -114,6 +114,50 @@ def test_a_chained_exception_prints_its_whole_chain_on_every_executor(tmp_path):
     assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
 
 
+GROUPED = """
+import asyncio, sys, traceback
+from hardy import Engine, Pipeline, node
+
+async def fetch(i):
+    await asyncio.sleep(0)
+    raise ConnectionError(f"fetch {i} failed")
+
+def check(x):
+    raise ExceptionGroup("checks", [ValueError(f"bad {x}"), ExceptionGroup("inner", [KeyError(x)])])
+
+@node(output_name="y")
+async def gather(x: int):
+    async with asyncio.TaskGroup() as tg:
+        for i in range(2):
+            tg.create_task(fetch(i))
+
+@node(output_name="z")
+def checked(x: int):
+    try:
+        check(x)
+    except* KeyError as e:
+        raise
+
+for n in (gather, checked):
+    out = Pipeline([n], engine=Engine(map_executor=sys.argv[1])).map(inputs={"x": [1]}, map_over="x",
+                                                                   on_error="continue")
+    traceback.print_exception(out[0].error.__cause__)
+"""
+
+
+def test_an_exception_groups_exceptions_keep_their_frames_on_every_executor(tmp_path):
+    """asyncio.TaskGroup's ExceptionGroup, and one raised and re-raised by `except*`: pickle carries
+    a group's exceptions without their tracebacks, so a worker's printed none of their frames."""
+    texts = {}
+    for executor in ("sequential", "process", "threaded"):
+        out = _python(tmp_path, GROUPED, "bug.py", executor)
+        assert out.returncode == 0, out.stderr
+        texts[executor] = out.stderr
+    text = texts["process"]
+    assert text.count("line 7, in fetch\n") == 2 and text.count('raise ConnectionError(f"fetch {i} failed")') == 2
+    assert "ExceptionGroup: inner (1 sub-exception)" in text and "line 10, in check\n" in text, text
+    assert all(t == text for t in texts.values()), {k: t for k, t in texts.items() if t != text}
+
 def test_a_long_chain_keeps_its_root_cause(tmp_path):
     script = """
 import sys

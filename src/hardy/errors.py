@@ -195,6 +195,7 @@ class NodeError(HardyError):
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
     cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
     cause_chain: list[Any] | None = None  # what the cause was raised from or while handling (`tracebacks.relinked`)
+    cause_groups: list[Any] | None = None  # an exception group's exceptions' frames (`tracebacks.group_frames`)
     rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
     nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 
@@ -261,9 +262,11 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     err.__cause__ = cause
     frames = state.get("cause_frames")
     if cause is not None:  # the worker's frames, and the exceptions it was raised from, as if raised here
-        from .tracebacks import relinked, with_frames
+        from .tracebacks import relinked, with_frames, with_group_frames
         if frames:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
             with_frames(cause, frames)
+        if state.get("cause_groups"):
+            with_group_frames(cause, state["cause_groups"])
         relinked(cause, state.get("cause_chain") or ())
     return err
 

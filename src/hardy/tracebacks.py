@@ -21,6 +21,7 @@ part that matters, and it is a few lines here.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import itertools
 import os
@@ -172,6 +173,29 @@ def with_frames(exc: BaseException, frames: Frames) -> None:
         exc.__traceback__ = rebuilt(frames)
     except Exception:  # a traceback that cannot be made again must not cost the error: its text travelled too
         pass
+
+
+GroupFrames = list[tuple["Frames | None", Any]]  # per exception of a group: its frames, and its own group's
+
+
+def group_frames(exc: BaseException) -> GroupFrames | None:
+    """The frames of every exception an exception group holds (`asyncio.TaskGroup`'s, `except*`'s),
+    nested groups' too: pickle carries a group's exceptions without their tracebacks. None for an
+    exception that is no group."""
+    inner = getattr(exc, "exceptions", None)
+    group = getattr(builtins, "BaseExceptionGroup", None)  # (Python 3.11 on)
+    if group is None or not isinstance(exc, group) or not isinstance(inner, tuple):
+        return None
+    return [(travelling(e.__traceback__) if e.__traceback__ is not None else None, group_frames(e)) for e in inner]
+
+
+def with_group_frames(exc: BaseException, tree: GroupFrames) -> None:
+    """A group's exceptions given back their tracebacks (`group_frames`), as if raised here."""
+    for inner, (frames, below) in zip(getattr(exc, "exceptions", ()), tree):
+        if frames:
+            with_frames(inner, frames)
+        if below:
+            with_group_frames(inner, below)
 
 
 def relinked(exc: BaseException, chain: Any) -> None:

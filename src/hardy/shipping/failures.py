@@ -10,7 +10,7 @@ import pickle
 from typing import Any
 
 from ..errors import NodeError, stand_in, text_of
-from ..tracebacks import travelling
+from ..tracebacks import group_frames, travelling
 from .pickling import dumps
 
 
@@ -29,6 +29,8 @@ def portable(err: NodeError) -> NodeError:
         err.cause_frames = travelling(cause.__traceback__)  # the cause's traceback, rebuilt where it lands
     if cause is not None and err.cause_chain is None:
         err.cause_chain = _chain(cause)
+    if cause is not None and getattr(err, "cause_groups", None) is None:
+        err.cause_groups = group_frames(cause)  # (an exception group's exceptions' tracebacks)
     if not _survives(err) or cause is not None and not _survives(cause):
         err.__cause__ = _CauseCopy(cause) if cause is not None else None
     return err
