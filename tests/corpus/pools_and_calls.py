@@ -321,6 +321,35 @@ def stateful_resource_built_from_module_state():
     return [o["y"] for o in out]
 
 
+
+@pattern
+def stateful_handle_attribute_set_between_calls():
+    # `clf.threshold = 0.9` on a @stateful handle: set on this process's object, and on each worker's
+    write("clf_steps.py", """
+        from hardy import node, stateful
+
+        @stateful
+        class Classifier:
+            def __init__(self, name):
+                self.name, self.threshold = name, 0.5
+
+            def __call__(self, score):
+                return score > self.threshold
+
+        @node(output_name="label")
+        def classify(score, clf):
+            return [clf(score), clf.threshold]
+    """)
+    import clf_steps
+    clf = clf_steps.Classifier("m")
+    pipe = Pipeline(nodes=[clf_steps.classify], engine=engine)
+    first = pipe.map(inputs={"score": [0.7, 0.95], "clf": clf}, map_over="score")
+    clf.threshold = 0.9
+    second = pipe.map(inputs={"score": [0.7, 0.95], "clf": clf}, map_over="score")
+    clf.threshold = 0.6
+    return [first, second, pipe.run(inputs={"score": 0.7, "clf": clf})]
+
+
 SCRIPT_TABLE = {1: 11}
 
 

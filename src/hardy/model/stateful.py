@@ -4,7 +4,10 @@
 constructor arguments. The real object is built on first use, once in each process that uses it,
 and reused for every item that process runs. Handles pickle as (class, arguments), never as the
 loaded object, so a worker process builds its own model instead of receiving a copy (one model
-per worker, and nothing CUDA-bound ever crosses a process boundary).
+per worker, and nothing CUDA-bound ever crosses a process boundary). Attributes set on a handle
+(`clf.threshold = 0.9`) travel with it and are set on each process's object, so a worker computes
+with them as the caller does; what the object's own methods change (`clf.fit(...)`) stays in the
+process that called them (docs/same-answer.md).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class Resource(metaclass=_HandleClass):
     handle and `isinstance(handle, Model)` holds, as in HyperNodes.
     """
 
-    __slots__ = ("_args", "_kwargs", "_key")
+    __slots__ = ("_args", "_kwargs", "_key", "_set")
     _cls: type = object  # the decorated class, set on each subclass by `stateful`
     __hypernode_stateful__ = True  # HyperNodes' marker, for code that checks it
 
@@ -45,6 +48,7 @@ class Resource(metaclass=_HandleClass):
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
         object.__setattr__(self, "_key", os.urandom(16).hex())
+        object.__setattr__(self, "_set", {})  # attributes set on the handle, by name: they travel with it
 
     @property
     def instance(self) -> Any:
@@ -54,7 +58,10 @@ class Resource(metaclass=_HandleClass):
             with _lock:  # two threads of one process must not build the model twice
                 obj = _instances.get(self._key)
                 if obj is None:
-                    obj = _instances[self._key] = self._cls(*self._args, **self._kwargs)
+                    obj = self._cls(*self._args, **self._kwargs)
+                    for name, value in self._set.items():
+                        setattr(obj, name, value)
+                    _instances[self._key] = obj
         return obj
 
     @property
@@ -67,30 +74,38 @@ class Resource(metaclass=_HandleClass):
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.instance, name, value)
+        self._set[name] = value
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.instance(*args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_handle, (type(self), self._args, self._kwargs, self._key))
+        return (_handle, (type(self), self._args, self._kwargs, self._key, self._set))
 
     def __cache_key__(self) -> Any:
         """What identifies the resource for caching: the class's own `__cache_key__()` when it
         defines one (this builds the object), else its class and constructor arguments."""
         if hasattr(self._cls, "__cache_key__"):
             return self.instance.__cache_key__()
-        return (f"{self._cls.__module__}.{self._cls.__qualname__}", self._args,
-                tuple(sorted(self._kwargs.items())))
+        key = (f"{self._cls.__module__}.{self._cls.__qualname__}", self._args, tuple(sorted(self._kwargs.items())))
+        return (*key, tuple(sorted(self._set.items()))) if self._set else key
 
     def __repr__(self) -> str:
         built = "built" if self._key in _instances else "not built yet"
         return f"<{self._cls.__qualname__} resource ({built}) args={self._args!r}>"
 
 
-def _handle(cls: type[Resource], args: tuple[Any, ...], kwargs: dict[str, Any], key: str) -> Resource:
+def _handle(cls: type[Resource], args: tuple[Any, ...], kwargs: dict[str, Any], key: str,
+            attributes: dict[str, Any] | None = None) -> Resource:
+    """A handle arrived from another process; the attributes set on it there are set on this
+    process's object too, if it was built before (a worker's, at an earlier call)."""
     handle = Resource.__new__(cls)
-    for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key)):
+    for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key), ("_set", dict(attributes or {}))):
         object.__setattr__(handle, name, value)
+    built = _instances.get(key)
+    if built is not None:
+        for name, value in handle._set.items():
+            setattr(built, name, value)
     return handle
 
 
