@@ -287,10 +287,10 @@ class RemoteError(HardyError):
 
     _origin: tuple[str, str, str] = ("builtins", "Exception", "Exception")  # module, qualname, built-in base
 
-    _text: str | None = None  # the message, where `args` are the original's (`shipping.failures.rebuilt`)
+    said: str | None = None  # the message, where `args` are the original's (`shipping.failures.rebuilt`)
 
     def __str__(self) -> str:  # the message as it was (KeyError's own would quote it)
-        return self._text if self._text is not None else str(self.args[0]) if self.args else ""
+        return self.said if self.said is not None else str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:  # its class is made at run time: it travels as its recipe
         return stand_in, (*self._origin, str(self)), {**self.__dict__, "args": self.args}

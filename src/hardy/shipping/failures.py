@@ -110,7 +110,7 @@ def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any
     except Exception:  # not importable here, or a class that will not be made this way
         pass
     exc = stand_in(module, qualname, base, message)
-    exc._text, exc.args = message, args
+    exc.said, exc.args = message, args
     exc.__dict__.update((k, v) for k, v in state.items() if k not in vars(type(exc)))
     return exc
 
