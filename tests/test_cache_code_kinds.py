@@ -312,6 +312,12 @@ def helper(x):
 def target(x):
     return helper(x)
 """, ("x * 2", "x * 3")),
+    "numba njit explicit signatures": ("""
+import numba
+@numba.njit("float64(float64)")
+def target(x):
+    return x / 2
+""", ('"float64(float64)"', '"int64(int64)"')),
     "numba vectorize signatures": ("""
 import numba
 @numba.vectorize(["int64(int64)"])

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -75,6 +76,32 @@ class Secret:
 
     def __init__(self, secret: int):
         self.__secret = secret
+
+
+class Inner:
+    def __cache_key__(self) -> str:
+        return "inner-v1"
+
+
+class Delegating:
+    """A wrapper that delegates attributes to what it wraps: `__getattr__` answers for its inner
+    object's `__cache_key__`, which is not the wrapper's (Python looks special methods up on the type)."""
+
+    def __init__(self, inner: object, scale: int):
+        self.inner, self.scale = inner, scale
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class Versioned:
+    """A user class that is path-like (`open(ref)` works) and holds more than its path."""
+
+    def __init__(self, path: str, version: int):
+        self.path, self.version = path, version
+
+    def __fspath__(self) -> str:
+        return self.path
 
 
 def with_attribute(value: object, **attributes: object) -> object:
@@ -195,6 +222,23 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
     ("nan made twice", lambda: (float("nan"), float("nan")), EQUAL),
     ("bytearray vs memoryview of the same bytes", lambda: (bytearray(b"ab"), memoryview(b"ab")), DISTINCT),
     ("memoryview vs its cast", lambda: (memoryview(b"abcd"), memoryview(b"abcd").cast("i")), DISTINCT),
+    # a probe's pairs sharing a key: a wrapper's `__getattr__` lent it its inner object's
+    # `__cache_key__`; `.readonly` was left out; a user class's `__fspath__` made it a path
+    ("delegating wrapper: two scales", lambda: (Delegating(Inner(), 1), Delegating(Inner(), 2)), DISTINCT),
+    ("delegating wrapper vs what it wraps", lambda: (Delegating(Inner(), 1), Inner()), DISTINCT),
+    ("a read-only vs a writable memoryview", lambda: (memoryview(b"ab"), memoryview(bytearray(b"ab"))), DISTINCT),
+    ("two writable memoryviews of the same bytes",
+     lambda: (memoryview(bytearray(b"ab")), memoryview(bytearray(b"ab"))), EQUAL),
+    ("a user class with __fspath__: another field", lambda: (Versioned("a", 1), Versioned("a", 2)), DISTINCT),
+    ("a user class with __fspath__ vs a path", lambda: (Versioned("a", 1), Path("a")), DISTINCT),
+    ("slices", lambda: (slice(0, 2), slice(0, 3)), DISTINCT),
+    ("slice steps", lambda: (slice(0, 4, 1), slice(0, 4, 2)), DISTINCT),
+    ("Ellipsis vs None", lambda: (..., None), DISTINCT),
+    ("mappingproxies of two dicts", lambda: (types.MappingProxyType({"a": 1}), types.MappingProxyType({"a": 2})),
+     DISTINCT),
+    ("a mappingproxy vs its dict", lambda: (types.MappingProxyType({"a": 1}), {"a": 1}), DISTINCT),
+    ("mappingproxies of equal dicts", lambda: (types.MappingProxyType({"a": 1}), types.MappingProxyType({"a": 1})),
+     EQUAL),
     ("dates with a frequency vs the same dates without", lambda: (
         pd().Series([1, 2], index=pd().date_range("2024-01-01", periods=2, freq="D")),
         pd().Series([1, 2], index=pd().DatetimeIndex(["2024-01-01", "2024-01-02"]))), DISTINCT),
@@ -315,6 +359,49 @@ def test_a_library_subclass_or_a_time_zone_is_never_keyed_by_a_repr_that_leaves_
         def __init__(self, hours: int):
             self.hours = hours
     assert hash_value(Fixed(1)) == hash_value(Fixed(1)) != hash_value(Fixed(2))
+
+
+def test_a_user_class_with_fspath_is_keyed_by_its_code_and_fields_not_as_a_path():
+    """A user class defining `__fspath__` was keyed as a path (its type's name and `os.fspath`):
+    a method edited under the same names kept its key. Now as a user class: code and attributes."""
+    def made(suffix: str) -> type:
+        class Ref:
+            def __init__(self, path: str):
+                self.path = path
+
+            def __fspath__(self) -> str:
+                return self.path
+
+            def tag(self) -> str:
+                return self.path + suffix
+        return Ref
+    assert hash_value(made("")("a")) == hash_value(made("")("a")) != hash_value(made("!")("a"))
+
+
+class AttrDict(dict):
+    __getattr__ = dict.__getitem__  # `cfg.k` reads `cfg["k"]`: a missing name raises KeyError
+
+
+class Box(dict):
+    __getattr__ = dict.get  # a missing name is None
+
+
+@pytest.mark.parametrize("cls", [AttrDict, Box])
+def test_a_dict_subclass_reading_its_keys_as_attributes_is_keyed_as_a_dict(tmp_path, cls):
+    """`hasattr(cfg, "__cache_key__")` went through the class's `__getattr__`: KeyError from
+    hashing, reported as the node failing, or `None.__call__` (TypeError). Looked up on the type, the
+    value is a dict subclass: keyed by its items, run and served from the cache."""
+    from hardy import DiskCache, Engine, Pipeline, node
+
+    @node(output_name="y")
+    def double(cfg):
+        return cfg.k * 2
+
+    def pipeline() -> Pipeline:
+        return Pipeline([double], cache=DiskCache(tmp_path / "c"), engine=Engine(map_executor="sequential"))
+    assert pipeline().run(inputs={"cfg": cls(k=2)}) == {"y": 4}
+    assert [r["y"] for r in pipeline().map(inputs={"cfg": [cls(k=2), cls(k=3)]}, map_over="cfg")] == [4, 6]
+    assert hash_value(cls(k=2)) != hash_value(cls(k=3)) != hash_value({"k": 3})
 
 
 def test_the_table_is_large_enough():

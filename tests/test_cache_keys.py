@@ -597,3 +597,73 @@ def test_a_class_is_fingerprinted_once_per_hashing_pass_and_again_after_it_chang
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("points", None)
+
+
+def _cutter(window: object) -> object:
+    """A node bound to a class whose class attribute is `window` (the same names each time)."""
+    class Cfg:
+        W = window
+
+        def cut(self, x):
+            return self.W[x] if hasattr(self.W, "keys") else x[self.W]
+    return node(Cfg().cut, output_name="y", name="cut")
+
+
+def test_class_attributes_that_are_slices_or_mappingproxies_are_keyed_by_value(tmp_path):
+    """`W = slice(0, 2)` and `W = slice(0, 3)`, or two `MappingProxyType`s, were keyed as "?" (present
+    only): the second class was served the first one's entries. Now by value; and code indexing
+    with `...` (a constant of its bytecode) was refused, now keyed."""
+    import types
+
+    def mapped(n, xs):
+        p = Pipeline([n], cache=DiskCache(tmp_path / "c"), engine=Engine(map_executor="sequential"))
+        return [r["y"] for r in p.map(inputs={"x": xs}, map_over="x")]
+    assert mapped(_cutter(slice(0, 2)), [[1, 2, 3]]) == [[1, 2]]
+    assert mapped(_cutter(slice(0, 3)), [[1, 2, 3]]) == [[1, 2, 3]]
+    assert mapped(_cutter(slice(0, 3, 2)), [[1, 2, 3]]) == [[1, 3]]
+    assert mapped(_cutter(types.MappingProxyType({"a": 1})), ["a"]) == [1]
+    assert mapped(_cutter(types.MappingProxyType({"a": 2})), ["a"]) == [2]
+
+    @node(output_name="y")
+    def whole(x):
+        return x[...] if hasattr(x, "shape") else x
+    assert mapped(whole, [1, 2]) == [1, 2]
+
+
+ANNOTATED = """
+import functools, typing
+T = {kind}
+def coerce(fn):
+    @functools.wraps(fn)
+    def wrapper(x):
+        return fn(typing.get_type_hints(fn)["x"](x))
+    return wrapper
+@coerce
+def show(x: T):
+    return repr(x)
+"""
+
+
+def test_a_functions_annotations_are_part_of_its_key(tmp_path):
+    """A decorator that converts arguments by the annotations (`typing.get_type_hints` at call time,
+    as `pydantic.validate_call` does): `x: int` and `x: float` run the same bytecode, and shared a key,
+    so the second was served '7' for '7.0'."""
+    import __future__
+
+    def made(kind: str, flags: int = 0) -> object:
+        namespace: dict = {"__name__": "annotated_helpers"}  # (no `from __future__ import annotations` here)
+        exec(compile(ANNOTATED.format(kind=kind), "annotated_helpers.py", "exec", flags, dont_inherit=True), namespace)
+        return namespace["show"]
+
+    def run(show) -> object:
+        n = node(show, output_name="y", name="show")
+        return Pipeline([n], cache=DiskCache(tmp_path / "c"), engine=Engine(map_executor="sequential")).run(
+            inputs={"x": "7"})["y"]
+    assert run(made("int")) == "7"
+    assert run(made("float")) == "7.0"
+    assert code_fingerprint(made("int")) == code_fingerprint(made("int"))  # (a stable text: no address)
+    assert code_fingerprint(made("list[int]")) != code_fingerprint(made("list[float]"))
+    # a compiler flag moves no key: `x: T` as text ("T") is read as get_type_hints reads it
+    assert code_fingerprint(made("int", __future__.annotations.compiler_flag)) == code_fingerprint(made("int"))
+    assert code_fingerprint(made("typing.Annotated[int, frozenset({'a', 'b', 'c'})]")) \
+        == code_fingerprint(made("typing.Annotated[int, frozenset({'c', 'b', 'a'})]"))

@@ -137,6 +137,7 @@ FOREIGN_PRIVATE = {
     "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
     "_dispatcher": "numba: a ufunc's dispatcher, for its cache key",
     "_frozen": "numba: whether a ufunc's loops are fixed, for its cache key",
+    "_can_compile": "numba: whether a dispatcher compiles new signatures (else its explicit ones key it)",
     "_backends": "jax: whether a backend was started before a fork",
     "_data": "os.environ: its encoded mapping, compared cheaply to see that nothing changed",
     "_config": "multiprocessing: a daemonic process's flag, lifted so a Dask worker may start hardy's",

@@ -192,6 +192,47 @@ def test_an_object_a_node_is_bound_to_changed_between_two_maps(tmp_path, executo
     assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4], [2, 4]] [[3, 6], [3, 6], [3, 6]]"
 
 
+PARTIAL_ARGUMENTS_CHANGED_IN_PLACE = """
+import functools, sys
+import numpy as np
+from hardy import DiskCache, Engine, Pipeline, node
+
+class Model:
+    def __init__(self, w):
+        self.w = w
+
+def predict(model, x):
+    return model.w * x
+
+def dot(weights, x):
+    return int(weights.sum()) * x
+
+model, weights = Model(2), np.array([1, 1])
+executor, cache = sys.argv[1], sys.argv[2]
+pipelines = [Pipeline([node(f, output_name="y")], engine=Engine(map_executor=executor),
+                      cache=DiskCache(f"{cache}/{i}") if cache != "-" else None)
+             for i, f in enumerate((functools.partial(predict, model), functools.partial(dot, weights)))]
+first = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+model.w = 3          # (a training step on the model a partial binds positionally)
+weights *= 2         # (an array it binds, written in place)
+second = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+print(first, second)
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_what_a_partial_binds_positionally_changed_in_place_between_two_maps(tmp_path, executor, cached):
+    """`node(functools.partial(predict, model))` then the model trained in place: only a partial's
+    keywords were watched, so the second map was served the first model's entries (or its workers
+    ran their copy of it). Its positional arguments are watched by content, as its keywords."""
+    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
+                         input=PARTIAL_ARGUMENTS_CHANGED_IN_PLACE, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4]] [[3, 6], [4, 8]]"
+
+
 ODD_SYS_MODULES = """
 import sys
 from hardy import Pipeline, node

@@ -14,6 +14,7 @@ made at run time (`np.frompyfunc`) is not mistaken for one it ships; what cannot
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import sys
@@ -116,6 +117,37 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)  # a C method bound to a class is made anew on each access: equal, not identical
     except Exception:
         return False
+
+
+def annotations_of(func: Any) -> dict[str, Any]:
+    """A function's annotations as `typing.get_type_hints` reads them: one written as text (under
+    `from __future__ import annotations`, a compiler flag that must not move a key) evaluated in
+    the function's globals where it is a plain name, attribute or subscript (`"np.ndarray"`,
+    `"list[int]"`), so that `x: int` gives one key with or without the flag; the text where it
+    cannot be (a name defined later). None where they cannot be read at all."""
+    try:
+        found = getattr(func, "__annotations__", None)
+    except Exception:  # (lazily evaluated annotations naming what is not defined)
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    globs = getattr(func, "__globals__", None)
+    return {name: _evaluated(hint, globs) if isinstance(hint, str) and isinstance(globs, dict) else hint
+            for name, hint in found.items()}
+
+
+_PLAIN = (ast.Expression, ast.Name, ast.Attribute, ast.Subscript, ast.Tuple, ast.List, ast.Constant, ast.Load,
+          ast.BinOp, ast.BitOr)  # what an annotation's text may hold to be evaluated: no call, no operator else
+
+
+def _evaluated(text: str, globs: dict[str, Any]) -> Any:
+    try:
+        tree = ast.parse(text, mode="eval")
+        if all(isinstance(n, _PLAIN) for n in ast.walk(tree)) and "__builtins__" in globs:
+            return eval(compile(tree, "<annotation>", "eval"), globs)
+    except Exception:
+        pass
+    return text
 
 
 # --- the kinds -----------------------------------------------------------------------------------

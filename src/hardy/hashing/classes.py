@@ -9,6 +9,9 @@ points one way (code -> values -> classes).
 
 from __future__ import annotations
 
+import enum
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -88,3 +91,34 @@ def by_repr(t: type) -> bool:
     """A type of those modules; a user's subclass of one of their value types (a library's, such
     as pandas' Timestamp, has more than its base's repr shows: registered, or refused)."""
     return t.__module__ in BY_REPR or is_user_module(t.__module__) and any(map(a_value_type, t.__mro__))
+
+
+def keyed_by_method(t: type) -> bool:
+    """Whether `t` defines `__cache_key__`, looked up on the type along its MRO as Python looks up
+    special methods: not through the instance, whose class's `__getattr__` would answer for a
+    wrapper it delegates to (two `Wrapper(inner, scale)` keyed as their `inner`) or raise from a
+    dict subclass that reads keys as attributes (`__getattr__ = dict.__getitem__`)."""
+    return any("__cache_key__" in vars(c) for c in t.__mro__)
+
+
+def a_path_type(t: type) -> bool:
+    """A path, keyed by its type and `os.fspath`: pathlib's and `os.DirEntry` (a user's subclass of
+    them too), and a library's path-like. A user class that merely defines `__fspath__` (a
+    dataclass naming a file and its version) holds more than its path, and runs its own code: it
+    is keyed by the rules of user classes (its code and its attributes)."""
+    if not issubclass(t, os.PathLike):
+        return False
+    pathlib = sys.modules.get("pathlib")  # (not imported here: a path of pathlib's means it is loaded)
+    paths = (os.DirEntry, pathlib.PurePath) if pathlib is not None else (os.DirEntry,)
+    return not is_user_module(t.__module__) or issubclass(t, paths)
+
+
+def member_attributes(member: enum.Enum) -> dict[str, Any]:
+    """What a user Enum's member holds besides its name and value (`Unit.CM.factor = 10`, or set by
+    the enum's `__init__`), which its methods read; a library's are its version's (`HTTPStatus.OK.phrase`)."""
+    if not is_user_module(type(member).__module__):
+        return {}
+    return {k: x for k, x in sorted(vars(member).items()) if k not in _ENUM_OWN}
+
+
+_ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})

@@ -26,7 +26,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UnhashableError
-from .callables import KINDS, kind_of, library_function, resolves
+from .callables import KINDS, annotations_of, kind_of, library_function, resolves
 from .classes import install_code_fingerprint
 from .distributions import module_identity
 from .origin import is_user_file, is_user_module
@@ -109,23 +109,24 @@ def _library_class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: 
         _fingerprint_class(cls, out, seen)
 
 
-def _noting(handler: Any, state: Callable[[Any], Any]) -> Any:
+def _noting(handler: Any, state: Callable[[Any], tuple[Any, ...]]) -> Any:
     """`handler`, noting (while a `Reach` records) the attributes of the object a callable carries:
     a pipeline then sees `scaler.factor = 3` on the instance its node is bound to, as it sees a
-    global rebound."""
+    global rebound, and (by content, `Reach.watch`) a model a `partial` binds trained in place: a
+    partial's keywords (a dict set in place) and its positional arguments (a tuple, not rebound)."""
     def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
-        found = state(obj)
-        if isinstance(found, dict) and recorder() is not None:
-            for name in found:
-                note_read(found, name)
+        for found in state(obj) if recorder() is not None else ():
+            if isinstance(found, dict):
+                for name in found:
+                    note_read(found, name)
         handler(obj, out, seen, recurse)
     return handle
 
 
 _KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class,
-          "bound method": _noting(KINDS["bound method"], lambda m: getattr(m.__self__, "__dict__", None)),
-          "callable object": _noting(KINDS["callable object"], lambda o: getattr(o, "__dict__", None)),
-          "partial": _noting(KINDS["partial"], lambda p: p.keywords)}
+          "bound method": _noting(KINDS["bound method"], lambda m: (getattr(m.__self__, "__dict__", None),)),
+          "callable object": _noting(KINDS["callable object"], lambda o: (getattr(o, "__dict__", None),)),
+          "partial": _noting(KINDS["partial"], lambda p: (p.keywords, {f"*{i}": a for i, a in enumerate(p.args)}))}
 
 
 def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> None:
@@ -172,10 +173,14 @@ def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
         out(b"?")
 
 
-def _hint(hint: Any, out: Callable[[bytes], Any]) -> None:
+def _hint(hint: Any, out: Callable[[bytes], Any], by_name: bool = False) -> None:
     """A type hint by content: a class or a string as a value, a generic (`list[int]`,
     `Optional[X]`, `Annotated[int, ...]`) by its origin and each argument in turn (not by its
-    repr, which lists a set's members in the process's hash order)."""
+    repr, which lists a set's members in the process's hash order). `by_name` (a function's
+    annotations): a class, or a hint whose repr holds an address, by its qualified name."""
+    if by_name and isinstance(hint, type):
+        out(b"t:" + type_name(hint))
+        return
     try:
         encode_into(hint, out, set())
         return
@@ -184,11 +189,12 @@ def _hint(hint: Any, out: Callable[[bytes], Any]) -> None:
     origin = typing.get_origin(hint)
     if origin is None:
         text = repr(hint)
-        out(b"r:" + text.encode() if " at 0x" not in text else b"?")
+        named = b"q:" + type_name(hint if isinstance(hint, type) else type(hint)) if by_name else b"?"
+        out(b"r:" + text.encode() if " at 0x" not in text else named)
         return
     out(b"h:" + repr(origin).encode())
     for arg in typing.get_args(hint):
-        _hint(arg, out)
+        _hint(arg, out, by_name)
 
 
 _VALUES = ("callable object", "not callable")  # callables keyed by content, like any class-level value
@@ -203,6 +209,12 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     out(b"name:" + f"{getattr(func, '__name__', '')}/{getattr(func, '__qualname__', '')}".encode())
     out(b"defaults")
     encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
+    annotations = annotations_of(func)
+    if annotations:  # `pydantic.validate_call`, `typing.get_type_hints` read them when called
+        out(b"annotations")
+        for name, hint in annotations.items():
+            out(name.encode())
+            _hint(hint, out, by_name=True)
     attributes = {k: v for k, v in getattr(func, "__dict__", {}).items() if k != "__wrapped__"}
     if attributes:  # what was set on it (`helper.factor = 2`), which code reads as `helper.factor`
         out(b"attributes")

@@ -248,10 +248,17 @@ def _encode_vectorize(v: Any, out: Callable[[bytes], Any], active: set[int]) -> 
 
 def _encode_numba(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A numba dispatcher (`@njit`, `@jit`): the Python function it compiles and the options it
-    compiles it with (`fastmath`, `error_model`, `locals`...), under numba's distribution."""
+    compiles it with (`fastmath`, `error_model`, `locals`...), under numba's distribution. One built
+    with explicit signatures (`@njit("float64(float64)")`) compiles nothing else: an `int` argument
+    is converted to them (7 / 2 computed as floats, or as ints under `"int64(int64)"`), so they
+    are its code too, with their return types. A lazy one's signatures grow as it is called, and
+    are left out: it compiles whatever it is called with (and its key stays what it was)."""
     out(b"NB" + type_name(type(v)) + module_identity("numba"))
-    encode_attributes({"py_func": v.py_func, "targetoptions": dict(v.targetoptions),
-                       "locals": dict(getattr(v, "locals", None) or {})}, out, active)
+    fields = {"py_func": v.py_func, "targetoptions": dict(v.targetoptions),
+              "locals": dict(getattr(v, "locals", None) or {})}
+    if not getattr(v, "_can_compile", True):
+        fields["signatures"] = [str(compiled.signature) for compiled in v.overloads.values()]
+    encode_attributes(fields, out, active)
 
 
 def _encode_numba_ufunc(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:

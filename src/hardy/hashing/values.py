@@ -37,6 +37,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UNHASHABLE_FIXES, UnhashableError
+from . import classes
 from .classes import BY_REPR, a_value_type, by_repr, class_code, code_fingerprint_of, instance_fields, native_bases
 from .distributions import module_identity
 from .origin import is_user_module
@@ -137,7 +138,7 @@ def encode_into(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     exact = _EXACT.get(t)
     if exact is not None:
         exact(v, out, active)
-    elif hasattr(v, "__cache_key__") and not isinstance(v, type):
+    elif not isinstance(v, type) and classes.keyed_by_method(t):
         out(b"K" + type_name(t) + class_code(t, active))
         encode_into(v.__cache_key__(), out, active)
     else:
@@ -210,9 +211,12 @@ def _encode_complex(v: complex, out: Callable[[bytes], Any], active: set[int]) -
 
 
 def _encode_buffer(v: bytearray | memoryview, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """The bytes; a memoryview's format and shape too (a cast reads the same bytes as other items)."""
+    """The bytes; a memoryview's format and shape too (a cast reads the same bytes as other items),
+    and whether it is writable (code reads `.readonly`, and writing into a read-only one raises;
+    said for a writable one only, so that the keys of read-only views, the common kind, stay)."""
     data = bytes(v)
-    out(b"A" + (b"" if isinstance(v, bytearray) else f"m{v.format}{v.shape}".encode()) + length(len(data)) + data)
+    view = b"" if isinstance(v, bytearray) else f"m{v.format}{v.shape}".encode() + (b"" if v.readonly else b"w")
+    out(b"A" + view + length(len(data)) + data)
 
 
 _SCALARS = (bool, int, float, str, bytes, complex, bytearray)
@@ -300,15 +304,7 @@ def _encode_member_attributes(v: enum.Enum, out: Callable[[bytes], Any], active:
         encode_into(attributes, out, active)
 
 
-def member_attributes(member: enum.Enum) -> dict[str, Any]:
-    """What a user Enum's member holds besides its name and value (`Unit.CM.factor = 10`, or set by
-    the enum's `__init__`), which its methods read; a library's are its version's (`HTTPStatus.OK.phrase`)."""
-    if not is_user_module(type(member).__module__):
-        return {}
-    return {k: x for k, x in sorted(vars(member).items()) if k not in _ENUM_OWN}
-
-
-_ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})
+member_attributes = classes.member_attributes  # (where `shipping.payload` imports it from)
 
 
 def encode_callable(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -444,7 +440,7 @@ _OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operat
 
 # Rules on what a type is rather than what it derives from, in order; after the registered classes.
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
-    (lambda t: issubclass(t, os.PathLike), _encode_path),
+    (classes.a_path_type, _encode_path),
     (by_repr, _encode_by_repr),
     (dataclasses.is_dataclass, _encode_dataclass),
     (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
@@ -465,6 +461,10 @@ for _cls, _encoder in ((list, _encode_sequence), (tuple, _encode_sequence), (dic
                       (re.Pattern, identified_by(lambda p: (p.pattern, p.flags))),
                       (array.array, identified_by(lambda a: (a.typecode, a.tobytes()))),
                       (range, identified_by(lambda r: (r.start, r.stop, r.step))),
+                      # `x[W]` for `W = slice(0, 2)`, `x[...]`, a read-only view of a dict: by value
+                      (slice, identified_by(lambda sl: (sl.start, sl.stop, sl.step))),
+                      (type(Ellipsis), identified_by(lambda _: "Ellipsis")),
+                      (types.MappingProxyType, identified_by(dict)),
                       (types.SimpleNamespace, identified_by(vars)),  # configuration objects
                       (collections.deque, identified_by(lambda d: (d.maxlen, list(d)))),
                       # what a dataclass's generated __init__ holds for a field with a default_factory
