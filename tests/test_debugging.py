@@ -99,14 +99,20 @@ for failed in out:
 """
 
 
+def _printed(tmp_path: Path, script: str) -> dict[str, str]:
+    """What `script` prints on stderr, by executor (sequential, process, threaded)."""
+    texts = {}
+    for executor in ("sequential", "process", "threaded"):
+        out = _python(tmp_path, script, "bug.py", executor)
+        assert out.returncode == 0, out.stderr
+        texts[executor] = out.stderr
+    return texts
+
+
 def test_a_chained_exception_prints_its_whole_chain_on_every_executor(tmp_path):
     """`raise ... from e` and an exception raised while handling another: pickle leaves the chain
     out, so a worker's error came back without the exceptions it was raised from."""
-    texts = {}
-    for executor in ("sequential", "process", "threaded"):
-        out = _python(tmp_path, CHAINED, "bug.py", executor)
-        assert out.returncode == 0, out.stderr
-        texts[executor] = out.stderr
+    texts = _printed(tmp_path, CHAINED)
     text = texts["process"]
     assert "KeyError: 'b'\n\nThe above exception was the direct cause of the following exception:" in text, text
     assert "ZeroDivisionError: division by zero\n\nDuring handling of the above exception" in text, text
@@ -148,11 +154,7 @@ for n in (gather, checked):
 def test_an_exception_groups_exceptions_keep_their_frames_on_every_executor(tmp_path):
     """asyncio.TaskGroup's ExceptionGroup, and one raised and re-raised by `except*`: pickle carries
     a group's exceptions without their tracebacks, so a worker's printed none of their frames."""
-    texts = {}
-    for executor in ("sequential", "process", "threaded"):
-        out = _python(tmp_path, GROUPED, "bug.py", executor)
-        assert out.returncode == 0, out.stderr
-        texts[executor] = out.stderr
+    texts = _printed(tmp_path, GROUPED)
     text = texts["process"]
     assert text.count("line 7, in fetch\n") == 2 and text.count('raise ConnectionError(f"fetch {i} failed")') == 2
     assert "ExceptionGroup: inner (1 sub-exception)" in text and "line 10, in check\n" in text, text
