@@ -266,6 +266,41 @@ def test_a_map_under_a_debugger_says_once_that_its_breakpoints_in_nodes_are_not_
     assert "(12)inv()" in here.stdout and said not in here.stderr  # in-process, the breakpoint stops
 
 
+USERS_TEST = """
+# the top of the user's test file
+from hardy import Engine, Pipeline, node
+FILLER = [
+    0,
+    0,
+    0,
+]
+
+
+def helper(x):
+    return 10 / x
+
+
+@node(output_name="y")
+def inv(x):
+    return helper(x)
+
+
+def test_inverse():
+    Pipeline([inv], engine=Engine(map_executor=EXECUTOR)).run(inputs={"x": 0})
+"""
+
+
+@pytest.mark.parametrize("executor", ["process", "sequential"])
+def test_pytest_shows_a_workers_frames_from_their_functions_first_line(tmp_path, executor):
+    """A frame rebuilt from a worker starts where its function does: pytest (and pdb's `ll`) read
+    a function's source from there, and printed the worker's frames from the top of the file."""
+    (tmp_path / "test_users.py").write_text(USERS_TEST.replace("EXECUTOR", repr(executor)))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_users.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert "1 failed" in out.stdout, out.stdout + out.stderr
+    assert "    def helper(x):\n>       return 10 / x" in out.stdout, out.stdout
+    assert "the top of the user's test file" not in out.stdout, out.stdout
+
 REPORTED = """
 import ctypes
 from hardy import Engine, Pipeline, node

@@ -35,7 +35,7 @@ _PLAIN = (type(None), bool, int, float, complex)
 _CONTAINERS = (tuple, list, dict, set, frozenset)
 MAX_LOCALS = 64  # per frame: the rest are left out (a frame with more is rare, and pdb shows what came)
 MAX_TEXT = 10_000  # a str or bytes local longer than this travels as a stand-in
-Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any]]]
+Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any], int]]
 
 
 def is_hardy(filename: str) -> bool:
@@ -111,12 +111,12 @@ class LeftBehind:
 
 def travelling(tb: types.TracebackType | None) -> Frames:
     """The frames of `tb`, outermost first, as data that pickles: (file, function, module,
-    line, (end line, column, end column) or None, locals)."""
+    line, (end line, column, end column) or None, locals, the function's first line)."""
     frames: Frames = []
     while tb is not None:
         frame, code = tb.tb_frame, tb.tb_frame.f_code
         frames.append((code.co_filename, code.co_name, str(frame.f_globals.get("__name__", "")), tb.tb_lineno,
-                       _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame)))
+                       _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame), code.co_firstlineno))
         tb = tb.tb_next
     return frames
 
@@ -216,8 +216,9 @@ def relinked(exc: BaseException, chain: Any) -> None:
 def rebuilt(frames: Frames) -> types.TracebackType | None:
     """A traceback whose frames read as `frames` did where they ran (`travelling`)."""
     top = None
-    for filename, name, module, lineno, position, local in reversed(frames):
-        frame, lasti = _stub_frame(_stub(filename, name, lineno, position), filename, module)
+    for filename, name, module, lineno, position, local, *first in reversed(frames):  # (a report's: no first)
+        frame, lasti = _stub_frame(_stub(filename, name, lineno, position, first[0] if first else 1), filename,
+                                   module)
         frame.f_locals.update(local)  # a top-level frame's locals are the mapping it ran with: this one
         top = types.TracebackType(top, frame, lasti, lineno)
     return top
@@ -250,10 +251,12 @@ def _globals(module: str, filename: str) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=512)
-def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] | None) -> types.CodeType:
+def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] | None,
+          first: int = 1) -> types.CodeType:
     """Code named `name` in `filename` that raises at `lineno`, at exactly the columns `position`
     says (a name of that width that is not defined, or `iter()` spread over those columns and
-    lines), so that Python underlines the same part of the line as it did where it ran."""
+    lines), so that Python underlines the same part of the line as it did where it ran; it starts
+    at the function's `first` line, where pytest and pdb's `ll` begin its source."""
     if position is None:
         end, col, end_col = lineno + 1, 0, 1  # no columns known: a range over lines, which nothing underlines
     else:
@@ -264,8 +267,9 @@ def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] 
     else:
         text = "iter(" + "\n" * (end - lineno) + " " * max(end_col - 1, 0) + ")"
     line = "(" + " " * (col - 1) + text + ")" if col else text  # no indent at the top level: a bracket
-    code = compile("\n" * (lineno - 1) + line, filename, "exec")
-    code = code.replace(co_name=name)
+    first = max(1, min(first, lineno))
+    code = compile("\n" * (lineno - first) + line, filename, "exec")
+    code = code.replace(co_name=name, co_firstlineno=first)
     return code.replace(co_qualname=name) if sys.version_info >= (3, 11) else code  # type: ignore[call-arg,unused-ignore]
 
 
