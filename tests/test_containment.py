@@ -350,6 +350,52 @@ def test_a_loggers_own_level_below_the_roots_lets_its_records_through():
     assert "not shown" not in out.stdout + out.stderr
 
 
+
+def test_a_workers_log_record_keeps_its_template_arguments_and_exception():
+    """A handler that groups by template (`record.msg`) or reports `exc_info` with its frames (as
+    Sentry's does) reads what it reads in-process: a worker's records came with the message
+    formatted, no arguments and no exception, its text alone left in `exc_text`."""
+    script = """
+        import logging, sys, threading, traceback
+        from hardy import Engine, Pipeline, node
+
+        class Grab(logging.Handler):
+            def emit(self, r):
+                kind = r.exc_info[0].__name__ if r.exc_info else None
+                frames = [f.name for f in traceback.extract_tb(r.exc_info[2])] if r.exc_info else None
+                print(repr(r.msg), r.args, kind, frames, r.getMessage(), sep=" | ")
+
+        logging.getLogger().addHandler(Grab())
+        logging.getLogger().setLevel(logging.INFO)
+        log = logging.getLogger("mine")
+
+        def inner(x):
+            return 1 / (x - 1)
+
+        @node(output_name="y")
+        def step(x):
+            log.info("item %s of %d", x, 2)
+            log.info("holds %s", threading.Lock())
+            try:
+                inner(x)
+            except ZeroDivisionError:
+                log.exception("failed on %s", x)
+            return x
+
+        Pipeline([step], engine=Engine(map_executor=sys.argv[1])).map(inputs={"x": [1]}, map_over="x")
+    """
+    lines = {}
+    for executor in ("sequential", "process"):
+        out = run_script(script, executor)
+        assert out.returncode == 0, out.stderr
+        lines[executor] = [ln.split(" | ") for ln in out.stdout.splitlines() if " | " in ln]
+    sequential, process = lines["sequential"], lines["process"]
+    assert process[0] == sequential[0] == ["'item %s of %d'", "(1, 2)", "None", "None", "item 1 of 2"]
+    assert process[2] == sequential[2] == ["'failed on %s'", "(1,)", "ZeroDivisionError", "['step', 'inner']",
+                                           "failed on 1"]
+    assert process[1][0].startswith("'holds <unlocked _thread.lock")  # an object's arguments: formatted there
+    assert process[1][4] == process[1][0].strip("'")
+
 @node(output_name="r", retries=1)
 def dies_once(x: int, marker: str) -> int:
     if not os.path.exists(marker):

@@ -260,14 +260,9 @@ def _rebuild_node_error(cls: type[NodeError], state: dict[str, Any], cause: Base
     if isinstance(cause, SystemExit) and cause.code is None and cause.args:
         cause.code = cause.args[0]  # rebuilt without its constructor (tblib's pickling, in Dask's workers)
     err.__cause__ = cause
-    frames = state.get("cause_frames")
     if cause is not None:  # the worker's frames, and the exceptions it was raised from, as if raised here
-        from .tracebacks import relinked, with_frames, with_group_frames
-        if frames:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
-            with_frames(cause, frames)
-        if state.get("cause_groups"):
-            with_group_frames(cause, state["cause_groups"])
-        relinked(cause, state.get("cause_chain") or ())
+        from .tracebacks import landed
+        landed(cause, state.get("cause_frames"), state.get("cause_chain"), state.get("cause_groups"))
     return err
 
 

@@ -198,6 +198,18 @@ def with_group_frames(exc: BaseException, tree: GroupFrames) -> None:
             with_group_frames(inner, below)
 
 
+def landed(exc: BaseException, frames: Frames | None, chain: Any, groups: GroupFrames | None) -> BaseException:
+    """An exception from a worker with what pickle left out hung back on it: its traceback of the
+    worker's frames, the exceptions it was raised from (`relinked`) and its group's exceptions'
+    frames (`with_group_frames`), as if raised here. (`shipping.failures.travelling_exception`.)"""
+    if frames:  # (over one tblib rebuilt, in Dask: its columns are its stub's)
+        with_frames(exc, frames)
+    if groups:
+        with_group_frames(exc, groups)
+    relinked(exc, chain or ())
+    return exc
+
+
 def relinked(exc: BaseException, chain: Any) -> None:
     """The exceptions `exc` was raised from or while handling, hung back on it as they were in the
     worker (`shipping.failures._chain`), each with its frames: `raise ... from` and "during

@@ -30,6 +30,7 @@ from ..plan.compiled import CAUGHT
 from ..plan.source import columns_to_dicts
 from ..shipping import dumps, out_of_band, transport
 from ..shipping.context import loaded_warning
+from ..shipping.failures import exception_landed, travelling_exception
 from ..shipping.pickling import quick
 from .lifeline import end_descendants
 from .messages import HEADER, Header
@@ -51,12 +52,15 @@ class Forward(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            record.msg, record.args = record.getMessage(), None  # the arguments may not pickle
+            if not (isinstance(record.msg, str) and _plain(record.args)):  # (a handler may group by `msg`)
+                record.msg, record.args = record.getMessage(), None
             if record.exc_info:
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
+                exc = record.exc_info[1]
+                record.hardy_exc = travelling_exception(exc) if exc is not None else None
                 record.exc_info = None
             for key, value in record.__dict__.items():
-                if not isinstance(value, (str, int, float, bool, type(None), tuple)):
+                if key not in _KEPT and not isinstance(value, (str, int, float, bool, type(None), tuple)):
                     record.__dict__[key] = repr(value)  # an `extra=` object: its text
             item = int(self.status.item) if self.status is not None else IDLE
             record.hardy_worker, record.hardy_item = os.getpid(), item if item >= 0 else None
@@ -101,12 +105,32 @@ def _warned_in(filename: str, lineno: int) -> str:
     return filename[:-3] if filename.endswith(".py") else filename or "<unknown>"
 
 
+_KEPT = frozenset({"msg", "args"})  # kept as logged where plain (`Forward.emit`)
+
+
+_PLAIN = (str, int, float, bool, type(None), bytes)
+
+
+def _plain(args: Any) -> bool:
+    """Whether a record's arguments are plain values, which unpickle in the caller whatever it
+    imported (an object of the worker's own classes would be formatted into the message first)."""
+    if isinstance(args, dict):
+        return all(isinstance(k, str) and isinstance(v, _PLAIN) for k, v in args.items())
+    return isinstance(args, tuple) and all(isinstance(a, _PLAIN) for a in args)
+
+
 def handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
-    """Log records a worker sent (`Forward`), handled by this process's loggers; its warnings
-    warned again here (`rewarn`). Returns `batch`, the results they came with."""
+    """Log records a worker sent (`Forward`), handled by this process's loggers, with their
+    template, arguments and exception as logged (a handler that reports `exc_info`, as Sentry's
+    does, reads the worker's exception and frames); its warnings warned again here (`rewarn`).
+    Returns `batch`, the results they came with."""
     for record in records:
         if rewarn(record):
             continue
+        sent = record.__dict__.pop("hardy_exc", None)
+        if sent is not None:
+            exc = exception_landed(sent)
+            record.exc_info = (type(exc), exc, exc.__traceback__)
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
