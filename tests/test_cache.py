@@ -678,3 +678,43 @@ def test_many_connections_opening_a_fresh_index_at_once(tmp_path):
         for t in threads:
             t.join()
     assert errors == []
+
+
+SETTINGS = """
+import decimal, sys
+import numpy as np
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="y")
+def third(x):
+    with open(sys.argv[3], "a") as f:
+        f.write("ran\\n")
+    return [str(decimal.Decimal(x) / 3), str(np.array([x / 3]))]
+
+if sys.argv[2] == "narrow":
+    decimal.getcontext().prec = 5
+    np.set_printoptions(precision=3)
+p = Pipeline(nodes=[third], cache=DiskCache(sys.argv[4]), engine=Engine(map_executor=sys.argv[1]))
+print(p.run(inputs={"x": 1})["y"])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_settings_that_change_a_result_are_in_its_key(tmp_path, executor):
+    """decimal's precision and numpy's print options change what a node returns for the same code
+    and inputs: a result cached under one was served under the other. Each process below starts
+    afresh; the ones with the default settings share the keys made before this rule existed."""
+    ran, cache = tmp_path / "ran", tmp_path / "cache"
+
+    def run(settings: str) -> tuple[str, int]:
+        before = ran.read_text().count("ran") if ran.exists() else 0
+        out = subprocess.run([sys.executable, "-", executor, settings, str(ran), str(cache)], input=SETTINGS,
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip(), ran.read_text().count("ran") - before
+
+    wide = "['0.3333333333333333333333333333', '[0.33333333]']"
+    assert run("default") == (wide, 1)
+    assert run("narrow") == ("['0.33333', '[0.333]']", 1)  # (served the default's before)
+    assert run("narrow") == ("['0.33333', '[0.333]']", 0)
+    assert run("default") == (wide, 0)

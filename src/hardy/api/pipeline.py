@@ -350,6 +350,9 @@ class Pipeline:
             recording(previous)
         ships = self._engine.ships(for_map)
         plan.watched = reach.watch(token) if reach is not None else plan.reads() if ships else None
+        if reach is not None:
+            from ..cache.keys import SettingsWatch
+            plan.watched = SettingsWatch(plan.watched)  # (its keys hold the settings that change results)
         return plan
 
     def _stale(self, key: Any) -> bool:

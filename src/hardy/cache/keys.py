@@ -1,8 +1,9 @@
 """The key formulas of docs/caching.md, and what a compiled plan needs from a cache.
 
-A leaf module: it imports only hashing and node, so the plan generator (which calls these) and the
-stores (which keep entries under them) both stand on it and never on each other. Compiled plans,
-the Daft engine's keyed stages and `DiskCache` all call these functions.
+A leaf module: it imports only hashing and node (and, when a key is made, the process's settings
+from `shipping.context`), so the plan generator (which calls these) and the stores (which keep
+entries under them) both stand on it and never on each other. Compiled plans, the Daft engine's
+keyed stages and `DiskCache` all call these functions.
 """
 
 from __future__ import annotations
@@ -50,12 +51,43 @@ class PlanCache(ABC):
 
 
 def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
-    """A node's fingerprint with the names of the arguments it is given (defaults not given).
-    Raised when a plan is built: a global the key cannot hash is named with its node."""
+    """A node's fingerprint with the names of the arguments it is given (defaults not given), and
+    the process's settings that change what a node returns (`result_settings`), where they are not
+    the defaults. Raised when a plan is built: a global the key cannot hash is named with its node."""
+    settings = result_settings()
     try:
-        return digest(FORMAT, node.fingerprint(), ",".join(given).encode())
+        return digest(FORMAT, node.fingerprint(), ",".join(given).encode(), *([settings] if settings else []))
     except UnhashableError as exc:
         raise UnhashableError(f"node {node.name!r} cannot be cached: {exc}") from None
+
+
+def result_settings() -> bytes:
+    """The settings of this process (and thread) that change the value a node returns for the
+    same code and inputs: decimal's context (`getcontext().prec = 50`), numpy's print options (an
+    array's text), torch's default dtype and float32 matmul precision. b"" while each is its
+    default, so that keys made without them stay the same. A plan is compiled again when they
+    change (`SettingsWatch`); a worker compiles it with the caller's (`shipping.context`)."""
+    from ..shipping.context import current
+    s = current().settings
+    torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
+    parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
+    return b"" if parts == (None, None, None) else repr(parts).encode()
+
+
+class SettingsWatch:
+    """A plan's watch (`Reach.watch`: what its nodes read) that also says the plan is stale when
+    `result_settings` changed since it was compiled: its keys hold them."""
+
+    __slots__ = ("inner", "settings")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.settings = inner, result_settings()
+
+    def changed(self) -> bool:
+        return self.inner.changed() or result_settings() != self.settings
+
+    def settle(self) -> None:
+        self.inner.settle()
 
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:
