@@ -67,11 +67,23 @@ def result_settings() -> bytes:
     array's text), torch's default dtype and float32 matmul precision. b"" while each is its
     default, so that keys made without them stay the same. A plan is compiled again when they
     change (`SettingsWatch`); a worker compiles it with the caller's (`shipping.context`)."""
-    from ..shipping.context import current
-    s = current().settings
+    if not _CURRENT:  # (imported on first use: shipping stands on this module)
+        from ..shipping.context import current
+        _CURRENT.append(current)
+    snapshot = _CURRENT[0]()  # (the same object while nothing changed: its answer is kept)
+    if snapshot is _LAST[0]:
+        kept: bytes = _LAST[1]
+        return kept
+    s = snapshot.settings
     torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
     parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
-    return b"" if parts == (None, None, None) else repr(parts).encode()
+    made = b"" if parts == (None, None, None) else repr(parts).encode()
+    _LAST[:] = [snapshot, made]
+    return made
+
+
+_LAST: list[Any] = [None, b""]  # the last snapshot `result_settings` read, and its answer
+_CURRENT: list[Callable[[], Any]] = []  # `shipping.context.current`
 
 
 class SettingsWatch:
