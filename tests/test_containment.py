@@ -351,6 +351,35 @@ def test_a_loggers_own_level_below_the_roots_lets_its_records_through():
 
 
 
+def test_a_log_level_changed_between_two_maps_applies_to_the_warm_workers():
+    """"Turn on DEBUG and run it again" in a notebook: the workers a first map started took the
+    levels of their start, and kept them for every later map of the engine."""
+    out = run_script("""
+        import logging
+        from hardy import Pipeline, node
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        log = logging.getLogger("mine")
+
+        @node(output_name="y")
+        def step(x):
+            log.info("info %s", x)
+            log.debug("debug %s", x)
+            return x
+
+        p = Pipeline([step])
+        p.map(inputs={"x": [1]}, map_over="x")
+        logging.getLogger().setLevel(logging.INFO)
+        p.map(inputs={"x": [2]}, map_over="x")
+        p.run(inputs={"x": 3})
+        log.setLevel(logging.DEBUG)
+        p.map(inputs={"x": [4]}, map_over="x")
+        log.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(logging.WARNING)
+        p.map(inputs={"x": [5]}, map_over="x")
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.split() == ["INFO", "info", "2", "INFO", "info", "3", "INFO", "info", "4", "DEBUG", "debug", "4"]
+
 def test_a_workers_log_record_keeps_its_template_arguments_and_exception():
     """A handler that groups by template (`record.msg`) or reports `exc_info` with its frames (as
     Sentry's does) reads what it reads in-process: a worker's records came with the message

@@ -158,6 +158,8 @@ FOREIGN_PRIVATE = {
     "_get_cudnn_deterministic": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_benchmark": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_allow_tf32": "torch._C: as _get_deterministic_algorithms",
+    "_cache": "logging.Logger: its level cache, which every setLevel empties: read to tell cheaply that a log level "
+              "may have changed (shipping/context.py)",
     "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",
 }
 

@@ -100,11 +100,11 @@ class Pipeline:
 
     @property
     def cache(self) -> PlanCache | None:
-        return self._cache
+        return self._own_cache
 
     @cache.setter
     def cache(self, cache: PlanCache | None) -> None:
-        self._cache = cache
+        self._own_cache = cache
         self._forget_plans()
 
     @property
@@ -177,7 +177,7 @@ class Pipeline:
             return self
         copy = self._with_cache.get(id(cache))
         if copy is None:
-            copy = self._copy(_cache=cache, _reports=False)
+            copy = self._copy(_own_cache=cache, _reports=False)
             self._with_cache[id(cache)] = copy
         return copy
 
@@ -341,6 +341,8 @@ class Pipeline:
         from ..plan.compiled import Plan
         cache = self.cache if self.cache is not None else self._engine.cache
         reach = Reach() if cache is not None else None
+        if reach is not None:  # (first: keys hold the settings that change results, registered by its import)
+            from ..shipping.context import SettingsWatch
         previous = recording(reach)
         try:
             plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
@@ -348,11 +350,8 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
-        ships = self._engine.ships(for_map)
-        plan.watched = reach.watch(token) if reach is not None else plan.reads() if ships else None
-        if reach is not None:
-            from ..cache.keys import SettingsWatch
-            plan.watched = SettingsWatch(plan.watched)  # (its keys hold the settings that change results)
+        plan.watched = (SettingsWatch(reach.watch(token)) if reach is not None
+                        else plan.reads() if self._engine.ships(for_map) else None)
         return plan
 
     def _stale(self, key: Any) -> bool:

@@ -1,7 +1,6 @@
 """The key formulas of docs/caching.md, and what a compiled plan needs from a cache.
 
-A leaf module: it imports only hashing and node (and, when a key is made, the process's settings
-from `shipping.context`), so the plan generator (which calls these) and the stores (which keep
+A leaf module: it imports only hashing and node, so the plan generator (which calls these) and the stores (which keep
 entries under them) both stand on it and never on each other. Compiled plans, the Daft engine's
 keyed stages and `DiskCache` all call these functions.
 """
@@ -63,43 +62,18 @@ def call_fingerprint(node: Node, given: Sequence[str]) -> bytes:
 
 def result_settings() -> bytes:
     """The settings of this process (and thread) that change the value a node returns for the
-    same code and inputs: decimal's context (`getcontext().prec = 50`), numpy's print options (an
-    array's text), torch's default dtype and float32 matmul precision. b"" while each is its
-    default, so that keys made without them stay the same. A plan is compiled again when they
-    change (`SettingsWatch`); a worker compiles it with the caller's (`shipping.context`)."""
-    if not _CURRENT:  # (imported on first use: shipping stands on this module)
-        from ..shipping.context import current
-        _CURRENT.append(current)
-    snapshot = _CURRENT[0]()  # (the same object while nothing changed: its answer is kept)
-    if snapshot is _LAST[0]:
-        kept: bytes = _LAST[1]
-        return kept
-    s = snapshot.settings
-    torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
-    parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
-    made = b"" if parts == (None, None, None) else repr(parts).encode()
-    _LAST[:] = [snapshot, made]
-    return made
+    same code and inputs, as key bytes; b"" while each is its default, so that keys made without
+    them stay the same. Read by the shipping layer's `shipping.context.result_settings`, which
+    registers itself here (`settings_from`) as it is imported: this layer reads no process state."""
+    return _SETTINGS[0]() if _SETTINGS else b""
 
 
-_LAST: list[Any] = [None, b""]  # the last snapshot `result_settings` read, and its answer
-_CURRENT: list[Callable[[], Any]] = []  # `shipping.context.current`
+def settings_from(source: Callable[[], bytes]) -> None:
+    """Make `source` what `result_settings` answers (`shipping.context`)."""
+    _SETTINGS[:] = [source]
 
 
-class SettingsWatch:
-    """A plan's watch (`Reach.watch`: what its nodes read) that also says the plan is stale when
-    `result_settings` changed since it was compiled: its keys hold them."""
-
-    __slots__ = ("inner", "settings")
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.settings = inner, result_settings()
-
-    def changed(self) -> bool:
-        return self.inner.changed() or result_settings() != self.settings
-
-    def settle(self) -> None:
-        self.inner.settle()
+_SETTINGS: list[Callable[[], bytes]] = []
 
 
 def call_key(fingerprint: bytes, *arg_keys: bytes) -> bytes:

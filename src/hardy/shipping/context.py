@@ -13,12 +13,15 @@ has it recognises by identity.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from ..cache.keys import settings_from
 
 
 class Settings(NamedTuple):
@@ -34,6 +37,7 @@ class Settings(NamedTuple):
     numpy_errors: dict[str, str] | None  # `np.geterr()`
     numpy_print: dict[str, Any] | None  # `np.get_printoptions()` but its functions (`NUMPY_PRINT`)
     torch_modes: TorchModes | None
+    log_levels: tuple[int, tuple[tuple[str, int], ...]]  # the root's effective level, each logger's own set
 
 
 class TorchModes(NamedTuple):
@@ -65,7 +69,7 @@ def settings() -> Settings:
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
     return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _numpy_print(),
-                    _torch_modes())
+                    _torch_modes(), _log_levels())
 
 
 def settings_key() -> tuple[Any, ...]:
@@ -81,7 +85,7 @@ def settings_key() -> tuple[Any, ...]:
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
             _decimal_key(decimal) if decimal is not None else None,
             (_numpy_state(numpy), _numpy_print_state(numpy)) if numpy is not None else None,
-            _torch_key(torch._C, torch.get_default_dtype) if torch is not None else None)
+            _torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token())
 
 
 _RECURSION_LIMIT = sys.getrecursionlimit
@@ -124,6 +128,48 @@ def take_settings(theirs: Settings) -> None:
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
         _take_torch_modes(torch, theirs.torch_modes or _TORCH_DEFAULTS)
+    _take_log_levels(*theirs.log_levels)
+
+
+def _log_levels() -> tuple[int, tuple[tuple[str, int], ...]]:
+    """The root logger's effective level and each logger's own level where one was set on it (a
+    `myproject` logger at INFO under a root at WARNING): a worker then sends the records that are
+    handled here and no others (every library's DEBUG, built, pickled and thrown away)."""
+    own = tuple(sorted((name, lg.level) for name, lg in logging.Logger.manager.loggerDict.items()
+                       if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET))
+    return logging.getLogger().getEffectiveLevel(), own
+
+
+_PROBE = logging.getLogger("hardy.levels")  # a logger nothing logs to: its cache says whether levels changed
+_TOKEN = [0]
+
+
+def _log_token() -> int:
+    """A number that changes when a log level may have changed (`settings_key`): every
+    `setLevel`, `logging.disable` and `basicConfig(level=...)` empties the level cache of every
+    logger (`Manager._clear_cache`), this probe's too, which `isEnabledFor` fills again. About 50
+    ns, where reading every logger's level costs tens of microseconds."""
+    if not getattr(_PROBE, "_cache", True):  # (a logging without the cache: levels as at the last snapshot)
+        _PROBE.isEnabledFor(logging.DEBUG)
+        _TOKEN[0] += 1
+    return _TOKEN[0]
+
+
+_LEVELS_SET: set[str] = set()  # the loggers this worker set a level on for its caller
+
+
+def _take_log_levels(root: int, own: tuple[tuple[str, int], ...]) -> None:
+    """The caller's log levels (`_log_levels`), at each call that changed them: a level raised in a
+    notebook between two maps applies to the next one. A logger the caller no longer sets a level
+    on is given none here either."""
+    logging.getLogger().setLevel(root)
+    levels = dict(own)
+    for name in _LEVELS_SET - levels.keys():
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    _LEVELS_SET.clear()
+    _LEVELS_SET.update(levels)
 
 
 def _take_torch_modes(torch: Any, theirs: TorchModes) -> None:
@@ -399,3 +445,41 @@ def environ_delta(before: dict[str, str], after: dict[str, str]) -> tuple[dict[s
     """(variables set or changed, variables removed) from `before` to `after`."""
     changed = {k: v for k, v in after.items() if before.get(k) != v}
     return changed, [k for k in before if k not in after]
+
+
+def result_settings() -> bytes:
+    """The settings that change the value a node returns for the same code and inputs, as cache
+    key bytes (`cache.keys.result_settings`): decimal's context (`getcontext().prec = 5`), numpy's
+    print options (an array's text), torch's default dtype and float32 matmul precision; b""
+    while each is its default. Kept with the snapshot it was read from: about 3 us a call."""
+    snapshot = current()
+    if snapshot is _KEYED[0]:
+        kept: bytes = _KEYED[1]
+        return kept
+    s = snapshot.settings
+    torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
+    parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
+    made = b"" if parts == (None, None, None) else repr(parts).encode()
+    _KEYED[:] = [snapshot, made]
+    return made
+
+
+_KEYED: list[Any] = [None, b""]  # the last snapshot `result_settings` read, and its answer
+settings_from(result_settings)
+
+
+class SettingsWatch:
+    """A plan's watch (`Reach.watch`: what its nodes read) that also says the plan is stale when
+    `result_settings` changed since it was compiled: its keys hold them, and a worker compiles it
+    again with the caller's."""
+
+    __slots__ = ("inner", "settings")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.settings = inner, result_settings()
+
+    def changed(self) -> bool:
+        return bool(self.inner.changed()) or result_settings() != self.settings
+
+    def settle(self) -> None:
+        self.inner.settle()

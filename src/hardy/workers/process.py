@@ -4,7 +4,6 @@ stopped or killed (asking for its last words first). Also how much memory a proc
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import select
@@ -26,17 +25,6 @@ from .messages import Context, Setup, Stop
 STACK_GRACE = 0.2      # seconds a hung worker gets to write its stack before SIGKILL
 WAKE_MS = 100          # milliseconds a wait for a worker sleeps at most, between looks at pending signals
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def log_levels() -> dict[str, str]:
-    """This process's log levels, for a worker to take (`replies.Forward.install`): the root's, and
-    each logger's set on it (a `myproject` logger at INFO under a root at WARNING: the worker's
-    root alone would drop its records), so a worker sends the records that are handled here and
-    no others (every library's DEBUG, built, pickled and thrown away)."""
-    import json
-    own = {name: lg.level for name, lg in logging.Logger.manager.loggerDict.items()
-           if isinstance(lg, logging.Logger) and lg.level != logging.NOTSET}
-    return {"HARDY_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel()), "HARDY_LOG_LEVELS": json.dumps(own)}
 
 
 class Unsent(MutableMapping[int, None]):
@@ -145,8 +133,8 @@ class Worker:
         try:
             self.process, self.conn = launcher.start_worker()
             # this process's state now (a fork server's dates from its start), with the caps; `follow` keeps
-            # it so; the log level: the records it forwards
-            self.overlay = {**env, **log_levels()}
+            # it so (the log levels too: the records it forwards, `shipping.context.Settings`)
+            self.overlay = dict(env)
             self.context = context.current()
             self._set_up(preload_libs)
         except BaseException:  # (a preload that fails or blocks): nothing of it stays open

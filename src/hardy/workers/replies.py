@@ -69,15 +69,10 @@ class Forward(logging.Handler):
             self.handleError(record)
 
     def install(self, status: StatusWords) -> None:
-        """Records at the parent's levels (its root's, HARDY_LOG_LEVEL, and its loggers' own,
-        HARDY_LOG_LEVELS: `process.log_levels`) go to the parent, whose loggers then handle them."""
-        import json
+        """Records at the parent's levels (its root's and its loggers' own, as each call sets them:
+        `shipping.context.Settings.log_levels`) go to the parent, whose loggers then handle them."""
         self.status = status
-        root = logging.getLogger()
-        root.handlers[:] = [self]
-        root.setLevel(int(os.environ.get("HARDY_LOG_LEVEL", logging.WARNING)))
-        for name, level in json.loads(os.environ.get("HARDY_LOG_LEVELS", "{}")).items():
-            logging.getLogger(name).setLevel(level)
+        logging.getLogger().handlers[:] = [self]
         warnings.showwarning = self.warned  # a node's (or the cache's) warnings too, whatever the level
 
     def warned(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
