@@ -224,3 +224,56 @@ def test_a_script_node_reading_a_module_that_replaced_itself_travels(tmp_path, l
     assert [line.split(" ", 1)[1] for line in lines if line.startswith("process ")] == seq
     assert seq[0] == "[{'y': [True, 1]}, {'y': [True, 2]}]"
     assert len(seq) == (2 if library == "torch" else 1)
+
+
+LOOKS_ITSELF_UP = """
+import sys
+from hardy import Engine, Pipeline, node
+
+class Settings:  # answers unknown names from its own dict, as pydantic's ConfigWrapper does
+    def __init__(self, **config):
+        self.config = config
+
+    def __getattr__(self, name):
+        try:
+            return self.config[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+SETTINGS = Settings(scale=3)
+
+@node(output_name="y")
+def scaled(x):
+    return x * SETTINGS.scale
+
+nodes = [scaled]
+if sys.argv[1] == "pydantic":
+    import pydantic
+
+    @node(output_name="y")
+    @pydantic.validate_call
+    def parsed(x: float):
+        return repr(x)
+    nodes = [parsed]
+for name in ("sequential", "process"):
+    engine = Engine(map_executor=name)
+    print(name, Pipeline(nodes=nodes, engine=engine).map(inputs={"x": ["2"] if nodes[0] is not scaled else [2]},
+                                                           map_over="x"))
+    engine.close()
+"""
+
+
+@pytest.mark.parametrize("library", ["own", "pydantic"])
+def test_an_object_whose_getattr_reads_its_own_attributes_travels(tmp_path, library):
+    """An object whose `__getattr__` reads one of its own attributes (pydantic's `ConfigWrapper`,
+    held by every `@validate_call` function) cannot be unpickled the default way: pickle looks
+    `__setstate__` up on it before its state is set, and the look-up recursed until RecursionError,
+    so a script's `@validate_call` node could not be loaded in a worker."""
+    if library == "pydantic":
+        pytest.importorskip("pydantic")
+    out = subprocess.run([sys.executable, "-", library], input=textwrap.dedent(LOOKS_ITSELF_UP), text=True,
+                         capture_output=True, timeout=150, cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    expected = "[{'y': '2.0'}]" if library == "pydantic" else "[{'y': 6}]"
+    assert lines == [f"sequential {expected}", f"process {expected}"], lines

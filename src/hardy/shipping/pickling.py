@@ -218,6 +218,8 @@ def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     (its instance attributes), a module of its own class (`_reduce_module`); None for any other type."""
     if issubclass(kind, types.ModuleType) and kind is not types.ModuleType:
         return _reduce_module
+    if _looks_itself_up(kind):
+        return _reduce_past_getattr
     try:
         torch = sys.modules.get("torch")
         if torch is not None and issubclass(kind, torch.Tensor) and kind is not torch.Tensor:
@@ -231,6 +233,38 @@ def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     except Exception:  # (a metaclass whose subclass check raises: the pickler's own way)
         pass
     return None
+
+
+def _looks_itself_up(kind: type) -> bool:
+    """Whether `kind` pickles the default way and has a `__getattr__` of its own, which pickle's
+    look-up of `__setstate__` on a new instance reaches before its state is set."""
+    try:
+        return (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__  # type: ignore[comparison-overlap]
+                and getattr(kind, "__setstate__", None) is None
+                and any("__getattr__" in vars(c) for c in kind.__mro__[:-1]))
+    except Exception:  # (a metaclass that raises: the pickler's own way)
+        return False
+
+
+def _reduce_past_getattr(obj: Any) -> Any:
+    """An instance of such a class (`_looks_itself_up`: pydantic's `ConfigWrapper`, which a
+    `@validate_call` function holds, answers `self.config_dict[name]`) reduced as pickle would,
+    with a state setter of its own: pickle would look `__setstate__` up on the new, empty
+    instance, its `__getattr__` would read `config_dict`, and so on until the recursion limit."""
+    reduced = obj.__reduce_ex__(5)
+    if isinstance(reduced, str) or len(reduced) < 3 or reduced[2] is None:
+        return reduced
+    func, args, state, items, entries = (*reduced, None, None)[:5]
+    return func, args, state, items, entries, _set_default_state
+
+
+def _set_default_state(obj: Any, state: Any) -> None:
+    """What pickle's BUILD does with a state when the object has no `__setstate__`."""
+    attributes, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+    if attributes:
+        obj.__dict__.update(attributes)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
 
 
 def _reduce_module(module: types.ModuleType) -> Any:
