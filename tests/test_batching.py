@@ -156,6 +156,31 @@ def test_values_asked_for_beside_a_last_batched_node_are_handed_out(executor):
     assert isinstance(out[2], Failed) and out[2].error.node == "one_more_but_2"
 
 
+@node(output_name="y", batch_size=8)
+def tens_but_5(x: list[int]) -> list[int]:
+    for v in x:
+        if v == 5:
+            raise KeyError(f"bad {v}")
+    return [v * 10 for v in x]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_split_batchs_item_error_prints_its_own_frames_once(executor):
+    """The culprit's error is its own call's alone: the earlier attempts of the batch halving
+    found it by are not its `__context__`, so its traceback prints the node's frames once, with
+    no "During handling" repeat of each level and none of hardy's frames (batching, node)."""
+    import traceback
+
+    with Engine(map_executor=executor, workers=1) as engine:
+        out = Pipeline(nodes=[tens_but_5], engine=engine).map(inputs={"x": list(range(8))}, map_over="x",
+                                                               on_error="continue")
+    cause = out[5].error.__cause__
+    assert isinstance(cause, KeyError) and cause.__context__ is None
+    text = "".join(traceback.format_exception(cause))
+    assert text.count("Traceback") == 1 and "During handling" not in text, text
+    assert "parts/batching.py" not in text and "model/node.py" not in text and "in tens_but_5" in text, text
+
+
 def test_a_stream_hands_out_a_group_in_the_items_order_when_some_failed_before_its_batch():
     p = Pipeline(nodes=[one_more_but_2, twice], engine=IN_PROCESS)
     streamed = list(p.imap(inputs={"x": range(6)}, map_over="x", on_error="continue", indexed=True))

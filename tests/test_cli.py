@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,8 @@ def test_run_maps_a_pipeline_from_the_shell_and_exits_1_when_an_item_crashed(tmp
     lines = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda line: line["item"])  # as they finished
     assert lines[0] == {"item": 0, "ok": True, "outputs": {"y": 3}} and lines[2]["outputs"] == {"y": 15}
     assert lines[1]["ok"] is False and lines[1]["signal"] == "SIGSEGV" and lines[1]["node"] == "scale"
-    assert "1 of 3 item(s) failed; see run.html" in out.stderr
+    assert "1 of 3 item(s) failed (item 1); each one's error and stack: its line on stdout, and the run report " \
+           "run.html" in out.stderr, out.stderr
     assert "worker died from SIGSEGV" in (tmp_path / "run.html").read_text()
 
 
@@ -120,6 +122,44 @@ def test_a_failed_items_line_says_where_it_failed(tmp_path, executor):
                          "--executor", "process")
     line = json.loads(crashed.stdout)
     assert line["signal"] == "SIGSEGV" and "Python stack:" in line["stack"] and "scale" in line["stack"], line
+
+
+def _run_reporting(tmp_path, executor: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`hardy run` of divide.py's items 1, 2, 3 (item 1 fails) under HARDY_REPORT_DIR: its run and its report."""
+    env = {**os.environ, "HARDY_REPORT_DIR": str(tmp_path / "reports")}
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "run", "divide:pipeline", "--set", "x=[1, 2, 3]",
+                          "--map-over", "x", "--executor", executor], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=env)
+    [report] = (tmp_path / "reports").glob("*.json")
+    return out, report
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_failed_items_written_elsewhere_are_named_with_where_they_are(tmp_path, executor):
+    """Results in --output or a report directory: stderr named no item and no place ("4 of 9 item(s)
+    failed"), where a failure's line is only found by reading every line."""
+    (tmp_path / "divide.py").write_text(RAISES.replace("10 // (x - 2)", "10 // (x % 2)"))  # even items' x fail
+    out = _hardy_run(tmp_path, "divide:pipeline", "--set", f"x={list(range(20))}", "--map-over", "x",
+                     "--executor", executor, "--output", "out.jsonl")
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    assert "hardy: 10 of 20 item(s) failed (items 0, 2, 4, 6, 8 and 5 more); each one's error and stack: its line " \
+           "in out.jsonl" in out.stderr, out.stderr
+    (tmp_path / "divide.py").write_text(RAISES)
+    out, report = _run_reporting(tmp_path, executor)
+    assert out.returncode == 1 and f"(item 1); each one's error and stack: its line on stdout, and the run report " \
+           f"{report} (hardy report {report} --item 1)" in out.stderr, out.stderr
+
+
+def test_replay_of_a_hardy_run_report_says_that_hardy_run_keeps_no_inputs(tmp_path):
+    """It said inputs are kept for maps run with Engine(report_dir=...), which HARDY_REPORT_DIR had
+    set: `hardy run` (an imap) keeps none, and its items are the lines of --inputs."""
+    (tmp_path / "divide.py").write_text(RAISES)
+    _, report = _run_reporting(tmp_path, "sequential")
+    replay = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(report), "--item", "1"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    said = " ".join(replay.stderr.split())
+    assert replay.returncode == 2 and "(as `hardy run` makes), and those keep no inputs" in said, said
+    assert "Item 1 of a `hardy run` is line 2 of its --inputs file" in said and "--set NAME=VALUE" in said, said
 
 
 INTERRUPTS = """
@@ -204,16 +244,22 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
                               "it: flows:pipeline"),
     (["sub/flows:pipeline"], "name the module as Python imports it: sub.flows:pipeline"),
     (["raises:pipeline"], "importing 'raises' raised RuntimeError: no HARDY_CONFIG set (at"),
+    (["deep:pipeline"], "importing 'deep' raised JSONDecodeError: Expecting property name enclosed in double quotes: "
+                        "line 1 column 2 (char 1) (at deep.py, line 3, in helper)"),  # not json/decoder.py's line
     (["broken:pipeline"], "cannot import 'broken': SyntaxError in"),
     (["exits:pipeline"], "importing 'exits' called sys.exit(0), so nothing ran"),
     (["needs:pipeline"], "cannot import 'needs': ModuleNotFoundError: No module named 'hardy_no_such_dependency' (at"),
     (["flows:pipeline", "--set", "x"], "--set 'x' is not NAME=VALUE"),
     (["flows:pipeline", "--set", "factor=1"], "Missing required input(s): ['x']"),
+    (["flows:pipeline", "--set", "factor=1"], "Give them with --set NAME=VALUE, or in each line of --inputs FILE"),
+    (["consts:LIMIT"], "consts:LIMIT is an int, not a hardy Pipeline"),
     (["flows:pipeline", "--inputs", "bad.jsonl"], "bad.jsonl line 2 is not JSON"),
     (["flows:pipeline", "--inputs", "uneven.jsonl"], "uneven.jsonl line 2 holds ['factor', 'x'], line 1 ['x']: each "
                                                      "line holds the same inputs"),
     (["flows:pipeline", "--inputs", "braces.jsonl"], "braces.jsonl line 1 is not a JSON object of input values"),
-    (["flows:pipeline", "--executor", "gpu"], "Engine(map_executor='gpu') is not one of"),
+    (["flows:pipeline", "--executor", "gpu"], "--executor 'gpu' is not one of sequential, threaded, async, process"),
+    (["flows:pipeline", "--executor", "proces"], "--executor 'proces' is not one of sequential, threaded, async, "
+                                                 "process (did you mean 'process'?)"),
     (["flows:pipeline", "--set", "x=1", "--set", "fctor=3"], "'fctor'"),
     (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers'"),
     (["flows:pipeline", "--set", "x=1", "--report", "run.txt"], "use a .html or .json file name"),
@@ -222,7 +268,9 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
 def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
     (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
     (tmp_path / "raises.py").write_text(FLOWS + "raise RuntimeError('no HARDY_CONFIG set')\n")
+    (tmp_path / "deep.py").write_text("import json\ndef helper():\n    return json.loads('{bad')\nCFG = helper()\n" + FLOWS)
     (tmp_path / "broken.py").write_text(FLOWS + "def oops(:\n")
+    (tmp_path / "consts.py").write_text("LIMIT = 42\n")
     (tmp_path / "exits.py").write_text(FLOWS + "import sys\nsys.exit(0)\n")  # a script without a __main__ guard
     (tmp_path / "needs.py").write_text("import hardy_no_such_dependency\n" + FLOWS)
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{x: 2}\n')

@@ -132,6 +132,29 @@ def test_node_error_in_map_names_the_item():
                                     "ZeroDivisionError: division by zero\"))")
 
 
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_dataframe_input_is_summarised_by_its_shape_and_columns(executor):
+    """Its repr's first line is its padded column header: the error said `df=       a    ...`."""
+    pd = pytest.importorskip("pandas")
+    import numpy as np
+
+    frames = [pd.DataFrame({"a": [1, 2, 3], "b": [0.5, 1.5, 2.5]}),
+              pd.DataFrame(np.zeros((1000, 40)), columns=[f"col{i}" for i in range(40)])]
+    with Engine(map_executor=executor, workers=1) as engine:
+        out = Pipeline(nodes=[fails_on_frames], engine=engine).map(
+            inputs={"df": frames, "s": [frames[0]["a"], np.eye(2)]}, map_over=["df", "s"], on_error="continue")
+    assert out[0].error.inputs_summary == "df=DataFrame(3 rows × 2 columns: a, b), s=Series(3 values, dtype int64, " \
+                                         "name 'a')", out[0].error.inputs_summary
+    assert out[1].error.inputs_summary == "df=DataFrame(1,000 rows × 40 columns: col0, col1, +38 more), " \
+                                         "s=array([[1., 0.], [0., 1.]])", out[1].error.inputs_summary  # one line
+    assert "(inputs: df=DataFrame(3 rows × 2 columns: a, b), " in str(out[0].error)
+
+
+@node(output_name="n")
+def fails_on_frames(df, s):
+    raise ValueError("no frames today")
+
+
 @pytest.mark.parametrize("executor", ["sequential", "threaded", "async"])
 def test_map_error_keeps_results_for_every_executor(executor):
     @node(output_name="q")
@@ -196,8 +219,10 @@ def test_bad_map_mode_and_on_error():
 
 
 def test_non_callable_node():
-    with pytest.raises(NodeDefinitionError, match="item 1 is a int"):
+    with pytest.raises(NodeDefinitionError, match="item 1 is an int"):  # "a int" before
         Pipeline(nodes=[f_ab, 42])
+    with pytest.raises(InvalidArgumentType, match=r"Pipeline\(nodes=7\) is an int, not a list of nodes"):
+        Pipeline(nodes=7)
     with pytest.raises(NodeDefinitionError, match="callable"):
         node(output_name="x")(42)
 

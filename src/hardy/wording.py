@@ -28,6 +28,14 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def a_kind(value: Any) -> str:
+    """`value`'s type name with its article, as a sentence says it: "an int", "a list" (not "a int")."""
+    name = type(value).__name__
+    lower = name.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o") or lower.startswith("un") and not lower.startswith("uni")
+    return f"{'an' if vowel else 'a'} {name}"
+
+
 class _NotComputed:
     """An input whose value did not exist yet when the node failed (its key could not be made,
     or a node before it failed): shown as such, not as `None`, which would point at another bug."""
@@ -40,14 +48,49 @@ NOT_COMPUTED = _NotComputed()
 
 
 def summarize(values: dict[str, Any], limit: int = 60) -> str:
-    """A short, safe rendering of a node's inputs for error messages."""
+    """A short, safe rendering of a node's inputs for error messages, each on one line: a table by
+    its shape and columns (`_table`), anything else by its repr, a multi-line one's lines joined
+    by one space (a 2-D array's rows), cut at `limit` characters."""
     parts = []
     for key, value in values.items():
-        try:
-            text = repr(value)
-        except Exception:  # a broken __repr__ must not hide the real error
-            text = f"<{type(value).__name__}>"
+        text = _table(value, limit)
+        if text is None:
+            try:
+                text = repr(value)
+                if "\n" in text:  # a multi-line repr (a str's has none: it escapes them)
+                    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+            except Exception:  # a broken __repr__ must not hide the real error
+                text = f"<{type(value).__name__}>"
         if len(text) > limit:
             text = text[: limit - 3] + "..."
         parts.append(f"{key}={text}")
     return ", ".join(parts)
+
+
+_TABLES = ("pandas", "polars", "modin", "cudf")  # whose DataFrame and Series `_table` shows
+
+
+def _table(value: Any, limit: int) -> str | None:
+    """A pandas (polars, modin, cuDF) DataFrame as `DataFrame(3 rows × 2 columns: a, b)`, a
+    Series as `Series(3 values, dtype int64, name 'a')`; None for anything else. Their repr's first
+    line is the column header padded with spaces (`df=       a           ...`), which says neither
+    how big the table is nor which columns it has."""
+    kind = type(value)
+    if kind.__module__.partition(".")[0] not in _TABLES or kind.__name__ not in ("DataFrame", "Series"):
+        return None
+    try:
+        if kind.__name__ == "Series":
+            name = f", name {value.name!r}" if value.name not in (None, "") else ""
+            return f"Series({len(value):,} values, dtype {value.dtype}{name})"
+        rows, count = value.shape
+        head = f"DataFrame({rows:,} rows × {count:,} columns"
+        names = [str(c) for c in list(value.columns)[:count]]
+        shown: list[str] = []
+        for name in names:  # as many names as fit the limit, then how many more
+            if len(head) + len(", ".join([*shown, name])) + 16 > limit and shown:
+                break
+            shown.append(name)
+        more = f", +{count - len(shown)} more" if len(shown) < count else ""
+        return f"{head}: {', '.join(shown)}{more})" if shown else f"{head})"
+    except Exception:  # a table that cannot say its shape (a lazy one): its repr, as for anything else
+        return None

@@ -16,6 +16,10 @@ the bare token `NaN`, which is not JSON (jq and strict parsers reject the line).
 - anything else (bytes, sets, a DataFrame, your own classes, complex numbers) has no JSON form:
   the item fails (`UnencodableOutput`), its line naming the output, the node that made it and
   the type, with the fix.
+
+As the command ends with failed items, `failed_line` names the first of them and where each
+one's error and stack are: its line (in --output, or on stdout) and the run report, --report's or
+the one a report directory got (`saved`).
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ class Writer:
     def __init__(self, out: IO[str], producers: dict[str, str]):
         self.out, self.producers = out, producers
         self.done = self.failed = 0
+        self.first_failed: list[int] = []  # the lowest items that failed (`NAMED` of them), for the last word
         self.interrupt: BaseException | None = None  # what stopped the items (a node's KeyboardInterrupt too)
 
     def item(self, i: int, row: Any) -> None:
@@ -120,7 +125,9 @@ class Writer:
         self.out.write(line(record) + "\n")
         self.out.flush()
         self.done += 1
-        self.failed += not record["ok"]
+        if not record["ok"]:
+            self.failed += 1
+            lowest(self.first_failed, i)
 
     def record(self, i: int, row: Any) -> dict[str, Any]:
         if isinstance(row, Failed):  # with where it failed: the line may be all a batch job keeps
@@ -136,6 +143,16 @@ class Writer:
             except UnencodableOutput as err:
                 return {"item": i, "ok": False, **err.of(name, self.producers.get(name, "?")).reported()}
         return {"item": i, "ok": True, "outputs": outputs}
+
+
+NAMED = 5  # failed items `hardy run` names on stderr as it ends
+
+
+def lowest(items: list[int], i: int) -> None:
+    """Adds `i` to the sorted `items`, keeping the `NAMED` lowest: a million failures cost no memory."""
+    import bisect
+    bisect.insort(items, i)
+    del items[NAMED:]
 
 
 def written(path: str) -> dict[int, bool]:
@@ -211,3 +228,32 @@ def closing_ends_the_run(out: IO[str]) -> Iterator[Watched]:
         thread.join()
         os.close(wake)
         os.close(woken)
+
+
+def saved(pipeline: Any) -> str | None:
+    """Where the engine's report directory (`report_dir=`, HARDY_REPORT_DIR) got this run's report."""
+    from ..errors import HardyError
+    try:
+        path = pipeline.report().path
+    except HardyError:  # no report kept
+        return None
+    return str(path) if path is not None else None
+
+
+def failed_line(writer: Writer, before: dict[int, bool], counts: tuple[int, int], output: str | None,
+                report: str | None) -> str:
+    """The last word of a run where items failed: how many, the first of them, and where each one's
+    error and stack are (its line; the run report), so that a run writing to a file says what and
+    where without a look at every line."""
+    first = list(writer.first_failed)
+    for i, ok in before.items():  # --resume: the earlier run's failures are this output's too
+        if not ok:
+            lowest(first, i)
+    failed, done = counts
+    more = f" and {failed - len(first):,} more" if failed > len(first) else ""
+    named = f"item{'s' if failed > 1 else ''} {', '.join(map(str, first))}{more}"
+    where = [f"its line in {output}" if output else "its line on stdout"]
+    if report:
+        how = f" (hardy report {report} --item {first[0]})" if report.endswith(".json") and first else ""
+        where.append(f"the run report {report}{how}")
+    return f"hardy: {failed} of {done} item(s) failed ({named}); each one's error and stack: {', and '.join(where)}"

@@ -299,6 +299,34 @@ def _hot_stacks(profile: Path, kept: Path, top: int = 5, depth: int = 6) -> str:
     return "\n".join(lines)
 
 
+def _streamed(report: str, item: int) -> None:
+    """Raises `ReplayError` when `report` is an `imap`'s or a `run`'s (what `hardy run` makes) and
+    has no kept inputs for `item`: those calls keep none (their items stream, and are not held), so
+    the generic "inputs are kept for maps run with Engine(report_dir=...)" would tell a user who
+    set HARDY_REPORT_DIR to do what they did. Says where that item's inputs are instead."""
+    import json
+
+    from ..crash.kept import folder_of
+    from ..errors import ReplayError
+    if (folder_of(report) / f"item-{item}.pkl").exists():
+        return
+    try:
+        with open(report, encoding="utf-8") as f:
+            kind = json.load(f).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return  # not a report hardy can read: `replay` says why
+    if kind not in ("imap", "run"):
+        return
+    line = f"line {item + 1} of its --inputs file (or value {item} of a list given with --set)"
+    raise ReplayError(
+        f"no kept inputs for item {item}: {report} is the report of {'an' if kind == 'imap' else 'a'} {kind}() "
+        "(as `hardy run` makes), and "
+        f"those keep no inputs (their items stream, and are not held). Item {item} of a `hardy run` is {line}: "
+        f"run it again with `hardy run MODULE:PIPELINE --set NAME=VALUE ...` holding that line's values, or from "
+        f"Python with pipeline.map(...) over it under Engine(report_dir=...), which keeps a failed item's inputs "
+        f"for `hardy replay`")
+
+
 def _missing(why: str) -> int:
     typer.echo(f"hardy replay: {why}", err=True)
     return 2
@@ -328,6 +356,7 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     from ..errors import ReplayError
     try:
         a_report(report)
+        _streamed(report, item)
     except ReplayError as exc:
         typer.echo(f"hardy replay: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -31,9 +31,11 @@ from typing import IO, Any, NoReturn
 import typer
 
 from ..errors import Failed
-from .outputs import Writer, closing_ends_the_run, written
+from ..wording import a_kind, did_you_mean
+from .outputs import Writer, closing_ends_the_run, failed_line, saved, written
 
 USAGE = 2
+EXECUTORS = ("sequential", "threaded", "async", "process")  # what --executor names (the others are objects)
 
 
 def _fail_usage(message: str) -> NoReturn:
@@ -62,7 +64,7 @@ def load_pipeline(target: str) -> Any:
             _fail_usage(f"{module_name!r} has no attribute {attr!r}; pipelines there: {names or 'none'}")
         obj = getattr(obj, part)
     if not isinstance(obj, Pipeline):
-        _fail_usage(f"{target} is a {type(obj).__name__}, not a hardy Pipeline")
+        _fail_usage(f"{target} is {a_kind(obj)}, not a hardy Pipeline")
     return obj
 
 
@@ -85,12 +87,49 @@ def _import(module_name: str) -> Any:
 
 
 def _where(exc: BaseException) -> str:
-    """The exception and the line of the user's code that raised it (the last frame outside importlib)."""
+    """The exception and the deepest line of the user's own files it went through: not the
+    standard library's nor an installed package's (a `json.loads` of a bad config fails in
+    json/decoder.py, which is not where the fix goes), nor hardy's or importlib's; failing that,
+    the deepest frame outside importlib and this command."""
     import traceback
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
               and not f.filename.endswith("cli/run.py")]
-    where = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    own = [f for f in frames if not _not_users(f.filename)]
+    if not own and not frames:
+        return f"{type(exc).__name__}: {exc}"
+    frame = (own or frames)[-1]
+    name = frame.filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(name)
+        name = name if relative.startswith(os.pardir) else relative
+    return f"{type(exc).__name__}: {exc} (at {name}, line {frame.lineno}, in {frame.name})"
+
+
+def _not_users(filename: str) -> bool:
+    """A file that is not the user's own: generated (`<frozen ...>`, `<string>`), hardy's, or in
+    the standard library's or an installed package's folder."""
+    import sysconfig
+
+    from ..tracebacks import is_hardy
+    if filename.startswith("<") or is_hardy(filename):
+        return True
+    paths = sysconfig.get_paths()
+    folders = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    parts = Path(filename).parts
+    return "site-packages" in parts or "dist-packages" in parts or any(
+        filename.startswith(folder + os.sep) for folder in folders)
+
+
+def _said(exc: BaseException) -> str:
+    """A usage error as `hardy run` words it: a missing input is given with --set or --inputs here,
+    not with Python's `inputs=...` or `bind()`, which the library's message names."""
+    from ..errors import MissingInputError
+    text = str(exc)
+    if isinstance(exc, MissingInputError):
+        python = "Pass them in inputs=... or with bind()."
+        shell = "Give them with --set NAME=VALUE, or in each line of --inputs FILE (one JSON object per item)."
+        text = text.replace(python, shell) if python in text else f"{text} {shell}"
+    return text
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:
@@ -156,7 +195,6 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
                                           "line for; append the others' lines to it."),
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
-    from ..errors import HardyError
     if report:
         report_path(report)
     if resume:
@@ -167,10 +205,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     pipeline = load_pipeline(target)
     values, over = _inputs(pipeline, set_, inputs, map_over, output, resume)
     wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
-    try:
-        engine = _engine(pipeline.engine, executor, workers, report is not None)
-    except HardyError as exc:
-        _fail_usage(str(exc))
+    engine = _engine(pipeline.engine, executor, workers, report is not None)
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
@@ -186,6 +221,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     elif report:  # --resume found every item written: nothing ran, nothing to report
         typer.echo(f"hardy: every item had its line in {resume} already: nothing ran, no report written", err=True)
         report = None
+    report = report or saved(pipeline)
     where = f"; see {report}" if report else ""
     if interrupted.signal or writer.interrupt is not None:  # Ctrl-C, SIGTERM, or a node's KeyboardInterrupt
         by = interrupted.signal or f"a node's {writer.interrupt!r}"
@@ -193,7 +229,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
                    f"to {output or 'stdout'}{where}", err=True)
         raise typer.Exit(128 + (interrupted.number if interrupted.signal else signal.SIGINT))
     if failed:
-        typer.echo(f"hardy: {failed} of {done} item(s) failed{where}", err=True)
+        typer.echo(failed_line(writer, before, (failed, done), output, report), err=True)
     raise typer.Exit(1 if failed else 0)
 
 
@@ -264,7 +300,7 @@ def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[
         for index, row in rows:
             writer.item(index if todo is None else todo[index], row)
     except HardyError as exc:  # a usage error the map only finds running (an input that cannot be sent)
-        _fail_usage(str(exc))
+        _fail_usage(_said(exc))
     except (KeyboardInterrupt, _Terminated) as exc:
         writer.interrupt = exc
         rows.close()  # stops the map's workers; every line written so far stays
@@ -283,7 +319,7 @@ def _once(pipeline: Any, values: dict[str, Any], wanted: list[str] | None, engin
     except NodeError as err:
         row = Failed(err)
     except HardyError as exc:
-        _fail_usage(str(exc))
+        _fail_usage(_said(exc))
     except (KeyboardInterrupt, _Terminated) as exc:
         writer.interrupt = exc
         return None
@@ -385,11 +421,18 @@ def output_path(path: str) -> None:
 
 
 def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:
-    """The pipeline's own engine's settings, with what the command line changes."""
+    """The pipeline's own engine's settings, with what the command line changes (a usage error
+    where they are wrong: an --executor misspelt is named as the flag, with the likely name)."""
     from ..engine import Engine
-    return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor,
-                  workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
-                  report_dir=own.report_dir, keep_failed_inputs=own.keep_failed_inputs, **own.process_options)
+    from ..errors import HardyError
+    if executor is not None and executor not in EXECUTORS:
+        _fail_usage(f"--executor {executor!r} is not one of {', '.join(EXECUTORS)}{did_you_mean(executor, EXECUTORS)}")
+    try:
+        return Engine(node_executor=own.node_executor, map_executor=executor or own.map_executor,
+                      workers=workers or own.workers, cache=own.cache, report=report or own.reporting,
+                      report_dir=own.report_dir, keep_failed_inputs=own.keep_failed_inputs, **own.process_options)
+    except HardyError as exc:
+        _fail_usage(str(exc))
 
 
 def report(path: str = typer.Argument(..., metavar="REPORT",

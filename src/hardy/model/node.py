@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast, overload
 
 from ..errors import InvalidArgumentType, NodeDefinitionError
+from ..wording import a_kind
 from . import arguments
 
 
@@ -264,7 +265,7 @@ def as_nodes(given: Any) -> list[Node]:
             f"Pipeline(nodes={given!r:.60}) is one node, not a list of them; pass Pipeline(nodes=[{shown}]).")
     if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
         raise InvalidArgumentType(
-            f"Pipeline(nodes={given!r:.60}) is a {type(given).__name__}, not a list of nodes; pass a list of "
+            f"Pipeline(nodes={given!r:.60}) is {a_kind(given)}, not a list of nodes; pass a list of "
             "functions decorated with @node, plain functions, or pipelines.")
     return [_as_node(obj, position) for position, obj in enumerate(given)]
 
@@ -277,5 +278,5 @@ def _as_node(obj: Any, position: int) -> Node:
     if callable(obj):
         return Node(obj)
     raise NodeDefinitionError(
-        f"Pipeline(nodes=[...]) item {position} is a {type(obj).__name__} ({obj!r:.60}), not a node: pass "
+        f"Pipeline(nodes=[...]) item {position} is {a_kind(obj)} ({obj!r:.60}), not a node: pass "
         "functions decorated with @node, plain functions, or pipelines.")

@@ -214,6 +214,7 @@ def _write(report: RunReport, folder: Path, pipeline: Any, live: LiveReport, fai
         if failures and live.inputs is not None and pipeline.engine.keep_failed_inputs is not False:
             _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
         report.save(path)
+        report.path = path
     except (OSError, ValueError, UntrustedCacheError) as exc:
         warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
                       "pipeline.report() still has it", RuntimeWarning, stacklevel=3)
@@ -318,6 +319,7 @@ class RunReport:
 
     def __init__(self, data: dict[str, Any]):
         self.data = data
+        self.path: Path | None = None  # the file a report directory got (`hardy run` says where), once written
 
     @classmethod
     def load(cls, path: str | Path) -> RunReport:

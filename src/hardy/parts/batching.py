@@ -228,6 +228,7 @@ class Batched:
         if calling is not None:
             calling(part.step)
         start = time.monotonic()
+        failure: BaseException | None = None
         try:
             entries = batch_outputs(part.call(**columns), part.node.name, outputs, n)
         except BatchShapeError as exc:  # not an item's fault: every item says so, no split
@@ -235,12 +236,17 @@ class Batched:
         except BaseException as exc:  # sys.exit() too: an item's failure, never the caller's end
             if passes(exc):
                 raise
-            span = self._span(part, n, start, called)
+            failure = exc
+        span = self._span(part, n, start, called)
+        if failure is not None:
             if n == 1:
-                return [(False, exc, span)]
+                return [(False, failure, span)]
+            # the halves are called after the `except` block, not in it: there Python would make
+            # this batch's exception each later one's `__context__`, and an item's error would
+            # print every bisection level's attempt, hardy's frames included ("During handling...")
+            del failure
             half = n // 2
             return self._call(part, rows[:half], hooks, offset) + self._call(part, rows[half:], hooks, offset)
-        span = self._span(part, n, start, called)
         if outputs == 1:
             return [(True, value, span) for value in entries[0]]
         return [(True, values, span) for values in zip(*entries)]
