@@ -251,6 +251,29 @@ def test_breakpoint_in_a_worker_fails_its_item_saying_how_to_debug(tmp_path):
 
 
 
+def test_debug_of_a_breakpoint_item_stops_there_and_says_why_it_failed_only_in_the_worker(tmp_path):
+    """`failed.error.debug()` on a breakpoint() item: the rerun stops at the breakpoint, runs to its
+    end, and says so (it blamed "what ran before it, ... or chance")."""
+    script = """
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def stop_here(x):
+            breakpoint()
+            return x * 2
+
+        out = Pipeline([stop_here]).map(inputs={"x": [21]}, map_over="x", on_error="continue")
+        print("failed again:", out[0].error.debug())
+    """
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}
+    (tmp_path / "stops.py").write_text(textwrap.dedent(script))
+    out = subprocess.run([sys.executable, "stops.py"], cwd=tmp_path, input="p x\nc\n", capture_output=True,
+                         text=True, timeout=180, env=plain)
+    assert out.returncode == 0, out.stderr
+    assert "(Pdb) 21" in out.stdout and "failed again: False" in out.stdout, out.stdout
+    assert "ran to its end in this process, where its breakpoint() stopped in pdb" in out.stderr, out.stderr
+    assert "chance" not in out.stderr
+
 def test_a_map_under_a_debugger_says_once_that_its_breakpoints_in_nodes_are_not_hit(tmp_path):
     """`python -m pdb script.py` with a breakpoint in a node: the worker passes it by, so the
     first map says why (where it said nothing); a tracer that is no debugger says nothing."""

@@ -9,6 +9,7 @@ process, which has no terminal, is `breakpoints.no_terminal`.)
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,6 +50,7 @@ def post_mortem(call: Callable[[], Any], what: str) -> bool:
     was). True if it failed."""
     import pdb
     import traceback
+    stopped = _noting_breakpoints()
     try:
         call()
     except (NodeError, KeyboardInterrupt) as err:
@@ -64,6 +66,33 @@ def post_mortem(call: Callable[[], Any], what: str) -> bool:
               "raised, with its live locals ('up' walks out, 'q' quits)", file=sys.stderr, flush=True)
         pdb.post_mortem(tb)
         return True
-    print(f"hardy: {what} did not fail when run again in this process (it may depend on what ran before it "
-          "in its worker, on its worker's environment, or on chance)", file=sys.stderr)
+    finally:
+        sys.breakpointhook = stopped.hook
+    if stopped.called:
+        print(f"hardy: {what} ran to its end in this process, where its breakpoint() stopped in pdb; in a worker "
+              "process, which has no terminal, breakpoint() fails the item", file=sys.stderr)
+    else:
+        print(f"hardy: {what} did not fail when run again in this process (it may depend on what ran before it "
+              "in its worker, on its worker's environment, or on chance)", file=sys.stderr)
     return False
+
+
+class _Noted:
+    """`sys.breakpointhook` for one rerun: it notes that the item called breakpoint(), then calls
+    the hook it replaced (`hook`, put back after the rerun)."""
+
+    def __init__(self) -> None:
+        self.hook, self.called = sys.breakpointhook, False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.called = True
+        if self.hook is sys.__breakpointhook__ and os.environ.get("PYTHONBREAKPOINT", "") in ("", "pdb.set_trace"):
+            import pdb  # (as the default hook does, at the frame that called breakpoint(), not this one)
+            return pdb.Pdb().set_trace(sys._getframe(1))
+        return self.hook(*args, **kwargs)
+
+
+def _noting_breakpoints() -> _Noted:
+    noted = _Noted()
+    sys.breakpointhook = noted
+    return noted
