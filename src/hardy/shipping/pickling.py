@@ -3,9 +3,9 @@ anything from `__main__` (workers never import the user's main script, so its cl
 functions travel by value), code keeping its file name and line numbers (`_reduce_code`), so crash
 stacks name the user's lines; and, to and from hardy's own workers, big torch tensors and
 bytes-likes offered as out-of-band buffers like numpy's (`out_of_band`, `shipping.transport`);
-and what the libraries' own pickling drops kept: a tensor's `.grad` (`_reduce_tensor`), an ndarray
-subclass's instance attributes (`_reduce_array`); an open text file refused, as a binary one is,
-where cloudpickle would send a `StringIO` copy of it (`ByValuePickler`).
+and what the libraries' own pickling drops or cannot rebuild kept (`shipping.reductions`); an open
+text file refused, as a binary one is, where cloudpickle would send a `StringIO` copy of it
+(`ByValuePickler`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import pickle
 import sys
 import threading
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
 from ..buffers import THRESHOLD, big_buffer
+from .reductions import reduce_tensor_as_torch, reductions, subclass_reduction
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -178,7 +178,7 @@ _KEPT: dict[int, _Kept] = {}
 
 def _dispatch_table() -> dict[Any, Any]:
     """copyreg's reductions, with `_reductions` ahead of them."""
-    return _Table({**copyreg.dispatch_table, **_reductions()})
+    return _Table({**copyreg.dispatch_table, **reductions()})
 
 
 def _in_band_table() -> dict[Any, Any]:
@@ -187,7 +187,7 @@ def _in_band_table() -> dict[Any, Any]:
     table = _dispatch_table()
     torch = sys.modules.get("torch")
     if torch is not None:
-        table[torch.Tensor] = _reduce_tensor_as_torch
+        table[torch.Tensor] = reduce_tensor_as_torch
     return table
 
 
@@ -200,7 +200,7 @@ class _Table(dict):  # type: ignore[type-arg]
     object costs a Python call past its type's first."""
 
     def __missing__(self, kind: type) -> Any:
-        found = _subclass_reduction(kind)
+        found = subclass_reduction(kind)
         if found is None:
             found = _BY_NAME if issubclass(kind, type) else _DEFAULT
         if len(self) < 4096:  # (types made at run time, without end: decided anew past that)
@@ -210,72 +210,6 @@ class _Table(dict):  # type: ignore[type-arg]
 
 _DEFAULT = operator.methodcaller("__reduce_ex__", 5)  # what the C pickler does without a table entry
 _BY_NAME = operator.attrgetter("__qualname__")  # a string: the pickler saves the object as a global
-
-
-def _subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
-    """hardy's reduction for objects of `kind` that `_reductions` cannot list by exact type: a
-    tensor subclass (a `nn.Parameter`: its grad), an ndarray subclass that pickles as numpy does
-    (its instance attributes), a module of its own class (`_reduce_module`); None for any other type."""
-    if issubclass(kind, types.ModuleType) and kind is not types.ModuleType:
-        return _reduce_module
-    if _looks_itself_up(kind):
-        return _reduce_past_getattr
-    try:
-        torch = sys.modules.get("torch")
-        if torch is not None and issubclass(kind, torch.Tensor) and kind is not torch.Tensor:
-            return _reduce_tensor_as_torch
-        numpy = sys.modules.get("numpy")
-        if (numpy is not None and issubclass(kind, numpy.ndarray) and kind is not numpy.ndarray
-                and not issubclass(kind, numpy.memmap)  # (its attributes are its file's mapping: the data travels)
-                and kind.__reduce_ex__ is numpy.ndarray.__reduce_ex__
-                and kind.__reduce__ is numpy.ndarray.__reduce__):
-            return _reduce_array
-    except Exception:  # (a metaclass whose subclass check raises: the pickler's own way)
-        pass
-    return None
-
-
-def _looks_itself_up(kind: type) -> bool:
-    """Whether `kind` pickles the default way and has a `__getattr__` of its own, which pickle's
-    look-up of `__setstate__` on a new instance reaches before its state is set."""
-    try:
-        return (kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__  # type: ignore[comparison-overlap]
-                and getattr(kind, "__setstate__", None) is None
-                and any("__getattr__" in vars(c) for c in kind.__mro__[:-1]))
-    except Exception:  # (a metaclass that raises: the pickler's own way)
-        return False
-
-
-def _reduce_past_getattr(obj: Any) -> Any:
-    """An instance of such a class (`_looks_itself_up`: pydantic's `ConfigWrapper`, which a
-    `@validate_call` function holds, answers `self.config_dict[name]`) reduced as pickle would,
-    with a state setter of its own: pickle would look `__setstate__` up on the new, empty
-    instance, its `__getattr__` would read `config_dict`, and so on until the recursion limit."""
-    reduced = obj.__reduce_ex__(5)
-    if isinstance(reduced, str) or len(reduced) < 3 or reduced[2] is None:
-        return reduced
-    func, args, state, items, entries = (*reduced, None, None)[:5]
-    return func, args, state, items, entries, _set_default_state
-
-
-def _set_default_state(obj: Any, state: Any) -> None:
-    """What pickle's BUILD does with a state when the object has no `__setstate__`."""
-    attributes, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
-    if attributes:
-        obj.__dict__.update(attributes)
-    for name, value in (slots or {}).items():
-        object.__setattr__(obj, name, value)
-
-
-def _reduce_module(module: types.ModuleType) -> Any:
-    """A module that replaced itself in `sys.modules` with an instance of its own subclass, for
-    properties (`torch.backends.cudnn`), by reference, as cloudpickle sends a plain module: it finds
-    submodules that a function's attribute chains reach in `sys.modules`, and would pickle such an
-    object's attributes instead (which fails). Any other: pickle's own way."""
-    name = module.__name__
-    if name != "__main__" and sys.modules.get(name) is module:
-        return cloudpickle.cloudpickle.subimport, (name,)
-    return NotImplemented
 
 
 class _BigBytes(Exception):
@@ -299,13 +233,13 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.ours: dict[type, Callable[[Any], Any] | None] = dict(_reductions())
+        self.ours: dict[type, Callable[[Any], Any] | None] = dict(reductions())
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         reduce = self.ours.get(kind, _UNSEEN)
         if reduce is _UNSEEN:
-            reduce = self.ours[kind] = _subclass_reduction(kind)
+            reduce = self.ours[kind] = subclass_reduction(kind)
         if reduce is not None:
             return reduce(obj)
         if kind is types.CodeType:
@@ -357,16 +291,6 @@ def _code(data: bytes, filename: str, lines: list[str] | None) -> types.CodeType
     return code
 
 
-def _reductions() -> dict[type, Callable[[Any], Any]]:
-    """By exact type, so that the C pickler calls no Python for any other object; torch's only
-    once something imported it (checking never imports it)."""
-    torch = sys.modules.get("torch")
-    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview}
-    if torch is not None:
-        found[torch.Tensor] = _reduce_tensor
-    return found
-
-
 class _Lifted:
     """A big bytes or bytearray, pickled as a PickleBuffer so that it can travel out of band. It
     comes back as its own type, copied out of the segment: neither type can be a view of one."""
@@ -399,121 +323,3 @@ def _lift(obj: Any, seen: dict[int, Any]) -> Any:
         new = obj if all(a is b for a, b in zip(new, obj)) else new
     seen[id(obj)] = new
     return new
-
-
-def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
-    """A memoryview (which pickle refuses) travels as its bytes: out of band when big, so that it
-    arrives as a writable view of the shared pages, with its format and shape (`_memoryview`)."""
-    data = pickle.PickleBuffer(view) if view.c_contiguous else view.tobytes()
-    return _memoryview, (data, view.format, view.shape)
-
-
-def _memoryview(data: Any, format: Any, shape: tuple[int, ...]) -> memoryview:
-    flat = memoryview(data).cast("B")
-    try:
-        view: memoryview = flat.cast(format, shape)
-        return view
-    except (TypeError, ValueError):  # a format `cast` cannot make (a struct's, say): flat bytes
-        return flat
-
-
-_exporters: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
-
-
-def _reduce_tensor(tensor: Any) -> Any:
-    """A plain CPU tensor of `THRESHOLD` bytes or more travels as a PickleBuffer of its bytes,
-    plus dtype, shape and requires_grad: out of band, so that it arrives as a view of the shared
-    pages (`_tensor`), where torch would have written a copy of its storage into the pickle. Any
-    other tensor (not contiguous, not on the CPU, sparse, quantized, named, conjugated, part of an
-    autograd graph, with attributes of its own) is pickled the way torch does it. Either way its
-    `.grad`, which torch's pickling drops, travels with it (`_with_grad`)."""
-    data = _tensor_bytes(tensor)
-    if data is None:
-        return _reduce_tensor_as_torch(tensor)
-    reduced = _tensor, (pickle.PickleBuffer(data), tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
-    return _with_grad(tensor, reduced)
-
-
-def _reduce_tensor_as_torch(tensor: Any) -> Any:
-    """A tensor (or a subclass's: a `nn.Parameter`) pickled as torch pickles it, its grad kept."""
-    return _with_grad(tensor, tensor.__reduce_ex__(5))
-
-
-def _with_grad(tensor: Any, reduced: Any) -> Any:
-    """`reduced` (the tensor's reduction) with its grad, set once the tensor is rebuilt (a grad
-    is not part of torch's pickle: a saliency map, a gradient a node computed, would arrive None).
-    A tensor outside autograd's leaves holds none unless it retains it; its `.grad` is not read
-    (it warns)."""
-    if not (tensor.is_leaf or tensor.retains_grad):
-        return reduced
-    grad = tensor.grad
-    if grad is None:
-        return reduced
-    return _with_state(reduced, grad, _set_grad)
-
-
-def _set_grad(tensor: Any, grad: Any) -> None:
-    tensor.grad = grad
-
-
-def _with_state(reduced: Any, extra: Any, setter: Callable[[Any, Any], None]) -> Any:
-    """The reduction `reduced`, extended with `setter(obj, extra)` once its own state is set
-    (pickle's state setter, run after the object is memoized: `extra` may refer to it)."""
-    if isinstance(reduced, str):  # (a global: nothing to add to)
-        return reduced
-    func, args, state, items, entries, setter_of_its_own = (*reduced, None, None, None, None)[:6]
-    return func, args, (state, setter_of_its_own, extra, setter), items, entries, _set_both
-
-
-def _set_both(obj: Any, states: tuple[Any, Any, Any, Callable[[Any, Any], None]]) -> None:
-    """The object's own state set as pickle's BUILD sets it, then hardy's (`_with_state`). Only
-    arrays and tensors come here: a state of theirs has a `__setstate__` (numpy's) or none."""
-    state, setter, extra, ours = states
-    if setter is not None:
-        setter(obj, state)
-    elif state is not None:
-        obj.__setstate__(state)
-    ours(obj, extra)
-
-
-def _reduce_array(array: Any) -> Any:
-    """An ndarray subclass's instance as numpy pickles it (the subclass, its data), plus the
-    attributes it holds (numpy's pickle drops them: `meta` set in `__array_finalize__`, as numpy's
-    subclassing guide does, would arrive None), set after numpy's state, once the instance is made."""
-    reduced = array.__reduce_ex__(5)
-    attributes = getattr(array, "__dict__", None)
-    if not attributes:
-        return reduced
-    return _with_state(reduced, dict(attributes), _set_attributes)
-
-
-def _set_attributes(obj: Any, attributes: dict[str, Any]) -> None:
-    obj.__dict__.update(attributes)
-
-
-def _tensor_bytes(tensor: Any) -> Any:
-    """The tensor's bytes as a uint8 numpy array (which exports buffers: no torch type does), the
-    same one while it lives, so that a tensor every item shares is recognised (`transport.Shared`)."""
-    torch = sys.modules["torch"]
-    try:  # the layout first: a sparse tensor has no `nbytes`, and a kind torch adds later may lack more
-        if (tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_nested or not tensor.is_cpu
-                or tensor.nbytes < THRESHOLD or not tensor.is_contiguous() or not tensor.is_leaf
-                or tensor.is_conj() or tensor.is_neg() or any(getattr(tensor, "names", ())) or tensor.__dict__):
-            return None
-    except (RuntimeError, AttributeError, NotImplementedError):  # pickled the way torch does it
-        return None
-    key = (tensor.data_ptr(), tensor.nbytes)  # an exporter keeps its tensor, so its address, alive
-    data = _exporters.get(key)
-    if data is None:
-        try:
-            data = _exporters[key] = tensor.detach().reshape(-1).view(torch.uint8).numpy()
-        except RuntimeError:  # torch without numpy
-            return None
-    return data
-
-
-def _tensor(data: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
-    """The tensor `_reduce_tensor` described, over `data` (the mapped segment: no copy, writable)."""
-    import torch
-    tensor = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
-    return tensor.requires_grad_(requires_grad)
