@@ -424,6 +424,11 @@ def test_nested_failures_name_the_path_for_exceptions_as_for_crashes(tmp_path):
             out = outer.map(inputs={"docs": [["ab", "boom", "cde"]]}, map_over="docs", on_error="continue")
             err = out[0]["lengths"][1].error if on_error == "continue" else out[0].error
             print(on_error, err)
+        for executor in ("sequential", "process"):  # a run() has no item: the inner one is not its
+            try:
+                outer.run(inputs={"docs": ["ab", "boom"]}, engine=Engine(map_executor=executor))
+            except Exception as e:
+                print(executor, e)
     """
     out = _python(tmp_path, script, "-", stdin=textwrap.dedent(script))
     assert out.returncode == 0, out.stderr
@@ -431,6 +436,9 @@ def test_nested_failures_name_the_path_for_exceptions_as_for_crashes(tmp_path):
     assert lines[0] == "continue node 'per_doc/length' failed on item 1 (inputs: text='boom'): ValueError: a bad document"
     assert lines[1] == ("raise node 'per_doc/length' failed on item 0, in nested map at 'per_doc' item 1 (inputs: "
                         "text='boom'): ValueError: a bad document"), lines
+    ran = ("node 'per_doc/length' failed, in nested map at 'per_doc' item 1 (inputs: text='boom'): ValueError: a "
+           "bad document")
+    assert lines[2:] == [f"sequential {ran}", f"process {ran}"], lines
 
 
 def test_an_uncaught_interrupt_exits_130_saying_what_it_held(tmp_path):

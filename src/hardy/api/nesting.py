@@ -144,6 +144,7 @@ class PipelineNode(Node):
             except MapError as exc:  # the inner item's own error: the plan running this node adds its name
                 err = exc.failures[min(exc.failures)]
                 err.nested = (f"{self.name!r} item {err.item}", *err.nested)
+                err.item = None  # (the outer call's item, which its map sets: a run() has none)
                 raise err from err.__cause__
             for row in rows:
                 if isinstance(row, Failed):  # named by its path, as a crash in it would be
