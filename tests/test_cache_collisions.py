@@ -178,6 +178,29 @@ def sparse(fmt, data=(1.0, 2.0)):
     return sp().coo_matrix((list(data), ([0, 1], [1, 0])), shape=(2, 2)).asformat(fmt)
 
 
+def scaled_tensor(scale: float):
+    """A user's tensor subclass, with a Python attribute its code reads (`t.scale`)."""
+    class Scaled(torch().Tensor):
+        def scaled(self):
+            return self * self.scale
+    return with_attribute(torch().ones(2).as_subclass(Scaled), scale=scale)
+
+
+def with_grad(*inputs: float):
+    """A parameter whose `.grad` a `backward()` filled (with `inputs` as its gradient)."""
+    w = torch().nn.Parameter(torch().ones(len(inputs)))
+    if inputs:
+        (w * torch().tensor(inputs)).sum().backward()
+    return w
+
+
+def unit_frame(unit: str, total: typing.Callable[[typing.Any], float] = lambda self: float(self["a"].sum())):
+    """A user's DataFrame subclass: `_metadata` names `unit`; `total` is its method (its code)."""
+    cls = type("UnitFrame", (pd().DataFrame,), {"_metadata": ["unit"], "total": total, "__module__": __name__,
+                                                "_constructor": property(lambda self: type(self))})
+    return with_attribute(cls({"a": [1.0]}), unit=unit)
+
+
 # (name, what to build the two values, expected)
 PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
     # what the review found sharing a key
@@ -291,6 +314,14 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
     ("NamedTuple vs tuple", lambda: (Point(1, 2), (1, 2)), DISTINCT),
     ("OrderedDict vs dict", lambda: (collections.OrderedDict(a=1), {"a": 1}), DISTINCT),
     ("set vs frozenset", lambda: ({1}, frozenset({1})), DISTINCT),
+    # a set of ints iterates in the same order in every process (its hashes are not salted), which
+    # `list(s)` reads; a set of strings in the order of the process's salt (no key can hold it)
+    ("set of ints iterating in another order", lambda: ({1, 9}, {9, 1}), DISTINCT),
+    ("set of ints built in another order, iterating alike", lambda: ({1, 2, 3}, {3, 2, 1}), EQUAL),
+    ("set of strings built in another order", lambda: ({"a", "b", "c"}, {"c", "b", "a"}), EQUAL),
+    ("frozenset of tuples iterating in another order", lambda: (frozenset([(0, 0.5), (3, 0.5)]),
+                                                                frozenset([(3, 0.5), (0, 0.5)])),
+     DISTINCT),
     ("RangeIndex vs an Index of the same ints", lambda: (pd().RangeIndex(3), pd().Index([0, 1, 2])), DISTINCT),
     ("datetime64 units", lambda: (np().datetime64(1, "s"), np().datetime64(1, "ms")), DISTINCT),
     # pyarrow
@@ -308,6 +339,16 @@ PAIRS: list[tuple[str, typing.Callable[[], tuple[object, object]], str]] = [
      DISTINCT),
     ("torch device cpu vs cuda", lambda: (torch().device("cpu"), torch().device("cuda")), DISTINCT),
     ("torch tensor built twice", lambda: (torch().arange(4), torch().arange(4)), EQUAL),
+    ("torch tensor: a Python attribute", lambda: (with_attribute(torch().ones(2), unit="kg"), torch().ones(2)),
+     DISTINCT),
+    ("torch subclass: an attribute", lambda: (scaled_tensor(2.0), scaled_tensor(3.0)), DISTINCT),
+    ("torch parameter: its grad", lambda: (with_grad(1.0, 2.0), with_grad(1.0, 3.0)), DISTINCT),
+    ("torch parameter: a grad or none", lambda: (with_grad(1.0, 2.0), torch().nn.Parameter(torch().ones(2))),
+     DISTINCT),
+    # pandas subclasses, as numpy's: their code and what `_metadata` names
+    ("pandas subclass: a _metadata attribute", lambda: (unit_frame("cm"), unit_frame("m")), DISTINCT),
+    ("pandas subclass: its code", lambda: (unit_frame("cm"), unit_frame("cm", lambda self: 100.0)), DISTINCT),
+    ("pandas subclass built twice", lambda: (unit_frame("cm"), unit_frame("cm")), EQUAL),
     # scipy.sparse
     ("sparse csr vs csc", lambda: (sparse("csr"), sparse("csc")), DISTINCT),
     ("sparse csr vs coo", lambda: (sparse("csr"), sparse("coo")), DISTINCT),
@@ -421,7 +462,7 @@ def test_keys_are_the_same_in_every_interpreter(tmp_path):
         "class Hinted:\n"
         "    z: typing.Annotated[int, frozenset({'alpha', 'beta', 'gamma', 'delta'})]\n"
         "values = [Scale(2.0), {'b', 'a', 'c'}, frozenset({('x', 1), ('y', 2)}), tagged('kg'),\n"
-        "          collections.defaultdict(int, a=1)]\n"
+        "          collections.defaultdict(int, a=1), {9, 1, (2, 2.5), 17}]\n"
         "print(json.dumps([hash_value(v).hex() for v in values] + [code_fingerprint(Hinted).hex()]))\n")
     runs = [subprocess.run([sys.executable, "-"], stdin=script.open(), capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]

@@ -261,3 +261,65 @@ def test_an_object_without_a_namespace_in_sys_modules_does_not_stop_a_map():
                          env={**os.environ, "PYTHONPATH": SRC})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[2, 4] [3, 6]"
+
+
+ADDED_OR_SLOTTED_BETWEEN_MAPS = """
+import dataclasses, sys
+from hardy import DiskCache, Engine, Pipeline, node
+
+class Slotted:
+    __slots__ = ("k", "ks")
+    def __init__(self):
+        self.k, self.ks = 2, [2]
+    def apply(self, x):
+        return x * self.k + sum(self.ks)
+
+@dataclasses.dataclass(slots=True)
+class Scale:
+    k: int = 2
+    def __call__(self, x):
+        return x * self.k
+
+class Shadowed:
+    F = 2
+    def apply(self, x):
+        return x * self.F
+
+class Optional:
+    def __call__(self, x):
+        return x * getattr(self, "extra", 2)
+
+def helper(x):
+    return x * getattr(helper, "k", 2)
+
+slotted, scale, shadowed, optional = Slotted(), Scale(), Shadowed(), Optional()
+executor, cache = sys.argv[1], sys.argv[2]
+nodes = [node(f, output_name="y") for f in (slotted.apply, scale, shadowed.apply, optional)]
+nodes.append(node(lambda x: helper(x), output_name="y"))
+pipelines = [Pipeline([n], engine=Engine(map_executor=executor),
+                      cache=DiskCache(f"{cache}/{i}") if cache != "-" else None) for i, n in enumerate(nodes)]
+first = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+slotted.k = 3          # a slot set again
+slotted.ks.append(1)   # a slot's list changed in place
+scale.k = 3            # a field of a @dataclass(slots=True)
+shadowed.F = 3         # an instance attribute added over the class's
+optional.extra = 3     # an attribute added to a callable object
+helper.k = 3           # an attribute set on a function after its first run
+second = [[r["y"] for r in p.map(inputs={"x": [1, 2]}, map_over="x")] for p in pipelines]
+print(first, second)
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_slot_set_or_an_attribute_added_between_two_maps(tmp_path, executor, cached):
+    """Only an instance's `__dict__` was noted: a slot set again (`o.k = 3`, a `@dataclass(slots=True)`'s
+    field) on the object a node is bound to, an attribute added that shadows the class's or that the
+    code reads with `getattr(self, name, default)`, and an attribute set on a helper function after
+    the first map kept the first map's plan (its entries served, or its workers' copies run)."""
+    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
+                         input=ADDED_OR_SLOTTED_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == ("[[4, 6], [2, 4], [2, 4], [2, 4], [2, 4]] "
+                                         "[[6, 9], [3, 6], [3, 6], [3, 6], [3, 6]]")

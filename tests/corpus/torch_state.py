@@ -282,4 +282,75 @@ def forward_hook_registered_between_maps():
     return [first, ys([hook_steps.predicted])]
 
 
+@pattern
+def submodule_frozen_with_requires_grad_between_maps():
+    # fine-tuning only the head: `NET[0].requires_grad_(False)` bumps no version counter
+    write("freeze_steps.py", """
+        import copy
+
+        import torch
+
+        from hardy import node
+
+        torch.manual_seed(0)
+        NET = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+
+        @node(output_name="y")
+        def adapted(x):  # one step of test-time adaptation on the trainable parameters
+            m = copy.deepcopy(NET)
+            opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1)
+            (m(torch.ones(1, 3)) - x).pow(2).sum().backward()
+            opt.step()
+            with torch.no_grad():
+                return [round(m(torch.ones(1, 3)).item(), 4), [p.requires_grad for p in NET.parameters()]]
+    """)
+    import freeze_steps
+    first = ys([freeze_steps.adapted], [1, 5])
+    freeze_steps.NET[0].requires_grad_(False)
+    return [first, ys([freeze_steps.adapted], [1, 5])]
+
+
+@pattern
+def gradients_filled_by_backward_between_maps():
+    # a gradient-based importance read from `.grad` after the script's `loss.backward()`
+    write("grad_steps.py", """
+        import torch
+
+        from hardy import node
+
+        torch.manual_seed(0)
+        MODEL = torch.nn.Linear(3, 1)
+
+        @node(output_name="y")
+        def importance(x):
+            g = MODEL.weight.grad
+            return None if g is None else [round(v * x, 4) for v in g.abs().flatten().tolist()]
+    """)
+    import grad_steps
+    first = ys([grad_steps.importance])
+    grad_steps.MODEL(torch.tensor([[1.0, 2.0, 3.0]])).sum().backward()
+    second = ys([grad_steps.importance])
+    grad_steps.MODEL(torch.tensor([[1.0, 1.0, 1.0]])).sum().backward()  # accumulated: the same grad, written
+    return [first, second, ys([grad_steps.importance])]
+
+
+@pattern
+def attribute_set_on_a_tensor_between_maps():
+    write("tagged_steps.py", """
+        import torch
+
+        from hardy import node
+
+        SCALE = torch.ones(3)
+
+        @node(output_name="y")
+        def tagged(x):
+            return [getattr(SCALE, "unit", None), x]
+    """)
+    import tagged_steps
+    first = ys([tagged_steps.tagged])
+    tagged_steps.SCALE.unit = "kg"
+    return [first, ys([tagged_steps.tagged]), ys([tagged_steps.tagged], [4])]
+
+
 corpus.close()

@@ -55,14 +55,47 @@ _PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: i
 def instance_fields(v: Any) -> dict[str, Any]:
     """An instance's attributes: its `__dict__` and the slots its classes declare."""
     fields = dict(getattr(v, "__dict__", None) or {})
-    for cls in type(v).__mro__:
+    for name in slot_names(type(v)):
+        if hasattr(v, name):
+            fields[name] = getattr(v, name)
+    return fields
+
+
+def slot_names(t: type) -> tuple[str, ...]:
+    """The attributes the `__slots__` of `t` and its bases declare (a private one as Python names
+    it), which live in no `__dict__`: a `@dataclass(slots=True)`'s fields."""
+    names: dict[str, None] = {}
+    for cls in t.__mro__:
         slots = getattr(cls, "__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if isinstance(name, str) and name.startswith("__") and not name.endswith("__"):
                 name = f"_{cls.__name__.lstrip('_')}{name}"  # a private slot, as Python names it
-            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and hasattr(v, name):
-                fields[name] = getattr(v, name)
-    return fields
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__"):
+                names[name] = None
+    return tuple(names)
+
+
+def ordered_alike(members: set[Any] | frozenset[Any]) -> bool:
+    """Whether a set of two or more members iterates in the same order in every process, which code
+    can read (`list(s)`, `next(iter(s))`): the order of its table follows its members' hashes and
+    the order they were added in, and the hashes of ints, bools, floats (NaN aside: its hash is its
+    address), None (from Python 3.12; its address before) and tuples of them are not salted. A
+    str's or bytes' is (unless PYTHONHASHSEED is set), and so may be any other class's (an Enum
+    member hashes by its name). A set of one member has one order: it keeps the key it had.
+    0.05 us a member (measured on 1,000 ints)."""
+    return len(members) > 1 and all(map(_hashed_alike, members))
+
+
+def _hashed_alike(m: Any) -> bool:
+    t = type(m)
+    if t is int or t is bool or t is _NONE:
+        return True
+    if t is float:
+        return bool(m == m)  # (not NaN)
+    return t is tuple and all(map(_hashed_alike, m))
+
+
+_NONE = type(None) if sys.version_info >= (3, 12) else bool  # (bool: already said)
 
 
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a `class` statement, whose state attributes show

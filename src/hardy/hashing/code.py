@@ -30,26 +30,10 @@ from .callables import KINDS, annotations_of, kind_of, library_function, resolve
 from .classes import install_code_fingerprint
 from .distributions import module_identity
 from .origin import is_user_file, is_user_module
+from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
-from .reach import note_read, recorder
 from .reach import recording as recording
 from .values import ABSENT, DIGEST, encode_into, length, type_name
-
-
-class _Cell:
-    """A closure cell read as a namespace of one name (`Reach.changed` calls `get`): a cell rebound
-    since (`nonlocal`, or an enclosing function's variable assigned again) is a name rebound."""
-
-    __slots__ = ("cell",)
-
-    def __init__(self, cell: Any):
-        self.cell = cell
-
-    def get(self, name: str, default: Any = None) -> Any:
-        try:
-            return self.cell.cell_contents
-        except ValueError:  # empty
-            return default
 
 
 def _module_reached(name: str | None, as_module: bool = False) -> None:
@@ -109,24 +93,29 @@ def _library_class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: 
         _fingerprint_class(cls, out, seen)
 
 
-def _noting(handler: Any, state: Callable[[Any], tuple[Any, ...]]) -> Any:
-    """`handler`, noting (while a `Reach` records) the attributes of the object a callable carries:
-    a pipeline then sees `scaler.factor = 3` on the instance its node is bound to, as it sees a
-    global rebound, and (by content, `Reach.watch`) a model a `partial` binds trained in place: a
-    partial's keywords (a dict set in place) and its positional arguments (a tuple, not rebound)."""
+def _noting(handler: Any, note: Callable[[Any], None]) -> Any:
+    """`handler`, noting (while a `Reach` records) what the object a callable carries holds
+    (`reach.note_instance`): a pipeline then sees `scaler.factor = 3` on the instance its node is
+    bound to, as it sees a global rebound, and (by content, `Reach.watch`) a model a `partial` binds
+    trained in place: a partial's keywords (a dict set in place) and its positional arguments (a
+    tuple, not rebound)."""
     def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
-        for found in state(obj) if recorder() is not None else ():
-            if isinstance(found, dict):
-                for name in found:
-                    note_read(found, name)
+        if recorder() is not None:
+            note(obj)
         handler(obj, out, seen, recurse)
     return handle
 
 
+def _note_partial(p: functools.partial[Any]) -> None:
+    note_names(p.keywords, list(p.keywords))
+    positional = {f"*{i}": a for i, a in enumerate(p.args)}
+    note_names(positional, list(positional))
+
+
 _KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class,
-          "bound method": _noting(KINDS["bound method"], lambda m: (getattr(m.__self__, "__dict__", None),)),
-          "callable object": _noting(KINDS["callable object"], lambda o: (getattr(o, "__dict__", None),)),
-          "partial": _noting(KINDS["partial"], lambda p: (p.keywords, {f"*{i}": a for i, a in enumerate(p.args)}))}
+          "bound method": _noting(KINDS["bound method"], lambda m: note_instance(m.__self__)),
+          "callable object": _noting(KINDS["callable object"], note_instance),
+          "partial": _noting(KINDS["partial"], _note_partial)}
 
 
 def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> None:
@@ -221,6 +210,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
         for name, value in sorted(attributes.items()):
             out(name.encode())
             _tolerant(value, out)
+    note_read(Size(func.__dict__), "")  # an attribute set on it later (`h.k = 3`, read as `getattr(h, "k", 2)`)
     globs = getattr(func, "__globals__", {})
     chains = _chains(code)
     _module_reached(getattr(func, "__module__", None))
@@ -233,7 +223,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
-        note_read(_Cell(cell), name)
+        note_read(Cell(cell), name)
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned later in the enclosing function)

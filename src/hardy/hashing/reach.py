@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .classes import slot_names
 from .origin import is_user_module
 from .values import ABSENT
 
@@ -105,3 +106,71 @@ def note_read(namespace: Any, name: str) -> None:
     reach = recorder()
     if reach is not None:
         reach.reads.append((namespace, name, namespace.get(name, ABSENT)))
+
+
+class Cell:
+    """A closure cell read as a namespace of one name (`Reach.changed` calls `get`): a cell rebound
+    since (`nonlocal`, or an enclosing function's variable assigned again) is a name rebound."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: Any):
+        self.cell = cell
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self.cell.cell_contents
+        except ValueError:  # empty
+            return default
+
+
+class Size:
+    """The names of a namespace (an instance's `__dict__`, a function's), read as one name: one
+    added since, which no name read was (`obj.F = 3` shadowing the class's `F`, `h.k = 3` read
+    through `getattr(h, "k", 2)`), changes its size (one deleted is a name read, gone). `get`
+    answers True, whose identity holds while the size does (and which no token watches)."""
+
+    __slots__ = ("namespace", "size")
+
+    def __init__(self, namespace: dict[str, Any]):
+        self.namespace, self.size = namespace, len(namespace)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return True if len(self.namespace) == self.size else default
+
+
+class Slots:
+    """An instance's `__slots__` read as a namespace (its `__dict__` is one already): a slot set
+    again (`o.k = 3` on a `@dataclass(slots=True)`) is a name rebound, and its value is watched
+    by content as an attribute's is."""
+
+    __slots__ = ("instance",)
+
+    def __init__(self, instance: Any):
+        self.instance = instance
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self.instance, name, default)
+
+
+def note_names(namespace: Any, names: Iterable[str]) -> None:
+    """Note each of `names` read in `namespace` (while a `Reach` records)."""
+    for name in names:
+        note_read(namespace, name)
+
+
+def note_instance(instance: Any) -> None:
+    """Note what the object a callable carries holds (a bound method's instance, a callable
+    object), as names read: each attribute of its `__dict__`, each of its slots, and the size of its
+    `__dict__` (an attribute added). A class or module is no instance: a class method's class is
+    read by its fingerprint. A size costs `Reach.changed` about 0.1 us, as a name does (a bound
+    method over two helpers: 22 reads, 1.9 us a call, where 14 took 1.2 us)."""
+    if isinstance(instance, (type, types.ModuleType)) or recorder() is None:
+        return
+    attributes = getattr(instance, "__dict__", None)
+    if isinstance(attributes, dict):
+        note_names(attributes, list(attributes))
+        note_read(Size(attributes), "")
+    names = slot_names(type(instance))
+    if names:
+        note_names(Slots(instance), names)

@@ -270,10 +270,13 @@ def _encode_dict(v: dict[Any, Any], out: Callable[[bytes], Any], active: set[int
 
 
 def _encode_set(v: set[Any] | frozenset[Any], out: Callable[[bytes], Any], active: set[int]) -> None:
-    """No order to read: the sorted digests of the members."""
-    digests = sorted(hash_value_in(m, active) for m in _guard(v, active))
-    out((b"Z" if isinstance(v, frozenset) else b"E") + type_name(type(v)) + class_code(type(v), active)
-        + length(len(digests)) + b"".join(digests))
+    """The members' digests in iteration order where that order is the same in every process
+    (`classes.ordered_alike`: `list({1, 9})` is not `list({9, 1})`), marked by a byte no module name
+    starts with; else sorted (a set of strings iterates in the order of its process's hash salt)."""
+    digests = [hash_value_in(m, active) for m in _guard(v, active)]
+    ordered = classes.ordered_alike(v)
+    out((b"Z" if isinstance(v, frozenset) else b"E") + (b"\x01" if ordered else b"") + type_name(type(v))
+        + class_code(type(v), active) + length(len(digests)) + b"".join(digests if ordered else sorted(digests)))
     if type(v) not in (set, frozenset):
         _container_state(v, out, active)
     active.discard(id(v))
