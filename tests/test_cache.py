@@ -718,3 +718,43 @@ def test_settings_that_change_a_result_are_in_its_key(tmp_path, executor):
     assert run("narrow") == ("['0.33333', '[0.333]']", 1)  # (served the default's before)
     assert run("narrow") == ("['0.33333', '[0.333]']", 0)
     assert run("default") == (wide, 0)
+
+
+@node(output_name="y")
+def third_of(x: int) -> str:
+    import decimal
+    return str(decimal.Decimal(x) / decimal.Decimal(3))
+
+
+def test_threads_with_their_own_decimal_contexts_share_a_cached_pipeline(tmp_path):
+    """decimal's context is a thread's own: one thread in `localcontext(prec=3)` and others in the
+    default, on one cached pipeline, each get their own precision, and no call fails (a plan
+    compiled under one context was served to the other, and another thread could forget the plans
+    between a look-up and a read)."""
+    import decimal
+    import threading
+    p = Pipeline([third_of], cache=DiskCache(tmp_path), engine=Engine(map_executor="sequential"))
+    wrong: list[tuple[int, str]] = []
+    failed: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(60):
+                x = i * 6 + k
+                if k % 2:
+                    with decimal.localcontext(prec=3):
+                        got, want = p.run(inputs={"x": x})["y"], str(decimal.Decimal(x) / decimal.Decimal(3))
+                else:
+                    got, want = p.run(inputs={"x": x})["y"], str(decimal.Decimal(x) / decimal.Decimal(3))
+                if got != want:
+                    wrong.append((x, got))
+        except BaseException as exc:  # noqa: BLE001  # (a KeyError from the plans' memo, before)
+            failed.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == [] and wrong == []
+    assert p.run(inputs={"x": 1})["y"] == "0.3333333333333333333333333333"

@@ -380,6 +380,22 @@ def test_a_log_level_changed_between_two_maps_applies_to_the_warm_workers():
     assert out.returncode == 0, out.stderr
     assert out.stderr.split() == ["INFO", "info", "2", "INFO", "info", "3", "INFO", "info", "4", "DEBUG", "debug", "4"]
 
+def test_a_logging_dict_config_leaves_the_calls_state_unchanged_between_calls():
+    """`logging.config.dictConfig` disables the loggers it does not name, hardy's probe of level
+    changes too: it then said "changed" at every call, and every call sent the worker its whole
+    state again (about 190 us more a run())."""
+    out = run_script("""
+        import logging.config
+        from hardy.shipping.context import current
+        logging.config.dictConfig({"version": 1, "root": {"level": "INFO"}})
+        first = current()
+        print(current() is first, current() is current())
+        logging.getLogger("mine").setLevel(logging.DEBUG)
+        print(current() is first, current().settings.log_levels)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True True", "False (20, (('mine', 10),))"]
+
 def test_a_workers_log_record_keeps_its_template_arguments_and_exception():
     """A handler that groups by template (`record.msg`) or reports `exc_info` with its frames (as
     Sentry's does) reads what it reads in-process: a worker's records came with the message

@@ -41,6 +41,14 @@ class ApiError(Exception):
         self.status = status
 
 
+class NotFound(KeyError):
+    """Its message shows an object's default repr: an address, other in every copy."""
+
+
+class Thing:
+    pass
+
+
 class BadStr(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no str")
@@ -69,6 +77,8 @@ def misbehave(case: str) -> object:
         raise BadStr("boom")
     if case == "message made":
         raise ApiError(503)
+    if case == "address in message":
+        raise NotFound(Thing())
     if case == "unpicklable argument":
         raise Exception("the lock", threading.Lock())
     return case.upper()
@@ -95,7 +105,7 @@ def _raising_at(k: int):
 
 
 CASES = ["ok", "generator", "exit", "two arguments", "unpicklable attribute", "local class", "str raises",
-         "message made", "unpicklable argument", "fine"]
+         "message made", "unpicklable argument", "address in message", "fine"]
 
 
 @pytest.mark.parametrize("name", executors("sequential", "threaded", "async", "process", "dask", "ray", "daft"))
@@ -132,6 +142,9 @@ def test_one_outcome_per_failure_on_every_executor(name):
 
         lock_arg = failed["unpicklable argument"].__cause__  # each argument kept (the lock as its repr)
         assert lock_arg.args[0] == "the lock" and str(lock_arg).startswith("('the lock', <unlocked _thread.lock")
+
+        found = failed["address in message"].__cause__  # its own class still (not a stand-in, as its text differs)
+        assert type(found) is NotFound and type(found.args[0]) is Thing
 
         unprintable = failed["str raises"]  # reported as Python's traceback reports it; the map goes on
         assert str(unprintable).endswith("BadStr: <exception str() failed>")

@@ -436,3 +436,47 @@ def test_daft_engine_is_importable_from_hardy_without_importing_daft_first():
             "print(daft_engine.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "hardy.integrations.daft"
+
+
+
+STATEFUL_ATTRIBUTES = """
+import copy, sys, threading, tempfile
+from hardy import DiskCache, Engine, Pipeline, node, stateful
+
+@stateful
+class Model:
+    def __init__(self, k):
+        self.k, self.threshold = k, 0.5
+
+    def calibrate(self):
+        self.threshold = 0.7
+
+@node(output_name="y")
+def scored(x, model):
+    return [x * model.k, model.threshold]
+
+m = Model(2)
+m.lock = threading.Lock()  # (does not pickle: the other processes' objects keep their own, none)
+m.threshold = 0.9
+for name in ("sequential", "process"):
+    for cache in (None, DiskCache(tempfile.mkdtemp())):
+        p = Pipeline([scored], engine=Engine(map_executor=name), cache=cache)
+        print(name, cache is not None, p.map(inputs={"x": [1, 2], "model": m}, map_over="x"))
+m.calibrate()
+copy.deepcopy({"model": m})  # (a copy in its own process: its object keeps what calibrate() set)
+print("after copy", m.threshold)
+"""
+
+
+def test_stateful_attributes_that_cannot_travel_stay_and_a_copy_resets_nothing(tmp_path):
+    """Attributes set on a @stateful handle travel to workers where they pickle; a lock set on it
+    made every map fail to ship it (and every cached map fail to key it). A copy of the handle in
+    its own process left what the object's methods changed since as it was."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-"], input=STATEFUL_ATTRIBUTES, capture_output=True, text=True,
+                         timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = "[{'y': [2, 0.9]}, {'y': [4, 0.9]}]"
+    assert out.stdout.splitlines() == [f"sequential False {rows}", f"sequential True {rows}",
+                                       f"process False {rows}", f"process True {rows}", "after copy 0.7"]

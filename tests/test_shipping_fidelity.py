@@ -277,3 +277,51 @@ def test_an_object_whose_getattr_reads_its_own_attributes_travels(tmp_path, libr
     lines = out.stdout.strip().splitlines()
     expected = "[{'y': '2.0'}]" if library == "pydantic" else "[{'y': 6}]"
     assert lines == [f"sequential {expected}", f"process {expected}"], lines
+
+
+
+class _Registered:
+    """A `__getattr__` of its own and a reduction registered with copyreg (which wins)."""
+
+    def __init__(self, v: int):
+        self.v = v
+
+    def __getattr__(self, name: str):
+        raise AttributeError(name)
+
+
+def _module_named(name: str) -> object:
+    import types
+    return types.ModuleType(name)
+
+
+def _made(v: int) -> _Registered:
+    made = _Registered(v)
+    made.via_copyreg = True
+    return made
+
+
+def test_copyreg_registrations_and_a_modules_own_reduction_are_kept():
+    """hardy's reductions step aside for a class registered with copyreg, and for a module subclass
+    with a reduction of its own (its module not in sys.modules): the first was pickled by hardy's
+    rule for classes with a `__getattr__`, the second raised in the worker transport's pickler."""
+    import copyreg
+    import pickle
+    import types
+
+    from hardy.shipping import out_of_band
+    from hardy.shipping.pickling import pickled_by_value
+
+    copyreg.pickle(_Registered, lambda o: (_made, (o.v,)))
+    try:
+        back = pickle.loads(pickled_by_value(_Registered(5)))
+        assert vars(back) == {"v": 5, "via_copyreg": True}
+    finally:
+        del copyreg.dispatch_table[_Registered]
+
+    class Own(types.ModuleType):
+        def __reduce__(self):
+            return _module_named, ("rebuilt",)
+
+    data = out_of_band(Own("nowhere"), lambda buffer: True)
+    assert pickle.loads(data).__name__ == "rebuilt"

@@ -85,8 +85,9 @@ class _Noted:
         self.hook, self.called = sys.breakpointhook, False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.called = True
-        if self.hook is sys.__breakpointhook__ and os.environ.get("PYTHONBREAKPOINT", "") in ("", "pdb.set_trace"):
+        wanted = os.environ.get("PYTHONBREAKPOINT", "")
+        self.called = self.called or wanted != "0"  # (turned off: nothing stopped)
+        if self.hook is sys.__breakpointhook__ and wanted in ("", "pdb.set_trace"):
             import pdb  # (as the default hook does, at the frame that called breakpoint(), not this one)
             return pdb.Pdb().set_trace(sys._getframe(1))
         return self.hook(*args, **kwargs)

@@ -231,10 +231,9 @@ class Pipeline:
         try:
             if engine.cache is not self._engine_cache:
                 raise KeyError  # `p.engine.cache = ...` since: see _plan
-            plan = self._plans[(tuple(values), output_name, False)]
-            watched = plan.watched
-            if watched is not None and watched.changed():  # (`_stale`, inline: every call asks)
-                raise KeyError  # compiled again below
+            plan = self._plans[(tuple(values), output_name, False, self._key_settings())]
+            if plan.watched is not None and plan.watched.changed():  # (as `_plan` asks: compiled again below)
+                raise KeyError
         except (KeyError, TypeError):
             if engine.runs_in_workers:
                 engine.executor  # noqa: B018  # made first, as in `map`: a first run's fork server boots meanwhile
@@ -309,14 +308,16 @@ class Pipeline:
               for_map: bool) -> Plan:
         names = tuple(values)
         outputs = self.graph.requested(output_name, values)
-        key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map)
         if self._engine.cache is not self._engine_cache:  # set on the engine after a run
             self._forget_plans()
             self._engine_cache = self._engine.cache
-        if key in self._plans:
-            if not self._stale(key):
-                return self._plans[key]
-            self._forget_plans()
+        key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map,
+               self._key_settings())
+        plan = self._plans.get(key)  # (one look: another thread may forget the plans meanwhile)
+        if plan is not None:  # unless what its nodes read was rebound or changed in place since (a notebook
+            if plan.watched is None or not plan.watched.changed():  # cell run again, a reload, a dict filled)
+                return plan
+            self._forget_plans()  # (compiled, keyed and shipped again: docs/same-answer.md)
         for o in outputs:
             if o not in self.graph.producer and o not in values:
                 raise UnknownOutputError(o, self.graph.outputs, self.name)
@@ -333,7 +334,7 @@ class Pipeline:
         return self._plans.put(key, plan)  # (another thread's, if it got there first: one plan, shipped once)
 
     def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> Plan:
-        """A new plan, with what its nodes read if it must be checked for changes (`_stale`): a
+        """A new plan, with what its nodes read if it must be checked for changes (`_plan`): a
         plan whose keys hold code and state, or one that runs in other processes."""
         mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
         from ..hashing import Reach, recording
@@ -341,8 +342,6 @@ class Pipeline:
         from ..plan.compiled import Plan
         cache = self.cache if self.cache is not None else self._engine.cache
         reach = Reach() if cache is not None else None
-        if reach is not None:  # (first: keys hold the settings that change results, registered by its import)
-            from ..shipping.context import SettingsWatch
         previous = recording(reach)
         try:
             plan = Plan(self.graph, names, outputs, mode=mode, wrap=self._node_function,
@@ -350,16 +349,17 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
-        plan.watched = (SettingsWatch(reach.watch(token)) if reach is not None
-                        else plan.reads() if self._engine.ships(for_map) else None)
+        plan.watched = reach.watch(token) if reach is not None else plan.reads() if self._engine.ships(for_map) \
+            else None
         return plan
 
-    def _stale(self, key: Any) -> bool:
-        """Whether what the memoised plan's nodes read was rebound (a notebook cell run again,
-        `importlib.reload`) or changed in place (a dict filled) since: it is then compiled, keyed
-        and shipped again, and workers' modules are made this process's (docs/same-answer.md)."""
-        watched = self._plans[key].watched
-        return watched is not None and watched.changed()
+    def _key_settings(self) -> bytes:
+        """With a cache, this thread's settings its keys hold (`shipping.context.result_settings`), in
+        the memoised plan's key: a thread in `localcontext(prec=3)` has a plan of its own."""
+        if self._own_cache is None and self._engine.cache is None:
+            return b""
+        from ..shipping.context import result_settings  # (its import makes `cache.keys` read them too)
+        return result_settings()
 
     def _settle(self, plan: Plan, for_map: bool) -> None:
         """After a call: what nodes that ran here changed in what they read is theirs (`Reach.settle`)."""

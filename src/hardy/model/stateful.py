@@ -5,9 +5,10 @@ constructor arguments. The real object is built on first use, once in each proce
 and reused for every item that process runs. Handles pickle as (class, arguments), never as the
 loaded object, so a worker process builds its own model instead of receiving a copy (one model
 per worker, and nothing CUDA-bound ever crosses a process boundary). Attributes set on a handle
-(`clf.threshold = 0.9`) travel with it and are set on each process's object, so a worker computes
-with them as the caller does; what the object's own methods change (`clf.fit(...)`) stays in the
-process that called them (docs/same-answer.md).
+(`clf.threshold = 0.9`) travel with it, where they pickle and hold nothing on a GPU, and are set
+on each other process's object, so a worker computes with them as the caller does; what the
+object's own methods change (`clf.fit(...)`) stays in the process that called them
+(docs/same-answer.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Resource(metaclass=_HandleClass):
     handle and `isinstance(handle, Model)` holds, as in HyperNodes.
     """
 
-    __slots__ = ("_args", "_kwargs", "_key", "_set")
+    __slots__ = ("_args", "_kwargs", "_key", "_set", "_origin")
     _cls: type = object  # the decorated class, set on each subclass by `stateful`
     __hypernode_stateful__ = True  # HyperNodes' marker, for code that checks it
 
@@ -48,7 +49,8 @@ class Resource(metaclass=_HandleClass):
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_kwargs", kwargs)
         object.__setattr__(self, "_key", os.urandom(16).hex())
-        object.__setattr__(self, "_set", {})  # attributes set on the handle, by name: they travel with it
+        object.__setattr__(self, "_set", {})  # attributes set on the handle that travel with it, by name
+        object.__setattr__(self, "_origin", os.getpid())  # the process whose object they were set on
 
     @property
     def instance(self) -> Any:
@@ -74,13 +76,16 @@ class Resource(metaclass=_HandleClass):
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.instance, name, value)
-        self._set[name] = value
+        if _travels(value):
+            self._set[name] = value
+        else:  # (a lock, a client, a GPU tensor: the other processes' objects keep their own)
+            self._set.pop(name, None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.instance(*args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_handle, (type(self), self._args, self._kwargs, self._key, self._set))
+        return (_handle, (type(self), self._args, self._kwargs, self._key, self._set, self._origin))
 
     def __cache_key__(self) -> Any:
         """What identifies the resource for caching: the class's own `__cache_key__()` when it
@@ -96,17 +101,34 @@ class Resource(metaclass=_HandleClass):
 
 
 def _handle(cls: type[Resource], args: tuple[Any, ...], kwargs: dict[str, Any], key: str,
-            attributes: dict[str, Any] | None = None) -> Resource:
-    """A handle arrived from another process; the attributes set on it there are set on this
-    process's object too, if it was built before (a worker's, at an earlier call)."""
+            attributes: dict[str, Any] | None = None, origin: int | None = None) -> Resource:
+    """A handle arrived from another process (or a copy of one): in another process than its
+    own, the attributes set on it there are set on this process's object too, if it was built
+    before (a worker's, at an earlier call). In its own, its object already has them, and what its
+    methods changed since stays (a `deepcopy` of the handle changes nothing)."""
     handle = Resource.__new__(cls)
-    for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key), ("_set", dict(attributes or {}))):
+    for name, value in (("_args", args), ("_kwargs", kwargs), ("_key", key), ("_set", dict(attributes or {})),
+                        ("_origin", origin if origin is not None else os.getpid())):
         object.__setattr__(handle, name, value)
     built = _instances.get(key)
-    if built is not None:
+    if built is not None and handle._origin != os.getpid():
         for name, value in handle._set.items():
             setattr(built, name, value)
     return handle
+
+
+def _travels(value: Any) -> bool:
+    """Whether an attribute set on a handle goes with it: it pickles, and holds nothing on a GPU
+    (a worker would start CUDA to unpickle it)."""
+    device = getattr(getattr(value, "device", None), "type", "cpu")
+    if device != "cpu":
+        return False
+    import pickle  # (here: `import hardy` loads this module, and no pickling)
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def stateful(cls: type[T]) -> type[T]:

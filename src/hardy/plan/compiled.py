@@ -52,7 +52,7 @@ import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..cache.keys import MISS, PlanCache, call_key, output_key
 from ..errors import (
@@ -105,14 +105,6 @@ class _WrongOutputCount(Exception):
         self.value = value
 
 
-class Watched(Protocol):
-    """What tells whether a plan still holds (`Reach`, `cache.keys.SettingsWatch`)."""
-
-    def changed(self) -> bool: ...
-
-    def settle(self) -> None: ...
-
-
 class Plan:
     """The pruned, ordered, compiled steps for (provided names, requested outputs, mode)."""
 
@@ -153,7 +145,7 @@ class Plan:
             inline is not None and mode == "sequential" and cache is None and not calls
             and not any(s.node.batch is not None for s in self.steps)) else None
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
-        self.watched: Watched | None = None  # what its nodes read, when it must be checked for changes (`reads`)
+        self.watched: Reach | None = None  # what its nodes read, when it must be checked for changes (`reads`)
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -192,7 +184,7 @@ class Plan:
 
     def reached(self) -> Reach:
         """What the nodes reach, noted while they are fingerprinted as a cache would key them (an
-        uncached plan checked for code edits, `Pipeline._stale`; a replica's stamps); a node that
+        uncached plan checked for code edits, `Pipeline._plan`; a replica's stamps); a node that
         cannot be fingerprinted is noted as far as it could."""
         reach = Reach()
         previous = recording(reach)

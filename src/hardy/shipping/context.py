@@ -150,6 +150,7 @@ def _log_token() -> int:
     logger (`Manager._clear_cache`), this probe's too, which `isEnabledFor` fills again. About 50
     ns, where reading every logger's level costs tens of microseconds."""
     if not getattr(_PROBE, "_cache", True):  # (a logging without the cache: levels as at the last snapshot)
+        _PROBE.disabled = False  # (`dictConfig` disables the loggers it does not name: one disabled fills no cache)
         _PROBE.isEnabledFor(logging.DEBUG)
         _TOKEN[0] += 1
     return _TOKEN[0]
@@ -453,33 +454,16 @@ def result_settings() -> bytes:
     print options (an array's text), torch's default dtype and float32 matmul precision; b""
     while each is its default. Kept with the snapshot it was read from: about 3 us a call."""
     snapshot = current()
-    if snapshot is _KEYED[0]:
-        kept: bytes = _KEYED[1]
-        return kept
+    kept, made = _KEYED[0]  # (one tuple: another thread replaces it whole)
+    if snapshot is kept:
+        return made
     s = snapshot.settings
     torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
     parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
     made = b"" if parts == (None, None, None) else repr(parts).encode()
-    _KEYED[:] = [snapshot, made]
+    _KEYED[0] = (snapshot, made)
     return made
 
 
-_KEYED: list[Any] = [None, b""]  # the last snapshot `result_settings` read, and its answer
+_KEYED: list[tuple[Any, bytes]] = [(None, b"")]  # the last snapshot `result_settings` read, and its answer
 settings_from(result_settings)
-
-
-class SettingsWatch:
-    """A plan's watch (`Reach.watch`: what its nodes read) that also says the plan is stale when
-    `result_settings` changed since it was compiled: its keys hold them, and a worker compiles it
-    again with the caller's."""
-
-    __slots__ = ("inner", "settings")
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.settings = inner, result_settings()
-
-    def changed(self) -> bool:
-        return bool(self.inner.changed()) or result_settings() != self.settings
-
-    def settle(self) -> None:
-        self.inner.settle()

@@ -8,6 +8,7 @@ that made itself an instance of its own class sent by reference (`torch.backends
 
 from __future__ import annotations
 
+import copyreg
 import pickle
 import sys
 import types
@@ -21,10 +22,16 @@ from ..buffers import THRESHOLD
 
 
 def subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
-    """hardy's reduction for objects of `kind` that `_reductions` cannot list by exact type: a
+    """hardy's reduction for objects of `kind` that `reductions` cannot list by exact type: a
     tensor subclass (a `nn.Parameter`: its grad), an ndarray subclass that pickles as numpy does
-    (its instance attributes), a module of its own class (`_reduce_module`); None for any other type."""
-    if issubclass(kind, types.ModuleType) and kind is not types.ModuleType:
+    (its instance attributes), a module of its own class (`_reduce_module`), an object whose
+    `__getattr__` reads its own attributes (`_reduce_past_getattr`); None for any other type, and
+    for one registered with copyreg (its own way)."""
+    if kind in copyreg.dispatch_table:  # (registered with copyreg: its own way)
+        return None
+    module = types.ModuleType
+    if (issubclass(kind, module) and kind is not module
+            and kind.__reduce_ex__ is module.__reduce_ex__ and kind.__reduce__ is module.__reduce__):
         return _reduce_module
     if _looks_itself_up(kind):
         return _reduce_past_getattr
@@ -84,7 +91,7 @@ def _reduce_module(module: types.ModuleType) -> Any:
     name = module.__name__
     if name != "__main__" and sys.modules.get(name) is module:
         return cloudpickle.cloudpickle.subimport, (name,)
-    return NotImplemented
+    return module.__reduce_ex__(5)  # (pickle's own way, and its refusal)
 
 
 def reductions() -> dict[type, Callable[[Any], Any]]:
