@@ -35,7 +35,7 @@ class Reach:
         self.reads: list[tuple[Any, str, Any]] = []
         self.modules: set[str] = set()
         self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
-        self.codes: list[tuple[Any, Any, Any, Any]] = []  # (function, its code and defaults) when watched
+        self.codes: list[tuple[Any, Any, Any, Any, int]] = []  # (function, its code, defaults, attributes' count)
         self.registered: object = None  # abc's count of registrations, when a user ABC is read (`ABC.register`)
         self._token: Callable[[Any], bytes | None] | None = None
 
@@ -43,8 +43,9 @@ class Reach:
         for namespace, name, found in self.reads:  # noqa: SIM110 - a loop is faster than any() here
             if namespace.get(name, ABSENT) is not found:
                 return True
-        for func, code, defaults, kwdefaults in self.codes:
-            if func.__code__ is not code or func.__defaults__ is not defaults or func.__kwdefaults__ is not kwdefaults:
+        for func, code, defaults, kwdefaults, size in self.codes:
+            if (func.__code__ is not code or func.__defaults__ is not defaults or func.__kwdefaults__ is not kwdefaults
+                    or len(func.__dict__) != size):
                 return True
         if self.registered is not None and abc.get_cache_token() != self.registered:
             return True
@@ -67,7 +68,10 @@ class Reach:
                  for m in map(vars(c).get, _IMPLICIT) if isinstance(f := getattr(m, "__func__", m), types.FunctionType)]
         objects.update((id(d), d) for f in code for d in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()))
         self.watched = [(found, t) for found in objects.values() if (t := token(found)) is not None]
-        self.codes = [(f, f.__code__, f.__defaults__, f.__kwdefaults__) for f in code]
+        self.codes = [(f, f.__code__, f.__defaults__, f.__kwdefaults__, len(f.__dict__)) for f in code]
+        # (a watched function's attributes counted there, not as a `Size` read: a method call less per call)
+        dicts = {id(f.__dict__) for f in code}
+        self.reads = [r for r in self.reads if not (type(r[0]) is Size and id(r[0].namespace) in dicts)]
         abcs = any(isinstance(c, abc.ABCMeta) and is_user_module(c.__module__) for c in objects.values())
         self.registered = abc.get_cache_token() if abcs else None
         return self

@@ -41,22 +41,20 @@ def warn_if_debugged() -> None:
     breakpoints it holds are this process's, and a node running in a worker passes them by
     without a word. (A coverage tracer or a profiler is no debugger: said nothing.) About 60 ns."""
     trace = sys.gettrace()
-    if _WARNED or trace is None and not _monitored():
+    if _WARNED or trace is None and (_MONITORING is None or _MONITORING.get_tool(_MONITORING.DEBUGGER_ID) is None):
         return
     owner = getattr(trace, "__self__", None)
     bdb = sys.modules.get("bdb")
     where = getattr(type(owner) if owner is not None else trace, "__module__", None) or ""
-    if (bdb is not None and isinstance(owner, bdb.Bdb)) or "pydevd" in where or _monitored():
+    if (bdb is not None and isinstance(owner, bdb.Bdb)) or "pydevd" in where or trace is None:
         _WARNED.append(True)
         warnings.warn("a debugger is tracing this process, but its breakpoints in nodes are not hit: nodes run in "
                       f"hardy's worker processes; {HOW}", UserWarning, stacklevel=_outside_hardy())
 
 
-def _monitored() -> bool:
-    """Whether a debugger holds `sys.monitoring`'s debugger slot (Python 3.12 on: debugpy, and pdb
-    from 3.14, use it instead of a trace function)."""
-    monitoring = getattr(sys, "monitoring", None)
-    return monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None
+# Python 3.12 on: a debugger may hold `sys.monitoring`'s debugger slot instead of a trace function
+# (debugpy does, and pdb from 3.14)
+_MONITORING: Any = getattr(sys, "monitoring", None)
 
 
 def _outside_hardy() -> int:
