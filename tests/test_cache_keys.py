@@ -670,3 +670,47 @@ def test_a_functions_annotations_are_part_of_its_key(tmp_path):
     assert code_fingerprint(made("int", __future__.annotations.compiler_flag)) == code_fingerprint(made("int"))
     assert code_fingerprint(made("typing.Annotated[int, frozenset({'a', 'b', 'c'})]")) \
         == code_fingerprint(made("typing.Annotated[int, frozenset({'c', 'b', 'a'})]"))
+
+
+USER_TZ = """
+import datetime, sys
+sys.path.insert(0, sys.argv[1])
+from user_tz import Offset
+from hardy.hashing import hash_value
+print(hash_value(datetime.datetime(2024, 1, 1, 12, tzinfo=Offset(2))).hex())
+"""
+
+
+def test_a_datetime_with_a_users_tzinfo_is_keyed_by_the_tzinfo_not_its_repr(tmp_path):
+    """A datetime's key was its repr: a user's tzinfo whose `__repr__` hides its state gave two
+    instants one key (a wrong hit), and one with the default repr, an address, a key per process."""
+    (tmp_path / "user_tz.py").write_text(textwrap.dedent("""
+        import datetime
+
+        class Offset(datetime.tzinfo):
+            def __init__(self, hours):
+                self.hours = hours
+
+            def utcoffset(self, dt):
+                return datetime.timedelta(hours=self.hours)
+
+        class Hidden(Offset):
+            def __repr__(self):
+                return "Hidden()"
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import datetime
+
+        from user_tz import Hidden
+        at = datetime.datetime(2024, 1, 1, 12)
+        assert hash_value(at.replace(tzinfo=Hidden(1))) != hash_value(at.replace(tzinfo=Hidden(2)))
+        assert hash_value(at.replace(tzinfo=Hidden(1))) == hash_value(at.replace(tzinfo=Hidden(1)))
+        utc = datetime.timezone.utc  # (the standard library's: by its repr, as before)
+        assert hash_value(at.replace(tzinfo=utc)) != hash_value(at)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("user_tz", None)
+    keys = {subprocess.run([sys.executable, "-c", USER_TZ, str(tmp_path)], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)}
+    assert len(keys) == 1, keys

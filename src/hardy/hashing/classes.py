@@ -126,6 +126,17 @@ def by_repr(t: type) -> bool:
     return t.__module__ in BY_REPR or is_user_module(t.__module__) and any(map(a_value_type, t.__mro__))
 
 
+def repr_parts(v: Any, base: type) -> tuple[Any, ...]:
+    """What keys a value of a repr-keyed type (`by_repr`): `base`'s repr of it; for a datetime or
+    time whose tzinfo is a user's class, its repr without it, then the tzinfo itself (its code and
+    attributes: its own repr may hide its state, and the default one shows an address, another in
+    every process)."""
+    tz = getattr(v, "tzinfo", None)
+    if tz is not None and is_user_module(type(tz).__module__):
+        return base.__repr__(v.replace(tzinfo=None)), tz  # type: ignore[call-arg]  # (the base's own, given `v`)
+    return (base.__repr__(v),)  # type: ignore[call-arg]
+
+
 def keyed_by_method(t: type) -> bool:
     """Whether `t` defines `__cache_key__`, looked up on the type along its MRO as Python looks up
     special methods: not through the instance, whose class's `__getattr__` would answer for a

@@ -321,13 +321,13 @@ def _encode_path(v: os.PathLike[str], out: Callable[[bytes], Any], active: set[i
 
 
 def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """datetime, decimal, uuid, fractions: exact, deterministic reprs. A user's subclass of one of
-    their value types by its base's repr (one of its own may leave the value out), its code and
-    its attributes."""
+    """datetime, decimal, uuid, fractions: exact, deterministic reprs (`repr_parts`). A user's subclass
+    of their value types by its base's repr (its own may leave the value out), code and attributes."""
     t = type(v)
     base = t if t.__module__ in BY_REPR else next(c for c in t.__mro__ if a_value_type(c))
     out(b"R" + type_name(t))
-    encode_into(base.__repr__(v), out, active)  # type: ignore[call-arg]  # (the base's own, given `v`)
+    for part in classes.repr_parts(v, base):  # (the base's own repr, given `v`; a user's tzinfo apart)
+        encode_into(part, out, active)
     if base is not t:
         encode_subclass_state(v, out, active)
 
