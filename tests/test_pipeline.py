@@ -480,3 +480,38 @@ def test_stateful_attributes_that_cannot_travel_stay_and_a_copy_resets_nothing(t
     rows = "[{'y': [2, 0.9]}, {'y': [4, 0.9]}]"
     assert out.stdout.splitlines() == [f"sequential False {rows}", f"sequential True {rows}",
                                        f"process False {rows}", f"process True {rows}", "after copy 0.7"]
+
+
+GPU_ATTRIBUTES = """
+import torch
+from hardy import Engine, Pipeline, node, stateful
+
+@stateful
+class Model:
+    def __init__(self):
+        self.head = None
+
+@node(output_name="y")
+def seen(x, model):
+    return [x, None if model.head is None else str(next(model.head.parameters()).device)]
+
+m = Model()
+m.head = torch.nn.Linear(2, 2, device="meta")  # (a device no worker should be handed: as a GPU)
+print(Pipeline([seen], engine=Engine(map_executor="process")).map(inputs={"x": [1], "model": m}, map_over="x"))
+m.head = torch.nn.Linear(2, 2)
+print(Pipeline([seen], engine=Engine(map_executor="process")).map(inputs={"x": [1], "model": m}, map_over="x"))
+"""
+
+
+def test_a_stateful_attribute_holding_a_model_off_the_cpu_stays_in_its_process(tmp_path):
+    """A torch module whose parameters are on another device than the CPU, set on a handle, does
+    not travel (a worker would start CUDA to unpickle it); one on the CPU does."""
+    import subprocess
+    import sys
+
+    from conftest import needs_torch
+    needs_torch()
+    out = subprocess.run([sys.executable, "-"], input=GPU_ATTRIBUTES, capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[{'y': [1, None]}]", "[{'y': [1, 'cpu']}]"]

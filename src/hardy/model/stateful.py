@@ -14,6 +14,7 @@ object's own methods change (`clf.fit(...)`) stays in the process that called th
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any, TypeVar
 
@@ -119,9 +120,10 @@ def _handle(cls: type[Resource], args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 def _travels(value: Any) -> bool:
     """Whether an attribute set on a handle goes with it: it pickles, and holds nothing on a GPU
-    (a worker would start CUDA to unpickle it)."""
-    device = getattr(getattr(value, "device", None), "type", "cpu")
-    if device != "cpu":
+    (a worker would start CUDA to unpickle it): a tensor's device, a torch module's parameters'."""
+    parameters = getattr(value, "parameters", None) if "torch" in sys.modules else None
+    tensors = list(parameters()) if callable(parameters) and hasattr(value, "state_dict") else [value]
+    if any(getattr(getattr(t, "device", None), "type", "cpu") != "cpu" for t in tensors):
         return False
     import pickle  # (here: `import hardy` loads this module, and no pickling)
     try:
