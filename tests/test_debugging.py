@@ -206,6 +206,18 @@ def test_pdb_pm_and_python_m_pdb_open_in_the_users_innermost_frame(tmp_path):
     assert "(8)helper()\n-> return scale / x\n(Pdb) 1000" in here.stdout, here.stdout + here.stderr  # in-process: live
 
 
+def test_pdb_post_mortem_of_a_failed_items_error_opens_where_it_raised(tmp_path):
+    """`pdb.post_mortem(failed.error.__traceback__)`, as users debug any exception: a `Failed`'s
+    error was never raised, so it had no traceback and pdb refused it (ValueError)."""
+    script = BUG + """
+import pdb
+out = p.map(inputs={"x": [1, 0]}, map_over="x", on_error="continue")
+pdb.post_mortem(out[1].error.__traceback__)
+"""
+    for executor in ("process", "sequential"):
+        out = _python(tmp_path, script, "bug.py", executor, stdin="p x, scale\nq\n")
+        assert "(8)helper()\n-> return scale / x\n(Pdb) (0, 10)" in out.stdout, out.stdout + out.stderr
+
 def test_ipython_debug_opens_in_the_users_innermost_frame(tmp_path):
     pytest.importorskip("IPython")
     (tmp_path / "bug.py").write_text(BUG)

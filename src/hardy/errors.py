@@ -470,6 +470,10 @@ class Failed:
 
     def __init__(self, error: NodeError):
         self.error = error
+        if error.__traceback__ is None:  # never raised: the frames of the code that raised its cause, as
+            from .tracebacks import user_traceback
+
+            error.__traceback__ = user_traceback(error)  # `run()` raises it (`pdb.post_mortem(error.__traceback__)`)
 
     def __repr__(self) -> str:
         return f"Failed({self.error!r})"
