@@ -303,3 +303,28 @@ BAD_ENGINES = [
 def test_engine_arguments_get_one_clear_message(kwargs, message):
     with pytest.raises(InvalidArgument, match=message):
         Engine(**kwargs)
+
+
+@node(output_name="y", retries=2, retry_on=ConnectionError)
+def always_down(x: int) -> int:
+    raise ConnectionError(f"service down for {x}")
+
+
+@node(output_name="y", retries=1, retry_on=ConnectionError)
+async def always_down_async(x: int) -> int:
+    await asyncio.sleep(0)
+    raise ConnectionError(f"service down for {x}")
+
+
+@pytest.mark.parametrize("name", ["sequential", "threaded", "process"])
+def test_an_item_that_failed_every_attempt_says_how_many_ran(name):
+    """The last attempt's exception carries a note saying every attempt raised: its message alone
+    read as a first failure, on every executor."""
+    from conftest import engine_named
+    with engine_named(name) as engine:
+        for n, tries in ((always_down, 3), (always_down_async, 2)):
+            out = Pipeline([n], engine=engine).map(inputs={"x": [7]}, map_over="x", on_error="continue")
+            cause = out[0].error.__cause__
+            assert isinstance(cause, ConnectionError) and str(cause) == "service down for 7"
+            assert cause.__notes__ == [f"node {n.name!r} was tried {tries} times (retries={tries - 1}); this is the "
+                                       "last attempt's error"]

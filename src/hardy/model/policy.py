@@ -62,6 +62,14 @@ def _retrying(node: Any, retry: int, what: str) -> float:
     return wait
 
 
+def _exhausted(node: Any, exc: BaseException) -> None:
+    """Note on the last attempt's exception that every attempt raised (Python prints a note under
+    it): its message alone read as a first failure."""
+    if hasattr(exc, "add_note"):  # (Python 3.11 on)
+        exc.add_note(f"node {node.name!r} was tried {node.retries + 1} times (retries={node.retries}); this is "
+                     "the last attempt's error")
+
+
 def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseException], ...]) -> Callable[..., Any]:
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -72,6 +80,7 @@ def _sync_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseEx
             except retry_on as exc:
                 retry += 1
                 if retry > node.retries:
+                    _exhausted(node, exc)
                     raise
                 time.sleep(_retrying(node, retry, f"{type(exc).__name__}: {exc}"))
     return call
@@ -102,6 +111,7 @@ def _async_guard(node: Any, func: Callable[..., Any], retry_on: tuple[type[BaseE
                     return task.result()
                 except retry_on as exc:
                     if retry >= node.retries:
+                        _exhausted(node, exc)
                         raise
                     failure = f"{type(exc).__name__}: {exc}"
             retry += 1
