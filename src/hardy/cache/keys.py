@@ -1,8 +1,8 @@
 """The key formulas of docs/caching.md, and what a compiled plan needs from a cache.
 
-A leaf module: it imports only hashing and node, so the plan generator (which calls these) and the stores (which keep
-entries under them) both stand on it and never on each other. Compiled plans, the Daft engine's
-keyed stages and `DiskCache` all call these functions.
+A leaf module: it imports only hashing and node, so the plan generator (which calls these) and the
+stores (which keep entries under them) both stand on it and never on each other. Compiled plans,
+the Daft engine's keyed stages and `DiskCache` all call these functions.
 """
 
 from __future__ import annotations

@@ -118,11 +118,9 @@ def take_settings(theirs: Settings) -> None:
         else:
             made = decimal.Context()  # (a copy of the default)
         decimal.setcontext(made)
-    if theirs.numpy_errors is not None or "numpy" in sys.modules:
+    if theirs.numpy_errors is not None or theirs.numpy_print is not None or "numpy" in sys.modules:
         import numpy
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
-    if theirs.numpy_print is not None or "numpy" in sys.modules:
-        import numpy
         if _numpy_print() != theirs.numpy_print:
             numpy.set_printoptions(**(theirs.numpy_print or NUMPY_PRINT))
     if theirs.torch_modes is not None or "torch" in sys.modules:
@@ -187,8 +185,9 @@ def _take_torch_modes(torch: Any, theirs: TorchModes) -> None:
         torch.set_default_dtype(getattr(torch, theirs.default_dtype))
     if now.matmul_precision != theirs.matmul_precision:
         torch.set_float32_matmul_precision(theirs.matmul_precision)
-    cudnn = torch.backends.cudnn
-    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:]
+    if now[6:] != theirs[6:]:
+        cudnn = torch.backends.cudnn
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:]
 
 
 _INFERENCE = threading.local()  # `held`: the inference-mode guard this thread entered for its caller
@@ -242,8 +241,7 @@ def thread_modes() -> Callable[[], Any]:
     grad, inference = bool(torch.is_grad_enabled()), bool(torch.is_inference_mode_enabled())
 
     def take() -> None:
-        if bool(torch.is_inference_mode_enabled()) != inference or getattr(_INFERENCE, "held", None) is not None:
-            _take_inference(torch, inference)
+        _take_inference(torch, inference)  # (nothing to do where this thread holds no guard and agrees)
         torch.set_grad_enabled(grad)
     return take
 
@@ -458,8 +456,9 @@ def result_settings() -> bytes:
     if snapshot is kept:
         return made
     s = snapshot.settings
-    torch = (s.torch_modes.default_dtype, s.torch_modes.matmul_precision) if s.torch_modes is not None else None
-    parts = (s.decimal, s.numpy_print, None if torch == ("float32", "highest") else torch)
+    modes = s.torch_modes or _TORCH_DEFAULTS
+    torch = (modes.default_dtype, modes.matmul_precision)
+    parts = (s.decimal, s.numpy_print, None if torch == _TORCH_DEFAULTS[4:6] else torch)
     made = b"" if parts == (None, None, None) else repr(parts).encode()
     _KEYED[0] = (snapshot, made)
     return made

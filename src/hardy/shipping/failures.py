@@ -10,7 +10,7 @@ import pickle
 from typing import Any
 
 from ..errors import NodeError, stand_in, text_of
-from ..tracebacks import group_frames, landed, travelling
+from ..tracebacks import group_frames, travelling
 from .pickling import dumps
 
 
@@ -39,16 +39,10 @@ def portable(err: NodeError) -> NodeError:
 def travelling_exception(exc: BaseException) -> tuple[Any, ...]:
     """`exc` ready to cross a process on its own (a log record's `exc_info`), as `portable` makes a
     node's error's cause: itself or a copy that rebuilds it, and what pickle leaves out (its
-    frames, the exceptions it was raised from, its group's frames), for `exception_landed`."""
+    frames, the exceptions it was raised from, its group's frames), for `tracebacks.landed`."""
     tb = exc.__traceback__
     return (exc if _survives(exc) else _CauseCopy(exc), travelling(tb) if tb is not None else None, _chain(exc),
             group_frames(exc))
-
-
-def exception_landed(recipe: tuple[Any, ...]) -> BaseException:
-    """The exception `travelling_exception` sent, as if raised here."""
-    exc, frames, chain, groups = recipe
-    return landed(exc, frames, chain, groups)
 
 
 def _survives(value: Any) -> bool:

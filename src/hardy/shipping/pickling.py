@@ -53,8 +53,8 @@ def quick(obj: Any, main: bool = True) -> bytes | None:
     The one pickling most messages between the parent and its workers need: small ones."""
     try:
         if "torch" in sys.modules or "numpy" in sys.modules:  # (their tensors, and ndarray subclasses,
-            data = _kept().dump(obj, _in_band)  # pickle another way here: `_reductions`)
-        else:  # the same pickle, from C alone (a memoryview, which `_reductions` handles, fails it)
+            data = _kept().dump(obj, _in_band)  # pickle another way here: `reductions`)
+        else:  # the same pickle, from C alone (a memoryview, which `reductions` handles, fails it)
             data = pickle.dumps(obj, protocol=5, buffer_callback=_in_band)
             if len(data) >= THRESHOLD:  # a big bytes in it: out of band, the full way
                 return None
@@ -95,7 +95,7 @@ def pickled_by_value(obj: Any) -> bytes:
 def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool = False) -> bytes:
     """`obj` pickled (protocol 5, cloudpickle if `by_value`) for `transport.pack`, which takes every
     big `PickleBuffer` out of band. numpy and Arrow pickle their memory as PickleBuffers; here the
-    others do too: a plain CPU torch tensor of `THRESHOLD` bytes or more (`_reduce_tensor`), bytes,
+    others do too: a plain CPU torch tensor of `THRESHOLD` bytes or more (`reductions`), bytes,
     bytearray and memoryview. The C pickler writes bytes and bytearrays before any hook could see
     them, so the first attempt stops where it would write a big one (`_Sink`), and the pickle is
     made again with the big ones in its dicts, lists and tuples wrapped (`_lift`): a message with
@@ -110,7 +110,7 @@ def out_of_band(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool
 
 
 def _dump(obj: Any, buffer_callback: Callable[[Any], bool], by_value: bool, file: io.BytesIO) -> bytes:
-    """One pickling into `file`, with the reductions of `_reductions` ahead of everyone else's."""
+    """One pickling into `file`, with the reductions of `reductions` ahead of everyone else's."""
     with file:
         if by_value:
             ByValuePickler(file, protocol=5, buffer_callback=buffer_callback).dump(obj)
@@ -177,7 +177,7 @@ _KEPT: dict[int, _Kept] = {}
 
 
 def _dispatch_table() -> dict[Any, Any]:
-    """copyreg's reductions, with `_reductions` ahead of them."""
+    """copyreg's reductions, with `reductions` ahead of them."""
     return _Table({**copyreg.dispatch_table, **reductions()})
 
 
@@ -193,7 +193,7 @@ def _in_band_table() -> dict[Any, Any]:
 
 class _Table(dict):  # type: ignore[type-arg]
     """A C pickler's dispatch table that also finds hardy's reduction for a subclass (of
-    `numpy.ndarray`, of `torch.Tensor`: `_subclass_reduction`), which a lookup by exact type cannot
+    `numpy.ndarray`, of `torch.Tensor`: `reductions.subclass_reduction`), which a lookup by exact type cannot
     name in advance. The pickler looks every type up once per object; a type the table lacks is
     decided here once and kept: another type gets the pickler's own default (`__reduce_ex__(5)`,
     called from C), a class of another metaclass its name (as the pickler's `save_global`). So no
@@ -228,7 +228,7 @@ class _Sink(io.BytesIO):
 
 
 class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle's pickler with `_reductions` first: its class-level dispatch table hides the
+    """cloudpickle's pickler with `reductions` first: its class-level dispatch table hides the
     C pickler's, so they go in its `reducer_override` (the by-value path is the slow one anyway)."""
 
     def __init__(self, *args: Any, **kwargs: Any):

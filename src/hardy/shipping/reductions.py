@@ -1,6 +1,6 @@
 """What hardy's picklers do for the objects whose own pickling loses part of them or cannot be
 read back (`shipping.pickling` puts these first): big CPU tensors and memoryviews offered as
-out-of-band buffers (`reduce_tensor`: a view of the shared pages where they land), a tensor's
+out-of-band buffers (`_reduce_tensor`: a view of the shared pages where they land), a tensor's
 `.grad` and an ndarray subclass's instance attributes kept, an object whose `__getattr__` reads its
 own attributes rebuilt without the look-up that recursed (pydantic's `ConfigWrapper`), and a module
 that made itself an instance of its own class sent by reference (`torch.backends.cudnn`).
@@ -187,11 +187,7 @@ def _reduce_array(array: Any) -> Any:
     attributes = getattr(array, "__dict__", None)
     if not attributes:
         return reduced
-    return _with_state(reduced, dict(attributes), _set_attributes)
-
-
-def _set_attributes(obj: Any, attributes: dict[str, Any]) -> None:
-    obj.__dict__.update(attributes)
+    return _with_state(reduced, dict(attributes), _set_default_state)
 
 
 def _tensor_bytes(tensor: Any) -> Any:

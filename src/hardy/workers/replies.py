@@ -30,8 +30,9 @@ from ..plan.compiled import CAUGHT
 from ..plan.source import columns_to_dicts
 from ..shipping import dumps, out_of_band, transport
 from ..shipping.context import loaded_warning
-from ..shipping.failures import exception_landed, travelling_exception
+from ..shipping.failures import travelling_exception
 from ..shipping.pickling import quick
+from ..tracebacks import landed
 from .lifeline import end_descendants
 from .messages import HEADER, Header
 from .status import IDLE, NO_STEP, SENDING, StatusWords
@@ -101,8 +102,6 @@ def _warned_in(filename: str, lineno: int) -> str:
 
 
 _KEPT = frozenset({"msg", "args"})  # kept as logged where plain (`Forward.emit`)
-
-
 _PLAIN = (str, int, float, bool, type(None), bytes)
 
 
@@ -124,7 +123,7 @@ def handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
             continue
         sent = record.__dict__.pop("hardy_exc", None)
         if sent is not None:
-            exc = exception_landed(sent)
+            exc = landed(*sent)  # (`travelling_exception`'s)
             record.exc_info = (type(exc), exc, exc.__traceback__)
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
