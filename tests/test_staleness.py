@@ -323,3 +323,49 @@ def test_a_slot_set_or_an_attribute_added_between_two_maps(tmp_path, executor, c
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == ("[[4, 6], [2, 4], [2, 4], [2, 4], [2, 4]] "
                                          "[[6, 9], [3, 6], [3, 6], [3, 6], [3, 6]]")
+
+
+ENVIRONMENT_READ = """
+import os, sys
+from os import environ, getenv
+from hardy import DiskCache, Engine, Pipeline, node
+
+def helper():
+    return getenv("SCALE", "1")
+
+@node(output_name="y")
+def read(x):
+    key = "MODE"
+    return f"{x}:{os.environ.get(key, 'none')}:{environ.get('SUFFIX', '-')}:{helper()}"
+
+executor, cache = sys.argv[1], sys.argv[2]
+p = Pipeline([read], engine=Engine(map_executor=executor), cache=DiskCache(cache))
+seen = [p.run(inputs={"x": 1})["y"]]
+os.environ["MODE"] = "exact"
+seen.append(p.run(inputs={"x": 1})["y"])
+os.environ["SUFFIX"] = "s"
+seen.append(p.map(inputs={"x": [1]}, map_over="x")[0]["y"])
+os.environ["SCALE"] = "2"
+seen.append(p.run(inputs={"x": 1})["y"])
+del os.environ["MODE"]
+seen.append(p.run(inputs={"x": 1})["y"])
+print(" ".join(seen))
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_an_environment_variable_a_node_reads_is_in_its_key(tmp_path, executor):
+    """`os.environ.get("MODE")` in a node (or a helper, through `from os import getenv`): a value
+    set between two calls is computed with, never served from the entry of the one before; a second
+    process that starts with a variable already set finds its own entries, not the first's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MODE", "SUFFIX", "SCALE")}
+    cache = str(tmp_path / "c")
+    runs = []
+    for extra in ({}, {}, {"MODE": "exact", "SCALE": "2"}):
+        out = subprocess.run([sys.executable, "-", executor, cache], input=ENVIRONMENT_READ, text=True,
+                             capture_output=True, timeout=300, env={**env, **extra, "PYTHONPATH": SRC})
+        assert out.returncode == 0, out.stderr
+        runs.append(out.stdout.split())
+    assert runs[0] == ["1:none:-:1", "1:exact:-:1", "1:exact:s:1", "1:exact:s:2", "1:none:s:2"]
+    assert runs[1] == runs[0]  # (every entry found again: the same variables, the same keys)
+    assert runs[2] == ["1:exact:-:2", "1:exact:-:2", "1:exact:s:2", "1:exact:s:2", "1:none:s:2"]

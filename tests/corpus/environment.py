@@ -96,6 +96,24 @@ def environ_read_by_a_helper_module():
 
 
 @pattern
+def environ_imported_by_name_and_set_in_the_node():
+    # `from os import environ`: the node's global is the process's own environment, which a
+    # variable it sets there reaches (`os.getenv`, a subprocess), as in the calling process
+    from os import environ
+
+    @node(output_name="y")
+    def exported(x):
+        environ["STEP"] = str(x)
+        return f"{environ.get('MODE', 'unset')}/{os.getenv('STEP')}/{x}"
+
+    os.environ["STEP"] = "caller"
+    os.environ["MODE"] = "first"
+    first = ys([exported])
+    os.environ["MODE"] = "second"
+    return [first, ys([exported])]
+
+
+@pattern
 def environ_read_at_import_of_the_nodes_module():
     os.environ["STAGE"] = "import-time"
     write("envimp_steps.py", """

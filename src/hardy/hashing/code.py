@@ -29,6 +29,7 @@ from ..errors import UnhashableError
 from .callables import KINDS, annotations_of, kind_of, library_function, resolves
 from .classes import install_code_fingerprint
 from .distributions import module_identity
+from .environ import is_environment, keyed_variables, reads_environment
 from .origin import is_user_file, is_user_module
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
@@ -198,22 +199,12 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     out(b"name:" + f"{getattr(func, '__name__', '')}/{getattr(func, '__qualname__', '')}".encode())
     out(b"defaults")
     encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
-    annotations = annotations_of(func)
-    if annotations:  # `pydantic.validate_call`, `typing.get_type_hints` read them when called
-        out(b"annotations")
-        for name, hint in annotations.items():
-            out(name.encode())
-            _hint(hint, out, by_name=True)
-    attributes = {k: v for k, v in getattr(func, "__dict__", {}).items() if k != "__wrapped__"}
-    if attributes:  # what was set on it (`helper.factor = 2`), which code reads as `helper.factor`
-        out(b"attributes")
-        for name, value in sorted(attributes.items()):
-            out(name.encode())
-            _tolerant(value, out)
-    note_read(Size(func.__dict__), "")  # an attribute set on it later (`h.k = 3`, read as `getattr(h, "k", 2)`)
+    _annotations_and_attributes(func, out)
     globs = getattr(func, "__globals__", {})
     chains = _chains(code)
     _module_reached(getattr(func, "__module__", None))
+    if reads_environment(func, chains):  # `os.environ.get("MODE")`: the value counts
+        keyed_variables(code, out)
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
             note_read(globs, name)
@@ -245,11 +236,30 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             out(module_identity(name))
 
 
+def _annotations_and_attributes(func: Any, out: Callable[[bytes], Any]) -> None:
+    """What a function carries besides its code and defaults, which code can read."""
+    annotations = annotations_of(func)
+    if annotations:  # `pydantic.validate_call`, `typing.get_type_hints` read them when called
+        out(b"annotations")
+        for name, hint in annotations.items():
+            out(name.encode())
+            _hint(hint, out, by_name=True)
+    attributes = {k: v for k, v in getattr(func, "__dict__", {}).items() if k != "__wrapped__"}
+    if attributes:  # what was set on it (`helper.factor = 2`), which code reads as `helper.factor`
+        out(b"attributes")
+        for name, value in sorted(attributes.items()):
+            out(name.encode())
+            _tolerant(value, out)
+    note_read(Size(func.__dict__), "")  # an attribute set on it later (`h.k = 3`, read as `getattr(h, "k", 2)`)
+
+
 def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any, name: str, reader: Any) -> None:
     """A global, closure value or imported module the code reads, with the attribute chains the
     code reads from it: through a user module, what counts is what the chains reach; through a
     library, the distributions of the modules they reach."""
-    if isinstance(value, types.ModuleType):
+    if is_environment(value):  # `from os import environ`: its variables count by name (`keyed_variables`)
+        out(b"environ")
+    elif isinstance(value, types.ModuleType):
         if is_user_module(value.__name__):
             out(b"mod:" + value.__name__.encode())
             _module_reached(value.__name__, as_module=True)

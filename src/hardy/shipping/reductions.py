@@ -3,12 +3,14 @@ read back (`shipping.pickling` puts these first): big CPU tensors and memoryview
 out-of-band buffers (`_reduce_tensor`: a view of the shared pages where they land), a tensor's
 `.grad` and an ndarray subclass's instance attributes kept, an object whose `__getattr__` reads its
 own attributes rebuilt without the look-up that recursed (pydantic's `ConfigWrapper`), and a module
-that made itself an instance of its own class sent by reference (`torch.backends.cudnn`).
+that made itself an instance of its own class sent by reference (`torch.backends.cudnn`), as is
+`os.environ` held as a global (`from os import environ`).
 """
 
 from __future__ import annotations
 
 import copyreg
+import os
 import pickle
 import sys
 import types
@@ -98,10 +100,25 @@ def reductions() -> dict[type, Callable[[Any], Any]]:
     """By exact type, so that the C pickler calls no Python for any other object; torch's only
     once something imported it (checking never imports it)."""
     torch = sys.modules.get("torch")
-    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview}
+    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview, type(os.environ): _reduce_environ}
     if torch is not None:
         found[torch.Tensor] = _reduce_tensor
     return found
+
+
+def _reduce_environ(environ: Any) -> Any:
+    """`os.environ` (or `environb`) that a script's function holds as a global (`from os import
+    environ`) by reference: the worker's own, which carries the caller's variables (`Context`) and
+    which `os.getenv` and the processes a node starts read. Pickled by value it was a copy: a
+    variable the node set in it was invisible to `os.getenv` in the worker."""
+    for name in ("environ", "environb"):
+        if environ is getattr(os, name, None):
+            return _environment, (name,)
+    return environ.__reduce_ex__(5)  # (another mapping of that class: pickle's own way)
+
+
+def _environment(name: str) -> Any:
+    return getattr(os, name)
 
 
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:

@@ -1,0 +1,98 @@
+"""Environment variables a function reads, in its fingerprint.
+
+`os.environ.get("MODE")`, `os.environ["MODE"]`, `os.getenv("MODE")`, `"MODE" in os.environ`, and
+the same through `from os import environ, getenv` or `import os` inside the function: the node
+computes with the value, so the value is part of its key (a result cached under `MODE=fast` is
+never served under `MODE=exact`), and a pipeline compiles its plan again when one changes between
+two calls. Which variables: every name the function's code holds as a string constant (its nested
+code's too), wherever that code reads the environment at all. The bytecode cannot tell which
+constant reaches the lookup (`key = "MODE"; os.environ[key]`), and a constant that names no
+variable costs one lookup a call and nothing else. A name built at run time
+(`os.environ[prefix + "MODE"]`) or the environment read whole (`dict(os.environ)` handed to a
+subprocess) is not seen (docs/caching.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .reach import note_read
+
+_READERS = ("environ", "environb", "getenv", "getenvb")  # what `os` reads the environment through
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,254}\Z")  # a string constant that can name a variable
+
+
+def is_environment(value: Any) -> bool:
+    """`os.environ` or `os.environb` itself, read as a global (`from os import environ`): its
+    variables count by name (`keyed_variables`), not as one mapping whose content is every
+    variable of the process (which would change the key in every shell)."""
+    return value is os.environ or value is getattr(os, "environb", None)
+
+
+def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
+    """Whether the function's code reads the environment: through `os` (a global, a closure value,
+    or imported inside it) by one of `_READERS`, or through what `from os import ...` bound."""
+    globs = getattr(func, "__globals__", {})
+    cells = dict(zip(func.__code__.co_freevars, getattr(func, "__closure__", None) or ()))
+    for (kind, name), attrs in chains.items():
+        if kind == "g":
+            value = globs.get(name)
+        elif kind == "c":
+            value = _contents(cells.get(name))
+        elif kind in ("import", "from"):
+            value = os if name == "os" else None
+        else:
+            continue
+        if value is os:
+            if any(chain and chain[0] in _READERS for chain in attrs):
+                return True
+        elif value is not None and any(value is getattr(os, r, None) for r in _READERS):
+            return True
+    return False
+
+
+def keyed_variables(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
+    """Each variable the code may name, with its value now (or that it is unset), into the key;
+    and noted as read, so that a plan made with one value is stale under another."""
+    for name in sorted(_names(code)):
+        value = os.environ.get(name)
+        said = b"\0unset" if value is None else b"=" + value.encode("utf-8", "surrogateescape")
+        out(b"env:" + name.encode("utf-8", "surrogateescape") + said)
+        note_read(Variable(value), name)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                stack.append(const)
+            elif isinstance(const, str) and _NAME.match(const):
+                names.add(const)
+    return names
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents if cell is not None else None
+    except ValueError:  # an empty cell
+        return None
+
+
+class Variable:
+    """One environment variable read as a namespace of one name (`Reach.changed` calls `get`):
+    True while it holds the value the key was made with (None: unset), whose identity holds."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str | None):
+        self.value = value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return True if os.environ.get(name) == self.value else default
