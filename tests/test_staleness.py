@@ -369,3 +369,58 @@ def test_an_environment_variable_a_node_reads_is_in_its_key(tmp_path, executor):
     assert runs[0] == ["1:none:-:1", "1:exact:-:1", "1:exact:s:1", "1:exact:s:2", "1:none:s:2"]
     assert runs[1] == runs[0]  # (every entry found again: the same variables, the same keys)
     assert runs[2] == ["1:exact:-:2", "1:exact:-:2", "1:exact:s:2", "1:exact:s:2", "1:none:s:2"]
+
+
+CHANGED_IN_PLACE_UNDER_A_CACHE = """
+import sys
+from hardy import DiskCache, Engine, Pipeline, node
+
+K = 2
+
+@node(output_name="y")
+def scale(x, k=2):
+    return x * k
+
+def scale_edited(x, k=2):
+    return x * k + 1
+
+def inner_times(x):
+    return x * K
+
+class Base:
+    def run(self, x):
+        return x * self.k()
+    def k(self):
+        return 2
+
+class Other(Base):
+    def k(self):
+        return 3
+
+executor, cache = sys.argv[1], sys.argv[2]
+obj = Base()
+pipelines = [Pipeline([n], engine=Engine(map_executor=executor), cache=DiskCache(cache) if cache != "-" else None)
+             for n in (scale, Pipeline([node(inner_times, output_name="y")]).as_node(), node(obj.run, output_name="y"))]
+seen = [p.run(inputs={"x": 10})["y"] for p in pipelines]
+scale.func.__code__ = scale_edited.__code__  # what IPython's autoreload does to an edited module's function
+K = 3
+obj.__class__ = Other
+seen += [p.run(inputs={"x": 10})["y"] for p in pipelines]
+scale.func.__defaults__ = (5,)
+seen.append(pipelines[0].map(inputs={"x": [10]}, map_over="x")[0]["y"])
+print(seen)
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_nodes_own_code_a_nested_pipelines_global_and_a_bound_objects_class_changed(tmp_path, executor, cached):
+    """Changed between two calls of one pipeline: the node's own function's code and defaults
+    replaced in place (autoreload), a global an inner node of a nested pipeline reads, the class
+    of the object a bound-method node runs on. With a cache, each of these was served from the
+    first call's plan (its keys, and its nested pipeline's shipped plan)."""
+    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
+                         input=CHANGED_IN_PLACE_UNDER_A_CACHE, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[20, 20, 20, 21, 30, 30, 51]"

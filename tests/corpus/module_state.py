@@ -1432,6 +1432,28 @@ def cached_property_replaced_on_a_class():
 
 
 @pattern
+def bound_method_of_a_script_class_with_a_cached_property():
+    # the class travels by value (it is the script's); on Python 3.11 its cached_property holds a lock
+    import functools
+
+    class Scaler:
+        def __init__(self, base):
+            self.base = base
+
+        @functools.cached_property
+        def factor(self):
+            return self.base * 10
+
+        def apply(self, x):
+            return x * self.factor
+
+    scaler = Scaler(2)
+    first = ys([node(scaler.apply, output_name="y")])
+    scaler.base = 3  # (the factor already cached on the instance stays 20, as in a plain loop)
+    return [first, ys([node(Scaler(3).apply, output_name="y")])]
+
+
+@pattern
 def singledispatch_implementation_registered_at_run_time():
     write("disp_steps.py", """
         import functools

@@ -338,7 +338,6 @@ class Pipeline:
         plan whose keys hold code and state, or one that runs in other processes."""
         mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
         from ..hashing import Reach, recording
-        from ..hashing.state import token
         from ..plan.compiled import Plan
         cache = self.cache if self.cache is not None else self._engine.cache
         reach = Reach() if cache is not None else None
@@ -349,8 +348,7 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
-        plan.watched = reach.watch(token) if reach is not None else plan.reads() if self._engine.ships(for_map) \
-            else None
+        plan.watched = plan.reads(reach) if reach is not None or self._engine.ships(for_map) else None
         return plan
 
     def _key_settings(self) -> bytes:

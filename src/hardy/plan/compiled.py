@@ -175,21 +175,27 @@ class Plan:
                     missing.setdefault(p, []).append(step.node.name)
         return missing
 
-    def reads(self) -> Reach:
+    def reads(self, keyed: Reach | None = None) -> Reach:
         """What the plan's nodes read (globals, module attributes, class members, the content of
         those that can change in place), for `Reach.changed` to tell when the plan no longer
         computes what its nodes would now: a plan that runs in other processes, or whose cache
-        keys hold code and state, is then made again (docs/same-answer.md)."""
-        return self.reached().watch(token, node_functions(self.graph.nodes))
+        keys hold code and state, is then made again (docs/same-answer.md). `keyed`: what keying
+        its cached steps read, to which the others' reads are added (a nested pipeline's inner
+        nodes, a node with `cache=False`); the nodes' own functions are watched for code and
+        defaults replaced in place either way (IPython's autoreload)."""
+        return self.reached(keyed).watch(token, node_functions(self.graph.nodes))
 
-    def reached(self) -> Reach:
+    def reached(self, keyed: Reach | None = None) -> Reach:
         """What the nodes reach, noted while they are fingerprinted as a cache would key them (an
-        uncached plan checked for code edits, `Pipeline._plan`; a replica's stamps); a node that
-        cannot be fingerprinted is noted as far as it could."""
-        reach = Reach()
+        uncached plan checked for code edits, `Pipeline._plan`; a replica's stamps), into `keyed`
+        for the steps its keys did not read; a node that cannot be fingerprinted is noted as far
+        as it could."""
+        reach = keyed if keyed is not None else Reach()
         previous = recording(reach)
         try:
-            for step in self.steps:
+            for k, step in enumerate(self.steps):
+                if keyed is not None and k in self._fingerprints:
+                    continue
                 try:
                     step.node.fingerprint()
                 except UnhashableError:

@@ -4,12 +4,14 @@ out-of-band buffers (`_reduce_tensor`: a view of the shared pages where they lan
 `.grad` and an ndarray subclass's instance attributes kept, an object whose `__getattr__` reads its
 own attributes rebuilt without the look-up that recursed (pydantic's `ConfigWrapper`), and a module
 that made itself an instance of its own class sent by reference (`torch.backends.cudnn`), as is
-`os.environ` held as a global (`from os import environ`).
+`os.environ` held as a global (`from os import environ`); a `functools.cached_property` rebuilt
+without the lock Python 3.11 gives it.
 """
 
 from __future__ import annotations
 
 import copyreg
+import functools
 import os
 import pickle
 import sys
@@ -100,7 +102,8 @@ def reductions() -> dict[type, Callable[[Any], Any]]:
     """By exact type, so that the C pickler calls no Python for any other object; torch's only
     once something imported it (checking never imports it)."""
     torch = sys.modules.get("torch")
-    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview, type(os.environ): _reduce_environ}
+    found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview, type(os.environ): _reduce_environ,
+                                              functools.cached_property: _reduce_cached_property}
     if torch is not None:
         found[torch.Tensor] = _reduce_tensor
     return found
@@ -119,6 +122,19 @@ def _reduce_environ(environ: Any) -> Any:
 
 def _environment(name: str) -> Any:
     return getattr(os, name)
+
+
+def _reduce_cached_property(prop: functools.cached_property[Any]) -> Any:
+    """A `functools.cached_property` of a class sent by value (a script's class whose method is a
+    node): on Python 3.11 it holds a lock, which no pickle takes. Rebuilt from its function and the
+    name its class set it under (`__set_name__`, which rebuilding the class does not call again)."""
+    return _cached_property, (prop.func, prop.attrname, prop.__doc__)
+
+
+def _cached_property(func: Callable[[Any], Any], name: str | None, doc: str | None) -> Any:
+    prop = functools.cached_property(func)
+    prop.attrname, prop.__doc__ = name, doc
+    return prop
 
 
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
