@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -971,3 +972,54 @@ def test_asking_a_fork_server_whose_queue_is_full_never_waits():
             end.close()
     ours.close()
     assert not waited and asked[-1] is None and len(asked) > 1
+
+
+PLANTED = """
+import os
+with open({marker!r}, "a") as f:
+    f.write(f"{{__name__}} planted by another user ran as uid {{os.getuid()}}\\n")
+raise ImportError("planted")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_the_fork_server_imports_nothing_from_a_shared_working_directory():
+    """A user runs their own script (in a private folder) from a shared, sticky working directory
+    (/tmp, a team's scratch folder), where another user left `cloudpickle.py` and `socket.py`. Their
+    `python script.py` does not look there (its sys.path starts with the script's folder), and
+    neither may the fork server that `python -c` starts: its first path entry is the working directory."""
+    base = Path(tempfile.mkdtemp(prefix="hardy-shared-cwd-", dir="/tmp"))  # (one the other user can reach)
+    try:
+        _run_from_a_shared_folder(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _run_from_a_shared_folder(base: Path) -> None:
+    base.chmod(0o755)
+    shared, home = base / "shared", base / "home"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    home.mkdir(mode=0o700)
+    marker = base / "planted-ran"
+
+    def plant() -> int:
+        for name in ("cloudpickle", "socket", "selectors", "blake3"):
+            (shared / f"{name}.py").write_text(PLANTED.format(marker=str(marker)))
+        return 0
+
+    assert _as_nobody(plant) == 0 and (shared / "socket.py").stat().st_uid == 65534
+    (home / "pipe.py").write_text(textwrap.dedent("""
+        from hardy import Pipeline, node
+
+        @node(output_name="y")
+        def double(x):
+            return 2 * x
+
+        print([r["y"] for r in Pipeline([double]).map(inputs={"x": [1, 2]}, map_over="x")])
+    """))
+    out = subprocess.run([sys.executable, str(home / "pipe.py")], cwd=shared, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[2, 4]"
+    assert not marker.exists(), marker.read_text()

@@ -47,7 +47,11 @@ if TYPE_CHECKING:  # (multiprocessing's connections load after a fork server sta
     from multiprocessing.connection import Connection
 
 _HARDY_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_BOOT = f"import sys; sys.path.insert(0, {_HARDY_ROOT!r}); from hardy.workers.%s"
+# `python -c` puts "" (the working directory) first on sys.path, where the caller's `python script.py`
+# has the script's own folder: a `socket.py` or `cloudpickle.py` another user left in a shared working
+# directory would be imported by the server. Dropped before any import; a worker then takes the
+# caller's own sys.path (`take_import_path`), and the server imports `preload` from it.
+_BOOT = f"import sys; sys.path[:] = [{_HARDY_ROOT!r}, *(p for p in sys.path if p)]; from hardy.workers.%s"
 # The server's collector stays paused through its imports and `preload` (objects that live as long
 # as the process: collections would only walk them), until `server._settle` freezes them.
 SERVER_BOOT = "import gc; gc.disable(); " + _BOOT % "server import serve; serve()"
