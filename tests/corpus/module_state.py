@@ -1454,6 +1454,55 @@ def bound_method_of_a_script_class_with_a_cached_property():
 
 
 @pattern
+def code_given_as_an_input_reads_module_state_set_at_run_time():
+    # a transform (function, object, class, bound method) passed as an input, bound, or mapped over:
+    # it runs its module's code in the worker, which must read the state the script set
+    write("given_aug.py", """
+        MEAN = 0.0
+        TABLE = {"k": 0}
+
+        def normalize(v):
+            return v - MEAN + TABLE["k"]
+
+        class Normalizer:
+            def __call__(self, v):
+                return v - MEAN
+
+            def shift(self, v):
+                return v + MEAN
+    """)
+    write("given_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def prep(x, transform):
+            return transform(x)
+
+        @node(output_name="y")
+        def built(x, cls):
+            return cls()(x)
+    """)
+    import given_aug
+    import given_steps
+
+    def run(node_, **inputs):
+        p = corpus.pipeline([node_], engine)
+        return [o["y"] for o in p.map(inputs={"x": [1.0, 2.0], **inputs}, map_over="x")]
+
+    given_aug.MEAN = 10.0
+    seen = [run(given_steps.prep, transform=given_aug.normalize), run(given_steps.prep, transform=given_aug.Normalizer()),
+            run(given_steps.built, cls=given_aug.Normalizer),
+            run(given_steps.prep, transform=given_aug.Normalizer().shift)]
+    given_aug.MEAN = 20.0  # between two maps of one pipeline: rebound, and a dict changed in place
+    given_aug.TABLE["k"] = 100
+    seen.append(run(given_steps.prep, transform=given_aug.normalize))
+    mapped = corpus.pipeline([given_steps.prep], engine).map(
+        inputs={"x": 1.0, "transform": [given_aug.normalize, given_aug.Normalizer()]}, map_over="transform")
+    bound = corpus.pipeline([given_steps.prep], engine).bind(transform=given_aug.normalize).run(inputs={"x": 1.0})
+    return [seen, [o["y"] for o in mapped], bound["y"]]
+
+
+@pattern
 def singledispatch_implementation_registered_at_run_time():
     write("disp_steps.py", """
         import functools

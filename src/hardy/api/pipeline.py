@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from ..engine.core import Engine
 from ..errors import Failed, HardyError, MapError, MissingInputError, NodeError, UnknownInputWarning, UnknownOutputError
 from ..model import arguments
+from ..model.given import NOTHING, modules_of
 from ..model.graph import Graph
 from ..model.node import Node, as_nodes
 from ..model.policy import check_timeouts
@@ -159,9 +160,7 @@ class Pipeline:
 
     def unbind(self, *names: str) -> Pipeline:
         """Forget bound inputs (all of them when no name is given)."""
-        if not names:
-            self._bound.clear()
-        for n in names:
+        for n in names or list(self._bound):
             self._bound.pop(n, None)
         return self
 
@@ -231,7 +230,7 @@ class Pipeline:
         try:
             if engine.cache is not self._engine_cache:
                 raise KeyError  # `p.engine.cache = ...` since: see _plan
-            plan = self._plans[(tuple(values), output_name, False, self._key_settings())]
+            plan = self._plans[(tuple(values), output_name, False, self._key_extra(values, False))]
             if plan.watched is not None and plan.watched.changed():  # (as `_plan` asks: compiled again below)
                 raise KeyError
         except (KeyError, TypeError):
@@ -312,7 +311,7 @@ class Pipeline:
             self._forget_plans()
             self._engine_cache = self._engine.cache
         key = (names, output_name if isinstance(output_name, (str, type(None))) else outputs, for_map,
-               self._key_settings())
+               self._key_extra(values, for_map))
         plan = self._plans.get(key)  # (one look: another thread may forget the plans meanwhile)
         if plan is not None:  # unless what its nodes read was rebound or changed in place since (a notebook
             if plan.watched is None or not plan.watched.changed():  # cell run again, a reload, a dict filled)
@@ -326,16 +325,16 @@ class Pipeline:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
-        plan = self._compile(names, outputs, for_map)
+        plan = self._compile(names, outputs, for_map, key[3][1])
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing = plan.unresolved()
         if missing:
             raise MissingInputError(missing, names, self.name)
         return self._plans.put(key, plan)  # (another thread's, if it got there first: one plan, shipped once)
 
-    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool) -> Plan:
-        """A new plan, with what its nodes read if it must be checked for changes (`_plan`): a
-        plan whose keys hold code and state, or one that runs in other processes."""
+    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool, given: frozenset[str]) -> Plan:
+        """A new plan, with what its nodes read if it must be checked for changes (`_plan`): a plan whose
+        keys hold code and state, or one that runs in other processes (its replica covering `given`)."""
         mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
         from ..hashing import Reach, recording
         from ..plan.compiled import Plan
@@ -348,16 +347,19 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
+        plan.given_modules = given
         plan.watched = plan.reads(reach) if reach is not None or self._engine.ships(for_map) else None
         return plan
 
-    def _key_settings(self) -> bytes:
-        """With a cache, this thread's settings its keys hold (`shipping.context.result_settings`), in
-        the memoised plan's key: a thread in `localcontext(prec=3)` has a plan of its own."""
+    def _key_extra(self, values: Mapping[str, Any], for_map: bool) -> tuple[bytes, frozenset[str]]:
+        """What keys a memoised plan besides names: with a cache, the settings its keys hold (a thread
+        in `localcontext(prec=3)` has a plan of its own); for workers, the modules of the code the values
+        carry (`model.given`: `aug.normalize` given reads `aug.MEAN`, which the plan's replica sends)."""
+        given = modules_of(values.values()) if self._engine.ships(for_map) else NOTHING
         if self._own_cache is None and self._engine.cache is None:
-            return b""
+            return b"", given
         from ..shipping.context import result_settings  # (its import makes `cache.keys` read them too)
-        return result_settings()
+        return result_settings(), given
 
     def _settle(self, plan: Plan, for_map: bool) -> None:
         """After a call: what nodes that ran here changed in what they read is theirs (`Reach.settle`)."""

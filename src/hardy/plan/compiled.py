@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import sys
 import threading
 import time
 import types
@@ -65,8 +66,10 @@ from ..errors import (
     OutputCountError,
     UnhashableError,
 )
-from ..hashing import Reach, recording
+from ..hashing import Reach, is_user_module, recording
+from ..hashing.reach import note_names
 from ..hashing.state import token
+from ..model.given import NOTHING
 from ..model.graph import Graph, node_functions
 from ..model.node import Node
 from ..model.policy import carried, guard, passes, passes_in_coroutine
@@ -146,6 +149,7 @@ class Plan:
             and not any(s.node.batch is not None for s in self.steps)) else None
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
         self.watched: Reach | None = None  # what its nodes read, when it must be checked for changes (`reads`)
+        self.given_modules: frozenset[str] = NOTHING  # of the code its calls' values carry (`model.given`)
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -200,6 +204,11 @@ class Plan:
                     step.node.fingerprint()
                 except UnhashableError:
                     pass
+            for name in self.given_modules:  # read whole, as the values' code may read any of it
+                module = sys.modules.get(name)
+                if module is not None and is_user_module(name):
+                    reach.modules.add(name)
+                    note_names(vars(module), list(vars(module)))
         finally:
             recording(previous)
         return reach

@@ -22,7 +22,7 @@ from ..hashing import is_user_module
 from ..model.graph import walk_nodes
 from ..plan.compiled import Plan, Wrap
 from .pickling import ByValuePickler
-from .replica import Fetch, Replica, Synced, kept, reached_names
+from .replica import Fetch, Replica, Synced, is_script, kept, reached_names
 
 
 def ship_plan(plan: Plan, everything: bool = False) -> bytes:
@@ -31,7 +31,8 @@ def ship_plan(plan: Plan, everything: bool = False) -> bytes:
     pickles travels (an engine's worker on another machine cannot ask for one later)."""
     try:
         file = io.BytesIO()
-        ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed))
+        ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed,
+                                                plan.given_modules))
         return pickle.dumps((kept(plan, lambda: replica_of(plan)).header(everything), file.getvalue()), protocol=5)
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
@@ -43,10 +44,12 @@ def build_plan(spec: bytes, wrap: Wrap | None = None,
     """The plan a spec describes, compiled here once this process's user modules hold what the
     caller's do (`synced`)."""
     replica, body = synced(spec, fetch)
-    graph, provided, outputs, cache, keyed = cloudpickle.loads(body)
+    graph, provided, outputs, cache, keyed, given = cloudpickle.loads(body)
     if not replica.home:
         _adopt_main(graph.nodes)
-    return Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
+    plan = Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
+    plan.given_modules = given  # (a plan an engine's task ships again to hardy's workers covers them too)
+    return plan
 
 
 def _adopt_main(nodes: Any) -> None:
@@ -94,12 +97,13 @@ def replica_of(plan: Plan) -> Replica:
 def _replicable(name: str, by_value: Any, reached: set[str]) -> bool:
     """Whether a worker's copy of module `name` is compared with this process's: a user module loaded
     by Python's own loader from source, or made at run time (no file: the worker rebuilds it), and
-    the names a module's code reads in `__main__` (`reached`: the modules read as modules). Not one
+    the names a module's code reads in `__main__` (`reached`: the modules read as modules), and a
+    script a launcher ran (`runpy.run_path`), by the names the plan reads there. Not one
     sent by value (`ship_modules`: its code travels with the plan), nor one loaded by another loader
     (pytest's assertion rewriting changes the bytecode)."""
     module = sys.modules[name]
-    if name == "__main__":
-        return name in reached
+    if is_script(name):
+        return name in reached or name != "__main__"
     if not is_user_module(name) or name.split(".")[0] in by_value or name in by_value:
         return False
     loader = getattr(module, "__loader__", None)  # None: made at run time, or rebuilt here from a caller's objects

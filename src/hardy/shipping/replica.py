@@ -64,7 +64,7 @@ class Replica:
         self.files: dict[str, str | None] = {}
         for module_name in sorted(reached):
             module = sys.modules[module_name]
-            if module_name == "__main__":  # the script's: only what the plan reads (a worker's own stays)
+            if is_script(module_name):  # the script's: only what the plan reads (a worker's own stays)
                 names = sorted(reached[module_name])
                 self.stamps[module_name] = module_stamp(module, names)
                 self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
@@ -106,6 +106,12 @@ class Replica:
 
 
 NAMES = ""  # the entry of a module's stamps for the set of names it binds (no name can be empty)
+
+
+def is_script(module_name: str) -> bool:
+    """`__main__`, or a module named as no import could name it: a script a launcher ran
+    (`runpy.run_path("train.py")` names it `<run_path>`), whose file is the script itself."""
+    return module_name == "__main__" or not all(part.isidentifier() for part in module_name.split("."))
 
 
 def _names_stamp(names: list[str]) -> bytes:
@@ -248,7 +254,9 @@ def _module(name: str, file: str | None) -> types.ModuleType:
         return importlib.import_module(name)
     except Exception:
         pass
-    spec = importlib.util.spec_from_file_location(name, file) if file and os.path.isfile(file) else None
+    # (a script's module is never run again here: that would repeat what the script did)
+    spec = importlib.util.spec_from_file_location(name, file) if not is_script(name) and file and os.path.isfile(file) \
+        else None
     module = importlib.util.module_from_spec(spec) if spec is not None else types.ModuleType(name)
     module.__file__ = file
     sys.modules[name] = module
