@@ -22,14 +22,33 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"hardy {__version__}"
 
 
+def _not_a_terminal() -> dict[str, str]:
+    """The environment of a command whose output goes to a file or a pipe, with no width asked for."""
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+
+
 def test_demo_runs_and_one_segfault_costs_one_document():
     out = subprocess.run([sys.executable, "-m", "hardy.cli", "demo", "--items", "400", "--no-progress"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=_not_a_terminal())
     assert out.returncode == 0, out.stdout + out.stderr
-    text = " ".join(out.stdout.split())  # rich wraps lines at the terminal width
-    assert "node 'prep/tokenize' failed on item 200 (inputs: doc='POISON " in text  # the nested node, named
-    assert re.search(r"worker died from SIGSEGV .* called from node 'prep/tokenize' \(demo\.py:\d+\)", text), text
+    # not a terminal: no line is wrapped (at 80 columns, rich's default, a path broke mid-line)
+    assert re.search(r"^node 'prep/tokenize' failed on item 200 \(inputs: doc='POISON .*\): worker died from SIGSEGV "
+                     r"in \S+ \S+, called from node 'prep/tokenize' \(demo\.py:\d+\): .*$", out.stdout, re.M), out.stdout
+    text = " ".join(out.stdout.split())
     assert "the crash was deliberate. Document 200" in text and "finished the other 399 documents" in text
+    assert any(len(line) > 300 and line.startswith("What happened: ") for line in out.stdout.splitlines())
+
+
+def test_demo_interrupted_says_how_many_documents_it_had_done():
+    """Ctrl-C: exit code 130 and a line saying how far it got (it exited 130 without a word)."""
+    proc = subprocess.Popen([sys.executable, "-m", "hardy.cli", "demo", "--items", "60000", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("hardy demo: 60000 documents")
+    proc.send_signal(signal.SIGINT)  # as the map starts, or while it runs
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert re.search(r"^hardy demo: interrupted: [\d,]+ of 60,000 documents done, [01] failed$", err, re.M), err
+    assert "Traceback" not in err and "results" not in out, err
 
 
 def test_demo_with_threads_has_no_failure():
@@ -261,7 +280,7 @@ def test_run_once_with_a_cache_and_an_output_file_exits_0(tmp_path):
     (["flows:pipeline", "--executor", "proces"], "--executor 'proces' is not one of sequential, threaded, async, "
                                                  "process (did you mean 'process'?)"),
     (["flows:pipeline", "--set", "x=1", "--set", "fctor=3"], "'fctor'"),
-    (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers'"),
+    (["flows:pipeline", "--set", "x=1", "--workers", "0"], "Invalid value for '--workers': must be 1 or more, not 0"),
     (["flows:pipeline", "--set", "x=1", "--report", "run.txt"], "use a .html or .json file name"),
     (["flows:pipeline", "--set", "x=1", "--output", "no/such/dir/out.jsonl"], "--output no/such/dir/out.jsonl: no directory"),
 ])
@@ -282,27 +301,35 @@ def test_usage_errors_exit_2_with_the_fix(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["demo", "--workers", "0"], "greater than or equal to 1"),
-    (["demo", "--items", "-5"], "greater than or equal to 2"),
+    (["demo", "--workers", "0"], "Invalid value for '--workers': must be 1 or more, not 0"),
+    (["demo", "--items", "-5"], "Invalid value for '--items': must be 2 or more, not -5"),
     (["demo", "--executor", "bogus"], "one of sequential, threaded, async, process"),
-    (["repeat", "-n", "0", "--", "true"], "greater than or equal to 1"),
+    (["repeat", "-n", "0", "--", "true"], "must be 1 or more, not 0"),
     (["repeat", "-n", "2", "--", "/no/such/command"], "'/no/such/command': no such command"),
     (["libs", "/no/such/folder"], "not a folder: /no/such/folder"),
     (["doctor", "--then", "pass"], "give --matrix MODULES --repeat N too"),
     (["wheel", "verify", "no-such.whl"], "no-such.whl: no such file"),
     (["replay", "no-such.json", "--item", "1"], "no-such.json: no such report"),
-    (["replay", "no-such.json", "--item", "-1"], "greater than or equal to 0"),
+    (["replay", "no-such.json", "--item", "-1"], "Invalid value for '--item': must be 0 or more, not -1"),
+    (["replay", "not-json.json", "--item", "1"], "not-json.json is not a hardy run report"),
+    (["replay", "other.json", "--item", "1"], "other.json is not a hardy run report"),
+    (["report", "no-such.json", "--item", "-1"], "must be 0 or more, not -1"),
+    (["doctor", "--matrix", "json", "--repeat", "1", "--jobs", "0"], "must be 1 or more, not 0"),
     (["report", "no-such.json"], "no-such.json: no such report"),
     (["report", "."], ". is a folder: give one of the run reports' JSON files in it"),
     (["replay", ".", "--item", "0"], ". is a folder: give one of the run reports' JSON files in it"),
     (["doctor", "--matrix", ",", "--repeat", "1"], "name the modules, comma-separated"),
 ])
 def test_other_commands_refuse_what_they_cannot_do_with_a_usage_error(tmp_path, args, message):
-    """Exit code 2 and one line saying what to give (a traceback before, or a silent success)."""
+    """Exit code 2 and one line saying what to give (a traceback before, or a silent success), in
+    the words of the help ("1 or more", not pydantic's "Input should be greater than or equal to 1")."""
+    (tmp_path / "not-json.json").write_text("{broken\n")
+    (tmp_path / "other.json").write_text('{"a": 1}\n')
     out = subprocess.run([sys.executable, "-m", "hardy.cli", *args], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
     assert message in " ".join(out.stderr.split()) and "Traceback" not in out.stderr, out.stderr
+    assert "Input should be" not in out.stderr and "no kept inputs" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("command", ["doctor", "demo --items 200 --no-progress"])
@@ -420,8 +447,8 @@ def _commands(group, path=()):
 
 
 def test_every_commands_help_reads_naturally():
-    """Arguments and options are shown by what they hold (`FOLDER <dir>`, `--matrix MODULES`),
-    never as a parameter's Python name and type (`{folder}`, `folder <str>`, `<list[str]>`)."""
+    """Arguments and options are shown by what they hold (`FOLDER`, `--matrix MODULES`), never as
+    a parameter's Python name and type (`{folder}`, `folder <str>`, `FOLDER <list[str]>`)."""
     import typer
     from typer.testing import CliRunner
 
@@ -431,7 +458,7 @@ def test_every_commands_help_reads_naturally():
     for path, _ in _commands(root):
         out = CliRunner().invoke(app, [*path, "--help"], terminal_width=200)
         assert out.exit_code == 0, (path, out.output)
-        bad = re.findall(r"\{[a-z_]+\}|^\s+[a-z_]+(?:\.\.\.)? <|(?:--[\w-]+|-\w) <(?:str|list\[\w+\])>", out.output, re.M)
+        bad = re.findall(r"\{[a-z_]+\}|^\s+[a-z_]+(?:\.\.\.)? <|<(?:str|int|float|bool|list\[\w+\])>", out.output, re.M)
         assert not bad, f"hardy {' '.join(path)} --help shows {bad}:\n{out.output}"
         usage = out.output.strip().splitlines()[0]
         assert usage.startswith("Usage:") and not re.search(r"[{}]", usage), f"usage line in braces: {usage}"
@@ -484,6 +511,41 @@ def test_cache_commands_take_the_folder_as_an_argument(tmp_path):
         bogus.stderr.split())
     assert "deleted 2 entries" in cache("prune", folder, "--max-size", "0").stdout
     assert cache("clear", folder, "--yes").returncode == 0
+
+
+def test_cache_clear_of_a_folder_without_a_cache_says_so_before_asking(tmp_path):
+    """It asked "delete every entry in ...?" first, and only once answered said there was no cache."""
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "cache", "clear", str(tmp_path / "none")], input="y\n",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"no hardy cache in {tmp_path / 'none'}" in out.stderr, out.stderr
+    assert "delete every entry" not in out.stdout + out.stderr and not (tmp_path / "none").exists()
+
+
+LONG_FAILURE = """
+from hardy import Engine, Pipeline, node
+
+@node(output_name="y")
+def check(x: int) -> int:
+    raise ValueError("[bold]x[/bold] " + " ".join(f"/data/shard-{i}/part.parquet" for i in range(12)))
+
+Pipeline([check], engine=Engine(map_executor="sequential")).map(inputs={"x": [1]}, map_over="x",
+                                                                 on_error="continue")
+"""
+
+
+def test_report_printed_to_a_file_keeps_each_line_whole(tmp_path):
+    """`hardy report` wrapped at 120 columns wherever it printed, a file or CI's log too: a path
+    broken over two lines is one grep does not find. Off a terminal no line is wrapped, and rich
+    markup in a message is shown as written."""
+    (tmp_path / "fails.py").write_text(LONG_FAILURE)
+    env = {**_not_a_terminal(), "HARDY_REPORT_DIR": str(tmp_path / "reports")}
+    subprocess.run([sys.executable, "fails.py"], cwd=tmp_path, env=env, check=True, timeout=120, capture_output=True)
+    [report] = (tmp_path / "reports").glob("*.json")
+    out = subprocess.run([sys.executable, "-m", "hardy.cli", "report", str(report)], capture_output=True, text=True,
+                         timeout=60, env=_not_a_terminal())
+    assert out.returncode == 0, out.stderr
+    message = "[bold]x[/bold] " + " ".join(f"/data/shard-{i}/part.parquet" for i in range(12))
+    assert any(message in line for line in out.stdout.splitlines()), out.stdout
 
 
 OUTPUTS = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -116,6 +117,31 @@ def test_doctor_json_lists_openmp_runtimes_and_hazards(tmp_path):
     assert "versions" in findings and "fork hazard: openmp-pool" in findings
     assert findings["fork hazard: openmp-pool"]["severity"] == "warning"
     assert out.returncode == {"ok": 0, "warning": 1, "error": 2}[report["worst"]] == 1
+
+
+def test_doctor_prints_a_findings_install_command_as_written(tmp_path):
+    """The findings table read `[forensics]` in `pip install -e ".[forensics]"` as rich markup and
+    deleted it: the advice it printed installed nothing (`--json` had it right). Here py-spy is out
+    of reach (this interpreter through a link in a folder of its own, PATH without py-spy) and
+    HARDY_ASSUME_GPUS holds brackets too; printed to a file, each finding is one line, unwrapped."""
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python"
+    python.symlink_to(sys.executable)  # py-spy is looked for beside the interpreter, and on PATH
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env.update(PATH=os.pathsep.join([str(python.parent), "/usr/bin", "/bin"]), HARDY_ASSUME_GPUS="[gpu]")
+    if shutil.which("py-spy", path=env["PATH"]):
+        pytest.skip("py-spy is installed system-wide here: no finding to install it")
+    out = subprocess.run([str(python), "-m", "hardy.cli", "doctor"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    data = json.loads(subprocess.run([str(python), "-m", "hardy.cli", "doctor", "--json"], capture_output=True,
+                                     text=True, env=env, timeout=300).stdout)
+    said = {f["message"] for f in data["findings"]}
+    hint = next(m for m in said if m.startswith("stacks of hung items: Python frames only"))
+    assert 'pip install -e ".[forensics]"' in hint and "HARDY_ASSUME_GPUS='[gpu]' must be a number" in " ".join(said)
+    lines = out.stdout.splitlines()
+    for message in said:
+        assert any(message in line for line in lines), f"{message!r} not on one line of:\n{out.stdout}"
+    assert out.returncode == 2, out.stderr  # the GPU finding is an error
 
 
 def test_doctor_reports_a_version_outside_the_known_range(monkeypatch):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..engine.core import Engine
@@ -50,10 +50,12 @@ def post_mortem(call: Callable[[], Any], what: str) -> bool:
     was). True if it failed."""
     import pdb
     import traceback
+    handled = sys.exc_info()[1]  # `err.debug()` in `except NodeError as err:`, as the guide has it: that error
     stopped = _noting_breakpoints()
     try:
         call()
     except (NodeError, KeyboardInterrupt) as err:
+        _apart(err, handled)
         root: BaseException = err
         while root.__cause__ is not None:
             root = root.__cause__
@@ -75,6 +77,34 @@ def post_mortem(call: Callable[[], Any], what: str) -> bool:
         print(f"hardy: {what} did not fail when run again in this process (it may depend on what ran before it "
               "in its worker, on its worker's environment, or on chance)", file=sys.stderr)
     return False
+
+
+def _apart(err: BaseException, handled: BaseException | None) -> None:
+    """The rerun's exceptions without the error being handled as their context. Raised while the
+    caller's `except` block handles the first failure, the rerun's exception has that failure as
+    its `__context__`, and its traceback would print the whole first failure again, then "During
+    handling of the above exception, another exception occurred:", which reads as a second error
+    before pdb opens. The rerun's own chain (what its code raised from or while handling) stays."""
+    if handled is None:
+        return
+    around = set(_chain(handled))
+    for exc in _chain(err, stop=around).values():
+        if exc.__context__ is not None and id(exc.__context__) in around:
+            exc.__context__ = None
+
+
+def _chain(exc: BaseException, stop: Collection[int] = ()) -> dict[int, BaseException]:
+    """`exc` and every exception it was raised from or while handling, by id (a cycle ends it),
+    short of those in `stop`."""
+    found: dict[int, BaseException] = {}
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in found or id(e) in stop:
+            continue
+        found[id(e)] = e
+        todo += [e.__cause__, e.__context__]
+    return found
 
 
 class _Noted:

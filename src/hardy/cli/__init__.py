@@ -7,7 +7,7 @@ import signal
 import typer
 
 from .. import __version__
-from .usage import PlainUsage
+from .usage import PlainUsage, at_least
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="hardy: pipelines of plain Python functions that survive native crashes.")
@@ -26,9 +26,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def demo(items: int = typer.Option(3000, min=2, metavar="N", help="How many documents to generate (2 or more)."),
+def demo(items: int = typer.Option(3000, metavar="N", callback=at_least(2),
+                                         help="How many documents to generate (2 or more)."),
          executor: str = typer.Option("process", metavar="EXECUTOR", help="sequential | threaded | async | process"),
-         workers: int = typer.Option(2, min=1, metavar="N", help="Worker threads or processes."),
+         workers: int = typer.Option(2, metavar="N", callback=at_least(1),
+                                           help="Worker threads or processes (1 or more)."),
          progress: bool = typer.Option(True, help="Show the progress bar.")) -> None:
     """Run a real example pipeline: clean -> tokenise -> statistics over generated documents."""
     quiet_when_the_reader_goes()

@@ -7,9 +7,9 @@ import json
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from .consoles import console, plain
 from .usage import PlainUsage
 
 if TYPE_CHECKING:
@@ -84,14 +84,14 @@ def stats(folder: str | None = FOLDER, path: str = DIR, as_json: bool = typer.Op
     if as_json:
         typer.echo(json.dumps(s.__dict__))
         return
-    t = Table(title=f"cache {remote or path}")
+    t = Table(title=f"cache {plain(remote or path)}")
     t.add_column("what", overflow="fold")
     t.add_column("value", justify="right", overflow="fold")
     for k, v in (("entries", s.entries), ("bytes", f"{s.bytes:,}"), ("inline in the index", s.inline),
                  ("in blob files", s.files), ("oldest entry", _when(s.oldest)),
                  ("last access", _when(s.newest_access))):
         t.add_row(k, str(v))
-    Console().print(t)
+    console().print(t)
 
 
 @app.command("ls", cls=PlainUsage)
@@ -106,7 +106,7 @@ def list_entries(folder: str | None = FOLDER, path: str = DIR,
     for e in _open(path, remote, endpoint).entries()[:limit]:
         where = "index" if e.inline else "bucket" if remote else "file"
         t.add_row(e.key.hex(), f"{e.size:,}", where, _when(e.created), _when(e.accessed))
-    Console().print(t)
+    console().print(t)
 
 
 @app.command(cls=PlainUsage)
@@ -146,7 +146,8 @@ def clear(folder: str | None = FOLDER, path: str = DIR, yes: bool = typer.Option
           ) -> None:
     """Delete every entry."""
     path = folder or path
+    cache = _open(path)  # first: a folder that holds no cache is said so before anything is asked
     if not yes:
         typer.confirm(f"delete every entry in {path}?", abort=True)
-    _open(path).clear()
+    cache.clear()
     typer.echo("cleared")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import collections
 import random
 import re
+import sys
 import time
 
-from rich.console import Console
 from rich.table import Table
 
-from .. import Engine, Failed, Pipeline, node
+from .. import Engine, Failed, MapInterrupted, Pipeline, node
+from .consoles import console as new_console
 
 WORDS = ["tensor", "kernel", "cache", "worker", "graph", "signal", "fork", "thread", "token", "model", "batch",
          "shard", "vector", "pipeline", "segment", "buffer", "stream", "queue", "crash", "native", "library",
@@ -62,7 +63,19 @@ _EXPLANATION = (
 
 
 def run_demo(items: int, executor: str, workers: int, progress: bool) -> int:
-    console = Console()
+    """The demo's exit code: 0, 1 when not exactly the poisoned document failed, 130 when
+    interrupted, saying how many documents were done by then (a silent 130 read as if nothing had
+    run, where the map had finished thousands)."""
+    try:
+        return _demo(items, executor, workers, progress)
+    except KeyboardInterrupt as stop:  # a MapInterrupted once the map runs, with what it finished
+        done, failed = (stop.done, len(stop.failures)) if isinstance(stop, MapInterrupted) else (0, 0)
+        print(f"hardy demo: interrupted: {done:,} of {items:,} documents done, {failed} failed", file=sys.stderr)
+        return 130
+
+
+def _demo(items: int, executor: str, workers: int, progress: bool) -> int:
+    console = new_console()
     crashy = executor == "process"
     docs = make_documents(items, items // 2 if crashy else None)
     text = Pipeline(nodes=[clean, tokenize], name="text")
@@ -72,9 +85,9 @@ def run_demo(items: int, executor: str, workers: int, progress: bool) -> int:
     console.print(f"[bold]hardy demo[/]: {items} documents, map_executor={executor!r}, workers={workers}"
                   + (", one document segfaults its worker" if crashy else ""))
     start = time.perf_counter()
-    results = pipeline.map(inputs={"doc": docs}, map_over="doc", on_error="continue", progress=progress)
-    elapsed = time.perf_counter() - start
-    engine.close()
+    with engine:
+        results = pipeline.map(inputs={"doc": docs}, map_over="doc", on_error="continue", progress=progress)
+        elapsed = time.perf_counter() - start
     good = [r for r in results if not isinstance(r, Failed)]
     failed = [(i, r) for i, r in enumerate(results) if isinstance(r, Failed)]
     table = Table(title="results")

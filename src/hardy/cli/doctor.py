@@ -9,15 +9,16 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from .usage import PlainUsage
+from . import consoles
+from .consoles import plain
+from .usage import PlainUsage, at_least
 
 if TYPE_CHECKING:
     from ..doctor.repeat import RunOutcome
 
-console = Console()  # tables fold a long cell over lines: a path is never cut off (rich's default would end it in …)
+console = consoles.console()  # a table folds a long cell over lines: a path is never cut off (rich would end it in …)
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Patch a wheel reproducibly, verify one against its RECORD, serve a folder as an index.")
 
@@ -39,9 +40,10 @@ def doctor(import_: str | None = typer.Option(None, "--import", metavar="MODULES
                                               help="The name --matrix had (with --repeat), kept for scripts."),
            then: str | None = typer.Option(None, "--then", metavar="CODE",
                                            help="Python code to run after the imports (--matrix only)."),
-           repeat: int = typer.Option(0, "--repeat", "-n", min=0, metavar="N",
+           repeat: int = typer.Option(0, "--repeat", "-n", metavar="N", callback=at_least(0),
                                       help="Fresh interpreters per cell of the crash matrix."),
-           jobs: int = typer.Option(2, "--jobs", "-j", min=1, metavar="N", help="Interpreters run at once (--matrix)."),
+           jobs: int = typer.Option(2, "--jobs", "-j", metavar="N", callback=at_least(1),
+                                     help="Interpreters run at once (--matrix; 1 or more)."),
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Diagnose this Python environment; with --matrix a,b --repeat N, find the import order that crashes.
 
@@ -73,20 +75,20 @@ def _crash_matrix(modules: list[str], then: str | None, repeat: int, jobs: int, 
     from ..doctor import import_matrix
     cells = import_matrix(modules, then=then, repeat=repeat, jobs=jobs,
                           on_cell=None if as_json else lambda c: console.print(
-                              f"  {c.label:<40} {c.failures}/{c.runs} crashed", highlight=False))
+                              f"  {plain(f'{c.label:<40}')} {c.failures}/{c.runs} crashed", highlight=False))
     if as_json:
         typer.echo(json.dumps([{"modules": c.modules, "runs": c.runs, "crashes": c.crashes, "stages": c.stages,
                                 "rate": c.rate, "ci95": c.interval} for c in cells]))
     else:
         t = Table(title=f"import-order crash matrix ({repeat} fresh interpreters per row)"
-                  + (f", then: {then}" if then else ""))
+                  + (f", then: {plain(then)}" if then else ""))
         for col in ("imports", "crashed", "rate", "95% CI", "signals", "when"):
             t.add_column(col, overflow="fold")
         for c in cells:
             style = "red" if c.failures else ""
-            t.add_row(c.label, f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
-                      ", ".join(f"{k} x{v}" for k, v in c.crashes.items()) or "-",
-                      ", ".join(f"{k} x{v}" for k, v in c.stages.items()) or "-", style=style)
+            t.add_row(plain(c.label), f"{c.failures}/{c.runs}", f"{c.rate:.0%}", _ci(*c.interval),
+                      plain(", ".join(f"{k} x{v}" for k, v in c.crashes.items()) or "-"),
+                      plain(", ".join(f"{k} x{v}" for k, v in c.stages.items()) or "-"), style=style)
         console.print(t)
     raise typer.Exit(1 if any(c.failures for c in cells) else 0)
 
@@ -97,22 +99,22 @@ def _examination(modules: list[str], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(report.as_dict(), default=str))
         raise typer.Exit(report.exit_code)
-    console.print(f"[bold]Python[/] {report.python}\n[bold]Platform[/] {report.platform}")
+    console.print(f"[bold]Python[/] {plain(report.python)}\n[bold]Platform[/] {plain(report.platform)}")
     if report.imported:
-        console.print(f"[bold]Imported first[/] {', '.join(report.imported)}")
+        console.print(f"[bold]Imported first[/] {plain(', '.join(report.imported))}")
     t = Table(title="native-heavy packages")
     t.add_column("package", overflow="fold")
     t.add_column("version", overflow="fold")
     for name, version in report.packages.items():
-        t.add_row(name, version or "[dim]not installed[/]")
+        t.add_row(plain(name), plain(version) if version else "[dim]not installed[/]")
     console.print(t)
     t = Table(title="runtimes and threads")
     t.add_column("what", overflow="fold")
     t.add_column("value", overflow="fold")
-    t.add_row("OpenMP runtimes loaded", "\n".join(report.openmp) or "none")
-    t.add_row("BLAS libraries loaded", "\n".join(report.blas) or "none")
+    t.add_row("OpenMP runtimes loaded", plain("\n".join(report.openmp) or "none"))
+    t.add_row("BLAS libraries loaded", plain("\n".join(report.blas) or "none"))
     for k, v in {**report.threads, **report.cuda}.items():
-        t.add_row(k, str(v))
+        t.add_row(plain(k), plain(v))
     console.print(t)
     _print_gpus(report.gpu)
     _print_findings(report.findings)
@@ -129,7 +131,7 @@ def _print_findings(findings: list[Any]) -> None:
     t.add_column("topic", overflow="fold")
     t.add_column("finding", overflow="fold")
     for f in findings:
-        t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.topic, f.message)
+        t.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", plain(f.topic), plain(f.message))
     console.print(t)
 
 
@@ -143,22 +145,23 @@ def _print_gpus(gpu: dict[str, Any]) -> None:
         memory = (f", {g['memory_free'] / 2**30:.1f} of {g['memory_total'] / 2**30:.1f} GiB free"
                   if g["memory_total"] else "")
         cc = f", compute capability {g['compute_capability']}" if g["compute_capability"] else ""
-        t.add_row(f"GPU {g['index']}", f"{g['name']}{cc}{memory}")
-    t.add_row("found through", gpu.get("source", "none"))
+        t.add_row(f"GPU {g['index']}", plain(f"{g['name']}{cc}{memory}"))
+    t.add_row("found through", plain(gpu.get("source", "none")))
     if gpu.get("driver"):
-        t.add_row("driver", f"{gpu['driver']} (CUDA up to {gpu.get('cuda_driver') or '?'})")
+        t.add_row("driver", plain(f"{gpu['driver']} (CUDA up to {gpu.get('cuda_driver') or '?'})"))
     for lib, version in gpu.get("built_for_cuda", {}).items():
-        t.add_row(f"{lib} built for CUDA", version)
+        t.add_row(f"{plain(lib)} built for CUDA", plain(version))
     if gpu.get("torch_architectures"):
-        t.add_row("torch architectures", " ".join(gpu["torch_architectures"]))
-    t.add_row("CUDA_VISIBLE_DEVICES", str(gpu.get("CUDA_VISIBLE_DEVICES")))
-    t.add_row("CUDA in this process", gpu.get("cuda_in_this_process", "?"))
+        t.add_row("torch architectures", plain(" ".join(gpu["torch_architectures"])))
+    t.add_row("CUDA_VISIBLE_DEVICES", plain(gpu.get("CUDA_VISIBLE_DEVICES")))
+    t.add_row("CUDA in this process", plain(gpu.get("cuda_in_this_process", "?")))
     console.print(t)
 
 
 def repeat(ctx: typer.Context,
-           n: int = typer.Option(30, "-n", min=1, metavar="N", help="How many runs."),
-           jobs: int = typer.Option(1, "--jobs", "-j", min=1, metavar="N", help="Runs at once."),
+           n: int = typer.Option(30, "-n", metavar="N", callback=at_least(1), help="How many runs (1 or more)."),
+           jobs: int = typer.Option(1, "--jobs", "-j", metavar="N", callback=at_least(1),
+                                    help="Runs at once (1 or more)."),
            stop_on_failure: bool = typer.Option(False, "--stop-on-failure", help="Stop at the first failing run."),
            timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS",
                                                 help="Seconds before a run counts as hung "
@@ -185,27 +188,28 @@ def repeat(ctx: typer.Context,
     def line(r: RunOutcome, total: int) -> None:
         mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
         extra = (f"  in {r.crashed_in}" if r.crashed_in else "") + (f"  log: {r.log}" if r.log else "")
-        console.print(f"run {r.index:0{width}d}/{total} {mark} {r.outcome:<28} {r.seconds:6.2f} s{extra}",
-                      highlight=False, soft_wrap=True)
+        console.print(f"run {r.index:0{width}d}/{total} {mark} {plain(f'{r.outcome:<28}')} {r.seconds:6.2f} s"
+                      + plain(extra), highlight=False, soft_wrap=True)
 
     report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
                         on_run=line, native=native)
     first = next((r for r in report.runs if not r.ok and (r.native_stack or r.python_stack)), None)
     if first is not None:
         console.print(f"run {first.index} ({first.outcome})" + (f" died in {first.crashed_in}" if first.crashed_in
-                                                                else "") + ":", highlight=False, soft_wrap=True)
+                                                                else "") + ":", highlight=False, soft_wrap=True,
+                      markup=False)
         if first.native_stack:
             console.print(f"native stack:\n{first.native_stack}", highlight=False, soft_wrap=True, markup=False)
         if first.python_stack:
             console.print(first.python_stack, highlight=False, soft_wrap=True, markup=False)
     elif report.failures and report.native:
-        console.print(f"({report.native})", highlight=False)
-    console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True)
+        console.print(f"({report.native})", highlight=False, markup=False)
+    console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True, markup=False)
     t = Table()
     t.add_column("outcome", overflow="fold")
     t.add_column("runs", justify="right", overflow="fold")
     for outcome, count in sorted(report.counts.items(), key=lambda kv: -kv[1]):
-        t.add_row(outcome, str(count))
+        t.add_row(plain(outcome), str(count))
     console.print(t)
     lo, hi = report.interval
     console.print(f"failure rate {report.failures}/{len(report.runs)} = {report.rate:.1%} (95% CI {_ci(lo, hi)})")
@@ -243,17 +247,17 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
     else:
         where = (f"the {len(dirs)} directories of sys.path" if not (paths or package) else f"{len(dirs)} directories")
         console.print(f"{len(plan.order)} libraries indexed under {where} of {sys.executable} (Python "
-                      f"{sys.version.split()[0]})", highlight=False, soft_wrap=True)
+                      f"{sys.version.split()[0]})", highlight=False, soft_wrap=True, markup=False)
         for m in plan.missing:
-            console.print(f"[red]missing[/] {m}", highlight=False)
+            console.print(f"[red]missing[/] {plain(m)}", highlight=False)
         for m in plan.needs_preload:
-            console.print(f"[yellow]needs preload[/] {m.library.path} needs {m.needed}, which only {m.elsewhere} "
-                          "has: load it first (hardy libs --order)", highlight=False)
+            console.print("[yellow]needs preload[/] " + plain(f"{m.library.path} needs {m.needed}, which only "
+                          f"{m.elsewhere} has: load it first (hardy libs --order)"), highlight=False)
         for c in plan.cycles:
-            console.print(f"[yellow]cycle[/] {' -> '.join(c)}", highlight=False)
+            console.print(f"[yellow]cycle[/] {plain(' -> '.join(c))}", highlight=False)
         if order:
             for i, lib in enumerate(plan.order, 1):
-                console.print(f"{i:4d}  {lib.soname:<40} {lib.path}", highlight=False)
+                console.print(f"{i:4d}  {lib.soname:<40} {lib.path}", highlight=False, markup=False)
     if preload:
         loaded = do_preload(paths=dirs)
         console.print(f"preloaded {len(loaded)} libraries")
@@ -274,9 +278,9 @@ def wheel_patch(wheel: str = typer.Option(..., "--wheel", metavar="FILE", help="
     try:
         out = patch_wheel(wheel, patch_dir, suffix, dest_dir)
     except WheelError as exc:
-        console.print(f"[red]error[/] {exc}", highlight=False)
+        console.print(f"[red]error[/] {plain(exc)}", highlight=False)
         raise typer.Exit(2) from None
-    console.print(f"wrote {out}", highlight=False)
+    console.print(f"wrote {out}", highlight=False, markup=False)
 
 
 @wheel_app.command("verify", cls=PlainUsage)
@@ -287,7 +291,7 @@ def wheel_verify(wheel: str = typer.Argument(..., metavar="WHEEL", help="The whe
         raise typer.BadParameter(f"{wheel}: no such file", param_hint="WHEEL")
     result = verify_wheel(wheel)
     for p in result.problems:
-        console.print(f"[red]bad[/] {p}", highlight=False)
+        console.print(f"[red]bad[/] {plain(p)}", highlight=False)
     console.print(f"checked {result.checked} files, {len(result.problems)} problems")
     raise typer.Exit(1 if result.problems else 0)
 
@@ -300,6 +304,7 @@ def wheel_index(folder: str = typer.Argument(..., metavar="FOLDER", help="A fold
     try:
         simple = build_index(folder)
     except WheelError as exc:
-        console.print(f"[red]error[/] {exc}", highlight=False)
+        console.print(f"[red]error[/] {plain(exc)}", highlight=False)
         raise typer.Exit(2) from None
-    console.print(f"wrote {simple}; install with: pip install --index-url {simple.as_uri()} NAME", highlight=False)
+    console.print(f"wrote {simple}; install with: pip install --index-url {simple.as_uri()} NAME", highlight=False,
+                  markup=False)

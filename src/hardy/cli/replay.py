@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..doctor.repeat import wilson
+from .usage import at_least
 
 if TYPE_CHECKING:
     from ..errors import NodeError
@@ -327,6 +328,17 @@ def _streamed(report: str, item: int) -> None:
         f"for `hardy replay`")
 
 
+def _a_run_report(report: str) -> None:
+    """Raises `ReplayError` when `report` is not a run report hardy can read (not JSON, not hardy's,
+    a FIFO): said as `hardy report` says it, not as "no kept inputs" beside a file that never had any."""
+    from ..errors import ReplayError
+    from ..observe.report import RunReport
+    try:
+        RunReport.load(report)
+    except (OSError, ValueError) as exc:
+        raise ReplayError(str(exc)) from None
+
+
 def _missing(why: str) -> int:
     typer.echo(f"hardy replay: {why}", err=True)
     return 2
@@ -334,8 +346,9 @@ def _missing(why: str) -> int:
 
 def replay_command(report: str = typer.Argument(..., metavar="REPORT",
                                                 help="A run report's JSON (Engine(report_dir=...) writes them)."),
-           item: int = typer.Option(..., "--item", min=0, metavar="N", help="The failed item to run again."),
-           repeat: int = typer.Option(1, "--repeat", "-n", min=1, metavar="N",
+           item: int = typer.Option(..., "--item", metavar="N", callback=at_least(0),
+                                     help="The failed item to run again (0 for the first)."),
+           repeat: int = typer.Option(1, "--repeat", "-n", metavar="N", callback=at_least(1),
                                       help="Runs, each in a fresh worker: with more "
                                       "than one, the failure rate and its 95% confidence interval."),
            gdb: bool = typer.Option(False, "--gdb", help="Run it once under gdb: the native backtrace where it "
@@ -344,7 +357,7 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
                                        "its time went, Python and native frames (hardy[forensics])."),
            pdb: bool = typer.Option(False, "--pdb", help="Run it once in this process and open pdb where it fails, "
                                     "with live locals (not for an item that crashed its worker: use --gdb)."),
-           timeout: float = typer.Option(0, "--timeout", min=0, metavar="SECONDS",
+           timeout: float = typer.Option(0, "--timeout", metavar="SECONDS", callback=at_least(0),
                                          help="With --gdb or --py-spy: stop it after this many seconds (besides "
                                          "its nodes' own timeouts); 0: no limit.")) -> None:
     """Run a failed item again from its kept inputs; print the outcome, its stacks and the diagnosis.
@@ -356,6 +369,7 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     from ..errors import ReplayError
     try:
         a_report(report)
+        _a_run_report(report)
         _streamed(report, item)
     except ReplayError as exc:
         typer.echo(f"hardy replay: {exc}", err=True)

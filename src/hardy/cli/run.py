@@ -33,6 +33,7 @@ import typer
 from ..errors import Failed
 from ..wording import a_kind, did_you_mean
 from .outputs import Writer, closing_ends_the_run, failed_line, saved, written
+from .usage import at_least
 
 USAGE = 2
 EXECUTORS = ("sequential", "threaded", "async", "process")  # what --executor names (the others are objects)
@@ -184,7 +185,8 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
                                            help="Inputs that hold one value per item."),
         executor: str | None = typer.Option(None, metavar="EXECUTOR", help="sequential | threaded | async | process "
                                                 "(default: the pipeline's own engine's)"),
-        workers: int | None = typer.Option(None, min=1, metavar="N", help="Worker threads or processes."),
+        workers: int | None = typer.Option(None, metavar="N", callback=at_least(1),
+                                            help="Worker threads or processes (1 or more)."),
         cache: str | None = typer.Option(None, metavar="FOLDER", help="A DiskCache directory."),
         report: str | None = typer.Option(None, metavar="FILE", help="Write the run report: FILE.html or FILE.json."),
         output: str | None = typer.Option(None, metavar="FILE", help="Write the JSONL results here instead of stdout."),
@@ -439,13 +441,12 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
                                       help="A report's JSON (Engine(report_dir=...) writes them)."),
            html: str | None = typer.Option(None, "--html", metavar="FILE",
                                            help="Also write it as a self-contained page."),
-           item: int | None = typer.Option(None, "--item", min=0, metavar="N",
+           item: int | None = typer.Option(None, "--item", metavar="N", callback=at_least(0),
                                            help="Print the failure of item N: its error, Python and native stacks.")
            ) -> None:
     """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
-    from rich.console import Console
-
     from ..observe.report import RunReport
+    from .consoles import console
     if html:
         report_path(html, (".html",))
     try:
@@ -459,7 +460,7 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
     if item is not None:
         typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
     else:
-        Console(width=120).print(loaded)
+        console().print(loaded)
         if loaded.data.get("failures"):
             typer.echo(f"each failure's stacks: hardy report {path} --item N")
     if html:
