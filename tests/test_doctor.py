@@ -280,3 +280,13 @@ def test_help_explains_every_command():
     for cmd in (["doctor"], ["repeat"], ["libs"], ["wheel", "patch"], ["wheel", "verify"], ["cache", "prune"]):
         out = hardy_cli(*cmd, "--help")
         assert out.returncode == 0 and "Usage" in out.stdout, cmd
+
+
+def test_the_import_matrix_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """`hardy doctor --matrix json` run from a shared folder: its interpreters (`python -c`) looked
+    in the working directory first, so a `json.py` left there was what they imported, and ran."""
+    (tmp_path / "json.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    (cell,) = import_matrix(["json"], repeat=1)
+    assert cell.failures == 0
+    assert not (tmp_path / "planted-ran").exists()

@@ -177,3 +177,38 @@ def test_kept_inputs_and_the_state_folder_refuse_another_users_links(area, monke
     with pytest.raises(UntrustedCacheError, match="cache key folder"):
         kept.default_folder(create=True)
     assert list(mine.iterdir()) == []
+
+
+def test_replay_refuses_a_sparse_or_deeply_nested_report_before_reading_it(tmp_path):
+    """Another user's file in a team's report folder: `hardy replay` read it whole and parsed it
+    (a 2 GiB sparse file took 4 GB of memory; 200,000 brackets ended in a RecursionError's
+    traceback). It is checked as `hardy report` checks it, and read once."""
+    sparse = tmp_path / "big.json"
+    with open(sparse, "wb") as f:
+        f.truncate(300 << 20)  # (past the 256 MiB a report may hold, and nothing on disk)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    for path, why in ((sparse, "a sparse file"), (deep, "is not a hardy run report")):
+        out = hardy_cli("replay", str(path), "--item", "0")
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert why in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
+def test_replay_under_gdb_imports_no_hardy_from_the_working_directory(tmp_path):
+    """`hardy replay --gdb` (and `--py-spy`) ran the item with `python -m hardy.replay_item`,
+    which searches the working directory first: a `hardy/` another user left in a team's report
+    folder, where the user replays from, ran as them before any signature was checked."""
+    reports = tmp_path / "reports"
+    with Engine(map_executor="process", workers=1, report_dir=reports) as engine:
+        Pipeline([flaky], engine=engine).map(inputs={"x": [0, 1]}, map_over="x", on_error="continue")
+    (report,) = reports.glob("*.json")
+    planted = reports / "hardy"
+    planted.mkdir()
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / MARKER)!r}, 'w').close()\n")
+    command = shutil.which("hardy", path=os.path.dirname(sys.executable)) or "hardy"  # (as installed: its own folder first)
+    out = subprocess.run([command, "replay", report.name, "--item", "1", "--gdb"],
+                         cwd=reports, capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
+    assert "one is not allowed" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert not (tmp_path / MARKER).exists()

@@ -140,8 +140,14 @@ PY_SPY_GRACE = 10.0  # seconds py-spy may take to attach, and to write its profi
 HELD_LIMIT = 3  # checks, a second apart, that find the item's process stopped by py-spy before py-spy is killed
 
 
+# `python -m` would put the working directory first on sys.path, and import `hardy` from a folder
+# another user could write (a team's report folder): the module runs from this hardy, "" dropped.
+_ITEM = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
+         "runpy.run_module('hardy.replay_item', run_name='__main__', alter_sys=True)")
+
+
 def _item_command(report: str, item: int, timeout: float) -> list[str]:
-    return [sys.executable, "-m", "hardy.replay_item", os.path.abspath(report), str(item), f"{timeout:g}"]
+    return [sys.executable, "-c", _ITEM, os.path.abspath(report), str(item), f"{timeout:g}"]
 
 
 def under_gdb(report: str, item: int, timeout: float) -> int:
@@ -300,22 +306,15 @@ def _hot_stacks(profile: Path, kept: Path, top: int = 5, depth: int = 6) -> str:
     return "\n".join(lines)
 
 
-def _streamed(report: str, item: int) -> None:
-    """Raises `ReplayError` when `report` is an `imap`'s or a `run`'s (what `hardy run` makes) and
-    has no kept inputs for `item`: those calls keep none (their items stream, and are not held), so
-    the generic "inputs are kept for maps run with Engine(report_dir=...)" would tell a user who
-    set HARDY_REPORT_DIR to do what they did. Says where that item's inputs are instead."""
-    import json
-
+def _streamed(report: str, item: int, kind: Any) -> None:
+    """Raises `ReplayError` when `report` is an `imap`'s or a `run`'s (`kind`: what `hardy run`
+    makes) and has no kept inputs for `item`: those calls keep none (their items stream, and are
+    not held), so the generic "inputs are kept for maps run with Engine(report_dir=...)" would tell
+    a user who set HARDY_REPORT_DIR to do what they did. Says where that item's inputs are instead."""
     from ..crash.kept import folder_of
     from ..errors import ReplayError
     if (folder_of(report) / f"item-{item}.pkl").exists():
         return
-    try:
-        with open(report, encoding="utf-8") as f:
-            kind = json.load(f).get("kind")
-    except (OSError, ValueError, AttributeError):
-        return  # not a report hardy can read: `replay` says why
     if kind not in ("imap", "run"):
         return
     line = f"line {item + 1} of its --inputs file (or value {item} of a list given with --set)"
@@ -328,13 +327,15 @@ def _streamed(report: str, item: int) -> None:
         f"for `hardy replay`")
 
 
-def _a_run_report(report: str) -> None:
-    """Raises `ReplayError` when `report` is not a run report hardy can read (not JSON, not hardy's,
-    a FIFO): said as `hardy report` says it, not as "no kept inputs" beside a file that never had any."""
+def _a_run_report(report: str) -> Any:
+    """The report's `kind` (`map`, `imap`, `run`); raises `ReplayError` when `report` is not a run
+    report hardy can read (not JSON, not hardy's, a FIFO, a sparse or oversized file another user
+    left): said as `hardy report` says it, not as "no kept inputs" beside a file that never had any.
+    Read once, with `RunReport.load`'s checks: nothing reads it again unchecked."""
     from ..errors import ReplayError
     from ..observe.report import RunReport
     try:
-        RunReport.load(report)
+        return RunReport.load(report).data.get("kind")
     except (OSError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
 
@@ -369,8 +370,7 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     from ..errors import ReplayError
     try:
         a_report(report)
-        _a_run_report(report)
-        _streamed(report, item)
+        _streamed(report, item, _a_run_report(report))
     except ReplayError as exc:
         typer.echo(f"hardy replay: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -256,9 +256,11 @@ def _torch_architectures(torch: Any) -> list[str]:
         flags = getattr(torch._C, "_cuda_getArchFlags", lambda: None)()
     else:
         import subprocess
+
+        from .imports import python_command
         code = "import torch, sys; sys.stdout.write(getattr(torch._C, '_cuda_getArchFlags', lambda: '')() or '')"
         try:
-            flags = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+            flags = subprocess.run(python_command(code), capture_output=True, text=True, timeout=120).stdout
         except (OSError, subprocess.SubprocessError):
             flags = ""
     return (flags or "").split()

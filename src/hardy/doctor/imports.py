@@ -41,6 +41,13 @@ class Cell:
         return "; ".join(f"import {m}" for m in self.modules)
 
 
+def python_command(code: str) -> list[str]:
+    """`python -c code` without the working directory on sys.path, which `-c` puts first: `hardy
+    doctor` (an installed command) does not look there, and a `torch.py` another user left in a
+    shared working directory would be what the doctor examined, and ran (PYTHONPATH still counts)."""
+    return [sys.executable, "-c", f"import sys; sys.path[:] = [p for p in sys.path if p]\n{code}"]
+
+
 def _script(modules: Sequence[str], then: str | None) -> str:
     lines = ["import sys", "sys.stdout.write('HARDY-STAGE 0\\n'); sys.stdout.flush()"]
     lines += [f"import {m}" for m in modules]
@@ -64,8 +71,7 @@ def import_matrix(modules: Sequence[str], then: str | None = None, repeat: int =
 
         def one(_: int, script: str = script) -> tuple[str, str]:
             try:
-                proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                      timeout=timeout)
+                proc = subprocess.run(python_command(script), capture_output=True, text=True, timeout=timeout)
                 outcome, _sig = classify(proc.returncode, False)
                 out = proc.stdout
             except subprocess.TimeoutExpired as exc:
