@@ -413,7 +413,7 @@ class Pipeline:
                 watch.around(self.name, dict(values), lambda: self._engine.run_items(plan, items, results),
                              self._node_ids, n)
             except KeyboardInterrupt as exc:  # Ctrl-C: the workers were stopped; what finished is kept
-                raise interrupted(results.values, dict(results.failures), self._engine.report_dir) from exc
+                raise interrupted(results.values, dict(results.failures), self._engine.report_dir, exc)  # noqa: B904
             finally:
                 self._settle(plan, True)
                 if plan.cache is not None and self._reports:
