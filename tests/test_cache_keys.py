@@ -554,8 +554,10 @@ def _pinned_library_values() -> dict:
         "np_dtype": (np.dtype("float32"), "e57302b8851e2e37f0b98cbb12efcf82"),
         "np_object": (np.array([1, "a"], dtype=object), "e0c4ba8736d236dabe4e432f1eeb0393"),
         # re-pinned when labels, object values and attrs became typed (the old keys let a column `1`
-        # be served for a column `"1"`): a cache's pandas entries were recomputed once
-        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "f22f3cb3fa26cf688cf9f111aaf08da0"),
+        # be served for a column `"1"`): a cache's pandas entries were recomputed once; and when
+        # extension columns (pandas 3's `str` labels and values among them) were keyed by their data,
+        # not pandas' 64-bit row hashes (which equate -0.0 and 0.0): recomputed once again
+        "pandas_df": (pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "902cebc78c13c08fd5f52315a629a82e"),
         "pandas_series": (pd.Series([1.0, 2.0], name="s"), "2d91c1c20ff7243af03664d6a252c9f6"),
     }
 
@@ -714,3 +716,129 @@ def test_a_datetime_with_a_users_tzinfo_is_keyed_by_the_tzinfo_not_its_repr(tmp_
     keys = {subprocess.run([sys.executable, "-c", USER_TZ, str(tmp_path)], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)}
     assert len(keys) == 1, keys
+
+
+LOCAL_ZONE = """
+import datetime
+from dateutil import tz
+from hardy.hashing import hash_value
+print(hash_value(datetime.datetime(2020, 1, 1, 12, tzinfo=tz.tzlocal())).hex())
+"""
+
+
+def test_a_datetime_in_the_local_zone_is_keyed_by_what_the_zone_computes(tmp_path):
+    """dateutil's `tzlocal()` reprs alike in every zone: a datetime in it was keyed alike under
+    TZ=UTC and TZ=Asia/Tokyo, and one machine served the other its `timestamp()`. Its offset,
+    DST and name at the datetime now join the key; the same zone keeps one key."""
+    pytest.importorskip("dateutil")
+    keys = [subprocess.run([sys.executable, "-c", LOCAL_ZONE], capture_output=True, text=True, check=True,
+                           env={**os.environ, "TZ": zone}).stdout for zone in ("UTC", "Asia/Tokyo", "UTC")]
+    assert keys[0] == keys[2] != keys[1]
+
+
+def zone_file(name: str) -> str:
+    """The path of a compiled zone `name` on this machine (the system's database or tzdata's)."""
+    import zoneinfo
+    for root in zoneinfo.TZPATH:
+        if os.path.isfile(os.path.join(root, name)):
+            return os.path.join(root, name)
+    tzdata = pytest.importorskip("tzdata")
+    return os.path.join(os.path.dirname(tzdata.__file__), "zoneinfo", name)
+
+
+def test_a_zone_read_from_a_file_is_keyed_by_what_it_computes_or_refused(tmp_path):
+    """A zone made from a file reprs a key or a path whatever the file held: dateutil's
+    `tzfile(path)` after the file changed, and `ZoneInfo.from_file(f, key=...)`, shared the key of
+    the zone they claimed. A datetime in them is keyed by what they compute; a bare ZoneInfo by its
+    key, and one made from a file (no key names its rules) refused, saying so."""
+    import datetime
+    import shutil
+    import zoneinfo
+    dateutil_tz = pytest.importorskip("dateutil.tz")
+    at = datetime.datetime(2020, 1, 1, 12)
+    path = tmp_path / "zone"
+    shutil.copy(zone_file("Europe/Paris"), path)
+    paris = hash_value(at.replace(tzinfo=dateutil_tz.tzfile(str(path))))
+    shutil.copy(zone_file("Asia/Tokyo"), path)
+    assert hash_value(at.replace(tzinfo=dateutil_tz.tzfile(str(path)))) != paris
+    with open(zone_file("Asia/Tokyo"), "rb") as f:
+        posing = zoneinfo.ZoneInfo.from_file(f, key="Europe/Paris")
+    assert repr(posing) == repr(zoneinfo.ZoneInfo("Europe/Paris"))
+    assert hash_value(at.replace(tzinfo=posing)) != hash_value(at.replace(tzinfo=zoneinfo.ZoneInfo("Europe/Paris")))
+    assert hash_value(zoneinfo.ZoneInfo("Europe/Paris")) == hash_value(zoneinfo.ZoneInfo.no_cache("Europe/Paris"))
+    with pytest.raises(UnhashableError, match=r"from_file.*ZoneInfo\(key\)"):
+        hash_value(posing)
+
+
+def test_pandas_values_once_refused_or_failing_are_keyed_and_served(tmp_path):
+    """An Arrow list column failed with a raw `TypeError: unhashable type` from pandas' row hashes;
+    pandas' scalars, an object column holding `pd.NA` and a ZoneInfo were refused. Each now runs
+    once through a cached node and is served the second time."""
+    import zoneinfo
+
+    import pandas as pd
+    pa = pytest.importorskip("pyarrow")
+    values = [pd.Series([[1, 2]], dtype=pd.ArrowDtype(pa.list_(pa.int64()))),
+              pd.Series([1, pd.NA], dtype="Int64").astype(object), pd.Timestamp("2020-01-01", tz="Europe/Paris"),
+              pd.Timestamp("2020-01-01"), pd.Timedelta(1, "ns"), pd.NaT, pd.NA, pd.Period("2020-01", freq="M"),
+              pd.Interval(pd.Timestamp("2020"), pd.Timestamp("2021")), pd.CategoricalDtype(["a", "b"]),
+              zoneinfo.ZoneInfo("Asia/Tokyo")]
+    calls = tmp_path / "calls"  # (a path: a list the node appends to would be in its key, and change it)
+
+    @node(output_name="y")
+    def kind(v):
+        with open(calls, "a") as f:
+            f.write("x")
+        return type(v).__name__
+
+    def run() -> list[str]:
+        p = Pipeline(nodes=[kind], cache=DiskCache(tmp_path / "c"), engine=Engine(map_executor="sequential"))
+        return [p.run(inputs={"v": v})["y"] for v in values]
+    assert run() == run() and len(calls.read_text()) == len(values)
+
+
+TENSORS = """
+import json, sys, warnings
+import torch
+from hardy import DiskCache, Engine, Pipeline, node
+from hardy.errors import UnhashableError
+from hardy.hashing import hash_value
+warnings.simplefilter("ignore")
+CALLS = sys.argv[1] + ".calls"
+
+@node(output_name="y")
+def total(t):
+    with open(CALLS, "a") as f:
+        f.write("x")
+    return float(t.to_dense().sum()) if t.layout != torch.strided else float(t.sum())
+
+values = [torch.tensor([1 + 2j]).conj().imag, torch.zeros(1, 3)[:, 0], torch.tensor([1 + 2j]).real,
+          torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,)), torch.eye(2).to_sparse_csr(), torch.eye(2).to_sparse_csc(),
+          torch.eye(2).to_sparse_bsr((1, 1))]
+out = {}
+for label in ("cold", "warm"):
+    p = Pipeline(nodes=[total], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential"))
+    out[label] = [p.run(inputs={"t": t})["y"] for t in values]
+out["ran"] = len(open(CALLS).read())
+try:
+    hash_value(torch.ones(2).to_mkldnn())
+except UnhashableError as exc:
+    out["mkldnn"] = str(exc)
+except RuntimeError:  # (a build of torch without mkldnn)
+    out["mkldnn"] = "no mkldnn"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # torch in a subprocess
+def test_tensors_whose_hashing_raised_are_keyed_and_served(tmp_path):
+    """A one-element tensor at another stride (`.contiguous()` returns it as it is, and its byte
+    view raised) and sparse COO and CSR tensors raised a RuntimeError from hashing, reported as the
+    node's failure. Each now runs once and is served the second time; a layout hardy cannot read
+    is refused, naming it."""
+    needs_torch()
+    out = json.loads(subprocess.run([sys.executable, "-c", TENSORS, str(tmp_path / "c")], check=True,
+                                    capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    assert out["cold"] == out["warm"] == [-2.0, 0.0, 1.0, 3.0, 2.0, 2.0, 2.0]
+    assert out["ran"] == 7
+    assert "mkldnn" in out["mkldnn"]

@@ -135,6 +135,8 @@ FOREIGN_PRIVATE = {
     "_buffers": "torch.nn.Module: as _parameters",
     "_modules": "torch.nn.Module: as _parameters",
     "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
+    "_indices": "torch: a sparse COO tensor's indices as stored (indices() refuses an uncoalesced one), for its key",
+    "_values": "torch: as _indices, its values as stored (duplicates apart, summed in that order)",
     "_dispatcher": "numba: a ufunc's dispatcher, for its cache key",
     "_frozen": "numba: whether a ufunc's loops are fixed, for its cache key",
     "_can_compile": "numba: whether a dispatcher compiles new signatures (else its explicit ones key it)",

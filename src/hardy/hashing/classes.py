@@ -128,13 +128,27 @@ def by_repr(t: type) -> bool:
 
 def repr_parts(v: Any, base: type) -> tuple[Any, ...]:
     """What keys a value of a repr-keyed type (`by_repr`): `base`'s repr of it; for a datetime or
-    time whose tzinfo is a user's class, its repr without it, then the tzinfo itself (its code and
-    attributes: its own repr may hide its state, and the default one shows an address, another in
-    every process)."""
+    time whose tzinfo is not the standard library's (`datetime.timezone`, whose repr holds its
+    offset and name), its repr without it, then the tzinfo as `tz_key` keys it."""
     tz = getattr(v, "tzinfo", None)
-    if tz is not None and is_user_module(type(tz).__module__):
-        return base.__repr__(v.replace(tzinfo=None)), tz  # type: ignore[call-arg]  # (the base's own, given `v`)
-    return (base.__repr__(v),)  # type: ignore[call-arg]
+    if tz is None or type(tz).__module__ == "datetime":
+        return (base.__repr__(v),)  # type: ignore[call-arg]  # (the base's own, given `v`)
+    return base.__repr__(v.replace(tzinfo=None)), *tz_key(v)  # type: ignore[call-arg]
+
+
+def tz_key(at: Any) -> tuple[Any, ...]:
+    """What keys the tzinfo of a datetime, time or pandas Timestamp `at`. The standard library's,
+    or a user's class: itself (a user's by its code and attributes: its own repr may hide its
+    state, and the default one shows an address, another in every process). A library's: its
+    class, its repr and what it computes at `at` (`utcoffset`, `dst`, `tzname`: what `at`'s
+    arithmetic, `timestamp()` and `astimezone` read), not its repr alone: dateutil's `tzlocal()`
+    reprs alike in every zone, and a ZoneInfo made from a file (or dateutil's `gettz(path)`)
+    shows a key or a path whatever the file held. Rules it would apply at other instants
+    (`at + timedelta(days=180)` in a zone of the same offset now) are not keyed."""
+    tz = at.tzinfo
+    if type(tz).__module__ == "datetime" or is_user_module(type(tz).__module__):
+        return (tz,)
+    return f"{type(tz).__module__}.{type(tz).__qualname__}", repr(tz), at.utcoffset(), at.dst(), at.tzname()
 
 
 def keyed_by_method(t: type) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnhashableError
-from .classes import class_code
+from .classes import class_code, tz_key
 from .distributions import module_identity
 from .origin import is_user_module
 from .values import (
@@ -36,9 +36,11 @@ from .values import (
 
 
 def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """dtype, shape, memory order and bytes. A subclass adds its class (np.matrix multiplies as
-    matrices, a recarray reads fields as attributes), a masked array its mask, fill value and
-    whether the mask is hard (an assignment to a masked element is then ignored)."""
+    """dtype (its `metadata` too, which code reads), shape, memory order and bytes. A subclass adds
+    its class (np.matrix multiplies as matrices, a recarray reads fields as attributes), a masked
+    array its mask, fill value and whether the mask is hard (an assignment to a masked element is
+    then ignored). The shape is the array's own: `np.array(5)` is not `np.array([5])` (`.ndim`,
+    iteration and `len` tell them apart); a numpy scalar keeps the one-element shape it was keyed by."""
     import numpy as np
     if type(v) is not np.ndarray and not isinstance(v, np.generic):
         out(b"NS" + type_name(type(v)))
@@ -50,12 +52,16 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
             if v.hardmask:  # (said only when hard: a soft mask's keys stay those of earlier versions)
                 out(b"H")
         v = v.view(np.ndarray)
+    if v.dtype.metadata is not None:  # (said only when set: other arrays keep their keys)
+        out(b"md")
+        encode_into(dict(v.dtype.metadata), out, active)
     if v.dtype.hasobject:
         out(b"NO" + str(v.shape).encode())
         encode_into(v.tolist(), out, active)
         return
     arr = np.ascontiguousarray(v)
-    out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode() + str(arr.shape).encode()
+    out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode()
+        + str(arr.shape if isinstance(v, np.generic) else v.shape).encode()
         + (b"s" if isinstance(v, np.generic) else b"a"))
     if not (isinstance(v, np.generic) or v.flags.c_contiguous):  # strides code can read (ravel("K"), .flags)
         out(b"F" if v.flags.f_contiguous else b"K")
@@ -124,9 +130,60 @@ def _encode_pandas_values(v: Any, out: Callable[[bytes], Any], active: set[int])
         for level, codes in zip(v.levels, v.codes, strict=True):
             _encode_pandas(level, out, active)
             _encode_numpy(np.asarray(codes), out, active)
-    else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow): pandas' own row hashes
-        rows = pd.util.hash_pandas_object(v, index=False).to_numpy()
-        out(memoryview(rows).cast("B") if rows.size else b"")  # type: ignore[arg-type]  # as for arrays
+    else:  # extension dtypes (nullable ints, strings, tz-aware times, Arrow)
+        _encode_extension_values(v.array, out, active)
+
+
+def _encode_extension_values(arr: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """An extension array's values by what they hold, not by pandas' row hashes (a 64-bit SipHash
+    with a public key, which equates -0.0 and 0.0 and can be made to collide): a masked array
+    (`Int64`, `Float64`, `boolean`) by its mask and its values with masked slots zeroed; an
+    Arrow-backed one (`pd.ArrowDtype`, `str`, `string[pyarrow]`) by its Arrow IPC form; dates,
+    durations and periods by their integers, and a tz-aware column also by its wall times (what
+    its zone computes for each); intervals by their bounds, a sparse array by its stored values and
+    where they sit; any other by `np.asarray`, element by element as object columns are."""
+    import numpy as np
+    import pandas as pd
+    kinds = pd.arrays
+    out(type_name(type(arr)))
+    if isinstance(arr, (kinds.IntegerArray, kinds.FloatingArray, kinds.BooleanArray)):
+        zero = arr.dtype.numpy_dtype.type(0)
+        _encode_numpy(np.asarray(arr.isna()), out, active)
+        _encode_numpy(arr.to_numpy(dtype=arr.dtype.numpy_dtype, na_value=zero), out, active)
+    elif isinstance(arr, kinds.ArrowExtensionArray):
+        _encode_arrow(arr.__arrow_array__(), out, active)
+    elif isinstance(arr, (kinds.DatetimeArray, kinds.TimedeltaArray, kinds.PeriodArray)):
+        _encode_numpy(arr.asi8, out, active)
+        if getattr(arr, "tz", None) is not None:
+            _encode_numpy(arr.tz_localize(None).asi8, out, active)
+    elif isinstance(arr, kinds.IntervalArray):
+        _encode_pandas(arr.left, out, active)
+        _encode_pandas(arr.right, out, active)
+    elif isinstance(arr, kinds.SparseArray):
+        out(arr.kind.encode())
+        encode_into(arr.fill_value, out, active)
+        _encode_numpy(arr.sp_values, out, active)
+        _encode_numpy(np.asarray(arr.sp_index.indices), out, active)
+    else:  # (a library's own: what it holds, typed; refused, naming the element, if that cannot be hashed)
+        _encode_numpy(np.asarray(arr, dtype=object), out, active)
+
+
+def _timestamp(ts: Any) -> tuple[Any, ...]:
+    """A pandas Timestamp: its instant in its own unit (`asm8`, with the nanoseconds a datetime's
+    repr drops), then its zone keyed as a datetime's is (`classes.tz_key`)."""
+    return (ts.asm8,) if ts.tzinfo is None else (ts.asm8, *tz_key(ts))
+
+
+def _zone_key(zone: Any) -> str:
+    """A ZoneInfo by its key, which names the rules it loads; one made from a file
+    (`ZoneInfo.from_file`, which refuses to be pickled for that reason) holds whatever the file
+    held, under any key or none: refused."""
+    try:
+        zone.__reduce__()
+    except Exception:
+        raise UnhashableError(f"{zone!r} was made from a file (ZoneInfo.from_file), whose rules its key does "
+                              "not name; pass ZoneInfo(key), or give the value a __cache_key__()") from None
+    return str(zone.key)
 
 
 def _encode_arrow(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -175,6 +232,9 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     In a change token (`TENSOR_VERSIONS`), past its budget: identity, version counter and
     `requires_grad` (switched on a submodule, `NET[0].requires_grad_(False)`, it bumps no version)."""
     import torch
+    if v.layout != torch.strided:
+        _encode_sparse_tensor(v, out, active)
+        return
     budget = TENSOR_VERSIONS.get()
     if budget is not None and (v.device.type != "cpu" or _spent(budget, v.numel() * v.element_size())):
         out(b"TV" + repr((id(v), v._version, v.data_ptr(), tuple(v.shape), str(v.dtype), str(v.device),
@@ -190,7 +250,39 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     if v.is_conj() or v.is_neg():  # a lazy conjugate or negation: its values made, and said
         out(b"C" if v.is_conj() else b"N")
         values = v.resolve_conj().resolve_neg()
-    _encode_numpy(values.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy(), out, active)
+    flat = values.detach().cpu().reshape(-1)
+    if flat.stride() != (1,):  # (one element at another stride: `.contiguous()` returns it as it is)
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    _encode_numpy(flat.view(dtype=torch.uint8).numpy(), out, active)
+    _tensor_state(v, out, active)
+
+
+def _encode_sparse_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A sparse tensor (COO, CSR, CSC, BSR, BSC): layout, dtype, shape, device, `requires_grad`, its
+    sparse and dense dimensions, then its parts by content in stored order (an uncoalesced COO
+    tensor, whether coalesced said too: `_values()` reads its entries as stored, duplicates apart,
+    and sums them in that order). Always by bytes, a change token too: its parts are new tensors
+    at each read, whose identity names nothing. Another layout (mkldnn, jagged) is refused."""
+    import torch
+    coo = v.layout == torch.sparse_coo
+    parts: tuple[Any, ...]
+    if coo:
+        parts = (v._indices(), v._values())
+    elif v.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (v.crow_indices(), v.col_indices(), v.values())
+    elif v.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (v.ccol_indices(), v.row_indices(), v.values())
+    else:
+        raise UnhashableError(f"a tensor of layout {v.layout} has no content hardy can read; pass "
+                              "t.to_dense(), or opt the node out with @node(cache=False)")
+    out(b"TS" + f"{v.layout}{v.dtype}{tuple(v.shape)}{v.device}{v.sparse_dim()},{v.dense_dim()}".encode()
+        + (b"grad" if v.requires_grad else b"") + (b"c" if coo and v.is_coalesced() else b""))
+    token = TENSOR_VERSIONS.set(None)
+    try:
+        for part in parts:
+            _encode_tensor(part.detach(), out, active)
+    finally:
+        TENSOR_VERSIONS.reset(token)
     _tensor_state(v, out, active)
 
 
@@ -323,12 +415,19 @@ def _encode_numba_ufunc(v: Any, out: Callable[[bytes], Any], active: set[int]) -
 LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
     "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy), (np.vectorize, _encode_vectorize),
                          (np.ufunc, encode_callable),
-                         (np.dtype, identified_by(lambda d: (d.str, str(d.descr)))),
+                         (np.dtype, identified_by(lambda d: (d.str, str(d.descr)) if d.metadata is None
+                                                  else (d.str, str(d.descr), dict(d.metadata)))),
                          # a random generator by its state: what it draws next
                          (np.random.Generator, identified_by(lambda g: g.bit_generator.state)),
                          (np.random.RandomState, identified_by(lambda r: r.get_state(legacy=False)))),
     "pandas": lambda pd: ((pd.DataFrame, _encode_pandas), (pd.Series, _encode_pandas), (pd.Index, _encode_pandas),
-                          (pd.api.extensions.ExtensionArray, _encode_pandas)),
+                          (pd.api.extensions.ExtensionArray, _encode_pandas),
+                          (pd.Timestamp, identified_by(_timestamp)), (pd.Timedelta, identified_by(lambda td: td.asm8)),
+                          (type(pd.NaT), identified_by(lambda _: None)), (type(pd.NA), identified_by(lambda _: None)),
+                          (pd.Period, identified_by(lambda p: (p.ordinal, p.freqstr))),
+                          (pd.Interval, identified_by(lambda i: (i.left, i.right, i.closed))),
+                          (pd.CategoricalDtype, identified_by(lambda d: (d.categories, d.ordered)))),
+    "zoneinfo": lambda zoneinfo: ((zoneinfo.ZoneInfo, identified_by(_zone_key)),),
     "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
                             (torch.jit.ScriptFunction, _encode_script_function),
                             (torch.jit.ScriptModule, _encode_script_module),

@@ -190,11 +190,12 @@ def _encode_int(v: int, out: Callable[[bytes], Any], active: set[int]) -> None:
 
 
 def _encode_float(v: float, out: Callable[[bytes], Any], active: set[int]) -> None:
-    if math.isnan(v):  # float("nan") as ever; another NaN (-nan: `copysign` reads its sign) by its bits
-        bits = _NAN.pack(v)
-        out(b"D" + (b"nan" if bits == _QUIET_NAN else bits.hex().encode()) + b";")
-        return
-    out(b"D" + float.hex(v).encode() + b";")
+    out(b"D" + _float_text(v) + b";")
+
+
+def _float_text(v: float) -> bytes:  # float("nan") as ever; another NaN (-nan: `copysign` reads its sign) by its bits
+    bits = struct.pack("<d", v) if math.isnan(v) else b""
+    return float.hex(v).encode() if not bits else b"nan" if bits == _QUIET_NAN else bits.hex().encode()
 
 
 def _encode_str(v: str, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -207,7 +208,7 @@ def _encode_bytes(v: bytes, out: Callable[[bytes], Any], active: set[int]) -> No
 
 
 def _encode_complex(v: complex, out: Callable[[bytes], Any], active: set[int]) -> None:
-    out(b"C" + float.hex(v.real).encode() + b"," + float.hex(v.imag).encode() + b";")
+    out(b"C" + _float_text(v.real) + b"," + _float_text(v.imag) + b";")
 
 
 def _encode_buffer(v: bytearray | memoryview, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -225,8 +226,7 @@ _AS_BASE: dict[type, Callable[[Any], Any]] = {
     bool: bool, int: int.__index__, float: float.__float__, str: str.__str__,
     bytes: lambda v: bytes(memoryview(v)), bytearray: lambda v: bytearray(memoryview(v)),
     complex: lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))}
-_NAN = struct.Struct("<d")  # a NaN's bits: its sign, which `math.copysign` reads
-_QUIET_NAN = _NAN.pack(float("nan"))
+_QUIET_NAN = struct.pack("<d", float("nan"))  # a NaN's bits: its sign, which `math.copysign` reads
 
 
 def _encode_scalar_subclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
