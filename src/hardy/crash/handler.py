@@ -8,18 +8,20 @@ worker's crash record, then hands the signal on. The parent turns them into name
 
 hardy is pure Python, so the handler reaches a machine in one of two ways, chosen at first use:
 - "native": `native_handler.c`, compiled once per user and source version with the system C
-  compiler (`$CC`, else `cc`/`gcc`; ~0.2 s) into hardy's cache folder, which must be the user's own
-  and writable by no one else (checked before it is loaded). Async-signal-safe: no malloc, a
+  compiler (`$CC`, else `cc`/`gcc`; ~0.2 s) into hardy's cache folder, `hardy/native/`: each level
+  is opened without following a link and must be the user's own and writable by no one else
+  (`native/` 0700), the file too, checked on its descriptor and loaded through it, never by path
+  again (docs/security.md); else the fallback, saying why. Async-signal-safe: no malloc, a
   warm-up `backtrace()` at install, an alternate stack; the first crashing thread writes, any other
   waits (threads of an OpenMP team fault together; SA_RESETHAND would let the second one end the
   process before the first has written: seen with torch's reductions).
-- "ctypes", when there is no compiler (or the build failed): the same steps written in Python and
-  installed through ctypes. It runs Python inside the signal handler, as hardy's last-words
-  callback already does: not async-signal-safe (a crash while the allocator's lock is held can
-  hang it; `signals.LAST_WORDS_LIMIT` then ends the process) and without an alternate stack, so a
-  stack overflow leaves no native frames. Shipping prebuilt binaries instead would mean one per
-  libc and CPU inside a pure-Python wheel; a compiler is on almost every machine that builds
-  native code, and the fallback covers the rest.
+- "ctypes", when there is no compiler (or the build failed, or the folder is not trusted): the
+  same steps written in Python and installed through ctypes. It runs Python inside the signal
+  handler, as hardy's last-words callback already does: not async-signal-safe (a crash while the
+  allocator's lock is held can hang it; `signals.LAST_WORDS_LIMIT` then ends the process) and
+  without an alternate stack, so a stack overflow leaves no native frames. Shipping prebuilt
+  binaries instead would mean one per libc and CPU inside a pure-Python wheel; a compiler is on
+  almost every machine that builds native code, and the fallback covers the rest.
 `HARDY_NATIVE_HANDLER=ctypes` forces the fallback, `=off` installs neither.
 
 A process a node forks inherits the handler. There it writes nothing: it puts back what the
@@ -32,16 +34,21 @@ lock at the fork.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 import signal
 import stat
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blake3 import blake3
 
+from ..errors import UntrustedCacheError
 from . import sigaction
+
+if TYPE_CHECKING:
+    from ..cache.folders import Folder
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
 SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
@@ -65,61 +72,125 @@ def compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def _trusted(path: str) -> bool:
-    """Owned by this user and writable by no one else: safe to load into a process."""
+class _Refused(Exception):
+    """Why the native handler is neither built nor loaded where it would be (a sentence for `mechanism`)."""
+
+
+def _native_folder(create: bool) -> Folder:
+    """`<cache_folder()>/native`, opened one level at a time without following a link (`open_named`,
+    `Folder.sub`): `hardy/` must be this user's and writable by nobody else, `native/` this user's
+    and private (0700). Everything later is reached through the returned descriptor, so nobody can
+    swap a level after it was checked (a rename of `native/` between a check by path and the
+    load ran another user's code in every worker). FileNotFoundError when a level is missing."""
+    from ..cache.folders import open_named
+    path = cache_folder()
+    fix = "make it yours and private (chmod 700) or set XDG_CACHE_HOME"
     try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        with open_named(os.path.dirname(path), private=False, create=create, mode=0o700) as base, \
+                base.sub(os.path.basename(path), create=create, private=True) as hardy:
+            folder = hardy.sub("native", create=create, private=True)
+    except UntrustedCacheError as exc:
+        raise _Refused(f"{exc}; the native crash handler is neither built nor loaded there") from None
+    except (PermissionError, NotADirectoryError) as exc:  # another user's, others may write it, a file
+        raise _Refused(f"{exc.filename}: {exc.strerror}: the native crash handler is neither built nor "
+                       f"loaded there (whoever can change it could run their code as you); {fix}") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise _Refused(f"{exc.filename} is a symbolic link: the native crash handler is neither built nor loaded "
+                       f"through it; {fix}") from None
+    if stat.S_IMODE(os.fstat(folder.fd).st_mode) != 0o700:  # ours, and nobody else writes it: make it private
+        os.fchmod(folder.fd, 0o700)
+    return folder
 
 
-def build(preload: bool = False) -> tuple[str | None, str]:
-    """(path of the compiled handler, "") or (None, why there is none). Built once per user and
-    source version; a build by a concurrent process is atomic (written aside, then renamed).
+def _open_checked(folder: Folder, name: str) -> int:
+    """A read-only descriptor of `name` in `folder`, checked on that descriptor: a regular file of this
+    user's that nobody else may write (a link there is not followed). FileNotFoundError if absent."""
+    path = os.path.join(folder.path, name)
+    refused = f"{path} or its folder is not this user's own (or others may write it): not loaded; remove it"
+    try:
+        fd = folder.open(name, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _Refused(f"{path} is a symbolic link: not followed, not loaded; remove it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise _Refused(refused)
+    return fd
+
+
+def _compile(folder: Folder, name: str, source: bytes, cc: str, preload: bool) -> int:
+    """Compile `source` into `name` in `folder`, all through the folder's descriptor: the compiler
+    runs inside it (its working directory is the descriptor's own folder, /proc/self/fd/N, entered
+    before exec) on scratch names, and the result is renamed into place within it. A concurrent
+    build by another process is harmless (each renames its own whole file). Returns its descriptor."""
+    import subprocess
+    cc = os.path.abspath(cc)  # (found on a relative PATH entry: it runs elsewhere)
+    scratch = f".{name}.{os.urandom(8).hex()}"
+    fd = folder.open(scratch + ".c", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:  # the source hashed, not the file (which may change)
+        f.write(source)
+    try:
+        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
+                               scratch + ".so", scratch + ".c"], cwd=f"/proc/self/fd/{folder.fd}",
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise _Refused(f"{cc} failed: {done.stderr.strip()[-300:]}")
+        fd = _open_checked(folder, scratch + ".so")
+        try:
+            os.fchmod(fd, 0o700)
+            os.replace(scratch + ".so", name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _Refused(f"{cc} failed: {exc}") from None
+    finally:
+        folder.unlink(scratch + ".c")
+        folder.unlink(scratch + ".so")
+
+
+def open_handler(preload: bool = False) -> tuple[int | None, str, str]:
+    """(descriptor, path, "") of the compiled handler, checked on that descriptor, or (None, path, why
+    there is none). Built once per user and source version (`_compile`) when absent. Load or copy it
+    through the descriptor only (`_native`, `doctor.repeat`): its path may name another file by then.
     `preload`: the variant that installs itself when loaded, writing to stderr (`LD_PRELOAD`, for
     `hardy repeat`'s runs)."""
     with open(SOURCE, "rb") as f:
         source = f.read()
     # blake3, not hashlib: every fork server would load OpenSSL for this
     tag = blake3(source + os.uname().machine.encode()).hexdigest()[:16]
-    folder = os.path.join(cache_folder(), "native")
-    target = os.path.join(folder, f"{'preload' if preload else 'handler'}-{tag}.so")
-    if os.path.exists(target):
-        ok = _trusted(folder) and _trusted(target)
-        return (target, "") if ok else (None, f"{target} or its folder is not this user's own (or others may "
-                                              "write it): not loaded; remove it")
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler found ($CC, cc, gcc)"
+    name = f"{'preload' if preload else 'handler'}-{tag}.so"
+    path = os.path.join(cache_folder(), "native", name)
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            with _native_folder(create=False) as folder:
+                return _open_checked(folder, name), path, ""
+        except FileNotFoundError:
+            pass
+        cc = compiler()
+        if cc is None:
+            return None, path, "no C compiler found ($CC, cc, gcc)"
+        with _native_folder(create=True) as folder:
+            return _compile(folder, name, source, cc, preload), path, ""
+    except _Refused as exc:
+        return None, path, str(exc)
     except OSError as exc:
-        return None, f"cannot create {folder}: {exc}"
-    if not _trusted(folder):
-        return None, f"{folder} is not this user's own (or others may write it)"
-    import subprocess
-    import tempfile
-    fd, scratch = tempfile.mkstemp(dir=folder, suffix=".so")
+        return None, path, f"cannot build or open {path}: {exc}"
+
+
+def build(preload: bool = False) -> tuple[str | None, str]:
+    """(path of the compiled handler, "") or (None, why there is none): `open_handler`, for a report.
+    Never load the path it returns: load through `open_handler`'s descriptor."""
+    fd, path, why = open_handler(preload)
+    if fd is None:
+        return None, why
     os.close(fd)
-    fd, code = tempfile.mkstemp(dir=folder, suffix=".c")  # the source hashed, not the file (which may change)
-    with os.fdopen(fd, "wb") as f:
-        f.write(source)
-    try:
-        done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
-                               scratch, code],
-                              capture_output=True, text=True, timeout=60)
-        if done.returncode:
-            return None, f"{cc} failed: {done.stderr.strip()[-300:]}"
-        os.chmod(scratch, 0o700)
-        os.replace(scratch, target)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"{cc} failed: {exc}"
-    finally:
-        for path in (scratch, code):
-            if os.path.exists(path):
-                os.unlink(path)
-    return target, ""
+    return path, ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,17 +199,21 @@ def _native() -> tuple[Any, str]:
     its workers start with the library loaded and `backtrace` warm."""
     if os.environ.get("HARDY_NATIVE_HANDLER", "auto") != "auto":
         return None, f"HARDY_NATIVE_HANDLER={os.environ['HARDY_NATIVE_HANDLER']}"
-    path, why = build()
-    if path is None:
+    fd, path, why = open_handler()
+    if fd is None:
         return None, why
     try:
-        lib = ctypes.CDLL(path)
+        # the descriptor checked, not the path again; named with this pid: glibc hands a later dlopen of
+        # the same name (a "/proc/self/fd/N" of someone else's) the library already loaded under it
+        lib = ctypes.CDLL(f"/proc/{os.getpid()}/fd/{fd}")
         lib.hardy_native_install.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
         lib.hardy_native_remember.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_int)
         lib.hardy_native_at_exit.argtypes = (_EXIT_CALLBACK, ctypes.c_uint)
         lib.hardy_native_hold.argtypes = (ctypes.c_int,)
     except (OSError, AttributeError) as exc:  # (a build of another source under this one's name: remove it)
         return None, f"{path} cannot be loaded: {exc}"
+    finally:
+        os.close(fd)
     ctypes.CDLL(None).backtrace((ctypes.c_void_p * 4)(), 4)  # loads libgcc_s here, once, not in each worker
     return lib, ""
 

@@ -8,7 +8,8 @@ does that for any command, classifies every exit (success, exit code, signal by 
 
 What a crashing run leaves: Python commands run with PYTHONFAULTHANDLER=1 (the Python stack), and
 every process of a run gets hardy's native fatal-signal handler through LD_PRELOAD (the variant of
-`crash/native_handler.c` that installs itself when loaded, writing to stderr): the crashing
+`crash/native_handler.c` that installs itself when loaded, writing to stderr; a copy in a private
+temporary folder, removed at the end, never the cache folder's file: `_preloaded`): the crashing
 thread's native frames, named from the libraries' symbol tables, so each failing run says which
 library and function it died in. LD_PRELOAD is what glibc's own `catchsegv` used (removed in glibc
 2.35); it reaches dynamically linked programs, not static or setuid ones.
@@ -19,14 +20,17 @@ from __future__ import annotations
 import math
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cache.folders import open_named
 from ..crash.sentence import crash_report, describe_exit
 
 
@@ -98,15 +102,62 @@ def classify(returncode: int | None, timed_out: bool) -> tuple[str, str | None]:
     return signame, signame
 
 
-def _preload(native: bool) -> tuple[dict[str, str], str]:
-    """The environment that gives each run the native handler, and why not when it cannot."""
-    from ..crash.handler import build
+@contextmanager
+def _preloaded(native: bool) -> Iterator[tuple[dict[str, str], str]]:
+    """The environment that gives each run the native handler, and why not when it cannot. The
+    runs load it by path, each in its own exec, so the path must name one file nobody else can
+    change until the last run has started: not the one in hardy's cache folder (whoever could
+    change a folder on its path would choose the code every run loads), but a copy of the bytes
+    read from its checked descriptor (`open_handler`), in a private folder made for this call and
+    removed when it ends, Ctrl-C included."""
+    from ..crash.handler import open_handler
     if not native or os.environ.get("HARDY_NATIVE_HANDLER") == "off":
-        return {}, "native frames off"
-    path, why = build(preload=True)
-    if path is None:
-        return {}, f"no native frames: {why}"
-    return {"LD_PRELOAD": " ".join(p for p in (path, os.environ.get("LD_PRELOAD", "")) if p)}, ""
+        yield {}, "native frames off"
+        return
+    fd, _, why = open_handler(preload=True)
+    if fd is None:
+        yield {}, f"no native frames: {why}"
+        return
+    import shutil
+    import tempfile
+    folder, env = "", {}
+    try:
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
+            parent = os.path.realpath(tempfile.gettempdir())
+            why = _unsafe_for_preload(parent)
+            if not why:
+                folder = tempfile.mkdtemp(prefix="hardy-preload-", dir=parent)  # 0700, ours
+                with open_named(folder, private=True) as opened:
+                    opened.write("hardy-preload.so", data, mode=0o500)
+                path = os.path.join(folder, "hardy-preload.so")
+                env = {"LD_PRELOAD": " ".join(p for p in (path, os.environ.get("LD_PRELOAD", "")) if p)}
+        except OSError as exc:
+            why = f"cannot copy the handler to a private folder: {exc}"
+        yield env, f"no native frames: {why}" if why else ""
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unsafe_for_preload(folder: str) -> str:
+    """Why a file in a new folder under `folder` (a resolved path) could be swapped by another user
+    before a run loads it by path, or "": every folder on the way must be this user's or root's, and
+    one that others may write must be sticky (as /tmp is), so that none but its owner renames what is in it."""
+    me, path = os.geteuid(), "/"
+    for part in ["", *folder.strip("/").split("/")]:
+        path = os.path.join(path, part)
+        st = os.lstat(path)
+        if st.st_uid not in (me, 0) or not stat.S_ISDIR(st.st_mode) or (
+                st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX):
+            return (f"{path} (on the way to the temporary folder {folder}) is another user's or others may "
+                    "rename what is in it: set TMPDIR to a folder of your own")
+    if set(folder) & set(" :\t\n"):
+        return f"{folder!r} holds a space or a colon, which separate LD_PRELOAD's paths: set TMPDIR to another folder"
+    if os.statvfs(folder).f_flag & os.ST_NOEXEC:
+        return f"{folder} is on a noexec mount: set TMPDIR to a folder of your own on another"
+    return ""
 
 
 def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: bool = False,
@@ -119,45 +170,35 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
     run keeps the native frame it crashed in, its native and its Python stack (module docstring);
     `native=False` leaves the native handler out of the runs.
     """
-    preload, why = _preload(native)
-    report = RepeatReport(list(command), native=why)
+    report = RepeatReport(list(command))
     log_dir = Path(logs) if logs is not None else None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    lock = threading.Lock()
+    stop, ended = threading.Event(), threading.Event()
+    lock, spawning = threading.Lock(), threading.Lock()
+    live: set[subprocess.Popen[bytes]] = set()
 
     def one(i: int) -> None:
-        if stop.is_set():
-            return
-        start = time.perf_counter()
-        proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1", **preload,
-                                                             **(env or {}), "HARDY_RUN_INDEX": str(i)})
+        with spawning:  # (none starts once Ctrl-C has ended the runs)
+            if stop.is_set():
+                return
+            start = time.perf_counter()
+            proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1", **preload,
+                                                                 **(env or {}), "HARDY_RUN_INDEX": str(i)})
+            live.add(proc)
         timed_out = False
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: docker, shells, children
-            except ProcessLookupError:
-                pass
+            _kill_group(proc)  # the whole process group: docker, shells, children
             out, err = proc.communicate()
-        outcome, signame = classify(proc.returncode, timed_out)
-        log = None
-        named, native_stack, python_stack = crash_report(err.decode(errors="replace")) if outcome != "success" \
-            else ("", "", "")
-        if signame is None:  # a record in an exit's stderr is a child's (a contained hardy worker's), not the run's
-            named = native_stack = ""
-        if outcome != "success" and log_dir is not None:
-            path = log_dir / f"run-{i:0{len(str(n))}d}.log"
-            path.write_bytes(b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode() + out
-                             + b"\n--- stderr\n" + err
-                             + (f"\n--- native stack (in {named})\n{native_stack}\n".encode() if native_stack else b""))
-            log = str(path)
-        result = RunOutcome(i, outcome, proc.returncode, signame, time.perf_counter() - start, log, named,
-                            native_stack, python_stack)
+        with spawning:
+            live.discard(proc)
+        if ended.is_set():  # killed by Ctrl-C: no outcome of the command's
+            return
+        result = _outcome(command, i, n, proc.returncode, timed_out, out, err, log_dir, start)
         with lock:
             report.runs.append(result)
             if on_run:
@@ -165,7 +206,44 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
         if stop_on_failure and not result.ok:
             stop.set()
 
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(one, range(1, n + 1)))
+    with _preloaded(native) as (preload, report.native), ThreadPoolExecutor(max(1, jobs)) as pool:
+        try:
+            list(pool.map(one, range(1, n + 1)))
+        except BaseException:  # Ctrl-C: the runs are in sessions of their own, which a terminal's Ctrl-C misses
+            with spawning:
+                ended.set()
+                stop.set()
+                for proc in live:
+                    _kill_group(proc)
+            raise
     report.runs.sort(key=lambda r: r.index)
     return report
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to a run's whole process group (docker, shells, children), unless it has been waited for."""
+    try:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _outcome(command: Sequence[str], i: int, n: int, returncode: int | None, timed_out: bool, out: bytes,
+             err: bytes, log_dir: Path | None, start: float) -> RunOutcome:
+    """Run `i`'s outcome from its exit and output (started at `perf_counter()` `start`); a failing
+    run's output is kept in `log_dir`."""
+    outcome, signame = classify(returncode, timed_out)
+    log = None
+    named, native_stack, python_stack = crash_report(err.decode(errors="replace")) if outcome != "success" \
+        else ("", "", "")
+    if signame is None:  # a record in an exit's stderr is a child's (a contained hardy worker's), not the run's
+        named = native_stack = ""
+    if outcome != "success" and log_dir is not None:
+        path = log_dir / f"run-{i:0{len(str(n))}d}.log"
+        path.write_bytes(b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode() + out
+                         + b"\n--- stderr\n" + err
+                         + (f"\n--- native stack (in {named})\n{native_stack}\n".encode() if native_stack else b""))
+        log = str(path)
+    return RunOutcome(i, outcome, returncode, signame, time.perf_counter() - start, log, named, native_stack,
+                      python_stack)
