@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 TRAIN = """
@@ -30,9 +32,12 @@ print([o["y"] for o in Pipeline([scaled]).map(inputs={"x": [1, 2, 3, 4]}, map_ov
 """
 
 
-def test_a_script_run_by_runpy_run_path_runs_once_and_its_nodes_read_its_state(tmp_path):
+@pytest.mark.parametrize("run_name", [None, "train", "experiment"])
+def test_a_script_run_by_runpy_run_path_runs_once_and_its_nodes_read_its_state(tmp_path, run_name):
+    """Named `<run_path>`, or by a `run_name` (which may be the file's own name, importable)."""
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
-    launcher = "import runpy; runpy.run_path('train.py')"
+    launcher = f"import runpy; runpy.run_path('train.py', run_name={run_name!r})" if run_name else \
+        "import runpy; runpy.run_path('train.py')"
     out = subprocess.run([sys.executable, "-c", launcher], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": SRC})
     assert out.returncode == 0, out.stderr

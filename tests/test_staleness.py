@@ -330,17 +330,27 @@ import os, sys
 from os import environ, getenv
 from hardy import DiskCache, Engine, Pipeline, node
 
+SCALE = "SCALE"  # (a name read through a global)
+
 def helper():
-    return getenv("SCALE", "1")
+    return getenv(SCALE, "1")
 
 @node(output_name="y")
 def read(x):
     key = "MODE"
     return f"{x}:{os.environ.get(key, 'none')}:{environ.get('SUFFIX', '-')}:{helper()}"
 
+@node(output_name="z")
+def exports(y):
+    os.environ["LAST_STEP"] = y  # (set by a node in this process: its own, as in a loop; nothing stale)
+    return y
+
 executor, cache = sys.argv[1], sys.argv[2]
-p = Pipeline([read], engine=Engine(map_executor=executor), cache=DiskCache(cache))
+p = Pipeline([read, exports], engine=Engine(map_executor=executor), cache=DiskCache(cache))
+compiled = []
 seen = [p.run(inputs={"x": 1})["y"]]
+p.run(inputs={"x": 1})
+compiled.append(len(p._plans._items))
 os.environ["MODE"] = "exact"
 seen.append(p.run(inputs={"x": 1})["y"])
 os.environ["SUFFIX"] = "s"
@@ -349,7 +359,7 @@ os.environ["SCALE"] = "2"
 seen.append(p.run(inputs={"x": 1})["y"])
 del os.environ["MODE"]
 seen.append(p.run(inputs={"x": 1})["y"])
-print(" ".join(seen))
+print(" ".join(seen), compiled)
 """
 
 
@@ -358,7 +368,7 @@ def test_an_environment_variable_a_node_reads_is_in_its_key(tmp_path, executor):
     """`os.environ.get("MODE")` in a node (or a helper, through `from os import getenv`): a value
     set between two calls is computed with, never served from the entry of the one before; a second
     process that starts with a variable already set finds its own entries, not the first's."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MODE", "SUFFIX", "SCALE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MODE", "SUFFIX", "SCALE", "LAST_STEP")}
     cache = str(tmp_path / "c")
     runs = []
     for extra in ({}, {}, {"MODE": "exact", "SCALE": "2"}):
@@ -366,6 +376,8 @@ def test_an_environment_variable_a_node_reads_is_in_its_key(tmp_path, executor):
                              capture_output=True, timeout=300, env={**env, **extra, "PYTHONPATH": SRC})
         assert out.returncode == 0, out.stderr
         runs.append(out.stdout.split())
+        assert runs[-1][-1] == "[1]"  # (one plan: what `exports` set made nothing stale)
+        del runs[-1][-1]
     assert runs[0] == ["1:none:-:1", "1:exact:-:1", "1:exact:s:1", "1:exact:s:2", "1:none:s:2"]
     assert runs[1] == runs[0]  # (every entry found again: the same variables, the same keys)
     assert runs[2] == ["1:exact:-:2", "1:exact:-:2", "1:exact:s:2", "1:exact:s:2", "1:none:s:2"]

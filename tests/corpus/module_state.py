@@ -1471,6 +1471,19 @@ def code_given_as_an_input_reads_module_state_set_at_run_time():
             def shift(self, v):
                 return v + MEAN
     """)
+    write("given_chain.py", """
+        import functools
+
+        import given_aug
+
+        def through(v):  # (reaches given_aug's state through its own code)
+            return given_aug.normalize(v)
+
+        def call(v, f):
+            return f(v)
+
+        bound = functools.partial(call, f=given_aug.normalize)
+    """)
     write("given_steps.py", """
         from hardy import node
 
@@ -1483,6 +1496,7 @@ def code_given_as_an_input_reads_module_state_set_at_run_time():
             return cls()(x)
     """)
     import given_aug
+    import given_chain
     import given_steps
 
     def run(node_, **inputs):
@@ -1492,7 +1506,9 @@ def code_given_as_an_input_reads_module_state_set_at_run_time():
     given_aug.MEAN = 10.0
     seen = [run(given_steps.prep, transform=given_aug.normalize), run(given_steps.prep, transform=given_aug.Normalizer()),
             run(given_steps.built, cls=given_aug.Normalizer),
-            run(given_steps.prep, transform=given_aug.Normalizer().shift)]
+            run(given_steps.prep, transform=given_aug.Normalizer().shift),
+            run(given_steps.prep, transform=given_chain.through), run(given_steps.prep, transform=given_chain.bound),
+            run(given_steps.prep, transform=lambda v: given_aug.normalize(v) * 2)]
     given_aug.MEAN = 20.0  # between two maps of one pipeline: rebound, and a dict changed in place
     given_aug.TABLE["k"] = 100
     seen.append(run(given_steps.prep, transform=given_aug.normalize))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from ..engine.core import Engine
 from ..errors import Failed, HardyError, MapError, MissingInputError, NodeError, UnknownInputWarning, UnknownOutputError
 from ..model import arguments
-from ..model.given import NOTHING, modules_of
+from ..model.given import NOTHING, code_of
 from ..model.graph import Graph
 from ..model.node import Node, as_nodes
 from ..model.policy import check_timeouts
@@ -332,7 +332,7 @@ class Pipeline:
             raise MissingInputError(missing, names, self.name)
         return self._plans.put(key, plan)  # (another thread's, if it got there first: one plan, shipped once)
 
-    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool, given: frozenset[str]) -> Plan:
+    def _compile(self, names: tuple[str, ...], outputs: tuple[str, ...], for_map: bool, given: frozenset[Any]) -> Plan:
         """A new plan, with what its nodes read if it must be checked for changes (`_plan`): a plan whose
         keys hold code and state, or one that runs in other processes (its replica covering `given`)."""
         mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
@@ -347,15 +347,15 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
-        plan.given_modules = given
+        plan.given_code = given
         plan.watched = plan.reads(reach) if reach is not None or self._engine.ships(for_map) else None
         return plan
 
-    def _key_extra(self, values: Mapping[str, Any], for_map: bool) -> tuple[bytes, frozenset[str]]:
+    def _key_extra(self, values: Mapping[str, Any], for_map: bool) -> tuple[bytes, frozenset[Any]]:
         """What keys a memoised plan besides names: with a cache, the settings its keys hold (a thread
-        in `localcontext(prec=3)` has a plan of its own); for workers, the modules of the code the values
-        carry (`model.given`: `aug.normalize` given reads `aug.MEAN`, which the plan's replica sends)."""
-        given = modules_of(values.values()) if self._engine.ships(for_map) else NOTHING
+        in `localcontext(prec=3)` has a plan of its own); for workers, the code the values carry
+        (`model.given`: `aug.normalize` given reads `aug.MEAN`, which the plan's replica sends)."""
+        given = code_of(values.values()) if self._engine.ships(for_map) else NOTHING
         if self._own_cache is None and self._engine.cache is None:
             return b"", given
         from ..shipping.context import result_settings  # (its import makes `cache.keys` read them too)

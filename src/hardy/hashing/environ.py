@@ -4,12 +4,15 @@
 the same through `from os import environ, getenv` or `import os` inside the function: the node
 computes with the value, so the value is part of its key (a result cached under `MODE=fast` is
 never served under `MODE=exact`), and a pipeline compiles its plan again when one changes between
-two calls. Which variables: every name the function's code holds as a string constant (its nested
-code's too), wherever that code reads the environment at all. The bytecode cannot tell which
-constant reaches the lookup (`key = "MODE"; os.environ[key]`), and a constant that names no
-variable costs one lookup a call and nothing else. A name built at run time
-(`os.environ[prefix + "MODE"]`) or the environment read whole (`dict(os.environ)` handed to a
-subprocess) is not seen (docs/caching.md).
+two calls. Which variables: every name written as environment variables are (upper case: `MODE`,
+`HF_HOME`) that the function's code holds as a string constant (its nested code's too) or reads
+as a global string (`NAME = "MODE"; os.environ.get(NAME)`), wherever that code reads the
+environment at all. The bytecode cannot tell which constant reaches the lookup (`key = "MODE";
+os.environ[key]`), and a constant that names no variable costs one lookup a call (about 0.5 us)
+and nothing else. A lower-case name (`http_proxy`), a name built at run time (`os.environ[prefix +
+"MODE"]`) or the environment read whole (`dict(os.environ)` handed to a subprocess) is not seen
+(docs/caching.md). What a node sets there in this process is its own, as in a plain loop
+(`Variable.retake`, when the call has run).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from .reach import note_read
 
 _READERS = ("environ", "environb", "getenv", "getenvb")  # what `os` reads the environment through
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,254}\Z")  # a string constant that can name a variable
+_NAME = re.compile(r"(?=[A-Z0-9_]*[A-Z])[A-Z_][A-Z0-9_]{0,254}\Z")  # written as a variable's name is
 
 
 def is_environment(value: Any) -> bool:
@@ -55,22 +58,23 @@ def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ..
     return False
 
 
-def keyed_variables(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
-    """Each variable the code may name, with its value now (or that it is unset), into the key;
-    and noted as read, so that a plan made with one value is stale under another."""
-    for name in sorted(_names(code)):
+def keyed_variables(code: types.CodeType, globs: dict[str, Any], out: Callable[[bytes], Any]) -> None:
+    """Each variable the code may name (`globs`: the function's globals, whose strings it may pass),
+    with its value now (or that it is unset), into the key; and noted as read, so that a plan made
+    with one value is stale under another."""
+    for name in sorted(_names(code, globs)):
         value = os.environ.get(name)
         said = b"\0unset" if value is None else b"=" + value.encode("utf-8", "surrogateescape")
         out(b"env:" + name.encode("utf-8", "surrogateescape") + said)
-        note_read(Variable(value), name)
+        note_read(Variable(name), name)
 
 
-def _names(code: types.CodeType) -> set[str]:
+def _names(code: types.CodeType, globs: dict[str, Any]) -> set[str]:
     names: set[str] = set()
     stack = [code]
     while stack:
         c = stack.pop()
-        for const in c.co_consts:
+        for const in (*c.co_consts, *(globs.get(n) for n in c.co_names)):
             if isinstance(const, types.CodeType):
                 stack.append(const)
             elif isinstance(const, str) and _NAME.match(const):
@@ -87,12 +91,23 @@ def _contents(cell: Any) -> Any:
 
 class Variable:
     """One environment variable read as a namespace of one name (`Reach.changed` calls `get`):
-    True while it holds the value the key was made with (None: unset), whose identity holds."""
+    True while `os.environ` holds the very value it held when the key was made. Looked up in
+    its encoded mapping (`_data`, which every set replaces with a new object): a dict look-up,
+    where `os.environ.get` encodes and decodes (0.5 us a name)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("key", "found")
 
-    def __init__(self, value: str | None):
-        self.value = value
+    def __init__(self, name: str):
+        self.key = os.environ.encodekey(name)
+        self.found = _DATA.get(self.key)
 
     def get(self, name: str, default: Any = None) -> Any:
-        return True if os.environ.get(name) == self.value else default
+        return True if _DATA.get(self.key) is self.found else default
+
+    def retake(self, name: str) -> None:
+        """Take the variable as it is now: a node that set it in this process changed its own
+        environment, as in a plain loop (`Reach.settle`), which makes nothing stale."""
+        self.found = _DATA.get(self.key)
+
+
+_DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]  # (replaced by no one: os.environ is one object)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import itertools
 import linecache
-import sys
 import threading
 import time
 import types
@@ -66,8 +65,7 @@ from ..errors import (
     OutputCountError,
     UnhashableError,
 )
-from ..hashing import Reach, is_user_module, recording
-from ..hashing.reach import note_names
+from ..hashing import Reach, code_fingerprint, is_user_module, recording
 from ..hashing.state import token
 from ..model.given import NOTHING
 from ..model.graph import Graph, node_functions
@@ -106,6 +104,14 @@ def _lazy(name: str, value: Any) -> None:
 class _WrongOutputCount(Exception):
     def __init__(self, value: Any):
         self.value = value
+
+
+def _users(code: Any) -> bool:
+    """Whether `code` (a function or class a call's values carry) is the user's: not a library's,
+    nor hardy's own (an engine given as an input carries no user state)."""
+    module = getattr(code, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] != __name__.partition(".")[0] \
+        and is_user_module(module)
 
 
 class Plan:
@@ -149,7 +155,7 @@ class Plan:
             and not any(s.node.batch is not None for s in self.steps)) else None
         self.name = name or ",".join(self.outputs)[:80]  # in the generated code's file name
         self.watched: Reach | None = None  # what its nodes read, when it must be checked for changes (`reads`)
-        self.given_modules: frozenset[str] = NOTHING  # of the code its calls' values carry (`model.given`)
+        self.given_code: frozenset[Any] = NOTHING  # the code its calls' values carry (`model.given`)
         self.run: Callable[..., dict[str, Any]]
         self.arun: Callable[..., Any] | None = None
         self.hashed_inputs: tuple[str, ...] = ()  # provided values whose content is hashed for a key
@@ -204,11 +210,12 @@ class Plan:
                     step.node.fingerprint()
                 except UnhashableError:
                     pass
-            for name in self.given_modules:  # read whole, as the values' code may read any of it
-                module = sys.modules.get(name)
-                if module is not None and is_user_module(name):
-                    reach.modules.add(name)
-                    note_names(vars(module), list(vars(module)))
+            for code in self.given_code:  # what the values given run reads, as a node's own code's
+                if _users(code):
+                    try:
+                        code_fingerprint(code)
+                    except Exception:  # (noted as far as it could; the call says why, if it fails)
+                        pass
         finally:
             recording(previous)
         return reach

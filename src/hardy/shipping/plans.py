@@ -32,7 +32,7 @@ def ship_plan(plan: Plan, everything: bool = False) -> bytes:
     try:
         file = io.BytesIO()
         ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed,
-                                                plan.given_modules))
+                                                plan.given_code))
         return pickle.dumps((kept(plan, lambda: replica_of(plan)).header(everything), file.getvalue()), protocol=5)
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
@@ -48,7 +48,7 @@ def build_plan(spec: bytes, wrap: Wrap | None = None,
     if not replica.home:
         _adopt_main(graph.nodes)
     plan = Plan(graph, provided, outputs, "sequential", wrap=wrap, cache=cache, keyed=keyed, on_cached=on_cached)
-    plan.given_modules = given  # (a plan an engine's task ships again to hardy's workers covers them too)
+    plan.given_code = given  # (a plan an engine's task ships again to hardy's workers covers it too)
     return plan
 
 

@@ -72,7 +72,7 @@ class Replica:
                 names = _own_names(module)
                 self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
                 self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
-            self.files[module_name] = getattr(module, "__file__", None)
+            self.files[module_name] = SCRIPT if is_script(module_name) else getattr(module, "__file__", None)
         _LIVE[self.id] = self
 
     def header(self, everything: bool) -> bytes:
@@ -109,9 +109,16 @@ NAMES = ""  # the entry of a module's stamps for the set of names it binds (no n
 
 
 def is_script(module_name: str) -> bool:
-    """`__main__`, or a module named as no import could name it: a script a launcher ran
-    (`runpy.run_path("train.py")` names it `<run_path>`), whose file is the script itself."""
-    return module_name == "__main__" or not all(part.isidentifier() for part in module_name.split("."))
+    """`__main__`, or a script a launcher ran (`runpy.run_path("train.py")`, which names it `<run_path>`
+    or its `run_name`): a module with a file but no import spec, whose file is the script itself.
+    A worker never imports or runs it (that would repeat what the script did: `_module`)."""
+    module = sys.modules.get(module_name)
+    return module_name == "__main__" or not all(part.isidentifier() for part in module_name.split(".")) or (
+        module is not None and getattr(module, "__spec__", None) is None
+        and isinstance(getattr(module, "__file__", None), str))
+
+
+SCRIPT = "\0script"  # a module's file, for a worker: a script, never imported or run there (no path holds a NUL)
 
 
 def _names_stamp(names: list[str]) -> bytes:
@@ -246,17 +253,19 @@ _MODULE_HOOKS = ("__getattr__", "__dir__")
 def _module(name: str, file: str | None) -> types.ModuleType:
     """This process's copy of the caller's module `name`: imported as usual, else from the file the
     caller loaded it from (a relative entry of sys.path meant another folder then), else an empty
-    module the caller's objects fill (the file was deleted, or broken, since the caller imported it)."""
+    module the caller's objects fill (the file was deleted, or broken, since the caller imported it;
+    or a script, `SCRIPT`)."""
     module = sys.modules.get(name)
     if module is not None:
         return module
-    try:
-        return importlib.import_module(name)
-    except Exception:
-        pass
-    # (a script's module is never run again here: that would repeat what the script did)
-    spec = importlib.util.spec_from_file_location(name, file) if not is_script(name) and file and os.path.isfile(file) \
-        else None
+    if file == SCRIPT:  # (a script a launcher ran: never imported or run again here)
+        file = None
+    else:
+        try:
+            return importlib.import_module(name)
+        except Exception:
+            pass
+    spec = importlib.util.spec_from_file_location(name, file) if file and os.path.isfile(file) else None
     module = importlib.util.module_from_spec(spec) if spec is not None else types.ModuleType(name)
     module.__file__ = file
     sys.modules[name] = module
