@@ -277,3 +277,49 @@ def test_an_isolated_node_follows_a_reload_on_an_in_process_executor(tmp_path):
         print(first, second, Pipeline([steps.transform], engine=engine).run(inputs={"x": 1}))
     """)
     assert lines == ["{'y': 10} {'y': 15} {'y': 101}"]
+
+
+def test_an_error_callback_that_cannot_be_sent_fails_with_the_fix_not_without_it(tmp_path):
+    """`np.seterr(divide="call")` with an `np.seterrcall` function that does not pickle (it holds
+    a lock): a worker cannot call it. Where numpy reaches for it, the node fails with a
+    `ReplicaError` that names the callback and the fix (a worker had the mode without the
+    function: numpy's own "no function found" on every item); an item that divides by nothing
+    computes what it computes in the caller; once the callback pickles, it is the caller's."""
+    lines = script(tmp_path, """
+        import threading
+        import numpy as np
+        from hardy import Engine, Failed, Pipeline, node
+
+        LOCK = threading.Lock()
+
+        def guarded(kind, flag):
+            with LOCK:
+                raise FloatingPointError(f"guarded: {kind}")
+
+        @node(output_name="y")
+        def ratio(x):
+            try:
+                return float(np.float64(1) / np.float64(x))
+            except FloatingPointError as exc:
+                return str(exc)
+
+        np.seterr(divide="call")
+        np.seterrcall(guarded)
+        engine = Engine(map_executor="process", workers=2)
+        for name, e in (("sequential", Engine(map_executor="sequential")), ("process", engine)):
+            out = Pipeline([ratio], engine=e).map(inputs={"x": [0, 2]}, map_over="x", on_error="continue")
+            print(name, " | ".join(f"{type(o.error.__cause__ or o.error).__name__}: {o.error}"
+                                   if isinstance(o, Failed) else str(o["y"]) for o in out))
+        np.seterrcall(lambda kind, flag: (_ for _ in ()).throw(FloatingPointError(f"lambda: {kind}")))
+        print("lambda", Pipeline([ratio], engine=engine).map(inputs={"x": [0, 2]}, map_over="x"))
+        engine.close()
+    """)
+    assert lines[0] == "sequential guarded: divide by zero | 0.5"
+    process = lines[1]
+    assert process.startswith("process ReplicaError: node 'ratio' failed on item 0") and process.endswith(
+        " | 0.5"), process
+    for part in ("numpy's floating-point error callback in the calling process (guarded of __main__, set with "
+                 "np.seterrcall and used by np.seterr's 'call' mode) cannot be sent to a worker",
+                 "cannot pickle '_thread.lock' object", "set it inside the node", 'map_executor="sequential"'):
+        assert part in process, (part, process)
+    assert lines[2] == "lambda [{'y': 'lambda: divide by zero'}, {'y': 0.5}]"

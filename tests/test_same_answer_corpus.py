@@ -58,9 +58,6 @@ KNOWN: dict[tuple[str, str], dict[str, str]] = {
     ("module_state", "lru_cached_helper_called_before_its_table_changed"): known(
         "what an lru_cache holds is the process's own (documented limit): a worker's is empty, so it computes "
         "with the table as it is now where the script's cache still answers with the old one"),
-    ("code_edits", "instance_of_an_edited_class_given_as_input"): known(
-        "an input's class from a module no node reaches, edited without a reload (documented limit): a worker "
-        "imports the edited file to unpickle the input"),
     ("environment", "order_of_a_set_of_strings"): known(
         "str hashes are salted per process unless PYTHONHASHSEED is set (documented limit): a set of strings "
         "iterates in another order in a worker"),

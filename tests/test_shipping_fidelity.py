@@ -7,6 +7,8 @@ worker processes, each compared with the sequential executor's answer.
   result: its item fails);
 - an ndarray subclass's instance attributes (numpy's pickle drops them): they arrive;
 - a tensor's `.grad` (torch's pickle drops it), a module's parameters' too: it arrives;
+- a result attached to an autograd graph (a loss without `torch.no_grad()`): its graph cannot
+  leave the worker, so it arrives detached, with a warning naming the node and the fixes;
 - a module that made itself an instance of its own class (`torch.backends.cudnn`), read by a
   script's node: it travels by reference (cloudpickle pickled its attributes, and failed).
 """
@@ -168,6 +170,66 @@ def test_a_tensor_keeps_its_grad_both_ways(tmp_path):
     assert len(seq) == 4 and "None" not in " ".join(seq), lines
     assert process == seq  # (every grad None in a worker, and back, before)
     assert seq[-1] == "big input's grad True"
+
+
+DETACHED = """
+    import warnings
+    import torch
+    from hardy import Engine, Pipeline, node
+
+    torch.manual_seed(0)
+    NET = torch.nn.Linear(3, 1)
+
+    @node(output_name="loss")
+    def loss(x):                            # a forward pass without torch.no_grad()
+        return (NET(torch.full((1, 3), float(x))) ** 2).mean()
+
+    @node(output_name="value")
+    def value(x):                           # inference done right: no graph
+        with torch.no_grad():
+            return NET(torch.full((1, 3), float(x)))
+
+    for name in ("sequential", "process"):
+        engine = Engine(map_executor=name, workers=2)
+        for nodes in ([loss], [value]):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                out = Pipeline(nodes=nodes, engine=engine).map(inputs={"x": [1, 2, 3, 4, 5, 6]}, map_over="x")
+                again = Pipeline(nodes=nodes, engine=engine).run(inputs={"x": 7})
+            first = list(out[0].values())[0]
+            print(name, nodes[0].name, [round(float(list(o.values())[0]), 4) for o in out],
+                  round(float(list(again.values())[0]), 4), first.requires_grad, first.grad_fn is not None)
+            for w in got:
+                print(name, "warned", w.category.__name__, str(w.message))
+        engine.close()
+"""
+
+
+def test_a_result_attached_to_its_autograd_graph_comes_back_with_a_warning(tmp_path):
+    """A node's result attached to an autograd graph (a loss computed without `torch.no_grad()`)
+    cannot take its graph out of a worker: it arrives a leaf, and `backward()` in the caller
+    silently filled no `.grad`. Not an error (inference code that forgets `no_grad` only reads
+    the values, which are the same): a warning naming the node and the fixes, once per node in a
+    worker (two workers: at most twice, however many items and calls), none for a result without
+    a graph."""
+    needs_torch()
+    out = subprocess.run([sys.executable, "-"], input=textwrap.dedent(DETACHED), text=True, capture_output=True,
+                         timeout=150, cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    answers = {name: [line.split(" ", 1)[1] for line in lines if line.startswith(name) and " warned " not in line]
+               for name in ("sequential", "process")}
+    assert answers["sequential"][0].endswith("True True") and answers["process"][0].endswith("True False")
+    assert [a.rsplit(" ", 2)[0] for a in answers["process"]] == [a.rsplit(" ", 2)[0] for a in answers["sequential"]]
+    warned = [line for line in lines if " warned " in line]
+    assert not [w for w in warned if w.startswith("sequential")], warned
+    assert 1 <= len(warned) <= 2, warned  # (once per worker that ran the node)
+    message = warned[0]
+    assert message.startswith("process warned UserWarning node 'loss' returned a torch tensor attached to an "
+                              "autograd graph"), message
+    for part in ("backward()", "torch.no_grad()", "torch.inference_mode()", ".detach()",
+                 'map_executor="sequential"'):
+        assert part in message, (part, message)
 
 
 FLAGS = """

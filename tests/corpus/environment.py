@@ -385,6 +385,60 @@ def numpy_division_by_zero_made_an_error():
 
 
 @pattern
+def numpy_division_by_zero_calls_the_scripts_callback():
+    # np.seterr(divide="call") with a function of the script (and "log" with an object's write)
+    import numpy as np
+
+    def flagged(kind, flag):
+        raise FloatingPointError(f"flagged: {kind}")
+
+    class Log:
+        def write(self, message):
+            raise FloatingPointError(f"logged: {message.strip()}")
+
+    @node(output_name="y")
+    def ratio(x):
+        try:
+            return float(np.float64(x) / np.float64(x - 1))
+        except FloatingPointError as exc:
+            return str(exc)
+
+    previous, callback = np.seterr(divide="call"), np.seterrcall(flagged)
+    try:
+        called = ys([ratio], xs=[1, 2])
+        np.seterr(divide="log")
+        np.seterrcall(Log())
+        return [called, ys([ratio], xs=[1, 2])]
+    finally:
+        np.seterr(**previous)
+        np.seterrcall(callback)
+
+
+@pattern
+def logging_disabled_by_the_script():
+    # `logging.disable(INFO)` to quiet a run: a node that asks whether INFO is on does less
+    import logging
+
+    log = logging.getLogger("features")
+
+    @node(output_name="y")
+    def features(x):
+        return {"x": x, "stats": log.isEnabledFor(logging.INFO), "warn": log.isEnabledFor(logging.WARNING)}
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        logging.disable(logging.INFO)
+        quiet = ys([features], xs=[1, 2])
+        logging.disable(logging.NOTSET)
+        return [quiet, ys([features], xs=[1, 2])]
+    finally:
+        logging.disable(logging.NOTSET)
+        root.setLevel(level)
+
+
+@pattern
 def numpy_print_options_set_by_the_script():
     # a node that writes arrays as text (a report, a prompt) writes them as np.set_printoptions says
     import numpy as np

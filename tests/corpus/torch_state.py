@@ -73,6 +73,12 @@ write("torch_steps.py", """
     @node(output_name="y")
     def default_dtype(x):
         return [str((torch.tensor([0.1]) * x).dtype), (torch.tensor([0.1]) * x).item()]
+
+    @node(output_name="y")
+    def cast_predicted(x):
+        with torch.no_grad():
+            out = MODEL(features(x))
+        return [str(out.dtype), out.item(), torch.is_autocast_enabled("cpu")]
 """)
 import torch_steps  # noqa: E402 -- written by the script above, as a user's module
 
@@ -182,6 +188,36 @@ def map_in_inference_mode_then_without():
     with torch.inference_mode():
         inside = ys([torch_steps.under_modes])
     return [inside, ys([torch_steps.under_modes])]
+
+
+@pattern
+def map_under_autocast_then_another_dtype_then_without():
+    # mixed-precision inference: `torch.autocast` around the map, as `torch.no_grad()` would be
+    torch.manual_seed(4)
+    torch_steps.MODEL = torch.nn.Linear(3, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bfloat16 = ys([torch_steps.cast_predicted])
+    with torch.autocast("cpu", dtype=torch.float16):
+        float16 = ys([torch_steps.cast_predicted])
+    return [bfloat16, float16, ys([torch_steps.cast_predicted])]
+
+
+@pattern
+def autocast_entered_again_after_a_training_step():
+    # AMP's recipe: autocast around each forward pass, the optimiser's step outside it (a worker
+    # holding autocast for its caller must not cast the weights from before the step)
+    torch.manual_seed(5)
+    torch_steps.MODEL = torch.nn.Linear(3, 1)
+    optimiser = torch.optim.SGD(torch_steps.MODEL.parameters(), lr=0.5)
+    answers = []
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            answers.append(ys([torch_steps.cast_predicted]))
+            loss = torch_steps.MODEL(torch.ones(4, 3)).float().pow(2).mean()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return answers
 
 
 @pattern

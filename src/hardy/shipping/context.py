@@ -1,10 +1,10 @@
 """The calling process's state that a node can read besides its inputs and modules: environment
 variables, working directory, `sys.argv` and `sys.path`, and the interpreter's settings that change
 what code computes (`Settings`: the warning filters, the recursion limit, decimal's context,
-numpy's error handling and print options, torch's modes and default dtype). A worker takes them at
-each call, as the caller has them then (docs/same-answer.md), so a node reading
-`os.environ["MODE"]` or a relative path, or dividing by zero under `np.seterr(divide="raise")`,
-computes what it would compute in the caller.
+numpy's error handling (its callback too) and print options, torch's modes (`torch_modes`), the log
+levels and `logging.disable`). A worker takes them at each call, as the caller has them then
+(docs/same-answer.md), so a node reading `os.environ["MODE"]` or a relative path, or dividing by
+zero under `np.seterr(divide="raise")`, computes what it would compute in the caller.
 
 `current()` is on every call's path, so it answers from the snapshot it made last whenever nothing
 changed: a few comparisons, about a microsecond, and the same object, which a worker that already
@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..cache.keys import settings_from
+from ..errors import ReplicaError
+from .pickling import dumps
+from .torch_modes import TORCH_DEFAULTS, TorchModes, take_torch_modes, torch_key, torch_modes
+from .torch_modes import thread_modes as thread_modes  # (the threaded executor's, from here)
 
 
 class Settings(NamedTuple):
@@ -38,22 +42,10 @@ class Settings(NamedTuple):
     numpy_print: dict[str, Any] | None  # `np.get_printoptions()` but its functions (`NUMPY_PRINT`)
     torch_modes: TorchModes | None
     log_levels: tuple[int, tuple[tuple[str, int], ...]]  # the root's effective level, each logger's own set
-
-
-class TorchModes(NamedTuple):
-    """torch's settings that change what a node computes: its thread's grad and inference modes
-    and the process's algorithms, default dtype and matmul precision (a `set_seed` helper's
-    `cudnn.deterministic = True`), each as `torch.get_*` and `torch.backends.cudnn` read them."""
-
-    grad: bool = True
-    deterministic: bool = False
-    warn_only: bool = False
-    inference: bool = False
-    default_dtype: str = "float32"
-    matmul_precision: str = "highest"
-    cudnn_deterministic: bool = False
-    cudnn_benchmark: bool = False
-    cudnn_allow_tf32: bool = True
+    # `np.geterrcall()` where a mode of `np.seterr` calls it, pickled as a node's code is (a script's
+    # function by value); where it does not pickle, why (`Uncarried`)
+    numpy_callback: bytes | str | None
+    log_disable: int  # `logging.disable(level)`'s level (`logging.root.manager.disable`; 0: none)
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
@@ -69,23 +61,23 @@ def settings() -> Settings:
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
     return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _numpy_print(),
-                    _torch_modes(), _log_levels())
+                    torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable)
 
 
 def settings_key() -> tuple[Any, ...]:
     """What tells cheaply that `settings()` may have changed (`Snapshot.holds`): the limits, the
     filters' list, its length and first entry (`filterwarnings` puts one first, `catch_warnings`
     swaps the list), decimal's context and its fields, numpy's error state and print options (one
-    object each, replaced by `np.seterr` and `np.set_printoptions`) and torch's modes. The objects
-    themselves, not their ids: an object freed since could leave its id to the next one. About 0.3
-    us, 1.1 with pandas and torch loaded."""
+    object each, replaced by `np.seterr`, `np.seterrcall` and `np.set_printoptions`), torch's modes
+    and the log levels (`_log_token`). The objects themselves, not their ids: an object freed since
+    could leave its id to the next one. About 0.3 us, 1.3 with pandas and torch loaded."""
     filters = warnings.filters
     modules = sys.modules
     decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
             _decimal_key(decimal) if decimal is not None else None,
             (_numpy_state(numpy), _numpy_print_state(numpy)) if numpy is not None else None,
-            _torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token())
+            torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token())
 
 
 _RECURSION_LIMIT = sys.getrecursionlimit
@@ -121,12 +113,17 @@ def take_settings(theirs: Settings) -> None:
     if theirs.numpy_errors is not None or theirs.numpy_print is not None or "numpy" in sys.modules:
         import numpy
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
+        callback = theirs.numpy_callback
+        numpy.seterrcall(pickle.loads(callback) if isinstance(callback, bytes) else
+                         None if callback is None else Uncarried(callback))
         if _numpy_print() != theirs.numpy_print:
             numpy.set_printoptions(**(theirs.numpy_print or NUMPY_PRINT))
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
-        _take_torch_modes(torch, theirs.torch_modes or _TORCH_DEFAULTS)
+        take_torch_modes(torch, theirs.torch_modes or TORCH_DEFAULTS)
     _take_log_levels(*theirs.log_levels)
+    if logging.root.manager.disable != theirs.log_disable:  # (a node asking `log.isEnabledFor(INFO)`)
+        logging.disable(theirs.log_disable)
 
 
 def _log_levels() -> tuple[int, tuple[tuple[str, int], ...]]:
@@ -171,43 +168,6 @@ def _take_log_levels(root: int, own: tuple[tuple[str, int], ...]) -> None:
     _LEVELS_SET.update(levels)
 
 
-def _take_torch_modes(torch: Any, theirs: TorchModes) -> None:
-    """Set each of torch's settings that differs from the caller's (inference mode before grad
-    mode: entering or leaving it sets grad mode too)."""
-    now = _torch_now(torch)
-    if now.inference != theirs.inference:
-        _take_inference(torch, theirs.inference)
-    if bool(torch.is_grad_enabled()) != theirs.grad:
-        torch.set_grad_enabled(theirs.grad)
-    if now[1:3] != theirs[1:3]:  # (its first call loads torch's compiler stack: a second)
-        torch.use_deterministic_algorithms(theirs.deterministic, warn_only=theirs.warn_only)
-    if now.default_dtype != theirs.default_dtype:
-        torch.set_default_dtype(getattr(torch, theirs.default_dtype))
-    if now.matmul_precision != theirs.matmul_precision:
-        torch.set_float32_matmul_precision(theirs.matmul_precision)
-    if now[6:] != theirs[6:]:
-        cudnn = torch.backends.cudnn
-        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:]
-
-
-_INFERENCE = threading.local()  # `held`: the inference-mode guard this thread entered for its caller
-
-
-def _take_inference(torch: Any, wanted: bool) -> None:
-    """Enter or leave inference mode on this thread as the caller has it. torch offers no setter,
-    only a guard (`torch.inference_mode()` enters one): the guard this thread entered for an
-    earlier call is left first, which restores the mode from before it, and a new one is entered
-    only if that is not the caller's."""
-    held = getattr(_INFERENCE, "held", None)
-    _INFERENCE.held = None
-    if held is not None:
-        held.__exit__(None, None, None)
-    if bool(torch.is_inference_mode_enabled()) != wanted:
-        guard = torch._C._InferenceMode(wanted)
-        guard.__enter__()
-        _INFERENCE.held = guard
-
-
 def _named(category: Any) -> tuple[str, str]:
     """A warning category as (module, name): how `_loaded_filter` finds it again."""
     return (category.__module__, category.__qualname__) if isinstance(category, type) else ("", "")
@@ -230,26 +190,6 @@ def loaded_warning(module: str, name: str) -> type[Warning] | None:
     return found if isinstance(found, type) and issubclass(found, Warning) else None
 
 
-def thread_modes() -> Callable[[], Any]:
-    """What of the calling thread's settings another thread must take to compute the same (the
-    threaded executor's chunks): torch's grad and inference modes are the thread's own. (Decimal's
-    context and numpy's error state and print options live in context variables: a copied
-    `contextvars` context carries them; torch's other settings are the process's.)"""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return _no_modes
-    grad, inference = bool(torch.is_grad_enabled()), bool(torch.is_inference_mode_enabled())
-
-    def take() -> None:
-        _take_inference(torch, inference)  # (nothing to do where this thread holds no guard and agrees)
-        torch.set_grad_enabled(grad)
-    return take
-
-
-def _no_modes() -> None:
-    """Nothing to take: torch is not loaded."""
-
-
 def _decimal() -> tuple[Any, ...] | None:
     decimal = sys.modules.get("decimal")
     if decimal is None:
@@ -269,11 +209,53 @@ def _numpy_errors() -> dict[str, str] | None:
     return None if errors is None or errors == NUMPY_ERRORS else errors
 
 
+def _numpy_callback() -> bytes | str | None:
+    """`np.seterrcall`'s function (or object with a `write` method) where a mode of `np.seterr`
+    uses it ("call", "log"), pickled as a node's code is: a worker given the mode without it fails
+    every item that divides by zero (numpy finds no function). Where it does not pickle (it holds
+    a lock, an open file), the refusal a worker raises in its place (`Uncarried`)."""
+    numpy = sys.modules.get("numpy")
+    callback = numpy.geterrcall() if numpy is not None else None
+    if numpy is None or callback is None:
+        return None
+    modes = {mode for mode in numpy.geterr().values() if mode in ("call", "log")}
+    if not modes:
+        return None
+    try:
+        return dumps(callback)
+    except Exception as exc:
+        name = getattr(callback, "__qualname__", None) or f"a {type(callback).__qualname__}"
+        return (f"numpy's floating-point error callback in the calling process ({name} of "
+                f"{getattr(callback, '__module__', None) or type(callback).__module__}, set with np.seterrcall "
+                f"and used by np.seterr's {' and '.join(sorted(modes))!r} mode) cannot be sent to a worker "
+                f"({type(exc).__name__}: {exc}): hardy will not run a node without it. Give np.seterrcall "
+                "a function (or an object with a write method) that pickles, set it inside the node, or run "
+                "the pipeline with map_executor=\"sequential\" or \"threaded\".")
+
+
+class Uncarried:
+    """In a worker, in place of the caller's `np.seterrcall` callback that could not be sent
+    (`_numpy_callback`): where numpy would call it (a division by zero under
+    `np.seterr(divide="call")`, or "log"'s `write`), the node fails with the refusal, which names
+    the fix, rather than compute without it. Engines whose workers are elsewhere (Dask, Ray, Daft)
+    refuse the call before sending anything (`Snapshot.travelling`); hardy's own worker processes
+    take the state as a call starts, so it is refused there, where numpy reaches for the callback."""
+
+    def __init__(self, refusal: str):
+        self.refusal = refusal
+
+    def __call__(self, kind: str, flag: int) -> None:
+        raise ReplicaError(self.refusal)
+
+    def write(self, message: str) -> None:
+        raise ReplicaError(self.refusal)
+
+
 def _numpy_state(numpy: Any) -> Any:
     """numpy's error state as one object (numpy 2: its context variable's value), else its settings."""
     config = sys.modules.get("numpy._core._ufunc_config")
     state = getattr(config, "_extobj_contextvar", None)
-    return state.get() if state is not None else tuple(sorted(numpy.geterr().items()))
+    return state.get() if state is not None else (tuple(sorted(numpy.geterr().items())), numpy.geterrcall())
 
 
 def _numpy_print() -> dict[str, Any] | None:
@@ -289,29 +271,6 @@ def _numpy_print_state(numpy: Any) -> Any:
     config = sys.modules.get("numpy._core.printoptions")
     state = getattr(config, "format_options", None)
     return state.get() if state is not None else numpy.get_printoptions()
-
-
-def _torch_modes() -> TorchModes | None:
-    torch = sys.modules.get("torch")
-    modes = _torch_now(torch) if torch is not None else _TORCH_DEFAULTS
-    return None if modes == _TORCH_DEFAULTS else modes
-
-
-def _torch_now(torch: Any) -> TorchModes:
-    """torch's settings (`TorchModes`) as set now."""
-    raw = list(_torch_key(torch._C, torch.get_default_dtype))
-    raw[4] = str(raw[4]).rpartition(".")[2]  # (torch.float64: "float64")
-    return TorchModes(*raw)
-
-
-def _torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
-    """`TorchModes`' fields as torch's own calls return them (the dtype an object): about 0.6 us."""
-    return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
-            c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
-            c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32())
-
-
-_TORCH_DEFAULTS = TorchModes()
 
 
 class Snapshot:
@@ -333,7 +292,10 @@ class Snapshot:
         """What of this state goes to an engine's worker on another machine (`arrived`): the
         variables this process set or removed since it started (not the machine's own; a variable
         set at an earlier call and removed since counts as removed), its working directory, argv,
-        umask and sys.path (its entries that exist there, ahead of that machine's own)."""
+        umask and sys.path (its entries that exist there, ahead of that machine's own). Refused
+        (ReplicaError), before anything is sent, where a setting cannot travel (`Settings.numpy_callback`)."""
+        if isinstance(self.settings.numpy_callback, str):
+            raise ReplicaError(self.settings.numpy_callback)
         started = _started_with()
         changed, unset = environ_delta(started, self.environ)
         _SET.update(changed)
@@ -449,16 +411,19 @@ def environ_delta(before: dict[str, str], after: dict[str, str]) -> tuple[dict[s
 def result_settings() -> bytes:
     """The settings that change the value a node returns for the same code and inputs, as cache
     key bytes (`cache.keys.result_settings`): decimal's context (`getcontext().prec = 5`), numpy's
-    print options (an array's text), torch's default dtype and float32 matmul precision; b""
-    while each is its default. Kept with the snapshot it was read from: about 3 us a call."""
+    print options (an array's text), torch's default dtype, float32 matmul precision and autocast
+    (a bfloat16 result); b"" while each is its default. Kept with the snapshot it was read from:
+    about 3 us a call."""
     snapshot = current()
     kept, made = _KEYED[0]  # (one tuple: another thread replaces it whole)
     if snapshot is kept:
         return made
     s = snapshot.settings
-    modes = s.torch_modes or _TORCH_DEFAULTS
+    modes = s.torch_modes or TORCH_DEFAULTS
     torch = (modes.default_dtype, modes.matmul_precision)
-    parts = (s.decimal, s.numpy_print, None if torch == _TORCH_DEFAULTS[4:6] else torch)
+    parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == TORCH_DEFAULTS[4:6] else torch)
+    if modes.autocast is not None:  # (keys made without it stay as they were)
+        parts += (modes.autocast,)
     made = b"" if parts == (None, None, None) else repr(parts).encode()
     _KEYED[0] = (snapshot, made)
     return made

@@ -153,6 +153,9 @@ def _memoryview(data: Any, format: Any, shape: tuple[int, ...]) -> memoryview:
         return flat
 
 
+# How many tensors attached to an autograd graph (`grad_fn`) were pickled in this process: a worker
+# compares it before and after pickling a batch of results (`workers.replies.Replies.send`).
+ATTACHED = [0]
 _exporters: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
 
 
@@ -179,9 +182,14 @@ def _with_grad(tensor: Any, reduced: Any) -> Any:
     """`reduced` (the tensor's reduction) with its grad, set once the tensor is rebuilt (a grad
     is not part of torch's pickle: a saliency map, a gradient a node computed, would arrive None).
     A tensor outside autograd's leaves holds none unless it retains it; its `.grad` is not read
-    (it warns)."""
-    if not (tensor.is_leaf or tensor.retains_grad):
-        return reduced
+    (it warns). Such a tensor is a node's result attached to its autograd graph (a loss), which
+    cannot cross a process: it arrives a leaf, and `backward()` on it reaches no parameter. It is
+    counted (`ATTACHED`), for a worker's replies to say so (`workers.replies`); a leaf costs the
+    one check it cost before."""
+    if not tensor.is_leaf:
+        ATTACHED[0] += 1
+        if not tensor.retains_grad:
+            return reduced
     grad = tensor.grad
     if grad is None:
         return reduced

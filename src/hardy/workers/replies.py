@@ -32,6 +32,7 @@ from ..shipping import dumps, out_of_band, transport
 from ..shipping.context import loaded_warning
 from ..shipping.failures import travelling_exception
 from ..shipping.pickling import quick
+from ..shipping.reductions import ATTACHED
 from ..tracebacks import landed
 from .lifeline import end_descendants
 from .messages import HEADER, Header
@@ -243,16 +244,16 @@ class Replies:
             status.item = SENDING
             status.step = len(batch) + self.pending()
         try:
-            names = self.names
+            names, attached = self.names, ATTACHED[0]  # (a result attached to an autograd graph: `_detached`)
             if self.pending():
                 if not (batch or dying or names is not None or self.forward.records) and self._send_outs(done, elapsed):
                     return
                 self.to_rows()
             plain = names is None and not dying and not self.forward.records  # (outputs alone may do)
             first = _consecutive(batch) if plain else -1
-            if first >= 0 and all(map(_OK, batch)):
+            if first >= 0 and all(map(_OK, batch)) and ATTACHED[0] == attached:
                 data = quick(list(map(_OUTPUT, batch)), main=False)  # the common batch: outputs, nothing else
-                if data is not None:
+                if data is not None and ATTACHED[0] == attached:
                     self.sent.append((batch[:], None))
                     head = HEADER.pack(done, False, False, False, False, elapsed, False, True, False, first)
                     transport.write_frame(self.fd, head, data)
@@ -261,20 +262,13 @@ class Replies:
             if dying and self.complete is not None:  # a batched plan's log: only its items written whole
                 del LOG.data[self.complete:]
             records = LOG.take(names, ended=len(batch) if dying else None) if names is not None else None
-            message: Any = batch if names is None else (batch, records)
-            logs = bool(self.forward.records)
-            if logs:  # what the nodes logged since the last batch, for the parent's handlers
-                message, self.forward.records = (message, self.forward.records), []
-            outputs = message is batch and first >= 0 and all(map(_OK, batch))
-            if outputs:  # (`Header.outputs`)
-                message = list(map(_OUTPUT, batch))
-            try:
-                packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
-            except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
-                batch[:] = [_picklable(self.producers, *row) for row in batch]
-                if outputs:  # (some are failures now: rows again)
-                    message, outputs = batch, False
-                packed = transport.pack(message, dumps)
+            attached = ATTACHED[0]
+            packed, logs, outputs = self._packed(batch, records, first)
+            if ATTACHED[0] != attached and not dying and self._detached(batch):  # its warning goes with it
+                packed.close()
+                packed, logs, outputs = self._packed(batch, records, first)
+            if logs:
+                self.forward.records = []
             self.sent.append((batch[:], records))
             head = HEADER.pack(done, False, names is not None, False, logs, elapsed, False, outputs, False,
                                first if outputs else -1)
@@ -289,11 +283,56 @@ class Replies:
                 status.item = IDLE
                 status.step = NO_STEP
 
+    def _packed(self, batch: list[Row], records: NodeLogBatch | None,
+                first: int) -> tuple[transport.Packed, bool, bool]:
+        """The batch's message packed, with its node log (`records`, when kept) and the records
+        logged since the last batch (taken out of `forward.records` by the caller, once sent);
+        whether it holds records, and whether it is outputs alone (`Header.outputs`)."""
+        message: Any = batch if self.names is None else (batch, records)
+        logs = bool(self.forward.records)
+        if logs:  # what the nodes logged since the last batch, for the parent's handlers
+            message = (message, self.forward.records)
+        outputs = message is batch and first >= 0 and all(map(_OK, batch))
+        if outputs:  # (`Header.outputs`)
+            message = list(map(_OUTPUT, batch))
+        try:
+            packed = transport.pack(message, out_of_band)  # the parent has its own __main__: no need for dumps()
+        except CAUGHT:  # (a __reduce__ calling sys.exit too: its item fails, the worker goes on)
+            batch[:] = [_picklable(self.producers, *row) for row in batch]
+            if outputs:  # (some are failures now: rows again)
+                message, outputs = batch, False
+            packed = transport.pack(message, dumps)
+        return packed, logs, outputs
+
+    def _detached(self, batch: list[Row]) -> bool:
+        """Whether a node whose result in `batch` holds a tensor attached to an autograd graph (a
+        loss computed without `torch.no_grad()`) was warned of it now: the graph cannot cross a
+        process, so the tensor arrives a leaf, and `backward()` on it in the caller silently
+        fills no parameter's `.grad`. Not an error (inference code that forgets `no_grad` only
+        reads the values): a warning, once per node in this worker, to the caller with the batch."""
+        warned = False
+        for _, ok, value in batch:
+            for name, part in value.items() if ok and isinstance(value, dict) else ():
+                node = str(self.producers.get(name, name))
+                if node in _DETACHED:
+                    continue
+                before = ATTACHED[0]
+                try:
+                    dumps(part)
+                except Exception:  # (its failure is `_picklable`'s to name)
+                    continue
+                if ATTACHED[0] != before:
+                    _DETACHED.add(node)
+                    warned |= _warn_detached(node)
+        return warned
+
     def _send_outs(self, done: bool, elapsed: float) -> bool:
-        """`outs` sent as they are (`Header.columns`), when they pickle plainly; False if not."""
+        """`outs` sent as they are (`Header.columns`), when they pickle plainly (and hold no
+        tensor attached to an autograd graph: `_detached`); False if not."""
         whole = self._whole()
+        attached = ATTACHED[0]
         data = quick(whole.columns, main=False)
-        if data is None:
+        if data is None or ATTACHED[0] != attached:
             return False
         transport.write_frame(self.fd, HEADER.pack(done, False, False, False, False, elapsed, False, True, True,
                                                    whole.first), data)
@@ -379,6 +418,24 @@ class Replies:
 
 
 REPLIES = Replies()
+_DETACHED: set[str] = set()  # the nodes this worker warned of a result detached from its graph (`_detached`)
+
+
+def _warn_detached(node: str) -> bool:
+    """The warning `Replies._detached` gives for `node`; whether it went out (the caller's filters,
+    which this worker holds, may ignore it or make it an error: then nothing is raised here)."""
+    before = len(REPLIES.forward.records)
+    try:
+        warnings.warn(
+            f"node {node!r} returned a torch tensor attached to an autograd graph (it has a grad_fn): the "
+            "graph cannot leave the worker process, so the tensor arrives detached from it, a leaf with "
+            "requires_grad=True, and backward() on it (or on what you compute from it) reaches none of the "
+            "node's parameters and fills no .grad. For inference, compute it under torch.no_grad() or "
+            "torch.inference_mode(), or return .detach(); to train through a pipeline, run it with "
+            "map_executor=\"sequential\".", UserWarning, stacklevel=1)
+    except Exception:
+        return False
+    return len(REPLIES.forward.records) > before
 _INDEX, _OK, _OUTPUT = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)  # of a row
 _WORKER_LOOP = os.path.join("hardy", "workers", "worker.py")  # `worker.run`, whose own exit is not a node's
 

@@ -1,0 +1,163 @@
+"""torch's settings that change what a node computes (`TorchModes`), as `shipping.context` carries
+them to a worker at each call that changed them and to the threaded executor's threads: the
+calling thread's grad, inference and autocast modes, and the process's deterministic algorithms,
+default dtype, matmul precision and cudnn flags. Read only where the caller imported torch
+(`sys.modules`): a process that never loads it pays nothing, and a worker never imports it for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+Autocast = tuple[bool, str, bool, str]  # cpu's enabled and dtype, then cuda's
+
+
+class TorchModes(NamedTuple):
+    """torch's settings that change what a node computes: its thread's grad, inference and autocast
+    modes and the process's algorithms, default dtype and matmul precision (a `set_seed` helper's
+    `cudnn.deterministic = True`), each as `torch.get_*` and `torch.backends.cudnn` read them."""
+
+    grad: bool = True
+    deterministic: bool = False
+    warn_only: bool = False
+    inference: bool = False
+    default_dtype: str = "float32"
+    matmul_precision: str = "highest"
+    cudnn_deterministic: bool = False
+    cudnn_benchmark: bool = False
+    cudnn_allow_tf32: bool = True
+    autocast: Autocast | None = None  # `torch.autocast("cpu", dtype=torch.bfloat16)` around a map; None: off
+
+
+TORCH_DEFAULTS = TorchModes()
+AUTOCAST_OFF: Autocast = (False, "bfloat16", False, "float16")  # torch's own, as a thread starts
+
+
+def torch_modes() -> TorchModes | None:
+    """The calling thread's `TorchModes`; None where torch is not loaded or all are torch's defaults."""
+    torch = sys.modules.get("torch")
+    modes = torch_now(torch) if torch is not None else TORCH_DEFAULTS
+    return None if modes == TORCH_DEFAULTS else modes
+
+
+def torch_now(torch: Any) -> TorchModes:
+    """torch's settings (`TorchModes`) as set now, dtypes by name (torch.float64: "float64")."""
+    raw = list(torch_key(torch._C, torch.get_default_dtype))
+    raw[4] = _name(raw[4])
+    if raw[9] is not None:
+        cpu, cpu_dtype, cuda, cuda_dtype = raw[9]
+        raw[9] = (cpu, _name(cpu_dtype), cuda, _name(cuda_dtype))
+    return TorchModes(*raw)
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).rpartition(".")[2]
+
+
+def torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
+    """`TorchModes`' fields as torch's own calls return them (the dtypes objects): about 0.8 us,
+    0.2 of it autocast's two probes (the dtypes, which count only while it is on, read only then)."""
+    try:
+        autocast = _autocast(c) if c.is_autocast_enabled("cpu") or c.is_autocast_enabled() else None  # (CUDA's)
+    except TypeError:  # torch before 2.4: a call per device
+        autocast = _autocast(c)
+    return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
+            c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
+            c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32(), autocast)
+
+
+def _autocast(c: Any) -> tuple[Any, ...] | None:
+    """This thread's autocast for the CPU and CUDA (enabled, dtype each), None while neither is on."""
+    try:
+        cpu, cuda = c.is_autocast_enabled("cpu"), c.is_autocast_enabled()  # (no argument: CUDA's)
+        if not (cpu or cuda):
+            return None
+        return cpu, c.get_autocast_dtype("cpu"), cuda, c.get_autocast_dtype("cuda")
+    except TypeError:  # torch before 2.4
+        cpu, cuda = c.is_autocast_cpu_enabled(), c.is_autocast_enabled()
+        return (cpu, c.get_autocast_cpu_dtype(), cuda, c.get_autocast_gpu_dtype()) if cpu or cuda else None
+
+
+def take_torch_modes(torch: Any, theirs: TorchModes) -> None:
+    """Set each of torch's settings that differs from the caller's (inference mode before grad
+    mode: entering or leaving it sets grad mode too)."""
+    now = torch_now(torch)
+    if now.inference != theirs.inference:
+        _take_inference(torch, theirs.inference)
+    if bool(torch.is_grad_enabled()) != theirs.grad:
+        torch.set_grad_enabled(theirs.grad)
+    if now[1:3] != theirs[1:3]:  # (its first call loads torch's compiler stack: a second)
+        torch.use_deterministic_algorithms(theirs.deterministic, warn_only=theirs.warn_only)
+    if now.default_dtype != theirs.default_dtype:
+        torch.set_default_dtype(getattr(torch, theirs.default_dtype))
+    if now.matmul_precision != theirs.matmul_precision:
+        torch.set_float32_matmul_precision(theirs.matmul_precision)
+    if now[6:9] != theirs[6:9]:
+        cudnn = torch.backends.cudnn
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:9]
+    if now.autocast != theirs.autocast:
+        _take_autocast(torch, theirs.autocast)
+
+
+def _take_autocast(torch: Any, wanted: Autocast | None) -> None:
+    """This thread's autocast as the caller's (`torch.autocast` has no other setter than these).
+    While it is on, autocast's cache of cast weights is off here: torch empties it only when the
+    outermost `autocast` block is left, which never happens in a thread that holds the mode for its
+    caller, so a weight the caller changed in place since would be read as cast before. (The cache
+    saves work; a cast is the same either way.)"""
+    cpu, cpu_dtype, cuda, cuda_dtype = wanted or AUTOCAST_OFF
+    try:
+        for device, on, dtype in (("cpu", cpu, cpu_dtype), ("cuda", cuda, cuda_dtype)):
+            torch.set_autocast_enabled(device, on)
+            torch.set_autocast_dtype(device, getattr(torch, dtype))
+    except TypeError:  # torch before 2.4: a call per device
+        torch.set_autocast_cpu_enabled(cpu)
+        torch.set_autocast_cpu_dtype(getattr(torch, cpu_dtype))
+        torch.set_autocast_enabled(cuda)
+        torch.set_autocast_gpu_dtype(getattr(torch, cuda_dtype))
+    torch.clear_autocast_cache()
+    torch.set_autocast_cache_enabled(wanted is None)
+
+
+_INFERENCE = threading.local()  # `held`: the inference-mode guard this thread entered for its caller
+
+
+def _take_inference(torch: Any, wanted: bool) -> None:
+    """Enter or leave inference mode on this thread as the caller has it. torch offers no setter,
+    only a guard (`torch.inference_mode()` enters one): the guard this thread entered for an
+    earlier call is left first, which restores the mode from before it, and a new one is entered
+    only if that is not the caller's."""
+    held = getattr(_INFERENCE, "held", None)
+    _INFERENCE.held = None
+    if held is not None:
+        held.__exit__(None, None, None)
+    if bool(torch.is_inference_mode_enabled()) != wanted:
+        guard = torch._C._InferenceMode(wanted)
+        guard.__enter__()
+        _INFERENCE.held = guard
+
+
+def thread_modes() -> Callable[[], Any]:
+    """What of the calling thread's settings another thread must take to compute the same (the
+    threaded executor's chunks): torch's grad, inference and autocast modes are the thread's own.
+    (Decimal's context and numpy's error state and print options live in context variables: a
+    copied `contextvars` context carries them; torch's other settings are the process's.)"""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return _no_modes
+    grad, inference = bool(torch.is_grad_enabled()), bool(torch.is_inference_mode_enabled())
+    autocast = torch_now(torch).autocast
+
+    def take() -> None:
+        _take_inference(torch, inference)  # (nothing to do where this thread holds no guard and agrees)
+        torch.set_grad_enabled(grad)
+        if autocast is not None or _autocast(torch._C) is not None:  # (a pool thread keeps what it took)
+            _take_autocast(torch, autocast)
+    return take
+
+
+def _no_modes() -> None:
+    """Nothing to take: torch is not loaded."""
