@@ -436,3 +436,126 @@ def test_a_nodes_own_code_a_nested_pipelines_global_and_a_bound_objects_class_ch
                          env={**os.environ, "PYTHONPATH": SRC})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[20, 20, 20, 21, 30, 30, 51]"
+
+
+SET_BY_A_NODE = """
+import os, sys
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="a")
+def setter(v):
+    os.environ["XMODE"] = str(v)
+    return 0
+
+@node(output_name="b")
+def reader(w):
+    return os.environ.get("XMODE", "unset") + f"/{w}"
+
+os.environ.pop("XMODE", None)
+cache, engine = DiskCache(sys.argv[1]), Engine(map_executor="sequential")
+if sys.argv[2] == "first":  # the second call's reader computes with what the first call's setter set
+    p = Pipeline([setter, reader], cache=cache, engine=engine)
+    print(p.run(inputs={"v": 1, "w": 0})["b"], p.run(inputs={"v": 1, "w": 5})["b"])
+else:
+    print(Pipeline([reader], cache=cache, engine=engine).run(inputs={"w": 5})["b"])
+"""
+
+
+def test_a_variable_a_node_set_in_this_process_keys_the_next_calls_with_its_new_value(tmp_path):
+    """A node sets XMODE; the next call's reader computes with it and must be keyed with it: its
+    entry was stored under "XMODE unset", and served to a process where XMODE is unset."""
+    cache = str(tmp_path / "c")
+    env = {**{k: v for k, v in os.environ.items() if k != "XMODE"}, "PYTHONPATH": SRC}
+    runs = [subprocess.run([sys.executable, "-", cache, which], input=SET_BY_A_NODE, text=True, capture_output=True,
+                           timeout=300, env=env) for which in ("first", "fresh")]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    assert [r.stdout.split() for r in runs] == [["1/0", "1/5"], ["unset/5"]]
+
+
+def test_a_replaced_os_environ_is_read_as_the_process_environment(tmp_path):
+    """`monkeypatch.setattr(os, "environ", {...})` (a dict): a cached node reading a variable raised
+    AttributeError from the key's watch, and a change in the new mapping must make the plan stale."""
+    script = f"""
+import os
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="y")
+def read(x):
+    return os.environ.get("XMODE", "unset")
+
+os.environ = dict(os.environ)
+p = Pipeline([read], cache=DiskCache({str(tmp_path / "c")!r}), engine=Engine(map_executor="sequential"))
+first = p.run(inputs={{"x": 1}})["y"]
+os.environ["XMODE"] = "set"
+print(first, p.run(inputs={{"x": 1}})["y"])
+"""
+    out = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items() if k != "XMODE"}, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["unset", "set"]
+
+
+NAMES_IN_CONTAINERS = """
+import os
+from hardy import DiskCache, Engine, Pipeline, node
+
+KEYS = ("XMODE", "YMODE")
+
+@node(output_name="a")
+def looped(x):
+    return [os.environ.get(k, "-") for k in ("XMODE", "YMODE")]
+
+@node(output_name="b")
+def through_a_global(x):
+    return [os.environ.get(k, "-") for k in KEYS]
+
+@node(output_name="c")
+def by_default(x, key="XMODE"):
+    return os.environ.get(key, "-")
+
+p = Pipeline([looped, through_a_global, by_default], cache=DiskCache({cache!r}), engine=Engine(map_executor="sequential"))
+first = p.run(inputs={{"x": 1}})
+os.environ["XMODE"] = "on"
+print(first, p.run(inputs={{"x": 1}}))
+"""
+
+
+def test_variables_named_in_a_tuple_a_global_tuple_or_a_default_are_keyed(tmp_path):
+    script = NAMES_IN_CONTAINERS.format(cache=str(tmp_path / "c"))
+    out = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items() if k not in ("XMODE", "YMODE")}, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("{'a': ['-', '-'], 'b': ['-', '-'], 'c': '-'} "
+                                  "{'a': ['on', '-'], 'b': ['on', '-'], 'c': 'on'}")
+
+
+LAMBDAS_PER_CALL = """
+import gc, weakref
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def apply(x, f):
+    return f(x)
+
+class Big:
+    factor = 2
+
+p = Pipeline([apply])
+kept = []
+for k in range(4):
+    big = Big()
+    kept.append(weakref.ref(big))
+    assert p.run(inputs={"x": k, "f": lambda v, big=big: v * big.factor})["y"] == 2 * k
+    del big
+gc.collect()
+print(len(p._plans), sum(r() is not None for r in kept))
+"""
+
+
+def test_a_lambda_made_anew_at_each_call_shares_one_plan_and_is_not_kept(tmp_path):
+    """Code given as an input keys the plan a call runs: keyed by the function object, each new
+    lambda compiled and shipped a plan of its own, and each plan kept what it closed over."""
+    out = subprocess.run([sys.executable, "-"], input=LAMBDAS_PER_CALL, text=True, capture_output=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]  # (one plan, and the one function it was compiled with)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from ..engine.core import Engine
 from ..errors import Failed, HardyError, MapError, MissingInputError, NodeError, UnknownInputWarning, UnknownOutputError
 from ..model import arguments
-from ..model.given import NOTHING, code_of
+from ..model.given import NOTHING, code_of, plan_key
 from ..model.graph import Graph
 from ..model.node import Node, as_nodes
 from ..model.policy import check_timeouts
@@ -325,7 +325,7 @@ class Pipeline:
             if self.strict:
                 raise err
             warnings.warn(str(err), UnknownInputWarning, stacklevel=3)
-        plan = self._compile(names, outputs, for_map, key[3][1])
+        plan = self._compile(names, outputs, for_map, code_of(values.values()) if key[3][1] else NOTHING)
         check_timeouts([s.node for s in plan.steps], self._engine.timeout_runner(for_map))
         missing = plan.unresolved()
         if missing:
@@ -355,7 +355,7 @@ class Pipeline:
         """What keys a memoised plan besides names: with a cache, the settings its keys hold (a thread
         in `localcontext(prec=3)` has a plan of its own); for workers, the code the values carry
         (`model.given`: `aug.normalize` given reads `aug.MEAN`, which the plan's replica sends)."""
-        given = code_of(values.values()) if self._engine.ships(for_map) else NOTHING
+        given = plan_key(code_of(values.values())) if self._engine.ships(for_map) else NOTHING
         if self._own_cache is None and self._engine.cache is None:
             return b"", given
         from ..shipping.context import result_settings  # (its import makes `cache.keys` read them too)

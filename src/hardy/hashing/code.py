@@ -204,7 +204,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     chains = _chains(code)
     _module_reached(getattr(func, "__module__", None))
     if reads_environment(func, chains):  # `os.environ.get("MODE")`: the value counts
-        keyed_variables(code, getattr(func, "__globals__", {}), out)
+        keyed_variables(func, out)
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
             note_read(globs, name)

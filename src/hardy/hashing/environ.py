@@ -11,8 +11,8 @@ environment at all. The bytecode cannot tell which constant reaches the lookup (
 os.environ[key]`), and a constant that names no variable costs one lookup a call (about 0.5 us)
 and nothing else. A lower-case name (`http_proxy`), a name built at run time (`os.environ[prefix +
 "MODE"]`) or the environment read whole (`dict(os.environ)` handed to a subprocess) is not seen
-(docs/caching.md). What a node sets there in this process is its own, as in a plain loop
-(`Variable.retake`, when the call has run).
+(docs/caching.md). A variable a node sets in this process is read as any other: the next call
+compiles its plan again, with the value it then holds.
 """
 
 from __future__ import annotations
@@ -58,27 +58,32 @@ def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ..
     return False
 
 
-def keyed_variables(code: types.CodeType, globs: dict[str, Any], out: Callable[[bytes], Any]) -> None:
-    """Each variable the code may name (`globs`: the function's globals, whose strings it may pass),
-    with its value now (or that it is unset), into the key; and noted as read, so that a plan made
-    with one value is stale under another."""
-    for name in sorted(_names(code, globs)):
+def keyed_variables(func: Any, out: Callable[[bytes], Any]) -> None:
+    """Each variable the function may name, with its value now (or that it is unset), into the
+    key; and noted as read, so that a plan made with one value is stale under another."""
+    for name in sorted(_names(func)):
         value = os.environ.get(name)
         said = b"\0unset" if value is None else b"=" + value.encode("utf-8", "surrogateescape")
         out(b"env:" + name.encode("utf-8", "surrogateescape") + said)
-        note_read(Variable(name), name)
+        note_read(Variable(name, value), name)
 
 
-def _names(code: types.CodeType, globs: dict[str, Any]) -> set[str]:
+def _names(func: Any) -> set[str]:
+    """The strings the function can pass as a name: its code's constants (a tuple of them too:
+    `for k in ("A", "B")`), the globals its code reads (a string, or a tuple, list or set of
+    them), and its defaults (`def f(x, key="MODE")`), its nested code's as well."""
+    globs = getattr(func, "__globals__", {})
     names: set[str] = set()
-    stack = [code]
+    values: list[Any] = [*(func.__defaults__ or ()), *(func.__kwdefaults__ or {}).values()]
+    stack = [func.__code__]
     while stack:
         c = stack.pop()
-        for const in (*c.co_consts, *(globs.get(n) for n in c.co_names)):
-            if isinstance(const, types.CodeType):
-                stack.append(const)
-            elif isinstance(const, str) and _NAME.match(const):
-                names.add(const)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        values += [*c.co_consts, *(globs.get(n) for n in c.co_names)]
+    for value in values:
+        for text in value if isinstance(value, (tuple, list, set, frozenset)) else (value,):
+            if isinstance(text, str) and _NAME.match(text):
+                names.add(text)
     return names
 
 
@@ -91,23 +96,24 @@ def _contents(cell: Any) -> Any:
 
 class Variable:
     """One environment variable read as a namespace of one name (`Reach.changed` calls `get`):
-    True while `os.environ` holds the very value it held when the key was made. Looked up in
-    its encoded mapping (`_data`, which every set replaces with a new object): a dict look-up,
-    where `os.environ.get` encodes and decodes (0.5 us a name)."""
+    True while it holds the value the key was made with (None: unset). Looked up in `os.environ`'s
+    encoded mapping (`_data`, where every set puts a new object): a dict look-up, where
+    `os.environ.get` encodes and decodes (0.5 us a name); by value where a test or a script
+    replaced `os.environ` with a mapping of its own (`monkeypatch.setattr(os, "environ", ...)`)."""
 
-    __slots__ = ("key", "found")
+    __slots__ = ("key", "found", "value")
 
-    def __init__(self, name: str):
-        self.key = os.environ.encodekey(name)
-        self.found = _DATA.get(self.key)
+    def __init__(self, name: str, value: str | None):
+        self.value = value
+        own = os.environ is _ENVIRON
+        self.key = _ENVIRON.encodekey(name) if own else None
+        self.found = _DATA.get(self.key) if own else None
 
     def get(self, name: str, default: Any = None) -> Any:
-        return True if _DATA.get(self.key) is self.found else default
-
-    def retake(self, name: str) -> None:
-        """Take the variable as it is now: a node that set it in this process changed its own
-        environment, as in a plain loop (`Reach.settle`), which makes nothing stale."""
-        self.found = _DATA.get(self.key)
+        if self.key is not None and os.environ is _ENVIRON:
+            return True if _DATA.get(self.key) is self.found else default
+        return True if os.environ.get(name) == self.value else default
 
 
-_DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]  # (replaced by no one: os.environ is one object)
+_ENVIRON = os.environ  # the process's own: its mapping `_data` is replaced by no one
+_DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ class Reach:
     does a function whose code IPython's autoreload replaced: `watch` adds a content token for each
     such value and the code of each function, compared too."""
 
-    __slots__ = ("reads", "modules", "watched", "codes", "registered", "retaken", "_token")
+    __slots__ = ("reads", "modules", "watched", "codes", "registered", "_token")
 
     def __init__(self) -> None:
         self.reads: list[tuple[Any, str, Any]] = []
@@ -37,7 +37,6 @@ class Reach:
         self.watched: list[tuple[Any, bytes]] = []  # (object read, its token): values that can change in place
         self.codes: list[tuple[Any, Any, Any, Any, int]] = []  # (function, its code, defaults, attributes' count)
         self.registered: object = None  # abc's count of registrations, when a user ABC is read (`ABC.register`)
-        self.retaken: list[tuple[Any, str]] = []  # reads taken again by `settle` (`environ.Variable`)
         self._token: Callable[[Any], bytes | None] | None = None
 
     def changed(self) -> bool:
@@ -73,7 +72,6 @@ class Reach:
         # (a watched function's attributes counted there, not as a `Size` read: a method call less per call)
         dicts = {id(f.__dict__) for f in code}
         self.reads = [r for r in self.reads if not (type(r[0]) is Size and id(r[0].namespace) in dicts)]
-        self.retaken = [(namespace, name) for namespace, name, _ in self.reads if hasattr(namespace, "retake")]
         abcs = any(isinstance(c, abc.ABCMeta) and is_user_module(c.__module__) for c in objects.values())
         self.registered = abc.get_cache_token() if abcs else None
         return self
@@ -87,8 +85,6 @@ class Reach:
             self.watched = [(found, token(found) or b"") for found, _ in self.watched]
         if self.registered is not None:
             self.registered = abc.get_cache_token()
-        for namespace, name in self.retaken:  # (an environment variable a node set: `environ.Variable`)
-            namespace.retake(name)
 
 
 _IMPLICIT = ("__new__", "__init__", "__call__")  # (every other method is read by name, and watched as read)
