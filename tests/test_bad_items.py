@@ -91,7 +91,7 @@ def test_an_input_that_cannot_be_pickled_costs_its_item(engine, bad, kind, cause
 def test_inputs_the_worker_cannot_unpickle_cost_their_items(engine, tmp_path):
     items: list = list(range(300))
     items[0] = SegfaultsWhenUnpickled()  # the first chunk of the map: it once blamed preload=
-    items[100] = _hidden_class(tmp_path)()
+    items[100] = [_hidden_class(tmp_path)()]  # (inside a list: code given bare is fingerprinted, its module sent)
     items[200] = Unloadable()
     items[250] = SegfaultsWhenUnpickled()
     out = Pipeline(nodes=[plus_one], engine=engine).map(inputs={"x": items}, map_over="x", on_error="continue")
@@ -100,7 +100,7 @@ def test_inputs_the_worker_cannot_unpickle_cost_their_items(engine, tmp_path):
     assert sorted(failed) == [0, 100, 200, 250] and all(e.node == "plus_one" for e in failed.values())
     missing = failed[100]
     assert isinstance(missing, ShippingError) and missing.item == 100
-    assert "input 'x' (hardy_hidden_mod.Hidden)" in str(missing) and "No module named 'hardy_hidden_mod'" in str(missing)
+    assert "input 'x' (list)" in str(missing) and "No module named 'hardy_hidden_mod'" in str(missing)
     assert "make module 'hardy_hidden_mod' importable" in str(missing)
     raised = failed[200]
     assert isinstance(raised, ShippingError) and "input 'x' (conftest.Unloadable)" in str(raised)
@@ -183,3 +183,11 @@ def test_sparse_tensors_travel_by_torchs_own_pickling():
                           env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3.0, 300000.0, 3.0]"
+
+
+def test_an_input_whose_class_is_in_a_module_only_this_process_can_import_runs_as_here(engine, tmp_path):
+    """A class from a file that is not on sys.path, given bare: its module is loaded in the worker
+    from the file this process loaded it from, as a node's own module is (the item failed)."""
+    items: list = [1, _hidden_class(tmp_path)(), 3]
+    out = Pipeline(nodes=[plus_one], engine=engine).map(inputs={"x": items}, map_over="x", on_error="continue")
+    assert out == [{"y": 2}, {"y": 0}, {"y": 4}]

@@ -337,7 +337,7 @@ class Pipeline:
         keys hold code and state, or one that runs in other processes (its replica covering `given`)."""
         mode = self._engine.plan_mode(for_map)  # (first: a map's executor, whose fork server boots meanwhile)
         from ..hashing import Reach, recording
-        from ..plan.compiled import Plan
+        from ..plan.compiled import Plan, user_code
         cache = self.cache if self.cache is not None else self._engine.cache
         reach = Reach() if cache is not None else None
         previous = recording(reach)
@@ -347,7 +347,7 @@ class Pipeline:
                         cache=cache, on_cached=self._on_cached, name=self.name)
         finally:
             recording(previous)
-        plan.given_code = given
+        plan.given_code = frozenset(filter(user_code, given))  # (a library's class carries no user state)
         plan.watched = plan.reads(reach) if reach is not None or self._engine.ships(for_map) else None
         return plan
 

@@ -106,7 +106,7 @@ class _WrongOutputCount(Exception):
         self.value = value
 
 
-def _users(code: Any) -> bool:
+def user_code(code: Any) -> bool:
     """Whether `code` (a function or class a call's values carry) is the user's: not a library's,
     nor hardy's own (an engine given as an input carries no user state)."""
     module = getattr(code, "__module__", None)
@@ -211,11 +211,10 @@ class Plan:
                 except UnhashableError:
                     pass
             for code in self.given_code:  # what the values given run reads, as a node's own code's
-                if _users(code):
-                    try:
-                        code_fingerprint(code)
-                    except Exception:  # (noted as far as it could; the call says why, if it fails)
-                        pass
+                try:
+                    code_fingerprint(code)
+                except Exception:  # (noted as far as it could; the call says why, if it fails)
+                    pass
         finally:
             recording(previous)
         return reach
