@@ -43,14 +43,18 @@ print([r["y"] for r in first], [r["y"] for r in second], third["y"])
 """
 
 
+def _first_line(script: str, executor: str, cache: Path | None) -> str:
+    """The first line `script` prints, run as `python - EXECUTOR CACHE` (`-`: no cache)."""
+    out = subprocess.run([sys.executable, "-", executor, str(cache) if cache else "-"], input=script, text=True,
+                         capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")[0]
+
+
 @pytest.mark.parametrize("executor", ["sequential", "process"])
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_global_reassigned_and_a_helper_redefined_between_two_maps(tmp_path, executor, cached):
-    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
-                         input=EDIT_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "[202, 202] [3003, 3003] 3003"
+    assert _first_line(EDIT_BETWEEN_MAPS, executor, tmp_path / "c" if cached else None) == "[202, 202] [3003, 3003] 3003"
 
 
 MODULE = """
@@ -185,11 +189,7 @@ print(first, second)
 def test_an_object_a_node_is_bound_to_changed_between_two_maps(tmp_path, executor, cached):
     """`scaler.factor = 3` on the instance of `node(scaler.apply)`, on a callable object, a partial's
     keyword: the pipeline sees it as it sees a global rebound."""
-    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
-                         input=MUTATED_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4], [2, 4]] [[3, 6], [3, 6], [3, 6]]"
+    assert _first_line(MUTATED_BETWEEN_MAPS, executor, tmp_path / "c" if cached else None) == "[[2, 4], [2, 4], [2, 4]] [[3, 6], [3, 6], [3, 6]]"
 
 
 PARTIAL_ARGUMENTS_CHANGED_IN_PLACE = """
@@ -226,11 +226,7 @@ def test_what_a_partial_binds_positionally_changed_in_place_between_two_maps(tmp
     """`node(functools.partial(predict, model))` then the model trained in place: only a partial's
     keywords were watched, so the second map was served the first model's entries (or its workers
     ran their copy of it). Its positional arguments are watched by content, as its keywords."""
-    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
-                         input=PARTIAL_ARGUMENTS_CHANGED_IN_PLACE, text=True, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "[[2, 4], [2, 4]] [[3, 6], [4, 8]]"
+    assert _first_line(PARTIAL_ARGUMENTS_CHANGED_IN_PLACE, executor, tmp_path / "c" if cached else None) == "[[2, 4], [2, 4]] [[3, 6], [4, 8]]"
 
 
 ODD_SYS_MODULES = """
@@ -317,11 +313,7 @@ def test_a_slot_set_or_an_attribute_added_between_two_maps(tmp_path, executor, c
     field) on the object a node is bound to, an attribute added that shadows the class's or that the
     code reads with `getattr(self, name, default)`, and an attribute set on a helper function after
     the first map kept the first map's plan (its entries served, or its workers' copies run)."""
-    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
-                         input=ADDED_OR_SLOTTED_BETWEEN_MAPS, text=True, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == ("[[4, 6], [2, 4], [2, 4], [2, 4], [2, 4]] "
+    assert _first_line(ADDED_OR_SLOTTED_BETWEEN_MAPS, executor, tmp_path / "c" if cached else None) == ("[[4, 6], [2, 4], [2, 4], [2, 4], [2, 4]] "
                                          "[[6, 9], [3, 6], [3, 6], [3, 6], [3, 6]]")
 
 
@@ -431,11 +423,7 @@ def test_a_nodes_own_code_a_nested_pipelines_global_and_a_bound_objects_class_ch
     replaced in place (autoreload), a global an inner node of a nested pipeline reads, the class
     of the object a bound-method node runs on. With a cache, each of these was served from the
     first call's plan (its keys, and its nested pipeline's shipped plan)."""
-    out = subprocess.run([sys.executable, "-", executor, str(tmp_path / "c") if cached else "-"],
-                         input=CHANGED_IN_PLACE_UNDER_A_CACHE, text=True, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "[20, 20, 20, 21, 30, 30, 51]"
+    assert _first_line(CHANGED_IN_PLACE_UNDER_A_CACHE, executor, tmp_path / "c" if cached else None) == "[20, 20, 20, 21, 30, 30, 51]"
 
 
 SET_BY_A_NODE = """
