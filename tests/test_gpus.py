@@ -297,15 +297,33 @@ def test_a_node_asking_for_two_gpus_is_refused_in_the_local_pool(monkeypatch):
         Pipeline(nodes=[prepare, big], engine=engine).map(inputs={"x": [1]}, map_over="x")
 
 
+@node(output_name="features")
+def prepare_here(x: int) -> tuple:
+    return x, os.getpid()
+
+
+@node(output_name="embedding", gpus=1)
+def embed_here(features: tuple) -> tuple:
+    return features[0] * 2, os.getpid()
+
+
+@node(output_name="score")
+def score_here(embedding: tuple, features: tuple) -> tuple:
+    return embedding[0] + features[0], os.getpid()
+
+
 def test_the_cut_keeps_cache_keys_of_the_whole_plan(tmp_path, monkeypatch):
+    """(Nodes that do not read CUDA_VISIBLE_DEVICES, which MIXED's return: a value read from the
+    environment is in a node's key, and a GPU worker's differs from this process's.)"""
     monkeypatch.setenv("HARDY_ASSUME_GPUS", "1")
-    stages = cut(Plan(Pipeline(nodes=MIXED).graph, ["x"], ["score"]), lambda n: n.gpus > 0)
+    nodes = [prepare_here, embed_here, score_here]
+    stages = cut(Plan(Pipeline(nodes=nodes).graph, ["x"], ["score"]), lambda n: n.gpus > 0)
     assert [(wanted, stage.outputs) for wanted, stage in stages] == [
         (False, ("features",)), (True, ("embedding",)), (False, ("score",))]
     cache = DiskCache(str(tmp_path / "cache"))
     with Engine(map_executor="process", workers=1, gpus=1) as engine:
-        staged = Pipeline(nodes=MIXED, engine=engine, cache=cache).map(inputs={"x": [1, 2]}, map_over="x")
-    cached = Pipeline(nodes=MIXED, cache=cache).map(inputs={"x": [1, 2]}, map_over="x")
+        staged = Pipeline(nodes=nodes, engine=engine, cache=cache).map(inputs={"x": [1, 2]}, map_over="x")
+    cached = Pipeline(nodes=nodes, cache=cache).map(inputs={"x": [1, 2]}, map_over="x")
     assert cached == staged  # every value (pids included) came from the cache the staged map wrote
 
 

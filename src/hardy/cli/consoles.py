@@ -3,7 +3,8 @@
 On a terminal a console fits its lines to the terminal's width, as rich does. Anywhere else (a
 file, a pipe, a CI log) rich would wrap at 80 columns, its default, and break a path or a library
 name mid-line (`libc.so.6` and `+0x167ad8` on two lines), which `grep` then misses: there a line
-is as long as what it holds, unless COLUMNS asks for a width.
+is as long as what it holds (COLUMNS is not read there: readline sets it, at 80, in the environment
+it leaves to the processes it starts, as under pytest).
 
 Rich reads `[...]` in printed text as markup and deletes what it takes for a tag: the advice
 `pip install -e ".[gpu]"` would print as `pip install -e "."`, which installs nothing. Whatever
@@ -13,7 +14,6 @@ through `plain`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rich.console import Console
@@ -26,9 +26,9 @@ def console(**options: Any) -> Console:
     """A console for a command's output (`options`: rich's, `stderr=True`): the terminal's width
     on a terminal, no wrapping elsewhere (module docstring)."""
     made = Console(**options)
-    if made.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+    if made.is_terminal:  # (not COLUMNS alone: readline sets it in the environment of whatever runs us)
         return made
-    return Console(width=UNWRAPPED, soft_wrap=True, **options)
+    return Console(width=UNWRAPPED, **options)  # (not soft_wrap: a table would crop its cells with an ellipsis)
 
 
 def plain(text: Any) -> str:
