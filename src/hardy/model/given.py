@@ -46,13 +46,15 @@ def code_of(values: Iterable[Any]) -> frozenset[Any]:
                     found.add(inner)
         else:
             _add(value, found)
-    return frozenset(found)
+    return frozenset(found) if found else NOTHING
 
 
 def plan_key(code: frozenset[Any]) -> frozenset[Any]:
     """`code` as a plan's key holds it: a function by its code and its module's globals, so that a
     lambda or closure made anew at each call (`lambda v: aug.normalize(v) * k`) shares one plan
     with the others made from the same code, and no key holds what one of them closes over."""
+    if not code:
+        return code
     return frozenset((c.__code__, id(c.__globals__)) if type(c) is types.FunctionType else c for c in code)
 
 
