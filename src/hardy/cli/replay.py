@@ -25,7 +25,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..doctor.imports import python_command
 from ..doctor.repeat import wilson
 from .usage import at_least
 
@@ -140,14 +140,11 @@ PY_SPY_GRACE = 10.0  # seconds py-spy may take to attach, and to write its profi
 HELD_LIMIT = 3  # checks, a second apart, that find the item's process stopped by py-spy before py-spy is killed
 
 
-# `python -m` would put the working directory first on sys.path, and import `hardy` from a folder
-# another user could write (a team's report folder): the module runs from this hardy, "" dropped.
-_ITEM = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
-         "runpy.run_module('hardy.replay_item', run_name='__main__', alter_sys=True)")
-
-
 def _item_command(report: str, item: int, timeout: float) -> list[str]:
-    return [sys.executable, "-c", _ITEM, os.path.abspath(report), str(item), f"{timeout:g}"]
+    """`python -m hardy.replay_item`, less the working directory `-m` would search first (a team's
+    report folder another user can write, where a `hardy/` of theirs would run): `python_command`."""
+    run = "import runpy; runpy.run_module('hardy.replay_item', run_name='__main__', alter_sys=True)"
+    return [*python_command(run), os.path.abspath(report), str(item), f"{timeout:g}"]
 
 
 def under_gdb(report: str, item: int, timeout: float) -> int:
