@@ -59,6 +59,7 @@ def _call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[],
             or (taken := pool.take_idle(shipped[0], caller)) is None):  # first call, limits, or no idle worker
         return _mapped(pool, plan, item, sink())
     slot, w = taken
+    state = context.current()  # (outside the `try`s below: one that raises gives the slot back in `call`)
     try:
         message = transport.pack((shipped[0], [(0, item)]), dumps)  # (a `Chunk` of nothing but its item)
     except Exception:  # an input that cannot travel: the map loop names it
@@ -67,7 +68,7 @@ def _call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[],
     try:
         w.plan, w.unsent, w.chunk_size = plan, Unsent(range(1)), 1  # (here: an interruption now replaces it)
         w.idle()
-        w.follow(context.current())
+        w.follow(state)
         w.send(message)
         data = w.wait(transport.SPIN)
     except OSError:  # it died as we wrote
