@@ -43,6 +43,11 @@ def is_hardy(filename: str) -> bool:
     return filename.startswith(_PLAN) or filename.startswith(_HARDY)
 
 
+def is_users(filename: str) -> bool:
+    """Whether a frame of this file is the user's code: neither hardy's nor a library's."""
+    return not is_hardy(filename) and not filename.startswith(_library())
+
+
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[str, ...]:
     """The standard library's and installed packages' folders (read on the first failure: `import
@@ -69,8 +74,7 @@ def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
         entries.append(tb)
         tb = tb.tb_next
     names = [t.tb_frame.f_code.co_filename for t in entries]
-    library = _library()
-    first = next((k for k, n in enumerate(names) if not is_hardy(n) and not n.startswith(library)), None)
+    first = next((k for k, n in enumerate(names) if is_users(n)), None)
     if first is None:
         first = next((k for k, n in enumerate(names) if not is_hardy(n)), 0)
     last_other = max((k for k, n in enumerate(names) if not is_hardy(n)), default=-1)

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import MapInterrupted, NodeError
-from ..tracebacks import is_hardy, own_frames
+from ..tracebacks import is_users, own_frames
 
 _BEFORE: list[Any] = []  # the excepthook hardy's replaced, once installed
 
@@ -25,7 +25,8 @@ def interrupted(results: list[Any], failures: dict[int, NodeError], report_dir: 
     """The `MapInterrupted` of a map, with the hook installed that gives it exit code 130. Raised
     from `interrupt` where it landed in the user's code (a node running in this process), with
     hardy's frames between theirs left out; where it landed in hardy's wait for the workers, its
-    frames say nothing about the user's code, and it is left out (`raise` it with no `from`)."""
+    frames (hardy's, or the standard library's in a `threaded` map's wait) say nothing about the
+    user's code, and it is left out (`raise` it with no `from`)."""
     if not _BEFORE:
         _BEFORE.append(sys.excepthook)
         sys.excepthook = _exit_as_interrupted
@@ -33,7 +34,7 @@ def interrupted(results: list[Any], failures: dict[int, NodeError], report_dir: 
     frames = own_frames(interrupt.__traceback__)
     tb, theirs = frames, False
     while tb is not None and not theirs:
-        theirs, tb = not is_hardy(tb.tb_frame.f_code.co_filename), tb.tb_next
+        theirs, tb = is_users(tb.tb_frame.f_code.co_filename), tb.tb_next
     err.__cause__ = interrupt.with_traceback(frames) if theirs else None
     err.__suppress_context__ = True
     return err
