@@ -642,6 +642,22 @@ def script_global_dict_changed_between_maps():
     return [first, ys([script_node])]
 
 
+SCRIPT_SCALE = 3
+
+
+@node(output_name="y")
+def script_node_defining_a_class(x):
+    class Local:  # (a class body reads the script's globals by name, not as a function does)
+        k = SCRIPT_SCALE
+        r = np.sqrt(4)
+    return x * Local.k * Local.r
+
+
+@pattern
+def script_node_whose_body_defines_a_class_reading_script_globals():
+    return ys([script_node_defining_a_class])
+
+
 @pattern
 def dynamic_getattr_on_the_module():
     write("dyn_steps.py", """

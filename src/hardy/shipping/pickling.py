@@ -11,6 +11,7 @@ text file refused, as a binary one is, where cloudpickle would send a `StringIO`
 from __future__ import annotations
 
 import copyreg
+import functools
 import io
 import linecache
 import marshal
@@ -248,7 +249,39 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # cloudpickle would send a StringIO of what is left to read: another object than the
             # file the node has in this process. Refused as pickle refuses a binary file.
             raise TypeError(f"cannot pickle {kind.__module__ + '.' + kind.__qualname__!r} object")
-        return super().reducer_override(obj)
+        reduced = super().reducer_override(obj)
+        if kind is types.FunctionType and isinstance(reduced, tuple) and len(reduced) > 2:
+            _with_class_body_globals(obj, reduced[2])
+        return reduced
+
+
+def _with_class_body_globals(func: types.FunctionType, state: Any) -> None:
+    """Adds to a function sent by value the globals that a class defined in its body reads.
+    cloudpickle sends the globals its code reads with LOAD_GLOBAL; a class body reads them with
+    LOAD_NAME (`class Local: k = SCALE` inside a node), so a worker raised NameError where the
+    caller's process computed."""
+    if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict)
+            and isinstance(state[1].get("__globals__"), dict)):
+        return
+    sent, module = state[1]["__globals__"], func.__globals__
+    for name in _class_body_names(func.__code__):
+        if name not in sent and name in module:
+            sent[name] = module[name]
+
+
+@functools.lru_cache(maxsize=256)
+def _class_body_names(code: types.CodeType) -> frozenset[str]:
+    """The names the code objects nested in `code` (class bodies) load by name and do not set."""
+    import dis
+
+    found: set[str] = set()
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            steps = list(dis.get_instructions(inner))
+            stored = {step.argval for step in steps if step.opname == "STORE_NAME"}
+            found |= {step.argval for step in steps if step.opname == "LOAD_NAME"} - stored
+            found |= _class_body_names(inner)
+    return frozenset(found)
 
 
 _UNSEEN: Any = object()
