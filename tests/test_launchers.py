@@ -44,3 +44,38 @@ def test_a_script_run_by_runpy_run_path_runs_once_and_its_nodes_read_its_state(t
     assert out.stdout.split("\n")[0] == "[5, 10, 15, 20]"
     ran_in = (tmp_path / "runs.log").read_text().split()
     assert len(ran_in) == 1, f"the script's top level ran in {len(ran_in)} processes"
+
+
+JOB = """
+import os
+from hardy import Pipeline, node
+
+with open("runs.log", "a") as f:
+    f.write(f"{os.getpid()}\\n")
+SCALE = 3
+
+@node(output_name="y")
+def scaled(x):
+    return x * SCALE
+
+pipeline = Pipeline([scaled])
+print([o["y"] for o in pipeline.map(inputs={"x": [1, 2, 3, 4]}, map_over="x")], flush=True)
+"""
+
+
+@pytest.mark.parametrize("command", [[sys.executable, "-c", "import job"],
+                                     [sys.executable, "-m", "hardy.cli", "run", "job:pipeline", "--set", "x=7"]])
+def test_a_module_whose_top_level_maps_runs_once_when_imported(tmp_path, command):
+    """A file with no `__main__` guard imported (in a notebook, by `hardy run job:pipeline`): each
+    worker imported it to find the node, ran its top level, and so the whole map again in itself,
+    side effects included (three processes wrote the log, and `double` ran 60 times for 20 items)."""
+    (tmp_path / "job.py").write_text(textwrap.dedent(JOB))
+    out = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)])})
+    assert out.returncode == 0, out.stderr
+    if "run" in command:  # (`hardy run` keeps its standard output for the results: the script's print goes to stderr)
+        assert '"y": 21' in out.stdout and "[3, 6, 9, 12]" in out.stderr, out
+    else:
+        assert out.stdout.split("\n")[0] == "[3, 6, 9, 12]"
+    ran_in = (tmp_path / "runs.log").read_text().split()
+    assert len(ran_in) == 1, f"the module's top level ran in {len(ran_in)} processes"

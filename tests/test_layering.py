@@ -144,6 +144,8 @@ FOREIGN_PRIVATE = {
     "_data": "os.environ: its encoded mapping, compared cheaply to see that nothing changed",
     "_config": "multiprocessing: a daemonic process's flag, lifted so a Dask worker may start hardy's",
     "_dynamic_class_reduce": "cloudpickle: a class pickled by value",
+    "_initializing": "importlib: a module spec's mark while the module's top level runs (one that runs a map is "
+                     "never imported by a worker: shipping/replica.py)",
     "_abc_registry_clear": "abc.ABCMeta: an ABC's virtual subclasses made a caller's again in a worker (a reload "
                            "took one back: no public way forgets a registration)",
     "_abc_caches_clear": "abc.ABCMeta: as _abc_registry_clear, its isinstance caches",

@@ -111,11 +111,19 @@ NAMES = ""  # the entry of a module's stamps for the set of names it binds (no n
 def is_script(module_name: str) -> bool:
     """`__main__`, or a script a launcher ran (`runpy.run_path("train.py")`, which names it `<run_path>`
     or its `run_name`): a module with a file but no import spec, whose file is the script itself.
+    Or a module whose top level ran a map (`import job` of a file with no `__main__` guard, and
+    `hardy run job:pipeline`), from then on: a worker importing it would run that map again.
     A worker never imports or runs it (that would repeat what the script did: `_module`)."""
     module = sys.modules.get(module_name)
+    spec = getattr(module, "__spec__", None)
+    if getattr(spec, "_initializing", False) is True:  # (importlib's mark of a module whose top level runs)
+        _MAPPED_AT_IMPORT.add(module_name)
     return module_name == "__main__" or not all(part.isidentifier() for part in module_name.split(".")) or (
-        module is not None and getattr(module, "__spec__", None) is None
-        and isinstance(getattr(module, "__file__", None), str))
+        module is not None and spec is None and isinstance(getattr(module, "__file__", None), str)) or (
+        module_name in _MAPPED_AT_IMPORT)
+
+
+_MAPPED_AT_IMPORT: set[str] = set()  # the modules whose top level built a plan that reads them
 
 
 SCRIPT = "\0script"  # a module's file, for a worker: a script, never imported or run there (no path holds a NUL)
