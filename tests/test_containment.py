@@ -255,8 +255,8 @@ def test_ctrl_c_during_a_map_carries_every_finished_result(tmp_path):
 def test_an_uncaught_ctrl_c_of_a_map_shows_the_users_frames_not_hardys(tmp_path, executor):
     """Uncaught, a map's interrupt printed the KeyboardInterrupt as it landed in hardy's wait for
     its workers (seven of hardy's frames, down to a selector's poll) before the MapInterrupted;
-    a `threaded` map's, as it landed in the standard library's (`waiter.acquire()`). Where it
-    landed in the user's node (in this process), that frame is shown."""
+    a `threaded` map's, as it landed in the standard library's (`waiter.acquire()`). The node's
+    frame is shown where it ran: in this process, or (from its stack) in the worker."""
     marker = tmp_path / "half"
     out, err = ctrl_c(f"""
         import time
@@ -276,8 +276,37 @@ def test_an_uncaught_ctrl_c_of_a_map_shows_the_users_frames_not_hardys(tmp_path,
     assert "MapInterrupted: map interrupted: 2 of 9 items completed" in err, err
     hardy_frames = [line for line in err.splitlines() if "/hardy/" in line and line.lstrip().startswith("File")]
     assert len(hardy_frames) == 1, err  # (`raise` in map: the one frame of hardy's API)
-    assert (", in step" in err) == (executor == "sequential"), err
+    assert (", in step" in err) == (executor != "threaded"), err
     assert "threading.py" not in err and "concurrent" not in err, err
+
+
+@pytest.mark.parametrize("executor", ["process", "sequential"])
+@pytest.mark.parametrize("call", ["run", "imap"])
+def test_ctrl_c_of_a_run_or_an_imap_shows_the_node_where_it_was_not_hardys_wait(tmp_path, executor, call):
+    """Ctrl-C to see where a stuck script is: in a worker, `run()`'s KeyboardInterrupt ended in
+    nine of hardy's frames (down to `poller.poll`), and `imap()`'s in three, without the node's."""
+    marker = tmp_path / "stuck"
+    out, err = ctrl_c(f"""
+        import time
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def stuck(x):
+            open({str(marker)!r}, "w").close()
+            time.sleep(3600)
+
+        pipeline = Pipeline([stuck], engine=Engine(map_executor={executor!r}))
+        if {call!r} == "run":
+            pipeline.run(inputs={{"x": 1}})
+        else:
+            for out in pipeline.imap(inputs={{"x": [1, 2]}}, map_over="x"):
+                print(out)
+    """, marker)
+    frames = [line.strip() for line in err.splitlines() if line.lstrip().startswith("File")]
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    assert len([f for f in frames if "/hardy/" in f]) == 1, err  # (the `raise` in the API's method)
+    if call == "run" or executor == "sequential":  # (an imap's windows run in a thread of hardy's)
+        assert frames[-1].endswith(", in stuck"), err
 
 
 def test_ctrl_c_during_an_imap_stops_a_hung_item_and_hands_out_what_finished_in_order(tmp_path):

@@ -289,6 +289,44 @@ def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] 
     return code.replace(co_qualname=name) if sys.version_info >= (3, 11) else code  # type: ignore[call-arg,unused-ignore]
 
 
+def where_interrupted(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """A Ctrl-C's `tb` from the user's first frame on (`own_frames`), or None when it holds no
+    frame of the user's code: it landed in hardy's wait for its workers (or the standard
+    library's, a `threaded` map's), whose frames say nothing about where the user's code was."""
+    frames = own_frames(tb)
+    entry = frames
+    while entry is not None and not is_users(entry.tb_frame.f_code.co_filename):
+        entry = entry.tb_next
+    return frames if entry is not None else None
+
+
+def landed_in_worker(interrupt: BaseException, frames: list[tuple[str, str, int]]) -> None:
+    """Gives a Ctrl-C that landed here, in hardy's wait, the frames (file, function, line; from a
+    worker's faulthandler stack, outermost first) of the user's code the worker was running when
+    it came, after hardy's: its traceback then ends where the same script's in-process one would
+    (a node stuck in `time.sleep`), and `where_interrupted` keeps those frames."""
+    first = next((k for k, (file, _, _) in enumerate(frames) if is_users(file)), None)
+    if first is None:
+        return
+    tb = interrupt.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    theirs = rebuilt([(file, name, "", line, _whole_line(file, line), {}, 1) for file, name, line in frames[first:]])
+    if tb is None:
+        interrupt.__traceback__ = theirs
+    else:
+        tb.tb_next = theirs
+
+
+
+def _whole_line(filename: str, lineno: int) -> tuple[int, int, int] | None:
+    """The columns of line `lineno`'s code, all of it: what Python underlines nothing of (a stack
+    names lines, not the expression on them)."""
+    import linecache
+    line = linecache.getline(filename, lineno).rstrip()
+    return (lineno, len(line) - len(line.lstrip()), len(line)) if line.strip() else None
+
+
 E = TypeVar("E", bound=BaseException)
 
 

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import MapInterrupted, NodeError
-from ..tracebacks import is_users, own_frames
+from ..tracebacks import where_interrupted
 
 _BEFORE: list[Any] = []  # the excepthook hardy's replaced, once installed
 
@@ -31,11 +31,8 @@ def interrupted(results: list[Any], failures: dict[int, NodeError], report_dir: 
         _BEFORE.append(sys.excepthook)
         sys.excepthook = _exit_as_interrupted
     err = MapInterrupted(results, failures, report_dir)
-    frames = own_frames(interrupt.__traceback__)
-    tb, theirs = frames, False
-    while tb is not None and not theirs:
-        theirs, tb = is_users(tb.tb_frame.f_code.co_filename), tb.tb_next
-    err.__cause__ = interrupt.with_traceback(frames) if theirs else None
+    frames = where_interrupted(interrupt.__traceback__)
+    err.__cause__ = interrupt.with_traceback(frames) if frames is not None else None
     err.__suppress_context__ = True
     return err
 

@@ -23,13 +23,12 @@ from ..observe.progress import MapProgress, count_cached, progress_wanted
 from ..observe.report import Recorder, RunReport
 from ..plan.map_items import map_items, mapped_over, share_input_keys
 from ..plan.memo import Memo
-from ..tracebacks import at_user_frames
+from ..tracebacks import at_user_frames, where_interrupted
 from .debugging import run_again, with_reruns
 from .interrupts import interrupted
 from .nesting import DEFAULT_NAME, PipelineNode, numbered
 
-# What runs a call (plans, executors, results sinks, events) loads in the method that needs it: a first
-# map starts its fork server first (`Engine.executor`), which boots meanwhile (docs/architecture.md).
+# What runs a call loads in the method that needs it: a first map starts its fork server first, to boot meanwhile.
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -64,8 +63,7 @@ class Pipeline:
         self._engine_given = engine is not None  # a nested pipeline without one runs on its parent's
         self._engine_cache: PlanCache | None = None  # the engine's cache when the memoised plans were compiled
         self.callbacks = list(callbacks or [])
-        self.cache = cache
-        self.strict = strict
+        self.cache, self.strict = cache, strict
         self._bound: dict[str, Any] = {}
         self._with_engine: dict[int, Pipeline] = {}
         self._recorder = Recorder()  # shared with this pipeline's per-engine and per-cache copies
@@ -93,8 +91,7 @@ class Pipeline:
 
     @engine.setter
     def engine(self, engine: Engine) -> None:
-        self._engine = engine
-        self._engine_given = True
+        self._engine, self._engine_given = engine, True
         self._forget_plans()
 
     # Settings compiled into plans: changing one after a run makes the next call compile anew.
@@ -176,8 +173,7 @@ class Pipeline:
             return self
         copy = self._with_cache.get(id(cache))
         if copy is None:
-            copy = self._copy(_own_cache=cache, _reports=False)
-            self._with_cache[id(cache)] = copy
+            copy = self._with_cache[id(cache)] = self._copy(_own_cache=cache, _reports=False)
         return copy
 
     def observed_by(self, callbacks: Sequence[PipelineCallback]) -> Self:
@@ -247,6 +243,8 @@ class Pipeline:
         except NodeError as err:  # raised ending in the frames of the user's code that raised (pdb.pm())
             err.rerun = lambda what: run_again(self, values, output_name, what)
             raise at_user_frames(err) from err.__cause__
+        except KeyboardInterrupt as exc:  # Ctrl-C: shown where it landed in the user's code (a worker's too)
+            raise exc.with_traceback(where_interrupted(exc.__traceback__))  # noqa: B904
         finally:
             if here:  # (in a worker, nothing ran here to `_settle`)
                 self._settle(plan, False)
@@ -467,6 +465,8 @@ class Pipeline:
                 outcomes = watch.recorded(self, outcomes)
             try:
                 yield from watch.streamed(name, dict(values), outcomes, self._node_ids, n)
+            except KeyboardInterrupt as exc:  # (as in `run`)
+                raise exc.with_traceback(where_interrupted(exc.__traceback__))  # noqa: B904
             finally:
                 self._settle(plan, True)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import mapped
-from .frames import MARK, name_frames
+from .frames import MARK, name_frames, python_frames
 from .lines import EXIT, INTERRUPTED, NESTING, THREAD
 
 if TYPE_CHECKING:
@@ -66,6 +66,10 @@ class FaultRecord:
     def frames(self) -> list[Frame]:
         """The native frames, innermost first, named (`frames.name_frames`)."""
         return name_frames(list(self.native), self.libraries, self.symbols)
+
+    def python_frames(self) -> list[tuple[str, str, int]]:
+        """The Python frames (file, function, line) of the thread that ran the node, outermost first."""
+        return python_frames(self.stack)
 
 
 def read(path: str) -> FaultRecord:

@@ -74,9 +74,9 @@ def _call(pool: WorkerPool, plan: Plan, item: dict[str, Any], sink: Callable[[],
     except OSError:  # it died as we wrote
         message.close()  # (its segments, if it was not sent)
         data = None
-    except BaseException:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
+    except BaseException as exc:  # interrupted (Ctrl-C): the map loop asks for its last words and replaces it
         message.close()
-        _interrupted(_adopted(pool, plan, item, sink(), slot, w))
+        _interrupted(_adopted(pool, plan, item, sink(), slot, w), exc)
         raise
     if data is not None and plain_outputs(data) and not transport.packed(data, HEADER_SIZE):
         try:
@@ -126,12 +126,11 @@ def _resume(run: MapRun, slot: int, w: Worker, data: bytes | None) -> None:
         run.deaths.on_death(w)
 
 
-def _interrupted(run: MapRun) -> None:
+def _interrupted(run: MapRun, exc: BaseException) -> None:
     """The caller was interrupted while the adopted call ran: as the map loop stops when it is
     (the busy worker's last words asked for, then it is replaced)."""
-    run.results.stop = True
     try:
-        run.cancel()
+        run.interrupted(exc)
     finally:
         run.shared.close()
         run.pool.release(run, range(run.pool.size))

@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..crash.record import FaultRecord
+from ..crash.record import read as read_record
 from ..crash.stacks import hang_stacks
 from ..errors import (
     GpuOutOfMemory,
@@ -37,6 +39,7 @@ from ..shipping import (
 )
 from ..shipping.payload import dump_values
 from ..shipping.replica import replica
+from ..tracebacks import landed_in_worker
 from . import status as words
 from .deaths import Deaths
 from .messages import HEADER_SIZE, Header, Resend, Values
@@ -237,11 +240,10 @@ class MapRun:
                 self.on_ready(busy, TICK if self.limited or self.due else STOP_POLL)
                 if self.limited:
                     self.check_limits(busy)
-        except BaseException:
+        except BaseException as exc:
             # Interrupted (Ctrl-C, a PicklingError): workers still busy would answer into the next
             # map, so they are replaced, after sending what they computed.
-            self.results.stop = True
-            self.cancel()
+            self.interrupted(exc)
             raise
         finally:
             self.shared.close()
@@ -266,12 +268,21 @@ class MapRun:
         for w in dict.fromkeys(dead):
             self.deaths.on_death(w)
 
-    def cancel(self) -> None:
+    def interrupted(self, exc: BaseException) -> None:
+        """The run ends on `exc`, raised here (Ctrl-C, a PicklingError): its busy workers are
+        stopped (`cancel`), and a Ctrl-C's traceback ends in the frames of the user's code the
+        earliest item in flight was running, as the same script's in-process one does."""
+        self.results.stop = True
+        stacks = self.cancel(where=isinstance(exc, KeyboardInterrupt))
+        if stacks:
+            landed_in_worker(exc, stacks[min(stacks)].python_frames())
+
+    def cancel(self, where: bool = False) -> dict[int, FaultRecord]:
         """Stop this run's busy workers now (a hung or slow item must not delay the error or the
         interruption that ends the map), keeping every result they computed: each is asked for its
-        last words (the results it holds, `replies.Replies.last_words`) before it is killed and replaced.
-        Their items in flight stay unrun."""
-        pool = self.pool
+        last words (the results it holds, `replies.Replies.last_words`) and its stack before it is
+        killed and replaced. Their items in flight stay unrun; `where`: their stacks, by item."""
+        pool, stacks = self.pool, {}  # (their records: the stack read where an interruption asks)
         busy = [(slot, w) for slot, w in enumerate(pool.workers)
                 if w is not None and w.busy and pool.owners[slot] is self]
         for _, w in busy:
@@ -280,8 +291,11 @@ class MapRun:
         for slot, w in busy:
             w.await_last_words(deadline)
             w.process.kill()
+            if where and w.unsent:
+                stacks[min(w.unsent)] = read_record(w.fault_path)
             self.receive(w)
             pool.replace(slot, stop=False)
+        return stacks
 
     def receive(self, w: Worker) -> bool:
         """Take everything the worker sent; False if its pipe is closed (it died)."""
