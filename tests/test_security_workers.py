@@ -6,15 +6,24 @@ the right key from another uid). Rows of docs/security.md."""
 
 from __future__ import annotations
 
+import ast
+import fcntl
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from hardy import Engine, Pipeline, node
 from test_lifecycle import _as_nobody as as_other_user
 
+SRC = str(Path(__file__).resolve().parent.parent / "src")
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user"),
               pytest.mark.timeout(180)]
 
@@ -82,3 +91,105 @@ def test_another_user_cannot_open_the_shared_memory_of_a_worker_or_its_parent(tm
             (tmp_path / "go").touch()
             mapping.join(60)
     assert out == [[{"y": 2}]]
+
+
+DASK_MAP = """
+import sys
+from hardy import Engine, Pipeline, node
+from hardy.integrations.dask import DaskExecutor
+
+@node(output_name="y")
+def where(x):
+    return [p for p in sys.path if "dask-scratch-space" in p]
+
+engine = Engine(map_executor=DaskExecutor(workers=1))
+out = Pipeline([where], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")
+print("paths", [p for o in out for p in o["y"]])
+engine.close()
+print("left", [p for p in sys.path if "dask-scratch-space" in p])
+"""
+
+
+def test_another_users_dask_scratch_folder_is_neither_imported_from_nor_waited_on():
+    """Dask's scratch folder was `$TMPDIR/dask-scratch-space`, taken as found: another user who
+    made it (writable by anyone) got its workers' folders first on `sys.path`, in your process and
+    hardy's fork server (their `numpy.py` ran as you), and held its lock file, on which your next
+    cluster waited for ever. `DaskExecutor()` now starts its LocalCluster in a private folder."""
+    pytest.importorskip("distributed")
+    base = Path(tempfile.mkdtemp(prefix="hardy-shared-tmp-", dir="/tmp"))  # (one the other user can reach)
+    base.chmod(0o755)
+    shared = base / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    holder = os.fork()
+    if holder == 0:  # another user: makes the folder Dask takes, writable by anyone, and holds its lock
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            folder = shared / "dask-scratch-space"
+            folder.mkdir()
+            folder.chmod(0o777)
+            with open(folder / "global.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                (folder / "held").touch()
+                time.sleep(600)
+        finally:
+            os._exit(1)
+    try:
+        while not (shared / "dask-scratch-space" / "held").exists():
+            assert os.waitpid(holder, os.WNOHANG) == (0, 0), "the other user's process ended"
+            time.sleep(0.05)
+        try:
+            out = subprocess.run([sys.executable, "-c", DASK_MAP], capture_output=True, text=True, timeout=120,
+                                 env={**os.environ, "TMPDIR": str(shared), "PYTHONPATH": SRC})
+        except subprocess.TimeoutExpired:
+            pytest.fail("the map waited on the lock another user holds in $TMPDIR/dask-scratch-space")
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+        left = [p.name for p in shared.iterdir()]
+        shutil.rmtree(base)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    mine = [p for p in ast.literal_eval(lines["paths"]) if p.startswith(str(shared / "dask-scratch-space"))]
+    assert mine == [], f"the other user's folder is on sys.path: {mine}"
+    assert ast.literal_eval(lines["left"]) == [], "Dask's folders stayed on sys.path once the executor closed"
+    assert left == ["dask-scratch-space"], "the private folder was left behind"
+
+
+RAY_MAP = """
+from hardy import Engine, Pipeline, node
+from hardy.integrations.ray import RayExecutor
+
+@node(output_name="y")
+def plus(x):
+    return x + 1
+
+engine = Engine(map_executor=RayExecutor(workers=1))
+print([o["y"] for o in Pipeline([plus], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")])
+engine.close()
+"""
+
+
+def test_another_users_ray_folder_does_not_stop_a_local_ray_instance():
+    """Ray's folder was `$TMPDIR/ray`, taken as found: another user who made it first (a folder
+    of theirs, `0755`, or a file) stopped every local instance from starting, and Ray makes its
+    folders there writable by anyone. `RayExecutor()` now keeps them in a private one. (This
+    process is root, whom a folder's mode does not stop: the other user makes a file.)"""
+    pytest.importorskip("ray")
+    base = Path(tempfile.mkdtemp(prefix="hardy-shared-tmp-", dir="/tmp"))  # (one the other user can reach)
+    base.chmod(0o755)
+    shared = base / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    try:
+        assert as_other_user(lambda: ((shared / "ray").touch(mode=0o644), 0)[1]) == 0
+        out = subprocess.run([sys.executable, "-c", RAY_MAP], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "TMPDIR": str(shared), "PYTHONPATH": SRC})
+        left = sorted(p.name for p in shared.iterdir())
+    finally:
+        shutil.rmtree(base)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "[2, 3]"
+    assert left == ["ray"], "the private folder was left behind"

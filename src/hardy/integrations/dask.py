@@ -11,10 +11,23 @@ up to four workers before Dask gives up. On clusters you start, set it yourself 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .remote import TaskExecutor, require
+
+# A LocalCluster's settings. Its scratch folder (`temporary-directory`) is a private one: Dask's
+# default, `$TMPDIR/dask-scratch-space`, is taken as it is found where another user made it
+# (writable by anyone), and Dask puts its workers' folders in it first on `sys.path`, where a module
+# of theirs is imported by your process and hardy's fork server; and they can hold its lock file,
+# on which your next cluster waits for ever. Its HTTP servers listen on loopback with no routes:
+# another user of the machine would read its logs and stacks there, and retire its workers.
+_LOCAL_SETTINGS = {"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.http.routes": [],
+                   "distributed.worker.http.routes": []}
 
 
 class DaskExecutor(TaskExecutor):
@@ -27,6 +40,8 @@ class DaskExecutor(TaskExecutor):
         self.client: Any = None
         self._cluster: Any = None
         self._own_client = False
+        self._folder: str | None = None  # the private scratch folder of the LocalCluster started here
+        self._removal: weakref.finalize[Any, Any] | None = None
 
     def _start(self) -> None:
         if self.client is not None:
@@ -40,9 +55,12 @@ class DaskExecutor(TaskExecutor):
         if self.address:
             self.client = Client(self.address, timeout="30s")
         else:
-            with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+            self._folder = tempfile.mkdtemp(prefix="hardy-dask-")
+            self._removal = weakref.finalize(self, shutil.rmtree, self._folder, True)  # (at exit, if not closed)
+            with dask.config.set(_LOCAL_SETTINGS, **{"temporary-directory": self._folder}):
                 self._cluster = LocalCluster(n_workers=self.n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                                             processes=False, dashboard_address="127.0.0.1:0")
+                                             processes=False, dashboard_address="127.0.0.1:0",
+                                             worker_dashboard_address="127.0.0.1:0")
                 self.client = Client(self._cluster)
         self._own_client = True
 
@@ -86,6 +104,10 @@ class DaskExecutor(TaskExecutor):
         if self._cluster is not None:
             self._cluster.close()
         self.client = self._cluster = None
+        if self._folder is not None and self._removal is not None:  # Dask leaves its folders on sys.path:
+            sys.path[:] = [p for p in sys.path if not p.startswith(self._folder + os.sep)]  # paths another
+            self._removal()  # user could make again, once removed
+            self._folder = self._removal = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "client": None, "_cluster": None}
+        return {**self.__dict__, "client": None, "_cluster": None, "_folder": None, "_removal": None}

@@ -9,11 +9,18 @@ Tasks run with `max_retries=0`: a crash is hardy's to classify and retry (the no
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .remote import TaskExecutor, require
+
+# The longest temporary folder Ray's socket paths fit under (107 bytes, with its private folder's
+# name and `/session_<date>_<time>_<pid>/sockets/plasma_store` after it).
+_TEMP_PATH_MAX = 24
 
 
 class RayExecutor(TaskExecutor):
@@ -27,6 +34,7 @@ class RayExecutor(TaskExecutor):
         self.init_kwargs = dict(init_kwargs or {})
         self._started = False
         self._tasks: dict[Any, Any] = {}
+        self._removal: weakref.finalize[Any, Any] | None = None  # of the private folder of a local instance
 
     def _start(self) -> None:
         ray = require("ray", "ray")
@@ -35,10 +43,17 @@ class RayExecutor(TaskExecutor):
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
             if self.address:
                 ray.init(address=self.address, **kwargs)
-            else:  # "local": never attach to a stale cluster found through /tmp/ray; loopback only.
+            else:  # "local": never attach to a stale cluster found through /tmp/ray.
                 # Workers on this machine import what the driver imports (multiprocessing and Dask's
                 # LocalCluster do the same); a cluster's workers need the code installed.
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
+                # Its session folder, sockets and logs in a private folder: Ray's default,
+                # `$TMPDIR/ray`, is taken as found (another user who made it first stops every
+                # start), and Ray makes its folders in it writable by anyone.
+                if "_temp_dir" not in kwargs:  # (its sockets' paths must fit in 107 bytes: under /tmp if need be)
+                    short = len(tempfile.gettempdir()) <= _TEMP_PATH_MAX or not os.path.isdir("/tmp")
+                    kwargs["_temp_dir"] = tempfile.mkdtemp(prefix="hardy-ray-", dir=None if short else "/tmp")
+                    self._removal = weakref.finalize(self, shutil.rmtree, kwargs["_temp_dir"], True)
                 # A Ray worker that exits SIGKILLs its children (Ray 2.x), hardy's fork server among
                 # them, which then cannot collect its workers and what their nodes started; told not
                 # to, the server cleans up itself as the worker's pipe closes, as under any other parent.
@@ -96,6 +111,9 @@ class RayExecutor(TaskExecutor):
             ray.shutdown()
             self._started = False
         self._tasks.clear()
+        if self._removal is not None:
+            self._removal()  # (its folder)
+            self._removal = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tasks": {}, "_started": False}
+        return {**self.__dict__, "_tasks": {}, "_started": False, "_removal": None}
