@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -709,3 +710,110 @@ def test_a_failed_lines_stack_keeps_its_innermost_8000_characters_and_resume_rea
                        "--resume", "out.jsonl")
     assert again.returncode == 1, again.stderr  # (the failed items' lines are there: nothing runs again)
     assert (tmp_path / "out.jsonl").read_text().count("\n") == 2  # the cut line dropped, nothing run again
+
+
+FILE_NAMES = """
+import os
+from hardy import Pipeline, node
+
+@node(output_name="name")
+def file_name(i: int, suffix: str = ".txt") -> str:
+    # os.listdir's name for a file whose name is not UTF-8 (a Latin-1 "café" from an old archive)
+    return (os.fsdecode(b"caf\\xe9") if i == 1 else f"file{i}") + suffix
+
+pipeline = Pipeline([file_name], name="names")
+"""
+
+
+@pytest.mark.parametrize("output", [None, "out.jsonl"])
+def test_a_str_that_is_not_utf8_is_written_as_a_json_escape_that_reads_back_the_same(tmp_path, output):
+    """A file name from os.listdir holds a surrogate escape: stdout got the raw byte (no JSON parser
+    reads the line), --output died with hardy's traceback, losing the lines after it, and the
+    stream's clean-up started a fork server as the interpreter ended. A --set value that is not
+    UTF-8 (argv) is the same case."""
+    (tmp_path / "names.py").write_text(FILE_NAMES)
+    args = ["names:pipeline", "--set", "i=[0, 1, 2]", "--map-over", "i", *(["--output", output] if output else [])]
+    command = [sys.executable, "-m", "hardy.cli", "run", *args, "--set", os.fsdecode(b"suffix=.t\xe9t")]
+    out = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == b"", out.stderr.decode(errors="replace")
+    raw = (tmp_path / output).read_bytes() if output else out.stdout
+    lines = {line["item"]: line["outputs"]["name"] for line in map(_strict, raw.decode("utf-8").splitlines())}
+    assert lines == {0: "file0.t\udce9t", 1: "caf\udce9.t\udce9t", 2: "file2.t\udce9t"}, raw
+    assert os.fsencode(lines[1]) == b"caf\xe9.t\xe9t" and b"\\udce9" in raw
+
+
+def test_a_streamed_map_ended_after_its_engine_closed_starts_nothing(tmp_path):
+    """The stream's clean-up asked whether its plan ran in workers by making the engine's
+    executor: after `close()` that started a new fork server and pool (at interpreter exit, a
+    second traceback of hardy's internals)."""
+    script = textwrap.dedent("""
+        import os
+        from pathlib import Path
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def twice(x: int) -> int:
+            return 2 * x
+
+        with Engine(workers=1) as engine:
+            rows = Pipeline([twice]).imap(inputs={"x": list(range(20))}, map_over="x", engine=engine)
+            print(next(rows))
+        rows.close()
+        me = Path(f"/proc/{os.getpid()}/task")
+        print("children", [c for t in me.iterdir() for c in (t / "children").read_text().split()])
+        left = Pipeline([twice]).imap(inputs={"x": list(range(20))}, map_over="x", engine=engine)
+        print(next(left))
+        engine.close()  # and this one is left to the interpreter's exit
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["{'y': 0}", "children []", "{'y': 0}"], out
+    assert out.stderr == "", out.stderr
+
+
+@pytest.mark.parametrize("encoding, said", [
+    ("utf-16", "is UTF-16 text (as PowerShell's > writes it): JSON lines are read as UTF-8; save it as UTF-8 "
+               "(PowerShell: Out-File -Encoding utf8; elsewhere: iconv -f UTF-16 -t UTF-8)"),
+    ("latin-1", "is not UTF-8 text (byte 0xe9 on line 2): JSON lines are read as UTF-8; save it as UTF-8"),
+])
+def test_inputs_that_are_not_utf8_are_a_usage_error_naming_the_file_and_the_fix(tmp_path, encoding, said):
+    (tmp_path / "flows.py").write_text(FLOWS)
+    (tmp_path / "items.jsonl").write_text('{"x": 1}\n{"x": 2, "note": "café"}\n', encoding=encoding)
+    out = _hardy_run(tmp_path, "flows:pipeline", "--inputs", "items.jsonl", "--map-over", "x")
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert f"hardy: --inputs items.jsonl {said}" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    (tmp_path / "items.jsonl").write_bytes(b'\xef\xbb\xbf{"x": 1}\n')  # a byte order mark (PowerShell's utf8)
+    out = _hardy_run(tmp_path, "flows:pipeline", "--inputs", "items.jsonl", "--map-over", "x", "--executor",
+                     "sequential")
+    assert out.returncode == 0 and json.loads(out.stdout)["outputs"] == {"y": 2}, out.stderr
+
+
+def _with_no_reader(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """`hardy ARGS | head` where head has already gone: a pipe whose reader is closed."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run([sys.executable, "-m", "hardy.cli", *args], cwd=tmp_path, stdout=writer,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(writer)
+
+
+def test_repeat_report_and_replay_end_as_sigpipe_does_when_the_reader_goes(tmp_path):
+    """They exited 1 in silence, which is repeat's and replay's "a run failed": every run here
+    succeeded. A repeat with runs still going stops them first (in sessions of their own, they
+    outlive a process that SIGPIPE ends)."""
+    (tmp_path / "divide.py").write_text(RAISES)
+    script = "from divide import pipeline\npipeline.map(inputs={'x': [1, 2]}, map_over='x', on_error='continue')\n"
+    made = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HARDY_REPORT_DIR": str(tmp_path / "reports")})
+    assert made.returncode == 0, made.stderr
+    [report] = (tmp_path / "reports").glob("*.json")
+    for args in (["report", str(report)], ["replay", str(report), "--item", "1"], ["repeat", "-n", "2", "--", "true"]):
+        out = _with_no_reader(tmp_path, *args)
+        assert out.returncode in (141, -signal.SIGPIPE) and "Traceback" not in out.stderr, (args, out)
+    slow = "if [ $HARDY_RUN_INDEX = 2 ]; then echo $$ > slow.pid; exec sleep 300; fi"
+    out = _with_no_reader(tmp_path, "repeat", "-n", "2", "-j", "2", "--", "sh", "-c", slow)
+    assert out.returncode == 141 and out.stderr == "", out
+    if (tmp_path / "slow.pid").exists():  # (it may not have started by the time the first run's line failed)
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / "slow.pid").read_text()), 0)

@@ -501,3 +501,64 @@ def test_an_uncaught_interrupt_exits_130_saying_what_it_held(tmp_path):
     assert said.startswith(f"hardy: interrupted; the map's {held} finished result(s) were in MapInterrupted.results")
     assert "run report in reports" in said
     assert json.loads(next((tmp_path / "reports").glob("*.json")).read_text())["succeeded"] == held
+
+
+SLOW_REPR = """
+import signal, threading
+from hardy import Engine, Pipeline, node
+
+class Client:
+    def __init__(self):
+        self.lock = threading.Lock()
+    def __repr__(self):
+        with self.lock:  # waits for a request in flight, which never ends here
+            return "Client()"
+
+class Loud:
+    def __repr__(self):
+        return "x" * 5_000_000  # a repr that makes a huge string
+
+class Broken:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+@node(output_name="y", timeout=15)
+def fetch(x: int) -> int:
+    signal.signal(signal.SIGALRM, lambda *args: None)  # the node's own alarm, which must outlive the failure
+    signal.setitimer(signal.ITIMER_REAL, 600)
+    loud, broken, client = Loud(), Broken(), Client()
+    client.lock.acquire()
+    after = Broken()
+    raise ValueError(f"bad record {x}")
+
+@node(output_name="alarm")
+def alarm(x: int) -> tuple:
+    return signal.getitimer(signal.ITIMER_REAL)[0] > 0, getattr(signal.getsignal(signal.SIGALRM), "__name__", "")
+
+engine = Engine(workers=1)
+err = Pipeline([fetch], engine=engine).map(inputs={"x": [1]}, map_over="x", on_error="continue")[0].error
+cause = err.__cause__
+print("cause", type(cause).__name__, cause)
+tb = cause.__traceback__
+while tb.tb_next is not None:
+    tb = tb.tb_next
+for name in ("loud", "broken", "client", "after"):
+    print(name, repr(tb.tb_frame.f_locals[name])[:100])
+print("alarm", Pipeline([alarm], engine=engine).map(inputs={"x": [1]}, map_over="x")[0]["alarm"])
+"""
+
+
+def test_a_local_whose_repr_blocks_costs_neither_the_error_nor_the_map(tmp_path):
+    """A worker reprs a failing node's locals to send them: a `__repr__` waiting on a lock turned
+    the node's ValueError into a NodeTimeout (or, without a timeout, held the map forever). The
+    reprs have a budget: the one that waits and those after it are not taken, the error comes
+    back whole, and the node's own alarm handler and timer are still there for the next item."""
+    out = _python(tmp_path, SLOW_REPR, "bug.py")
+    assert out.returncode == 0, out.stderr
+    said = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert said["cause"] == "ValueError bad record 1", out.stdout
+    assert said["loud"].startswith("<__main__.Loud left in the worker process: xxx") and len(said["loud"]) == 100
+    assert said["broken"].startswith("<__main__.Broken left in the worker process: <Broken instance at 0x"), said
+    assert said["client"] == "<__main__.Client left in the worker process: <repr not taken: slow>>", said
+    assert said["after"] == "<__main__.Broken left in the worker process: <repr not taken: slow>>", said
+    assert said["alarm"] == "(True, '<lambda>')", said

@@ -120,3 +120,69 @@ def test_notebook_bar_without_ipywidgets_or_warnings(tmp_path):
     errors = [m["content"] for m in messages if m["msg_type"] == "error"]
     assert not errors and "ipywidgets" not in streams and "Warning" not in streams, (errors, streams)
     assert any("<progress" in h and "6/6" in h and "1 failed" in h and "5 cache hits" in h for h in shown), shown[-3:]
+
+
+LOGS = textwrap.dedent("""
+    import logging, sys, time
+    from hardy import Engine, Pipeline, node
+    logging.basicConfig(level=logging.INFO, format="LOG %(message)s")  # its handler keeps today's sys.stderr
+
+    @node(output_name="y")
+    def f(x: int) -> int:
+        time.sleep(0.15)  # the bar redraws between items
+        logging.getLogger("nodes").info("node logged %s", x)
+        return x
+
+    Pipeline([f], engine=Engine(map_executor=sys.argv[1], workers=1)).map(inputs={"x": list(range(6))}, map_over="x")
+    logging.getLogger("nodes").info("after the map")
+""")
+
+
+def _screen(raw: bytes) -> list[str]:
+    """The rows a terminal shows after `raw`, as far as rich's bar and plain lines need: text,
+    carriage return, line feed, erase line, cursor up (colours and the cursor's visibility dropped)."""
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]", raw.decode(errors="replace")):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+            rows += [[] for _ in range(row + 1 - len(rows))]
+        elif token == "\x1b[2K":
+            rows[row] = []
+        elif token.startswith("\x1b[") and token.endswith("A"):
+            row = max(0, row - int(token[2:-1] or 1))
+        elif not token.startswith("\x1b"):
+            line = rows[row]
+            line += [" "] * (col + 1 - len(line))
+            line[col] = token
+            col += 1
+    return ["".join(r).rstrip() for r in rows]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_log_lines_appear_whole_above_the_bar(tmp_path, executor):
+    """`logging.basicConfig` writes to the stream it found, past rich's redirection: each log line
+    (a node's in this process, or a worker's, handled by this process's loggers) was glued to a
+    stale frame of the bar ("pipeline ━━╸━ 1/6 ... 3 items/sLOG node logged 1")."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", LOGS, executor], stdin=subprocess.DEVNULL, stdout=child,
+                            stderr=child, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"}, cwd=tmp_path)
+    os.close(child)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(main)
+    assert proc.wait(timeout=120) == 0, raw.decode(errors="replace")[-2000:]
+    rows = [row for row in _screen(raw) if row]
+    logged = [row for row in rows if "LOG" in row]
+    assert logged == [f"LOG node logged {x}" for x in range(6)] + ["LOG after the map"], rows
+    bars = [row for row in rows if row.startswith("pipeline")]
+    assert len(bars) == 1 and "6/6" in bars[0] and rows.index(bars[0]) == len(rows) - 2, rows  # one bar, below

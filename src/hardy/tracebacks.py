@@ -35,6 +35,8 @@ _PLAIN = (type(None), bool, int, float, complex)
 _CONTAINERS = (tuple, list, dict, set, frozenset)
 MAX_LOCALS = 64  # per frame: the rest are left out (a frame with more is rare, and pdb shows what came)
 MAX_TEXT = 10_000  # a str or bytes local longer than this travels as a stand-in
+REPR_BUDGET = 1.0  # seconds the local reprs of one traceback may take together (`_Budget`)
+NOT_TAKEN = "<repr not taken: slow>"  # the text of a local whose repr ran past the budget, or came after it
 Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any], int]]
 
 
@@ -115,14 +117,97 @@ class LeftBehind:
 
 def travelling(tb: types.TracebackType | None) -> Frames:
     """The frames of `tb`, outermost first, as data that pickles: (file, function, module,
-    line, (end line, column, end column) or None, locals, the function's first line)."""
+    line, (end line, column, end column) or None, locals, the function's first line). The
+    locals' reprs together take `REPR_BUDGET` seconds at most (`_Budget`)."""
     frames: Frames = []
-    while tb is not None:
-        frame, code = tb.tb_frame, tb.tb_frame.f_code
-        frames.append((code.co_filename, code.co_name, str(frame.f_globals.get("__name__", "")), tb.tb_lineno,
-                       _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame), code.co_firstlineno))
-        tb = tb.tb_next
+    with _Budget(REPR_BUDGET) as budget:
+        while tb is not None:
+            frame, code = tb.tb_frame, tb.tb_frame.f_code
+            frames.append((code.co_filename, code.co_name, str(frame.f_globals.get("__name__", "")), tb.tb_lineno,
+                           _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame, budget), code.co_firstlineno))
+            tb = tb.tb_next
     return frames
+
+
+class _Cut(BaseException):
+    """Raised by `_Budget`'s timer into a repr that ran past the budget. A BaseException, so that
+    a repr's own `except Exception` does not swallow it."""
+
+
+class _Budget:
+    """The seconds a traceback's local reprs may take together. Nothing calls `repr` on a failure
+    in-process; a worker does, to send the locals' stand-ins, and a `__repr__` that waits (on a
+    lock another thread holds, a client asking its connection, a lazy value computing) held the
+    item until its timeout (a NodeTimeout in place of the node's own error) or forever. Once
+    the budget is spent, the repr in progress is cut and the remaining locals are not taken
+    (`NOT_TAKEN`): the failure comes back within about `seconds`, the user's error whole.
+
+    How: an ITIMER_REAL timer, set at the first repr, and a SIGALRM handler that raises `_Cut`
+    (while a repr runs; between reprs it only marks the budget spent). A Python signal handler
+    runs between bytecodes and interrupts a blocking wait on Linux (a lock's acquire, a sleep, a
+    socket read: PEP 475 retries only after the handler returned), in the main thread, where a
+    worker runs its items and makes their failures ready to travel. Not a thread running the repr with a timeout: a
+    repr that never returns would leave that thread running, and a repr that runs on another
+    thread than its object's may not be safe. The previous handler and timer (the node's own
+    `signal.alarm`) are put back, the time spent taken off what was left of it. Elsewhere (a
+    thread of the node logging an exception; a SIGALRM handler set from C, which Python cannot
+    put back) the reprs are not timed. A repr stuck in C code that never checks for
+    signals is not cut either."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.spent, self.running, self.armed = seconds, False, False, False
+        self.previous: Any = None
+        self.timer = (0.0, 0.0)
+        self.started = 0.0
+
+    def __enter__(self) -> _Budget:
+        return self
+
+    def _arm(self) -> None:
+        """The timer, started with the first repr (a traceback of plain locals sets none)."""
+        import signal
+        import threading
+        import time
+        self.armed = True
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGALRM) is None:
+            return
+        self.started = time.monotonic()
+        self.timer = signal.setitimer(signal.ITIMER_REAL, 0)  # (the node's own alarm, if any: put back at exit)
+        self.previous = signal.signal(signal.SIGALRM, self._alarm)
+        left = self.timer[0]
+        signal.setitimer(signal.ITIMER_REAL, min(self.seconds, left) if left else self.seconds, 0.05)
+
+    def _alarm(self, signum: int, frame: Any) -> None:
+        self.spent = True  # (between reprs: the ones left are not taken)
+        if self.running:  # (every 50 ms after: a repr that swallowed one and waits again is cut again)
+            raise _Cut
+
+    def take(self, value: Any) -> str | None:
+        """`value`'s short repr, or None once the budget is spent."""
+        if not self.armed:
+            self._arm()
+        if self.spent:
+            return None
+        try:
+            try:
+                self.running = True
+                text: str = _repr().repr(value)
+            finally:
+                self.running = False
+        except _Cut:  # (also one that came as the repr returned: the budget is spent either way)
+            return None
+        return text
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+        import time
+        if self.previous is None:
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+        left, interval = self.timer
+        if left:  # the node's own timer, less the time spent here (at once if that has passed)
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-6), interval)
 
 
 def _position(code: types.CodeType, lasti: int, lineno: int) -> tuple[int, int, int] | None:
@@ -138,21 +223,23 @@ def _position(code: types.CodeType, lasti: int, lineno: int) -> tuple[int, int, 
     return end, col, end_col
 
 
-def _locals(frame: types.FrameType) -> dict[str, Any]:
+def _locals(frame: types.FrameType, budget: _Budget) -> dict[str, Any]:
     if frame.f_locals is frame.f_globals:  # a module's top level: its globals are not the frame's own
         return {}
-    return {name: _local(value) for name, value in itertools.islice(frame.f_locals.items(), MAX_LOCALS)}
+    return {name: _local(value, budget) for name, value in itertools.islice(frame.f_locals.items(), MAX_LOCALS)}
 
 
-def _local(value: Any) -> Any:
+def _local(value: Any, budget: _Budget) -> Any:
     if _plain(value, 2):
         return value
     if isinstance(value, LeftBehind):
         return value
     try:
-        text = _repr().repr(value)
+        text = budget.take(value)
     except Exception:  # a broken __repr__ must not cost the traceback
         text = "(its repr failed)"
+    if text is None:
+        text = NOT_TAKEN
     kind = type(value)
     return LeftBehind(kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
                       text)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import typer
 
 from .. import __version__
 from .usage import PlainUsage, at_least
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="hardy: pipelines of plain Python functions that survive native crashes.")
@@ -60,6 +68,25 @@ def quiet_when_the_reader_goes() -> None:
     tool (exit status 141), not with click's silent exit code 1, which reads as a failure. For
     commands that only print; `hardy run` stops its map and its workers first."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def exit_141_once_the_runs_stop(printer: Console) -> Iterator[None]:
+    """`quiet_when_the_reader_goes` for a command whose runs go on while it prints (`hardy repeat
+    -j 4 -- CMD | head -1`): SIGPIPE's default would end this process at once and leave the runs
+    going, in sessions of their own. Instead the closed pipe unwinds through what started them,
+    which stops them (rich's `printer` meets it by muting itself, `quiet`, pointing standard output
+    at /dev/null and raising SystemExit(1); click's echo raises BrokenPipeError), and the command
+    then ends with 141, as SIGPIPE would have."""
+    try:
+        yield
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is left to flush goes nowhere)
+        raise typer.Exit(141) from None
+    except SystemExit:
+        if not printer.quiet:  # (an exit of the command's own)
+            raise
+        raise typer.Exit(141) from None
 
 
 def main() -> None:

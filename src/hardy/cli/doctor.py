@@ -16,7 +16,7 @@ from .consoles import plain
 from .usage import PlainUsage, at_least
 
 if TYPE_CHECKING:
-    from ..doctor.repeat import RunOutcome
+    from ..doctor.repeat import RepeatReport, RunOutcome
 
 console = consoles.console()  # a table folds a long cell over lines: a path is never cut off (rich would end it in …)
 wheel_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -191,8 +191,16 @@ def repeat(ctx: typer.Context,
         console.print(f"run {r.index:0{width}d}/{total} {mark} {plain(f'{r.outcome:<28}')} {r.seconds:6.2f} s"
                       + plain(extra), highlight=False, soft_wrap=True)
 
-    report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
-                        on_run=line, native=native)
+    from . import exit_141_once_the_runs_stop
+    with exit_141_once_the_runs_stop(console):
+        report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
+                            on_run=line, native=native)
+        _summary(report, command)
+    raise typer.Exit(1 if report.failures else 0)
+
+
+def _summary(report: RepeatReport, command: list[str]) -> None:
+    """`hardy repeat`'s last words: the first failing run's stacks, the outcomes and the failure rate."""
     first = next((r for r in report.runs if not r.ok and (r.native_stack or r.python_stack)), None)
     if first is not None:
         console.print(f"run {first.index} ({first.outcome})" + (f" died in {first.crashed_in}" if first.crashed_in
@@ -213,7 +221,6 @@ def repeat(ctx: typer.Context,
     console.print(t)
     lo, hi = report.interval
     console.print(f"failure rate {report.failures}/{len(report.runs)} = {report.rate:.1%} (95% CI {_ci(lo, hi)})")
-    raise typer.Exit(1 if report.failures else 0)
 
 
 def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",

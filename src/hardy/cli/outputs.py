@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import select
 import signal
 import stat
@@ -42,9 +43,19 @@ LIST_LIMIT = 10_000  # elements: an array with more is written as base64 bytes (
 _FLOATS = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def line(record: dict[str, Any]) -> str:
-    """The record as one line of strict JSON (no NaN token can reach it: `encoded` replaced them)."""
-    return json.dumps(record, allow_nan=False, ensure_ascii=False)
+    """The record as one line of strict JSON (no NaN token can reach it: `encoded` replaced them),
+    UTF-8 text but for lone surrogates. A file name from `os.listdir` that is not UTF-8 holds one
+    (`os.fsdecode(b"caf\\xe9")` is 'caf\\udce9'), which UTF-8 cannot encode; each is written as its
+    JSON escape (`\\udce9`), which `json.loads` reads back as the same str (and `os.fsencode` then
+    as the same bytes): the line keeps the output's value, where failing the item would lose it.
+    (A surrogate can only stand inside a JSON string: every key is one. `surrogateescape` makes
+    low surrogates alone, so no escaped pair can read back as one other character.)"""
+    text = json.dumps(record, allow_nan=False, ensure_ascii=False)
+    return text if text.isascii() else _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def encoded(value: Any, path: str = "") -> Any:

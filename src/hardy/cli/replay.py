@@ -365,6 +365,8 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     """
     from ..crash.kept import a_report, check
     from ..errors import ReplayError
+    from . import quiet_when_the_reader_goes
+    quiet_when_the_reader_goes()  # (`hardy replay R.json --item 3 | head`: its runs have ended as it prints)
     try:
         a_report(report)
         _streamed(report, item, _a_run_report(report))

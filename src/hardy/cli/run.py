@@ -153,7 +153,7 @@ def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[s
     each line holds the same keys; maps over those keys. No line: no item (`{}`, None)."""
     columns: dict[str, list[Any]] = {}
     try:
-        lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        lines = [ln for ln in _utf8(path, Path(path).read_bytes()).splitlines() if ln.strip()]
     except OSError as exc:
         _fail_usage(f"--inputs {path}: {exc.strerror}")
     keys: list[str] | None = None
@@ -174,6 +174,19 @@ def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[s
         for name in keys:
             columns.setdefault(name, []).append(row[name])
     return columns, keys or over
+
+
+def _utf8(path: str, raw: bytes) -> str:
+    """The --inputs file as UTF-8, JSON's encoding (a byte order mark skipped, as RFC 8259 allows: PowerShell's
+    `Out-File -Encoding utf8` writes one); other text (`>` in PowerShell writes UTF-16) is a usage error."""
+    try:
+        return raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        utf16, line = raw[:2] in (b"\xff\xfe", b"\xfe\xff"), exc.object.count(b"\n", 0, exc.start) + 1
+        what = "UTF-16 text (as PowerShell's > writes it)" if utf16 else \
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line})"
+        _fail_usage(f"--inputs {path} is {what}: JSON lines are read as UTF-8; save it as UTF-8 (PowerShell: "
+                    f"Out-File -Encoding utf8; elsewhere: iconv -f {'UTF-16' if utf16 else 'ITS-ENCODING'} -t UTF-8)")
 
 
 def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
@@ -446,7 +459,8 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
            ) -> None:
     """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
     from ..observe.report import RunReport
-    from .consoles import console
+    from . import consoles, quiet_when_the_reader_goes
+    quiet_when_the_reader_goes()  # (`hardy report R.json | head`)
     if html:
         report_path(html, (".html",))
     try:
@@ -460,7 +474,7 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
     if item is not None:
         typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
     else:
-        console().print(loaded)
+        consoles.console().print(loaded)
         if loaded.data.get("failures"):
             typer.echo(f"each failure's stacks: hardy report {path} --item N")
     if html:

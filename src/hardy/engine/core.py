@@ -184,10 +184,17 @@ class Engine:
 
     def ships(self, for_map: bool) -> bool:
         """Whether a plan (of a map, or of a `run()` when `for_map` is False) runs in other
-        processes: those plans travel, and must be checked for changes at each call."""
+        processes: those plans travel, and must be checked for changes at each call. Read from
+        the name for a named executor, never by making it: a streamed map's clean-up asks this
+        after `close()` (a generator finalised at interpreter exit), where making the executor
+        would start a new fork server and pool that nothing closes."""
         if contained():
             return False
-        return self.executor.enforces_timeouts if for_map else self.runs_in_workers
+        if not for_map:
+            return self.runs_in_workers
+        if isinstance(self.map_executor, str):
+            return self.map_executor == "process"  # (what `_make_executor` makes of it runs in workers)
+        return self.executor.enforces_timeouts
 
     def timeout_runner(self, for_map: bool) -> str | None:
         """What calls nodes in this process, where a node's timeout could not stop it (see

@@ -173,7 +173,9 @@ class _TerminalView(_View):
                                   TextColumn("{task.fields[status]}"), transient=False,
                                   console=Console(stderr=True), refresh_per_second=10)
         self._tasks: dict[MapProgress, Any] = {}
+        before = (sys.stdout, sys.stderr)
         self._progress.start()
+        self._handlers = _above_the_bar(before, (sys.stdout, sys.stderr))
 
     def add(self, bar: MapProgress) -> None:
         from rich.markup import escape
@@ -192,6 +194,34 @@ class _TerminalView(_View):
 
     def close(self) -> None:
         self._progress.stop()
+        for handler, stream, during in self._handlers:
+            if handler.stream is during:  # (unless set again meanwhile)
+                handler.setStream(stream)
+
+
+def _above_the_bar(before: tuple[Any, Any], during: tuple[Any, Any]) -> list[tuple[Any, Any, Any]]:
+    """Logging's stream handlers pointed, while the bar is live, at what rich put in place of
+    standard output and error (`during`, from `before`), which prints each line above the bar:
+    `logging.basicConfig` keeps the stream it found, so a node's log line (in this process, or a
+    worker's, which this process's loggers handle) was written past rich, glued to the bar's
+    frame. Only a stream on the terminal: a log on standard output sent to a file stays there.
+    Returns each handler moved, with the stream it goes back to and the one it was given."""
+    import logging
+    moved = {id(old): new for old, new in zip(before, during) if new is not old and _terminal(old)}
+    if not moved:
+        return []
+    loggers = [logging.getLogger(), *(lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger))]
+    handlers = {id(h): h for lg in loggers for h in lg.handlers if isinstance(h, logging.StreamHandler)}
+    given = [(h, moved[id(h.stream)]) for h in handlers.values() if id(h.stream) in moved]
+    return [(h, h.setStream(stream), stream) for h, stream in given]
+
+
+def _terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # (no file, or a closed one)
+        return False
 
 
 class _NotebookView(_View):
