@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hardy.hashing import hash_value
+from hardy.hashing import code_fingerprint, hash_value
 
 DISTINCT, EQUAL = "distinct", "equal"
 
@@ -528,3 +528,191 @@ def test_keys_are_the_same_in_every_interpreter(tmp_path):
                            env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     assert json.loads(runs[0].stdout) == json.loads(runs[1].stdout)
+
+
+def _served(tmp_path: Path, func: typing.Callable[..., object], inputs: list[dict[str, object]]) -> list[object]:
+    """What a cached node returns for each input in turn, one cache on disk: a wrong hit returns
+    an earlier input's result."""
+    from hardy import DiskCache, Engine, Pipeline, node
+    p = Pipeline([node(func, output_name="y")], cache=DiskCache(tmp_path / "cache"),
+                 engine=Engine(map_executor="sequential"))
+    return [p.run(inputs=i)["y"] for i in inputs]
+
+
+def test_pydantic_models_are_keyed_by_their_state_not_by_model_dump(tmp_path):
+    """A probe's case: `model_dump()` writes a `Dog` held by an `Animal` field as an `Animal`,
+    leaves out an `exclude=True` field and applies a `field_serializer`, so two requests a node
+    reads differently shared a key (`'collie|0.51|s1'` served for the second). Keyed by their
+    class and state (`__dict__`, extra fields, private attributes, fields set), each is its own."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Animal(pydantic.BaseModel):
+        name: str
+
+    class Dog(Animal):
+        breed: str
+
+    class Cat(pydantic.BaseModel):
+        name: str
+
+    class Holder(pydantic.BaseModel):
+        pet: typing.Any
+
+    class Request(pydantic.BaseModel):
+        pet: Animal
+        threshold: float = 0.5
+        salt: str = pydantic.Field(default="", exclude=True)
+
+        @pydantic.field_serializer("threshold")
+        def _shown(self, v: float) -> float:
+            return round(v, 1)
+
+    class Open(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        k: int = 1
+
+    def describe(req: Request) -> str:
+        return f"{req.pet.breed}|{req.threshold}|{req.salt}"  # type: ignore[attr-defined]
+    a = Request(pet=Dog(name="rex", breed="collie"), threshold=0.51, salt="s1")
+    b = Request(pet=Dog(name="rex", breed="poodle"), threshold=0.54, salt="s2")
+    assert _served(tmp_path, describe, [{"req": a}, {"req": b}]) == ["collie|0.51|s1", "poodle|0.54|s2"]
+    assert hash_value(Request(pet=Dog(name="rex", breed="x"))) != hash_value(Request(pet=Dog(name="rex", breed="y")))
+    assert hash_value(Request(pet=Animal(name="rex"), salt="1")) != hash_value(Request(pet=Animal(name="rex"), salt="2"))
+    assert hash_value(Holder(pet=Animal(name="rex"))) != hash_value(Holder(pet=Cat(name="rex")))  # equal dumps
+    assert hash_value(Open()) != hash_value(Open(k=1))  # `model_fields_set`, `model_dump(exclude_unset=True)`
+    assert hash_value(Open(j=1)) != hash_value(Open(j=2))  # extra fields
+    assert hash_value(Request(pet=Dog(name="rex", breed="x"), salt="1")) == \
+        hash_value(Request(pet=Dog(name="rex", breed="x"), salt="1"))
+
+
+def test_a_pydantic_secret_is_keyed_by_the_value_it_hides(tmp_path):
+    """A model with a `SecretStr` field was refused, with advice (`__cache_key__()`) the user
+    cannot follow for pydantic's class: the secret is the value the node computes with."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Login(pydantic.BaseModel):
+        token: pydantic.SecretStr
+
+    def head(login: Login) -> str:
+        return login.token.get_secret_value()[:2]
+    assert _served(tmp_path, head, [{"login": Login(token="ab1")}, {"login": Login(token="cd1")}]) == ["ab", "cd"]
+    assert hash_value(pydantic.SecretStr("a")) == hash_value(pydantic.SecretStr("a")) != \
+        hash_value(pydantic.SecretStr("b")) != hash_value(pydantic.SecretBytes(b"b"))
+
+
+def test_numpy_records_with_an_object_field_are_keyed_by_their_dtype(tmp_path):
+    """An array with an object field was keyed by its shape and `tolist()`, its dtype left out:
+    records whose `score` is int16 or int64, or whose field is `label` or `name`, shared a key
+    (`[-5536]`, int16's overflow, served for int64's `[60000]`), as did a record scalar."""
+    np = pytest.importorskip("numpy")
+
+    def records(score: str = "i8", label: str = "label") -> object:
+        return np.array([("a", 30000)], dtype=[(label, object), ("score", score)])
+
+    def doubled(rec: object) -> list[int]:
+        return (rec["score"] * 2).tolist()  # type: ignore[index]
+    assert _served(tmp_path, doubled, [{"rec": records("i2")}, {"rec": records("i8")}]) == [[-5536], [60000]]
+    assert hash_value(records(label="label")) != hash_value(records(label="name"))
+    assert hash_value(records(">i8")) != hash_value(records("<i8"))
+    assert hash_value(records("i2")[0]) != hash_value(records("i8")[0])
+    as_tuples = np.empty(1, dtype=object)
+    as_tuples[0] = ("a", 30000)
+    assert hash_value(records()) != hash_value(as_tuples)
+    assert hash_value(records()) == hash_value(records())
+
+
+def test_quantized_tensors_are_keyed_by_their_scale_and_zero_point(tmp_path):
+    """Two quantized tensors with the same integers and another scale shared a key: a node that
+    dequantizes was served `[1.0, 2.0]` for `[2.0, 4.0]`. Per channel, the scales, zero points and axis."""
+    torch = pytest.importorskip("torch")
+
+    def per_tensor(values: list[float], scale: float, zero: int = 0) -> object:
+        return torch.quantize_per_tensor(torch.tensor(values), scale=scale, zero_point=zero, dtype=torch.quint8)
+
+    def per_channel(scales: list[float], axis: int = 0, zeros: tuple[int, int] = (0, 0)) -> object:
+        return torch.quantize_per_channel(torch.ones(2, 2), torch.tensor(scales), torch.tensor(zeros), axis,
+                                          torch.quint8)
+
+    def dequantized(q: object) -> list[float]:
+        return q.dequantize().tolist()  # type: ignore[attr-defined]
+    a, b = per_tensor([1.0, 2.0], 0.1), per_tensor([2.0, 4.0], 0.2)
+    assert _served(tmp_path, dequantized, [{"q": a}, {"q": b}]) == [dequantized(a), dequantized(b)]
+    assert hash_value(per_tensor([1.0], 0.1, zero=0)) != hash_value(per_tensor([1.1], 0.1, zero=1))
+    assert hash_value(per_channel([0.5, 1.0])) != hash_value(per_channel([0.25, 0.5]))
+    assert hash_value(per_channel([0.5, 1.0], axis=0)) != hash_value(per_channel([0.5, 1.0], axis=1))
+    assert hash_value(per_channel([0.5, 1.0])) == hash_value(per_channel([0.5, 1.0]))
+
+
+def test_attrs_and_dataclass_instances_are_keyed_by_all_they_hold(tmp_path):
+    """An attrs instance was keyed by its declared fields: two scalers `fit()` on other data
+    (`self.mean_`) shared a key (`[2.0, 3.0]` served for `[-16.0, -15.0]`); a dataclass left out a
+    slot its mixin declares. Both now add what the instance holds besides its fields, as a plain
+    object's key does. A slot is read through its descriptor: hashing an attrs instance does not
+    compute a `cached_property` its class's `__getattr__` would compute."""
+    import dataclasses
+    import functools
+
+    attr = pytest.importorskip("attr")
+
+    @attr.s
+    class Scaler:
+        with_mean = attr.ib(default=True)
+
+        def fit(self, xs: list[float]) -> Scaler:
+            self.mean_ = sum(xs) / len(xs)
+            return self
+
+        def transform(self, xs: list[float]) -> list[float]:
+            return [x - self.mean_ for x in xs]
+
+    class Unit:
+        __slots__ = ("_unit",)
+
+    @dataclasses.dataclass
+    class Measure(Unit):
+        value: float
+
+    def measure(value: float, unit: str) -> Measure:
+        m = Measure(value)
+        m._unit = unit
+        return m
+
+    @attr.define
+    class Lazy:
+        k: int = 1
+
+        @functools.cached_property
+        def expensive(self) -> int:
+            raise AssertionError("computed by hashing")
+
+    def apply(scaler: Scaler, xs: list[float]) -> list[float]:
+        return scaler.transform(xs)
+    s1, s2 = Scaler().fit([1, 2, 3]), Scaler().fit([10, 20, 30])
+    assert _served(tmp_path, apply, [{"scaler": s1, "xs": [4, 5]}, {"scaler": s2, "xs": [4, 5]}]) == \
+        [[2.0, 3.0], [-16.0, -15.0]]
+    assert hash_value(measure(1.0, "kg")) != hash_value(measure(1.0, "lb"))
+    assert hash_value(measure(1.0, "kg")) == hash_value(measure(1.0, "kg"))
+    assert hash_value(Lazy()) == hash_value(Lazy())
+
+
+def test_an_int_past_pythons_str_limit_is_keyed_by_its_bytes(tmp_path):
+    """`str(n)` raises past 4,300 digits: a cached node given `math.factorial(2000)`, or reading
+    such a global, failed with ValueError where the same pipeline without a cache ran. Such an int is
+    keyed by its bytes; every other int keeps the key its digits give it."""
+    import math
+
+    if not hasattr(sys, "get_int_max_str_digits"):
+        pytest.skip("no limit on int-to-str conversion in this Python")
+    big = math.factorial(2000)
+
+    def bits(n: int) -> int:
+        return n.bit_length()
+    assert _served(tmp_path, bits, [{"n": big}, {"n": big * 2}, {"n": big}]) == [bits(big), bits(big) + 1, bits(big)]
+    assert len({hash_value(big), hash_value(big + 1), hash_value(-big), hash_value([big])}) == 4
+    assert hash_value(big) == hash_value(math.factorial(2000))
+    assert hash_value(10**4299) != hash_value(10**4300)  # either side of the limit
+
+    def reading(n: int) -> typing.Callable[[], int]:
+        return lambda: n.bit_length()  # a value the code reads (a global, a closure cell)
+    assert code_fingerprint(reading(big)) != code_fingerprint(reading(big + 1))
+    assert hash_value(12345).hex() == hash_value(12345).hex() and hash_value(-7) != hash_value(7)

@@ -842,3 +842,63 @@ def test_tensors_whose_hashing_raised_are_keyed_and_served(tmp_path):
     assert out["cold"] == out["warm"] == [-2.0, 0.0, 1.0, 3.0, 2.0, 2.0, 2.0]
     assert out["ran"] == 7
     assert "mkldnn" in out["mkldnn"]
+
+
+def test_a_function_using_local_time_is_keyed_by_the_zone_and_no_other_is():
+    """A node formatting `datetime.fromtimestamp(ts)` was keyed alike under TZ=UTC and, after
+    `time.tzset()`, under Asia/Tokyo: a cache served the UTC text. Code that computes with the
+    local zone, however it reaches it, now has the zone in its key; code that never does keeps one
+    key in every zone, so a cache shared across zones keeps its entries."""
+    import datetime
+    import time
+    from datetime import datetime as dt_class
+    from time import localtime
+
+    to_local = dt_class.fromtimestamp
+
+    def formatted(ts):
+        return datetime.datetime.fromtimestamp(ts).strftime("%H:%M")
+
+    def through_helper(ts):
+        return formatted(ts) + "!"
+
+    def given(at):  # a datetime given as an input: a naive one's timestamp() is local
+        return at.timestamp()
+
+    def named(ts):
+        return localtime(ts).tm_hour
+
+    def module_format(t):
+        return time.strftime("%Z", t)
+
+    def held(ts):
+        return to_local(ts).hour
+
+    def imported_inside(ts):
+        from time import mktime
+        return mktime(ts)
+
+    def utc_only(ts):  # the same in every zone
+        return datetime.datetime.fromordinal(ts).strftime("%Y") + str(time.time() > 0)
+
+    def plain(x):
+        return x * 2
+
+    zoned = [formatted, through_helper, given, named, module_format, held, imported_inside]
+    before = os.environ.get("TZ")
+    keys = []
+    try:
+        for zone in ("UTC", "Asia/Tokyo", "Japan", "UTC"):
+            os.environ["TZ"] = zone
+            time.tzset()
+            keys.append([code_fingerprint(f) for f in [*zoned, utc_only, plain]])
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+    utc, tokyo, japan, utc_again = keys
+    assert utc == utc_again and tokyo == japan  # one zone, one key; two names of one zone, one key
+    assert all(a != b for a, b in zip(utc[:len(zoned)], tokyo[:len(zoned)]))
+    assert utc[len(zoned):] == tokyo[len(zoned):]

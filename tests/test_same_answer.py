@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_torch
+
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 STEPS = """
@@ -323,3 +325,184 @@ def test_an_error_callback_that_cannot_be_sent_fails_with_the_fix_not_without_it
                  "cannot pickle '_thread.lock' object", "set it inside the node", 'map_executor="sequential"'):
         assert part in process, (part, process)
     assert lines[2] == "lambda [{'y': 'lambda: divide by zero'}, {'y': 0.5}]"
+
+
+LOCAL_DAYS = """
+import datetime, os, sys, time
+from hardy import DiskCache, Engine, Pipeline, node
+
+COUNT = {count!r}
+TS = [1700000000, 1700040000]
+
+@node(output_name="day")
+def local_day(ts):
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+@node(output_name="doubled")
+def double(ts):
+    with open(COUNT, "a") as f:
+        f.write("computed\\n")
+    return 2 * ts
+
+executor, zones = sys.argv[1], sys.argv[2:]
+engine = Engine(workers=2) if executor == "default" else Engine(map_executor=executor, workers=2)
+pipeline = Pipeline([local_day, double], engine=engine, cache=DiskCache({cache!r}))
+for zone in zones:
+    if zone != "as-started":
+        os.environ["TZ"] = zone
+        time.tzset()
+    got = pipeline.map(inputs={{"ts": TS}}, map_over="ts")
+    with open(COUNT) as f:
+        computed = len(f.readlines())
+    print(zone, [o["day"] for o in got] == [local_day.func(t) for t in TS], computed)
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "default"])
+def test_a_cached_node_using_local_time_follows_the_zone_and_the_others_keep_their_entries(tmp_path, executor):
+    """A node formatting `datetime.fromtimestamp(ts)` with a DiskCache served the UTC strings after
+    `os.environ["TZ"] = "Asia/Tokyo"; time.tzset()`, and to a process started in another zone
+    sharing the cache. It computes again in each zone; a node that never touches local time hits."""
+    count = tmp_path / "count.txt"
+    count.write_text("")
+    body = LOCAL_DAYS.format(count=str(count), cache=str(tmp_path / "cache"))
+    assert script(tmp_path, body, executor, "UTC", "Asia/Tokyo", "UTC") == [
+        "UTC True 2", "Asia/Tokyo True 2", "UTC True 2"]
+    source = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n" + textwrap.dedent(body)
+    elsewhere = subprocess.run([sys.executable, "-", executor, "as-started"], input=source, text=True,
+                               capture_output=True, timeout=60, cwd=tmp_path,
+                               env={**os.environ, "PYTHONPATH": SRC, "TZ": "America/Sao_Paulo"})
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert elsewhere.stdout.split() == ["as-started", "True", "2"]
+
+
+THREAD_LOCAL_LIBRARIES = """
+import numpy as np, sklearn, torch
+from sklearn.preprocessing import StandardScaler
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="kind")
+def scale(k):
+    return type(StandardScaler().fit_transform(np.arange(6.0).reshape(3, 2) + k)).__name__
+
+@node(output_name="device")
+def make(k):
+    return str(torch.zeros(2).device)
+
+engines = {{name: Engine(map_executor=name, workers=2) for name in ("sequential", "threaded", "process")}}
+cached = Pipeline([scale, make], engine=engines["process"], cache=DiskCache({cache!r}))
+
+def show(label):
+    direct = [(scale.func(k), make.func(k)) for k in (0, 1)]
+    for name, engine in engines.items():
+        got = Pipeline([scale, make], engine=engine).map(inputs={{"k": [0, 1]}}, map_over="k")
+        print(label, name, [(o["kind"], o["device"]) for o in got] == direct, got[0]["kind"], got[0]["device"])
+    got = cached.map(inputs={{"k": [0, 1]}}, map_over="k")
+    print(label, "cached", [(o["kind"], o["device"]) for o in got] == direct)
+
+show("defaults")
+sklearn.set_config(transform_output="pandas")
+torch.set_default_device("meta")
+show("set")
+sklearn.set_config(transform_output="default")
+torch.set_default_device(None)
+show("reset")
+with sklearn.config_context(transform_output="pandas"), torch.device("meta"):
+    show("within")
+"""
+
+
+@pytest.mark.slow  # torch and scikit-learn imported
+def test_library_settings_kept_per_thread_reach_every_executor_and_the_cache_key(tmp_path):
+    """`sklearn.set_config(transform_output="pandas")` and `torch.set_default_device("meta")` are
+    kept per thread: the threaded executor's threads and the worker processes computed ndarrays and
+    CPU tensors where the caller gets DataFrames and meta tensors. Every executor now computes the
+    caller's, a thread of the pool that took them gives them back, and a cached result follows them."""
+    needs_torch()
+    pytest.importorskip("sklearn")
+    lines = script(tmp_path, THREAD_LOCAL_LIBRARIES.format(cache=str(tmp_path / "cache")))
+    assert [line for line in lines if " True" not in line] == [], lines
+    assert "set threaded True DataFrame meta" in lines and "reset threaded True ndarray cpu" in lines
+
+
+SENTINEL_STEPS = """
+from hardy import node
+
+MISSING = object()
+DEFAULTS = {"lr": 0.1, "wd": MISSING}
+WEIGHTS = []
+
+class Settings:
+    wd = MISSING
+
+class Box:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+PARENT = Box(name="parent")
+CHILD = Box(name="child", parent=PARENT)
+
+def get(table, key, default=MISSING):
+    v = table.get(key, default)
+    if v is MISSING:
+        return "unset"
+    return v
+
+@node(output_name="y")
+def resolve(name):
+    value = DEFAULTS[name]
+    return ["unset" if value is MISSING else value, getattr(Settings, name) is MISSING,
+            get({"lr": 0.1}, name), CHILD.parent.kids[0].name, len(WEIGHTS)]
+"""
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_sentinel_held_by_module_state_that_travels_is_the_workers_own(tmp_path, big):
+    """`MISSING = object()` held by a dict and a class attribute changed at run time, and by a
+    function's default after an edit of its file without reload: the changed values travel by
+    value, and `v is MISSING` must still hold in the worker (a copy of MISSING made the node return
+    the raw object). Two objects that refer to each other keep their values. `big`: a value too big
+    for the plan is set too, so the changed values travel when the worker asks, in one pickle."""
+    (tmp_path / "steps.py").write_text(SENTINEL_STEPS)
+    lines = script(tmp_path, edits=True, body=f"""
+        import steps
+        from hardy import Engine, Pipeline
+        from hardy.shipping.replica import SMALL
+        edit('return "unset"', 'return "<unset>"')
+        steps.DEFAULTS["lr"] = 0.01
+        steps.Settings.lr = 0.01
+        steps.PARENT.kids = [steps.CHILD]
+        if {big}:
+            steps.WEIGHTS = list(range(SMALL))
+        for engine in (Engine(workers=2), Engine(map_executor="sequential")):
+            print(Pipeline([steps.resolve], engine=engine).map(inputs={{"name": ["lr", "wd"]}}, map_over="name"))
+    """)
+    n = 65536 if big else 0
+    assert lines[0] == lines[1] == (f"[{{'y': [0.01, False, 0.1, 'child', {n}]}}, "
+                                    f"{{'y': ['unset', True, 'unset', 'child', {n}]}}]")
+
+
+def test_an_attribute_set_on_a_helper_with_a_sentinel_default_reaches_the_worker(tmp_path):
+    """A helper's stamp hashed its defaults and attributes as one tuple, by the tuple's type once one
+    part had no content (a sentinel `object()` default): `get.calls = 5` set at run time left the
+    stamp as it was, and a worker computed with the import's `calls = 0`, silently."""
+    (tmp_path / "lookup.py").write_text(textwrap.dedent("""
+        from hardy import node
+        MISSING = object()
+
+        def get(table, key, default=MISSING):
+            return table.get(key, get.calls)
+        get.calls = 0
+
+        @node(output_name="y")
+        def resolve(x):
+            return get({}, "wd") + x
+    """))
+    lines = script(tmp_path, """
+        from hardy import Engine, Pipeline
+        import lookup
+        lookup.get.calls = 5
+        for executor in ("sequential", "process"):
+            print(executor, Pipeline([lookup.resolve], engine=Engine(map_executor=executor)).run(inputs={"x": 1}))
+    """)
+    assert lines == ["sequential {'y': 6}", "process {'y': 6}"]

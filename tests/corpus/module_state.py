@@ -1802,4 +1802,32 @@ def attribute_of_a_str_subclass_changed():
     PAD.id = 99
     return [first, ys([padded])]
 
+
+@pattern
+def sentinel_held_by_module_state_changed_at_run_time():
+    source = """
+        from hardy import node
+        MISSING = object()
+        DEFAULTS = {"lr": 0.1, "wd": MISSING}
+
+        class Settings:
+            wd = MISSING
+
+        def get(table, key, default=MISSING):
+            v = table.get(key, default)
+            return "unset" if v is MISSING else v
+
+        @node(output_name="y")
+        def resolve(x):
+            name = "wd" if x % 2 else "lr"
+            return [DEFAULTS[name] is MISSING, getattr(Settings, name, None) is MISSING, get({"lr": x}, name)]
+    """
+    write("sentinel_steps.py", source)
+    import sentinel_steps
+    write("sentinel_steps.py", source.replace('"unset"', '"<unset>"'))  # edited, not reloaded: `get` travels
+    first = ys([sentinel_steps.resolve])
+    sentinel_steps.DEFAULTS["lr"] = 0.01
+    sentinel_steps.Settings.lr = 0.01
+    return [first, ys([sentinel_steps.resolve])]
+
 corpus.close()

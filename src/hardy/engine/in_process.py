@@ -175,7 +175,8 @@ class ThreadedExecutor(Executor):
         modes = thread_modes()
         with reported_crashes("threaded"):
             # each chunk in a copy of the caller's context variables (decimal's context, numpy's
-            # error state, a ContextVar the caller set) and with its thread's modes: as in-process
+            # error state, a ContextVar the caller set) and with its thread's modes (torch's, sklearn's
+            # configuration): as in-process
             futures = [self._pool.submit(contextvars.copy_context().run, self._chunk, modes, plan, items,
                                          range(s, min(n, s + size)), results) for s in range(0, n, size)]
             try:

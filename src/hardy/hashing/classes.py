@@ -13,6 +13,7 @@ import enum
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,21 @@ _PASS = threading.local()  # `memo`: (the hashing pass's `active` set, {class: i
 
 
 def instance_fields(v: Any) -> dict[str, Any]:
-    """An instance's attributes: its `__dict__` and the slots its classes declare."""
+    """An instance's attributes: its `__dict__` and the slots its classes declare. A slot is read
+    through its own descriptor where it has one: an empty slot is then left out without asking the
+    class's `__getattr__`, which would answer for it (an attrs class's `cached_property`, computed
+    there: hashing would run it)."""
     fields = dict(getattr(v, "__dict__", None) or {})
-    for name in slot_names(type(v)):
-        if hasattr(v, name):
-            fields[name] = getattr(v, name)
+    t = type(v)
+    for name in slot_names(t):
+        descriptor = next((vars(c)[name] for c in t.__mro__ if name in vars(c)), None)
+        try:
+            if isinstance(descriptor, types.MemberDescriptorType):
+                fields[name] = descriptor.__get__(v, t)
+            elif hasattr(v, name):
+                fields[name] = getattr(v, name)
+        except AttributeError:  # an empty slot
+            pass
     return fields
 
 
@@ -180,3 +191,28 @@ def member_attributes(member: enum.Enum) -> dict[str, Any]:
 
 
 _ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_", "__init__"})
+
+
+def automatic(name: str, value: Any) -> bool:
+    """Whether a class-level value named `name` is one Python, `typing`, `abc`, dataclasses, attrs
+    or pydantic make for every class of a kind, which `code` leaves out of the class's
+    fingerprint: what it says shows in the code keyed besides (a dataclass's generated methods, a
+    pydantic model's fields, `models.pydantic_class_parts`), or it holds a line number (Python
+    3.13's `__firstlineno__`: a line added above would invalidate), is a cache set later (copyreg's
+    `__slotnames__`) or holds reprs of defaults (a dataclass's generated `__doc__`, whose set
+    members are listed in the order of the process's hash salt); a docstring is left out with them.
+    Every other `__dunder__` value counts, as any class-level value does: `__array_ufunc__ = None`,
+    `__array_priority__` (how numpy dispatches operators), `__match_args__` (what `case S(v, _)`
+    binds), `__slots__`, a TypedDict's required keys. Names with one leading underscore always did."""
+    if not (name.startswith("__") and name.endswith("__")):
+        return False
+    return name in _AUTOMATIC or name.startswith(("__pydantic_", "__attrs_")) or (name == "__hash__" and value is None)
+
+
+_AUTOMATIC = frozenset({
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__", "__firstlineno__",
+    "__static_attributes__", "__orig_bases__", "__parameters__", "__type_params__", "__abstractmethods__",
+    "__dataclass_fields__", "__dataclass_params__", "__signature__", "__classcell__", "__private_attributes__",
+    "__class_vars__", "__annotations_cache__", "__annotate_func__", "__protocol_attrs__",
+    "__non_callable_proto_members__", "__callable_proto_members_only__",
+    "__slotnames__"})  # (copyreg's cache, set on the class when an instance is first pickled)

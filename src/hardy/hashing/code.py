@@ -27,10 +27,11 @@ from blake3 import blake3
 
 from ..errors import UnhashableError
 from .callables import KINDS, annotations_of, kind_of, library_function, resolves
-from .classes import install_code_fingerprint
+from .classes import automatic, install_code_fingerprint
 from .distributions import module_identity
 from .environ import is_environment, keyed_variables, reads_environment
-from .origin import is_user_file, is_user_module
+from .models import pydantic_class_parts
+from .origin import absolute_module, is_user_file, is_user_module
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
 from .reach import recording as recording
@@ -135,17 +136,25 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
             _fingerprint(base, out, seen)
     for name, member in sorted(vars(cls).items()):
         target = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-        if isinstance(target, (property, functools.cached_property)):
-            target = target.fget if isinstance(target, property) else target.func
-        if target is None:
+        if isinstance(target, property):  # its getter, and a setter and a deleter where it has them
+            for suffix, accessor in ((b"", target.fget), (b".fset", target.fset), (b".fdel", target.fdel)):
+                if accessor is not None:
+                    out(name.encode() + suffix)
+                    _fingerprint(accessor, out, seen)
             continue
+        target = target.func if isinstance(target, functools.cached_property) else target
         if isinstance(target, (functools.partialmethod, functools.singledispatchmethod)) \
                 or (callable(target) and kind_of(target) not in _VALUES):
             out(name.encode())
             _fingerprint(target, out, seen)
-        elif not name.startswith("__") and not isinstance(target, _DESCRIPTORS):
+        elif not automatic(name, target) and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
             _tolerant(member, out)  # (a class-level cache, lock or registry: state, not configuration)
+    if "__pydantic_fields__" in members:  # a pydantic model: what pydantic keeps out of the namespace
+        out(b"pydantic")
+        for label, value in pydantic_class_parts(cls):
+            out(b"|" + label.encode())
+            _hint(value, out)
     annotations = members.get("__annotations__")
     if annotations:  # what dataclasses, pydantic and `typing.get_type_hints` make of the fields
         out(b"annotations")
@@ -224,7 +233,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     for _, name in sorted(r for r in chains if r[0] == "submodule"):
         _imported(name)  # `import pkg.sub` inside: what `pkg.sub.f` then reads
     for root in sorted(r for r in chains if r[0] in ("import", "from")):  # imports inside the function
-        name = _absolute(root[1], globs)
+        name = absolute_module(root[1], globs)
         out(b"i:" + name.encode())
         module = _imported(name)
         note_read(sys.modules, name)
@@ -344,20 +353,6 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             out(b"absent")
         else:  # a user module the chain ends at is read as a value: all of it counts
             _reference(target, out, seen, ((),) if isinstance(target, types.ModuleType) else (), path, reader)
-
-
-def _absolute(name: str, globs: dict[str, Any]) -> str:
-    """The module an import inside a function names, a relative one (`from .helpers import f`,
-    kept with its dots by `_scan_chains`) resolved as Python does, from the function's package;
-    "" where it cannot be (the import fails the same way when it runs)."""
-    if not name.startswith("."):
-        return name
-    import importlib.util
-    package = globs.get("__package__") or globs.get("__name__", "").rpartition(".")[0]
-    try:
-        return importlib.util.resolve_name(name, package)
-    except (ImportError, ValueError):
-        return ""
 
 
 def _import_submodules(module: types.ModuleType, chains: Any) -> None:

@@ -13,12 +13,19 @@ and nothing else. A lower-case name (`http_proxy`), a name built at run time (`o
 "MODE"]`) or the environment read whole (`dict(os.environ)` handed to a subprocess) is not seen
 (docs/caching.md). A variable a node sets in this process is read as any other: the next call
 compiles its plan again, with the value it then holds.
+
+The local time zone is part of the environment too (`TZ`, else /etc/localtime, as `time.tzset()`
+last read them): `datetime.fromtimestamp(ts)` computes another value under another zone. A function
+whose code uses local time (`reads_zone`) has the zone in its key, by what `time.localtime`
+computes with it (`zone`), so a cache shared across zones keeps the entries of every other node.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -37,8 +44,20 @@ def is_environment(value: Any) -> bool:
 
 
 def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
-    """Whether the function's code reads the environment: through `os` (a global, a closure value,
-    or imported inside it) by one of `_READERS`, or through what `from os import ...` bound."""
+    """Whether the function's code reads the environment: its variables (`reads_variables`) or the
+    local time zone (`reads_zone`). Which of the two it reads is kept for `keyed_variables`, which
+    the fingerprint calls next with the function alone."""
+    variables, zone = reads_variables(func, chains), reads_zone(func, chains)
+    _READS.last = (func, variables, zone) if variables or zone else None
+    return variables or zone
+
+
+_READS = threading.local()  # `last`: (function, reads variables, reads the zone), from `reads_environment`
+
+
+def reads_variables(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
+    """Whether the function's code reads environment variables: through `os` (a global, a closure
+    value, or imported inside it) by one of `_READERS`, or through what `from os import ...` bound."""
     globs = getattr(func, "__globals__", {})
     cells = dict(zip(func.__code__.co_freevars, getattr(func, "__closure__", None) or ()))
     for (kind, name), attrs in chains.items():
@@ -59,8 +78,16 @@ def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ..
 
 
 def keyed_variables(func: Any, out: Callable[[bytes], Any]) -> None:
-    """Each variable the function may name, with its value now (or that it is unset), into the
-    key; and noted as read, so that a plan made with one value is stale under another."""
+    """Each variable the function may name, with its value now (or that it is unset), and the
+    local time zone where it uses local time, into the key; and noted as read, so that a plan made
+    with one value is stale under another."""
+    last = getattr(_READS, "last", None)
+    _READS.last = None
+    variables, zone = last[1:] if last is not None and last[0] is func else (True, False)
+    if zone:
+        keyed_zone(out)
+    if not variables:
+        return
     for name in sorted(_names(func)):
         value = os.environ.get(name)
         said = b"\0unset" if value is None else b"=" + value.encode("utf-8", "surrogateescape")
@@ -117,3 +144,93 @@ class Variable:
 
 _ENVIRON = os.environ  # the process's own: its mapping `_data` is replaced by no one
 _DATA: dict[Any, Any] = os.environ._data  # type: ignore[attr-defined]
+
+
+# Names whose call computes with the local zone whatever object they are read from (a datetime
+# given as an input: `dt.timestamp()` of a naive one, `dt.astimezone()`), and the `time` module's
+# own (`time.strftime("%Z", t)`, `time.timezone`; not `time.time()`, the same in every zone).
+LOCAL_TIME = frozenset({"fromtimestamp", "timestamp", "astimezone", "localtime", "mktime", "tzlocal", "gettz",
+                        "get_localzone", "tzset"})
+TIME_ZONED = frozenset({"localtime", "mktime", "ctime", "asctime", "strftime", "strptime", "tzname", "timezone",
+                        "altzone", "daylight", "tzset"})
+
+
+def reads_zone(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
+    """Whether the function's code computes with the local time zone: it names one of `LOCAL_TIME`
+    (its nested code too), reads one of `TIME_ZONED` from the `time` module or the module whole, or
+    holds such a function (`from time import strftime`, `to_local = datetime.fromtimestamp` as a
+    global, a closure value or a default). A library that reads the zone inside its own code
+    (`email.utils.formatdate(localtime=True)`) is not seen (docs/caching.md)."""
+    stack = [func.__code__]
+    while stack:
+        code = stack.pop()
+        if not LOCAL_TIME.isdisjoint(code.co_names):
+            return True
+        stack.extend(k for k in code.co_consts if isinstance(k, types.CodeType))
+    globs = getattr(func, "__globals__", {})
+    cells = dict(zip(func.__code__.co_freevars, getattr(func, "__closure__", None) or ()))
+    held: list[Any] = [*(func.__defaults__ or ()), *(func.__kwdefaults__ or {}).values()]
+    for (kind, name), attrs in chains.items():
+        value = (globs.get(name) if kind == "g" else _contents(cells.get(name)) if kind == "c"
+                 else time if kind in ("import", "from") and name == "time" else None)
+        if value is time:
+            if any(not chain or chain[0] in TIME_ZONED for chain in attrs):
+                return True
+        else:
+            held.append(value)
+    return any(_zoned(value) for value in held)
+
+
+def _zoned(value: Any) -> bool:
+    """A function that computes with the local zone: the `time` module's (`TIME_ZONED`), or one
+    named as `LOCAL_TIME` are (`datetime.fromtimestamp`, a bound method of the class)."""
+    name = getattr(value, "__name__", None) if callable(value) else None
+    if not isinstance(name, str):
+        return False
+    return name in LOCAL_TIME or (name in TIME_ZONED and getattr(value, "__module__", None) == "time")
+
+
+def keyed_zone(out: Callable[[bytes], Any]) -> None:
+    """The local zone (`zone`) into the key, noted as read: a plan keyed under one zone is stale
+    after `time.tzset()` (which makes `time.tzname` a new tuple) and after `TZ` is set or removed
+    (a worker takes it, with `tzset`, at its next call)."""
+    out(b"zone:" + zone())
+    note_read(vars(time), "tzname")
+    note_read(Variable("TZ", os.environ.get("TZ")), "TZ")
+
+
+def zone() -> bytes:
+    """The local zone as `time.localtime` computes with it, by what it computes: its offset, daylight
+    saving flag and abbreviation at the start of 1900 and at each change up to 2040 (found every 27
+    days, then to the second). Two names for one zone (`Asia/Tokyo`, `Japan`), or one zone from two
+    installs of the time zone database that agree, give one key; the zone as the C library holds it,
+    not as `TZ` says (`TZ` set without `time.tzset()` changes nothing it computes). About 2 to 9 ms, once
+    per zone a process takes (kept until `time.tzset()` makes `time.tzname` a new tuple)."""
+    kept = _ZONE[0]
+    if kept is not None and kept[0] is time.tzname:
+        return kept[1]
+    names = time.tzname
+    state = _local_state
+    changes, t, before = [(_START, state(_START))], _START, state(_START)
+    while t < _END:
+        nxt = t + _STEP
+        after = state(nxt)
+        if after != before:
+            low, high = t, nxt
+            while high - low > 1:  # (one change within 27 days: a zone's changes lie a month and more apart)
+                mid = (low + high) // 2
+                low, high = (mid, high) if state(mid) == before else (low, mid)
+            changes.append((high, after))
+        t, before = nxt, after
+    made = repr((names, time.timezone, time.altzone, time.daylight, changes)).encode()
+    _ZONE[0] = (names, made)
+    return made
+
+
+def _local_state(t: int) -> tuple[int, int, str]:
+    lt = time.localtime(t)
+    return lt.tm_gmtoff, lt.tm_isdst, lt.tm_zone
+
+
+_START, _END, _STEP = -2208988800, 2208988800, 27 * 86400  # 1900-01-01 to 2040-01-01, UTC
+_ZONE: list[tuple[Any, bytes] | None] = [None]  # (time.tzname when it was read, `zone()`)

@@ -57,6 +57,8 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
         encode_into(dict(v.dtype.metadata), out, active)
     if v.dtype.hasobject:
         out(b"NO" + str(v.shape).encode())
+        if v.dtype.kind != "O":  # a record with an object field: its fields' names, types and byte order
+            out(b"d" + v.dtype.str.encode() + str(v.dtype.descr).encode())  # (a plain object array keeps its key)
         encode_into(v.tolist(), out, active)
         return
     arr = np.ascontiguousarray(v)
@@ -242,6 +244,8 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
         _tensor_state(v, out, active)
         return
     out(b"TT" + str(v.dtype).encode() + str(tuple(v.shape)).encode())
+    if v.is_quantized:  # its integers mean nothing without their scale and zero point (`dequantize()`)
+        _quantization(v, out, active)
     if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
         out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
     if not v.is_contiguous():  # strides code can read (`.stride()`, `.is_contiguous()`), as for arrays
@@ -255,6 +259,19 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
         flat = flat.clone(memory_format=torch.contiguous_format)
     _encode_numpy(flat.view(dtype=torch.uint8).numpy(), out, active)
     _tensor_state(v, out, active)
+
+
+def _quantization(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A quantized tensor's scheme and parameters: a scale and a zero point, or per channel the
+    scales, zero points and axis. Two tensors of equal integers dequantize differently by them."""
+    import torch
+    scheme = v.qscheme()
+    out(b"Q" + str(scheme).encode())
+    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        encode_into((v.q_scale(), v.q_zero_point()), out, active)
+    else:
+        encode_into((v.q_per_channel_axis(), v.q_per_channel_scales().tolist(),  # (values: tensors made at
+                     v.q_per_channel_zero_points().tolist()), out, active)      # each read name nothing)
 
 
 def _encode_sparse_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from .distributions import folders, is_local_install
 
@@ -49,3 +50,18 @@ def is_user_file(path: str) -> bool:
 
 
 _USER: dict[str, bool] = {}
+
+
+def absolute_module(name: str, globs: dict[str, Any]) -> str:
+    """The module an import inside a function names, a relative one (`from .helpers import f`,
+    kept with its dots by `code._scan_chains`) resolved as Python does, from the package of the
+    function whose globals are `globs`; "" where it cannot be (the import fails the same way when
+    it runs)."""
+    if not name.startswith("."):
+        return name
+    import importlib.util
+    package = globs.get("__package__") or globs.get("__name__", "").rpartition(".")[0]
+    try:
+        return importlib.util.resolve_name(name, package)
+    except (ImportError, ValueError):
+        return ""

@@ -78,7 +78,7 @@ def _defaults_token(func: types.FunctionType) -> bytes:
     """A function's defaults by content (`normalize.__kwdefaults__["scale"] = 5.0` changes them in
     place); its code is seen by identity, as any function's."""
     h = blake3()
-    _tolerant((func.__defaults__, func.__kwdefaults__), h.update)
+    _tolerant_parts((func.__defaults__, func.__kwdefaults__), h.update)
     return h.digest(DIGEST)
 
 
@@ -147,7 +147,7 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
     if isinstance(value, types.FunctionType):
         out(b"f")
         code_bytes(value.__code__, out)
-        _tolerant((value.__defaults__, value.__kwdefaults__, _attributes(value)), out)
+        _tolerant_parts((value.__defaults__, value.__kwdefaults__, _attributes(value)), out)
         for cell in value.__closure__ or ():
             try:
                 inner = cell.cell_contents
@@ -168,7 +168,7 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
     else:
         out(b"w" + type_name(type(value)))
         config = getattr(value, "__dict__", {})
-        _tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
+        _tolerant_parts(({k: v for k, v in config.items() if not _is_code(v) and k != "func"},), out)
         _code_of(value.__wrapped__, out, seen)
 
 
@@ -200,6 +200,24 @@ def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
         out(h.digest(DIGEST))
     except Exception:  # UnhashableError, or a library's own refusal
         out(RESOURCE + type_name(type(value)))
+
+
+def _tolerant_parts(parts: tuple[Any, ...], out: Callable[[bytes], Any]) -> None:
+    """Tuples and dicts of values (a function's defaults, keyword defaults and attributes), each
+    value on its own (`_tolerant`): one without content (a sentinel `object()` as a default) must
+    not hide a change of the others (`get.calls = 5`, which a worker would otherwise not take)."""
+    for part in parts:
+        if isinstance(part, dict):
+            out(b"{%d" % len(part))
+            for key in sorted(part, key=str):
+                out(str(key).encode() + b"=")
+                _tolerant(part[key], out)
+        elif isinstance(part, tuple):
+            out(b"(%d" % len(part))
+            for item in part:
+                _tolerant(item, out)
+        else:
+            _tolerant(part, out)
 
 
 def _by_pickle(value: Any) -> bytes:

@@ -115,7 +115,11 @@ def encode(value: Any, out: Callable[[bytes], Any]) -> None:
     """Feed `value`'s canonical, self-delimiting encoding to `out` (a hasher's update)."""
     t = type(value)
     if t is int:  # the common cases first, without the general dispatch
-        s = str(value).encode()
+        try:
+            s = str(value).encode()
+        except ValueError:  # past Python's limit on int-to-str conversion: by its bytes
+            _encode_int(value, out, set())
+            return
         out(b"I" + length(len(s)) + s)
     elif t is str:
         b = value.encode("utf-8", "surrogatepass")
@@ -185,7 +189,14 @@ def _encode_bool(v: bool, out: Callable[[bytes], Any], active: set[int]) -> None
 
 
 def _encode_int(v: int, out: Callable[[bytes], Any], active: set[int]) -> None:
-    s = str(v).encode()
+    """By its digits; past Python's limit on int-to-str conversion (4,300 digits by default), where
+    `str` raises, by its bytes (two's complement) under a tag of its own: other ints keep their keys."""
+    try:
+        s = str(v).encode()
+    except ValueError:
+        b = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
+        out(b"X" + length(len(b)) + b)
+        return
     out(b"I" + length(len(s)) + s)
 
 
@@ -332,20 +343,8 @@ def _encode_by_repr(v: Any, out: Callable[[bytes], Any], active: set[int]) -> No
         encode_subclass_state(v, out, active)
 
 
-def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
-    extra = {k: x for k, x in (getattr(v, "__dict__", None) or {}).items() if k not in fields}
-    # (an attribute that is no field, set in `__post_init__` or later, which methods read: said only when there is one)
-    encode_object(v, b"DC", {**fields, "__extra__": extra} if extra else fields, out, active)
-
-
-def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    encode_object(v, b"AT", {a.name: getattr(v, a.name) for a in type(v).__attrs_attrs__}, out, active)
-
-
-def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    encode_object(v, b"PY", {**v.model_dump(), "__pydantic_private__": getattr(v, "__pydantic_private__", None)},
-            out, active)
+# dataclasses, attrs classes and pydantic models: by the encoders `hardy.hashing.models` installs here
+MODELS: dict[str, Encoder] = {}
 
 
 def _encode_plain_object(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -445,9 +444,10 @@ _OPERATORS: tuple[type, ...] = (operator.itemgetter, operator.attrgetter, operat
 _STRUCTURAL: tuple[tuple[Callable[[type], bool], Encoder], ...] = (
     (classes.a_path_type, _encode_path),
     (by_repr, _encode_by_repr),
-    (dataclasses.is_dataclass, _encode_dataclass),
-    (lambda t: hasattr(t, "__attrs_attrs__"), _encode_attrs),
-    (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"), _encode_pydantic),  # pydantic v2
+    (dataclasses.is_dataclass, lambda v, out, active: MODELS["dataclass"](v, out, active)),
+    (lambda t: hasattr(t, "__attrs_attrs__"), lambda v, out, active: MODELS["attrs"](v, out, active)),
+    (lambda t: hasattr(t, "model_dump") and hasattr(t, "model_fields"),  # pydantic v2
+     lambda v, out, active: MODELS["pydantic"](v, out, active)),
     (lambda t: t.__module__ == "argparse" and t.__name__ == "Namespace", identified_by(vars)),
     (lambda t: t.__module__.startswith("sklearn."), _encode_reduced),  # Cython parts of fitted estimators
     (lambda t: t.__name__ in ("cython_function_or_method", "fused_cython_function"), encode_callable),

@@ -1,10 +1,11 @@
 """The calling process's state that a node can read besides its inputs and modules: environment
 variables, working directory, `sys.argv` and `sys.path`, and the interpreter's settings that change
 what code computes (`Settings`: the warning filters, the recursion limit, decimal's context,
-numpy's error handling (its callback too) and print options, torch's modes (`torch_modes`), the log
-levels and `logging.disable`). A worker takes them at each call, as the caller has them then
-(docs/same-answer.md), so a node reading `os.environ["MODE"]` or a relative path, or dividing by
-zero under `np.seterr(divide="raise")`, computes what it would compute in the caller.
+numpy's error handling (its callback too) and print options, torch's modes (`torch_modes`),
+scikit-learn's configuration (`sklearn_config`), the log levels and `logging.disable`). A worker
+takes them at each call, as the caller has them then (docs/same-answer.md), so a node reading
+`os.environ["MODE"]` or a relative path, or dividing by zero under `np.seterr(divide="raise")`,
+computes what it would compute in the caller.
 
 `current()` is on every call's path, so it answers from the snapshot it made last whenever nothing
 changed: a few comparisons, about a microsecond, and the same object, which a worker that already
@@ -24,8 +25,8 @@ from typing import Any, NamedTuple
 from ..cache.keys import settings_from
 from ..errors import ReplicaError
 from .pickling import dumps
-from .torch_modes import TORCH_DEFAULTS, TorchModes, take_torch_modes, torch_key, torch_modes
-from .torch_modes import thread_modes as thread_modes  # (the threaded executor's, from here)
+from .sklearn_config import sklearn_config, sklearn_now, sklearn_thread_config, take_sklearn_config
+from .torch_modes import TORCH_DEFAULTS, TorchModes, take_torch_modes, torch_key, torch_modes, torch_thread_modes
 
 
 class Settings(NamedTuple):
@@ -46,6 +47,7 @@ class Settings(NamedTuple):
     # function by value); where it does not pickle, why (`Uncarried`)
     numpy_callback: bytes | str | None
     log_disable: int  # `logging.disable(level)`'s level (`logging.root.manager.disable`; 0: none)
+    sklearn: dict[str, Any] | None = None  # `sklearn.get_config()` where not what a new thread starts with
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
@@ -61,23 +63,25 @@ def settings() -> Settings:
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
     return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _numpy_print(),
-                    torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable)
+                    torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable, sklearn_config())
 
 
 def settings_key() -> tuple[Any, ...]:
     """What tells cheaply that `settings()` may have changed (`Snapshot.holds`): the limits, the
     filters' list, its length and first entry (`filterwarnings` puts one first, `catch_warnings`
     swaps the list), decimal's context and its fields, numpy's error state and print options (one
-    object each, replaced by `np.seterr`, `np.seterrcall` and `np.set_printoptions`), torch's modes
-    and the log levels (`_log_token`). The objects themselves, not their ids: an object freed since
-    could leave its id to the next one. About 0.3 us, 1.3 with pandas and torch loaded."""
+    object each, replaced by `np.seterr`, `np.seterrcall` and `np.set_printoptions`), torch's modes,
+    scikit-learn's configuration (a copy: `set_config` changes its dict in place) and the log levels
+    (`_log_token`). The objects themselves, not their ids: an object freed since could leave its id
+    to the next one. About 0.3 us, 1.3 with pandas and torch loaded, 0.5 more with sklearn."""
     filters = warnings.filters
     modules = sys.modules
     decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
             _decimal_key(decimal) if decimal is not None else None,
             (_numpy_state(numpy), _numpy_print_state(numpy)) if numpy is not None else None,
-            torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token())
+            torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token(),
+            sklearn_now() if "sklearn" in modules else None)
 
 
 _RECURSION_LIMIT = sys.getrecursionlimit
@@ -121,9 +125,32 @@ def take_settings(theirs: Settings) -> None:
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
         take_torch_modes(torch, theirs.torch_modes or TORCH_DEFAULTS)
+    take_sklearn_config(theirs.sklearn)
     _take_log_levels(*theirs.log_levels)
     if logging.root.manager.disable != theirs.log_disable:  # (a node asking `log.isEnabledFor(INFO)`)
         logging.disable(theirs.log_disable)
+
+
+def thread_modes() -> Callable[[], Any]:
+    """What of the calling thread's settings another thread must take to compute the same (the
+    threaded executor's chunks): torch's grad, inference and autocast modes and default device, and
+    scikit-learn's configuration, are the thread's own. (Decimal's context and numpy's error state
+    and print options live in context variables, which a copied `contextvars` context carries; the
+    other settings are the process's.)"""
+    takes = [take for take in (torch_thread_modes(), sklearn_thread_config()) if take is not None]
+    if not takes:
+        return _no_modes
+    if len(takes) == 1:
+        return takes[0]
+
+    def take_both() -> None:
+        for take in takes:
+            take()
+    return take_both
+
+
+def _no_modes() -> None:
+    """Nothing to take: neither torch nor sklearn is loaded."""
 
 
 def _log_levels() -> tuple[int, tuple[tuple[str, int], ...]]:
@@ -411,9 +438,10 @@ def environ_delta(before: dict[str, str], after: dict[str, str]) -> tuple[dict[s
 def result_settings() -> bytes:
     """The settings that change the value a node returns for the same code and inputs, as cache
     key bytes (`cache.keys.result_settings`): decimal's context (`getcontext().prec = 5`), numpy's
-    print options (an array's text), torch's default dtype, float32 matmul precision and autocast
-    (a bfloat16 result); b"" while each is its default. Kept with the snapshot it was read from:
-    about 3 us a call."""
+    print options (an array's text), torch's default dtype, float32 matmul precision, autocast (a
+    bfloat16 result) and default device (a meta tensor), scikit-learn's configuration (a DataFrame
+    from `transform_output="pandas"`); b"" while each is its default. Kept with the snapshot it was
+    read from: about 3 us a call."""
     snapshot = current()
     kept, made = _KEYED[0]  # (one tuple: another thread replaces it whole)
     if snapshot is kept:
@@ -424,6 +452,10 @@ def result_settings() -> bytes:
     parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == TORCH_DEFAULTS[4:6] else torch)
     if modes.autocast is not None:  # (keys made without it stay as they were)
         parts += (modes.autocast,)
+    if modes.default_device is not None:  # (likewise, and the next)
+        parts += (("device", modes.default_device),)
+    if s.sklearn is not None:
+        parts += (("sklearn", sorted(s.sklearn.items())),)
     made = b"" if parts == (None, None, None) else repr(parts).encode()
     _KEYED[0] = (snapshot, made)
     return made

@@ -8,12 +8,16 @@ the module stays one module and reads the same state. A class travels as a reduc
 reference to it in what travels (a class defined in another's body, a sibling's base, a dict of
 handlers, the cell `super()` reads) land on that one object. A member that does not pickle (a lock)
 travels as its stamp (`_Unsent`); a `singledispatch` function as its implementations (`_dispatcher`).
+Another object a user module binds at top level, met inside what travels (`MISSING` in
+`DEFAULTS = {"wd": MISSING}`, a class attribute, a function's default), travels as its name
+(`Bound`), and is the worker's object of that name there: `v is MISSING` holds in both processes.
 Anything else travels as `dumps` would send it, by value where its module would let it go by reference.
 """
 
 from __future__ import annotations
 
 import abc
+import contextvars
 import enum
 import functools
 import importlib
@@ -42,9 +46,11 @@ class _Payload(ByValuePickler):
     bind, by the same, so that a class met anywhere in them lands on the worker's own."""
 
     def __init__(self, file: Any, roots: dict[tuple[str, str], Any], classes: dict[tuple[str, str], type] | None = None,
-                 **kwargs: Any):
+                 bound: Bound | None = None, probed: set[int] | None = None, **kwargs: Any):
         super().__init__(file, protocol=5, **kwargs)
         self.roots = {id(root) for root in roots.values()}  # (alive: the caller holds them while it pickles)
+        self.bound = bound  # the objects the modules bind at top level, which travel by name
+        self.probed = probed  # (`Bound.reaches`' probe: every such object met is noted, and travels by name)
         # where the worker finds its own of each root, and of each class its module binds (`classes`: the
         # module and name it is bound to, as `Legacy = Model` then `class Model` binds two classes of one
         # qualified name; `MODEL = Model()` must land on the worker's `Model`), and of each class defined
@@ -58,6 +64,12 @@ class _Payload(ByValuePickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.FunctionType) and _dispatches(obj):  # (one found nowhere is made anew)
             return _dispatcher, (*(self._where(obj) or (obj.__module__, ())), dict(obj.registry))  # type: ignore[attr-defined]
+        if self.bound is not None and id(obj) not in self.roots and (found := self.bound.where.get(id(obj))):
+            if self.probed is not None:
+                self.probed.add(id(obj))
+            # (one that refers back to what is pickled travels by value, as its part: see `Bound.reaches`)
+            if self.probed is not None or not self.bound.reaches(id(obj), self.roots):
+                return _bound, found
         if isinstance(obj, types.FunctionType):
             home = _home(obj)
             if home is not None:
@@ -123,6 +135,102 @@ class _Payload(ByValuePickler):
             sent[name] = member if travels else _Unsent(stamp_of(member), f"{type(member).__module__}."
                                                                           f"{type(member).__qualname__}")
         return sent
+
+
+class Bound:
+    """The objects that a replica's user modules bind at top level (`vars(module)[name] is obj`),
+    each with the (module, name, stamp) under which a worker finds its own. Met inside a value that
+    travels, such an object travels as that name (`_bound`), not as a copy: a copy of
+    `MISSING = object()` in `DEFAULTS = {"wd": MISSING}` would not be the worker's `MISSING`, and
+    `v is MISSING` would be False there. Objects that pickle as themselves are left out (numbers,
+    strings, None; classes, modules and Enum members, which travel by reference already), and so
+    are plain dicts, lists, tuples and sets, which pickle saves without asking. Made once
+    per replica, kept by it, and found by its id for the objects a worker asks for (`dump_values`)."""
+
+    def __init__(self, replica_id: int, objects: dict[str, dict[str, Any]], stamps: dict[str, dict[str, bytes]]):
+        self.where: dict[int, tuple[str, str, bytes]] = {}
+        self.objects: dict[int, Any] = {}  # (held: an id stands for its object only while it lives)
+        for module_name, names in objects.items():
+            for name, obj in names.items():  # (a name bound to an object bound before: the first name)
+                if name in stamps[module_name] and _has_identity(obj) and id(obj) not in self.where:
+                    self.where[id(obj)] = (module_name, name, stamps[module_name][name])
+                    self.objects[id(obj)] = obj
+        self.refs: dict[int, set[int]] = {}  # what each one's own pickle refers to by name
+        _BOUND[replica_id] = self
+
+    def reaches(self, start: int, targets: set[int]) -> bool:
+        """Whether the object `start` refers, through the objects travelling by name, to one of
+        `targets` (what is being pickled). Such a one travels by value inside it: a worker
+        installing one name's value, then the other's it refers to, would come back to the first
+        half made. Each object's references are found once, by pickling it (`_Sink`)."""
+        seen: set[int] = set()
+        todo = [start]
+        while todo:
+            at = todo.pop()
+            if at in targets:
+                return True
+            if at not in seen:
+                seen.add(at)
+                todo.extend(self._refs(at))
+        return False
+
+    def _refs(self, at: int) -> set[int]:
+        if at not in self.refs:
+            obj = self.objects[at]
+            probed: set[int] = set()
+            try:
+                _Payload(_Sink(), {self.where[at][:2]: obj}, bound=self, probed=probed).dump(obj)
+            except Exception:  # (it cannot travel by value at all: the worker keeps its own, or refuses)
+                pass
+            self.refs[at] = probed
+        return self.refs[at]
+
+
+_BOUND: weakref.WeakValueDictionary[int, Bound] = weakref.WeakValueDictionary()  # by replica id
+
+
+class _Sink:
+    """A file that keeps nothing (`Bound._refs` pickles only to see what an object refers to)."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+_IDENTICAL = (int, float, complex, str, bytes, type(None), type, types.ModuleType, enum.Enum)
+# (the C pickler saves these itself, never asking `reducer_override`: they travel by value, as before)
+_SAVED_BY_PICKLE = frozenset({dict, list, tuple, set, frozenset, bytearray})
+
+
+def _has_identity(obj: Any) -> bool:
+    """Whether a copy of `obj` would not be `obj` to code that asks `is`, and `_Payload` can send
+    it by name instead (see `Bound`)."""
+    return not isinstance(obj, _IDENTICAL) and type(obj) not in _SAVED_BY_PICKLE and obj is not ABSENT
+
+
+# The worker's side: how a name met in a payload finds the worker's object (`shipping.replica`'s
+# sync sets it while it installs, and installs the caller's object first where the name differs)
+RESOLVE: contextvars.ContextVar[Callable[[str, str, bytes], Any] | None] = contextvars.ContextVar(
+    "hardy_resolve", default=None)
+
+
+def _bound(module_name: str, name: str, stamp: bytes) -> Any:
+    """This process's object bound to `name` in `module_name`, which stands for the caller's
+    (`stamp`): the sync under way finds it (`RESOLVE`); else it is this process's own object, where
+    its stamp is the caller's."""
+    resolve = RESOLVE.get()
+    if resolve is not None:
+        return resolve(module_name, name, stamp)
+    found = vars(_importable(module_name) or types.ModuleType(module_name)).get(name, ABSENT)
+    if stamp_of(found, module_name) != stamp:
+        raise ReplicaError(unmatched(module_name, name))
+    return found
+
+
+def unmatched(module_name: str, name: str) -> str:
+    return (f"{module_name}.{name} is held by a value that travels to this worker, and this worker's "
+            f"{module_name}.{name} is not what the calling process has there: hardy will not run the pipeline "
+            f"with another object in its place. Keep the two values from referring to each other, or pass "
+            f"them to the pipeline as inputs.")
 
 
 class _Unsent(NamedTuple):
@@ -295,13 +403,14 @@ def _rebuilt(module_name: str, code: types.CodeType, name: str, qualname: str, d
     return func
 
 
-def payload(module_name: str, name: str, value: Any, classes: dict[tuple[str, str], type] | None = None
-            ) -> bytes | None:
+def payload(module_name: str, name: str, value: Any, classes: dict[tuple[str, str], type] | None = None,
+            bound: Bound | None = None) -> bytes | None:
     """`value`, bound to `name` in `module_name`, pickled for another process's copy of that module
-    (`classes`: the classes it binds, by (module, name)), or None when it cannot be."""
+    (`classes`: the classes it binds, by (module, name); `bound`: the objects its modules bind,
+    which travel by name), or None when it cannot be."""
     try:
         file = io.BytesIO()
-        _Payload(file, {(module_name, name): value}, classes).dump(value)
+        _Payload(file, {(module_name, name): value}, classes, bound).dump(value)
         return file.getvalue()
     except Exception:
         return None
@@ -310,10 +419,11 @@ def payload(module_name: str, name: str, value: Any, classes: dict[tuple[str, st
 def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
     """A `Values` message (`workers.messages`), big buffers out of band (`transport.pack`'s
     `dump`), each object pickled as `_payload` pickles it: a class or a node by value, where its
-    reference would find the worker's own."""
+    reference would find the worker's own; the other objects its replica's modules bind, by name
+    (all in one pickle: an object two of them hold arrives as one)."""
     file = io.BytesIO()
     objects = values.values if isinstance(values.values, dict) else {}
-    _Payload(file, objects, buffer_callback=buffer_callback).dump(values)
+    _Payload(file, objects, bound=_BOUND.get(values.replica), buffer_callback=buffer_callback).dump(values)
     return file.getvalue()
 
 

@@ -38,7 +38,7 @@ from ..errors import ReplicaError
 from ..hashing import is_user_module
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
-from .payload import payload, refusal
+from .payload import RESOLVE, Bound, payload, refusal, unmatched
 
 SMALL = 64 * 1024  # bytes: a value pickled smaller travels with the plan; a bigger one when a worker asks
 
@@ -73,7 +73,15 @@ class Replica:
                 self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
                 self.objects[module_name] = {**{n: vars(module)[n] for n in names}, NAMES: sorted(names)}
             self.files[module_name] = SCRIPT if is_script(module_name) else getattr(module, "__file__", None)
+        self.found: Bound | None = None
         _LIVE[self.id] = self
+
+    def bound(self) -> Bound:
+        """The objects these modules bind at top level, by identity (`payload.Bound`: met inside a
+        value that travels, each travels by name), found once: when the plan is first shipped."""
+        if self.found is None:
+            self.found = Bound(self.id, self.objects, self.stamps)
+        return self.found
 
     def header(self, everything: bool) -> bytes:
         """What travels with the plan: every stamp, with the caller's object pickled for the names
@@ -86,21 +94,23 @@ class Replica:
             objects = self.objects[module_name]
             classes = {(module_name, n): v for n, v in objects.items() if isinstance(v, type)}  # (once a module)
             for name, stamp in stamps.items():
-                sent = payload(module_name, name, objects[name], classes) if everything or name in read else None
+                sent = (payload(module_name, name, objects[name], classes, self.bound())
+                        if everything or name in read else None)
                 if sent is not None and not everything and len(sent) > SMALL:
                     sent = None
                 entries[module_name][name] = (stamp, sent)
         return pickle.dumps((self.id, entries, self.files, os.getpid()), protocol=5)
 
     def values(self, wanted: Wanted) -> dict[tuple[str, str], Any]:
-        """The objects a worker asked for."""
+        """The objects a worker asked for (`payload.dump_values` finds their `bound` by this replica's id)."""
+        self.bound()
         return {(m, n): self.objects.get(m, {}).get(n) for m, n in wanted}
 
     def refusal(self, wanted: Wanted) -> str:
         """Why one of the objects asked for cannot be sent (the worker then refuses the plan)."""
         for module_name, name in wanted:
             value = self.objects.get(module_name, {}).get(name)
-            if payload(module_name, name, value) is None:
+            if payload(module_name, name, value, bound=self.bound()) is None:
                 return refusal(module_name, name, value)
         return "the objects asked for cannot be sent to the worker"
 
@@ -194,6 +204,7 @@ class Synced:
             (m, n): payload for m, names in entries.items() for n, (_, payload) in names.items() if payload is not None}
         self.fetched: dict[tuple[str, str], Any] = {}
         self.checked = -1  # `_INSTALLS` when `current` last found it current
+        self.installing: set[tuple[str, str]] = set()
 
     def current(self) -> bool:
         """Whether this worker's modules hold what the caller's stamps say, as far as it installed them
@@ -223,21 +234,42 @@ class Synced:
             else:
                 differing.append((module_name, name))
         wanted = [key for key in differing if key not in self.payloads and key not in self.fetched]
-        if wanted:
-            if fetch is None:
-                raise ReplicaError(_cannot_ask(wanted, self.stamps))
-            got = fetch(self.id, wanted)
-            if isinstance(got, str):
-                raise ReplicaError(got)
-            self.fetched.update(got)
-        for key in differing:  # (a class before the values holding its instances: the order names were read)
+        if wanted and fetch is None:
+            raise ReplicaError(_cannot_ask(wanted, self.stamps))
+        resolving = RESOLVE.set(self.resolve)
+        try:
+            if wanted and fetch is not None:  # every differing name: in one pickle, what two hold arrives as one
+                got = fetch(self.id, [key for key in differing if key not in self.fetched])
+                if isinstance(got, str):
+                    raise ReplicaError(got)
+                self.fetched.update(got)
+            for key in differing:  # (a class before the values holding its instances: the order names were read)
+                if HELD.get(key) != self.stamps[key]:  # (unless a value holding it installed it first)
+                    self.install(key)
+        finally:
+            RESOLVE.reset(resolving)
+
+    def resolve(self, module_name: str, name: str, stamp: bytes) -> Any:
+        """The object a name stands for in the caller's value being installed (`payload.Bound`):
+        this worker's own where its stamp is the caller's, else the caller's, installed first."""
+        key = (module_name, name)
+        if (HELD.get(key) != stamp and self.stamps.get(key) == stamp and key not in self.installing
+                and (key in self.fetched or key in self.payloads)):
             self.install(key)
+        found = vars(_module(module_name, self.files.get(module_name))).get(name, ABSENT)
+        if HELD.get(key) != stamp or found is ABSENT:
+            raise ReplicaError(unmatched(module_name, name))
+        return found
 
     def install(self, key: tuple[str, str]) -> None:
         module_name, name = key
         stamp = self.stamps[key]
         module = _module(module_name, self.files.get(module_name))
-        value = self.fetched[key] if key in self.fetched else pickle.loads(self.payloads[key])
+        self.installing.add(key)
+        try:
+            value = self.fetched[key] if key in self.fetched else pickle.loads(self.payloads[key])
+        finally:
+            self.installing.discard(key)
         if name == NAMES:  # names the caller's module does not bind: gone here too
             for extra in set(_own_names(module)) - set(value):
                 delattr(module, extra)

@@ -1,7 +1,7 @@
 """torch's settings that change what a node computes (`TorchModes`), as `shipping.context` carries
 them to a worker at each call that changed them and to the threaded executor's threads: the
-calling thread's grad, inference and autocast modes, and the process's deterministic algorithms,
-default dtype, matmul precision and cudnn flags. Read only where the caller imported torch
+calling thread's grad, inference and autocast modes and default device, and the process's
+deterministic algorithms, default dtype, matmul precision and cudnn flags. Read only where the caller imported torch
 (`sys.modules`): a process that never loads it pays nothing, and a worker never imports it for it.
 """
 
@@ -30,6 +30,7 @@ class TorchModes(NamedTuple):
     cudnn_benchmark: bool = False
     cudnn_allow_tf32: bool = True
     autocast: Autocast | None = None  # `torch.autocast("cpu", dtype=torch.bfloat16)` around a map; None: off
+    default_device: str | None = None  # `torch.set_default_device("meta")`, `with torch.device(...)`; None: cpu
 
 
 TORCH_DEFAULTS = TorchModes()
@@ -59,14 +60,31 @@ def _name(dtype: Any) -> str:
 
 def torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
     """`TorchModes`' fields as torch's own calls return them (the dtypes objects): about 0.8 us,
-    0.2 of it autocast's two probes (the dtypes, which count only while it is on, read only then)."""
+    0.2 of it autocast's two probes (the dtypes, which count only while it is on, read only then)
+    and 0.04 the default device's (`default_device`)."""
     try:
         autocast = _autocast(c) if c.is_autocast_enabled("cpu") or c.is_autocast_enabled() else None  # (CUDA's)
     except TypeError:  # torch before 2.4: a call per device
         autocast = _autocast(c)
     return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
             c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
-            c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32(), autocast)
+            c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32(), autocast,
+            default_device(c) if c._len_torch_function_stack() else None)
+
+
+def default_device(c: Any) -> str | None:
+    """The calling thread's default device, as it was set (`torch.set_default_device("cuda")`:
+    "cuda", without the index `torch.get_default_device()` finds by making a tensor there, which
+    would start CUDA in this process), None for the CPU. torch keeps it as a `DeviceContext` on the
+    thread's stack of function modes, read only when that stack holds something (`torch_key`)."""
+    overrides, devices = sys.modules.get("torch.overrides"), sys.modules.get("torch.utils._device")
+    if overrides is None or devices is None:  # (no DeviceContext was ever made)
+        return None
+    for mode in reversed(overrides._get_current_function_mode_stack()):
+        if isinstance(mode, devices.DeviceContext):
+            device = str(mode.device)
+            return None if device == "cpu" else device
+    return None
 
 
 def _autocast(c: Any) -> tuple[Any, ...] | None:
@@ -100,6 +118,8 @@ def take_torch_modes(torch: Any, theirs: TorchModes) -> None:
         cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = theirs[6:9]
     if now.autocast != theirs.autocast:
         _take_autocast(torch, theirs.autocast)
+    if now.default_device != theirs.default_device:  # (a device this process lacks fails where a tensor is made)
+        torch.set_default_device(theirs.default_device)
 
 
 def _take_autocast(torch: Any, wanted: Autocast | None) -> None:
@@ -140,24 +160,23 @@ def _take_inference(torch: Any, wanted: bool) -> None:
         _INFERENCE.held = guard
 
 
-def thread_modes() -> Callable[[], Any]:
-    """What of the calling thread's settings another thread must take to compute the same (the
-    threaded executor's chunks): torch's grad, inference and autocast modes are the thread's own.
-    (Decimal's context and numpy's error state and print options live in context variables: a
-    copied `contextvars` context carries them; torch's other settings are the process's.)"""
+def torch_thread_modes() -> Callable[[], Any] | None:
+    """What of the calling thread's torch settings another thread must take to compute the same
+    (the threaded executor's chunks, `shipping.context.thread_modes`): its grad, inference and
+    autocast modes and its default device are the thread's own; None where torch is not loaded.
+    (torch's other settings are the process's.)"""
     torch = sys.modules.get("torch")
     if torch is None:
-        return _no_modes
+        return None
     grad, inference = bool(torch.is_grad_enabled()), bool(torch.is_inference_mode_enabled())
-    autocast = torch_now(torch).autocast
+    now = torch_now(torch)
+    autocast, device = now.autocast, now.default_device
 
     def take() -> None:
         _take_inference(torch, inference)  # (nothing to do where this thread holds no guard and agrees)
         torch.set_grad_enabled(grad)
         if autocast is not None or _autocast(torch._C) is not None:  # (a pool thread keeps what it took)
             _take_autocast(torch, autocast)
+        if (default_device(torch._C) if torch._C._len_torch_function_stack() else None) != device:
+            torch.set_default_device(device)
     return take
-
-
-def _no_modes() -> None:
-    """Nothing to take: torch is not loaded."""
