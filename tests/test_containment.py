@@ -281,6 +281,37 @@ def test_an_uncaught_ctrl_c_of_a_map_shows_the_users_frames_not_hardys(tmp_path,
 
 
 @pytest.mark.parametrize("executor", ["process", "sequential"])
+def test_ctrl_c_of_a_node_from_an_installed_package_still_shows_its_frame(tmp_path, executor):
+    """A node that lives in an installed package (site-packages) is the user's code too: its
+    frame is shown where a Ctrl-C landed in it, as the standard library's wait is not."""
+    import sysconfig
+    packages = Path(sysconfig.get_paths()["purelib"])
+    if not os.access(packages, os.W_OK):
+        pytest.skip("site-packages is not writable here")
+    name = f"hardy_test_installed_{os.getpid()}"
+    marker = tmp_path / "stuck"
+    (packages / f"{name}.py").write_text(textwrap.dedent(f"""
+        import time
+        from hardy import node
+
+        @node(output_name="y")
+        def stuck_in_a_package(x):
+            open({str(marker)!r}, "w").close()
+            time.sleep(3600)
+    """))
+    try:
+        out, err = ctrl_c(f"""
+            from hardy import Engine, Pipeline
+            from {name} import stuck_in_a_package
+            Pipeline([stuck_in_a_package], engine=Engine(map_executor={executor!r})).run(inputs={{"x": 1}})
+        """, marker)
+    finally:
+        (packages / f"{name}.py").unlink()
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    assert ", in stuck_in_a_package" in err, err
+
+
+@pytest.mark.parametrize("executor", ["process", "sequential"])
 @pytest.mark.parametrize("call", ["run", "imap"])
 def test_ctrl_c_of_a_run_or_an_imap_shows_the_node_where_it_was_not_hardys_wait(tmp_path, executor, call):
     """Ctrl-C to see where a stuck script is: in a worker, `run()`'s KeyboardInterrupt ended in

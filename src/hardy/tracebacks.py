@@ -50,13 +50,24 @@ def is_users(filename: str) -> bool:
     return not is_hardy(filename) and not filename.startswith(_library())
 
 
-@functools.lru_cache(maxsize=1)
+def is_machinery(filename: str) -> bool:
+    """Whether a frame of this file is hardy's or the standard library's (not an installed
+    package's, where a node may live): where a Ctrl-C that landed says nothing of the code run."""
+    return is_hardy(filename) or (filename.startswith(_folders("stdlib", "platstdlib"))
+                                  and not filename.startswith(_folders("purelib", "platlib")))
+
+
 def _library() -> tuple[str, ...]:
-    """The standard library's and installed packages' folders (read on the first failure: `import
-    hardy` stays fast)."""
+    """The standard library's and installed packages' folders."""
+    return _folders("stdlib", "platstdlib", "purelib", "platlib")
+
+
+@functools.lru_cache(maxsize=4)
+def _folders(*kinds: str) -> tuple[str, ...]:
+    """sysconfig's folders of these kinds (read on the first failure: `import hardy` stays fast)."""
     import sysconfig
     paths = sysconfig.get_paths()
-    return tuple({paths[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)})
+    return tuple({paths[k] + os.sep for k in kinds if paths.get(k)})
 
 
 @functools.lru_cache(maxsize=1)
@@ -377,12 +388,12 @@ def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] 
 
 
 def where_interrupted(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """A Ctrl-C's `tb` from the user's first frame on (`own_frames`), or None when it holds no
-    frame of the user's code: it landed in hardy's wait for its workers (or the standard
-    library's, a `threaded` map's), whose frames say nothing about where the user's code was."""
+    """A Ctrl-C's `tb` from the user's first frame on (`own_frames`), or None when it holds only
+    hardy's and the standard library's: it landed in hardy's wait for its workers (or a `threaded`
+    map's wait in `threading`), whose frames say nothing about where the user's code was."""
     frames = own_frames(tb)
     entry = frames
-    while entry is not None and not is_users(entry.tb_frame.f_code.co_filename):
+    while entry is not None and is_machinery(entry.tb_frame.f_code.co_filename):
         entry = entry.tb_next
     return frames if entry is not None else None
 
@@ -392,7 +403,7 @@ def landed_in_worker(interrupt: BaseException, frames: list[tuple[str, str, int]
     worker's faulthandler stack, outermost first) of the user's code the worker was running when
     it came, after hardy's: its traceback then ends where the same script's in-process one would
     (a node stuck in `time.sleep`), and `where_interrupted` keeps those frames."""
-    first = next((k for k, (file, _, _) in enumerate(frames) if is_users(file)), None)
+    first = next((k for k, (file, _, _) in enumerate(frames) if not is_machinery(file)), None)
     if first is None:
         return
     tb = interrupt.__traceback__
@@ -403,7 +414,6 @@ def landed_in_worker(interrupt: BaseException, frames: list[tuple[str, str, int]
         interrupt.__traceback__ = theirs
     else:
         tb.tb_next = theirs
-
 
 
 def _whole_line(filename: str, lineno: int) -> tuple[int, int, int] | None:

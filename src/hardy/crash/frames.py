@@ -89,12 +89,14 @@ def python_site(stack: str, node: str = "") -> str:
 
 def python_frames(stack: str) -> list[tuple[str, str, int]]:
     """The frames (file, function, line) of the thread that ran the node in a faulthandler
-    `stack`, outermost first: the current thread's (the main one, which runs the plan), else the
-    first thread with one outside the standard library, installed packages and hardy."""
+    `stack`, outermost first: the current thread's (the main one, which runs the plan, once
+    hardy's machinery is left out: `record`), else the first thread with one outside the standard
+    library, installed packages and hardy."""
     blocks = stack.split("\n\n")
-    for block in [b for b in blocks if "Current thread" in b] + blocks:
+    current = [b for b in blocks if "Current thread" in b]
+    for block in current + blocks:
         found = [(f.group(1), f.group(3), int(f.group(2))) for f in _PY_FRAME.finditer(block)]
-        if any(not file.startswith(_NOT_USER_CODE) for file, _, _ in found):
+        if (found and block in current) or any(not file.startswith(_NOT_USER_CODE) for file, _, _ in found):
             return found[::-1]
     return []
 
