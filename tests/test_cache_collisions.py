@@ -716,3 +716,33 @@ def test_an_int_past_pythons_str_limit_is_keyed_by_its_bytes(tmp_path):
         return lambda: n.bit_length()  # a value the code reads (a global, a closure cell)
     assert code_fingerprint(reading(big)) != code_fingerprint(reading(big + 1))
     assert hash_value(12345).hex() == hash_value(12345).hex() and hash_value(-7) != hash_value(7)
+
+
+def test_a_models_key_does_not_change_when_a_cached_property_is_read():
+    """A model is keyed by all it holds; a `cached_property`'s value, stored in the instance once
+    read, follows from the rest: had it counted, one script reading `cfg.total` before the map and
+    another not would miss each other's entries."""
+    import functools
+
+    attrs = pytest.importorskip("attrs")
+    pydantic = pytest.importorskip("pydantic")
+
+    @attrs.define(slots=False)
+    class Scaler:
+        x: int
+
+        @functools.cached_property
+        def total(self) -> int:
+            return self.x * 2
+
+    class Settings(pydantic.BaseModel):
+        x: int
+
+        @functools.cached_property
+        def total(self) -> int:
+            return self.x * 2
+
+    for model in (Scaler(1), Settings(x=1)):
+        before = hash_value(model)
+        assert model.total == 2
+        assert hash_value(model) == before, type(model).__name__

@@ -14,6 +14,8 @@ registered once pydantic has loaded it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +39,27 @@ def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
 
 
 def _with_extra(v: Any, fields: dict[str, Any]) -> dict[str, Any]:
-    extra = {k: x for k, x in instance_fields(v).items() if k not in fields}
+    extra = {k: x for k, x in _state(v).items() if k not in fields}
     return {**fields, "__extra__": extra} if extra else fields
+
+
+def _state(v: Any) -> dict[str, Any]:
+    """What the instance holds (`instance_fields`), without the values its `cached_property`s
+    computed: they follow from the rest, and a key must not change because one was read."""
+    state = instance_fields(v)
+    cached = _cached_properties(type(v))
+    return {k: x for k, x in state.items() if k not in cached} if cached else state
+
+
+def _cached_properties(cls: type) -> frozenset[str]:
+    names = _CACHED_PROPERTIES.get(cls)
+    if names is None:
+        names = _CACHED_PROPERTIES[cls] = frozenset(name for c in cls.__mro__ for name, member in vars(c).items()
+                                                    if isinstance(member, functools.cached_property))
+    return names
+
+
+_CACHED_PROPERTIES: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -48,7 +69,7 @@ def _encode_pydantic(v: Any, out: Callable[[bytes], Any], active: set[int]) -> N
     dump alike where `pet` is declared an `Animal`, and a field with `exclude=True`, or one a
     `field_serializer` rounds, is read by the node as it is. Which fields were set counts too
     (`model_dump(exclude_unset=True)`, `model_fields_set`)."""
-    encode_object(v, b"PY", instance_fields(v), out, active)
+    encode_object(v, b"PY", _state(v), out, active)
 
 
 MODELS.update({"dataclass": _encode_dataclass, "attrs": _encode_attrs, "pydantic": _encode_pydantic})
