@@ -716,6 +716,10 @@ def test_an_int_past_pythons_str_limit_is_keyed_by_its_bytes(tmp_path):
         return lambda: n.bit_length()  # a value the code reads (a global, a closure cell)
     assert code_fingerprint(reading(big)) != code_fingerprint(reading(big + 1))
     assert hash_value(12345).hex() == hash_value(12345).hex() and hash_value(-7) != hash_value(7)
+    unlimited = subprocess.run([sys.executable, "-c", "import math; from hardy.hashing import hash_value; "
+                                "print(hash_value(math.factorial(2000)).hex())"], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONINTMAXSTRDIGITS": "0"}, timeout=60)
+    assert unlimited.stdout.strip() == hash_value(big).hex(), "a process without the limit keys it otherwise"
 
 
 def test_a_models_key_does_not_change_when_a_cached_property_is_read():

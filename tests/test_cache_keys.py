@@ -3,6 +3,7 @@ code a node can run invalidates it; what cannot be hashed is an error before any
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -878,13 +879,23 @@ def test_a_function_using_local_time_is_keyed_by_the_zone_and_no_other_is():
         from time import mktime
         return mktime(ts)
 
+    to_local_partial = functools.partial(dt_class.fromtimestamp, tz=None)
+    converters = {"local": dt_class.fromtimestamp}
+
+    def through_a_partial(ts):
+        return to_local_partial(ts).hour
+
+    def through_a_dict(ts):
+        return converters["local"](ts).hour
+
     def utc_only(ts):  # the same in every zone
         return datetime.datetime.fromordinal(ts).strftime("%Y") + str(time.time() > 0)
 
     def plain(x):
         return x * 2
 
-    zoned = [formatted, through_helper, given, named, module_format, held, imported_inside]
+    zoned = [formatted, through_helper, given, named, module_format, held, imported_inside, through_a_partial,
+             through_a_dict]
     before = os.environ.get("TZ")
     keys = []
     try:

@@ -506,3 +506,58 @@ def test_an_attribute_set_on_a_helper_with_a_sentinel_default_reaches_the_worker
             print(executor, Pipeline([lookup.resolve], engine=Engine(map_executor=executor)).run(inputs={"x": 1}))
     """)
     assert lines == ["sequential {'y': 6}", "process {'y': 6}"]
+
+
+def test_a_lock_a_node_reads_does_not_hide_the_modules_it_reads_after_it(tmp_path):
+    """A node's globals are walked in name order; the walk stopped at the first that cannot be
+    hashed (`_LOCK = threading.Lock()`), so `settings`, read after it, was never part of the
+    replica: a worker computed with its import-time `CFG.lr` where the script had set 0.9."""
+    (tmp_path / "settings.py").write_text("class CFG:\n    lr = 0.1\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import threading
+        import settings
+        _LOCK = threading.Lock()
+
+        def step(x):
+            with _LOCK:
+                return settings.CFG.lr * x
+    """))
+    lines = script(tmp_path, """
+        from hardy import Engine, Pipeline, node
+        import settings, train
+        settings.CFG.lr = 0.9
+        p = Pipeline([node(output_name="y")(train.step)])
+        for executor in ("sequential", "process"):
+            print(executor, p.run(inputs={"x": 2}, engine=Engine(map_executor=executor)))
+    """)
+    assert lines == ["sequential {'y': 1.8}", "process {'y': 1.8}"]
+
+
+def test_a_dict_on_a_helper_that_holds_a_sentinel_is_seen_when_changed_in_place(tmp_path):
+    """A function attribute that is a dict holding a sentinel was stamped and keyed as one value
+    without content: `get.opts["k"] = 6` reached neither a worker (it computed with 5) nor the
+    key (a cache served the entry made with 6 after `k` became 7)."""
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""
+        from hardy import node
+        MISSING = object()
+
+        def get(table, key):
+            return table.get(key, get.opts["k"])
+        get.opts = {"fallback": MISSING, "k": 5}
+
+        @node(output_name="y")
+        def step(x):
+            return get({}, "wd") + x
+    """))
+    lines = script(tmp_path, """
+        from hardy import DiskCache, Engine, Pipeline
+        import helpers
+        helpers.get.opts["k"] = 6
+        for executor in ("sequential", "process"):
+            print(executor, Pipeline([helpers.step], engine=Engine(map_executor=executor)).run(inputs={"x": 0}))
+        cached = Pipeline([helpers.step], engine=Engine(cache=DiskCache("cache")))
+        print("cached", cached.run(inputs={"x": 0}))
+        helpers.get.opts["k"] = 7
+        print("cached", cached.run(inputs={"x": 0}))
+    """)
+    assert lines == ["sequential {'y': 6}", "process {'y': 6}", "cached {'y': 6}", "cached {'y': 7}"]

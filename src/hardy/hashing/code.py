@@ -26,6 +26,7 @@ from typing import Any
 from blake3 import blake3
 
 from ..errors import UnhashableError
+from . import bytecode
 from .callables import KINDS, annotations_of, kind_of, library_function, resolves
 from .classes import automatic, install_code_fingerprint
 from .distributions import module_identity
@@ -35,6 +36,7 @@ from .origin import absolute_module, is_user_file, is_user_module
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
 from .reach import recording as recording
+from .state import tolerant
 from .values import ABSENT, DIGEST, encode_into, length, type_name
 
 
@@ -149,7 +151,7 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
             _fingerprint(target, out, seen)
         elif not automatic(name, target) and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
-            _tolerant(member, out)  # (a class-level cache, lock or registry: state, not configuration)
+            tolerant(member, out)  # (a class-level cache, lock or registry: state, not configuration)
     if "__pydantic_fields__" in members:  # a pydantic model: what pydantic keeps out of the namespace
         out(b"pydantic")
         for label, value in pydantic_class_parts(cls):
@@ -161,15 +163,6 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
         for name, hint in annotations.items():
             out(name.encode())
             _hint(hint, out)
-
-
-def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
-    """A value inside code (a class attribute, a function's attribute) by content; where it has
-    none, as one unhashable value ("?")."""
-    try:
-        encode_into(value, out, set())
-    except UnhashableError:
-        out(b"?")
 
 
 def _hint(hint: Any, out: Callable[[bytes], Any], by_name: bool = False) -> None:
@@ -204,23 +197,26 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     """A user function: its code and defaults, then what it reads (globals, closure cells, modules
     it imports), each with the attribute chains the code reads from it."""
     code = func.__code__
-    _code(code, out)
+    bytecode.code_bytes(code, out)
     out(b"name:" + f"{getattr(func, '__name__', '')}/{getattr(func, '__qualname__', '')}".encode())
     out(b"defaults")
-    encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
+    later = _Later()
+    with later:
+        encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
     _annotations_and_attributes(func, out)
     globs = getattr(func, "__globals__", {})
-    chains = _chains(code)
+    chains = bytecode.chains(code)
     _module_reached(getattr(func, "__module__", None))
     if reads_environment(func, chains):  # `os.environ.get("MODE")`: the value counts
         keyed_variables(func, out)
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
             note_read(globs, name)
-    for name in sorted(_global_names(code)):
+    for name in sorted(bytecode.global_names(code)):
         if name in globs:
             out(b"g:" + name.encode())
-            _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
+            with later:
+                _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
         note_read(Cell(cell), name)
@@ -229,7 +225,16 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
         except ValueError:  # an empty cell (a name assigned later in the enclosing function)
             out(b"empty")
             continue
-        _reference(value, out, seen, chains.get(("c", name), ()), name, func)
+        with later:
+            _reference(value, out, seen, chains.get(("c", name), ()), name, func)
+    with later:
+        _imports_inside(func, chains, globs, out, seen)
+    later.done()
+
+
+def _imports_inside(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]], globs: dict[str, Any],
+                    out: Callable[[bytes], Any], seen: Seen) -> None:
+    """The modules a function imports inside its body, with what it reads from them."""
     for _, name in sorted(r for r in chains if r[0] == "submodule"):
         _imported(name)  # `import pkg.sub` inside: what `pkg.sub.f` then reads
     for root in sorted(r for r in chains if r[0] in ("import", "from")):  # imports inside the function
@@ -245,6 +250,29 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             out(module_identity(name))
 
 
+class _Later:
+    """The first `UnhashableError` of a function's parts (a default, a global, a cell), raised by
+    `done()` once every part was walked: a walk that stopped at `_LOCK = threading.Lock()` left the
+    modules read after it unnoted (the globals go in name order), and a worker computed with its
+    own import-time `settings.CFG` where the caller had changed it, silently."""
+
+    def __init__(self) -> None:
+        self.error: UnhashableError | None = None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if isinstance(exc, UnhashableError):
+            self.error = self.error or exc
+            return True
+        return False
+
+    def done(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _annotations_and_attributes(func: Any, out: Callable[[bytes], Any]) -> None:
     """What a function carries besides its code and defaults, which code can read."""
     annotations = annotations_of(func)
@@ -258,7 +286,7 @@ def _annotations_and_attributes(func: Any, out: Callable[[bytes], Any]) -> None:
         out(b"attributes")
         for name, value in sorted(attributes.items()):
             out(name.encode())
-            _tolerant(value, out)
+            tolerant(value, out)
     note_read(Size(func.__dict__), "")  # an attribute set on it later (`h.k = 3`, read as `getattr(h, "k", 2)`)
 
 
@@ -339,7 +367,7 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
                         _fingerprint(value, out, seen)
                 elif not (attr.startswith("__") or isinstance(value, types.ModuleType) or callable(value)):
                     out(b"v:" + attr.encode())
-                    _tolerant(value, out)
+                    tolerant(value, out)
     for chain in sorted(c for c in chains if c):
         target, path = module, name
         for attr in chain:
@@ -380,107 +408,6 @@ def _imported(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except Exception:  # the node itself will fail the same way when it runs
         return ABSENT
-
-
-@functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
-def _chains(code: types.CodeType) -> dict[tuple[str, str], set[tuple[str, ...]]]:
-    """The attribute chains the code (and its nested code) reads, from the bytecode:
-    `utils.clean(x)` is LOAD_GLOBAL utils, LOAD_METHOD clean -> {("g", "utils"): {("clean",)}}.
-    Roots are globals ("g"), closure cells ("c") and modules imported inside the function: `import
-    a.b` binds ("import", "a") and imports ("submodule", "a.b"); `from m import f` reads from
-    ("from", "m"), so that `f.g` is the chain m.f.g, and `from .m import f` from ("from", ".m")."""
-    found: dict[tuple[str, str], set[tuple[str, ...]]] = {}
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-        _scan_chains(c, found)
-    return found
-
-
-def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, ...]]]) -> None:
-    """Add the chains one code object (not its nested code) reads to `found`."""
-    import dis
-    bound: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = {}  # local -> (root, chain prefix)
-    root: tuple[str, str] | None = None
-    attrs: list[str] = []
-    importing: tuple[str, str] | None = None
-    prefix: tuple[str, ...] = ()
-    consts: list[Any] = [None, None]  # IMPORT_NAME's two constants: its level, its fromlist (None: `import a.b`)
-    for ins in dis.get_instructions(c):
-        op = ins.opname
-        if op in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
-            attrs.append(ins.argval)
-            continue
-        if root is not None:
-            found.setdefault(root, set()).add(tuple(attrs))
-            root = None
-        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-            root, attrs = ("g", ins.argval), []
-        elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in c.co_freevars:
-            root, attrs = ("c", ins.argval), []
-        elif op in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in bound:
-            root, chain = bound[ins.argval]
-            attrs = list(chain)
-        elif op == "IMPORT_NAME":  # `import a.b` binds a; `from a.b import c` reads from a.b
-            level, fromlist = consts
-            if fromlist is not None:
-                importing = ("from", "." * (level if isinstance(level, int) else 0) + ins.argval)
-            else:
-                importing = ("import", ins.argval.split(".")[0])
-                if "." in ins.argval:
-                    found.setdefault(("submodule", ins.argval), set())
-            prefix = ()
-            found.setdefault(importing, set())
-            continue
-        elif op == "IMPORT_FROM" and importing is not None:
-            prefix = (*prefix, ins.argval)
-            found[importing].add(prefix)
-            continue
-        elif op.startswith("STORE_") and importing is not None:
-            bound[ins.argval] = (importing, prefix)
-            prefix = ()
-            continue
-        elif op in ("SWAP", "ROT_TWO", "POP_TOP") and importing is not None:
-            continue
-        importing = None
-        consts = [consts[1], ins.argval] if op in ("LOAD_CONST", "LOAD_SMALL_INT") else [None, None]
-    if root is not None:
-        found.setdefault(root, set()).add(tuple(attrs))
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-# Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as
-# `from __future__ import annotations`, inherited by exec() from its caller, do not count.
-_SEMANTIC_FLAGS = 0x3FF
-
-
-def code_bytes(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
-    """A code object's canonical bytes (its bytecode, names, constants and nested code; not its
-    file or lines), for comparing code across processes (`hashing.state`)."""
-    _code(code, out)
-
-
-def _code(code: types.CodeType, out: Callable[[bytes], Any]) -> None:
-    out(b"code" + length(len(code.co_code)) + code.co_code)
-    # (the exception table: which lines a `try` covers, moved into its `else:`, leaves co_code as it was)
-    table = getattr(code, "co_exceptiontable", b"")
-    out(b"except" + length(len(table)) + table)
-    out(repr((code.co_name, getattr(code, "co_qualname", ""),  # what a function made from it is named
-              code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
-              code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags & _SEMANTIC_FLAGS)).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            _code(const, out)
-        else:
-            encode_into(const, out, set())
 
 
 install_code_fingerprint(code_fingerprint)

@@ -22,6 +22,7 @@ computes with it (`zone`), so a cache shared across zones keeps the entries of e
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -181,9 +182,14 @@ def reads_zone(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -
     return any(_zoned(value) for value in held)
 
 
-def _zoned(value: Any) -> bool:
+def _zoned(value: Any, depth: int = 0) -> bool:
     """A function that computes with the local zone: the `time` module's (`TIME_ZONED`), or one
-    named as `LOCAL_TIME` are (`datetime.fromtimestamp`, a bound method of the class)."""
+    named as `LOCAL_TIME` are (`datetime.fromtimestamp`, a bound method of the class); also inside
+    a `partial`, or as a value of a dict, list or tuple (`CONVERTERS = {"local": ...}`)."""
+    if isinstance(value, functools.partial):
+        return _zoned(value.func, depth)
+    if type(value) in (dict, list, tuple) and depth < 2:
+        return any(_zoned(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
     name = getattr(value, "__name__", None) if callable(value) else None
     if not isinstance(name, str):
         return False

@@ -54,7 +54,7 @@ _USER: dict[str, bool] = {}
 
 def absolute_module(name: str, globs: dict[str, Any]) -> str:
     """The module an import inside a function names, a relative one (`from .helpers import f`,
-    kept with its dots by `code._scan_chains`) resolved as Python does, from the package of the
+    kept with its dots by `bytecode._scan_chains`) resolved as Python does, from the package of the
     function whose globals are `globs`; "" where it cannot be (the import fails the same way when
     it runs)."""
     if not name.startswith("."):

@@ -21,7 +21,7 @@ from typing import Any
 
 from blake3 import blake3
 
-from .code import code_bytes
+from .bytecode import code_bytes
 from .origin import is_user_module
 from .values import ABSENT, CONTENT_TOKEN, DIGEST, encode_into, type_name
 
@@ -78,7 +78,7 @@ def _defaults_token(func: types.FunctionType) -> bytes:
     """A function's defaults by content (`normalize.__kwdefaults__["scale"] = 5.0` changes them in
     place); its code is seen by identity, as any function's."""
     h = blake3()
-    _tolerant_parts((func.__defaults__, func.__kwdefaults__), h.update)
+    tolerant((func.__defaults__, func.__kwdefaults__), h.update)
     return h.digest(DIGEST)
 
 
@@ -147,14 +147,14 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
     if isinstance(value, types.FunctionType):
         out(b"f")
         code_bytes(value.__code__, out)
-        _tolerant_parts((value.__defaults__, value.__kwdefaults__, _attributes(value)), out)
+        tolerant((value.__defaults__, value.__kwdefaults__, _attributes(value)), out)
         for cell in value.__closure__ or ():
             try:
                 inner = cell.cell_contents
             except ValueError:
                 out(b"empty")
                 continue
-            _code_of(inner, out, seen) if _is_code(inner) else _tolerant(inner, out)
+            _code_of(inner, out, seen) if _is_code(inner) else tolerant(inner, out)
     elif isinstance(value, type):
         out(b"c" + type_name(value))
         for name, member in sorted(vars(value).items()):
@@ -162,13 +162,13 @@ def _code_of(value: Any, out: Callable[[bytes], Any], seen: set[int]) -> None:
                 continue
             out(name.encode())
             for target in _accessors(member):
-                _code_of(target, out, seen) if _is_code(target) else _tolerant(target, out)
+                _code_of(target, out, seen) if _is_code(target) else tolerant(target, out)
         if isinstance(value, abc.ABCMeta):  # the classes `register` made its virtual subclasses
             out(b"registered" + b",".join(sorted(type_name(c) for c in registered(value))))
     else:
         out(b"w" + type_name(type(value)))
         config = getattr(value, "__dict__", {})
-        _tolerant_parts(({k: v for k, v in config.items() if not _is_code(v) and k != "func"},), out)
+        tolerant({k: v for k, v in config.items() if not _is_code(v) and k != "func"}, out)
         _code_of(value.__wrapped__, out, seen)
 
 
@@ -192,32 +192,30 @@ def _attributes(func: types.FunctionType) -> dict[str, Any]:
     return {k: v for k, v in vars(func).items() if k != "__wrapped__"}
 
 
-def _tolerant(value: Any, out: Callable[[bytes], Any]) -> None:
-    """A value inside code (a default, a class attribute): by content, or its type where it has none."""
+def tolerant(value: Any, out: Callable[[bytes], Any], active: set[int] | None = None) -> None:
+    """A value inside code (a default, a function's or a class's attribute) by content; a dict,
+    list or tuple whose content cannot all be hashed, part by part; any other value without
+    content (a lock, a sentinel `object()`) by its type alone. Part by part, so that one part
+    without content does not hide a change of the others: `get.calls = 5` beside a sentinel
+    default, `get.opts["k"] = 6` beside `get.opts["fallback"] = MISSING` (a worker computed with
+    its import-time values, and a cache served the old entry)."""
     try:
         h = blake3()
         encode_into(value, h.update, set())
         out(h.digest(DIGEST))
+        return
     except Exception:  # UnhashableError, or a library's own refusal
+        pass
+    active = set() if active is None else active
+    if type(value) not in (dict, list, tuple) or id(value) in active:
         out(RESOURCE + type_name(type(value)))
-
-
-def _tolerant_parts(parts: tuple[Any, ...], out: Callable[[bytes], Any]) -> None:
-    """Tuples and dicts of values (a function's defaults, keyword defaults and attributes), each
-    value on its own (`_tolerant`): one without content (a sentinel `object()` as a default) must
-    not hide a change of the others (`get.calls = 5`, which a worker would otherwise not take)."""
-    for part in parts:
-        if isinstance(part, dict):
-            out(b"{%d" % len(part))
-            for key in sorted(part, key=str):
-                out(str(key).encode() + b"=")
-                _tolerant(part[key], out)
-        elif isinstance(part, tuple):
-            out(b"(%d" % len(part))
-            for item in part:
-                _tolerant(item, out)
-        else:
-            _tolerant(part, out)
+        return
+    active.add(id(value))
+    out(b"%s%d" % (type(value).__name__.encode(), len(value)))
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        tolerant(key, out, active)
+        tolerant(item, out, active)
+    active.discard(id(value))
 
 
 def _by_pickle(value: Any) -> bytes:

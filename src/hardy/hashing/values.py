@@ -114,12 +114,8 @@ def hash_public(value: Any) -> bytes:
 def encode(value: Any, out: Callable[[bytes], Any]) -> None:
     """Feed `value`'s canonical, self-delimiting encoding to `out` (a hasher's update)."""
     t = type(value)
-    if t is int:  # the common cases first, without the general dispatch
-        try:
-            s = str(value).encode()
-        except ValueError:  # past Python's limit on int-to-str conversion: by its bytes
-            _encode_int(value, out, set())
-            return
+    if t is int and value.bit_length() <= BIG_INT:  # the common cases first, without the general dispatch
+        s = str(value).encode()
         out(b"I" + length(len(s)) + s)
     elif t is str:
         b = value.encode("utf-8", "surrogatepass")
@@ -189,16 +185,18 @@ def _encode_bool(v: bool, out: Callable[[bytes], Any], active: set[int]) -> None
 
 
 def _encode_int(v: int, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """By its digits; past Python's limit on int-to-str conversion (4,300 digits by default), where
-    `str` raises, by its bytes (two's complement) under a tag of its own: other ints keep their keys."""
-    try:
-        s = str(v).encode()
-    except ValueError:
+    """By its digits; past `BIG_INT` bits (below Python's default limit on int-to-str conversion,
+    4,300 digits, where `str` raises) by its bytes (two's complement) under a tag of its own: by
+    its size, not by whether `str` raises, so that a process that changed the limit keys alike."""
+    if v.bit_length() > BIG_INT:
         b = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
         out(b"X" + length(len(b)) + b)
         return
+    s = str(v).encode()
     out(b"I" + length(len(s)) + s)
 
+
+BIG_INT = 14_000  # bits: about 4,214 digits
 
 def _encode_float(v: float, out: Callable[[bytes], Any], active: set[int]) -> None:
     out(b"D" + _float_text(v) + b";")
