@@ -648,9 +648,9 @@ SCRIPT_SCALE = 3
 @node(output_name="y")
 def script_node_defining_a_class(x):
     class Local:  # (a class body reads the script's globals by name, not as a function does)
-        k = SCRIPT_SCALE
+        SCRIPT_SCALE = SCRIPT_SCALE  # (the script's, read before the class binds its own)
         r = np.sqrt(4)
-    return x * Local.k * Local.r
+    return x * Local.SCRIPT_SCALE * Local.r
 
 
 @pattern

@@ -271,15 +271,14 @@ def _with_class_body_globals(func: types.FunctionType, state: Any) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _class_body_names(code: types.CodeType) -> frozenset[str]:
-    """The names the code objects nested in `code` (class bodies) load by name and do not set."""
+    """The names the code objects nested in `code` (class bodies) load by name: the ones they also
+    set too (`THRESHOLD = THRESHOLD` reads the global before the class binds its own)."""
     import dis
 
     found: set[str] = set()
     for inner in code.co_consts:
         if isinstance(inner, types.CodeType):
-            steps = list(dis.get_instructions(inner))
-            stored = {step.argval for step in steps if step.opname == "STORE_NAME"}
-            found |= {step.argval for step in steps if step.opname == "LOAD_NAME"} - stored
+            found |= {step.argval for step in dis.get_instructions(inner) if step.opname == "LOAD_NAME"}
             found |= _class_body_names(inner)
     return frozenset(found)
 
