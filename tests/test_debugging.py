@@ -562,3 +562,29 @@ def test_a_local_whose_repr_blocks_costs_neither_the_error_nor_the_map(tmp_path)
     assert said["client"] == "<__main__.Client left in the worker process: <repr not taken: slow>>", said
     assert said["after"] == "<__main__.Broken left in the worker process: <repr not taken: slow>>", said
     assert said["alarm"] == "(True, '<lambda>')", said
+
+
+def test_replay_under_pdb_leaves_a_closed_pipe_to_raise_in_the_node(tmp_path):
+    """`hardy replay --pdb` runs the item in its own process; it had set SIGPIPE to its default
+    first (for `| head`), so a node writing to a pipe whose reader went away killed it (141)
+    where the run had raised BrokenPipeError, and pdb never opened."""
+    assert _python(tmp_path, """
+        import os
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def send(x: int) -> int:
+            if x == 1:
+                r, w = os.pipe()
+                os.close(r)
+                os.write(w, b"row")  # the reader went away
+            return x
+
+        Pipeline([send], engine=Engine(report_dir="reports")).map(inputs={"x": [0, 1]}, map_over="x",
+                                                                   on_error="continue")
+    """, "bug.py").returncode == 0
+    [report] = (tmp_path / "reports").glob("*.json")
+    pdb = subprocess.run([sys.executable, "-m", "hardy.cli", "replay", str(report), "--item", "1", "--pdb"],
+                         cwd=tmp_path, input="q\n", capture_output=True, text=True, timeout=180)
+    assert pdb.returncode == 1, (pdb.returncode, pdb.stdout, pdb.stderr)
+    assert "BrokenPipeError" in pdb.stdout + pdb.stderr and "(Pdb)" in pdb.stdout

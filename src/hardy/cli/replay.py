@@ -366,7 +366,8 @@ def replay_command(report: str = typer.Argument(..., metavar="REPORT",
     from ..crash.kept import a_report, check
     from ..errors import ReplayError
     from . import quiet_when_the_reader_goes
-    quiet_when_the_reader_goes()  # (`hardy replay R.json --item 3 | head`: its runs have ended as it prints)
+    if not pdb:  # (`hardy replay R.json --item 3 | head`: its runs have ended as it prints; under pdb the
+        quiet_when_the_reader_goes()  # node runs here, where a pipe it writes to must raise BrokenPipeError)
     try:
         a_report(report)
         _streamed(report, item, _a_run_report(report))
