@@ -20,14 +20,18 @@ from typing import Any
 
 from .remote import TaskExecutor, require
 
-# A LocalCluster's settings. Its scratch folder (`temporary-directory`) is a private one: Dask's
-# default, `$TMPDIR/dask-scratch-space`, is taken as it is found where another user made it
-# (writable by anyone), and Dask puts its workers' folders in it first on `sys.path`, where a module
-# of theirs is imported by your process and hardy's fork server; and they can hold its lock file,
-# on which your next cluster waits for ever. Its HTTP servers listen on loopback with no routes:
-# another user of the machine would read its logs and stacks there, and retire its workers.
-_LOCAL_SETTINGS = {"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.http.routes": [],
-                   "distributed.worker.http.routes": []}
+
+def _local_settings(folder: str) -> dict[str, Any]:
+    """A LocalCluster's settings, made anew for each (distributed appends to the route lists it is
+    given). Its scratch folder (`temporary-directory`) is `folder`, a private one: Dask's default,
+    `$TMPDIR/dask-scratch-space`, is taken as it is found where another user made it (writable by
+    anyone), and Dask puts its workers' folders in it first on `sys.path`, where a module of theirs
+    is imported by your process and hardy's fork server; and they can hold its lock file, on which
+    your next cluster waits for ever. Its HTTP servers listen on loopback with no routes, and no
+    dashboard (`DaskExecutor._start`): another user of the machine would read its logs and stacks
+    there, and retire its workers."""
+    return {"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.http.routes": [],
+            "distributed.worker.http.routes": [], "temporary-directory": folder}
 
 
 class DaskExecutor(TaskExecutor):
@@ -57,10 +61,11 @@ class DaskExecutor(TaskExecutor):
         else:
             self._folder = tempfile.mkdtemp(prefix="hardy-dask-")
             self._removal = weakref.finalize(self, shutil.rmtree, self._folder, True)  # (at exit, if not closed)
-            with dask.config.set(_LOCAL_SETTINGS, **{"temporary-directory": self._folder}):
+            with dask.config.set(_local_settings(self._folder)):
                 self._cluster = LocalCluster(n_workers=self.n_workers or os.cpu_count() or 1, threads_per_worker=1,
                                              processes=False, dashboard_address="127.0.0.1:0",
-                                             worker_dashboard_address="127.0.0.1:0")
+                                             worker_dashboard_address="127.0.0.1:0",
+                                             scheduler_kwargs={"dashboard": False})
                 self.client = Client(self._cluster)
         self._own_client = True
 
