@@ -50,13 +50,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _in_terminal(tmp_path, code: str) -> str:
-    """Runs `code` with stderr on a real pseudo-terminal; returns what the terminal received."""
-    main, child = pty.openpty()
-    env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache")], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=child, env=env)
-    os.close(child)
+def _read_terminal(main: int) -> bytes:
+    """All a child wrote to its terminal, `main` being our end of it (closed once read)."""
     received = b""
     while True:
         try:
@@ -67,6 +62,17 @@ def _in_terminal(tmp_path, code: str) -> str:
             break
         received += chunk
     os.close(main)
+    return received
+
+
+def _in_terminal(tmp_path, code: str) -> str:
+    """Runs `code` with stderr on a real pseudo-terminal; returns what the terminal received."""
+    main, child = pty.openpty()
+    env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache")], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=child, env=env)
+    os.close(child)
+    received = _read_terminal(main)
     assert proc.wait(timeout=120) == 0, received.decode(errors="replace")[-2000:]
     text = re.sub(r"\x1b\[[0-9;]*m", "", received.decode(errors="replace"))  # colours
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "\n", text)  # cursor moves: each redraw on its own lines
@@ -170,16 +176,7 @@ def test_log_lines_appear_whole_above_the_bar(tmp_path, executor):
     proc = subprocess.Popen([sys.executable, "-c", LOGS, executor], stdin=subprocess.DEVNULL, stdout=child,
                             stderr=child, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"}, cwd=tmp_path)
     os.close(child)
-    raw = b""
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        raw += chunk
-    os.close(main)
+    raw = _read_terminal(main)
     assert proc.wait(timeout=120) == 0, raw.decode(errors="replace")[-2000:]
     rows = [row for row in _screen(raw) if row]
     logged = [row for row in rows if "LOG" in row]

@@ -93,6 +93,17 @@ def test_another_user_cannot_open_the_shared_memory_of_a_worker_or_its_parent(tm
     assert out == [[{"y": 2}]]
 
 
+def _shared_tmp() -> tuple[Path, Path]:
+    """A folder of ours that another user can reach, and in it a `/tmp` like folder (sticky, writable by
+    anyone), to be their `$TMPDIR` too; remove the first once done."""
+    base = Path(tempfile.mkdtemp(prefix="hardy-shared-tmp-", dir="/tmp"))
+    base.chmod(0o755)
+    shared = base / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return base, shared
+
+
 DASK_MAP = """
 import sys
 from hardy import Engine, Pipeline, node
@@ -116,11 +127,7 @@ def test_another_users_dask_scratch_folder_is_neither_imported_from_nor_waited_o
     hardy's fork server (their `numpy.py` ran as you), and held its lock file, on which your next
     cluster waited for ever. `DaskExecutor()` now starts its LocalCluster in a private folder."""
     pytest.importorskip("distributed")
-    base = Path(tempfile.mkdtemp(prefix="hardy-shared-tmp-", dir="/tmp"))  # (one the other user can reach)
-    base.chmod(0o755)
-    shared = base / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
+    base, shared = _shared_tmp()
     holder = os.fork()
     if holder == 0:  # another user: makes the folder Dask takes, writable by anyone, and holds its lock
         try:
@@ -178,11 +185,7 @@ def test_another_users_ray_folder_does_not_stop_a_local_ray_instance():
     folders there writable by anyone. `RayExecutor()` now keeps them in a private one. (This
     process is root, whom a folder's mode does not stop: the other user makes a file.)"""
     pytest.importorskip("ray")
-    base = Path(tempfile.mkdtemp(prefix="hardy-shared-tmp-", dir="/tmp"))  # (one the other user can reach)
-    base.chmod(0o755)
-    shared = base / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
+    base, shared = _shared_tmp()
     try:
         assert as_other_user(lambda: ((shared / "ray").touch(mode=0o644), 0)[1]) == 0
         out = subprocess.run([sys.executable, "-c", RAY_MAP], capture_output=True, text=True, timeout=300,
