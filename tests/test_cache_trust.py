@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hardy import DiskCache, Pipeline
+from hardy import DiskCache, Engine, Pipeline
 from hardy.cache import FileStore
 from hardy.cache.keys import call_fingerprint, call_key
 from hardy.errors import UntrustedCacheError
@@ -153,6 +153,31 @@ def test_a_directory_another_user_makes_after_the_constructor_is_refused_without
     said = " ".join(r.getMessage() for r in caplog.records if r.name == "hardy.cache")
     assert "UntrustedCacheError" in said and "belongs to nobody (uid 65534)" in said and "ran uncached" in said
     assert cache.hits == 0 and not (area / "PWNED").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("single_flight", [False, True])
+@pytest.mark.parametrize("executor", ["process", "sequential"])
+def test_a_directory_another_user_makes_after_the_constructor_never_fails_a_map(area, monkeypatch, executor,
+                                                                                single_flight):
+    """A worker's copy of the cache checks the directory again as it is unpickled: one another
+    user made since `DiskCache(...)` looked was refused there, and the whole map failed as its
+    plan loaded ("the pipeline could not be loaded in the worker process"); with single flight,
+    each node failed (its lock folder refused). It is a fault, as anywhere: the nodes run uncached."""
+    monkeypatch.delenv("HARDY_CACHE_KEY", raising=False)
+    folder = area / "late"
+    cache = DiskCache(folder, single_flight=single_flight)
+    as_attacker(area, folder)
+    sys.path.insert(0, str(area))
+    try:
+        from victim_nodes import double
+        out = Pipeline(nodes=[double], cache=cache, engine=Engine(map_executor=executor)).map(
+            inputs={"x": [1, 2, 3]}, map_over="x")
+    finally:
+        sys.path.remove(str(area))
+        sys.modules.pop("victim_nodes", None)
+    assert out == [{"y": 2}, {"y": 4}, {"y": 6}]
+    assert not (area / "PWNED").exists()
 
 
 @needs_root

@@ -164,6 +164,39 @@ def test_a_sparse_entry_another_member_plants_in_a_team_folder_is_damage_not_rea
     assert not os.path.lexists(entry)  # deleted, to be written again
 
 
+def link_a_file_of_theirs_made_sparse(path: str, theirs: str) -> None:
+    os.unlink(path)
+    with open(theirs, "r+b") as f:  # a file of the victim's the group may write (umask 002)
+        f.truncate(SPARSE)
+    os.link(theirs, path)  # protected_hardlinks allows it: the member may read and write that file
+
+
+@needs_root
+def test_a_file_of_yours_another_member_links_as_an_entry_is_damage_not_read(area):  # noqa: F811
+    """A member without the secret who may write one of your files (a team folder's umask 002)
+    made it sparse and linked it at an entry's name: the file was yours, so it was read whole (a
+    GiB for a 16-byte value, at every name it was linked to). An entry has one link: a second is damage."""
+    team = area / "team-cache"
+    team.mkdir()
+    os.chown(team, 0, TEAM_GID)
+    team.chmod(0o2770)
+    notes = area / "notes.txt"
+    notes.write_text("the victim's notes")
+    os.chown(notes, 0, TEAM_GID)
+    notes.chmod(0o664)
+    code, out, _ = measured([sys.executable, "-c", VICTIM, str(team), "put"])
+    assert code == 0, out
+    entry = out.strip().splitlines()[-1]
+    as_member(link_a_file_of_theirs_made_sparse, entry, str(notes))
+    st = os.stat(entry)
+    assert st.st_uid == 0 and st.st_nlink == 2 and st.st_size == SPARSE
+    code, out, peak = measured([sys.executable, "-c", VICTIM, str(team), "get"])
+    assert code == 0, out
+    assert "got 'MISS'" in out and "1 damaged entry deleted and recomputed" in out, out
+    assert peak < READ_IT, f"the lookup peaked at {peak / 2**20:.0f} MiB: it read the holes"
+    assert notes.exists() and not os.path.lexists(entry)  # the link is gone, the victim's file stays
+
+
 def test_an_entry_bigger_than_the_read_limit_is_read_if_ours_and_not_if_anothers(tmp_path):
     """The cap a bucket's objects are read under (half the memory) holds for another user's entry
     in a shared directory: a miss, counted as damage, never read. The user's own entries are read
@@ -180,3 +213,24 @@ def test_an_entry_bigger_than_the_read_limit_is_read_if_ours_and_not_if_anothers
         for name in files:
             os.chown(os.path.join(folder, name), 65534, -1)  # as if another member had written it
     assert cache.get(key, "MISS") == "MISS"
+
+
+def plant_a_file(path: str) -> None:
+    open(path, "w").close()
+
+
+@needs_root
+def test_clear_of_a_team_folder_where_another_member_made_locks_a_file_clears_and_returns(area):  # noqa: F811
+    """`clear()` deleted the entries, then raised NotADirectoryError: a member had made `locks`
+    (where single flight's lock files go) a file. Sweeping lock files is done at best, as `prune` does."""
+    from hardy import DiskCache
+    team = area / "team-cache"
+    team.mkdir()
+    os.chown(team, 0, TEAM_GID)
+    team.chmod(0o2770)
+    cache = DiskCache(team, shared=True, secret="team-secret")
+    cache.put(bytes(range(16)), "the value")
+    as_member(plant_a_file, str(team / "locks"))
+    assert (team / "locks").is_file() and len(cache.entries()) == 1
+    cache.clear()
+    assert cache.entries() == []

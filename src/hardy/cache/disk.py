@@ -107,7 +107,7 @@ class DiskCache(PlanCache):
             path = arguments.path("DiskCache", "local", local, optional=True) or ".hardy-cache"
         self.path = os.path.abspath(os.fspath(path))
         self.shared = arguments.flag("DiskCache", "shared", shared)
-        self._trusted = check_directory(self.path, shared)  # refused here if it exists and is not ours
+        self._trusted = self._checked()  # refused here if it exists and is not ours
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
         if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
@@ -134,7 +134,12 @@ class DiskCache(PlanCache):
                 "single_flight": self.single_flight, "max_size": self.max_size, "shared": self.shared}
 
     def __setstate__(self, s: dict[str, Any]) -> None:
-        self.__init__(  # type: ignore[misc]  # unpickling re-runs the constructor
+        """Unpickling (a worker's copy) runs the constructor again, where the directory is checked
+        again; one another user made or replaced since the caller's constructor looked is not
+        refused there, which would fail the whole map as it loads: it is refused at each use, a
+        fault counted as any other (the nodes run uncached, with the cache's one warning)."""
+        self._refusal_later = True
+        self.__init__(  # type: ignore[misc]
             s["path"], secret=s["secret"], single_flight=s["single_flight"], max_size=s["max_size"], store=s["store"],
             shared=s["shared"])
 
@@ -177,6 +182,16 @@ class DiskCache(PlanCache):
         `_shared_store`, since its entries' folder is named by it)."""
         if not self.shared and self._trusted and os.path.lexists(os.path.join(self.path, KEY_FILE)):
             self._secret = load_key(self.path, KEY_FILE)
+
+    def _checked(self) -> bool:
+        """`check_directory`, raising its refusal; in a worker's copy (`__setstate__`), leaving it
+        to `_trust` at the first use, where it counts as a fault."""
+        try:
+            return check_directory(self.path, self.shared)
+        except UntrustedCacheError:
+            if getattr(self, "_refusal_later", False):
+                return False
+            raise
 
     def _trust(self, create: bool = False) -> None:
         """Check the directory (once it exists) before the first entry is read or written in this
@@ -408,7 +423,7 @@ class DiskCache(PlanCache):
         lease = getattr(self.store, "lease", None)  # a shared store's: machines wait for each other too
         try:
             locks = self._locks()
-        except OSError as exc:  # a directory where locks cannot be made computes without one
+        except FAULTS as exc:  # a directory where locks cannot be made (or not trusted) computes without one
             self._tally.notes[f"computed without single flight ({reason(exc)})"] += 1
             locks = None
         with flight(locks, key, self._tally.notes) if locks is not None else contextlib.nullcontext(), \
@@ -480,7 +495,9 @@ class DiskCache(PlanCache):
         self._sweep_locks()
 
     def _sweep_locks(self) -> None:
-        with contextlib.suppress(FileNotFoundError), self._locks(create=False) as locks:
+        """Lock files no process holds, removed: at best (a `locks` another user made a file, or
+        took away, leaves the entries cleared or pruned all the same)."""
+        with contextlib.suppress(*FAULTS), self._locks(create=False) as locks:
             sweep_locks(locks)
 
 

@@ -118,8 +118,11 @@ class FileStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):  # a FIFO that would hang the reader, a device: damage
                 return b""
-            if st.st_uid != os.geteuid() and unreadable(st, self.read_limit):  # another's: sparse (entries
-                return b""  # are written whole), or past the cap: damage, unread (ours: written by us, as big)
+            if st.st_nlink > 1 or st.st_uid != os.geteuid() and unreadable(st, self.read_limit):
+                # damage, unread: a second link (an entry is renamed into place, with one; another user
+                # who may write a file of yours can link it here, made sparse), or another's that is
+                # sparse (entries are written whole) or past the cap (ours: written by us, as big)
+                return b""
             try:
                 return copy_fd(fd, st.st_size)
             except MemoryError:  # a size no entry of ours has (a sparse file of a terabyte): damage
