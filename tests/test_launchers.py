@@ -79,3 +79,27 @@ def test_a_module_whose_top_level_maps_runs_once_when_imported(tmp_path, command
         assert out.stdout.split("\n")[0] == "[3, 6, 9, 12]"
     ran_in = (tmp_path / "runs.log").read_text().split()
     assert len(ran_in) == 1, f"the module's top level ran in {len(ran_in)} processes"
+
+
+def test_a_module_another_thread_is_importing_is_not_taken_for_one_that_maps_at_import(tmp_path, monkeypatch):
+    """A module counts as one whose top level ran a map only where its top level runs in the thread
+    that compiles the plan: marked while merely imported by another thread at that moment, it was
+    never imported by a worker again, its state sent as a script's is."""
+    import threading
+
+    from hardy.shipping.replica import is_script
+    (tmp_path / "gate.py").write_text("import threading\ninside, go = threading.Event(), threading.Event()\n")
+    (tmp_path / "half_imported.py").write_text("import gate\ngate.inside.set()\ngate.go.wait(60)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gate
+    importing = threading.Thread(target=lambda: __import__("half_imported"))
+    importing.start()
+    try:
+        assert gate.inside.wait(60)
+        assert is_script("half_imported") is False
+    finally:
+        gate.go.set()
+        importing.join()
+    assert is_script("half_imported") is False
+    for name in ("gate", "half_imported"):
+        sys.modules.pop(name, None)

@@ -126,7 +126,7 @@ def is_script(module_name: str) -> bool:
     A worker never imports or runs it (that would repeat what the script did: `_module`)."""
     module = sys.modules.get(module_name)
     spec = getattr(module, "__spec__", None)
-    if getattr(spec, "_initializing", False) is True:  # (importlib's mark of a module whose top level runs)
+    if getattr(spec, "_initializing", False) is True and _running_here(module):  # (importlib's mark)
         _MAPPED_AT_IMPORT.add(module_name)
     return module_name == "__main__" or not all(part.isidentifier() for part in module_name.split(".")) or (
         module is not None and spec is None and isinstance(getattr(module, "__file__", None), str)) or (
@@ -134,6 +134,16 @@ def is_script(module_name: str) -> bool:
 
 
 _MAPPED_AT_IMPORT: set[str] = set()  # the modules whose top level built a plan that reads them
+
+
+def _running_here(module: Any) -> bool:
+    """Whether `module`'s top level is running in this thread (it called the map), not merely being
+    imported by another thread as this one compiles a plan that reads it."""
+    namespace = vars(module)
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is namespace and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    return frame is not None
 
 
 SCRIPT = "\0script"  # a module's file, for a worker: a script, never imported or run there (no path holds a NUL)
