@@ -107,7 +107,8 @@ class DiskCache(PlanCache):
             path = arguments.path("DiskCache", "local", local, optional=True) or ".hardy-cache"
         self.path = os.path.abspath(os.fspath(path))
         self.shared = arguments.flag("DiskCache", "shared", shared)
-        self._trusted = self._checked()  # refused here if it exists and is not ours
+        # refused here if it exists and is not ours; in a worker's copy at its first use (`__setstate__`)
+        self._trusted = check_directory(self.path, shared, later=getattr(self, "_refusal_later", False))
         self._explicit_secret = secret
         self._secret = _secret_bytes(secret) if secret is not None else None
         if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
@@ -182,16 +183,6 @@ class DiskCache(PlanCache):
         `_shared_store`, since its entries' folder is named by it)."""
         if not self.shared and self._trusted and os.path.lexists(os.path.join(self.path, KEY_FILE)):
             self._secret = load_key(self.path, KEY_FILE)
-
-    def _checked(self) -> bool:
-        """`check_directory`, raising its refusal; in a worker's copy (`__setstate__`), leaving it
-        to `_trust` at the first use, where it counts as a fault."""
-        try:
-            return check_directory(self.path, self.shared)
-        except UntrustedCacheError:
-            if getattr(self, "_refusal_later", False):
-                return False
-            raise
 
     def _trust(self, create: bool = False) -> None:
         """Check the directory (once it exists) before the first entry is read or written in this

@@ -66,9 +66,19 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_directory(path: str, shared: bool) -> bool:
+def check_directory(path: str, shared: bool, later: bool = False) -> bool:
     """Whether `path` exists; raises if it may not be used as a cache directory by this user (a
-    link of another user's is refused either way: `folders.open_named`)."""
+    link of another user's is refused either way: `folders.open_named`). `later`: False in place
+    of the refusal, which the first use then raises again, where it counts as a fault."""
+    try:
+        return _checked_directory(path, shared)
+    except UntrustedCacheError:
+        if later:
+            return False
+        raise
+
+
+def _checked_directory(path: str, shared: bool) -> bool:
     try:
         st = os.stat(path)
     except FileNotFoundError:
