@@ -8,6 +8,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -198,12 +199,16 @@ def interrupts_batch(n: list[int]) -> list[int]:
 
 @node(output_name="v")
 def logs_then_interrupts(n: int, ran: str) -> int:
-    """Notes each item as it starts, and whether item 0 had interrupted the map by then."""
+    """Notes each item as it starts, and whether item 0 had interrupted the map by then. The others
+    take a little time, as real items do (a sleep lets the GIL go): items that take none could
+    all run in the other thread while this one, holding the marker written but not yet raised,
+    waits its turn for the GIL (up to its 5 ms switch interval), before any executor could know."""
     with open(ran, "a") as f:
         f.write(f"{n} {'after' if os.path.exists(ran + '.interrupted') else 'before'}\n")
     if n == 0:
         open(ran + ".interrupted", "w").close()
         raise KeyboardInterrupt("stop here")
+    time.sleep(0.001)
     return n
 
 
