@@ -30,7 +30,7 @@ from . import bytecode
 from .callables import KINDS, annotations_of, kind_of, library_function, resolves
 from .classes import automatic, install_code_fingerprint
 from .distributions import module_identity
-from .environ import is_environment, keyed_variables, reads_environment
+from .environ import is_environment, keyed_environment
 from .models import pydantic_class_parts
 from .origin import absolute_module, is_user_file, is_user_module
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
@@ -207,8 +207,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     globs = getattr(func, "__globals__", {})
     chains = bytecode.chains(code)
     _module_reached(getattr(func, "__module__", None))
-    if reads_environment(func, chains):  # `os.environ.get("MODE")`: the value counts
-        keyed_variables(func, out)
+    keyed_environment(func, chains, out)  # `os.environ.get("MODE")`, `datetime.fromtimestamp`: what they read counts
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
             note_read(globs, name)

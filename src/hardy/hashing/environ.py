@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -44,16 +43,16 @@ def is_environment(value: Any) -> bool:
     return value is os.environ or value is getattr(os, "environb", None)
 
 
-def reads_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
-    """Whether the function's code reads the environment: its variables (`reads_variables`) or the
-    local time zone (`reads_zone`). Which of the two it reads is kept for `keyed_variables`, which
-    the fingerprint calls next with the function alone."""
-    variables, zone = reads_variables(func, chains), reads_zone(func, chains)
-    _READS.last = (func, variables, zone) if variables or zone else None
-    return variables or zone
-
-
-_READS = threading.local()  # `last`: (function, reads variables, reads the zone), from `reads_environment`
+def keyed_environment(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]],
+                      out: Callable[[bytes], Any]) -> None:
+    """What of the environment the function's code reads, into its key: each variable it may name,
+    with its value now, where it reads variables (`reads_variables`), and the local time zone
+    where it uses local time (`reads_zone`); each noted as read, so that a plan made under one
+    value is stale under another."""
+    if reads_zone(func, chains):
+        keyed_zone(out)
+    if reads_variables(func, chains):
+        keyed_variables(func, out)
 
 
 def reads_variables(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]]) -> bool:
@@ -79,16 +78,7 @@ def reads_variables(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]
 
 
 def keyed_variables(func: Any, out: Callable[[bytes], Any]) -> None:
-    """Each variable the function may name, with its value now (or that it is unset), and the
-    local time zone where it uses local time, into the key; and noted as read, so that a plan made
-    with one value is stale under another."""
-    last = getattr(_READS, "last", None)
-    _READS.last = None
-    variables, zone = last[1:] if last is not None and last[0] is func else (True, False)
-    if zone:
-        keyed_zone(out)
-    if not variables:
-        return
+    """Each variable the function may name, with its value now (or that it is unset), into the key."""
     for name in sorted(_names(func)):
         value = os.environ.get(name)
         said = b"\0unset" if value is None else b"=" + value.encode("utf-8", "surrogateescape")

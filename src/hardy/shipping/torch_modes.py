@@ -69,14 +69,16 @@ def torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
     return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
             c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
             c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32(), autocast,
-            default_device(c) if c._len_torch_function_stack() else None)
+            default_device(c))
 
 
 def default_device(c: Any) -> str | None:
     """The calling thread's default device, as it was set (`torch.set_default_device("cuda")`:
     "cuda", without the index `torch.get_default_device()` finds by making a tensor there, which
     would start CUDA in this process), None for the CPU. torch keeps it as a `DeviceContext` on the
-    thread's stack of function modes, read only when that stack holds something (`torch_key`)."""
+    thread's stack of function modes, read only when that stack holds something (0.04 us to ask)."""
+    if not c._len_torch_function_stack():
+        return None
     overrides, devices = sys.modules.get("torch.overrides"), sys.modules.get("torch.utils._device")
     if overrides is None or devices is None:  # (no DeviceContext was ever made)
         return None
@@ -177,6 +179,6 @@ def torch_thread_modes() -> Callable[[], Any] | None:
         torch.set_grad_enabled(grad)
         if autocast is not None or _autocast(torch._C) is not None:  # (a pool thread keeps what it took)
             _take_autocast(torch, autocast)
-        if (default_device(torch._C) if torch._C._len_torch_function_stack() else None) != device:
+        if default_device(torch._C) != device:
             torch.set_default_device(device)
     return take
