@@ -24,9 +24,10 @@ from typing import Any, NamedTuple
 
 from ..cache.keys import settings_from
 from ..errors import ReplicaError
+from ..hashing import hash_value
 from .pickling import dumps
 from .sklearn_config import sklearn_config, sklearn_now, sklearn_thread_config, take_sklearn_config
-from .torch_modes import TORCH_DEFAULTS, TorchModes, take_torch_modes, torch_key, torch_modes, torch_thread_modes
+from .torch_modes import TorchModes, take_torch_modes, torch_key, torch_keyed, torch_modes, torch_thread_modes
 
 
 class Settings(NamedTuple):
@@ -48,9 +49,13 @@ class Settings(NamedTuple):
     numpy_callback: bytes | str | None
     log_disable: int  # `logging.disable(level)`'s level (`logging.root.manager.disable`; 0: none)
     sklearn: dict[str, Any] | None = None  # `sklearn.get_config()` where not what a new thread starts with
+    # `decimal.DefaultContext` (what a new thread and `decimal.Context()` start from), as `decimal`
+    decimal_default: tuple[Any, ...] | None = None
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
+# decimal's context as Python makes it (not `decimal.Context()`: a copy of `DefaultContext`, which a script may change)
+DECIMAL = (28, "ROUND_HALF_EVEN", -999999, 999999, 1, 0, ["InvalidOperation", "DivisionByZero", "Overflow"])
 NUMPY_ERRORS = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}  # numpy's defaults
 # numpy's default print options, but `formatter` and `override_repr` (functions, which travel by
 # plain pickle only by reference: they stay the caller's, docs/same-answer.md)
@@ -62,8 +67,10 @@ def settings() -> Settings:
     """The calling thread's settings now (see `Settings`)."""
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
-    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(), _numpy_errors(), _numpy_print(),
-                    torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable, sklearn_config())
+    decimal = sys.modules.get("decimal")
+    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(decimal, "getcontext"), _numpy_errors(),
+                    _numpy_print(), torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable,
+                    sklearn_config(), _decimal(decimal, "DefaultContext"))
 
 
 def settings_key() -> tuple[Any, ...]:
@@ -73,7 +80,7 @@ def settings_key() -> tuple[Any, ...]:
     object each, replaced by `np.seterr`, `np.seterrcall` and `np.set_printoptions`), torch's modes,
     scikit-learn's configuration (a copy: `set_config` changes its dict in place) and the log levels
     (`_log_token`). The objects themselves, not their ids: an object freed since could leave its id
-    to the next one. About 0.3 us, 1.3 with pandas and torch loaded, 0.5 more with sklearn."""
+    to the next one. About 0.3 us, 1.5 with pandas and torch loaded, 0.5 more with sklearn."""
     filters = warnings.filters
     modules = sys.modules
     decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
@@ -96,24 +103,18 @@ def _decimal_key(decimal: Any) -> tuple[Any, ...]:
 
 
 def take_settings(theirs: Settings) -> None:
-    """Make this process's settings the caller's (a worker, at each call that changed them). A
+    """Make this process's settings the caller's (a worker, at each call that changed them), but
+    the warning filters (`workers.worker`, which may hold stand-ins for their categories). A
     library loaded here whose setting the caller left at its default is set back to it."""
     sys.setrecursionlimit(theirs.recursion_limit)
     if theirs.int_max_str_digits is not None and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(theirs.int_max_str_digits)
-    warnings.filters[:] = [f for f in map(_loaded_filter, theirs.warning_filters) if f is not None]  # type: ignore[index]
-    mutated = getattr(warnings, "_filters_mutated", None)  # (the C part caches what the filters said)
-    if mutated is not None:
-        mutated()
-    if theirs.decimal is not None or "decimal" in sys.modules:
+    if theirs.decimal is not None or theirs.decimal_default is not None or "decimal" in sys.modules:
         import decimal
-        if theirs.decimal:
-            prec, rounding, emin, emax, capitals, clamp, traps = theirs.decimal
-            made = decimal.Context(prec, rounding, emin, emax, capitals, clamp,
-                                   traps=[getattr(decimal, name) for name in traps])
-        else:
-            made = decimal.Context()  # (a copy of the default)
-        decimal.setcontext(made)
+        _take_default_context(decimal.DefaultContext, theirs.decimal_default or DECIMAL, decimal)
+        prec, rounding, emin, emax, capitals, clamp, traps = theirs.decimal or DECIMAL
+        decimal.setcontext(decimal.Context(prec, rounding, emin, emax, capitals, clamp,
+                                           traps=[getattr(decimal, name) for name in traps]))
     if theirs.numpy_errors is not None or theirs.numpy_print is not None or "numpy" in sys.modules:
         import numpy
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
@@ -124,7 +125,7 @@ def take_settings(theirs: Settings) -> None:
             numpy.set_printoptions(**(theirs.numpy_print or NUMPY_PRINT))
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
-        take_torch_modes(torch, theirs.torch_modes or TORCH_DEFAULTS)
+        take_torch_modes(torch, theirs.torch_modes or TorchModes())
     take_sklearn_config(theirs.sklearn)
     _take_log_levels(*theirs.log_levels)
     if logging.root.manager.disable != theirs.log_disable:  # (a node asking `log.isEnabledFor(INFO)`)
@@ -196,16 +197,8 @@ def _take_log_levels(root: int, own: tuple[tuple[str, int], ...]) -> None:
 
 
 def _named(category: Any) -> tuple[str, str]:
-    """A warning category as (module, name): how `_loaded_filter` finds it again."""
+    """A warning category as (module, name): how a worker finds it again (`loaded_warning`)."""
     return (category.__module__, category.__qualname__) if isinstance(category, type) else ("", "")
-
-
-def _loaded_filter(entry: Filter) -> Any:
-    """A caller's warning filter, its category found among the modules this process has loaded;
-    None while its module is not (docs/same-answer.md)."""
-    action, message, (module, name), where, line = entry
-    category = loaded_warning(module, name)
-    return None if category is None else (action, message, category, where, line)
 
 
 def loaded_warning(module: str, name: str) -> type[Warning] | None:
@@ -217,12 +210,25 @@ def loaded_warning(module: str, name: str) -> type[Warning] | None:
     return found if isinstance(found, type) and issubclass(found, Warning) else None
 
 
-def _decimal() -> tuple[Any, ...] | None:
-    decimal = sys.modules.get("decimal")
+def _decimal(decimal: Any, which: str) -> tuple[Any, ...] | None:
+    """decimal's context of this thread (`getcontext`) or `DefaultContext`, where it is not what Python
+    makes (`DECIMAL`: `DefaultContext.prec = 6` changes what `decimal.Context()` copies, so that is no
+    yardstick). `DefaultContext` is read as a snapshot is made, not at every call (`settings_key`)."""
     if decimal is None:
         return None
-    made, default = _fields(decimal.getcontext()), _fields(decimal.Context())  # (as a thread starts with it)
-    return None if made == default else made
+    context = getattr(decimal, which)
+    made = _fields(context() if which == "getcontext" else context)
+    return None if made[:6] == DECIMAL[:6] and sorted(made[6]) == sorted(DECIMAL[6]) else made
+
+
+def _take_default_context(default: Any, fields: tuple[Any, ...], decimal: Any) -> None:
+    """Make `decimal.DefaultContext` the caller's, in place: decimal copies that very object (not
+    the module's attribute) into a new thread's context and into `decimal.Context()`."""
+    if _fields(default) != fields:
+        default.prec, default.rounding, default.Emin, default.Emax, default.capitals, default.clamp = fields[:6]
+        default.clear_traps()
+        for name in fields[6]:
+            default.traps[getattr(decimal, name)] = True
 
 
 def _fields(c: Any) -> tuple[Any, ...]:
@@ -437,28 +443,51 @@ def environ_delta(before: dict[str, str], after: dict[str, str]) -> tuple[dict[s
 
 def result_settings() -> bytes:
     """The settings that change the value a node returns for the same code and inputs, as cache
-    key bytes (`cache.keys.result_settings`): decimal's context (`getcontext().prec = 5`), numpy's
-    print options (an array's text), torch's default dtype, float32 matmul precision, autocast (a
-    bfloat16 result) and default device (a meta tensor), scikit-learn's configuration (a DataFrame
-    from `transform_output="pandas"`); b"" while each is its default. Kept with the snapshot it was
-    read from: about 3 us a call."""
+    key bytes (`cache.keys.result_settings`): decimal's context (`getcontext().prec = 5`) and
+    `DefaultContext`, numpy's print options (an array's text) and error modes, torch's (`torch_keyed`
+    too), scikit-learn's configuration (a DataFrame from `transform_output="pandas"`), the warning
+    filters that make warnings errors (`except ConvergenceWarning`: not the others, which libraries
+    add as they are imported, nor pytest's, which pytest makes errors in every test); each only
+    where it is not its default (b"" while all are), so that keys made without it stay. Not the
+    recursion and int-digit limits: they decide whether a call raises, and one that raised is never
+    stored (and a library raises the recursion limit as it is imported). Kept with the snapshot it
+    was read from: about 3 us a call."""
     snapshot = current()
     kept, made = _KEYED[0]  # (one tuple: another thread replaces it whole)
     if snapshot is kept:
         return made
     s = snapshot.settings
-    modes = s.torch_modes or TORCH_DEFAULTS
+    modes = s.torch_modes or TorchModes()
     torch = (modes.default_dtype, modes.matmul_precision)
-    parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == TORCH_DEFAULTS[4:6] else torch)
+    parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == TorchModes()[4:6] else torch)
     if modes.autocast is not None:  # (keys made without it stay as they were)
         parts += (modes.autocast,)
     if modes.default_device is not None:  # (likewise, and the next)
         parts += (("device", modes.default_device),)
     if s.sklearn is not None:
         parts += (("sklearn", sorted(s.sklearn.items())),)
+    parts += torch_keyed(modes)
+    if s.decimal_default is not None:
+        parts += (("DefaultContext", s.decimal_default),)
+    errors = [(getattr(m, "pattern", m), c, getattr(w, "pattern", w), n) for a, m, c, w, n in s.warning_filters
+              if a == "error" and c[0].partition(".")[0] not in ("pytest", "_pytest")]
+    if errors:
+        parts += (("errors", errors),)
+    if s.numpy_errors is not None:  # (and the callback a mode calls, by its code)
+        parts += (("seterr", sorted(s.numpy_errors.items()), None if s.numpy_callback is None else _errcall_key()),)
     made = b"" if parts == (None, None, None) else repr(parts).encode()
     _KEYED[0] = (snapshot, made)
     return made
+
+
+def _errcall_key() -> str:
+    """`np.seterrcall`'s function (or object) by its content, as a cache key holds a node's (its
+    code); one without a content (an open log file) by its class."""
+    callback = sys.modules["numpy"].geterrcall()
+    try:
+        return hash_value(callback).hex()
+    except Exception:
+        return f"{type(callback).__module__}.{type(callback).__qualname__}"
 
 
 _KEYED: list[tuple[Any, bytes]] = [(None, b"")]  # the last snapshot `result_settings` read, and its answer

@@ -1,7 +1,8 @@
 """torch's settings that change what a node computes (`TorchModes`), as `shipping.context` carries
 them to a worker at each call that changed them and to the threaded executor's threads: the
 calling thread's grad, inference and autocast modes and default device, and the process's
-deterministic algorithms, default dtype, matmul precision and cudnn flags. Read only where the caller imported torch
+deterministic algorithms, default dtype, matmul precision, cudnn and mkldnn flags, anomaly detection
+and print options (`torch_keyed`: those a cache key holds). Read only where the caller imported torch
 (`sys.modules`): a process that never loads it pays nothing, and a worker never imports it for it.
 """
 
@@ -31,10 +32,16 @@ class TorchModes(NamedTuple):
     cudnn_allow_tf32: bool = True
     autocast: Autocast | None = None  # `torch.autocast("cpu", dtype=torch.bfloat16)` around a map; None: off
     default_device: str | None = None  # `torch.set_default_device("meta")`, `with torch.device(...)`; None: cpu
+    cudnn_enabled: bool = True  # `torch.backends.cudnn.enabled`
+    mkldnn_enabled: bool = True  # `torch.backends.mkldnn.enabled` (the CPU's convolutions)
+    anomaly: bool | None = None  # `torch.autograd.set_detect_anomaly(True, check_nan)`: check_nan; None: off
+    print_options: tuple[Any, ...] | None = None  # `torch.set_printoptions`' fields (`PRINT`); None: torch's
 
 
 TORCH_DEFAULTS = TorchModes()
 AUTOCAST_OFF: Autocast = (False, "bfloat16", False, "float16")  # torch's own, as a thread starts
+PRINT = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
+PRINT_DEFAULTS = (4, 1000, 3, 80, None)  # torch's, as `set_printoptions(profile="default")` sets them
 
 
 def torch_modes() -> TorchModes | None:
@@ -59,9 +66,9 @@ def _name(dtype: Any) -> str:
 
 
 def torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
-    """`TorchModes`' fields as torch's own calls return them (the dtypes objects): about 0.8 us,
-    0.2 of it autocast's two probes (the dtypes, which count only while it is on, read only then)
-    and 0.04 the default device's (`default_device`)."""
+    """`TorchModes`' fields as torch's own calls return them (the dtypes objects): about 1 us,
+    0.2 of it autocast's two probes (the dtypes, which count only while it is on, read only then),
+    0.04 the default device's (`default_device`) and 0.1 the print options' (`print_options`)."""
     try:
         autocast = _autocast(c) if c.is_autocast_enabled("cpu") or c.is_autocast_enabled() else None  # (CUDA's)
     except TypeError:  # torch before 2.4: a call per device
@@ -69,7 +76,34 @@ def torch_key(c: Any, default_dtype: Callable[[], Any]) -> tuple[Any, ...]:
     return (c.is_grad_enabled(), c._get_deterministic_algorithms(), c._get_deterministic_algorithms_warn_only(),
             c.is_inference_mode_enabled(), default_dtype(), c._get_float32_matmul_precision(),
             c._get_cudnn_deterministic(), c._get_cudnn_benchmark(), c._get_cudnn_allow_tf32(), autocast,
-            default_device(c))
+            default_device(c), c._get_cudnn_enabled(), c._get_mkldnn_enabled(),
+            c.is_anomaly_check_nan_enabled() if c.is_anomaly_enabled() else None, print_options())
+
+
+def print_options() -> tuple[Any, ...] | None:
+    """`torch.set_printoptions`' fields (`PRINT`) where not torch's defaults: torch has no getter,
+    and keeps them as attributes of one object that it changes in place."""
+    now = getattr(sys.modules.get("torch._tensor_str"), "PRINT_OPTS", None)
+    if now is None:
+        return None
+    options = (now.precision, now.threshold, now.edgeitems, now.linewidth, now.sci_mode)
+    return None if options == PRINT_DEFAULTS else options
+
+
+def torch_keyed(modes: TorchModes) -> tuple[Any, ...]:
+    """What of torch's settings a cache key holds besides its dtype, matmul precision, autocast
+    and device (`shipping.context.result_settings`), each only where it is not torch's default, so
+    that keys made without it stay: grad and inference mode (a result with or without a graph and
+    `requires_grad`), print options (`str(tensor)`), cudnn or mkldnn turned off (other kernels,
+    other roundings). Not anomaly detection: it only raises, and a call that raised is never stored."""
+    parts: tuple[Any, ...] = ()
+    if not modes.grad or modes.inference:
+        parts += (("grad", modes.grad, modes.inference),)
+    if modes.print_options is not None:
+        parts += (("print", modes.print_options),)
+    if not (modes.cudnn_enabled and modes.mkldnn_enabled):
+        parts += (("backends", modes.cudnn_enabled, modes.mkldnn_enabled),)
+    return parts
 
 
 def default_device(c: Any) -> str | None:
@@ -122,6 +156,12 @@ def take_torch_modes(torch: Any, theirs: TorchModes) -> None:
         _take_autocast(torch, theirs.autocast)
     if now.default_device != theirs.default_device:  # (a device this process lacks fails where a tensor is made)
         torch.set_default_device(theirs.default_device)
+    if now[11:13] != theirs[11:13]:
+        torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled = theirs[11:13]
+    if now.anomaly != theirs.anomaly:  # (off: check_nan back to torch's default, True)
+        torch.autograd.set_detect_anomaly(theirs.anomaly is not None, check_nan=theirs.anomaly is not False)
+    if now.print_options != theirs.print_options:
+        torch.set_printoptions(**dict(zip(PRINT, theirs.print_options or PRINT_DEFAULTS)))
 
 
 def _take_autocast(torch: Any, wanted: Autocast | None) -> None:

@@ -19,6 +19,7 @@ import select
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from ..observe.nodelog import LOG
 from ..plan.compiled import Plan
 from ..safety.environment import cap_loaded_runtimes, install_numba_guard
 from ..shipping import build_plan, synced, transport
-from ..shipping.context import take_settings
+from ..shipping.context import Filter, loaded_warning, take_settings
 from ..shipping.pickling import main_by_value_in_pools
 from ..shipping.replica import Fetch, Refusal, Synced
 from .breakpoints import no_terminal
@@ -72,8 +73,9 @@ def run(fd: int) -> None:
     try:
         code = _serve(conn, status)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # (None where the caller's was closed, start_method="fork")
+            if stream is not None:
+                stream.flush()
         _close_sqlite()
         end_descendants(os.getpid())  # the processes its nodes started end with it
         # Leave without running atexit handlers or native destructors: a library that crashes
@@ -91,6 +93,7 @@ def _take_setup(setup: Setup) -> None:
     sys.argv[:] = setup.argv  # a node reading its script's arguments reads the parent's, as in-process
     os.umask(setup.umask)
     take_settings(setup.settings)
+    _take_filters(setup.settings.warning_filters)
     try:
         os.chdir(setup.cwd)
     except OSError:
@@ -183,8 +186,8 @@ def _serve(conn: transport.Channel, status: StatusWords) -> int:
             entry = plans[msg[0]]
             replica = entry[3]
             items = _pairs(msg)
-            if not run_chunk(entry[1] if replica is None or replica.current() else _current(entry, status, fetch),
-                             items, status, False):
+            current = (replica is None or replica.current()) and not _PENDING  # (`_current` takes the rest)
+            if not run_chunk(entry[1] if current else _current(entry, status, fetch), items, status, False):
                 return RETIRED
             spin = _one_item(items)
         elif kind is Chunk:
@@ -237,10 +240,59 @@ def _take_context(context: Context) -> None:
     sys.argv[:] = context.argv
     sys.path[:] = context.sys_path
     take_settings(context.settings)
+    _take_filters(context.settings.warning_filters)
     try:
         os.chdir(context.cwd)
     except OSError:  # gone, or not readable here: the node fails as it would there
         pass
+
+
+def _take_filters(theirs: tuple[Filter, ...]) -> None:
+    """The caller's warning filters, in its order, each category found among the modules this
+    process has loaded, else a stand-in (`Unloaded`): a library's category before the plan imports
+    the library, a user module's before a node imports it, the script's own (a worker's
+    `__main__` is not the script's). No module is imported for a filter."""
+    made = [(action, message, (loaded_warning(*category) if category[0] != "__main__" else None)
+             or _stand_in(*category), module, line) for action, message, category, module, line in theirs]
+    warnings.filters[:] = made  # type: ignore[index]
+    mutated = getattr(warnings, "_filters_mutated", None)  # (the C part caches what the filters said)
+    if mutated is not None:
+        mutated()
+    _TAKEN[:] = [theirs, made]
+    _PENDING[:] = [category for (_, _, category, _, _), entry in zip(theirs, made)
+                   if isinstance(entry[2], Unloaded) and category[0] != "__main__"]
+
+
+_TAKEN: list[Any] = [(), []]  # the caller's filters as they came, and as `_take_filters` made them
+_PENDING: list[tuple[str, str]] = []  # the categories (module, name) of its stand-ins whose module may load
+
+
+def _filters_again() -> None:
+    """The caller's filters made again where the modules loaded since changed them: after a plan
+    is loaded, and before each chunk while a stand-in's module may still load (`_PENDING`). A
+    module's import may put its own filters first (numpy's `RankWarning` "always"), ahead of the
+    caller's; and a stand-in becomes its category, once that is loaded."""
+    theirs, made = _TAKEN
+    if warnings.filters != made or any(loaded_warning(*category) is not None for category in _PENDING):
+        _take_filters(theirs)
+
+
+class Unloaded(type):
+    """The kind of a stand-in for a warning category this worker had not loaded when it took its
+    caller's filters (`_take_filters`). `warnings` asks `issubclass(warned, filter's category)`:
+    a stand-in answers by module and name along the warned category's bases, so the filter applies
+    as soon as its category exists here, midway through a call too. It costs a call only where a
+    warning reaches such a filter."""
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        named = (cls.__module__, cls.__qualname__)
+        return isinstance(sub, type) and any((k.__module__, k.__qualname__) == named for k in sub.__mro__)
+
+
+@functools.cache
+def _stand_in(module: str, name: str) -> type:
+    """The one `Unloaded` stand-in (a `Warning` subclass) for the category `name` of `module`."""
+    return Unloaded(name.rpartition(".")[2], (Warning,), {"__module__": module, "__qualname__": name})
 
 
 def _fetch(conn: transport.Channel, status: StatusWords, backlog: deque[Any], replica_id: int,
@@ -302,7 +354,10 @@ def _read(conn: Any, data: bytes, status: StatusWords) -> Any:
 
 def _current(entry: list[Any], status: StatusWords, fetch: Fetch) -> tuple[Plan, dict[str, str]] | str:
     """The entry's plain plan, with this worker's modules made its caller's again if another
-    plan's sync changed them since (`shipping.replica.Synced`)."""
+    plan's sync changed them since (`shipping.replica.Synced`), and the caller's warning filters
+    taken again while one's category was not loaded (`_filters_again`): before each chunk."""
+    if _PENDING:
+        _filters_again()
     loaded: tuple[Plan, dict[str, str]] | str = entry[1]
     replica: Synced | None = entry[3]
     if replica is not None and not isinstance(loaded, str) and not replica.current():
@@ -353,6 +408,7 @@ def _load_plan(spec: bytes, status: StatusWords, fetch: Fetch, log: str = "",
     try:
         replica = synced(spec, fetch)[0]
         plan = build_plan(spec, wrap=wrap, on_cached=LOG.cache_hook(steps) if log else None)
+        _filters_again()  # (the modules it imported may have put their filters first)
     except Exception as exc:
         return _unloadable(exc), None
     finally:
