@@ -913,3 +913,228 @@ def test_a_function_using_local_time_is_keyed_by_the_zone_and_no_other_is():
     assert utc == utc_again and tokyo == japan  # one zone, one key; two names of one zone, one key
     assert all(a != b for a, b in zip(utc[:len(zoned)], tokyo[:len(zoned)]))
     assert utc[len(zoned):] == tokyo[len(zoned):]
+
+
+TORCHSCRIPT_LIB = """
+import torch
+@torch.jit.script
+def scale(x):
+    return x * FACTOR
+@torch.jit.script
+def score(x):
+    return scale(x) + 1
+def shift(x):
+    return x * FACTOR
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return shift(x) + 1
+NET = torch.jit.script(Net())
+class Classifier(torch.nn.Module):
+    def __init__(self, threshold: float):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(2, 1)
+        self.threshold = threshold  # a TorchScript attribute: no parameter, no buffer
+    def forward(self, x):
+        return (self.lin(x) > self.threshold).float()
+
+class Normalize(torch.nn.Module):
+    def __init__(self, mean: float):
+        super().__init__()
+        self.mean = torch.full((2,), mean)  # a plain tensor attribute: a constant of the trace
+    def forward(self, x):
+        return x - self.mean
+"""
+
+TORCHSCRIPT = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+sys.path.insert(0, sys.argv[1])
+import userlib
+from userlib import Classifier, Normalize
+from hardy import DiskCache, Engine, Pipeline, node
+value, calls = float(sys.argv[2]), sys.argv[3] + ".calls"
+
+def direct(model, x):
+    with torch.no_grad():
+        return model(x).tolist()
+
+def apply(model, x):
+    with open(calls, "a") as f:
+        f.write("x")
+    return direct(model, x)
+
+def via_global(x):
+    return userlib.score(x).tolist()
+
+SHIFT = torch.full((2,), value)
+X = torch.tensor([[0.5, -1.0]])
+models = {"attribute": torch.jit.script(Classifier(value - 1.5)),
+          "traced module's constant": torch.jit.trace(Normalize(value), torch.zeros(2)),
+          "traced function's constant": torch.jit.trace(lambda x: x - SHIFT, torch.zeros(2)),
+          "scripted function calling a scripted one": userlib.score,
+          "scripted module calling a compiled helper": userlib.NET,
+          "scripted module's method": torch.jit.script(Classifier(value - 1.5)).forward}
+engine = Engine(map_executor="sequential")
+p = Pipeline(nodes=[node(apply, output_name="y")], cache=DiskCache(sys.argv[3]), engine=engine)
+out = {name: [p.map(inputs={"x": [X], "model": m}, map_over="x")[0]["y"], direct(m, X)] for name, m in models.items()}
+g = Pipeline(nodes=[node(via_global, output_name="y")], cache=DiskCache(sys.argv[3]), engine=engine)
+out["read as a global"] = [g.run(inputs={"x": X})["y"], via_global(X)]
+
+MODEL = torch.jit.script(Classifier(-10.0))  # in one process: changed between two maps
+TRACED = torch.jit.trace(lambda x: x - SHIFT, torch.zeros(2))
+def by_model(x):
+    with torch.no_grad():
+        return [MODEL(x).tolist(), TRACED(x).tolist()]
+q = Pipeline(nodes=[node(by_model, output_name="y")], cache=DiskCache(sys.argv[3] + "-one"), engine=engine)
+first = q.run(inputs={"x": X})["y"]
+MODEL.threshold = 10.0
+SHIFT.add_(1.0)
+out["changed in one process"] = [[first, q.run(inputs={"x": X})["y"]], [first, by_model(X)]]
+out["same model, one key"] = len({DiskCache.input_key(torch.jit.script(Classifier(0.5)), "m") for _ in range(2)})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # torch in subprocesses
+def test_torchscript_attributes_constants_and_called_code_are_keyed_across_processes(tmp_path):
+    """A TorchScript module or function was keyed by its own `.code`, its submodules' mode and its
+    `state_dict()`: a script attribute (`self.threshold`), a trace's tensor constants and the code
+    of the compiled functions it calls were in none, and a fresh process whose model differed in
+    them was served the first one's results. Each run here is a fresh process on one cache, the
+    second with other values and other helpers; the third is the first again, and is served."""
+    needs_torch()
+
+    def run(value: float, factor: float) -> dict:
+        (tmp_path / "lib").mkdir(exist_ok=True)
+        (tmp_path / "lib" / "userlib.py").write_text(TORCHSCRIPT_LIB.replace("FACTOR", str(factor)))
+        done = subprocess.run([sys.executable, "-c", TORCHSCRIPT, str(tmp_path / "lib"), str(value),
+                               str(tmp_path / "c")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    for value, factor in ((1.0, 2.0), (2.0, 3.0), (1.0, 2.0)):
+        calls = tmp_path / "c.calls"
+        calls.write_text("")
+        out = run(value, factor)
+        assert out.pop("same model, one key") == 1
+        for name, (served, direct) in out.items():
+            assert served == direct, f"{name}: a stale entry was served ({value=}, {factor=})"
+    assert calls.read_text() == ""  # the first run again: every entry served
+
+
+BUILTINS_SCRIPT = """
+import builtins, json, sys
+from hardy import DiskCache, Engine, Pipeline, node
+from hardy.hashing import code_fingerprint
+
+def flag(x):
+    return x > THRESHOLD
+
+def measured(x):
+    return len(x) + abs(min(x))
+
+plain = code_fingerprint(measured)
+builtins.THRESHOLD = float(sys.argv[2])
+p = Pipeline(nodes=[node(flag, output_name="y")], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential"))
+out = {"fresh process": [p.map(inputs={"x": [0.7]}, map_over="x")[0]["y"], flag(0.7)]}
+builtins.THRESHOLD = 1.4 - builtins.THRESHOLD
+out["changed in the process"] = [p.map(inputs={"x": [0.7]}, map_over="x")[0]["y"], flag(0.7)]
+out["interpreter's own builtins keep their keys"] = [code_fingerprint(measured) == plain, True]
+print(json.dumps(out))
+"""
+
+
+def test_a_name_set_in_builtins_is_keyed_across_processes(tmp_path):
+    """A node reading a name its module does not bind but `builtins` does (`builtins.THRESHOLD =
+    0.5`, a notebook's shared setting) was keyed without it: a fresh process that set 0.9 was
+    served the result of 0.5. It is keyed as a global is, in fresh processes and in one."""
+    for threshold in ("0.5", "0.9"):
+        done = subprocess.run([sys.executable, "-c", BUILTINS_SCRIPT, str(tmp_path / "c"), threshold],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for name, (served, direct) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            assert served == direct, f"{name}: a stale entry was served (THRESHOLD={threshold})"
+
+
+NESTED = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from hardy import DiskCache, Engine, Pipeline, node
+v = float(sys.argv[2])
+
+def total(t):
+    return [float(x.sum()) for x in t.unbind()]
+
+def shape(t):
+    return [list(t.shape), t.stride(), str(t.dtype)]
+
+values = {"nested": (total, torch.nested.nested_tensor([torch.full((1,), v), torch.full((2,), v)])),
+          "jagged": (total, torch.nested.nested_tensor([torch.full((1,), v), torch.full((2,), v)], layout=torch.jagged)),
+          "meta": (shape, torch.empty(int(v), 3, device="meta").t())}
+out = {}
+for name, (f, t) in values.items():
+    p = Pipeline(nodes=[node(f, output_name="y")], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential"))
+    try:
+        out[name] = [p.run(inputs={"t": t})["y"], f(t)]
+    except Exception as exc:
+        out[name] = [f"{type(exc).__name__}: {exc}", f(t)]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # torch in subprocesses
+def test_nested_and_meta_tensors_are_keyed_by_what_they_hold(tmp_path):
+    """A nested tensor given to a cached node raised torch's RuntimeError out of hashing ("NestedTensorImpl
+    doesn't support sizes"), a meta tensor its NotImplementedError. A nested tensor is keyed by its
+    components, a meta tensor by its dtype, shape and strides: two fresh processes with other values
+    on one cache each get their own results."""
+    needs_torch()
+    for v in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", NESTED, str(tmp_path / "c"), v], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for name, (served, direct) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            assert served == direct, f"{name} ({v=}): {served}"
+
+
+WRAPT_SCRIPT = """
+import json, sys
+import wrapt
+from hardy import DiskCache, Engine, Pipeline, node
+F = int(sys.argv[2])
+
+@wrapt.decorator
+def scaled(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) * F * SIGN
+
+SIGN = int(sys.argv[3])
+
+@scaled
+def plus_one(x):
+    return x + 1
+
+p = Pipeline([node(plus_one, output_name="y")], cache=DiskCache(sys.argv[1]),
+             engine=Engine(map_executor=sys.argv[4]))
+got = [[p.run(inputs={"x": 2})["y"], plus_one(2)]]
+F = F * 10  # the decorator's global changed in the same process
+got.append([p.run(inputs={"x": 2})["y"], plus_one(2)])
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_wrapt_decorators_code_and_globals_are_keyed(tmp_path, executor):
+    """A `@wrapt.decorator` poses as the function it wraps (its `__class__`), so its key walked that
+    function and never the decorator: a fresh process whose decorator read another global, or
+    whose decorator's code changed, and a second call after the global changed in the same
+    process, were all served the first result. Its own code and what it reads are keyed."""
+    pytest.importorskip("wrapt")
+    for f, sign in (("2", "1"), ("3", "1"), ("2", "-1")):
+        done = subprocess.run([sys.executable, "-c", WRAPT_SCRIPT, str(tmp_path / "c"), f, sign, executor],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for served, direct in json.loads(done.stdout.strip().splitlines()[-1]):
+            assert served == direct, f"a stale entry was served (F={f}, SIGN={sign}): {done.stdout}"

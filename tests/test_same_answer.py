@@ -561,3 +561,213 @@ def test_a_dict_on_a_helper_that_holds_a_sentinel_is_seen_when_changed_in_place(
         print("cached", cached.run(inputs={"x": 0}))
     """)
     assert lines == ["sequential {'y': 6}", "process {'y': 6}", "cached {'y': 6}", "cached {'y': 7}"]
+
+
+WRAPPED_STEPS = """
+import wrapt
+from hardy import node
+
+FACTOR = 2
+
+@wrapt.decorator
+def scaled(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) * FACTOR
+
+@scaled
+def add_one(x):
+    return x + 1
+
+class Model:
+    def __init__(self, k):
+        self.k = k
+
+    @scaled
+    def predict(self, x):
+        return x * self.k
+"""
+
+
+def test_a_proxy_posing_as_the_function_it_wraps_runs_whole_in_a_worker(tmp_path):
+    """A wrapt decorator's wrapper poses as the function it wraps (`__class__`): cloudpickle sent
+    the function alone, and a worker ran the node without its wrapper (3 where your process
+    computes 6). It travels whole: a script's node, a module's, a bound method, a module's name
+    rebound to another wrapper at run time, and a proxy of the script's own. One that cannot be
+    pickled is refused before any node runs, naming the node and the fix."""
+    pytest.importorskip("wrapt")
+    (tmp_path / "wrapped.py").write_text(WRAPPED_STEPS)
+    lines = script(tmp_path, f"""
+        import os
+        import wrapt
+        import wrapped
+        from hardy import Engine, Pipeline, node
+        from hardy.errors import PicklingError
+
+        @wrapped.scaled
+        def minus_one(x):
+            return x - 1
+
+        class Traced:
+            def __init__(self, func, k):
+                self.func, self.k = func, k
+
+            @property
+            def __class__(self):
+                return type(self.func)
+
+            def __getattr__(self, name):
+                return getattr(self.func, name)
+
+            def __call__(self, *args, **kwargs):
+                return self.func(*args, **kwargs) * self.k
+
+        class Opaque(wrapt.ObjectProxy):
+            def __call__(self, *args, **kwargs):
+                return self.__wrapped__(*args, **kwargs) * 1000
+
+        def reads_module(x):
+            return wrapped.add_one(x)
+
+        def plus(x):
+            return x + 1
+
+        def reads_opaque(x):
+            open({str(tmp_path / "ran")!r}, "a").close()
+            return OPAQUE(x)
+
+        OPAQUE = Opaque(plus)
+        nodes = [node(minus_one, output_name="y"), node(wrapped.add_one, output_name="y"),
+                 node(wrapped.Model(3).predict, output_name="y"), node(Traced(plus, 100), output_name="y")]
+        for executor in ("process", "sequential"):
+            engine = Engine(map_executor=executor)
+            got = [Pipeline([n], engine=engine).map(inputs={{"x": [1, 2]}}, map_over="x") for n in nodes]
+            wrapped.add_one = wrapped.scaled(lambda x: x * 10)  # rebound at run time: installed in the workers
+            got.append(Pipeline([node(reads_module, output_name="y")], engine=engine).run(inputs={{"x": 1}}))
+            wrapped.add_one = vars(wrapped)["scaled"](lambda x: x + 1)
+            print(got)
+            try:
+                print(Pipeline([node(reads_opaque, output_name="y")], engine=engine).run(inputs={{"x": 1}}))
+            except PicklingError as exc:
+                print(str(exc).split(":")[0], "__reduce__" in str(exc), "sequential" in str(exc),
+                      os.path.exists({str(tmp_path / "ran")!r}))
+    """)
+    assert lines[0] == lines[2] == ("[[{'y': 0}, {'y': 2}], [{'y': 4}, {'y': 6}], [{'y': 6}, {'y': 12}], "
+                                    "[{'y': 200}, {'y': 300}], {'y': 20}]")
+    assert lines[1] == "node 'reads_opaque' cannot be sent to a worker process True True False"
+    assert lines[3] == "{'y': 2000}"
+
+
+def test_an_lru_cache_function_of_the_script_is_a_node_in_a_worker(tmp_path):
+    """An `lru_cache` (or `functools.cache`) function of a script, used as a node, was sent by its
+    name (`__main__.load_vocab`), which no worker has: the pipeline could not be loaded there. It
+    travels as its function, with an empty cache of its own in each worker; a module's, rebound
+    at run time, is the caller's there too."""
+    (tmp_path / "tables.py").write_text("import functools\n\n@functools.cache\ndef table(n):\n    return n * 100\n")
+    lines = script(tmp_path, """
+        import functools
+        import tables
+        from hardy import Engine, Pipeline, node
+
+        @functools.lru_cache(maxsize=None)
+        def load_vocab(size):
+            return list(range(size))
+
+        @functools.cache
+        def square(size):
+            return size * size
+
+        def reads_table(size):
+            return tables.table(size)
+
+        for executor in ("process", "sequential"):
+            engine = Engine(map_executor=executor)
+            got = [Pipeline([node(f, output_name="y")], engine=engine).map(inputs={"size": [1, 2]}, map_over="size")
+                   for f in (load_vocab, square)]
+            tables.table = functools.lru_cache(maxsize=4)(lambda n: n * 7)
+            got.append(Pipeline([node(reads_table, output_name="y")], engine=engine).run(inputs={"size": 3}))
+            tables.table = functools.cache(lambda n: n * 100)
+            print(got)
+    """)
+    assert lines[0] == lines[1] == "[[{'y': [0]}, {'y': [0, 1]}], [{'y': 1}, {'y': 4}], {'y': 21}]"
+
+
+def test_an_enum_members_attribute_set_at_run_time_reaches_the_workers(tmp_path):
+    """An attribute set on an Enum member at the top of a script (`Unit.KG.scale = 2`) was
+    missing in the workers (AttributeError): cloudpickle rebuilds a script's Enum from its
+    members' values alone. It travels, changed between two maps of one pipeline too; an
+    importable module's Enum keeps its members, which other modules hold (`DEFAULT is Unit.KG`)."""
+    (tmp_path / "units.py").write_text("import enum\n\nclass Unit(enum.Enum):\n    KG = 1\n    G = 2\n")
+    (tmp_path / "defaults.py").write_text("from units import Unit\n\nDEFAULT = Unit.KG\n")
+    lines = script(tmp_path, """
+        import enum
+        import defaults
+        import units
+        from hardy import Engine, Pipeline, node
+
+        class Grade(enum.Enum):
+            LOW = 1
+            HIGH = 2
+
+        Grade.HIGH.weight = 3
+        units.Unit.KG.scale = 1000
+
+        def graded(x):
+            return [x * Grade.HIGH.weight, Grade(2) is Grade.HIGH, getattr(Grade.LOW, "weight", None)]
+
+        def grams(x):
+            return [x * units.Unit.KG.scale, defaults.DEFAULT is units.Unit.KG, defaults.DEFAULT.scale]
+
+        for executor in ("process", "sequential"):
+            pipeline = Pipeline([node(graded, output_name="y"), node(grams, output_name="g")],
+                                engine=Engine(map_executor=executor))
+            first = pipeline.run(inputs={"x": 2})
+            Grade.HIGH.weight, Grade.LOW.weight, units.Unit.KG.scale = 5, 1, 10
+            print(first, pipeline.run(inputs={"x": 2}))
+            Grade.HIGH.weight, units.Unit.KG.scale = 3, 1000
+            del Grade.LOW.weight
+    """)
+    assert lines[0] == lines[1] == ("{'y': [6, True, None], 'g': [2000, True, 1000]} "
+                                    "{'y': [10, True, 1], 'g': [20, True, 10]}")
+
+
+def test_a_name_put_into_builtins_reaches_the_workers_or_is_refused(tmp_path):
+    """A name the script puts into `builtins` (`builtins.THRESHOLD = 0.5`, a notebook's "global
+    config"), read by a node: a worker raised NameError where your process computes. It travels
+    (rebound, changed in place or deleted between two calls of one pipeline too); one that does
+    not pickle (a lock) is refused before any node runs, naming it."""
+    lines = script(tmp_path, f"""
+        import builtins
+        import os
+        import threading
+        from hardy import Engine, Pipeline, node
+        from hardy.errors import ReplicaError
+
+        def flag(x):
+            try:
+                extra = EXTRA
+            except NameError:
+                extra = None
+            return [x > THRESHOLD, CONFIG["label"], extra]
+
+        def guarded(x):
+            open({str(tmp_path / "ran")!r}, "a").close()
+            with GUARD:
+                return x
+
+        for executor in ("process", "sequential"):
+            builtins.THRESHOLD, builtins.CONFIG, builtins.EXTRA = 0.5, {{"label": "a"}}, 1
+            pipeline = Pipeline([node(flag, output_name="y")], engine=Engine(map_executor=executor))
+            got = [pipeline.map(inputs={{"x": [0.7]}}, map_over="x")]
+            builtins.THRESHOLD = 0.9
+            builtins.CONFIG["label"] = "b"
+            del builtins.EXTRA
+            got.append(pipeline.map(inputs={{"x": [0.7]}}, map_over="x"))
+            builtins.GUARD = threading.Lock()
+            try:
+                got.append(Pipeline([node(guarded, output_name="y")], engine=Engine(map_executor=executor)).run(
+                    inputs={{"x": 1}}))
+            except ReplicaError as exc:
+                got.append(["builtins.GUARD" in str(exc), os.path.exists({str(tmp_path / "ran")!r})])
+            print(got)
+    """)
+    assert lines[0] == "[[{'y': [True, 'a', 1]}], [{'y': [False, 'b', None]}], [True, False]]"
+    assert lines[1] == "[[{'y': [True, 'a', 1]}], [{'y': [False, 'b', None]}], {'y': 1}]"

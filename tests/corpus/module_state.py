@@ -1,6 +1,9 @@
 # Module state a node reads, set or changed by the script at run time: each pattern writes the
 # user's module as a file beside the script, imports it, changes its state the way users do and
 # runs the pipeline. Run as `python - EXECUTOR < module_state.py` in an empty folder.
+import builtins
+import enum
+import functools
 import json
 import sqlite3
 import sys
@@ -8,6 +11,7 @@ import threading
 
 import numpy as np
 import pandas as pd
+import wrapt
 
 import corpus
 from corpus import pattern, write
@@ -1829,5 +1833,145 @@ def sentinel_held_by_module_state_changed_at_run_time():
     sentinel_steps.DEFAULTS["lr"] = 0.01
     sentinel_steps.Settings.lr = 0.01
     return [first, ys([sentinel_steps.resolve])]
+
+
+# The script's own decorated nodes and state: a wrapt decorator (a proxy that poses as the function it
+# wraps), a proxy of the script's own, lru_cache functions, an Enum member's attribute, names put into
+# builtins. Each is the script's, so it travels by value.
+WRAPT_FACTOR = 2
+
+
+@wrapt.decorator
+def scaled_by_factor(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) * WRAPT_FACTOR
+
+
+@scaled_by_factor
+def wrapt_add_one(x):
+    return x + 1
+
+
+@pattern
+def wrapt_decorator_on_a_script_node():
+    return ys([node(wrapt_add_one, output_name="y")])
+
+
+class Traced:
+    """Poses as the function it wraps (its `__class__`), as mocks and lazy proxies do."""
+
+    def __init__(self, func, k):
+        self.func, self.k = func, k
+
+    @property
+    def __class__(self):
+        return type(self.func)
+
+    def __getattr__(self, name):
+        return getattr(self.func, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.func(*args, **kwargs) * self.k
+
+
+def traced_base(x):
+    return x + 1
+
+
+TRACED_NODE = node(Traced(traced_base, 100), output_name="y")
+
+
+@pattern
+def proxy_posing_as_the_function_it_wraps():
+    return ys([TRACED_NODE])
+
+
+class Opaque(wrapt.ObjectProxy):
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs) * 1000
+
+
+OPAQUE = Opaque(traced_base)
+
+
+def reads_opaque(x):
+    open(corpus.ran("wrapt_proxy_that_does_not_pickle"), "a").close()
+    return OPAQUE(x)
+
+
+@pattern(refused=("PicklingError", ["reads_opaque", "Opaque", "__reduce__"]))
+def wrapt_proxy_that_does_not_pickle():
+    return ys([node(reads_opaque, output_name="y")])
+
+
+@functools.lru_cache(maxsize=64)
+def vocab_of(x):
+    return list(range(x))
+
+
+@functools.cache
+def square_of(x):
+    return x * x
+
+
+@pattern
+def lru_cached_functions_of_the_script_as_nodes():
+    return [ys([node(vocab_of, output_name="y")]), ys([node(square_of, output_name="y")])]
+
+
+class Grade(enum.Enum):
+    LOW = 1
+    HIGH = 2
+
+
+Grade.HIGH.weight = 3
+
+
+def graded(x):
+    return [x * Grade.HIGH.weight, Grade(2) is Grade.HIGH, getattr(Grade.LOW, "weight", None)]
+
+
+GRADED = node(graded, output_name="y")
+
+
+@pattern
+def enum_member_attribute_set_by_the_script():
+    first = ys([GRADED])
+    Grade.HIGH.weight = 5
+    Grade.LOW.weight = 1
+    return [first, ys([GRADED])]
+
+
+def over_threshold(x):
+    return [x > THRESHOLD, LABELS[x % 2]]  # noqa: F821  # put into builtins by the pattern
+
+
+THRESHOLD_NODE = node(over_threshold, output_name="y")
+
+
+@pattern
+def names_put_into_builtins_by_the_script():
+    builtins.THRESHOLD, builtins.LABELS = 1.5, ["even", "odd"]
+    try:
+        first = ys([THRESHOLD_NODE])
+        builtins.THRESHOLD = 2.5
+        builtins.LABELS[0] = "EVEN"
+        return [first, ys([THRESHOLD_NODE])]
+    finally:
+        del builtins.THRESHOLD, builtins.LABELS
+
+
+def guarded_by_a_builtin(x):
+    open(corpus.ran("lock_put_into_builtins_by_the_script"), "a").close()
+    with GUARD:  # noqa: F821  # put into builtins by the pattern
+        return x + 1
+
+
+@pattern(refused=("ReplicaError", ["builtins.GUARD"]))
+def lock_put_into_builtins_by_the_script():
+    builtins.GUARD = threading.Lock()
+    try:
+        return ys([node(guarded_by_a_builtin, output_name="y")])
+    finally:
+        del builtins.GUARD
 
 corpus.close()

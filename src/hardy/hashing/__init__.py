@@ -10,7 +10,7 @@ partial with its arguments...), `distributions.py` library code by the installed
 that provides it, and `origin.py` tells user code (hashed by content) from libraries.
 """
 
-from . import libraries, models  # noqa: F401  # install their encoders into `values`
+from . import libraries, models, torchscript  # noqa: F401  # install their encoders into `values`
 from .code import Reach, code_fingerprint, recording
 from .origin import is_user_module
 from .values import DIGEST, FORMAT, digest, encode, hash_public, hash_value, register

@@ -294,22 +294,41 @@ def library_wrapper(obj: Any, out: Out, seen: Seen, recurse: Recurse) -> None:
     decorator): the library's code by its distribution, the function it wraps, and, when that is
     the user's code, the decorator's configuration: the values it closes over or holds, the user's
     strictly, the library's own state (locks, compile caches) where it has a content."""
-    module = getattr(obj, "__module__", None) if not isinstance(obj, types.FunctionType) else None
-    where = _code_identity(obj) if isinstance(obj, types.FunctionType) else module_identity(type(obj).__module__)
+    function = type(obj) is types.FunctionType  # (not `isinstance`: a wrapt wrapper poses as the function it wraps)
+    module = getattr(obj, "__module__", None) if not function else None
+    where = _code_identity(obj) if function else module_identity(type(obj).__module__)
     out(b"wrapper:" + where + b":" + type_name(type(obj)) + str(module).encode())
     wrapped = obj.__wrapped__
     recurse(wrapped, out, seen)
     if not _wraps_user_code(wrapped):
         return
-    if isinstance(obj, types.FunctionType):
+    state: dict[str, Any] | None
+    if function:
         state = {n: c.cell_contents for n, c in zip(obj.__code__.co_freevars, obj.__closure__ or ())
                  if _filled(c)}
-    else:
+    elif (state := wrapper_parts(obj)) is None:
         state = {n: v for n, v in getattr(obj, "__dict__", {}).items() if not n.startswith("__")}
     for name, value in sorted(state.items()):
         if value is not wrapped:
             out(b"s:" + name.encode())
             configuration(value, obj, name, out, seen, recurse)
+
+
+# What a wrapt function wrapper (`@wrapt.decorator`) holds besides the function it wraps, as wrapt
+# names its slots (`_self_wrapper`, ...) and `_FunctionWrapperBase.__init__` its arguments; `owner`
+# came with wrapt 2. Its `__dict__` is the wrapped function's (a proxy forwards it).
+WRAPPER_PARTS = ("instance", "wrapper", "enabled", "binding", "parent", "owner")
+
+
+def wrapper_parts(obj: Any) -> dict[str, Any] | None:
+    """A wrapt function wrapper's parts (`WRAPPER_PARTS`: the decorator's own code, the instance a
+    bound one has), None for another object. Its decorator is the user's code, which a key holds
+    with what it reads, as a node's own."""
+    kind = type(obj)
+    wrapt = sys.modules.get("wrapt")
+    if wrapt is None or not any(c.__name__ == "_FunctionWrapperBase" for c in kind.__mro__):
+        return None
+    return {part: getattr(obj, f"_self_{part}") for part in WRAPPER_PARTS if hasattr(obj, f"_self_{part}")}
 
 
 def _filled(cell: Any) -> bool:

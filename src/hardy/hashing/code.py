@@ -15,6 +15,7 @@ code it compiled is still the code bound to those names (docs/caching.md).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import sys
 import threading
@@ -216,6 +217,7 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
             out(b"g:" + name.encode())
             with later:
                 _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
+    _set_in_builtins(func, globs, chains, out, seen, later)
     for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
         out(b"c:" + name.encode())
         note_read(Cell(cell), name)
@@ -229,6 +231,51 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     with later:
         _imports_inside(func, chains, globs, out, seen)
     later.done()
+
+
+def _set_in_builtins(func: Any, globs: dict[str, Any], chains: dict[tuple[str, str], set[tuple[str, ...]]],
+                     out: Callable[[bytes], Any], seen: Seen, later: _Later) -> None:
+    """Globals the code reads that its module does not bind but `builtins` does, put there at run
+    time (`builtins.THRESHOLD = 0.5`, a notebook's shared setting; kernprof's `profile`): keyed as
+    globals are, and watched in `builtins` (`note_read`). The interpreter's own (`len`, `print`,
+    `help`) are not: Python's version keys them. A library's object put there that has no content
+    (IPython's `get_ipython`, gettext's `_`) counts by its type; a user's is refused as a global is."""
+    space = globs.get("__builtins__", builtins)
+    space = vars(space) if isinstance(space, types.ModuleType) else space
+    if not isinstance(space, dict):
+        return
+    for name in sorted(n for kind, n in chains if kind == "g" and n not in globs and n in space):
+        value = space[name]
+        if _native(name, value):
+            continue
+        note_read(space, name)
+        out(b"b:" + name.encode())
+        written: list[bytes] = []
+        kept = dict(seen)
+        with later:
+            try:
+                _reference(value, written.append, seen, chains[("g", name)], name, func)
+            except UnhashableError:
+                if is_user_module(value.__module__ if isinstance(value, (types.FunctionType, type))
+                                  else type(value).__module__):
+                    raise
+                seen.clear()
+                seen.update(kept)  # (what the failed walk noted was not written)
+                written = [b"?" + type_name(type(value))]
+            out(b"".join(written))
+
+
+def _native(name: str, value: Any) -> bool:
+    """Whether `builtins.name` is the interpreter's own: a dunder, a constant, `site`'s helpers
+    (`help`, `exit`), or a builtin class or function under its own name (`OSError` under its
+    aliases `IOError` and `EnvironmentError` too; `open` is `io`'s)."""
+    if (name.startswith("__") and name.endswith("__")) or any(value is c for c in (None, Ellipsis, NotImplemented,
+                                                                                  True, False)):
+        return True
+    if type(value).__module__ == "_sitebuiltins":
+        return True
+    return (isinstance(value, (type, types.BuiltinFunctionType)) and getattr(value, "__module__", None)
+            in ("builtins", "io") and (value.__name__ == name or value is OSError))
 
 
 def _imports_inside(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]], globs: dict[str, Any],

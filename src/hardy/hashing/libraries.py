@@ -1,5 +1,5 @@
 """How values of library types are hashed: numpy arrays, pandas objects, torch tensors and modules,
-pyarrow tables, scipy.sparse matrices, scikit-learn estimators, loggers.
+pyarrow tables, scipy.sparse matrices, scikit-learn estimators, loggers (TorchScript: `torchscript`).
 
 `hardy.hashing.values` holds the table of encoders by type and the rules for built-in and user
 types; the types here are registered into it only once their library is loaded (`LIBRARIES`,
@@ -234,6 +234,9 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     In a change token (`TENSOR_VERSIONS`), past its budget: identity, version counter and
     `requires_grad` (switched on a submodule, `NET[0].requires_grad_(False)`, it bumps no version)."""
     import torch
+    if v.is_nested or v.device.type == "meta":
+        _encode_nested_or_meta(v, out, active)
+        return
     if v.layout != torch.strided:
         _encode_sparse_tensor(v, out, active)
         return
@@ -258,6 +261,28 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     if flat.stride() != (1,):  # (one element at another stride: `.contiguous()` returns it as it is)
         flat = flat.clone(memory_format=torch.contiguous_format)
     _encode_numpy(flat.view(dtype=torch.uint8).numpy(), out, active)
+    _tensor_state(v, out, active)
+
+
+def _encode_nested_or_meta(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A nested tensor by its components in order (`unbind()`, each keyed as a tensor: its dtype,
+    shape and bytes), under its layout (strided or jagged); a meta tensor, which holds no values,
+    by all it has: dtype, shape, strides. Always so, a change token too: a component is a new view
+    at each read, whose identity names nothing."""
+    out(b"TN" + f"{v.layout}{v.dtype}{v.device}{v.dim()}".encode() + (b"grad" if v.requires_grad else b""))
+    if v.device.type == "meta":
+        out(b"meta" + str((tuple(v.shape), v.stride()) if not v.is_nested else ()).encode())
+        if not v.is_nested:
+            _tensor_state(v, out, active)
+            return
+    token = TENSOR_VERSIONS.set(None)
+    try:
+        parts = v.unbind()
+        out(length(len(parts)))
+        for part in parts:
+            _encode_tensor(part.detach(), out, active)
+    finally:
+        TENSOR_VERSIONS.reset(token)
     _tensor_state(v, out, active)
 
 
@@ -371,32 +396,6 @@ def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> 
     encode_object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
 
 
-def _encode_script_function(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A TorchScript function (`torch.jit.script`, `torch.jit.trace`): the code TorchScript compiled."""
-    out(b"JF" + module_identity("torch"))  # not its qualified name: TorchScript numbers a name scripted twice
-    encode_into(v.code, out, active)
-
-
-def _encode_script_method(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A scripted module's method: its compiled code and the Python method it was compiled from,
-    bound to the module whose parameters the scripted one shares."""
-    out(b"JS" + module_identity("torch"))
-    encode_into((v.name, v.code, getattr(v, "__wrapped__", None)), out, active)
-
-
-def _encode_script_module(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A scripted or traced torch module: each submodule's compiled code and mode, then the
-    parameters and buffers by content."""
-    out(b"JM" + module_identity("torch"))
-    for name, sub in m.named_modules():
-        try:
-            code = sub.code
-        except (AttributeError, RuntimeError):  # a submodule without a forward of its own
-            code = ""
-        encode_into((name, sub.original_name, code, sub.training), out, active)
-    encode_attributes(dict(m.state_dict(keep_vars=True)), out, active)
-
-
 def _encode_vectorize(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """`np.vectorize`: the function it vectorizes and the options that change its results."""
     out(b"NV" + module_identity("numpy"))
@@ -446,9 +445,6 @@ LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
                           (pd.CategoricalDtype, identified_by(lambda d: (d.categories, d.ordered)))),
     "zoneinfo": lambda zoneinfo: ((zoneinfo.ZoneInfo, identified_by(_zone_key)),),
     "torch": lambda torch: ((torch.Tensor, _encode_tensor), (torch.nn.Module, _encode_torch_module),
-                            (torch.jit.ScriptFunction, _encode_script_function),
-                            (torch.jit.ScriptModule, _encode_script_module),
-                            (torch.ScriptMethod, _encode_script_method),
                             (torch.device, identified_by(str)),  # torch.device("cuda")
                             (torch.dtype, identified_by(str))),
     "numba.core.dispatcher": lambda nb: ((nb.Dispatcher, _encode_numba),),

@@ -12,6 +12,8 @@ Another object a user module binds at top level, met inside what travels (`MISSI
 `DEFAULTS = {"wd": MISSING}`, a class attribute, a function's default), travels as its name
 (`Bound`), and is the worker's object of that name there: `v is MISSING` holds in both processes.
 Anything else travels as `dumps` would send it, by value where its module would let it go by reference.
+A name bound to a proxy that poses as a function (a `wrapt` decorator's wrapper) or to an `lru_cache`
+function travels by its parts (`reductions.whole`), never as what it wraps nor by that name.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..hashing.state import registered as registered_in
 from ..hashing.state import stamp_of
 from ..hashing.values import ABSENT, member_attributes
 from .pickling import ByValuePickler
+from .reductions import made_with_its_class, whole
 
 
 class _Payload(ByValuePickler):
@@ -62,24 +65,28 @@ class _Payload(ByValuePickler):
         self.travels: dict[int, bool] = {}  # class members tried alone (`_members`): id -> whether they pickle
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.FunctionType) and _dispatches(obj):  # (one found nowhere is made anew)
-            return _dispatcher, (*(self._where(obj) or (obj.__module__, ())), dict(obj.registry))  # type: ignore[attr-defined]
+        if id(obj) in self.roots and (parts := whole(obj)) is not None:  # (a wrapt proxy, an lru_cache function:
+            return parts  # by its parts, not by the name the worker's own is bound to)
+        kind = type(obj)  # (not `isinstance`: a proxy posing as a function or class is not one, `reductions.poses`)
+        if kind is types.FunctionType and _dispatches(obj):  # (one found nowhere is made anew)
+            return _dispatcher, (*(self._where(obj) or (obj.__module__, ())), dict(obj.registry))
         if self.bound is not None and id(obj) not in self.roots and (found := self.bound.where.get(id(obj))):
             if self.probed is not None:
                 self.probed.add(id(obj))
             # (one that refers back to what is pickled travels by value, as its part: see `Bound.reaches`)
             if self.probed is not None or not self.bound.reaches(id(obj), self.roots):
                 return _bound, found
-        if isinstance(obj, types.FunctionType):
+        if kind is types.FunctionType:
             home = _home(obj)
             if home is not None:
                 return _rebuilt, (home, obj.__code__, obj.__name__, obj.__qualname__, obj.__defaults__,
                                   obj.__kwdefaults__, _cells(obj), dict(vars(obj)))
-        elif isinstance(obj, type) and type(obj).__module__ == "_ctypes" and not resolves(obj):
+        elif issubclass(kind, type) and kind.__module__ == "_ctypes" and not resolves(obj):
             # (`c_int * 2` makes a type no other process can find, and cloudpickle cannot rebuild)
             raise pickle.PicklingError(f"the ctypes type {obj.__qualname__} was made at run time")
-        elif isinstance(obj, type) and (where := self._where(obj, by_name=False)):
-            made = cloudpickle.cloudpickle._dynamic_class_reduce(obj)  # (how to make it, should the worker lack it)
+        elif issubclass(kind, type) and (where := self._where(obj, by_name=False)):
+            # how to make it, should the worker lack it
+            made = made_with_its_class(obj, cloudpickle.cloudpickle._dynamic_class_reduce(obj))
             state, slots = made[2]
             own = {k: v for k, v in vars(obj).items() if k not in _OWN_MEMBERS and not _slot(v)}  # (cloudpickle's
             # state leaves out what a base holds too, which a class made anew inherits but the worker's may not)
@@ -90,10 +97,10 @@ class _Payload(ByValuePickler):
                     (self._members(own), {**self._members(state), "__qualname__": obj.__qualname__}, slots, made[5],
                      {m.name: member_attributes(m) for m in obj} if issubclass(obj, enum.Enum) else {}),
                     None, None, _class_state)
-        elif type(obj) is functools.cached_property:  # (its lock does not pickle)
+        elif kind is functools.cached_property:  # (its lock does not pickle)
             return _cached_property, (obj.func, obj.attrname)
-        elif isinstance(obj, type) and id(obj) in self.roots:  # (one the worker cannot find: by value)
-            return cloudpickle.cloudpickle._dynamic_class_reduce(obj)
+        elif issubclass(kind, type) and id(obj) in self.roots:  # (one the worker cannot find: by value)
+            return made_with_its_class(obj, cloudpickle.cloudpickle._dynamic_class_reduce(obj))
         elif id(obj) in self.roots and callable(obj) and hasattr(obj, "__wrapped__") and hasattr(obj, "__dict__"):
             return object.__reduce_ex__(obj, 2)  # a node: by value, not by its module's name for it
         return super().reducer_override(obj)
@@ -437,7 +444,8 @@ def refusal(module_name: str, name: str, value: Any) -> str:
 
 # Members a class keeps when it is updated (`_class_state`): tied to the class object its `class`
 # statement made (`_abc_impl`: an ABC's registered subclasses), never moved to another.
-_OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "_abc_impl"})
+_OWN_MEMBERS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__slots__", "_abc_impl",
+                          "__class__"})  # (a proxy's `__class__` property: only a `class` statement can give it)
 _PLAIN_METACLASSES = (type, abc.ABCMeta)
 
 

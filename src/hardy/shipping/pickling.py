@@ -11,6 +11,7 @@ text file refused, as a binary one is, where cloudpickle would send a `StringIO`
 from __future__ import annotations
 
 import copyreg
+import enum
 import functools
 import io
 import linecache
@@ -27,7 +28,14 @@ from typing import Any
 import cloudpickle
 
 from ..buffers import THRESHOLD, big_buffer
-from .reductions import reduce_tensor_as_torch, reductions, subclass_reduction
+from .reductions import (
+    made_with_its_class,
+    reduce_posing,
+    reduce_tensor_as_torch,
+    reductions,
+    subclass_reduction,
+    with_member_attributes,
+)
 
 
 def dumps(obj: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -230,7 +238,10 @@ class _Sink(io.BytesIO):
 
 class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle's pickler with `reductions` first: its class-level dispatch table hides the
-    C pickler's, so they go in its `reducer_override` (the by-value path is the slow one anyway)."""
+    C pickler's, so they go in its `reducer_override` (the by-value path is the slow one anyway).
+    A proxy posing as a function goes whole (`reductions.reduce_posing`: cloudpickle asks
+    `isinstance` and sent only the function it wraps), an Enum class by value with its members'
+    attributes (`Unit.KG.scale = 2`, which cloudpickle's leaves out)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -249,9 +260,15 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # cloudpickle would send a StringIO of what is left to read: another object than the
             # file the node has in this process. Refused as pickle refuses a binary file.
             raise TypeError(f"cannot pickle {kind.__module__ + '.' + kind.__qualname__!r} object")
+        if kind is not types.FunctionType and isinstance(obj, types.FunctionType):
+            return reduce_posing(obj)  # (a proxy whose type forwards every attribute, `__class__` too)
         reduced = super().reducer_override(obj)
         if kind is types.FunctionType and isinstance(reduced, tuple) and len(reduced) > 2:
             _with_class_body_globals(obj, reduced[2])
+        elif issubclass(kind, enum.EnumMeta) and isinstance(reduced, tuple):  # an Enum by value: its members' own
+            reduced = with_member_attributes(obj, reduced)
+        elif issubclass(kind, type):  # a class by value that defines `__class__` (a proxy's)
+            reduced = made_with_its_class(obj, reduced)
         return reduced
 
 

@@ -8,6 +8,7 @@ error naming it, before anything is sent.
 
 from __future__ import annotations
 
+import builtins
 import io
 import pickle
 import sys
@@ -18,11 +19,13 @@ from typing import Any
 import cloudpickle
 
 from ..errors import PicklingError
-from ..hashing import is_user_module
+from ..hashing import Reach, is_user_module
+from ..hashing.state import token
+from ..hashing.values import ABSENT
 from ..model.graph import walk_nodes
 from ..plan.compiled import Plan, Wrap
 from .pickling import ByValuePickler
-from .replica import Fetch, Replica, Synced, is_script, kept, reached_names
+from .replica import Fetch, Replica, Synced, builtins_read, is_script, kept, reached_names
 
 
 def ship_plan(plan: Plan, everything: bool = False) -> bytes:
@@ -91,7 +94,26 @@ def replica_of(plan: Plan) -> Replica:
         binding = node.binding() or _binding(getattr(node, "func", None))
         if binding is not None:
             names.setdefault(binding[0], set()).add(binding[1])
-    return Replica({m: n for m, n in names.items() if m in sys.modules and _replicable(m, by_value, reach.modules)})
+    replicated = {m: n for m, n in names.items() if m in sys.modules and _replicable(m, by_value, reach.modules)}
+    carried = builtins_read(reach.reads)  # (`builtins.THRESHOLD = 0.5`: a worker's builtins lack it)
+    if carried:
+        replicated["builtins"] = carried
+        if plan.watched is not None:
+            _watch_builtins(plan.watched, carried)
+    return Replica(replicated)
+
+
+def _watch_builtins(watched: Reach, names: set[str]) -> None:
+    """The names carried in `builtins`, read by the plan's `Reach` too where its fingerprints did
+    not note them there (they note a global its module lacks): rebound, or changed in place,
+    between two calls, the plan is stale and its replica made again, as for a module's names."""
+    namespace = vars(builtins)
+    noted = {name for where, name, _ in watched.reads if where is namespace}
+    for name in sorted(names - noted):
+        value = namespace.get(name, ABSENT)
+        watched.reads.append((namespace, name, value))
+        if value is not ABSENT and (now := token(value)) is not None:
+            watched.watched.append((value, now))
 
 
 def _replicable(name: str, by_value: Any, reached: set[str]) -> bool:
@@ -126,9 +148,13 @@ def _binding(func: Any) -> tuple[str, str] | None:
 
 
 def _unpicklable_node(plan: Plan, exc: Exception) -> str:
+    """The node that cannot travel, pickled one by one as the plan is (`ByValuePickler`), and the fix:
+    hardy's own refusal says its fix (a proxy, `reductions.reduce_posing`); any other, the usual one."""
     for step in plan.steps:
         try:
-            cloudpickle.dumps(step.node)
+            ByValuePickler(io.BytesIO(), protocol=5).dump(step.node)
+        except PicklingError as node_exc:
+            return f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}."
         except Exception as node_exc:
             return (f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}. Define it "
                     "at module level or in an importable module, and keep unpicklable objects (locks, open "

@@ -5,13 +5,16 @@ out-of-band buffers (`_reduce_tensor`: a view of the shared pages where they lan
 own attributes rebuilt without the look-up that recursed (pydantic's `ConfigWrapper`), and a module
 that made itself an instance of its own class sent by reference (`torch.backends.cudnn`), as is
 `os.environ` held as a global (`from os import environ`); a `functools.cached_property` rebuilt
-without the lock Python 3.11 gives it.
+without the lock Python 3.11 gives it. A proxy that poses as what it wraps (its `__class__` is not
+its type: a `wrapt` decorator's wrapper) travels whole, never as what it wraps (`reduce_posing`), and
+an `lru_cache` function of a script by its function, with an empty cache (`_reduce_lru_cached`).
 """
 
 from __future__ import annotations
 
 import copyreg
 import functools
+import importlib
 import os
 import pickle
 import sys
@@ -23,6 +26,9 @@ from typing import Any
 import cloudpickle
 
 from ..buffers import THRESHOLD
+from ..errors import PicklingError
+from ..hashing.callables import wrapper_parts
+from ..hashing.values import member_attributes
 
 
 def subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
@@ -33,6 +39,8 @@ def subclass_reduction(kind: type) -> Callable[[Any], Any] | None:
     for one registered with copyreg (its own way)."""
     if kind in copyreg.dispatch_table:  # (registered with copyreg: its own way)
         return None
+    if poses(kind):
+        return reduce_posing
     module = types.ModuleType
     if (issubclass(kind, module) and kind is not module
             and kind.__reduce_ex__ is module.__reduce_ex__ and kind.__reduce__ is module.__reduce__):
@@ -103,7 +111,8 @@ def reductions() -> dict[type, Callable[[Any], Any]]:
     once something imported it (checking never imports it)."""
     torch = sys.modules.get("torch")
     found: dict[type, Callable[[Any], Any]] = {memoryview: _reduce_memoryview, type(os.environ): _reduce_environ,
-                                              functools.cached_property: _reduce_cached_property}
+                                              functools.cached_property: _reduce_cached_property,
+                                              _LRU_CACHED: _reduce_lru_cached}
     if torch is not None:
         found[torch.Tensor] = _reduce_tensor
     return found
@@ -135,6 +144,175 @@ def _cached_property(func: Callable[[Any], Any], name: str | None, doc: str | No
     prop = functools.cached_property(func)
     prop.attrname, prop.__doc__ = name, doc
     return prop
+
+
+def poses(kind: type) -> bool:
+    """Whether objects of `kind` answer another class than their own to `__class__` (a proxy:
+    wrapt's, a mock's), so that `isinstance(proxy, types.FunctionType)` holds. cloudpickle and
+    `shipping.payload` ask `isinstance` and would pickle such an object as the function it wraps:
+    the proxy's own code (a decorator's wrapper) would not run in a worker. A class is no proxy."""
+    try:
+        return not issubclass(kind, type) and any("__class__" in vars(c) for c in kind.__mro__[:-1])
+    except Exception:  # (a metaclass that raises: the pickler's own way)
+        return False
+
+
+def reduce_posing(obj: Any, by_name: bool = True) -> Any:
+    """A proxy that poses as what it wraps, whole: a wrapt function wrapper (`@wrapt.decorator`) by
+    its parts (`_function_wrapper`), or, `by_name`, as the name its module binds it to, where a
+    worker imports it (`named`); any other by its own type's pickling, made without pickle's check
+    of `__class__` (which refuses every proxy) and without looking `__setstate__` up through the
+    proxy (it would ask the object it wraps). One whose pickling fails is refused, named, with the fix."""
+    where = _function_wrapper(type(obj))
+    if where is not None:
+        name = named(obj) if by_name else None
+        if name is not None:
+            return name
+        parts = wrapper_parts(obj)
+        return _wrapper_shell, (where,), (obj.__wrapped__, parts), None, None, _wrapper_filled
+    try:
+        reduced = obj.__reduce_ex__(5)
+    except Exception as exc:
+        raise PicklingError(_posing_refusal(obj, exc)) from exc
+    if isinstance(reduced, str) or len(reduced) < 2:
+        return reduced
+    func, args, state, items, entries, setter = (*reduced, None, None, None, None)[:6]
+    if func is copyreg.__newobj__:  # type: ignore[attr-defined]
+        func, args = _made, (args[0], args[1:], {})
+    elif func is copyreg.__newobj_ex__:  # type: ignore[attr-defined]
+        func, args = _made, tuple(args)
+    if state is not None and setter is None and getattr(type(obj), "__setstate__", None) is None:
+        setter = _set_default_state
+    return func, args, state, items, entries, setter
+
+
+def _posing_refusal(obj: Any, exc: Exception) -> str:
+    kind, claimed = type(obj), obj.__class__
+    module, name = getattr(claimed, "__module__", None), getattr(claimed, "__qualname__", repr(claimed))
+    posing = name if module in ("builtins", None) else f"{module}.{name}"
+    return (f"a {kind.__module__}.{kind.__qualname__} object posing as a {posing} (a proxy) cannot be pickled "
+            f"as itself ({type(exc).__name__}: {exc}), and sent as what it wraps it "
+            f"would run without its own code in the worker. Give its class a __reduce__ that rebuilds it, apply it "
+            f"inside the node, or run this pipeline in-process (Engine(map_executor=\"sequential\") or \"threaded\")")
+
+
+def made_with_its_class(cls: type, reduced: Any) -> Any:
+    """cloudpickle's reduction of a class by value, with the `__class__` it defines (a proxy's
+    property) in the namespace it is made with, as its `class` statement had it: set after, with
+    the rest of its members, it would change the class's own class (TypeError in the worker)."""
+    if "__class__" not in vars(cls) or not isinstance(reduced, tuple) or len(reduced) < 3:
+        return reduced
+    make, (kind, name, bases, kwargs, *rest), (members, slots), *after = reduced
+    members = {k: v for k, v in members.items() if k != "__class__"}
+    return (make, (kind, name, bases, {**kwargs, "__class__": vars(cls)["__class__"]}, *rest), (members, slots),
+            *after)
+
+
+def _made(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What `copyreg.__newobj__` makes, unpickled as a plain call (pickle checks that the class
+    given is the object's `__class__` before it writes NEWOBJ, and a proxy answers another)."""
+    return kind.__new__(kind, *args, **kwargs)
+
+
+# wrapt's function wrappers, by where a worker finds their type (its C types' `__module__` is "builtins")
+_WRAPPERS = (("wrapt", "FunctionWrapper"), ("wrapt", "BoundFunctionWrapper"),
+             ("wrapt.wrappers", "FunctionWrapper"), ("wrapt.wrappers", "BoundFunctionWrapper"))
+
+
+def _function_wrapper(kind: type) -> tuple[str, str] | None:
+    """Where a worker finds `kind` when it is one of wrapt's function wrappers (C or pure Python),
+    which hold nothing besides `_WRAPPER_PARTS`; None for any other type (a subclass may hold more)."""
+    if "wrapt" not in sys.modules:
+        return None
+    for module_name, name in _WRAPPERS:
+        if getattr(sys.modules.get(module_name), name, None) is kind:
+            return module_name, name
+    return None
+
+
+def _wrapper_shell(where: tuple[str, str]) -> Any:
+    kind = getattr(importlib.import_module(where[0]), where[1])
+    return kind.__new__(kind)
+
+
+def _wrapper_filled(made: Any, state: tuple[Any, dict[str, Any]]) -> None:
+    """A wrapper `_wrapper_shell` made, given what the caller's wraps and holds (after it is
+    memoized: the instance of a bound wrapper may hold it)."""
+    wrapped, parts = state
+    base: Any = next(c for c in type(made).__mro__ if c.__name__ == "_FunctionWrapperBase")
+    base.__init__(made, wrapped, **parts)
+
+
+def named(obj: Any) -> str | None:
+    """`obj`'s qualified name where pickling it by name finds `obj` itself in a worker, as
+    cloudpickle decides for a function: its module imported by name, not `__main__` (never the
+    worker's), not registered to travel by value, not made at run time (no import spec)."""
+    module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module_name, str) or not isinstance(qualname, str) or module_name == "__main__":
+        return None
+    module = sys.modules.get(module_name)
+    by_value = cloudpickle.list_registry_pickle_by_value()
+    if (module is None or getattr(module, "__spec__", None) is None or "<locals>" in qualname
+            or any(module_name == m or module_name.startswith(m + ".") for m in by_value)):
+        return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return qualname if found is obj else None
+
+
+_LRU_CACHED = type(functools.lru_cache(maxsize=None)(len))
+
+
+def _reduce_lru_cached(func: Any, by_name: bool = True) -> Any:
+    """An `lru_cache` (or `functools.cache`) function: by name where a worker imports it (`named`),
+    else by the function it caches, its size and typing and the attributes set on it, made again
+    with an empty cache: a script's was pickled by a name (`__main__.load_vocab`) that no worker
+    has. Each process's cache is its own, as in any process pool."""
+    name = named(func) if by_name else None
+    if name is not None:
+        return name
+    parameters = func.cache_parameters()
+    attributes = {k: v for k, v in vars(func).items() if k not in ("__wrapped__", "cache_parameters")}
+    return _lru_cached, (func.__wrapped__, parameters["maxsize"], parameters["typed"], attributes)
+
+
+def _lru_cached(func: Callable[..., Any], maxsize: int | None, typed: bool, attributes: dict[str, Any]) -> Any:
+    made = functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+    vars(made).update(attributes)
+    return made
+
+
+def whole(obj: Any) -> Any:
+    """The reduction of a module's own binding (`shipping.payload`'s root) that is a proxy posing as
+    what it wraps, or an `lru_cache` function: by its parts, never by its name (that name finds the
+    worker's own, which the caller's replaces); None for any other object."""
+    kind = type(obj)
+    if kind is _LRU_CACHED:
+        return _reduce_lru_cached(obj, by_name=False)
+    if poses(kind) or (kind is not types.FunctionType and isinstance(obj, types.FunctionType)):
+        return reduce_posing(obj, by_name=False)
+    return None
+
+
+def with_member_attributes(cls: Any, reduced: Any) -> Any:
+    """The reduction of an Enum class sent by value (a script's) with what its members hold
+    besides name and value (`Unit.KG.scale = 2`), which cloudpickle's leaves out; `reduced` as it
+    is when no member holds anything."""
+    attributes = {m.name: member_attributes(m) for m in cls}
+    if not any(attributes.values()) or not isinstance(reduced, tuple) or len(reduced) < 3:
+        return reduced
+    return _with_state(reduced, attributes, _set_member_attributes)
+
+
+def _set_member_attributes(cls: Any, attributes: dict[str, dict[str, Any]]) -> None:
+    """The caller's members' attributes set on this process's members (a class cloudpickle made
+    before in this process is that one again: what it holds since the caller dropped goes)."""
+    for name, held in attributes.items():
+        member = cls[name]
+        for gone in set(member_attributes(member)) - set(held):
+            delattr(member, gone)
+        vars(member).update(held)
 
 
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
@@ -211,7 +389,8 @@ def _with_state(reduced: Any, extra: Any, setter: Callable[[Any, Any], None]) ->
 
 def _set_both(obj: Any, states: tuple[Any, Any, Any, Callable[[Any, Any], None]]) -> None:
     """The object's own state set as pickle's BUILD sets it, then hardy's (`_with_state`). Only
-    arrays and tensors come here: a state of theirs has a `__setstate__` (numpy's) or none."""
+    arrays, tensors and Enum classes come here: a state of theirs has a `__setstate__` (numpy's),
+    a setter of its own (cloudpickle's, for a class) or none."""
     state, setter, extra, ours = states
     if setter is not None:
         setter(obj, state)

@@ -23,6 +23,7 @@ name. docs/same-answer.md is the contract this implements.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.util
 import itertools
@@ -64,7 +65,7 @@ class Replica:
         self.files: dict[str, str | None] = {}
         for module_name in sorted(reached):
             module = sys.modules[module_name]
-            if is_script(module_name):  # the script's: only what the plan reads (a worker's own stays)
+            if is_script(module_name) or module_name == "builtins":  # only what the plan reads (a worker's own stays)
                 names = sorted(reached[module_name])
                 self.stamps[module_name] = module_stamp(module, names)
                 self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
@@ -116,6 +117,35 @@ class Replica:
 
 
 NAMES = ""  # the entry of a module's stamps for the set of names it binds (no name can be empty)
+
+
+def builtins_read(reads: Iterable[tuple[Any, str, Any]]) -> set[str]:
+    """The names code reads as globals that its module lacks, so that Python finds them in
+    `builtins`, and that Python did not put there (`builtins.THRESHOLD = 0.5` at run time, gettext's
+    `_`, kernprof's `profile`): a worker's builtins lack them (a node raised NameError there). Each
+    travels as a name of the module `builtins` (`Replica`: stamped, sent, installed there), one
+    the calling process lacks too as absent (a worker drops what an earlier plan installed)."""
+    namespace = vars(builtins)
+    found = set()
+    for where, name, value in reads:
+        if ((where is namespace or (value is ABSENT and type(where) is dict and "__name__" in where))
+                and not _python_own(name, namespace.get(name, ABSENT))):
+            found.add(name)
+    return found
+
+
+def _python_own(name: str, value: Any) -> bool:
+    """Whether `builtins.<name>` is what Python itself binds there: its functions, types and
+    constants (`len`, `ValueError`, `__debug__`), site's (`exit`, `help`)."""
+    if name.startswith("__") and name.endswith("__") or type(value).__module__ == "_sitebuiltins":
+        return True
+    if name in _CONSTANTS:
+        return value is _CONSTANTS[name]
+    return getattr(value, "__module__", None) in ("builtins", "io", "_io") and (
+        getattr(value, "__name__", None) == name or value is OSError and name in ("EnvironmentError", "IOError"))
+
+
+_CONSTANTS = {"None": None, "True": True, "False": False, "Ellipsis": Ellipsis, "NotImplemented": NotImplemented}
 
 
 def is_script(module_name: str) -> bool:
