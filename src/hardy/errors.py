@@ -288,14 +288,19 @@ class RemoteError(HardyError):
         return self.said if self.said is not None else str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:  # its class is made at run time: it travels as its recipe
-        return stand_in, (*self._origin, str(self)), {**self.__dict__, "args": self.args}
+        made = (self.message, list(self.exceptions)) if isinstance(self, _GROUP) else (str(self),)
+        return stand_in, (*self._origin, *made), {**self.__dict__, "args": self.args}
 
 
 _STAND_INS: dict[tuple[str, str, str], type[RemoteError]] = {}
+_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # (Python 3.11 on)
 
 
-def stand_in(module: str, qualname: str, base: str, message: str) -> RemoteError:
-    """A `RemoteError` named `module.qualname`, deriving from the built-in exception `base`."""
+def stand_in(module: str, qualname: str, base: str, message: str,
+             exceptions: list[BaseException] | None = None) -> RemoteError:
+    """A `RemoteError` named `module.qualname`, deriving from the built-in exception `base`; one
+    of an `ExceptionGroup` holds the group's `exceptions` (`except*` and a traceback read them)."""
+    made = (message,) if exceptions is None else (message, exceptions)
     key = (module, qualname, base)
     cls = _STAND_INS.get(key)
     if cls is None:
@@ -306,12 +311,12 @@ def stand_in(module: str, qualname: str, base: str, message: str) -> RemoteError
         try:
             cls = type(qualname.rpartition(".")[2], bases, {"__module__": module, "__qualname__": qualname,
                                                              "_origin": key})
-            cls(message)
+            cls(*made)
         except Exception:  # a built-in base whose constructor wants more (UnicodeDecodeError): the name alone
             cls = type(qualname.rpartition(".")[2], (RemoteError,), {"__module__": module, "__qualname__": qualname,
                                                                        "_origin": key})
         _STAND_INS[key] = cls
-    return cls(message)
+    return cls(*made)
 
 
 class OutputCountError(NodeError):

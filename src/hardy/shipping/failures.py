@@ -6,12 +6,14 @@ and a cause that pickle cannot carry replaced by a recipe that rebuilds it on th
 
 from __future__ import annotations
 
+import builtins
+import io
 import pickle
 from typing import Any
 
 from ..errors import NodeError, stand_in, text_of
-from ..tracebacks import group_frames, travelling
-from .pickling import dumps
+from ..tracebacks import GroupFrames, group_frames, travelling, with_group_frames
+from .pickling import ByValuePickler, dumps
 
 
 def portable(err: NodeError) -> NodeError:
@@ -31,8 +33,9 @@ def portable(err: NodeError) -> NodeError:
         err.cause_chain = _chain(cause)
     if cause is not None and getattr(err, "cause_groups", None) is None:
         err.cause_groups = group_frames(cause)  # (an exception group's exceptions' tracebacks)
-    if not _survives(err) or cause is not None and not _survives(cause):
-        err.__cause__ = _CauseCopy(cause) if cause is not None else None
+    if cause is not None:
+        shipped = _shipped(cause)
+        err.__cause__ = _CauseCopy(cause) if shipped is cause and not _survives(err) else shipped
     return err
 
 
@@ -41,8 +44,17 @@ def travelling_exception(exc: BaseException) -> tuple[Any, ...]:
     node's error's cause: itself or a copy that rebuilds it, and what pickle leaves out (its
     frames, the exceptions it was raised from, its group's frames), for `tracebacks.landed`."""
     tb = exc.__traceback__
-    return (exc if _survives(exc) else _CauseCopy(exc), travelling(tb) if tb is not None else None, _chain(exc),
-            group_frames(exc))
+    return _shipped(exc), travelling(tb) if tb is not None else None, _chain(exc), group_frames(exc)
+
+
+def _shipped(exc: BaseException, linked: bool = False) -> BaseException:
+    """`exc` as it travels: itself, or a copy that rebuilds it (`_CauseCopy`) where pickle would not
+    bring it back whole; in a `_Landing` where its class must be named again, or, `linked` (an
+    exception the cause was raised from, whose group's frames travel with no other), where it is
+    a group whose exceptions need their tracebacks."""
+    shipped = exc if _survives(exc) else _CauseCopy(exc)
+    tree = group_frames(exc) if linked else None
+    return _Landing(shipped, type(exc).__qualname__, tree) if tree or _loses_name(type(exc)) else shipped
 
 
 def _survives(value: Any) -> bool:
@@ -56,8 +68,50 @@ def _survives(value: Any) -> bool:
     except Exception:
         return False
     if isinstance(value, BaseException):
-        return type(copy) is type(value) and _alike(copy.args, value.args)
+        return _same(copy, value)
     return True
+
+
+def _same(copy: BaseException, value: BaseException) -> bool:
+    """Whether `copy` is `value` again: its class and arguments, the members pickle leaves out
+    (`_members`: an OSError subclass's `errno` and `filename`, an AttributeError's `name` and `obj`),
+    and a group's exceptions each so (pickle calls `ApiError` inside a group as outside)."""
+    if type(copy) is not type(value) or not _alike(copy.args, value.args):
+        return False
+    members = _members(value)
+    if not _alike(tuple(getattr(copy, m, None) for m in members), tuple(getattr(value, m, None) for m in members)):
+        return False
+    inner, copied = _inner(value), _inner(copy)
+    if inner is None or copied is None:
+        return inner is copied
+    return len(inner) == len(copied) and all(_same(a, b) and not _loses_name(type(b)) for a, b in zip(copied, inner))
+
+
+def _members(exc: BaseException) -> tuple[str, ...]:
+    """What an exception holds outside its `args` and `__dict__`, which pickle leaves out: the
+    file an OSError names (and its errno, which a subclass's own constructor sets), the name and
+    object of an AttributeError, from which Python prints "Did you mean: 'text'?"."""
+    if isinstance(exc, OSError):
+        return ("errno", "strerror", "filename", "filename2")
+    if isinstance(exc, AttributeError):
+        return ("name", "obj")
+    return ()
+
+
+_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # (Python 3.11 on)
+
+
+def _inner(exc: BaseException) -> tuple[BaseException, ...] | None:
+    """The exceptions of an exception group (`asyncio.TaskGroup`'s), None for another exception."""
+    return exc.exceptions if isinstance(exc, _GROUP) else None
+
+
+def _loses_name(kind: type) -> bool:
+    """Whether pickle sends this class by value (defined in a function, or in the script's
+    `__main__`), which makes it again without its `__qualname__`: `case.<locals>.Local` would
+    print as `Local`."""
+    name = kind.__qualname__
+    return "." in name and ("<locals>" in name or kind.__module__ == "__main__")
 
 
 def _alike(copied: tuple[Any, ...], given: tuple[Any, ...]) -> bool:
@@ -84,7 +138,7 @@ def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, An
             return links
         seen.add(id(nxt))
         frames = travelling(nxt.__traceback__) if nxt.__traceback__ is not None else None
-        links.append((nxt if _survives(nxt) else _CauseCopy(nxt), exc.__cause__ is nxt, exc.__context__ is nxt,
+        links.append((_shipped(nxt, linked=True), exc.__cause__ is nxt, exc.__context__ is nxt,
                       exc.__suppress_context__, frames))
         exc = nxt
     return links
@@ -92,26 +146,33 @@ def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, An
 
 class _CauseCopy(Exception):
     """What travels for an exception pickle cannot carry: where its class lives, its built-in base,
-    message, `args` and attributes (those that pickle, the others as their repr)."""
+    message, `args` and attributes (those that pickle, the others as their repr), its members
+    (`_members`), and a group's exceptions each as it travels on its own (`_shipped`)."""
 
     def __init__(self, exc: BaseException):
         super().__init__(text_of(exc))
         kind = type(exc)
         base = next((c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"), "Exception")
-        self.recipe = (kind.__module__, kind.__qualname__, base, text_of(exc), tuple(_travelling(a) for a in exc.args),
-                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()})
+        inner = _inner(exc)
+        args = tuple(_travelling(a) for a in exc.args) if inner is None else (
+            exc.message, [_shipped(e) for e in inner])  # type: ignore[attr-defined]
+        members = {m: _object(v) if m == "obj" else _travelling(v) for m in _members(exc)
+                   if (v := getattr(exc, m, None)) is not None}
+        self.recipe = (kind.__module__, kind.__qualname__, base, text_of(exc), args,
+                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()}, members)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return rebuilt, self.recipe
 
 
 def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any, ...],
-            state: dict[str, Any]) -> BaseException:
+            state: dict[str, Any], members: dict[str, Any] | None = None) -> BaseException:
     """An exception that pickle could not carry (`_CauseCopy`), rebuilt where it lands: of its own
     class, by its constructor if that accepts its `args` and says the same, else without calling
-    it, with its `args` and picklable attributes; or, if its class cannot be found here or the copy
-    would say something else, its `errors.stand_in`, which says the original's message and keeps
-    its `args` and attributes (those that did not pickle as their repr)."""
+    it, with its `args`, picklable attributes and members; or, if its class cannot be found here or
+    the copy would say something else, its `errors.stand_in`, which says the original's message
+    and keeps its `args`, attributes (those that did not pickle as their repr) and members, and a
+    group's exceptions."""
     import importlib
     try:
         cls: Any = importlib.import_module(module)
@@ -122,14 +183,102 @@ def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any
                 exc = made(cls, args)
                 if exc is not None:
                     exc.__dict__.update(state)
+                    _restore(exc, members)
                     if text_of(exc) == message:
                         return exc
     except Exception:  # not importable here, or a class that will not be made this way
         pass
-    exc = stand_in(module, qualname, base, message)
+    group = "ExceptionGroup" in base and len(args) == 2 and isinstance(args[1], list)
+    exc = stand_in(module, qualname, base, *(args if group else (message,)))
     exc.said, exc.args = message, args
     exc.__dict__.update((k, v) for k, v in state.items() if k not in vars(type(exc)))
+    _restore(exc, members)
     return exc
+
+
+def _restore(exc: BaseException, members: dict[str, Any] | None) -> None:
+    """Sets the members pickle left out (`_members`) again."""
+    for name, value in (members or {}).items():
+        try:
+            setattr(exc, name, value)
+        except Exception:  # (a stand-in whose built-in base has no such member keeps it as an attribute)
+            pass
+
+
+class _Landing(Exception):
+    """An exception as it travels (itself or its `_CauseCopy`) with what it needs where it lands:
+    its class's `__qualname__`, which cloudpickle leaves out of a class it sends by value (the
+    printed last line reads `__main__.case.<locals>.Local` as in-process), and a group's
+    exceptions' frames (`tracebacks.group_frames`)."""
+
+    def __init__(self, exc: BaseException, qualname: str, tree: GroupFrames | None):
+        super().__init__(text_of(exc))
+        self.landing = (exc, qualname, tree)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _landed, self.landing
+
+
+def _landed(exc: BaseException, qualname: str, tree: GroupFrames | None) -> BaseException:
+    """`exc`, its class named `qualname` again where the class made by value lost it, and its
+    group's exceptions given their tracebacks."""
+    kind = type(exc)
+    if kind.__qualname__ != qualname and qualname.rpartition(".")[2] == kind.__name__:
+        kind.__qualname__ = qualname
+    if tree:
+        with_group_frames(exc, tree)
+    return exc
+
+
+OBJECT_BYTES = 1 << 16  # an AttributeError's object pickled bigger than this stays in the worker (`_object`)
+
+
+class _Attributes:
+    """An AttributeError's `obj` that stays in the worker (big, or not picklable): its type and its
+    attribute names, which are what Python reads (`dir(obj)`) to print "Did you mean: 'text'?"."""
+
+    __slots__ = ("kind", "names")
+
+    def __init__(self, kind: str, names: tuple[str, ...]):
+        self.kind, self.names = kind, names
+
+    def __dir__(self) -> list[str]:
+        return list(self.names)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} left in the worker process>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Attributes, (self.kind, self.names)
+
+
+class _Capped(io.BytesIO):
+    """A pickle's file that stops it past `OBJECT_BYTES`: a 1 GB model whose attribute was
+    misspelt is not pickled whole to learn that it is big."""
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > OBJECT_BYTES:
+            raise pickle.PicklingError("too big")
+        return super().write(data)
+
+
+def _object(obj: Any) -> Any:
+    """An AttributeError's `obj` as it travels: itself where it pickles small and comes back, else
+    its `_Attributes`."""
+    try:
+        with _Capped() as file:
+            ByValuePickler(file, protocol=5).dump(obj)
+            pickle.loads(file.getvalue())
+        return obj
+    except Exception:
+        pass
+    try:
+        names = tuple(n for n in dir(obj) if isinstance(n, str))
+    except Exception:  # a broken __dir__: no hint, as in-process
+        names = ()
+    kind = type(obj)
+    return _Attributes(kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
+                       names)
 
 
 def _constructed(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException | None:
