@@ -817,3 +817,181 @@ def test_repeat_report_and_replay_end_as_sigpipe_does_when_the_reader_goes(tmp_p
     if (tmp_path / "slow.pid").exists():  # (it may not have started by the time the first run's line failed)
         with pytest.raises(ProcessLookupError):
             os.kill(int((tmp_path / "slow.pid").read_text()), 0)
+
+
+LONG = """
+from hardy import Pipeline, node
+
+def call_api(item_id, size):
+    page = "<html><body>" + "<div>upstream error page</div>\\n" * (size // 31) + "</body></html>"
+    raise RuntimeError(f"GET /items/{item_id} returned 502: {page}")
+
+@node(output_name="item")
+def fetch(item_id: int, size: int) -> dict:
+    return call_api(item_id, size)
+
+pipeline = Pipeline([fetch])
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_long_message_leaves_the_frames_in_a_failed_lines_stack_and_the_line_small(tmp_path, executor):
+    """An error quoting a 12 KB error page: the stack, cut to its last 8,000 characters, held only
+    message and no frame; a 1 MB message made a 1 MB line. Every frame stays, both fields are cut."""
+    (tmp_path / "longmsg.py").write_text(LONG)
+    out = _hardy_run(tmp_path, "longmsg:pipeline", "--set", "item_id=[7, 8]", "--set", "size=[12000, 1000000]",
+                     "--map-over", "item_id,size", "--executor", executor)
+    assert out.returncode == 1, out.stderr
+    lines = sorted(map(json.loads, out.stdout.splitlines()), key=lambda line: line["item"])
+    for line, raw in zip(lines, out.stdout.splitlines()):
+        stack = line["stack"]
+        assert f'{tmp_path / "longmsg.py"}", line 10, in fetch' in stack, stack
+        assert f'{tmp_path / "longmsg.py"}", line 6, in call_api' in stack, stack
+        assert "RuntimeError: GET /items/" in stack and stack.rstrip().endswith("</body></html>"), stack[-300:]
+        assert len(line["message"]) < 2100 and line["message"].startswith("GET /items/")
+        assert line["message"].endswith(" characters left out]") and len(raw) < 12_000, len(raw)
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """(a folder this process cannot write although it is root: a read-only bind mount, as a shared
+    report folder mounted read-only is; the writable folder under it). Unmounted after."""
+    source, view = tmp_path / "rw", tmp_path / "ro"
+    source.mkdir()
+    view.mkdir()
+    for args in (["--bind", str(source), str(view)], ["-o", "remount,bind,ro", str(view)]):
+        done = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if done.returncode:
+            subprocess.run(["umount", str(view)], capture_output=True)
+            pytest.skip(f"mount {' '.join(args)} failed ({done.stderr.strip()}): needs root")
+    yield view, source
+    subprocess.run(["umount", "-l", str(view)], check=True)
+
+
+def test_a_report_in_a_folder_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, read_only_folder):
+    """`--report` there ran every item, then ended with a traceback naming a temporary file and exit
+    code 1 (the code of failed items); `hardy report --html` there, a traceback too."""
+    ro, _ = read_only_folder
+    (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
+    out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=1", "--report", f"{ro}/sub/run.json")
+    assert out.returncode == 2 and not (tmp_path / "ran").exists(), out.stderr
+    assert out.stderr == f"hardy: --report {ro}/sub/run.json: the folder {ro} cannot be written here (read-only, or " \
+                         f"not yours): give a --report path in a folder you can write\n", out.stderr
+    assert _hardy_run(tmp_path, "flows:pipeline", "--set", "x=1", "--report", "ok.json").returncode == 0
+    page = subprocess.run([sys.executable, "-m", "hardy.cli", "report", "ok.json", "--html", f"{ro}/r.html"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert page.returncode == 2 and page.stdout == "" and page.stderr.count("\n") == 1, page.stderr
+    assert f"--html {ro}/r.html: the folder {ro} cannot be written here" in page.stderr
+
+
+READ_ONLY_MEANWHILE = """
+import subprocess
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def half(x: int, folder: str) -> int:
+    subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)  # (the report's folder, from here on)
+    return 10 // (x - 2)
+
+pipeline = Pipeline([half])
+"""
+
+
+def test_a_report_that_cannot_be_written_at_the_end_costs_no_result_and_not_the_exit_code(tmp_path,
+                                                                                        read_only_folder):
+    """The folder becomes read-only while the items run: the report is said in one line not to be
+    written, every item has its line, and the exit code is the items' (0: none failed), where it
+    was a traceback naming a temporary file and exit code 1, which reads as "items failed"."""
+    ro, source = read_only_folder
+    subprocess.run(["mount", "-o", "remount,bind,rw", str(ro)], check=True)
+    (tmp_path / "meanwhile.py").write_text(READ_ONLY_MEANWHILE)
+    out = _hardy_run(tmp_path, "meanwhile:pipeline", "--set", "x=[1, 3, 4]", "--map-over", "x", "--set",
+                     f"folder={ro}", "--executor", "sequential", "--report", f"{ro}/run.json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(json.loads(line)["outputs"]["y"] for line in out.stdout.splitlines()) == [-10, 5, 10]
+    assert out.stderr == f"hardy: the run report could not be written to {ro}/run.json (Read-only file system); " \
+                         "each item's line is in stdout\n", out.stderr
+    assert list(source.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, inputs, message", [
+    (["--set", "x=1", "--set", "x=2"], None, "--set x=1 and --set x=2 both give input 'x': give it once"),
+    (["--set", "factor=1000"], '{"x": 1, "factor": 3}\n',
+     "--set factor=1000 and --inputs items.jsonl (each of its lines holds 'factor') both give input 'factor': give "
+     "it in one place (drop the --set, or the key from the lines)"),
+])
+def test_an_input_given_twice_is_a_usage_error_naming_both(tmp_path, args, inputs, message):
+    """The lines' value won over an explicit --set, and the last of two --set's, without a word, exit 0."""
+    (tmp_path / "flows.py").write_text(FLOWS.replace("return x * factor", "open('ran', 'w').close()\n    return x * factor"))
+    if inputs:
+        (tmp_path / "items.jsonl").write_text(inputs)
+        args = [*args, "--inputs", "items.jsonl"]
+    out = _hardy_run(tmp_path, "flows:pipeline", *args)
+    assert out.returncode == 2 and out.stderr == f"hardy: {message}\n", out.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+BREAKS = """
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def f(x: int) -> int:
+    y = x + 1
+    breakpoint()
+    return y
+
+pipeline = Pipeline([f], name="bp")
+"""
+
+
+@pytest.mark.parametrize("command", [["-m", "hardy.cli"], ["-m", "hardy"]])
+def test_breakpoint_under_hardy_run_says_the_commands_way_and_it_works(tmp_path, command):
+    """The item's message told a shell user to call err.debug() (there is no Python object), to use
+    `hardy replay REPORT --item N --pdb` (which refuses every report `hardy run` writes) or
+    Engine(map_executor="sequential"); it says --executor sequential, which stops in pdb."""
+    (tmp_path / "bpnode.py").write_text(BREAKS)
+    out = subprocess.run([sys.executable, *command, "run", "bpnode:pipeline", "--set", "x=1", "--executor", "process"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    message = json.loads(out.stdout)["message"]
+    assert out.returncode == 1 and "run the same `hardy run` command again with `--executor sequential`" in message
+    assert "debug()" not in message and "hardy replay" not in message and "Engine(" not in message, message
+    followed = subprocess.run([sys.executable, *command, "run", "bpnode:pipeline", "--set", "x=1", "--executor",
+                               "sequential"], cwd=tmp_path, input="p y * 100\nc\n", capture_output=True, text=True,
+                              timeout=120)
+    assert followed.returncode == 0 and "200" in followed.stderr, followed.stderr
+    assert json.loads(followed.stdout) == {"item": 0, "ok": True, "outputs": {"y": 2}}
+
+
+UNWRITTEN = """
+import warnings
+from hardy import Engine, Pipeline, node
+
+@node(output_name="y")
+def f(x: int) -> int:
+    return x
+
+pipeline = Pipeline([f], engine=Engine(map_executor="{executor}", workers=1, report_dir={folder!r}))
+pipeline.map(inputs={{"x": [1, 2]}}, map_over="x")  # line 10
+"""
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_the_unwritten_report_warning_points_at_the_users_call(tmp_path, read_only_folder, executor):
+    """It was attributed to hardy/observe/watch.py, a line of hardy's, not the map that wrote no report."""
+    ro, _ = read_only_folder
+    script = tmp_path / "script.py"
+    script.write_text(UNWRITTEN.format(executor=executor, folder=str(ro)))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"{script}:10: RuntimeWarning: hardy: the run report could not be written to {ro}/" in out.stderr, out.stderr
+
+
+def test_python_dash_m_hardy_is_the_hardy_command(tmp_path):
+    """`python -m hardy` failed: "No module named hardy.__main__"."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    version = subprocess.run([sys.executable, "-m", "hardy", "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout == f"hardy {__version__}\n", version.stderr
+    out = subprocess.run([sys.executable, "-m", "hardy", "run", "flows:pipeline", "--set", "x=[1, 13]", "--map-over",
+                          "x", "--executor", "process"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = sorted(map(json.loads, out.stdout.splitlines()), key=lambda line: line["item"])
+    assert out.returncode == 1 and lines[0]["outputs"] == {"y": 2} and lines[1]["signal"] == "SIGSEGV", out.stderr

@@ -45,6 +45,16 @@ def is_hardy(filename: str) -> bool:
     return filename.startswith(_PLAN) or filename.startswith(_HARDY)
 
 
+def outside_hardy() -> int:
+    """The `stacklevel`, for a warning its caller raises, of the first frame that is not hardy's:
+    the user's call of map, imap or run that the warning is about (a report that could not be
+    written, a debugger whose breakpoints nodes will not hit), not the line of hardy that noticed."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and is_hardy(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def is_users(filename: str) -> bool:
     """Whether a frame of this file is the user's code: neither hardy's nor a library's."""
     return not is_hardy(filename) and not filename.startswith(_library())

@@ -51,7 +51,8 @@ def demo(items: int = typer.Option(3000, metavar="N", callback=at_least(2),
 from .cache import app as cache_app  # noqa: E402
 from .doctor import doctor, libs, repeat, wheel_app  # noqa: E402
 from .replay import replay_command  # noqa: E402
-from .run import report, run  # noqa: E402
+from .reports import report  # noqa: E402
+from .run import run  # noqa: E402
 
 app.add_typer(cache_app, name="cache")
 app.add_typer(wheel_app, name="wheel")

@@ -12,10 +12,16 @@ the bare token `NaN`, which is not JSON (jq and strict parsers reject the line).
   base64.b64decode(a["base64"]), a["dtype"]).reshape(a["shape"])`), a third bigger than the
   bytes where a list of floats is three times bigger, and exact;
 - an item of a nested map that failed (a `Failed` in an output list) as {"$failed": {node,
-  error, message, signal}};
+  error, message, signal}}, its message cut as a failed item's is;
 - anything else (bytes, sets, a DataFrame, your own classes, complex numbers) has no JSON form:
   the item fails (`UnencodableOutput`), its line naming the output, the node that made it and
   the type, with the fix.
+
+A failed item's line stays small whatever its node raised: its `message` is the first
+`MESSAGE_CHARACTERS` of the error's text, and its `stack` keeps every frame line while each
+stretch of text between frames (a message the traceback quotes: an HTTP error quoting a 12 KB error
+page) keeps its first and last characters, `MESSAGE_CHARACTERS` in all; a stack still over
+`STACK_CHARACTERS` (many threads' stacks, a long chain) keeps its innermost part (`bounded_stack`).
 
 As the command ends with failed items, `failed_line` names the first of them and where each
 one's error and stack are: its line (in --output, or on stdout) and the run report, --report's or
@@ -70,7 +76,7 @@ def encoded(value: Any, path: str = "") -> Any:
     if kind is dict:
         return {_key(k, path): encoded(v, f"{path}[{k!r}]") for k, v in value.items()}
     if kind is Failed:
-        return {"$failed": value.error.reported()}
+        return {"$failed": reported(value.error)}
     module = kind.__module__.partition(".")[0]
     if module == "numpy":
         return _numpy(value, path)
@@ -117,7 +123,54 @@ def _unencodable(value: Any, path: str) -> UnencodableOutput:
                              f"{kind.__module__}.{kind.__qualname__}", path)
 
 
-STACK_CHARACTERS = 8000  # of a failed item's stack in its line (a million failures: 8 GB at most)
+MESSAGE_CHARACTERS = 2000  # of a failed item's message in its line, and of each text its stack quotes
+STACK_CHARACTERS = 8000  # of a failed item's stack in its line (a million failures: 10 GB at most)
+_TAIL = 400  # characters of a long text in a stack kept from its end (what follows it: "The above exception...")
+_FRAME = re.compile(r'[ |+]*(?:File "|#\d+ )')  # a Python frame's line (a group's under its bars), a native frame's
+
+
+def reported(error: Any) -> dict[str, Any]:
+    """The failure's fields as a line holds them (`NodeError.reported`), its message cut to its
+    first `MESSAGE_CHARACTERS` (a 1 MB message made a 1 MB line), saying how much was left out."""
+    fields: dict[str, Any] = error.reported()
+    message = fields.get("message")
+    if isinstance(message, str) and len(message) > MESSAGE_CHARACTERS:
+        left = len(message) - MESSAGE_CHARACTERS
+        fields["message"] = f"{message[:MESSAGE_CHARACTERS]} [{left:,} characters left out]"
+    return fields
+
+
+def bounded_stack(stack: str) -> str:
+    """A failure's stack for its line: every frame line kept, each stretch of text between frames
+    (the source line, and the message of an exception the traceback quotes) cut to its first and
+    last characters, `MESSAGE_CHARACTERS` in all; then, still over `STACK_CHARACTERS` (a timeout's
+    threads, a long chain), its innermost part. Cut at its end alone, a 12 KB message left no frame."""
+    kept: list[str] = []
+    text: list[str] = []
+    for row in stack.splitlines(keepends=True):
+        if _FRAME.match(row):
+            kept += [_text_cut("".join(text)), row]
+            text = []
+        else:
+            text.append(row)
+    kept.append(_text_cut("".join(text)))
+    stack = "".join(kept)
+    if len(stack) > STACK_CHARACTERS:
+        stack = f"[{len(stack) - STACK_CHARACTERS:,} characters left out]\n{stack[-STACK_CHARACTERS:]}"
+    return stack
+
+
+def _text_cut(text: str) -> str:
+    """Text between two frames, over `MESSAGE_CHARACTERS`: its head and its tail (from a line's
+    start where the tail holds one: "The above exception was the direct cause ..."), with how much
+    was left out between them."""
+    if len(text) <= MESSAGE_CHARACTERS:
+        return text
+    tail = text[-_TAIL:]
+    if "\n" in tail[:-1]:
+        tail = tail[tail.index("\n") + 1:]
+    head = text[:MESSAGE_CHARACTERS - len(tail)]
+    return f"{head}\n[{len(text) - len(head) - len(tail):,} characters left out]\n{tail}"
 
 
 class Writer:
@@ -143,10 +196,7 @@ class Writer:
     def record(self, i: int, row: Any) -> dict[str, Any]:
         if isinstance(row, Failed):  # with where it failed: the line may be all a batch job keeps
             from ..observe.report import failure_stack  # (only once an item fails: `hardy run` starts faster)
-            stack = failure_stack(row.error)
-            if len(stack) > STACK_CHARACTERS:  # (a timeout's threads, a long chain): its innermost part
-                stack = f"[{len(stack) - STACK_CHARACTERS:,} characters left out]\n{stack[-STACK_CHARACTERS:]}"
-            return {"item": i, "ok": False, **row.error.reported(), "stack": stack}
+            return {"item": i, "ok": False, **reported(row.error), "stack": bounded_stack(failure_stack(row.error))}
         outputs = {}
         for name, value in row.items():
             try:

@@ -33,15 +33,11 @@ import typer
 from ..errors import Failed
 from ..wording import a_kind, did_you_mean
 from .outputs import Writer, closing_ends_the_run, failed_line, saved, written
+from .reports import saved_as, writable_report
 from .usage import at_least
+from .usage import refuse as _fail_usage
 
-USAGE = 2
 EXECUTORS = ("sequential", "threaded", "async", "process")  # what --executor names (the others are objects)
-
-
-def _fail_usage(message: str) -> NoReturn:
-    typer.echo(f"hardy: {message}", err=True)
-    raise typer.Exit(USAGE)
 
 
 def load_pipeline(target: str) -> Any:
@@ -134,12 +130,16 @@ def _said(exc: BaseException) -> str:
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:
-    """NAME=VALUE pairs; a value is read as JSON (numbers, lists, objects) and otherwise as text."""
+    """NAME=VALUE pairs; a value is read as JSON (numbers, lists, objects) and otherwise as text.
+    A name given twice is a usage error: which value was meant, the command cannot know."""
     values: dict[str, Any] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or not name:
             _fail_usage(f"--set {pair!r} is not NAME=VALUE")
+        if name in values:
+            first = next(p for p in pairs if p.partition("=")[0] == name)
+            _fail_usage(f"--set {first} and --set {pair} both give input {name!r}: give it once")
         try:
             values[name] = json.loads(raw)
         except ValueError:
@@ -211,7 +211,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         progress: bool | None = typer.Option(None, help="Show the progress bar (default: on a terminal).")) -> None:
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
     if report:
-        report_path(report)
+        writable_report(report, "--report")
     if resume:
         output = _resumed(resume, output)
     if output:
@@ -232,7 +232,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if unwritable is not None:
         _unwritable(unwritable, writer.done, output, out)
     if report and (writer.done or not before):
-        pipeline.report().save(report)
+        report = saved_as(pipeline.report(), report, f"each item's line is in {output or 'stdout'}")
     elif report:  # --resume found every item written: nothing ran, nothing to report
         typer.echo(f"hardy: every item had its line in {resume} already: nothing ran, no report written", err=True)
         report = None
@@ -273,6 +273,11 @@ def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[s
         columns, over = read_items(inputs, over)
         if not columns:
             _no_item(inputs, output, resume)
+        both = [name for name in values if name in columns]
+        if both:  # (the lines' values won, and the --set was dropped without a word)
+            given = next(p for p in set_ if p.partition("=")[0] == both[0])
+            _fail_usage(f"--set {given} and --inputs {inputs} (each of its lines holds {both[0]!r}) both give input "
+                        f"{both[0]!r}: give it in one place (drop the --set, or the key from the lines)")
         values.update(columns)
     unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
     if unknown is not None:  # a typo in --set or in the input lines: nothing runs
@@ -416,12 +421,6 @@ def _opened(output: str | None, lines: IO[str] | None, append: bool = False) -> 
         yield f
 
 
-def report_path(path: str, suffixes: tuple[str, ...] = (".html", ".json")) -> None:
-    """A usage error, before anything runs, for a report file name `RunReport.save` would refuse."""
-    if Path(path).suffix.lower() not in suffixes:
-        _fail_usage(f"cannot write a run report as {path!r}: use a {' or '.join(suffixes)} file name")
-
-
 def output_path(path: str) -> None:
     """A usage error, before anything runs, for an --output file that cannot be written (checked
     without creating or emptying it: a usage error leaves an earlier results file as it was)."""
@@ -448,53 +447,3 @@ def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -
                       report_dir=own.report_dir, keep_failed_inputs=own.keep_failed_inputs, **own.process_options)
     except HardyError as exc:
         _fail_usage(str(exc))
-
-
-def report(path: str = typer.Argument(..., metavar="REPORT",
-                                      help="A report's JSON (Engine(report_dir=...) writes them)."),
-           html: str | None = typer.Option(None, "--html", metavar="FILE",
-                                           help="Also write it as a self-contained page."),
-           item: int | None = typer.Option(None, "--item", metavar="N", callback=at_least(0),
-                                           help="Print the failure of item N: its error, Python and native stacks.")
-           ) -> None:
-    """Show a saved run report as tables (--item N: one failure with its stacks); --html renders the page."""
-    from ..observe.report import RunReport
-    from . import consoles, quiet_when_the_reader_goes
-    quiet_when_the_reader_goes()  # (`hardy report R.json | head`)
-    if html:
-        report_path(html, (".html",))
-    try:
-        loaded = RunReport.load(path)
-    except FileNotFoundError:
-        _fail_usage(f"{path}: no such report (give a run report's JSON: Engine(report_dir=...) writes them)")
-    except IsADirectoryError:
-        _fail_usage(f"{path} is a folder: give one of the run reports' JSON files in it")
-    except (OSError, ValueError) as exc:
-        _fail_usage(str(exc))
-    if item is not None:
-        typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
-    else:
-        consoles.console().print(loaded)
-        if loaded.data.get("failures"):
-            typer.echo(f"each failure's stacks: hardy report {path} --item N")
-    if html:
-        loaded.save(html)
-        typer.echo(f"wrote {html}")
-
-
-def _failure_text(failures: list[Any], item: int, path: str) -> str:
-    """One failure of a report as text: what failed and why, its diagnosis, where its inputs were
-    kept, and its stack (an exception's traceback, or a crash's native and Python stacks)."""
-    record = next((f for f in failures if isinstance(f, dict) and f.get("item") == item), None)
-    if record is None:
-        failed = [f.get("item") for f in failures if isinstance(f, dict)]
-        _fail_usage(f"item {item} did not fail in {path}; the items that failed: {failed[:20] or 'none'}")
-    signal_name = f", {record['signal']}" if record.get("signal") else ""
-    lines = [f"item {item}: node {record.get('node')!r} failed: {record.get('error')}{signal_name}: "
-             f"{record.get('message')}"]
-    lines += [f"diagnosis: {d}" for d in record.get("diagnosis") or ()]
-    if record.get("kept_inputs"):
-        lines.append(f"inputs kept: {record['kept_inputs']} (hardy replay {path} --item {item} runs it again)")
-    stack = str(record.get("stack") or "").rstrip()
-    lines.append(stack or "(no stack kept for this failure: reports keep the first failures' stacks)")
-    return "\n".join(lines)

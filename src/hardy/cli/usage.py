@@ -8,13 +8,14 @@ to give a command its own class); `tests/test_cli.py` reads every command's usag
 lists the argument the same way, by name, where Typer adds the Python type (`FOLDER <list[str]>`).
 
 Typer's `min=` refuses a number below it in pydantic's words ("Input should be greater than or
-equal to 1"); `at_least` says it as the command's help does: "must be 1 or more, not 0".
+equal to 1"); `at_least` says it as the command's help does: "must be 1 or more, not 0". What a
+command refuses once it reads its arguments together is said by `refuse`: one line, exit code 2.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperArgument, TyperCommand
@@ -69,3 +70,12 @@ def at_least(lowest: int) -> Callable[[Any], Any]:
             raise typer.BadParameter(f"must be {lowest} or more, not {value}")
         return value
     return check
+
+
+USAGE = 2  # the exit code of a command given wrong (click's own usage errors exit 2 too)
+
+
+def refuse(message: str) -> NoReturn:
+    """A usage error found before anything runs: one line, `hardy: ...`, and exit code 2."""
+    typer.echo(f"hardy: {message}", err=True)
+    raise typer.Exit(USAGE)

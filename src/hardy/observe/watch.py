@@ -146,3 +146,4 @@ class Watch:
             if self.report is not None:
                 self.report.items = seen
             self.finish(pipeline, failures)
+

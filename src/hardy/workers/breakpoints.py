@@ -2,8 +2,11 @@
 has no terminal to talk to, and breakpoints a debugger set in the caller, which a worker never hits.
 
 Instead of pdb reading the worker's empty stdin and quitting (`BdbQuit`, with no hint), the item
-fails with one message saying how to debug it: run it again in the caller's process under pdb. A
-map started under pdb or an IDE's debugger (`python -m pdb script.py`, VS Code's debugpy) says
+fails with one message saying how to debug it: run it again in the caller's process under pdb, in
+the words of how the pipeline was run (`how`): from Python, the error's `debug()`, `hardy replay`
+or the sequential executor; from the shell by `hardy run`, which has no error object to call and
+whose reports keep no inputs to replay, its `--executor sequential`. A map started under pdb or
+an IDE's debugger (`python -m pdb script.py`, VS Code's debugpy) says
 once that its breakpoints in nodes will not stop there (`warn_if_debugged`).
 """
 
@@ -15,10 +18,25 @@ import warnings
 from typing import Any
 
 from ..errors import DebuggerUnavailable
+from ..tracebacks import outside_hardy
 
 HOW = ("to debug a node, run its item again in your own process under pdb: err.debug() on the NodeError "
        "(or failed.error.debug() on a Failed, map_error.debug() on a MapError), or `hardy replay REPORT --item N "
        "--pdb` from a run report; or run the pipeline with Engine(map_executor=\"sequential\")")
+SHELL = ("to debug a node, run the same `hardy run` command again with `--executor sequential`: its nodes then run in "
+         "the command's own process, where breakpoint() opens pdb on your terminal (an --inputs file of the failed "
+         "item's line alone stops at that item only)")
+_HARDY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def how() -> str:
+    """How to debug a node, in the words of how its pipeline was run: `SHELL` under `hardy run`
+    (`hardy`, `python -m hardy` or `python -m hardy.cli`: the caller's argv, which a worker
+    takes at each call), else `HOW`'s Python objects."""
+    argv = sys.argv
+    command = len(argv) > 1 and argv[1] == "run" and (
+        os.path.basename(argv[0]) == "hardy" or os.path.abspath(argv[0]).startswith(_HARDY + os.sep))
+    return SHELL if command else HOW
 
 
 def no_terminal(*args: Any, **kwargs: Any) -> Any:
@@ -30,7 +48,7 @@ def no_terminal(*args: Any, **kwargs: Any) -> Any:
         return None
     if wanted not in ("", "pdb.set_trace", "pdb"):
         return sys.__breakpointhook__(*args, **kwargs)
-    raise DebuggerUnavailable(f"breakpoint() was called in a worker process, which has no terminal for pdb; {HOW}")
+    raise DebuggerUnavailable(f"breakpoint() was called in a worker process, which has no terminal for pdb; {how()}")
 
 
 _WARNED: list[bool] = []
@@ -49,18 +67,10 @@ def warn_if_debugged() -> None:
     if (bdb is not None and isinstance(owner, bdb.Bdb)) or "pydevd" in where or trace is None:
         _WARNED.append(True)
         warnings.warn("a debugger is tracing this process, but its breakpoints in nodes are not hit: nodes run in "
-                      f"hardy's worker processes; {HOW}", UserWarning, stacklevel=_outside_hardy())
+                      f"hardy's worker processes; {how()}", UserWarning, stacklevel=outside_hardy())
 
 
 # Python 3.12 on: a debugger may hold `sys.monitoring`'s debugger slot instead of a trace function
 # (debugpy does, and pdb from 3.14)
 _MONITORING: Any = getattr(sys, "monitoring", None)
 
-
-def _outside_hardy() -> int:
-    """The `stacklevel` of the first frame that is not hardy's: the user's call of map or run."""
-    here, level = os.path.dirname(os.path.dirname(__file__)), 1
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(here):
-        frame, level = frame.f_back, level + 1
-    return level
