@@ -4,8 +4,10 @@ tmpfs), real read-only mounts, damaged indexes and another user's secret on the 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hardy import DiskCache, Pipeline, node
+from hardy.cache import VerifyReport
 
 pytestmark = pytest.mark.usefixtures("in_process_default")  # the cache's own counters and warnings, seen here
 
@@ -225,3 +228,151 @@ def test_disk_full_in_worker_processes_fails_no_item(tiny_disk):
     assert [o["blob"] for o in out] == [bytes([x]) * 300_000 for x in range(30)]
     assert 0 < DiskCache(tiny_disk / "c").stats().entries < 30
     assert files(tiny_disk, "*.tmp") == [] and files(tiny_disk, "index.sqlite.damaged-*") == []
+
+
+BLOBS = """
+import os
+from hardy import node
+
+@node(output_name="blob")
+def counted_blob(x, size):
+    with open(os.environ["CALLS"], "a") as f:
+        f.write(f"{x}\\n")
+    return bytes([x]) * size
+"""
+
+FILL_YESTERDAY = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from fullblobs import counted_blob
+from hardy import DiskCache, Pipeline
+Pipeline(nodes=[counted_blob], cache=DiskCache(sys.argv[1])).map(inputs={"x": list(range(int(sys.argv[3]))),
+                                                                          "size": int(sys.argv[4])}, map_over="x")
+"""
+
+
+def fill(disk: Path) -> None:
+    """Fill the filesystem of `disk` to its last byte."""
+    with open(disk / "fill", "wb", buffering=0) as f:
+        for block in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    f.write(b"\0" * block)
+            except OSError:
+                pass
+
+
+def cache_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", "cache", *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "400"})
+
+
+@pytest.mark.parametrize("n, size, executor", [(20, 1000, "sequential"), (4, 300_000, "sequential"),
+                                               (20, 1000, "process")])  # in the index, in files
+def test_a_cache_closed_before_the_disk_filled_is_served_and_can_be_emptied(tiny_disk, tmp_path, monkeypatch,
+                                                                             caplog, n, size, executor):
+    """Yesterday's cache, its index folded and closed (no -wal, no -shm: WAL mode would have to make
+    them to open it), on a disk that is full today: served whole, with the tools that free it."""
+    from hardy import Engine
+
+    caplog.set_level(logging.WARNING, "hardy.cache")
+    (tmp_path / "fullblobs.py").write_text(BLOBS)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tiny_disk / "c"
+    subprocess.run([sys.executable, "-c", FILL_YESTERDAY, str(folder), str(tmp_path), str(n), str(size)], check=True)
+    assert not (folder / "index.sqlite-wal").exists()  # closed cleanly: its log folded in and removed
+    fill(tiny_disk)
+    calls.write_text("")
+    from fullblobs import counted_blob
+
+    with Engine(map_executor=executor) as engine:
+        p = Pipeline(nodes=[counted_blob], cache=DiskCache(folder), engine=engine)
+        out = p.map(inputs={"x": list(range(n + 2)), "size": size}, map_over="x")
+    assert [o["blob"] for o in out] == [bytes([x]) * size for x in range(n + 2)]
+    assert sorted(int(x) for x in calls.read_text().split()) == [n, n + 1]  # only what was never stored ran
+    if executor == "sequential":
+        [warning] = cache_warnings(caplog)
+        assert "2 entries could not be written (disk full)" in warning and "I/O error" not in warning
+        assert f"hardy cache prune {folder} --max-size SIZE" in warning
+    stats = cache_command("stats", "--json", str(folder))
+    assert stats.returncode == 0 and json.loads(stats.stdout)["entries"] == n
+    prune, clear = cache_command("prune", str(folder), "--max-size", "1KB"), cache_command("clear", "--yes", str(folder))
+    if size > 256 << 10:  # files: removing them makes the room the index's write needs
+        assert (prune.returncode, prune.stdout.strip(), prune.stderr) == (0, f"deleted {n} entries", "")
+        assert clear.returncode == 0 and files(folder / "blobs", "*") == []
+        assert DiskCache(folder).stats().entries == 0
+    else:  # in the index: nothing to remove without writing it, which a full disk refuses; said so, in one line
+        assert prune.returncode == 0 and "could not be pruned (disk full)" in prune.stderr
+        assert clear.returncode == 1 and clear.stderr.startswith(f"cannot clear {folder}: disk full; ")
+        assert "free space elsewhere on that disk" in clear.stderr and "Traceback" not in clear.stderr
+        (tiny_disk / "fill").unlink()
+        assert cache_command("clear", "--yes", str(folder)).returncode == 0
+        assert DiskCache(folder).stats().entries == 0
+
+
+WRITER = """
+import sys
+from hardy.cache.store import LocalStore
+
+def pieces():
+    yield b"x" * 100_000
+    print("writing", flush=True)
+    sys.stdin.readline()  # killed here, halfway through the entry
+    yield b"y" * 100_000
+
+LocalStore(sys.argv[1]).folder(create=True).sub("blobs", create=True).sub("ab", create=True).write("ab" * 16, pieces())
+"""
+
+
+def test_a_killed_writers_temporary_file_is_swept_and_a_live_ones_kept(tmp_path):
+    folder = tmp_path / "c"
+    cache = DiskCache(folder)
+    Pipeline(nodes=[make_blob], cache=cache).map(inputs={"x": [1, 2], "size": 300_000}, map_over="x")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "writing\n"
+        [tmp] = files(folder / "blobs", ".*.tmp")
+        assert cache.verify().bad == [] and cache.prune(older_than=0) == 2 and not cache.entries()
+        assert tmp.exists()  # its writer is alive: never removed under it
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+        writer.stdin.close()
+    assert tmp.exists()  # left for good by the killed writer, until a sweep
+    cache.verify()
+    assert files(folder / "blobs", "*") == []
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_cache_folder_deleted_while_in_use_is_made_again(tmp_path, monkeypatch, caplog, executor):
+    """`rm -rf` of the folder between two maps (a temporary-file cleaner, a user freeing space):
+    what is computed after it is stored in the folder made again, not in the deleted index."""
+    from hardy import Engine
+
+    caplog.set_level(logging.WARNING, "hardy.cache")
+    (tmp_path / "fullblobs.py").write_text(BLOBS)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from fullblobs import counted_blob
+
+    folder = tmp_path / "c"
+    with Engine(map_executor=executor, workers=2) as engine:
+        p = Pipeline(nodes=[counted_blob], cache=DiskCache(folder), engine=engine)
+        p.map(inputs={"x": list(range(10)), "size": 10}, map_over="x")
+        shutil.rmtree(folder)
+        calls.write_text("")
+        p.map(inputs={"x": list(range(10, 20)), "size": 10}, map_over="x")
+        p.map(inputs={"x": list(range(10, 20)), "size": 10}, map_over="x")
+    assert sorted(int(x) for x in calls.read_text().split()) == list(range(10, 20))  # once: then served
+    assert DiskCache(folder).verify() == VerifyReport(checked=10, bad=[])  # signed with the key made with it
+    again = DiskCache(folder)  # a new process's view of it
+    out = Pipeline(nodes=[counted_blob], cache=again).map(inputs={"x": list(range(10, 20)), "size": 10}, map_over="x")
+    assert [o["blob"] for o in out] == [bytes([x]) * 10 for x in range(10, 20)] and again.hits == 10
+    if executor == "sequential":
+        [warning] = cache_warnings(caplog)
+        assert warning == f"cache {folder} was deleted while in use: it is made again, empty, at the next write"

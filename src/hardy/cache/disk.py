@@ -36,7 +36,7 @@ from .folders import Folder
 from .keys import MISS, PlanCache
 from .store import Buffer, Data, EntryInfo, LocalStore, Store
 from .tally import DAMAGED, FORGED, Tally, reason
-from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, sign, user_key
+from .trust import KEY_FILE, check_directory, load_key, mac_key, make_cache_directory, secret_bytes, sign, user_key
 
 log = logging.getLogger("hardy.cache")
 
@@ -110,7 +110,7 @@ class DiskCache(PlanCache):
         # refused here if it exists and is not ours; in a worker's copy at its first use (`__setstate__`)
         self._trusted = check_directory(self.path, shared, later=getattr(self, "_refusal_later", False))
         self._explicit_secret = secret
-        self._secret = _secret_bytes(secret) if secret is not None else None
+        self._secret = secret_bytes(secret) if secret is not None else None
         if self._secret is None and not os.environ.get("HARDY_CACHE_KEY"):
             self._existing_key()
         self._mac_key: bytes | None = None
@@ -121,7 +121,7 @@ class DiskCache(PlanCache):
         self._puts = 0
         self.hits = self.misses = self.rejected = self.skipped = 0
         self._theirs: set[bytes] = set()  # keys whose entries another secret wrote: not overwritten
-        self._tally = Tally()  # what went wrong since the last report
+        self._tally = Tally(self.path)  # what went wrong since the last report
         self._reported = 0  # skipped at the last report
         if remote:
             from .objectstore import BucketStore
@@ -169,7 +169,7 @@ class DiskCache(PlanCache):
         if self._secret is None:
             env = os.environ.get("HARDY_CACHE_KEY")
             if env:
-                self._secret = _secret_bytes(env)
+                self._secret = secret_bytes(env)
             elif self.shared:
                 self._secret = user_key()
             else:
@@ -203,13 +203,11 @@ class DiskCache(PlanCache):
 
     # --- faults: counted, summed up once, never raised into a node ----------------------------------
 
-    def _fault(self, action: str, exc: BaseException) -> None:
-        self._tally.fault(action, exc)
-
     def report(self) -> None:
         """One warning for everything that went wrong since the last report (a map's worth): entries
         that could not be read or written and why, entries deleted and why, entries of another
         secret skipped. Compiled plans' callers (a map, a worker's batch) call this at their end."""
+        self._moved()
         skipped = self.skipped - self._reported
         settle = getattr(self.store, "settle", None)  # a shared store: its publications, what it could not do
         shared: list[str] = settle() if settle is not None else []
@@ -246,7 +244,7 @@ class DiskCache(PlanCache):
             entry = self.store.view(key)
             value = MISS if entry is None else self._load(key, entry)
         except FAULTS as exc:
-            self._fault("read", exc)
+            self._tally.fault("read", exc)
             value = MISS
         if value is MISS:
             self.misses += 1
@@ -281,7 +279,7 @@ class DiskCache(PlanCache):
         try:
             self.store.delete(key)
         except FAULTS as exc:
-            self._fault("deleted", exc)
+            self._tally.fault("deleted", exc)
         return MISS
 
     def _verified(self, key: bytes, entry: Buffer) -> tuple[Any, str | None]:
@@ -327,11 +325,12 @@ class DiskCache(PlanCache):
                         type(value).__name__, exc)
             return False
         try:
+            self._moved()
             if not self._trusted:
                 self._trust(create=True)
             self.store.put(key, self._entry(key, payload, big))
         except FAULTS as exc:
-            self._fault("written", exc)
+            self._tally.fault("written", exc)
             return False
         self._puts += 1
         if self.max_size is not None and self._puts % 256 == 0:
@@ -345,6 +344,16 @@ class DiskCache(PlanCache):
             return MAGIC + bytes([VERSION]) + self.key_id + self._mac(key, payload) + payload
         body = laid_out(payload, big)
         return [MAGIC + bytes([BUFFERS]) + self.key_id + self._mac_pieces(key, body), *body]
+
+    def _moved(self) -> None:
+        """The store's directory deleted or replaced while in use (`LocalStore.moved`) is checked as a
+        new one, and made again (with a new key: its own went) at the next write, said once."""
+        if getattr(self.store, "moved", bool)():
+            if not os.path.isdir(self.path):
+                log.warning("cache %s was deleted while in use: it is made again, empty, at the next write", self.path)
+            self._trusted = False
+            if self._explicit_secret is None and not os.environ.get("HARDY_CACHE_KEY"):
+                self._secret = self._mac_key = self._key_id = None  # the key file's: read (or made) again
 
     def _locks(self, create: bool = True) -> Folder:
         """Single flight's folder: `<dir>/locks`, or in a shared directory `locks/<key format>/<key id>`
@@ -387,7 +396,7 @@ class DiskCache(PlanCache):
         try:
             return ahead(keys)  # type: ignore[no-any-return]
         except FAULTS as exc:
-            self._fault("read", exc)
+            self._tally.fault("read", exc)
             return None
 
     def fetch(self, keys: tuple[bytes, ...]) -> dict[bytes, Any]:
@@ -401,7 +410,7 @@ class DiskCache(PlanCache):
                 if value is not MISS:
                     found[key] = value
         except FAULTS as exc:
-            self._fault("read", exc)
+            self._tally.fault("read", exc, len(keys) - len(found))
         self.misses += len(keys) - len(found)
         return found
 
@@ -444,9 +453,9 @@ class DiskCache(PlanCache):
     def verify(self) -> VerifyReport:
         """Check every entry's MAC (and that it unpickles); bad ones are deleted, those written
         under another secret counted and kept."""
-        bad = []
-        es = self.entries()
-        skipped = self.skipped
+        bad, es, skipped = [], self.entries(), self.skipped
+        with contextlib.suppress(*FAULTS):
+            getattr(self.store, "sweep", self._sweep_locks)()  # files of no entry: killed writers' temporary files
         for e in es:
             before = self.skipped
             if self.get(e.key, MISS) is MISS and self.skipped == before:
@@ -455,9 +464,10 @@ class DiskCache(PlanCache):
 
     def prune(self, max_size: int | str | None = None, older_than: float | None = None) -> int:
         """Delete entries not used for `older_than` seconds, then least recently used ones until the
-        cache holds at most `max_size` bytes; then unreferenced files and stale locks. Returns how
-        many entries were deleted. A fault (even deleting needs room in SQLite's journal) stops it
-        there, counted for `report()`, never raised: pruning also runs inside `put`."""
+        cache holds at most `max_size` bytes (those with files first: on a full disk, removing them
+        makes the room the index's write needs); then unreferenced files and stale locks. Returns how
+        many entries were deleted. A fault stops it there, counted for `report()`, never raised:
+        pruning also runs inside `put`."""
         try:
             limit = parse_size(max_size)
         except (ValueError, OverflowError):
@@ -466,19 +476,17 @@ class DiskCache(PlanCache):
         deleted = 0
         try:
             es = self.entries()  # least recently used first
-            now, total = time.time(), sum(e.size for e in es)
+            now, total, victims = time.time(), sum(e.size for e in es), []
             for e in es:
                 if (older_than is not None and now - e.accessed > older_than) or (limit is not None and total > limit):
-                    self.store.delete(e.key)
+                    victims.append(e)
                     total -= e.size
-                    deleted += 1
-            sweep = getattr(self.store, "sweep", None)  # LocalStore's, and a shared store's local one
-            if sweep is not None:
-                sweep()
-            else:
-                self._sweep_locks()
+            for e in sorted(victims, key=lambda e: e.inline):  # files first: on a full disk they make room
+                self.store.delete(e.key)
+                deleted += 1
+            getattr(self.store, "sweep", self._sweep_locks)()  # LocalStore's, and a shared store's local one
         except FAULTS as exc:
-            self._fault("pruned", exc)
+            self._tally.fault("pruned", exc)
         return deleted
 
     def clear(self) -> None:
@@ -490,7 +498,3 @@ class DiskCache(PlanCache):
         took away, leaves the entries cleared or pruned all the same)."""
         with contextlib.suppress(*FAULTS), self._locks(create=False) as locks:
             sweep_locks(locks)
-
-
-def _secret_bytes(secret: bytes | str) -> bytes:
-    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()

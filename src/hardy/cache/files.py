@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ..model.arguments import bad
-from .folders import Folder, open_named
+from .folders import Folder, copy_fd, open_named, unreadable
 from .s3 import half_the_memory
-from .store import Buffer, Data, EntryInfo, LocalStore, Store, copy_fd, pieces, unreadable
+from .store import Buffer, Data, EntryInfo, LocalStore, Store, pieces
 
 
 class FileStore:

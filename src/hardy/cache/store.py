@@ -26,10 +26,10 @@ more, and SQLite gives atomic, concurrent, crash-safe writes from any number of 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
-import mmap
 import os
 import sqlite3
 import stat
@@ -40,13 +40,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import flight
-from .folders import Folder, open_named
-from .s3 import half_the_memory
+from .folders import Folder, map_or_copy, open_named, read_fd
+from .folders import unreadable as unreadable  # (read here by observe/report.py)
 
 log = logging.getLogger("hardy.cache")
 
 INLINE_MAX = 256 << 10
-HOLES_ALLOWED = 1 << 20  # bytes of a file's size its blocks may fall short of (block rounding, a tiny inline file)
 _generation = 0  # bumped in a forked child: SQLite connections must never cross a fork
 
 
@@ -57,6 +56,8 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 TOUCH_EVERY = 3600.0  # seconds: last-access times are refreshed at most this often (LRU granularity)
+WRITABLE_AGAIN = 5.0  # seconds: an index opened read-only because it could not be opened for writing is tried again
+FULL_BELOW = 1 << 20  # bytes available under which a disk that refuses the index is said to be full
 
 
 @dataclass(frozen=True)
@@ -122,65 +123,6 @@ def pieces(data: Data) -> Sequence[Buffer]:
     return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
-def unreadable(st: os.stat_result, limit: int | None = None) -> str | None:
-    """Why a regular file someone else may have written is no file of hardy's to read into memory,
-    told by its `fstat` alone; None if it may be read. hardy writes its files whole, so one with
-    holes (a sparse terabyte costs its writer no disk, and its reader the time and memory of
-    reading every zero) is not; nor is one bigger than `limit` (default: half the memory this
-    process may use, `s3.half_the_memory`, the cap a bucket's objects are read under)."""
-    if st.st_size - st.st_blocks * 512 > HOLES_ALLOWED:
-        return f"a sparse file ({st.st_size:,} bytes long, {st.st_blocks * 512:,} on disk)"
-    limit = half_the_memory() if limit is None else limit
-    if st.st_size > limit:
-        return f"{st.st_size:,} bytes, more than the {limit:,} read at most"
-    return None
-
-
-def read_fd(fd: int) -> bytes:
-    """The whole of a regular file (anything else, a FIFO planted to hang the reader, is refused;
-    someone else's file too if it is `unreadable`)."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, "not a regular file")
-    if st.st_uid != os.geteuid() and (why := unreadable(st)):
-        raise OSError(errno.EFBIG, f"not read: {why}")
-    with open(fd, "rb", closefd=False) as f:
-        return f.read()
-
-
-def map_or_copy(fd: int) -> Buffer:
-    """A private copy-on-write mapping of the file: its pages are read from the page cache on first
-    touch, not copied; whoever holds it may write into it (numpy arrays unpickled over it are
-    writable) without changing the file. Replacing or deleting the file (atomic rename, unlink: all
-    the cache ever does to a blob) leaves the mapping as it was.
-
-    A mapping dies (SIGBUS) when its file is truncated later, so only files nobody else can
-    truncate are mapped: the current user's, read-only (blobs are written 0444; an older writable
-    one of ours is made read-only here). Anyone else's file is read into memory of our own: one
-    copy, and a truncation meanwhile makes a short entry that fails its MAC; never one that is
-    `unreadable` (sparse, or bigger than half the memory)."""
-    from ..buffers import map_fd  # here: `import hardy` does not load ctypes
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, "not a regular file")
-    if st.st_uid != os.geteuid():
-        if why := unreadable(st):
-            raise OSError(errno.EFBIG, f"not read: {why}")
-        return copy_fd(fd, st.st_size)
-    if st.st_mode & 0o222:
-        os.fchmod(fd, 0o444)
-    return map_fd(fd, st.st_size, mmap.MAP_PRIVATE) if st.st_size else b""
-
-
-def copy_fd(fd: int, size: int) -> memoryview:
-    """Up to `size` bytes of the file into a buffer of our own (which the caller may keep and write into)."""
-    data = bytearray(size)
-    view, done = memoryview(data), 0
-    while done < size and (n := os.readv(fd, [view[done:]])):
-        done += n
-    return view[:done]
-
-
 class LocalStore:
     """A cache directory of the current user's: a SQLite index plus blob files. Safe for many
     processes and threads.
@@ -192,8 +134,9 @@ class LocalStore:
         self.path = os.fspath(path)
         self.blobs = os.path.join(self.path, "blobs")
         self._db = os.path.join(self.path, INDEX)
-        self._local = threading.local()
+        self._local = threading.local()  # conn, generation; unwritable and until for a read-only fallback
         self._folders: dict[str, Folder] = {}  # the directory and its blobs folder, opened once per object
+        self._here: tuple[int, int] | None = None  # (device, inode) of the index the connections opened
 
     def exists(self) -> bool:
         return os.path.exists(self._db)
@@ -220,22 +163,102 @@ class LocalStore:
     # --- connection per process and thread (never reused across fork) ---------------------------
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.generation == _generation:
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.generation == _generation and (local.until is None or
+                                                                      time.monotonic() < local.until):
             return conn
-        conn = self._open()
-        self._local.conn, self._local.generation = conn, _generation
-        return conn
+        local.unwritable = local.until = None
+        local.conn, local.generation = self._open(), _generation
+        return local.conn  # type: ignore[no-any-return]
 
     def _open(self) -> sqlite3.Connection:
         for attempt in range(2):
             try:
                 return self._connect()
             except sqlite3.DatabaseError as exc:
-                if attempt or not is_corruption(exc):
+                if not attempt and is_corruption(exc):
+                    self._quarantine(exc)
+                    continue
+                if is_corruption(exc) or "locked" in str(exc) or not self.exists():
                     raise
-                self._quarantine(exc)
+                return self._fallback(exc)
         raise AssertionError("unreachable")
+
+    def _fallback(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """An index that exists but cannot be opened for writing (a full disk: WAL mode must make its
+        -shm file, 32 KiB, and SQLite cannot read a WAL database without it unless told that nobody
+        writes it) is read without creating anything, so everything stored is served; writes fail
+        at once with why (`_writable`), and a writable connection is tried again after
+        `WRITABLE_AGAIN` seconds. Read `immutable`, unless a writer left a write-ahead log with its
+        -shm (then through them, as any reader, where they can be read): nobody can write to a full
+        disk, and one that frees space and writes within those seconds can at worst make this
+        reader see a torn page: an error (never taken for damage here: `_run`) or bytes whose MAC
+        fails."""
+        try:
+            disk = os.statvfs(self.path)
+            full = disk.f_bavail * disk.f_frsize < FULL_BELOW or disk.f_favail == 0
+        except OSError:
+            full = False
+        why = (errno.ENOSPC if full else errno.EIO, f"{'disk full' if full else exc}: the cache index {self._db} "
+               "cannot be written")
+        for frozen in (False, True) if _unfolded(self._db) else (True,):
+            conn = self._read_only(frozen)
+            try:
+                conn.execute("SELECT 1 FROM entries LIMIT 0")  # (opening reads nothing yet)
+                break
+            except sqlite3.Error:
+                conn.close()
+                if frozen and full:
+                    raise OSError(*why) from exc
+                if frozen:
+                    raise exc from None
+        self._local.unwritable, self._local.until = why, time.monotonic() + WRITABLE_AGAIN
+        return conn
+
+    def _read_only(self, frozen: bool) -> sqlite3.Connection:
+        """The index opened read-only: `frozen`, as immutable (no -shm, no lock, nothing created)."""
+        self._mark()
+        return sqlite3.connect(f"file:{self._db}?{'immutable=1' if frozen else 'mode=ro'}", uri=True,
+                               isolation_level=None, check_same_thread=False)
+
+    def _writable(self, retry: bool = False) -> sqlite3.Connection:
+        """The connection, for a write: a read-only fallback (`_fallback`) is given up for a writable
+        one when its time is up, or at once with `retry` (room was just made); until then a write
+        fails at once, saying why."""
+        if retry and getattr(self._local, "unwritable", None) is not None:
+            self._local.conn = None
+        conn = self._conn()
+        if (why := getattr(self._local, "unwritable", None)) is not None:
+            raise OSError(*why)
+        return conn
+
+    def _mark(self) -> None:
+        """Remember which index file the connections open (`moved`)."""
+        with contextlib.suppress(OSError):
+            st = os.stat(self._db)
+            self._here = (st.st_dev, st.st_ino)
+
+    def moved(self) -> bool:
+        """Whether the index this store opened is no longer at its path: its directory deleted or
+        replaced while in use (`rm -rf`, a temporary-file cleaner), or the index moved aside as
+        damaged by another process. Everything opened is then let go (each thread's connection,
+        and the folders' descriptors, closed once nobody uses them), so the next use opens, or
+        makes, what is there now; until then reads come from the deleted files and writes go into
+        them, to vanish at exit. One `stat`: DiskCache asks before each write and after each map,
+        never on a hit."""
+        if self._here is None:
+            return False
+        try:
+            st = os.stat(self._db)
+            if (st.st_dev, st.st_ino) == self._here:
+                return False
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError:  # (unreadable now: its faults will say so)
+            return False
+        self._here, self._local, self._folders = None, threading.local(), {}
+        return True
 
     def _connect(self) -> sqlite3.Connection:
         """A connection to the index, set up. When several processes open a fresh index at once,
@@ -247,11 +270,9 @@ class LocalStore:
             # its writer ended before folding its write-ahead log into it (a process killed, or one
             # whose workers still held the index): SQLite reads that log read-only through the -shm
             # file beside it. A directory only we cannot write to is opened read-only, seeing others' writes.
-            frozen = os.statvfs(self.path).f_flag & os.ST_RDONLY and not _unfolded(self._db)
-            mode = "immutable=1" if frozen else "mode=ro"
-            return sqlite3.connect(f"file:{self._db}?{mode}", uri=True, isolation_level=None,
-                                   check_same_thread=False)
+            return self._read_only(bool(os.statvfs(self.path).f_flag & os.ST_RDONLY) and not _unfolded(self._db))
         self._private_index()
+        self._mark()
         delay, deadline = 0.002, time.monotonic() + 60
         while True:
             conn = sqlite3.connect(self._db, timeout=60, isolation_level=None, check_same_thread=False)
@@ -310,12 +331,12 @@ class LocalStore:
             except OSError:
                 pass
 
-    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    def _run(self, sql: str, args: tuple[Any, ...] = (), write: bool = False, retry: bool = False) -> list[Any]:
         try:
-            return self._conn().execute(sql, args).fetchall()
+            return (self._writable(retry) if write else self._conn()).execute(sql, args).fetchall()
         except sqlite3.DatabaseError as exc:
-            if not is_corruption(exc):
-                raise
+            if not is_corruption(exc) or getattr(self._local, "unwritable", None) is not None:
+                raise  # (a read-only fallback's torn read is no damage: `_fallback`)
             self._quarantine(exc)
             return self._conn().execute(sql, args).fetchall()
 
@@ -344,14 +365,15 @@ class LocalStore:
             try:
                 data = self._read_blob(key, file, read)
             except OSError:  # gone, or a row that names no blob of this key
-                self.delete(key)
+                with contextlib.suppress(sqlite3.Error, OSError):  # (a full disk's index: a miss all the same)
+                    self.delete(key)
                 return None
         elif not isinstance(data, bytes):  # a row hardy did not write: an entry that fails verification
             data = b""  # type: ignore[assignment]
         now = time.time()
         if now - number(accessed) > TOUCH_EVERY:
             try:
-                self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key))
+                self._run("UPDATE entries SET accessed = ? WHERE key = ?", (now, key), write=True)
             except (sqlite3.Error, OSError):  # read-only or full: only LRU order suffers
                 pass
         return data
@@ -391,27 +413,29 @@ class LocalStore:
         size = sum(memoryview(piece).nbytes for piece in pieces(data))
         if size <= INLINE_MAX:
             row = b"".join(pieces(data))
-            self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, row, size, now, now))
+            self._run("INSERT OR REPLACE INTO entries VALUES (?, ?, NULL, ?, ?, ?)", (key, row, size, now, now),
+                      write=True)
             return
         name = blob_name(key)
         with self._blobs(create=True).sub(name[:2], create=True) as shard:
             shard.write(key.hex(), pieces(data))
             try:
-                self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, size, now, now))
+                self._run("INSERT OR REPLACE INTO entries VALUES (?, NULL, ?, ?, ?, ?)", (key, name, size, now, now),
+                          write=True)
             except BaseException:  # no entry refers to the blob: do not leave it taking space
                 shard.unlink(key.hex())
                 raise
 
     def delete(self, key: bytes) -> None:
-        rows = self._run("DELETE FROM entries WHERE key = ? RETURNING file", (key,))
-        for (file,) in rows:
-            if file:
-                try:
-                    self._blob(key, file)
-                    with self._blobs().sub(file[:2]) as shard:
-                        shard.unlink(key.hex())
-                except OSError:
-                    pass
+        """The key's blob file first, if it has one (removing a file takes no room: on a full disk
+        that makes the room the index's write needs), then its row."""
+        name = blob_name(key)
+        try:
+            with self._blobs().sub(name[:2]) as shard:
+                freed = shard.unlink(key.hex())
+        except OSError:
+            freed = False
+        self._run("DELETE FROM entries WHERE key = ?", (key,), write=True, retry=freed)
 
     def _blob(self, key: bytes, file: str) -> str:
         """The blob file of `key`, whose index row names `file`: always the key's own name, so an
@@ -429,8 +453,14 @@ class LocalStore:
         yield from sorted(found, key=lambda e: e.accessed)
 
     def clear(self) -> None:
+        """Every entry deleted; on a full disk, where the index cannot be written, the blob files
+        first (which makes room for it)."""
         if self.exists():
-            self._run("DELETE FROM entries")
+            try:
+                self._run("DELETE FROM entries", write=True)
+            except (sqlite3.Error, OSError):
+                self._sweep_blobs(0, keep=set())
+                self._run("DELETE FROM entries", write=True, retry=True)
         self.sweep(0)
 
     def locks(self, create: bool = False) -> Folder:
@@ -438,9 +468,9 @@ class LocalStore:
         return self.folder(create).sub("locks", create=create)
 
     def sweep(self, older_than: float = 3600.0) -> int:
-        """Remove blob files no entry refers to (left by a writer killed between rename and insert),
-        temporary files older than `older_than` seconds and lock files nobody holds. Returns how
-        many files were removed."""
+        """Remove blob files no entry refers to that are older than `older_than` seconds (left by a
+        writer killed between rename and insert), temporary files their writer left when killed
+        (`Folder.sweep`) and lock files nobody holds. Returns how many files were removed."""
         removed = self._sweep_blobs(older_than) if self.exists() else 0
         try:
             with self.locks() as locks:
@@ -448,21 +478,20 @@ class LocalStore:
         except FileNotFoundError:
             return removed
 
-    def _sweep_blobs(self, older_than: float) -> int:
-        known = {f for (f,) in self._run("SELECT file FROM entries WHERE file IS NOT NULL")}
+    def _sweep_blobs(self, older_than: float, keep: set[str] | None = None) -> int:
+        """Blob files no entry refers to (none kept with `keep=set()`), older than `older_than`."""
+        known = {f for (f,) in self._run("SELECT file FROM entries WHERE file IS NOT NULL")} if keep is None else keep
         removed, now = 0, time.time()
         try:
             blobs = self._blobs()
         except FileNotFoundError:
             return 0
-        for shard, name in blobs.files(depth=1):
-            try:
-                old = now - shard.lstat(name).st_mtime >= older_than
-            except OSError:
-                continue
-            if f"{os.path.basename(shard.path)}/{name}" not in known and old:
-                try:
-                    removed += shard.unlink(name)
-                except OSError:
-                    pass
+        for shard in blobs.names():
+            with contextlib.suppress(OSError), blobs.sub(shard) as folder:
+                removed += folder.sweep()  # temporary files their writers left when killed (a live one's is locked)
+                for name in folder.names():
+                    with contextlib.suppress(OSError):
+                        if (f"{shard}/{name}" not in known and not name.endswith(".tmp")
+                                and now - folder.lstat(name).st_mtime >= older_than):
+                            removed += folder.unlink(name)
         return removed

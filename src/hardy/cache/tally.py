@@ -25,13 +25,14 @@ class Tally:
     """Counters of one map's faults (the node ran uncached), deletions (recomputed) and notes
     (done otherwise than asked), by reason."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str = "") -> None:
+        self.where = where  # the cache's directory, in the fix a full disk's warning gives
         self.faults: collections.Counter[str] = collections.Counter()
         self.deleted: collections.Counter[str] = collections.Counter()
         self.notes: collections.Counter[str] = collections.Counter()
 
-    def fault(self, action: str, exc: BaseException) -> None:
-        self.faults[f"could not be {action} ({reason(exc)})"] += 1
+    def fault(self, action: str, exc: BaseException, n: int = 1) -> None:
+        self.faults[f"could not be {action} ({reason(exc)})"] += n
 
     def __bool__(self) -> bool:
         return bool(self.faults or self.deleted or self.notes)
@@ -39,8 +40,11 @@ class Tally:
     def parts(self, elsewhere: list[str]) -> list[str]:
         """The counts in words, `elsewhere` (a bucket's own) after the faults; then forgotten."""
         parts = [f"{entries(n)} {what}" for what, n in self.faults.most_common()]
-        if self.faults:
+        if any("could not be pruned" not in what for what in self.faults):  # (pruning runs in `put` too)
             parts[-1] += "; those nodes ran uncached"
+        fixes = dict.fromkeys(full_disk(what.split()[3], self.where) for what in self.faults
+                              if what.endswith("(disk full)"))  # ("could not be <action> (disk full)")
+        parts[-1:] = [part + "".join(f"; {fix}" for fix in fixes) for part in parts[-1:]]
         parts += elsewhere
         parts += [f"{n} {what} entr{'y' if n == 1 else 'ies'} deleted and recomputed" if what == DAMAGED else
                   f"{entries(n)} {what} deleted and recomputed" for what, n in self.deleted.most_common()]
@@ -49,6 +53,15 @@ class Tally:
         self.deleted.clear()
         self.notes.clear()
         return parts
+
+
+def full_disk(action: str, where: str) -> str:
+    """What to do when the disk of the cache `where` is full and an entry could not be `action`."""
+    if action in ("read", "written"):
+        return (f"free space on its disk: `hardy cache prune {where} --max-size SIZE` deletes this cache's least "
+                "recently used entries (`DiskCache(max_size=...)` keeps it under a size)")
+    return ("its index needs room on the disk to record a deletion: free space elsewhere on that disk, or delete "
+            f"{where} while no process uses it")
 
 
 def reason(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ same few lines).
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 
@@ -42,6 +43,11 @@ def mac_key(secret: bytes, purpose: str) -> bytes:
     """The MAC key of one purpose, derived from a secret (keyed BLAKE3 takes exactly 32 bytes): what
     is signed for one purpose (a cache entry, a failed item's kept inputs) never verifies as another's."""
     return blake3(secret, derive_key_context=f"hardy {purpose} MAC v3").digest()
+
+
+def secret_bytes(secret: bytes | str) -> bytes:
+    """A secret as given (`secret=`, HARDY_CACHE_KEY), of any length, as 32 bytes."""
+    return hashlib.sha256(secret.encode() if isinstance(secret, str) else secret).digest()
 
 
 def sign(key: bytes, *pieces: bytes | bytearray | memoryview) -> bytes:

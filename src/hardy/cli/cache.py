@@ -134,11 +134,13 @@ def prune(folder: str | None = FOLDER, path: str = DIR,
     path = folder or path
     days = None if older_than is None else older_than * 86400
     from ..errors import InvalidArgument
+    cache = _open(path, remote, endpoint)
     try:
-        n = _open(path, remote, endpoint).prune(max_size=max_size, older_than=days)
+        n = cache.prune(max_size=max_size, older_than=days)
     except InvalidArgument as exc:
         raise typer.BadParameter(str(exc), param_hint="--max-size") from None
     typer.echo(f"deleted {n} entries")
+    cache.report()  # what could not be deleted and why (a full disk's index), in one warning
 
 
 @app.command(cls=PlainUsage)
@@ -149,5 +151,13 @@ def clear(folder: str | None = FOLDER, path: str = DIR, yes: bool = typer.Option
     cache = _open(path)  # first: a folder that holds no cache is said so before anything is asked
     if not yes:
         typer.confirm(f"delete every entry in {path}?", abort=True)
-    cache.clear()
+    from ..cache.disk import FAULTS
+    from ..cache.tally import full_disk, reason
+    try:
+        cache.clear()
+    except FAULTS as exc:  # its files are deleted; its index could not be written
+        why = reason(exc)
+        typer.echo(f"cannot clear {path}: {why}" + (f"; {full_disk('cleared', path)}" if why == "disk full" else ""),
+                   err=True)
+        raise typer.Exit(1) from None
     typer.echo("cleared")
