@@ -290,3 +290,45 @@ def test_the_import_matrix_imports_nothing_from_the_working_directory(tmp_path, 
     (cell,) = import_matrix(["json"], repeat=1)
     assert cell.failures == 0
     assert not (tmp_path / "planted-ran").exists()
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_a_cache_folder_that_cannot_be_written_is_named_not_the_compiler_and_keeps_no_scratch(tmp_path, how):
+    """XDG_CACHE_HOME on a read-only mount or a full disk, with gcc installed: the doctor names the
+    folder and the fix, not "install a C compiler"; and neither it nor a process's first map leaves
+    the handler's scratch source behind (a full disk takes the file, then refuses its bytes)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is the compiler the doctor must not advise: it has to be installed")
+    disk, source = tmp_path / "cache", tmp_path / "source"
+    disk.mkdir()
+    source.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)] if how == "full" else \
+        ["mount", "--bind", "-o", "ro", str(source), str(disk)]
+    if subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("needs root, to mount a full or read-only file system")
+    try:
+        if how == "full":
+            with open(disk / "fill", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                except OSError:
+                    pass
+        env = {**os.environ, "XDG_CACHE_HOME": str(disk), "HARDY_NATIVE_HANDLER": "auto"}
+        run = hardy_cli("doctor", "--json", env=env, timeout=120)
+        mapped = subprocess.run([sys.executable, "-c", "from hardy import Pipeline, node\n"
+                                 "f = node(output_name='y')(lambda x: x + 1)\n"
+                                 "print(Pipeline([f]).map(inputs={'x': [1, 2]}, map_over='x'))"],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert mapped.stdout == "[{'y': 2}, {'y': 3}]\n", mapped.stderr
+        left = sorted(p.name for p in disk.rglob("*"))
+        assert left == (["fill", "hardy", "native"] if how == "full" else []), left
+        said = [f["message"] for f in json.loads(run.stdout)["findings"] if f["topic"] == "forensics"][0]
+        reason = "No space left on device" if how == "full" else "Read-only file system"
+        fix = "free space on its disk" if how == "full" else "make it writable"
+        assert said.startswith(f"native frames of crashes: the ctypes fallback (hardy's cache folder {disk}/hardy "
+                               f"cannot be written ({reason}), so the native handler cannot be built there: {fix}, "
+                               "or set XDG_CACHE_HOME to a folder that can be written): "), said
+        assert "C compiler" not in said
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

@@ -1023,3 +1023,149 @@ def _run_from_a_shared_folder(base: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[2, 4]"
     assert not marker.exists(), marker.read_text()
+
+
+CLOSED_STDIO = """
+import os, signal, sys
+from hardy import Engine, Failed, Pipeline, node
+
+@node(output_name="y")
+def chatty(x):
+    os.write(2, b"native lib: warming up\\n" * 20)  # what a C library's fprintf(stderr, ...) does
+    if x == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [os.readlink(f"/proc/self/fd/{fd}") if os.path.lexists(f"/proc/self/fd/{fd}") else "closed"
+            for fd in range(3)]
+
+with open(sys.argv[1], "w") as said, Engine(workers=1, start_method=sys.argv[2] or None) as engine:
+    for out in Pipeline([chatty], engine=engine).map(inputs={"x": [0, 1, 2, 3]}, map_over="x", on_error="continue"):
+        print(str(out.error).partition("Python stack at the crash:")[2] if isinstance(out, Failed) else out["y"],
+              file=said)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["", "spawn", "fork!"])
+@pytest.mark.parametrize("closed", [">&- 2>&-", "<&- >&- 2>&-"])
+def test_a_script_started_with_its_standard_streams_closed_keeps_stderr_out_of_crash_records(
+        tmp_path, start_method, closed):
+    """A daemon's or a supervisor's script, its standard streams closed: each descriptor a worker
+    receives would take the lowest free number, so its crash record was its stderr, and a node's
+    (or a C library's) writes there showed as the stack of a later crash. Workers get /dev/null
+    where the script's streams are closed, on every start method: the crash shows its stack."""
+    script = _script(tmp_path, CLOSED_STDIO)
+    said = tmp_path / "said.txt"
+    done = subprocess.run(["bash", "-c", f"exec {sys.executable} {script} {said} '{start_method}' {closed}"],
+                          env=_env(tmp_path), timeout=120)
+    assert done.returncode == 0
+    lines = said.read_text().split("\n", 3)
+    assert lines[:2] == [str(["/dev/null"] * 3)] * 2, lines
+    assert "native lib" not in lines[2] + lines[3], lines
+    assert "line 9 in chatty" in lines[3], lines
+
+
+LIMITED = """
+import resource, subprocess, sys
+from hardy import Engine, Pipeline, node
+
+@node(output_name="y")
+def square(x):
+    return x * x
+
+limit, room, method, workers = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4])
+resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+engine = Engine(map_executor="process", workers=workers, start_method=method)
+others = []
+try:
+    if room >= 0:  # the pool made, the user's other processes leave room for `room` more
+        engine.process_pool()
+        while True:
+            try:
+                others.append(subprocess.Popen(["sleep", "60"]))
+            except BlockingIOError:
+                break
+        for p in others[:room]:
+            p.kill()
+            p.wait()
+        del others[:room]
+    print(sum(o["y"] for o in Pipeline([square], engine=engine).map(inputs={"x": list(range(20))}, map_over="x")))
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+finally:
+    for p in others:
+        p.kill()
+        p.wait()
+"""
+
+
+def _as_a_user_of_its_own(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`script` run as a uid no process uses (RLIMIT_NPROC counts a real uid's processes and threads,
+    and never root's), with this interpreter reached through a bind mount of its prefix in a mount
+    namespace of its own (a prefix under /root is root's only); asserts none of its processes is left."""
+    import sysconfig
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+        pytest.skip("needs root, unshare and setpriv, to act as another user")
+    uid = next(u for u in range(40000 + os.getpid() % 20000, 70000) if not _processes_of(u))
+    work = Path(tempfile.mkdtemp(prefix="hardy-nproc-"))
+    try:
+        work.chmod(0o755)
+        (work / "py").mkdir()
+        (work / "home").mkdir()
+        os.chown(work / "home", uid, uid)
+        (work / "user.py").write_text(textwrap.dedent(script))
+        (work / "user.py").chmod(0o644)
+        prefix = sys.base_prefix
+        python, site = (os.path.join(work, "py", os.path.relpath(p, prefix))
+                        for p in (os.path.realpath(sys.executable), sysconfig.get_paths()["purelib"]))
+        env = {"HOME": str(work / "home"), "TMPDIR": str(work / "home"), "PATH": "/usr/bin:/bin",
+               "PYTHONPATH": f"{SRC}:{site}", "HARDY_NATIVE_HANDLER": "ctypes"}  # (a compiler's forks: not counted on)
+        command = " ".join(["mount --bind", prefix, str(work / "py"), "&& exec setpriv", f"--reuid={uid}",
+                            f"--regid={uid} --clear-groups", python, str(work / "user.py"), *(repr(a) for a in args)])
+        done = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, env=env,
+                              cwd=work / "home", timeout=240)
+        deadline = time.monotonic() + GONE_WITHIN
+        while _processes_of(uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_of(uid) == [], "processes left"
+        return done
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The running processes (zombies aside) whose real uid is `uid`."""
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        if proc.info["uids"] and proc.info["uids"].real == uid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.slow  # a second user id
+@pytest.mark.parametrize("limit, room, method, workers, said", [
+    (5, -1, "", 2, r"2 workers need about 5 more processes and threads \(a fork server, and 2 for each worker\), and "
+                   r"this user may run 5 processes and threads at once \(ulimit -u\), and runs \d+: use fewer "
+                   r"workers, or raise the limit \(ulimit -u\)"),
+    (6, 0, "", 1, r"a worker could not start: the fork server \(no preload\) could not fork a worker \(\[Errno 11\] "
+                  r"Resource temporarily unavailable\): this user may run 6 processes and threads at once "
+                  r"\(ulimit -u\), and runs \d+: use fewer workers \(Engine\(workers=\.\.\.\)\), or raise the limit "
+                  r"\(ulimit -u\)"),
+    (6, 1, "", 1, r"worker processes die while setting up, before reading any work \(3 in a row\): they run out of "
+                  r"processes: this user may run 6 processes and threads at once \(ulimit -u\), and runs \d+: use "
+                  r"fewer workers \(Engine\(workers=\.\.\.\)\), or raise the limit \(ulimit -u\)"),
+    (6, 0, "spawn", 1, r"the fork server could not start: Resource temporarily unavailable: this user may run 6 "
+                       r"processes and threads at once \(ulimit -u\), and runs \d+: use fewer workers"),
+    (6, 0, "fork!", 1, r"a worker could not start: Resource temporarily unavailable: this user may run 6 processes "
+                       r"and threads at once \(ulimit -u\), and runs \d+: use fewer workers"),
+], ids=["before any worker", "the server's fork", "a worker's thread", "the server's start", "a fork of this process"])
+def test_out_of_processes_says_so_and_leaves_nothing(tmp_path, limit, room, method, workers, said):
+    """Past `ulimit -u` (RLIMIT_NPROC: every process and thread of a user), a fork or a thread's
+    start fails with EAGAIN: one error names the limit and the fix, whichever start failed (the
+    pool's estimate before any worker, a fork server's fork or its own start, a fork of this process,
+    a worker's thread), with no second traceback at exit and no process left."""
+    import re
+    done = _as_a_user_of_its_own(tmp_path, LIMITED, str(limit), str(room), method, str(workers))
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, \
+        done.stderr
+    assert re.fullmatch(f"WorkerStartError: {said}.*", done.stdout.strip()), done.stdout
+    enough = _as_a_user_of_its_own(tmp_path, LIMITED, "64", "-1", method, str(workers))
+    assert enough.stdout.strip() == "2470", enough.stdout + enough.stderr

@@ -3,6 +3,7 @@ JSON files, and the HTML page loaded in a real headless Chromium."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -148,6 +149,59 @@ def test_what_the_report_cannot_make_never_costs_the_results(tmp_path):
     assert ("<svg" in page) if dag["svg"] else ("<li>undecodable</li>" in page)
     assert "data_\\udcff.csv" in page  # shown escaped
     assert sorted(os.listdir(tmp_path)) == ["r.html", "taken"]  # and no temporary file left
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+@pytest.mark.parametrize("how", ["read-only", "a file in the way"])
+def test_keep_failed_inputs_where_no_state_folder_can_be_made_returns_the_results(tmp_path, monkeypatch, executor,
+                                                                                   how):
+    """keep_failed_inputs=True where `~/.local/state` cannot be made (a service user's
+    HOME=/nonexistent, a read-only home, a file where a folder should be): the results come back
+    with one warning, as with a report_dir that cannot be written, and nothing is made."""
+    home = tmp_path / "home"
+    if how == "read-only":
+        home.mkdir()
+        if subprocess.run(["mount", "--bind", "-o", "ro", str(home), str(home)], capture_output=True).returncode:
+            pytest.skip("a read-only mount needs root")
+    else:
+        home.write_text("a file, not a folder")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    try:
+        p = pipeline(Engine(map_executor=executor, workers=1, keep_failed_inputs=True))
+        with pytest.warns(RuntimeWarning) as said:
+            out = p.map(inputs={"x": list(range(6))}, map_over="x", on_error="continue")
+        assert os.listdir(tmp_path) == ["home"] and (how != "read-only" or os.listdir(home) == [])
+    finally:
+        if how == "read-only":
+            subprocess.run(["umount", "-l", str(home)], check=True)
+    assert [o["b"] if isinstance(o, dict) else "failed" for o in out] == [2, 4, 6, "failed", 10, 12]
+    (line,) = [str(w.message) for w in said if "could not be kept" in str(w.message)]
+    assert line.startswith("hardy: the inputs of 1 failed item(s) could not be kept: "
+                           f"{home / 'state' / 'hardy' / 'reports'} cannot be made (")
+    assert line.endswith("set XDG_STATE_HOME to a folder you can write, or give Engine(report_dir=...)")
+    assert how != "read-only" or "Read-only file system" in line
+    assert "\n" not in line and p.report().to_dict()["failed"] == 1
+
+
+def test_a_report_that_cannot_be_written_leaves_no_inputs_folder(tmp_path):
+    """A full disk under report_dir: the kept inputs' folder can be made, the report cannot; the
+    results come back with the warning, and no `<report>.inputs/` folder is left that no report names."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip("a full disk needs a tmpfs mount (root)")
+    try:
+        with open(disk / "fill", "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+        p = pipeline(Engine(map_executor="sequential", report_dir=disk))
+        with pytest.warns(RuntimeWarning, match="the run report could not be written to .*No space left on device"):
+            out = p.map(inputs={"x": list(range(5))}, map_over="x", on_error="continue")
+        assert len(out) == 5 and os.listdir(disk) == ["fill"]
+        assert p.report().to_dict()["failures"][0]["kept_inputs"].startswith("not kept: ")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_a_map_where_everything_failed_lists_every_failure_and_shows_the_first(tmp_path):

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_handler.c")
 SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
 MAX_FRAMES = 64
+NO_COMPILER = "no C compiler found ($CC, cc, gcc)"  # (`open_handler`'s why, for which the doctor's fix is gcc)
 _PC_OFFSET = {"x86_64": 168, "aarch64": 440}  # the pc in a glibc ucontext_t (REG_RIP; mcontext.pc)
 _SIGNAL_ARRAY = ctypes.c_int * 8  # signal numbers for C (the type made in the fork server: 70 us in a worker)
 
@@ -131,9 +132,12 @@ def _compile(folder: Folder, name: str, source: bytes, cc: str, preload: bool) -
     cc = os.path.abspath(cc)  # (found on a relative PATH entry: it runs elsewhere)
     scratch = f".{name}.{os.urandom(8).hex()}"
     fd = folder.open(scratch + ".c", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:  # the source hashed, not the file (which may change)
-        f.write(source)
     try:
+        try:
+            with os.fdopen(fd, "wb") as f:  # the source hashed, not the file (which may change)
+                f.write(source)
+        except OSError as exc:  # (a full disk says so as the file closes)
+            raise _Refused(unwritable(os.path.dirname(folder.path), exc)) from None
         done = subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DHARDY_PRELOAD"] if preload else []), "-o",
                                scratch + ".so", scratch + ".c"], cwd=f"/proc/self/fd/{folder.fd}",
                               capture_output=True, text=True, timeout=60)
@@ -174,13 +178,23 @@ def open_handler(preload: bool = False) -> tuple[int | None, str, str]:
             pass
         cc = compiler()
         if cc is None:
-            return None, path, "no C compiler found ($CC, cc, gcc)"
+            return None, path, NO_COMPILER
         with _native_folder(create=True) as folder:
             return _compile(folder, name, source, cc, preload), path, ""
     except _Refused as exc:
         return None, path, str(exc)
     except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            return None, path, unwritable(cache_folder(), exc)
         return None, path, f"cannot build or open {path}: {exc}"
+
+
+def unwritable(folder: str, exc: OSError) -> str:
+    """Why the handler is not built when hardy's cache folder cannot take it (a read-only mount, a
+    full disk or quota): the folder and the fix, not the compiler, which is there."""
+    fix = "free space on its disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    return (f"hardy's cache folder {folder} cannot be written ({exc.strerror}), so the native handler cannot be "
+            f"built there: {fix}, or set XDG_CACHE_HOME to a folder that can be written")
 
 
 def build(preload: bool = False) -> tuple[str | None, str]:

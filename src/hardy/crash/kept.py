@@ -82,6 +82,23 @@ def keep(report: str | os.PathLike[str], pipeline: Any, items: Mapping[int, dict
         return _keep_each(kept, key, pipeline, items, dump)
 
 
+def discard(report: str | os.PathLike[str]) -> None:
+    """Remove what `keep` wrote beside `report`, and its folder once empty: for a report that could
+    not be written (a full disk), whose inputs nothing would name (`hardy replay` starts from the
+    report). Reached as `keep` reaches it (no link followed, only a private folder of this user's);
+    a file of any other name stays, and so does the folder then."""
+    folder = folder_of(report)
+    try:
+        with open_named(str(folder.parent), private=False) as parent:
+            with parent.sub(folder.name, private=True) as kept:
+                for name in kept.names():
+                    if name.startswith(("item-", ".item-")) and name.endswith((".pkl", ".tmp")):
+                        kept.unlink(name)
+            os.rmdir(folder.name, dir_fd=parent.fd)
+    except OSError:  # (nothing there, someone else's, or not empty: left as it is)
+        pass
+
+
 def _keep_each(folder: Folder, key: bytes, pipeline: Any, items: Mapping[int, dict[str, Any]],
                dump: Callable[[Any], bytes] | None) -> dict[int, str]:
     import cloudpickle

@@ -140,14 +140,16 @@ def examine_libraries(dirs: Sequence[str]) -> list[Finding]:
 def examine_forensics() -> list[Finding]:
     """Whether a crashed worker will name its native frames and a hung one its stacks, here, and
     what to change if not (docs/failures.md, "Native crash forensics")."""
-    from ..crash.handler import mechanism
+    from ..crash.handler import NO_COMPILER, mechanism
     from ..crash.stacks import ptrace_scope, py_spy
     kind, why = mechanism()
+    # the fix for a missing compiler; any other reason (a read-only or full cache folder, a compiler's
+    # error, a folder someone else may write) names its own
+    fix = "; install a C compiler (gcc) so hardy builds its native handler" if why.startswith(NO_COMPILER) else ""
     found = [Finding("ok", "forensics", "native frames of crashes: the compiled handler is installed in workers")
              if kind == "native" else
              Finding("warning", "forensics", f"native frames of crashes: the ctypes fallback ({why}): it runs Python "
-                     "in the signal handler and records nothing for a stack overflow; install a C compiler (gcc) "
-                     "so hardy builds its native handler") if kind == "ctypes" else
+                     f"in the signal handler and records nothing for a stack overflow{fix}") if kind == "ctypes" else
              Finding("warning", "forensics", f"native frames of crashes: none ({why})")]
     scope = ptrace_scope()
     if py_spy() is None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, UntrustedCacheError
 from ..model.executor import WorkerCounts
+from ..tracebacks import outside_hardy
 from .callbacks import CallbackContext, PipelineCallback
 from .report_views import FAILURES_SHOWN, rich_tables, to_html
 
@@ -202,7 +203,12 @@ def _folder(engine: Any, failures: dict[int, NodeError]) -> Path | None:
         return Path(engine.report_dir)
     if failures and engine.keep_failed_inputs:
         from ..crash.kept import default_folder
-        return default_folder(create=True)
+        try:
+            return default_folder(create=True)
+        except (OSError, UntrustedCacheError) as exc:  # (HOME=/nonexistent, a read-only mount): the results stay
+            warnings.warn(f"hardy: the inputs of {len(failures)} failed item(s) could not be kept: {default_folder()} "
+                          f"cannot be made ({exc}); set XDG_STATE_HOME to a folder you can write, or give "
+                          "Engine(report_dir=...)", RuntimeWarning, stacklevel=outside_hardy())
     return None
 
 
@@ -210,21 +216,31 @@ def _write(report: RunReport, folder: Path, pipeline: Any, live: LiveReport, fai
     """The report's JSON in `folder`, the failed items' inputs beside it. Nothing here may cost the
     call its results: a report that cannot be written is a warning (a full disk, a read-only mount)."""
     path = folder / f"{_slug(live.pipeline)}-{_stamp(live.wall_start)}.json"
+    items = live.inputs if failures and pipeline.engine.keep_failed_inputs is not False else None
+    kept: list[int] = []
     try:
-        if failures and live.inputs is not None and pipeline.engine.keep_failed_inputs is not False:
-            _keep_failed_inputs(report, path, pipeline, live.inputs, failures)
+        if items is not None:
+            kept = _keep_failed_inputs(report, path, pipeline, items, failures)
         report.save(path)
         report.path = path
     except (OSError, ValueError, UntrustedCacheError) as exc:
+        if items is not None:  # inputs no report names: `hardy replay` starts from the report
+            _unkeep(report, path)
         warnings.warn(f"hardy: the run report could not be written to {path} ({exc}); "
-                      "pipeline.report() still has it", RuntimeWarning, stacklevel=3)
+                      "pipeline.report() still has it", RuntimeWarning, stacklevel=outside_hardy())
+        return
+    if kept:  # (said once the report that names them is written)
+        import logging  # (here: `import hardy` stays light)
+        log = logging.getLogger("hardy.report")
+        log.warning("inputs of %d failed item(s) of pipeline %r kept; run one again with: hardy replay %s --item %d",
+                    len(kept), pipeline.name, path, kept[0])
 
 
 def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: list[dict[str, Any]],
-                        failures: dict[int, NodeError]) -> None:
+                        failures: dict[int, NodeError]) -> list[int]:
     """The inputs of the first failed items, beside the report, for `hardy replay` (crash/kept.py);
-    each failure of the report says where its inputs are, or why they were not kept; a log line
-    says how to replay the first one."""
+    each failure of the report says where its inputs are, or why they were not kept. The items
+    kept, for the log line that says how to replay the first one."""
     from ..crash.kept import FAILURES_KEPT, keep
     from ..shipping.pickling import pickled_by_value
     wanted = sorted(failures)[:FAILURES_KEPT]
@@ -232,12 +248,17 @@ def _keep_failed_inputs(report: RunReport, path: Path, pipeline: Any, items: lis
     for failure in report.data["failures"]:
         if failure["item"] in kept:
             failure["kept_inputs"] = kept[failure["item"]]
-    done = [i for i, said in kept.items() if not said.startswith("not kept")]
-    if done:
-        import logging  # (here: `import hardy` stays light)
-        log = logging.getLogger("hardy.report")
-        log.warning("inputs of %d failed item(s) of pipeline %r kept; run one again with: hardy replay %s --item %d",
-                    len(done), pipeline.name, path, done[0])
+    return [i for i, said in kept.items() if not said.startswith("not kept")]
+
+
+def _unkeep(report: RunReport, path: Path) -> None:
+    """The inputs kept beside `path`, whose report could not be written, removed (`crash.kept.discard`):
+    no folder is left that nothing refers to, and the report in memory says so."""
+    from ..crash.kept import discard
+    discard(path)
+    for failure in report.data["failures"]:
+        if "kept_inputs" in failure and not failure["kept_inputs"].startswith("not kept"):
+            failure["kept_inputs"] = "not kept: the run report could not be written"
 
 
 def _slug(name: str) -> str:

@@ -13,6 +13,7 @@ in `hardy/crash/__init__.py`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -155,9 +156,12 @@ class Deaths:
             pool.start_failures += 1
             if pool.start_failures >= 3:  # dies setting up: retrying would loop forever
                 pool.replace(slot, stop=False)
+                short = processes_short(TASKS_PER_WORKER)  # (a worker's thread could not start: EAGAIN)
                 raise WorkerStartError(
-                    f"worker processes die while setting up, before reading any work ({end.reason}; 3 in a row). A "
-                    f"library in preload_libs= or the worker environment fails to load: see the worker's "
+                    "worker processes die while setting up, before reading any work (3 in a row): they run out of "
+                    f"processes: {short}: use fewer workers (Engine(workers=...)), or raise the limit (ulimit -u)"
+                    if short else f"worker processes die while setting up, before reading any work ({end.reason}; 3 "
+                    "in a row). A library in preload_libs= or the worker environment fails to load: see the worker's "
                     f"error above. {end.record.stack}".strip())
         elif w.process.exitcode == words.RETIRED:
             log.info("worker %d retired %s; a fresh one takes its place", w.number,
@@ -213,6 +217,69 @@ class Deaths:
             self.retry.appendleft(list(w.unsent))
         w.plan, w.unsent = None, Unsent()
         self.pool.replace(slot, stop=False)
+
+
+TASKS_PER_WORKER = 2  # processes and threads a worker takes: itself, and its thread watching the parent (lifeline.py)
+
+
+def processes_short(more: int) -> str | None:
+    """Why `more` processes and threads may not start for this user, or None where they fit. Its
+    limit (RLIMIT_NPROC, `ulimit -u`) counts every process and thread of its real uid, and a fork
+    or a thread's start past it fails with EAGAIN. Nothing is counted where the limit is not set,
+    where the whole machine runs too few tasks to reach it (/proc/loadavg says how many), or where
+    it does not apply (root, CAP_SYS_RESOURCE, CAP_SYS_ADMIN): else this user's, from /proc."""
+    import resource
+    limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if limit == resource.RLIM_INFINITY or _tasks_of(None) + more <= limit or _exempt():
+        return None
+    running = _tasks_of(os.getuid())
+    if running + more <= limit:
+        return None
+    return f"this user may run {limit} processes and threads at once (ulimit -u), and runs {running}"
+
+
+def out_of_processes(what: str, more: int) -> str:
+    """The error of a fork or a thread's start that failed with EAGAIN (`what`): the process limit
+    named, with this user's numbers where they show it (`processes_short`), and the fix."""
+    why = processes_short(more) or ("the processes and threads this user or container may run are used up "
+                                    "(ulimit -u, a container's pids limit)")
+    return f"{what}: {why}: use fewer workers (Engine(workers=...)), or raise the limit (ulimit -u)"
+
+
+def _tasks_of(uid: int | None) -> int:
+    """The processes and threads of real uid `uid` (None: of the whole machine, one read of
+    /proc/loadavg; a large number where it cannot be read), as RLIMIT_NPROC counts them."""
+    if uid is None:
+        try:
+            with open("/proc/loadavg") as f:
+                return int(f.read().split()[3].partition("/")[2])
+        except (OSError, ValueError, IndexError):
+            return 1 << 30
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Threads:")))
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields["Threads"])
+        except (OSError, ValueError, KeyError):  # (ended meanwhile)
+            continue
+    return count
+
+
+def _exempt() -> bool:
+    """Whether RLIMIT_NPROC does not apply to this process: root's, or CAP_SYS_RESOURCE or
+    CAP_SYS_ADMIN in effect."""
+    if os.getuid() == 0:
+        return True
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, ValueError, StopIteration):
+        return False
+    return bool(caps & (1 << 21 | 1 << 24))  # CAP_SYS_ADMIN, CAP_SYS_RESOURCE
 
 
 def _inputs(item: Any) -> dict[str, Any] | None:

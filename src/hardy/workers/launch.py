@@ -26,6 +26,7 @@ the module; a warning names it after `PRELOAD_WARN` seconds.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import math
 import os
@@ -157,15 +158,18 @@ class ForkServer:
         self.preloads = bool(preload)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests = Requests(ours)
-        # where the server keeps the name of the module it imports (`_importing`), ours and its
-        self._note = os.memfd_create("server-note", os.MFD_CLOEXEC)
+        # where the server keeps the name of the module it imports (`_importing`), ours and its (not on 0-2)
+        self._note = above_stdio(os.memfd_create("server-note", os.MFD_CLOEXEC))
         config = dict(spawn=spawn, preload=list(preload), sys_path=list(sys.path), note=self._note,
                       parent=os.getpid(), boot=WORKER_BOOT,
                       pdeathsig=threading.current_thread() is threading.main_thread())
+        closed = closed_stdio()  # /dev/null there, for the server and its workers: not a descriptor of theirs
         try:
             self.process = subprocess.Popen([sys.executable, "-c", SERVER_BOOT, SERVER_TAG], stdin=theirs.fileno(),
+                                            stdout=subprocess.DEVNULL if 1 in closed else None,
+                                            stderr=subprocess.DEVNULL if 2 in closed else None,
                                             pass_fds=(self._note,), env={**os.environ, **env}, start_new_session=True)
-        except BaseException:
+        except BaseException:  # (EAGAIN past the process limit: `pool._new_worker` says so)
             ours.close()
             os.close(self._note)
             raise
@@ -199,10 +203,11 @@ class ForkServer:
             conn.close()
             raise self._failed(exc) from exc
         kind, value = said
-        if kind == "error":
+        if kind != "pid":  # "error" (preload), "unforked" (EAGAIN past the process limit: `pool._new_worker` says so)
             ours.close()
             conn.close()
-            raise WorkerStartError(value)
+            raise WorkerStartError(value) if kind == "error" else \
+                OSError(value[0], f"the fork server ({self.label}) could not fork a worker ({value[1]})")
         return WorkerProcess(value, conn.fileno(), lambda: _exit_status(conn), conn.close), \
             _parent_end(Connection(ours.detach()))
 
@@ -272,8 +277,8 @@ class ForkServer:
             os.close(note)
         try:
             self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        except subprocess.TimeoutExpired:  # (with its group: a compiler building the crash handler, handler.py)
+            kill_group(self.process.pid)
             self.process.wait()
 
 
@@ -284,6 +289,24 @@ def _exit_status(status: Connection) -> int | None:
         return code if kind == "exit" else None
     except (EOFError, OSError):
         return None  # the server itself died: the worker went with it
+
+
+def closed_stdio() -> tuple[int, ...]:
+    """Which of this process's standard descriptors (0-2) are closed (at its start, `cmd >&- 2>&-`,
+    whatever took the number since; or now): /dev/null there for its fork servers and workers, where
+    the memfds a worker receives would take the number (a node's stderr in its crash record)."""
+    streams = (sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    return tuple(fd for fd, s in enumerate(streams) if s is None or not os.path.lexists(f"/proc/self/fd/{fd}"))
+
+
+def above_stdio(fd: int) -> int:
+    """`fd`, moved above 0-2 where it took one of their numbers: a child's standard stream there."""
+    if fd > 2:
+        return fd
+    import fcntl
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
 
 
 class Forker:
@@ -298,16 +321,21 @@ class Forker:
         from multiprocessing.connection import Connection
         ours, theirs = socket.socketpair()
         parent, main_thread = os.getpid(), threading.current_thread() is threading.main_thread()
-        pid = os.fork()
+        closed = closed_stdio()
+        pid = os.fork()  # (EAGAIN past the process limit: `pool._new_worker` says so)
         if pid == 0:
             try:
                 ours.close()
+                fd, null = above_stdio(theirs.detach()), above_stdio(os.open(os.devnull, os.O_RDWR))
+                for n in closed:  # /dev/null where this process's are closed (not its copy of what took them)
+                    os.dup2(null, n)
+                os.close(null)
                 os.setsid()
                 # PDEATHSIG follows the forking thread: only the main one lives long enough
                 if main_thread and not die_with_parent(parent):
                     os._exit(1)
                 from .worker import run
-                run(theirs.detach())
+                run(fd)
             finally:
                 os._exit(1)
         theirs.close()
@@ -331,7 +359,8 @@ def warm(preload: tuple[str, ...], workers: int) -> None:
     """Start now the fork server that a pool of `workers` with the default start method will use:
     it boots (a fresh interpreter importing hardy's worker modules, the longest part of a first
     map) while the caller imports the pool and ships its plan. The pool then acquires it."""
-    _launcher(DEFAULT_START_METHOD, preload, worker_environment(workers), None)
+    with contextlib.suppress(BlockingIOError):  # (EAGAIN, out of processes: the pool's start says so)
+        _launcher(DEFAULT_START_METHOD, preload, worker_environment(workers), None)
 
 
 def acquire(user: object, start_method: str, preload: tuple[str, ...], env: dict[str, str]) -> Launcher:

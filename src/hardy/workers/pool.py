@@ -24,6 +24,7 @@ from ..shipping import Unshippable, dumps, ship_items, ship_plan, transport
 from . import launch
 from .breakpoints import warn_if_debugged
 from .calls import call
+from .deaths import TASKS_PER_WORKER, out_of_processes, processes_short
 from .messages import Chunk, PlanSpec
 from .process import Worker, peak_rss
 from .scheduling import MapRun, has_timeouts
@@ -62,7 +63,11 @@ class WorkerPool(Executor):
         if self.max_tasks is not None and self.max_tasks < 1:
             raise InvalidArgument("max_tasks_per_worker must be at least 1")
         self.env = launch.worker_environment(self.size)
-        _room_for(self.size)
+        try:
+            _room_for(self.size)
+        except WorkerStartError:  # refused before any worker starts: the server `launch.warm` started goes
+            launch.release_unused(self.start_method, self.preload, self.env)
+            raise
         self._launcher: launch.Launcher | None = None
         self.workers: list[Worker | None] = [None] * self.size
         # Once a worker has died, one more is kept started (with the plan running then): the next
@@ -93,7 +98,7 @@ class WorkerPool(Executor):
         """A worker for `slot`: the spare when one is ready or on its way (a worker that died
         had one started at once: `died`), else a fresh one."""
         topping = self._topping
-        if topping is not None:
+        if topping is not None and topping.ident is not None:
             topping.join(SPARE_WAIT)
         spare = self._take_spare() if not self.slot_env else None
         if spare is not None:
@@ -132,7 +137,11 @@ class WorkerPool(Executor):
             topping = self._topping = threading.Thread(target=self._start_spare,
                                                        args=(plan_id, plan_msg, self._generation),
                                                        name="hardy-spare-worker", daemon=True)
-        topping.start()
+        try:
+            topping.start()
+        except RuntimeError:  # out of threads (`ulimit -u`): no spare, the next start says why if it fails too
+            with self._lock:
+                self._topping = None
 
     def _start_spare(self, plan_id: int, plan_msg: bytes, generation: int) -> None:
         try:
@@ -165,7 +174,7 @@ class WorkerPool(Executor):
             number, generation = self._started, self._generation
         env = {**self.env, **self.slot_env[slot]} if self.slot_env and slot is not None else self.env
         try:
-            w = Worker(launcher, number, env, self.preload_libs)
+            w = self._launched(launcher, number, env)
         except WorkerStartError:
             if slot is None or launcher.alive:  # (a spare's failure only costs the spare: `_start_spare`)
                 raise
@@ -173,10 +182,18 @@ class WorkerPool(Executor):
                 if generation != self._generation:  # unless it ended because the pool was closed meanwhile
                     raise
                 launcher = self._live_launcher()
-            w = Worker(launcher, number, env, self.preload_libs)
+            w = self._launched(launcher, number, env)
         if slot is not None:
             self.workers[slot] = w
         return w
+
+    def _launched(self, launcher: launch.Launcher, number: int, env: dict[str, str]) -> Worker:
+        """A worker started by `launcher`; a fork past the process limit (EAGAIN) says so."""
+        try:
+            return Worker(launcher, number, env, self.preload_libs)
+        except BlockingIOError as exc:
+            raise WorkerStartError(out_of_processes(f"a worker could not start: {exc.strerror}",
+                                                    TASKS_PER_WORKER)) from None
 
     def _live_launcher(self) -> launch.Launcher:
         """This pool's launcher (under `_lock`), acquired now if it has none or its fork server
@@ -185,7 +202,11 @@ class WorkerPool(Executor):
             launch.release(self, self._launcher)
             self._launcher = None
         if self._launcher is None:
-            self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
+            try:
+                self._launcher = launch.acquire(self, self.start_method, self.preload, self.env)
+            except BlockingIOError as exc:  # EAGAIN: its fork, past the process limit
+                said = out_of_processes(f"the fork server could not start: {exc.strerror}", 1)
+                raise WorkerStartError(said) from None
         return self._launcher
 
     def ask_ahead(self, fresh: int) -> None:
@@ -382,7 +403,7 @@ class WorkerPool(Executor):
             self._generation += 1
             self._spare_wanted = False
             topping = self._topping
-        if topping is not None:  # (a spare it starts later is stopped: `_start_spare`)
+        if topping is not None and topping.ident is not None:  # (a spare it starts later is stopped: `_start_spare`)
             topping.join(SPARE_WAIT)
         with self._lock:
             workers = list(enumerate(self.workers))
@@ -408,7 +429,14 @@ def _room_for(workers: int) -> None:
     """Raise this process's soft limit of open files to what `workers` need, within its hard
     limit (what systemd advises a program that needs many: the soft limit stays 1024 for the
     programs that `select()`); past the hard limit, one error that says so, before any worker
-    starts, rather than the first call that runs out failing wherever it is."""
+    starts, rather than the first call that runs out failing wherever it is. The same for the
+    processes and threads this user may run (`ulimit -u`), counted over all of its programs."""
+    more = 1 + TASKS_PER_WORKER * workers  # (a fork server, and each worker with its thread)
+    short = processes_short(more)
+    if short:
+        raise WorkerStartError(f"{workers} workers need about {more} more processes and threads (a fork server, and "
+                               f"{TASKS_PER_WORKER} for each worker), and {short}: use fewer workers, or raise the "
+                               "limit (ulimit -u)")
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = len(os.listdir("/proc/self/fd")) + DESCRIPTORS_PER_WORKER * workers + 16

@@ -73,7 +73,7 @@ def serve() -> None:
         sel = selectors.DefaultSelector()
         sel.register(0, selectors.EVENT_READ, "parent")
         sel.register(wake_r, selectors.EVENT_READ, "child")
-        closing = [0, wake_r, wake_w]
+        closing = [wake_r, wake_w]  # (and 0, the requests' socket: /dev/null takes its place, `_become_worker`)
         idle: float | None = IDLE_IMPORT
         while True:
             ready = sel.select(idle)
@@ -175,17 +175,15 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
     fd, status = fds
     conn = transport.Channel(status)
     if failure:
-        try:
-            conn.send_bytes(pickle.dumps(("error", failure)))
-        except OSError:  # the parent closed its end: nothing to tell
-            pass
-        conn.close()
-        os.close(fd)
-        return True
+        return _refuse(conn, fd, ("error", failure))
     # SIGTERM held while it forks: delivered inside the fork's own hooks (logging's), `leave`'s exit
     # would be swallowed there, and the server would stay; it comes right after instead
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # out of processes (EAGAIN: `ulimit -u`, a pids limit) or memory: said, and it serves on
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return _refuse(conn, fd, ("unforked", (exc.errno, str(exc))))
     if pid == 0:
         try:
             _become_worker(fd, config, closing + [conn.fileno()] + [c.fileno() for c in children.values()], mask)
@@ -201,6 +199,18 @@ def _answer(parent: socket.socket, config: dict[str, Any], failure: str | None,
     return True
 
 
+def _refuse(conn: transport.Channel, fd: int, said: tuple[str, Any]) -> bool:
+    """Tell the parent why its request gets no worker, on the request's own socket; True: the
+    server serves on."""
+    try:
+        conn.send_bytes(pickle.dumps(said))
+    except OSError:  # the parent closed its end: nothing to tell
+        pass
+    conn.close()
+    os.close(fd)
+    return True
+
+
 def _become_worker(fd: int, config: dict[str, Any], closing: list[int], mask: set[int | signal.Signals]) -> None:
     server = os.getppid()
     signal.set_wakeup_fd(-1)
@@ -213,6 +223,11 @@ def _become_worker(fd: int, config: dict[str, Any], closing: list[int], mask: se
             os.close(other)
         except OSError:
             pass
+    # its standard input: /dev/null, not the server's (the requests' socket), nor left closed, where
+    # the first descriptor it receives (its status words) would take its number
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     os.setsid()  # its own process group: whatever its nodes start goes with it
     if not die_with_parent(server):
         os._exit(1)
