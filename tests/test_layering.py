@@ -166,6 +166,12 @@ FOREIGN_PRIVATE = {
     "_get_cudnn_deterministic": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_benchmark": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_allow_tf32": "torch._C: as _get_deterministic_algorithms",
+    "_get_cudnn_enabled": "torch._C: as _get_deterministic_algorithms",
+    "_get_mkldnn_enabled": "torch._C: as _get_deterministic_algorithms",
+    "_c": "torch.jit.RecursiveScriptModule: the compiled module, whose attributes a change token walks "
+          "(hashing/torchscript.py; writing its archive at every call would cost milliseconds)",
+    "_jit_debug_module_iterators": "torch._C: a compiled module's attributes by name, recursively (torch has no "
+                                   "public listing)",
     "_cache": "logging.Logger: its level cache, which every setLevel empties: read to tell cheaply that a log level "
               "may have changed (shipping/context.py)",
     "__cxa_demangle": "libstdc++ through ctypes: C++ symbols in native stacks",
@@ -260,7 +266,7 @@ ORDER = [
     "hashing", "model", "cache", "safety", "crash",  # fingerprints, the model, the cache, hazards, crashes
     "plan", "shipping", "observe", "parts",  # compiled plans, what crosses processes, observing, plan parts
     "workers", "engine", "api",  # the runtime, from the worker pool up to what users call
-    "doctor", "integrations", "replay_item", "cli", "compat", "hardy",  # the outside
+    "doctor", "integrations", "replay_item", "cli", "compat", "hardy", "__main__",  # the outside; python -m hardy
 ]
 
 
