@@ -995,3 +995,20 @@ def test_python_dash_m_hardy_is_the_hardy_command(tmp_path):
                           "x", "--executor", "process"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     lines = sorted(map(json.loads, out.stdout.splitlines()), key=lambda line: line["item"])
     assert out.returncode == 1 and lines[0]["outputs"] == {"y": 2} and lines[1]["signal"] == "SIGSEGV", out.stderr
+
+
+def test_a_closed_standard_output_without_output_is_a_usage_error(tmp_path):
+    """`hardy run` started with its standard output closed (`>&-`, as a daemon or cron job may be)
+    and no --output ended in an AttributeError traceback and exit code 1: the result lines have
+    nowhere to go, which is a usage error before anything runs; with --output it runs."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    base = [sys.executable, "-m", "hardy", "run", "flows:pipeline", "--set", "x=[1, 2]", "--map-over", "x"]
+    closed = subprocess.run(base, cwd=tmp_path, stdout=None, stderr=subprocess.PIPE, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.strip() == ("hardy: standard output is closed, so the result lines have nowhere to go: "
+                                     "give --output FILE"), closed.stderr
+    given = subprocess.run([*base, "--output", str(tmp_path / "out.jsonl")], cwd=tmp_path, stderr=subprocess.PIPE,
+                           text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert given.returncode == 0, given.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2

@@ -401,7 +401,10 @@ class _Interruptible:
 def _results_only() -> IO[str]:
     """Standard output for the result lines alone: what the pipeline's code prints (its module's
     import, its nodes, in this process or in a worker, from Python or from C) goes to standard
-    error from here on, so that every line of standard output is one item's JSON."""
+    error from here on, so that every line of standard output is one item's JSON. Closed (`>&-`, a
+    daemon's), it has nowhere to put them: a usage error before anything runs."""
+    if sys.stdout is None:
+        _fail_usage("standard output is closed, so the result lines have nowhere to go: give --output FILE")
     sys.stdout.flush()
     lines = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8", errors=sys.stdout.errors)
     elsewhere = sys.stderr.fileno() if sys.stderr is not None else os.open(os.devnull, os.O_WRONLY)  # (2>&-)
