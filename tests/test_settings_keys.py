@@ -259,7 +259,16 @@ def flags(x):
     return (torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled, torch.is_anomaly_enabled(),
             torch.is_anomaly_check_nan_enabled())
 
+@node(output_name="algorithms")
+def algorithms(x):
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+
 settings = sys.argv[2].split(",")
+if "algorithms" in settings:  # (a seed helper's; on a GPU, other kernels and other roundings)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, True
+    torch.backends.cudnn.allow_tf32 = False
 if "print" in settings:
     torch.set_printoptions(precision=2)
 if "flags" in settings:
@@ -267,8 +276,9 @@ if "flags" in settings:
     torch.autograd.set_detect_anomaly(True, check_nan=False)
 if "no_grad" in settings:
     torch.set_grad_enabled(False)
-NODES, ITEMS, OVER, ONE = [show, scaled, flags], {"x": [1.0, 2.0]}, "x", {"x": 1.0}
-OWN = [sorted({"text": show.func(x), "graph": scaled.func(x), "flags": flags.func(x)}.items()) for x in (1.0, 2.0)]
+NODES, ITEMS, OVER, ONE = [show, scaled, flags, algorithms], {"x": [1.0, 2.0]}, "x", {"x": 1.0}
+OWN = [sorted({"text": show.func(x), "graph": scaled.func(x), "flags": flags.func(x),
+               "algorithms": algorithms.func(x)}.items()) for x in (1.0, 2.0)]
 print(OWN[0])
 cached = Pipeline(NODES, engine=Engine(map_executor="sequential"), cache=DiskCache(sys.argv[1]))
 print("cache", sorted(cached.run(inputs=ONE).items()) == OWN[0])
@@ -279,16 +289,18 @@ print("cache", sorted(cached.run(inputs=ONE).items()) == OWN[0])
 def test_torch_print_options_backend_flags_anomaly_and_grad_mode_travel_and_key(tmp_path):
     """`torch.set_printoptions` (`str(tensor)`), `torch.backends.cudnn.enabled`,
     `torch.backends.mkldnn.enabled` and anomaly detection were not carried to workers; print
-    options, the backends and grad mode were not in the cache key: a process under
+    options, the backends, deterministic algorithms, cudnn's flags and grad mode were not in the cache key: a process under
     `torch.no_grad()` was served a tensor that requires grad, one with `precision=2` four digits."""
     needs_torch()
     cache = str(tmp_path / "cache")
     assert script(tmp_path, TORCH, cache, "plain") == [
-        "[('flags', (True, True, False, True)), ('graph', True), ('text', 'tensor([0.3333])')]", "cache True"]
-    lines = script(tmp_path, TORCH, cache, "print,flags,no_grad", each_engine=True)
+        "[('algorithms', (False, False, False, True)), ('flags', (True, True, False, True)), ('graph', True), "
+        "('text', 'tensor([0.3333])')]", "cache True"]
+    lines = script(tmp_path, TORCH, cache, "print,flags,no_grad,algorithms", each_engine=True)
     assert lines[:2] == [
-        "[('flags', (False, False, True, False)), ('graph', False), ('text', 'tensor([0.33])')]", "cache True"]
+        "[('algorithms', (True, True, True, False)), ('flags', (False, False, True, False)), ('graph', False), "
+        "('text', 'tensor([0.33])')]", "cache True"]
     assert lines[2:] == [f"{engine} {call} True" for engine in ("sequential", "default")
                          for call in ("map", "map", "run")]
-    for each in ("print", "flags", "no_grad"):  # (each one keyed on its own)
+    for each in ("print", "flags", "no_grad", "algorithms"):  # (each one keyed on its own)
         assert script(tmp_path, TORCH, cache, each)[1] == "cache True", each

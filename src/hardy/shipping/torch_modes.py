@@ -94,8 +94,9 @@ def torch_keyed(modes: TorchModes) -> tuple[Any, ...]:
     """What of torch's settings a cache key holds besides its dtype, matmul precision, autocast
     and device (`shipping.context.result_settings`), each only where it is not torch's default, so
     that keys made without it stay: grad and inference mode (a result with or without a graph and
-    `requires_grad`), print options (`str(tensor)`), cudnn or mkldnn turned off (other kernels,
-    other roundings). Not anomaly detection: it only raises, and a call that raised is never stored."""
+    `requires_grad`), print options (`str(tensor)`), cudnn or mkldnn turned off, deterministic
+    algorithms and cudnn's flags (other kernels, other roundings). Not anomaly detection: it only
+    raises, and a call that raised is never stored."""
     parts: tuple[Any, ...] = ()
     if not modes.grad or modes.inference:
         parts += (("grad", modes.grad, modes.inference),)
@@ -103,7 +104,17 @@ def torch_keyed(modes: TorchModes) -> tuple[Any, ...]:
         parts += (("print", modes.print_options),)
     if not (modes.cudnn_enabled and modes.mkldnn_enabled):
         parts += (("backends", modes.cudnn_enabled, modes.mkldnn_enabled),)
+    algorithms = (modes.deterministic, modes.warn_only, modes.cudnn_deterministic, modes.cudnn_benchmark,
+                  modes.cudnn_allow_tf32)
+    if algorithms != _ALGORITHMS:
+        parts += (("algorithms", *algorithms),)
     return parts
+
+
+# torch's own: deterministic algorithms off (and their warn_only), cudnn's deterministic and
+# benchmark off, its TF32 on. A seed helper's `cudnn.deterministic = True`, `benchmark` or TF32 off
+# pick other kernels on a GPU, with other roundings: keyed where not these.
+_ALGORITHMS = (False, False, False, False, True)
 
 
 def default_device(c: Any) -> str | None:
