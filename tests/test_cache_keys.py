@@ -1041,6 +1041,14 @@ p = Pipeline(nodes=[node(flag, output_name="y")], cache=DiskCache(sys.argv[1]), 
 out = {"fresh process": [p.map(inputs={"x": [0.7]}, map_over="x")[0]["y"], flag(0.7)]}
 builtins.THRESHOLD = 1.4 - builtins.THRESHOLD
 out["changed in the process"] = [p.map(inputs={"x": [0.7]}, map_over="x")[0]["y"], flag(0.7)]
+
+def attribute(x):
+    return x > builtins.LIMIT
+
+builtins.LIMIT = float(sys.argv[2])
+a = Pipeline(nodes=[node(attribute, output_name="y")], cache=DiskCache(sys.argv[1]),
+             engine=Engine(map_executor="sequential"))
+out["read as builtins.LIMIT"] = [a.map(inputs={"x": [0.7]}, map_over="x")[0]["y"], attribute(0.7)]
 out["interpreter's own builtins keep their keys"] = [code_fingerprint(measured) == plain, True]
 print(json.dumps(out))
 """
@@ -1048,8 +1056,9 @@ print(json.dumps(out))
 
 def test_a_name_set_in_builtins_is_keyed_across_processes(tmp_path):
     """A node reading a name its module does not bind but `builtins` does (`builtins.THRESHOLD =
-    0.5`, a notebook's shared setting) was keyed without it: a fresh process that set 0.9 was
-    served the result of 0.5. It is keyed as a global is, in fresh processes and in one."""
+    0.5`, a notebook's shared setting), by name or as `builtins.LIMIT`, was keyed without it: a
+    fresh process that set 0.9 was served the result of 0.5. It is keyed as a global is, in fresh
+    processes and in one."""
     for threshold in ("0.5", "0.9"):
         done = subprocess.run([sys.executable, "-c", BUILTINS_SCRIPT, str(tmp_path / "c"), threshold],
                               capture_output=True, text=True, timeout=120)

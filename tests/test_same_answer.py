@@ -731,7 +731,8 @@ def test_an_enum_members_attribute_set_at_run_time_reaches_the_workers(tmp_path)
 
 def test_a_name_put_into_builtins_reaches_the_workers_or_is_refused(tmp_path):
     """A name the script puts into `builtins` (`builtins.THRESHOLD = 0.5`, a notebook's "global
-    config"), read by a node: a worker raised NameError where your process computes. It travels
+    config"), read by a node as a name or as `builtins.THRESHOLD`: a worker raised NameError (or
+    AttributeError, or kept what an earlier call installed) where your process computes. It travels
     (rebound, changed in place or deleted between two calls of one pipeline too); one that does
     not pickle (a lock) is refused before any node runs, naming it."""
     lines = script(tmp_path, f"""
@@ -746,7 +747,8 @@ def test_a_name_put_into_builtins_reaches_the_workers_or_is_refused(tmp_path):
                 extra = EXTRA
             except NameError:
                 extra = None
-            return [x > THRESHOLD, CONFIG["label"], extra]
+            import builtins as b  # (read as the module's attributes too, here and at the top)
+            return [x > THRESHOLD, CONFIG["label"], extra, builtins.THRESHOLD, b.CONFIG["label"]]
 
         def guarded(x):
             open({str(tmp_path / "ran")!r}, "a").close()
@@ -769,5 +771,5 @@ def test_a_name_put_into_builtins_reaches_the_workers_or_is_refused(tmp_path):
                 got.append(["builtins.GUARD" in str(exc), os.path.exists({str(tmp_path / "ran")!r})])
             print(got)
     """)
-    assert lines[0] == "[[{'y': [True, 'a', 1]}], [{'y': [False, 'b', None]}], [True, False]]"
-    assert lines[1] == "[[{'y': [True, 'a', 1]}], [{'y': [False, 'b', None]}], {'y': 1}]"
+    assert lines[0] == "[[{'y': [True, 'a', 1, 0.5, 'a']}], [{'y': [False, 'b', None, 0.9, 'b']}], [True, False]]"
+    assert lines[1] == "[[{'y': [True, 'a', 1, 0.5, 'a']}], [{'y': [False, 'b', None, 0.9, 'b']}], {'y': 1}]"

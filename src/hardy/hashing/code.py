@@ -244,9 +244,10 @@ def _set_in_builtins(func: Any, globs: dict[str, Any], chains: dict[tuple[str, s
     space = vars(space) if isinstance(space, types.ModuleType) else space
     if not isinstance(space, dict):
         return
-    for name in sorted(n for kind, n in chains if kind == "g" and n not in globs and n in space):
+    wanted = _builtins_read(globs, chains)
+    for name in sorted(n for n in wanted if n in space):
         value = space[name]
-        if _native(name, value):
+        if python_own(name, value):
             continue
         note_read(space, name)
         out(b"b:" + name.encode())
@@ -254,7 +255,7 @@ def _set_in_builtins(func: Any, globs: dict[str, Any], chains: dict[tuple[str, s
         kept = dict(seen)
         with later:
             try:
-                _reference(value, written.append, seen, chains[("g", name)], name, func)
+                _reference(value, written.append, seen, wanted[name], name, func)
             except UnhashableError:
                 if is_user_module(value.__module__ if isinstance(value, (types.FunctionType, type))
                                   else type(value).__module__):
@@ -265,17 +266,31 @@ def _set_in_builtins(func: Any, globs: dict[str, Any], chains: dict[tuple[str, s
             out(b"".join(written))
 
 
-def _native(name: str, value: Any) -> bool:
+def _builtins_read(globs: dict[str, Any], chains: dict[tuple[str, str], set[tuple[str, ...]]]
+                   ) -> dict[str, set[tuple[str, ...]]]:
+    """The names code reads from `builtins`, each with the attribute chains it reads below it: a
+    global its module does not bind (`THRESHOLD`), and an attribute of the module `builtins`
+    itself (`builtins.THRESHOLD`, `import builtins` at the top or inside the function)."""
+    wanted = {n: set(paths) for (kind, n), paths in chains.items() if kind == "g" and n not in globs}
+    for (kind, n), paths in chains.items():
+        if (kind == "g" and globs.get(n) is builtins) or (kind == "import" and n == "builtins"):
+            for path in paths:
+                if path:
+                    wanted.setdefault(path[0], set()).add(path[1:])
+    return wanted
+
+
+def python_own(name: str, value: Any) -> bool:
     """Whether `builtins.name` is the interpreter's own: a dunder, a constant, `site`'s helpers
     (`help`, `exit`), or a builtin class or function under its own name (`OSError` under its
-    aliases `IOError` and `EnvironmentError` too; `open` is `io`'s)."""
+    aliases `IOError` and `EnvironmentError` too; `open` is `io`'s, `_io`'s from Python 3.12)."""
     if (name.startswith("__") and name.endswith("__")) or any(value is c for c in (None, Ellipsis, NotImplemented,
                                                                                   True, False)):
         return True
     if type(value).__module__ == "_sitebuiltins":
         return True
     return (isinstance(value, (type, types.BuiltinFunctionType)) and getattr(value, "__module__", None)
-            in ("builtins", "io") and (value.__name__ == name or value is OSError))
+            in ("builtins", "io", "_io") and (value.__name__ == name or value is OSError))
 
 
 def _imports_inside(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]]], globs: dict[str, Any],

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..errors import ReplicaError
 from ..hashing import is_user_module
+from ..hashing.code import python_own
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
 from .payload import RESOLVE, Bound, payload, refusal, unmatched
@@ -129,23 +130,9 @@ def builtins_read(reads: Iterable[tuple[Any, str, Any]]) -> set[str]:
     found = set()
     for where, name, value in reads:
         if ((where is namespace or (value is ABSENT and type(where) is dict and "__name__" in where))
-                and not _python_own(name, namespace.get(name, ABSENT))):
+                and not python_own(name, namespace.get(name, ABSENT))):
             found.add(name)
     return found
-
-
-def _python_own(name: str, value: Any) -> bool:
-    """Whether `builtins.<name>` is what Python itself binds there: its functions, types and
-    constants (`len`, `ValueError`, `__debug__`), site's (`exit`, `help`)."""
-    if name.startswith("__") and name.endswith("__") or type(value).__module__ == "_sitebuiltins":
-        return True
-    if name in _CONSTANTS:
-        return value is _CONSTANTS[name]
-    return getattr(value, "__module__", None) in ("builtins", "io", "_io") and (
-        getattr(value, "__name__", None) == name or value is OSError and name in ("EnvironmentError", "IOError"))
-
-
-_CONSTANTS = {"None": None, "True": True, "False": False, "Ellipsis": Ellipsis, "NotImplemented": NotImplemented}
 
 
 def is_script(module_name: str) -> bool:
