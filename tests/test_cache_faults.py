@@ -376,3 +376,23 @@ def test_a_cache_folder_deleted_while_in_use_is_made_again(tmp_path, monkeypatch
     if executor == "sequential":
         [warning] = cache_warnings(caplog)
         assert warning == f"cache {folder} was deleted while in use: it is made again, empty, at the next write"
+
+
+def test_a_prune_fault_is_never_said_to_have_made_nodes_run_uncached():
+    """Pruning runs in `put` too, and a prune that failed costs no node its cache: with writes and
+    a prune failing on a full disk, "those nodes ran uncached" was said of the prune, the rarest
+    fault, listed last. It follows the faults that did cost nodes their cache, and each fix comes after."""
+    import errno
+
+    from hardy.cache.tally import Tally
+    tally = Tally("/caches/c")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    for _ in range(3):
+        tally.fault("written", full)
+    tally.fault("pruned", full)
+    parts = tally.parts([])
+    assert parts[:2] == ["3 entries could not be written (disk full); those nodes ran uncached",
+                         "1 entry could not be pruned (disk full)"], parts
+    assert parts[2].startswith("free space on its disk: `hardy cache prune /caches/c") and len(parts) == 4, parts
+    tally.fault("pruned", full)
+    assert "uncached" not in "; ".join(tally.parts([]))

@@ -166,6 +166,8 @@ FOREIGN_PRIVATE = {
     "_get_cudnn_deterministic": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_benchmark": "torch._C: as _get_deterministic_algorithms",
     "_get_cudnn_allow_tf32": "torch._C: as _get_deterministic_algorithms",
+    "_make_skeleton_class": "cloudpickle: its reduction of a class by value, told from an Enum's, whose arguments "
+                            "differ (shipping/reductions.py gives it the slots a `class` statement gives)",
     "_get_cudnn_enabled": "torch._C: as _get_deterministic_algorithms",
     "_get_mkldnn_enabled": "torch._C: as _get_deterministic_algorithms",
     "_c": "torch.jit.RecursiveScriptModule: the compiled module, whose attributes a change token walks "

@@ -773,3 +773,72 @@ def test_a_name_put_into_builtins_reaches_the_workers_or_is_refused(tmp_path):
     """)
     assert lines[0] == "[[{'y': [True, 'a', 1, 0.5, 'a']}], [{'y': [False, 'b', None, 0.9, 'b']}], [True, False]]"
     assert lines[1] == "[[{'y': [True, 'a', 1, 0.5, 'a']}], [{'y': [False, 'b', None, 0.9, 'b']}], {'y': 1}]"
+
+
+def test_an_instance_of_a_slotted_class_of_the_script_comes_back_from_a_worker(tmp_path):
+    """A node returning an instance of a script's class with `__slots__` (`@dataclass(slots=True)`,
+    a `__slots__` tuple) failed on every worker: cloudpickle made the class anew without its slots,
+    its instances held a `__dict__`, and the caller's own class, slotted, could not take that state
+    ("its result was computed but cannot be unpickled"). The class is made with its slots."""
+    lines = script(tmp_path, """
+        import dataclasses
+        from hardy import Engine, Pipeline, node
+
+        @dataclasses.dataclass(slots=True)
+        class Config:
+            value: int = 1
+
+        class Point:
+            __slots__ = ("x", "y")
+
+            def __init__(self, x, y):
+                self.x, self.y = x, y
+
+        @node(output_name="made")
+        def make(v):
+            return Config(v), Point(v, -v), hasattr(Config(v), "__dict__")
+
+        for executor in ("process", "sequential"):
+            [out] = Pipeline([make], engine=Engine(map_executor=executor, workers=1)).map(inputs={"v": [3]},
+                                                                                          map_over="v")
+            config, point, has_dict = out["made"]
+            print(executor, config, type(config) is Config, (point.x, point.y), type(point) is Point, has_dict)
+    """)
+    assert lines == [f"{e} Config(value=3) True (3, -3) True False" for e in ("process", "sequential")]
+
+
+def test_a_wrapt_decorator_class_of_the_script_is_refused_saying_where_to_put_it(tmp_path):
+    """wrapt's decorator as a class instance (`@wrapt.decorator def __call__(self, ...)`) defined in
+    the script holds wrapt's own adapter, which cannot be sent: it was refused with advice no user
+    can follow ("give its class a __reduce__": the class is wrapt's). The refusal, before any node
+    runs, says where the decorator works (a module the script imports) and the in-process way."""
+    pytest.importorskip("wrapt")
+    lines = script(tmp_path, f"""
+        import os
+        import wrapt
+        from hardy import Engine, Pipeline, node
+        from hardy.errors import PicklingError
+
+        class Scale:
+            def __init__(self, k):
+                self.k = k
+
+            @wrapt.decorator
+            def __call__(self, wrapped, instance, args, kwargs):
+                open({str(tmp_path / "ran")!r}, "a").close()
+                return wrapped(*args, **kwargs) * self.k
+
+        @Scale(7)
+        def seven_times(x):
+            return x
+
+        print(Pipeline([node(seven_times, output_name="y")], engine=Engine(map_executor="sequential")).run(
+            inputs={{"x": 2}}))
+        os.remove({str(tmp_path / "ran")!r})
+        try:
+            Pipeline([node(seven_times, output_name="y")]).run(inputs={{"x": 2}})
+        except PicklingError as exc:
+            print("module your script imports" in str(exc), "__reduce__" in str(exc), "sequential" in str(exc),
+                  os.path.exists({str(tmp_path / "ran")!r}))
+    """)
+    assert lines == ["{'y': 14}", "True False True False"]

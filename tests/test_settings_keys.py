@@ -304,3 +304,44 @@ def test_torch_print_options_backend_flags_anomaly_and_grad_mode_travel_and_key(
                          for call in ("map", "map", "run")]
     for each in ("print", "flags", "no_grad", "algorithms"):  # (each one keyed on its own)
         assert script(tmp_path, TORCH, cache, each)[1] == "cache True", each
+
+
+CHANGED_BETWEEN_CALLS = """
+import decimal, sys, warnings
+from decimal import Decimal
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="y")
+def seventh(n):
+    try:
+        warnings.warn("old API", DeprecationWarning)
+        said = "ok"
+    except DeprecationWarning:
+        said = "raised"
+    return str(decimal.Context().divide(Decimal(n), Decimal(7))), said
+
+warnings.simplefilter("error")
+if sys.argv[1] == "ignore":  # (put first: it decides before the error filter does)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+cached = Pipeline([seventh], engine=Engine(map_executor="sequential"), cache=DiskCache(sys.argv[2]))
+for engine in (Engine(map_executor="sequential"), Engine(workers=1)):
+    p = Pipeline([seventh], engine=engine)
+    for prec in (28, 5, 28):
+        decimal.DefaultContext.prec = prec  # (in place, between two calls of one pipeline)
+        print(p.run(inputs={"n": 1})["y"] == seventh.func(1), p.map(inputs={"n": [1]}, map_over="n")[0]["y"]
+              == seventh.func(1), cached.run(inputs={"n": 1})["y"] == seventh.func(1))
+"""
+
+
+def test_settings_changed_between_two_calls_and_filters_before_an_error_filter_count(tmp_path):
+    """`decimal.DefaultContext` set in place between two calls of one pipeline was not seen (the
+    call kept its settings, and its key, from before: workers and a cache gave 28 digits where
+    your process computes 5); and an `ignore` filter ahead of an `error` one, which decides whether
+    a warning raises, was left out of the key: a process whose node warned and raised was served
+    what a process that ignored the warning computed."""
+    cache = str(tmp_path / "cache")
+    for order in ("ignore", "error", "ignore"):
+        out = subprocess.run([sys.executable, "-c", CHANGED_BETWEEN_CALLS, order, cache], text=True,
+                             capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == ["True"] * 18, (order, out.stdout)

@@ -139,12 +139,16 @@ def test_an_oserror_subclass_keeps_its_class_errno_and_file_names(tmp_path):
 
 
 TYPOS = """
-import os, sys, threading
+import dataclasses, os, sys, threading
 from hardy import Engine, Pipeline, node
 
 class Doc:
     def __init__(self, text):
         self.text = text
+
+@dataclasses.dataclass(slots=True)
+class Slotted:  # made anew by value in a worker, where it had no slots
+    text: str
 
 class Locked:  # stays in the worker: pickle refuses it
     def __init__(self, text):
@@ -162,6 +166,8 @@ def count_words(kind: str) -> int:
         return len(Doc("a b").txt)
     if kind == "unpicklable":
         return len(Locked("a b").txt)
+    if kind == "slotted":
+        return len(Slotted("a b").txt)
     if kind == "module":
         return len(os.pth)
     inside()
@@ -181,6 +187,7 @@ def test_an_attribute_typo_prints_did_you_mean_as_in_process(tmp_path):
     `name` and `obj` out. Where the object stays in the worker, its attribute names make the hint."""
     expected = {"plain": "AttributeError: 'Doc' object has no attribute 'txt'. Did you mean: 'text'?",
                 "unpicklable": "AttributeError: 'Locked' object has no attribute 'txt'. Did you mean: 'text'?",
+                "slotted": "AttributeError: 'Slotted' object has no attribute 'txt'. Did you mean: 'text'?",
                 "module": "AttributeError: module 'os' has no attribute 'pth'. Did you mean: 'path'?"}
     for kind, line in expected.items():
         assert _last_lines(tmp_path, kind) == {"sequential": line, "process": line}

@@ -288,12 +288,12 @@ class RemoteError(HardyError):
         return self.said if self.said is not None else str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:  # its class is made at run time: it travels as its recipe
-        made = (self.message, list(self.exceptions)) if isinstance(self, _GROUP) else (str(self),)
+        made = (self.message, list(self.exceptions)) if isinstance(self, EXCEPTION_GROUP) else (str(self),)
         return stand_in, (*self._origin, *made), {**self.__dict__, "args": self.args}
 
 
 _STAND_INS: dict[tuple[str, str, str], type[RemoteError]] = {}
-_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # (Python 3.11 on)
+EXCEPTION_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # (Python 3.11 on)
 
 
 def stand_in(module: str, qualname: str, base: str, message: str,

@@ -39,12 +39,12 @@ class Tally:
 
     def parts(self, elsewhere: list[str]) -> list[str]:
         """The counts in words, `elsewhere` (a bucket's own) after the faults; then forgotten."""
-        parts = [f"{entries(n)} {what}" for what, n in self.faults.most_common()]
-        if any("could not be pruned" not in what for what in self.faults):  # (pruning runs in `put` too)
-            parts[-1] += "; those nodes ran uncached"
-        fixes = dict.fromkeys(full_disk(what.split()[3], self.where) for what in self.faults
-                              if what.endswith("(disk full)"))  # ("could not be <action> (disk full)")
-        parts[-1:] = [part + "".join(f"; {fix}" for fix in fixes) for part in parts[-1:]]
+        ran = [f"{entries(n)} {what}" for what, n in self.faults.most_common() if "could not be pruned" not in what]
+        if ran:  # (pruning runs in `put` too: its faults cost no node its cache)
+            ran[-1] += "; those nodes ran uncached"
+        parts = ran + [f"{entries(n)} {what}" for what, n in self.faults.most_common() if "could not be pruned" in what]
+        parts += dict.fromkeys(full_disk(what.split()[3], self.where) for what in self.faults
+                               if what.endswith("(disk full)"))  # ("could not be <action> (disk full)"): the fixes
         parts += elsewhere
         parts += [f"{n} {what} entr{'y' if n == 1 else 'ies'} deleted and recomputed" if what == DAMAGED else
                   f"{entries(n)} {what} deleted and recomputed" for what, n in self.deleted.most_common()]

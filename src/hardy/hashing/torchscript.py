@@ -35,9 +35,10 @@ from .values import encode_into, length, register_library, type_name
 if TYPE_CHECKING:
     import zipfile
 
-_MANGLE = re.compile(rb"[./]___torch_mangle_\d+")
-_LEFT_OUT = re.compile(r"\.debug_pkl$|^\.data/serialization_id$|^traced_inputs")
-_CLASS_HEAD = re.compile(rb"^class [^\n]*\n((?:  (?!def )[^\n]*\n)+)", re.MULTILINE)  # declarations before its methods
+# patterns, compiled by `re` at their first use (a fork server imports this module, and seldom keys TorchScript)
+_MANGLE = rb"[./]___torch_mangle_\d+"
+_LEFT_OUT = r"\.debug_pkl$|^\.data/serialization_id$|^traced_inputs"
+_CLASS_HEAD = rb"(?m)^class [^\n]*\n((?:  (?!def )[^\n]*\n)+)"  # a compiled class's declarations before its methods
 
 
 def _encode_script_function(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -86,21 +87,22 @@ def _archive(compiled: Any, out: Callable[[bytes], Any]) -> None:
     try:
         try:
             compiled.save(f"/proc/self/fd/{fd}")
-        except RuntimeError as exc:  # (an attribute TorchScript cannot write: a custom class without __getstate__)
+        except RuntimeError as exc:  # (a custom class without __getstate__; a call of a @torch.jit.ignore method,
+            # whose Python code the archive cannot hold: a key of what it runs is not to be had)
+            said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise UnhashableError(f"TorchScript cannot save this {type(compiled).__name__}, which its key is made "
-                                  f"from ({str(exc).splitlines()[0]}); pass what it holds as inputs, or opt the node "
-                                  "out with @node(cache=False)") from None
+                                  f"from ({said})") from None
         with open(fd, "rb", closefd=False) as f, zipfile.ZipFile(f) as z:
             for info in z.infolist():
                 name = info.filename.partition("/")[2]  # (the folder is named after the file)
-                if _LEFT_OUT.search(name):
+                if re.search(_LEFT_OUT, name):
                     continue
                 if info.compress_type != zipfile.ZIP_STORED or name.endswith((".pkl", ".py")):
-                    data = _MANGLE.sub(b"", z.read(info))
-                    data = _CLASS_HEAD.sub(_sorted_head, data) if name.endswith(".py") else data
+                    data = re.sub(_MANGLE, b"", z.read(info))
+                    data = re.sub(_CLASS_HEAD, _sorted_head, data) if name.endswith(".py") else data
                 else:
                     data = os.pread(fd, info.file_size, _data_offset(fd, info))
-                out(b"e" + _MANGLE.sub(b"", name.encode()) + length(len(data)))
+                out(b"e" + re.sub(_MANGLE, b"", name.encode()) + length(len(data)))
                 out(data)
     finally:
         os.close(fd)

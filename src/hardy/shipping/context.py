@@ -25,9 +25,18 @@ from typing import Any, NamedTuple
 from ..cache.keys import settings_from
 from ..errors import ReplicaError
 from ..hashing import hash_value
+from .decimal_context import decimal_contexts, decimal_key, take_decimal
 from .pickling import dumps
 from .sklearn_config import sklearn_config, sklearn_now, sklearn_thread_config, take_sklearn_config
-from .torch_modes import TorchModes, take_torch_modes, torch_key, torch_keyed, torch_modes, torch_thread_modes
+from .torch_modes import (
+    TORCH_DEFAULTS,
+    TorchModes,
+    take_torch_modes,
+    torch_key,
+    torch_keyed,
+    torch_modes,
+    torch_thread_modes,
+)
 
 
 class Settings(NamedTuple):
@@ -54,8 +63,6 @@ class Settings(NamedTuple):
 
 
 Filter = tuple[str, Any, tuple[str, str], Any, int]  # action, message, category (module, name), module, line
-# decimal's context as Python makes it (not `decimal.Context()`: a copy of `DefaultContext`, which a script may change)
-DECIMAL = (28, "ROUND_HALF_EVEN", -999999, 999999, 1, 0, ["InvalidOperation", "DivisionByZero", "Overflow"])
 NUMPY_ERRORS = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}  # numpy's defaults
 # numpy's default print options, but `formatter` and `override_repr` (functions, which travel by
 # plain pickle only by reference: they stay the caller's, docs/same-answer.md)
@@ -67,10 +74,10 @@ def settings() -> Settings:
     """The calling thread's settings now (see `Settings`)."""
     filters = tuple((action, message, _named(category), module, line)
                     for action, message, category, module, line in warnings.filters)
-    decimal = sys.modules.get("decimal")
-    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, _decimal(decimal, "getcontext"), _numpy_errors(),
-                    _numpy_print(), torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable,
-                    sklearn_config(), _decimal(decimal, "DefaultContext"))
+    context, default = decimal_contexts()
+    return Settings(sys.getrecursionlimit(), _INT_DIGITS(), filters, context, _numpy_errors(), _numpy_print(),
+                    torch_modes(), _log_levels(), _numpy_callback(), logging.root.manager.disable, sklearn_config(),
+                    default)
 
 
 def settings_key() -> tuple[Any, ...]:
@@ -85,7 +92,7 @@ def settings_key() -> tuple[Any, ...]:
     modules = sys.modules
     decimal, numpy, torch = modules.get("decimal"), modules.get("numpy"), modules.get("torch")
     return (_RECURSION_LIMIT(), _INT_DIGITS(), filters, len(filters), filters[0] if filters else None,
-            _decimal_key(decimal) if decimal is not None else None,
+            decimal_key(decimal) if decimal is not None else None,
             (_numpy_state(numpy), _numpy_print_state(numpy)) if numpy is not None else None,
             torch_key(torch._C, torch.get_default_dtype) if torch is not None else None, _log_token(),
             sklearn_now() if "sklearn" in modules else None)
@@ -95,13 +102,6 @@ _RECURSION_LIMIT = sys.getrecursionlimit
 _INT_DIGITS: Callable[[], int | None] = getattr(sys, "get_int_max_str_digits", lambda: None)
 
 
-def _decimal_key(decimal: Any) -> tuple[Any, ...]:
-    """decimal's context (pandas loads the module) and its fields but the flags, in one call."""
-    context = decimal.getcontext()
-    fields = context.__reduce__()[1]
-    return context, fields[:6], fields[7]
-
-
 def take_settings(theirs: Settings) -> None:
     """Make this process's settings the caller's (a worker, at each call that changed them), but
     the warning filters (`workers.worker`, which may hold stand-ins for their categories). A
@@ -109,12 +109,7 @@ def take_settings(theirs: Settings) -> None:
     sys.setrecursionlimit(theirs.recursion_limit)
     if theirs.int_max_str_digits is not None and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(theirs.int_max_str_digits)
-    if theirs.decimal is not None or theirs.decimal_default is not None or "decimal" in sys.modules:
-        import decimal
-        _take_default_context(decimal.DefaultContext, theirs.decimal_default or DECIMAL, decimal)
-        prec, rounding, emin, emax, capitals, clamp, traps = theirs.decimal or DECIMAL
-        decimal.setcontext(decimal.Context(prec, rounding, emin, emax, capitals, clamp,
-                                           traps=[getattr(decimal, name) for name in traps]))
+    take_decimal(theirs.decimal, theirs.decimal_default)
     if theirs.numpy_errors is not None or theirs.numpy_print is not None or "numpy" in sys.modules:
         import numpy
         numpy.seterr(**(theirs.numpy_errors or NUMPY_ERRORS))  # type: ignore[arg-type]  # (numpy's own names)
@@ -125,7 +120,7 @@ def take_settings(theirs: Settings) -> None:
             numpy.set_printoptions(**(theirs.numpy_print or NUMPY_PRINT))
     if theirs.torch_modes is not None or "torch" in sys.modules:
         import torch
-        take_torch_modes(torch, theirs.torch_modes or TorchModes())
+        take_torch_modes(torch, theirs.torch_modes or TORCH_DEFAULTS)
     take_sklearn_config(theirs.sklearn)
     _take_log_levels(*theirs.log_levels)
     if logging.root.manager.disable != theirs.log_disable:  # (a node asking `log.isEnabledFor(INFO)`)
@@ -208,32 +203,6 @@ def loaded_warning(module: str, name: str) -> type[Warning] | None:
     for part in name.split("."):
         found = getattr(found, part, None)
     return found if isinstance(found, type) and issubclass(found, Warning) else None
-
-
-def _decimal(decimal: Any, which: str) -> tuple[Any, ...] | None:
-    """decimal's context of this thread (`getcontext`) or `DefaultContext`, where it is not what Python
-    makes (`DECIMAL`: `DefaultContext.prec = 6` changes what `decimal.Context()` copies, so that is no
-    yardstick). `DefaultContext` is read as a snapshot is made, not at every call (`settings_key`)."""
-    if decimal is None:
-        return None
-    context = getattr(decimal, which)
-    made = _fields(context() if which == "getcontext" else context)
-    return None if made[:6] == DECIMAL[:6] and sorted(made[6]) == sorted(DECIMAL[6]) else made
-
-
-def _take_default_context(default: Any, fields: tuple[Any, ...], decimal: Any) -> None:
-    """Make `decimal.DefaultContext` the caller's, in place: decimal copies that very object (not
-    the module's attribute) into a new thread's context and into `decimal.Context()`."""
-    if _fields(default) != fields:
-        default.prec, default.rounding, default.Emin, default.Emax, default.capitals, default.clamp = fields[:6]
-        default.clear_traps()
-        for name in fields[6]:
-            default.traps[getattr(decimal, name)] = True
-
-
-def _fields(c: Any) -> tuple[Any, ...]:
-    """A decimal context as `Settings.decimal` holds it."""
-    return c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, [t.__name__ for t, on in c.traps.items() if on]
 
 
 def _numpy_errors() -> dict[str, str] | None:
@@ -457,9 +426,10 @@ def result_settings() -> bytes:
     if snapshot is kept:
         return made
     s = snapshot.settings
-    modes = s.torch_modes or TorchModes()
+    modes = s.torch_modes or TORCH_DEFAULTS
     torch = (modes.default_dtype, modes.matmul_precision)
-    parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == TorchModes()[4:6] else torch)
+    default = (TORCH_DEFAULTS.default_dtype, TORCH_DEFAULTS.matmul_precision)
+    parts: tuple[Any, ...] = (s.decimal, s.numpy_print, None if torch == default else torch)
     if modes.autocast is not None:  # (keys made without it stay as they were)
         parts += (modes.autocast,)
     if modes.default_device is not None:  # (likewise, and the next)
@@ -469,8 +439,7 @@ def result_settings() -> bytes:
     parts += torch_keyed(modes)
     if s.decimal_default is not None:
         parts += (("DefaultContext", s.decimal_default),)
-    errors = [(getattr(m, "pattern", m), c, getattr(w, "pattern", w), n) for a, m, c, w, n in s.warning_filters
-              if a == "error" and c[0].partition(".")[0] not in ("pytest", "_pytest")]
+    errors = _error_filters(s.warning_filters)
     if errors:
         parts += (("errors", errors),)
     if s.numpy_errors is not None:  # (and the callback a mode calls, by its code)
@@ -478,6 +447,19 @@ def result_settings() -> bytes:
     made = b"" if parts == (None, None, None) else repr(parts).encode()
     _KEYED[0] = (snapshot, made)
     return made
+
+
+def _error_filters(filters: tuple[Filter, ...]) -> list[tuple[Any, ...]]:
+    """The warning filters a key holds: where one makes warnings errors, every filter from the
+    first to the last such (an `ignore` of a narrower category before it decides whether a warning
+    raises), but pytest's own, which pytest makes errors in every test; none where no filter makes
+    errors (libraries add the others as they are imported, and keys must not move with them)."""
+    kept = [(a, getattr(m, "pattern", m), c, getattr(w, "pattern", w), n) for a, m, c, w, n in filters
+            if c[0].partition(".")[0] not in ("pytest", "_pytest")]
+    last = max((k for k, entry in enumerate(kept) if entry[0] == "error"), default=None)
+    if last is None:
+        return []
+    return [entry[1:] if entry[0] == "error" else entry for entry in kept[:last + 1]]
 
 
 def _errcall_key() -> str:

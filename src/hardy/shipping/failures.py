@@ -6,12 +6,12 @@ and a cause that pickle cannot carry replaced by a recipe that rebuilds it on th
 
 from __future__ import annotations
 
-import builtins
 import io
 import pickle
+import types
 from typing import Any
 
-from ..errors import NodeError, stand_in, text_of
+from ..errors import EXCEPTION_GROUP, NodeError, stand_in, text_of
 from ..tracebacks import GroupFrames, group_frames, travelling, with_group_frames
 from .pickling import ByValuePickler, dumps
 
@@ -98,12 +98,9 @@ def _members(exc: BaseException) -> tuple[str, ...]:
     return ()
 
 
-_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # (Python 3.11 on)
-
-
 def _inner(exc: BaseException) -> tuple[BaseException, ...] | None:
     """The exceptions of an exception group (`asyncio.TaskGroup`'s), None for another exception."""
-    return exc.exceptions if isinstance(exc, _GROUP) else None
+    return exc.exceptions if isinstance(exc, EXCEPTION_GROUP) else None
 
 
 def _loses_name(kind: type) -> bool:
@@ -263,15 +260,18 @@ class _Capped(io.BytesIO):
 
 
 def _object(obj: Any) -> Any:
-    """An AttributeError's `obj` as it travels: itself where it pickles small and comes back, else
-    its `_Attributes`."""
-    try:
-        with _Capped() as file:
-            ByValuePickler(file, protocol=5).dump(obj)
-            pickle.loads(file.getvalue())
-        return obj
-    except Exception:
-        pass
+    """An AttributeError's `obj` as it travels: itself where it is a module or a built-in value that
+    pickles small, else its `_Attributes` (an object of the user's class may pickle and unpickle
+    here, by value, and not in the caller, whose own class it resolves to: a slotted dataclass of
+    the script; the whole error would be lost for a hint)."""
+    if isinstance(obj, types.ModuleType) or type(obj).__module__ == "builtins":
+        try:
+            with _Capped() as file:
+                ByValuePickler(file, protocol=5).dump(obj)
+                pickle.loads(file.getvalue())
+            return obj
+        except Exception:
+            pass
     try:
         names = tuple(n for n in dir(obj) if isinstance(n, str))
     except Exception:  # a broken __dir__: no hint, as in-process

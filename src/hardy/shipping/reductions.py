@@ -190,22 +190,32 @@ def _posing_refusal(obj: Any, exc: Exception) -> str:
     kind, claimed = type(obj), obj.__class__
     module, name = getattr(claimed, "__module__", None), getattr(claimed, "__qualname__", repr(claimed))
     posing = name if module in ("builtins", None) else f"{module}.{name}"
+    wrapt = kind.__module__.partition(".")[0] == "wrapt"
+    fix = ("define the decorator (or the class holding it) in a module your script imports, which a worker imports "
+           "by name" if wrapt else "give its class a __reduce__ that rebuilds it")
     return (f"a {kind.__module__}.{kind.__qualname__} object posing as a {posing} (a proxy) cannot be pickled "
             f"as itself ({type(exc).__name__}: {exc}), and sent as what it wraps it "
-            f"would run without its own code in the worker. Give its class a __reduce__ that rebuilds it, apply it "
-            f"inside the node, or run this pipeline in-process (Engine(map_executor=\"sequential\") or \"threaded\")")
+            f"would run without its own code in the worker. To fix: {fix}, apply it inside the node, or run this "
+            "pipeline in-process (Engine(map_executor=\"sequential\") or \"threaded\")")
 
 
 def made_with_its_class(cls: type, reduced: Any) -> Any:
-    """cloudpickle's reduction of a class by value, with the `__class__` it defines (a proxy's
-    property) in the namespace it is made with, as its `class` statement had it: set after, with
-    the rest of its members, it would change the class's own class (TypeError in the worker)."""
-    if "__class__" not in vars(cls) or not isinstance(reduced, tuple) or len(reduced) < 3:
+    """cloudpickle's reduction of a class by value, with what only a `class` statement can give in
+    the namespace it is made with (`_AT_CREATION`): the `__class__` a proxy defines (set after, with
+    the rest of its members, it would change the class's own class: TypeError in the worker), and
+    `__slots__` (set after, the class made anew had no slots: its instances held a `__dict__`, and
+    one sent back to the caller, whose own class is slotted, could not be unpickled there)."""
+    own = vars(cls)
+    moved = {k: own[k] for k in _AT_CREATION if k in own}
+    if (not moved or not isinstance(reduced, tuple) or len(reduced) < 3
+            or reduced[0] is not cloudpickle.cloudpickle._make_skeleton_class):
         return reduced
     make, (kind, name, bases, kwargs, *rest), (members, slots), *after = reduced
-    members = {k: v for k, v in members.items() if k != "__class__"}
-    return (make, (kind, name, bases, {**kwargs, "__class__": vars(cls)["__class__"]}, *rest), (members, slots),
-            *after)
+    members = {k: v for k, v in members.items() if k not in moved}
+    return (make, (kind, name, bases, {**kwargs, **moved}, *rest), (members, slots), *after)
+
+
+_AT_CREATION = ("__class__", "__slots__")
 
 
 def _made(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

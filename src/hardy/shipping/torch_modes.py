@@ -167,8 +167,8 @@ def take_torch_modes(torch: Any, theirs: TorchModes) -> None:
         _take_autocast(torch, theirs.autocast)
     if now.default_device != theirs.default_device:  # (a device this process lacks fails where a tensor is made)
         torch.set_default_device(theirs.default_device)
-    if now[11:13] != theirs[11:13]:
-        torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled = theirs[11:13]
+    if (now.cudnn_enabled, now.mkldnn_enabled) != (theirs.cudnn_enabled, theirs.mkldnn_enabled):
+        torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled = theirs.cudnn_enabled, theirs.mkldnn_enabled
     if now.anomaly != theirs.anomaly:  # (off: check_nan back to torch's default, True)
         torch.autograd.set_detect_anomaly(theirs.anomaly is not None, check_nan=theirs.anomaly is not False)
     if now.print_options != theirs.print_options:
