@@ -245,9 +245,10 @@ FILL_YESTERDAY = """
 import sys
 sys.path.insert(0, sys.argv[2])
 from fullblobs import counted_blob
-from hardy import DiskCache, Pipeline
-Pipeline(nodes=[counted_blob], cache=DiskCache(sys.argv[1])).map(inputs={"x": list(range(int(sys.argv[3]))),
-                                                                          "size": int(sys.argv[4])}, map_over="x")
+from hardy import DiskCache, Engine, Pipeline
+# (in this process alone: a worker stopped as the process exits may leave the index's log behind it)
+Pipeline(nodes=[counted_blob], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential")).map(
+    inputs={"x": list(range(int(sys.argv[3]))), "size": int(sys.argv[4])}, map_over="x")
 """
 
 
@@ -267,6 +268,16 @@ def cache_command(*args: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "COLUMNS": "400"})
 
 
+def _counted_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Path:
+    """`fullblobs.counted_blob` importable, its calls counted in the file returned; the cache's warnings captured."""
+    caplog.set_level(logging.WARNING, "hardy.cache")
+    (tmp_path / "fullblobs.py").write_text(BLOBS)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return calls
+
+
 @pytest.mark.parametrize("n, size, executor", [(20, 1000, "sequential"), (4, 300_000, "sequential"),
                                                (20, 1000, "process")])  # in the index, in files
 def test_a_cache_closed_before_the_disk_filled_is_served_and_can_be_emptied(tiny_disk, tmp_path, monkeypatch,
@@ -275,11 +286,7 @@ def test_a_cache_closed_before_the_disk_filled_is_served_and_can_be_emptied(tiny
     them to open it), on a disk that is full today: served whole, with the tools that free it."""
     from hardy import Engine
 
-    caplog.set_level(logging.WARNING, "hardy.cache")
-    (tmp_path / "fullblobs.py").write_text(BLOBS)
-    calls = tmp_path / "calls.txt"
-    monkeypatch.setenv("CALLS", str(calls))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = _counted_blobs(tmp_path, monkeypatch, caplog)
     folder = tiny_disk / "c"
     subprocess.run([sys.executable, "-c", FILL_YESTERDAY, str(folder), str(tmp_path), str(n), str(size)], check=True)
     assert not (folder / "index.sqlite-wal").exists()  # closed cleanly: its log folded in and removed
@@ -353,11 +360,7 @@ def test_a_cache_folder_deleted_while_in_use_is_made_again(tmp_path, monkeypatch
     what is computed after it is stored in the folder made again, not in the deleted index."""
     from hardy import Engine
 
-    caplog.set_level(logging.WARNING, "hardy.cache")
-    (tmp_path / "fullblobs.py").write_text(BLOBS)
-    calls = tmp_path / "calls.txt"
-    monkeypatch.setenv("CALLS", str(calls))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = _counted_blobs(tmp_path, monkeypatch, caplog)
     from fullblobs import counted_blob
 
     folder = tmp_path / "c"
