@@ -950,14 +950,15 @@ def test_breakpoint_under_hardy_run_says_the_commands_way_and_it_works(tmp_path,
     `hardy replay REPORT --item N --pdb` (which refuses every report `hardy run` writes) or
     Engine(map_executor="sequential"); it says --executor sequential, which stops in pdb."""
     (tmp_path / "bpnode.py").write_text(BREAKS)
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}  # (importing ray sets it, to its own)
     out = subprocess.run([sys.executable, *command, "run", "bpnode:pipeline", "--set", "x=1", "--executor", "process"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=plain)
     message = json.loads(out.stdout)["message"]
     assert out.returncode == 1 and "run the same `hardy run` command again with `--executor sequential`" in message
     assert "debug()" not in message and "hardy replay" not in message and "Engine(" not in message, message
     followed = subprocess.run([sys.executable, *command, "run", "bpnode:pipeline", "--set", "x=1", "--executor",
                                "sequential"], cwd=tmp_path, input="p y * 100\nc\n", capture_output=True, text=True,
-                              timeout=120)
+                              timeout=120, env=plain)
     assert followed.returncode == 0 and "200" in followed.stderr, followed.stderr
     assert json.loads(followed.stdout) == {"item": 0, "ok": True, "outputs": {"y": 2}}
 
