@@ -318,7 +318,7 @@ def test_a_result_whose_pickling_calls_sys_exit_fails_its_item_and_ends_nothing(
     """, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == (
-        "99 node 'make' failed on item 5: its output 'y' (__main__.Quits) cannot be pickled back to the parent "
+        "99 node 'make' failed on item 5 (inputs: x=5): its output 'y' (__main__.Quits) cannot be pickled back to the parent "
         "process (SystemExit: 9); return plain data (numbers, arrays, dicts, paths) or make the type picklable"), \
         done.stdout + done.stderr
 

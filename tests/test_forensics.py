@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -743,6 +744,10 @@ def test_replay_under_py_spy_names_the_crash_and_where_a_hang_spent_its_time(cra
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert "outcome: ran past its node's timeout: SIGINT to the main thread" in lines
+    assert [ln for ln in lines if ln.startswith("outcome:")] == [  # (the stop's KeyboardInterrupt: no second one)
+        "outcome: ran past its node's timeout: SIGINT to the main thread"], lines
+    raised = re.findall(r'^  File "(.*)", line \d+, in ', run.stdout + run.stderr, re.MULTILINE)  # (not faulthandler's)
+    assert not [f for f in raised if "/hardy/" in f], raised  # where the node was, if it got back to Python
     top = lines.index(next(ln for ln in lines if ln.startswith("py-spy record --native: ")))
     assert "while its nodes ran; where the time went" in lines[top]
     assert "inner_wait (libforensic.so)" in lines[top + 1], lines[top:]  # the busiest stack: the hang
@@ -881,3 +886,37 @@ def test_a_library_replaced_after_it_was_loaded_is_never_named_from_the_new_file
         assert stack[0].endswith("(library replaced since it was loaded)"), run.stdout
     assert stack[1].startswith("  #1 libver.so +0x") and "(crash_here+0x" in stack[1], run.stdout  # exported: read from memory
     assert "diagnosis: libver.so was replaced on disk after the worker loaded it" in run.stdout, run.stdout
+
+
+SLEEPS_PAST_ITS_TIMEOUT = """
+import sys, time
+from hardy import Engine, Pipeline, node
+
+@node(output_name="n", timeout=1)
+def embed(doc: str) -> int:
+    if doc == "slow":
+        time.sleep(60)
+    return len(doc)
+
+Pipeline([embed], name="embed", engine=Engine(workers=1, report_dir=sys.argv[1])).map(
+    inputs={"doc": ["a", "slow"]}, map_over="doc", on_error="continue")
+"""
+
+
+@pytest.mark.slow  # py-spy
+def test_replay_of_an_item_past_its_timeout_says_one_outcome_and_where_its_node_was(tmp_path):
+    """Stopped past its node's timeout, the replayed item said its outcome twice ("ran past its
+    node's timeout", then "KeyboardInterrupt:", which is only how it was stopped), and the stack
+    of where the node was began in hardy's frames. One outcome; the node's frames alone."""
+    if stacks.py_spy() is None:
+        pytest.skip("py-spy is not installed (pip install 'hardy[forensics]')")
+    (tmp_path / "hang.py").write_text(SLEEPS_PAST_ITS_TIMEOUT)
+    subprocess.run([sys.executable, str(tmp_path / "hang.py"), str(tmp_path / "reports")], check=True,
+                   capture_output=True, timeout=120)
+    (report,) = (tmp_path / "reports").glob("*.json")
+    run = _replay(report, "--item", "1", "--py-spy")  # (the item runs in the replay's own process: `replay_item`)
+    assert run.returncode != 0, run.stdout + run.stderr
+    outcomes = [ln for ln in run.stdout.splitlines() if ln.startswith("outcome:")]
+    assert outcomes == ["outcome: ran past its node's timeout: SIGINT to the main thread"], run.stdout
+    raised = re.findall(r'^  File "(.*)", line \d+, in (\w+)', run.stdout + run.stderr, re.MULTILINE)
+    assert raised == [(str(tmp_path / "hang.py"), "embed")], raised  # time.sleep is C: no frame of its own

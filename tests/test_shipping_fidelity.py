@@ -55,8 +55,9 @@ def test_an_open_text_file_returned_fails_its_item_as_a_binary_file_does(engines
     got = Pipeline([opened], engine=engines["process"]).map(inputs={"mode": ["r", "rb"]}, map_over="mode",
                                                            on_error="continue")
     assert all(isinstance(o, Failed) for o in got), got  # (a StringIO copy came back before)
-    for o, kind in zip(got, ("_io.TextIOWrapper", "_io.BufferedReader")):
+    for o, kind, mode in zip(got, ("_io.TextIOWrapper", "_io.BufferedReader"), ("r", "rb")):
         assert f"its output 'f' ({kind}) cannot be pickled back to the parent process" in str(o.error)
+        assert f"failed on item {o.error.item} (inputs: mode={mode!r}):" in str(o.error)  # (as other failures say)
         assert f"cannot pickle '{kind}' object" in str(o.error)
     here = Pipeline([opened], engine=engines["sequential"]).map(inputs={"mode": ["r"]}, map_over="mode")
     assert type(here[0]["f"]).__name__ == "TextIOWrapper"  # (what a worker cannot hand back)

@@ -33,6 +33,9 @@ def _post(t: float) -> float:
     return before
 
 
+_stopped: list[str] = []  # why the watchdog stopped the item, once it has
+
+
 def _watchdog(overall: float) -> None:
     """Stops the item past its node's timeout (posted as in a worker: `crash.containment.mark_contained`) or
     past `overall` seconds from now (0: no such limit)."""
@@ -47,6 +50,7 @@ def _watchdog(overall: float) -> None:
             if 0 < _posted[0] < now or 0 < end < now:
                 break
         why = "its node's timeout" if 0 < _posted[0] < now else f"--timeout {overall:g} s"
+        _stopped.append(why)  # (the outcome, said here: the KeyboardInterrupt below is only how)
         print(f"outcome: ran past {why}: SIGINT to the main thread", flush=True)
         signal.pthread_kill(main, signal.SIGINT)
         time.sleep(1.0)
@@ -90,9 +94,11 @@ def main(argv: list[str]) -> int:
     try:
         pipeline.run(inputs=inputs, engine=Engine(map_executor="sequential"))
     except BaseException as exc:  # KeyboardInterrupt from the deadline too: the outcome, then its stack
+        from .tracebacks import own_frames
         cause = exc.__cause__ or exc
-        print(f"outcome: {type(cause).__name__}: {cause}", flush=True)
-        traceback.print_exception(cause)
+        if not _stopped:  # (past a deadline, the watchdog said the outcome; this is where the node was)
+            print(f"outcome: {type(cause).__name__}: {cause}", flush=True)
+        traceback.print_exception(type(cause), cause, own_frames(cause.__traceback__))  # (the user's frames)
         return 1
     print("outcome: ok", flush=True)
     return 0

@@ -93,7 +93,7 @@ class Deaths:
         or, when it crashed inside a nested map, with that inner item failed), as `verdict.charge`
         says."""
         node = self.node_at(step)
-        found = verdict.charge(end, i, node, _inputs(self.items[i]), self.attempts.get(i, 0), self.poison, self.map,
+        found = verdict.charge(end, i, node, item_inputs(self.items[i]), self.attempts.get(i, 0), self.poison, self.map,
                                self.blameless.get(i, 0))
         err = found.error
         if found.poison is not None:
@@ -282,6 +282,16 @@ def _exempt() -> bool:
     return bool(caps & (1 << 21 | 1 << 24))  # CAP_SYS_ADMIN, CAP_SYS_RESOURCE
 
 
-def _inputs(item: Any) -> dict[str, Any] | None:
+def item_inputs(item: Any) -> dict[str, Any] | None:
     """An item's inputs for an error message; None for one an engine passes unopened (`Pickled`)."""
     return {k: v for k, v in item.items() if k != KEYS} if isinstance(item, dict) else None
+
+
+def with_inputs(err: NodeError, item: Any) -> NodeError:
+    """`err`, naming its item's inputs where the worker could not: it fails an item whose output
+    cannot be pickled back once its batch is packed, when the item's inputs are long gone. Not the
+    inputs of an item of a nested map, which are not this map's item's (`nested`)."""
+    if not err.inputs_summary and not err.nested and (inputs := item_inputs(item)):
+        from ..wording import summarize
+        err.inputs_summary = summarize(inputs)
+    return err

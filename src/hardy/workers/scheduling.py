@@ -41,7 +41,7 @@ from ..shipping.payload import dump_values
 from ..shipping.replica import replica
 from ..tracebacks import landed_in_worker
 from . import status as words
-from .deaths import Deaths
+from .deaths import Deaths, with_inputs
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
 from .replies import handle_logs
@@ -343,7 +343,7 @@ class MapRun:
             rows, records = batch if logged else (batch, None)
             for i, _, err, *log in self.results.take(rows, unsent, records):  # the failures
                 if not self.retry_out_of_memory(i, err):
-                    self.results.fail(i, err, *log)
+                    self.results.fail(i, with_inputs(err, self.items[i]), *log)
         if free:
             return False
         if done:  # the items with no result yet are those of unreadable batches
@@ -378,7 +378,7 @@ class MapRun:
             if ok:
                 self.results.ok(i, value, logs)
             elif not self.retry_out_of_memory(i, value):
-                self.results.fail(i, value, logs)
+                self.results.fail(i, with_inputs(value, self.items[i]), logs)
 
     def retry_out_of_memory(self, i: int, err: NodeError) -> bool:
         """A GPU out-of-memory under `@node(retries=N)`: its worker retires (a fresh CUDA context has
