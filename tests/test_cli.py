@@ -1013,3 +1013,40 @@ def test_a_closed_standard_output_without_output_is_a_usage_error(tmp_path):
                            text=True, timeout=120, preexec_fn=lambda: os.close(1))
     assert given.returncode == 0, given.stderr
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+
+
+BIG_LINES = """
+from hardy import Pipeline, node
+
+@node(output_name="text")
+def padded(x: int) -> str:
+    return str(x) * 4000
+
+pipeline = Pipeline([padded])
+"""
+
+
+def test_an_output_on_a_full_disk_says_how_to_resume_and_resuming_writes_each_item_once(tmp_path):
+    """`--output` on a disk that fills ended with exit code 74 and no word of `--resume`, which
+    runs the items without a line once there is room: it is said, and doing it writes every item
+    once (the line cut short by the full disk runs again)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"mount tmpfs failed ({done.stderr.strip()}): needs root")
+    try:
+        (tmp_path / "big.py").write_text(BIG_LINES)
+        out = disk / "out.jsonl"
+        args = ["big:pipeline", "--set", f"x={list(range(40))}", "--map-over", "x", "--executor", "sequential"]
+        full = _hardy_run(tmp_path, *args, "--output", str(out))
+        assert full.returncode == 74, full.stderr
+        assert f"the same command with --resume {out} runs the items that have no line in it yet" in full.stderr
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)  # room on its disk
+        resumed = _hardy_run(tmp_path, *args, "--output", str(out), "--resume", str(out))
+        assert resumed.returncode == 0, resumed.stderr
+        items = [json.loads(line)["item"] for line in out.read_text().splitlines() if line.endswith("}")]
+        assert sorted(items) == list(range(40)), items
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

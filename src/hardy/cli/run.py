@@ -358,8 +358,11 @@ def _unwritable(exc: OSError, done: int, output: str | None, out: IO[str]) -> No
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     what = "the output was closed (a closed pipe)" if closed else f"cannot write {output or 'stdout'}: {exc.strerror}"
+    then = "" if closed or output is None else (
+        f"; once it can be written (room on its disk), the same command with --resume {output} runs the items "
+        "that have no line in it yet")
     with contextlib.suppress(OSError):
-        typer.echo(f"hardy: {what} after {done} item(s); the map was stopped and its workers with it", err=True)
+        typer.echo(f"hardy: {what} after {done} item(s); the map was stopped and its workers with it{then}", err=True)
     raise typer.Exit(141 if closed else 74)
 
 
