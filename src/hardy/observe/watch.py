@@ -146,4 +146,3 @@ class Watch:
             if self.report is not None:
                 self.report.items = seen
             self.finish(pipeline, failures)
-
