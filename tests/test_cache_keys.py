@@ -992,6 +992,15 @@ first = q.run(inputs={"x": X})["y"]
 MODEL.threshold = 10.0
 SHIFT.add_(1.0)
 out["changed in one process"] = [[first, q.run(inputs={"x": X})["y"]], [first, by_model(X)]]
+SCALED = torch.jit.script(Classifier(-100.0))  # a Python attribute set after compiling, read by the node
+SCALED.scale = value
+def by_scale(x):
+    with torch.no_grad():
+        return (SCALED(x) * SCALED.scale).tolist()
+s = Pipeline(nodes=[node(by_scale, output_name="y")], cache=DiskCache(sys.argv[3]), engine=engine)
+out["Python attribute set after compiling"] = [s.run(inputs={"x": X})["y"], by_scale(X)]
+SCALED.scale = value + 10
+out["Python attribute changed in one process"] = [s.run(inputs={"x": X})["y"], by_scale(X)]
 out["same model, one key"] = len({DiskCache.input_key(torch.jit.script(Classifier(0.5)), "m") for _ in range(2)})
 print(json.dumps(out))
 """
@@ -1002,7 +1011,8 @@ def test_torchscript_attributes_constants_and_called_code_are_keyed_across_proce
     """A TorchScript module or function was keyed by its own `.code`, its submodules' mode and its
     `state_dict()`: a script attribute (`self.threshold`), a trace's tensor constants and the code
     of the compiled functions it calls were in none, and a fresh process whose model differed in
-    them was served the first one's results. Each run here is a fresh process on one cache, the
+    them was served the first one's results; so was a Python attribute a script sets on a compiled
+    module (`model.scale = 3.0`), which lives outside the archive that keys it now. Each run here is a fresh process on one cache, the
     second with other values and other helpers; the third is the first again, and is served."""
     needs_torch()
 
