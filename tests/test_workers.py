@@ -207,7 +207,9 @@ def test_inputs_no_node_reads_are_not_shipped():
     assert out == [{"y": 1}, {"y": 2}]
 
 
-def test_unpicklable_node_is_named():
+def test_unpicklable_node_is_named_with_what_it_reads_that_cannot_travel():
+    """The message named the node alone, and told to define it at module level, which it may well
+    be: what to move out of it (a lock it closes over, a client a helper it calls reads) is named."""
     import threading
     lock = threading.Lock()
 
@@ -216,9 +218,20 @@ def test_unpicklable_node_is_named():
         with lock:
             return x
 
+    def helper(x):
+        with lock:
+            return x
+
+    @node(output_name="y")
+    def through_a_helper(x):
+        return helper(x)
+
     with Engine(map_executor="process", workers=1) as engine:
-        with pytest.raises(PicklingError, match="node 'guarded' cannot be sent to a worker"):
-            Pipeline(nodes=[guarded], engine=engine).map(inputs={"x": [1]}, map_over="x")
+        for n in (guarded, through_a_helper):
+            with pytest.raises(PicklingError, match=f"node '{n.name}' cannot be sent to a worker process: the "
+                               "closed-over variable 'lock' it reads \\(lock\\) cannot be pickled \\(.*\\)\\. "
+                               "Build it inside the node"):
+                Pipeline(nodes=[n], engine=engine).map(inputs={"x": [1]}, map_over="x")
 
 
 def test_results_arrive_per_item_for_slow_items():

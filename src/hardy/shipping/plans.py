@@ -156,7 +156,37 @@ def _unpicklable_node(plan: Plan, exc: Exception) -> str:
         except PicklingError as node_exc:
             return f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}."
         except Exception as node_exc:
+            culprit = _unpicklable_read(getattr(step.node, "func", None), set())
+            if culprit:
+                return (f"node {step.node.name!r} cannot be sent to a worker process: {culprit} cannot be "
+                        f"pickled ({node_exc}). Build it inside the node (or with @stateful, once per worker), "
+                        "or pass plain data or a path instead.")
             return (f"node {step.node.name!r} cannot be sent to a worker process: {node_exc}. Define it "
                     "at module level or in an importable module, and keep unpicklable objects (locks, open "
                     "files, clients) out of its closure: build them inside the node or with @stateful.")
     return f"the pipeline cannot be sent to a worker process: {exc}"
+
+
+def _unpicklable_read(func: Any, seen: set[int]) -> str:
+    """The global or closed-over variable a script's function reads (itself, or through a function
+    it calls) that cannot be pickled, in words (`the global 'MODEL' (RecursiveScriptModule)`); ''
+    when none is found, so that the message names what to move out of the node, not only why."""
+    import inspect
+    import types
+    if not isinstance(func, types.FunctionType) or id(func) in seen:
+        return ""
+    seen.add(id(func))
+    try:
+        reads = inspect.getclosurevars(func)
+    except (TypeError, ValueError):
+        return ""
+    for kind, values in (("global", reads.globals), ("closed-over variable", reads.nonlocals)):
+        for name, value in values.items():
+            if isinstance(value, types.ModuleType):
+                continue
+            try:
+                ByValuePickler(io.BytesIO(), protocol=5).dump(value)
+            except Exception:
+                inner = _unpicklable_read(value, seen)
+                return inner or f"the {kind} {name!r} it reads ({type(value).__name__})"
+    return ""
