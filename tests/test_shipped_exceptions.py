@@ -170,6 +170,8 @@ def count_words(kind: str) -> int:
         return len(Slotted("a b").txt)
     if kind == "module":
         return len(os.pth)
+    if kind == "name":
+        return len(Docc("a b").text)
     inside()
 
 Pipeline([count_words], engine=Engine(map_executor=sys.argv[1], workers=1)).run(inputs={"kind": sys.argv[2]})
@@ -191,6 +193,13 @@ def test_an_attribute_typo_prints_did_you_mean_as_in_process(tmp_path):
                 "module": "AttributeError: module 'os' has no attribute 'pth'. Did you mean: 'path'?"}
     for kind, line in expected.items():
         assert _last_lines(tmp_path, kind) == {"sequential": line, "process": line}
+
+
+def test_a_name_typo_keeps_its_name_and_prints_did_you_mean_as_in_process(tmp_path):
+    """A worker's NameError came back without its `name` (pickle leaves it out), which code reads
+    (`except NameError as e: e.name`) and from which Python prints "Did you mean: 'Doc'?"."""
+    line = "NameError: name 'Docc' is not defined. Did you mean: 'Doc'?"
+    assert _last_lines(tmp_path, "name") == {"sequential": line, "process": line}
 
 
 def test_a_class_defined_in_a_function_prints_its_full_name(tmp_path):

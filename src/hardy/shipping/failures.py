@@ -90,11 +90,15 @@ def _same(copy: BaseException, value: BaseException) -> bool:
 def _members(exc: BaseException) -> tuple[str, ...]:
     """What an exception holds outside its `args` and `__dict__`, which pickle leaves out: the
     file an OSError names (and its errno, which a subclass's own constructor sets), the name and
-    object of an AttributeError, from which Python prints "Did you mean: 'text'?"."""
+    object of an AttributeError and the name of a NameError, from which Python prints "Did you
+    mean: 'text'?" (a NameError's from the names of the frame it was raised in, which the rebuilt
+    frame has: its locals' stand-ins, the script's globals)."""
     if isinstance(exc, OSError):
         return ("errno", "strerror", "filename", "filename2")
     if isinstance(exc, AttributeError):
         return ("name", "obj")
+    if isinstance(exc, NameError):
+        return ("name",)
     return ()
 
 
