@@ -690,6 +690,40 @@ def test_an_lru_cache_function_of_the_script_is_a_node_in_a_worker(tmp_path):
     assert lines[0] == lines[1] == "[[{'y': [0]}, {'y': [0, 1]}], [{'y': 1}, {'y': 4}], {'y': 21}]"
 
 
+def test_a_singledispatch_function_of_the_script_runs_in_a_worker_with_its_registrations(tmp_path):
+    """A `functools.singledispatch` function of a script (or a notebook), read by a node or used as
+    one, stopped the default executor: by value, its closure held its dispatch cache, which does
+    not pickle. It travels as its function and registrations, one added between two maps too."""
+    lines = script(tmp_path, """
+        import functools
+        from hardy import Engine, Pipeline, node
+
+        @functools.singledispatch
+        def convert(v):
+            return "base"
+
+        @convert.register
+        def _(v: int):
+            return f"int{v}"
+
+        def reads(v):
+            return convert(v)
+
+        for executor in ("process", "sequential"):
+            engine = Engine(map_executor=executor)
+            got = [Pipeline([node(f, output_name="y")], engine=engine).map(inputs={"v": [1, "a"]}, map_over="v")
+                   for f in (reads, convert)]
+            convert.register(str, lambda v: f"str{v}")
+            got.append(Pipeline([node(reads, output_name="y")], engine=engine).map(inputs={"v": [1, "a"]},
+                                                                                  map_over="v"))
+            print(got)
+            convert = functools.singledispatch(convert.__wrapped__)  # (a registration cannot be taken back)
+            convert.register(int, lambda v: f"int{v}")
+    """)
+    assert lines[0] == lines[1] == ("[[{'y': 'int1'}, {'y': 'base'}], [{'y': 'int1'}, {'y': 'base'}], "
+                                    "[{'y': 'int1'}, {'y': 'stra'}]]")
+
+
 def test_an_enum_members_attribute_set_at_run_time_reaches_the_workers(tmp_path):
     """An attribute set on an Enum member at the top of a script (`Unit.KG.scale = 2`) was
     missing in the workers (AttributeError): cloudpickle rebuilds a script's Enum from its

@@ -29,8 +29,10 @@ import cloudpickle
 
 from ..buffers import THRESHOLD, big_buffer
 from .reductions import (
+    is_singledispatch,
     made_with_its_class,
     reduce_posing,
+    reduce_singledispatch,
     reduce_tensor_as_torch,
     reductions,
     subclass_reduction,
@@ -262,6 +264,8 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
             raise TypeError(f"cannot pickle {kind.__module__ + '.' + kind.__qualname__!r} object")
         if kind is not types.FunctionType and isinstance(obj, types.FunctionType):
             return reduce_posing(obj)  # (a proxy whose type forwards every attribute, `__class__` too)
+        if is_singledispatch(obj):
+            return reduce_singledispatch(obj)
         reduced = super().reducer_override(obj)
         if kind is types.FunctionType and isinstance(reduced, tuple) and len(reduced) > 2:
             _with_class_body_globals(obj, reduced[2])

@@ -7,7 +7,9 @@ that made itself an instance of its own class sent by reference (`torch.backends
 `os.environ` held as a global (`from os import environ`); a `functools.cached_property` rebuilt
 without the lock Python 3.11 gives it. A proxy that poses as what it wraps (its `__class__` is not
 its type: a `wrapt` decorator's wrapper) travels whole, never as what it wraps (`reduce_posing`), and
-an `lru_cache` function of a script by its function, with an empty cache (`_reduce_lru_cached`).
+an `lru_cache` function of a script by its function, with an empty cache (`_reduce_lru_cached`), and
+a `functools.singledispatch` function of a script by its function and its registrations
+(`reduce_singledispatch`).
 """
 
 from __future__ import annotations
@@ -290,6 +292,37 @@ def _reduce_lru_cached(func: Any, by_name: bool = True) -> Any:
 def _lru_cached(func: Callable[..., Any], maxsize: int | None, typed: bool, attributes: dict[str, Any]) -> Any:
     made = functools.lru_cache(maxsize=maxsize, typed=typed)(func)
     vars(made).update(attributes)
+    return made
+
+
+_SINGLEDISPATCH = functools.singledispatch(len).__code__  # type: ignore[attr-defined]  # (of every one)
+
+
+def is_singledispatch(obj: Any) -> bool:
+    return type(obj) is types.FunctionType and obj.__code__ is _SINGLEDISPATCH
+
+
+def reduce_singledispatch(func: Any) -> Any:
+    """A `functools.singledispatch` function: by name where a worker imports it (`named`), else by the
+    function it dispatches from, its registrations and the attributes set on it, made again with an
+    empty dispatch cache: by value, its closure held that cache (a `WeakKeyDictionary`, which does
+    not pickle), and a script's such function stopped the default executor."""
+    name = named(func)
+    if name is not None:
+        return name
+    registered = [(kind, impl) for kind, impl in func.registry.items() if kind is not object]
+    own = {k: v for k, v in vars(func).items() if k not in _SINGLEDISPATCH_OWN}
+    return _singledispatched, (func.__wrapped__, registered, own)
+
+
+_SINGLEDISPATCH_OWN = frozenset({"register", "dispatch", "registry", "_clear_cache", "__wrapped__"})
+
+
+def _singledispatched(func: Callable[..., Any], registered: list[tuple[Any, Any]], own: dict[str, Any]) -> Any:
+    made = functools.singledispatch(func)
+    for kind, impl in registered:
+        made.register(kind, impl)
+    vars(made).update(own)
     return made
 
 
