@@ -38,6 +38,73 @@ def outcome(fn):
 '''
 
 SCENARIOS = {
+    "an_input_named_as_a_nodes_output_is_computed_not_used": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="add")
+def add(x: int, y: int) -> int:
+    return x + y
+
+@node(output_name="sq")
+def sq(add: int) -> int:
+    return add * add
+
+p = Pipeline(nodes=[add, sq])  # a dataset row that happens to hold a column named as an output
+result = {"run": p.run(inputs={"x": 1, "y": 2, "add": 100}),
+          "map": p.map(inputs={"x": [1, 2], "y": 2, "add": 100}, map_over="x"),
+          "only the output": outcome(lambda: p.run(inputs={"add": 100}))}
+''',
+    "a_product_map_varies_its_inputs_in_hypernodes_order": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="pair")
+def pair(lr: float, depth: int) -> tuple:
+    return (lr, depth)
+
+@node(output_name="xy")
+def xy(x: int, y: int) -> tuple:
+    return (x, y)
+
+grid = {"lr": [0.1, 0.01], "depth": [2, 4]}
+p, q = Pipeline(nodes=[pair]), Pipeline(nodes=[xy])
+result = {"map": [r["pair"] for r in p.map(inputs=grid, map_over=["depth", "lr"], map_mode="product")],
+          "bound": [r["pair"] for r in Pipeline(nodes=[pair]).bind(depth=[2, 4]).map(
+              inputs={"lr": [0.1, 0.01]}, map_over=["lr", "depth"], map_mode="product")],
+          "nested": Pipeline(nodes=[p.as_node(map_over=["depth", "lr"], map_mode="product")]).run(inputs=grid),
+          "nested xy": Pipeline(nodes=[q.as_node(map_over=["y", "x"], map_mode="product")]).run(
+              inputs={"x": [1, 2], "y": [10, 20]})}
+''',
+    "map_and_run_with_an_engine": '''
+from hypernodes import Pipeline, SeqEngine, node
+
+@node(output_name="double")
+def double(x: int) -> int:
+    return 2 * x
+
+p = Pipeline(nodes=[double])
+result = {"map": p.map(inputs={"x": [1, 2]}, map_over="x", engine=SeqEngine()),
+          "run": p.run(inputs={"x": 3}, engine=SeqEngine())}
+''',
+    "visualize_takes_hypernodes_style_names": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="y")
+def inc(x: int) -> int:
+    return x + 1
+
+p = Pipeline(nodes=[inc])
+result = {style: outcome(lambda: p.visualize(style=style) is not None)
+          for style in ("modern", "sunny", "dark_neon", "legacy", "default")}
+''',
+    "a_scalar_for_two_outputs_is_a_type_error": '''
+from hypernodes import Pipeline, node
+
+@node(output_name=("q", "r"))
+def div(a: int, b: int) -> tuple:
+    return a
+
+result = outcome(lambda: Pipeline(nodes=[div]).run(inputs={"a": 7, "b": 2}))
+''',
     "bind_is_checked_when_the_call_runs": '''
 from hypernodes import Pipeline, node
 

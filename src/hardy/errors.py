@@ -319,8 +319,9 @@ def stand_in(module: str, qualname: str, base: str, message: str,
     return cls(*made)
 
 
-class OutputCountError(NodeError):
-    """A node declared n outputs but returned something else."""
+class OutputCountError(NodeError, TypeError):
+    """A node declared n outputs but returned something else. A TypeError too, as unpacking the
+    value raises in plain Python and in HyperNodes (`except TypeError` catches it there)."""
 
 
 class NodeCrashed(NodeError):

@@ -3,7 +3,10 @@
 What this layer changes, and only this: HyperNodes' argument order (`as_node`, `node("out")`),
 callbacks taken from the engine, a node's own exception raised as itself (hardy wraps it in a
 NodeError naming node and inputs; that text is added to the exception as a note), no progress bar
-unless a ProgressCallback asks for one, and `visualize()`'s HyperNodes arguments.
+unless a ProgressCallback asks for one, `visualize()`'s HyperNodes arguments and style names, and
+two rules of HyperNodes' calls: an input named as a node's output is not used (the node computes it;
+hardy's own takes a given output as computed), and a product map varies the inputs in the order
+they were given (bound ones first), not in `map_over`'s.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Pipeline(HardyPipeline):
             engine: Any = None, **kwargs: Any) -> dict[str, Any]:
         check_callbacks(self.callbacks, engine or self.engine)
         try:
-            return super().run(inputs, output_name, engine)
+            return super().run(self._computed_not_given(inputs), output_name, engine)
         except NodeError as err:
             raise _original(err) from None
 
@@ -71,10 +74,21 @@ class Pipeline(HardyPipeline):
             map_mode: str = "zip", output_name: str | Sequence[str] | None = None, engine: Any = None,
             on_error: str = "raise", progress: bool = False, **kwargs: Any) -> list[Any]:
         check_callbacks(self.callbacks, engine or self.engine)
+        if map_mode == "product" and map_over is not None and not isinstance(map_over, str):
+            given = list({**self.bound_inputs, **(inputs or {})})
+            map_over = sorted(map_over, key=lambda name: given.index(name) if name in given else len(given))
         try:
-            return super().map(inputs, map_over, map_mode, output_name, on_error, progress, engine)
+            return super().map(self._computed_not_given(inputs), map_over, map_mode, output_name, on_error,
+                               progress, engine)
         except MapError as err:
             raise _original(err.failures[min(err.failures)]) from None
+
+    def _computed_not_given(self, inputs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """`inputs` without those a node of this pipeline computes: HyperNodes runs the node and
+        uses its result (a dataset row that happens to hold a column named `score`)."""
+        if not inputs:
+            return inputs
+        return {name: value for name, value in inputs.items() if name not in self.graph.producer}
 
     def as_node(self, input_mapping: Mapping[str, str] | None = None,  # type: ignore[override]
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
@@ -91,11 +105,19 @@ class Pipeline(HardyPipeline):
                   flatten: bool = False, show_legend: bool = False, style: Any = "default", **kwargs: Any) -> Any:
         """HyperNodes' arguments on hardy's drawing; `engine` ("js"/"graphviz") picks nothing here:
         hardy draws one SVG either way, and `filename` chooses the format by its suffix."""
+        if isinstance(style, str) and style in HYPERNODES_STYLES:  # its palettes: hardy's nearest
+            style = "dark" if style.startswith("dark") else "default"
         drawing = super().visualize(None, depth=None if flatten else depth, orient=orient, style=style)
         if filename is None:
             return drawing
         drawing.save(filename)
         return None
+
+
+HYPERNODES_STYLES = frozenset({  # HyperNodes 0.4.8's DESIGN_STYLES, and "modern" of its docs
+    "default", "legacy", "dark_neon_solid", "dark_neon_wire", "dark_neon", "dark_soft", "dark_deep", "bright_mint",
+    "sunny", "coral_sunset", "tailwind_pastel", "cool_breeze", "warm_glow", "lavender_fields", "vivid_pastel",
+    "nord_soft", "soft_candy", "warm_flow", "tropical_ocean", "sunrise", "modern"})
 
 
 def _original(err: NodeError) -> BaseException:
