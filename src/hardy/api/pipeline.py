@@ -396,7 +396,7 @@ class Pipeline:
         also be bound (`bind(texts=[...]).map(map_over="texts")`). `imap` streams instead.
         """
         if engine is not None and engine is not self._engine:
-            return self._using(engine).map(inputs, map_over, map_mode, output_name, on_error=on_error, progress=progress)
+            return Pipeline.map(self._using(engine), inputs, map_over, map_mode, output_name, on_error, progress)
         self._engine.executor  # noqa: B018  # made first: a first map's fork server boots while the plan is made
         from ..engine.results import Results
         values, plan, over = self._map_plan(inputs, map_over, map_mode, output_name, on_error)
