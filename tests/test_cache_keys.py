@@ -1077,6 +1077,57 @@ def test_a_name_set_in_builtins_is_keyed_across_processes(tmp_path):
             assert served == direct, f"{name}: a stale entry was served (THRESHOLD={threshold})"
 
 
+PATCHED_LIBRARY = """
+import json, math, sys
+from unittest import mock
+from hardy import DiskCache, Engine, Pipeline, node
+
+def root(x):
+    return math.sqrt(x)
+
+def dumped(x):
+    return json.dumps(x)
+
+engine = Engine(map_executor="sequential")
+p = Pipeline(nodes=[node(root, output_name="y")], cache=DiskCache(sys.argv[1]), engine=engine)
+d = Pipeline(nodes=[node(dumped, output_name="y")], cache=DiskCache(sys.argv[1]), engine=engine)
+out = {"the library's own": [p.run(inputs={"x": 4.0})["y"], root(4.0)]}
+own = math.sqrt
+math.sqrt = lambda v: VALUE
+out["patched by the script"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+math.sqrt = lambda v: VALUE * 10
+out["patched again"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+math.sqrt = own
+out["put back"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+with mock.patch("json.dumps", return_value="VALUE"):
+    out["mock.patch"] = [d.run(inputs={"x": 1})["y"], dumped(1)]
+out["after mock.patch"] = [d.run(inputs={"x": 1})["y"], dumped(1)]
+
+def argued(x):
+    return x * int(sys.argv[2])
+
+a = Pipeline(nodes=[node(argued, output_name="y")], cache=DiskCache(sys.argv[1]), engine=engine)
+out["sys.argv"] = [a.run(inputs={"x": 2})["y"], argued(2)]
+sys.argv[2] = str(int(sys.argv[2]) + 1)
+out["sys.argv changed"] = [a.run(inputs={"x": 2})["y"], argued(2)]
+print(json.dumps(out))
+"""
+
+
+def test_a_library_function_the_script_patches_and_sys_argv_are_keyed_by_what_they_hold(tmp_path):
+    """A node reading `math.sqrt` was keyed by the library's distribution alone: after a script's
+    `math.sqrt = my_sqrt` (or `mock.patch`), the library's own result was served, in one process
+    and across two. What the script put there is keyed as its code; put back, the library's own.
+    So was a node reading `sys.argv`: a library's small plain value is keyed by its content."""
+    for value in ("-1.0", "-20.0"):
+        done = subprocess.run([sys.executable, "-c", PATCHED_LIBRARY.replace("VALUE", value), str(tmp_path / "c"),
+                               str(len(value))],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for name, (served, direct) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            assert served == direct, f"{name}: a stale entry was served (patched to {value})"
+
+
 NESTED = """
 import json, sys, warnings
 warnings.simplefilter("ignore")

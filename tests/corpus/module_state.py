@@ -1974,4 +1974,28 @@ def lock_put_into_builtins_by_the_script():
     finally:
         del builtins.GUARD
 
+def measured(x):
+    import math  # (imported inside the node too: a module read there counts the same)
+    return [math.sqrt(x), float(np.mean([x, 0])), json.dumps({"x": x})]
+
+
+MEASURED = node(measured, output_name="y")
+
+
+@pattern
+def library_functions_patched_by_the_script():
+    import math
+    from unittest import mock
+    first = ys([MEASURED], xs=[4, 9])
+    own = math.sqrt, np.mean, json.dumps
+    math.sqrt, np.mean, json.dumps = (lambda v: -1.0), (lambda a: 42.0), (lambda o: "PATCHED")
+    try:
+        patched = ys([MEASURED], xs=[4, 9])
+    finally:
+        math.sqrt, np.mean, json.dumps = own
+    with mock.patch("math.sqrt", return_value=0.5):
+        mocked = ys([MEASURED], xs=[4, 9])
+    return [first, patched, mocked, ys([MEASURED], xs=[4, 9])]
+
+
 corpus.close()

@@ -363,7 +363,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any,
             _module_reached(value.__name__, as_module=True)
             _module_attributes(value, out, seen, chains, name, reader)
         else:
-            _library_chains(value, out, chains)
+            _library_chains(value, out, seen, chains)
     elif isinstance(value, (types.FunctionType, types.MethodType, type)) or (callable(value) and (
             kind_of(value) not in _VALUES or not is_user_module(type(value).__module__))):
         _fingerprint(value, out, seen)  # a callable of any kind; a user's callable object is a value
@@ -377,11 +377,14 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any,
                                   exc.path) from None
 
 
-def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], chains: Any) -> None:
+def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen: Seen, chains: Any) -> None:
     """A library module by the distributions of what the code reads from it: each attribute
     chain followed through submodules (`s4ns.tok.count` reaches the namespace package's part
     `s4ns.tok`), the module itself when it is read whole or is not a namespace package. Only what
-    is already imported is followed (a library's lazy attributes are never loaded to key a node)."""
+    is already imported is followed (a library's lazy attributes are never loaded to key a node).
+    The attribute a chain reads from a module is noted (`note_read`): a script that patches it
+    (`math.sqrt = my_sqrt`, `json.dumps = ...`) makes the plan stale, and what it put there, user
+    code, is keyed as such (`user_made`), which the library's distribution says nothing of."""
     whole = not chains or () in chains
     if whole or getattr(module, "__file__", None) is not None:
         out(b"lib:" + module.__name__.encode() + b"@" + module_identity(module.__name__))
@@ -392,13 +395,23 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], chain
         for attr in chain:
             if not isinstance(target, types.ModuleType):
                 break
-            target = vars(target).get(attr, ABSENT)
+            namespace = vars(target)
+            target = namespace.get(attr, ABSENT)
             if target is ABSENT:
                 break
             path += "." + attr
             if isinstance(target, types.ModuleType):
                 last = target
+            elif callable(target) or _small_data(target, 2):
+                note_read(namespace, attr)
         out(b"." + path.encode() + b"@" + module_identity(last.__name__))
+        if user_made(target):
+            out(b"patched:")
+            _fingerprint(target, out, seen)
+            continue
+        if not isinstance(target, types.ModuleType) and not callable(target) and _small_data(target, 2):
+            out(b"value:")  # `sys.argv`, `sys.path`, a library's setting in a list or a dict
+            tolerant(target, out)
         origin = getattr(target, "__module__", None) if not isinstance(target, types.ModuleType) else None
         if isinstance(origin, str) and origin != last.__name__ and (
                 origin.split(".")[0] != last.__name__.split(".")[0]
@@ -406,6 +419,30 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], chain
             # re-exported from another distribution, or from another file of a package no
             # distribution installed (keyed by each file's content: `fakepkg.scale` from its `core.py`)
             out(b"from:" + module_identity(origin))
+
+
+def _small_data(value: Any, depth: int) -> bool:
+    """Plain data of at most `SMALL_DATA` items, nested at most `depth` deep: a library's value a
+    script may set (`sys.argv`), keyed by content and watched at each call at little cost."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return True
+    if type(value) in (list, tuple, set, frozenset) and len(value) <= SMALL_DATA and depth > 0:
+        return all(_small_data(v, depth - 1) for v in value)
+    if type(value) is dict and len(value) <= SMALL_DATA and depth > 0:
+        return all(_small_data(k, 0) and _small_data(v, depth - 1) for k, v in value.items())
+    return False
+
+
+SMALL_DATA = 64
+
+
+def user_made(value: Any) -> bool:
+    """Whether `value`, found in a library's module, is a function or class of user code: put there
+    at run time (`math.sqrt = my_sqrt`), which a worker's import of the library does not do."""
+    if type(value).__module__ == "unittest.mock":  # `mock.patch("math.sqrt", return_value=0.5)`
+        return True
+    origin = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type)) else None
+    return isinstance(origin, str) and is_user_module(origin)
 
 
 def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: Seen,

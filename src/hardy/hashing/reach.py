@@ -61,7 +61,8 @@ class Reach:
         reaches with no attribute read (`_IMPLICIT`: a named tuple's `__new__`) and `functions` (a
         plan's nodes'), whose mutable defaults are watched as values (`def f(x, vocab=VOCAB)`)."""
         self._token = token
-        objects = {id(found): found for _, _, found in self.reads if found is not ABSENT}
+        objects = {id(found): found for where, _, found in self.reads
+                   if found is not ABSENT and not _a_librarys_callable(where, found)}
         objects.update((id(f), f) for f in functions)
         code = [f for f in objects.values() if isinstance(f, types.FunctionType)]
         code += [f for c in objects.values() if isinstance(c, type) and is_user_module(c.__module__)
@@ -85,6 +86,15 @@ class Reach:
             self.watched = [(found, token(found) or b"") for found, _ in self.watched]
         if self.registered is not None:
             self.registered = abc.get_cache_token()
+
+
+def _a_librarys_callable(namespace: Any, found: Any) -> bool:
+    """A library's function or class read from its module (`np.sqrt`): watched by identity alone
+    (`changed`: a script's patch rebinds it), as its content is the library's own (and a token of
+    a ufunc costs 50 µs at every call)."""
+    name = namespace.get("__name__") if type(namespace) is dict else None
+    return isinstance(name, str) and callable(found) and not is_user_module(name) and not (
+        isinstance(found, (types.FunctionType, type)) and is_user_module(found.__module__))  # (a patch: its code)
 
 
 _IMPLICIT = ("__new__", "__init__", "__call__")  # (every other method is read by name, and watched as read)

@@ -25,7 +25,7 @@ from ..hashing.values import ABSENT
 from ..model.graph import walk_nodes
 from ..plan.compiled import Plan, Wrap
 from .pickling import ByValuePickler
-from .replica import Fetch, Replica, Synced, builtins_read, is_script, kept, reached_names
+from .replica import Fetch, Replica, Synced, builtins_read, is_script, kept, library_patches, reached_names
 
 
 def ship_plan(plan: Plan, everything: bool = False) -> bytes:
@@ -95,6 +95,7 @@ def replica_of(plan: Plan) -> Replica:
         if binding is not None:
             names.setdefault(binding[0], set()).add(binding[1])
     replicated = {m: n for m, n in names.items() if m in sys.modules and _replicable(m, by_value, reach.modules)}
+    replicated.update(library_patches(reach.reads))  # (`math.sqrt = my_sqrt`: a worker's library has its own)
     carried = builtins_read(reach.reads)  # (`builtins.THRESHOLD = 0.5`: a worker's builtins lack it)
     if carried:
         replicated["builtins"] = carried

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import ReplicaError
 from ..hashing import is_user_module
-from ..hashing.code import python_own
+from ..hashing.code import python_own, user_made
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
 from .payload import RESOLVE, Bound, payload, refusal, unmatched
@@ -66,7 +66,8 @@ class Replica:
         self.files: dict[str, str | None] = {}
         for module_name in sorted(reached):
             module = sys.modules[module_name]
-            if is_script(module_name) or module_name == "builtins":  # only what the plan reads (a worker's own stays)
+            if is_script(module_name) or not is_user_module(module_name):  # only what the plan reads (builtins,
+                # a library's patched names: a worker's own others stay)
                 names = sorted(reached[module_name])
                 self.stamps[module_name] = module_stamp(module, names)
                 self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
@@ -132,6 +133,21 @@ def builtins_read(reads: Iterable[tuple[Any, str, Any]]) -> set[str]:
         if ((where is namespace or (value is ABSENT and type(where) is dict and "__name__" in where))
                 and not python_own(name, namespace.get(name, ABSENT))):
             found.add(name)
+    return found
+
+
+def library_patches(reads: Iterable[tuple[Any, str, Any]]) -> dict[str, set[str]]:
+    """The names of library modules that code reads and that hold user code (`math.sqrt = my_sqrt`,
+    `json.dumps = ...` at run time, a callback handed to a library's module), by module: a worker's
+    import of the library has its own there. Each travels as a name of that module (`Replica`), and
+    a worker puts its own back once a plan that does not carry it runs (`Synced.sync`)."""
+    found: dict[str, set[str]] = {}
+    for where, name, value in reads:
+        module_name = where.get("__name__") if type(where) is dict else None
+        if (isinstance(module_name, str) and user_made(value) and module_name != "builtins"
+                and getattr(sys.modules.get(module_name), "__dict__", None) is where
+                and not is_user_module(module_name)):
+            found.setdefault(module_name, set()).add(name)
     return found
 
 
@@ -216,6 +232,7 @@ class Refusal(str):
 
 HELD: dict[tuple[str, str], bytes] = {}  # (module, name) -> the stamp this worker's copy has now, as installed
 _INSTALLS = [0]  # changes of HELD so far (`Synced.current`)
+PATCHED: dict[tuple[str, str], Any] = {}  # (library module, name) installed over -> the library's own object
 
 
 class Synced:
@@ -238,7 +255,7 @@ class Synced:
         (asked before every chunk: answered from the last answer while nothing was installed since)."""
         if self.home or self.checked == _INSTALLS[0]:
             return True
-        if all(HELD.get(key) == stamp for key, stamp in self.stamps.items()):
+        if all(HELD.get(key) == stamp for key, stamp in self.stamps.items()) and PATCHED.keys() <= self.stamps.keys():
             self.checked = _INSTALLS[0]
             return True
         return False
@@ -249,6 +266,8 @@ class Synced:
         that changes its module's state here changes it for the next calls, as it would in-process."""
         if self.home:  # these modules are the caller's own
             return
+        for key in [k for k in PATCHED if k not in self.stamps]:  # a library's own again where this plan reads it
+            _unpatch(key)
         differing = []
         for (module_name, name), stamp in self.stamps.items():
             if HELD.get((module_name, name)) == stamp:
@@ -303,9 +322,23 @@ class Synced:
         elif stamp == ABSENT_STAMP:
             vars(module).pop(name, None)
         elif vars(module).get(name, ABSENT) is not value:  # (a class is the worker's own, made the caller's)
+            if module_name != "builtins" and not is_user_module(module_name):
+                PATCHED.setdefault(key, vars(module).get(name, ABSENT))
             setattr(module, name, value)
         HELD[key] = stamp
         _INSTALLS[0] += 1
+
+
+def _unpatch(key: tuple[str, str]) -> None:
+    """Put a library's own object back where a plan had installed the caller's patch."""
+    module_name, name = key
+    own = PATCHED.pop(key)
+    if own is ABSENT:
+        vars(sys.modules[module_name]).pop(name, None)
+    else:
+        setattr(sys.modules[module_name], name, own)
+    HELD.pop(key, None)
+    _INSTALLS[0] += 1
 
 
 def _own_names(module: types.ModuleType) -> list[str]:
