@@ -163,7 +163,7 @@ CORE = frozenset({
     "test_forensics.py", "test_fault_record.py", "test_thread_crashes.py", "test_bad_items.py",
     "test_cache.py", "test_cache_keys.py", "test_cache_code_kinds.py", "test_cache_code_edits.py",
     "test_cache_faults.py", "test_cache_mmap.py", "test_cache_trust.py", "test_cache_collisions.py",
-    "test_cache_distributions.py", "test_settings_keys.py", "test_shipped_exceptions.py",
+    "test_cache_distributions.py", "test_settings_keys.py", "test_shipped_exceptions.py", "test_input_keys.py",
 })
 
 

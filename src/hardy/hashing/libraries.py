@@ -1,5 +1,6 @@
 """How values of library types are hashed: numpy arrays, pandas objects, torch tensors and modules,
-pyarrow tables, scipy.sparse matrices, scikit-learn estimators, loggers (TorchScript: `torchscript`).
+pyarrow tables, scipy.sparse matrices, loggers (TorchScript: `torchscript`; scikit-learn estimators:
+`models`).
 
 `hardy.hashing.values` holds the table of encoders by type and the rules for built-in and user
 types; the types here are registered into it only once their library is loaded (`LIBRARIES`,
@@ -59,17 +60,47 @@ def _encode_numpy(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None
         out(b"NO" + str(v.shape).encode())
         if v.dtype.kind != "O":  # a record with an object field: its fields' names, types and byte order
             out(b"d" + v.dtype.str.encode() + str(v.dtype.descr).encode())  # (a plain object array keeps its key)
+        _memory_order(v, out)
         encode_into(v.tolist(), out, active)
         return
     arr = np.ascontiguousarray(v)
     out(b"NP" + v.dtype.str.encode() + str(v.dtype.descr).encode()
         + str(arr.shape if isinstance(v, np.generic) else v.shape).encode()
         + (b"s" if isinstance(v, np.generic) else b"a"))
-    if not (isinstance(v, np.generic) or v.flags.c_contiguous):  # strides code can read (ravel("K"), .flags)
-        out(b"F" if v.flags.f_contiguous else b"K")
+    _memory_order(v, out)
     if v.dtype.kind in "mM":  # datetime64 / timedelta64: no buffer format of their own
         arr = arr.reshape(-1).view(np.uint8)
+    elif v.dtype.kind in "fc" and v.dtype.itemsize > 8:
+        arr = _significant(arr)
     out(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]  # ndarray is a buffer; out takes any
+
+
+def _memory_order(v: Any, out: Callable[[bytes], Any]) -> None:
+    """Strides code can read (`ravel("K")`, `.flags`), said when not C-contiguous: Fortran or strided."""
+    if not v.flags.c_contiguous:
+        out(b"F" if v.flags.f_contiguous else b"K")
+
+
+def _significant(arr: Any) -> Any:
+    """A `longdouble` or `clongdouble` array's bytes without padding: x87's 80-bit format (`nmant`
+    63) is stored in 12 or 16 bytes, the last ones whatever the memory held (an identical array was
+    keyed otherwise in every process). IEEE quad, double-double and a double fill all their bytes."""
+    import numpy as np
+    part = arr.dtype.itemsize // (2 if arr.dtype.kind == "c" else 1)
+    if np.finfo(arr.dtype).nmant != 63 or part <= 10:
+        return arr
+    cut = slice(part - 10, part) if arr.dtype.byteorder == ">" else slice(0, 10)  # (the exponent's end)
+    return np.ascontiguousarray(arr.reshape(-1).view(np.uint8).reshape(-1, part)[:, cut])
+
+
+def _encode_ndarray(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """An array as `_encode_numpy` keys it, then whether it is read-only (`x *= 2` raises on it),
+    said only then, as a memoryview's `.readonly`: writable arrays keep their keys. Only for an
+    array that is itself the value: the arrays a frame's or a tensor's key is made of are views
+    whose flags say nothing of theirs (pandas 3 hands out read-only ones)."""
+    _encode_numpy(v, out, active)
+    if not v.flags.writeable:
+        out(b"ro")
 
 
 def _encode_pandas(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -250,7 +281,7 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     if v.is_quantized:  # its integers mean nothing without their scale and zero point (`dequantize()`)
         _quantization(v, out, active)
     if type(v) is not torch.Tensor or v.device.type != "cpu" or v.requires_grad:  # cpu tensors: as before
-        out(b"|" + type_name(type(v)) + str(v.device).encode() + (b"grad" if v.requires_grad else b""))
+        out(b"|" + type_name(type(v)) + str(v.device).encode() + _grad_tag(v))
     if not v.is_contiguous():  # strides code can read (`.stride()`, `.is_contiguous()`), as for arrays
         out(b"K" + str(v.stride()).encode())
     values = v
@@ -264,12 +295,20 @@ def _encode_tensor(v: Any, out: Callable[[bytes], Any], active: set[int]) -> Non
     _tensor_state(v, out, active)
 
 
+def _grad_tag(v: Any) -> bytes:
+    """`requires_grad`, and then whether the tensor is no leaf (made by an operation: `backward()`
+    fills no `.grad` of its, unless it `retain_grad()`): a leaf's key stays what it was."""
+    if not v.requires_grad:
+        return b""
+    return b"grad" if v.is_leaf else b"grad-nonleaf" + (b"r" if v.retains_grad else b"")
+
+
 def _encode_nested_or_meta(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """A nested tensor by its components in order (`unbind()`, each keyed as a tensor: its dtype,
     shape and bytes), under its layout (strided or jagged); a meta tensor, which holds no values,
     by all it has: dtype, shape, strides. Always so, a change token too: a component is a new view
     at each read, whose identity names nothing."""
-    out(b"TN" + f"{v.layout}{v.dtype}{v.device}{v.dim()}".encode() + (b"grad" if v.requires_grad else b""))
+    out(b"TN" + f"{v.layout}{v.dtype}{v.device}{v.dim()}".encode() + _grad_tag(v))
     if v.device.type == "meta":
         out(b"meta" + str((tuple(v.shape), v.stride()) if not v.is_nested else ()).encode())
         if not v.is_nested:
@@ -318,7 +357,7 @@ def _encode_sparse_tensor(v: Any, out: Callable[[bytes], Any], active: set[int])
         raise UnhashableError(f"a tensor of layout {v.layout} has no content hardy can read; pass "
                               "t.to_dense(), or opt the node out with @node(cache=False)")
     out(b"TS" + f"{v.layout}{v.dtype}{tuple(v.shape)}{v.device}{v.sparse_dim()},{v.dense_dim()}".encode()
-        + (b"grad" if v.requires_grad else b"") + (b"c" if coo and v.is_coalesced() else b""))
+        + _grad_tag(v) + (b"c" if coo and v.is_coalesced() else b""))
     token = TENSOR_VERSIONS.set(None)
     try:
         for part in parts:
@@ -377,6 +416,9 @@ def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) 
     finally:
         if budget is not None:
             budget[0] = left
+    if m._non_persistent_buffers_set:  # left out of `state_dict()`: said only when there (others keep their keys)
+        out(b"np")
+        encode_into(sorted(m._non_persistent_buffers_set), out, active)
     hooks = {k: v for k in _HOOKS if (v := getattr(m, k, None))}
     if hooks:  # `register_forward_hook(...)`: said only when there is one (a module without keeps its key)
         out(b"hooks")
@@ -387,13 +429,6 @@ def _encode_torch_module(m: Any, out: Callable[[bytes], Any], active: set[int]) 
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
-def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
-    """A scikit-learn estimator: its class, then its state (the parameters it was built with and
-    the fitted attributes, which scikit-learn keeps in the instance's __dict__)."""
-    state = v.__getstate__()
-    encode_object(v, b"SK", state if isinstance(state, dict) else {"state": state}, out, active)
 
 
 def _encode_vectorize(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
@@ -429,7 +464,7 @@ def _encode_numba_ufunc(v: Any, out: Callable[[bytes], Any], active: set[int]) -
 
 # Library types, registered when their module is first seen loaded: hashing imports none of them.
 LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
-    "numpy": lambda np: ((np.ndarray, _encode_numpy), (np.generic, _encode_numpy), (np.vectorize, _encode_vectorize),
+    "numpy": lambda np: ((np.ndarray, _encode_ndarray), (np.generic, _encode_numpy), (np.vectorize, _encode_vectorize),
                          (np.ufunc, encode_callable),
                          (np.dtype, identified_by(lambda d: (d.str, str(d.descr)) if d.metadata is None
                                                   else (d.str, str(d.descr), dict(d.metadata)))),
@@ -452,11 +487,11 @@ LIBRARIES: dict[str, Callable[[Any], tuple[tuple[type, Encoder], ...]]] = {
     "numba.np.ufunc.ufuncbuilder": lambda nb: ((nb.UFuncDispatcher, _encode_numba),),
     "numba.core.types": lambda nb: ((nb.Type, identified_by(str)),),  # numba.float64 in `locals=`
     "logging": lambda logging: ((logging.Logger, identified_by(lambda lg: lg.name)),),  # what it records is no result
-    "sklearn.base": lambda base: ((base.BaseEstimator, _encode_estimator),),
     "pyarrow": lambda pa: ((pa.Table, _encode_arrow), (pa.RecordBatch, _encode_arrow), (pa.Array, _encode_arrow),
                            (pa.ChunkedArray, _encode_arrow), (pa.DataType, identified_by(str)),
                            (pa.Schema, identified_by(lambda sc: sc.serialize().to_pybytes())),
-                           (pa.Scalar, identified_by(lambda x: (str(x.type), x.as_py())))),
+                           (pa.Scalar, identified_by(lambda x: (str(x.type), x.as_py()))),  # a dictionary one by .index
+                           (pa.DictionaryScalar, identified_by(lambda x: (str(x.type), x.index, x.dictionary)))),
     "scipy.sparse": lambda sp: tuple((cls, _encode_sparse) for cls in (sp.spmatrix, getattr(sp, "sparray", None))
                                      if cls is not None),
 }

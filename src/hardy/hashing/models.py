@@ -1,5 +1,5 @@
-"""How dataclasses, attrs classes and pydantic models are hashed: an instance by its class and its
-whole state, a pydantic model class by what pydantic keeps out of its namespace.
+"""How dataclasses, attrs classes, pydantic models and scikit-learn estimators are hashed: an instance
+by its class and its whole state, a pydantic model class by what pydantic keeps out of its namespace.
 
 An instance's key holds what its methods can read, not what a serializer shows: a pydantic model
 by its `__dict__` (the nested models themselves, each by its own class, not `model_dump()`, which
@@ -7,8 +7,8 @@ writes a subclass as its declared type, leaves out `exclude=True` fields and app
 serializers), its extra fields, private attributes and which fields were set; a dataclass or an
 attrs class by its fields, then by what the instance holds besides them (`self.mean_` set by
 `fit()`, a slot a mixin declares). Like `libraries`, this module installs its encoders into
-`values` (`values.MODELS`) and imports neither pydantic nor attrs: a pydantic secret's type is
-registered once pydantic has loaded it.
+`values` (`values.MODELS`) and imports neither pydantic, attrs nor scikit-learn: a pydantic secret's
+type, and scikit-learn's estimators, are registered once their library has loaded them.
 """
 
 from __future__ import annotations
@@ -20,26 +20,29 @@ from collections.abc import Callable
 from typing import Any
 
 from .classes import instance_fields, slot_names
+from .origin import is_user_module
 from .values import MODELS, encode_object, identified_by, register_library, type_name
 
 
 def _encode_dataclass(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """Its fields, then what it holds besides them (set in `__post_init__` or later, or a slot of a
     base that is no dataclass), which methods read: said only when there is some, so that the keys
-    of other instances stay what they were."""
+    of other instances stay what they were. A `cached_property`'s value in its `__dict__` counts, as
+    a plain object's does: a stale one (`p.total` read, then `p.values` reassigned) is what the node
+    reads, and a dataclass's fields are as easily reassigned."""
     fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
-    encode_object(v, b"DC", _with_extra(v, fields), out, active)
+    encode_object(v, b"DC", _with_extra(fields, instance_fields(v)), out, active)
 
 
 def _encode_attrs(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """Its attrs fields, then what it holds besides them (`self.mean_ = ...` in a `fit()` of a class
-    without slots), as for a dataclass."""
+    without slots), as for a dataclass; its `cached_property` values left out (`_state`)."""
     fields = {a.name: getattr(v, a.name) for a in type(v).__attrs_attrs__}
-    encode_object(v, b"AT", _with_extra(v, fields), out, active)
+    encode_object(v, b"AT", _with_extra(fields, _state(v)), out, active)
 
 
-def _with_extra(v: Any, fields: dict[str, Any]) -> dict[str, Any]:
-    extra = {k: x for k, x in _state(v).items() if k not in fields}
+def _with_extra(fields: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    extra = {k: x for k, x in state.items() if k not in fields}
     return {**fields, "__extra__": extra} if extra else fields
 
 
@@ -80,6 +83,33 @@ MODELS.update({"dataclass": _encode_dataclass, "attrs": _encode_attrs, "pydantic
 register_library("pydantic.types", lambda types: tuple(
     (cls, identified_by(lambda s: s.get_secret_value())) for cls in
     (getattr(types, name, None) for name in ("SecretStr", "SecretBytes", "Secret")) if isinstance(cls, type)))
+
+
+def _encode_estimator(v: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
+    """A scikit-learn estimator: its class, then its state (the parameters it was built with and
+    the fitted attributes, which scikit-learn keeps in the instance's `__dict__`)."""
+    encode_object(v, b"SK", _estimator_state(v), out, active)
+
+
+def _estimator_state(v: Any) -> dict[str, Any]:
+    """What the estimator holds; its `__getstate__` never runs on it: IsotonicRegression's pops `f_`
+    from the dict it is given, the live `__dict__` of a user's subclass, and hashing must not
+    change an input. A user's own `__getstate__` may leave out what the node reads (an `index_`
+    rebuilt on unpickling, or reassigned since): the instance's fields are keyed instead, as a
+    plain object's. scikit-learn's own runs on a shallow copy: what it leaves out it rebuilds from
+    the rest (IsotonicRegression's `f_`, an interpolator that cannot be hashed), and the version
+    it adds keeps the keys estimators had."""
+    t = type(v)
+    owner = next((c for c in t.__mro__ if "__getstate__" in vars(c)), object)
+    if is_user_module(owner.__module__):
+        return instance_fields(v)
+    shadow = object.__new__(t)
+    shadow.__dict__.update(vars(v))
+    state = shadow.__getstate__()
+    return state if isinstance(state, dict) else {"state": state}
+
+
+register_library("sklearn.base", lambda base: ((base.BaseEstimator, _encode_estimator),))
 
 
 def pydantic_class_parts(cls: type) -> list[tuple[str, Any]]:
