@@ -274,10 +274,10 @@ class DiskCache(PlanCache):
                 self.hits += 1
                 return value
         self.rejected += 1
-        self._tally.deleted[why] += 1
         log.debug("cache entry %s rejected (%s); deleted, recomputing", key.hex(), reason)
         try:
             self.store.delete(key)
+            self._tally.deleted[why] += 1  # (one still there, undeletable, is a fault: never said deleted)
         except FAULTS as exc:
             self._tally.fault("deleted", exc)
         return MISS

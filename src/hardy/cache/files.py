@@ -14,8 +14,13 @@ bucket does (`objectstore.py`). An entry read there is verified with that secret
 whatever its header says, is damage, deleted and recomputed (`DiskCache._load`); another secret's
 entries are in another folder, never read, so nothing anyone writes can make a reader skip a key for
 good. A folder of the current user's own key (`own`) is made 0700 and must stay theirs: nobody
-else can even delete those entries. A team secret's folder is made for the team (0777 less the
-umask; a setgid group folder passes its group on).
+else can even delete those entries. The other folders (`entries/`, the key format's, a team
+secret's, its shards, `locks/`) are the team's: made with the directory's own group permissions,
+whatever the umask (022 made them 0755 in a 2775 team folder: no teammate could ever write there);
+a setgid team folder passes its group on. Others' permissions stay the umask's: in a folder anyone
+may write, a 0755 `entries/<key format>/` keeps them from renaming your own key's folder. A folder
+that refuses the user anyway (another's, made by an older hardy or by hand) is named in the cache's
+warning with its owner and the fix (`Refused`).
 
 Access times come from the filesystem (no write on read), so LRU order follows atime where the
 mount records it, else creation order. Entries are read, not mapped: a page of a mapped NFS file
@@ -36,7 +41,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ..model.arguments import bad
-from .folders import Folder, copy_fd, open_named, unreadable
+from .folders import OTHERS_WRITE, Folder, copy_fd, open_named, unreadable
 from .s3 import half_the_memory
 from .store import Buffer, Data, EntryInfo, LocalStore, Store, pieces
 
@@ -54,6 +59,7 @@ class FileStore:
         self.levels = ["entries", *(namespace.split("/") if namespace else [])]
         self.root = os.path.join(self.path, *self.levels)
         self._folders: dict[str, Folder] = {}
+        self._team = 0  # the directory's group permission bits, which its team folders get
         self.read_limit = half_the_memory()  # bytes of one entry, at most (`view`): as a bucket's; this process's own
 
     def __getstate__(self) -> dict[str, Any]:
@@ -74,13 +80,27 @@ class FileStore:
         in a shared directory the team's, save a namespace's own folder (the third level) when
         `own`: the user's alone; in a private directory, every one the user's alone."""
         team = 0o777 if self.shared else 0o700
-        here = open_named(self.path, private=not self.shared, create=create, mode=team)
-        for k, name in enumerate(levels):
-            mine = self._private(k)
-            deeper = here.sub(name, create=create, mode=0o700 if mine else team, private=mine)
-            here.close()
-            here = deeper
+        try:
+            here = open_named(self.path, private=not self.shared, create=create, mode=team)
+            if self.shared:
+                self._team = stat.S_IMODE(os.fstat(here.fd).st_mode) & stat.S_IRWXG
+            for k, name in enumerate(levels):
+                mine = self._private(k)
+                deeper = here.sub(name, create=create, mode=0o700 if mine else team, private=mine)
+                here.close()
+                here = self._widened(deeper, create and not mine)
+        except PermissionError as exc:
+            raise self._refused(exc, levels, create) from None
         return here
+
+    def _widened(self, folder: Folder, create: bool) -> Folder:
+        """A team folder of the user's own, as writable by its group as the directory is, whatever
+        the umask made it (with 022, 0755: the first member's folders refused every teammate)."""
+        if create and self._team:
+            st = os.fstat(folder.fd)
+            if st.st_uid == os.geteuid() and self._team & ~st.st_mode:
+                os.fchmod(folder.fd, stat.S_IMODE(st.st_mode) | self._team)
+        return folder
 
     def _private(self, level: int) -> bool:
         return not self.shared or (self.own and level >= 2)
@@ -94,7 +114,8 @@ class FileStore:
 
     def _shard(self, name: str, create: bool = False) -> Folder:
         mine = self._private(len(self.levels))
-        return self._root(create).sub(name[:2], create=create, mode=0o700 if mine else 0o777, private=mine)
+        shard = self._root(create).sub(name[:2], create=create, mode=0o700 if mine else 0o777, private=mine)
+        return self._widened(shard, create and not mine)
 
     def exists(self) -> bool:
         try:
@@ -114,6 +135,8 @@ class FileStore:
                 fd = shard.open(name, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO planted there: no wait for a writer
         except FileNotFoundError:
             return None
+        except PermissionError as exc:
+            raise self._refused(exc, [*self.levels, name[:2]], False, name) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):  # a FIFO that would hang the reader, a device: damage
@@ -140,8 +163,11 @@ class FileStore:
 
     def put(self, key: bytes, data: Data) -> None:
         name = key.hex()
-        with self._shard(name, create=True) as shard:
-            shard.write(name, pieces(data))
+        try:
+            with self._shard(name, create=True) as shard:
+                shard.write(name, pieces(data))
+        except PermissionError as exc:
+            raise self._refused(exc, [*self.levels, name[:2]], True, name) from None
 
     def delete(self, key: bytes) -> None:
         name = key.hex()
@@ -150,6 +176,44 @@ class FileStore:
                 shard.unlink(name)
         except FileNotFoundError:
             pass
+        except PermissionError as exc:
+            raise self._refused(exc, [*self.levels, name[:2]], True, name) from None
+
+    def _refused(self, exc: PermissionError, levels: list[str], writing: bool, name: str = "") -> PermissionError:
+        """`exc`, with which folder on the way to `levels` (and the file `name` in the last) refused
+        the user, whose it is and what to do: a bare "permission denied" left a teammate no fix."""
+        if isinstance(exc, Refused):
+            return exc
+        try:
+            chain, entry = self._walk(levels, name)
+        except OSError:
+            return exc
+        why = refusal(chain, entry, writing)
+        return Refused(exc, why) if why else exc
+
+    def _walk(self, levels: list[str], name: str) -> tuple[list[Seen], os.stat_result | None]:
+        """The folders from the directory down `levels` as far as they exist and open (path, status,
+        whether it must be the user's alone), and the status of the file `name` in the last."""
+        here = open_named(self.path, private=False)
+        try:
+            chain = [(here.path, os.fstat(here.fd), not self.shared)]
+            for k, level in enumerate(levels):
+                try:
+                    deeper = here.sub(level, private=False)
+                except PermissionError:  # not the user's to open: the one that refused
+                    chain.append((os.path.join(here.path, level), here.lstat(level), self._private(k)))
+                    return chain, None
+                except FileNotFoundError:
+                    return chain, None
+                here.close()
+                here = deeper
+                chain.append((here.path, os.fstat(here.fd), self._private(k)))
+            try:
+                return chain, here.lstat(name) if name else None
+            except FileNotFoundError:
+                return chain, None
+        finally:
+            here.close()
 
     def entries(self) -> Iterator[EntryInfo]:
         found = []
@@ -172,6 +236,85 @@ class FileStore:
     def clear(self) -> None:
         for info in list(self.entries()):
             self.delete(info.key)
+
+
+Seen = tuple[str, os.stat_result, bool]  # a folder on the way to an entry: path, status, the user's alone
+
+
+class Refused(PermissionError):
+    """Permission denied, with `refusal`: which folder refused, whose it is and the fix, which the
+    cache's warning says (`tally.reason`)."""
+
+    def __init__(self, exc: PermissionError, refusal: str):
+        super().__init__(exc.errno, exc.strerror, exc.filename)
+        self.refusal = refusal
+
+
+def refusal(chain: list[Seen], entry: os.stat_result | None, writing: bool) -> str | None:
+    """Why the folders `chain` (from the cache directory down) refuse the user reading (or, `writing`,
+    writing or deleting) the entry `entry` is the status of, in words that name the folder, whose it
+    is and the fix; None if their permissions do not explain it (an ACL, a root-owned mount)."""
+    me = os.geteuid()
+    for i, (path, st, alone) in enumerate(chain):
+        if alone and (st.st_uid != me or st.st_mode & OTHERS_WRITE):
+            return (f"{path} must be yours alone (it holds your own key's entries, and its name is public) but is "
+                    f"{whose(st)}: someone else made it first; they or root can remove it, or use another directory")
+        need = 0o7 if writing and i == len(chain) - 1 else 0o5  # rwx where an entry is made, else r-x
+        if not may(st, need):
+            return unwritable(chain, i, need)
+    path, st, _ = chain[-1]
+    if writing and entry is not None and st.st_mode & stat.S_ISVTX and me not in (entry.st_uid, st.st_uid):
+        return (f"{path} is a sticky folder, {whose(st)}, holding an entry of {user(entry.st_uid)}'s, which only "
+                "they can replace or delete; they or root can remove the folder, or use another directory")
+    if not writing and entry is not None and not may(entry, 0o4):
+        return f"its entry in {path} is {whose(entry)} and unreadable to you; they or root can remove it"
+    return None
+
+
+def unwritable(chain: list[Seen], i: int, need: int) -> str:
+    """`chain[i]` refuses the user; named as the topmost folder above it of the same owner that
+    refuses too, where `chmod -R` fixes all of them (a teammate's tree made 0755 by the umask)."""
+    while i > 0 and chain[i - 1][1].st_uid == chain[i][1].st_uid and not may(chain[i - 1][1], need):
+        i -= 1
+    path, st, _ = chain[i]
+    if st.st_uid == os.geteuid():
+        fix = f"run `chmod -R u+rwX {path}`"
+    elif st.st_gid in {os.getegid(), *os.getgroups()}:
+        fix = f"its owner or root can run `chmod -R g+rwX {path}`"
+    else:
+        fix = f"its owner or root can give it a group of yours: `chgrp -R TEAM {path} && chmod -R g+rwX {path}`"
+    return (f"{path} is {whose(st)} and not {'writable' if need & 2 else 'readable'} by you: {fix} (a team's "
+            "folder: docs/caching.md#trust), or use another directory")
+
+
+def whose(st: os.stat_result) -> str:
+    """`alice's (uid 1001, group team, mode 755)`: whose a file or folder is, as a fix needs it."""
+    import grp
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    name = user(st.st_uid)
+    uid = "" if name.startswith("uid ") else f"uid {st.st_uid}, "
+    return f"{name}'s ({uid}group {group}, mode {stat.S_IMODE(st.st_mode):o})"
+
+
+def user(uid: int) -> str:
+    """A user's name, else `uid N` (a uid with no account)."""
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def may(st: os.stat_result, need: int) -> bool:
+    """Whether the current user has the permissions `need` (as `0o7`: rwx) on what `st` is the status of."""
+    me = os.geteuid()
+    if me == 0:
+        return True
+    shift = 6 if st.st_uid == me else 3 if st.st_gid in {os.getegid(), *os.getgroups()} else 0
+    return (st.st_mode >> shift) & need == need
 
 
 STORES = ("files",)  # the stores DiskCache(store=...) names; None is the local one

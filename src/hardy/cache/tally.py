@@ -27,24 +27,24 @@ class Tally:
 
     def __init__(self, where: str = "") -> None:
         self.where = where  # the cache's directory, in the fix a full disk's warning gives
-        self.faults: collections.Counter[str] = collections.Counter()
+        self.faults: collections.Counter[tuple[str, str]] = collections.Counter()  # (action, reason): entries
         self.deleted: collections.Counter[str] = collections.Counter()
         self.notes: collections.Counter[str] = collections.Counter()
 
     def fault(self, action: str, exc: BaseException, n: int = 1) -> None:
-        self.faults[f"could not be {action} ({reason(exc)})"] += n
+        self.faults[(action, reason(exc))] += n
 
     def __bool__(self) -> bool:
         return bool(self.faults or self.deleted or self.notes)
 
     def parts(self, elsewhere: list[str]) -> list[str]:
         """The counts in words, `elsewhere` (a bucket's own) after the faults; then forgotten."""
-        ran = [f"{entries(n)} {what}" for what, n in self.faults.most_common() if "could not be pruned" not in what]
+        faults = self.faults.most_common()
+        ran = said([(fault, n) for fault, n in faults if fault[0] != "pruned"])
         if ran:  # (pruning runs in `put` too: its faults cost no node its cache)
             ran[-1] += "; those nodes ran uncached"
-        parts = ran + [f"{entries(n)} {what}" for what, n in self.faults.most_common() if "could not be pruned" in what]
-        parts += dict.fromkeys(full_disk(what.split()[3], self.where) for what in self.faults
-                               if what.endswith("(disk full)"))  # ("could not be <action> (disk full)"): the fixes
+        parts = ran + said([(fault, n) for fault, n in faults if fault[0] == "pruned"])
+        parts += dict.fromkeys(full_disk(action, self.where) for action, why in self.faults if why == "disk full")
         parts += elsewhere
         parts += [f"{n} {what} entr{'y' if n == 1 else 'ies'} deleted and recomputed" if what == DAMAGED else
                   f"{entries(n)} {what} deleted and recomputed" for what, n in self.deleted.most_common()]
@@ -53,6 +53,21 @@ class Tally:
         self.deleted.clear()
         self.notes.clear()
         return parts
+
+
+# what befell an entry, in words; an entry that failed verification but could not be deleted is
+# not said to be deleted (it is still there, and the next run finds it again)
+ACTIONS = {"deleted": "could not be deleted after failing verification"}
+
+
+def said(faults: list[tuple[tuple[str, str], int]]) -> list[str]:
+    """Faults of one reason said together, the reason once: "3 entries could not be read and 3 could
+    not be written (permission denied: <which folder, whose, the fix>)"."""
+    by_reason: dict[str, list[str]] = {}
+    for (action, why), n in faults:
+        done = by_reason.setdefault(why, [])
+        done.append(f"{entries(n) if not done else n} {ACTIONS.get(action, f'could not be {action}')}")
+    return [f"{' and '.join(done)} ({why})" for why, done in by_reason.items()]
 
 
 def full_disk(action: str, where: str) -> str:
@@ -75,7 +90,8 @@ def reason(exc: BaseException) -> str:
     if name.startswith("SQLITE_CANTOPEN"):
         return "cannot open the index: read-only or no permission"
     if name in ("SQLITE_PERM", "SQLITE_AUTH") or code in (errno.EACCES, errno.EPERM):
-        return "permission denied"
+        refusal = getattr(exc, "refusal", None)  # which folder refused, whose it is, the fix (`files.Refused`)
+        return f"permission denied: {refusal}" if refusal else "permission denied"
     if name.startswith("SQLITE_IOERR") or code == errno.EIO:
         return "I/O error"
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
