@@ -712,6 +712,18 @@ def test_a_failed_lines_stack_keeps_its_innermost_8000_characters_and_resume_rea
     assert (tmp_path / "out.jsonl").read_text().count("\n") == 2  # the cut line dropped, nothing run again
 
 
+def test_resume_refuses_a_sparse_file_before_reading_it(tmp_path):
+    """A 3 GB sparse file (no newline) at --resume's name: its one "line" was read whole, ending in
+    a MemoryError's traceback under a batch job's memory cap. Refused as `hardy report` refuses one."""
+    (tmp_path / "deep.py").write_text(DEEP)
+    with open(tmp_path / "out.jsonl", "wb") as f:
+        f.truncate(3 << 30)
+    out = _hardy_run(tmp_path, "deep:pipeline", "--set", "x=[1, 2]", "--map-over", "x", "--resume", "out.jsonl")
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "--resume out.jsonl is no results file hardy wrote, not read: a sparse file (3,221,225,472 bytes long" in out.stderr
+    assert (tmp_path / "out.jsonl").stat().st_size == 3 << 30
+
+
 FILE_NAMES = """
 import os
 from hardy import Pipeline, node

@@ -1,7 +1,8 @@
 """A report file is data written by whoever wrote it: a crafted one, rendered by `hardy report --html`
 and opened in a real headless Chromium, runs nothing and fetches nothing; in the terminal its
 control characters and rich markup are shown, not obeyed; and writing reports and kept inputs into
-a directory another user can write (a team's report_dir) never follows a link they planted."""
+a directory another user can write (a team's report_dir) never follows a link they planted; nor do
+`hardy run --output/--resume` and `hardy repeat --logs`, and --resume trusts no file another user may write."""
 
 from __future__ import annotations
 
@@ -212,3 +213,113 @@ def test_replay_under_gdb_imports_no_hardy_from_the_working_directory(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
     assert "one is not allowed" in out.stdout + out.stderr, out.stdout + out.stderr
     assert not (tmp_path / MARKER).exists()
+
+
+# --- `hardy run --output/--resume` and `hardy repeat --logs` in folders other users may write ---------
+
+FLOW = """
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def double(x: int) -> int:
+    return 2 * x
+
+pipeline = Pipeline([double])
+"""
+
+FORGE = """
+import os, sys
+tmp = sys.argv[1] + ".forged"
+with open(tmp, "w") as f:
+    f.write('{"item": 0, "ok": true, "outputs": {"y": 999}}\\n')
+os.chmod(tmp, 0o666)
+os.replace(tmp, sys.argv[1])
+print("forged")
+"""
+
+
+def run_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hardy run flow:pipeline` over x=1..3 (a fresh process of root's), from `folder`."""
+    (folder / "flow.py").write_text(FLOW)
+    return subprocess.run([sys.executable, "-m", "hardy.cli", "run", "flow:pipeline", "--set", "x=[1, 2, 3]",
+                           "--map-over", "x", "--executor", "sequential", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture
+def team(area: Path) -> tuple[Path, Path]:  # noqa: F811
+    """(a team's folder, writable by others and not sticky, a file only root may write, elsewhere)."""
+    shared = area / "team"
+    shared.mkdir()
+    shared.chmod(0o777)
+    precious = area / "root-only"
+    precious.mkdir(mode=0o700)
+    (precious / "notes").write_text("root's own file\n")
+    return shared, precious / "notes"
+
+
+@needs_root
+def test_run_output_replaces_a_planted_link_and_never_writes_through_it(team, area):  # noqa: F811
+    """`--output` was opened with a plain open("w"): a link another user planted at its name, in a
+    team's folder or a sticky one, made the run overwrite (and an empty --inputs empty) the file it
+    pointed to. The link is replaced by a fresh file of the user's, as --report replaces one."""
+    shared, notes = team
+    (area / "empty.jsonl").write_text("")
+    for folder in (shared, area):  # not sticky, sticky
+        attacker(PLANT, str(folder / "out.jsonl"), str(notes), str(folder / "none.jsonl"), str(notes))
+        done = run_in(folder, "--output", "out.jsonl")
+        assert done.returncode == 0, done.stderr
+        empty = run_in(folder, "--inputs", str(area / "empty.jsonl"), "--map-over", "x", "--output", "none.jsonl")
+        assert empty.returncode == 0, empty.stderr
+        assert notes.read_text() == "root's own file\n"
+        st = (folder / "out.jsonl").lstat()
+        assert st.st_uid == 0 and oct(st.st_mode) == "0o100644"
+        assert sorted(json.loads(line)["outputs"]["y"] for line in (folder / "out.jsonl").open()) == [2, 4, 6]
+        assert (folder / "none.jsonl").read_text() == "" and not (folder / "none.jsonl").is_symlink()
+
+
+@needs_root
+def test_resume_refuses_a_planted_link_and_a_file_another_user_owns_or_may_write(team):
+    """--resume appended through a planted link, and kept the lines of a file another user had put in
+    its place (their forged results, as the user's own). Each is refused, before anything runs."""
+    shared, notes = team
+    attacker(PLANT, str(shared / "linked.jsonl"), str(notes))
+    linked = run_in(shared, "--resume", "linked.jsonl")
+    assert linked.returncode == 2 and "a symbolic link of uid 65534's" in linked.stderr, linked.stderr
+    assert notes.read_text() == "root's own file\n"
+    assert run_in(shared, "--output", "out.jsonl").returncode == 0
+    attacker(FORGE, str(shared / "out.jsonl"))
+    forged = run_in(shared, "--resume", "out.jsonl")
+    assert forged.returncode == 2 and len(forged.stderr.splitlines()) == 1, forged.stderr
+    assert "out.jsonl is owned by uid 65534, mode 666" in forged.stderr
+    assert "resume from a file only you can write" in forged.stderr
+    assert (shared / "out.jsonl").read_text().count("\n") == 1  # nothing appended to the forged lines
+    (shared / "out.jsonl").unlink()
+    assert run_in(shared, "--output", "out.jsonl").returncode == 0
+    (shared / "out.jsonl").chmod(0o664)  # the user's own, but the team may write it
+    assert run_in(shared, "--resume", "out.jsonl").returncode == 2
+    (shared / "out.jsonl").chmod(0o644)
+    assert run_in(shared, "--resume", "out.jsonl").returncode == 0
+
+
+@needs_root
+def test_repeat_logs_replace_planted_links_and_refuse_a_folder_others_may_swap(team, area):  # noqa: F811
+    """`hardy repeat --logs` wrote run-N.log with write_bytes, through a link planted at that name.
+    A sticky folder (/tmp's kind) is used, each log a fresh file renamed into place; a folder others
+    may write without the sticky bit, or another user's link, is refused."""
+    from hardy.doctor.repeat import repeat
+    from hardy.errors import InvalidArgument
+    shared, notes = team
+    failing = ["sh", "-c", "echo boom >&2; exit 3"]
+    attacker(PLANT, str(area / "run-1.log"), str(notes), str(area / "theirs"), str(shared))
+    report = repeat(failing, n=1, logs=area, native=False)
+    assert notes.read_text() == "root's own file\n"
+    assert report.runs[0].log == str(area / "run-1.log") and "boom" in (area / "run-1.log").read_text()
+    assert not (area / "run-1.log").is_symlink()
+    for logs, why in ((shared, "is uid 0's folder, mode 777"), (area / "theirs", "a symbolic link, not followed")):
+        with pytest.raises(InvalidArgument, match=why):
+            repeat(failing, n=1, logs=logs, native=False)
+        said = subprocess.run([sys.executable, "-m", "hardy", "repeat", "-n", "1", "--logs", str(logs), "--", "true"],
+                              capture_output=True, text=True, timeout=120)
+        assert (said.returncode, said.stderr.count("\n")) == (2, 1) and why in said.stderr, said.stderr  # no traceback
+    assert list(shared.iterdir()) == []

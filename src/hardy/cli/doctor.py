@@ -13,7 +13,7 @@ from rich.table import Table
 
 from . import consoles
 from .consoles import plain
-from .usage import PlainUsage, at_least
+from .usage import PlainUsage, at_least, refuse
 
 if TYPE_CHECKING:
     from ..doctor.repeat import RepeatReport, RunOutcome
@@ -191,10 +191,14 @@ def repeat(ctx: typer.Context,
         console.print(f"run {r.index:0{width}d}/{total} {mark} {plain(f'{r.outcome:<28}')} {r.seconds:6.2f} s"
                       + plain(extra), highlight=False, soft_wrap=True)
 
+    from ..errors import InvalidArgument
     from . import exit_141_once_the_runs_stop
     with exit_141_once_the_runs_stop(console):
-        report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
-                            on_run=line, native=native)
+        try:
+            report = run_repeat(command, n=n, jobs=jobs, stop_on_failure=stop_on_failure, timeout=timeout, logs=logs,
+                                on_run=line, native=native)
+        except InvalidArgument as exc:  # a --logs folder another user could swap: before any run
+            refuse(str(exc))
         _summary(report, command)
     raise typer.Exit(1 if report.failures else 0)
 

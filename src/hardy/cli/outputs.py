@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import math
 import os
@@ -41,9 +42,13 @@ import signal
 import stat
 import threading
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import Failed, UnencodableOutput
+from .usage import refuse
+
+if TYPE_CHECKING:
+    from ..cache.folders import Folder
 
 LIST_LIMIT = 10_000  # elements: an array with more is written as base64 bytes ({"$array": ...})
 _FLOATS = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -216,12 +221,12 @@ def lowest(items: list[int], i: int) -> None:
     del items[NAMED:]
 
 
-def written(path: str) -> dict[int, bool]:
-    """The items an earlier run's results file holds a line for (`--resume`), and whether each
-    succeeded, read line by line; a last line cut short by whatever ended that run is dropped from
-    the file, so that the lines appended after it are whole."""
+def written(fd: int) -> dict[int, bool]:
+    """The items an earlier run's results file (`resumed`'s descriptor) holds a line for
+    (`--resume`), and whether each succeeded, read line by line; a last line cut short by whatever
+    ended that run is dropped from the file, so that the lines appended after it are whole."""
     seen: dict[int, bool] = {}
-    with open(path, "r+b") as f:
+    with open(fd, "r+b", closefd=False) as f:
         end = 0
         for line in f:
             if not line.endswith(b"\n"):
@@ -235,6 +240,133 @@ def written(path: str) -> dict[int, bool]:
             if isinstance(record, dict) and isinstance(record.get("item"), int):
                 seen[record["item"]] = bool(record.get("ok"))
     return seen
+
+
+# --- the results file, in a folder other users may write (a team's, /tmp) -----------------------
+# Opened through its folder's descriptor, the name never followed when it is a link someone else
+# could have planted or swapped (`_followable`): --output replaces such a link, or another user's
+# file, with a fresh file of the user's (as --report does), and --resume reads and appends only to a
+# file of the user's that nobody else can write (anyone who can write it chooses the results kept).
+
+
+def fresh_results(path: str) -> IO[str]:
+    """--output FILE, created or emptied for this run's lines (`_emptied`); a usage error where it
+    cannot be (its folder is another user's link, or it can only be written through someone else's file)."""
+    name = os.path.basename(path)
+    with _folder(path, "--output") as folder:
+        try:
+            fd = _emptied(folder, name)
+        except OSError as exc:
+            refuse(f"--output {path}{_there(folder, name)} cannot be replaced by a file of yours here "
+                   f"({exc.strerror or exc}): remove it, or give an --output in a folder of yours")
+    return open(fd, "w", encoding="utf-8")
+
+
+def _there(folder: Folder, name: str) -> str:
+    """What is at `name`, whose (", a symbolic link of uid 1002's, not followed,"), for a message."""
+    try:
+        st = folder.lstat(name)
+    except OSError:
+        return ""
+    link = stat.S_ISLNK(st.st_mode)
+    return f", {'a symbolic link' if link else 'a file'} of uid {st.st_uid}'s{', not followed,' if link else ''}"
+
+
+def _emptied(folder: Folder, name: str) -> int:
+    """A descriptor of `name`, emptied, to write: a file of the user's own (its only name) emptied in
+    place, a device or a FIFO (/dev/null) as it is, a link the user made where nobody else can swap
+    it (/dev/stdout) followed; anything else (another user's link or file, a hard link) is replaced
+    by a fresh file, never written through."""
+    try:
+        fd = folder.open(name, os.O_WRONLY)
+    except (FileNotFoundError, PermissionError):
+        return _replaced(folder, name)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        if not _followable(folder, name):
+            return _replaced(folder, name)
+        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644, dir_fd=folder.fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return fd
+    if st.st_uid == os.geteuid() and st.st_nlink == 1:
+        os.ftruncate(fd, 0)
+        return fd
+    os.close(fd)
+    return _replaced(folder, name)
+
+
+def _replaced(folder: Folder, name: str) -> int:
+    """A fresh file, renamed over `name` (a rename replaces a link, never writes through it): the
+    user's, writable by them alone (0644 less the umask), so that --resume may trust it later."""
+    tmp = f".{name}.{os.urandom(8).hex()}.tmp"
+    fd = folder.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+    except BaseException:
+        folder.unlink(tmp)
+        os.close(fd)
+        raise
+    return fd
+
+
+def resumed(path: str) -> int:
+    """--resume FILE opened once, to read and to append to: a usage error, before anything runs,
+    for a file another user owns or may write, a link someone else could have planted or swapped, or
+    one no run of hardy wrote (sparse, or past half the memory: `unreadable`)."""
+    name = os.path.basename(path)
+    with _folder(path, "--resume") as folder:
+        try:
+            fd = folder.open(name, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            refuse(f"--resume {path}: no such file (an earlier run's --output)")
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                refuse(f"--resume {path}: {exc.strerror or exc} (give an earlier run's --output file)")
+            if not _followable(folder, name):
+                refuse(f"--resume {path} is a symbolic link of uid {folder.lstat(name).st_uid}'s in a folder others "
+                       "may write: not followed; resume from a file only you can write (name the file itself)")
+            fd = os.open(name, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC, dir_fd=folder.fd)
+    why = _untrusted(os.fstat(fd))
+    if why:
+        os.close(fd)
+        refuse(f"--resume {path} {why}")
+    return fd
+
+
+def _untrusted(st: os.stat_result) -> str:
+    """Why a file is no results file to resume from, told by its `fstat` ("" if it may be)."""
+    from ..cache.folders import OTHERS_WRITE, unreadable
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file: give an earlier run's --output file"
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid() or mode & OTHERS_WRITE:
+        return (f"is owned by uid {st.st_uid}, mode {mode:o}: whoever else can write it chooses the results "
+                "kept as yours; resume from a file only you can write (one of yours: chmod go-w it)")
+    why = unreadable(st)
+    return f"is no results file hardy wrote, not read: {why}; give an earlier run's --output file" if why else ""
+
+
+def _folder(path: str, flag: str) -> Folder:
+    """The folder of the results file `path`, opened (its last component may be a link of the
+    user's or root's, not anyone else's: `open_named`)."""
+    from ..cache.folders import open_named
+    from ..errors import UntrustedCacheError
+    try:
+        return open_named(os.path.dirname(os.path.abspath(path)), private=False)
+    except (OSError, UntrustedCacheError) as exc:
+        refuse(f"{flag} {path}: {exc}")
+
+
+def _followable(folder: Folder, name: str) -> bool:
+    """Whether the link at `name` is the user's own choice, to follow: made by the user or root
+    (/dev/stdout), in a folder of the user's or root's where nobody else can swap it (writable by
+    no one else, or sticky). Linux's `fs.protected_symlinks` asks less, and is often off."""
+    from ..cache.folders import OTHERS_WRITE
+    me, held = os.geteuid(), os.fstat(folder.fd)
+    swappable = held.st_mode & OTHERS_WRITE and not held.st_mode & stat.S_ISVTX
+    return folder.lstat(name).st_uid in (me, 0) and held.st_uid in (me, 0) and not swappable
 
 
 class Watched:

@@ -32,7 +32,7 @@ import typer
 
 from ..errors import Failed
 from ..wording import a_kind, did_you_mean
-from .outputs import Writer, closing_ends_the_run, failed_line, saved, written
+from .outputs import Writer, closing_ends_the_run, failed_line, fresh_results, resumed, saved, written
 from .reports import saved_as, writable_report
 from .usage import at_least
 from .usage import refuse as _fail_usage
@@ -212,8 +212,9 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     """Run a pipeline once, or map it over --inputs/--map-over; one JSON line per item."""
     if report:
         writable_report(report, "--report")
+    results = None  # --resume's file, opened once and checked: read, then appended to
     if resume:
-        output = _resumed(resume, output)
+        output, results = resume, _resumed(resume, output)
     if output:
         output_path(output)
     lines = None if output else _results_only()
@@ -224,8 +225,8 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
-    before = written(resume) if resume else {}
-    with engine, _Interruptible() as interrupted, _opened(output, lines, append=bool(resume)) as out:
+    before = written(results) if results is not None else {}
+    with engine, _Interruptible() as interrupted, _opened(output, lines, results) as out:
         writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
         unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, before, engine, progress, writer))
     done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
@@ -289,18 +290,16 @@ def _no_item(inputs: str, output: str | None, resume: str | None) -> NoReturn:
     """An empty --inputs file: no item, so nothing runs (not one run); an --output file is left
     empty, for the batch job that reads it next."""
     if output and not resume:
-        open(output, "w").close()
+        fresh_results(output).close()
     typer.echo(f"hardy: --inputs {inputs} holds no item: nothing ran", err=True)
     raise typer.Exit(0)
 
 
-def _resumed(resume: str, output: str | None) -> str:
-    """--resume FILE: the output is FILE, appended to."""
+def _resumed(resume: str, output: str | None) -> int:
+    """--resume FILE: the output is FILE, opened and checked once (`resumed`), read, then appended to."""
     if output and os.path.abspath(output) != os.path.abspath(resume):
         _fail_usage(f"--resume {resume} appends to {resume}; --output {output} names another file")
-    if not os.path.isfile(resume):
-        _fail_usage(f"--resume {resume}: no such file (an earlier run's --output)")
-    return resume
+    return resumed(resume)
 
 
 def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[str] | None, before: dict[int, bool],
@@ -416,14 +415,15 @@ def _results_only() -> IO[str]:
 
 
 @contextlib.contextmanager
-def _opened(output: str | None, lines: IO[str] | None, append: bool = False) -> Iterator[IO[str]]:
-    """--output, created (emptied) once the map has started, or appended to (--resume), or
+def _opened(output: str | None, lines: IO[str] | None, results: int | None) -> Iterator[IO[str]]:
+    """--output, created (emptied) once the map has started without following a link another user
+    planted (`fresh_results`), or --resume's file (`results`, its descriptor) appended to, or
     standard output (`lines`, `_results_only`)."""
     if not output:
         assert lines is not None
         yield lines
         return
-    with open(output, "a" if append else "w", encoding="utf-8") as f:
+    with open(results, "a", encoding="utf-8") if results is not None else fresh_results(output) as f:
         yield f
 
 

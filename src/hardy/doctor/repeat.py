@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.folders import open_named
+from ..cache.folders import OTHERS_WRITE, Folder, open_named
 from ..crash.sentence import crash_report, describe_exit
 
 
@@ -171,9 +171,6 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
     `native=False` leaves the native handler out of the runs.
     """
     report = RepeatReport(list(command))
-    log_dir = Path(logs) if logs is not None else None
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
     stop, ended = threading.Event(), threading.Event()
     lock, spawning = threading.Lock(), threading.Lock()
     live: set[subprocess.Popen[bytes]] = set()
@@ -206,7 +203,8 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
         if stop_on_failure and not result.ok:
             stop.set()
 
-    with _preloaded(native) as (preload, report.native), ThreadPoolExecutor(max(1, jobs)) as pool:
+    with _log_folder(logs) as log_dir, _preloaded(native) as (preload, report.native), \
+            ThreadPoolExecutor(max(1, jobs)) as pool:
         try:
             list(pool.map(one, range(1, n + 1)))
         except BaseException:  # Ctrl-C: the runs are in sessions of their own, which a terminal's Ctrl-C misses
@@ -220,6 +218,33 @@ def repeat(command: Sequence[str], n: int = 30, jobs: int = 1, stop_on_failure: 
     return report
 
 
+@contextmanager
+def _log_folder(logs: str | os.PathLike[str] | None) -> Iterator[Folder | None]:
+    """--logs FOLDER (made if absent, writable by the user alone), opened once: each log is written
+    through its descriptor to a fresh name renamed into place (`Folder.write`), so a link planted at
+    a log's name is replaced, never written through. Refused (`InvalidArgument`) where another user
+    could choose what the folder is or holds: a link, a folder of another user's (root's aside), or
+    one others may write that is not sticky (a team's: anyone there could swap a log)."""
+    from ..errors import InvalidArgument
+    if logs is None:
+        yield None
+        return
+    path = os.path.abspath(logs)
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:  # a link (ELOOP; ENOTDIR for one to a file, EEXIST for one to nothing), or no folder
+        raise InvalidArgument(f"--logs {logs}: {'a symbolic link, not followed' if os.path.islink(path) else exc}"
+                              "; give a folder of your own for the logs") from None
+    with Folder(fd, str(Path(logs)), False) as folder:  # (named as given: each log's path is said so)
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
+            raise InvalidArgument(f"--logs {logs} is uid {st.st_uid}'s folder, mode {stat.S_IMODE(st.st_mode):o}: "
+                                  "another user could replace or plant the logs there; give a folder of your own "
+                                  "that only you can write")
+        yield folder
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL to a run's whole process group (docker, shells, children), unless it has been waited for."""
     try:
@@ -230,7 +255,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _outcome(command: Sequence[str], i: int, n: int, returncode: int | None, timed_out: bool, out: bytes,
-             err: bytes, log_dir: Path | None, start: float) -> RunOutcome:
+             err: bytes, log_dir: Folder | None, start: float) -> RunOutcome:
     """Run `i`'s outcome from its exit and output (started at `perf_counter()` `start`); a failing
     run's output is kept in `log_dir`."""
     outcome, signame = classify(returncode, timed_out)
@@ -240,10 +265,10 @@ def _outcome(command: Sequence[str], i: int, n: int, returncode: int | None, tim
     if signame is None:  # a record in an exit's stderr is a child's (a contained hardy worker's), not the run's
         named = native_stack = ""
     if outcome != "success" and log_dir is not None:
-        path = log_dir / f"run-{i:0{len(str(n))}d}.log"
-        path.write_bytes(b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode() + out
-                         + b"\n--- stderr\n" + err
-                         + (f"\n--- native stack (in {named})\n{native_stack}\n".encode() if native_stack else b""))
-        log = str(path)
+        name = f"run-{i:0{len(str(n))}d}.log"
+        log_dir.write(name, [b"$ " + " ".join(command).encode() + f"\n# {outcome}\n--- stdout\n".encode(), out,
+                             b"\n--- stderr\n", err, f"\n--- native stack (in {named})\n{native_stack}\n".encode()
+                             if native_stack else b""], mode=None)
+        log = os.path.join(log_dir.path, name)
     return RunOutcome(i, outcome, returncode, signame, time.perf_counter() - start, log, named, native_stack,
                       python_stack)
