@@ -134,6 +134,7 @@ FOREIGN_PRIVATE = {
     "_parameters": "torch.nn.Module: a module's own tensors, hashed for cache keys",
     "_buffers": "torch.nn.Module: as _parameters",
     "_modules": "torch.nn.Module: as _parameters",
+    "_non_persistent_buffers_set": "torch.nn.Module: the buffers state_dict() leaves out, for a module's key",
     "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
     "_indices": "torch: a sparse COO tensor's indices as stored (indices() refuses an uncoalesced one), for its key",
     "_values": "torch: as _indices, its values as stored (duplicates apart, summed in that order)",

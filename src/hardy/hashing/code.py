@@ -33,7 +33,7 @@ from .classes import automatic, install_code_fingerprint
 from .distributions import module_identity
 from .environ import is_environment, keyed_environment
 from .models import pydantic_class_parts
-from .origin import absolute_module, is_user_file, is_user_module
+from .origin import absolute_module, is_user_file, is_user_module, small_data, user_made
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
 from .reach import recording as recording
@@ -402,14 +402,14 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
             path += "." + attr
             if isinstance(target, types.ModuleType):
                 last = target
-            elif callable(target) or _small_data(target, 2):
+            elif callable(target) or small_data(target, 2):
                 note_read(namespace, attr)
         out(b"." + path.encode() + b"@" + module_identity(last.__name__))
         if user_made(target):
             out(b"patched:")
             _fingerprint(target, out, seen)
             continue
-        if not isinstance(target, types.ModuleType) and not callable(target) and _small_data(target, 2):
+        if not isinstance(target, types.ModuleType) and not callable(target) and small_data(target, 2):
             out(b"value:")  # `sys.argv`, `sys.path`, a library's setting in a list or a dict
             tolerant(target, out)
         origin = getattr(target, "__module__", None) if not isinstance(target, types.ModuleType) else None
@@ -419,30 +419,6 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
             # re-exported from another distribution, or from another file of a package no
             # distribution installed (keyed by each file's content: `fakepkg.scale` from its `core.py`)
             out(b"from:" + module_identity(origin))
-
-
-def _small_data(value: Any, depth: int) -> bool:
-    """Plain data of at most `SMALL_DATA` items, nested at most `depth` deep: a library's value a
-    script may set (`sys.argv`), keyed by content and watched at each call at little cost."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return True
-    if type(value) in (list, tuple, set, frozenset) and len(value) <= SMALL_DATA and depth > 0:
-        return all(_small_data(v, depth - 1) for v in value)
-    if type(value) is dict and len(value) <= SMALL_DATA and depth > 0:
-        return all(_small_data(k, 0) and _small_data(v, depth - 1) for k, v in value.items())
-    return False
-
-
-SMALL_DATA = 64
-
-
-def user_made(value: Any) -> bool:
-    """Whether `value`, found in a library's module, is a function or class of user code: put there
-    at run time (`math.sqrt = my_sqrt`), which a worker's import of the library does not do."""
-    if type(value).__module__ == "unittest.mock":  # `mock.patch("math.sqrt", return_value=0.5)`
-        return True
-    origin = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type)) else None
-    return isinstance(origin, str) and is_user_module(origin)
 
 
 def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], seen: Seen,

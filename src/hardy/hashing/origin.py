@@ -1,11 +1,14 @@
 """Where code comes from: the user's (hashed by content) or a library's (by its distribution,
 `distributions.py`). A package the user installed from a local folder or file (`pip install ./mypkg`,
-`pip install -e .`) is the user's: its version says nothing about edits made since."""
+`pip install -e .`) is the user's: its version says nothing about edits made since. What a
+library's module holds that is the user's (`user_made`: a patch) or small plain data
+(`small_data`: `sys.argv`) is keyed by what it is, not by the library's distribution."""
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 from typing import Any
 
 from .distributions import folders, is_local_install
@@ -65,3 +68,27 @@ def absolute_module(name: str, globs: dict[str, Any]) -> str:
         return importlib.util.resolve_name(name, package)
     except (ImportError, ValueError):
         return ""
+
+
+def small_data(value: Any, depth: int) -> bool:
+    """Plain data of at most `SMALL_DATA` items, nested at most `depth` deep: a library's value a
+    script may set (`sys.argv`), keyed by content and watched at each call at little cost."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return True
+    if type(value) in (list, tuple, set, frozenset) and len(value) <= SMALL_DATA and depth > 0:
+        return all(small_data(v, depth - 1) for v in value)
+    if type(value) is dict and len(value) <= SMALL_DATA and depth > 0:
+        return all(small_data(k, 0) and small_data(v, depth - 1) for k, v in value.items())
+    return False
+
+
+SMALL_DATA = 64
+
+
+def user_made(value: Any) -> bool:
+    """Whether `value`, found in a library's module, is a function or class of user code: put there
+    at run time (`math.sqrt = my_sqrt`), which a worker's import of the library does not do."""
+    if type(value).__module__ == "unittest.mock":  # `mock.patch("math.sqrt", return_value=0.5)`
+        return True
+    origin = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type)) else None
+    return isinstance(origin, str) and is_user_module(origin)

@@ -37,7 +37,8 @@ from typing import Any
 
 from ..errors import ReplicaError
 from ..hashing import is_user_module
-from ..hashing.code import python_own, user_made
+from ..hashing.code import python_own
+from ..hashing.origin import user_made
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
 from .payload import RESOLVE, Bound, payload, refusal, unmatched
