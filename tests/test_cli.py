@@ -1062,3 +1062,101 @@ def test_an_output_on_a_full_disk_says_how_to_resume_and_resuming_writes_each_it
         assert sorted(items) == list(range(40)), items
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+SHOUT = """
+import sys
+from hardy import Pipeline, node
+
+@node(output_name="y")
+def shout(text: str, lang: str = "en") -> str:
+    open("ran", "a").write(text + "\\n")
+    if text == "exit":
+        sys.exit(4)
+    if "<" in text:
+        raise ValueError(f"markup in {text!r}")
+    return f"{lang}:{text.upper()}"
+
+pipeline = Pipeline([shout], name="shout")
+"""
+
+
+def _hardy(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hardy.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_replay_and_the_report_name_an_items_own_line_of_an_inputs_file_with_blank_lines(tmp_path):
+    """Blank lines are skipped, so item N is not always line N+1: `hardy replay` said line 2 of the
+    file for item 1 on line 4; a U+2028 in a string (JSON allows it unescaped) split its line in two
+    ("line 1 is not JSON"); and under --resume the report numbered the items it ran from 0, so
+    `hardy report --item N`, as the command said it, named another item or none."""
+    (tmp_path / "shout.py").write_text(SHOUT)
+    (tmp_path / "items.jsonl").write_text('{"text": "a\u2028b"}\n\n\n{"text": "<b>"}\n\n{"text": "<c>"}\n')
+    out = _hardy_run(tmp_path, "shout:pipeline", "--inputs", "items.jsonl", "--report", "run.json",
+                     "--executor", "sequential")
+    assert out.returncode == 1, out.stderr
+    lines = [json.loads(line) for line in out.stdout.split("\n") if line]
+    assert lines[0]["outputs"] == {"y": "en:A\u2028B"} and [line["item"] for line in lines] == [0, 1, 2]
+    replay = _hardy(tmp_path, "replay", "run.json", "--item", "1")
+    said = " ".join(replay.stderr.split())
+    assert replay.returncode == 2 and "Item 1 of a `hardy run` is line 4 of its --inputs file items.jsonl:" in said, said
+    (tmp_path / "out.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    again = _hardy_run(tmp_path, "shout:pipeline", "--inputs", "items.jsonl", "--resume", "out.jsonl",
+                       "--report", "again.json", "--executor", "sequential")
+    assert again.returncode == 1 and "(hardy report again.json --item 1)" in again.stderr, again.stderr
+    failures = json.loads((tmp_path / "again.json").read_text())["failures"]
+    assert [(f["item"], f["line"]) for f in failures] == [(2, 6)], failures
+    shown = _hardy(tmp_path, "report", "again.json", "--item", "2")
+    assert shown.returncode == 0 and "markup in '<c>'" in shown.stdout, shown.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n\n{"text": "b", "lang": "fr"}\n')
+    refused = _hardy_run(tmp_path, "shout:pipeline", "--inputs", "bad.jsonl")
+    assert refused.returncode == 2 and "bad.jsonl line 3 holds ['lang', 'text'], line 1 ['text']" in refused.stderr
+
+
+def test_a_set_list_is_mapped_over_alongside_inputs_one_value_per_item(tmp_path):
+    """As the docs say a --set list can be: it was refused as "--inputs six.jsonl line 1 has no
+    ['lang']", which blamed the file; a list of another length, or one value, is refused as what it is."""
+    (tmp_path / "shout.py").write_text(SHOUT)
+    (tmp_path / "items.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c"}\n')
+    args = ["shout:pipeline", "--inputs", "items.jsonl", "--map-over", "text,lang", "--executor", "sequential"]
+    out = _hardy_run(tmp_path, *args, "--set", 'lang=["x", "y", "z"]')
+    assert out.returncode == 0, out.stderr
+    rows = sorted(map(json.loads, out.stdout.splitlines()), key=lambda row: row["item"])
+    assert [row["outputs"]["y"] for row in rows] == ["x:A", "y:B", "z:C"]
+    short = _hardy_run(tmp_path, *args, "--set", 'lang=["x"]')
+    assert short.returncode == 2 and short.stderr == (
+        "hardy: --map-over lang names --set lang, a list of 1 value(s), and --inputs items.jsonl holds 3 item(s): a "
+        "list mapped over alongside --inputs gives one value per item, in the file's order; give 3 values, or put "
+        "lang in each line of items.jsonl instead\n"), short.stderr
+    one = _hardy_run(tmp_path, *args, "--set", "lang=x")
+    assert one.returncode == 2 and "--set lang, which is one value, not a list: drop lang from --map-over" in \
+        one.stderr, one.stderr
+    assert (tmp_path / "ran").read_text().split() == ["a", "b", "c"]  # the refused commands ran nothing
+
+
+@pytest.mark.parametrize("executor", ["sequential", "process"])
+def test_a_nodes_sys_exit_is_said_in_its_line_as_python_says_it(tmp_path, executor):
+    """The line said "error": "SystemExit", "message": "4", where the Python API's error says why."""
+    (tmp_path / "shout.py").write_text(SHOUT)
+    out = _hardy_run(tmp_path, "shout:pipeline", "--set", "text=exit", "--executor", executor)
+    line = json.loads(out.stdout)
+    assert out.returncode == 1 and line["error"] == "SystemExit", out.stderr
+    assert line["message"] == ("called sys.exit(4); a node cannot end the process that runs it: raise an exception "
+                               "instead"), line
+
+
+def test_resume_refuses_a_file_with_a_line_of_an_item_the_inputs_do_not_give(tmp_path):
+    """A line for item 99 of a 6-item run was taken silently: the file came from other inputs, and
+    resuming would have mixed its results with these."""
+    (tmp_path / "shout.py").write_text(SHOUT)
+    written = '{"item": 0, "ok": true, "outputs": {"y": "en:A"}}\n{"item": 99, "ok": true, "outputs": {}}\n'
+    (tmp_path / "out.jsonl").write_text(written)
+    out = _hardy_run(tmp_path, "shout:pipeline", "--set", 'text=["a", "b", "c"]', "--map-over", "text",
+                     "--resume", "out.jsonl")
+    assert out.returncode == 2 and out.stderr == (
+        "hardy: --resume out.jsonl line 2 is the line of item 99, and these inputs give 3 item(s) (items 0 to 2): "
+        "out.jsonl was written by a run of other inputs, whose results resuming would mix with these; resume with "
+        "the inputs of the run that wrote it, or give a fresh --output\n"), out.stderr
+    assert not (tmp_path / "ran").exists() and (tmp_path / "out.jsonl").read_text() == written

@@ -136,8 +136,12 @@ _FRAME = re.compile(r'[ |+]*(?:File "|#\d+ )')  # a Python frame's line (a group
 
 def reported(error: Any) -> dict[str, Any]:
     """The failure's fields as a line holds them (`NodeError.reported`), its message cut to its
-    first `MESSAGE_CHARACTERS` (a 1 MB message made a 1 MB line), saying how much was left out."""
+    first `MESSAGE_CHARACTERS` (a 1 MB message made a 1 MB line), saying how much was left out.
+    Where hardy said why it failed the item (`reason`: a node's sys.exit(4), whose own text is "4"),
+    the message is that sentence, as `str(err)` says it in Python."""
     fields: dict[str, Any] = error.reported()
+    if getattr(error, "reason", None) and error.__cause__ is not None:
+        fields["message"] = error.reason
     message = fields.get("message")
     if isinstance(message, str) and len(message) > MESSAGE_CHARACTERS:
         left = len(message) - MESSAGE_CHARACTERS
@@ -221,14 +225,16 @@ def lowest(items: list[int], i: int) -> None:
     del items[NAMED:]
 
 
-def written(fd: int) -> dict[int, bool]:
-    """The items an earlier run's results file (`resumed`'s descriptor) holds a line for
-    (`--resume`), and whether each succeeded, read line by line; a last line cut short by whatever
-    ended that run is dropped from the file, so that the lines appended after it are whole."""
+def written(fd: int, path: str, count: int | None) -> dict[int, bool]:
+    """The items an earlier run's results file (`resumed`'s descriptor, --resume `path`) holds a
+    line for, and whether each succeeded, read line by line; a last line cut short by whatever
+    ended that run is dropped from the file, so that the lines appended after it are whole. A line
+    of an item past the `count` the inputs give is a usage error: the file was written for other
+    inputs (its lines name items, nothing else of them), and resuming would mix their results in."""
     seen: dict[int, bool] = {}
     with open(fd, "r+b", closefd=False) as f:
         end = 0
-        for line in f:
+        for number, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
                 f.truncate(end)
                 break
@@ -238,8 +244,18 @@ def written(fd: int) -> dict[int, bool]:
             except ValueError:
                 continue
             if isinstance(record, dict) and isinstance(record.get("item"), int):
+                _of_these_inputs(record["item"], count, path, number)
                 seen[record["item"]] = bool(record.get("ok"))
     return seen
+
+
+def _of_these_inputs(item: int, count: int | None, path: str, number: int) -> None:
+    """A usage error, before anything runs, for a --resume line of an item the inputs do not give."""
+    if count is not None and not 0 <= item < count:
+        given = f"items 0 to {count - 1}" if count else "no item"
+        refuse(f"--resume {path} line {number} is the line of item {item}, and these inputs give {count} item(s) "
+               f"({given}): {path} was written by a run of other inputs, whose results resuming would mix with "
+               f"these; resume with the inputs of the run that wrote it, or give a fresh --output")
 
 
 # --- the results file, in a folder other users may write (a team's, /tmp) -----------------------

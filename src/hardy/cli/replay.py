@@ -303,38 +303,51 @@ def _hot_stacks(profile: Path, kept: Path, top: int = 5, depth: int = 6) -> str:
     return "\n".join(lines)
 
 
-def _streamed(report: str, item: int, kind: Any) -> None:
-    """Raises `ReplayError` when `report` is an `imap`'s or a `run`'s (`kind`: what `hardy run`
+def _streamed(report: str, item: int, data: dict[str, Any]) -> None:
+    """Raises `ReplayError` when `report` is an `imap`'s or a `run`'s (`data`, its `kind`: what `hardy run`
     makes) and has no kept inputs for `item`: those calls keep none (their items stream, and are
     not held), so the generic "inputs are kept for maps run with Engine(report_dir=...)" would tell
     a user who set HARDY_REPORT_DIR to do what they did. Says where that item's inputs are instead."""
     from ..crash.kept import folder_of
     from ..errors import ReplayError
+    kind = data.get("kind")
     if (folder_of(report) / f"item-{item}.pkl").exists():
         return
     if kind not in ("imap", "run"):
         return
-    line = f"line {item + 1} of its --inputs file (or value {item} of a list given with --set)"
     raise ReplayError(
         f"no kept inputs for item {item}: {report} is the report of {'an' if kind == 'imap' else 'a'} {kind}() "
         "(as `hardy run` makes), and "
-        f"those keep no inputs (their items stream, and are not held). Item {item} of a `hardy run` is {line}: "
-        f"run it again with `hardy run MODULE:PIPELINE --set NAME=VALUE ...` holding that line's values, or from "
-        f"Python with pipeline.map(...) over it under Engine(report_dir=...), which keeps a failed item's inputs "
-        f"for `hardy replay`")
+        f"those keep no inputs (their items stream, and are not held). Item {item} of a `hardy run` is "
+        f"{_line_of(data, item)}: run it again with `hardy run MODULE:PIPELINE --set NAME=VALUE ...` holding that "
+        f"line's values, or from Python with pipeline.map(...) over it under Engine(report_dir=...), which keeps a "
+        f"failed item's inputs for `hardy replay`")
 
 
-def _a_run_report(report: str) -> Any:
-    """The report's `kind` (`map`, `imap`, `run`); raises `ReplayError` when `report` is not a run
+def _line_of(data: dict[str, Any], item: int) -> str:
+    """Where item `item` of a `hardy run` came from: the line of its --inputs file that its failure
+    names (`hardy run` keeps it: blank lines are skipped, so it is not always line N+1), or, in a
+    report without it, how to find it."""
+    failure = next((f for f in data.get("failures", []) if isinstance(f, dict) and f.get("item") == item), {})
+    line, inputs = failure.get("line"), data.get("inputs")
+    if isinstance(line, int) and isinstance(inputs, str):
+        return f"line {line} of its --inputs file {inputs}"
+    return (f"line {item + 1} of its --inputs file, blank lines not counted (a report `hardy run` wrote with "
+            f"--inputs names the line itself), or value {item} of a list given with --set")
+
+
+def _a_run_report(report: str) -> dict[str, Any]:
+    """The report's data (its `kind`: `map`, `imap`, `run`); raises `ReplayError` when `report` is not a run
     report hardy can read (not JSON, not hardy's, a FIFO, a sparse or oversized file another user
     left): said as `hardy report` says it, not as "no kept inputs" beside a file that never had any.
     Read once, with `RunReport.load`'s checks: nothing reads it again unchecked."""
     from ..errors import ReplayError
     from ..observe.report import RunReport
     try:
-        return RunReport.load(report).data.get("kind")
+        data: dict[str, Any] = RunReport.load(report).data
     except (OSError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
+    return data
 
 
 def _missing(why: str) -> int:

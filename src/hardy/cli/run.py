@@ -12,7 +12,8 @@ Each item's line is written, and flushed, as the item finishes (`imap(ordered=Fa
 completion order, each line naming its item), so that whatever ends the command (a signal, a
 scheduler's kill, a crash of this process when the pipeline runs nodes in it) leaves every
 finished item in the output; `--resume` reads those lines back and runs only the other items.
-What a line holds, and how outputs are written as JSON: `outputs.py`.
+What a line holds, and how outputs are written as JSON: `outputs.py`; what the command is given
+(--set, --inputs): `inputs.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
-import json
 import os
 import signal
 import sys
@@ -32,6 +32,7 @@ import typer
 
 from ..errors import Failed
 from ..wording import a_kind, did_you_mean
+from .inputs import alongside, parse_sets, read_items
 from .outputs import Writer, closing_ends_the_run, failed_line, fresh_results, resumed, saved, written
 from .reports import saved_as, writable_report
 from .usage import at_least
@@ -129,66 +130,6 @@ def _said(exc: BaseException) -> str:
     return text
 
 
-def parse_sets(pairs: list[str]) -> dict[str, Any]:
-    """NAME=VALUE pairs; a value is read as JSON (numbers, lists, objects) and otherwise as text.
-    A name given twice is a usage error: which value was meant, the command cannot know."""
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, raw = pair.partition("=")
-        if not sep or not name:
-            _fail_usage(f"--set {pair!r} is not NAME=VALUE")
-        if name in values:
-            first = next(p for p in pairs if p.partition("=")[0] == name)
-            _fail_usage(f"--set {first} and --set {pair} both give input {name!r}: give it once")
-        try:
-            values[name] = json.loads(raw)
-        except ValueError:
-            values[name] = raw
-    return values
-
-
-def read_items(path: str, over: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
-    """The JSONL file's lines as per-item values: every key a line holds is that item's input (a
-    key left out of `--map-over` used to be dropped, and the node took its default instead), so
-    each line holds the same keys; maps over those keys. No line: no item (`{}`, None)."""
-    columns: dict[str, list[Any]] = {}
-    try:
-        lines = [ln for ln in _utf8(path, Path(path).read_bytes()).splitlines() if ln.strip()]
-    except OSError as exc:
-        _fail_usage(f"--inputs {path}: {exc.strerror}")
-    keys: list[str] | None = None
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            _fail_usage(f"--inputs {path} line {number} is not JSON: {exc}")
-        if not isinstance(row, dict) or not row:
-            _fail_usage(f"--inputs {path} line {number} is not a JSON object of input values (one item's inputs)")
-        keys = keys if keys is not None else list(row)
-        missing = [name for name in over if name not in row]
-        if missing:
-            _fail_usage(f"--inputs {path} line {number} has no {missing} (each line needs every --map-over name)")
-        if set(row) != set(keys):
-            _fail_usage(f"--inputs {path} line {number} holds {sorted(row)}, line 1 {sorted(keys)}: each line "
-                        "holds the same inputs, one value each per item (give the others with --set)")
-        for name in keys:
-            columns.setdefault(name, []).append(row[name])
-    return columns, keys or over
-
-
-def _utf8(path: str, raw: bytes) -> str:
-    """The --inputs file as UTF-8, JSON's encoding (a byte order mark skipped, as RFC 8259 allows: PowerShell's
-    `Out-File -Encoding utf8` writes one); other text (`>` in PowerShell writes UTF-16) is a usage error."""
-    try:
-        return raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        utf16, line = raw[:2] in (b"\xff\xfe", b"\xfe\xff"), exc.object.count(b"\n", 0, exc.start) + 1
-        what = "UTF-16 text (as PowerShell's > writes it)" if utf16 else \
-            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line})"
-        _fail_usage(f"--inputs {path} is {what}: JSON lines are read as UTF-8; save it as UTF-8 (PowerShell: "
-                    f"Out-File -Encoding utf8; elsewhere: iconv -f {'UTF-16' if utf16 else 'ITS-ENCODING'} -t UTF-8)")
-
-
 def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODULE:PIPELINE, e.g. mypkg.flows:pipeline"),
         set_: list[str] = typer.Option([], "--set", metavar="NAME=VALUE",
                                        help="An input NAME=VALUE (JSON or text); repeatable."),
@@ -219,16 +160,18 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         output_path(output)
     lines = None if output else _results_only()
     pipeline = load_pipeline(target)
-    values, over = _inputs(pipeline, set_, inputs, map_over, output, resume)
+    values, over, numbers = _inputs(pipeline, set_, inputs, map_over, output, resume)
     wanted = [o for o in (outputs or "").split(",") if o] or None  # an unknown name: a usage error, from the map
     engine = _engine(pipeline.engine, executor, workers, report is not None)
     if cache:
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
-    before = written(results) if results is not None else {}
+    before, todo = _resuming(results, resume, values, over)
     with engine, _Interruptible() as interrupted, _opened(output, lines, results) as out:
         writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
-        unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, before, engine, progress, writer))
+        unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, (before, todo), engine, progress,
+                                                  writer))
+    _numbered(pipeline, todo, numbers, inputs)
     done, failed = writer.done + len(before), writer.failed + sum(not ok for ok in before.values())
     if unwritable is not None:
         _unwritable(unwritable, writer.done, output, out)
@@ -265,13 +208,15 @@ def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | Non
 
 
 def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[str], output: str | None,
-            resume: str | None) -> tuple[dict[str, Any], list[str]]:
-    """The inputs given (--set, the --inputs lines) and the names mapped over, checked before
-    anything runs; an --inputs file of no line ends the command here (`_no_item`)."""
+            resume: str | None) -> tuple[dict[str, Any], list[str], list[int] | None]:
+    """The inputs given (--set, the --inputs lines), the names mapped over, and each item's line of
+    the --inputs file (None without one), checked before anything runs; an --inputs file of no
+    line ends the command here (`_no_item`)."""
     values = parse_sets(set_)
     over = [n for spec in map_over for n in spec.split(",") if n]
+    numbers = None
     if inputs:
-        columns, over = read_items(inputs, over)
+        columns, over, numbers = read_items(inputs, over, values)
         if not columns:
             _no_item(inputs, output, resume)
         both = [name for name in values if name in columns]
@@ -279,11 +224,12 @@ def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[s
             given = next(p for p in set_ if p.partition("=")[0] == both[0])
             _fail_usage(f"--set {given} and --inputs {inputs} (each of its lines holds {both[0]!r}) both give input "
                         f"{both[0]!r}: give it in one place (drop the --set, or the key from the lines)")
+        alongside(values, [name for name in over if name not in columns], inputs, len(numbers))
         values.update(columns)
     unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
     if unknown is not None:  # a typo in --set or in the input lines: nothing runs
         _fail_usage(str(unknown))
-    return values, over
+    return values, over, numbers
 
 
 def _no_item(inputs: str, output: str | None, resume: str | None) -> NoReturn:
@@ -302,15 +248,36 @@ def _resumed(resume: str, output: str | None) -> int:
     return resumed(resume)
 
 
-def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[str] | None, before: dict[int, bool],
-           engine: Any, progress: bool | None, writer: Writer) -> OSError | None:
-    """Run the items not written `before` and write each one's line; the error that stopped the
-    writing (a closed pipe, a full disk), after the map was stopped."""
+def _resuming(results: int | None, resume: str | None, values: dict[str, Any], over: list[str]
+              ) -> tuple[dict[int, bool], list[int] | None]:
+    """The items --resume's file has a line for (none without it: `written`, which refuses a line
+    of an item these inputs do not give) and those left to run (None: every item)."""
+    if results is None or resume is None:
+        return {}, None
+    count = _count(values, over)
+    before = written(results, resume, count)
+    return before, [i for i in range(count or 0) if i not in before] if before and over else None
+
+
+def _count(values: dict[str, Any], over: list[str]) -> int | None:
+    """How many items the inputs give: one without a map; None where the first name mapped over is
+    not a list (the map says what is wrong with it)."""
+    if not over:
+        return 1
+    first = values.get(over[0])
+    return len(first) if isinstance(first, list) else None
+
+
+def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[str] | None,
+           resuming: tuple[dict[int, bool], list[int] | None], engine: Any, progress: bool | None, writer: Writer
+           ) -> OSError | None:
+    """Run the items not written before (`resuming`: the earlier run's items, and the ones left to
+    run, None for all) and write each one's line; the error that stopped the writing (a closed
+    pipe, a full disk), after the map was stopped."""
     from ..errors import HardyError
+    before, todo = resuming
     if not over:
         return None if 0 in before else _once(pipeline, values, wanted, engine, writer)
-    n = len(values[over[0]]) if over and isinstance(values.get(over[0]), list) else 0
-    todo = [i for i in range(n) if i not in before] if before else None
     if todo is not None:
         values = {k: [v[i] for i in todo] if k in over else v for k, v in values.items()}
     try:
@@ -328,6 +295,33 @@ def _items(pipeline: Any, values: dict[str, Any], over: list[str], wanted: list[
         rows.close()
         return exc
     return None
+
+
+def _numbered(pipeline: Any, todo: list[int] | None, numbers: list[int] | None, inputs: str | None) -> None:
+    """The run report's items numbered as the output's lines number them: under --resume the map
+    ran only `todo` (its item k is item todo[k], which `hardy report --item` and `hardy replay` are
+    given); with --inputs, each failure with its line of the file (`numbers`: blank lines are
+    skipped, so item N is not always line N+1) and the file, which `hardy replay` names. A report
+    a report directory already got is written again (as it was, where that fails)."""
+    from ..errors import HardyError
+    if todo is None and numbers is None:
+        return
+    try:
+        report = pipeline.report()
+    except HardyError:  # no report kept
+        return
+    item = (lambda k: todo[k]) if todo is not None else (lambda k: k)
+    for failure in report.data.get("failures", []):
+        failure["item"] = item(failure["item"])
+        if numbers is not None:
+            failure["line"] = numbers[failure["item"]]
+    for row in report.data.get("timeline", []):
+        row[0] = item(row[0])
+    if inputs:
+        report.data["inputs"] = inputs
+    if report.path is not None:
+        with contextlib.suppress(OSError, HardyError):
+            report.save(report.path)
 
 
 def _once(pipeline: Any, values: dict[str, Any], wanted: list[str] | None, engine: Any, writer: Writer
