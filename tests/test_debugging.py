@@ -319,6 +319,43 @@ def test_a_map_under_a_debugger_says_once_that_its_breakpoints_in_nodes_are_not_
     assert "(12)inv()" in here.stdout and said not in here.stderr  # in-process, the breakpoint stops
 
 
+def test_a_breakpoint_on_a_nodes_line_stops_in_no_frame_hardy_rebuilt(tmp_path):
+    """`python -m pdb` with a breakpoint on a node's line: as the worker's failure was read, pdb
+    stopped in the frame hardy rebuilt for that line (run while pdb traced), which has none of the
+    node's locals (`p x` failed), and a `q` there was lost with the failure's frames. pdb now
+    stops where the error raised, with the locals that came back."""
+    script = BUG + 'p.map(inputs={"x": [1, 0]}, map_over="x")\n'
+    out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin="b bug.py:12\nc\np x, scale\nq\n")
+    before = out.stdout.split("Uncaught exception. Entering post mortem debugging")[0]
+    assert "(12)inv()" not in before, out.stdout  # (no stop in a rebuilt frame before the failure)
+    assert "(8)helper()\n-> return scale / x\n(Pdb) (0, 10)" in out.stdout, out.stdout + out.stderr
+
+
+def test_quitting_pdb_while_hardy_rebuilds_a_traceback_quits(tmp_path):
+    """A debugger's quit (bdb's BdbQuit, an Exception) raised while a worker's frames were made
+    again was taken for a traceback that could not be made: the script went on after `q`."""
+    import hardy.tracebacks
+    source = Path(hardy.tracebacks.__file__)
+    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if "frame.f_locals.update(local)" in text)
+    script = """
+    import pickle
+    from hardy import Pipeline, node
+
+    @node(output_name="y")
+    def inv(x: int) -> float:
+        return 1 / x
+
+    out = Pipeline([inv]).map(inputs={"x": [0]}, map_over="x", on_error="continue")
+    data = pickle.dumps(out[0].error)
+    print("reading it again")
+    pickle.loads(data)
+    print("went on after q")
+    """
+    out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin=f"b {source}:{line}\nc\nc\nq\n")
+    assert "reading it again" in out.stdout and "(Pdb) " in out.stdout.split("reading it again")[1], out.stdout + out.stderr
+    assert "went on after q" not in out.stdout, out.stdout
+
+
 USERS_TEST = """
 # the top of the user's test file
 from hardy import Engine, Pipeline, node

@@ -217,7 +217,8 @@ def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
     """A node that raises KeyboardInterrupt interrupts the call, as Ctrl-C does: `run()` raises it,
     a map raises MapInterrupted with the results so far (on_error="continue" too), imap raises it,
     and the engine works after. In a worker process it counted as one crashed item; the async
-    executor's loop ran the interrupted map's items on into the next map."""
+    executor's loop ran the interrupted map's items on into the next map; a worker's came back as
+    a MapInterrupted with no cause, its "stop here" lost."""
     with engine_named(name) as engine:
         p = Pipeline(nodes=[interrupts], engine=engine)
         try:
@@ -228,6 +229,7 @@ def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
                     p.map(inputs={"n": list(range(8))}, map_over="n", on_error=on_error)
                 results = info.value.results
                 assert results[3] is None and not info.value.failures
+                assert repr(info.value.__cause__) == "KeyboardInterrupt('stop here')", repr(info.value.__cause__)
                 assert all(r is None or r == {"v": n} for n, r in enumerate(results))
             got: list = []
             with pytest.raises(KeyboardInterrupt, match="stop here"):  # what finished before it, first

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -328,3 +329,43 @@ def test_an_item_that_failed_every_attempt_says_how_many_ran(name):
             assert isinstance(cause, ConnectionError) and str(cause) == "service down for 7"
             assert cause.__notes__ == [f"node {n.name!r} was tried {tries} times (retries={tries - 1}); this is the "
                                        "last attempt's error"]
+
+
+@pytest.mark.parametrize("how", ["map", "imap"])
+@pytest.mark.parametrize("executor", IN_PROCESS)
+def test_os_exit_in_a_node_in_process_names_node_and_item_as_a_crash_does(executor, how, tmp_path):
+    """`os._exit(3)` in a node ended the process with code 3 and not a word (no handler, atexit or
+    `finally` runs); now it first names node and item and what contains it, as a crash does.
+    Exits that are no node's say nothing: a process the node forked, and the script's own."""
+    script = tmp_path / "exits.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        from hardy import Engine, Pipeline, node
+
+        @node(output_name="y")
+        def leaves(x):
+            if x == {K}:
+                os._exit(3)
+            if x == 0:  # a child the node forks, which leaves by os._exit as multiprocessing's do
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(5)
+                assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 5
+            return x
+
+        p = Pipeline(nodes=[leaves], engine=Engine(map_executor={executor!r}))
+        print(list(p.{how}(inputs={{"x": list(range({K}))}}, map_over="x")), flush=True)
+        if os.environ.get("EXIT_ITSELF"):
+            os._exit(4)
+        list(p.{how}(inputs={{"x": list(range({N}))}}, map_over="x"))
+        print("survived")
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3 and "survived" not in run.stdout, (run.returncode, run.stderr)
+    assert run.stderr.count("hardy:") == 2, run.stderr  # (nothing from the forked child's exit)
+    assert f"hardy: node 'leaves' on item {K} called os._exit(3), which ends this process.\n" in run.stderr
+    assert (f"hardy: map_executor={executor!r} runs nodes in this process, so the exit ends it; "
+            'map_executor="process" or @node(isolate=True) contains it: only that item would fail.') in run.stderr
+    itself = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "EXIT_ITSELF": "1"})
+    assert itself.returncode == 4 and itself.stderr == "", itself.stderr

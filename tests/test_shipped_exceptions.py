@@ -207,3 +207,53 @@ def test_a_class_defined_in_a_function_prints_its_full_name(tmp_path):
     value again without its `__qualname__`."""
     line = "inside.<locals>.Local: a class defined in a function"
     assert _last_lines(tmp_path, "local") == {"sequential": line, "process": line}
+
+
+SLOTS = """
+import sys, threading
+from hardy import Engine, Pipeline, node
+
+class Slotted(Exception):
+    __slots__ = ("extra", "code")
+
+    def __init__(self, message, extra, code=0):
+        super().__init__(message)
+        self.extra, self.code = extra, code
+
+class Plain(Exception):  # its constructor takes its args: pickle makes it again, without its slots
+    __slots__ = ("rows", "__secret")
+
+class Locked(Plain):
+    __slots__ = "lock"
+
+@node(output_name="y")
+def fail(kind: str) -> int:
+    if kind == "slotted":
+        raise Slotted("slotted failure", {"rows": 5}, code=7)
+    err = Plain("plain failure") if kind == "plain" else Locked("locked failure")
+    err.rows, err._Plain__secret = [1, 2], "s"
+    if kind == "locked":
+        err.lock = threading.Lock()  # pickle refuses it: it travels as its repr
+    raise err
+
+for kind in ("slotted", "plain", "locked"):
+    out = Pipeline([fail], engine=Engine(map_executor=sys.argv[1], workers=1)).map(
+        inputs={"kind": [kind]}, map_over="kind", on_error="continue", progress=False)
+    c = out[0].error.__cause__
+    print(type(c).__name__, c, [getattr(c, n, "unset") for n in ("extra", "code", "rows", "_Plain__secret")])
+    if kind == "locked":
+        print(str(c.lock).startswith("<unlocked _thread.lock object"))  # (its repr, from a worker)
+"""
+
+
+def test_an_exceptions_slots_come_back_with_it(tmp_path):
+    """An exception holding its attributes in `__slots__` came back from a worker without them
+    (AttributeError reading `err.extra`): pickle, and the copy that rebuilds what pickle cannot,
+    carried only its `__dict__`."""
+    runs = _outputs(tmp_path, SLOTS)
+    assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr for k, r in runs.items()}
+    text = runs["process"].stdout
+    assert "Slotted slotted failure [{'rows': 5}, 7, 'unset', 'unset']\n" in text, text
+    assert "Plain plain failure ['unset', 'unset', [1, 2], 's']\n" in text, text
+    assert "Locked locked failure ['unset', 'unset', [1, 2], 's']\nTrue\n" in text, text
+    assert text == runs["sequential"].stdout

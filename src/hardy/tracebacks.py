@@ -283,8 +283,9 @@ def with_frames(exc: BaseException, frames: Frames) -> None:
     """`exc` given a traceback made of the worker's frames (`rebuilt`), as if raised here."""
     try:
         exc.__traceback__ = rebuilt(frames)
-    except Exception:  # a traceback that cannot be made again must not cost the error: its text travelled too
-        pass
+    except Exception as failed:  # a traceback that cannot be made again must not cost the error: its text travelled too
+        if _quits(failed):
+            raise
 
 
 GroupFrames = list[tuple["Frames | None", Any]]  # per exception of a group: its frames, and its own group's
@@ -348,14 +349,28 @@ def rebuilt(frames: Frames) -> types.TracebackType | None:
     return top
 
 
+def _quits(exc: BaseException) -> bool:
+    """Whether `exc` is a debugger's quit (pdb's `q`: bdb's `BdbQuit`, an Exception), which must end
+    the program as the user asked, not be taken for a traceback that could not be made."""
+    bdb = sys.modules.get("bdb")
+    return bdb is not None and isinstance(exc, bdb.BdbQuit)
+
+
 def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types.FrameType, int]:
-    """A frame of `code` that ended by raising, and the instruction it raised at."""
+    """A frame of `code` that ended by raising, and the instruction it raised at. Run with this
+    thread's trace function off: the stub carries the user's file and line, so a debugger tracing
+    the caller (`python -m pdb script.py`, a breakpoint on a node's line) would stop in it, a frame
+    of hardy's with none of the node's locals, and its `q` would be lost there."""
+    tracer = sys.gettrace()
+    sys.settrace(None)
     try:
         exec(code, _globals(module, filename), {})  # noqa: S102 - our own stub (`_stub`)
     except (NameError, TypeError) as exc:
         tb = exc.__traceback__
         assert tb is not None and tb.tb_next is not None
         return tb.tb_next.tb_frame, tb.tb_next.tb_lasti
+    finally:
+        sys.settrace(tracer)
     raise AssertionError("a traceback stub did not raise")
 
 

@@ -26,13 +26,16 @@ def interrupted(results: list[Any], failures: dict[int, NodeError], report_dir: 
     from `interrupt` where it landed in the user's code (a node running in this process), with
     hardy's frames between theirs left out; where it landed in hardy's wait for the workers, its
     frames (hardy's, or the standard library's in a `threaded` map's wait) say nothing about the
-    user's code, and it is left out (`raise` it with no `from`)."""
+    user's code, and it is left out (`raise` it with no `from`), unless it says something: a
+    node's own `KeyboardInterrupt("stop here")` in a worker process, which the caller raises
+    again (`Results.raise_ending`) from the text the worker sent (a Ctrl-C says nothing). Its
+    message is then the cause, as in-process, without hardy's frames."""
     if not _BEFORE:
         _BEFORE.append(sys.excepthook)
         sys.excepthook = _exit_as_interrupted
     err = MapInterrupted(results, failures, report_dir)
     frames = where_interrupted(interrupt.__traceback__)
-    err.__cause__ = interrupt.with_traceback(frames) if frames is not None else None
+    err.__cause__ = interrupt.with_traceback(frames) if frames is not None or interrupt.args else None
     err.__suppress_context__ = True
     return err
 

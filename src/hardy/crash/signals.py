@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .containment import contained
 
@@ -112,8 +112,10 @@ def reported_crashes(executor: str) -> Iterator[None]:
     with _guard:
         if not _installed and not contained():
             _installed.append(on_fatal_signal(_last_words))
+            _guard_exits()
         _maps["running"] += 1
         _maps["executor"] = executor
+        _maps["pid"] = os.getpid()
     try:
         yield
     finally:
@@ -132,9 +134,37 @@ def _last_words(signum: int) -> None:
             f"\nhardy: this process crashed with {what} while a map was running.\n")
     os.write(2, text.encode(errors="replace"))
     os.write(2, _stack().encode(errors="replace"))
-    os.write(2, (f"hardy: map_executor={_maps['executor']!r} runs nodes in this process, so the crash ends it; "
-                 "map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n"
-                 ).encode())
+    os.write(2, _remedy("crash"))
+
+
+def _remedy(what: str) -> bytes:
+    """The line that says why `what` ends this process and what would contain it."""
+    return (f"hardy: map_executor={_maps['executor']!r} runs nodes in this process, so the {what} ends it; "
+            "map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n").encode()
+
+
+def _guard_exits() -> None:
+    """`os._exit` replaced by one that, called by a node during an in-process map, first says which
+    node on which item ended the process, as a crash does (`os._exit` runs no handler, atexit or
+    finally: without this the script ended silently, its exit code the node's). Only from the
+    node's own thread and process: a process the node forked (multiprocessing's children leave by
+    `os._exit`) and code outside nodes exit as before, and every call exits as `os._exit` did.
+    Installed once, like the signal handler; code that took `os._exit` before (`from os import
+    _exit`), and `_exit` from C, are not seen; nor a thread the node started, which is no node's."""
+    leave = os._exit
+
+    def _exit(status: int) -> NoReturn:
+        if _maps["running"] and _maps.get("pid") == os.getpid():
+            where = _node_of(sys._getframe(1))
+            if where:
+                try:
+                    os.write(2, f"\nhardy: {where} called os._exit({status}), which ends this process.\n".encode())
+                    os.write(2, _remedy("exit"))
+                except OSError:  # (stderr closed): the exit goes on
+                    pass
+        leave(status)
+
+    os._exit = _exit
 
 
 def _stack() -> str:
@@ -150,15 +180,16 @@ def _stack() -> str:
 def _in_flight() -> str:
     """'node N on item I' for each plan function running in this process, the crashing thread first."""
     frames = [sys._getframe()] + [f for t, f in sys._current_frames().items() if t != threading.get_ident()]
-    found = []
-    for frame in frames:
-        f: FrameType | None = frame
-        while f is not None and not f.f_code.co_filename.startswith("<hardy plan"):
-            f = f.f_back
-        if f is None:
-            continue
-        plan = getattr(f.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
-        step, item = f.f_locals.get("_s"), f.f_locals.get("_item")
-        node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
-        found.append(f"node {node!r}" + (f" on item {item}" if item is not None else ""))
-    return "; ".join(found)
+    return "; ".join(filter(None, (_node_of(frame) for frame in frames)))
+
+
+def _node_of(frame: FrameType | None) -> str:
+    """'node N on item I' for the plan function `frame` runs in (or calls from), '' for none."""
+    while frame is not None and not frame.f_code.co_filename.startswith("<hardy plan"):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    plan = getattr(frame.f_globals.get("_fail"), "__self__", None)  # the generated code's namespace holds it
+    step, item = frame.f_locals.get("_s"), frame.f_locals.get("_item")
+    node = plan.steps[step].node.name if plan is not None and isinstance(step, int) else "?"
+    return f"node {node!r}" + (f" on item {item}" if item is not None else "")

@@ -74,11 +74,12 @@ def _survives(value: Any) -> bool:
 
 def _same(copy: BaseException, value: BaseException) -> bool:
     """Whether `copy` is `value` again: its class and arguments, the members pickle leaves out
-    (`_members`: an OSError subclass's `errno` and `filename`, an AttributeError's `name` and `obj`),
-    and a group's exceptions each so (pickle calls `ApiError` inside a group as outside)."""
+    (`_members`: an OSError subclass's `errno` and `filename`, an AttributeError's `name` and `obj`;
+    the values in its `__slots__`), and a group's exceptions each so (pickle calls `ApiError` inside
+    a group as outside)."""
     if type(copy) is not type(value) or not _alike(copy.args, value.args):
         return False
-    members = _members(value)
+    members = (*_members(value), *_slot_names(type(value)))
     if not _alike(tuple(getattr(copy, m, None) for m in members), tuple(getattr(value, m, None) for m in members)):
         return False
     inner, copied = _inner(value), _inner(copy)
@@ -100,6 +101,33 @@ def _members(exc: BaseException) -> tuple[str, ...]:
     if isinstance(exc, NameError):
         return ("name",)
     return ()
+
+
+def _slot_names(kind: type) -> tuple[str, ...]:
+    """The attribute names the `__slots__` of `kind` and its bases declare (mangled where Python
+    mangles them: `__x` in `Cls` is `_Cls__x`), which pickle leaves out as it leaves out
+    `_members`: an exception made again without them raises AttributeError where code reads them."""
+    names: list[str] = []
+    for cls in kind.__mro__:
+        declared = vars(cls).get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if name in ("__dict__", "__weakref__") or not isinstance(name, str):
+                continue
+            private = name.startswith("__") and not name.endswith("__")
+            names.append(f"_{cls.__name__.lstrip('_')}{name}" if private else name)
+    return tuple(dict.fromkeys(names))
+
+
+def _held(exc: BaseException) -> dict[str, Any]:
+    """What `exc` holds outside its `args` and `__dict__`, as it travels: its members (`_members`,
+    an AttributeError's `obj` as `_object` makes it) and the values in its slots that are set
+    (`_slot_names`), each itself where it pickles, else its repr, as its attributes travel."""
+    held = {m: _object(v) if m == "obj" else _travelling(v) for m in _members(exc)
+            if (v := getattr(exc, m, None)) is not None}
+    for name in _slot_names(type(exc)):
+        if name not in held and hasattr(exc, name):
+            held[name] = _travelling(getattr(exc, name))
+    return held
 
 
 def _inner(exc: BaseException) -> tuple[BaseException, ...] | None:
@@ -147,8 +175,8 @@ def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, An
 
 class _CauseCopy(Exception):
     """What travels for an exception pickle cannot carry: where its class lives, its built-in base,
-    message, `args` and attributes (those that pickle, the others as their repr), its members
-    (`_members`), and a group's exceptions each as it travels on its own (`_shipped`)."""
+    message, `args` and attributes (those that pickle, the others as their repr), its members and
+    slots (`_held`), and a group's exceptions each as it travels on its own (`_shipped`)."""
 
     def __init__(self, exc: BaseException):
         super().__init__(text_of(exc))
@@ -157,10 +185,8 @@ class _CauseCopy(Exception):
         inner = _inner(exc)
         args = tuple(_travelling(a) for a in exc.args) if inner is None else (
             exc.message, [_shipped(e) for e in inner])  # type: ignore[attr-defined]
-        members = {m: _object(v) if m == "obj" else _travelling(v) for m in _members(exc)
-                   if (v := getattr(exc, m, None)) is not None}
         self.recipe = (kind.__module__, kind.__qualname__, base, text_of(exc), args,
-                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()}, members)
+                       {k: _travelling(v) for k, v in getattr(exc, "__dict__", {}).items()}, _held(exc))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return rebuilt, self.recipe
@@ -170,10 +196,10 @@ def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any
             state: dict[str, Any], members: dict[str, Any] | None = None) -> BaseException:
     """An exception that pickle could not carry (`_CauseCopy`), rebuilt where it lands: of its own
     class, by its constructor if that accepts its `args` and says the same, else without calling
-    it, with its `args`, picklable attributes and members; or, if its class cannot be found here or
-    the copy would say something else, its `errors.stand_in`, which says the original's message
-    and keeps its `args`, attributes (those that did not pickle as their repr) and members, and a
-    group's exceptions."""
+    it, with its `args`, picklable attributes, members and slots' values; or, if its class cannot be
+    found here or the copy would say something else, its `errors.stand_in`, which says the
+    original's message and keeps its `args`, attributes (those that did not pickle as their repr),
+    members and slots' values (as attributes), and a group's exceptions."""
     import importlib
     try:
         cls: Any = importlib.import_module(module)
@@ -198,7 +224,7 @@ def rebuilt(module: str, qualname: str, base: str, message: str, args: tuple[Any
 
 
 def _restore(exc: BaseException, members: dict[str, Any] | None) -> None:
-    """Sets the members pickle left out (`_members`) again."""
+    """Sets the members and slots' values pickle left out (`_held`) again."""
     for name, value in (members or {}).items():
         try:
             setattr(exc, name, value)
