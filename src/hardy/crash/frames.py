@@ -105,11 +105,43 @@ _NOT_USER_CODE = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "p
                        | {os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep})
 
 
+RECORDED = 64  # return addresses the handler records at most (MAX_FRAMES in native_handler.c, handler.py)
+_REPEATS = 16  # frames of one function at the end of a record that stopped short of the interpreter
+
+
+def overflowed(frames: list[Frame]) -> Frame | None:
+    """The function a native stack overflow recursed in: the record is full (nearly: the handler
+    leaves out its own frames) without reaching the interpreter, and its last frames are all that
+    function's (deep C recursion, until the stack ran out). None for any other crash."""
+    tail = frames[-_REPEATS:]
+    if len(frames) < RECORDED - 8 or len(own(frames)) < len(frames) or len(tail) < _REPEATS:
+        return None
+    first = tail[0]
+    same = all(f.library == first.library and (f.function or f.offset) == (first.function or first.offset)
+               for f in tail)
+    return first if same and first.library else None
+
+
+def _cut(frames: list[Frame]) -> str:
+    """What the frames past the shown ones are: `38 more frames of recurse` when one function."""
+    names = {f.function or f.short() for f in frames}
+    what = f"of {names.pop()}" if len(names) == 1 else f"in {', '.join(sorted({f.name or '?' for f in frames}))}"
+    return f"  ... {len(frames)} more frame(s) {what}"
+
+
 def format_frames(frames: list[Frame], limit: int = 24) -> str:
-    """The native stack as the error shows it, numbered, innermost first."""
+    """The native stack as the error shows it, numbered, innermost first: the frames past
+    `limit` summed up by what they are, the interpreter's (which the Python stack tells) counted;
+    a stack overflow (`overflowed`) said, since the record then ends before the interpreter."""
     mine = own(frames)
     lines = [f"  #{k} {f}" for k, f in enumerate(mine[:limit])]
-    hidden = len(frames) - len(lines)
-    if hidden:
-        lines.append(f"  ... {hidden} more frame(s), in the Python interpreter and below")
+    if len(mine) > limit:
+        lines.append(_cut(mine[limit:]))
+    if len(frames) > len(mine):
+        lines.append(f"  ... {len(frames) - len(mine)} more frame(s), in the Python interpreter and below")
+    deep = overflowed(frames)
+    if deep is not None:
+        lines.append(f"  (the native stack overflowed: {deep.function or deep.short()} calls itself until the stack "
+                     f"runs out; the record holds only the innermost {len(frames)} frames, all of them its own. "
+                     "No Python stack is recorded for a stack overflow: see docs/failures.md)")
     return "\n".join(lines)

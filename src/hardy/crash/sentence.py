@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from .frames import culprit, format_frames, python_site
+from .frames import culprit, format_frames, overflowed, python_site
 from .record import from_stderr
 from .signals import HINTS
 from .symbols import Frame
@@ -39,6 +39,9 @@ def crash_line(signame: str | None, reason: str, frames: list[Frame], node: str,
         return reason
     site = python_site(stack, node)
     hint = reason.partition(" (")[2].rstrip(")")  # describe_exit's explanation of the signal
+    deep = overflowed(frames)
+    if deep is not None:
+        hint = f"stack overflow: {deep.function or deep.short()} recursed until the native stack ran out"
     return (f"worker died from {signame} in {frame.short()}, called from node {node!r}"
             + (f" ({site})" if site else "") + (f": {hint}" if hint else ""))
 

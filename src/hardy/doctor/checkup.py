@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -80,7 +81,7 @@ def examine(imports: Sequence[str] = ()) -> Report:
             importlib.import_module(module)
             report.imported.append(module)
         except Exception as exc:  # the doctor reports, it does not fail
-            report.findings.append(Finding("error", "import", f"import {module} failed: {type(exc).__name__}: {exc}"))
+            report.findings.append(import_failure(module, exc))
     for dist in PACKAGES:
         try:
             report.packages[dist] = importlib.metadata.version(dist)
@@ -135,6 +136,35 @@ def examine_libraries(dirs: Sequence[str]) -> list[Finding]:
     return [Finding("note", "shared libraries", f"{m}; it is not loaded here (an optional part of its package, "
                     "loaded only when asked for), so nothing fails unless something loads it")
             for m in plan.missing if os.path.realpath(m.library.path) not in loaded]
+
+
+def import_failure(module: str, exc: Exception) -> Finding:
+    """`import module` failed: with what the package's shared libraries need and cannot find, where
+    on sys.path each is, and the fix (on a split sys.path, a Bazel layout: `pkgb/libb.so` needing
+    `liba.so`, which only another entry's `pkga` has; the loader never looks there)."""
+    said = f"import {module} failed: {type(exc).__name__}: {exc}"
+    from ..native.libs import analyse, scan
+    plan = analyse(scan(_spec_dirs(module)), search=[p for p in sys.path if p and os.path.isdir(p)])
+    return Finding("error", "import", "; ".join([said, *(_library_fix(m) for m in plan.missing)]))
+
+
+def _spec_dirs(module: str) -> list[str]:
+    """The directories of a package that failed to import, found without importing it again."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # (a parent package that fails too)
+        return []
+    return [d for d in (spec.submodule_search_locations or []) if os.path.isdir(d)] if spec else []
+
+
+def _library_fix(m: Any) -> str:
+    """One unresolved DT_NEEDED (`native.libs.Missing`), with the fix where it is on sys.path."""
+    if m.unnamed or not m.elsewhere:
+        return str(m)
+    dirs = [m.elsewhere, m.library.directory]
+    return (f"{m}: load it first, by path: Engine(preload_libs={dirs!r}) for hardy's workers, or "
+            f"hardy.native.preload(paths={dirs!r}) before the import in this process "
+            f"(`hardy libs {' '.join(dirs)} --order` prints the order)")
 
 
 def examine_forensics() -> list[Finding]:

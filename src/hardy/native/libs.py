@@ -16,7 +16,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .elf import Library, read_library
@@ -86,8 +86,14 @@ class Missing:
     library: Library
     needed: str
     elsewhere: str | None  # a directory that has it, though the loader will not look there
+    unnamed: str | None = None  # the file there, which has no SONAME: loading it first does not help
 
     def __str__(self) -> str:
+        if self.unnamed:
+            return (f"{self.library.path} needs {self.needed}: {self.unnamed} has that file name but no SONAME, so "
+                    f"loading it first (preload_libs=, hardy libs --order) cannot satisfy it: the loader matches a "
+                    f"loaded library by SONAME. Give it one (patchelf --set-soname {self.needed} {self.unnamed}) or "
+                    f"put {self.elsewhere} on LD_LIBRARY_PATH before Python starts")
         where = f"; it is in {self.elsewhere}, which the loader does not search" if self.elsewhere else ""
         return f"{self.library.path} needs {self.needed}: not found{where}"
 
@@ -119,6 +125,10 @@ def analyse(libraries: Sequence[Library], search: Sequence[str] = ()) -> LoadPla
             if any(os.path.exists(os.path.join(d, need)) for d in dirs):
                 continue  # the loader finds it through RPATH/RUNPATH
             provider = by_name.get(need)
+            if provider is not None and provider.directory != lib.directory and not _has_soname(provider):
+                missing.append(Missing(lib, need, provider.directory, provider.path))
+                deps.append(provider)
+                continue
             if provider is not None:
                 deps.append(provider)
                 if provider.directory != lib.directory:
@@ -130,6 +140,21 @@ def analyse(libraries: Sequence[Library], search: Sequence[str] = ()) -> LoadPla
         edges[lib.path] = deps
     order, cycles = _topological(libraries, edges)
     return LoadPlan(order, missing, needs_preload, cycles)
+
+
+def _has_soname(lib: Library) -> bool:
+    """Whether `lib` has a DT_SONAME (`Library.soname` falls back to the file name): the loader
+    matches a DT_NEEDED among loaded libraries by SONAME only, so one without is never matched."""
+    if lib.soname != os.path.basename(lib.path):
+        return True
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    try:
+        with open(lib.path, "rb") as f:
+            dynamic = ELFFile(f).get_section_by_name(".dynamic")
+            return dynamic is None or any(t.entry.d_tag == "DT_SONAME" for t in dynamic.iter_tags())
+    except (ELFError, OSError, ValueError):
+        return True  # unreadable now: assumed named, as before
 
 
 def _find(name: str, search: Sequence[str]) -> str | None:
@@ -197,3 +222,29 @@ def preload(packages: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str
             raise OSError(f"preloading {lib.path} failed: {exc}{why}") from exc
         loaded.append(lib.path)
     return loaded
+
+
+_PRELOAD_AGAIN = """
+import os, sys
+sys.path[:] = [{root!r}, *{path!r}]
+from hardy.native.libs import preload
+names = {names!r}
+try:
+    preload(packages=[p for p in names if not os.path.isdir(p)], paths=[p for p in names if os.path.isdir(p)])
+except Exception as exc:
+    print(f"{{type(exc).__name__}}: {{exc}}")
+"""
+
+
+def preload_failure(names: Sequence[str], env: Mapping[str, str], path: Sequence[str], cwd: str | None) -> str | None:
+    """The error a worker's `preload_libs=` raised, as a fresh interpreter with the worker's
+    environment, sys.path and folder meets it again: a worker that fails there exits before its
+    crash file is open, so the parent has nothing of its own to say. None if it loads there."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = _PRELOAD_AGAIN.format(root=root, path=list(path), names=list(names))
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env), cwd=cwd, capture_output=True, text=True,
+                             timeout=120).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out or None

@@ -14,6 +14,7 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import HazardError
 from ..native.loaded import openmp_runtimes
@@ -75,12 +76,17 @@ def _fork_probe_bad_cuda() -> bool:
     return os.waitstatus_to_exitcode(status) == 1
 
 
-def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
-    """Every reason, right now, why forking this process would give a broken child."""
+def fork_hazards(probe_cuda: bool = True, runtimes: bool = True) -> list[Hazard]:
+    """Every reason, right now, why forking this process would give a broken child.
+
+    `runtimes=False` (the check before each later fork of a pool, `check_fork_again`) asks
+    threadpoolctl for the OpenMP runtimes (most of the check's cost: ~0.4 ms) only when native
+    threads run, to name their pool: without them a fork child inherits no held lock, and two
+    runtimes loaded at once (oversubscription, not a broken child) were checked at the pool's start."""
     found = _cuda_hazards() if probe_cuda else []
-    omp = openmp_runtimes()
     py_threads = threading.active_count()
     os_threads = _os_threads()
+    omp = openmp_runtimes() if runtimes or os_threads > py_threads else []
     if len(omp) > 1:
         found.append(Hazard("openmp-runtimes", f"{len(omp)} OpenMP runtimes are loaded: "
                             + ", ".join(os.path.basename(p) for p in omp),
@@ -106,6 +112,32 @@ def fork_hazards(probe_cuda: bool = True) -> list[Hazard]:
     return found
 
 
+class ForkRefused(HazardError):
+    """A start_method="fork" pool refused to fork a worker (a replacement, a recycled one, a
+    later map's first): a hazard appeared after the pool started. `results` and `failures` are
+    the map's running then, as a MapError's (None for an item not run); None outside a map."""
+
+    results: list[Any] | None = None
+    failures: dict[int, Any] | None = None
+
+
+def _refusal(hazards: list[Hazard], when: str) -> str:
+    return (f"start_method='fork' refused{when}: forking this process now would give broken workers.\n  - "
+            + "\n  - ".join(str(h) for h in hazards)
+            + "\nUse the default (forkserver) or 'spawn', or start_method='fork!' to fork anyway.")
+
+
+def check_fork_again() -> None:
+    """Before every fork of a start_method="fork" pool's worker: the hazards again, since a thread
+    started after the pool (holding a lock) would hang the fork child on it until its timeout.
+    Microseconds (two thread counts, the CUDA state) unless native threads run (`fork_hazards`)."""
+    hazards = fork_hazards(runtimes=False)
+    if hazards:
+        raise ForkRefused(_refusal(hazards, " for a new worker (the pool's first, or one replacing a worker "
+                                            "that died or was recycled)")
+                          + " A map's finished results are in this error's .results (None for an item not run).")
+
+
 def choose_start_method(requested: str) -> str:
     """A start method the user asked for: "fork" only when no hazard is present; "fork!" forces.
     (The default, a fork server, needs no check: `workers.launch.DEFAULT_START_METHOD`.)"""
@@ -114,10 +146,7 @@ def choose_start_method(requested: str) -> str:
     if requested in ("fork", "fork!"):
         hazards = fork_hazards()
         if hazards and requested == "fork":
-            raise HazardError(
-                "start_method='fork' refused: forking this process now would give broken workers.\n  - "
-                + "\n  - ".join(str(h) for h in hazards)
-                + "\nUse the default (forkserver) or 'spawn', or start_method='fork!' to fork anyway.")
+            raise HazardError(_refusal(hazards, ""))
         if hazards:
             warnings.warn("start_method='fork!' with fork hazards present: "
                           + "; ".join(h.summary for h in hazards), RuntimeWarning, stacklevel=3)

@@ -160,9 +160,7 @@ class Deaths:
                 raise WorkerStartError(
                     "worker processes die while setting up, before reading any work (3 in a row): they run out of "
                     f"processes: {short}: use fewer workers (Engine(workers=...)), or raise the limit (ulimit -u)"
-                    if short else f"worker processes die while setting up, before reading any work ({end.reason}; 3 "
-                    "in a row). A library in preload_libs= or the worker environment fails to load: see the worker's "
-                    f"error above. {end.record.stack}".strip())
+                    if short else self.setup_failure(w, end))
         elif w.process.exitcode == words.RETIRED:
             log.info("worker %d retired %s; a fresh one takes its place", w.number,
                      f"because {end.record.exit_how}" if end.record.exit_how else "after a CUDA error")
@@ -174,6 +172,24 @@ class Deaths:
         w.unsent = Unsent()
         w.plan = None
         pool.replace(slot, stop=False)
+
+    def setup_failure(self, w: Worker, end: Ending) -> str:
+        """Why workers die setting up: the error `preload_libs=` raises with their environment (met
+        again in a fresh interpreter: a worker leaves before its crash file is open), else how
+        they exited. No node ran: an exit code is not a node's sys.exit."""
+        code = w.process.exitcode
+        how = end.reason if code is None or code < 0 else f"a worker exited with code {code}"
+        said = None
+        if self.pool.preload_libs:
+            from ..native.libs import preload_failure
+            said = preload_failure(self.pool.preload_libs, {**w.context.environ, **w.overlay}, w.context.sys_path,
+                                   w.context.cwd)
+        if said:
+            return (f"worker processes die while setting up, before reading any work ({how}; 3 in a row): "
+                    f"preload_libs={list(self.pool.preload_libs)} fails to load there: {said}")
+        return (f"worker processes die while setting up, before reading any work ({how}; 3 in a row). A library in "
+                f"preload_libs= or the worker environment fails to load: see the worker's error above. "
+                f"{end.record.stack}").strip()
 
     def not_its_thread(self, w: Worker, end: Ending, item: int) -> blame.Elsewhere | None:
         """What a death in a Python thread the work in flight did not start means, as

@@ -52,6 +52,7 @@ class WorkerPool(Executor):
         self.slot_env = list(slot_env)
         self.size = len(self.slot_env) or workers or os.cpu_count() or 1
         self.start_method = launch.DEFAULT_START_METHOD
+        self.recheck_fork = start_method == "fork"  # every later fork checks the hazards again ("fork!": never)
         if start_method is not None:  # (the hazards' checks, and what they load, only for a method asked for)
             from ..safety.hazards import choose_start_method
             self.start_method = choose_start_method(start_method)
@@ -104,7 +105,15 @@ class WorkerPool(Executor):
         if spare is not None:
             self.workers[slot] = spare
             return spare
-        return self._new_worker(slot)
+        if not self.recheck_fork:
+            return self._new_worker(slot)
+        from ..safety.hazards import ForkRefused
+        try:
+            return self._new_worker(slot)
+        except ForkRefused as exc:  # what the map running finished is not lost with it
+            results = getattr(self.owners[slot], "results", None)
+            exc.results, exc.failures = getattr(results, "values", None), getattr(results, "failures", None)
+            raise
 
     def _take_spare(self) -> Worker | None:
         with self._lock:
@@ -188,7 +197,11 @@ class WorkerPool(Executor):
         return w
 
     def _launched(self, launcher: launch.Launcher, number: int, env: dict[str, str]) -> Worker:
-        """A worker started by `launcher`; a fork past the process limit (EAGAIN) says so."""
+        """A worker started by `launcher`; a fork past the process limit (EAGAIN) says so. A fork
+        of this process ("fork") is refused when a hazard appeared since the pool started."""
+        if self.recheck_fork and isinstance(launcher, launch.Forker):
+            from ..safety.hazards import check_fork_again
+            check_fork_again()
         try:
             return Worker(launcher, number, env, self.preload_libs)
         except BlockingIOError as exc:
