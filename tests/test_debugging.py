@@ -356,6 +356,28 @@ def test_quitting_pdb_while_hardy_rebuilds_a_traceback_quits(tmp_path):
     assert "went on after q" not in out.stdout, out.stdout
 
 
+def test_quitting_pdb_while_a_workers_failure_is_read_quits(tmp_path):
+    """pdb's `q` at a breakpoint in the code that rebuilds a worker's frames, as the caller reads
+    the worker's batch holding the failure: the read's `except Exception` (a result that cannot be
+    read here is asked for again alone) took the quit for such a result, and the script went on."""
+    import hardy.tracebacks
+    source = Path(hardy.tracebacks.__file__)
+    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if "frame.f_locals.update(local)" in text)
+    script = """
+    from hardy import Pipeline, node
+
+    @node(output_name="y")
+    def inv(x: int) -> float:
+        return 1 / x
+
+    out = Pipeline([inv]).map(inputs={"x": [0]}, map_over="x", on_error="continue")
+    print("went on after q", out)
+    """
+    out = _python(tmp_path, script, "-m", "pdb", "bug.py", stdin=f"b {source}:{line}\nc\nq\n")
+    assert f"tracebacks.py({line})rebuilt()" in out.stdout, out.stdout + out.stderr  # (it stopped there)
+    assert "went on after q" not in out.stdout, out.stdout + out.stderr
+
+
 USERS_TEST = """
 # the top of the user's test file
 from hardy import Engine, Pipeline, node

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -247,6 +248,58 @@ def test_a_nodes_keyboard_interrupt_interrupts_the_call_on_every_executor(name):
             assert p.map(inputs={"n": [1, 2]}, map_over="n") == [{"v": 1}, {"v": 2}]
         except KeyboardInterrupt as exc:  # (escaping, it would end the test session)
             pytest.fail(f"{exc!r} escaped")
+
+
+class StopHere(KeyboardInterrupt):
+    """A node's own interrupt, of its own class."""
+
+
+def hidden_stop(code: int) -> KeyboardInterrupt:
+    """An interrupt of a class the caller cannot make again: defined in a function, and its
+    constructor takes other arguments than it passes on (it comes back as a copy that rebuilds it)."""
+    class Hidden(KeyboardInterrupt):
+        def __init__(self, code: int):
+            super().__init__(f"hidden {code}")
+    return Hidden(code)
+
+
+@node(output_name="v")
+def stops(n: int) -> int:
+    if n == 1:
+        raise StopHere("stop here")
+    if n == 2:
+        raise hidden_stop(9)
+    return n
+
+
+def _node_lines(exc: BaseException) -> list[str | None]:
+    return [f.line for f in traceback.extract_tb(exc.__traceback__) if f.name == "stops"]
+
+
+@pytest.mark.parametrize("name", ["sequential", "process"])
+def test_a_nodes_keyboard_interrupt_comes_back_itself_with_its_frames(name):
+    """A node's own KeyboardInterrupt is the cause of the map's MapInterrupted and what `run()`
+    raises, of its class, with its message and the node's frames, as in-process. A worker sent only
+    its text: the caller raised a plain KeyboardInterrupt saying it, with no frame of the node's."""
+    with Engine(map_executor=name, workers=1) as engine:
+        p = Pipeline(nodes=[stops], engine=engine)
+        try:
+            with pytest.raises(MapInterrupted) as info:
+                p.map(inputs={"n": [0, 1, 3]}, map_over="n")
+            with pytest.raises(KeyboardInterrupt) as ran:
+                p.run(inputs={"n": 1})
+            with pytest.raises(MapInterrupted) as hidden:
+                p.map(inputs={"n": [0, 2]}, map_over="n")
+        except KeyboardInterrupt as exc:  # (escaping, it would end the test session)
+            pytest.fail(f"{exc!r} escaped")
+    for exc in (info.value.__cause__, ran.value):
+        assert type(exc) is StopHere and str(exc) == "stop here", repr(exc)
+        assert _node_lines(exc) == ['raise StopHere("stop here")'], traceback.format_exception(exc)
+    cause = hidden.value.__cause__  # its class, or where the caller cannot make it, a KeyboardInterrupt from its stand-in
+    assert isinstance(cause, KeyboardInterrupt) and str(cause) == "hidden 9", repr(cause)
+    node = cause if name == "sequential" else cause.__cause__
+    assert type(node).__qualname__ == "hidden_stop.<locals>.Hidden" and str(node) == "hidden 9", repr(node)
+    assert _node_lines(node) == ["raise hidden_stop(9)"], traceback.format_exception(node)
 
 
 def test_no_item_starts_on_the_threaded_executor_once_a_map_is_interrupted(tmp_path):

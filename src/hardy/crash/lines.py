@@ -6,6 +6,7 @@ line is made by the dying worker itself, so all it needs is imported before anyt
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import threading
@@ -81,7 +82,10 @@ def exit_line(how: str) -> str:
     return f"{EXIT}{how}\n"
 
 
-def interrupted_line(exc: KeyboardInterrupt) -> str:
-    """`hardy-interrupted: <its text>`: the worker left because a node raised KeyboardInterrupt,
-    which in-process interrupts the call (the parent does the same: `FaultRecord.interrupted`)."""
-    return f"{INTERRUPTED}{json.dumps(str(exc))}\n"
+def interrupted_line(exc: KeyboardInterrupt, shipped: bytes = b"") -> str:
+    """`hardy-interrupted: [<its text>, <shipped, base64>]`: the worker left because a node raised
+    KeyboardInterrupt, which in-process interrupts the call (the parent does the same:
+    `FaultRecord.interrupted`). `shipped`: the exception pickled as other exceptions travel
+    (`shipping.failures.travelling_exception`, the worker's caller makes it), for the caller to
+    raise it again with its class and frames (empty where it did not pickle: its text goes alone)."""
+    return f"{INTERRUPTED}{json.dumps([str(exc), base64.b64encode(shipped).decode()])}\n"

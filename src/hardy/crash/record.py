@@ -10,6 +10,7 @@ What the worker writes there, in this order:
     hardy-mapped: / hardy-symbol:             which file each library was mapped from (`mapped.py`)
     hardy-nesting: [[node, item, on_error, timeout], ...]  the chain of nested plans (`lines.nesting_line`)
     hardy-thread: {"name": ..., "started": [...]}          a Python thread that is not the plan's
+    hardy-interrupted: ["stop here", "<base64>"]  a node's KeyboardInterrupt (`lines.interrupted_line`)
     hardy-exit: the node called os._exit(3)   how it left on its own (`lines.exit_line`)
     Fatal Python error: ... / Thread 0x...    faulthandler's Python stack of every thread
 
@@ -20,6 +21,7 @@ where the same handler writes the same lines, into the same record (`from_stderr
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from collections.abc import Mapping
@@ -49,8 +51,10 @@ class FaultRecord:
     every thread's; `nesting`: the chain of nested plans it died in (outermost first, empty unless
     one plan was nested in another); `thread`: the Python thread it died in when not the plan's;
     `exit_how`: what it said of an exit of its own; `interrupted`: the text of the KeyboardInterrupt
-    a node raised, which ended it (None if none did); `native`: the crashing thread's native frames
-    as written (`frames`: named, on first use: naming reads the libraries' symbol tables)."""
+    a node raised, which ended it (None if none did), and `interrupt` that exception as it travels,
+    pickled (`shipping.failures.travelling_exception`; empty where it did not pickle); `native`:
+    the crashing thread's native frames as written (`frames`: named, on first use: naming reads the
+    libraries' symbol tables)."""
 
     stack: str = ""
     threads: str = ""
@@ -58,6 +62,7 @@ class FaultRecord:
     thread: dict[str, Any] | None = None
     exit_how: str = ""
     interrupted: str | None = None
+    interrupt: bytes = b""
     native: tuple[mapped.Native, ...] = ()
     libraries: Mapping[str, mapped.Mapped] = field(default_factory=dict)
     symbols: Mapping[int, tuple[str, int]] = field(default_factory=dict)
@@ -84,21 +89,21 @@ def read(path: str) -> FaultRecord:
 def parse(text: str) -> FaultRecord:
     """The record a worker wrote, from its text."""
     lines = text.strip().splitlines()
-    thread, how, chain, interrupted = None, "", "", None
+    thread, how, chain, interrupted, interrupt = None, "", "", None, b""
     for ln in lines:
         if ln.startswith(THREAD):
             thread = _json(ln[len(THREAD):], thread)
         elif ln.startswith(EXIT):
             how = ln[len(EXIT):].strip()
         elif ln.startswith(INTERRUPTED):
-            interrupted = str(_json(ln[len(INTERRUPTED):], ""))
+            interrupted, interrupt = _interrupted(ln[len(INTERRUPTED):])
         elif ln.startswith(NESTING) and not chain:
             chain = ln[len(NESTING):]
     libraries, symbols = mapped.read(text)
     return FaultRecord(stack=_python(_busy_threads(lines)), threads=_python(lines),
                        nesting=_chain(chain),
-                       thread=thread, exit_how=how, interrupted=interrupted, native=tuple(mapped.native_lines(text)),
-                       libraries=libraries, symbols=symbols)
+                       thread=thread, exit_how=how, interrupted=interrupted, interrupt=interrupt,
+                       native=tuple(mapped.native_lines(text)), libraries=libraries, symbols=symbols)
 
 
 def from_stderr(stderr: str) -> FaultRecord:
@@ -121,6 +126,17 @@ def _json(text: str, otherwise: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return otherwise
+
+
+def _interrupted(text: str) -> tuple[str, bytes]:
+    """A node's KeyboardInterrupt as `lines.interrupted_line` wrote it: its text, and its pickle."""
+    said = _json(text, "")
+    if not (isinstance(said, list) and len(said) == 2):
+        return str(said), b""
+    try:
+        return str(said[0]), base64.b64decode(str(said[1]), validate=True)
+    except ValueError:  # (not base64, or not ASCII)
+        return str(said[0]), b""
 
 
 def _chain(text: str) -> tuple[tuple[Any, ...], ...]:

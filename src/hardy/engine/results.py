@@ -73,9 +73,15 @@ class Results(MapResults):
     def raise_ending(self) -> None:
         """End the call with the `ReplicaError` of a worker that refused its pipeline, or the
         KeyboardInterrupt a node raised in one, if either came: an executor calls it once its
-        workers are stopped, whatever `on_error` says."""
+        workers are stopped, whatever `on_error` says. The node's own exception where it came back
+        as one (its class, message and frames: `workers.deaths.node_interrupted`), as in-process;
+        else a KeyboardInterrupt saying its message, raised from what came back (a stand-in of a
+        class this process cannot make, which is no KeyboardInterrupt), if anything did."""
         if isinstance(self.ending, NodeInterrupted):
-            raise KeyboardInterrupt(*[self.ending.reason] if self.ending.reason else [])
+            cause = self.ending.__cause__
+            if isinstance(cause, KeyboardInterrupt):
+                raise cause
+            raise KeyboardInterrupt(*[self.ending.reason] if self.ending.reason else []) from cause
         if self.ending is not None:
             raise self.ending
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,6 +27,7 @@ from ..errors import NodeError, NodeInterrupted, WorkerStartError
 from ..model.policy import delay
 from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
+from ..tracebacks import landed
 from . import status as words
 from .process import Unsent, Worker
 
@@ -141,7 +144,7 @@ class Deaths:
             i = in_flight if in_flight is not None else next(iter(w.unsent))
             del w.unsent[i]
             node = self.node_at(step)
-            self.results.fail(i, NodeInterrupted(node.name if node else "?", None, i, end.record.interrupted))
+            self.results.fail(i, node_interrupted(end, node.name if node else "?", i))
         elif in_flight is not None and step <= words.OPENING:  # unpickling one input of a sealed item
             del w.unsent[in_flight]
             self.died_opening(end, in_flight, words.OPENING - step)
@@ -233,6 +236,31 @@ class Deaths:
             self.retry.appendleft(list(w.unsent))
         w.plan, w.unsent = None, Unsent()
         self.pool.replace(slot, stop=False)
+
+
+def node_interrupted(end: Ending, node: str, i: int) -> NodeInterrupted:
+    """Item i's node raised KeyboardInterrupt, which ended its worker: the error that interrupts the
+    call (`Results.fail`), its cause that exception as it came back (`replies._travelling_interrupt`:
+    its class, or a stand-in where this process cannot make it again, its message and the node's
+    frames), as in-process; its text alone where it did not pickle or cannot be read here."""
+    err = NodeInterrupted(node, None, i, end.record.interrupted)
+    try:
+        sent = pickle.loads(end.record.interrupt) if end.record.interrupt else None
+    except Exception as exc:  # (a class this process cannot import)
+        if debugger_quit(exc):
+            raise
+        sent = None
+    if sent is not None:
+        err.__cause__ = landed(*sent)
+    return err
+
+
+def debugger_quit(exc: BaseException) -> bool:
+    """Whether `exc` is pdb's quit (bdb's `BdbQuit`, an Exception) raised in code that reads what a
+    worker sent (a breakpoint there, then `q`): the user's word, which no `except Exception` that
+    stands for a value that cannot be read may swallow. (bdb is not imported for it: no debugger
+    ran where it is not loaded.)"""
+    return isinstance(exc, getattr(sys.modules.get("bdb"), "BdbQuit", ()))
 
 
 TASKS_PER_WORKER = 2  # processes and threads a worker takes: itself, and its thread watching the parent (lifeline.py)

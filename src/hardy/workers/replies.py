@@ -33,7 +33,7 @@ from ..shipping.context import loaded_warning
 from ..shipping.failures import travelling_exception
 from ..shipping.pickling import quick
 from ..shipping.reductions import ATTACHED
-from ..tracebacks import landed
+from ..tracebacks import landed, own_frames
 from .lifeline import end_descendants
 from .messages import HEADER, Header
 from .status import IDLE, NO_STEP, SENDING, StatusWords
@@ -385,7 +385,7 @@ class Replies:
                 escaped = sys.exc_info()[1] if loop else None
                 if isinstance(escaped, KeyboardInterrupt):  # a node's: it interrupts the call (`deaths`)
                     try:
-                        os.write(fault, interrupted_line(escaped).encode())
+                        os.write(fault, interrupted_line(escaped, _travelling_interrupt(escaped)).encode())
                     except OSError:
                         pass
                 self.farewell(fault, f"{escaped!r} ended the worker's loop" if escaped is not None else
@@ -438,6 +438,16 @@ def _warn_detached(node: str) -> bool:
     return len(REPLIES.forward.records) > before
 _INDEX, _OK, _OUTPUT = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)  # of a row
 _WORKER_LOOP = os.path.join("hardy", "workers", "worker.py")  # `worker.run`, whose own exit is not a node's
+
+
+def _travelling_interrupt(exc: KeyboardInterrupt) -> bytes:
+    """A node's KeyboardInterrupt pickled as a node's failure travels (`travelling_exception`: its
+    class, or a copy that rebuilds it, and its frames from the user's first on), for the caller to
+    raise it as in-process (`deaths`); empty where it will not pickle: its text travels alone."""
+    try:
+        return dumps(travelling_exception(exc.with_traceback(own_frames(exc.__traceback__))))
+    except CAUGHT:
+        return b""
 
 
 def _consecutive(batch: list[Row]) -> int:

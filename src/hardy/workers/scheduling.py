@@ -41,7 +41,7 @@ from ..shipping.payload import dump_values
 from ..shipping.replica import replica
 from ..tracebacks import landed_in_worker
 from . import status as words
-from .deaths import Deaths, with_inputs
+from .deaths import Deaths, debugger_quit, with_inputs
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
 from .replies import handle_logs
@@ -325,7 +325,9 @@ class MapRun:
             batch = transport.unpack(w.conn, memoryview(data)[HEADER_SIZE:])
         except (EOFError, OSError):  # it died while passing its shared memory
             raise
-        except Exception:  # one result cannot be read here: at chunk end, ask for each alone
+        except Exception as exc:  # one result cannot be read here: at chunk end, ask for each alone
+            if debugger_quit(exc):
+                raise  # pdb's `q` at a breakpoint in code that reads a worker's results
             w.resend = True
             batch, logged, logs = [], False, False
         if logs:
