@@ -98,7 +98,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory):
     def run(group: str, executor: str) -> tuple[dict[str, dict[str, Any]], str]:
         if (group, executor) not in _RUNS:
             folder = tmp_path_factory.mktemp(f"{group}-{executor}")
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(CORPUS)]),
+            env = {**os.environ, "CORPUS_STARTED": "start",  # (a variable every script starts with)
+                   "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(CORPUS)]),
                    "PYTHONDONTWRITEBYTECODE": "1"}
             with open(CORPUS / f"{group}.py") as script:
                 done = subprocess.run([sys.executable, "-", executor], stdin=script, cwd=folder, env=env,

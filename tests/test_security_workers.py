@@ -196,3 +196,45 @@ def test_another_users_ray_folder_does_not_stop_a_local_ray_instance():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "[2, 3]"
     assert left == ["ray"], "the private folder was left behind"
+
+
+RAY_PRIVATE = """
+import os
+from hardy import Engine, Pipeline, node
+from hardy.integrations.ray import RayExecutor
+
+@node(output_name="y")
+def plus(x):
+    return x + 1
+
+executor = RayExecutor(workers=1)
+engine = Engine(map_executor=executor)
+Pipeline([plus], engine=engine).map(inputs={"x": [1]}, map_over="x")
+private = executor._removal.peek()[2][0]
+child = os.fork()
+if child == 0:  # another user, while the instance runs: Ray's own folder (its sockets) out of reach
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+    try:
+        os.listdir(os.path.join(private, "r"))
+        os._exit(0)
+    except PermissionError:
+        os._exit(13)
+print(oct(os.stat(private).st_mode & 0o777), os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+engine.close()
+"""
+
+
+def test_another_user_cannot_reach_a_local_ray_instances_sockets():
+    """Ray makes the folder it is given writable by anyone (`chmod 0777`, its sockets in it): given
+    hardy's private folder, that folder was open to every local user while the instance ran. It
+    is given a folder inside the private one, which stays `0700`."""
+    pytest.importorskip("ray")
+    base, shared = _shared_tmp()
+    try:
+        out = subprocess.run([sys.executable, "-c", RAY_PRIVATE], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "TMPDIR": str(shared), "PYTHONPATH": SRC})
+    finally:
+        shutil.rmtree(base)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "0o700 13"
+

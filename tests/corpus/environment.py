@@ -22,6 +22,28 @@ def ys(nodes, xs=XS, output="y"):
     return [o[output] for o in out]
 
 
+@node(output_name="y")
+def started(x):
+    return f"{os.environ.get('CORPUS_STARTED', 'unset')}-{x}"
+
+
+@pattern
+def environ_started_with_changed_then_set_back():
+    # first in the file: a local Ray starts here, its workers keeping "changed"; set back, it must be sent
+    os.environ["CORPUS_STARTED"] = "changed"
+    first = ys([started])
+    os.environ["CORPUS_STARTED"] = "start"
+    return [first, ys([started])]
+
+
+@pattern
+def environ_started_with_removed_then_set_back():
+    del os.environ["CORPUS_STARTED"]
+    first = ys([started])
+    os.environ["CORPUS_STARTED"] = "start"
+    return [first, ys([started])]
+
+
 @pattern
 def environ_set_before_the_first_call():
     os.environ["MODE"] = "first"

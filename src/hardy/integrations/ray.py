@@ -19,8 +19,9 @@ from typing import Any
 from .remote import TaskExecutor, require
 
 # The longest temporary folder Ray's socket paths fit under (107 bytes, with its private folder's
-# name and `/session_<date>_<time>_<pid>/sockets/plasma_store` after it).
+# name, `/r` and `/session_<date>_<time>_<pid>/sockets/plasma_store` after it).
 _TEMP_PATH_MAX = 24
+_PREFIX = "hardy-r-"  # (two bytes shorter than "hardy-ray-", for the `/r` below it)
 
 
 class RayExecutor(TaskExecutor):
@@ -49,11 +50,13 @@ class RayExecutor(TaskExecutor):
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")
                 # Its session folder, sockets and logs in a private folder: Ray's default,
                 # `$TMPDIR/ray`, is taken as found (another user who made it first stops every
-                # start), and Ray makes its folders in it writable by anyone.
+                # start), and Ray makes the folder it is given writable by anyone (`chmod 0777`):
+                # it is given `r` inside a folder of mode 0700, which no other user can enter.
                 if "_temp_dir" not in kwargs:  # (its sockets' paths must fit in 107 bytes: under /tmp if need be)
                     short = len(tempfile.gettempdir()) <= _TEMP_PATH_MAX or not os.path.isdir("/tmp")
-                    kwargs["_temp_dir"] = tempfile.mkdtemp(prefix="hardy-ray-", dir=None if short else "/tmp")
-                    self._removal = weakref.finalize(self, shutil.rmtree, kwargs["_temp_dir"], True)
+                    private = tempfile.mkdtemp(prefix=_PREFIX, dir=None if short else "/tmp")
+                    kwargs["_temp_dir"] = os.path.join(private, "r")
+                    self._removal = weakref.finalize(self, shutil.rmtree, private, True)
                 # A Ray worker that exits SIGKILLs its children (Ray 2.x), hardy's fork server among
                 # them, which then cannot collect its workers and what their nodes started; told not
                 # to, the server cleans up itself as the worker's pipe closes, as under any other parent.

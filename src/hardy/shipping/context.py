@@ -293,15 +293,17 @@ class Snapshot:
     def travelling(self) -> Travelling:
         """What of this state goes to an engine's worker on another machine (`arrived`): the
         variables this process set or removed since it started (not the machine's own; a variable
-        set at an earlier call and removed since counts as removed), its working directory, argv,
+        set or removed at an earlier call and removed or set back since counts as removed or set: a
+        local Ray's workers keep the environment `ray.init` gave them), its working directory, argv,
         umask and sys.path (its entries that exist there, ahead of that machine's own). Refused
         (ReplicaError), before anything is sent, where a setting cannot travel (`Settings.numpy_callback`)."""
         if isinstance(self.settings.numpy_callback, str):
             raise ReplicaError(self.settings.numpy_callback)
         started = _started_with()
         changed, unset = environ_delta(started, self.environ)
-        _SET.update(changed)
-        unset += [name for name in _SET if name not in self.environ and name not in started]
+        _SET.update(changed, unset)  # a local Ray's workers keep what they started with: set back, it is sent
+        changed.update((name, self.environ[name]) for name in _SET if name in self.environ)
+        unset += [name for name in _SET if name not in self.environ and name not in unset]
         return Travelling(changed, unset, self.cwd, self.argv, self.umask, self.sys_path, self.settings)
 
     def holds(self) -> bool:
@@ -375,7 +377,7 @@ class Travelling(NamedTuple):
             sys.path[:] = self.import_path()
 
 
-_SET: set[str] = set()  # the variables this process set since it started, as far as calls saw them
+_SET: set[str] = set()  # the variables this process set or removed since it started, as far as calls saw them
 
 
 def _umask() -> int:
