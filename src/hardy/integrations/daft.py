@@ -33,9 +33,12 @@ four times per query.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import os
 import pickle
+import select
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,6 +50,7 @@ from ..parts.stages import cut, merge
 from ..plan.compiled import Plan
 from ..shipping import Pickled, context, dumps, item_error, ship_each, ship_plan
 from ..shipping.context import Travelling
+from ..workers.lifeline import end_descendants
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
 daft = require("daft", "daft")
@@ -105,11 +109,39 @@ def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = F
 def _prepare_worker(paths: list[str]) -> None:
     """In a Daft UDF process: the driver's import paths (Daft starts UDF processes with
     `python -m`, which does not carry sys.path over, so a pipeline's own modules would not import),
-    and a process that leaves without the interpreter's teardown."""
+    a process that leaves without the interpreter's teardown, and one that ends with its driver."""
     sys.path.extend(p for p in paths if p not in sys.path)
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
     if getattr(main, "name", None) == "daft.execution.udf_worker":
         atexit.register(_leave_quietly)
+        _follow_driver()
+
+
+def _follow_driver() -> None:
+    """End this UDF process, and hardy's fork server and workers under it, once the driver that
+    started it (its parent) is gone: Daft leaves them running a node that never returns after a
+    Ctrl-C that ended the driver. Not `PR_SET_PDEATHSIG` (`workers/lifeline.py`): it follows the
+    parent *thread*, and Daft starts UDF processes from its own query threads, which may end before the
+    driver. A pidfd on the driver, which becomes readable as it ends, waited on in a thread."""
+    driver = os.getppid()
+    try:
+        fd = os.pidfd_open(driver)
+    except (OSError, AttributeError):  # not Linux 5.3+: Daft's own teardown alone
+        return
+    if os.getppid() != driver:  # it ended before the pidfd was taken (this process was adopted)
+        _orphaned()
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        _orphaned()
+
+    _thread.start_new_thread(wait, ())
+
+
+def _orphaned() -> None:
+    """The driver is gone: every process under this one (`lifeline.end_descendants`), then this."""
+    end_descendants(os.getpid())
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _leave_quietly() -> None:
@@ -198,35 +230,52 @@ class DaftExecutor(RemoteExecutor):
         """The map as one query; should a UDF process itself die (Daft's own out-of-memory kill), once
         more, then its items fail naming Daft's report."""
         size = max(1, min(ROW_ITEMS, -(-len(items) // (4 * self._workers()))))
-        rows = []
+        rows: dict[int, bytes] = {}  # each row's pickle by its first item
         for s in range(0, len(items), size):  # an item that cannot be pickled fails here, alone
             blobs, bad = ship_each(items, range(s, min(len(items), s + size)))
             for i, why in bad.items():
                 results.fail(i, item_error(plan, i, why))
             if blobs:  # each item's own pickle, opened only in hardy's worker (`shipping.Pickled`)
-                rows.append(pickle.dumps([(i, True, blob) for i, blob in blobs], protocol=5))
+                rows[blobs[0][0]] = pickle.dumps([(i, True, blob) for i, blob in blobs], protocol=5)
         if not rows:
             return
         for attempt in range(2):
-            state = daft.col("state")
-            for udf in udfs:
-                state = udf.run(state)
-            df = daft.from_pydict({"state": daft.Series.from_pylist(rows, name="state", dtype=daft.DataType.binary())})
             try:
-                out = df.select(state.alias("state")).to_pydict()["state"]
+                self._query(udfs, rows, items, results)
             except Exception as exc:
                 if not self._is_crash(exc):
                     translated = self.translate(exc)  # (chained to `exc` unless it is `exc`)
                     raise translated from translated.__cause__
                 if attempt:
-                    for i in range(len(items)):
-                        results.fail(i, NodeCrashed("?", i, f"a Daft UDF process running the map died, twice: "
-                                                            f"{_UDF_DIED}"))
+                    for row in rows.values():
+                        for i, *_ in pickle.loads(row):
+                            results.fail(i, NodeCrashed("?", i, f"a Daft UDF process running the map died, "
+                                                                f"twice: {_UDF_DIED}"))
                 continue
-            for raw in out:
-                self.deliver(pickle.loads(raw), results)
             results.raise_ending()
             return
+
+    def _query(self, udfs: list[Any], rows: dict[int, bytes], items: Sequence[dict[str, Any]],
+               results: ResultsSink) -> None:
+        """The rows through the UDFs as one query, each row's items delivered as it comes out and
+        taken from `rows` (keyed by its first item): a Ctrl-C keeps what finished, and a query
+        run again after a UDF process died runs only the rows it had not finished. Daft's own
+        Ctrl-C handler stops the query; the iterator is closed here before the interrupt goes on,
+        so that no query thread is still running as the interpreter exits (Daft aborts then)."""
+        state = daft.col("state")
+        for udf in udfs:
+            state = udf.run(state)
+        column = daft.Series.from_pylist(list(rows.values()), name="state", dtype=daft.DataType.binary())
+        out = daft.from_pydict({"state": column}).select(state.alias("state")).iter_rows(results_buffer_size=None)
+        try:
+            for row in out:
+                done = pickle.loads(row["state"])
+                del rows[done[0][0]]
+                self.deliver(done, results, items)
+        finally:
+            out.close()
+        if rows:  # Daft took a Ctrl-C itself ("Received Ctrl-C, shutting down execution engine"): the
+            raise KeyboardInterrupt  # query ends early without an error, its Python never hears of it
 
     def _workers(self) -> int:
         """How many UDF processes can run at once: at least 4 rows each, so that none idles."""

@@ -43,6 +43,7 @@ from ..plan.compiled import Plan
 from ..plan.memo import Memo
 from ..shipping import Pickled, build_plan, check_constants, context, dumps, item_error, portable, ship_each, ship_plan
 from ..shipping.context import Travelling
+from ..workers.deaths import with_inputs
 from ..workers.pool import WorkerPool
 
 _PLANS: Memo[bytes, Plan] = Memo(64)
@@ -208,13 +209,15 @@ class RemoteExecutor(Executor):
             results.fail(i, item_error(plan, i, why))
         return pickle.dumps(blobs, protocol=5) if blobs else None
 
-    def deliver(self, rows: list[Row], results: ResultsSink) -> None:
-        """A chunk's rows (`run_contained`), each item's outcome to `results`."""
+    def deliver(self, rows: list[Row], results: ResultsSink, items: Sequence[dict[str, Any]]) -> None:
+        """A chunk's rows (`run_contained`), each item's outcome to `results`. A failure names its
+        item's inputs as the process executor's do (`with_inputs`): the engine's worker passed the
+        item on unopened, so a crash or a timeout there could not."""
         for i, ok, value, *records in rows:  # records: the item's node events, when logged
             if ok:
                 results.ok(i, value, *records)
             else:
-                results.fail(i, value, *records)
+                results.fail(i, with_inputs(value, items[i]), *records)
 
     def translate(self, exc: BaseException) -> BaseException:
         """The error to raise for the engine's `exc`: the user's own (a worker's `ReplicaError`
@@ -302,7 +305,7 @@ class TaskExecutor(RemoteExecutor):
                         lost.add(again)
                     continue
                 self._counts += counts
-                self.deliver(rows, results)
+                self.deliver(rows, results, items)
             if results.stop:
                 self._cancel(list(pending))
                 results.raise_ending()
