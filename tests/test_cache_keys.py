@@ -1077,20 +1077,6 @@ def test_a_name_set_in_builtins_is_keyed_across_processes(tmp_path):
             assert served == direct, f"{name}: a stale entry was served (THRESHOLD={threshold})"
 
 
-def test_a_global_named_as_an_attribute_the_code_reads_is_not_part_of_its_key():
-    """Every name of a function's `co_names` that its module bound was keyed, attributes too: a
-    notebook that defined `write` made `fh.write(...)` in another cell's function depend on it, and
-    its entries missed after a restart that ran that cell later. Only the globals it loads count."""
-    from hardy.hashing import code_fingerprint
-    ns: dict = {"__name__": "cells"}
-    exec("def log(path, x):\n    with open(path, 'a') as fh:\n        fh.write(x)\n", ns)
-    before = code_fingerprint(ns["log"])
-    exec("def write(name, text):\n    pass\n", ns)
-    assert code_fingerprint(ns["log"]) == before
-    ns["open"] = lambda *a: None  # a global it loads still counts
-    assert code_fingerprint(ns["log"]) != before
-
-
 PATCHED_LIBRARY = """
 import json, math, sys
 from unittest import mock

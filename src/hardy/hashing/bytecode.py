@@ -1,6 +1,6 @@
 """What a function's bytecode says it reads, for its fingerprint (`code`) and its stamp (`state`):
-the attribute chains from each global it loads, cell and module imported inside it (`chains`), and
-the code itself as key bytes (`code_bytes`).
+the attribute chains from each global, cell and module imported inside it (`chains`), the globals
+it loads (`global_names`), and the code itself as key bytes (`code_bytes`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,14 @@ def _scan_chains(c: types.CodeType, found: dict[tuple[str, str], set[tuple[str, 
         consts = [consts[1], ins.argval] if op in ("LOAD_CONST", "LOAD_SMALL_INT") else [None, None]
     if root is not None:
         found.setdefault(root, set()).add(tuple(attrs))
+
+
+def global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= global_names(const)
+    return names
 
 
 # Flags that change what code does (varargs, generator, coroutine...). Compiler flags such as

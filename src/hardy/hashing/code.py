@@ -212,8 +212,8 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
             note_read(globs, name)
-    for name in sorted(n for kind, n in chains if kind == "g"):  # (not every name of `co_names`: `fh.write`
-        if name in globs:  # is an attribute, which made a notebook's own `write` part of the key)
+    for name in sorted(bytecode.global_names(code)):
+        if name in globs:
             out(b"g:" + name.encode())
             with later:
                 _reference(globs[name], out, seen, chains.get(("g", name), ()), name, func)
