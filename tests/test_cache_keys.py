@@ -1077,6 +1077,38 @@ def test_a_name_set_in_builtins_is_keyed_across_processes(tmp_path):
             assert served == direct, f"{name}: a stale entry was served (THRESHOLD={threshold})"
 
 
+OWN_MODULE_BY_ATTRIBUTE = """
+import importlib, sys
+from hardy import DiskCache, Engine, Pipeline, node
+K = int(sys.argv[1])
+
+def by_sys_modules(x):
+    return x * sys.modules[__name__].K
+
+def by_importlib(x):
+    return x * importlib.import_module(__name__).K
+
+def by_alias(x):
+    m = sys.modules[__name__]
+    return x * m.K
+
+nodes = [node(f, output_name=f.__name__) for f in (by_sys_modules, by_importlib, by_alias)]
+print(Pipeline(nodes, engine=Engine(map_executor="sequential"), cache=DiskCache(sys.argv[2])).run(inputs={"x": 1}))
+"""
+
+
+def test_a_global_read_as_an_attribute_of_its_own_module_is_keyed_across_processes(tmp_path):
+    """`sys.modules[__name__].K` reads the global K through an object no chain follows: its key
+    has it because every name the code names that its module binds counts (`co_names`, attribute
+    names too). Keying only the globals the bytecode loads served the first process's result to a
+    second with another K; the names' over-counting costs a miss at most."""
+    for k in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", OWN_MODULE_BY_ATTRIBUTE, k, str(tmp_path / "c")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip() == str({"by_sys_modules": int(k), "by_importlib": int(k), "by_alias": int(k)})
+
+
 PATCHED_LIBRARY = """
 import json, math, sys
 from unittest import mock
