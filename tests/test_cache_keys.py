@@ -1110,7 +1110,7 @@ def test_a_global_read_as_an_attribute_of_its_own_module_is_keyed_across_process
 
 
 PATCHED_LIBRARY = """
-import json, math, sys
+import functools, json, math, sys
 from unittest import mock
 from hardy import DiskCache, Engine, Pipeline, node
 
@@ -1129,6 +1129,10 @@ math.sqrt = lambda v: VALUE
 out["patched by the script"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 math.sqrt = lambda v: VALUE * 10
 out["patched again"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+math.sqrt = math.exp
+out["another library's function"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+math.sqrt = functools.partial(math.pow, 2.0)
+out["a partial"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 math.sqrt = own
 out["put back"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 with mock.patch("json.dumps", return_value="VALUE"):

@@ -1998,4 +1998,37 @@ def library_functions_patched_by_the_script():
     return [first, patched, mocked, ys([MEASURED], xs=[4, 9])]
 
 
+class Scaled:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, v):
+        return v * self.k
+
+    def negated(self, v):
+        return -v * self.k
+
+
+@pattern
+def library_functions_patched_with_other_callables():
+    import math
+    own = math.sqrt, json.dumps
+    factor = [2]
+    patches = [("a partial", lambda: (math.sqrt, functools.partial(json.dumps, sort_keys=True))),
+               ("an object", lambda: (Scaled(10), json.dumps)),
+               ("a bound method", lambda: (Scaled(3).negated, json.dumps)),
+               ("another library's function", lambda: (math.exp, json.dumps)),
+               ("a lambda over a list changed between maps", lambda: ((lambda v: v * factor[0]), json.dumps))]
+    out = []
+    try:
+        for name, patch in patches:
+            math.sqrt, json.dumps = patch()
+            out.append([name, ys([MEASURED], xs=[4, 9])])
+        factor[0] = 5
+        out.append(["the list changed", ys([MEASURED], xs=[4, 9])])
+    finally:
+        math.sqrt, json.dumps = own
+    return out
+
+
 corpus.close()

@@ -33,7 +33,7 @@ from .classes import automatic, install_code_fingerprint
 from .distributions import module_identity
 from .environ import is_environment, keyed_environment
 from .models import pydantic_class_parts
-from .origin import absolute_module, is_user_file, is_user_module, small_data, user_made
+from .origin import absolute_module, is_user_file, is_user_module, renamed, small_data, user_made
 from .reach import Cell, Size, note_instance, note_names, note_read, recorder
 from .reach import Reach as Reach
 from .reach import recording as recording
@@ -384,14 +384,15 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
     is already imported is followed (a library's lazy attributes are never loaded to key a node).
     The attribute a chain reads from a module is noted (`note_read`): a script that patches it
     (`math.sqrt = my_sqrt`, `json.dumps = ...`) makes the plan stale, and what it put there, user
-    code, is keyed as such (`user_made`), which the library's distribution says nothing of."""
+    code or a partial, is keyed as such (`user_made`), another function by its name (`renamed`),
+    which the library's distribution says nothing of."""
     whole = not chains or () in chains
     if whole or getattr(module, "__file__", None) is not None:
         out(b"lib:" + module.__name__.encode() + b"@" + module_identity(module.__name__))
     for chain in sorted(c for c in chains if c):
         target: Any = module
         last = module
-        path = module.__name__
+        path = name = module.__name__
         for attr in chain:
             if not isinstance(target, types.ModuleType):
                 break
@@ -399,7 +400,7 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
             target = namespace.get(attr, ABSENT)
             if target is ABSENT:
                 break
-            path += "." + attr
+            path, name = path + "." + attr, attr
             if isinstance(target, types.ModuleType):
                 last = target
             elif callable(target) or small_data(target, 2):
@@ -409,6 +410,8 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
             out(b"patched:")
             _fingerprint(target, out, seen)
             continue
+        if renamed(target, name):  # an alias (`np.abs`), or another function put there (`math.sqrt = math.exp`)
+            out(b"is:" + f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}".encode())
         if not isinstance(target, types.ModuleType) and not callable(target) and small_data(target, 2):
             out(b"value:")  # `sys.argv`, `sys.path`, a library's setting in a list or a dict
             tolerant(target, out)

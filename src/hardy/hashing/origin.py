@@ -1,11 +1,12 @@
 """Where code comes from: the user's (hashed by content) or a library's (by its distribution,
 `distributions.py`). A package the user installed from a local folder or file (`pip install ./mypkg`,
 `pip install -e .`) is the user's: its version says nothing about edits made since. What a
-library's module holds that is the user's (`user_made`: a patch) or small plain data
+library's module holds that is the user's (`user_made`: a patch; `renamed`: another function) or small plain data
 (`small_data`: `sys.argv`) is keyed by what it is, not by the library's distribution."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -86,9 +87,22 @@ SMALL_DATA = 64
 
 
 def user_made(value: Any) -> bool:
-    """Whether `value`, found in a library's module, is a function or class of user code: put there
-    at run time (`math.sqrt = my_sqrt`), which a worker's import of the library does not do."""
-    if type(value).__module__ == "unittest.mock":  # `mock.patch("math.sqrt", return_value=0.5)`
+    """Whether `value`, found in a library's module, is user code or made at run time: put there by
+    a script (`math.sqrt = my_sqrt`), which a worker's import of the library does not do. A function
+    or class of user code, a `functools.partial` (`json.dumps = partial(json.dumps, indent=2)`), a
+    user's object or its bound method, a mock (`mock.patch("math.sqrt", return_value=0.5)`)."""
+    if type(value).__module__ == "unittest.mock" or isinstance(value, functools.partial):
         return True
-    origin = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type)) else None
-    return isinstance(origin, str) and is_user_module(origin)
+    if isinstance(value, (types.FunctionType, type)):
+        origin = getattr(value, "__module__", None)
+        return isinstance(origin, str) and is_user_module(origin)
+    held = getattr(value, "__self__", value) if isinstance(value, types.MethodType) else value
+    return callable(held) and not isinstance(held, (types.BuiltinFunctionType, types.ModuleType)) \
+        and is_user_module(type(held).__module__) and type(held).__module__ != "builtins"
+
+
+def renamed(value: Any, name: str) -> bool:
+    """Whether a library's module holds under `name` a function or class of another name: an alias
+    of its own (`np.abs`, `np.absolute`), or a script's swap (`math.sqrt = math.exp`)."""
+    own = getattr(value, "__name__", None) if callable(value) else None
+    return isinstance(own, str) and own != name

@@ -35,10 +35,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import ReplicaError
+from ..errors import ReplicaError, UnhashableError
 from ..hashing import is_user_module
-from ..hashing.code import python_own
-from ..hashing.origin import user_made
+from ..hashing.code import code_fingerprint, python_own
+from ..hashing.origin import renamed, user_made
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
 from .payload import RESOLVE, Bound, payload, refusal, unmatched
@@ -72,6 +72,8 @@ class Replica:
                 names = sorted(reached[module_name])
                 self.stamps[module_name] = module_stamp(module, names)
                 self.objects[module_name] = {n: vars(module).get(n, ABSENT) for n in names}
+                if module_name != "builtins" and not is_script(module_name):
+                    _with_what_patches_read(self.stamps[module_name], self.objects[module_name])
             else:
                 names = _own_names(module)
                 self.stamps[module_name] = {**module_stamp(module, names), NAMES: _names_stamp(names)}
@@ -137,6 +139,18 @@ def builtins_read(reads: Iterable[tuple[Any, str, Any]]) -> set[str]:
     return found
 
 
+def _with_what_patches_read(stamps: dict[str, bytes], objects: dict[str, Any]) -> None:
+    """A library's patched names stamped with what the patch reads too (`math.sqrt = lambda x: x * K`
+    reads K, a closure's list, a partial's arguments): the worker's copy, pickled with what it read
+    then, is made again when that changes (a name's stamp is its code alone)."""
+    for name, value in objects.items():
+        if user_made(value):
+            try:
+                stamps[name] += b"|" + code_fingerprint(value)
+            except UnhashableError:  # (the key refuses it too, naming it)
+                pass
+
+
 def library_patches(reads: Iterable[tuple[Any, str, Any]]) -> dict[str, set[str]]:
     """The names of library modules that code reads and that hold user code (`math.sqrt = my_sqrt`,
     `json.dumps = ...` at run time, a callback handed to a library's module), by module: a worker's
@@ -145,7 +159,7 @@ def library_patches(reads: Iterable[tuple[Any, str, Any]]) -> dict[str, set[str]
     found: dict[str, set[str]] = {}
     for where, name, value in reads:
         module_name = where.get("__name__") if type(where) is dict else None
-        if (isinstance(module_name, str) and user_made(value) and module_name != "builtins"
+        if (isinstance(module_name, str) and (user_made(value) or renamed(value, name)) and module_name != "builtins"
                 and getattr(sys.modules.get(module_name), "__dict__", None) is where
                 and not is_user_module(module_name)):
             found.setdefault(module_name, set()).add(name)
