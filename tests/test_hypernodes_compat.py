@@ -52,7 +52,8 @@ def sq(add: int) -> int:
 p = Pipeline(nodes=[add, sq])  # a dataset row that happens to hold a column named as an output
 result = {"run": p.run(inputs={"x": 1, "y": 2, "add": 100}),
           "map": p.map(inputs={"x": [1, 2], "y": 2, "add": 100}, map_over="x"),
-          "only the output": outcome(lambda: p.run(inputs={"add": 100}))}
+          "only the output": outcome(lambda: p.run(inputs={"add": 100})),
+          "bound": Pipeline(nodes=[add, sq]).bind(add=100).run(inputs={"x": 1, "y": 2})}
 ''',
     "a_product_map_varies_its_inputs_in_hypernodes_order": '''
 from hypernodes import Pipeline, node

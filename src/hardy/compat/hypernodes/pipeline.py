@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...api.pipeline import Pipeline as HardyPipeline
-from ...errors import MapError, NodeError
+from ...errors import InvalidArgument, MapError, NodeError
 from ...model import arguments
 from ...model.node import Node
 from ...observe import PipelineCallback
@@ -77,6 +77,11 @@ class Pipeline(HardyPipeline):
         if map_mode == "product" and map_over is not None and not isinstance(map_over, str):
             given = list({**self.bound_inputs, **(inputs or {})})
             map_over = sorted(map_over, key=lambda name: given.index(name) if name in given else len(given))
+        over = [map_over] if isinstance(map_over, str) else list(map_over or ())
+        computed = [name for name in over if name in self.graph.producer]
+        if computed:  # (HyperNodes maps over the list and computes the node anyway: items of nothing)
+            raise InvalidArgument(f"map_over names {computed}, which node {self.graph.producer[computed[0]].name!r} "
+                                  "computes: its values would not be used; map over that node's own inputs")
         try:
             return super().map(self._computed_not_given(inputs), map_over, map_mode, output_name, on_error,
                                progress, engine)
@@ -89,6 +94,11 @@ class Pipeline(HardyPipeline):
         if not inputs:
             return inputs
         return {name: value for name, value in inputs.items() if name not in self.graph.producer}
+
+    def bind(self, **values: Any) -> Pipeline:
+        """As `run`'s inputs: a value named as a node's output is not used (the node computes it)."""
+        super().bind(**self._computed_not_given(values) or {})
+        return self
 
     def as_node(self, input_mapping: Mapping[str, str] | None = None,  # type: ignore[override]
                 output_mapping: Mapping[str, str] | None = None, map_over: str | Sequence[str] | None = None,
