@@ -1133,6 +1133,17 @@ math.sqrt = math.exp
 out["another library's function"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 math.sqrt = functools.partial(math.pow, 2.0)
 out["a partial"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
+
+class Plain:
+    def __init__(self, k):
+        self.k = k
+
+    def halved(self, v):
+        return v / 2 + self.k
+
+for k in (1, 2):
+    math.sqrt = Plain(k).halved
+    out[f"a bound method of an object holding {k}"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 math.sqrt = own
 out["put back"] = [p.run(inputs={"x": 4.0})["y"], root(4.0)]
 with mock.patch("json.dumps", return_value="VALUE"):

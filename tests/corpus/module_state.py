@@ -2009,6 +2009,14 @@ class Scaled:
         return -v * self.k
 
 
+class Plain:  # an object that is no callable, whose bound method is
+    def __init__(self, k):
+        self.k = k
+
+    def halved(self, v):
+        return v / 2 + self.k
+
+
 @pattern
 def library_functions_patched_with_other_callables():
     import math
@@ -2017,6 +2025,7 @@ def library_functions_patched_with_other_callables():
     patches = [("a partial", lambda: (math.sqrt, functools.partial(json.dumps, sort_keys=True))),
                ("an object", lambda: (Scaled(10), json.dumps)),
                ("a bound method", lambda: (Scaled(3).negated, json.dumps)),
+               ("a bound method of an object that is no callable", lambda: (Plain(7).halved, json.dumps)),
                ("another library's function", lambda: (math.exp, json.dumps)),
                ("a lambda over a list changed between maps", lambda: ((lambda v: v * factor[0]), json.dumps))]
     out = []

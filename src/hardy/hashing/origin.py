@@ -89,16 +89,34 @@ SMALL_DATA = 64
 def user_made(value: Any) -> bool:
     """Whether `value`, found in a library's module, is user code or made at run time: put there by
     a script (`math.sqrt = my_sqrt`), which a worker's import of the library does not do. A function
-    or class of user code, a `functools.partial` (`json.dumps = partial(json.dumps, indent=2)`), a
-    user's object or its bound method, a mock (`mock.patch("math.sqrt", return_value=0.5)`)."""
-    if type(value).__module__ == "unittest.mock" or isinstance(value, functools.partial):
+    or class of a user module, a `functools.partial` (`json.dumps = partial(json.dumps, indent=2)`),
+    a user's object or its bound method, a mock (`mock.patch("math.sqrt", return_value=0.5)`)."""
+    if isinstance(value, functools.partial) or any(
+            c.__name__ == "NonCallableMock" and c.__module__ == "unittest.mock" for c in type(value).__mro__):
         return True
     if isinstance(value, (types.FunctionType, type)):
-        origin = getattr(value, "__module__", None)
-        return isinstance(origin, str) and is_user_module(origin)
-    held = getattr(value, "__self__", value) if isinstance(value, types.MethodType) else value
-    return callable(held) and not isinstance(held, (types.BuiltinFunctionType, types.ModuleType)) \
-        and is_user_module(type(held).__module__) and type(held).__module__ != "builtins"
+        return _user_home(getattr(value, "__module__", None))
+    if isinstance(value, types.MethodType):  # a bound method: of a user's object, or a user's function
+        func = value.__func__
+        return (isinstance(func, types.FunctionType) and user_made(func)) or _users_object(value.__self__)
+    return callable(value) and _users_object(value)
+
+
+def _users_object(value: Any) -> bool:
+    """An instance of a class of a user module (not a module, a class or a C function)."""
+    return not isinstance(value, (types.BuiltinFunctionType, types.ModuleType, type)) \
+        and _user_home(type(value).__module__)
+
+
+def _user_home(module_name: Any) -> bool:
+    """A user module that code is defined in: the script, or one loaded from a file. Not a module
+    of unknown origin (`is_user_module` counts those as the user's): an extension's types
+    (`pybind11_builtins`, Cython's `_cython_3_2_4`) and a library's generated functions name such."""
+    if not isinstance(module_name, str):
+        return False
+    home = sys.modules.get(module_name)
+    return home is not None and (module_name == "__main__" or getattr(home, "__file__", None) is not None) \
+        and is_user_module(module_name)
 
 
 def renamed(value: Any, name: str) -> bool:
