@@ -31,6 +31,7 @@ class RayExecutor(TaskExecutor):
                  init_kwargs: dict[str, Any] | None = None):
         super().__init__(ship_modules)
         self.address = address
+        self.inherits_environment = address is None  # (a local instance's workers: started by `ray.init` here)
         self.n_workers = workers
         self.init_kwargs = dict(init_kwargs or {})
         self._started = False

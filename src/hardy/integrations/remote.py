@@ -153,6 +153,10 @@ class RemoteExecutor(Executor):
 
     engine = "engine"
     enforces_timeouts = True  # chunks run in hardy's worker processes (run_contained)
+    # Whether its workers run on this machine with the environment this process had as they started
+    # (a local Ray's, at `ray.init`): a variable set back since to what this process started with is
+    # sent too. Not to another machine's workers, whose own `PATH` it would replace.
+    inherits_environment = False
 
     def __init__(self, ship_modules: Sequence[str] = ()):
         self.ship_modules = tuple(ship_modules)
@@ -270,7 +274,7 @@ class TaskExecutor(RemoteExecutor):
 
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         handle = self._put(spec)
-        caller = context.current().travelling()
+        caller = context.current().travelling(set_back=self.inherits_environment)
         n = len(items)
         # whole batches of a batched node per chunk, as on every executor (`chunk_size`)
         size = chunk_size(plan, max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers()))))))

@@ -290,19 +290,21 @@ class Snapshot:
         self._key = settings_key()
         self.settings = settings()
 
-    def travelling(self) -> Travelling:
+    def travelling(self, set_back: bool = False) -> Travelling:
         """What of this state goes to an engine's worker on another machine (`arrived`): the
         variables this process set or removed since it started (not the machine's own; a variable
-        set or removed at an earlier call and removed or set back since counts as removed or set: a
-        local Ray's workers keep the environment `ray.init` gave them), its working directory, argv,
+        set or removed at an earlier call and removed since counts as removed; one set back since to
+        its start value is sent where `set_back`: to workers that keep the environment this process had
+        as they started, a local Ray's), its working directory, argv,
         umask and sys.path (its entries that exist there, ahead of that machine's own). Refused
         (ReplicaError), before anything is sent, where a setting cannot travel (`Settings.numpy_callback`)."""
         if isinstance(self.settings.numpy_callback, str):
             raise ReplicaError(self.settings.numpy_callback)
         started = _started_with()
         changed, unset = environ_delta(started, self.environ)
-        _SET.update(changed, unset)  # a local Ray's workers keep what they started with: set back, it is sent
-        changed.update((name, self.environ[name]) for name in _SET if name in self.environ)
+        _SET.update(changed, unset)
+        if set_back:  # workers that keep what this process had as they started (a local Ray's)
+            changed.update((name, self.environ[name]) for name in _SET if name in self.environ)
         unset += [name for name in _SET if name not in self.environ and name not in unset]
         return Travelling(changed, unset, self.cwd, self.argv, self.umask, self.sys_path, self.settings)
 
