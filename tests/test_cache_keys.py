@@ -1255,3 +1255,22 @@ def test_a_wrapt_decorators_code_and_globals_are_keyed(tmp_path, executor):
         assert done.returncode == 0, done.stderr[-3000:]
         for served, direct in json.loads(done.stdout.strip().splitlines()[-1]):
             assert served == direct, f"a stale entry was served (F={f}, SIGN={sign}): {done.stdout}"
+
+
+def _root(x):
+    import math
+    return math.sqrt(x)
+
+
+def test_a_bare_mock_patched_into_a_library_is_refused_naming_what_the_node_reads(tmp_path):
+    """A `mock.patch("math.sqrt")` MagicMock cannot be keyed by what it returns: the refusal named
+    `MagicMock._mock_return_value` alone, not the library function the node reads, now the mock."""
+    from unittest import mock
+    from hardy import DiskCache, Engine, Pipeline, node
+    from hardy.errors import UnhashableError
+    p = Pipeline([node(_root, output_name="y")], engine=Engine(map_executor="sequential"), cache=DiskCache(tmp_path))
+    with mock.patch("math.sqrt"), pytest.raises(UnhashableError, match=(
+            r"node '_root' cannot be cached: it reads math\.sqrt, which this process replaced with a MagicMock "
+            r"\(.*@node\(cache=False\)")):
+        p.run(inputs={"x": 4.0})
+    assert p.run(inputs={"x": 4.0}) == {"y": 2.0}

@@ -408,7 +408,11 @@ def _library_chains(module: types.ModuleType, out: Callable[[bytes], Any], seen:
         out(b"." + path.encode() + b"@" + module_identity(last.__name__))
         if user_made(target):
             out(b"patched:")
-            _fingerprint(target, out, seen)
+            try:
+                _fingerprint(target, out, seen)
+            except UnhashableError as exc:  # (a bare `mock.patch("math.sqrt")`'s MagicMock)
+                raise UnhashableError(f"it reads {path}, which this process replaced with a {type(target).__name__} "
+                                      f"({exc})", exc.culprit, exc.path) from None
             continue
         if renamed(target, name):  # an alias (`np.abs`), or another function put there (`math.sqrt = math.exp`)
             out(b"is:" + f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}".encode())
