@@ -220,7 +220,7 @@ class Pipeline:
         nested pipeline's outputs that no other node reads stay inside it when others are read.
         `engine` runs this call on another engine without changing the pipeline's."""
         if engine is not None and engine is not self._engine:
-            return self._using(engine).run(inputs, output_name)
+            return Pipeline.run(self._using(engine), inputs, output_name)
         values = {**self._bound, **(inputs or {})} if self._bound else (inputs if inputs is not None else {})
         engine = self._engine
         try:
@@ -435,8 +435,8 @@ class Pipeline:
         `indexed=True` yields (item index, result) pairs: which item each is, when they come as
         they finish."""
         if engine is not None and engine is not self._engine:
-            return self._using(engine).imap(inputs, map_over, map_mode, output_name, on_error, progress,
-                                            ordered=ordered, window=window, indexed=indexed)
+            return Pipeline.imap(self._using(engine), inputs, map_over, map_mode, output_name, on_error, progress,
+                                 ordered=ordered, window=window, indexed=indexed)
         arguments.whole_number("imap", "window", window, 1, optional=True)
         arguments.flag("imap", "ordered", ordered)
         arguments.flag("imap", "indexed", indexed)
