@@ -331,12 +331,18 @@ def test_a_breakpoint_on_a_nodes_line_stops_in_no_frame_hardy_rebuilt(tmp_path):
     assert "(8)helper()\n-> return scale / x\n(Pdb) (0, 10)" in out.stdout, out.stdout + out.stderr
 
 
+def _where_frames_are_rebuilt() -> tuple[Path, int]:
+    """The file and line where a worker's frames are made again in the caller (a pdb breakpoint)."""
+    import hardy.tracebacks
+    source = Path(hardy.tracebacks.__file__)
+    return source, next(n for n, text in enumerate(source.read_text().splitlines(), 1)
+                        if "frame.f_locals.update(local)" in text)
+
+
 def test_quitting_pdb_while_hardy_rebuilds_a_traceback_quits(tmp_path):
     """A debugger's quit (bdb's BdbQuit, an Exception) raised while a worker's frames were made
     again was taken for a traceback that could not be made: the script went on after `q`."""
-    import hardy.tracebacks
-    source = Path(hardy.tracebacks.__file__)
-    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if "frame.f_locals.update(local)" in text)
+    source, line = _where_frames_are_rebuilt()
     script = """
     import pickle
     from hardy import Pipeline, node
@@ -360,9 +366,7 @@ def test_quitting_pdb_while_a_workers_failure_is_read_quits(tmp_path):
     """pdb's `q` at a breakpoint in the code that rebuilds a worker's frames, as the caller reads
     the worker's batch holding the failure: the read's `except Exception` (a result that cannot be
     read here is asked for again alone) took the quit for such a result, and the script went on."""
-    import hardy.tracebacks
-    source = Path(hardy.tracebacks.__file__)
-    line = next(n for n, text in enumerate(source.read_text().splitlines(), 1) if "frame.f_locals.update(local)" in text)
+    source, line = _where_frames_are_rebuilt()
     script = """
     from hardy import Pipeline, node
 
