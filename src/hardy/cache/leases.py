@@ -67,7 +67,8 @@ class Leases:
             yield
             return
         stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(key, held, ttl, stop), daemon=True)
+        renewer = threading.Thread(target=self._renew, args=(key, held, ttl, stop), name="hardy-lease-renew",
+                                   daemon=True)
         renewer.start()
         try:
             yield

@@ -8,6 +8,7 @@ hazards and shared libraries that cannot be resolved.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -149,12 +150,27 @@ def import_failure(module: str, exc: Exception) -> Finding:
 
 
 def _spec_dirs(module: str) -> list[str]:
-    """The directories of a package that failed to import, found without importing it again."""
+    """The directories of a module that failed to import (its own if a package, else its package's),
+    found without importing it or its parents: `find_spec("pkg.sub")` imports pkg, whose failure
+    (an OSError for a missing library) is often the one being explained. The path finder, given
+    each parent's folders, looks a name up without running anything."""
+    head, *rest = module.split(".")
     try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # (a parent package that fails too)
+        spec = importlib.util.find_spec(head)  # (a top-level name: nothing is imported)
+        for part in rest:
+            places = spec.submodule_search_locations if spec is not None else None
+            if spec is None or not places:
+                break
+            found = importlib.machinery.PathFinder.find_spec(f"{spec.name}.{part}", list(places))
+            if found is None:  # (a submodule the path finder cannot see: the package's folders then)
+                break
+            spec = found
+    except Exception:  # (a finder or an odd name failing: no folders to scan)
         return []
-    return [d for d in (spec.submodule_search_locations or []) if os.path.isdir(d)] if spec else []
+    if spec is None:
+        return []
+    dirs = spec.submodule_search_locations or ([os.path.dirname(spec.origin)] if rest and spec.origin else [])
+    return [d for d in dirs if os.path.isdir(d)]
 
 
 def _library_fix(m: Any) -> str:

@@ -175,6 +175,9 @@ class _TerminalView(_View):
         self._tasks: dict[MapProgress, Any] = {}
         before = (sys.stdout, sys.stderr)
         self._progress.start()
+        drawer = getattr(self._progress.live, "_refresh_thread", None)  # rich's: hardy's own to a fork check
+        if drawer is not None:
+            drawer.name = "hardy-progress-draw"
         self._handlers = _above_the_bar(before, (sys.stdout, sys.stderr))
 
     def add(self, bar: MapProgress) -> None:

@@ -76,13 +76,35 @@ def _fork_probe_bad_cuda() -> bool:
     return os.waitstatus_to_exitcode(status) == 1
 
 
-def fork_hazards(probe_cuda: bool = True, runtimes: bool = True) -> list[Hazard]:
+# hardy's own threads, which hold no lock a forked worker needs, so that a fork may leave them out:
+# imap's runner (blocked on its queue, or running this very fork), the progress bar's refresher and
+# rich's drawing thread it starts (they hold rich's locks, which a worker's print takes only under a
+# bar in a terminal, as before any re-check), `hardy run`'s output watch (a poll), a pool's spare
+# starter (never with "fork"), an object-store lease's renewer (waits on fsspec's loop, reset in a
+# child), the threads writing parts of a shipped message (pwrite) and the sklearn-config reader.
+# Not "hardy-await": it runs the user's coroutine, which may hold the user's locks.
+OWN_THREADS = frozenset({"hardy-imap", "hardy-progress", "hardy-progress-draw", "hardy-output-watch",
+                         "hardy-spare-worker", "hardy-lease-renew", "hardy-ship-part", "hardy-sklearn-config"})
+
+
+def _foreign_threads(caller: threading.Thread | None) -> list[threading.Thread]:
+    """The Python threads whose locks a forked child could need: all but this one and hardy's own
+    (`OWN_THREADS`). When this one is hardy's own (imap's runner forking a worker), the fork is
+    made for `caller` (the thread that started the pool, and passed its check then): not it either."""
+    me = threading.current_thread()
+    spared = {me, caller} if me.name in OWN_THREADS and caller is not None else {me}
+    return [t for t in threading.enumerate() if t not in spared and t.name not in OWN_THREADS]
+
+
+def fork_hazards(probe_cuda: bool = True, runtimes: bool = True,
+                 caller: threading.Thread | None = None) -> list[Hazard]:
     """Every reason, right now, why forking this process would give a broken child.
 
     `runtimes=False` (the check before each later fork of a pool, `check_fork_again`) asks
     threadpoolctl for the OpenMP runtimes (most of the check's cost: ~0.4 ms) only when native
     threads run, to name their pool: without them a fork child inherits no held lock, and two
-    runtimes loaded at once (oversubscription, not a broken child) were checked at the pool's start."""
+    runtimes loaded at once (oversubscription, not a broken child) were checked at the pool's start.
+    `caller`: the thread a fork from one of hardy's threads is for (`_foreign_threads`)."""
     found = _cuda_hazards() if probe_cuda else []
     py_threads = threading.active_count()
     os_threads = _os_threads()
@@ -101,8 +123,11 @@ def fork_hazards(probe_cuda: bool = True, runtimes: bool = True) -> list[Hazard]
         found.append(Hazard("threads", f"{os_threads - py_threads} native thread(s) run outside Python",
                             "A forked child gets only the forking thread; locks held by the others (malloc, "
                             "rayon/TBB pools) stay locked in the child forever."))
-    if py_threads > 1:
-        found.append(Hazard("threads", f"{py_threads - 1} Python thread(s) besides this one are running",
+    others = _foreign_threads(caller)
+    if others:
+        names = ", ".join(repr(t.name) for t in others)
+        found.append(Hazard("threads", f"{len(others)} Python thread(s) besides this one are running ({names}; "
+                            "hardy's own are not counted)",
                             "A forked child gets only the forking thread; locks the others hold stay locked."))
     if "tokenizers" in sys.modules and os.environ.get("TOKENIZERS_PARALLELISM", "").lower() not in (
             "false", "0"):
@@ -127,11 +152,12 @@ def _refusal(hazards: list[Hazard], when: str) -> str:
             + "\nUse the default (forkserver) or 'spawn', or start_method='fork!' to fork anyway.")
 
 
-def check_fork_again() -> None:
+def check_fork_again(caller: threading.Thread | None) -> None:
     """Before every fork of a start_method="fork" pool's worker: the hazards again, since a thread
     started after the pool (holding a lock) would hang the fork child on it until its timeout.
-    Microseconds (two thread counts, the CUDA state) unless native threads run (`fork_hazards`)."""
-    hazards = fork_hazards(runtimes=False)
+    `caller`: the thread that started the pool, for whom imap's runner forks. Microseconds (the
+    threads, the CUDA state) unless native threads run (`fork_hazards`)."""
+    hazards = fork_hazards(runtimes=False, caller=caller)
     if hazards:
         raise ForkRefused(_refusal(hazards, " for a new worker (the pool's first, or one replacing a worker "
                                             "that died or was recycled)")

@@ -184,7 +184,7 @@ def _together(jobs: Sequence[Callable[[], None]]) -> None:
             job()
         except BaseException as exc:  # raised in the calling thread below
             errors.append(exc)
-    threads = [threading.Thread(target=run, args=(job,), daemon=True) for job in jobs[1:]]
+    threads = [threading.Thread(target=run, args=(job,), name="hardy-ship-part", daemon=True) for job in jobs[1:]]
     for thread in threads:
         thread.start()
     try:

@@ -53,6 +53,7 @@ class WorkerPool(Executor):
         self.size = len(self.slot_env) or workers or os.cpu_count() or 1
         self.start_method = launch.DEFAULT_START_METHOD
         self.recheck_fork = start_method == "fork"  # every later fork checks the hazards again ("fork!": never)
+        self.started_by = threading.current_thread()  # checked now; imap's runner forks for it (`check_fork_again`)
         if start_method is not None:  # (the hazards' checks, and what they load, only for a method asked for)
             from ..safety.hazards import choose_start_method
             self.start_method = choose_start_method(start_method)
@@ -201,7 +202,7 @@ class WorkerPool(Executor):
         of this process ("fork") is refused when a hazard appeared since the pool started."""
         if self.recheck_fork and isinstance(launcher, launch.Forker):
             from ..safety.hazards import check_fork_again
-            check_fork_again()
+            check_fork_again(self.started_by)
         try:
             return Worker(launcher, number, env, self.preload_libs)
         except BlockingIOError as exc:
