@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hardy import Engine, Pipeline, node
-from test_cache_trust import area, needs_root  # noqa: F401  (area: a fixture)
+from test_cache_trust import ATTACKER, area, needs_root  # noqa: F401  (area: a fixture)
 from test_security_cache import attacker
 
 chromium = pytest.mark.skipif(shutil.which("chromium") is None,
@@ -297,6 +297,7 @@ def test_resume_refuses_a_planted_link_and_a_file_another_user_owns_or_may_write
     (shared / "out.jsonl").unlink()
     assert run_in(shared, "--output", "out.jsonl").returncode == 0
     (shared / "out.jsonl").chmod(0o664)  # the user's own, but the team may write it
+    os.chown(shared / "out.jsonl", -1, ATTACKER)  # (a group of others': root's own group is root's alone)
     assert run_in(shared, "--resume", "out.jsonl").returncode == 2
     (shared / "out.jsonl").chmod(0o644)
     assert run_in(shared, "--resume", "out.jsonl").returncode == 0
@@ -323,3 +324,104 @@ def test_repeat_logs_replace_planted_links_and_refuse_a_folder_others_may_swap(t
                               capture_output=True, text=True, timeout=120)
         assert (said.returncode, said.stderr.count("\n")) == (2, 1) and why in said.stderr, said.stderr  # no traceback
     assert list(shared.iterdir()) == []
+
+
+FIFO = """
+import os, sys
+os.mkfifo(sys.argv[1], 0o666)
+os.chmod(sys.argv[1], 0o666)
+print("planted")
+"""
+
+
+@needs_root
+def test_run_output_replaces_another_users_fifo_and_refuses_a_fifo_nothing_reads(area):  # noqa: F811
+    """Anything at --output's name that was not a regular file was written to as it was: a 0666
+    FIFO another user planted in /tmp got the user's results, and a FIFO nobody reads held
+    `hardy run` forever. Another user's FIFO is replaced by a fresh file; the user's own that
+    nothing reads is refused, in one line; /dev/stdout and /dev/null still work."""
+    attacker(FIFO, str(area / "out.jsonl"))
+    theirs = os.open(area / "out.jsonl", os.O_RDONLY | os.O_NONBLOCK)  # what the FIFO's reader would get
+    try:
+        done = run_in(area, "--output", "out.jsonl")
+        assert done.returncode == 0, done.stderr
+        assert os.read(theirs, 1 << 16) == b""
+    finally:
+        os.close(theirs)
+    st = (area / "out.jsonl").lstat()
+    assert st.st_uid == 0 and oct(st.st_mode) == "0o100644"
+    assert sorted(json.loads(line)["outputs"]["y"] for line in (area / "out.jsonl").open()) == [2, 4, 6]
+    os.mkfifo(area / "mine.jsonl")
+    unread = run_in(area, "--output", "mine.jsonl")
+    assert (unread.returncode, unread.stderr.count("\n")) == (2, 1), unread.stderr
+    assert "--output mine.jsonl is a FIFO that nothing is reading: start its reader first" in unread.stderr
+    shown = run_in(area, "--output", "/dev/stdout")
+    assert shown.returncode == 0 and shown.stdout.count("\n") == 3, shown.stderr
+    assert run_in(area, "--output", "/dev/null").returncode == 0
+
+
+AS_NOBODY = """
+import os, sys
+import typer
+import hardy.cache.folders, hardy.cli.outputs, hardy.errors  # (imported as root: the user cannot read them)
+os.setgid(65534)
+os.setuid(65534)
+try:
+    hardy.cli.outputs.fresh_results(sys.argv[1]).close()
+except typer.Exit as exit:
+    sys.exit(exit.exit_code)
+"""
+
+
+@needs_root
+def test_run_output_refuses_the_users_own_write_protected_file(area):  # noqa: F811
+    """--output replaced a file of the user's own that they had made read-only (0444: to keep it),
+    where a plain open had failed with EACCES. It is refused, naming the file and the fix."""
+    folder = area / "nobodys"
+    folder.mkdir()
+    (folder / "out.jsonl").write_text("kept\n")
+    (folder / "out.jsonl").chmod(0o444)
+    for path in (folder, folder / "out.jsonl"):
+        os.chown(path, ATTACKER, ATTACKER)
+    done = subprocess.run([sys.executable, "-c", AS_NOBODY, str(folder / "out.jsonl")], capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert f"--output {folder / 'out.jsonl'} is a file of yours, mode 444, that you may not write" in done.stderr
+    assert f"chmod u+w {folder / 'out.jsonl'}" in done.stderr
+    assert (folder / "out.jsonl").read_text() == "kept\n" and oct((folder / "out.jsonl").stat().st_mode) == "0o100444"
+
+
+@needs_root
+def test_group_write_of_the_users_own_private_group_is_trusted_and_of_any_other_refused(area):  # noqa: F811
+    """Under umask 002 with a group per user (Debian's default), the user's folders are 0775 and
+    their files 0664: --output replaced the user's own link there, --resume refused their file and
+    --logs their folder. The user's private group (root's here) is the user's alone; any other
+    group that may write still makes a file or folder refused."""
+    import grp
+    import pwd
+
+    from hardy.doctor.repeat import repeat
+    from hardy.errors import InvalidArgument
+    assert not grp.getgrgid(0).gr_mem and all(user.pw_gid or not user.pw_uid for user in pwd.getpwall()), \
+        "root's group is not root's alone on this machine"
+    mine = area / "mine"
+    mine.mkdir()
+    mine.chmod(0o775)
+    (mine / "target.jsonl").write_text("")
+    (mine / "target.jsonl").chmod(0o664)
+    (mine / "out.jsonl").symlink_to("target.jsonl")
+    done = run_in(mine, "--output", "out.jsonl")
+    assert done.returncode == 0 and (mine / "out.jsonl").is_symlink(), done.stderr
+    assert (mine / "target.jsonl").read_text().count("\n") == 3
+    resumed = run_in(mine, "--resume", "target.jsonl")
+    assert resumed.returncode == 0, resumed.stderr
+    failing = ["sh", "-c", "exit 3"]
+    assert repeat(failing, n=1, logs=mine, native=False).runs[0].log == str(mine / "run-1.log")
+    for path in (mine, mine / "target.jsonl"):
+        os.chown(path, -1, ATTACKER)  # a group of others'
+    refused = run_in(mine, "--resume", "target.jsonl")
+    assert refused.returncode == 2 and "is owned by uid 0, mode 664, group 65534" in refused.stderr, refused.stderr
+    with pytest.raises(InvalidArgument, match="mode 775"):
+        repeat(failing, n=1, logs=mine, native=False)
+    assert run_in(mine, "--output", "out.jsonl").returncode == 0
+    assert not (mine / "out.jsonl").is_symlink() and (mine / "target.jsonl").read_text().count("\n") == 3

@@ -25,7 +25,7 @@ page) keeps its first and last characters, `MESSAGE_CHARACTERS` in all; a stack 
 
 As the command ends with failed items, `failed_line` names the first of them and where each
 one's error and stack are: its line (in --output, or on stdout) and the run report, --report's or
-the one a report directory got (`saved`).
+the one a report directory got (`run.saved`).
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def fresh_results(path: str) -> IO[str]:
     name = os.path.basename(path)
     with _folder(path, "--output") as folder:
         try:
-            fd = _emptied(folder, name)
+            fd = _emptied(folder, name, path)
         except OSError as exc:
             refuse(f"--output {path}{_there(folder, name)} cannot be replaced by a file of yours here "
                    f"({exc.strerror or exc}): remove it, or give an --output in a folder of yours")
@@ -285,32 +285,54 @@ def _there(folder: Folder, name: str) -> str:
     except OSError:
         return ""
     link = stat.S_ISLNK(st.st_mode)
-    return f", {'a symbolic link' if link else 'a file'} of uid {st.st_uid}'s{', not followed,' if link else ''}"
+    what = "a symbolic link" if link else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a file"
+    return f", {what} of uid {st.st_uid}'s{', not followed,' if link else ''}"
 
 
-def _emptied(folder: Folder, name: str) -> int:
+def _emptied(folder: Folder, name: str, path: str) -> int:
     """A descriptor of `name`, emptied, to write: a file of the user's own (its only name) emptied in
-    place, a device or a FIFO (/dev/null) as it is, a link the user made where nobody else can swap
-    it (/dev/stdout) followed; anything else (another user's link or file, a hard link) is replaced
-    by a fresh file, never written through."""
+    place, a device or a FIFO of the user's or root's (/dev/null) as it is, a link the user made where
+    nobody else can swap it (/dev/stdout) followed; anything else (another user's link, file or FIFO:
+    a 0666 FIFO planted in /tmp read the user's results; a hard link) is replaced by a fresh file,
+    never written through. Opened without blocking (a FIFO nobody reads held the run forever), then
+    made blocking."""
     try:
-        fd = folder.open(name, os.O_WRONLY)
-    except (FileNotFoundError, PermissionError):
-        return _replaced(folder, name)
+        fd = folder.open(name, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
-            raise
+            return _unopened(folder, name, path, exc)
         if not _followable(folder, name):
             return _replaced(folder, name)
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644, dir_fd=folder.fd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        return fd
-    if st.st_uid == os.geteuid() and st.st_nlink == 1:
-        os.ftruncate(fd, 0)
-        return fd
-    os.close(fd)
-    return _replaced(folder, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = os.open(name, flags, 0o644, dir_fd=folder.fd)
+    else:
+        st, me = os.fstat(fd), os.geteuid()
+        if stat.S_ISREG(st.st_mode) and st.st_uid == me and st.st_nlink == 1:
+            os.ftruncate(fd, 0)
+        elif stat.S_ISREG(st.st_mode) or st.st_uid not in (me, 0):
+            os.close(fd)
+            return _replaced(folder, name)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _unopened(folder: Folder, name: str, path: str, exc: OSError) -> int:
+    """What `name`, which could not be opened to write, becomes: nothing or another user's is replaced
+    by a fresh file; the user's own file they may not write (0444: a plain open refuses it), and a
+    FIFO of the user's or root's that nothing reads (or a socket), are a usage error."""
+    if exc.errno == errno.ENOENT:
+        return _replaced(folder, name)
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.ENXIO):
+        raise exc
+    st = folder.lstat(name)
+    mine = st.st_uid == os.geteuid()
+    if exc.errno != errno.ENXIO and mine:
+        refuse(f"--output {path} is a file of yours, mode {stat.S_IMODE(st.st_mode):o}, that you may not write: not "
+               f"replaced; give another --output, or make it writable (chmod u+w {path}) to replace its lines")
+    if exc.errno != errno.ENXIO or not (mine or st.st_uid == 0):
+        return _replaced(folder, name)
+    what = "a FIFO that nothing is reading" if stat.S_ISFIFO(st.st_mode) else "a socket, which no file opens"
+    refuse(f"--output {path} is {what}: start its reader first (cat {path} &), or give a file")
 
 
 def _replaced(folder: Folder, name: str) -> int:
@@ -353,13 +375,13 @@ def resumed(path: str) -> int:
 
 def _untrusted(st: os.stat_result) -> str:
     """Why a file is no results file to resume from, told by its `fstat` ("" if it may be)."""
-    from ..cache.folders import OTHERS_WRITE, unreadable
+    from ..cache.folders import others_may_write, unreadable
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file: give an earlier run's --output file"
     mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid != os.geteuid() or mode & OTHERS_WRITE:
-        return (f"is owned by uid {st.st_uid}, mode {mode:o}: whoever else can write it chooses the results "
-                "kept as yours; resume from a file only you can write (one of yours: chmod go-w it)")
+    if st.st_uid != os.geteuid() or others_may_write(st):
+        return (f"is owned by uid {st.st_uid}, mode {mode:o}, group {st.st_gid}: whoever else can write it chooses "
+                "the results kept as yours; resume from a file only you can write (one of yours: chmod go-w it)")
     why = unreadable(st)
     return f"is no results file hardy wrote, not read: {why}; give an earlier run's --output file" if why else ""
 
@@ -379,9 +401,9 @@ def _followable(folder: Folder, name: str) -> bool:
     """Whether the link at `name` is the user's own choice, to follow: made by the user or root
     (/dev/stdout), in a folder of the user's or root's where nobody else can swap it (writable by
     no one else, or sticky). Linux's `fs.protected_symlinks` asks less, and is often off."""
-    from ..cache.folders import OTHERS_WRITE
+    from ..cache.folders import others_may_write
     me, held = os.geteuid(), os.fstat(folder.fd)
-    swappable = held.st_mode & OTHERS_WRITE and not held.st_mode & stat.S_ISVTX
+    swappable = others_may_write(held) and not held.st_mode & stat.S_ISVTX
     return folder.lstat(name).st_uid in (me, 0) and held.st_uid in (me, 0) and not swappable
 
 
@@ -437,16 +459,6 @@ def closing_ends_the_run(out: IO[str]) -> Iterator[Watched]:
         thread.join()
         os.close(wake)
         os.close(woken)
-
-
-def saved(pipeline: Any) -> str | None:
-    """Where the engine's report directory (`report_dir=`, HARDY_REPORT_DIR) got this run's report."""
-    from ..errors import HardyError
-    try:
-        path = pipeline.report().path
-    except HardyError:  # no report kept
-        return None
-    return str(path) if path is not None else None
 
 
 def failed_line(writer: Writer, before: dict[int, bool], counts: tuple[int, int], output: str | None,

@@ -33,7 +33,7 @@ import typer
 from ..errors import Failed
 from ..wording import a_kind, did_you_mean
 from .inputs import alongside, parse_sets, read_items
-from .outputs import Writer, closing_ends_the_run, failed_line, fresh_results, resumed, saved, written
+from .outputs import Writer, closing_ends_the_run, failed_line, fresh_results, resumed, written
 from .reports import saved_as, writable_report
 from .usage import at_least
 from .usage import refuse as _fail_usage
@@ -432,6 +432,16 @@ def output_path(path: str) -> None:
         _fail_usage(f"--output {path}: no directory {str(folder)!r}")
     if not os.access(target if target.exists() else folder, os.W_OK):
         _fail_usage(f"--output {path}: not writable here")
+
+
+def saved(pipeline: Any) -> str | None:
+    """Where the engine's report directory (`report_dir=`, HARDY_REPORT_DIR) got this run's report."""
+    from ..errors import HardyError
+    try:
+        path = pipeline.report().path
+    except HardyError:  # no report kept
+        return None
+    return str(path) if path is not None else None
 
 
 def _engine(own: Any, executor: str | None, workers: int | None, report: bool) -> Any:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.folders import OTHERS_WRITE, Folder, open_named
+from ..cache.folders import Folder, open_named, others_may_write
 from ..crash.sentence import crash_report, describe_exit
 
 
@@ -224,7 +224,8 @@ def _log_folder(logs: str | os.PathLike[str] | None) -> Iterator[Folder | None]:
     through its descriptor to a fresh name renamed into place (`Folder.write`), so a link planted at
     a log's name is replaced, never written through. Refused (`InvalidArgument`) where another user
     could choose what the folder is or holds: a link, a folder of another user's (root's aside), or
-    one others may write that is not sticky (a team's: anyone there could swap a log)."""
+    one others may write that is not sticky (a team's: anyone there could swap a log; a 0775 folder
+    of the user's private group, as umask 002 makes them, is the user's alone: `others_may_write`)."""
     from ..errors import InvalidArgument
     if logs is None:
         yield None
@@ -238,9 +239,10 @@ def _log_folder(logs: str | os.PathLike[str] | None) -> Iterator[Folder | None]:
                               "; give a folder of your own for the logs") from None
     with Folder(fd, str(Path(logs)), False) as folder:  # (named as given: each log's path is said so)
         st = os.fstat(fd)
-        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
-            raise InvalidArgument(f"--logs {logs} is uid {st.st_uid}'s folder, mode {stat.S_IMODE(st.st_mode):o}: "
-                                  "another user could replace or plant the logs there; give a folder of your own "
+        if st.st_uid not in (os.geteuid(), 0) or others_may_write(st) and not st.st_mode & stat.S_ISVTX:
+            raise InvalidArgument(f"--logs {logs} is uid {st.st_uid}'s folder, mode {stat.S_IMODE(st.st_mode):o}, "
+                                  f"group {st.st_gid}: another user could replace or plant the logs there; give a "
+                                  "folder of your own "
                                   "that only you can write")
         yield folder
 
