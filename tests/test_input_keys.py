@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -34,12 +35,15 @@ def _served(tmp_path: Path, func: typing.Callable[..., object], inputs: list[obj
     return [p.run(inputs={"x": x})["y"] for x in inputs]
 
 
-def _processes(tmp_path: Path, script: str, variants: list[str]) -> list[typing.Any]:
-    """The JSON each fresh process running `script` with one cache folder and a variant prints last."""
+def _processes(tmp_path: Path, script: str, variants: list[str], seeded: bool = False) -> list[typing.Any]:
+    """The JSON each fresh process running `script` with one cache folder and a variant prints last;
+    `seeded`: the variant is also the process's PYTHONHASHSEED (its salt of str and bytes hashes)."""
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
     return [json.loads(subprocess.run([sys.executable, str(path), str(tmp_path / "cache"), variant], check=True,
-                                      capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1])
+                                      capture_output=True, text=True, timeout=300,
+                                      env={**os.environ, "PYTHONHASHSEED": variant} if seeded else None,
+                                      ).stdout.strip().splitlines()[-1])
             for variant in variants]
 
 
@@ -273,3 +277,123 @@ def test_an_arrow_dictionary_scalar_is_keyed_by_its_index_and_dictionary(tmp_pat
         return x.index.as_py()
     assert _served(tmp_path, index, [first, second]) == [0, 1]
     assert hash_value(pa.scalar(3)).hex() == "b2a7281bd685a561ad0be4182fa208ae"  # other scalars keep theirs
+
+
+SALTED_NUMPY_SETS = """
+import json, os, sys
+import numpy as np
+from hardy import DiskCache, Engine, Pipeline, node
+
+@node(output_name="by")
+def computed_by(spans):
+    return os.getpid()
+
+values = np.arange(1, 9)
+sets = {f"{kind}[{unit}]": set(values.astype(f"{kind}[{unit}]"))  # set(df["dur"].to_numpy())
+        for kind in ("timedelta64", "datetime64") for unit in ("ns", "us", "D")}
+p = Pipeline(nodes=[computed_by], cache=DiskCache(sys.argv[1]), engine=Engine(map_executor="sequential"))
+print(json.dumps({k: [p.run(inputs={"spans": s})["by"] == os.getpid(), [str(x) for x in s]] for k, s in sets.items()}))
+"""
+
+
+def test_a_set_of_numpy_timedeltas_or_datetimes_hits_under_another_hash_seed(tmp_path):
+    """`np.timedelta64` is a numpy integer, and was taken for one whose hash is not salted: a set
+    of `timedelta64[ns]` (whose hash, as `datetime64`'s in every unit, is) was keyed in its
+    iteration order, another under each PYTHONHASHSEED, and a second process never hit. Keyed by
+    its sorted members, as before sets were keyed in their order."""
+    first, second = _processes(tmp_path, SALTED_NUMPY_SETS, ["1", "2"], seeded=True)
+    assert first["timedelta64[ns]"][1] != second["timedelta64[ns]"][1], "the sets iterate alike: no case"
+    assert {k: computed_here for k, (computed_here, _) in first.items()} == dict.fromkeys(first, True)
+    assert {k: computed_here for k, (computed_here, _) in second.items()} == dict.fromkeys(second, False)
+
+
+TRACED = """
+import json, sys
+import torch
+from blake3 import blake3
+from hardy.hashing import torchscript
+from hardy.hashing.distributions import module_identity
+from hardy.hashing.values import encode_into
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+def key(m):
+    h = blake3(); encode_into(m, h.update, set()); return h.hexdigest()
+
+def archive_key(m):  # the key of a compiled module without Python attributes: its archive alone
+    h = blake3(); h.update(b"JM" + module_identity("torch")); torchscript._archive(m, h.update); return h.hexdigest()
+
+traced, scripted = torch.jit.trace(Net(), torch.ones(1, 4)), torch.jit.script(Net())
+out = {"traced keyed by its archive": key(traced) == archive_key(traced),
+       "scripted keyed by its archive": key(scripted) == archive_key(scripted)}
+keys = [key(traced)]
+traced.scale = 3.0
+keys.append(key(traced))
+getattr(traced.layers, "2").tag = "x"  # (a traced Sequential has no [])
+keys.append(key(traced))
+traced.scale = 4.0
+out["attributes set on a trace keyed"] = len(set(keys + [key(traced)])) == 4
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # torch in a subprocess
+def test_a_traced_module_without_attributes_set_keys_by_its_archive_alone(tmp_path):
+    """Keying the Python attributes a script sets on a compiled module took a traced wrapper's own
+    `_name` and `_actual_script_module` for some, and a scripted `Sequential`'s `__len__` (torch's,
+    bound to the eager module): every traced model's key moved (a miss after the upgrade), and
+    each submodule wrote its script module's archive once more (0.07 s against 0.008 s for 8
+    layers). A module none was set on keys by its archive alone; one set on a trace is keyed."""
+    needs_torch()
+    out, = _processes(tmp_path, TRACED, ["-"])
+    assert out == dict.fromkeys(out, True) and len(out) == 3
+
+
+CLOSING_ESTIMATOR = """
+import gc, json, os, sys
+import numpy as np
+from blake3 import blake3
+from sklearn.linear_model import LinearRegression
+from hardy.hashing import hash_value
+from hardy.hashing.values import DIGEST, encode_object
+
+class Logged(LinearRegression):  # owns a file it writes to, which its __del__ closes
+    def fit(self, X, y):
+        self.log_fd_ = os.open(sys.argv[1] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return super().fit(X, y)
+
+    def __del__(self):
+        fd = getattr(self, "log_fd_", None)
+        if fd is not None:
+            os.close(fd)
+
+def still_open(fd):
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(sys.argv[1] + ".log"))
+    except OSError:
+        return False
+
+model = Logged().fit(np.array([[0.], [1.], [2.]]), np.array([0., 1., 2.]))
+keys = [hash_value(model), hash_value(model)]
+gc.collect()
+h = blake3(); encode_object(model, b"SK", model.__getstate__(), h.update, set())
+print(json.dumps({"file still open": still_open(model.log_fd_),
+                  "keyed as its __getstate__ shows it": keys == [h.digest(DIGEST)] * 2}))
+"""
+
+
+@pytest.mark.slow  # scikit-learn imported
+def test_hashing_an_estimator_never_runs_its_del(tmp_path):
+    """The copy `__getstate__` runs on was an instance of the estimator's class: its `__del__` ran
+    when it was dropped, on the attributes it shares with the model, and a subclass whose `__del__`
+    closes its file had it closed by hashing. The key is what `__getstate__` shows, as before."""
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.skip("scikit-learn is not installed (pip install scikit-learn)")
+    out, = _processes(tmp_path, CLOSING_ESTIMATOR, ["-"])
+    assert out == {"file still open": True, "keyed as its __getstate__ shows it": True}

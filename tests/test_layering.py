@@ -135,6 +135,7 @@ FOREIGN_PRIVATE = {
     "_buffers": "torch.nn.Module: as _parameters",
     "_modules": "torch.nn.Module: as _parameters",
     "_non_persistent_buffers_set": "torch.nn.Module: the buffers state_dict() leaves out, for a module's key",
+    "_refresh_thread": "rich.live.Live: the thread drawing the progress bar, named hardy's (a fork check skips it)",
     "_version": "torch.Tensor: its in-place version counter, for a tensor's cache key",
     "_indices": "torch: a sparse COO tensor's indices as stored (indices() refuses an uncoalesced one), for its key",
     "_values": "torch: as _indices, its values as stored (duplicates apart, summed in that order)",

@@ -90,12 +90,12 @@ def ordered_alike(members: set[Any] | frozenset[Any]) -> bool:
     """Whether a set of two or more members iterates in the same order in every process, which code
     can read (`list(s)`, `next(iter(s))`): the order of its table follows its members' hashes and
     the order they were added in, and the hashes of numbers are not salted: ints, bools, floats and
-    complex numbers (NaN aside: its hash is its address), numpy's number scalars (`set(df["id"])`),
-    `Decimal`, `Fraction`, `timedelta`, `UUID`, None (from Python 3.12; its address before) and
-    tuples of them. A str's or bytes' is salted (unless PYTHONHASHSEED is set), and so is a naive
-    date's, time's or datetime's (a hash of its bytes), and may be any other class's (an Enum
-    member hashes by its name). A set of one member has one order: it keeps the key it had.
-    0.05 us a member (measured on 1,000 ints)."""
+    complex numbers (NaN aside: its hash is its address), numpy's number scalars (`set(df["id"])`;
+    not its datetimes and timedeltas), `Decimal`, `Fraction`, `timedelta`, `UUID`, None (from
+    Python 3.12; its address before) and tuples of them. A str's or bytes' is salted (unless
+    PYTHONHASHSEED is set), and so is a naive date's, time's or datetime's (a hash of its bytes),
+    and may be any other class's (an Enum member hashes by its name). A set of one member has one
+    order: it keeps the key it had. 0.05 us a member (measured on 1,000 ints)."""
     return len(members) > 1 and all(map(_hashed_alike, members))
 
 
@@ -112,12 +112,15 @@ def _hashed_alike(m: Any) -> bool:
 
 def _numeric_hash(t: type) -> bool:
     """A library's type (not a user's subclass, whose `__hash__` may be its own) hashed by its
-    numeric value: the standard library's, and numpy's numbers and bools (not `np.str_`, nor
-    `np.datetime64`, whose hash is salted)."""
+    numeric value: the standard library's, and numpy's numbers and bools. Not `np.str_`, nor
+    `np.datetime64` and `np.timedelta64` (kinds 'M' and 'm'; the latter a subclass of
+    `np.signedinteger`), whose hashes are salted in some units (`ns`: `set(df["dur"].to_numpy())`
+    would iterate in another order under every PYTHONHASHSEED, and never hit)."""
     if (t.__module__, t.__name__) in _NUMERIC_HASHED:
         return True
     np = sys.modules.get("numpy") if t.__module__ == "numpy" else None
-    return np is not None and issubclass(t, (np.number, np.bool_))
+    return (np is not None and issubclass(t, (np.number, np.bool_))
+            and not issubclass(t, (np.datetime64, np.timedelta64)))
 
 
 _NUMERIC_HASHED = frozenset({("decimal", "Decimal"), ("fractions", "Fraction"), ("datetime", "timedelta"),

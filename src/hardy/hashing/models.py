@@ -103,10 +103,31 @@ def _estimator_state(v: Any) -> dict[str, Any]:
     owner = next((c for c in t.__mro__ if "__getstate__" in vars(c)), object)
     if is_user_module(owner.__module__):
         return instance_fields(v)
-    shadow = object.__new__(t)
+    shadow: Any = object.__new__(_without_del(t))
     shadow.__dict__.update(vars(v))
     state = shadow.__getstate__()
     return state if isinstance(state, dict) else {"state": state}
+
+
+def _without_del(t: type) -> type:
+    """The class of the copy `__getstate__` runs on: `t`, or where `t` has a `__del__` (which ran
+    when the copy was dropped, on what it shares with the instance: a subclass's `__del__` that
+    closes `self.handle_` closed the user's) a subclass of it whose `__del__` does nothing, named
+    and placed as `t` (scikit-learn's `__getstate__` reads `type(self).__module__`); made once."""
+    if not any("__del__" in vars(c) for c in t.__mro__):
+        return t
+    inert = _INERT.get(t)
+    if inert is None:
+        namespace = {"__del__": _ignore, "__slots__": (), "__module__": t.__module__, "__qualname__": t.__qualname__}
+        inert = _INERT[t] = type(t)(t.__name__, (t,), namespace)
+    return inert
+
+
+def _ignore(self: Any) -> None:
+    """The copy's `__del__`: it releases nothing, the instance it copies owns it all."""
+
+
+_INERT: dict[type, type] = {}  # (classes with a `__del__`, few: each stays loaded, held by its entry)
 
 
 register_library("sklearn.base", lambda base: ((base.BaseEstimator, _encode_estimator),))

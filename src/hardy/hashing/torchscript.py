@@ -82,22 +82,58 @@ def _encode_script_module(m: Any, out: Callable[[bytes], Any], active: set[int])
             _constants(sub.graph, out, active)
 
 
-_WRAPPER: frozenset[str] | None = None  # what each Python wrapper of a compiled module holds of its own
+_WRAPPER: tuple[frozenset[str], frozenset[str]] | None = None  # (`_wrapper_names`) a scripted wrapper's, a traced one's
 
 
 def _python_attributes(m: Any, out: Callable[[bytes], Any], active: set[int]) -> None:
     """The attributes a script set on a compiled module's Python wrappers (its own and its
     submodules'), which neither the archive nor torch's attribute walk sees; torch's bookkeeping
-    and the compiled methods bound there are left out. Nothing is said of a module without any."""
-    import torch
-    global _WRAPPER
-    if _WRAPPER is None:
-        _WRAPPER = frozenset(vars(torch.nn.Module())) | {"_c", "_concrete_type", "_initializing"}
+    and the compiled methods bound there are left out. Nothing is said of a module without any:
+    it keys as it did before these were keyed."""
     for name, sub in m.named_modules():
-        own = {k: v for k, v in vars(sub).items() if k not in _WRAPPER and not isinstance(v, torch.ScriptMethod)}
+        own = _own_attributes(sub)
         if own:
             out(b"py" + name.encode() + length(len(own)))
             encode_into(dict(sorted(own.items())), out, active)
+
+
+def _own_attributes(sub: Any) -> dict[str, Any]:
+    """What a script set on one wrapper. A traced one (`TracedModule`) sends what is set on it
+    (`traced.scale = 3.0`) to the script module it wraps, `_actual_script_module`, which with its
+    `_name` is its own bookkeeping: that script module is keyed by its Python attributes alone
+    (its archive is the traced module's; keyed whole, it made each submodule write one more)."""
+    import torch
+    scripted, traced = _wrapper_names()
+    held = vars(sub)
+    inner = held.get("_actual_script_module")
+    found = {k: v for k, v in held.items() if k not in (traced if inner is not None else scripted)}
+    if inner is not None:
+        found.update((k, v) for k, v in vars(inner).items() if k not in scripted)
+    return {k: v for k, v in found.items() if not isinstance(v, torch.ScriptMethod) and not _copied_method(k, v)}
+
+
+def _copied_method(name: str, v: Any) -> bool:
+    """A method of torch's that scripting puts on the wrapper under its own name, bound to the
+    module it compiled (a `Sequential`'s or `ModuleList`'s `__len__`, `__getitem__`, `__iter__`,
+    `__dir__`): torch's code, what the archive holds besides; keyed whole, it keyed that eager
+    module and its weights again."""
+    func = getattr(v, "__func__", None)
+    return getattr(func, "__name__", None) == name and getattr(func, "__module__", "").startswith("torch.")
+
+
+def _wrapper_names() -> tuple[frozenset[str], frozenset[str]]:
+    """What torch's Python wrappers of a compiled module hold of their own (`_c`, `_concrete_type`,
+    a traced one's `_actual_script_module` and `_name`, `nn.Module`'s hooks and tables), read off
+    real ones at the first use, as this torch makes them: a traced wrapper of an empty module and
+    the scripted one it wraps (about 1.5 ms once; nothing is compiled or traced)."""
+    global _WRAPPER
+    if _WRAPPER is None:
+        import torch
+        module = frozenset(vars(torch.nn.Module()))
+        wrap: Any = torch.jit.TracedModule  # type: ignore[attr-defined]  # (public, outside its __all__)
+        traced = vars(wrap(torch.nn.Module()))  # (its script module held there, as `_own_attributes` reads it)
+        _WRAPPER = module | frozenset(vars(traced["_actual_script_module"])), module | frozenset(traced)
+    return _WRAPPER
 
 
 def _archive(compiled: Any, out: Callable[[bytes], Any]) -> None:
