@@ -1266,6 +1266,7 @@ def test_a_bare_mock_patched_into_a_library_is_refused_naming_what_the_node_read
     """A `mock.patch("math.sqrt")` MagicMock cannot be keyed by what it returns: the refusal named
     `MagicMock._mock_return_value` alone, not the library function the node reads, now the mock."""
     from unittest import mock
+
     from hardy import DiskCache, Engine, Pipeline, node
     from hardy.errors import UnhashableError
     p = Pipeline([node(_root, output_name="y")], engine=Engine(map_executor="sequential"), cache=DiskCache(tmp_path))

@@ -14,6 +14,7 @@ from . import system  # noqa: F401  # first: on any platform but Linux, import s
 from .errors import (
     CudaError,
     Failed,
+    ForkRefused,
     GpuOutOfMemory,
     HardyError,
     MapError,
@@ -98,6 +99,6 @@ __all__ = [
     "PipelineCallback", "CallbackContext",
     # the errors a caller catches around a run; every error is in hardy.errors
     "HardyError", "NodeError", "NodeCrashed", "NodeTimeout", "MapError", "MapInterrupted", "CudaError",
-    "GpuOutOfMemory",
+    "GpuOutOfMemory", "ForkRefused",
     "__version__",
 ]

@@ -503,6 +503,15 @@ class HazardError(HardyError, RuntimeError):
     """A fork was requested while something in this process makes forking unsafe."""
 
 
+class ForkRefused(HazardError):
+    """A start_method="fork" pool refused to fork a worker (a replacement, a recycled one, a
+    later map's first): a hazard appeared after the pool started. `results` and `failures` are
+    the map's running then, as a MapError's (None for an item not run); None outside a map."""
+
+    results: list[Any] | None = None
+    failures: dict[int, Any] | None = None
+
+
 class NoGpuError(HardyError, RuntimeError):
     """GPU workers were asked for where no GPU can be found."""
 

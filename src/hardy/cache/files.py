@@ -20,7 +20,7 @@ whatever the umask (022 made them 0755 in a 2775 team folder: no teammate could 
 a setgid team folder passes its group on. Others' permissions stay the umask's: in a folder anyone
 may write, a 0755 `entries/<key format>/` keeps them from renaming your own key's folder. A folder
 that refuses the user anyway (another's, made by an older hardy or by hand) is named in the cache's
-warning with its owner and the fix (`Refused`).
+warning with its owner and the fix (`_Refused`).
 
 Access times come from the filesystem (no write on read), so LRU order follows atime where the
 mount records it, else creation order. Entries are read, not mapped: a page of a mapped NFS file
@@ -182,14 +182,14 @@ class FileStore:
     def _refused(self, exc: PermissionError, levels: list[str], writing: bool, name: str = "") -> PermissionError:
         """`exc`, with which folder on the way to `levels` (and the file `name` in the last) refused
         the user, whose it is and what to do: a bare "permission denied" left a teammate no fix."""
-        if isinstance(exc, Refused):
+        if isinstance(exc, _Refused):
             return exc
         try:
             chain, entry = self._walk(levels, name)
         except OSError:
             return exc
         why = refusal(chain, entry, writing)
-        return Refused(exc, why) if why else exc
+        return _Refused(exc, why) if why else exc
 
     def _walk(self, levels: list[str], name: str) -> tuple[list[Seen], os.stat_result | None]:
         """The folders from the directory down `levels` as far as they exist and open (path, status,
@@ -241,7 +241,7 @@ class FileStore:
 Seen = tuple[str, os.stat_result, bool]  # a folder on the way to an entry: path, status, the user's alone
 
 
-class Refused(PermissionError):
+class _Refused(PermissionError):
     """Permission denied, with `refusal`: which folder refused, whose it is and the fix, which the
     cache's warning says (`tally.reason`)."""
 

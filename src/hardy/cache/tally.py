@@ -90,7 +90,7 @@ def reason(exc: BaseException) -> str:
     if name.startswith("SQLITE_CANTOPEN"):
         return "cannot open the index: read-only or no permission"
     if name in ("SQLITE_PERM", "SQLITE_AUTH") or code in (errno.EACCES, errno.EPERM):
-        refusal = getattr(exc, "refusal", None)  # which folder refused, whose it is, the fix (`files.Refused`)
+        refusal = getattr(exc, "refusal", None)  # which folder refused, whose it is, the fix (`files._Refused`)
         return f"permission denied: {refusal}" if refusal else "permission denied"
     if name.startswith("SQLITE_IOERR") or code == errno.EIO:
         return "I/O error"

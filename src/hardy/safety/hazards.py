@@ -14,9 +14,8 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
-from ..errors import HazardError
+from ..errors import ForkRefused, HazardError
 from ..native.loaded import openmp_runtimes
 
 
@@ -135,15 +134,6 @@ def fork_hazards(probe_cuda: bool = True, runtimes: bool = True,
                             "If its rayon pool has run, a forked child deadlocks on first use; hardy's workers "
                             "set TOKENIZERS_PARALLELISM=false unless you set it."))
     return found
-
-
-class ForkRefused(HazardError):
-    """A start_method="fork" pool refused to fork a worker (a replacement, a recycled one, a
-    later map's first): a hazard appeared after the pool started. `results` and `failures` are
-    the map's running then, as a MapError's (None for an item not run); None outside a map."""
-
-    results: list[Any] | None = None
-    failures: dict[int, Any] | None = None
 
 
 def _refusal(hazards: list[Hazard], when: str) -> str:

@@ -108,7 +108,7 @@ class WorkerPool(Executor):
             return spare
         if not self.recheck_fork:
             return self._new_worker(slot)
-        from ..safety.hazards import ForkRefused
+        from ..errors import ForkRefused
         try:
             return self._new_worker(slot)
         except ForkRefused as exc:  # what the map running finished is not lost with it
