@@ -284,7 +284,7 @@ def with_frames(exc: BaseException, frames: Frames) -> None:
     try:
         exc.__traceback__ = rebuilt(frames)
     except Exception as failed:  # a traceback that cannot be made again must not cost the error: its text travelled too
-        if _quits(failed):
+        if debugger_quit(failed):
             raise
 
 
@@ -349,11 +349,12 @@ def rebuilt(frames: Frames) -> types.TracebackType | None:
     return top
 
 
-def _quits(exc: BaseException) -> bool:
+def debugger_quit(exc: BaseException) -> bool:
     """Whether `exc` is a debugger's quit (pdb's `q`: bdb's `BdbQuit`, an Exception), which must end
-    the program as the user asked, not be taken for a traceback that could not be made."""
-    bdb = sys.modules.get("bdb")
-    return bdb is not None and isinstance(exc, bdb.BdbQuit)
+    the program as the user asked: no `except Exception` standing for a traceback or a value that
+    could not be made (here, or where a worker's results are read) may swallow it. (bdb is not
+    imported for it: no debugger ran where it is not loaded.)"""
+    return isinstance(exc, getattr(sys.modules.get("bdb"), "BdbQuit", ()))
 
 
 def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types.FrameType, int]:

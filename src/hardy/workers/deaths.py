@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from ..errors import NodeError, NodeInterrupted, WorkerStartError
 from ..model.policy import delay
 from ..plan.compiled import KEYS, Plan
 from ..shipping import Pickled, described, globals_in, readers
-from ..tracebacks import landed
+from ..tracebacks import debugger_quit, landed
 from . import status as words
 from .process import Unsent, Worker
 
@@ -253,14 +252,6 @@ def node_interrupted(end: Ending, node: str, i: int) -> NodeInterrupted:
     if sent is not None:
         err.__cause__ = landed(*sent)
     return err
-
-
-def debugger_quit(exc: BaseException) -> bool:
-    """Whether `exc` is pdb's quit (bdb's `BdbQuit`, an Exception) raised in code that reads what a
-    worker sent (a breakpoint there, then `q`): the user's word, which no `except Exception` that
-    stands for a value that cannot be read may swallow. (bdb is not imported for it: no debugger
-    ran where it is not loaded.)"""
-    return isinstance(exc, getattr(sys.modules.get("bdb"), "BdbQuit", ()))
 
 
 TASKS_PER_WORKER = 2  # processes and threads a worker takes: itself, and its thread watching the parent (lifeline.py)

@@ -39,9 +39,9 @@ from ..shipping import (
 )
 from ..shipping.payload import dump_values
 from ..shipping.replica import replica
-from ..tracebacks import landed_in_worker
+from ..tracebacks import debugger_quit, landed_in_worker
 from . import status as words
-from .deaths import Deaths, debugger_quit, with_inputs
+from .deaths import Deaths, with_inputs
 from .messages import HEADER_SIZE, Header, Resend, Values
 from .process import STACK_GRACE, Unsent, Worker, rss
 from .replies import handle_logs
