@@ -345,3 +345,37 @@ def test_settings_changed_between_two_calls_and_filters_before_an_error_filter_c
                              capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.split() == ["True"] * 18, (order, out.stdout)
+
+
+IMPORTS_BETWEEN_MAPS = """
+import warnings
+import IPython  # (as a notebook's kernel has it: it makes its own completer warning an error)
+from hardy import DiskCache, Engine, Pipeline, node
+
+calls = []
+
+@node(output_name="y")
+def double(x):
+    calls.append(x)
+    return 2 * x
+
+p = Pipeline([double], engine=Engine(map_executor="sequential"), cache=DiskCache(CACHE))
+p.map(inputs={"x": [1, 2]}, map_over="x")
+warnings.filterwarnings("ignore", category=ResourceWarning)  # (as a library adds its own, imported next)
+import numpy, pandas, sklearn  # noqa: E401,F401
+p.map(inputs={"x": [1, 2]}, map_over="x")  # (found: nothing that decides a warning raises has changed)
+warnings.filterwarnings("error", category=UserWarning)  # (the user's own: keyed, with what decides it)
+p.map(inputs={"x": [1, 2]}, map_over="x")
+warnings.filterwarnings("ignore", category=UserWarning, message="x")  # (decides ahead of it: keyed)
+p.map(inputs={"x": [1, 2]}, map_over="x")
+print(calls)
+"""
+
+
+def test_filters_that_cannot_change_which_warnings_raise_leave_keys_alone(tmp_path):
+    """IPython (a notebook's kernel, or a library importing it) makes its own completer warning an
+    error; every filter ahead of it was keyed, so each library imported next (numpy, pandas,
+    sklearn put their filters first) moved every key: a notebook recomputed its cached items after
+    each new import. Only filters on a category overlapping an error filter's are keyed now."""
+    body = IMPORTS_BETWEEN_MAPS.replace("CACHE", repr(str(tmp_path / "cache")))
+    assert script(tmp_path, body) == ["[1, 2, 1, 2, 1, 2]"]

@@ -454,16 +454,26 @@ def result_settings() -> bytes:
 
 
 def _error_filters(filters: tuple[Filter, ...]) -> list[tuple[Any, ...]]:
-    """The warning filters a key holds: where one makes warnings errors, every filter from the
-    first to the last such (an `ignore` of a narrower category before it decides whether a warning
-    raises), but pytest's own, which pytest makes errors in every test; none where no filter makes
-    errors (libraries add the others as they are imported, and keys must not move with them)."""
+    """The warning filters a key holds: every one that makes warnings errors, and each filter before
+    one of them on an overlapping category (an `ignore` of `DeprecationWarning` before an `error` of
+    every warning decides whether a warning raises). Nothing where no filter makes errors: libraries
+    add filters as they are imported, and keys must not move with them. Left out, as the errors no
+    node's code meets: pytest's (it makes them errors in every test) and IPython's completer warning
+    (every notebook has it, and each import then moved the keys by the filters it put before it)."""
     kept = [(a, getattr(m, "pattern", m), c, getattr(w, "pattern", w), n) for a, m, c, w, n in filters
-            if c[0].partition(".")[0] not in ("pytest", "_pytest")]
-    last = max((k for k, entry in enumerate(kept) if entry[0] == "error"), default=None)
-    if last is None:
-        return []
-    return [entry[1:] if entry[0] == "error" else entry for entry in kept[:last + 1]]
+            if c[0].partition(".")[0] not in ("pytest", "_pytest") and c not in _TOOLS_OWN]
+    errors = [k for k, entry in enumerate(kept) if entry[0] == "error"]
+    return [entry[1:] if entry[0] == "error" else entry for k, entry in enumerate(kept)
+            if entry[0] == "error" or any(_overlap(entry[2], kept[e][2]) for e in errors if e > k)]
+
+
+_TOOLS_OWN = {("IPython.core.completer", "ProvisionalCompleterWarning")}
+
+
+def _overlap(one: tuple[str, str], other: tuple[str, str]) -> bool:
+    """Whether a warning can be of both categories; True where either is not loaded here."""
+    a, b = loaded_warning(*one), loaded_warning(*other)
+    return a is None or b is None or issubclass(a, b) or issubclass(b, a)
 
 
 def _errcall_key() -> str:
