@@ -34,30 +34,26 @@ from .distributions import module_identity
 from .environ import is_environment, keyed_environment
 from .models import pydantic_class_parts
 from .origin import absolute_module, is_user_file, is_user_module, renamed, small_data, user_made
-from .reach import Cell, Size, note_instance, note_names, note_read, recorder
+from .reach import Cell, Size, module_reached, named_imports, note_instance, note_names, note_partial, note_read, noting
 from .reach import Reach as Reach
 from .reach import recording as recording
 from .state import tolerant
 from .values import ABSENT, DIGEST, encode_into, length, type_name
 
 
-def _module_reached(name: str | None, as_module: bool = False) -> None:
-    """Note a user module the code reaches; `__main__` only when read as a module (`import __main__`
-    in a module's code), not as the home of a script's function (whose globals travel with it)."""
-    reach = recorder()
-    if reach is not None and name and (name != "__main__" or as_module) and name in sys.modules:
-        reach.modules.add(name)
-
-
 def code_fingerprint(obj: Any) -> bytes:
     """What a callable computes, as far as Python can see: a 16-byte digest (see module docstring)."""
     busy: set[int] = _BUSY.__dict__.setdefault("ids", set())
     if id(obj) in busy:  # Config.DEFAULT = Config(): the class's value refers back to the class being hashed
-        return b"self:" + type_name(obj if isinstance(obj, type) else type(obj))
+        return b"self:" + (obj.__name__.encode() if isinstance(obj, types.ModuleType)
+                           else type_name(obj if isinstance(obj, type) else type(obj)))
     busy.add(id(obj))
     try:
         h = blake3()
-        _fingerprint(obj, h.update, {})
+        if isinstance(obj, types.ModuleType):  # a module inside a value (`state.module_value`): read whole
+            _reference(obj, h.update, {}, (), obj.__name__, obj)
+        else:
+            _fingerprint(obj, h.update, {})
         return h.digest(DIGEST)
     finally:
         busy.discard(id(obj))
@@ -98,29 +94,10 @@ def _library_class(cls: type, out: Callable[[bytes], Any], seen: Seen, recurse: 
         _fingerprint_class(cls, out, seen)
 
 
-def _noting(handler: Any, note: Callable[[Any], None]) -> Any:
-    """`handler`, noting (while a `Reach` records) what the object a callable carries holds
-    (`reach.note_instance`): a pipeline then sees `scaler.factor = 3` on the instance its node is
-    bound to, as it sees a global rebound, and (by content, `Reach.watch`) a model a `partial` binds
-    trained in place: a partial's keywords (a dict set in place) and its positional arguments (a
-    tuple, not rebound)."""
-    def handle(obj: Any, out: Callable[[bytes], Any], seen: Seen, recurse: Any) -> None:
-        if recorder() is not None:
-            note(obj)
-        handler(obj, out, seen, recurse)
-    return handle
-
-
-def _note_partial(p: functools.partial[Any]) -> None:
-    note_names(p.keywords, list(p.keywords))
-    positional = {f"*{i}": a for i, a in enumerate(p.args)}
-    note_names(positional, list(positional))
-
-
 _KINDS = {**KINDS, "function": _function, "class": _class, "library class": _library_class,
-          "bound method": _noting(KINDS["bound method"], lambda m: note_instance(m.__self__)),
-          "callable object": _noting(KINDS["callable object"], note_instance),
-          "partial": _noting(KINDS["partial"], _note_partial)}
+          "bound method": noting(KINDS["bound method"], lambda m: note_instance(m.__self__)),
+          "callable object": noting(KINDS["callable object"], note_instance),
+          "partial": noting(KINDS["partial"], note_partial)}
 
 
 def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> None:
@@ -128,7 +105,7 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
     `lru_cache`d ones by the function they wrap), nested classes, and its class-level values by
     content (`Model.THRESHOLD`, a class-level array or configured instance), like globals."""
     out(b"class:" + type_name(cls))
-    _module_reached(cls.__module__)
+    module_reached(cls.__module__)
     members = vars(cls)
     for name in members:
         note_read(members, name)
@@ -152,7 +129,7 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
             _fingerprint(target, out, seen)
         elif not automatic(name, target) and not isinstance(target, _DESCRIPTORS):
             out(name.encode())
-            tolerant(member, out)  # (a class-level cache, lock or registry: state, not configuration)
+            _class_value(cls, name, member, out)
     if "__pydantic_fields__" in members:  # a pydantic model: what pydantic keeps out of the namespace
         out(b"pydantic")
         for label, value in pydantic_class_parts(cls):
@@ -164,6 +141,15 @@ def _fingerprint_class(cls: type, out: Callable[[bytes], Any], seen: Seen) -> No
         for name, hint in annotations.items():
             out(name.encode())
             _hint(hint, out)
+
+
+def _class_value(cls: type, name: str, member: Any, out: Callable[[bytes], Any]) -> None:
+    """A class-level value by content; one without (a cache, a lock, a registry) is state, not
+    configuration: by its type. A module there is code: refused, named, where it cannot be keyed."""
+    try:
+        tolerant(member, out)
+    except UnhashableError as exc:
+        raise UnhashableError(f"{cls.__module__}.{cls.__qualname__}.{name}: {exc}") from None
 
 
 def _hint(hint: Any, out: Callable[[bytes], Any], by_name: bool = False) -> None:
@@ -203,11 +189,11 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     out(b"defaults")
     later = _Later()
     with later:
-        encode_into((getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)), out, set())
+        _defaults(func, out)
     _annotations_and_attributes(func, out)
     globs = getattr(func, "__globals__", {})
     chains = bytecode.chains(code)
-    _module_reached(getattr(func, "__module__", None))
+    module_reached(getattr(func, "__module__", None))
     keyed_environment(func, chains, out)  # `os.environ.get("MODE")`, `datetime.fromtimestamp`: what they read counts
     for kind, name in chains:  # the names it loads, present or not: one defined later shadows a builtin
         if kind == "g":
@@ -231,6 +217,24 @@ def _fingerprint_function(func: Any, out: Callable[[bytes], Any], seen: Seen) ->
     with later:
         _imports_inside(func, chains, globs, out, seen)
     later.done()
+
+
+def _defaults(func: Any, out: Callable[[bytes], Any]) -> None:
+    """A function's defaults by content; one that cannot be keyed is named with its function
+    (`utils.h`'s default `_lock`), which the node's refusal alone did not say."""
+    defaults, kwdefaults = getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None)
+    try:
+        encode_into((defaults, kwdefaults), out, set())
+    except UnhashableError as exc:
+        if len(exc.path) < 2:  # (a cycle through the tuple itself: said as it was)
+            raise
+        where, exc.path = exc.path[:2], exc.path[2:]  # ("[0]", "[i]"): positional; ("[1]", "['k']"): keyword
+        code = func.__code__
+        positional = code.co_varnames[code.co_argcount - len(defaults or ()):code.co_argcount]
+        name = positional[int(where[1][1:-1])] if where[0] == "[0]" else where[1][2:-2]
+        what = exc.describe(name) if exc.culprit or exc.path else exc.detail
+        raise UnhashableError(f"{func.__module__}.{func.__qualname__}'s default {name!r}: {what}",
+                              exc.culprit) from None
 
 
 def _set_in_builtins(func: Any, globs: dict[str, Any], chains: dict[tuple[str, str], set[tuple[str, ...]]],
@@ -298,15 +302,17 @@ def _imports_inside(func: Any, chains: dict[tuple[str, str], set[tuple[str, ...]
     """The modules a function imports inside its body, with what it reads from them."""
     for _, name in sorted(r for r in chains if r[0] == "submodule"):
         _imported(name)  # `import pkg.sub` inside: what `pkg.sub.f` then reads
-    for root in sorted(r for r in chains if r[0] in ("import", "from")):  # imports inside the function
+    roots = [(r, chains[r]) for r in sorted(r for r in chains if r[0] in ("import", "from"))]
+    roots += [(("import", n), {()}) for n in sorted(named_imports(func.__code__))]  # read whole
+    for root, read in roots:  # imports inside the function, `import_module("cfg")` as `import cfg`
         name = absolute_module(root[1], globs)
         out(b"i:" + name.encode())
         module = _imported(name)
         note_read(sys.modules, name)
         if module is not ABSENT:
             if root[0] == "from":
-                _import_submodules(module, chains[root])
-            _reference(module, out, seen, chains[root], name, func)
+                _import_submodules(module, read)
+            _reference(module, out, seen, read, name, func)
         else:  # a library imported only inside the node: by its distribution, found without importing it
             out(module_identity(name))
 
@@ -360,7 +366,7 @@ def _reference(value: Any, out: Callable[[bytes], Any], seen: Seen, chains: Any,
     elif isinstance(value, types.ModuleType):
         if is_user_module(value.__name__):
             out(b"mod:" + value.__name__.encode())
-            _module_reached(value.__name__, as_module=True)
+            module_reached(value.__name__, as_module=True)
             _module_attributes(value, out, seen, chains, name, reader)
         else:
             _library_chains(value, out, seen, chains)
@@ -439,8 +445,8 @@ def _module_attributes(module: types.ModuleType, out: Callable[[bytes], Any], se
             out(b"@" + length(seen[id(module)][0]))
         else:
             seen[id(module)] = (len(seen), module)
-            for attr in vars(module):
-                note_read(vars(module), attr)  # a module read whole: any name it binds again counts
+            # a module read whole: any name it binds again counts (not `__builtins__`: a token of each at each call)
+            note_names(vars(module), [a for a, v in vars(module).items() if not a.startswith("__") or callable(v)])
             for attr, value in sorted(vars(module).items()):
                 if isinstance(value, (types.FunctionType, type)):
                     if value.__module__ == module.__name__:

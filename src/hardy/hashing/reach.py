@@ -9,6 +9,9 @@ docs/same-answer.md).
 from __future__ import annotations
 
 import abc
+import functools
+import re
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterable
@@ -116,6 +119,40 @@ def recorder() -> Reach | None:
     return found
 
 
+def module_reached(name: str | None, as_module: bool = False) -> None:
+    """Note a user module the code reaches; `__main__` only when read as a module (`import __main__`
+    in a module's code), not as the home of a script's function (whose globals travel with it)."""
+    reach = recorder()
+    if reach is not None and name and (name != "__main__" or as_module) and name in sys.modules:
+        reach.modules.add(name)
+
+
+@functools.lru_cache(maxsize=4096)  # code objects are immutable; reading bytecode is the slow part
+def named_imports(code: types.CodeType) -> frozenset[str]:
+    """The modules code (and its nested code) imports by a constant name: the string loaded right
+    after `importlib.import_module`, `import_module` (`from importlib import import_module`) or
+    `__import__`, which no attribute chain shows (`import_module("cfg").g(x)` served `cfg.g`'s old
+    results). A name built at run time (`import_module("plugins." + kind)`) is not seen."""
+    import dis
+    found: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        after_importer = False
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("PUSH_NULL", "NOP"):  # (3.11 and 3.12 push a NULL before a plain call)
+                continue
+            if after_importer and ins.opname == "LOAD_CONST" and isinstance(ins.argval, str) \
+                    and _MODULE_NAME.fullmatch(ins.argval):
+                found.add(ins.argval)
+            after_importer = ins.opname.startswith("LOAD_") and ins.argval in ("import_module", "__import__")
+    return frozenset(found)
+
+
+_MODULE_NAME = re.compile(r"\.*[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # (a relative name keeps its dots)
+
+
 def note_read(namespace: Any, name: str) -> None:
     reach = recorder()
     if reach is not None:
@@ -171,6 +208,25 @@ def note_names(namespace: Any, names: Iterable[str]) -> None:
     """Note each of `names` read in `namespace` (while a `Reach` records)."""
     for name in names:
         note_read(namespace, name)
+
+
+def noting(handler: Any, note: Callable[[Any], None]) -> Any:
+    """`handler`, noting (while a `Reach` records) what the object a callable carries holds
+    (`note_instance`): a pipeline then sees `scaler.factor = 3` on the instance its node is
+    bound to, as it sees a global rebound, and (by content, `Reach.watch`) a model a `partial` binds
+    trained in place: a partial's keywords (a dict set in place) and its positional arguments (a
+    tuple, not rebound)."""
+    def handle(obj: Any, out: Callable[[bytes], Any], seen: Any, recurse: Any) -> None:
+        if recorder() is not None:
+            note(obj)
+        handler(obj, out, seen, recurse)
+    return handle
+
+
+def note_partial(p: functools.partial[Any]) -> None:
+    note_names(p.keywords, list(p.keywords))
+    positional = {f"*{i}": a for i, a in enumerate(p.args)}
+    note_names(positional, list(positional))
 
 
 def note_instance(instance: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import contextvars
 import enum
 import functools
 import types
@@ -21,9 +22,11 @@ from typing import Any
 
 from blake3 import blake3
 
+from ..errors import UnhashableError
 from .bytecode import code_bytes
+from .classes import code_fingerprint_of
 from .origin import is_user_module
-from .values import ABSENT, CONTENT_TOKEN, DIGEST, encode_into, type_name
+from .values import ABSENT, CONTENT_TOKEN, DIGEST, encode_into, register, type_name
 
 # Objects whose identity says everything: they cannot change in place (or, code, are compared by
 # identity and recompiled when rebound), so a read of one costs one identity test per call.
@@ -31,15 +34,22 @@ _FIXED = (type(None), bool, int, float, complex, str, bytes, range, types.Functi
           types.MethodType, types.ModuleType, type, types.CodeType, frozenset)
 _SCALARS = (int, float, complex, str, bytes)
 RESOURCE = b"?"  # a value hardy cannot hash (a lock, a client): compared by its type alone
+# Set while a token is made: a module inside a value counts by identity (`module_value`), as
+# the names a plan read in it are watched by its `Reach` already, and hashing its code at every
+# call would cost what compiling the plan did.
+IN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("hardy_in_process", default=False)
 
 
 @contextlib.contextmanager
 def _versions_only() -> Iterator[None]:
+    """Tokens, not keys: tensors by their version counters, modules by identity."""
     from . import libraries
     token = libraries.TENSOR_VERSIONS.set([CONTENT_TOKEN])
+    modules = IN_PROCESS.set(True)
     try:
         yield
     finally:
+        IN_PROCESS.reset(modules)
         libraries.TENSOR_VERSIONS.reset(token)
 
 
@@ -48,14 +58,14 @@ def token(value: Any) -> bytes | None:
     does (immutable values, code, a resource hardy cannot hash), else a digest of its content now
     (tensors by their version counters, which every in-place operation bumps; read-only numpy
     arrays that own their memory by identity)."""
-    if isinstance(value, types.FunctionType) and _attributes(value):  # its attributes can change in place
-        return stamp_of(value)
-    if isinstance(value, types.FunctionType) and value.__kwdefaults__:  # so can its keyword defaults
-        return _defaults_token(value)
+    if isinstance(value, types.FunctionType) and (_attributes(value) or value.__kwdefaults__):
+        with _versions_only():  # its attributes can change in place, and so can its keyword defaults
+            return stamp_of(value) if _attributes(value) else _defaults_token(value)
     if isinstance(value, types.BuiltinMethodType) and not isinstance(value.__self__, (types.ModuleType, type)):
         return token(value.__self__)  # `lookup = TABLE.get`: the data it is bound to
     if hasattr(value, "__wrapped__") and not isinstance(value, types.FunctionType) and hasattr(value, "__dict__"):
-        return stamp_of(value)  # a decorator object: the configuration it holds (`scaled.factor = 10`)
+        with _versions_only():  # a decorator object: the configuration it holds (`scaled.factor = 10`)
+            return stamp_of(value)
     if (isinstance(value, _FIXED) and not isinstance(value, enum.Enum)  # (an IntEnum's member holds attributes,
             and not (isinstance(value, _SCALARS) and hasattr(value, "__dict__"))  # so can a `str` subclass's)
             or hasattr(value, "__wrapped__") or _frozen_array(value)):
@@ -198,14 +208,17 @@ def tolerant(value: Any, out: Callable[[bytes], Any], active: set[int] | None = 
     content (a lock, a sentinel `object()`) by its type alone. Part by part, so that one part
     without content does not hide a change of the others: `get.calls = 5` beside a sentinel
     default, `get.opts["k"] = 6` beside `get.opts["fallback"] = MISSING` (a worker computed with
-    its import-time values, and a cache served the old entry)."""
+    its import-time values, and a cache served the old entry). A module is code, never state: one
+    whose code cannot be keyed is refused (`class R: c = cfg` counted as present served `cfg.g`'s
+    old results)."""
     try:
         h = blake3()
         encode_into(value, h.update, set())
         out(h.digest(DIGEST))
         return
-    except Exception:  # UnhashableError, or a library's own refusal
-        pass
+    except Exception as exc:  # UnhashableError, or a library's own refusal
+        if isinstance(value, types.ModuleType) and isinstance(exc, UnhashableError):
+            raise
     active = set() if active is None else active
     if type(value) not in (dict, list, tuple) or id(value) in active:
         out(RESOURCE + type_name(type(value)))
@@ -222,3 +235,19 @@ def _by_pickle(value: Any) -> bytes:
     """A value no encoder takes, by its pickle (raises if it has none)."""
     import pickle  # (here: `import hardy` stays light, and most values have an encoder)
     return b"pickle:" + blake3(pickle.dumps(value, protocol=5)).digest(DIGEST)
+
+
+def module_value(module: types.ModuleType) -> Any:
+    """A module inside a value (a class attribute, a default, a list's item, a partial's argument)
+    as one read whole from a closure cell (`code._reference`): a user module by what it defines and
+    its values, a library's by its distribution; by identity in a token (`IN_PROCESS`). Once
+    counted as present only (`class R: c = cfg`), or refused (`def h(x, _m=math)`)."""
+    if IN_PROCESS.get():
+        return f"{module.__name__}@{id(module)}"
+    try:
+        return code_fingerprint_of(module)
+    except UnhashableError as exc:
+        raise UnhashableError(f"the module {module.__name__} cannot be keyed: {exc}") from None
+
+
+register(types.ModuleType, module_value)
