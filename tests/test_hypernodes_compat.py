@@ -812,6 +812,81 @@ result = {"run": outcome(lambda: refused.run(inputs={"x": 1})),
           "map": outcome(lambda: refused.map(inputs={"x": [1]}, map_over="x")),
           "accepted": Pipeline(nodes=[f], engine=SeqEngine(callbacks=[SeqOnly()])).run(inputs={"x": 1})}
 ''',
+    "a_one_name_tuple_output_is_unpacked": '''
+from hypernodes import Pipeline, node
+
+@node(output_name=("label",))
+def classify(score): return ("pos" if score > 0 else "neg",)
+
+@node(output_name="report")
+def report(label): return f"label={label} len={len(label)}"
+
+@node(output_name=("u", "v"))
+def pair(x): return (i for i in (x, x * 2))
+
+@node(output_name=("w", "z"))
+def listed(x): return [x, -x]
+
+p = Pipeline(nodes=[classify, report])
+result = {"run": p.run(inputs={"score": 3}), "map": p.map(inputs={"score": [3, -1]}, map_over="score"),
+          "output_name": list(classify.output_name), "is_tuple": isinstance(classify.output_name, tuple),
+          "generator": Pipeline(nodes=[pair, listed]).run(inputs={"x": 3})}
+''',
+    "independent_nodes_run_in_hypernodes_order": '''
+import random
+from hypernodes import Pipeline, node
+
+log = []
+
+@node(output_name="noise_b")
+def zeta(n):
+    log.append("zeta")
+    return round(random.random(), 4)
+
+@node(output_name="noise_a")
+def alpha(n):
+    log.append("alpha")
+    return round(random.random(), 4)
+
+@node(output_name="mid")
+def mid(n):
+    log.append("mid")
+    return n
+
+@node(output_name="after")
+def beta(noise_a): return noise_a
+
+random.seed(0)
+p = Pipeline(nodes=[zeta, mid, alpha])
+r = p.run(inputs={"n": 1})
+result = {"run": r, "keys": list(r), "log": log, "order": [n.output_name for n in p.graph.execution_order],
+          "ready_by_name": [n.name for n in Pipeline(nodes=[zeta, beta, alpha]).graph.execution_order]}
+''',
+    "graph_and_node_introspection": '''
+from hypernodes import Pipeline, node
+
+@node(output_name="y")
+def f(x): return x + 1
+
+@node(output_name="z")
+def g(y): return y * 2
+
+@node(output_name="w")
+def h(x): return x
+
+p = Pipeline(nodes=[f, g, h])
+inner = Pipeline(nodes=[f, g]).as_node()
+result = {"id": p.id.startswith("pipeline_") and p.id != Pipeline(nodes=[f]).id,
+          "output_to_node": {k: v.name for k, v in p.graph.output_to_node.items()},
+          "required": [n.name for n in p.graph.get_required_nodes("z")],
+          "required all": p.graph.get_required_nodes(None),
+          "unknown": outcome(lambda: p.graph.get_required_nodes("nope")),
+          "required_outputs": p.graph.required_outputs,
+          "nested required_outputs": list(Pipeline(nodes=[inner, node(output_name="q")(lambda y: y)])
+                                          .graph.required_outputs.values()),
+          "__name__": f.__name__, "nodes": type(p.nodes).__name__, "len": len(p.nodes),
+          "eq": [f == node(output_name="y")(f.func), f == g, f == node(output_name="yy")(f.func)]}
+''',
 }
 
 # Deliberate differences (docs/hypernodes.md): checked here so the table stays true.

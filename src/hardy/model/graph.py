@@ -8,10 +8,19 @@ re-check: a Plan can trust the graph.
 from __future__ import annotations
 
 import graphlib
+import heapq
+import itertools
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
-from ..errors import CycleError, DuplicateNodeError, DuplicateOutputError, SelfDependencyError, UnknownInputError
+from ..errors import (
+    CycleError,
+    DuplicateNodeError,
+    DuplicateOutputError,
+    SelfDependencyError,
+    UnknownInputError,
+    UnknownOutputError,
+)
 from .node import Node
 
 
@@ -73,6 +82,37 @@ class Graph:
         """The nodes, dependencies first."""
         return list(self.order)
 
+    @property
+    def output_to_node(self) -> dict[str, Node]:
+        """The node producing each output."""
+        return dict(self.producer)
+
+    @property
+    def required_outputs(self) -> dict[Node, list[str] | None]:
+        """For each nested pipeline, the outputs other nodes read when they read only some of
+        them (the rest stay inside: `_kept_inside`), else None (all leave)."""
+        nested = [n for n in self.nodes if getattr(n, "pipeline", None) is not None]
+        read = {n: sorted(o for o in n.outputs if o in self.consumers) for n in nested}
+        return {n: r if r and len(r) < len(n.outputs) else None for n, r in read.items()}
+
+    def get_required_nodes(self, output_names: str | Sequence[str] | None) -> list[Node] | None:
+        """The nodes computing `output_names` and what they need, in execution order; None for
+        None (every node runs). An output no node produces is an UnknownOutputError (a ValueError)."""
+        if output_names is None:
+            return None
+        wanted = [output_names] if isinstance(output_names, str) else list(output_names)
+        for name in wanted:
+            if name not in self.producer:
+                raise UnknownOutputError(name, self.outputs, "pipeline")
+        needed: set[int] = set()
+        todo = [self.producer[name] for name in wanted]
+        while todo:
+            n = todo.pop()
+            if id(n) not in needed:
+                needed.add(id(n))
+                todo += self.dependencies(n)
+        return [n for n in self.order if id(n) in needed]
+
     def _kept_inside(self) -> set[str]:
         """HyperNodes' rule for nested pipelines: when other nodes read some of a nested pipeline's
         outputs, only those leave it; the rest are intermediate results of the inner pipeline (not
@@ -90,18 +130,30 @@ class Graph:
         return [self.producer[i] for i in n.inputs if i in self.producer]
 
     def _topological_order(self) -> tuple[Node, ...]:
-        """Dependencies first, and otherwise the order the nodes were declared in (the standard
-        library's `graphlib` does the sorting; a cycle is reported by its node names)."""
+        """Dependencies first; among the nodes ready to run, the first by name (HyperNodes' rule:
+        its Kahn sort takes the ready node whose name sorts first, and of two of one name the one
+        ready first). A switch from HyperNodes then keeps the order nodes run in, and with it what
+        shared state (a random generator) gives each of them. The standard library's `graphlib`
+        tracks readiness; a cycle is reported by its node names."""
         sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
         position = {id(n): k for k, n in enumerate(self.nodes)}
         for k, n in enumerate(self.nodes):
             sorter.add(k, *(position[id(d)] for d in self.dependencies(n)))
         try:
-            return tuple(self.nodes[k] for k in sorter.static_order())
+            sorter.prepare()
         except graphlib.CycleError as exc:
             cycle = exc.args[1][:-1]  # graphlib repeats the first node at the end
             raise CycleError([self.nodes[k].name for k in reversed(cycle)]) from None
-
+        ready: list[tuple[str, int, int]] = []  # (name, when it became ready, position)
+        became = itertools.count()
+        order: list[Node] = []
+        while sorter.is_active():
+            for k in sorted(sorter.get_ready()):  # (HyperNodes queues the newly ready in declared order)
+                heapq.heappush(ready, (self.nodes[k].name, next(became), k))
+            _, _, k = heapq.heappop(ready)
+            order.append(self.nodes[k])
+            sorter.done(k)
+        return tuple(order)
 
 def walk_nodes(nodes: Iterable[Node]) -> Iterable[Node]:
     """Nodes, and those of the pipelines nested in them, at any depth."""

@@ -24,6 +24,7 @@ class Node:
     batch_size: int = 0  # items per call of `batch` in a map; 0: called once per item
     batch: Callable[..., Any] | None = None  # the function on lists (docs/batching.md)
     batch_wait: float | None = None  # seconds a stream's partial batch waits for more items; None: until full
+    unpacks: bool = False  # output_name was a tuple or list: the result is unpacked, even into one name
 
     def __init__(
         self,
@@ -49,6 +50,8 @@ class Node:
         self.func = func
         self.name: str = _node_name(func, name, output_name)
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
+        self.unpacks = isinstance(output_name, (tuple, list))
+        _one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), isolate, batch_size)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
             getattr(func, "__call__", None))  # noqa: B004 - an instance's __call__ may be async
@@ -77,12 +80,14 @@ class Node:
                                           "say how many items a call takes, e.g. batch_size=64, batch_wait=0.5.")
             self.batch_wait = arguments.seconds(owner, "batch_wait", batch_wait, zero=True)
         self.__doc__ = getattr(func, "__doc__", None)
+        self.__name__ = getattr(func, "__name__", self.name)  # as functools.wraps gives HyperNodes' nodes
         self.__wrapped__ = func
 
     @property
     def output_name(self) -> str | tuple[str, ...]:
-        """HyperNodes' spelling: a string for one output, a tuple for several."""
-        return self.outputs[0] if len(self.outputs) == 1 else self.outputs
+        """HyperNodes' spelling: a string for one output, a tuple for several or for a one-name
+        tuple as declared (`output_name=("label",)`: the node returns a 1-tuple, unpacked)."""
+        return self.outputs[0] if len(self.outputs) == 1 and not self.unpacks else self.outputs
 
     @property
     def root_args(self) -> tuple[str, ...]:
@@ -108,6 +113,21 @@ class Node:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        """HyperNodes' equality where it is safe: `node(output_name="y")(f) == node(output_name="y")(f)`
+        (the same function wrapped twice, same name and outputs). Two different functions of the
+        same name (a redefinition, a factory's closures) stay different nodes: they compute different
+        things, which HyperNodes' name-only test would hide."""
+        if other is self:
+            return True
+        if type(other) is not type(self) or not isinstance(other, Node):
+            return False
+        return (other.func is self.func and other.batch is self.batch and other.name == self.name
+                and other.outputs == self.outputs and other.unpacks == self.unpacks)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.outputs))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # A node defined at module level travels by reference, as a plain function would: the
@@ -195,6 +215,18 @@ def _output_names(output_name: str | Sequence[str] | None, default: str) -> tupl
     return names
 
 
+def _one_name_tuple_fits(name: str, declared: tuple[str, ...], isolate: bool, batch_size: int | None) -> None:
+    """A one-name tuple (`output_name=("label",)`: the node returns a 1-tuple) is not yet carried
+    through a worker process's call (`isolate=True`) nor a batched node's lists: refused here, with
+    the spelling that works, rather than failing on some engines only."""
+    if len(declared) != 1 or not (isolate or batch_size is not None):
+        return
+    option = "isolate=True" if isolate else "batch_size="
+    raise NodeDefinitionError(
+        f"node {name!r}: output_name={declared} (a tuple of one name, whose 1-tuple result is unpacked) "
+        f"cannot be combined with {option} yet; declare output_name={declared[0]!r} and return the value itself.")
+
+
 def _parameters(func: Callable[..., Any], name: str
                 ) -> tuple[tuple[str, ...], dict[str, Any], frozenset[str]]:
     try:
@@ -206,7 +238,9 @@ def _parameters(func: Callable[..., Any], name: str
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise NodeDefinitionError(
                 f"node {name!r}: parameter {p.name!r} is *args/**kwargs; a node's inputs are wired by "
-                "name, so list each input as a named parameter.")
+                "name, so list each input as a named parameter. If a decorator of yours wraps the "
+                "function, give its wrapper @functools.wraps(func): hardy then reads the wrapped "
+                "function's parameters.")
         if p.kind is p.POSITIONAL_ONLY:
             raise NodeDefinitionError(
                 f"node {name!r}: parameter {p.name!r} is positional-only; inputs are passed by name.")

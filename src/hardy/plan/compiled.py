@@ -62,7 +62,6 @@ from ..errors import (
     GpuOutOfMemory,
     LazyOutputError,
     NodeError,
-    OutputCountError,
     UnhashableError,
 )
 from ..hashing import Reach, code_fingerprint, is_user_module, recording
@@ -74,6 +73,7 @@ from ..model.policy import carried, guard, passes, passes_in_coroutine
 from ..tracebacks import own_frames
 from .rows import batch_outputs
 from .source import PlanSource
+from .unpacking import check_outputs, count_error
 
 Wrap = Callable[[int, Node], Callable[..., Any]]  # (step index, node) -> the callable to use
 
@@ -99,11 +99,6 @@ def _lazy(name: str, value: Any) -> None:
         f"its output {name!r} is a {type(value).__name__}, whose work would run only when read, after the node "
         "returned: outside hardy's error handling, timeouts and crash containment, and a worker process cannot "
         "send it back. Return a list (list(...)) or another value instead")
-
-
-class _WrongOutputCount(Exception):
-    def __init__(self, value: Any):
-        self.value = value
 
 
 def user_code(code: Any) -> bool:
@@ -258,7 +253,7 @@ class Plan:
         """The generated function's globals: hardy's helpers, under names no local can take."""
         ns: dict[str, Any] = {"_fail": self._fail, "_LAZY": LAZY,
                               "_passes": passes_in_coroutine if self.mode == "async" else passes, "_lazy": _lazy,
-                              "_outs": _check_outputs, "_await": run_sync, "_mark": _mark_step,
+                              "_outs": check_outputs, "_await": run_sync, "_mark": _mark_step,
                               "_submit": self._submit, "_t": _thread_call, "_MISS": MISS,
                               "_oncached": self.on_cached, "_st": self.marks.words if self.marks else None,
                               "_clock": time.monotonic}
@@ -312,13 +307,9 @@ class Plan:
         inputs = {p: scope.get(self._vars[v], NOT_COMPUTED) for p, v in step.args}
         if isinstance(exc, Exited):
             exc = exc.exit
-        if isinstance(exc, _WrongOutputCount):
-            got = exc.value
-            shape = f"a {type(got).__name__} of length {len(got)}" if hasattr(got, "__len__") else repr(got)
-            err: NodeError = OutputCountError(node.name, inputs, reason=(
-                f"declared {len(node.outputs)} outputs {node.outputs} but returned {shape}; "
-                f"return a tuple of {len(node.outputs)} values"))
-            return err
+        counted = count_error(node, inputs, exc)
+        if counted is not None:
+            return counted
         err = _error_for(node, inputs, exc)
         err.__cause__ = exc.with_traceback(own_frames(exc.__traceback__))  # from the node's own frame on
         err.__suppress_context__ = True
@@ -333,7 +324,9 @@ def _error_for(node: Node, inputs: dict[str, Any], exc: BaseException) -> NodeEr
         return NodeError(node.name, inputs, reason=f"called sys.exit({exc.code!r}); a node cannot end the process "
                                                    "that runs it: raise an exception instead")
     if isinstance(exc, LazyOutputError):
-        return NodeError(node.name, inputs, reason=str(exc))
+        reason = str(exc)
+        exc.args = (f"node {node.name!r}: {reason}",)  # raised as itself too (hardy.compat.hypernodes)
+        return NodeError(node.name, inputs, reason=reason)
     from ..safety.gpus import cuda_failure  # failures only: `import hardy` stays light
 
     kind = cuda_failure(exc)
@@ -360,12 +353,6 @@ def one_item(func: Callable[..., Any], name: str, outputs: int) -> Callable[...,
         columns = batch_outputs(out, name, outputs, 1)
         return columns[0][0] if outputs == 1 else tuple(c[0] for c in columns)
     return call
-
-
-def _check_outputs(value: Any, n: int) -> tuple[Any, ...]:
-    if isinstance(value, list) and len(value) == n:
-        return tuple(value)
-    raise _WrongOutputCount(value)
 
 
 def _tag(exc: BaseException, k: int) -> None:

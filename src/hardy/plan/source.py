@@ -48,13 +48,22 @@ class PlanSource:
         lines = self._name_locals(ns)
         if self.cache is not None:
             lines += self._cache_prelude(ns)
+        self._step_lines: list[str] = []  # the steps' lines, in order
+        for ks in self._groups():
+            self._step_lines += self._level(ks)
+        self.text = self._function(lines + self._step_lines)
+
+    def _groups(self) -> list[list[int]]:
+        """The steps that run together: a dependency level where the mode may run its nodes
+        concurrently ("threaded", "async"); else one by one in the graph's order, HyperNodes' (for
+        `[a, b(a), z]`: a, b, z), so that shared state (a random generator) gives each node what it
+        gives it there."""
+        if self.mode not in ("threaded", "async"):
+            return [[k] for k in range(len(self.steps))]
         by_level: dict[int, list[int]] = {}
         for k, s in enumerate(self.steps):
             by_level.setdefault(s.level, []).append(k)
-        self._step_lines: list[str] = []  # the steps' lines, in order
-        for level in sorted(by_level):
-            self._step_lines += self._level(by_level[level])
-        self.text = self._function(lines + self._step_lines)
+        return [by_level[level] for level in sorted(by_level)]
 
     def _name_locals(self, ns: dict[str, Any]) -> list[str]:
         """Name each value's local after the value and each node's function after the node (unique,
@@ -348,15 +357,17 @@ class PlanSource:
         return f"  # node {self.steps[k].node.name!r}"
 
     def _store(self, k: int, expr: str) -> list[str]:
-        """Unpack step k's result (`expr`: its call, or the local already holding it) into its outputs."""
-        outs = self.steps[k].node.outputs
+        """Unpack step k's result (`expr`: its call, or the local already holding it) into its outputs:
+        a node declared with a tuple of names (one name included) returns that many values."""
+        node = self.steps[k].node
+        outs = node.outputs
         res = self._res[k]
         comment = self._comment(k) if expr != res else ""
-        if len(outs) == 1:
+        if len(outs) == 1 and not node.unpacks:
             return [f"{self.vars[outs[0]]} = {expr}{comment}"]
         return [*([f"{res} = {expr}{comment}"] if expr != res else []),
                 f"if {res}.__class__ is not tuple or len({res}) != {len(outs)}: {res} = _outs({res}, {len(outs)})",
-                f"{', '.join(self.vars[o] for o in outs)} = {res}"]
+                f"{', '.join(self.vars[o] for o in outs)}, = {res}"]
 
 
 # Names the generated code uses itself (and builtins it calls): no local takes them.

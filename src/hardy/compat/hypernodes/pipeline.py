@@ -38,6 +38,16 @@ class Pipeline(HardyPipeline):
                          strict=strict)
 
     @property
+    def nodes(self) -> list[Node]:  # type: ignore[override]  # HyperNodes' type
+        """The nodes, as HyperNodes' list (a copy: the graph was built from them once)."""
+        return list(self.graph.nodes)
+
+    @property
+    def id(self) -> str:
+        """HyperNodes' id for callbacks' `pipeline_id`-style bookkeeping: `pipeline_<object id>`."""
+        return f"pipeline_{id(self)}"
+
+    @property
     def callbacks(self) -> list[PipelineCallback]:
         """The pipeline's own callbacks, then its engine's (where HyperNodes keeps them)."""
         if self._inherited:

@@ -1,0 +1,120 @@
+"""A node's outputs as declared: a tuple of names (one name included) unpacks the result, strictly;
+the errors for what cannot be unpacked, and for a node hardy cannot read, name the node and the fix."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from hardy import Pipeline, node
+from hardy.errors import LazyOutputError, NodeDefinitionError, NodeError, OutputCountError
+
+
+@node(output_name=("label",))
+def classify(score: int) -> tuple[str]:
+    return ("pos" if score > 0 else "neg",)
+
+
+@node(output_name="report")
+def report(label: str) -> str:
+    return f"{label}:{len(label)}"
+
+
+def test_a_one_name_tuple_unpacks_the_one_tuple_returned() -> None:
+    p = Pipeline(nodes=[classify, report])
+    assert p.run(inputs={"score": 3}) == {"label": "pos", "report": "pos:3"}
+    assert p.map(inputs={"score": [3, -1]}, map_over="score") == [
+        {"label": "pos", "report": "pos:3"}, {"label": "neg", "report": "neg:3"}]
+    assert classify.output_name == ("label",) and classify.outputs == ("label",)
+    assert classify(1) == ("pos",)  # calling the node calls the function unchanged
+
+
+@pytest.mark.parametrize("returned", ["pos", 7, {"label": 1}, ("a", "b")])
+def test_a_one_name_tuple_refuses_anything_but_one_value(returned: object) -> None:
+    @node(output_name=("label",))
+    def f(x: int) -> object:
+        return returned
+
+    with pytest.raises(OutputCountError, match=r"output_name=\('label',\), a tuple of one name.*return a 1-tuple"):
+        Pipeline(nodes=[f]).run(inputs={"x": 1})
+
+
+def test_a_generator_or_other_iterable_of_the_right_count_is_unpacked() -> None:
+    @node(output_name=("u", "v"))
+    def pair(x: int):  # type: ignore[no-untyped-def]
+        return (i for i in (x, x * 2))
+
+    @node(output_name=("w",))
+    def one(x: int):  # type: ignore[no-untyped-def]
+        yield x + 1
+
+    assert Pipeline(nodes=[pair, one]).run(inputs={"x": 3}) == {"u": 3, "v": 6, "w": 4}
+
+
+def test_an_iterable_of_the_wrong_count_a_dict_or_a_set_is_refused_with_what_it_was() -> None:
+    def returning(make: object) -> Pipeline:  # (`make` builds the value in the node: a generator does not pickle)
+        return Pipeline(nodes=[node(output_name=("u", "v"))(lambda x: make())])  # type: ignore[operator]
+
+    with pytest.raises(OutputCountError, match="a generator of more than 2 values"):
+        returning(lambda: (i for i in range(5))).run(inputs={"x": 1})
+    with pytest.raises(OutputCountError, match="a generator of 1 values"):
+        returning(lambda: (i for i in range(1))).run(inputs={"x": 1})
+    with pytest.raises(OutputCountError, match=r"a dict of length 2, which is not unpacked \(that would give its keys\)"):
+        returning(lambda: {"u": 1, "v": 2}).run(inputs={"x": 1})
+    with pytest.raises(OutputCountError, match=r"a set of length 2, which is not unpacked \(it has no order\)"):
+        returning(lambda: {1, 2}).run(inputs={"x": 1})
+
+
+def test_a_generator_output_error_names_the_node() -> None:
+    @node(output_name="g")
+    def gen(n: int):  # type: ignore[no-untyped-def]
+        yield from range(n)
+
+    with pytest.raises(NodeError) as caught:
+        Pipeline(nodes=[gen]).run(inputs={"n": 2})
+    cause = caught.value.__cause__
+    assert isinstance(cause, LazyOutputError)
+    assert str(cause).startswith("node 'gen': its output 'g' is a generator")
+
+
+def test_a_one_name_tuple_is_refused_where_hardy_cannot_carry_it_yet() -> None:
+    with pytest.raises(NodeDefinitionError, match=r"cannot be combined with isolate=True yet; declare output_name='y'"):
+        node(output_name=("y",), isolate=True)(lambda x: (x,))
+    with pytest.raises(NodeDefinitionError, match=r"cannot be combined with batch_size= yet"):
+        node(output_name=("y",), batch_size=4)(lambda x: (x,))
+
+
+def test_a_decorator_without_wraps_is_told_to_use_functools_wraps() -> None:
+    def logged(func):  # type: ignore[no-untyped-def]
+        def w(*a, **k):  # type: ignore[no-untyped-def]
+            return func(*a, **k)
+        return w
+
+    def wrapped(func):  # type: ignore[no-untyped-def]
+        @functools.wraps(func)
+        def w(*a, **k):  # type: ignore[no-untyped-def]
+            return func(*a, **k)
+        return w
+
+    with pytest.raises(NodeDefinitionError, match=r"node 'w': parameter 'a' is \*args.*@functools.wraps\(func\)"):
+        node(output_name="y")(logged(lambda x: x))
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert Pipeline(nodes=[node(output_name="y")(wrapped(add))]).run(inputs={"a": 1, "b": 2}) == {"y": 3}
+
+
+def test_nodes_of_the_same_function_and_outputs_are_equal_as_in_hypernodes() -> None:
+    def f(x: int) -> int:
+        return x
+
+    def g(x: int) -> int:
+        return x
+
+    g.__name__ = "f"
+    a, b = node(output_name="y")(f), node(output_name="y")(f)
+    assert a == b and hash(a) == hash(b) and a.__name__ == "f"
+    assert a != node(output_name="z")(f)
+    assert a != node(output_name="y")(g)  # another function of the same name computes something else
