@@ -2040,4 +2040,92 @@ def library_functions_patched_with_other_callables():
     return out
 
 
+@pattern
+def state_of_a_zipped_and_a_bytecode_only_module():
+    import os
+    import py_compile
+    import zipfile
+    source = "from hardy import node\nSCALE = 1\nCONFIG = {'offset': 0}\n\n\n@node(output_name='y')\n" \
+             "def f(x):\n    return x * SCALE + CONFIG['offset']\n"
+    with zipfile.ZipFile("zipped_lib.zip", "w") as archive:
+        archive.writestr("zipped_steps.py", source)
+    os.makedirs("bytecode", exist_ok=True)
+    py_compile.compile(write("pyc_source/pyc_steps.py", source), cfile="bytecode/pyc_steps.pyc")
+    sys.path[:0] = [os.path.abspath("zipped_lib.zip"), os.path.abspath("bytecode")]
+    import pyc_steps
+    import zipped_steps
+    out = []
+    for module in (zipped_steps, pyc_steps):
+        module.SCALE = 10
+        module.CONFIG["offset"] = 5
+        out.append(ys([module.f]))
+    return out
+
+
+@pattern
+def a_module_served_by_a_custom_importer():
+    import importlib.abc
+    import importlib.util
+
+    class DictImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            return importlib.util.spec_from_loader(name, self) if name == "served_steps" else None
+
+        def exec_module(self, module):
+            exec("from hardy import node\nK = 11\n\n\n@node(output_name='y')\ndef f(x):\n    return x * K\n",
+                 vars(module))
+
+    importer = DictImporter()
+    sys.meta_path.insert(0, importer)
+    try:
+        import served_steps
+        served_steps.K = 12
+        return ys([served_steps.f])
+    finally:
+        sys.meta_path.remove(importer)
+
+
+@pattern
+def a_module_name_pointed_at_another_module():
+    write("renamed_settings.py", 'MODE = "default"\n')
+    write("renamed_settings_prod.py", 'MODE = "prod"\n')
+    write("renamed_steps.py", """
+        from hardy import node
+
+        @node(output_name="y")
+        def label(x):
+            import renamed_settings
+            return f"{x}:{renamed_settings.MODE}"
+    """)
+    import renamed_settings_prod
+    import renamed_steps
+    sys.modules["renamed_settings"] = renamed_settings_prod
+    try:
+        return ys([renamed_steps.label])
+    finally:
+        del sys.modules["renamed_settings"]
+
+
+@pattern
+def a_c_function_wrapped_keeping_the_original():
+    import math
+    own_sqrt, own_round = math.sqrt, builtins.round
+
+    def logged_sqrt(v):
+        return own_sqrt(v) + 1000
+
+    def round_half_up(v, n=0):
+        return own_round(v + 1e-9, n)
+
+    @node(output_name="y")
+    def rooted(x):
+        return math.sqrt(x) + round(x + 0.5)
+
+    math.sqrt, builtins.round = logged_sqrt, round_half_up
+    try:
+        return ys([rooted], xs=[4.0, 9.0])
+    finally:
+        math.sqrt, builtins.round = own_sqrt, own_round
+
+
 corpus.close()

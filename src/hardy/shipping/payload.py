@@ -414,13 +414,27 @@ def payload(module_name: str, name: str, value: Any, classes: dict[tuple[str, st
             bound: Bound | None = None) -> bytes | None:
     """`value`, bound to `name` in `module_name`, pickled for another process's copy of that module
     (`classes`: the classes it binds, by (module, name); `bound`: the objects its modules bind,
-    which travel by name), or None when it cannot be."""
+    which travel by name), or None when it cannot be (`unsendable` says why)."""
+    found = _pickled(module_name, name, value, classes, bound)
+    return found if isinstance(found, bytes) else None
+
+
+def unsendable(module_name: str, name: str, value: Any, bound: Bound | None = None) -> str:
+    """Why `value` cannot be pickled for a worker (`payload`), in words: the error itself (a wrapper
+    kept the function it replaced, a ctypes type made at run time, a `__reduce__` that raised), not
+    merely that it failed; "" when it can be."""
+    found = _pickled(module_name, name, value, None, bound)
+    return "" if isinstance(found, bytes) else f"{type(found).__name__}: {found}"
+
+
+def _pickled(module_name: str, name: str, value: Any, classes: dict[tuple[str, str], type] | None,
+             bound: Bound | None) -> bytes | Exception:
     try:
         file = io.BytesIO()
         _Payload(file, {(module_name, name): value}, classes, bound).dump(value)
         return file.getvalue()
-    except Exception:
-        return None
+    except Exception as exc:
+        return exc
 
 
 def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = None) -> bytes:
@@ -434,10 +448,13 @@ def dump_values(values: Any, buffer_callback: Callable[[Any], bool] | None = Non
     return file.getvalue()
 
 
-def refusal(module_name: str, name: str, value: Any) -> str:
+def refusal(module_name: str, name: str, value: Any, why: str = "it does not pickle", node: str = "") -> str:
+    """Why a worker cannot be given the caller's `value`: `why`, the pickling error itself where
+    there is one (`unsendable`), and `node`, the node that reads it, where it is known."""
     kind = value.kind if type(value) is _Unsent else f"{type(value).__module__}.{type(value).__qualname__}"
+    reader = f"; node {node!r} reads it" if node else ""
     return (f"{module_name}.{name} in the calling process ({kind}) is not what this worker's import of "
-            f"{module_name} made, and it cannot be sent (it does not pickle): hardy will not run the pipeline "
+            f"{module_name} made, and it cannot be sent ({why}){reader}: hardy will not run the pipeline "
             f"with another value under that name. Build it where it is used (inside the node, or in a "
             f"@stateful class), or pass it to the pipeline as an input.")
 

@@ -247,7 +247,8 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.ours: dict[type, Callable[[Any], Any] | None] = dict(reductions())
+        self.ours: dict[type, Callable[[Any], Any] | None] = {**reductions(),
+                                                              types.BuiltinFunctionType: reduce_builtin}
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -274,6 +275,39 @@ class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
         elif issubclass(kind, type):  # a class by value that defines `__class__` (a proxy's)
             reduced = made_with_its_class(obj, reduced)
         return reduced
+
+
+def reduce_builtin(func: Any) -> Any:
+    """A library's C function pickles by its name (`math.sqrt`). Kept by a script that replaced
+    that name with a wrapper calling it (`_sqrt = math.sqrt; math.sqrt = logged_sqrt`), its name
+    finds the wrapper: pickle refused it, and a worker would have called the wrapper in its place.
+    Such a one travels as the library's own object of that name (`own_object`)."""
+    module_name, name = getattr(func, "__module__", None), func.__qualname__
+    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    found = vars(module).get(name, _NOTHING) if isinstance(module, types.ModuleType) else _NOTHING
+    if not isinstance(module_name, str) or found is _NOTHING or found is func:
+        return NotImplemented  # (by its name, pickle's own way)
+    _OWN[(module_name, name)] = func
+    return own_object, (module_name, name)
+
+
+def own_object(module_name: str, name: str) -> Any:
+    """The library's own object named `name` in `module_name`, not a patch installed there: the one
+    a worker's sync replaced with the caller's patch (`PATCHED`, which `replica` keeps), or the one this process
+    pickled (the caller's own, where an engine runs in it), else the module's."""
+    import importlib
+
+    for kept in (PATCHED, _OWN):
+        found = kept.get((module_name, name), _NOTHING)
+        if found is not _NOTHING and type(found) is types.BuiltinFunctionType:
+            return found
+    return getattr(importlib.import_module(module_name), name)
+
+
+_OWN: dict[tuple[str, str], Any] = {}  # (module, name) -> a library's C function pickled as its own (`own_object`)
+# A worker's: (library module, name) a sync installed a patch over -> the library's own object (`replica`)
+PATCHED: dict[tuple[str, str], Any] = {}
+_NOTHING: Any = object()
 
 
 def _with_class_body_globals(func: types.FunctionType, state: Any) -> None:

@@ -9,23 +9,37 @@ error naming it, before anything is sent.
 from __future__ import annotations
 
 import builtins
+import functools
 import io
 import pickle
 import sys
+import weakref
+import zipimport
 from collections.abc import Callable
-from importlib.machinery import SourceFileLoader
+from importlib.machinery import PathFinder, SourceFileLoader, SourcelessFileLoader
 from typing import Any
 
 import cloudpickle
 
-from ..errors import PicklingError
+from ..errors import PicklingError, ReplicaError
 from ..hashing import Reach, is_user_module
 from ..hashing.state import token
 from ..hashing.values import ABSENT
 from ..model.graph import walk_nodes
 from ..plan.compiled import Plan, Wrap
+from .payload import unsendable
 from .pickling import ByValuePickler
-from .replica import Fetch, Replica, Synced, builtins_read, is_script, kept, library_patches, reached_names
+from .replica import (
+    Fetch,
+    Replica,
+    Synced,
+    builtins_read,
+    is_script,
+    kept,
+    library_patches,
+    module_aliases,
+    reached_names,
+)
 
 
 def ship_plan(plan: Plan, everything: bool = False) -> bytes:
@@ -37,6 +51,8 @@ def ship_plan(plan: Plan, everything: bool = False) -> bytes:
         ByValuePickler(file, protocol=5).dump((plan.graph, plan.provided, plan.outputs, plan.cache, plan.keyed,
                                                 plan.given_code))
         return pickle.dumps((kept(plan, lambda: replica_of(plan)).header(everything), file.getvalue()), protocol=5)
+    except ReplicaError:  # (says the module and the fix itself)
+        raise
     except Exception as exc:
         raise PicklingError(_unpicklable_node(plan, exc)) from exc
 
@@ -101,7 +117,9 @@ def replica_of(plan: Plan) -> Replica:
         replicated["builtins"] = carried
         if plan.watched is not None:
             _watch_builtins(plan.watched, carried)
-    return Replica(replicated)
+    replica = Replica(replicated, module_aliases(reach.reads), functools.partial(_reader, weakref.ref(plan)))
+    _refuse_unsendable(plan, replica)
+    return replica
 
 
 def _watch_builtins(watched: Reach, names: set[str]) -> None:
@@ -130,7 +148,68 @@ def _replicable(name: str, by_value: Any, reached: set[str]) -> bool:
     if not is_user_module(name) or name.split(".")[0] in by_value or name in by_value:
         return False
     loader = getattr(module, "__loader__", None)  # None: made at run time, or rebuilt here from a caller's objects
-    return loader is None or isinstance(loader, SourceFileLoader)
+    return loader is None or isinstance(loader, _FILE_LOADERS) or not _found_by_path(name)
+
+
+# Loaders a worker's own import reproduces from sys.path: a source file, a `.pyc` alone, a zip's member
+_FILE_LOADERS = (SourceFileLoader, SourcelessFileLoader, zipimport.zipimporter)
+
+
+def _found_by_path(name: str) -> bool:
+    """Whether a worker's import finds module `name` on its sys.path (the caller's, synced) as a
+    file, whatever loader the caller used (pytest's assertion rewriting: a worker imports the file).
+    A module a custom importer serves (`sys.meta_path`) is not: the worker lacks that importer, so
+    the module is rebuilt there from the caller's objects (`replica._module`), or refused
+    (`_refuse_unsendable`)."""
+    parent = sys.modules.get(name.rpartition(".")[0]) if "." in name else None
+    try:
+        return PathFinder.find_spec(name, getattr(parent, "__path__", None)) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _refuse_unsendable(plan: Plan, replica: Replica) -> None:
+    """A module a worker cannot import (`_found_by_path`) travels whole, as the caller's objects:
+    one of them that does not pickle refuses the plan here, before any item runs, naming the
+    module, its loader, a node that reads it and the fix (the worker would fail every item)."""
+    for module_name, objects in replica.objects.items():
+        loader = getattr(sys.modules.get(module_name), "__loader__", None)
+        if loader is None or isinstance(loader, _FILE_LOADERS) or is_script(module_name) \
+                or not is_user_module(module_name) or _found_by_path(module_name):
+            continue
+        for name, value in objects.items():
+            why = unsendable(module_name, name, value, bound=replica.bound()) if name else ""
+            if why:
+                raise ReplicaError(
+                    f"module {module_name!r} was loaded by {type(loader).__module__}.{type(loader).__qualname__}, "
+                    f"which a worker process lacks, so it travels as this process's objects, and its {name!r} "
+                    f"({type(value).__module__}.{type(value).__qualname__}) cannot be sent ({why}); node "
+                    f"{_reader(weakref.ref(plan), module_name, name)!r} reads it. Make the module importable "
+                    f"from a file on sys.path (a .py, a .pyc or a zip), or run the pipeline in-process "
+                    f"(map_executor=\"sequential\").")
+
+
+def _reader(plan_ref: weakref.ref[Plan], module_name: str, name: str) -> str:
+    """The node that reads `name` in `module_name`, for a refusal: the first whose function is
+    defined there, or reads the module, one of its objects or (`builtins`) that name; else the first
+    node (what it reaches was found through another's code)."""
+    import inspect
+    plan = plan_ref()
+    if plan is None or not plan.steps:
+        return "<pipeline>"
+    module = sys.modules.get(module_name)
+    for step in plan.steps:
+        func = getattr(step.node, "func", None)
+        if getattr(func, "__module__", None) == module_name:
+            return str(step.node.name)
+        try:
+            reads = inspect.getclosurevars(func) if callable(func) else None
+        except (TypeError, ValueError):
+            reads = None
+        if reads is not None and (name in reads.builtins and module_name == "builtins" or any(
+                v is module or getattr(v, "__module__", None) == module_name for v in reads.globals.values())):
+            return str(step.node.name)
+    return str(plan.steps[0].node.name)
 
 
 def _binding(func: Any) -> tuple[str, str] | None:

@@ -41,7 +41,8 @@ from ..hashing.code import code_fingerprint, python_own
 from ..hashing.origin import renamed, user_made
 from ..hashing.state import ABSENT_STAMP, RESOURCE, module_stamp, stamp_of
 from ..hashing.values import ABSENT
-from .payload import RESOLVE, Bound, payload, refusal, unmatched
+from .payload import RESOLVE, Bound, payload, refusal, unmatched, unsendable
+from .pickling import PATCHED
 
 SMALL = 64 * 1024  # bytes: a value pickled smaller travels with the plan; a bigger one when a worker asks
 
@@ -59,8 +60,11 @@ class Replica:
 
     _ids = itertools.count(1)
 
-    def __init__(self, reached: dict[str, set[str]]):
+    def __init__(self, reached: dict[str, set[str]], aliases: dict[str, str] | None = None,
+                 reader: Callable[[str, str], str] | None = None):
         self.id = next(self._ids)
+        self.reader = reader  # (the node that reads a module's name, for a refusal: `plans._reader`)
+        self.aliases = aliases or {}  # (`module_aliases`)
         self.objects: Names = {}
         self.stamps: Names = {}
         self.read = reached
@@ -105,7 +109,7 @@ class Replica:
                 if sent is not None and not everything and len(sent) > SMALL:
                     sent = None
                 entries[module_name][name] = (stamp, sent)
-        return pickle.dumps((self.id, entries, self.files, os.getpid()), protocol=5)
+        return pickle.dumps((self.id, entries, self.files, os.getpid(), self.aliases), protocol=5)
 
     def values(self, wanted: Wanted) -> dict[tuple[str, str], Any]:
         """The objects a worker asked for (`payload.dump_values` finds their `bound` by this replica's id)."""
@@ -116,8 +120,9 @@ class Replica:
         """Why one of the objects asked for cannot be sent (the worker then refuses the plan)."""
         for module_name, name in wanted:
             value = self.objects.get(module_name, {}).get(name)
-            if payload(module_name, name, value, bound=self.bound()) is None:
-                return refusal(module_name, name, value)
+            why = unsendable(module_name, name, value, bound=self.bound())
+            if why:
+                return refusal(module_name, name, value, why, self.reader(module_name, name) if self.reader else "")
         return "the objects asked for cannot be sent to the worker"
 
 
@@ -247,7 +252,6 @@ class Refusal(str):
 
 HELD: dict[tuple[str, str], bytes] = {}  # (module, name) -> the stamp this worker's copy has now, as installed
 _INSTALLS = [0]  # changes of HELD so far (`Synced.current`)
-PATCHED: dict[tuple[str, str], Any] = {}  # (library module, name) installed over -> the library's own object
 
 
 class Synced:
@@ -256,7 +260,7 @@ class Synced:
     chunk of this plan whenever another plan's sync changed them."""
 
     def __init__(self, header: bytes):
-        self.id, entries, self.files, caller = pickle.loads(header)
+        self.id, entries, self.files, caller, self.aliases = pickle.loads(header)
         self.home = caller == os.getpid()  # an engine running tasks in the caller's own process (Dask's threads)
         self.stamps = {(m, n): stamp for m, names in entries.items() for n, (stamp, _) in names.items()}
         self.payloads: dict[tuple[str, str], Any] = {
@@ -270,7 +274,9 @@ class Synced:
         (asked before every chunk: answered from the last answer while nothing was installed since)."""
         if self.home or self.checked == _INSTALLS[0]:
             return True
-        if all(HELD.get(key) == stamp for key, stamp in self.stamps.items()) and PATCHED.keys() <= self.stamps.keys():
+        if (all(HELD.get(key) == stamp for key, stamp in self.stamps.items()) and PATCHED.keys() <= self.stamps.keys()
+                and ALIASED.keys() <= self.aliases.keys()
+                and all(sys.modules.get(a) is sys.modules.get(m) for a, m in self.aliases.items())):
             self.checked = _INSTALLS[0]
             return True
         return False
@@ -283,6 +289,8 @@ class Synced:
             return
         for key in [k for k in PATCHED if k not in self.stamps]:  # a library's own again where this plan reads it
             _unpatch(key)
+        for alias in [a for a in ALIASED if a not in self.aliases]:  # this worker's own module under that name again
+            _unalias(alias)
         differing = []
         for (module_name, name), stamp in self.stamps.items():
             if HELD.get((module_name, name)) == stamp:
@@ -309,6 +317,8 @@ class Synced:
                     self.install(key)
         finally:
             RESOLVE.reset(resolving)
+        for alias, module_name in self.aliases.items():
+            _alias(alias, _module(module_name, self.files.get(module_name)))
 
     def resolve(self, module_name: str, name: str, stamp: bytes) -> Any:
         """The object a name stands for in the caller's value being installed (`payload.Bound`):
@@ -337,8 +347,9 @@ class Synced:
         elif stamp == ABSENT_STAMP:
             vars(module).pop(name, None)
         elif vars(module).get(name, ABSENT) is not value:  # (a class is the worker's own, made the caller's)
-            if module_name != "builtins" and not is_user_module(module_name):
-                PATCHED.setdefault(key, vars(module).get(name, ABSENT))
+            own = vars(module).get(name, ABSENT)  # (a builtin's own kept too: a patch may call it, `own_object`)
+            if not is_user_module(module_name) and (module_name != "builtins" or own is not ABSENT):
+                PATCHED.setdefault(key, own)
             setattr(module, name, value)
         HELD[key] = stamp
         _INSTALLS[0] += 1
@@ -354,6 +365,42 @@ def _unpatch(key: tuple[str, str]) -> None:
         setattr(sys.modules[module_name], name, own)
     HELD.pop(key, None)
     _INSTALLS[0] += 1
+
+
+ALIASED: dict[str, Any] = {}  # a name of sys.modules pointed at another module -> this worker's own entry there
+
+
+def _alias(alias: str, module: types.ModuleType) -> None:
+    """`sys.modules[alias]` made the caller's module (`module_aliases`), this worker's own entry kept
+    to put back (`_unalias`) once a plan that does not carry the alias runs."""
+    if sys.modules.get(alias) is module:
+        return
+    ALIASED.setdefault(alias, sys.modules.get(alias, ABSENT))
+    sys.modules[alias] = module
+    _INSTALLS[0] += 1
+
+
+def _unalias(alias: str) -> None:
+    own = ALIASED.pop(alias)
+    if own is ABSENT:
+        sys.modules.pop(alias, None)
+    else:
+        sys.modules[alias] = own
+    _INSTALLS[0] += 1
+
+
+def module_aliases(reads: Iterable[tuple[Any, str, Any]]) -> dict[str, str]:
+    """The names of `sys.modules` that code imports (`import settings` inside a node) and that the
+    caller pointed at a module of another name (`sys.modules["settings"] = settings_prod`), each
+    with that module's name: a worker's import of the name would load another file (or none). The
+    module travels under its own name (`Replica`), and the worker points the alias at it (`_alias`)."""
+    found = {}
+    for where, name, value in reads:
+        own = getattr(value, "__name__", None) if where is sys.modules else None
+        if isinstance(value, types.ModuleType) and isinstance(own, str) and own != name \
+                and sys.modules.get(own) is value and not is_script(own):
+            found[name] = own
+    return found
 
 
 def _own_names(module: types.ModuleType) -> list[str]:
