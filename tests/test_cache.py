@@ -536,7 +536,7 @@ def test_prune_evicts_least_recently_used(tmp_path):
     deleted = cache.prune(max_size=total // 2)
     assert deleted >= 5 and cache.stats().bytes <= total // 2
     remaining = cache.stats().entries
-    assert cache.prune(older_than=-1) == remaining and cache.stats().entries == 0
+    assert cache.prune(older_than=0) == remaining and cache.stats().entries == 0
 
 
 def test_cli_cache_commands(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -1160,3 +1161,115 @@ def test_resume_refuses_a_file_with_a_line_of_an_item_the_inputs_do_not_give(tmp
         "out.jsonl was written by a run of other inputs, whose results resuming would mix with these; resume with "
         "the inputs of the run that wrote it, or give a fresh --output\n"), out.stderr
     assert not (tmp_path / "ran").exists() and (tmp_path / "out.jsonl").read_text() == written
+
+
+def _cached_twice(tmp_path) -> str:
+    """A cache folder holding two entries, written by `hardy run --cache`."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=[1, 2]", "--map-over", "x", "--cache", "cc")
+    assert out.returncode == 0, out.stderr
+    return "cc"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--older-than", "-1"], "Invalid value for --older-than: -1 is not a number of days: give 0 or more"),
+    (["--older-than", "-5"], "Invalid value for --older-than: -5 is not a number of days: give 0 or more"),
+    (["--older-than", "nan"], "Invalid value for --older-than: nan is not a number of days: give 0 or more"),
+    (["--older-than", "inf"], "Invalid value for --older-than: inf is not a number of days: give 0 or more"),
+    (["--max-size", "-1"], "Invalid value for --max-size: -1 is negative: give 0 or more bytes, e.g. --max-size 10GB"),
+    ([], "hardy: cache prune deletes nothing without a limit: give --max-size SIZE (e.g. 10GB), --older-than DAYS"),
+])
+def test_cache_prune_refuses_a_negative_or_nan_limit_and_none_at_all(tmp_path, args, said):
+    """A negative age deleted every entry, and nan none, both with exit code 0; no limit at all said
+    "deleted 0 entries". Each is a usage error naming the option, the value and the fix, and the
+    cache keeps its entries; the Python method refuses such an age too."""
+    folder = _cached_twice(tmp_path)
+    out = _hardy(tmp_path, "cache", "prune", folder, *args)
+    assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
+    assert "deleted" not in out.stdout and "Traceback" not in out.stderr, out.stdout
+    assert json.loads(_hardy(tmp_path, "cache", "stats", folder, "--json").stdout)["entries"] == 2
+    from hardy import DiskCache
+    for age in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"DiskCache.prune: older_than=.* is not valid; older_than must be a "
+                                             r"finite number of seconds >= 0"):
+            DiskCache(tmp_path / folder).prune(older_than=age)
+    assert "deleted 2 entries" in _hardy(tmp_path, "cache", "prune", folder, "--older-than", "0").stdout
+
+
+def test_cache_commands_refuse_two_folders_and_say_how_to_name_one(tmp_path):
+    """`hardy cache stats -d cc other` read `other` and ignored `-d cc`; with no cache in the
+    default folder the command did not say how to name another."""
+    folder = _cached_twice(tmp_path)
+    for command in ("stats", "ls", "verify", "prune", "clear"):
+        out = _hardy(tmp_path, "cache", command, "-d", folder, "other")
+        assert out.returncode == 2 and out.stderr == (
+            "hardy: FOLDER other and -d cc name two cache folders: give one\n"), (command, out.stderr)
+    assert json.loads(_hardy(tmp_path, "cache", "stats", "-d", folder, folder, "--json").stdout)["entries"] == 2
+    out = _hardy(tmp_path, "cache", "stats")
+    assert out.returncode == 2 and out.stderr.startswith("no hardy cache in .hardy-cache (the default folder"), out.stderr
+    assert "give the cache's folder as the command's FOLDER argument or with -d FOLDER" in out.stderr, out.stderr
+
+
+def test_the_commands_hardy_suggests_paste_into_a_shell_as_they_are(tmp_path):
+    """A report in `ünï dir` was named unquoted, `(hardy report ünï dir/rép.json --item 1)`, which
+    a shell splits in two; a pipeline file in that folder was to be named `ünï dir.flows:pipeline`,
+    no module name. Each command said is run here as a shell reads it, and does what it says; an
+    item the run never had is said so, with the items it had."""
+    folder = tmp_path / "ünï dir"
+    folder.mkdir()
+    (folder / "flows.py").write_text(SHOUT)
+    (folder / "ïn.jsonl").write_text('{"text": "a"}\n{"text": "<b>"}\n')
+    shell = f'hardy() {{ {shlex.quote(sys.executable)} -m hardy.cli "$@"; }}; '
+
+    def pasted(said: str, tail: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", shell + said + tail], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+
+    out = pasted("PYTHONPATH='ünï dir' hardy run flows:pipeline --inputs 'ünï dir/ïn.jsonl' --report "
+                 "'ünï dir/rép.json' --executor sequential")
+    assert out.returncode == 1, out.stderr
+    command = re.search(r"\((hardy report .*)\)$", out.stderr.strip())
+    assert command and command.group(1) == "hardy report 'ünï dir/rép.json' --item 1", out.stderr
+    shown = pasted(command.group(1))
+    assert shown.returncode == 0 and shown.stdout.startswith("item 1: node 'shout' failed: ValueError"), shown.stderr
+    listed = pasted("hardy report 'ünï dir/rép.json'")
+    assert "each failure's stacks: hardy report 'ünï dir/rép.json' --item N" in listed.stdout, listed.stdout
+    missing = _hardy(tmp_path, "report", "ünï dir/rép.json", "--item", "7")
+    assert missing.returncode == 2 and missing.stderr == (
+        "hardy: the run in ünï dir/rép.json has no item 7 (it had 2 item(s): 0-1); the items that failed: [1]\n"), \
+        missing.stderr
+    kept = _hardy(tmp_path, "report", "ünï dir/rép.json", "--item", "0")
+    assert kept.returncode == 2 and "item 0 did not fail in ünï dir/rép.json" in kept.stderr, kept.stderr
+    refused = _hardy_run(tmp_path, "ünï dir/flows:pipeline", "--set", "text=x")
+    assert refused.returncode == 2 and "ünï dir.flows" not in refused.stderr, refused.stderr
+    suggested = re.search(r"(PYTHONPATH=.* hardy run \S+)", refused.stderr)
+    assert suggested and suggested.group(1) == "PYTHONPATH='ünï dir' hardy run flows:pipeline", refused.stderr
+    ran = pasted(suggested.group(1), " --set text=x")
+    assert ran.returncode == 0 and json.loads(ran.stdout)["outputs"] == {"y": "en:X"}, ran.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--set", "x=[1, 2]", "--map-over", "xx"], "hardy: --map-over xx names no input of pipeline 'flows'; its inputs: "
+     "['factor', 'x'] (did you mean 'x'?): map over one of them, given as a list (--set NAME='[...]', or a key of "
+     "each --inputs line)"),
+    (["--set", "x=[1, 2]", "--map-over", "x,factor"], "hardy: --map-over factor names input 'factor', which neither "
+     "--set nor --inputs gives: give it its list of values, --set 'factor=[...]', or a 'factor' key in each line of "
+     "--inputs FILE"),
+])
+def test_a_map_over_name_no_input_holds_is_said_in_the_commands_words(tmp_path, args, said):
+    """It said `pass inputs={'xx': [...]} or fix the name`: the Python call's words, not the command's."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    out = _hardy_run(tmp_path, "flows:pipeline", *args)
+    assert out.returncode == 2 and out.stderr == said + "\n", out.stderr
+    assert "inputs={" not in out.stderr
+
+
+def test_a_crash_under_hardy_run_names_the_executor_option_that_contains_it(tmp_path):
+    """The crash of the command's own process advised `map_executor="process" or @node(isolate=True)`,
+    the Python API's arguments; under `hardy run` it names the command's option."""
+    (tmp_path / "flows.py").write_text(FLOWS)
+    out = _hardy_run(tmp_path, "flows:pipeline", "--set", "x=[1, 13]", "--map-over", "x", "--executor", "sequential")
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    assert ("hardy: --executor sequential runs nodes in this process, so the crash ends it; --executor process (or "
+            "@node(isolate=True) on that node, in its code) contains it: only that item would fail.") in out.stderr
+    assert "map_executor" not in out.stderr, out.stderr

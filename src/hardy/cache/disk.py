@@ -473,7 +473,7 @@ class DiskCache(PlanCache):
         except (ValueError, OverflowError):
             raise arguments.bad("DiskCache.prune", "max_size", max_size,
                                 "a number of bytes, or a size such as '10GB' or '512M'") from None
-        deleted = 0
+        deleted, older_than = 0, arguments.seconds("DiskCache.prune", "older_than", older_than, True, zero=True)
         try:
             es = self.entries()  # least recently used first
             now, total, victims = time.time(), sum(e.size for e in es), []

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from .consoles import console, plain
-from .usage import PlainUsage
+from .usage import PlainUsage, refuse
 
 if TYPE_CHECKING:
     from ..cache import DiskCache
@@ -19,7 +20,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Inspect and maintain a hardy cache.")
 FOLDER = typer.Argument(None, metavar="FOLDER", show_default=False,
                         help="The cache directory (default: .hardy-cache; -d FOLDER says the same).")
-DIR = typer.Option(".hardy-cache", "--dir", "-d", metavar="FOLDER", help="The cache directory.")
+DIR = typer.Option(None, "--dir", "-d", metavar="FOLDER", show_default=False,
+                   help="The cache directory (default: .hardy-cache).")
+DEFAULT = ".hardy-cache"
 REMOTE = typer.Option(None, "--remote", metavar="S3_URL",
                       help="Maintain the entries in a bucket instead, s3://bucket/prefix "
                       "(those signed with HARDY_CACHE_KEY; credentials as for any AWS client: AWS_* variables).")
@@ -39,9 +42,26 @@ def _open(path: str, remote: str | None = None, endpoint: str | None = None) -> 
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     if not cache.store.exists():
-        typer.echo(f"no hardy cache in {path}", err=True)
+        typer.echo(f"no hardy cache in {path}{_elsewhere(path)}", err=True)
         raise typer.Exit(2)
     return cache
+
+
+def _folder(folder: str | None, option: str | None) -> str:
+    """The cache folder the command names: as its argument or with -d (one of them; both, naming
+    two folders, is a usage error: one was silently ignored), or `DEFAULT`."""
+    if folder is not None and option is not None and folder != option:
+        refuse(f"FOLDER {folder} and -d {option} name two cache folders: give one")
+    return folder or option or DEFAULT
+
+
+def _elsewhere(path: str) -> str:
+    """After "no hardy cache in .hardy-cache", the default folder: how to name the one that holds
+    the cache (no environment variable names it)."""
+    if path != DEFAULT:
+        return ""
+    return (" (the default folder, in the current directory): give the cache's folder as the command's FOLDER "
+            "argument or with -d FOLDER, e.g. the folder `hardy run --cache FOLDER` was given")
 
 
 def _open_remote(path: str, url: str, endpoint: str | None) -> DiskCache:
@@ -76,10 +96,10 @@ def _when(ts: float | None) -> str:
 
 
 @app.command(cls=PlainUsage)
-def stats(folder: str | None = FOLDER, path: str = DIR, as_json: bool = typer.Option(False, "--json"),
+def stats(folder: str | None = FOLDER, path: str | None = DIR, as_json: bool = typer.Option(False, "--json"),
           remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, bytes, inline vs file entries, age."""
-    path = folder or path
+    path = _folder(folder, path)
     s = _open(path, remote, endpoint).stats()
     if as_json:
         typer.echo(json.dumps(s.__dict__))
@@ -95,11 +115,11 @@ def stats(folder: str | None = FOLDER, path: str = DIR, as_json: bool = typer.Op
 
 
 @app.command("ls", cls=PlainUsage)
-def list_entries(folder: str | None = FOLDER, path: str = DIR,
+def list_entries(folder: str | None = FOLDER, path: str | None = DIR,
                  limit: int = typer.Option(50, metavar="N", help="Show at most this many."),
                  remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Entries, least recently used first."""
-    path = folder or path
+    path = _folder(folder, path)
     t = Table()
     for col in ("key", "bytes", "where", "created", "last access"):
         t.add_column(col, overflow="fold")
@@ -110,9 +130,9 @@ def list_entries(folder: str | None = FOLDER, path: str = DIR,
 
 
 @app.command(cls=PlainUsage)
-def verify(folder: str | None = FOLDER, path: str = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
+def verify(folder: str | None = FOLDER, path: str | None = DIR, remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Check every entry's MAC; bad entries are deleted. Exit code 1 if any was bad."""
-    path = folder or path
+    path = _folder(folder, path)
     report = _open(path, remote, endpoint).verify()
     typer.echo(f"checked {report.checked} entries, {len(report.bad)} bad (deleted)")
     if report.other_secret:
@@ -123,7 +143,7 @@ def verify(folder: str | None = FOLDER, path: str = DIR, remote: str = REMOTE, e
 
 
 @app.command(cls=PlainUsage)
-def prune(folder: str | None = FOLDER, path: str = DIR,
+def prune(folder: str | None = FOLDER, path: str | None = DIR,
           max_size: str = typer.Option(None, metavar="SIZE",
                                        help="Keep at most this much, e.g. 10GB (least recently used go)."),
           older_than: float = typer.Option(None, metavar="DAYS",
@@ -131,8 +151,8 @@ def prune(folder: str | None = FOLDER, path: str = DIR,
                                                       "created that long ago: a bucket keeps no access times)."),
           remote: str = REMOTE, endpoint: str = ENDPOINT) -> None:
     """Evict least recently used entries and entries not used for a while."""
-    path = folder or path
-    days = None if older_than is None else older_than * 86400
+    path = _folder(folder, path)
+    days = _limits(max_size, older_than)
     from ..errors import InvalidArgument
     cache = _open(path, remote, endpoint)
     try:
@@ -143,11 +163,32 @@ def prune(folder: str | None = FOLDER, path: str = DIR,
     cache.report()  # what could not be deleted and why (a full disk's index), in one warning
 
 
+def _limits(max_size: str | None, older_than: float | None) -> float | None:
+    """--older-than DAYS in seconds (None without it), once prune's limits are checked: a usage
+    error where there is none (the command deleted nothing and said "deleted 0 entries"), for a
+    negative size or number of days, which made every entry too many or too old (all were
+    deleted), and for nan or inf days, which made none old enough (nothing was, silently)."""
+    if max_size is None and older_than is None:
+        refuse("cache prune deletes nothing without a limit: give --max-size SIZE (e.g. 10GB), --older-than DAYS "
+               "(e.g. 30), or both")
+    if max_size is not None and max_size.strip().startswith("-"):
+        raise typer.BadParameter(f"{max_size} is negative: give 0 or more bytes, e.g. --max-size 10GB (least "
+                                 "recently used entries go until the cache holds that much; 0 deletes every entry)",
+                                 param_hint="--max-size")
+    if older_than is None:
+        return None
+    seconds = older_than * 86400
+    if not math.isfinite(seconds) or seconds < 0:
+        raise typer.BadParameter(f"{older_than:g} is not a number of days: give 0 or more, e.g. --older-than 30 "
+                                 "(entries unused for 30 days go; 0 deletes every entry)", param_hint="--older-than")
+    return seconds
+
+
 @app.command(cls=PlainUsage)
-def clear(folder: str | None = FOLDER, path: str = DIR, yes: bool = typer.Option(False, "--yes", help="Do not ask.")
-          ) -> None:
+def clear(folder: str | None = FOLDER, path: str | None = DIR,
+          yes: bool = typer.Option(False, "--yes", help="Do not ask.")) -> None:
     """Delete every entry."""
-    path = folder or path
+    path = _folder(folder, path)
     cache = _open(path)  # first: a folder that holds no cache is said so before anything is asked
     if not yes:
         typer.confirm(f"delete every entry in {path}?", abort=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from typing import TYPE_CHECKING, Any
@@ -216,7 +217,7 @@ def _summary(report: RepeatReport, command: list[str]) -> None:
             console.print(first.python_stack, highlight=False, soft_wrap=True, markup=False)
     elif report.failures and report.native:
         console.print(f"({report.native})", highlight=False, markup=False)
-    console.print(f"{len(report.runs)} runs of: {' '.join(command)}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"{len(report.runs)} runs of: {shlex.join(command)}", highlight=False, soft_wrap=True, markup=False)
     t = Table()
     t.add_column("outcome", overflow="fold")
     t.add_column("runs", justify="right", overflow="fold")
@@ -317,5 +318,5 @@ def wheel_index(folder: str = typer.Argument(..., metavar="FOLDER", help="A fold
     except WheelError as exc:
         console.print(f"[red]error[/] {plain(exc)}", highlight=False)
         raise typer.Exit(2) from None
-    console.print(f"wrote {simple}; install with: pip install --index-url {simple.as_uri()} NAME", highlight=False,
-                  markup=False)
+    install = shlex.join(["pip", "install", "--index-url", simple.as_uri()])
+    console.print(f"wrote {simple}; install with: {install} NAME", highlight=False, markup=False)

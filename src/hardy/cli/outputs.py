@@ -38,6 +38,7 @@ import math
 import os
 import re
 import select
+import shlex
 import signal
 import stat
 import threading
@@ -475,6 +476,7 @@ def failed_line(writer: Writer, before: dict[int, bool], counts: tuple[int, int]
     named = f"item{'s' if failed > 1 else ''} {', '.join(map(str, first))}{more}"
     where = [f"its line in {output}" if output else "its line on stdout"]
     if report:
-        how = f" (hardy report {report} --item {first[0]})" if report.endswith(".json") and first else ""
+        command = shlex.join(["hardy", "report", report, "--item", str(first[0])]) if first else ""
+        how = f" ({command})" if report.endswith(".json") and first else ""
         where.append(f"the run report {report}{how}")
     return f"hardy: {failed} of {done} item(s) failed ({named}); each one's error and stack: {', and '.join(where)}"

@@ -12,6 +12,7 @@ command's exit code stays the one its items give (`saved_as`).
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -76,30 +77,68 @@ def report(path: str = typer.Argument(..., metavar="REPORT",
     except (OSError, ValueError) as exc:
         refuse(str(exc))
     if item is not None:
-        typer.echo(_failure_text(loaded.data.get("failures", []), item, path))
+        typer.echo(_failure_text(loaded.data, item, path))
     else:
         consoles.console().print(loaded)
         if loaded.data.get("failures"):
-            typer.echo(f"each failure's stacks: hardy report {path} --item N")
+            typer.echo(f"each failure's stacks: {shlex.join(['hardy', 'report', path])} --item N")
     if html:
         if saved_as(loaded, html, f"{path} itself is unchanged") is None:
             raise typer.Exit(CANNOT_WRITE)
         typer.echo(f"wrote {html}")
 
 
-def _failure_text(failures: list[Any], item: int, path: str) -> str:
+def _failure_text(data: dict[str, Any], item: int, path: str) -> str:
     """One failure of a report as text: what failed and why, its diagnosis, where its inputs were
     kept, and its stack (an exception's traceback, or a crash's native and Python stacks)."""
+    failures = data.get("failures", [])
     record = next((f for f in failures if isinstance(f, dict) and f.get("item") == item), None)
     if record is None:
         failed = [f.get("item") for f in failures if isinstance(f, dict)]
-        refuse(f"item {item} did not fail in {path}; the items that failed: {failed[:20] or 'none'}")
+        refuse(f"{_no_item(data, item, path) or f'item {item} did not fail in {path}'}; the items that failed: "
+               f"{failed[:20] or 'none'}")
     signal_name = f", {record['signal']}" if record.get("signal") else ""
     lines = [f"item {item}: node {record.get('node')!r} failed: {record.get('error')}{signal_name}: "
              f"{record.get('message')}"]
     lines += [f"diagnosis: {d}" for d in record.get("diagnosis") or ()]
     if record.get("kept_inputs"):
-        lines.append(f"inputs kept: {record['kept_inputs']} (hardy replay {path} --item {item} runs it again)")
+        again = shlex.join(["hardy", "replay", path, "--item", str(item)])
+        lines.append(f"inputs kept: {record['kept_inputs']} ({again} runs it again)")
     stack = str(record.get("stack") or "").rstrip()
     lines.append(stack or "(no stack kept for this failure: reports keep the first failures' stacks)")
     return "\n".join(lines)
+
+
+def _no_item(data: dict[str, Any], item: int, path: str) -> str | None:
+    """"the run in PATH has no item 7 (its items: 0-1)" where the report's run had no such item, or
+    None where it had (it did not fail): saying "item 7 did not fail" of a run of 2 items read as
+    if it had run. Its items are the report's count, numbered from 0, unless its failures and
+    timeline number them further (a `hardy run --resume` ran only some of an earlier run's items,
+    each numbered as there); a timeline keeps at most its first items, so past those only the count
+    and the highest number seen say whether an item was run."""
+    count = data.get("items")
+    seen = {row[0] for row in data.get("timeline", []) if isinstance(row, list) and row}
+    seen |= {f.get("item") for f in data.get("failures", []) if isinstance(f, dict)}
+    numbers = sorted(n for n in seen if isinstance(n, int))
+    if not isinstance(count, int) or item in seen:
+        return None
+    if numbers[-1:] < [count]:  # numbered 0 to count - 1
+        if item < count:
+            return None
+        span = "none" if count == 0 else "0" if count == 1 else f"0-{count - 1}"
+        return f"the run in {path} has no item {item} (it had {count} item(s): {span})"
+    if len(numbers) >= count or item > numbers[-1]:  # every item seen, or past the highest one
+        return f"the run in {path} has no item {item} (its items: {_spans(numbers)})"
+    return None
+
+
+def _spans(numbers: list[int]) -> str:
+    """Sorted item numbers as runs of consecutive ones, "0-3, 7, 9-10"; at most ten runs, then "..."."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    said = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:10]]
+    return ", ".join(said) + (", ..." if len(runs) > 10 else "")

@@ -13,15 +13,15 @@ completion order, each line naming its item), so that whatever ends the command 
 scheduler's kill, a crash of this process when the pipeline runs nodes in it) leaves every
 finished item in the output; `--resume` reads those lines back and runs only the other items.
 What a line holds, and how outputs are written as JSON: `outputs.py`; what the command is given
-(--set, --inputs): `inputs.py`.
+(--set, --inputs): `inputs.py`; the MODULE:PIPELINE it runs: `loading.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -31,91 +31,15 @@ from typing import IO, Any, NoReturn
 import typer
 
 from ..errors import Failed
-from ..wording import a_kind, did_you_mean
+from ..wording import did_you_mean
 from .inputs import alongside, parse_sets, read_items
+from .loading import load_pipeline
 from .outputs import Writer, closing_ends_the_run, failed_line, fresh_results, resumed, written
 from .reports import saved_as, writable_report
 from .usage import at_least
 from .usage import refuse as _fail_usage
 
 EXECUTORS = ("sequential", "threaded", "async", "process")  # what --executor names (the others are objects)
-
-
-def load_pipeline(target: str) -> Any:
-    """`pkg.module:name` (a dotted attribute path after the colon) as a Pipeline. Whatever goes
-    wrong while importing the module (it raises, has a syntax error, calls sys.exit) is a usage
-    error: nothing has run yet."""
-    from ..api.pipeline import Pipeline
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        _fail_usage(f"{target!r} is not MODULE:PIPELINE, e.g. mypkg.flows:pipeline")
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name or module_name.startswith("."):
-        dotted = module_name.removesuffix(".py").strip("./").replace("/", ".").replace(os.sep, ".")
-        _fail_usage(f"{module_name!r} is a file path or a relative module; name the module as Python imports it: "
-                    f"{dotted or 'mymodule'}:{attr} (run from the directory that holds it, or set PYTHONPATH)")
-    if "" not in sys.path:
-        sys.path.insert(0, "")  # the current directory, as `python -m` has it
-    obj: Any = _import(module_name)
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = sorted(n for n in dir(obj) if isinstance(getattr(obj, n, None), Pipeline))
-            _fail_usage(f"{module_name!r} has no attribute {attr!r}; pipelines there: {names or 'none'}")
-        obj = getattr(obj, part)
-    if not isinstance(obj, Pipeline):
-        _fail_usage(f"{target} is {a_kind(obj)}, not a hardy Pipeline")
-    return obj
-
-
-def _import(module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        if getattr(exc, "name", None) in (module_name, module_name.split(".")[0]):
-            _fail_usage(f"cannot import {module_name!r}: {exc}")
-        _fail_usage(f"cannot import {module_name!r}: {_where(exc)}")
-    except SyntaxError as exc:
-        _fail_usage(f"cannot import {module_name!r}: {type(exc).__name__} in {exc.filename}, line {exc.lineno}: "
-                    f"{exc.msg}")
-    except SystemExit as exc:
-        _fail_usage(f"importing {module_name!r} called sys.exit({exc.code!r}), so nothing ran; a module for "
-                    "`hardy run` must not exit when imported: put its script part under "
-                    "`if __name__ == \"__main__\":`")
-    except Exception as exc:
-        _fail_usage(f"importing {module_name!r} raised {_where(exc)}")
-
-
-def _where(exc: BaseException) -> str:
-    """The exception and the deepest line of the user's own files it went through: not the
-    standard library's nor an installed package's (a `json.loads` of a bad config fails in
-    json/decoder.py, which is not where the fix goes), nor hardy's or importlib's; failing that,
-    the deepest frame outside importlib and this command."""
-    import traceback
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
-              and not f.filename.endswith("cli/run.py")]
-    own = [f for f in frames if not _not_users(f.filename)]
-    if not own and not frames:
-        return f"{type(exc).__name__}: {exc}"
-    frame = (own or frames)[-1]
-    name = frame.filename
-    with contextlib.suppress(ValueError):
-        relative = os.path.relpath(name)
-        name = name if relative.startswith(os.pardir) else relative
-    return f"{type(exc).__name__}: {exc} (at {name}, line {frame.lineno}, in {frame.name})"
-
-
-def _not_users(filename: str) -> bool:
-    """A file that is not the user's own: generated (`<frozen ...>`, `<string>`), hardy's, or in
-    the standard library's or an installed package's folder."""
-    import sysconfig
-
-    from ..tracebacks import is_hardy
-    if filename.startswith("<") or is_hardy(filename):
-        return True
-    paths = sysconfig.get_paths()
-    folders = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
-    parts = Path(filename).parts
-    return "site-packages" in parts or "dist-packages" in parts or any(
-        filename.startswith(folder + os.sep) for folder in folders)
 
 
 def _said(exc: BaseException) -> str:
@@ -167,7 +91,7 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
         from ..cache import DiskCache
         pipeline = pipeline.cached_in(DiskCache(cache))
     before, todo = _resuming(results, resume, values, over)
-    with engine, _Interruptible() as interrupted, _opened(output, lines, results) as out:
+    with engine, _Interruptible() as interrupted, _opened(output, lines, results) as out, _in_options():
         writer = Writer(out, {name: n.name for name, n in pipeline.graph.producer.items()})
         unwritable = _watched(out, lambda: _items(pipeline, values, over, wanted, (before, todo), engine, progress,
                                                   writer))
@@ -190,6 +114,20 @@ def run(target: str = typer.Argument(..., metavar="MODULE:PIPELINE", help="MODUL
     if failed:
         typer.echo(failed_line(writer, before, (failed, done), output, report), err=True)
     raise typer.Exit(1 if failed else 0)
+
+
+@contextlib.contextmanager
+def _in_options() -> Iterator[None]:
+    """While the map runs, a crash of this process (an in-process executor's node) says what would
+    contain it as this command's option, --executor process, not as Python's `map_executor=`."""
+    from ..crash import signals
+    before = dict(signals.REMEDY_WORDS)
+    signals.REMEDY_WORDS.update(executor="--executor {}", contains="--executor process (or @node(isolate=True) on "
+                                "that node, in its code)")
+    try:
+        yield
+    finally:
+        signals.REMEDY_WORDS.update(before)
 
 
 def _watched(out: IO[str], items: Callable[[], OSError | None]) -> OSError | None:
@@ -229,7 +167,23 @@ def _inputs(pipeline: Any, set_: list[str], inputs: str | None, map_over: list[s
     unknown = pipeline.graph.unknown_inputs(values, pipeline.name)
     if unknown is not None:  # a typo in --set or in the input lines: nothing runs
         _fail_usage(str(unknown))
+    _mapped(pipeline, over, values)
     return values, over, numbers
+
+
+def _mapped(pipeline: Any, over: list[str], values: dict[str, Any]) -> None:
+    """A usage error for a --map-over name no input given holds, in the command's words (the map's
+    own error names Python's `inputs={...}`): the input to give, or, for a name the pipeline does
+    not take (a typo), the inputs it does take."""
+    for name in (n for n in over if n not in values):
+        given = shlex.quote(f"{name}=[...]")
+        if name in pipeline.graph.root_inputs:
+            _fail_usage(f"--map-over {name} names input {name!r}, which neither --set nor --inputs gives: give it "
+                        f"its list of values, --set {given}, or a {name!r} key in each line of --inputs FILE")
+        inputs = pipeline.graph.root_args
+        _fail_usage(f"--map-over {name} names no input of pipeline {pipeline.name!r}; its inputs: {inputs}"
+                    f"{did_you_mean(name, inputs)}: map over one of them, given as a list (--set NAME='[...]', or a "
+                    "key of each --inputs line)")
 
 
 def _no_item(inputs: str, output: str | None, resume: str | None) -> NoReturn:
@@ -352,8 +306,8 @@ def _unwritable(exc: OSError, done: int, output: str | None, out: IO[str]) -> No
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     what = "the output was closed (a closed pipe)" if closed else f"cannot write {output or 'stdout'}: {exc.strerror}"
     then = "" if closed or output is None else (
-        f"; once it can be written (room on its disk), the same command with --resume {output} runs the items "
-        "that have no line in it yet")
+        f"; once it can be written (room on its disk), the same command with --resume {shlex.quote(output)} runs "
+        "the items that have no line in it yet")
     with contextlib.suppress(OSError):
         typer.echo(f"hardy: {what} after {done} item(s); the map was stopped and its workers with it{then}", err=True)
     raise typer.Exit(141 if closed else 74)

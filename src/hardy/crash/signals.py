@@ -137,10 +137,15 @@ def _last_words(signum: int) -> None:
     os.write(2, _remedy("crash"))
 
 
+# The settings the remedy names, in the caller's words: the library's arguments, or a command's
+# options (`hardy run` sets `REMEDY_WORDS["executor"] = "--executor {}"`); "{}" is the executor.
+REMEDY_WORDS = {"executor": "map_executor={!r}", "contains": 'map_executor="process" or @node(isolate=True)'}
+
+
 def _remedy(what: str) -> bytes:
     """The line that says why `what` ends this process and what would contain it."""
-    return (f"hardy: map_executor={_maps['executor']!r} runs nodes in this process, so the {what} ends it; "
-            "map_executor=\"process\" or @node(isolate=True) contains it: only that item would fail.\n").encode()
+    return (f"hardy: {REMEDY_WORDS['executor'].format(_maps['executor'])} runs nodes in this process, so the "
+            f"{what} ends it; {REMEDY_WORDS['contains']} contains it: only that item would fail.\n").encode()
 
 
 def _guard_exits() -> None:
