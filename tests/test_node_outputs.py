@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from hardy import Pipeline, node
+from hardy import Engine, Pipeline, node
 from hardy.errors import LazyOutputError, NodeDefinitionError, NodeError, OutputCountError
 
 
@@ -78,9 +78,18 @@ def test_a_generator_output_error_names_the_node() -> None:
     assert str(cause).startswith("node 'gen': its output 'g' is a generator")
 
 
-def test_a_one_name_tuple_is_refused_where_hardy_cannot_carry_it_yet() -> None:
-    with pytest.raises(NodeDefinitionError, match=r"cannot be combined with isolate=True yet; declare output_name='y'"):
-        node(output_name=("y",), isolate=True)(lambda x: (x,))
+def test_a_one_name_tuple_is_unpacked_in_an_isolated_worker_and_refused_with_batches() -> None:
+    """An isolated node's worker stores the unpacked value, and its caller unpacks the 1-tuple the
+    call gives back: the same as in-process. A batched node's lists cannot carry it yet: refused."""
+    @node(output_name=("y",), isolate=True)
+    def one(x: int) -> tuple[int]:
+        return (x + 1,)
+
+    for engine in (Engine(map_executor="sequential"), Engine(workers=1)):
+        with engine:
+            p = Pipeline(nodes=[one], engine=engine)
+            assert p.run(inputs={"x": 1}) == {"y": 2}
+            assert p.map(inputs={"x": [1, 2]}, map_over="x") == [{"y": 2}, {"y": 3}]
     with pytest.raises(NodeDefinitionError, match=r"cannot be combined with batch_size= yet"):
         node(output_name=("y",), batch_size=4)(lambda x: (x,))
 
@@ -118,3 +127,21 @@ def test_nodes_of_the_same_function_and_outputs_are_equal_as_in_hypernodes() -> 
     assert a == b and hash(a) == hash(b) and a.__name__ == "f"
     assert a != node(output_name="z")(f)
     assert a != node(output_name="y")(g)  # another function of the same name computes something else
+
+
+def test_a_one_name_tuple_nodes_event_holds_the_unpacked_value() -> None:
+    """`on_node_end` said `{'label': ('pos',)}` where the pipeline holds `'pos'`."""
+    from hardy import PipelineCallback
+
+    seen: list[dict[str, object]] = []
+
+    class Ends(PipelineCallback):
+        def on_node_end(self, node_id, outputs, duration, ctx):  # type: ignore[no-untyped-def]
+            seen.append(dict(outputs))
+
+    @node(output_name=("label",))
+    def classify(score: int) -> tuple[str]:
+        return ("pos" if score > 0 else "neg",)
+
+    Pipeline(nodes=[classify], callbacks=[Ends()], engine=Engine(map_executor="sequential")).run(inputs={"score": 3})
+    assert seen == [{"label": "pos"}]

@@ -75,7 +75,9 @@ class WorkerCall(IsolatedCall):
             err.item = None
             raise err
         out, outputs = results.values[0], self.node.outputs
-        return out[outputs[0]] if len(outputs) == 1 else tuple(out[o] for o in outputs)
+        if len(outputs) == 1 and not self.node.unpacks:
+            return out[outputs[0]]
+        return tuple(out[o] for o in outputs)  # (one name too where declared as a tuple: the caller unpacks it)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.settle(self.run(args, kwargs))

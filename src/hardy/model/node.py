@@ -51,7 +51,7 @@ class Node:
         self.name: str = _node_name(func, name, output_name)
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
         self.unpacks = isinstance(output_name, (tuple, list))
-        _one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), isolate, batch_size)
+        _one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), batch_size)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
             getattr(func, "__call__", None))  # noqa: B004 - an instance's __call__ may be async
@@ -215,16 +215,15 @@ def _output_names(output_name: str | Sequence[str] | None, default: str) -> tupl
     return names
 
 
-def _one_name_tuple_fits(name: str, declared: tuple[str, ...], isolate: bool, batch_size: int | None) -> None:
+def _one_name_tuple_fits(name: str, declared: tuple[str, ...], batch_size: int | None) -> None:
     """A one-name tuple (`output_name=("label",)`: the node returns a 1-tuple) is not yet carried
-    through a worker process's call (`isolate=True`) nor a batched node's lists: refused here, with
-    the spelling that works, rather than failing on some engines only."""
-    if len(declared) != 1 or not (isolate or batch_size is not None):
+    through a batched node's lists: refused here, with the spelling that works, rather than
+    failing on some engines only."""
+    if len(declared) != 1 or batch_size is None:
         return
-    option = "isolate=True" if isolate else "batch_size="
     raise NodeDefinitionError(
         f"node {name!r}: output_name={declared} (a tuple of one name, whose 1-tuple result is unpacked) "
-        f"cannot be combined with {option} yet; declare output_name={declared[0]!r} and return the value itself.")
+        f"cannot be combined with batch_size= yet; declare output_name={declared[0]!r} and return the value itself.")
 
 
 def _parameters(func: Callable[..., Any], name: str

@@ -424,7 +424,11 @@ class Events:
         def outputs(value: Any) -> dict[Any, Any]:
             if getattr(node, "hypernodes_events", False):  # HyperNodes' own shape, for its callbacks
                 return value if isinstance(value, dict) else {node.output_name: value}  # (`compat.hypernodes`)
-            return {node.outputs[0]: value} if len(node.outputs) == 1 else dict(zip(node.outputs, value))
+            if len(node.outputs) == 1 and not node.unpacks:
+                return {node.outputs[0]: value}
+            if isinstance(value, (tuple, list)):  # (one name too, declared as a tuple: its 1-tuple)
+                return dict(zip(node.outputs, value))
+            return {node.output_name: value}  # (a generator the plan unpacks next: not read here)
 
         def inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             return {**dict(zip(params, args)), **kwargs}
