@@ -39,10 +39,13 @@ def test_every_installed_module_belongs_to_the_distribution_importlib_metadata_n
 
 
 def test_a_library_is_keyed_by_its_version_and_the_versions_it_requires():
+    """Each by its name, version and a digest of the files its RECORD hashes (tests/test_wheel_keys.py)."""
     import sklearn.linear_model  # noqa: F401
     found = module_identity("sklearn.linear_model").decode()
+    versions = dict(part.split("#record:")[0].split("==") for part in found.split(";"))
     for dist in ("scikit-learn", "numpy", "scipy"):
-        assert f"{normalize(dist)}=={importlib.metadata.version(dist)}" in found.split(";"), found
+        assert versions[normalize(dist)] == importlib.metadata.version(dist), found
+    assert all("#record:" in part for part in found.split(";")), found
 
 
 def test_the_standard_library_and_builtins_are_keyed_by_the_python_version():
