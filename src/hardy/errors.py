@@ -195,7 +195,7 @@ class NodeError(HardyError):
     stack: str  # the cause's traceback as text, set where it crosses a process (`shipping.portable`)
     cause_frames: list[Any] | None = None  # ... and as frames, rebuilt into a traceback here (`hardy.tracebacks`)
     cause_chain: list[Any] | None = None  # what the cause was raised from or while handling (`tracebacks.relinked`)
-    cause_groups: list[Any] | None = None  # an exception group's exceptions' frames (`tracebacks.group_frames`)
+    cause_groups: list[Any] | None = None  # an exception group's exceptions' frames and chains (`shipping.failures`)
     rerun: Callable[[str], bool] | None = None  # how the caller runs its item again under pdb (`debug`)
     nested: tuple[str, ...] = ()  # where in nested maps it failed, outermost first: "'per_doc' item 1"
 

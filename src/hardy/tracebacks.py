@@ -14,14 +14,12 @@ Used on the failure path only, three steps:
   and `python -m pdb` walk it, showing the source and the locals that came back.
 
 Why not tblib (which Dask uses): its rebuilt frames carry the column range of its own stub
-(`raise __traceback_maker`), so on Python 3.11+ every remote line is underlined wrongly, and its
-frames carry no locals unless asked. A stub that raises at exactly the original columns is the
-part that matters, and it is a few lines here.
+(`raise __traceback_maker`), so on Python 3.11+ every remote line is underlined wrongly, and no
+locals unless asked. A stub that raises at exactly the original columns is what matters.
 """
 
 from __future__ import annotations
 
-import builtins
 import functools
 import itertools
 import os
@@ -37,7 +35,9 @@ MAX_LOCALS = 64  # per frame: the rest are left out (a frame with more is rare, 
 MAX_TEXT = 10_000  # a str or bytes local longer than this travels as a stand-in
 REPR_BUDGET = 1.0  # seconds the local reprs of one traceback may take together (`_Budget`)
 NOT_TAKEN = "<repr not taken: slow>"  # the text of a local whose repr ran past the budget, or came after it
-Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any], int]]
+Parameters = tuple[tuple[str, ...], int, int, int, int]  # names; positional-only, positional, keyword-only; flags
+Frames = list[tuple[str, str, str, int, "tuple[int, int, int] | None", dict[str, Any], int, "Parameters | None"]]
+_OPTIMIZED, _VARARGS, _VARKEYWORDS = 1, 4, 8  # a code's flags: a function's, its *args, its **kwargs (`inspect`'s)
 
 
 def is_hardy(filename: str) -> bool:
@@ -91,7 +91,8 @@ def _repr() -> Any:
 def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """`tb` from the first frame of the user's code on, without hardy's frames between the
     user's. hardy's frames after the user's last stay (hardy raised the error: its frames say
-    where); with no user frame at all, only hardy's leading frames go."""
+    where); with no user frame at all, only hardy's leading frames go. The plan's code goes anywhere
+    (a group `except*` raised again in a node starts at the caller's frame: the plan's)."""
     entries: list[types.TracebackType] = []
     while tb is not None:
         entries.append(tb)
@@ -101,7 +102,8 @@ def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     if first is None:
         first = next((k for k, n in enumerate(names) if not is_hardy(n)), 0)
     last_other = max((k for k, n in enumerate(names) if not is_hardy(n)), default=-1)
-    kept = [k for k in range(first, len(entries)) if k > last_other or not is_hardy(names[k])]
+    kept = [k for k in range(first, len(entries))
+            if (k > last_other or not is_hardy(names[k])) and not names[k].startswith(_PLAN)]
     if not kept:
         return None
     if kept == list(range(kept[0], len(entries))):
@@ -138,14 +140,15 @@ class LeftBehind:
 
 def travelling(tb: types.TracebackType | None) -> Frames:
     """The frames of `tb`, outermost first, as data that pickles: (file, function, module,
-    line, (end line, column, end column) or None, locals, the function's first line). The
-    locals' reprs together take `REPR_BUDGET` seconds at most (`_Budget`)."""
+    line, (end line, column, end column) or None, locals, the function's first line, its
+    parameters). The locals' reprs together take `REPR_BUDGET` seconds at most (`_Budget`)."""
     frames: Frames = []
     with _Budget(REPR_BUDGET) as budget:
         while tb is not None:
             frame, code = tb.tb_frame, tb.tb_frame.f_code
             frames.append((code.co_filename, code.co_name, str(frame.f_globals.get("__name__", "")), tb.tb_lineno,
-                           _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame, budget), code.co_firstlineno))
+                           _position(code, tb.tb_lasti, tb.tb_lineno), _locals(frame, budget), code.co_firstlineno,
+                           _parameters(code)))
             tb = tb.tb_next
     return frames
 
@@ -159,27 +162,25 @@ class _Budget:
     """The seconds a traceback's local reprs may take together. Nothing calls `repr` on a failure
     in-process; a worker does, to send the locals' stand-ins, and a `__repr__` that waits (on a
     lock another thread holds, a client asking its connection, a lazy value computing) held the
-    item until its timeout (a NodeTimeout in place of the node's own error) or forever. Once
-    the budget is spent, the repr in progress is cut and the remaining locals are not taken
+    item until its timeout (a NodeTimeout in place of the node's own error) or forever. Once the
+    budget is spent, the repr in progress is cut and the remaining locals are not taken
     (`NOT_TAKEN`): the failure comes back within about `seconds`, the user's error whole.
 
     How: an ITIMER_REAL timer, set at the first repr, and a SIGALRM handler that raises `_Cut`
-    (while a repr runs; between reprs it only marks the budget spent). A Python signal handler
-    runs between bytecodes and interrupts a blocking wait on Linux (a lock's acquire, a sleep, a
-    socket read: PEP 475 retries only after the handler returned), in the main thread, where a
-    worker runs its items and makes their failures ready to travel. Not a thread running the repr with a timeout: a
-    repr that never returns would leave that thread running, and a repr that runs on another
-    thread than its object's may not be safe. The previous handler and timer (the node's own
-    `signal.alarm`) are put back, the time spent taken off what was left of it. Elsewhere (a
-    thread of the node logging an exception; a SIGALRM handler set from C, which Python cannot
-    put back) the reprs are not timed. A repr stuck in C code that never checks for
-    signals is not cut either."""
+    (while a repr runs; between reprs it only marks the budget spent). A Python signal handler runs
+    between bytecodes and interrupts a blocking wait on Linux (a lock's acquire, a sleep, a socket
+    read: PEP 475 retries only after the handler returned), in the main thread, where a worker runs
+    its items and makes their failures ready to travel. Not a thread running the repr with a
+    timeout: a repr that never returns would leave that thread running, and a repr that runs on
+    another thread than its object's may not be safe. The previous handler and timer (the node's
+    own `signal.alarm`) are put back, the time spent taken off what was left of it. Elsewhere (a
+    node's thread logging an exception; a SIGALRM handler set from C, which Python cannot put
+    back) the reprs are not timed, nor is a repr stuck in C code that never checks for signals."""
 
     def __init__(self, seconds: float):
         self.seconds, self.spent, self.running, self.armed = seconds, False, False, False
         self.previous: Any = None
-        self.timer = (0.0, 0.0)
-        self.started = 0.0
+        self.timer, self.started = (0.0, 0.0), 0.0
 
     def __enter__(self) -> _Budget:
         return self
@@ -244,6 +245,15 @@ def _position(code: types.CodeType, lasti: int, lineno: int) -> tuple[int, int, 
     return end, col, end_col
 
 
+def _parameters(code: types.CodeType) -> Parameters | None:
+    """A frame's function's parameters (None: none, or a top level), where pdb's `a` and IPython's
+    `f(x=1)` read its arguments: its rebuilt frame's code has them too (`_arguments`)."""
+    star = code.co_flags & (_VARARGS | _VARKEYWORDS)
+    count = code.co_argcount + code.co_kwonlyargcount + bin(star).count("1")
+    return (code.co_varnames[:count], code.co_posonlyargcount, code.co_argcount, code.co_kwonlyargcount,
+            star) if count else None
+
+
 def _locals(frame: types.FrameType, budget: _Budget) -> dict[str, Any]:
     if frame.f_locals is frame.f_globals:  # a module's top level: its globals are not the frame's own
         return {}
@@ -251,9 +261,7 @@ def _locals(frame: types.FrameType, budget: _Budget) -> dict[str, Any]:
 
 
 def _local(value: Any, budget: _Budget) -> Any:
-    if _plain(value, 2):
-        return value
-    if isinstance(value, LeftBehind):
+    if _plain(value, 2) or isinstance(value, LeftBehind):
         return value
     try:
         text = budget.take(value)
@@ -288,27 +296,18 @@ def with_frames(exc: BaseException, frames: Frames) -> None:
             raise
 
 
-GroupFrames = list[tuple["Frames | None", Any]]  # per exception of a group: its frames, and its own group's
-
-
-def group_frames(exc: BaseException) -> GroupFrames | None:
-    """The frames of every exception an exception group holds (`asyncio.TaskGroup`'s, `except*`'s),
-    nested groups' too: pickle carries a group's exceptions without their tracebacks. None for an
-    exception that is no group."""
-    inner = getattr(exc, "exceptions", None)
-    group = getattr(builtins, "BaseExceptionGroup", None)  # (Python 3.11 on)
-    if group is None or not isinstance(exc, group) or not isinstance(inner, tuple):
-        return None
-    return [(travelling(e.__traceback__) if e.__traceback__ is not None else None, group_frames(e)) for e in inner]
+GroupFrames = list[tuple["Frames | None", Any, Any]]  # per exception of a group: its frames, its group's, its chain
+# (`shipping.failures._groups`: pickle carries a group's exceptions without their tracebacks, causes and contexts)
 
 
 def with_group_frames(exc: BaseException, tree: GroupFrames) -> None:
-    """A group's exceptions given back their tracebacks (`group_frames`), as if raised here."""
-    for inner, (frames, below) in zip(getattr(exc, "exceptions", ()), tree):
+    """A group's exceptions given back their tracebacks and chains (`shipping.failures`), as if raised here."""
+    for inner, (frames, below, chain) in zip(getattr(exc, "exceptions", ()), tree):
         if frames:
             with_frames(inner, frames)
         if below:
             with_group_frames(inner, below)
+        relinked(inner, chain)
 
 
 def landed(exc: BaseException, frames: Frames | None, chain: Any, groups: GroupFrames | None) -> BaseException:
@@ -341,10 +340,11 @@ def relinked(exc: BaseException, chain: Any) -> None:
 def rebuilt(frames: Frames) -> types.TracebackType | None:
     """A traceback whose frames read as `frames` did where they ran (`travelling`)."""
     top = None
-    for filename, name, module, lineno, position, local, *first in reversed(frames):  # (a report's: no first)
-        frame, lasti = _stub_frame(_stub(filename, name, lineno, position, first[0] if first else 1), filename,
-                                   module)
-        frame.f_locals.update(local)  # a top-level frame's locals are the mapping it ran with: this one
+    for filename, name, module, lineno, position, local, *more in reversed(frames):  # (a report's: no first)
+        params, args, kwargs = _arguments(more[-1], local) if more and isinstance(more[-1], tuple) else (None, (), {})
+        code = _stub(filename, name, lineno, position, more[0] if more else 1, params)
+        frame, lasti = _stub_frame(code, filename, module, args, kwargs)
+        frame.f_locals.update(local)  # (the arguments it was called with again, and the other locals)
         top = types.TracebackType(top, frame, lasti, lineno)
     return top
 
@@ -357,15 +357,38 @@ def debugger_quit(exc: BaseException) -> bool:
     return isinstance(exc, getattr(sys.modules.get("bdb"), "BdbQuit", ()))
 
 
-def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types.FrameType, int]:
-    """A frame of `code` that ended by raising, and the instruction it raised at. Run with this
+def _arguments(params: Parameters, local: dict[str, Any]) -> tuple[Parameters | None, tuple[Any, ...], dict[str, Any]]:
+    """A rebuilt frame's parameters, and its arguments' locals that came back, to call it with (none where one did
+    not: past `MAX_LOCALS`, deleted); a `*args` no tuple, a `**kwargs` no dict of other names, stays a local."""
+    names, posonly, count, kwonly, star = params
+    kept, flags = list(names[:count + kwonly]), 0
+    if not all(n in local for n in kept):
+        return None, (), {}
+    args, kwargs = tuple(local[n] for n in names[:count]), {n: local[n] for n in names[count:count + kwonly]}
+    if star & _VARARGS and isinstance(value := local.get(names[len(kept)]), tuple):
+        args, flags = args + value, _VARARGS
+        kept.append(names[len(kept)])
+    varkw = local.get(names[-1]) if star & _VARKEYWORDS else None
+    if isinstance(varkw, dict) and all(isinstance(k, str) and k not in names[posonly:count + kwonly] for k in varkw):
+        kwargs, flags = {**kwargs, **varkw}, flags | _VARKEYWORDS
+        kept.append(names[-1])
+    return (tuple(kept), posonly, count, kwonly, flags), args, kwargs
+
+
+def _stub_frame(code: types.CodeType, filename: str, module: str, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[types.FrameType, int]:
+    """A frame of `code` that ended by raising, and the instruction it raised at: a function's
+    called with `args` and `kwargs` (its parameters' values), a top level's run. Run with this
     thread's trace function off: the stub carries the user's file and line, so a debugger tracing
     the caller (`python -m pdb script.py`, a breakpoint on a node's line) would stop in it, a frame
     of hardy's with none of the node's locals, and its `q` would be lost there."""
     tracer = sys.gettrace()
     sys.settrace(None)
     try:
-        exec(code, _globals(module, filename), {})  # noqa: S102 - our own stub (`_stub`)
+        if code.co_flags & _OPTIMIZED:
+            types.FunctionType(code, _globals(module, filename))(*args, **kwargs)
+        else:
+            exec(code, _globals(module, filename), {})  # noqa: S102 - our own stub (`_stub`)
     except (NameError, TypeError) as exc:
         tb = exc.__traceback__
         assert tb is not None and tb.tb_next is not None
@@ -375,6 +398,7 @@ def _stub_frame(code: types.CodeType, filename: str, module: str) -> tuple[types
     raise AssertionError("a traceback stub did not raise")
 
 
+_HEAD = "def _():("  # a function stub's first line: its body, the raising code, inside the bracket (`_stub`)
 _STUB_NAMES = frozenset({"iter", *("Q" * width for width in range(1, 6))})  # what a stub reads (`_stub`)
 
 
@@ -392,13 +416,13 @@ def _globals(module: str, filename: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=512)
 def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] | None,
-          first: int = 1) -> types.CodeType:
-    """Code named `name` in `filename` that raises at `lineno`, at exactly the columns `position`
-    says (a name of that width that is not defined, or `iter()` spread over those columns and
-    lines), so that Python underlines the same part of the line as it did where it ran; it starts
-    at the function's `first` line, where pytest and pdb's `ll` begin its source."""
+          first: int = 1, params: Parameters | None = None) -> types.CodeType:
+    """Code named `name` in `filename` that raises at `lineno`, at exactly the columns `position` says (a name of that
+    width that is not defined, or `iter()` spread over those columns and lines), so that Python underlines the same
+    part of the line as it did where it ran; it starts at the function's `first` line, where pytest and pdb's `ll`
+    begin its source. With `params`, a function's (`_HEAD`), unless it raised left of where its body could start."""
     if position is None:
-        end, col, end_col = lineno + 1, 0, 1  # no columns known: a range over lines, which nothing underlines
+        end, col, end_col = lineno + 1, len(_HEAD), 1  # no columns known: a range over lines, which nothing underlines
     else:
         end, col, end_col = position
     if end == lineno:
@@ -406,9 +430,15 @@ def _stub(filename: str, name: str, lineno: int, position: tuple[int, int, int] 
         text = "Q" * width if width < 6 else "iter(" + " " * (width - 6) + ")"
     else:
         text = "iter(" + "\n" * (end - lineno) + " " * max(end_col - 1, 0) + ")"
-    line = "(" + " " * (col - 1) + text + ")" if col else text  # no indent at the top level: a bracket
-    first = max(1, min(first, lineno))
-    code = compile("\n" * (lineno - first) + line, filename, "exec")
+    first = max(1, min(first, lineno))  # (no indent at the top level: a bracket, from the first line)
+    head = _HEAD if params and (lineno > first or col >= len(_HEAD)) else "(" if lineno > first or col else ""
+    indent = col - len(head) if lineno == first else col
+    code = compile(head + "\n" * (lineno - first) + " " * indent + text + ")" * bool(head), filename, "exec")
+    if head == _HEAD and params:
+        code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+        names, posonly, count, kwonly, star = params
+        code = code.replace(co_varnames=names, co_nlocals=len(names), co_argcount=count, co_posonlyargcount=posonly,
+                            co_kwonlyargcount=kwonly, co_flags=code.co_flags | star)
     code = code.replace(co_name=name, co_firstlineno=first)
     return code.replace(co_qualname=name) if sys.version_info >= (3, 11) else code  # type: ignore[call-arg,unused-ignore]
 
@@ -417,8 +447,7 @@ def where_interrupted(tb: types.TracebackType | None) -> types.TracebackType | N
     """A Ctrl-C's `tb` from the user's first frame on (`own_frames`), or None when it holds only
     hardy's and the standard library's: it landed in hardy's wait for its workers (or a `threaded`
     map's wait in `threading`), whose frames say nothing about where the user's code was."""
-    frames = own_frames(tb)
-    entry = frames
+    frames = entry = own_frames(tb)
     while entry is not None and is_machinery(entry.tb_frame.f_code.co_filename):
         entry = entry.tb_next
     return frames if entry is not None else None
@@ -435,7 +464,7 @@ def landed_in_worker(interrupt: BaseException, frames: list[tuple[str, str, int]
     tb = interrupt.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    theirs = rebuilt([(file, name, "", line, _whole_line(file, line), {}, 1) for file, name, line in frames[first:]])
+    theirs = rebuilt([(f, name, "", line, _whole_line(f, line), {}, 1, None) for f, name, line in frames[first:]])
     if tb is None:
         interrupt.__traceback__ = theirs
     else:

@@ -12,7 +12,7 @@ import types
 from typing import Any
 
 from ..errors import EXCEPTION_GROUP, NodeError, stand_in, text_of
-from ..tracebacks import GroupFrames, group_frames, travelling, with_group_frames
+from ..tracebacks import GroupFrames, travelling, with_group_frames
 from .pickling import ByValuePickler, dumps
 
 
@@ -29,10 +29,11 @@ def portable(err: NodeError) -> NodeError:
         err.stack = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     if cause is not None and cause.__traceback__ is not None and not getattr(err, "cause_frames", None):
         err.cause_frames = travelling(cause.__traceback__)  # the cause's traceback, rebuilt where it lands
+    seen = {id(cause)}  # (the exceptions on their way: each travels once, as Python prints each once)
     if cause is not None and err.cause_chain is None:
-        err.cause_chain = _chain(cause)
+        err.cause_chain = _chain(cause, seen)
     if cause is not None and getattr(err, "cause_groups", None) is None:
-        err.cause_groups = group_frames(cause)  # (an exception group's exceptions' tracebacks)
+        err.cause_groups = _groups(cause, seen)  # (an exception group's exceptions' tracebacks and chains)
     if cause is not None:
         shipped = _shipped(cause)
         err.__cause__ = _CauseCopy(cause) if shipped is cause and not _survives(err) else shipped
@@ -42,18 +43,18 @@ def portable(err: NodeError) -> NodeError:
 def travelling_exception(exc: BaseException) -> tuple[Any, ...]:
     """`exc` ready to cross a process on its own (a log record's `exc_info`), as `portable` makes a
     node's error's cause: itself or a copy that rebuilds it, and what pickle leaves out (its
-    frames, the exceptions it was raised from, its group's frames), for `tracebacks.landed`."""
-    tb = exc.__traceback__
-    return _shipped(exc), travelling(tb) if tb is not None else None, _chain(exc), group_frames(exc)
+    frames, the exceptions it was raised from, its group's frames and chains), for `tracebacks.landed`."""
+    tb, seen = exc.__traceback__, {id(exc)}
+    return _shipped(exc), travelling(tb) if tb is not None else None, _chain(exc, seen), _groups(exc, seen)
 
 
-def _shipped(exc: BaseException, linked: bool = False) -> BaseException:
+def _shipped(exc: BaseException, seen: set[int] | None = None) -> BaseException:
     """`exc` as it travels: itself, or a copy that rebuilds it (`_CauseCopy`) where pickle would not
-    bring it back whole; in a `_Landing` where its class must be named again, or, `linked` (an
-    exception the cause was raised from, whose group's frames travel with no other), where it is
-    a group whose exceptions need their tracebacks."""
+    bring it back whole; in a `_Landing` where its class must be named again, or, given `seen` (an
+    exception another was raised from, whose group's frames and chains travel with no other), where
+    it is a group whose exceptions need their tracebacks."""
     shipped = exc if _survives(exc) else _CauseCopy(exc)
-    tree = group_frames(exc) if linked else None
+    tree = _groups(exc, seen) if seen is not None else None
     return _Landing(shipped, type(exc).__qualname__, tree) if tree or _loses_name(type(exc)) else shipped
 
 
@@ -153,24 +154,40 @@ def _alike(copied: tuple[Any, ...], given: tuple[Any, ...]) -> bool:
 CHAIN_LIMIT = 100  # links of an exception chain that travel (Python prints every one: a chain that long is rare)
 
 
-def _chain(exc: BaseException) -> list[tuple[BaseException, bool, bool, bool, Any]]:
+def _chain(exc: BaseException, seen: set[int]) -> list[tuple[BaseException, bool, bool, bool, Any]]:
     """The exceptions `exc` was raised from or while handling (which pickle leaves out), each as
     (the exception, or a copy that travels; whether it is the `__cause__` of the one before, and
     whether its `__context__` (`raise ... from e` in an `except` makes it both); that one's
     `__suppress_context__`; its traceback's frames), for `tracebacks.relinked` to hang them back on
-    the cause, as Python prints them."""
+    the cause, as Python prints them. It ends at one in `seen` (on its way already: a cycle, or one
+    printed elsewhere), and at `CHAIN_LIMIT` links; a group's exceptions' chains travel alike
+    (`_groups`)."""
     links: list[tuple[BaseException, bool, bool, bool, Any]] = []
-    seen = {id(exc)}
+    seen.add(id(exc))
     while len(links) < CHAIN_LIMIT:
         nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
         if nxt is None or id(nxt) in seen:
             return links
         seen.add(id(nxt))
         frames = travelling(nxt.__traceback__) if nxt.__traceback__ is not None else None
-        links.append((_shipped(nxt, linked=True), exc.__cause__ is nxt, exc.__context__ is nxt,
+        links.append((_shipped(nxt, seen), exc.__cause__ is nxt, exc.__context__ is nxt,
                       exc.__suppress_context__, frames))
         exc = nxt
     return links
+
+
+def _groups(exc: BaseException, seen: set[int]) -> GroupFrames | None:
+    """The frames of every exception an exception group holds (`asyncio.TaskGroup`'s, `except*`'s),
+    nested groups' too, and the exceptions each was raised from or while handling (`_chain`, which
+    stops at those in `seen`, the group's own exceptions among them, as Python prints none of them
+    twice): pickle carries a group's exceptions without their tracebacks, causes and contexts, and a
+    lone exception's chain comes back. None for no group."""
+    inner = _inner(exc)
+    if inner is None:
+        return None
+    seen.update(map(id, inner))
+    return [(travelling(e.__traceback__) if e.__traceback__ is not None else None, _groups(e, seen), _chain(e, seen))
+            for e in inner]
 
 
 class _CauseCopy(Exception):
@@ -236,7 +253,7 @@ class _Landing(Exception):
     """An exception as it travels (itself or its `_CauseCopy`) with what it needs where it lands:
     its class's `__qualname__`, which cloudpickle leaves out of a class it sends by value (the
     printed last line reads `__main__.case.<locals>.Local` as in-process), and a group's
-    exceptions' frames (`tracebacks.group_frames`)."""
+    exceptions' frames and chains (`_groups`)."""
 
     def __init__(self, exc: BaseException, qualname: str, tree: GroupFrames | None):
         super().__init__(text_of(exc))
