@@ -3,6 +3,7 @@ started from the command line) and a local Ray instance. Every cluster is torn d
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -598,3 +600,59 @@ def test_daft_engine_node_events_from_one_and_several_udfs(tmp_path):
         assert [log.of_item(i) for i in range(3)] in ([expected] * 3, [[("cached", n) for n in
                                                                       ("add_one", "double_or_crash", "total")]] * 3)
         assert os.getpid() not in {e[-1] for e in log.events if e[0] in ("end", "cached")}
+
+
+@node(output_name="y")
+def logs_and_warns(x: int) -> int:
+    logging.getLogger("hardy_test_remote").info("item %s logged", x)
+    warnings.warn(f"item {x} warned", RuntimeWarning, stacklevel=1)
+    return x
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("name", [*ENGINES, "daft"])
+def test_a_nodes_log_records_and_warnings_reach_the_caller(name, executors):
+    """As from hardy's own workers: each warning warned again here with its category and the node's
+    file and line (catch_warnings sees it), each log record handled by this process's loggers at
+    its level, whichever process of the engine ran the node."""
+    if name == "daft":
+        pytest.importorskip("daft")
+        from hardy.integrations.daft import daft_engine
+        engine = daft_engine(max_concurrency=1)
+    else:
+        engine = Engine(map_executor=executors[name])
+    logger, kept = logging.getLogger("hardy_test_remote"), _Kept()
+    logger.addHandler(kept)
+    logger.setLevel(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Pipeline(nodes=[logs_and_warns], engine=engine).map(inputs={"x": [1, 2]}, map_over="x")
+    finally:
+        logger.removeHandler(kept)
+        logger.setLevel(logging.NOTSET)
+    ours = sorted((str(w.message), w.category, w.filename) for w in caught if "warned" in str(w.message))
+    assert ours == [(f"item {x} warned", RuntimeWarning, __file__) for x in (1, 2)]
+    assert sorted((r.getMessage(), r.levelno) for r in kept.records) == [(f"item {x} logged", logging.INFO)
+                                                                      for x in (1, 2)]
+
+
+def test_daft_engine_with_node_resources_serves_several_pipelines():
+    """A name absent from one pipeline is another's once a pipeline the engine ran had it; a name
+    no pipeline run so far has is a typo."""
+    pytest.importorskip("daft")
+    from hardy.integrations.daft import daft_engine
+    engine = daft_engine(node_resources={"double_or_crash": {"cpus": 1}})
+    with pytest.raises(ValueError, match="names node 'double_or_crash', which is not in this pipeline"):
+        Pipeline(nodes=[add_one], engine=engine).map(inputs={"x": [1]}, map_over="x")
+    both = Pipeline(nodes=[add_one, double_or_crash], engine=engine).map(inputs={"x": [1]}, map_over="x")
+    assert both == [{"a": 2, "b": 4}]
+    assert Pipeline(nodes=[add_one], engine=engine).map(inputs={"x": [1]}, map_over="x") == [{"a": 2}]

@@ -64,9 +64,6 @@ KNOWN: dict[tuple[str, str], dict[str, str]] = {
     ("torch_state", "float32_sum_over_a_big_tensor"): known(
         "a float32 sum's rounding depends on the number of threads; a process worker runs cores / workers "
         "threads (documented limit)", ("process",)),
-    ("environment", "warnings_recorded_around_a_map"): known(
-        "a node's warnings on Ray are warned in Ray's worker process, where Ray's log shows them (documented "
-        "limit): the caller's catch_warnings does not see them", ("ray",)),
     ("notebooks", "spawn_pool_over_a_notebook_helper"): known(
         "a spawn pool over a notebook's helper cannot start in the kernel (BrokenProcessPool); in hardy's workers "
         "it can (documented: the helper travels by value)"),

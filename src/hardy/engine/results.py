@@ -53,6 +53,7 @@ class Results(MapResults):
         # when the bar shown counts the cache hits of a `cached` plan or the batch calls of a
         # `batched` one (made where the items run).
         self._hits = (cached or batched) and progress.show
+        self.kept_logs: list[Any] | None = None  # (handled in this process: `ResultsSink.kept_logs`)
         self.log_nodes = self._hits or events is not None and events.listens(
             *NODE_EVENTS, "on_node_cached", "on_map_item_cached", "on_batch_end")
         self._watch_items = events is not None and (self.live is not None or events.listens(*ITEM_EVENTS))

@@ -51,6 +51,7 @@ from ..plan.compiled import Plan
 from ..shipping import Pickled, context, dumps, item_error, ship_each, ship_plan
 from ..shipping.context import Travelling
 from ..workers.lifeline import end_descendants
+from ..workers.replies import handle_logs
 from .remote import RemoteExecutor, plan_for, require, run_contained
 
 daft = require("daft", "daft")
@@ -82,18 +83,24 @@ class _Stage:
 
     @daft.method.batch(return_dtype=daft.DataType.binary(), batch_size=1)  # type: ignore[untyped-decorator]
     def run(self, states: Any) -> list[bytes]:
-        return [dumps(run_stage(self.plan, pickle.loads(raw), self.last, self.log, self.caller))
-                for raw in states.to_pylist()]
+        """Each row's state: (its items' rows, the log records and warnings of its stages so far,
+        for the caller: `remote.kept_logs`; a UDF process is never the caller's)."""
+        out = []
+        for raw in states.to_pylist():
+            rows, logs = pickle.loads(raw)
+            out.append(dumps((run_stage(self.plan, rows, self.last, self.log, self.caller, logs), logs)))
+        return out
 
 
 def run_stage(plan: Plan, rows: list[tuple[Any, ...]], last: bool, log: bool = False,
-              caller: Travelling | None = None) -> list[tuple[Any, ...]]:
+              caller: Travelling | None = None, logs: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """One stage over a row of (index, ok, values so far or the NodeError[, node records so far]):
     failed items pass through; the last stage leaves each item's outputs, the others its values so
     far plus theirs. With `log`, each stage adds its records (nodelog.py) to the item's; `caller`:
-    the caller's environment, working directory and argv (`shipping.context`)."""
+    the caller's environment, working directory and argv (`shipping.context`); `logs`: where the
+    stage's log records and warnings are kept for the caller (`remote.kept_logs`)."""
     done = iter(run_contained(plan, [(i, Pickled(values) if type(values) is bytes else values)
-                                     for i, ok, values, *_ in rows if ok], log, caller))
+                                     for i, ok, values, *_ in rows if ok], log, caller, logs))
     out = []
     for i, ok, values, *records in rows:
         if ok:
@@ -179,6 +186,7 @@ class DaftExecutor(RemoteExecutor):
         self.node_resources = {name: _udf_options(f"node_resources[{name!r}]", dict(options))
                                for name, options in (node_resources or {}).items()}
         self._ready = False
+        self._matched = False  # whether a pipeline this engine ran had a node `node_resources` names
 
     def _start(self) -> None:
         if self._ready:
@@ -212,12 +220,23 @@ class DaftExecutor(RemoteExecutor):
     def _stages(self, plan: Plan) -> list[tuple[dict[str, Any], Plan]]:
         """The plan cut where the UDF options change (`hardy.parts.stages.cut`, shared with the local
         pool's GPU workers): one stage is the plan itself; several are keyed plans."""
-        unknown = set(self.node_resources) - {n.name for n in plan.graph.nodes}
-        if unknown:
-            name = sorted(unknown)[0]
-            raise InvalidArgument(f"daft_engine(node_resources=...) names node {name!r}, which is not in this pipeline"
-                             f"{did_you_mean(name, [n.name for n in plan.graph.nodes])}.")
+        self._check_names(plan)
         return [(self.resources if options is None else options, stage) for options, stage in cut(plan, self._options)]
+
+    def _check_names(self, plan: Plan) -> None:
+        """`node_resources` against this pipeline's nodes. One engine serves several pipelines, so a
+        name absent from this one is another's, ignored here; but where neither this pipeline nor
+        any earlier one on this engine has any of the names, they are taken for a typo (the
+        resources would never apply) and the first is refused."""
+        names = {n.name for n in plan.graph.nodes}
+        if not self.node_resources or self._matched or not names.isdisjoint(self.node_resources):
+            self._matched = self._matched or bool(self.node_resources)
+            return
+        name = sorted(self.node_resources)[0]
+        raise InvalidArgument(f"daft_engine(node_resources=...) names node {name!r}, which is not in this pipeline"
+                              f"{did_you_mean(name, sorted(names))}, and no pipeline this engine ran before has any "
+                              "node it names: correct the name (an engine used for several pipelines takes a name "
+                              "absent from one for another's once a pipeline it ran had one of them).")
 
     def _options(self, node: Any) -> dict[str, Any]:
         """A node's UDF options: its `node_resources` entry, else the engine's with the node's own
@@ -236,7 +255,7 @@ class DaftExecutor(RemoteExecutor):
             for i, why in bad.items():
                 results.fail(i, item_error(plan, i, why))
             if blobs:  # each item's own pickle, opened only in hardy's worker (`shipping.Pickled`)
-                rows[blobs[0][0]] = pickle.dumps([(i, True, blob) for i, blob in blobs], protocol=5)
+                rows[blobs[0][0]] = pickle.dumps(([(i, True, blob) for i, blob in blobs], []), protocol=5)
         if not rows:
             return
         for attempt in range(2):
@@ -248,7 +267,7 @@ class DaftExecutor(RemoteExecutor):
                     raise translated from translated.__cause__
                 if attempt:
                     for row in rows.values():
-                        for i, *_ in pickle.loads(row):
+                        for i, *_ in pickle.loads(row)[0]:
                             results.fail(i, NodeCrashed("?", i, f"a Daft UDF process running the map died, "
                                                                 f"twice: {_UDF_DIED}"))
                 continue
@@ -269,8 +288,9 @@ class DaftExecutor(RemoteExecutor):
         out = daft.from_pydict({"state": column}).select(state.alias("state")).iter_rows(results_buffer_size=None)
         try:
             for row in out:
-                done = pickle.loads(row["state"])
+                done, logs = pickle.loads(row["state"])
                 del rows[done[0][0]]
+                handle_logs(None, logs)  # (before the row's results, as the process executor does)
                 self.deliver(done, results, items)
         finally:
             out.close()

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
+import os
 import pickle
 import threading
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import cloudpickle
@@ -45,6 +48,7 @@ from ..shipping import Pickled, build_plan, check_constants, context, dumps, ite
 from ..shipping.context import Travelling
 from ..workers.deaths import with_inputs
 from ..workers.pool import WorkerPool
+from ..workers.replies import Forward, handle_logs
 
 _PLANS: Memo[bytes, Plan] = Memo(64)
 CHUNK_MAX = 5000
@@ -61,19 +65,23 @@ def plan_for(spec: bytes) -> Plan:
     return plan
 
 
-def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False, caller: Travelling | None = None) -> bytes:
-    """Runs on the engine's worker: the chunk's items through the plan, and what happened to
-    hardy's worker processes there meanwhile (for run reports). Chunks and results travel as one
-    pickle each, so the engine moves bytes instead of walking thousands of small objects. `log`:
-    the caller listens to node events, which travel back in the rows (nodelog.py); `caller`: its
-    environment, working directory and argv at the call (`shipping.context`)."""
+def run_chunk_remote(spec: bytes, chunk: bytes, log: bool = False, caller: Travelling | None = None,
+                     home: int | None = None) -> bytes:
+    """Runs on the engine's worker: the chunk's items through the plan, what happened to hardy's
+    worker processes there meanwhile (for run reports), and, where this is not the caller's process
+    (`home`, its pid), the log records and warnings of the chunk (`kept_logs`). Chunks and results
+    travel as one pickle each, so the engine moves bytes instead of walking thousands of small
+    objects. `log`: the caller listens to node events, which travel back in the rows (nodelog.py);
+    `caller`: its environment, working directory and argv at the call (`shipping.context`)."""
     if caller is not None:
         caller.take_import_path()
     pool = _pool()
     before = pool.counts()
-    rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log, caller)
+    records: list[logging.LogRecord] | None = [] if home is not None and home != os.getpid() else None
+    rows = run_contained(plan_for(spec), [(i, Pickled(blob)) for i, blob in pickle.loads(chunk)], log, caller,
+                         records)
     after = pool.counts()
-    return dumps((rows, after.since(before)))
+    return dumps((rows, after.since(before), records or []))
 
 
 _here = threading.local()  # per thread of the engine's worker (a Dask worker runs tasks in several)
@@ -116,12 +124,15 @@ def _pool() -> WorkerPool:
 
 
 def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False,
-                  caller: Travelling | None = None) -> list[Row]:
+                  caller: Travelling | None = None, records: list[logging.LogRecord] | None = None) -> list[Row]:
     """(index, ok, outputs or NodeError[, node records]) per item, each item run in hardy's worker
-    process here (`_pool`), with the caller's environment, working directory and argv (`caller`)."""
+    process here (`_pool`), with the caller's environment, working directory and argv (`caller`);
+    `records`: the log records and warnings meanwhile are kept there for the caller (`kept_logs`)."""
     results = _Rows(len(chunk), log, caller)
+    results.kept_logs = records
     try:
-        _pool().run_items(plan, [item for _, item in chunk], results)
+        with kept_logs(records):
+            _pool().run_items(plan, [item for _, item in chunk], results)
     except KeyboardInterrupt:  # a node's (`Results.raise_ending`): its items unrun come back saying so
         if not isinstance(results.ending, NodeInterrupted):
             raise
@@ -135,6 +146,31 @@ def run_contained(plan: Plan, chunk: list[tuple[int, Any]], log: bool = False,
         row = (i, True, results.values[k]) if err is None else (i, False, portable(err))
         rows.append((*row, results.records[k]) if k in results.records else row)
     return rows
+
+
+@contextmanager
+def kept_logs(records: list[logging.LogRecord] | None) -> Iterator[None]:
+    """In an engine's worker process, which is not the caller's: what this thread logs meanwhile
+    (hardy's pool: a crash retried) kept in `records`, beside what hardy's workers there send (a
+    node's log records and warnings: `ResultsSink.kept_logs`), for the caller to handle
+    (`TaskExecutor._run_map`, `DaftExecutor._query`: `replies.handle_logs`) as the process
+    executor's parent does: its loggers, handlers, warning filters and `catch_warnings(record=True)`
+    see them, each at its level, with its category and the node's file and line. Handled here, they
+    went to the engine worker's log (Ray's, in its session folder) or nowhere (Daft's). None:
+    nothing kept (the caller's own process: a local Dask cluster's threads)."""
+    if records is None:
+        yield
+        return
+    own = Forward()
+    own.records = records  # (one list: workers' and the pool's records in the order they came)
+    thread = threading.get_ident()
+    own.addFilter(lambda record: record.thread == thread)
+    root = logging.getLogger()
+    root.addHandler(own)
+    try:
+        yield
+    finally:
+        root.removeHandler(own)
 
 
 def require(module: str, extra: str) -> Any:
@@ -275,6 +311,7 @@ class TaskExecutor(RemoteExecutor):
     def _run_map(self, plan: Plan, spec: bytes, items: Sequence[dict[str, Any]], results: ResultsSink) -> None:
         handle = self._put(spec)
         caller = context.current().travelling(set_back=self.inherits_environment)
+        home = os.getpid()
         n = len(items)
         # whole batches of a batched node per chunk, as on every executor (`chunk_size`)
         size = chunk_size(plan, max(1, min(CHUNK_MAX, -(-n // (4 * max(1, self._workers()))))))
@@ -286,14 +323,14 @@ class TaskExecutor(RemoteExecutor):
                 results.started(i)
             blob = self._ship(plan, items, chunk, results)
             if blob is not None:
-                fut = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller)
+                fut = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller, home)
                 pending[fut], shipped[fut] = chunk, blob
         lost: set[Any] = set()
         while pending:
             for fut in self._wait_any(list(pending)):
                 chunk, blob = pending.pop(fut), shipped.pop(fut)
                 try:
-                    rows, counts = pickle.loads(self._result(fut))
+                    rows, counts, records = pickle.loads(self._result(fut))
                 except Exception as exc:
                     if not self._is_crash(exc):
                         self._cancel(list(pending))
@@ -304,11 +341,12 @@ class TaskExecutor(RemoteExecutor):
                             results.fail(i, NodeCrashed("?", i, f"the {self.engine} worker running this item's "
                                                                 f"chunk died, twice: {exc}"))
                     else:
-                        again = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller)
+                        again = self._submit(run_chunk_remote, handle, blob, results.log_nodes, caller, home)
                         pending[again], shipped[again] = chunk, blob
                         lost.add(again)
                     continue
                 self._counts += counts
+                handle_logs(None, records)  # (before the chunk's results, as the process executor does)
                 self.deliver(rows, results, items)
             if results.stop:
                 self._cancel(list(pending))
@@ -316,4 +354,4 @@ class TaskExecutor(RemoteExecutor):
                 return
 
 
-__all__ = ["RemoteExecutor", "TaskExecutor", "require", "run_chunk_remote", "run_contained"]
+__all__ = ["RemoteExecutor", "TaskExecutor", "kept_logs", "require", "run_chunk_remote", "run_contained"]

@@ -35,6 +35,10 @@ class ResultsSink(Protocol):
     log_nodes: bool
     """Whether items run elsewhere send their node log back (someone listens to node events)."""
 
+    kept_logs: list[Any] | None
+    """Where the log records and warnings of this process's workers are kept for a caller in
+    another process (an engine's worker: `integrations/remote.py`); None: handled here."""
+
     stop: bool
     """Set when the map ends early (on_error="raise" failed an item, the caller was interrupted):
     an executor hands out no more items."""

@@ -70,6 +70,7 @@ class _StageResults(ResultsSink):
         self.records = records  # node records of earlier stages, per item, until its last stage
         self.alive: list[int] = []
         self.log_nodes = results.log_nodes
+        self.kept_logs = results.kept_logs
 
     @property  # the map's: a stage view keeps none of its own
     def stop(self) -> bool:

@@ -114,11 +114,15 @@ def _plain(args: Any) -> bool:
     return isinstance(args, tuple) and all(isinstance(a, _PLAIN) for a in args)
 
 
-def handle_logs(batch: Any, records: list[logging.LogRecord]) -> Any:
+def handle_logs(batch: Any, records: list[logging.LogRecord], keep: list[Any] | None = None) -> Any:
     """Log records a worker sent (`Forward`), handled by this process's loggers, with their
     template, arguments and exception as logged (a handler that reports `exc_info`, as Sentry's
-    does, reads the worker's exception and frames); its warnings warned again here (`rewarn`).
-    Returns `batch`, the results they came with."""
+    does, reads the worker's exception and frames); its warnings warned again here (`rewarn`);
+    or kept in `keep` for a caller in another process (`ResultsSink.kept_logs`). Returns `batch`,
+    the results they came with."""
+    if keep is not None:
+        keep.extend(records)
+        return batch
     for record in records:
         if rewarn(record):
             continue

@@ -331,7 +331,7 @@ class MapRun:
             w.resend = True
             batch, logged, logs = [], False, False
         if logs:
-            batch = handle_logs(*batch)
+            batch = handle_logs(batch[0], batch[1], keep=self.results.kept_logs)
         unsent, free = w.unsent, done and not w.resend
         if free:  # its next chunk goes first, to run while this batch is taken
             self.chunk_done(w, elapsed)
