@@ -314,3 +314,18 @@ def test_a_hit_survives_another_user_truncating_its_blob(area, owner):
         holder.kill()
     assert holder.returncode == 0, f"the reader died with {holder.returncode}"
     assert out.split() == [str(4 << 20), "1"]
+
+
+@needs_root
+def test_a_bucket_caches_default_local_folder_made_by_another_user_names_local_as_the_fix(area, monkeypatch):
+    """`DiskCache("s3://...")` without `local=` reads through ./.hardy-cache; another user who made
+    that folder first in a shared working folder got it refused with `DiskCache(path, shared=True)`
+    as the fix, which would have replaced the bucket cache by a local one."""
+    folder = area / ".hardy-cache"
+    subprocess.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups", "mkdir", "-m", "777",
+                    str(folder)], check=True, env={"PATH": os.environ["PATH"]}, timeout=60)
+    monkeypatch.chdir(area)
+    with pytest.raises(UntrustedCacheError) as refused:
+        DiskCache("s3://team/hardy", secret="team-secret", storage_options={"endpoint_url": "http://127.0.0.1:9"})
+    said = str(refused.value)
+    assert f"{folder} belongs to nobody (uid {ATTACKER})" in said and "local='a folder of yours'" in said, said

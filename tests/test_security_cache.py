@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -459,3 +460,116 @@ def test_a_lease_forged_by_a_bucket_writer_without_the_secret_never_blocks_singl
     assert run_victim(tmp_path, other) == {"y": bytes([1]) * BIG} and other.hits == 0
     other.report()
     assert entry in s3.keys(bucket)  # computed under a lease taken over, and published again
+
+
+def lease_taken(store, key: bytes, times: int = 1, limit: float = 120.0, **kw) -> list[str]:
+    """Enter `store.lease(key, **kw)` in a thread and leave at once, `times` times; what `settle()`
+    has to say after (nothing when the lease was held: its holder settles on leaving). A thread
+    still waiting after `limit` seconds fails the test (a liveness bound, not a measurement)."""
+    out: list = []
+
+    def go() -> None:
+        try:
+            for _ in range(times):
+                with store.lease(key, **kw):
+                    pass
+            out.append(store.settle())
+        except BaseException as exc:  # shown by the assertion below
+            out.append(exc)
+
+    waiter = threading.Thread(target=go, daemon=True)
+    waiter.start()
+    waiter.join(limit)
+    assert out and not isinstance(out[0], BaseException), out or f"still waiting on the lease after {limit} s"
+    return out[0]
+
+
+def put_back(s3, bucket: str, path: str, bodies: list[bytes]) -> tuple[threading.Event, threading.Thread]:
+    """As a writer of the bucket without the secret: put copied lease bodies back, in turn, again and again."""
+    stop = threading.Event()
+
+    def replay() -> None:
+        while not stop.is_set():
+            for body in bodies:
+                s3.client.put_object(Bucket=bucket, Key=path, Body=body)
+                stop.wait(0.05)
+
+    replayer = threading.Thread(target=replay, daemon=True)
+    replayer.start()
+    return stop, replayer
+
+
+@s3_only
+def test_a_genuine_lease_copied_and_put_back_is_taken_over_not_waited_on_forever(tmp_path, s3):
+    """A lease verified for ever (its MAC covered path, holder and ttl) and expired by LastModified,
+    which every put refreshes: a writer without the secret who copied one lease body while its
+    holder computed, and put it back every 20 s, held every later reader of that key for good."""
+    bucket, key = s3.bucket(), os.urandom(32)
+    holder = machine(s3, bucket, tmp_path / "h", single_flight=True).store.bucket
+    path = holder.lease_path(key)
+    with holder.lease(key, ttl=1):
+        copied = s3.client.get_object(Bucket=bucket, Key=path)["Body"].read()  # genuine, signed
+    stop, replayer = put_back(s3, bucket, path, [copied])
+    try:
+        reader = machine(s3, bucket, tmp_path / "r", single_flight=True).store.bucket
+        assert lease_taken(reader, key) == []  # held, not given up on: the copy ran out with its lease
+    finally:
+        stop.set()
+        replayer.join()
+
+
+@s3_only
+def test_copies_of_old_leases_put_back_in_turn_are_taken_over_by_their_signed_time(tmp_path, s3):
+    """Each renewal's body differs (its time and nonce); copies of a lease written long ago, put
+    back in turn so that no nonce stays, are expired by the time their holder signed."""
+    bucket, key = s3.bucket(), os.urandom(32)
+    reader = machine(s3, bucket, tmp_path / "r", single_flight=True).store.bucket
+    old = [reader._lease_body(key, "them", 600, written=time.time() - 3600) for _ in range(2)]
+    stop, replayer = put_back(s3, bucket, reader.lease_path(key), old)
+    try:
+        assert lease_taken(reader, key) == []
+    finally:
+        stop.set()
+        replayer.join()
+
+
+@s3_only
+def test_a_lease_in_the_earlier_format_is_read_as_expired(tmp_path, s3):
+    """A lease of hardy's earlier format (its MAC over path, holder and ttl, no time) is taken over
+    at once, without an error."""
+    import json
+
+    from hardy.cache.trust import sign
+    bucket, key = s3.bucket(), os.urandom(32)
+    reader = machine(s3, bucket, tmp_path / "r", single_flight=True).store.bucket
+    path = reader.lease_path(key)
+    mac = sign(reader.lease_key, f"{path}\0old:1\0{600.0!r}".encode()).hex()
+    s3.client.put_object(Bucket=bucket, Key=path, Body=json.dumps({"holder": "old:1", "ttl": 600.0, "mac": mac}))
+    assert lease_taken(reader, key) == []
+
+
+@s3_only
+def test_a_lease_held_past_the_wait_limit_is_computed_alone_and_said_once(tmp_path, s3):
+    """Waiting for a lease had no overall limit: a holder renewing for ever (stuck, or a replay
+    that outlives the other checks) held its readers for ever. Past `wait` the reader computes,
+    and the map's warning names the lease's path."""
+    bucket, key = s3.bucket(), os.urandom(32)
+    holder = machine(s3, bucket, tmp_path / "h", single_flight=True).store.bucket
+    reader = machine(s3, bucket, tmp_path / "r", single_flight=True).store.bucket
+    release, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder.lease(key, ttl=600):
+            held.set()
+            release.wait(120)
+
+    holding = threading.Thread(target=hold, daemon=True)
+    holding.start()
+    try:
+        assert held.wait(60)
+        said = lease_taken(reader, key, times=2, wait=0.5)
+    finally:
+        release.set()
+        holding.join()
+    [one] = [part for part in said if "still held after waiting 0.5 s" in part]  # one line for both
+    assert one.startswith("2 entries") and holder.lease_path(key) in one and "a lease copied and put back" in one

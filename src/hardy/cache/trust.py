@@ -94,12 +94,14 @@ def _checked_directory(path: str, shared: bool) -> bool:
     if shared:
         return True
     me = os.geteuid()
-    fix = (f"Use a directory of your own, or DiskCache({path!r}, shared=True) for a directory a team "
-           "writes together")
+    fix = ("Use a directory of your own: DiskCache('a folder of yours'), or for a bucket cache "
+           "(DiskCache('s3://...'), whose local folder defaults to ./.hardy-cache) local='a folder of yours'; "
+           f"a local directory a team writes together: DiskCache({path!r}, shared=True)")
     if st.st_uid != me:
         raise refuse("cache directory", path, f"belongs to {_owner(st.st_uid)}, not to you", fix)
     check_owned("cache directory", path, st, f"Run `chmod go-w {path}` if only you write it, or use "
-                f"DiskCache({path!r}, shared=True)")
+                f"DiskCache({path!r}, shared=True) for a local directory a team writes together (for a "
+                "bucket cache's local folder, pass local='a folder of yours' instead)")
     return True
 
 

@@ -248,14 +248,15 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
     if absent:
         raise typer.BadParameter(f"not a folder: {', '.join(absent)}", param_hint="FOLDER")
     dirs = [*(paths or []), *package_dirs(package)] or search
-    plan = analyse(scan(dirs, environment=dirs is search), search=search)
+    skipped: list[str] = []  # (another user's, or replaceable: never loaded, said here)
+    plan = analyse(scan(dirs, environment=dirs is search, skipped=skipped), search=search)
     if as_json:
         typer.echo(json.dumps({"python": sys.executable, "directories": dirs, "order": [lib.path for lib in plan.order],
                                "missing": [{"library": m.library.path, "needed": m.needed, "elsewhere": m.elsewhere}
                                            for m in plan.missing],
                                "needs_preload": [{"library": m.library.path, "needed": m.needed,
                                                   "provided_by": m.elsewhere} for m in plan.needs_preload],
-                               "cycles": plan.cycles}))
+                               "cycles": plan.cycles, "skipped": skipped}))
     else:
         where = (f"the {len(dirs)} directories of sys.path" if not (paths or package) else f"{len(dirs)} directories")
         console.print(f"{len(plan.order)} libraries indexed under {where} of {sys.executable} (Python "
@@ -267,6 +268,8 @@ def libs(paths: list[str] = typer.Argument(None, metavar="FOLDER",
                           f"{m.elsewhere} has: load it first (hardy libs --order)"), highlight=False)
         for c in plan.cycles:
             console.print(f"[yellow]cycle[/] {plain(' -> '.join(c))}", highlight=False)
+        for s in skipped:
+            console.print(f"[yellow]skipped[/] {plain(s)}", highlight=False)
         if order:
             for i, lib in enumerate(plan.order, 1):
                 console.print(f"{i:4d}  {lib.soname:<40} {lib.path}", highlight=False, markup=False)

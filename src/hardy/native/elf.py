@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
+from typing import BinaryIO
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -21,22 +23,50 @@ class Library:
         return os.path.dirname(self.path)
 
 
-def is_elf(path: str) -> bool:
+def open_regular(path: str) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file, else None: a FIFO named like a library
+    (planted in a shared folder) would block a plain open() for ever, and a device never ends. Opened
+    with O_NONBLOCK, and with O_NOFOLLOW where the name is a link of another user's (a link of the
+    user's or root's is followed, as the loader does); what was opened is checked, not the name."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(path, "rb") as f:
-            return f.read(4) == ELF_MAGIC
+        if os.lstat(path).st_uid not in (os.geteuid(), 0):
+            flags |= os.O_NOFOLLOW
+        fd = os.open(path, flags)
     except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb")
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def is_elf(path: str) -> bool:
+    f = open_regular(path)
+    if f is None:
         return False
+    with f:
+        try:
+            return f.read(4) == ELF_MAGIC
+        except OSError:
+            return False
 
 
 def read_library(path: str) -> Library | None:
-    """The dynamic-linking facts of one file, or None if it is not an ELF shared object."""
+    """The dynamic-linking facts of one file, or None if it is not an ELF shared object (or not a
+    regular file: `open_regular`)."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
-    if not is_elf(path):
+    f = open_regular(path)
+    if f is None:
         return None
     try:
-        with open(path, "rb") as f:
+        with f:
+            if f.read(4) != ELF_MAGIC:
+                return None
             elf = ELFFile(f)
             dynamic = elf.get_section_by_name(".dynamic")
             soname, needed, rpath, runpath = None, [], [], []

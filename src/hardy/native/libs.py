@@ -6,6 +6,11 @@ In the incident behind it, torch could not be imported under Bazel: every wheel 
 `LD_LIBRARY_PATH` as it was at process start, and the system directories. What does work: load the
 dependencies first, by full path, in topological order. The loader then finds each DT_NEEDED among
 the libraries already loaded (it matches their SONAME), whatever RTLD_LOCAL/GLOBAL says.
+
+Loading a library runs its constructors as the user, so a library another user owns or could have
+replaced is never indexed or loaded, and folders of other users' are not walked (`scan`): a
+`sys.path` that starts with a shared working folder (`python -m hardy libs --preload` run there)
+would otherwise load whatever someone left below it.
 """
 
 from __future__ import annotations
@@ -13,46 +18,117 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import logging
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .elf import Library, read_library
+from .elf import Library, open_regular, read_library
+
+log = logging.getLogger("hardy.native")
 
 SYSTEM_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
                "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib")
 
 
-def scan(paths: Iterable[str], environment: bool = False) -> list[Library]:
+def scan(paths: Iterable[str], environment: bool = False, skipped: list[str] | None = None) -> list[Library]:
     """Every ELF shared library under `paths` (recursively), each real file once. With
     `environment` (`paths` are an interpreter's sys.path), a folder inside one of them that is
     another Python environment's packages (a `site-packages` or `dist-packages` that is not one of
     `paths`: the base interpreter's, under its standard library on a venv's sys.path) is not this
-    interpreter's and is left out, and one of `paths` is walked once, as itself."""
+    interpreter's and is left out, and one of `paths` is walked once, as itself. A library another
+    user owns or could have replaced (`_replaceable`) is left out, and a folder another user owns is
+    not walked: each is said in one warning, and added to `skipped` (path and why) if given."""
     paths = list(paths)
     roots = {os.path.realpath(p) for p in paths} if environment else None
     seen: set[str] = set()
-    found = []
+    found: list[Library] = []
+    said: list[str] = []
     for root in paths:
         if not os.path.isdir(root):
             continue
         for folder, dirs, files in os.walk(root):
             dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")
-                       and (roots is None or not _elsewhere(folder, d, roots))]
+                       and (roots is None or not _elsewhere(folder, d, roots)) and not _theirs(folder, d, said)]
             for name in files:
-                if ".so" not in name:
-                    continue
                 full = os.path.join(folder, name)
-                real = os.path.realpath(full)
-                if real in seen:
+                real = os.path.realpath(full) if ".so" in name else ""
+                if not real or real in seen:
                     continue
                 seen.add(real)
                 lib = read_library(full)
-                if lib is not None:
+                why = _replaceable(full, root) if lib is not None else None
+                if why:
+                    said.append(f"{full} ({why})")
+                elif lib is not None:
                     found.append(lib)
+    if said:
+        _say_skipped(said)
+    if skipped is not None:
+        skipped += said
     return found
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _theirs(folder: str, name: str, said: list[str]) -> bool:
+    """Whether `folder/name` is a folder another user owns (not the user, not root): not walked,
+    and said. Their libraries would be theirs to replace."""
+    path = os.path.join(folder, name)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+        said.append(f"{path}/ (a folder owned by {_owner(st.st_uid)}: not searched)")
+        return True
+    return False
+
+
+def _replaceable(path: str, root: str) -> str | None:
+    """Why loading `path` could run another user's code, or None: the file (a link's target) is not
+    the user's or root's, or anyone may write it, or it lies in a folder (from its own up to `root`,
+    and its target's) that another user owns or anyone may write without the sticky bit keeping them
+    from replacing what is not theirs."""
+    me, stop = os.geteuid(), os.path.normpath(root)
+    try:
+        st = os.stat(path)
+        if st.st_uid not in (me, 0):
+            return f"owned by {_owner(st.st_uid)}, not by you or root"
+        if st.st_mode & stat.S_IWOTH:
+            return f"writable by anyone (mode {stat.S_IMODE(st.st_mode):o})"
+        folders, folder = {os.path.dirname(os.path.realpath(path))}, os.path.dirname(path)
+        while True:
+            folders.add(folder)
+            if os.path.normpath(folder) == stop or os.path.dirname(folder) == folder:
+                break
+            folder = os.path.dirname(folder)
+        for folder in sorted(folders):
+            fs = os.stat(folder)
+            if fs.st_uid not in (me, 0):
+                return f"in {folder}, owned by {_owner(fs.st_uid)}"
+            if fs.st_mode & stat.S_IWOTH and not fs.st_mode & stat.S_ISVTX:
+                return f"in {folder}, which anyone can write (mode {stat.S_IMODE(fs.st_mode):o})"
+    except OSError as exc:
+        return f"cannot be checked: {exc.strerror}"
+    return None
+
+
+def _say_skipped(said: list[str]) -> None:
+    """One warning for a scan's skipped libraries and folders (the first ten by name)."""
+    more = f"; and {len(said) - 10} more" if len(said) > 10 else ""
+    log.warning("skipped, neither indexed nor loaded, since another user owns or could replace them and loading "
+                "a library runs its code as you: %s%s. If you trust one, copy it into a folder of yours (or have "
+                "it chowned to you) and name that folder", "; ".join(said[:10]), more)
 
 
 def _elsewhere(folder: str, name: str, roots: set[str]) -> bool:
@@ -149,8 +225,11 @@ def _has_soname(lib: Library) -> bool:
         return True
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
+    f = open_regular(lib.path)
+    if f is None:
+        return True  # unreadable now: assumed named, as before
     try:
-        with open(lib.path, "rb") as f:
+        with f:
             dynamic = ELFFile(f).get_section_by_name(".dynamic")
             return dynamic is None or any(t.entry.d_tag == "DT_SONAME" for t in dynamic.iter_tags())
     except (ELFError, OSError, ValueError):
