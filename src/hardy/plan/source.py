@@ -367,7 +367,7 @@ class PlanSource:
             return [f"{self.vars[outs[0]]} = {expr}{comment}"]
         return [*([f"{res} = {expr}{comment}"] if expr != res else []),
                 f"if {res}.__class__ is not tuple or len({res}) != {len(outs)}: {res} = _outs({res}, {len(outs)})",
-                f"{', '.join(self.vars[o] for o in outs)}, = {res}"]
+                f"{', '.join(self.vars[o] for o in outs)}{',' if len(outs) == 1 else ''} = {res}"]
 
 
 # Names the generated code uses itself (and builtins it calls): no local takes them.
