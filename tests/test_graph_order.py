@@ -1,5 +1,6 @@
-"""The order a pipeline's nodes run in: dependencies first, and among the nodes ready, HyperNodes'
-choice (the first by name), under every executor; and HyperNodes' graph introspection."""
+"""The order a pipeline's nodes run in: dependencies first, and among the nodes ready, the declared
+order (hardy's own pipelines) or HyperNodes' choice, the first by name (`hardy.compat.hypernodes`),
+under every executor; and HyperNodes' graph introspection."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import random
 
 import pytest
 
-from hardy import Engine, Pipeline, node
+from hardy import Engine, node
+from hardy import Pipeline as OwnPipeline
+from hardy.compat.hypernodes import Pipeline
 from hardy.errors import UnknownOutputError
 
 
@@ -29,6 +32,14 @@ def mid(n: int) -> int:
 @node(output_name="after_alpha")
 def beta(noise_a: float) -> float:
     return noise_a
+
+
+def test_hardys_own_pipelines_keep_the_declared_order_level_by_level() -> None:
+    """hardy's own API is unchanged: a seeded generator gives each node what it gave before."""
+    assert [n.name for n in OwnPipeline(nodes=[zeta, mid, alpha]).graph.execution_order] == ["zeta", "mid", "alpha"]
+    assert [n.name for n in OwnPipeline(nodes=[zeta, beta, alpha]).graph.execution_order] == ["zeta", "alpha", "beta"]
+    assert list(OwnPipeline(nodes=[zeta, beta, mid, alpha], engine=Engine(map_executor="sequential")).run(
+        inputs={"n": 1})) == ["noise_b", "noise_a", "mid", "after_alpha"]
 
 
 def test_ready_nodes_are_ordered_by_name_as_in_hypernodes() -> None:

@@ -145,3 +145,41 @@ def test_a_one_name_tuple_nodes_event_holds_the_unpacked_value() -> None:
 
     Pipeline(nodes=[classify], callbacks=[Ends()], engine=Engine(map_executor="sequential")).run(inputs={"score": 3})
     assert seen == [{"label": "pos"}]
+
+
+def test_a_node_declared_with_x_or_a_tuple_of_x_keys_its_results_apart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`output_name="x"` makes `x` the 1-tuple a node returns, `("x",)` its item: a node reading
+    `x` downstream was served the other declaration's cached result (same key)."""
+    from hardy import DiskCache
+
+    def f(a: int) -> tuple[int]:
+        return (a,)
+
+    @node(output_name="y")
+    def g(x: object) -> str:
+        return repr(x)
+
+    got = [Pipeline(nodes=[node(output_name=declared)(f), g], cache=DiskCache(str(tmp_path)),
+                    engine=Engine(map_executor="sequential")).run(inputs={"a": 5})["y"]
+           for declared in ("x", ("x",))]
+    assert got == ["(5,)", "5"]
+
+
+def test_a_dataframe_for_two_outputs_is_refused_not_unpacked_into_its_column_labels() -> None:
+    import pandas as pd
+
+    @node(output_name=("a", "b"))
+    def frame(x: int) -> pd.DataFrame:
+        return pd.DataFrame({"u": [x, x], "v": [x, x]})  # two rows: iterating gives 'u', 'v'
+
+    with pytest.raises(OutputCountError, match="a DataFrame of 2 rows, which is not unpacked"):
+        Pipeline(nodes=[frame], engine=Engine(map_executor="sequential")).run(inputs={"x": 1})
+
+
+def test_a_hypernodes_dual_node_with_a_one_name_tuple_is_refused() -> None:
+    """A DualNode batches (batch_size 64 by default), which a one-name tuple cannot be carried
+    through yet: on the process executor its 1-tuples were kept whole where sequential unpacked."""
+    from hardy.compat.hypernodes import DualNode
+
+    with pytest.raises(NodeDefinitionError, match=r"cannot be combined with batch_size= yet"):
+        DualNode(output_name=("y",), singular=lambda x: (x,), batch=lambda xs: [(x,) for x in xs])

@@ -142,35 +142,36 @@ async def _run(_v, _item=None):
     _s = 0
     try:
         text = _v['text']
-        clean_result = _MISS
-        _s = 1
         fetch_a_result = _MISS
-        _s = 2
+        _s = 1
         fetch_b_result = _MISS
+        _s = 2
+        clean_result = _MISS
         _todo = []
-        if fetch_a_result is _MISS: _todo.append((1, _mark(1, f_fetch_a(text))))  # node 'fetch_a'
-        if fetch_b_result is _MISS: _todo.append((2, _mark(2, f_fetch_b(text))))  # node 'fetch_b'
+        if fetch_a_result is _MISS: _todo.append((0, _mark(0, f_fetch_a(text))))  # node 'fetch_a'
+        if fetch_b_result is _MISS: _todo.append((1, _mark(1, f_fetch_b(text))))  # node 'fetch_b'
         _s = _todo[0][0] if _todo else _s
         _res = dict(zip([j for j, _ in _todo], await _gather(*[c for _, c in _todo])))
-        _s = 0
+        if fetch_a_result is _MISS: fetch_a_result = _res[0]
+        if fetch_b_result is _MISS: fetch_b_result = _res[1]
+        _s = 2
         if clean_result is _MISS: clean_result = f_clean(text)  # node 'clean'
-        if fetch_a_result is _MISS: fetch_a_result = _res[1]
-        if fetch_b_result is _MISS: fetch_b_result = _res[2]
-        cleaned = clean_result
-        _s = 1
-        a = fetch_a_result
-        _s = 2
-        b = fetch_b_result
         _s = 0
-        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
+        a = fetch_a_result
         _s = 1
-        if a.__class__ in _LAZY: _lazy('a', a)
+        b = fetch_b_result
         _s = 2
+        cleaned = clean_result
+        _s = 0
+        if a.__class__ in _LAZY: _lazy('a', a)
+        _s = 1
         if b.__class__ in _LAZY: _lazy('b', b)
+        _s = 2
+        if cleaned.__class__ in _LAZY: _lazy('cleaned', cleaned)
     except BaseException as _e:
         if _passes(_e): raise
         raise _fail(_s, _e, locals())
-    return {'cleaned': cleaned, 'a': a, 'b': b}
+    return {'a': a, 'b': b, 'cleaned': cleaned}
 """
 
 

@@ -102,3 +102,25 @@ def test_hardy_libs_lists_what_it_skipped(area: Path, tmp_path: Path) -> None:  
                          timeout=120)
     assert json.loads(out.stdout)["skipped"] == [f"{area}/libtheirs.so (owned by nobody (uid {ATTACKER}), not by you "
                                                  "or root)"]
+
+
+@needs_root
+def test_a_library_a_team_group_may_write_is_skipped(area: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A setgid team folder (2775) and its 664 files, as umask 002 makes them: any member of the
+    group could replace the library, and only anyone-writable ones were skipped."""
+    from hardy.native.libs import scan
+    team = area / "team"
+    team.mkdir()
+    os.chown(team, 0, 100)  # (group `users`: not root's own group)
+    team.chmod(0o2775)
+    lib = build_library(tmp_path, "libx.so", "int x(void) { return 1; }")
+    (team / "libteam.so").write_bytes(lib.read_bytes())
+    os.chown(team / "libteam.so", 0, 100)
+    (team / "libteam.so").chmod(0o664)
+    skipped: list[str] = []
+    assert scan([str(area)], skipped=skipped) == []
+    assert skipped == [f"{team}/libteam.so (writable by group users (mode 664))"]
+    (team / "libteam.so").chmod(0o644)
+    skipped.clear()
+    assert scan([str(area)], skipped=skipped) == []
+    assert skipped == [f"{team}/libteam.so (in {team}, which group users can write (mode 2775))"]

@@ -10,6 +10,8 @@ at import, naming what is missing, instead of a failure deep inside a run.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 
 NEEDS = (
@@ -31,3 +33,25 @@ def require_linux() -> None:
         "Run it in a Linux container or WSL 2; HyperNodes, whose API hardy follows, runs here without "
         "crash containment.")
 require_linux()  # at import: `import hardy` imports this module first
+
+
+def others_may_write(st: os.stat_result) -> bool:
+    """Whether someone other than the user (and root) may write the file or folder `st` describes:
+    anyone may, or its group may and is not the user's private group. umask 002 with a group per
+    user (Debian's and Ubuntu's default) makes 0664 files and 0775 folders nobody else can write."""
+    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid))
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group `gid` is the user's alone: named as the user, no other member, and nobody
+    else's primary group (a group per user, as `useradd` makes by default)."""
+    import grp  # (here: `import hardy` reads this module first thing)
+    import pwd
+
+    me = os.geteuid()
+    try:
+        name, group = pwd.getpwuid(me).pw_name, grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == name and set(group.gr_mem) <= {name} and \
+        all(user.pw_gid != gid or user.pw_uid == me for user in pwd.getpwall())

@@ -51,12 +51,13 @@ class Pipeline:
     """
 
     _checks_bound_names: ClassVar[bool] = True  # `bind` refuses a name no node takes (not HyperNodes')
+    _by_name: ClassVar[bool] = False  # nodes ready together run in declared order (HyperNodes': by name)
 
     def __init__(self, nodes: Sequence[Node | Pipeline | Callable[..., Any]], engine: Engine | None = None,
                  name: str | None = None, callbacks: Sequence[PipelineCallback] | None = None,
                  cache: PlanCache | None = None, strict: bool = False):
         self.name = name or DEFAULT_NAME
-        self.graph = Graph(numbered(as_nodes(nodes)))
+        self.graph = Graph(numbered(as_nodes(nodes)), by_name=self._by_name)
         self._plans: Memo[Any, Plan] = Memo(PLANS_KEPT)
         self._with_cache: dict[int, Pipeline] = {}
         self._engine = engine or _DEFAULT_ENGINE

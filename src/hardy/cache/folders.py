@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import grp
 import mmap
 import os
-import pwd
 import stat
 from collections.abc import Callable, Iterator, Sequence
 
@@ -287,22 +285,3 @@ def copy_fd(fd: int, size: int) -> memoryview:
     while done < size and (n := os.readv(fd, [view[done:]])):
         done += n
     return view[:done]
-
-
-def others_may_write(st: os.stat_result) -> bool:
-    """Whether someone other than the user (and root) may write the file or folder `st` describes:
-    anyone may, or its group may and is not the user's private group. umask 002 with a group per
-    user (Debian's and Ubuntu's default) makes 0664 files and 0775 folders nobody else can write."""
-    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid))
-
-
-def _private_group(gid: int) -> bool:
-    """Whether group `gid` is the user's alone: named as the user, no other member, and nobody
-    else's primary group (a group per user, as `useradd` makes by default)."""
-    me = os.geteuid()
-    try:
-        name, group = pwd.getpwuid(me).pw_name, grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return group.gr_name == name and set(group.gr_mem) <= {name} and \
-        all(user.pw_gid != gid or user.pw_uid == me for user in pwd.getpwall())

@@ -376,7 +376,8 @@ def resumed(path: str) -> int:
 
 def _untrusted(st: os.stat_result) -> str:
     """Why a file is no results file to resume from, told by its `fstat` ("" if it may be)."""
-    from ..cache.folders import others_may_write, unreadable
+    from ..cache.folders import unreadable
+    from ..system import others_may_write
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file: give an earlier run's --output file"
     mode = stat.S_IMODE(st.st_mode)
@@ -402,7 +403,7 @@ def _followable(folder: Folder, name: str) -> bool:
     """Whether the link at `name` is the user's own choice, to follow: made by the user or root
     (/dev/stdout), in a folder of the user's or root's where nobody else can swap it (writable by
     no one else, or sticky). Linux's `fs.protected_symlinks` asks less, and is often off."""
-    from ..cache.folders import others_may_write
+    from ..system import others_may_write
     me, held = os.geteuid(), os.fstat(folder.fd)
     swappable = others_may_write(held) and not held.st_mode & stat.S_ISVTX
     return folder.lstat(name).st_uid in (me, 0) and held.st_uid in (me, 0) and not swappable

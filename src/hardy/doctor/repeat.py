@@ -30,8 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.folders import Folder, open_named, others_may_write
+from ..cache.folders import Folder, open_named
 from ..crash.sentence import crash_report, describe_exit
+from ..system import others_may_write
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ from .node import Node
 
 
 class Graph:
-    def __init__(self, nodes: Iterable[Node]):
+    def __init__(self, nodes: Iterable[Node], by_name: bool = False):
+        """`by_name`: HyperNodes' order for nodes ready together (`_topological_order`)."""
         self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.by_name = by_name
         self.producer: dict[str, Node] = {}
         names: set[str] = set()
         for n in self.nodes:
@@ -130,11 +132,12 @@ class Graph:
         return [self.producer[i] for i in n.inputs if i in self.producer]
 
     def _topological_order(self) -> tuple[Node, ...]:
-        """Dependencies first; among the nodes ready to run, the first by name (HyperNodes' rule:
-        its Kahn sort takes the ready node whose name sorts first, and of two of one name the one
-        ready first). A switch from HyperNodes then keeps the order nodes run in, and with it what
-        shared state (a random generator) gives each of them. The standard library's `graphlib`
-        tracks readiness; a cycle is reported by its node names."""
+        """Dependencies first, and otherwise the order the nodes were declared in, level by level
+        (`[a, b(a), z]`: a, z, b). `by_name` (a HyperNodes pipeline, `compat.hypernodes`): among the
+        nodes ready to run, the first by name, one at a time (HyperNodes' Kahn sort: a, b, z), and of
+        two of one name the one ready first; a switch from HyperNodes then keeps the order nodes run
+        in, and with it what shared state (a random generator) gives each. The standard library's
+        `graphlib` tracks readiness; a cycle is reported by its node names."""
         sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
         position = {id(n): k for k, n in enumerate(self.nodes)}
         for k, n in enumerate(self.nodes):
@@ -144,6 +147,13 @@ class Graph:
         except graphlib.CycleError as exc:
             cycle = exc.args[1][:-1]  # graphlib repeats the first node at the end
             raise CycleError([self.nodes[k].name for k in reversed(cycle)]) from None
+        if not self.by_name:  # (graphlib's `static_order`, after the `prepare` above)
+            levels: list[Node] = []
+            while sorter.is_active():
+                batch = sorter.get_ready()
+                levels += (self.nodes[k] for k in batch)
+                sorter.done(*batch)
+            return tuple(levels)
         ready: list[tuple[str, int, int]] = []  # (name, when it became ready, position)
         became = itertools.count()
         order: list[Node] = []

@@ -51,7 +51,7 @@ class Node:
         self.name: str = _node_name(func, name, output_name)
         self.outputs: tuple[str, ...] = _output_names(output_name, self.name)
         self.unpacks = isinstance(output_name, (tuple, list))
-        _one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), batch_size)
+        one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), batch_size)
         self.inputs, self.defaults, self.kwonly = _parameters(func, self.name)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
             getattr(func, "__call__", None))  # noqa: B004 - an instance's __call__ may be async
@@ -153,10 +153,12 @@ class Node:
         return self.batch(**columns)
 
     def fingerprint(self) -> bytes:
-        """The node's identity for caching: its code (transitively), its outputs and the key format.
-        A pipeline used as a node overrides it with its inner nodes' fingerprints."""
+        """The node's identity for caching: its code (transitively), its outputs and the key format;
+        for one name declared as a tuple, that its result is unpacked (`("x",)` gives `x` what
+        `"x"` gives as `(x,)`). A pipeline used as a node overrides it with its inner nodes'."""
         from ..hashing import FORMAT, code_fingerprint, digest
-        return digest(FORMAT, b"node", code_fingerprint(self.func), repr(self.outputs).encode())
+        unpacked = [b"unpacks"] if self.unpacks and len(self.outputs) == 1 else []
+        return digest(FORMAT, b"node", code_fingerprint(self.func), repr(self.outputs).encode(), *unpacked)
 
     def __repr__(self) -> str:
         return f"Node({self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)})"
@@ -215,7 +217,7 @@ def _output_names(output_name: str | Sequence[str] | None, default: str) -> tupl
     return names
 
 
-def _one_name_tuple_fits(name: str, declared: tuple[str, ...], batch_size: int | None) -> None:
+def one_name_tuple_fits(name: str, declared: tuple[str, ...], batch_size: int | None) -> None:
     """A one-name tuple (`output_name=("label",)`: the node returns a 1-tuple) is not yet carried
     through a batched node's lists: refused here, with the spelling that works, rather than
     failing on some engines only."""

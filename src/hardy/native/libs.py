@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..system import others_may_write
 from .elf import Library, open_regular, read_library
 
 log = logging.getLogger("hardy.native")
@@ -96,16 +97,17 @@ def _theirs(folder: str, name: str, said: list[str]) -> bool:
 
 def _replaceable(path: str, root: str) -> str | None:
     """Why loading `path` could run another user's code, or None: the file (a link's target) is not
-    the user's or root's, or anyone may write it, or it lies in a folder (from its own up to `root`,
-    and its target's) that another user owns or anyone may write without the sticky bit keeping them
-    from replacing what is not theirs."""
+    the user's or root's, or others may write it (anyone, or a group that is not the user's own:
+    `others_may_write`, as the cache's folders), or it lies in a folder (from its own up to `root`,
+    and its target's) that another user owns or others may write without the sticky bit keeping
+    them from replacing what is not theirs."""
     me, stop = os.geteuid(), os.path.normpath(root)
     try:
         st = os.stat(path)
         if st.st_uid not in (me, 0):
             return f"owned by {_owner(st.st_uid)}, not by you or root"
-        if st.st_mode & stat.S_IWOTH:
-            return f"writable by anyone (mode {stat.S_IMODE(st.st_mode):o})"
+        if others_may_write(st):
+            return f"writable by {_writers(st)} (mode {stat.S_IMODE(st.st_mode):o})"
         folders, folder = {os.path.dirname(os.path.realpath(path))}, os.path.dirname(path)
         while True:
             folders.add(folder)
@@ -116,11 +118,22 @@ def _replaceable(path: str, root: str) -> str | None:
             fs = os.stat(folder)
             if fs.st_uid not in (me, 0):
                 return f"in {folder}, owned by {_owner(fs.st_uid)}"
-            if fs.st_mode & stat.S_IWOTH and not fs.st_mode & stat.S_ISVTX:
-                return f"in {folder}, which anyone can write (mode {stat.S_IMODE(fs.st_mode):o})"
+            if others_may_write(fs) and not fs.st_mode & stat.S_ISVTX:
+                return f"in {folder}, which {_writers(fs)} can write (mode {stat.S_IMODE(fs.st_mode):o})"
     except OSError as exc:
         return f"cannot be checked: {exc.strerror}"
     return None
+
+
+def _writers(st: os.stat_result) -> str:
+    """Who besides the user may write what `st` describes (`others_may_write` said someone may)."""
+    if st.st_mode & stat.S_IWOTH:
+        return "anyone"
+    import grp
+    try:
+        return f"group {grp.getgrgid(st.st_gid).gr_name}"
+    except KeyError:
+        return f"group {st.st_gid}"
 
 
 def _say_skipped(said: list[str]) -> None:

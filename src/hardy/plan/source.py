@@ -195,7 +195,7 @@ class PlanSource:
         # appends run, and a return leaves the words to the caller, who sends (SENDING) or fails the
         # item. A store of IDLE there cost 12 ns an item, 5% of a trivial item's loop.
         made = [name for k, s in enumerate(self.steps)
-                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 else []),
+                for name in [*(self._res[k:k + 1] if len(s.node.outputs) > 1 or s.node.unpacks else []),
                              *(self.vars[o] for o in s.node.outputs if o not in self.outputs)]]
         freed = [f"        del {', '.join(made)}"] if made else []
         return "\n".join([

@@ -20,12 +20,15 @@ class _WrongOutputCount(Exception):
 def check_outputs(value: Any, n: int) -> tuple[Any, ...]:
     """The `n` values of a result that is not already an n-tuple: a list, or any other ordered
     iterable (a generator too, as Python's own unpacking takes it) with exactly `n` items. A str or
-    bytes (its characters), a dict (its keys) and a set (no order) are refused: unpacked, they give
-    values no one meant."""
+    bytes (its characters), a dict or a DataFrame (its keys, its column labels) and a set (no order)
+    are refused: unpacked, they give values no one meant."""
     if isinstance(value, list) and len(value) == n:
         return tuple(value)
     if isinstance(value, dict):
         raise _WrongOutputCount(f"a dict of length {len(value)}, which is not unpacked (that would give its keys)")
+    if hasattr(value, "columns") and hasattr(value, "iloc"):  # (pandas' iterate their columns, count their rows)
+        raise _WrongOutputCount(f"a {type(value).__name__} of {len(value)} rows, which is not unpacked (that would "
+                                "give its column labels)")
     if isinstance(value, (set, frozenset)):
         raise _WrongOutputCount(f"a {type(value).__name__} of length {len(value)}, which is not unpacked "
                                 "(it has no order)")

@@ -17,7 +17,7 @@ from typing import Any
 from ...api.pipeline import Pipeline as HardyPipeline
 from ...errors import InvalidArgument, MapError, NodeError
 from ...model import arguments
-from ...model.node import Node
+from ...model.node import Node, one_name_tuple_fits
 from ...observe import PipelineCallback
 from .engines import SeqEngine, check_callbacks
 from .pipeline_node import PipelineNode
@@ -31,6 +31,7 @@ class Pipeline(HardyPipeline):
     # HyperNodes checks bound values when a call runs, not in `bind` (hardy's own refuses a name no
     # node takes at once): the call then warns about it and names the inputs missing.
     _checks_bound_names = False
+    _by_name = True  # HyperNodes runs the ready node whose name sorts first (`Graph._topological_order`)
 
     def __init__(self, nodes: Sequence[Any], engine: Any = None, name: str | None = None,
                  cache: Any = None, callbacks: Sequence[PipelineCallback] | None = None, strict: bool = False):
@@ -187,6 +188,7 @@ class DualNode(Node):
         self.singular = singular
         self.batch = batch
         self.batch_size = arguments.whole_number(f"DualNode {name!r}", "batch_size", batch_size, 1)
+        one_name_tuple_fits(self.name, self.outputs if self.unpacks else (), self.batch_size)
         self.is_dual_node = True
 
     def call_batch(self, **columns: list[Any]) -> Any:
