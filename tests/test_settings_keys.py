@@ -379,3 +379,29 @@ def test_filters_that_cannot_change_which_warnings_raise_leave_keys_alone(tmp_pa
     each new import. Only filters on a category overlapping an error filter's are keyed now."""
     body = IMPORTS_BETWEEN_MAPS.replace("CACHE", repr(str(tmp_path / "cache")))
     assert script(tmp_path, body) == ["[1, 2, 1, 2, 1, 2]"]
+
+
+class LibWarning(Warning):  # (at module level: a category a process finds by its module and name)
+    pass
+
+
+class LibPending(PendingDeprecationWarning, LibWarning):  # loaded: what makes the two overlap
+    pass
+
+
+def test_a_filter_on_a_category_sharing_a_subclass_with_an_error_filters_is_keyed():
+    """`ignore::PendingDeprecationWarning` ahead of `error::AstropyWarning` decides whether an
+    `AstropyPendingDeprecationWarning` (a subclass of both) raises: it was left out of the key."""
+    import warnings
+
+    from hardy.shipping import context
+
+    def keyed() -> list[tuple[object, ...]]:
+        return context._error_filters(tuple((a, m, context._named(c), mod, n) for a, m, c, mod, n in warnings.filters))
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.filterwarnings("error", category=LibWarning)
+        alone = keyed()
+        warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+        assert keyed() != alone

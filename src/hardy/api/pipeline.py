@@ -47,8 +47,7 @@ PLANS_KEPT = 256  # compiled plans a pipeline keeps (hardy.plan.memo)
 class Pipeline:
     """A set of nodes wired by name, run with an Engine.
 
-    `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error.
-    """
+    `strict=True` turns inputs that no node consumes (usually typos) from a warning into an error."""
 
     _checks_bound_names: ClassVar[bool] = True  # `bind` refuses a name no node takes (not HyperNodes')
     _by_name: ClassVar[bool] = False  # nodes ready together run in declared order (HyperNodes': by name)

@@ -278,7 +278,7 @@ def _numpy_print_state(numpy: Any) -> Any:
 class Snapshot:
     """The process state at one moment; compared by identity (`current` reuses one while it holds)."""
 
-    __slots__ = ("environ", "cwd", "argv", "sys_path", "umask", "settings", "_raw", "_key")
+    __slots__ = ("environ", "cwd", "argv", "sys_path", "umask", "settings", "_raw", "_key", "_loaded")
 
     def __init__(self) -> None:
         self._raw: Any = dict(_raw_environ())
@@ -286,6 +286,7 @@ class Snapshot:
         self.cwd = _cwd()
         self.argv: list[str] = list(sys.argv)
         self.sys_path: list[str] = list(sys.path)
+        self._loaded = len(sys.modules)  # (one loaded since: the worker learns where from, `messages.loaded_from`)
         self.umask = _umask()
         self._key = settings_key()
         self.settings = settings()
@@ -310,7 +311,7 @@ class Snapshot:
 
     def holds(self) -> bool:
         return (self.sys_path == sys.path and self.argv == sys.argv and self._raw == _raw_environ()
-                and self.cwd == _cwd() and self._key == settings_key())
+                and self.cwd == _cwd() and self._loaded == len(sys.modules) and self._key == settings_key())
 
 
 def _raw_environ() -> Any:
@@ -471,9 +472,18 @@ _TOOLS_OWN = {("IPython.core.completer", "ProvisionalCompleterWarning")}
 
 
 def _overlap(one: tuple[str, str], other: tuple[str, str]) -> bool:
-    """Whether a warning can be of both categories; True where either is not loaded here."""
+    """Whether a warning can be of both categories: one is the other's subclass, or a class loaded
+    here is of both (astropy's `AstropyPendingDeprecationWarning`); True where one is not loaded."""
     a, b = loaded_warning(*one), loaded_warning(*other)
-    return a is None or b is None or issubclass(a, b) or issubclass(b, a)
+    if a is None or b is None or issubclass(a, b) or issubclass(b, a):
+        return True
+    below = a.__subclasses__()
+    while below:  # (a's descendants: few, for a library's own category; one met twice is tested twice)
+        c = below.pop()
+        if issubclass(c, b):
+            return True
+        below += c.__subclasses__()
+    return False
 
 
 def _errcall_key() -> str:

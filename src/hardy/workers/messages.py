@@ -7,14 +7,79 @@ parent learns what the batch is before it unpickles anything.
 
 from __future__ import annotations
 
+import os
+import pickle
 import struct
+import sys
+from importlib.machinery import ExtensionFileLoader, SourceFileLoader, SourcelessFileLoader
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..shipping.context import Settings
 
 
+class Origins:
+    """Stands for `loaded_from()` in a message: pickled as that table when the message is (the
+    worker receives the dict), from a pickle made once per table. A `Context` sent at each call
+    that sets a variable pays a copy of bytes, not a pickling of the table."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        table = loaded_from()
+        kept = _PICKLED[0]
+        if kept[0] is not table:
+            kept = _PICKLED[0] = (table, pickle.dumps(table, protocol=5))
+        return pickle.loads, (kept[1],)
+
+
+def loaded_from() -> dict[str, tuple[str, ...]]:
+    """By name, the folder each top-level module or package this process loaded from a file lies
+    in (a namespace package's: each of its folders'). Left out: names whose file is not theirs (an
+    alias, a module a custom importer named), relative or not loaded by a path-based loader. Made
+    again only once the number of loaded modules changed."""
+    count = len(sys.modules)
+    known = _LOADED[0]
+    if known[0] == count:
+        return known[1]
+    found: dict[str, tuple[str, ...]] = {}
+    folders: dict[str, str] = {}  # each folder one string: pickled once
+    for name, module in list(sys.modules.items()):
+        if "." in name:
+            continue
+        try:  # (the module's own attribute: a lazy module's `__getattribute__` would load it)
+            spec = ModuleType.__getattribute__(module, "__spec__")
+        except (AttributeError, TypeError):  # (TypeError: not a module)
+            continue
+        places = _places(name, spec)
+        if places:
+            found[name] = tuple(folders.setdefault(d, d) for d in map(os.path.dirname, places))
+    _LOADED[0] = (count, found)
+    return found
+
+
+def _places(name: str, spec: Any) -> list[str]:
+    """Where module `name` was loaded from (a package: its folder; a namespace package: each of
+    its folders), where each is absolute and named after it; else none."""
+    if spec is None or spec.name != name:
+        return []
+    if isinstance(spec.loader, _PATH_LOADERS) and spec.origin:
+        places = [spec.origin if spec.submodule_search_locations is None else os.path.dirname(spec.origin)]
+    elif spec.origin is None and spec.submodule_search_locations is not None:  # (a namespace package)
+        places = list(spec.submodule_search_locations)
+    else:
+        return []
+    ok = all(os.path.isabs(p) and os.path.basename(p).partition(".")[0] == name for p in places)
+    return places if ok else []
+
+
+_LOADED: list[tuple[int, dict[str, tuple[str, ...]]]] = [(-1, {})]  # `loaded_from`'s last: modules loaded then, table
+_PICKLED: list[tuple[Any, bytes]] = [(None, b"")]  # that table, and its pickle (`Origins`)
+_PATH_LOADERS = (SourceFileLoader, SourcelessFileLoader, ExtensionFileLoader)  # (an editable install's too)
+ORIGINS = Origins()
+
+
 class Setup(NamedTuple):
-    """The first message: the parent's environment now (a fork server's dates from its start)."""
+    """The first message: the parent's environment now (a fork server's dates from its start).
+    `origins`: where the parent's top-level modules came from, as it is sent (`Origins`)."""
 
     environ: dict[str, str]
     preload_libs: tuple[str, ...]
@@ -23,6 +88,7 @@ class Setup(NamedTuple):
     argv: list[str]
     umask: int
     settings: Settings
+    origins: Origins | dict[str, tuple[str, ...]] = ORIGINS
 
 
 class PlanSpec(NamedTuple):
@@ -59,7 +125,8 @@ class Chunk(NamedTuple):
 class Context(NamedTuple):
     """The caller's process state at this call, where it changed since the worker last heard: the
     environment's changed and removed variables, then the working directory, sys.argv, sys.path,
-    the umask and the interpreter's settings whole (docs/same-answer.md)."""
+    the umask and the interpreter's settings whole (docs/same-answer.md); and, as `Setup`'s,
+    where its top-level modules came from (a module loaded since changes the state: `Snapshot.holds`)."""
 
     environ: dict[str, str]
     unset: list[str]
@@ -68,6 +135,7 @@ class Context(NamedTuple):
     sys_path: list[str]
     umask: int
     settings: Settings
+    origins: Origins | dict[str, tuple[str, ...]] = ORIGINS
 
 
 class Values(NamedTuple):

@@ -21,7 +21,8 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from importlib.machinery import ModuleSpec, PathFinder
 from typing import TYPE_CHECKING, Any
 
 from ..crash import handler as native_handler
@@ -84,7 +85,9 @@ def run(fd: int) -> None:
 
 
 def _take_setup(setup: Setup) -> None:
-    """The parent's environment (with thread caps), sys.path, argv and working directory."""
+    """The parent's environment (with thread caps), sys.path (and where its modules came from:
+    `Pinned`), argv and working directory."""
+    Pinned.take(setup.origins)
     os.environ.clear()
     os.environ.update(setup.environ)
     time.tzset()  # the C library reads TZ only when told to
@@ -104,6 +107,37 @@ def _take_setup(setup: Setup) -> None:
         from ..native.libs import preload
         preload(packages=[p for p in setup.preload_libs if not os.path.isdir(p)],
                 paths=[p for p in setup.preload_libs if os.path.isdir(p)])
+
+
+class Pinned:
+    """First on a worker's `sys.meta_path`: each top-level module or package its caller has loaded
+    from a file is found in the folder the caller loaded it from, and nowhere else (`origins`, sent
+    with the setup and each context: `messages.Origins`). So a `numpy.py` or `helpers.py` in a folder the caller
+    changed to since (`''` first on sys.path: `python -`, `python -c`, a notebook's `%cd`), another
+    user's in a shared one, is never imported in its place (docs/security.md). A package's
+    submodules follow its `__path__`; a name the caller has not loaded follows sys.path, as the
+    caller's own import would (`''`: the working directory, the caller's)."""
+
+    origins: dict[str, tuple[str, ...]] = {}
+
+    @classmethod
+    def take(cls, origins: object) -> None:
+        """The caller's table, as sent (`messages.Origins`): taken before anything here imports."""
+        cls.origins = origins if isinstance(origins, dict) else {}
+        if cls not in sys.meta_path:
+            sys.meta_path.insert(0, cls)
+
+    @classmethod
+    def find_spec(cls, name: str, path: Sequence[str] | None = None, target: Any = None) -> ModuleSpec | None:
+        folders = cls.origins.get(name) if path is None else None
+        if folders is None:
+            return None
+        spec = PathFinder.find_spec(name, list(folders), target)
+        if spec is None:  # (removed since: the plan's loading falls back to the caller's objects)
+            raise ModuleNotFoundError(f"No module named {name!r} in {os.pathsep.join(folders)}, where the "
+                                      "calling process loaded it from (a worker imports it from there alone)",
+                                      name=name)
+        return spec
 
 
 def _install_crash_handlers(conn: transport.Channel, fault_fd: int, fd: int) -> None:
@@ -238,6 +272,7 @@ def _take_context(context: Context) -> None:
         time.tzset()  # the C library reads TZ only when told to (the caller called it, or started with it)
     os.umask(context.umask)
     sys.argv[:] = context.argv
+    Pinned.take(context.origins)
     sys.path[:] = context.sys_path
     take_settings(context.settings)
     _take_filters(context.settings.warning_filters)
