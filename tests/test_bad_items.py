@@ -63,13 +63,14 @@ def _split(out: list) -> tuple[list, dict]:
 
 
 def _hidden_class(tmp_path: Path) -> type:
-    """A class from a module loaded from a file that is not on sys.path: importable here only."""
+    """A class from a module loaded from a file not on sys.path, then deleted: importable here only."""
     path = tmp_path / "hardy_hidden_mod.py"
     path.write_text("class Hidden:\n    pass\n")
     spec = importlib.util.spec_from_file_location("hardy_hidden_mod", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["hardy_hidden_mod"] = module
     spec.loader.exec_module(module)
+    path.unlink()  # (a worker imports a module from where this process loaded it: gone, it cannot)
     return module.Hidden
 
 
